@@ -1,0 +1,138 @@
+//! A channel to one peer: one-sided writes and reads between regions, and notifications.
+//!
+//! On the shared-memory backend a copy completes before the call returns (a memcpy into
+//! the peer's mapping, or one `process_vm_writev`/`readv` for process memory), so the
+//! returned [`Completion`] is already complete; the shape is the asynchronous one so that
+//! code written against it also fits a backend that completes later (UCX).
+
+use std::sync::atomic::Ordering;
+
+use crate::backends::shm;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::region::{check_range, Region, RemoteRegion};
+use crate::wait;
+
+/// The completion of a one-sided operation.
+#[must_use = "wait on the completion before reusing the buffer"]
+#[derive(Debug)]
+pub struct Completion {
+    done: bool,
+}
+
+impl Completion {
+    pub(crate) fn done() -> Self {
+        Completion { done: true }
+    }
+    /// True once the operation's buffers may be reused.
+    pub fn test(&self) -> bool {
+        self.done
+    }
+    /// Blocks until the operation has completed.
+    pub fn wait(self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A connection from this rank to `peer`.
+#[derive(Clone)]
+pub struct Channel {
+    dev: Device,
+    peer: u32,
+}
+
+impl Channel {
+    pub(crate) fn new(dev: Device, peer: u32) -> Self {
+        Channel { dev, peer }
+    }
+
+    pub fn peer(&self) -> u32 {
+        self.peer
+    }
+
+    fn check_owner(&self, remote: &RemoteRegion) -> Result<()> {
+        if remote.owner() != self.peer {
+            return Err(Error::InvalidArgument(format!(
+                "channel to rank {} was given a region of rank {}",
+                self.peer,
+                remote.owner()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `n` bytes from `local[local_off..]` into the peer's `remote[remote_off..]`.
+    pub fn write(&self, local: &Region, local_off: usize, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<Completion> {
+        local.check_range(local_off, n, "write source")?;
+        check_range(remote.len(), remote_off, n, "write target")?;
+        self.check_owner(remote)?;
+        unsafe { self.write_from(local.as_ptr().add(local_off), remote, remote_off, n)? };
+        Ok(Completion::done())
+    }
+
+    /// Copies `n` bytes from the peer's `remote[remote_off..]` into `local[local_off..]`.
+    pub fn read(&self, remote: &RemoteRegion, remote_off: usize, local: &Region, local_off: usize, n: usize) -> Result<Completion> {
+        local.check_range(local_off, n, "read target")?;
+        check_range(remote.len(), remote_off, n, "read source")?;
+        self.check_owner(remote)?;
+        unsafe { self.read_into(remote, remote_off, local.as_ptr().add(local_off), n)? };
+        Ok(Completion::done())
+    }
+
+    /// `write`, then a notification `value` (non-zero) in the peer's `slot`. The peer sees
+    /// the data before it sees the notification.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_notify(&self, local: &Region, local_off: usize, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<Completion> {
+        Device::check_slot(slot)?;
+        if value == 0 {
+            return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
+        }
+        let c = self.write(local, local_off, remote, remote_off, n)?;
+        self.notify(slot, value)?;
+        Ok(c)
+    }
+
+    /// Delivers notification `value` (non-zero) into the peer's `slot`.
+    pub fn notify(&self, slot: usize, value: u32) -> Result<()> {
+        Device::check_slot(slot)?;
+        if value == 0 {
+            return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
+        }
+        wait::publish(self.dev.slot_of(self.peer, slot), self.dev.waiters_of(self.peer), value);
+        Ok(())
+    }
+
+    /// Raw write for collectives: no bounds checks beyond the remote region's.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub unsafe fn write_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        match remote.mapped_ptr() {
+            Some(p) => unsafe { std::ptr::copy_nonoverlapping(src, p.add(remote_off), n) },
+            None => shm::cma_write(remote.handle.pid, remote.handle.addr as usize + remote_off, src, n)
+                .map_err(|e| self.dev.peer_error(self.peer, "process_vm_writev", e))?,
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// Raw read for collectives.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must be writable and not overlap the source.
+    pub unsafe fn read_into(&self, remote: &RemoteRegion, remote_off: usize, dst: *mut u8, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        match remote.mapped_ptr() {
+            Some(p) => unsafe { std::ptr::copy_nonoverlapping(p.add(remote_off), dst, n) },
+            None => shm::cma_read(remote.handle.pid, remote.handle.addr as usize + remote_off, dst, n)
+                .map_err(|e| self.dev.peer_error(self.peer, "process_vm_readv", e))?,
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,365 @@
+//! A rank's endpoint: allocates and registers regions, attaches peers' regions, hands out
+//! channels, and owns the notification slots peers write into.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::backends::shm::{self, Mapping, PidWatch};
+use crate::bootstrap::rendezvous::Rendezvous;
+use crate::bootstrap::JobInfo;
+use crate::channel::Channel;
+use crate::error::{Error, Result};
+use crate::region::{Backing, Region, RegionHandle, RegionInner, RegionKind, RemoteRegion};
+use crate::wait::{self, WaitPolicy};
+
+/// Number of notification slots per device (`write_notify` targets one of them).
+pub const NOTIFY_SLOTS: usize = 1024;
+
+/// Layout of a device's control segment (one memfd per rank, mapped by every peer).
+const CTRL_MAGIC: u64 = 0x5343_4c46_4354_524c;
+const OFF_WAITERS: usize = 64;
+const OFF_SLOTS: usize = 4096;
+const CTRL_LEN: usize = OFF_SLOTS + NOTIFY_SLOTS * 4;
+
+/// Options for [`Device::new`].
+#[derive(Clone, Debug)]
+pub struct DeviceOptions {
+    /// How long a wait for a live but silent peer may last.
+    pub timeout: Duration,
+    /// How long ranks may take to find each other at start-up.
+    pub bootstrap_timeout: Duration,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        let secs = |name: &str, default: u64| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok())
+                .map(Duration::from_secs_f64).unwrap_or(Duration::from_secs(default))
+        };
+        DeviceOptions {
+            timeout: secs("SCALEFREE_TIMEOUT", 1800),
+            bootstrap_timeout: secs("SCALEFREE_BOOTSTRAP_TIMEOUT", 120),
+        }
+    }
+}
+
+pub(crate) struct PeerInfo {
+    pub(crate) pid: u32,
+    pub(crate) ctrl: Mapping,
+    pub(crate) watch: Option<PidWatch>,
+    pub(crate) cma: bool,
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) job: JobInfo,
+    pub(crate) peers: Vec<PeerInfo>,
+    _ctrl_fd: OwnedFd,
+    policy: WaitPolicy,
+    rendezvous: Mutex<Rendezvous>,
+    attached: Mutex<HashMap<(u32, u64), Arc<Mapping>>>,
+    next_key: AtomicU64,
+}
+
+/// A rank's endpoint. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    let r = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if r != 8 {
+        v = std::process::id() as u64 ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7));
+    }
+    v
+}
+
+impl Device {
+    /// Joins the job described by `job`: rendezvous, then maps every peer's control segment.
+    pub fn new(job: JobInfo, opts: DeviceOptions) -> Result<Self> {
+        if !job.single_host() {
+            return Err(Error::Unsupported(format!(
+                "ranks span hosts ({} of {} on this host); the shared-memory backend needs all ranks on one host",
+                job.local_size, job.size
+            )));
+        }
+        let mut rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
+        let me = job.rank;
+        let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
+        let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
+        let key = random_u64();
+        unsafe {
+            (ctrl.as_ptr() as *mut u64).write(CTRL_MAGIC);
+            (ctrl.as_ptr().add(8) as *mut u64).write(key);
+        }
+        // Announce pid and the address of our control segment (a CMA probe target).
+        let mut hello = Vec::with_capacity(16);
+        hello.extend_from_slice(&std::process::id().to_le_bytes());
+        hello.extend_from_slice(&(ctrl.as_ptr() as u64).to_le_bytes());
+        let items = rv.exchange(&hello, Some(ctrl_fd.as_raw_fd()))?;
+        let mut peers = Vec::with_capacity(items.len());
+        let mut my_ctrl = Some(ctrl);
+        for (r, it) in items.into_iter().enumerate() {
+            let pid = u32::from_le_bytes(it.bytes[0..4].try_into().unwrap());
+            let probe = u64::from_le_bytes(it.bytes[4..12].try_into().unwrap());
+            let fd = it.fd.ok_or_else(|| Error::Bootstrap(format!("rank {r} sent no control segment")))?;
+            let map = if r as u32 == me {
+                my_ctrl.take().unwrap()
+            } else {
+                shm::map_shared(fd.as_raw_fd(), CTRL_LEN, false)?
+            };
+            let magic = unsafe { (map.as_ptr() as *const u64).read_volatile() };
+            if magic != CTRL_MAGIC {
+                return Err(Error::Bootstrap(format!("rank {r}'s control segment is not a scalefree device")));
+            }
+            let (watch, cma) = if r as u32 == me {
+                (None, true)
+            } else {
+                (Some(PidWatch::new(pid)), shm::cma_permitted(pid, probe as usize))
+            };
+            peers.push(PeerInfo { pid, ctrl: map, watch, cma });
+        }
+        let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                job,
+                peers,
+                _ctrl_fd: ctrl_fd,
+                policy,
+                rendezvous: Mutex::new(rv),
+                attached: Mutex::new(HashMap::new()),
+                next_key: AtomicU64::new(random_u64() | 1),
+            }),
+        })
+    }
+
+    /// A device from the launcher's environment (`scalefree run`, mpirun, srun, torchrun).
+    pub fn from_env(opts: DeviceOptions) -> Result<Self> {
+        Device::new(JobInfo::from_env()?, opts)
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.inner.job.rank
+    }
+    pub fn size(&self) -> u32 {
+        self.inner.job.size
+    }
+    pub fn job(&self) -> &JobInfo {
+        &self.inner.job
+    }
+    pub fn policy(&self) -> &WaitPolicy {
+        &self.inner.policy
+    }
+    pub fn pid_of(&self, rank: u32) -> u32 {
+        self.inner.peers[rank as usize].pid
+    }
+    /// Whether cross-memory attach works towards every peer (ordinary memory is then
+    /// addressable without staging).
+    pub fn cma_everywhere(&self) -> bool {
+        self.inner.peers.iter().all(|p| p.cma)
+    }
+
+    /// Errors with [`Error::PeerLost`] if any peer process has exited.
+    pub fn check_peers(&self) -> Result<()> {
+        for (r, p) in self.inner.peers.iter().enumerate() {
+            if let Some(w) = &p.watch {
+                if !w.alive() {
+                    return Err(Error::PeerLost {
+                        rank: r as u32,
+                        pid: p.pid,
+                        detail: "the process exited".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns an OS error from touching `rank`'s memory into `PeerLost` when it is gone.
+    pub fn peer_error(&self, rank: u32, what: &str, e: std::io::Error) -> Error {
+        let p = &self.inner.peers[rank as usize];
+        if e.raw_os_error() == Some(libc::ESRCH) || p.watch.as_ref().is_some_and(|w| !w.alive()) {
+            Error::PeerLost { rank, pid: p.pid, detail: format!("{what}: {e}") }
+        } else {
+            Error::io(format!("{what} (rank {rank})"), e)
+        }
+    }
+
+    /// Allocates `nbytes` of shared memory (pre-faulted) that peers can map.
+    pub fn alloc_region(&self, nbytes: usize) -> Result<Region> {
+        let key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
+        let fd = shm::create_memfd(&format!("r{}-{key:016x}", self.rank()), nbytes)?;
+        let map = shm::map_shared(fd.as_raw_fd(), nbytes, true)?;
+        let handle = RegionHandle {
+            owner: self.rank(),
+            pid: std::process::id(),
+            kind: RegionKind::Shm,
+            fd: fd.as_raw_fd(),
+            addr: map.as_ptr() as u64,
+            len: nbytes as u64,
+            key,
+        };
+        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Shm { map, _fd: fd }, handle }) })
+    }
+
+    /// Registers ordinary memory so peers can read and write it by cross-memory attach.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid while the region (or a peer's use of its handle) lives.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
+        let handle = RegionHandle {
+            owner: self.rank(),
+            pid: std::process::id(),
+            kind: RegionKind::Process,
+            fd: -1,
+            addr: ptr as u64,
+            len: len as u64,
+            key: 0,
+        };
+        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Process { ptr }, handle }) })
+    }
+
+    /// Makes a peer's region addressable here. Shared-memory regions are mapped (and the
+    /// mapping cached); process memory needs cross-memory attach to that peer.
+    pub fn attach(&self, handle: &RegionHandle) -> Result<RemoteRegion> {
+        let owner = handle.owner;
+        if owner >= self.size() {
+            return Err(Error::InvalidArgument(format!("handle names rank {owner} of a job of {}", self.size())));
+        }
+        let peer = &self.inner.peers[owner as usize];
+        if handle.pid != peer.pid {
+            return Err(Error::InvalidArgument(format!(
+                "handle names pid {} but rank {owner} is pid {}", handle.pid, peer.pid
+            )));
+        }
+        match handle.kind {
+            RegionKind::Process => {
+                if !peer.cma {
+                    return Err(Error::Unsupported(format!(
+                        "cross-memory attach to rank {owner} is not permitted; use a region from alloc_region"
+                    )));
+                }
+                Ok(RemoteRegion { handle: *handle, map: None })
+            }
+            RegionKind::Shm => {
+                let k = (owner, handle.key);
+                if let Some(m) = self.inner.attached.lock().unwrap().get(&k) {
+                    if m.len() as u64 == handle.len {
+                        return Ok(RemoteRegion { handle: *handle, map: Some(m.clone()) });
+                    }
+                }
+                let fd = shm::open_peer_fd(handle.pid, handle.fd).map_err(|e| match e {
+                    Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => Error::InvalidArgument(
+                        format!("rank {owner} no longer has that region (freed?)"),
+                    ),
+                    e => e,
+                })?;
+                self.map_checked(handle, fd)
+            }
+        }
+    }
+
+    fn map_checked(&self, handle: &RegionHandle, fd: OwnedFd) -> Result<RemoteRegion> {
+        let label = shm::fd_label(fd.as_raw_fd());
+        if !label.contains(&format!("{:016x}", handle.key)) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} no longer has that region (descriptor now points at {label:?})", handle.owner
+            )));
+        }
+        let m = Arc::new(shm::map_shared(fd.as_raw_fd(), handle.len as usize, false)?);
+        let mut cache = self.inner.attached.lock().unwrap();
+        cache.retain(|_, v| Arc::strong_count(v) > 1);
+        cache.insert((handle.owner, handle.key), m.clone());
+        Ok(RemoteRegion { handle: *handle, map: Some(m) })
+    }
+
+    /// Collective: every rank passes one of its regions and gets every rank's, attached.
+    /// Descriptors travel over the bootstrap socket, so this works without `/proc` access.
+    pub fn exchange_regions(&self, region: &Region) -> Result<Vec<RemoteRegion>> {
+        let h = region.handle();
+        let fd = match &region.inner.backing {
+            Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+            Backing::Process { .. } => None,
+        };
+        let items = self.inner.rendezvous.lock().unwrap().exchange(&h.to_bytes(), fd)?;
+        let mut out = Vec::with_capacity(items.len());
+        for it in items {
+            let h = RegionHandle::from_bytes(&it.bytes)?;
+            match (h.kind, it.fd) {
+                (RegionKind::Shm, Some(fd)) => {
+                    let m = Arc::new(shm::map_shared(fd.as_raw_fd(), h.len as usize, false)?);
+                    out.push(RemoteRegion { handle: h, map: Some(m) });
+                }
+                _ => out.push(self.attach(&h)?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Collective over the bootstrap socket: all ranks' bytes, indexed by rank. For set-up.
+    pub fn exchange_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let items = self.inner.rendezvous.lock().unwrap().exchange(bytes, None)?;
+        Ok(items.into_iter().map(|i| i.bytes).collect())
+    }
+
+    /// A channel to `peer` (may be this rank itself).
+    pub fn channel(&self, peer: u32) -> Result<Channel> {
+        if peer >= self.size() {
+            return Err(Error::InvalidArgument(format!("no rank {peer} in a job of {}", self.size())));
+        }
+        Ok(Channel::new(self.clone(), peer))
+    }
+
+    pub(crate) fn slot_of(&self, rank: u32, slot: usize) -> &AtomicU32 {
+        let m = &self.inner.peers[rank as usize].ctrl;
+        unsafe { &*(m.as_ptr().add(OFF_SLOTS + slot * 4) as *const AtomicU32) }
+    }
+    pub(crate) fn waiters_of(&self, rank: u32) -> &AtomicU32 {
+        let m = &self.inner.peers[rank as usize].ctrl;
+        unsafe { &*(m.as_ptr().add(OFF_WAITERS) as *const AtomicU32) }
+    }
+
+    pub(crate) fn check_slot(slot: usize) -> Result<()> {
+        if slot >= NOTIFY_SLOTS {
+            return Err(Error::InvalidArgument(format!("notification slot {slot} is not below {NOTIFY_SLOTS}")));
+        }
+        Ok(())
+    }
+
+    /// Waits for a notification in `slot` of this rank, consumes it and returns its value.
+    pub fn wait(&self, slot: usize, timeout: Option<Duration>) -> Result<u32> {
+        Self::check_slot(slot)?;
+        let me = self.rank();
+        let word = self.slot_of(me, slot);
+        let mut policy = self.inner.policy;
+        if let Some(t) = timeout {
+            policy.timeout = t;
+        }
+        wait::wait_until(word, self.waiters_of(me), |v| v != 0, &policy,
+            &|| format!("a notification in slot {slot}"), &|| self.check_peers())?;
+        Ok(word.swap(0, Ordering::AcqRel))
+    }
+
+    /// Consumes and returns the notification in `slot`, if there is one.
+    pub fn test(&self, slot: usize) -> Result<Option<u32>> {
+        Self::check_slot(slot)?;
+        let v = self.slot_of(self.rank(), slot).swap(0, Ordering::AcqRel);
+        Ok((v != 0).then_some(v))
+    }
+
+    /// Waits until `ready(word)` with this device's spin/park policy and peer checks.
+    pub fn wait_word(
+        &self,
+        word: &AtomicU32,
+        waiters: &AtomicU32,
+        ready: impl FnMut(u32) -> bool,
+        what: &dyn Fn() -> String,
+    ) -> Result<u32> {
+        wait::wait_until(word, waiters, ready, &self.inner.policy, what, &|| self.check_peers())
+    }
+}

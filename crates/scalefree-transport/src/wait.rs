@@ -1,0 +1,227 @@
+//! Waiting on a 32-bit word in shared memory: spin briefly, then park on a futex.
+//!
+//! A writer publishes with [`publish`]: a sequentially consistent store followed by a
+//! check of the segment's waiter count, so the futex wake-up syscall is only paid when
+//! somebody is actually parked. A waiter registers in that count before it parks and
+//! re-checks the word, so no wake-up is lost (the classic futex protocol).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// How a wait behaves. Chosen once per device from the number of ranks per core.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitPolicy {
+    /// Busy-spin this long before yielding the core.
+    pub spin: Duration,
+    /// Then call `sched_yield` this many times (useful when ranks outnumber cores).
+    pub yields: u32,
+    /// Park on the futex for at most this long before re-checking peers' liveness.
+    pub check_interval: Duration,
+    /// Give up after this long with [`Error::Timeout`] (peers still alive but silent).
+    pub timeout: Duration,
+}
+
+impl WaitPolicy {
+    /// Spin long when every rank has a core, barely at all when they share cores.
+    pub fn for_load(ranks_on_host: usize, timeout: Duration) -> Self {
+        let cores = available_cores();
+        let oversubscribed = ranks_on_host > cores;
+        let spin_us = env_u64("SCALEFREE_SPIN_US").unwrap_or(if oversubscribed { 2 } else { 50 });
+        WaitPolicy {
+            spin: Duration::from_micros(spin_us),
+            yields: if oversubscribed { 8 } else { 0 },
+            check_interval: Duration::from_millis(50),
+            timeout,
+        }
+    }
+}
+
+pub(crate) fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// Cores this process may run on.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Stores `value` into `word` and wakes parked waiters, if any.
+#[inline]
+pub fn publish(word: &AtomicU32, waiters: &AtomicU32, value: u32) {
+    word.swap(value, Ordering::SeqCst);
+    if waiters.load(Ordering::SeqCst) != 0 {
+        futex_wake(word);
+    }
+}
+
+/// Waits until `ready(word)` holds. `liveness` is called every `check_interval` while
+/// parked and should return an error when a peer this wait depends on is gone.
+#[inline]
+pub fn wait_until(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    mut ready: impl FnMut(u32) -> bool,
+    policy: &WaitPolicy,
+    what: &dyn Fn() -> String,
+    liveness: &dyn Fn() -> Result<()>,
+) -> Result<u32> {
+    let v = word.load(Ordering::Acquire);
+    if ready(v) {
+        return Ok(v);
+    }
+    wait_slow(word, waiters, &mut ready, policy, what, liveness)
+}
+
+#[cold]
+fn wait_slow(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    ready: &mut dyn FnMut(u32) -> bool,
+    policy: &WaitPolicy,
+    what: &dyn Fn() -> String,
+    liveness: &dyn Fn() -> Result<()>,
+) -> Result<u32> {
+    let start = Instant::now();
+    // Phase 1: spin.
+    let mut i = 0u32;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+        std::hint::spin_loop();
+        i = i.wrapping_add(1);
+        if i % 64 == 0 && start.elapsed() >= policy.spin {
+            break;
+        }
+    }
+    // Phase 2: give the core away a few times.
+    for _ in 0..policy.yields {
+        unsafe { libc::sched_yield() };
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+    }
+    // Phase 3: park, waking periodically to check that peers are alive.
+    let mut last_check = Instant::now();
+    loop {
+        waiters.fetch_add(1, Ordering::SeqCst);
+        let v = word.load(Ordering::SeqCst);
+        if ready(v) {
+            waiters.fetch_sub(1, Ordering::SeqCst);
+            return Ok(v);
+        }
+        futex_wait(word, v, policy.check_interval);
+        waiters.fetch_sub(1, Ordering::SeqCst);
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+        if last_check.elapsed() >= policy.check_interval {
+            liveness()?;
+            last_check = Instant::now();
+        }
+        if start.elapsed() >= policy.timeout {
+            return Err(Error::Timeout {
+                timeout: policy.timeout,
+                waiting_for: what(),
+            });
+        }
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // Shared (not PRIVATE) futex: the word lives in memory mapped by several processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+/// `a >= b` for sequence numbers that wrap around.
+#[inline]
+pub fn seq_reached(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) < (1 << 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn wrapping_sequence_compare() {
+        assert!(seq_reached(5, 5));
+        assert!(seq_reached(6, 5));
+        assert!(!seq_reached(4, 5));
+        assert!(seq_reached(1, u32::MAX));
+        assert!(!seq_reached(u32::MAX, 1));
+    }
+
+    #[test]
+    fn parked_waiter_is_woken() {
+        let word = Arc::new(AtomicU32::new(0));
+        let waiters = Arc::new(AtomicU32::new(0));
+        let policy = WaitPolicy {
+            spin: Duration::from_micros(1),
+            yields: 0,
+            check_interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(20),
+        };
+        let (w, c) = (word.clone(), waiters.clone());
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            wait_until(&w, &c, |v| v == 7, &policy, &|| "test".into(), &|| Ok(())).unwrap();
+            start.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        publish(&word, &waiters, 7);
+        let waited = t.join().unwrap();
+        // Woken by the futex, not by the 5 s check interval.
+        assert!(waited < Duration::from_secs(4), "{waited:?}");
+    }
+
+    #[test]
+    fn timeout_is_an_error() {
+        let word = AtomicU32::new(0);
+        let waiters = AtomicU32::new(0);
+        let policy = WaitPolicy {
+            spin: Duration::from_micros(1),
+            yields: 1,
+            check_interval: Duration::from_millis(10),
+            timeout: Duration::from_millis(50),
+        };
+        let r = wait_until(&word, &waiters, |v| v == 1, &policy, &|| "nothing".into(), &|| Ok(()));
+        assert!(matches!(r, Err(Error::Timeout { .. })));
+    }
+}

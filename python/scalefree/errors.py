@@ -1,0 +1,46 @@
+"""Exception classes. Each kind also inherits the matching builtin, so callers can
+catch either ``scalefree.PeerLostError`` or ``ConnectionError``."""
+
+
+class ScalefreeError(Exception):
+    """Base class of every error raised by scalefree."""
+
+
+class PeerLostError(ScalefreeError, ConnectionError):
+    """A peer rank exited or was killed while this rank depended on it."""
+
+
+class ScalefreeTimeoutError(ScalefreeError, TimeoutError):
+    """A wait ran past its deadline while every peer was still alive."""
+
+
+class InvalidArgumentError(ScalefreeError, ValueError):
+    """An argument cannot work: bad dtype, shape, offset, non-contiguous array..."""
+
+
+class MismatchError(ScalefreeError, ValueError):
+    """Ranks called the same collective with different sizes, dtypes or ops."""
+
+
+class BootstrapError(ScalefreeError, RuntimeError):
+    """The ranks of a job could not find each other (environment, token, rendezvous)."""
+
+
+class UnsupportedError(ScalefreeError, NotImplementedError):
+    """This backend or platform cannot do what was asked."""
+
+
+class TransportIOError(ScalefreeError, OSError):
+    """An operating-system call of the transport failed."""
+
+
+__all__ = [
+    "ScalefreeError",
+    "PeerLostError",
+    "ScalefreeTimeoutError",
+    "InvalidArgumentError",
+    "MismatchError",
+    "BootstrapError",
+    "UnsupportedError",
+    "TransportIOError",
+]
