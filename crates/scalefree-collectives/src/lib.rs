@@ -1,1 +1,62 @@
-//! Dense collectives.
+//! Dense collectives, written once against the device API of `scalefree-transport`.
+//!
+//! A [`Communicator`] spans every rank of a [`Device`](scalefree_transport::Device). Its
+//! calls work in place on caller memory; see `docs/algorithms.md` for steps and bytes
+//! moved per algorithm:
+//!
+//! * [`Algorithm::OneShot`] — small messages: every rank writes its data into every peer's
+//!   inbox (one step), every rank reduces all contributions in rank order.
+//! * [`Algorithm::Direct`] — large messages: reduce-scatter then allgather by one-sided
+//!   reads of each peer's buffer, pipelined in pieces with progress counters.
+//! * [`Algorithm::Ring`] — the pipelined ring: the same one-sided reads, but each rank only
+//!   reads from its left neighbour, N-1 steps each way.
+
+pub mod comm;
+pub mod dense;
+pub mod reduce;
+
+pub use comm::{parse_bytes, CommOptions, Communicator};
+pub use reduce::{DType, ReduceOp};
+
+/// Which algorithm a collective uses. `Auto` chooses by message size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Algorithm {
+    Auto = 0,
+    OneShot = 1,
+    Direct = 2,
+    Ring = 3,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::OneShot => "one_shot",
+            Algorithm::Direct => "direct",
+            Algorithm::Ring => "ring",
+        }
+    }
+    pub fn parse(s: &str) -> scalefree_transport::Result<Self> {
+        Ok(match s {
+            "auto" => Algorithm::Auto,
+            "one_shot" => Algorithm::OneShot,
+            "direct" => Algorithm::Direct,
+            "ring" => Algorithm::Ring,
+            _ => {
+                return Err(scalefree_transport::Error::InvalidArgument(format!(
+                    "unknown algorithm {s:?}: expected one of auto, one_shot, direct, ring"
+                )))
+            }
+        })
+    }
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Algorithm::Auto,
+            1 => Algorithm::OneShot,
+            2 => Algorithm::Direct,
+            3 => Algorithm::Ring,
+            _ => return None,
+        })
+    }
+}

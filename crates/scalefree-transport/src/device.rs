@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backends::shm::{self, Mapping, PidWatch};
@@ -60,6 +60,8 @@ pub(crate) struct DeviceInner {
     policy: WaitPolicy,
     rendezvous: Mutex<Rendezvous>,
     attached: Mutex<HashMap<(u32, u64), Arc<Mapping>>>,
+    /// Regions allocated here, so a buffer inside one is recognised as registered.
+    local_regions: Mutex<Vec<(usize, usize, Weak<RegionInner>)>>,
     next_key: AtomicU64,
 }
 
@@ -133,6 +135,7 @@ impl Device {
                 policy,
                 rendezvous: Mutex::new(rv),
                 attached: Mutex::new(HashMap::new()),
+                local_regions: Mutex::new(Vec::new()),
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
@@ -204,7 +207,26 @@ impl Device {
             len: nbytes as u64,
             key,
         };
-        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Shm { map, _fd: fd }, handle }) })
+        let inner = Arc::new(RegionInner { backing: Backing::Shm { map, _fd: fd }, handle });
+        let mut regs = self.inner.local_regions.lock().unwrap();
+        regs.retain(|(_, _, w)| w.strong_count() > 0);
+        regs.push((handle.addr as usize, nbytes, Arc::downgrade(&inner)));
+        Ok(Region { inner })
+    }
+
+    /// The shared-memory region allocated here that contains `ptr..ptr+len`, and the
+    /// offset of `ptr` in it. Lets collectives use a registered buffer without copies.
+    pub fn find_region(&self, ptr: *const u8, len: usize) -> Option<(Region, usize)> {
+        let p = ptr as usize;
+        let regs = self.inner.local_regions.lock().unwrap();
+        for (addr, n, w) in regs.iter() {
+            if p >= *addr && p + len <= addr + n {
+                if let Some(inner) = w.upgrade() {
+                    return Some((Region { inner }, p - addr));
+                }
+            }
+        }
+        None
     }
 
     /// Registers ordinary memory so peers can read and write it by cross-memory attach.

@@ -1,0 +1,448 @@
+//! The communicator: per-rank control region, the header exchange every collective starts
+//! with, and how each rank exposes its buffer to the others.
+//!
+//! Every collective call begins with [`Communicator::post`]: each rank writes a 128-byte
+//! header (and, for small messages, the payload) into every peer's inbox and raises that
+//! peer's flag to the call's sequence number. Once a rank has all headers it checks that
+//! the ranks agree (kind, dtype, op, count, root, algorithm) and raises the same error on
+//! every rank if not. Inboxes are double-buffered by sequence parity: a rank can only reach
+//! call `s` after every peer has started call `s-1`, i.e. finished reading call `s-2`'s
+//! inbox, so no acknowledgement is needed.
+//!
+//! Control region layout (one per rank, mapped by all):
+//! ```text
+//! 0     waiters (u32)          futex waiter count for every word in this region
+//! 64    progress (u32)         pieces of this rank's work published (tagged with seq)
+//! 128   done (u32)             last call whose buffers peers may no longer touch
+//! 192   ready (u32)            staged data of this call is in place (fallback path)
+//! 256   flag[s] (u32, 64 B apart)          header from rank s has arrived (= its seq)
+//! ...   inbox[s][parity] (128 B header + inline payload)
+//! ```
+
+use std::sync::atomic::AtomicU32;
+
+use scalefree_transport::wait::{publish, seq_reached};
+use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RegionKind, RemoteRegion, Result};
+
+use crate::reduce::{DType, ReduceOp};
+use crate::Algorithm;
+
+const OFF_WAITERS: usize = 0;
+const OFF_PROGRESS: usize = 64;
+const OFF_DONE: usize = 128;
+const OFF_READY: usize = 192;
+const OFF_FLAGS: usize = 256;
+pub(crate) const HEADER_BYTES: usize = 128;
+
+/// Tunables of a communicator. Defaults come from `SCALEFREE_*` variables (docs/config.md).
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// Payload capacity of each inbox; messages up to this size travel inline.
+    pub inline_bytes: usize,
+    /// `auto` uses the one-shot allreduce up to this many bytes.
+    pub one_shot_max_bytes: usize,
+    /// `auto` uses the direct algorithm up to this many bytes per rank... and above
+    /// (the ring is used only when asked for).
+    pub piece_bytes: usize,
+}
+
+fn env_bytes(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| parse_bytes(&v)).unwrap_or(default)
+}
+
+/// Parses `4096`, `64K`, `1M`, `2G` (binary units).
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok().map(|n| n * mult)
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            inline_bytes: env_bytes("SCALEFREE_INLINE_BYTES", 256 << 10),
+            one_shot_max_bytes: env_bytes("SCALEFREE_ONE_SHOT_MAX", 64 << 10),
+            piece_bytes: env_bytes("SCALEFREE_PIECE_BYTES", 128 << 10).max(4096),
+        }
+    }
+}
+
+/// What kind of collective a header announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Kind {
+    Allreduce = 1,
+    ReduceScatter = 2,
+    Allgather = 3,
+    Broadcast = 4,
+    Barrier = 5,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Allreduce => "allreduce",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Allgather => "allgather",
+            Kind::Broadcast => "broadcast",
+            Kind::Barrier => "barrier",
+        }
+    }
+    fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Kind::Allreduce,
+            2 => Kind::ReduceScatter,
+            3 => Kind::Allgather,
+            4 => Kind::Broadcast,
+            5 => Kind::Barrier,
+            _ => return None,
+        })
+    }
+}
+
+/// The fixed-size announcement of a collective call.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct Header {
+    pub seq: u32,
+    pub kind: u32,
+    pub dtype: u32,
+    pub op: u32,
+    pub count: u64,
+    pub root: u32,
+    pub algo: u32,
+    /// Where peers can read this rank's data: a region handle and the offset in it.
+    pub handle: [u8; RegionHandle::BYTES],
+    pub offset: u64,
+    /// Bytes of staging this rank needs (0 when its buffer is directly addressable).
+    pub staging_bytes: u64,
+    _pad: [u8; HEADER_BYTES - 88],
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
+
+impl Header {
+    pub fn new(kind: Kind, dtype: DType, op: Option<ReduceOp>, count: usize, root: u32, algo: Algorithm) -> Self {
+        Header {
+            seq: 0,
+            kind: kind as u32,
+            dtype: dtype as u32,
+            op: op.map(|o| o as u32).unwrap_or(0),
+            count: count as u64,
+            root,
+            algo: algo as u32,
+            handle: [0; RegionHandle::BYTES],
+            offset: 0,
+            staging_bytes: 0,
+            _pad: [0; HEADER_BYTES - 88],
+        }
+    }
+
+    fn describe(&self) -> String {
+        let dt = DType::from_u32(self.dtype).map(|d| d.name()).unwrap_or("?");
+        let mut s = format!(
+            "{} of {} {dt}",
+            Kind::from_u32(self.kind).map(|k| k.name()).unwrap_or("?"),
+            self.count
+        );
+        if let Some(op) = ReduceOp::from_u32(self.op) {
+            s += &format!(" op={}", op.name());
+        }
+        if self.kind == Kind::Broadcast as u32 {
+            s += &format!(" root={}", self.root);
+        }
+        if let Some(a) = Algorithm::from_u32(self.algo) {
+            if a != Algorithm::Auto {
+                s += &format!(" algorithm={}", a.name());
+            }
+        }
+        s
+    }
+}
+
+/// How a peer's data for the current call is reached.
+pub(crate) struct Exposed {
+    pub remote: RemoteRegion,
+    pub offset: usize,
+}
+
+/// A communicator over all ranks of a device: owns the control region and staging.
+pub struct Communicator {
+    pub(crate) dev: Device,
+    pub(crate) opts: CommOptions,
+    pub(crate) rank: u32,
+    pub(crate) size: u32,
+    pub(crate) seq: u32,
+    _ctrl: Region,
+    pub(crate) ctrls: Vec<RemoteRegion>,
+    pub(crate) chans: Vec<Channel>,
+    slot_bytes: usize,
+    off_inbox: usize,
+    /// Scratch for cross-memory-attach reads (one piece) and one-shot accumulation.
+    pub(crate) scratch: Vec<u8>,
+    /// Staging region for buffers peers cannot address (no CMA, not in a region).
+    pub(crate) staging: Option<Region>,
+    pub(crate) peer_staging: Vec<Option<RemoteRegion>>,
+}
+
+impl Communicator {
+    /// Collective: every rank of `dev` must call it.
+    pub fn new(dev: Device, opts: CommOptions) -> Result<Self> {
+        let size = dev.size();
+        let rank = dev.rank();
+        let slot_bytes = (HEADER_BYTES + opts.inline_bytes).next_multiple_of(64);
+        let off_inbox = (OFF_FLAGS + size as usize * 64).next_multiple_of(4096);
+        let len = off_inbox + size as usize * 2 * slot_bytes;
+        let ctrl = dev.alloc_region(len)?;
+        let ctrls = dev.exchange_regions(&ctrl)?;
+        let chans = (0..size).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
+        let scratch = vec![0u8; opts.piece_bytes.max(opts.inline_bytes)];
+        Ok(Communicator {
+            dev,
+            opts,
+            rank,
+            size,
+            seq: 0,
+            _ctrl: ctrl,
+            ctrls,
+            chans,
+            slot_bytes,
+            off_inbox,
+            scratch,
+            staging: None,
+            peer_staging: (0..size).map(|_| None).collect(),
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+    pub fn options(&self) -> &CommOptions {
+        &self.opts
+    }
+
+    fn ctrl_ptr(&self, rank: u32) -> *mut u8 {
+        self.ctrls[rank as usize].mapped_ptr().expect("control regions are shared memory")
+    }
+    pub(crate) fn word(&self, rank: u32, off: usize) -> &AtomicU32 {
+        unsafe { &*(self.ctrl_ptr(rank).add(off) as *const AtomicU32) }
+    }
+    pub(crate) fn waiters(&self, rank: u32) -> &AtomicU32 {
+        self.word(rank, OFF_WAITERS)
+    }
+    pub(crate) fn progress(&self, rank: u32) -> &AtomicU32 {
+        self.word(rank, OFF_PROGRESS)
+    }
+    fn done_word(&self, rank: u32) -> &AtomicU32 {
+        self.word(rank, OFF_DONE)
+    }
+    fn flag(&self, receiver: u32, sender: u32) -> &AtomicU32 {
+        self.word(receiver, OFF_FLAGS + sender as usize * 64)
+    }
+    fn inbox_off(&self, sender: u32, seq: u32) -> usize {
+        self.off_inbox + (sender as usize * 2 + (seq & 1) as usize) * self.slot_bytes
+    }
+    /// The inline payload rank `sender` posted to this rank in the current call.
+    pub(crate) fn inbox_payload(&self, sender: u32) -> *const u8 {
+        unsafe { self.ctrl_ptr(self.rank).add(self.inbox_off(sender, self.seq) + HEADER_BYTES) }
+    }
+
+    /// Peers in the order this rank visits them (starting after itself spreads the load).
+    pub(crate) fn peers(&self) -> impl Iterator<Item = u32> + '_ {
+        (1..self.size).map(move |i| (self.rank + i) % self.size)
+    }
+
+    /// Starts a call: sends `hdr` (plus `payload(peer)`, inline) to every peer, then waits
+    /// for every peer's header and checks that they agree. Returns all headers by rank.
+    pub(crate) fn post(
+        &mut self,
+        mut hdr: Header,
+        payload: &dyn Fn(u32) -> (*const u8, usize),
+    ) -> Result<Vec<Header>> {
+        self.seq = self.seq.wrapping_add(1);
+        if self.seq == 0 {
+            self.seq = 1;
+        }
+        let seq = self.seq;
+        hdr.seq = seq;
+        let me = self.rank;
+        let peers: Vec<u32> = self.peers().collect();
+        for &p in &peers {
+            let (ptr, n) = payload(p);
+            debug_assert!(n <= self.opts.inline_bytes);
+            let off = self.inbox_off(me, seq);
+            let ch = &self.chans[p as usize];
+            let dst = &self.ctrls[p as usize];
+            unsafe {
+                ch.write_from(ptr, dst, off + HEADER_BYTES, n)?;
+                ch.write_from(&hdr as *const Header as *const u8, dst, off, HEADER_BYTES)?;
+            }
+            publish(self.flag(p, me), self.waiters(p), seq);
+        }
+        let mut headers = vec![hdr; self.size as usize];
+        for &q in &peers {
+            let what = || format!("rank {q} to start collective call #{seq}");
+            self.dev.wait_word(self.flag(me, q), self.waiters(me), |v| seq_reached(v, seq), &what)?;
+            let src = unsafe { self.ctrl_ptr(me).add(self.inbox_off(q, seq)) };
+            headers[q as usize] = unsafe { std::ptr::read_volatile(src as *const Header) };
+        }
+        // Everyone compares everyone, so every rank raises the same error.
+        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo);
+        if let Some(bad) = headers.iter().position(|h| key(h) != key(&headers[0])) {
+            return Err(Error::Mismatch(format!(
+                "rank 0 called {} but rank {bad} called {}",
+                headers[0].describe(),
+                headers[bad].describe()
+            )));
+        }
+        Ok(headers)
+    }
+
+    /// How peers will reach `len` bytes at `ptr` on this rank: the registered region that
+    /// contains it, the process memory itself (cross-memory attach), or neither (staging).
+    pub(crate) fn expose(&self, hdr: &mut Header, ptr: *const u8, len: usize) {
+        if let Some((region, off)) = self.dev.find_region(ptr, len) {
+            hdr.handle = region.handle().to_bytes();
+            hdr.offset = off as u64;
+        } else if self.dev.cma_everywhere() {
+            let h = RegionHandle {
+                owner: self.rank,
+                pid: std::process::id(),
+                kind: RegionKind::Process,
+                fd: -1,
+                addr: ptr as u64,
+                len: len as u64,
+                key: 0,
+            };
+            hdr.handle = h.to_bytes();
+            hdr.offset = 0;
+        } else {
+            hdr.staging_bytes = len as u64;
+        }
+    }
+
+    /// After `post`: grows staging regions collectively where any rank needs more, and
+    /// returns how to reach each rank's data (None for this rank).
+    pub(crate) fn resolve(&mut self, headers: &[Header]) -> Result<Vec<Option<Exposed>>> {
+        let grow = headers.iter().enumerate().any(|(r, h)| {
+            h.staging_bytes > 0
+                && self.peer_staging[r].as_ref().map(|s| (s.len() as u64) < h.staging_bytes).unwrap_or(true)
+        });
+        if grow {
+            let need = headers[self.rank as usize].staging_bytes as usize;
+            let have = self.staging.as_ref().map(|s| s.len()).unwrap_or(0);
+            if need > have || self.staging.is_none() {
+                self.staging = Some(self.dev.alloc_region(need.max(have).max(4096))?);
+            }
+            let all = self.dev.exchange_regions(self.staging.as_ref().unwrap())?;
+            self.peer_staging = all.into_iter().map(Some).collect();
+        }
+        let mut out = Vec::with_capacity(headers.len());
+        for (r, h) in headers.iter().enumerate() {
+            if r as u32 == self.rank || (h.staging_bytes == 0 && h.handle == [0; RegionHandle::BYTES]) {
+                // This rank, or a rank that exposes nothing in this call.
+                out.push(None);
+            } else if h.staging_bytes > 0 {
+                out.push(Some(Exposed { remote: self.peer_staging[r].clone().unwrap(), offset: 0 }));
+            } else {
+                let handle = RegionHandle::from_bytes(&h.handle)?;
+                out.push(Some(Exposed { remote: self.dev.attach(&handle)?, offset: h.offset as usize }));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends a call whose buffers peers read directly: publish that this rank is done with
+    /// everybody's buffers, then wait until every peer is done with ours.
+    pub(crate) fn finish(&self) -> Result<()> {
+        let seq = self.seq;
+        let me = self.rank;
+        publish(self.done_word(me), self.waiters(me), seq);
+        for q in self.peers() {
+            let what = || format!("rank {q} to finish collective call #{seq}");
+            self.dev.wait_word(self.done_word(q), self.waiters(q), |v| seq_reached(v, seq), &what)?;
+        }
+        Ok(())
+    }
+
+    /// Staged exposure only: this rank's staging region now holds the call's data.
+    pub(crate) fn publish_ready(&self) {
+        let me = self.rank;
+        publish(self.word(me, OFF_READY), self.waiters(me), self.seq);
+    }
+
+    /// Waits until rank `q`'s staged data for this call is in place.
+    pub(crate) fn wait_ready(&self, q: u32) -> Result<()> {
+        let seq = self.seq;
+        let what = || format!("rank {q} to stage its data for call #{seq}");
+        self.dev.wait_word(self.word(q, OFF_READY), self.waiters(q), |v| seq_reached(v, seq), &what)?;
+        Ok(())
+    }
+
+    /// The local pointer peers read this rank's data from: the buffer itself, or the
+    /// staging region after copying the buffer into it (and announcing that).
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes.
+    pub(crate) unsafe fn stage_in(&self, my_hdr: &Header, ptr: *const u8, len: usize) -> *mut u8 {
+        if my_hdr.staging_bytes == 0 {
+            return ptr as *mut u8;
+        }
+        let st = self.staging.as_ref().expect("resolve allocated staging").as_ptr();
+        unsafe { std::ptr::copy_nonoverlapping(ptr, st, len) };
+        self.publish_ready();
+        st
+    }
+
+    /// Before reading rank `q`'s data: waits for it if it is staged.
+    pub(crate) fn await_peer_data(&self, headers: &[Header], q: u32) -> Result<()> {
+        if headers[q as usize].staging_bytes > 0 {
+            self.wait_ready(q)?;
+        }
+        Ok(())
+    }
+
+    /// Tag for progress words: low 24 bits count, high 8 bits the call's sequence.
+    #[inline]
+    pub(crate) fn progress_tag(&self, count: u32) -> u32 {
+        ((self.seq & 0xff) << 24) | (count & 0x00ff_ffff)
+    }
+
+    pub(crate) fn publish_progress(&self, count: u32) {
+        let me = self.rank;
+        publish(self.progress(me), self.waiters(me), self.progress_tag(count));
+    }
+
+    /// Waits until rank `q` has published at least `count` pieces in this call.
+    pub(crate) fn wait_progress(&self, q: u32, count: u32) -> Result<u32> {
+        let tag_hi = (self.seq & 0xff) << 24;
+        let seq = self.seq;
+        let what = || format!("rank {q} to reduce piece {count} of call #{seq}");
+        let v = self.dev.wait_word(
+            self.progress(q),
+            self.waiters(q),
+            |v| (v & 0xff00_0000) == tag_hi && (v & 0x00ff_ffff) >= count,
+            &what,
+        )?;
+        Ok(v & 0x00ff_ffff)
+    }
+
+    /// Reads `n` bytes of rank `q`'s exposed data at `off` into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `n` bytes.
+    pub(crate) unsafe fn read_peer(&self, q: u32, src: &Exposed, off: usize, dst: *mut u8, n: usize) -> Result<()> {
+        unsafe { self.chans[q as usize].read_into(&src.remote, src.offset + off, dst, n) }
+    }
+}

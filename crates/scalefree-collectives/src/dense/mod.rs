@@ -1,0 +1,252 @@
+//! Entry points of the dense collectives. Each validates its arguments, announces the call
+//! (`Communicator::post`), and hands over to one algorithm file.
+
+pub mod direct;
+pub mod one_shot;
+pub mod ring;
+
+use scalefree_transport::{Error, Result};
+
+use crate::comm::{Communicator, Header, Kind};
+use crate::reduce::{DType, ReduceOp};
+use crate::Algorithm;
+
+/// `[lo, hi)` element bounds of rank `i`'s share of `count` elements, split as evenly as
+/// possible: rank i gets `count*i/n .. count*(i+1)/n`.
+pub fn share_bounds(count: usize, n: u32, i: u32) -> (usize, usize) {
+    let f = |k: u32| ((count as u128 * k as u128) / n as u128) as usize;
+    (f(i), f(i + 1))
+}
+
+/// Like [`share_bounds`] but boundaries rounded down to `align` elements (cache lines).
+pub(crate) fn chunk_bounds(count: usize, n: u32, i: u32, align: usize) -> (usize, usize) {
+    let f = |k: u32| {
+        if k == n {
+            count
+        } else {
+            let b = ((count as u128 * k as u128) / n as u128) as usize;
+            b / align * align
+        }
+    };
+    (f(i), f(i + 1))
+}
+
+fn reducible(dtype: DType) -> Result<()> {
+    if dtype == DType::U8 {
+        return Err(Error::InvalidArgument("uint8 buffers cannot be reduced; use float32, float64, int32 or int64".into()));
+    }
+    Ok(())
+}
+
+impl Communicator {
+    fn pick(&self, requested: Algorithm, nbytes: usize) -> Result<Algorithm> {
+        Ok(match requested {
+            Algorithm::Auto => {
+                if nbytes <= self.opts.one_shot_max_bytes.min(self.opts.inline_bytes) {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Direct
+                }
+            }
+            Algorithm::OneShot if nbytes > self.opts.inline_bytes => {
+                return Err(Error::InvalidArgument(format!(
+                    "one_shot carries at most {} bytes (SCALEFREE_INLINE_BYTES); this call has {nbytes}",
+                    self.opts.inline_bytes
+                )))
+            }
+            a => a,
+        })
+    }
+
+    /// Allreduce of `count` elements at `buf`, in place. Returns the algorithm used.
+    ///
+    /// # Safety
+    /// `buf` must be valid for reads and writes of `count` elements of `dtype`, aligned to
+    /// the element size, and not touched by anyone else during the call.
+    pub unsafe fn allreduce(&mut self, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, algo: Algorithm) -> Result<Algorithm> {
+        reducible(dtype)?;
+        let nbytes = count * dtype.size_bytes();
+        let used = self.pick(algo, nbytes)?;
+        if self.size == 1 {
+            return Ok(used);
+        }
+        let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, algo);
+        unsafe {
+            match used {
+                Algorithm::OneShot => {
+                    self.post(hdr, &|_| (buf as *const u8, nbytes))?;
+                    one_shot::allreduce(self, buf, count, dtype, op);
+                }
+                Algorithm::Direct | Algorithm::Ring => {
+                    self.expose(&mut hdr, buf, nbytes);
+                    let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                    let exposed = self.resolve(&headers)?;
+                    let mine = self.stage_in(&hdr, buf, nbytes);
+                    if used == Algorithm::Ring {
+                        ring::allreduce(self, &headers, &exposed, buf, mine, count, dtype, op)?;
+                    } else {
+                        direct::allreduce(self, &headers, &exposed, buf, mine, count, dtype, op)?;
+                    }
+                    self.finish()?;
+                }
+                Algorithm::Auto => unreachable!(),
+            }
+        }
+        Ok(used)
+    }
+
+    /// Reduce-scatter: `input` holds `count` elements on every rank; `out` receives this
+    /// rank's share `share_bounds(count, size, rank)` of the reduction.
+    ///
+    /// # Safety
+    /// `input` valid for `count` elements, `out` for the share, not overlapping.
+    pub unsafe fn reduce_scatter(&mut self, input: *const u8, count: usize, out: *mut u8, dtype: DType, op: ReduceOp, algo: Algorithm) -> Result<()> {
+        reducible(dtype)?;
+        let es = dtype.size_bytes();
+        let (lo, hi) = share_bounds(count, self.size, self.rank);
+        if self.size == 1 {
+            unsafe { std::ptr::copy(input, out, count * es) };
+            return Ok(());
+        }
+        let largest_share = share_bounds(count, self.size, self.size - 1);
+        let share_bytes = (largest_share.1 - largest_share.0 + 1) * es;
+        let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, share_bytes)?;
+        let mut hdr = Header::new(Kind::ReduceScatter, dtype, Some(op), count, 0, algo);
+        let size = self.size;
+        unsafe {
+            if used == Algorithm::OneShot {
+                let payload = |p: u32| {
+                    let (a, b) = share_bounds(count, size, p);
+                    (input.add(a * es), (b - a) * es)
+                };
+                self.post(hdr, &payload)?;
+                one_shot::fold_share(self, input.add(lo * es), out, hi - lo, dtype, op);
+            } else {
+                self.expose(&mut hdr, input, count * es);
+                let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                let exposed = self.resolve(&headers)?;
+                let mine = self.stage_in(&hdr, input, count * es);
+                let _ = mine; // peers read `mine`; this rank reads its own input directly
+                direct::reduce_share(self, &headers, &exposed, input, out, lo, hi, dtype, op)?;
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Allgather: every rank contributes `count` elements at `input`; `out` receives
+    /// `size * count` elements, rank r's at `out[r*count..]`. `input` may be this rank's
+    /// slot inside `out`.
+    ///
+    /// # Safety
+    /// `input` valid for `count` elements and `out` for `size*count`.
+    pub unsafe fn allgather(&mut self, input: *const u8, count: usize, out: *mut u8, dtype: DType, algo: Algorithm) -> Result<()> {
+        let es = dtype.size_bytes();
+        let nbytes = count * es;
+        let me = self.rank as usize;
+        unsafe {
+            if input != out.add(me * nbytes) as *const u8 {
+                std::ptr::copy(input, out.add(me * nbytes), nbytes);
+            }
+        }
+        if self.size == 1 {
+            return Ok(());
+        }
+        let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, nbytes)?;
+        let mut hdr = Header::new(Kind::Allgather, dtype, None, count, 0, algo);
+        let mine_in_out = unsafe { out.add(me * nbytes) as *const u8 };
+        unsafe {
+            if used == Algorithm::OneShot {
+                self.post(hdr, &|_| (mine_in_out, nbytes))?;
+                for q in self.peers().collect::<Vec<_>>() {
+                    std::ptr::copy_nonoverlapping(self.inbox_payload(q), out.add(q as usize * nbytes), nbytes);
+                }
+            } else {
+                self.expose(&mut hdr, mine_in_out, nbytes);
+                let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                let exposed = self.resolve(&headers)?;
+                self.stage_in(&hdr, mine_in_out, nbytes);
+                for q in self.peers().collect::<Vec<_>>() {
+                    self.await_peer_data(&headers, q)?;
+                    let src = exposed[q as usize].as_ref().unwrap();
+                    self.read_peer(q, src, 0, out.add(q as usize * nbytes), nbytes)?;
+                }
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Broadcast `count` elements from `root`'s `buf` into every rank's `buf`.
+    ///
+    /// # Safety
+    /// `buf` valid for `count` elements.
+    pub unsafe fn broadcast(&mut self, buf: *mut u8, count: usize, dtype: DType, root: u32, algo: Algorithm) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::InvalidArgument(format!("root {root} is not a rank of a group of {}", self.size)));
+        }
+        if self.size == 1 {
+            return Ok(());
+        }
+        let nbytes = count * dtype.size_bytes();
+        let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, nbytes)?;
+        let mut hdr = Header::new(Kind::Broadcast, dtype, None, count, root, algo);
+        let is_root = self.rank == root;
+        unsafe {
+            if used == Algorithm::OneShot {
+                self.post(hdr, &|_| if is_root { (buf as *const u8, nbytes) } else { (std::ptr::null(), 0) })?;
+                if !is_root {
+                    std::ptr::copy_nonoverlapping(self.inbox_payload(root), buf, nbytes);
+                }
+            } else {
+                if is_root {
+                    self.expose(&mut hdr, buf, nbytes);
+                }
+                let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                let exposed = self.resolve(&headers)?;
+                if is_root {
+                    self.stage_in(&hdr, buf, nbytes);
+                } else {
+                    self.await_peer_data(&headers, root)?;
+                    let src = exposed[root as usize].as_ref().unwrap();
+                    self.read_peer(root, src, 0, buf, nbytes)?;
+                }
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        if self.size == 1 {
+            return Ok(());
+        }
+        let hdr = Header::new(Kind::Barrier, DType::U8, None, 0, 0, Algorithm::Auto);
+        self.post(hdr, &|_| (std::ptr::null(), 0))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_everything() {
+        for count in [0usize, 1, 7, 1000, 1 << 20] {
+            for n in 1..=5u32 {
+                let mut next = 0;
+                for i in 0..n {
+                    let (a, b) = share_bounds(count, n, i);
+                    assert_eq!(a, next);
+                    next = b;
+                    let (c, d) = chunk_bounds(count, n, i, 16);
+                    assert!(c <= d && d <= count);
+                }
+                assert_eq!(next, count);
+                assert_eq!(chunk_bounds(count, n, n - 1, 16).1, count);
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Element types, reduction operators, and the one reduction kernel (`dst = dst op src`).
+//!
+//! The loops are written over slices so the compiler vectorises them; a reduction is
+//! memory-bound, so one portable kernel per (dtype, op) is enough.
+
+use scalefree_transport::{Error, Result};
+
+/// Element type of a collective's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum DType {
+    F32 = 1,
+    F64 = 2,
+    I32 = 3,
+    I64 = 4,
+    /// Raw bytes: only for data movement (broadcast, allgather), never reduced.
+    U8 = 5,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::U8 => 1,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+        }
+    }
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => DType::F32,
+            2 => DType::F64,
+            3 => DType::I32,
+            4 => DType::I64,
+            5 => DType::U8,
+            _ => return None,
+        })
+    }
+}
+
+/// Reduction operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ReduceOp {
+    Sum = 1,
+    Prod = 2,
+    Min = 3,
+    Max = 4,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "sum" => ReduceOp::Sum,
+            "prod" => ReduceOp::Prod,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown op {s:?}: expected one of sum, prod, min, max"
+                )))
+            }
+        })
+    }
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => ReduceOp::Sum,
+            2 => ReduceOp::Prod,
+            3 => ReduceOp::Min,
+            4 => ReduceOp::Max,
+            _ => return None,
+        })
+    }
+}
+
+trait Elem: Copy {
+    fn sum(a: Self, b: Self) -> Self;
+    fn prod(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+}
+
+macro_rules! float_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self { a * b }
+            // NaN-propagating like numpy's minimum/maximum.
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self { if a < b || a != a { a } else { b } }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self { if a > b || a != a { a } else { b } }
+        }
+    };
+}
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+            #[inline(always)]
+            fn prod(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
+        }
+    };
+}
+float_elem!(f32);
+float_elem!(f64);
+int_elem!(i32);
+int_elem!(i64);
+
+#[inline(always)]
+fn apply<T: Elem>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(x, y);
+    }
+}
+
+unsafe fn typed<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
+    // `dst` may alias `a` (the in-place case): go through raw slices of the same memory
+    // only when they are identical, which the loop below handles element-wise safely.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut T, n) };
+    let a = unsafe { std::slice::from_raw_parts(a as *const T, n) };
+    let b = unsafe { std::slice::from_raw_parts(b as *const T, n) };
+    match op {
+        ReduceOp::Sum => apply(d, a, b, T::sum),
+        ReduceOp::Prod => apply(d, a, b, T::prod),
+        ReduceOp::Min => apply(d, a, b, T::min),
+        ReduceOp::Max => apply(d, a, b, T::max),
+    }
+}
+
+/// `dst[i] = a[i] op b[i]` for `n` elements. `dst` may equal `a` (in place); the pointers
+/// need no alignment beyond the element's.
+///
+/// # Safety
+/// All three ranges must be valid for `n` elements of `dtype`; `b` must not overlap `dst`
+/// unless it is the same range.
+pub unsafe fn reduce3(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        match dtype {
+            DType::F32 => typed::<f32>(op, dst, a, b, n),
+            DType::F64 => typed::<f64>(op, dst, a, b, n),
+            DType::I32 => typed::<i32>(op, dst, a, b, n),
+            DType::I64 => typed::<i64>(op, dst, a, b, n),
+            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+        }
+    }
+}
+
+/// `dst[i] = dst[i] op src[i]`.
+///
+/// # Safety
+/// See [`reduce3`].
+#[inline]
+pub unsafe fn reduce_into(dtype: DType, op: ReduceOp, dst: *mut u8, src: *const u8, n: usize) {
+    unsafe { reduce3(dtype, op, dst, dst, src, n) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_match_reference() {
+        let mut a = vec![1.0f32, -2.0, 3.5, f32::NAN];
+        let b = vec![2.0f32, 5.0, -1.0, 0.0];
+        unsafe { reduce_into(DType::F32, ReduceOp::Max, a.as_mut_ptr() as *mut u8, b.as_ptr() as *const u8, 4) };
+        assert_eq!(&a[..3], &[2.0, 5.0, 3.5]);
+        assert!(a[3].is_nan());
+        let mut x = vec![3i64, i64::MAX];
+        let y = vec![4i64, 1];
+        unsafe { reduce_into(DType::I64, ReduceOp::Sum, x.as_mut_ptr() as *mut u8, y.as_ptr() as *const u8, 2) };
+        assert_eq!(x, vec![7, i64::MIN]);
+        let mut p = vec![3i32, -2];
+        unsafe { reduce_into(DType::I32, ReduceOp::Prod, p.as_mut_ptr() as *mut u8, y.as_ptr() as *const u8, 0) };
+        assert_eq!(p, vec![3, -2]);
+    }
+
+    #[test]
+    fn parse_ops() {
+        assert_eq!(ReduceOp::parse("min").unwrap(), ReduceOp::Min);
+        assert!(ReduceOp::parse("avg").is_err());
+    }
+}
