@@ -41,9 +41,11 @@ pub struct CommOptions {
     pub inline_bytes: usize,
     /// `auto` uses the one-shot allreduce up to this many bytes.
     pub one_shot_max_bytes: usize,
-    /// `auto` uses the direct algorithm up to this many bytes per rank... and above
-    /// (the ring is used only when asked for).
+    /// Pipelining granularity of the direct and ring algorithms.
     pub piece_bytes: usize,
+    /// Ordinary (unregistered) buffers up to this size are staged through shared memory
+    /// rather than read by cross-memory attach.
+    pub stage_max_bytes: usize,
 }
 
 fn env_bytes(name: &str, default: usize) -> usize {
@@ -68,6 +70,7 @@ impl Default for CommOptions {
             inline_bytes: env_bytes("SCALEFREE_INLINE_BYTES", 256 << 10),
             one_shot_max_bytes: env_bytes("SCALEFREE_ONE_SHOT_MAX", 64 << 10),
             piece_bytes: env_bytes("SCALEFREE_PIECE_BYTES", 128 << 10).max(4096),
+            stage_max_bytes: env_bytes("SCALEFREE_STAGE_MAX", 4 << 20),
         }
     }
 }
@@ -312,10 +315,17 @@ impl Communicator {
     /// How peers will reach `len` bytes at `ptr` on this rank: the registered region that
     /// contains it, the process memory itself (cross-memory attach), or neither (staging).
     pub(crate) fn expose(&self, hdr: &mut Header, ptr: *const u8, len: usize) {
+        self.expose_with(hdr, ptr, len, usize::MAX)
+    }
+
+    /// Like `expose`, but ordinary memory of at most `stage_max` bytes is staged even when
+    /// cross-memory attach works: for cache-resident sizes plain loads from a mapped peer
+    /// beat a system call per piece.
+    pub(crate) fn expose_with(&self, hdr: &mut Header, ptr: *const u8, len: usize, stage_max: usize) {
         if let Some((region, off)) = self.dev.find_region(ptr, len) {
             hdr.handle = region.handle().to_bytes();
             hdr.offset = off as u64;
-        } else if self.dev.cma_everywhere() {
+        } else if self.dev.cma_everywhere() && len > stage_max {
             let h = RegionHandle {
                 owner: self.rank,
                 pid: std::process::id(),
@@ -391,16 +401,21 @@ impl Communicator {
     }
 
     /// The local pointer peers read this rank's data from: the buffer itself, or the
-    /// staging region after copying the buffer into it (and announcing that).
+    /// staging region after copying the byte `ranges` peers will read into it (and
+    /// announcing that).
     ///
     /// # Safety
     /// `ptr` must be valid for `len` bytes.
-    pub(crate) unsafe fn stage_in(&self, my_hdr: &Header, ptr: *const u8, len: usize) -> *mut u8 {
+    pub(crate) unsafe fn stage_in(&self, my_hdr: &Header, ptr: *const u8, ranges: &[(usize, usize)]) -> *mut u8 {
         if my_hdr.staging_bytes == 0 {
             return ptr as *mut u8;
         }
         let st = self.staging.as_ref().expect("resolve allocated staging").as_ptr();
-        unsafe { std::ptr::copy_nonoverlapping(ptr, st, len) };
+        for &(a, b) in ranges {
+            if b > a {
+                unsafe { std::ptr::copy_nonoverlapping(ptr.add(a), st.add(a), b - a) };
+            }
+        }
         self.publish_ready();
         st
     }

@@ -23,7 +23,7 @@ where
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
                 let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30) };
                 let dev = Device::new(job, opts).unwrap();
-                let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096 };
+                let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0 };
                 let mut c = Communicator::new(dev, copts).unwrap();
                 f(&mut c);
             })

@@ -1,1 +1,23 @@
+//! Python bindings: the only crate that knows PyO3. One file per Python class; every
+//! long call releases the GIL; every error kind maps to its own exception class
+//! (defined in `scalefree/errors.py`).
 
+mod buffer;
+mod device;
+mod errors;
+mod group;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<group::Group>()?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_class::<device::PyRegion>()?;
+    m.add_class::<device::PyRemoteRegion>()?;
+    m.add_class::<device::PyChannel>()?;
+    m.add_class::<device::PyCompletion>()?;
+    m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -14,11 +14,9 @@
 use scalefree_transport::Result;
 
 use crate::comm::{Communicator, Exposed, Header};
-use crate::dense::chunk_bounds;
+use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 use crate::reduce::{reduce3, DType, ReduceOp};
 
-/// Elements per chunk boundary alignment (keeps pieces on cache lines).
-const ALIGN_ELEMS: usize = 16;
 
 /// Reduces `[lo, hi)` (elements) of everybody's data: `dst = a op peer_1 op peer_2 ...`,
 /// piece by piece, publishing progress after each piece. `a` is this rank's input.

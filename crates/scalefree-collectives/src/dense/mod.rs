@@ -18,6 +18,9 @@ pub fn share_bounds(count: usize, n: u32, i: u32) -> (usize, usize) {
     (f(i), f(i + 1))
 }
 
+/// Chunk boundaries of the allreduce algorithms are multiples of this many elements.
+pub(crate) const ALIGN_ELEMS: usize = 16;
+
 /// Like [`share_bounds`] but boundaries rounded down to `align` elements (cache lines).
 pub(crate) fn chunk_bounds(count: usize, n: u32, i: u32, align: usize) -> (usize, usize) {
     let f = |k: u32| {
@@ -41,6 +44,8 @@ fn reducible(dtype: DType) -> Result<()> {
 impl Communicator {
     fn pick(&self, requested: Algorithm, nbytes: usize) -> Result<Algorithm> {
         Ok(match requested {
+            // Nothing to move: only the header exchange (agreement, sequence) remains.
+            _ if nbytes == 0 => Algorithm::OneShot,
             Algorithm::Auto => {
                 if nbytes <= self.opts.one_shot_max_bytes.min(self.opts.inline_bytes) {
                     Algorithm::OneShot
@@ -71,6 +76,11 @@ impl Communicator {
             return Ok(used);
         }
         let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, algo);
+        if nbytes == 0 {
+            // Still a collective call: ranks must agree, and sequence numbers stay in step.
+            self.post(hdr, &|_| (std::ptr::null(), 0))?;
+            return Ok(used);
+        }
         unsafe {
             match used {
                 Algorithm::OneShot => {
@@ -78,10 +88,18 @@ impl Communicator {
                     one_shot::allreduce(self, buf, count, dtype, op);
                 }
                 Algorithm::Direct | Algorithm::Ring => {
-                    self.expose(&mut hdr, buf, nbytes);
+                    self.expose_with(&mut hdr, buf, nbytes, self.opts.stage_max_bytes);
                     let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                     let exposed = self.resolve(&headers)?;
-                    let mine = self.stage_in(&hdr, buf, nbytes);
+                    // Peers read: direct — every chunk but mine; ring — only my chunk.
+                    let es = dtype.size_bytes();
+                    let (lo, hi) = chunk_bounds(count, self.size, self.rank, ALIGN_ELEMS);
+                    let ranges = if used == Algorithm::Ring {
+                        vec![(lo * es, hi * es)]
+                    } else {
+                        vec![(0, lo * es), (hi * es, nbytes)]
+                    };
+                    let mine = self.stage_in(&hdr, buf, &ranges);
                     if used == Algorithm::Ring {
                         ring::allreduce(self, &headers, &exposed, buf, mine, count, dtype, op)?;
                     } else {
@@ -125,8 +143,7 @@ impl Communicator {
                 self.expose(&mut hdr, input, count * es);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
-                let mine = self.stage_in(&hdr, input, count * es);
-                let _ = mine; // peers read `mine`; this rank reads its own input directly
+                self.stage_in(&hdr, input, &[(0, count * es)]);
                 direct::reduce_share(self, &headers, &exposed, input, out, lo, hi, dtype, op)?;
                 self.finish()?;
             }
@@ -165,7 +182,7 @@ impl Communicator {
                 self.expose(&mut hdr, mine_in_out, nbytes);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
-                self.stage_in(&hdr, mine_in_out, nbytes);
+                self.stage_in(&hdr, mine_in_out, &[(0, nbytes)]);
                 for q in self.peers().collect::<Vec<_>>() {
                     self.await_peer_data(&headers, q)?;
                     let src = exposed[q as usize].as_ref().unwrap();
@@ -205,7 +222,7 @@ impl Communicator {
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
                 if is_root {
-                    self.stage_in(&hdr, buf, nbytes);
+                    self.stage_in(&hdr, buf, &[(0, nbytes)]);
                 } else {
                     self.await_peer_data(&headers, root)?;
                     let src = exposed[root as usize].as_ref().unwrap();

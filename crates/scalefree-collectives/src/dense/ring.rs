@@ -13,10 +13,9 @@
 use scalefree_transport::Result;
 
 use crate::comm::{Communicator, Exposed, Header};
-use crate::dense::chunk_bounds;
+use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 use crate::reduce::{reduce3, DType, ReduceOp};
 
-const ALIGN_ELEMS: usize = 16;
 
 /// # Safety
 /// `buf` and `mine` valid for `count` elements.

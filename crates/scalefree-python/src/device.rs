@@ -1,0 +1,211 @@
+//! `Device`, `Region`, `RemoteRegion`, `Channel`, `Completion`: the one-sided API.
+
+use std::os::raw::c_int;
+use std::time::Duration;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use scalefree_transport::{Channel, Completion, Device, Region, RegionHandle, RemoteRegion};
+
+use crate::errors::{invalid, IntoPy};
+
+/// A rank's endpoint: allocates regions, attaches peers' regions, makes channels, and
+/// waits on its notification slots.
+#[pyclass(name = "Device", module = "scalefree._native")]
+pub struct PyDevice {
+    dev: Device,
+}
+
+impl PyDevice {
+    pub fn new(dev: Device) -> Self {
+        PyDevice { dev }
+    }
+}
+
+fn timeout_of(py: Python<'_>, t: Option<f64>) -> PyResult<Option<Duration>> {
+    match t {
+        None => Ok(None),
+        Some(s) if s >= 0.0 && s.is_finite() => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(invalid(py, format!("timeout must be non-negative seconds, got {s}"))),
+    }
+}
+
+#[pymethods]
+impl PyDevice {
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.dev.rank()
+    }
+    #[getter]
+    fn size(&self) -> u32 {
+        self.dev.size()
+    }
+
+    /// Allocates `nbytes` of shared memory peers can address (zero-filled, pre-faulted).
+    fn alloc_region(&self, py: Python<'_>, nbytes: usize) -> PyResult<PyRegion> {
+        let dev = self.dev.clone();
+        let r = py.detach(move || dev.alloc_region(nbytes)).py_err(py)?;
+        Ok(PyRegion { region: r })
+    }
+
+    /// Makes a peer's region (named by its `handle` bytes) addressable here.
+    fn attach(&self, py: Python<'_>, handle: &[u8]) -> PyResult<PyRemoteRegion> {
+        let h = RegionHandle::from_bytes(handle).py_err(py)?;
+        let r = self.dev.attach(&h).py_err(py)?;
+        Ok(PyRemoteRegion { remote: r })
+    }
+
+    /// A channel to rank `peer`.
+    fn channel(&self, py: Python<'_>, peer: u32) -> PyResult<PyChannel> {
+        Ok(PyChannel { ch: self.dev.channel(peer).py_err(py)? })
+    }
+
+    /// Waits for a notification in `slot`, consumes it and returns its value.
+    #[pyo3(signature = (slot, timeout=None))]
+    fn wait(&self, py: Python<'_>, slot: usize, timeout: Option<f64>) -> PyResult<u32> {
+        let t = timeout_of(py, timeout)?;
+        let dev = self.dev.clone();
+        py.detach(move || dev.wait(slot, t)).py_err(py)
+    }
+
+    /// Consumes and returns the notification in `slot`, or None.
+    fn test(&self, py: Python<'_>, slot: usize) -> PyResult<Option<u32>> {
+        self.dev.test(slot).py_err(py)
+    }
+}
+
+/// Registered shared memory. Supports the buffer protocol: `np.frombuffer(region, dtype)`
+/// is a zero-copy view; `region.array(dtype, shape)` does the same.
+#[pyclass(name = "Region", module = "scalefree._native")]
+pub struct PyRegion {
+    pub region: Region,
+}
+
+#[pymethods]
+impl PyRegion {
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.region.len()
+    }
+
+    /// The serializable handle a peer passes to `Device.attach`.
+    #[getter]
+    fn handle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.region.handle().to_bytes())
+    }
+
+    /// A numpy view of the region (no copy).
+    #[pyo3(signature = (dtype="uint8", shape=None))]
+    fn array<'py>(slf: Bound<'py, Self>, dtype: &str, shape: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let np = slf.py().import("numpy")?;
+        let a = np.call_method1("frombuffer", (slf.clone(), dtype))?;
+        match shape {
+            Some(s) => a.call_method1("reshape", (s,)),
+            None => Ok(a),
+        }
+    }
+
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = {
+            let me = slf.borrow();
+            (me.region.as_ptr(), me.region.len())
+        };
+        let r = unsafe {
+            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags)
+        };
+        if r != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __len__(&self) -> usize {
+        self.region.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Region({} bytes)", self.region.len())
+    }
+}
+
+/// A peer's region, attached here.
+#[pyclass(name = "RemoteRegion", module = "scalefree._native")]
+pub struct PyRemoteRegion {
+    pub remote: RemoteRegion,
+}
+
+#[pymethods]
+impl PyRemoteRegion {
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.remote.len()
+    }
+    #[getter]
+    fn owner(&self) -> u32 {
+        self.remote.owner()
+    }
+    fn __repr__(&self) -> String {
+        format!("RemoteRegion(rank {}, {} bytes)", self.remote.owner(), self.remote.len())
+    }
+}
+
+/// One-sided operations towards one peer.
+#[pyclass(name = "Channel", module = "scalefree._native")]
+pub struct PyChannel {
+    ch: Channel,
+}
+
+/// The completion of a one-sided operation.
+#[pyclass(name = "Completion", module = "scalefree._native")]
+pub struct PyCompletion {
+    inner: Option<Completion>,
+}
+
+#[pymethods]
+impl PyCompletion {
+    fn test(&self) -> bool {
+        self.inner.as_ref().map(|c| c.test()).unwrap_or(true)
+    }
+    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
+        match self.inner.take() {
+            Some(c) => c.wait().py_err(py),
+            None => Ok(()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyChannel {
+    #[getter]
+    fn peer(&self) -> u32 {
+        self.ch.peer()
+    }
+
+    /// Copies `nbytes` from `local[local_offset:]` into the peer's `remote[remote_offset:]`.
+    fn write(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
+        let c = self.ch.write(&local.region, local_offset, &remote.remote, remote_offset, nbytes).py_err(py)?;
+        Ok(PyCompletion { inner: Some(c) })
+    }
+
+    /// Copies `nbytes` from the peer's `remote[remote_offset:]` into `local[local_offset:]`.
+    fn read(&self, py: Python<'_>, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, local: PyRef<'_, PyRegion>, local_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
+        let c = self.ch.read(&remote.remote, remote_offset, &local.region, local_offset, nbytes).py_err(py)?;
+        Ok(PyCompletion { inner: Some(c) })
+    }
+
+    /// `write`, then notification `value` (non-zero) in the peer's `slot`; the peer sees the
+    /// data before the notification.
+    #[allow(clippy::too_many_arguments)]
+    fn write_notify(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize, slot: usize, value: u32) -> PyResult<PyCompletion> {
+        let c = self.ch.write_notify(&local.region, local_offset, &remote.remote, remote_offset, nbytes, slot, value).py_err(py)?;
+        Ok(PyCompletion { inner: Some(c) })
+    }
+
+    /// Delivers notification `value` (non-zero) into the peer's `slot`.
+    fn notify(&self, py: Python<'_>, slot: usize, value: u32) -> PyResult<()> {
+        self.ch.notify(slot, value).py_err(py)
+    }
+}

@@ -1,0 +1,234 @@
+//! `scalefree._native.Group`: rank, size and the dense collectives.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use scalefree_collectives::{Algorithm, CommOptions, Communicator, DType, ReduceOp};
+use scalefree_transport::{Device, DeviceOptions, JobInfo};
+
+use crate::buffer::Buf;
+use crate::device::PyDevice;
+use crate::errors::{invalid, IntoPy};
+
+/// Raw pointers crossing into a GIL-free section.
+struct SendPtr(*mut u8);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    // A method (not `.0`) so closures capture the whole Send wrapper.
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// The ranks of a job and the collectives between them. Made by `scalefree.init()`.
+#[pyclass(subclass, module = "scalefree._native")]
+pub struct Group {
+    comm: Arc<Mutex<Option<Communicator>>>,
+    device: Device,
+    #[pyo3(get)]
+    rank: u32,
+    #[pyo3(get)]
+    size: u32,
+    #[pyo3(get)]
+    local_rank: u32,
+    #[pyo3(get)]
+    local_size: u32,
+    #[pyo3(get)]
+    job_id: String,
+    #[pyo3(get)]
+    launcher: String,
+}
+
+impl Group {
+    fn with_comm<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Communicator) -> scalefree_transport::Result<T> + Send,
+    ) -> PyResult<T> {
+        let comm = self.comm.clone();
+        let r = py.detach(move || {
+            let mut guard = comm.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_mut() {
+                Some(c) => f(c).map_err(Some),
+                None => Err(None),
+            }
+        });
+        match r {
+            Ok(v) => Ok(v),
+            Err(Some(e)) => Err(e).py_err(py),
+            Err(None) => Err(invalid(py, "this group is closed")),
+        }
+    }
+}
+
+fn parse_algo(py: Python<'_>, s: &str) -> PyResult<Algorithm> {
+    Algorithm::parse(s).py_err(py)
+}
+
+#[pymethods]
+impl Group {
+    /// Joins the job described by the environment (`scalefree run`, mpirun, srun,
+    /// torchrun; size 1 when there is none). Collective: every rank must call it.
+    #[new]
+    #[pyo3(signature = (timeout=None, bootstrap_timeout=None, job_id=None, token=None))]
+    fn new(py: Python<'_>, timeout: Option<f64>, bootstrap_timeout: Option<f64>, job_id: Option<String>, token: Option<String>) -> PyResult<Self> {
+        let mut job = JobInfo::from_env().py_err(py)?;
+        if let Some(id) = job_id {
+            job.job_id = id;
+        }
+        if let Some(t) = token {
+            job.token = t;
+        }
+        let mut opts = DeviceOptions::default();
+        for (v, slot) in [(timeout, &mut opts.timeout), (bootstrap_timeout, &mut opts.bootstrap_timeout)] {
+            if let Some(s) = v {
+                if !(s > 0.0 && s.is_finite()) {
+                    return Err(invalid(py, format!("timeouts must be positive seconds, got {s}")));
+                }
+                *slot = Duration::from_secs_f64(s);
+            }
+        }
+        let job2 = job.clone();
+        let (device, comm) = py
+            .detach(move || {
+                let dev = Device::new(job2, opts)?;
+                let comm = Communicator::new(dev.clone(), CommOptions::default())?;
+                Ok((dev, comm))
+            })
+            .py_err(py)?;
+        Ok(Group {
+            comm: Arc::new(Mutex::new(Some(comm))),
+            device,
+            rank: job.rank,
+            size: job.size,
+            local_rank: job.local_rank,
+            local_size: job.local_size,
+            job_id: job.job_id,
+            launcher: job.launcher.name().to_string(),
+        })
+    }
+
+    /// Allreduce in place; returns `a`. `op`: sum, prod, min, max. `algorithm`: auto,
+    /// one_shot, direct, ring.
+    #[pyo3(signature = (a, op="sum", algorithm="auto"))]
+    fn allreduce<'py>(&self, py: Python<'py>, a: Bound<'py, PyAny>, op: &str, algorithm: &str) -> PyResult<Bound<'py, PyAny>> {
+        let op = ReduceOp::parse(op).py_err(py)?;
+        let algo = parse_algo(py, algorithm)?;
+        let buf = Buf::get(&a, true, "allreduce: the array")?;
+        let dtype = buf.reducible(py, "allreduce")?;
+        let (p, count) = (SendPtr(buf.ptr()), buf.count());
+        self.with_comm(py, move |c| unsafe { c.allreduce(p.get(), count, dtype, op, algo) })?;
+        drop(buf);
+        Ok(a)
+    }
+
+    /// Reduce-scatter into `out`, which must hold this rank's share
+    /// (`a.size*rank//size .. a.size*(rank+1)//size` of the flattened array).
+    #[pyo3(signature = (a, out, op="sum", algorithm="auto"))]
+    fn _reduce_scatter_into(&self, py: Python<'_>, a: Bound<'_, PyAny>, out: Bound<'_, PyAny>, op: &str, algorithm: &str) -> PyResult<()> {
+        let op = ReduceOp::parse(op).py_err(py)?;
+        let algo = parse_algo(py, algorithm)?;
+        let input = Buf::get(&a, false, "reduce_scatter: the input")?;
+        let output = Buf::get(&out, true, "reduce_scatter: out")?;
+        let dtype = input.reducible(py, "reduce_scatter")?;
+        if output.dtype != Some(dtype) {
+            return Err(invalid(py, "reduce_scatter: out must have the input's dtype"));
+        }
+        let count = input.count();
+        let (lo, hi) = scalefree_collectives::dense::share_bounds(count, self.size, self.rank);
+        if output.count() != hi - lo {
+            return Err(invalid(py, format!("reduce_scatter: out must hold {} elements (this rank's share), has {}", hi - lo, output.count())));
+        }
+        overlap_check(py, &input, &output)?;
+        let (i, o) = (SendPtr(input.ptr()), SendPtr(output.ptr()));
+        self.with_comm(py, move |c| unsafe { c.reduce_scatter(i.get(), count, o.get(), dtype, op, algo) })
+    }
+
+    /// Allgather `a` from every rank into `out` (`size * a.size` elements, rank order).
+    #[pyo3(signature = (a, out, algorithm="auto"))]
+    fn _allgather_into(&self, py: Python<'_>, a: Bound<'_, PyAny>, out: Bound<'_, PyAny>, algorithm: &str) -> PyResult<()> {
+        let algo = parse_algo(py, algorithm)?;
+        let input = Buf::get(&a, false, "allgather: the input")?;
+        let output = Buf::get(&out, true, "allgather: out")?;
+        let (dtype, count) = input.movable();
+        if output.len_bytes() != input.len_bytes() * self.size as usize || output.format != input.format {
+            return Err(invalid(py, format!(
+                "allgather: out must have the input's dtype and {} times its size", self.size
+            )));
+        }
+        let nbytes = input.len_bytes();
+        let mine = unsafe { output.ptr().add(self.rank as usize * nbytes) };
+        if input.ptr() != mine {
+            overlap_check(py, &input, &output)?;
+        }
+        let (i, o) = (SendPtr(input.ptr()), SendPtr(output.ptr()));
+        self.with_comm(py, move |c| unsafe { c.allgather(i.get(), count, o.get(), dtype, algo) })
+    }
+
+    /// Broadcast `a` from `root` into every rank's `a`, in place; returns `a`.
+    #[pyo3(signature = (a, root=0, algorithm="auto"))]
+    fn broadcast<'py>(&self, py: Python<'py>, a: Bound<'py, PyAny>, root: i64, algorithm: &str) -> PyResult<Bound<'py, PyAny>> {
+        let algo = parse_algo(py, algorithm)?;
+        if root < 0 || root >= self.size as i64 {
+            return Err(invalid(py, format!("broadcast: root {root} is not a rank of a group of {}", self.size)));
+        }
+        let buf = Buf::get(&a, true, "broadcast: the array")?;
+        let (dtype, count) = buf.movable();
+        let p = SendPtr(buf.ptr());
+        self.with_comm(py, move |c| unsafe { c.broadcast(p.get(), count, dtype, root as u32, algo) })?;
+        drop(buf);
+        Ok(a)
+    }
+
+    /// Returns once every rank has called `barrier`.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_comm(py, |c| c.barrier())
+    }
+
+    /// The one-sided device under this group (regions, channels, notifications).
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice::new(self.device.clone())
+    }
+
+    /// Whether peers can read ordinary memory of this rank directly (cross-memory attach).
+    #[getter]
+    fn cross_memory_attach(&self) -> bool {
+        self.device.cma_everywhere()
+    }
+
+    /// Leaves the group. Further calls raise; peers still waiting on this rank get an error.
+    fn close(&self, py: Python<'_>) {
+        let comm = self.comm.clone();
+        py.detach(move || {
+            comm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        });
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.comm.lock().map(|g| g.is_none()).unwrap_or(true)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Group(rank={}, size={}, launcher={:?})", self.rank, self.size, self.launcher)
+    }
+}
+
+fn overlap_check(py: Python<'_>, a: &Buf, b: &Buf) -> PyResult<()> {
+    let (a0, a1) = (a.ptr() as usize, a.ptr() as usize + a.len_bytes());
+    let (b0, b1) = (b.ptr() as usize, b.ptr() as usize + b.len_bytes());
+    if a0 < b1 && b0 < a1 {
+        return Err(invalid(py, "input and out overlap"));
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn _assert_send() {
+    fn s<T: Send>() {}
+    s::<Communicator>();
+    s::<DType>();
+}
