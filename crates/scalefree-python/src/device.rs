@@ -96,9 +96,14 @@ impl PyRegion {
     }
 
     /// A numpy view of the region (no copy).
-    #[pyo3(signature = (dtype="uint8", shape=None))]
-    fn array<'py>(slf: Bound<'py, Self>, dtype: &str, shape: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
-        let np = slf.py().import("numpy")?;
+    #[pyo3(signature = (dtype=None, shape=None))]
+    fn array<'py>(slf: Bound<'py, Self>, dtype: Option<Bound<'py, PyAny>>, shape: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let np = py.import("numpy")?;
+        let dtype = match dtype {
+            Some(d) => d,
+            None => pyo3::types::PyString::new(py, "uint8").into_any(),
+        };
         let a = np.call_method1("frombuffer", (slf.clone(), dtype))?;
         match shape {
             Some(s) => a.call_method1("reshape", (s,)),

@@ -1,0 +1,78 @@
+"""Runs a Python snippet as N real rank processes (without the launcher, so the library
+is tested on its own) and collects their exit codes and output."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class RankResult:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def rank_env(rank: int, size: int, job_id: str, token: str, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    for k in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+              "SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
+        env.pop(k, None)
+    env.update(
+        SCALEFREE_RANK=str(rank),
+        SCALEFREE_WORLD_SIZE=str(size),
+        SCALEFREE_LOCAL_RANK=str(rank),
+        SCALEFREE_LOCAL_SIZE=str(size),
+        SCALEFREE_JOB_ID=job_id,
+        SCALEFREE_JOB_TOKEN=token,
+    )
+    env.update(extra or {})
+    return env
+
+
+def spawn_ranks(n: int, code: str, extra_env: dict | None = None, args: list[str] | None = None):
+    job_id = "test-" + secrets.token_hex(6)
+    token = secrets.token_hex(8)
+    code = textwrap.dedent(code)
+    procs = []
+    for r in range(n):
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code] + list(args or []),
+                env=rank_env(r, n, job_id, token, extra_env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def collect(procs, timeout: float = 120.0) -> list[RankResult]:
+    deadline = time.monotonic() + timeout
+    out = []
+    for r, p in enumerate(procs):
+        try:
+            o, e = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, e = p.communicate()
+            raise AssertionError(f"rank {r} hung past {timeout}s; stderr:\n{e}")
+        out.append(RankResult(r, p.returncode, o, e))
+    return out
+
+
+def run_ranks(n: int, code: str, timeout: float = 120.0, extra_env: dict | None = None, check: bool = True):
+    res = collect(spawn_ranks(n, code, extra_env), timeout)
+    if check:
+        for r in res:
+            assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}:\n{r.stderr[-4000:]}"
+    return res
