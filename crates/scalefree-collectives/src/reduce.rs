@@ -131,23 +131,38 @@ int_elem!(i32);
 int_elem!(i64);
 
 #[inline(always)]
-fn apply<T: Elem>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+fn apply3<T: Elem>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
     for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
         *d = f(x, y);
     }
 }
 
+#[inline(always)]
+fn apply2<T: Elem>(dst: &mut [T], b: &[T], f: impl Fn(T, T) -> T) {
+    for (d, &y) in dst.iter_mut().zip(b) {
+        *d = f(*d, y);
+    }
+}
+
 unsafe fn typed<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
-    // `dst` may alias `a` (the in-place case): go through raw slices of the same memory
-    // only when they are identical, which the loop below handles element-wise safely.
     let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut T, n) };
-    let a = unsafe { std::slice::from_raw_parts(a as *const T, n) };
     let b = unsafe { std::slice::from_raw_parts(b as *const T, n) };
+    if a == dst as *const u8 {
+        // In place: two operands, so no slice aliases another.
+        match op {
+            ReduceOp::Sum => apply2(d, b, T::sum),
+            ReduceOp::Prod => apply2(d, b, T::prod),
+            ReduceOp::Min => apply2(d, b, T::min),
+            ReduceOp::Max => apply2(d, b, T::max),
+        }
+        return;
+    }
+    let a = unsafe { std::slice::from_raw_parts(a as *const T, n) };
     match op {
-        ReduceOp::Sum => apply(d, a, b, T::sum),
-        ReduceOp::Prod => apply(d, a, b, T::prod),
-        ReduceOp::Min => apply(d, a, b, T::min),
-        ReduceOp::Max => apply(d, a, b, T::max),
+        ReduceOp::Sum => apply3(d, a, b, T::sum),
+        ReduceOp::Prod => apply3(d, a, b, T::prod),
+        ReduceOp::Min => apply3(d, a, b, T::min),
+        ReduceOp::Max => apply3(d, a, b, T::max),
     }
 }
 
@@ -155,8 +170,8 @@ unsafe fn typed<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8,
 /// need no alignment beyond the element's.
 ///
 /// # Safety
-/// All three ranges must be valid for `n` elements of `dtype`; `b` must not overlap `dst`
-/// unless it is the same range.
+/// All three ranges must be valid for `n` elements of `dtype`; `dst` may be `a` exactly,
+/// otherwise no range may overlap `dst`.
 pub unsafe fn reduce3(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
     if n == 0 {
         return;
