@@ -453,6 +453,14 @@ impl Communicator {
         Ok(v & 0x00ff_ffff)
     }
 
+    /// Writes `n` bytes from `src` into rank `q`'s exposed buffer at `off`.
+    ///
+    /// # Safety
+    /// `src` must be valid for `n` bytes.
+    pub(crate) unsafe fn write_peer(&self, q: u32, dst: &Exposed, off: usize, src: *const u8, n: usize) -> Result<()> {
+        unsafe { self.chans[q as usize].write_from(src, &dst.remote, dst.offset + off, n) }
+    }
+
     /// Reads `n` bytes of rank `q`'s exposed data at `off` into `dst`.
     ///
     /// # Safety

@@ -34,6 +34,7 @@ pub(crate) unsafe fn reduce_range(
     hi: usize,
     dtype: DType,
     op: ReduceOp,
+    after_piece: &mut dyn FnMut(&Communicator, usize, usize) -> Result<()>,
 ) -> Result<()> {
     let es = dtype.size_bytes();
     let piece = (c.opts.piece_bytes / (es * ALIGN_ELEMS)).max(1) * es * ALIGN_ELEMS;
@@ -62,6 +63,7 @@ pub(crate) unsafe fn reduce_range(
             unsafe { reduce3(dtype, op, d, x, b, n / es) };
             first = false;
         }
+        after_piece(c, off, n)?;
         off += n;
         pieces += 1;
         c.publish_progress(pieces);
@@ -71,6 +73,12 @@ pub(crate) unsafe fn reduce_range(
 
 /// Allreduce by direct reduce-scatter and allgather. `buf` is the caller's buffer; `mine`
 /// is where peers read this rank's data (`buf` itself, or a staged copy).
+///
+/// When every rank's buffer is addressable (no staging), the allgather is a push: right
+/// after reducing a piece, while it is still in cache, the owner writes it into every
+/// peer's buffer (the peer's copy of that piece was already read, by the owner itself).
+/// That saves a pass over memory and the allgather's waits. Otherwise each rank pulls
+/// every peer's reduced chunk, piece by piece as the peer's progress allows.
 ///
 /// # Safety
 /// `buf` valid for `count` elements; `mine` likewise.
@@ -89,15 +97,29 @@ pub(crate) unsafe fn allreduce(
     let (n, me) = (c.size, c.rank);
     let piece = (c.opts.piece_bytes / (es * ALIGN_ELEMS)).max(1) * es * ALIGN_ELEMS;
     let (lo, hi) = chunk_bounds(count, n, me, ALIGN_ELEMS);
+    let push = headers.iter().all(|h| h.staging_bytes == 0);
+    let peers: Vec<u32> = c.peers().collect();
+    let mut push_piece = |c: &Communicator, off: usize, len: usize| -> Result<()> {
+        if push {
+            for &q in &peers {
+                let dst = exposed[q as usize].as_ref().unwrap();
+                unsafe { c.write_peer(q, dst, off, buf.add(off), len)? };
+            }
+        }
+        Ok(())
+    };
     // Reduce my chunk into the place peers read it from (`mine`), then copy it home if staged.
     unsafe {
-        reduce_range(c, headers, exposed, buf, mine.add(lo * es), lo, hi, dtype, op)?;
+        reduce_range(c, headers, exposed, buf, mine.add(lo * es), lo, hi, dtype, op, &mut push_piece)?;
         if mine != buf {
             std::ptr::copy_nonoverlapping(mine.add(lo * es), buf.add(lo * es), (hi - lo) * es);
         }
     }
+    if push {
+        return Ok(());
+    }
     // Gather everybody else's chunk as soon as it is reduced.
-    for q in c.peers().collect::<Vec<_>>() {
+    for q in peers {
         let (qlo, qhi) = chunk_bounds(count, n, q, ALIGN_ELEMS);
         let (start, end) = (qlo * es, qhi * es);
         let total = (end - start).div_ceil(piece) as u32;
@@ -130,5 +152,5 @@ pub(crate) unsafe fn reduce_share(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    unsafe { reduce_range(c, headers, exposed, input, out, lo, hi, dtype, op) }
+    unsafe { reduce_range(c, headers, exposed, input, out, lo, hi, dtype, op, &mut |_, _, _| Ok(())) }
 }
