@@ -9,6 +9,8 @@ that outgrow one machine.
 
 from __future__ import annotations
 
+import os
+
 from .errors import (
     BootstrapError,
     InvalidArgumentError,
@@ -48,7 +50,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'scalefree' has no attribute {name!r}")
 
 
-def init(timeout: float | None = None, bootstrap_timeout: float | None = None):
+def init(timeout: float | None = None, bootstrap_timeout: float | None = None, arena: bool | None = None):
     """Joins this process's job and returns its :class:`Group`.
 
     Rank and size come from the launcher's environment: ``scalefree run``, Open MPI's
@@ -60,11 +62,35 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None):
     collective waits for a peer that is alive but silent; a peer that dies is reported
     within about a second as :class:`PeerLostError`. ``bootstrap_timeout`` (default
     ``SCALEFREE_BOOTSTRAP_TIMEOUT`` or 120) bounds how long ranks take to find each other.
+
+    ``arena=True`` (default: ``SCALEFREE_ARENA=1``) makes numpy allocate arrays of at least
+    ``SCALEFREE_ARENA_MIN`` bytes (64 KiB) in this rank's registered shared-memory arena
+    (in the calling thread), which peers map: collectives on such arrays move no extra
+    copy. Every rank must pass the same value. A process forked afterwards keeps its
+    inherited arrays copy-on-write (its writes never reach the parent) and allocates
+    ordinary memory.
     """
     global _default_group
     if _default_group is not None and not _default_group.closed:
         return _default_group
     from .group import Group
 
-    _default_group = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
-    return _default_group
+    g = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
+    if arena is None:
+        arena = os.environ.get("SCALEFREE_ARENA", "0").strip() not in ("", "0", "false", "no")
+    if arena:
+        g._enable_arena(_env_bytes("SCALEFREE_ARENA_MIN", 64 << 10))
+    _default_group = g
+    return g
+
+
+def _env_bytes(name: str, default: int) -> int:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return default
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    mult = units.get(v[-1].upper(), 1)
+    try:
+        return int(v[:-1] if mult > 1 else v) * mult
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={v!r} is not a size like 65536, 64K or 1M") from None

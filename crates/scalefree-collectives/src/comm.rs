@@ -21,6 +21,7 @@
 
 use std::sync::atomic::AtomicU32;
 
+use scalefree_transport::config::env_bytes;
 use scalefree_transport::wait::{publish, seq_reached};
 use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RegionKind, RemoteRegion, Result};
 
@@ -46,22 +47,6 @@ pub struct CommOptions {
     /// Ordinary (unregistered) buffers up to this size are staged through shared memory
     /// rather than read by cross-memory attach.
     pub stage_max_bytes: usize,
-}
-
-fn env_bytes(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| parse_bytes(&v)).unwrap_or(default)
-}
-
-/// Parses `4096`, `64K`, `1M`, `2G` (binary units).
-pub fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1usize << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.trim().parse::<usize>().ok().map(|n| n * mult)
 }
 
 impl Default for CommOptions {

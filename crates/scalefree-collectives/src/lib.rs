@@ -15,7 +15,8 @@ pub mod comm;
 pub mod dense;
 pub mod reduce;
 
-pub use comm::{parse_bytes, CommOptions, Communicator};
+pub use comm::{CommOptions, Communicator};
+pub use scalefree_transport::config::parse_bytes;
 pub use reduce::{DType, ReduceOp};
 
 /// Which algorithm a collective uses. `Auto` chooses by message size.

@@ -26,6 +26,8 @@ impl SendPtr {
 #[pyclass(subclass, module = "scalefree._native")]
 pub struct Group {
     comm: Arc<Mutex<Option<Communicator>>>,
+    /// Peers' arenas, mapped here (kept alive while arrays from them may be in use).
+    peer_arenas: Mutex<Vec<scalefree_transport::RemoteRegion>>,
     device: Device,
     #[pyo3(get)]
     rank: u32,
@@ -100,6 +102,7 @@ impl Group {
             .py_err(py)?;
         Ok(Group {
             comm: Arc::new(Mutex::new(Some(comm))),
+            peer_arenas: Mutex::new(Vec::new()),
             device,
             rank: job.rank,
             size: job.size,
@@ -180,6 +183,23 @@ impl Group {
         self.with_comm(py, move |c| unsafe { c.broadcast(p.get(), count, dtype, root as u32, algo) })?;
         drop(buf);
         Ok(a)
+    }
+
+    /// Collective: creates this rank's registered arena, maps every peer's, and makes it
+    /// numpy's allocator for arrays of at least `min_bytes` (in the calling thread's
+    /// context). Collectives on such arrays then copy nothing extra.
+    #[pyo3(signature = (min_bytes=65536))]
+    fn _enable_arena(&self, py: Python<'_>, min_bytes: usize) -> PyResult<()> {
+        if !self.peer_arenas.lock().unwrap().is_empty() {
+            return Ok(());
+        }
+        let dev = self.device.clone();
+        let (arena, peers) = py
+            .detach(move || dev.create_arena(&scalefree_transport::ArenaOptions::default()))
+            .py_err(py)?;
+        crate::arena::install(py, arena, min_bytes.max(1))?;
+        *self.peer_arenas.lock().unwrap() = peers;
+        Ok(())
     }
 
     /// Returns once every rank has called `barrier`.

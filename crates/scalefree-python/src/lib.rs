@@ -2,6 +2,7 @@
 //! long call releases the GIL; every error kind maps to its own exception class
 //! (defined in `scalefree/errors.py`).
 
+mod arena;
 mod buffer;
 mod device;
 mod errors;

@@ -195,9 +195,19 @@ impl Device {
 
     /// Allocates `nbytes` of shared memory (pre-faulted) that peers can map.
     pub fn alloc_region(&self, nbytes: usize) -> Result<Region> {
+        self.make_region(nbytes, false)
+    }
+
+    /// Allocates a large sparse region for an [`crate::Arena`]: address space only, pages
+    /// are backed when first touched.
+    pub fn alloc_arena_region(&self, nbytes: usize) -> Result<Region> {
+        self.make_region(nbytes, true)
+    }
+
+    fn make_region(&self, nbytes: usize, sparse: bool) -> Result<Region> {
         let key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
         let fd = shm::create_memfd(&format!("r{}-{key:016x}", self.rank()), nbytes)?;
-        let map = shm::map_shared(fd.as_raw_fd(), nbytes, true)?;
+        let map = if sparse { shm::map_sparse(fd.as_raw_fd(), nbytes)? } else { shm::map_shared(fd.as_raw_fd(), nbytes, true)? };
         let handle = RegionHandle {
             owner: self.rank(),
             pid: std::process::id(),
@@ -314,13 +324,24 @@ impl Device {
             let h = RegionHandle::from_bytes(&it.bytes)?;
             match (h.kind, it.fd) {
                 (RegionKind::Shm, Some(fd)) => {
-                    let m = Arc::new(shm::map_shared(fd.as_raw_fd(), h.len as usize, false)?);
+                    let m = Arc::new(shm::map_sparse(fd.as_raw_fd(), h.len as usize)?);
+                    // Later `attach` calls for this region find the mapping here.
+                    self.inner.attached.lock().unwrap().insert((h.owner, h.key), m.clone());
                     out.push(RemoteRegion { handle: h, map: Some(m) });
                 }
                 _ => out.push(self.attach(&h)?),
             }
         }
         Ok(out)
+    }
+
+    /// Collective: creates this rank's registered arena and maps every peer's, so buffers
+    /// allocated from it are addressable by all ranks without copies. Keep the returned
+    /// remote regions alive as long as peers' arena buffers may be used.
+    pub fn create_arena(&self, opts: &crate::arena::ArenaOptions) -> Result<(Arc<crate::arena::Arena>, Vec<RemoteRegion>)> {
+        let region = self.alloc_arena_region(opts.capacity_bytes)?;
+        let peers = self.exchange_regions(&region)?;
+        Ok((Arc::new(crate::arena::Arena::new(region, opts)), peers))
     }
 
     /// Collective over the bootstrap socket: all ranks' bytes, indexed by rank. For set-up.

@@ -8,15 +8,18 @@
 //! Backends: `shm` (one host: memfd regions, cross-memory attach). Bootstrap reads the
 //! launcher's environment and assembles the ranks of a job.
 
+pub mod arena;
 pub mod backends;
 pub mod bootstrap;
 pub mod channel;
+pub mod config;
 pub mod device;
 pub mod error;
 pub mod region;
 pub mod wait;
 
 pub use bootstrap::{JobInfo, Launcher};
+pub use arena::{Arena, ArenaOptions, Block};
 pub use channel::{Channel, Completion};
 pub use device::{Device, DeviceOptions, NOTIFY_SLOTS};
 pub use error::{Error, Result};

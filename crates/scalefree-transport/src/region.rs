@@ -110,6 +110,14 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The memfd behind a shared-memory region.
+    pub fn fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match &self.inner.backing {
+            Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+            Backing::Process { .. } => None,
+        }
+    }
     pub fn as_ptr(&self) -> *mut u8 {
         match &self.inner.backing {
             Backing::Shm { map, .. } => map.as_ptr(),

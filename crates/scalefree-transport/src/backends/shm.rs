@@ -60,13 +60,22 @@ pub fn create_memfd(tag: &str, len: usize) -> Result<OwnedFd> {
 /// Maps `len` bytes of `fd` shared and read-write. With `prefault`, pages are touched
 /// now (`MAP_POPULATE`) so the first collective does not pay for page faults.
 pub fn map_shared(fd: RawFd, len: usize, prefault: bool) -> Result<Mapping> {
+    map_shared_flags(fd, len, if prefault { libc::MAP_POPULATE } else { 0 })
+}
+
+/// Maps a large sparse region without reserving swap for it (pages come on first touch).
+pub fn map_sparse(fd: RawFd, len: usize) -> Result<Mapping> {
+    map_shared_flags(fd, len, libc::MAP_NORESERVE)
+}
+
+fn map_shared_flags(fd: RawFd, len: usize, extra: libc::c_int) -> Result<Mapping> {
     if len == 0 {
         return Ok(Mapping {
             ptr: NonNull::dangling(),
             len: 0,
         });
     }
-    let flags = libc::MAP_SHARED | if prefault { libc::MAP_POPULATE } else { 0 };
+    let flags = libc::MAP_SHARED | extra;
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),

@@ -1,0 +1,68 @@
+"""The registered arena as numpy's allocator: arrays behave exactly as before, peers read
+them without copies, and a forked child cannot write into the parent's arrays."""
+
+from ranks import run_ranks
+from test_collectives import OTHERS, SWEEP
+
+ALLOCATOR = r"""
+import os, numpy as np, scalefree
+g = scalefree.init(arena=True)
+a = np.ones(1 << 20, np.float32)
+assert a.base is None and a.flags.owndata
+# Many sizes, frees and reuses: contents never bleed between arrays; zeros are zeros.
+rng = np.random.default_rng(0)
+live = {}
+for i in range(400):
+    k = int(rng.integers(0, 40))
+    if k in live and rng.random() < 0.5:
+        arr, val = live.pop(k)
+        assert (arr == val).all(), f"array {k} was overwritten"
+        continue
+    n = int(rng.integers(1, 3 << 18))
+    if rng.random() < 0.3:
+        arr = np.zeros(n, np.float64); val = 0.0
+        assert not arr.any(), "np.zeros on reused memory is not zero"
+    else:
+        arr = np.empty(n, np.float64); arr[:] = val = float(i)
+    live[k] = (arr, val)
+for arr, val in live.values():
+    assert (arr == val).all()
+# realloc path (resize) keeps the data.
+b = np.arange(200_000, dtype=np.int64)
+b.resize(400_000, refcheck=False)
+assert (b[:200_000] == np.arange(200_000)).all()
+print("ok")
+"""
+
+FORK = r"""
+import os, numpy as np, scalefree
+g = scalefree.init(arena=True)
+a = np.full(1 << 20, 1.0)
+pid = os.fork()
+if pid == 0:
+    a[:] = 99.0                  # copy-on-write in the child
+    c = np.ones(1 << 20)         # ordinary memory in the child
+    os._exit(0 if (a == 99.0).all() and c.sum() == (1 << 20) else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+assert (a == 1.0).all(), "the child's writes reached the parent"
+print("ok")
+"""
+
+
+def test_arena_allocations_behave_like_numpy():
+    res = run_ranks(2, ALLOCATOR, timeout=120)
+    assert all(r.stdout.strip() == "ok" for r in res)
+
+
+def test_forked_child_cannot_write_into_parent_arrays():
+    res = run_ranks(1, FORK, timeout=60)
+    assert res[0].stdout.strip() == "ok"
+
+
+def test_collectives_on_arena_arrays():
+    for n in (2, 3):
+        res = run_ranks(n, SWEEP, timeout=240, extra_env={"SCALEFREE_ARENA": "1"})
+        assert all("checked" in r.stdout for r in res)
+        res = run_ranks(n, OTHERS, timeout=240, extra_env={"SCALEFREE_ARENA": "1"})
+        assert all(r.stdout.strip().endswith("ok") for r in res)
