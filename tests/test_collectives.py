@@ -79,6 +79,16 @@ print("ok")
 """
 
 
+# How large buffers reach peers: numpy arrays in the registered arena (the default), staged
+# through shared memory, or read from ordinary memory by cross-memory attach.
+MODES = {
+    "arena": {},
+    "staged": {"SCALEFREE_ARENA": "0"},
+    "cma": {"SCALEFREE_ARENA": "0", "SCALEFREE_STAGE_MAX": "0"},
+    "no-cma": {"SCALEFREE_ARENA": "0", "SCALEFREE_CMA": "0", "SCALEFREE_STAGE_MAX": "0"},
+}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_allreduce_matches_numpy(n):
     res = run_ranks(n, SWEEP, timeout=240)
@@ -91,12 +101,10 @@ def test_allgather_broadcast_reduce_scatter(n):
     assert all(r.stdout.strip().endswith("ok") for r in res)
 
 
-def test_without_cross_memory_attach_buffers_are_staged():
-    res = run_ranks(3, OTHERS, timeout=240, extra_env={"SCALEFREE_CMA": "0"})
-    assert all(r.stdout.strip().endswith("ok") for r in res)
-
-
-def test_cross_memory_attach_path_for_large_buffers():
-    # Stage nothing: every large call reads peers' ordinary memory directly.
-    res = run_ranks(2, SWEEP, timeout=240, extra_env={"SCALEFREE_STAGE_MAX": "0"})
+@pytest.mark.parametrize("mode", ["staged", "cma", "no-cma"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_buffer_path(mode, n):
+    res = run_ranks(n, SWEEP, timeout=240, extra_env=MODES[mode])
     assert all("checked" in r.stdout for r in res)
+    res = run_ranks(n, OTHERS, timeout=240, extra_env=MODES[mode])
+    assert all(r.stdout.strip().endswith("ok") for r in res)

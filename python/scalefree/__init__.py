@@ -63,7 +63,7 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     within about a second as :class:`PeerLostError`. ``bootstrap_timeout`` (default
     ``SCALEFREE_BOOTSTRAP_TIMEOUT`` or 120) bounds how long ranks take to find each other.
 
-    ``arena=True`` (default: ``SCALEFREE_ARENA=1``) makes numpy allocate arrays of at least
+    ``arena`` (default on; ``SCALEFREE_ARENA=0`` turns it off) makes numpy allocate arrays of at least
     ``SCALEFREE_ARENA_MIN`` bytes (64 KiB) in this rank's registered shared-memory arena
     (in the calling thread), which peers map: collectives on such arrays move no extra
     copy. Every rank must pass the same value. A process forked afterwards keeps its
@@ -77,7 +77,7 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
 
     g = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
     if arena is None:
-        arena = os.environ.get("SCALEFREE_ARENA", "0").strip() not in ("", "0", "false", "no")
+        arena = os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in ("0", "false", "no", "off")
     if arena:
         g._enable_arena(_env_bytes("SCALEFREE_ARENA_MIN", 64 << 10))
     _default_group = g
