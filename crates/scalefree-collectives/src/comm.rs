@@ -53,7 +53,7 @@ impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
             inline_bytes: env_bytes("SCALEFREE_INLINE_BYTES", 256 << 10),
-            one_shot_max_bytes: env_bytes("SCALEFREE_ONE_SHOT_MAX", 64 << 10),
+            one_shot_max_bytes: env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10),
             piece_bytes: env_bytes("SCALEFREE_PIECE_BYTES", 128 << 10).max(4096),
             stage_max_bytes: env_bytes("SCALEFREE_STAGE_MAX", 4 << 20),
         }
@@ -145,9 +145,7 @@ impl Header {
             s += &format!(" root={}", self.root);
         }
         if let Some(a) = Algorithm::from_u32(self.algo) {
-            if a != Algorithm::Auto {
-                s += &format!(" algorithm={}", a.name());
-            }
+            s += &format!(" ({})", a.name());
         }
         s
     }

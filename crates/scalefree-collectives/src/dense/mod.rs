@@ -75,7 +75,7 @@ impl Communicator {
         if self.size == 1 {
             return Ok(used);
         }
-        let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, algo);
+        let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, used);
         if nbytes == 0 {
             // Still a collective call: ranks must agree, and sequence numbers stay in step.
             self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -129,7 +129,7 @@ impl Communicator {
         let largest_share = share_bounds(count, self.size, self.size - 1);
         let share_bytes = (largest_share.1 - largest_share.0 + 1) * es;
         let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, share_bytes)?;
-        let mut hdr = Header::new(Kind::ReduceScatter, dtype, Some(op), count, 0, algo);
+        let mut hdr = Header::new(Kind::ReduceScatter, dtype, Some(op), count, 0, used);
         let size = self.size;
         unsafe {
             if used == Algorithm::OneShot {
@@ -170,7 +170,7 @@ impl Communicator {
             return Ok(());
         }
         let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, nbytes)?;
-        let mut hdr = Header::new(Kind::Allgather, dtype, None, count, 0, algo);
+        let mut hdr = Header::new(Kind::Allgather, dtype, None, count, 0, used);
         let mine_in_out = unsafe { out.add(me * nbytes) as *const u8 };
         unsafe {
             if used == Algorithm::OneShot {
@@ -207,7 +207,7 @@ impl Communicator {
         }
         let nbytes = count * dtype.size_bytes();
         let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, nbytes)?;
-        let mut hdr = Header::new(Kind::Broadcast, dtype, None, count, root, algo);
+        let mut hdr = Header::new(Kind::Broadcast, dtype, None, count, root, used);
         let is_root = self.rank == root;
         unsafe {
             if used == Algorithm::OneShot {
