@@ -52,3 +52,26 @@ def test_missing_peer_is_a_timeout_not_a_hang():
     p = run_with({"SCALEFREE_RANK": "0", "SCALEFREE_WORLD_SIZE": "2", "SCALEFREE_JOB_ID": "lonely-" + str(os.getpid())})
     assert p.returncode != 0
     assert "ScalefreeTimeoutError" in p.stderr and "[1]" in p.stderr
+
+
+def test_under_mpiexec_when_available():
+    import shutil
+
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec is not installed (pip install '.[bench]' brings Open MPI)")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for k in [k for k in env if k.startswith("SCALEFREE_")]:
+        env.pop(k)
+    code = ("import numpy as np, scalefree\n"
+            "g = scalefree.init(bootstrap_timeout=30)\n"
+            "a = np.full(1 << 18, g.rank + 1.0)\n"
+            "g.allreduce(a)\n"
+            "print(g.rank, g.size, g.launcher, a[0])\n")
+    p = subprocess.run([mpiexec, "--oversubscribe", "-n", "3", sys.executable, "-c", code],
+                       env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "mpi" not in p.stdout and "not" in p.stderr.lower() and "scalefree" not in p.stderr:
+        pytest.skip(f"mpiexec cannot start processes here: {p.stderr[-300:]}")
+    assert p.returncode == 0, p.stderr
+    rows = sorted(p.stdout.split("\n")[:-1])
+    assert [r.split()[1:] for r in rows] == [["3", "openmpi", "6.0"]] * 3

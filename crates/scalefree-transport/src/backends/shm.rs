@@ -51,6 +51,8 @@ pub fn create_memfd(tag: &str, len: usize) -> Result<OwnedFd> {
         return Err(Error::last_os(format!("memfd_create({tag})")));
     }
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Owner-only, like a 0600 shm segment (a memfd has no name, but /proc exposes it).
+    unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) };
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
         return Err(Error::last_os(format!("ftruncate(memfd {tag}, {len})")));
     }
@@ -235,6 +237,9 @@ mod tests {
         assert_eq!(unsafe { *b.as_ptr().add(4000) }, 42);
         assert!(fd_label(fd.as_raw_fd()).contains("scalefree-test"));
         assert_eq!(fd_len(fd.as_raw_fd()).unwrap(), 8192);
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        assert_eq!(st.st_mode & 0o777, 0o600);
     }
 
     #[test]
