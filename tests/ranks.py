@@ -21,18 +21,9 @@ class RankResult:
 
 
 def rank_env(rank: int, size: int, job_id: str, token: str, extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    for k in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-              "SLURM_PROCID", "SLURM_NTASKS", "RANK", "WORLD_SIZE"):
-        env.pop(k, None)
-    env.update(
-        SCALEFREE_RANK=str(rank),
-        SCALEFREE_WORLD_SIZE=str(size),
-        SCALEFREE_LOCAL_RANK=str(rank),
-        SCALEFREE_LOCAL_SIZE=str(size),
-        SCALEFREE_JOB_ID=job_id,
-        SCALEFREE_JOB_TOKEN=token,
-    )
+    from scalefree.launcher import rank_environment
+
+    env = rank_environment(rank, size, job_id, token)
     env.update(extra or {})
     return env
 

@@ -23,7 +23,7 @@ use std::sync::atomic::AtomicU32;
 
 use scalefree_transport::config::env_bytes;
 use scalefree_transport::wait::{publish, seq_reached};
-use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RegionKind, RemoteRegion, Result};
+use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RemoteRegion, Result};
 
 use crate::reduce::{DType, ReduceOp};
 use crate::Algorithm;
@@ -309,16 +309,7 @@ impl Communicator {
             hdr.handle = region.handle().to_bytes();
             hdr.offset = off as u64;
         } else if self.dev.cma_everywhere() && len > stage_max {
-            let h = RegionHandle {
-                owner: self.rank,
-                pid: std::process::id(),
-                kind: RegionKind::Process,
-                fd: -1,
-                addr: ptr as u64,
-                len: len as u64,
-                key: 0,
-            };
-            hdr.handle = h.to_bytes();
+            hdr.handle = self.dev.process_handle(ptr, len).to_bytes();
             hdr.offset = 0;
         } else {
             hdr.staging_bytes = len as u64;

@@ -244,7 +244,13 @@ impl Device {
     /// # Safety
     /// `ptr..ptr+len` must stay valid while the region (or a peer's use of its handle) lives.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
-        let handle = RegionHandle {
+        let handle = self.process_handle(ptr, len);
+        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Process { ptr }, handle }) })
+    }
+
+    /// The handle of ordinary memory of this process, reachable by cross-memory attach.
+    pub fn process_handle(&self, ptr: *const u8, len: usize) -> RegionHandle {
+        RegionHandle {
             owner: self.rank(),
             pid: std::process::id(),
             kind: RegionKind::Process,
@@ -252,8 +258,7 @@ impl Device {
             addr: ptr as u64,
             len: len as u64,
             key: 0,
-        };
-        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Process { ptr }, handle }) })
+        }
     }
 
     /// Makes a peer's region addressable here. Shared-memory regions are mapped (and the

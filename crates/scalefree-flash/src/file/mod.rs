@@ -1,0 +1,11 @@
+//! Flash arrays: files, typed pointers, dense and CSR matrices on flash.
+
+pub mod csr_matrix;
+pub mod dense_matrix;
+pub mod flash_file;
+pub mod flash_ptr;
+
+pub use csr_matrix::FlashCsrMatrix;
+pub use dense_matrix::FlashMatrix;
+pub use flash_file::{default_scratch_dir, FileId, FileOptions, FlashFile, IoMode, OpenMode};
+pub use flash_ptr::FlashPtr;
