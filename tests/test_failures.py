@@ -140,3 +140,23 @@ def test_wrong_token_cannot_join():
     outs = [p.communicate(timeout=30)[0] for p in procs]
     assert "ScalefreeTimeoutError" in outs[0] and "[1]" in outs[0], outs
     assert "Error" in outs[1], outs
+
+
+def test_ctrl_c_interrupts_a_parked_wait():
+    # Rank 1 never joins the barrier; SIGINT to rank 0 ends its wait with KeyboardInterrupt.
+    code = r"""
+import os, signal, sys, threading, time, scalefree
+g = scalefree.init(timeout=60)
+if g.rank == 1:
+    time.sleep(8); sys.exit(0)
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    g.barrier()
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - t0:.2f}s closed={g.closed}", flush=True)
+"""
+    res = collect(spawn_ranks(2, code), timeout=60)
+    line = res[0].stdout.strip()
+    assert line.startswith("interrupted after") and line.endswith("closed=True"), (line, res[0].stderr)
+    assert float(line.split()[2].rstrip("s")) < 3.0

@@ -23,6 +23,7 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::Mismatch(_) => "MismatchError",
         Error::Bootstrap(_) => "BootstrapError",
         Error::Unsupported(_) => "UnsupportedError",
+        Error::Interrupted(_) => return pyo3::exceptions::PyKeyboardInterrupt::new_err(e.to_string()),
     };
     raise(py, class, e.to_string())
 }

@@ -63,7 +63,13 @@ pub(crate) struct DeviceInner {
     /// Regions allocated here, so a buffer inside one is recognised as registered.
     local_regions: Mutex<Vec<(usize, usize, Weak<RegionInner>)>>,
     next_key: AtomicU64,
+    /// Called from parked waits (every check interval): lets the embedding runtime stop a
+    /// wait, e.g. Python on Ctrl-C.
+    interrupt_check: Mutex<Option<InterruptCheck>>,
 }
+
+/// See [`Device::set_interrupt_check`].
+pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A rank's endpoint. Cheap to clone.
 #[derive(Clone)]
@@ -136,6 +142,7 @@ impl Device {
                 rendezvous: Mutex::new(rv),
                 attached: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
+                interrupt_check: Mutex::new(None),
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
@@ -167,8 +174,21 @@ impl Device {
         self.inner.peers.iter().all(|p| p.cma)
     }
 
-    /// Errors with [`Error::PeerLost`] if any peer process has exited.
+    /// Installs a function that parked waits call every check interval; when it returns
+    /// true the wait ends with [`Error::Interrupted`].
+    pub fn set_interrupt_check(&self, f: Option<InterruptCheck>) {
+        *self.inner.interrupt_check.lock().unwrap() = f;
+    }
+
+    /// Errors with [`Error::PeerLost`] if any peer process has exited, or
+    /// [`Error::Interrupted`] if the interrupt check says so.
     pub fn check_peers(&self) -> Result<()> {
+        let check = self.inner.interrupt_check.lock().unwrap().clone();
+        if let Some(f) = check {
+            if f() {
+                return Err(Error::Interrupted("waiting for peers".into()));
+            }
+        }
         for (r, p) in self.inner.peers.iter().enumerate() {
             if let Some(w) = &p.watch {
                 if !w.alive() {

@@ -30,6 +30,9 @@ pub enum Error {
     /// The job could not be assembled (rendezvous, token, environment).
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// A wait was interrupted by the embedding runtime (e.g. Ctrl-C in Python).
+    #[error("interrupted while {0}")]
+    Interrupted(String),
     /// This backend or platform cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),

@@ -1,0 +1,21 @@
+//! BLAS-on-flash for scalefree: SSD-resident dense and CSR matrices, a task-DAG runtime with
+//! a program cache under a hard memory budget and prioritized prefetch, and kernels that run
+//! at close to in-memory speed (see `papers/blas-on-flash.md`).
+//!
+//! Layers, bottom up:
+//! * [`file`] — [`FlashFile`], typed [`FlashPtr`], [`FlashMatrix`] (dense), [`FlashCsrMatrix`].
+//! * [`io`] — access specifiers ([`AccessSpec`]), aligned direct IO, the [`IoExecutor`].
+
+pub mod dense;
+pub mod element;
+pub mod error;
+pub mod file;
+pub mod io;
+pub mod sparse;
+
+pub use dense::{DenseMut, DenseRef, DenseShape, Layout, Transpose};
+pub use element::{Element, Real};
+pub use error::{FlashError, Result};
+pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode};
+pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
+pub use sparse::{CsrMatrix, CsrRef};
