@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = worker_parser(__doc__)
     p.add_argument("--algorithm", choices=ALGORITHMS, default="auto")
+    p.add_argument("--variant", default=None, help="label of this run's rows (default: the algorithm)")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: allreduce(a, "sum", algorithm)
 
     try:
-        run_rank(impl="scalefree", variant=algorithm, rank=g.rank, world_size=g.size,
+        run_rank(impl="scalefree", variant=args.variant or algorithm, rank=g.rank, world_size=g.size,
                  make_op=make_op, barrier=g.barrier, allmax=allmax, args=args,
                  refusals=(scalefree.InvalidArgumentError, scalefree.UnsupportedError),
                  init_s=init_s)

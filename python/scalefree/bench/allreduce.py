@@ -24,6 +24,7 @@ from .common import human_bytes, human_time, progress
 
 BENCH = "allreduce"
 PEERS = ("mpi", "gloo")
+PLACEMENTS = ("arena", "plain")
 ALGORITHMS = ("auto", "one_shot", "direct", "ring")
 DTYPES = ("float32", "float64", "int32", "int64")
 DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
@@ -54,6 +55,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--algorithm", type=arg(lambda s: common.parse_choice_list(s, ALGORITHMS, "algorithm")),
                    default="auto", metavar="ALG[,ALG...]",
                    help=f"scalefree algorithms to run, each its own rows ({', '.join(ALGORITHMS)})")
+    p.add_argument("--placement", type=arg(lambda s: common.parse_choice_list(s, PLACEMENTS, "placement")),
+                   default="arena", metavar="P[,P...]",
+                   help="where scalefree's arrays live, each its own rows: 'arena' (numpy arrays "
+                   "allocated after scalefree.init(), the default) or 'plain' (SCALEFREE_ARENA=0: "
+                   "numpy's own allocator; peers read them by cross-memory attach or staging)")
     p.add_argument("--straggler", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="before each timed call one seeded-random rank sleeps uniform(0, MS) ms")
     common.add_timing_args(p)
@@ -142,8 +148,10 @@ def run(args) -> int:
     notes: list[str] = []
     records += _run_memcpy(args)
     for n in args.ranks:
-        for algorithm in args.algorithm:
-            records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm)
+        for placement in args.placement:
+            for algorithm in args.algorithm:
+                records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                                      placement=placement)
         for peer in peers:
             records += _run_ranks(peer, n, args, failures, notes)
 
@@ -240,18 +248,20 @@ def _run_memcpy(args) -> list[dict]:
 
 
 def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
-               algorithm: str = "") -> list[dict]:
+               algorithm: str = "", placement: str = "arena") -> list[dict]:
     """Runs ``impl`` on ``n`` ranks; returns its records, appending what went wrong to
     ``failures`` and the points it refused to ``notes``."""
-    label = f"{impl}{'/' + algorithm if algorithm else ''} on {n} ranks"
+    suffix = "" if placement == "arena" else f"+{placement}"
+    label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks"
     with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
         out_dir = Path(tmp)
         worker_args = common.worker_argv(args, args.sizes, out_dir)
         env_extra: dict = {}
         if impl == "scalefree":
             argv = [sys.executable, "-m", "scalefree.bench._worker_scalefree", *worker_args,
-                    "--algorithm", algorithm]
+                    "--algorithm", algorithm, "--variant", algorithm + suffix]
             cmd = common.launcher_cmd(n, argv)
+            env_extra["SCALEFREE_ARENA"] = "1" if placement == "arena" else "0"
         elif impl == "gloo":
             argv = [sys.executable, "-m", "scalefree.bench._worker_gloo", *worker_args,
                     "--port", str(common.free_port()), "--timeout", repr(args.timeout)]
