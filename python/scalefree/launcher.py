@@ -1,19 +1,27 @@
-"""``scalefree run``: start N ranks of a command on this host (like torchrun).
+"""``scalefree run``: start N ranks of a command on this host (like torchrun, for one host).
 
-    scalefree run -n 4 [--timeout S] [--grace S] [--no-prefix] -- python train.py args
+    scalefree run -n 4 [--timeout S] [--grace S] [--no-prefix] [--] python train.py args
 
 Each rank gets ``SCALEFREE_RANK``, ``SCALEFREE_WORLD_SIZE``, ``SCALEFREE_LOCAL_RANK``,
-``SCALEFREE_LOCAL_SIZE``, ``SCALEFREE_JOB_ID`` and ``SCALEFREE_JOB_TOKEN``; its output lines
-are prefixed with ``[rank]``. The exit code is that of the first rank to fail (128+N for a
-signal). When one rank fails the others get ``--grace`` seconds to notice (the library makes
-them raise ``PeerLostError`` within about a second), then SIGTERM, then SIGKILL. Every rank
-runs in its own process group and dies with the launcher, so nothing is left behind.
+``SCALEFREE_LOCAL_SIZE``, ``SCALEFREE_JOB_ID`` and ``SCALEFREE_JOB_TOKEN`` (fresh for every
+run) on top of the inherited environment, minus the rank variables of other launchers
+(mpirun, srun, torchrun). Each output line is prefixed with ``[rank] ``.
+
+The exit code is 0 when every rank exits 0, otherwise that of the first rank to fail
+(128+k for a rank killed by signal k). When a rank fails the others get ``--grace`` seconds
+to exit by themselves (the library makes them raise ``PeerLostError`` within about a
+second), then SIGTERM, then SIGKILL 2 s later. ``--timeout`` ends the job with exit code
+124. SIGINT, SIGTERM or SIGHUP to the launcher stop every rank (SIGTERM, SIGKILL 2 s later)
+and exit with 128 + the signal. Every rank leads its own process group, which is killed
+as a whole at the end, and dies with the launcher even if the launcher is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import functools
 import os
 import secrets
 import signal
@@ -22,27 +30,38 @@ import sys
 import threading
 import time
 
-# Variables of other launchers that must not leak into our ranks.
-_FOREIGN = (
+#: Rank variables of other launchers; they must not leak into our ranks.
+FOREIGN_RANK_VARIABLES = (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
 )
 
+EXIT_TIMEOUT = 124
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+TERM_TO_KILL_SECONDS = 2.0
+DEFAULT_GRACE_SECONDS = 5.0
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the launcher dies (prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_POLL_SECONDS = 0.01
+_DRAIN_SECONDS = 5.0  # output of a process that escaped its group is not waited for longer
+_READ_BYTES = 1 << 16
+_PR_SET_PDEATHSIG = 1
+
+
+def new_job() -> tuple[str, str]:
+    """A fresh job id and secret token."""
+    return "sf-" + secrets.token_hex(6), secrets.token_hex(16)
 
 
 def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None) -> dict:
+    """The environment of one rank: ``base`` (default ``os.environ``) without other
+    launchers' rank variables, plus the ``SCALEFREE_*`` ones."""
     env = dict(os.environ if base is None else base)
-    for k in _FOREIGN:
-        env.pop(k, None)
+    for name in FOREIGN_RANK_VARIABLES:
+        env.pop(name, None)
     env.update(
         SCALEFREE_RANK=str(rank),
         SCALEFREE_WORLD_SIZE=str(size),
@@ -54,174 +73,315 @@ def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict |
     return env
 
 
-class _Output:
-    """Copies a rank's stream to ours line by line, prefixed, without splitting lines."""
+# ---------------------------------------------------------------------------------------
+# Output
 
-    lock = threading.Lock()
+_output_lock = threading.Lock()  # one writer at a time, across both of our streams
 
-    def __init__(self, stream, sink, prefix: bytes):
-        self.thread = threading.Thread(target=self._pump, args=(stream, sink, prefix), daemon=True)
-        self.thread.start()
 
-    @classmethod
-    def _pump(cls, stream, sink, prefix: bytes) -> None:
-        for line in iter(stream.readline, b""):
-            with cls.lock:
-                sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-                sink.flush()
-        stream.close()
+def _write(sink, data: bytes) -> None:
+    with _output_lock:
+        try:
+            sink.write(data)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # our own stream is gone (e.g. a closed pipe): keep draining the rank anyway
+
+
+def _say(message: str) -> None:
+    """A launcher message on stderr, never inside a rank's line."""
+    _write(_binary(sys.stderr), f"scalefree run: {message}\n".encode())
+
+
+class _TextSink:
+    """Writes bytes to a text stream that has no binary buffer (e.g. in a notebook)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data.decode(errors="replace"))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _binary(stream):
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else _TextSink(stream)
+
+
+def _pump(source, sink, prefix: bytes) -> None:
+    """Copies a rank's stream to ``sink`` whole lines at a time, each line prefixed.
+
+    A line ends at ``\\n`` or at a lone ``\\r`` (progress bars), so no other output lands
+    inside it. A last line without an end is written at EOF, with a newline when prefixed.
+    """
+    tail = b""
+    with source:
+        while chunk := source.read1(_READ_BYTES):
+            lines = (tail + chunk).splitlines(keepends=True)
+            # The last piece may be incomplete, or a "\r" whose "\n" is in the next chunk.
+            tail = b"" if lines[-1].endswith(b"\n") else lines.pop()
+            if lines:
+                _write(sink, b"".join(prefix + line for line in lines))
+    if tail:
+        _write(sink, prefix + tail + (b"\n" if prefix else b""))
+
+
+def _start_pump(source, sink, prefix: bytes) -> threading.Thread:
+    t = threading.Thread(target=_pump, args=(source, sink, prefix), name="scalefree-run-output", daemon=True)
+    t.start()
+    return t
+
+
+def _join(threads: list[threading.Thread], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+# ---------------------------------------------------------------------------------------
+# Processes
+
+
+def _die_with_launcher():
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the launcher dies
+    (Linux ``PR_SET_PDEATHSIG``); None where prctl does not exist. Everything is resolved
+    here in the parent, so the forked child only makes the call."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    launcher_pid = os.getpid()
+    kill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _exit_code(info) -> int:
+    """A shell-style exit code from ``os.waitid``'s result: 128+k for signal k."""
+    return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
 
 
 def _describe(code: int) -> str:
-    if code > 128 and code - 128 < signal.NSIG:
-        try:
+    with contextlib.suppress(ValueError):
+        if code > 128:
             return f"code {code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
     return f"code {code}"
 
 
-def _exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
+class _Ranks:
+    """The rank processes of one job, each the leader of its own process group.
 
+    An exited rank is not reaped until :meth:`close`, so its pid, and the id of its
+    process group, cannot be reused by an unrelated process before we are done signalling.
+    """
 
-def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = 5.0,
-           prefix: bool = True, env: dict | None = None) -> int:
-    """Runs `cmd` as `nprocs` ranks and returns the job's exit code."""
-    if nprocs < 1:
-        raise ValueError(f"-n must be at least 1, got {nprocs}")
-    if not cmd:
-        raise ValueError("no command to run")
-    job_id = "sf-" + secrets.token_hex(6)
-    token = secrets.token_hex(16)
-    procs: list[subprocess.Popen] = []
-    pumps: list[_Output] = []
-    out, err = sys.stdout.buffer, sys.stderr.buffer
-
-    def say(msg: str) -> None:
-        with _Output.lock:
-            err.write(f"scalefree run: {msg}\n".encode())
-            err.flush()
-
-    def signal_all(sig: int) -> None:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-    def stop_all(wait_first: float) -> None:
-        deadline = time.monotonic() + wait_first
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.02)
-        signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.02)
-        signal_all(signal.SIGKILL)
-        for p in procs:
-            p.wait()
-
-    received: list[int] = []
-    old_handlers = {}
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-
-    if threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[s] = signal.signal(s, on_signal)
-    try:
-        for r in range(nprocs):
-            try:
-                p = subprocess.Popen(
+    def __init__(self, cmd: list[str], nprocs: int, env: dict | None, job_id: str, token: str):
+        self.procs: list[subprocess.Popen] = []
+        self._codes: dict[int, int] = {}
+        preexec = _die_with_launcher()
+        try:
+            for rank in range(nprocs):
+                self.procs.append(subprocess.Popen(
                     cmd,
-                    env=rank_environment(r, nprocs, job_id, token, env),
+                    env=rank_environment(rank, nprocs, job_id, token, env),
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            except (FileNotFoundError, PermissionError) as e:
-                say(f"cannot run {cmd[0]!r}: {e.strerror}")
-                stop_all(0)
-                return 127 if isinstance(e, FileNotFoundError) else 126
-            procs.append(p)
-            tag = f"[{r}] ".encode() if prefix else b""
-            pumps.append(_Output(p.stdout, out, tag))
-            pumps.append(_Output(p.stderr, err, tag))
+                    preexec_fn=preexec,
+                ))
+        except BaseException:
+            self.close()
+            raise
 
-        start = time.monotonic()
-        code = 0
-        while True:
-            if received:
-                sig = received[0]
-                say(f"received {signal.Signals(sig).name}; stopping all ranks")
-                signal_all(signal.SIGTERM)
-                stop_all(2.0)
-                code = 128 + sig
-                break
-            failed = [(r, p) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed:
-                r, p = failed[0]
-                code = _exit_code(p.returncode)
-                others = [q for q in procs if q.poll() is None]
-                say(f"rank {r} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
-                stop_all(grace)
-                break
-            if all(p.poll() == 0 for p in procs):
-                break
-            if timeout is not None and time.monotonic() - start > timeout:
-                say(f"timeout after {timeout:g} s; stopping all ranks")
-                stop_all(0)
-                code = 124
-                break
-            time.sleep(0.01)
-        for t in pumps:
-            t.thread.join(timeout=5)
-        return code
+    def exit_code(self, rank: int) -> int | None:
+        """The rank's exit code, or None while it runs."""
+        if rank not in self._codes:
+            info = os.waitid(os.P_PID, self.procs[rank].pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is None:
+                return None
+            self._codes[rank] = _exit_code(info)
+        return self._codes[rank]
+
+    def running(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if self.exit_code(r) is None]
+
+    def signal_groups(self, sig: int, ranks: list[int]) -> None:
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.procs[r].pid, sig)
+
+    def wait(self, seconds: float, interrupted: list[int] | None = None) -> None:
+        """Waits up to ``seconds`` for every rank to exit (less if a signal arrives)."""
+        deadline = time.monotonic() + seconds
+        while self.running() and time.monotonic() < deadline and not interrupted:
+            time.sleep(_POLL_SECONDS)
+
+    def stop(self, grace_seconds: float, interrupted: list[int] | None = None) -> None:
+        """Gives the ranks ``grace_seconds`` to exit, then SIGTERM, then SIGKILL."""
+        self.wait(grace_seconds, interrupted)
+        self.signal_groups(signal.SIGTERM, self.running())
+        self.wait(TERM_TO_KILL_SECONDS)
+        self.signal_groups(signal.SIGKILL, self.running())
+
+    def close(self) -> None:
+        """Kills whatever is left in every rank's process group and reaps the ranks."""
+        self.signal_groups(signal.SIGKILL, list(range(len(self.procs))))
+        for p in self.procs:
+            p.wait()
+
+
+@contextlib.contextmanager
+def _catch_stopping_signals(received: list[int]):
+    """Records SIGINT/SIGTERM/SIGHUP in ``received`` instead of dying (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in _STOPPING_SIGNALS}
+    try:
+        yield
     finally:
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
-        if any(p.poll() is None for p in procs):
-            stop_all(0)
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
 
 
-def _parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks to start")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="wall-clock limit for the whole job in seconds; exit 124 when reached (default: none)")
-    p.add_argument("--grace", type=float, default=5.0,
-                   help="seconds the other ranks get to exit by themselves after one fails (default: 5)")
-    p.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank]")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int]) -> int:
+    """Waits for the job to end and stops it as needed; returns its exit code."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if received:
+            sig = signal.Signals(received[0])
+            _say(f"received {sig.name}; stopping all ranks")
+            ranks.stop(0.0)
+            return 128 + sig
+        codes = [ranks.exit_code(r) for r in range(len(ranks.procs))]
+        for rank, code in enumerate(codes):
+            if code:  # the first failure seen; ties within one poll go to the lowest rank
+                others = ranks.running()
+                _say(f"rank {rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                ranks.stop(grace, received)
+                return code
+        if all(code == 0 for code in codes):
+            return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            _say(f"timeout after {timeout:g} s; stopping all ranks")
+            ranks.stop(0.0)
+            return EXIT_TIMEOUT
+        time.sleep(_POLL_SECONDS)
+
+
+def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
+           prefix: bool = True, env: dict | None = None) -> int:
+    """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
+
+    ``timeout`` (seconds, default none) limits the whole job; ``grace`` (seconds) is how
+    long the other ranks may take to exit by themselves after one fails; ``prefix`` tags
+    each output line with ``[rank] ``; ``env`` replaces ``os.environ`` as the base of each
+    rank's environment. Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
+    command that cannot be started gives 127 (not found) or 126, with a message.
+    """
+    cmd = [os.fspath(c) for c in cmd]
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if not cmd:
+        raise ValueError("no command to run")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    if grace < 0:
+        raise ValueError(f"grace must not be negative, got {grace}")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    job_id, token = new_job()
+    received: list[int] = []
+    with _catch_stopping_signals(received):
+        try:
+            ranks = _Ranks(cmd, nprocs, env, job_id, token)
+        except OSError as e:
+            _say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
+            return EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+        tag = (lambda r: f"[{r}] ".encode()) if prefix else (lambda r: b"")
+        out, err = _binary(sys.stdout), _binary(sys.stderr)
+        pumps = []
+        for r, p in enumerate(ranks.procs):
+            pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
+        try:
+            return _supervise(ranks, timeout, grace, received)
+        finally:
+            ranks.close()
+            _join(pumps, _DRAIN_SECONDS)
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+
+
+_USAGE = "%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--] CMD [ARGS...]"
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _seconds(text: str, *, allow_zero: bool) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 <= s < float("inf")) or (s == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if allow_zero else 'positive'} number of seconds, got {text}")
+    return s
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("-n", "--nprocs", type=_at_least_one, required=True, metavar="N",
+                   help="number of ranks to start (at least 1)")
+    p.add_argument("--timeout", type=functools.partial(_seconds, allow_zero=False), default=None, metavar="S",
+                   help="wall-clock limit for the whole job in seconds; exit code 124 when reached (default: none)")
+    p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
+                   metavar="S", help="seconds the other ranks get to exit by themselves after one fails, "
+                                     f"before SIGTERM (default: {DEFAULT_GRACE_SECONDS:g})")
+    p.add_argument("--no-prefix", action="store_true", help="pass output through without the [rank] prefix")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments (after --)")
+    p.set_defaults(func=functools.partial(_run, p))
     return p
 
 
-def _run(args) -> int:
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
+    if cmd[:1] == ["--"]:
         cmd = cmd[1:]
-    if args.nprocs < 1:
-        print(f"scalefree run: -n must be at least 1, got {args.nprocs}", file=sys.stderr)
-        return 2
     if not cmd:
-        print("scalefree run: no command given (scalefree run -n N -- CMD ...)", file=sys.stderr)
-        return 2
+        parser.error("no command given: scalefree run -n N [--] CMD [ARGS...]")
     return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix)
 
 
 def add_parser(sub) -> None:
-    p = _parser(sub.add_parser("run", help="start N ranks of a command on this host",
-                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
-    p.set_defaults(func=_run)
+    """Registers ``run`` on the ``scalefree`` command's subparsers."""
+    _configure(sub.add_parser("run", help="start N ranks of a command on this host", usage=_USAGE,
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _parser(argparse.ArgumentParser(prog="scalefree run", description=__doc__,
-                                        formatter_class=argparse.RawDescriptionHelpFormatter))
-    return _run(p.parse_args(argv))
+    """``python -m scalefree.launcher -n N [--] CMD ...``, the same as ``scalefree run``."""
+    parser = _configure(argparse.ArgumentParser(prog="scalefree run", usage=_USAGE, description=__doc__,
+                                                formatter_class=argparse.RawDescriptionHelpFormatter))
+    args = parser.parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,12 @@ use crate::error::{Error, Result};
 pub struct WaitPolicy {
     /// Busy-spin this long before yielding the core.
     pub spin: Duration,
-    /// Then call `sched_yield` this many times (useful when ranks outnumber cores).
-    pub yields: u32,
+    /// Then keep checking but call `sched_yield` between checks, this long: any other
+    /// runnable task on this core (another rank, another program) runs first. Parking costs
+    /// a wake-up latency (≈100 µs in a VM); once one rank parks, a partner whose spin is
+    /// shorter than that latency parks too, and every later call pays it. Yielding keeps
+    /// latency low without holding a core anyone else wants.
+    pub yield_for: Duration,
     /// Park on the futex for at most this long before re-checking peers' liveness.
     pub check_interval: Duration,
     /// Give up after this long with [`Error::Timeout`] (peers still alive but silent).
@@ -28,10 +32,11 @@ impl WaitPolicy {
     pub fn for_load(ranks_on_host: usize, timeout: Duration) -> Self {
         let cores = available_cores();
         let oversubscribed = ranks_on_host > cores;
-        let spin_us = env_u64("SCALEFREE_SPIN_US").unwrap_or(if oversubscribed { 2 } else { 50 });
+        let spin_us = env_u64("SCALEFREE_SPIN_US").unwrap_or(if oversubscribed { 2 } else { 20 });
+        let yield_us = env_u64("SCALEFREE_YIELD_US").unwrap_or(1000);
         WaitPolicy {
             spin: Duration::from_micros(spin_us),
-            yields: if oversubscribed { 8 } else { 0 },
+            yield_for: Duration::from_micros(yield_us),
             check_interval: Duration::from_millis(50),
             timeout,
         }
@@ -99,8 +104,9 @@ fn wait_slow(
             break;
         }
     }
-    // Phase 2: give the core away a few times.
-    for _ in 0..policy.yields {
+    // Phase 2: keep checking, but let anything else runnable on this core go first.
+    let yield_start = Instant::now();
+    while yield_start.elapsed() < policy.yield_for {
         unsafe { libc::sched_yield() };
         let v = word.load(Ordering::Acquire);
         if ready(v) {
@@ -194,7 +200,7 @@ mod tests {
         let waiters = Arc::new(AtomicU32::new(0));
         let policy = WaitPolicy {
             spin: Duration::from_micros(1),
-            yields: 0,
+            yield_for: Duration::ZERO,
             check_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(20),
         };
@@ -217,7 +223,7 @@ mod tests {
         let waiters = AtomicU32::new(0);
         let policy = WaitPolicy {
             spin: Duration::from_micros(1),
-            yields: 1,
+            yield_for: Duration::from_micros(100),
             check_interval: Duration::from_millis(10),
             timeout: Duration::from_millis(50),
         };
