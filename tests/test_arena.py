@@ -66,3 +66,25 @@ def test_collectives_on_arena_arrays():
         assert all("checked" in r.stdout for r in res)
         res = run_ranks(n, OTHERS, timeout=240, extra_env={"SCALEFREE_ARENA": "1"})
         assert all(r.stdout.strip().endswith("ok") for r in res)
+
+
+def test_without_address_space_for_the_arena_ranks_agree_to_run_without_it():
+    import resource
+    import subprocess
+    import sys
+
+    from ranks import rank_env
+
+    code = ("import warnings, numpy as np, scalefree\nwarnings.simplefilter('always')\n"
+            "g = scalefree.init(bootstrap_timeout=30)\na = np.ones(1 << 20); g.allreduce(a); print('sum', a[0])\n")
+
+    def limit():  # rank 1 cannot reserve 64 GiB of address space
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=rank_env(r, 2, f"arena-{r}-{id(code)}".replace(f"-{r}-", "-"), "t"),
+                              preexec_fn=limit if r == 1 else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    for out, err in outs:
+        assert "sum 2.0" in out, err
+        assert "running without the registered arena" in err

@@ -10,6 +10,7 @@ that outgrow one machine.
 from __future__ import annotations
 
 import os
+import warnings
 
 from .errors import (
     BootstrapError,
@@ -79,7 +80,11 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     if arena is None:
         arena = os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in ("0", "false", "no", "off")
     if arena:
-        g._enable_arena(_env_bytes("SCALEFREE_ARENA_MIN", 64 << 10))
+        try:
+            g._enable_arena(_env_bytes("SCALEFREE_ARENA_MIN", 64 << 10))
+        except UnsupportedError as e:
+            # Same outcome on every rank (the arena set-up agrees first): run without it.
+            warnings.warn(f"scalefree: running without the registered arena ({e})", RuntimeWarning, stacklevel=2)
     _default_group = g
     return g
 

@@ -76,27 +76,4 @@ impl FlashError {
     pub fn shape(message: impl Into<String>) -> Self {
         FlashError::ShapeMismatch(message.into())
     }
-
-    /// A copy of this error for reporting the same failure twice (IO errors keep kind and text).
-    pub(crate) fn duplicate(&self) -> Self {
-        match self {
-            FlashError::Io { path, source } => FlashError::Io {
-                path: path.clone(),
-                source: match source.raw_os_error() {
-                    Some(code) => std::io::Error::from_raw_os_error(code),
-                    None => std::io::Error::new(source.kind(), source.to_string()),
-                },
-            },
-            FlashError::DiskFull { path } => FlashError::DiskFull { path: path.clone() },
-            FlashError::Corrupt { path, reason } => FlashError::Corrupt { path: path.clone(), reason: reason.clone() },
-            FlashError::OutOfBudget { what, needed_bytes, budget_bytes } => FlashError::OutOfBudget {
-                what: what.clone(),
-                needed_bytes: *needed_bytes,
-                budget_bytes: *budget_bytes,
-            },
-            FlashError::ShapeMismatch(m) => FlashError::ShapeMismatch(m.clone()),
-            FlashError::InvalidArgument(m) => FlashError::InvalidArgument(m.clone()),
-            FlashError::TaskFailed { task, reason } => FlashError::TaskFailed { task: task.clone(), reason: reason.clone() },
-        }
-    }
 }

@@ -5,12 +5,19 @@
 //! Layers, bottom up:
 //! * [`file`] — [`FlashFile`], typed [`FlashPtr`], [`FlashMatrix`] (dense), [`FlashCsrMatrix`].
 //! * [`io`] — access specifiers ([`AccessSpec`]), aligned direct IO, the [`IoExecutor`].
+//! * [`cache`] — the program cache: one buffer per access specifier, hard memory budget.
+//! * [`sched`] — [`Task`]s, the [`Dag`] and its run loop, the prioritizer.
+//! * [`Runtime`] — owns all of it; no global state.
 
+pub mod cache;
 pub mod dense;
 pub mod element;
 pub mod error;
 pub mod file;
 pub mod io;
+pub mod kernels;
+pub mod runtime;
+pub mod sched;
 pub mod sparse;
 
 pub use dense::{DenseMut, DenseRef, DenseShape, Layout, Transpose};
@@ -19,3 +26,7 @@ pub use error::{FlashError, Result};
 pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode};
 pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
 pub use sparse::{CsrMatrix, CsrRef};
+pub use cache::{CacheStats, EntryTag};
+pub use runtime::{parse_bytes, Runtime, RuntimeOptions};
+pub use sched::{Dag, FnTask, Injector, Priority, RunStats, Task, TaskBuffers, TaskContext, TaskId};
+pub use kernels::{gemm, gemm_in_memory, gemm_tiled, GemmTiles};

@@ -364,7 +364,17 @@ impl Device {
     /// allocated from it are addressable by all ranks without copies. Keep the returned
     /// remote regions alive as long as peers' arena buffers may be used.
     pub fn create_arena(&self, opts: &crate::arena::ArenaOptions) -> Result<(Arc<crate::arena::Arena>, Vec<RemoteRegion>)> {
-        let region = self.alloc_arena_region(opts.capacity_bytes)?;
+        // Every rank learns whether every rank could reserve its arena, so that a failure on
+        // one (e.g. an address-space limit) is the same error everywhere instead of a hang.
+        let mine = self.alloc_arena_region(opts.capacity_bytes);
+        let status = self.exchange_bytes(&[mine.is_ok() as u8])?;
+        let region = match mine {
+            Ok(r) => r,
+            Err(e) => return Err(Error::Unsupported(format!("no arena of {} bytes on rank {}: {e}", opts.capacity_bytes, self.rank()))),
+        };
+        if let Some(r) = status.iter().position(|s| s.first() != Some(&1)) {
+            return Err(Error::Unsupported(format!("rank {r} could not reserve its arena")));
+        }
         let peers = self.exchange_regions(&region)?;
         Ok((Arc::new(crate::arena::Arena::new(region, opts)), peers))
     }

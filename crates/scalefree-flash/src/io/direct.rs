@@ -144,7 +144,7 @@ pub fn patch_span(file: &FlashFile, aligned_start: u64, aligned_end: u64, bounce
     debug_assert!(aligned_start % SECTOR_BYTES as u64 == 0 && aligned_end % SECTOR_BYTES as u64 == 0);
     let len = (aligned_end - aligned_start) as usize;
     bounce.ensure_len(len);
-    let _guard = file.is_direct().then(|| file.write_locks().lock(aligned_start, aligned_end));
+    let _guard = file.write_locks().lock(aligned_start, aligned_end);
     let buf = bounce.as_mut_slice();
     pread_full(file, aligned_start, buf)?;
     patch(buf);

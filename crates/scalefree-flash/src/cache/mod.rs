@@ -1,0 +1,6 @@
+//! The program cache: access specifiers mapped to shared buffers under a memory budget.
+
+pub(crate) mod buffer;
+pub mod program_cache;
+
+pub use program_cache::{CacheStats, EntryTag};
