@@ -69,6 +69,7 @@ def test_collectives_on_arena_arrays():
 
 
 def test_without_address_space_for_the_arena_ranks_agree_to_run_without_it():
+    import os
     import resource
     import subprocess
     import sys
@@ -81,7 +82,8 @@ def test_without_address_space_for_the_arena_ranks_agree_to_run_without_it():
     def limit():  # rank 1 cannot reserve 64 GiB of address space
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=rank_env(r, 2, f"arena-{r}-{id(code)}".replace(f"-{r}-", "-"), "t"),
+    job = f"arena-limit-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=rank_env(r, 2, job, "t"),
                               preexec_fn=limit if r == 1 else None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     outs = [p.communicate(timeout=60) for p in procs]
