@@ -226,12 +226,14 @@ impl Drop for IoExecutor {
 /// Splits an access into jobs of about `chunk_bytes`.
 fn plan(direction: IoDirection, spec: &AccessSpec, options: &IoOptions) -> Vec<Job> {
     let (n, len, stride) = (spec.n_strides(), spec.stride_len_bytes(), spec.stride_bytes());
-    let chunk = options.chunk_bytes as u64;
+    // Jobs of at most `chunk_bytes`, and small enough that every IO thread gets one.
+    let chunk = (spec.size_bytes() / options.threads.max(1) as u64).clamp(SECTOR_BYTES as u64, options.chunk_bytes as u64);
     let mut jobs = Vec::new();
     if n == 0 || len == 0 {
         return jobs;
     }
     let gap = stride - len;
+    // Merged reads fetch the gaps too; many small direct reads cost more than that here.
     let merge = n > 1
         && match direction {
             IoDirection::Read => gap <= options.read_merge_gap_bytes,
@@ -239,7 +241,7 @@ fn plan(direction: IoDirection, spec: &AccessSpec, options: &IoOptions) -> Vec<J
             IoDirection::Write => gap < SECTOR_BYTES as u64 && spec.file().is_direct(),
         };
     let piece = |i: u64| Piece { file_offset: spec.run_offset(i), buf_offset: (i * len) as usize, len: len as usize };
-    if merge && stride <= chunk {
+    if merge && stride <= options.chunk_bytes as u64 {
         let per_job = (chunk / stride).max(1);
         let mut first = 0;
         while first < n {
@@ -323,6 +325,7 @@ fn worker(shared: Arc<Shared>) {
 /// # Safety
 /// Pieces of concurrently running jobs of one request must be disjoint (the planner makes
 /// them so) and the buffer must outlive the call (it is freed only after the last job).
+#[allow(clippy::mut_from_ref)]
 unsafe fn piece_bytes<'a>(request: &'a Request, piece: &Piece) -> &'a mut [u8] {
     // SAFETY: per the function contract.
     unsafe { std::slice::from_raw_parts_mut(request.buffer_ptr.add(piece.buf_offset), piece.len) }

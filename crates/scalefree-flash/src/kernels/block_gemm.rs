@@ -76,7 +76,7 @@ fn scale<T: Real>(c: &mut DenseMut<'_, T>, beta: T) {
         if beta == T::ZERO {
             row.fill(T::ZERO);
         } else {
-            row.iter_mut().for_each(|x| *x = *x * beta);
+            row.iter_mut().for_each(|x| *x *= beta);
         }
     }
 }

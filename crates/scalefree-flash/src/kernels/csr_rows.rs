@@ -41,6 +41,13 @@ pub(crate) struct RowsOut<T> {
     pub(crate) cols: usize,
 }
 
+impl<T> RowsOut<T> {
+    /// First element of row `r` (a method, so closures capture the whole `Sync` value).
+    fn row(&self, r: usize) -> *mut T {
+        self.ptr.wrapping_add(r * self.row_stride)
+    }
+}
+
 // SAFETY: writers of a `RowsOut` touch disjoint elements (see the type's doc).
 unsafe impl<T: Send> Send for RowsOut<T> {}
 // SAFETY: as above.
@@ -57,6 +64,7 @@ pub(crate) unsafe fn csr_rows_times_dense<T: Real>(alpha: T, indptr: &[u64], ind
     let rows = indptr.len().saturating_sub(1);
     let base = indptr.first().copied().unwrap_or(0);
     let n = b.cols;
+    debug_assert_eq!(n, out.cols, "op(B) and the output have different widths");
     (0..rows).into_par_iter().with_min_len(8).for_each_init(
         || vec![T::ZERO; n],
         |acc, r| {
@@ -76,7 +84,7 @@ pub(crate) unsafe fn csr_rows_times_dense<T: Real>(alpha: T, indptr: &[u64], ind
             }
             // SAFETY: row `r` of `out` belongs to this call alone (function contract).
             unsafe {
-                let row = out.ptr.add(r * out.row_stride);
+                let row = out.row(r);
                 if out.col_stride == 1 {
                     let dst = std::slice::from_raw_parts_mut(row, n);
                     store_row(dst.iter_mut(), acc, alpha, beta);

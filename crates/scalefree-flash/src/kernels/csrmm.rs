@@ -164,22 +164,21 @@ pub fn csrmm<T: Real>(runtime: &Runtime, alpha: T, a: &FlashCsrMatrix<T>, trans_
         DenseOutput::Memory(_) => usize::MAX,
     };
     let blocks = row_blocks(&indptr, max_nnz, max_rows);
-    let mut c_memory = match c {
-        DenseOutput::Memory(view) => Some(view),
-        DenseOutput::Flash(_) => None,
+    let (mut c_memory, c_flash) = match c {
+        DenseOutput::Memory(view) => (Some(view), None),
+        DenseOutput::Flash(matrix) => {
+            if !matrix.data().file().is_writable() {
+                return Err(FlashError::invalid(format!("C is in {}, which is read-only", matrix.data().file().path().display())));
+            }
+            (None, Some(matrix))
+        }
     };
-    let c_flash = match &c_shape_source(&c_memory) {
-        true => None,
-        false => None,
-    };
-    let _ = c_flash;
     let dag = runtime.dag();
     for &(j0, j1) in &col_tiles {
         let b_source = match &b {
             DenseInput::Memory(view) => {
                 let (rs, cs) = op_strides(&view.shape(), trans_b);
-                let offset = j0 * cs;
-                BSource::Memory(OpDense { data: &view.data()[offset.min(view.data().len())..], row_stride: rs, col_stride: cs, cols: j1 - j0 })
+                BSource::Memory(OpDense { data: &view.data()[j0 * cs..], row_stride: rs, col_stride: cs, cols: j1 - j0 })
             }
             DenseInput::Flash(matrix) => {
                 let (spec, block_shape) = match trans_b {
@@ -192,15 +191,20 @@ pub fn csrmm<T: Real>(runtime: &Runtime, alpha: T, a: &FlashCsrMatrix<T>, trans_
         };
         for &(r0, r1) in &blocks {
             let (lo, hi) = (indptr[r0], indptr[r1]);
-            let c_target = match (&mut c_memory, &c_flash_matrix(&c_shape, None::<&FlashMatrix<T>>)) {
-                (Some(view), _) => {
+            let c_target = match (&mut c_memory, c_flash) {
+                (_, Some(matrix)) => {
+                    let spec = matrix.block_access(r0, j0, r1 - r0, j1 - j0)?;
+                    let (rs, cs) = DenseShape::packed(r1 - r0, j1 - j0, matrix.layout()).strides();
+                    CTarget::Flash { spec, row_stride: rs as usize, col_stride: cs as usize, overwrite: beta == T::ZERO }
+                }
+                (Some(view), None) => {
                     let (rs, cs) = view.shape().strides();
                     let (rs, cs) = (rs as usize, cs as usize);
-                    // SAFETY: the offset stays inside C's storage (row r0 < m, column j0 < n).
+                    // SAFETY: row r0 < m and column j0 < n, so the offset is inside C's storage.
                     let ptr = unsafe { view.data().as_mut_ptr().add(r0 * rs + j0 * cs) };
                     CTarget::Memory(RowsOut { ptr, row_stride: rs, col_stride: cs, cols: j1 - j0 })
                 }
-                (None, _) => unreachable!(),
+                (None, None) => unreachable!("C is in memory or on flash"),
             };
             let task = CsrmmTask {
                 alpha,
@@ -219,4 +223,82 @@ pub fn csrmm<T: Real>(runtime: &Runtime, alpha: T, a: &FlashCsrMatrix<T>, trans_
         }
     }
     dag.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dense::Layout;
+    use crate::kernels::test_support::{assert_close, random_csr, random_vec};
+    use crate::runtime::RuntimeOptions;
+
+    /// Naive `C := alpha A op(B) + beta C` on explicit indices.
+    fn reference(alpha: f64, a: &crate::sparse::CsrMatrix<f64>, trans_b: Transpose, b: &DenseRef<'_, f64>, beta: f64, c: &mut DenseMut<'_, f64>) {
+        let n = c.shape().cols;
+        for r in 0..a.rows {
+            for j in 0..n {
+                let mut sum = 0.0;
+                for e in a.indptr[r] as usize..a.indptr[r + 1] as usize {
+                    let p = a.indices[e] as usize;
+                    sum += a.values[e] * if trans_b == Transpose::No { b.get(p, j) } else { b.get(j, p) };
+                }
+                let old = if beta == 0.0 { 0.0 } else { beta * c.get(r, j) };
+                c.set(r, j, alpha * sum + old);
+            }
+        }
+    }
+
+    #[test]
+    fn csrmm_matches_reference_memory_and_flash_operands() {
+        // Small budget: B is cut into column blocks, A into many row blocks, C into blocks.
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 24 << 10, compute_threads: 2, io_threads: 2, ..RuntimeOptions::default() }).unwrap();
+        for &(m, k, n) in &[(0usize, 3usize, 2usize), (1, 1, 1), (7, 0, 3), (45, 31, 9), (130, 50, 17)] {
+            let a = random_csr(m as u64 * 3 + k as u64, m, k);
+            let flash_a = FlashCsrMatrix::from_csr(rt.dir(), a.view(), &rt.file_options()).unwrap();
+            for layout in [Layout::RowMajor, Layout::ColMajor] {
+                for trans_b in [Transpose::No, Transpose::Yes] {
+                    for beta in [0.0, -0.5] {
+                        let (br, bc) = if trans_b == Transpose::No { (k, n) } else { (n, k) };
+                        let ldb = DenseShape::packed(br, bc, layout).leading_dim + 2;
+                        let b_data = random_vec::<f64>(5, ldb * br.max(bc) + 3);
+                        let b = DenseRef::new(&b_data, br, bc, layout, ldb).unwrap();
+                        let c0 = random_vec::<f64>(6, m * n);
+                        let mut want = c0.clone();
+                        reference(1.25, &a, trans_b, &b, beta, &mut DenseMut::packed(&mut want, m, n, layout).unwrap());
+                        let what = format!("{m}x{k}x{n} {layout:?} {trans_b:?} beta {beta}");
+                        // In-memory twin.
+                        let mut twin = c0.clone();
+                        csrmm_in_memory(1.25, a.view(), trans_b, b, beta, DenseMut::packed(&mut twin, m, n, layout).unwrap()).unwrap();
+                        assert_close(&twin, &want, 1e-12, &format!("twin {what}"));
+                        // Flash A, memory B and C.
+                        let mut got = c0.clone();
+                        csrmm(&rt, 1.25, &flash_a, trans_b, DenseInput::Memory(b), beta, DenseOutput::Memory(DenseMut::packed(&mut got, m, n, layout).unwrap())).unwrap();
+                        assert_close(&got, &want, 1e-12, &format!("memory B/C {what}"));
+                        // Everything on flash.
+                        let b_ptr = crate::file::FlashPtr::from_slice(rt.dir(), &b_data, &rt.file_options()).unwrap();
+                        let flash_b = FlashMatrix::new(b_ptr, br, bc, layout, ldb).unwrap();
+                        let flash_c = FlashMatrix::from_slice(rt.dir(), &c0, m, n, layout, &rt.file_options()).unwrap();
+                        let stats = csrmm(&rt, 1.25, &flash_a, trans_b, DenseInput::Flash(&flash_b), beta, DenseOutput::Flash(&flash_c)).unwrap();
+                        assert_close(&flash_c.to_vec().unwrap(), &want, 1e-12, &format!("flash B/C {what}"));
+                        assert!(stats.cache.peak_resident_bytes <= 24 << 10);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn csrmm_checks_shapes_and_budget() {
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 600, compute_threads: 1, io_threads: 1, ..RuntimeOptions::default() }).unwrap();
+        let a = random_csr(9, 10, 200);
+        let flash_a = FlashCsrMatrix::from_csr(rt.dir(), a.view(), &rt.file_options()).unwrap();
+        let b = vec![0.0; 200 * 3];
+        let mut c = vec![0.0; 10 * 3];
+        let bv = DenseRef::packed(&b, 200, 3, Layout::RowMajor).unwrap();
+        let err = csrmm(&rt, 1.0, &flash_a, Transpose::Yes, DenseInput::Memory(bv), 0.0, DenseOutput::Memory(DenseMut::packed(&mut c, 10, 3, Layout::RowMajor).unwrap())).unwrap_err();
+        assert!(matches!(err, FlashError::ShapeMismatch(_)), "{err}");
+        let flash_b = FlashMatrix::from_slice(rt.dir(), &b, 200, 3, Layout::RowMajor, &rt.file_options()).unwrap();
+        let err = csrmm(&rt, 1.0, &flash_a, Transpose::No, DenseInput::Flash(&flash_b), 0.0, DenseOutput::Memory(DenseMut::packed(&mut c, 10, 3, Layout::RowMajor).unwrap())).unwrap_err();
+        assert!(matches!(err, FlashError::OutOfBudget { .. }), "{err}");
+    }
 }

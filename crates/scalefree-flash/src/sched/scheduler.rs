@@ -90,7 +90,7 @@ impl<'s> Dag<'s> {
             error: None,
         };
         let inbox = self.inbox.clone();
-        let outcome = runtime.compute_pool().in_place_scope(|scope| {
+        runtime.compute_pool().in_place_scope(|scope| {
             loop {
                 state.absorb_injections(&inbox);
                 let mut actions = Vec::new();
@@ -121,7 +121,6 @@ impl<'s> Dag<'s> {
             }
             state.cache.clear_clean();
         });
-        let () = outcome;
         inbox.closed.store(true, Ordering::Release);
         match state.error {
             Some(err) => Err(err),
