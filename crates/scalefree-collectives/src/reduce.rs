@@ -147,7 +147,7 @@ fn apply2<T: Elem>(dst: &mut [T], b: &[T], f: impl Fn(T, T) -> T) {
 unsafe fn typed<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
     let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut T, n) };
     let b = unsafe { std::slice::from_raw_parts(b as *const T, n) };
-    if a == dst as *const u8 {
+    if std::ptr::eq(a, dst) {
         // In place: two operands, so no slice aliases another.
         match op {
             ReduceOp::Sum => apply2(d, b, T::sum),

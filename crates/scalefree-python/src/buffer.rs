@@ -43,7 +43,7 @@ impl Buf {
         };
         let dtype = dtype_of(&format, view.itemsize as usize);
         let b = Buf { view, dtype, format };
-        if b.len_bytes() > 0 && (b.ptr() as usize) % (b.view.itemsize.max(1) as usize) != 0 {
+        if b.len_bytes() > 0 && !(b.ptr() as usize).is_multiple_of(b.view.itemsize.max(1) as usize) {
             return Err(invalid(py, format!("{what} is not aligned to its element size")));
         }
         Ok(b)

@@ -100,7 +100,7 @@ fn wait_slow(
         }
         std::hint::spin_loop();
         i = i.wrapping_add(1);
-        if i % 64 == 0 && start.elapsed() >= policy.spin {
+        if i.is_multiple_of(64) && start.elapsed() >= policy.spin {
             break;
         }
     }

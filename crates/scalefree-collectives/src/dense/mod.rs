@@ -162,7 +162,7 @@ impl Communicator {
         let nbytes = count * es;
         let me = self.rank as usize;
         unsafe {
-            if input != out.add(me * nbytes) as *const u8 {
+            if !std::ptr::eq(input, out.add(me * nbytes)) {
                 std::ptr::copy(input, out.add(me * nbytes), nbytes);
             }
         }
