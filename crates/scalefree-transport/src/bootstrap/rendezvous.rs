@@ -30,7 +30,7 @@ pub struct Rendezvous {
     timeout: Duration,
 }
 
-const MAGIC: &[u8; 8] = b"SCLFREE1";
+const MAGIC: &[u8; 8] = b"SCLFREE2";
 
 fn bs(msg: impl Into<String>) -> Error {
     Error::Bootstrap(msg.into())
@@ -76,9 +76,16 @@ impl Rendezvous {
                         continue;
                     }
                     let Ok((hello, _)) = recv_frame(&mut s) else { continue };
-                    let Some(rank) = parse_hello(&hello, &job.token) else { continue };
-                    if rank == 0 || rank >= job.size || conns[rank as usize].is_some() {
-                        let _ = send_frame(&mut s, b"REFUSED", None);
+                    let Some((rank, size)) = parse_hello(&hello, &job.token) else { continue };
+                    let refusal = if size != job.size {
+                        Some(format!("REFUSED: rank 0 runs a job of {} ranks, this rank was told {size}", job.size))
+                    } else if rank == 0 || rank >= job.size || conns[rank as usize].is_some() {
+                        Some(format!("REFUSED: rank {rank} is already taken or out of range"))
+                    } else {
+                        None
+                    };
+                    if let Some(msg) = refusal {
+                        let _ = send_frame(&mut s, msg.as_bytes(), None);
                         continue;
                     }
                     s.set_read_timeout(Some(timeout)).ok();
@@ -100,7 +107,7 @@ impl Rendezvous {
             }
         }
         // Welcome everybody (proves we know the token too).
-        let welcome = hello_bytes(&job.token, 0);
+        let welcome = hello_bytes(&job.token, 0, job.size);
         for s in conns.iter_mut().flatten() {
             send_frame(s, &welcome, None)?;
         }
@@ -126,13 +133,13 @@ impl Rendezvous {
             }
         };
         s.set_read_timeout(Some(timeout)).ok();
-        send_frame(&mut s, &hello_bytes(&job.token, job.rank), None)?;
+        send_frame(&mut s, &hello_bytes(&job.token, job.rank, job.size), None)?;
         let (reply, _) = recv_frame(&mut s)
             .map_err(|e| bs(format!("rank 0 closed the rendezvous before welcoming rank {}: {e}", job.rank)))?;
-        if reply == b"REFUSED" {
-            return Err(bs(format!("rank 0 refused rank {} (duplicate rank?)", job.rank)));
+        if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
+            return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
         }
-        if parse_hello(&reply, &job.token) != Some(0) {
+        if parse_hello(&reply, &job.token).map(|(r, _)| r) != Some(0) {
             return Err(bs("the rendezvous host does not know this job's token"));
         }
         let mut conns: Vec<Option<UnixStream>> = (0..job.size).map(|_| None).collect();
@@ -197,18 +204,20 @@ fn lost(rank: u32, e: Error) -> Error {
     Error::Bootstrap(format!("lost rank {rank} during set-up: {e}"))
 }
 
-fn hello_bytes(token: &str, rank: u32) -> Vec<u8> {
+fn hello_bytes(token: &str, rank: u32, size: u32) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
     v.extend_from_slice(&rank.to_le_bytes());
+    v.extend_from_slice(&size.to_le_bytes());
     v.extend_from_slice(token.as_bytes());
     v
 }
 
-fn parse_hello(b: &[u8], token: &str) -> Option<u32> {
-    if b.len() < 12 || &b[..8] != MAGIC || &b[12..] != token.as_bytes() {
+/// (rank, world size) from a hello carrying the right token.
+fn parse_hello(b: &[u8], token: &str) -> Option<(u32, u32)> {
+    if b.len() < 16 || &b[..8] != MAGIC || &b[16..] != token.as_bytes() {
         return None;
     }
-    Some(u32::from_le_bytes(b[8..12].try_into().unwrap()))
+    Some((u32::from_le_bytes(b[8..12].try_into().unwrap()), u32::from_le_bytes(b[12..16].try_into().unwrap())))
 }
 
 fn same_user(s: &UnixStream) -> bool {
@@ -354,6 +363,19 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn disagreeing_world_sizes_are_refused() {
+        let id = format!("test-{}-size", std::process::id());
+        let id2 = id.clone();
+        let host = std::thread::spawn(move || Rendezvous::join(&job(0, 2, &id2, "t"), Duration::from_millis(800)).err());
+        std::thread::sleep(Duration::from_millis(50));
+        let mut other = job(1, 3, &id, "t");
+        other.size = 3;
+        let e = Rendezvous::join(&other, Duration::from_secs(5)).err().expect("refused");
+        assert!(e.to_string().contains("job of 2 ranks"), "{e}");
+        assert!(host.join().unwrap().is_some());
     }
 
     #[test]
