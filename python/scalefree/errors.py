@@ -34,6 +34,14 @@ class TransportIOError(ScalefreeError, OSError):
     """An operating-system call of the transport failed."""
 
 
+class OutOfBudgetError(ScalefreeError, MemoryError):
+    """A flash computation cannot run within its memory budget."""
+
+
+class FlashIOError(ScalefreeError, OSError):
+    """Reading or writing a flash file failed (the message names the file)."""
+
+
 __all__ = [
     "ScalefreeError",
     "PeerLostError",
@@ -43,4 +51,6 @@ __all__ = [
     "BootstrapError",
     "UnsupportedError",
     "TransportIOError",
+    "OutOfBudgetError",
+    "FlashIOError",
 ]

@@ -6,6 +6,7 @@ mod arena;
 mod buffer;
 mod device;
 mod errors;
+mod flash;
 mod group;
 
 use pyo3::prelude::*;
@@ -18,6 +19,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyRemoteRegion>()?;
     m.add_class::<device::PyChannel>()?;
     m.add_class::<device::PyCompletion>()?;
+    m.add_class::<flash::PyFlashRuntime>()?;
+    m.add_class::<flash::PyFlashMatrix>()?;
+    m.add_class::<flash::PyFlashCsr>()?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,287 @@
+//! `scalefree._native.FlashRuntime`, `FlashMatrix`, `FlashCsr` and the flash kernels.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use scalefree_collectives::DType;
+use scalefree_flash::{
+    CsrRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime, RuntimeOptions, RunStats, Transpose,
+};
+
+use crate::buffer::Buf;
+use crate::errors::invalid;
+
+fn flash_err(py: Python<'_>, e: FlashError) -> PyErr {
+    let msg = e.to_string();
+    let class = match &e {
+        FlashError::OutOfBudget { .. } => "OutOfBudgetError",
+        FlashError::ShapeMismatch { .. } | FlashError::InvalidArgument { .. } => "InvalidArgumentError",
+        _ => "FlashIOError",
+    };
+    py.import("scalefree.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.call1((msg.clone(),)))
+        .map(PyErr::from_value)
+        .unwrap_or_else(|_| pyo3::exceptions::PyRuntimeError::new_err(msg))
+}
+
+fn layout_of(py: Python<'_>, order: &str) -> PyResult<Layout> {
+    match order {
+        "C" => Ok(Layout::RowMajor),
+        "F" => Ok(Layout::ColMajor),
+        _ => Err(invalid(py, format!("order must be 'C' or 'F', got {order:?}"))),
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &RunStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("tasks", s.tasks_completed)?;
+    d.set_item("seconds", s.elapsed.as_secs_f64())?;
+    d.set_item("budget_bytes", s.cache.budget_bytes)?;
+    d.set_item("peak_resident_bytes", s.cache.peak_resident_bytes)?;
+    d.set_item("bytes_read", s.cache.bytes_prefetched)?;
+    d.set_item("bytes_written", s.cache.bytes_written_back)?;
+    Ok(d)
+}
+
+/// A flash runtime: scratch directory, IO threads, compute pool, hard memory budget.
+#[pyclass(name = "FlashRuntime", module = "scalefree._native")]
+pub struct PyFlashRuntime {
+    rt: Arc<Runtime>,
+}
+
+#[pymethods]
+impl PyFlashRuntime {
+    #[new]
+    #[pyo3(signature = (memory_budget_bytes=None, threads=None, dir=None))]
+    fn new(py: Python<'_>, memory_budget_bytes: Option<u64>, threads: Option<usize>, dir: Option<PathBuf>) -> PyResult<Self> {
+        let mut o = RuntimeOptions::from_env().map_err(|e| flash_err(py, e))?;
+        if let Some(b) = memory_budget_bytes {
+            o.memory_budget_bytes = b;
+        }
+        if let Some(t) = threads {
+            o.compute_threads = t;
+            o.max_tasks_in_flight = t + 2;
+        }
+        if let Some(d) = dir {
+            o.dir = d;
+        }
+        let rt = py.detach(move || Runtime::new(o)).map_err(|e| flash_err(py, e))?;
+        Ok(PyFlashRuntime { rt: Arc::new(rt) })
+    }
+    #[getter]
+    fn memory_budget_bytes(&self) -> u64 {
+        self.rt.options().memory_budget_bytes
+    }
+    #[getter]
+    fn threads(&self) -> usize {
+        self.rt.options().compute_threads
+    }
+    #[getter]
+    fn dir(&self) -> PathBuf {
+        self.rt.dir().to_path_buf()
+    }
+}
+
+enum AnyMatrix {
+    F32(FlashMatrix<f32>),
+    F64(FlashMatrix<f64>),
+}
+
+/// A dense matrix on flash (a scratch file deleted when the last reference goes).
+#[pyclass(name = "FlashMatrix", module = "scalefree._native")]
+pub struct PyFlashMatrix {
+    m: AnyMatrix,
+}
+
+macro_rules! with_matrix {
+    ($m:expr, $x:ident => $body:expr) => {
+        match $m {
+            AnyMatrix::F32($x) => $body,
+            AnyMatrix::F64($x) => $body,
+        }
+    };
+}
+
+#[pymethods]
+impl PyFlashMatrix {
+    /// Copies a contiguous 2-D float32/float64 array (`order` 'C' or 'F') to flash.
+    #[staticmethod]
+    fn from_array(py: Python<'_>, rt: &PyFlashRuntime, a: Bound<'_, PyAny>, rows: usize, cols: usize, order: &str) -> PyResult<Self> {
+        let layout = layout_of(py, order)?;
+        let buf = Buf::get(&a, false, "FlashMatrix.from_numpy: the array")?;
+        if buf.count() != rows * cols {
+            return Err(invalid(py, format!("array has {} elements, not {rows}x{cols}", buf.count())));
+        }
+        let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
+        let m = match buf.dtype {
+            Some(DType::F32) => {
+                let s = unsafe { std::slice::from_raw_parts(buf.ptr() as *const f32, rows * cols) };
+                AnyMatrix::F32(FlashMatrix::from_slice(&dir, s, rows, cols, layout, &opts).map_err(|e| flash_err(py, e))?)
+            }
+            Some(DType::F64) => {
+                let s = unsafe { std::slice::from_raw_parts(buf.ptr() as *const f64, rows * cols) };
+                AnyMatrix::F64(FlashMatrix::from_slice(&dir, s, rows, cols, layout, &opts).map_err(|e| flash_err(py, e))?)
+            }
+            _ => return Err(invalid(py, "flash matrices hold float32 or float64")),
+        };
+        Ok(PyFlashMatrix { m })
+    }
+
+    /// An uninitialised (zero) matrix on flash.
+    #[staticmethod]
+    fn scratch(py: Python<'_>, rt: &PyFlashRuntime, rows: usize, cols: usize, dtype: &str, order: &str) -> PyResult<Self> {
+        let layout = layout_of(py, order)?;
+        let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
+        let m = match dtype {
+            "float32" => AnyMatrix::F32(FlashMatrix::scratch(&dir, rows, cols, layout, &opts).map_err(|e| flash_err(py, e))?),
+            "float64" => AnyMatrix::F64(FlashMatrix::scratch(&dir, rows, cols, layout, &opts).map_err(|e| flash_err(py, e))?),
+            d => return Err(invalid(py, format!("flash matrices hold float32 or float64, not {d}"))),
+        };
+        Ok(PyFlashMatrix { m })
+    }
+
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        with_matrix!(&self.m, m => { let s = m.shape(); (s.rows, s.cols) })
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.m {
+            AnyMatrix::F32(_) => "float32",
+            AnyMatrix::F64(_) => "float64",
+        }
+    }
+    #[getter]
+    fn order(&self) -> &'static str {
+        let layout = with_matrix!(&self.m, m => m.shape().layout);
+        if layout == Layout::RowMajor { "C" } else { "F" }
+    }
+
+    /// Reads the whole matrix into `out` (contiguous, same dtype and order, rows*cols elements).
+    fn _read_into(&self, py: Python<'_>, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buf::get(&out, true, "FlashMatrix.to_numpy: out")?;
+        let n = buf.len_bytes();
+        let bytes: Vec<u8> = with_matrix!(&self.m, m => {
+            let v = py.detach(|| m.to_vec()).map_err(|e| flash_err(py, e))?;
+            let b = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(&v[..])) };
+            b.to_vec()
+        });
+        if bytes.len() != n {
+            return Err(invalid(py, "out has the wrong size"));
+        }
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr(), n) };
+        Ok(())
+    }
+}
+
+enum AnyCsr {
+    F32(FlashCsrMatrix<f32>),
+    F64(FlashCsrMatrix<f64>),
+}
+
+/// A CSR matrix on flash.
+#[pyclass(name = "FlashCsr", module = "scalefree._native")]
+pub struct PyFlashCsr {
+    m: AnyCsr,
+}
+
+#[pymethods]
+impl PyFlashCsr {
+    /// From CSR arrays: `indptr` (uint64), `indices` (uint32), `data` (float32/64).
+    #[staticmethod]
+    fn from_arrays(py: Python<'_>, rt: &PyFlashRuntime, rows: usize, cols: usize, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<Self> {
+        let ip = Buf::get(&indptr, false, "indptr")?;
+        let ix = Buf::get(&indices, false, "indices")?;
+        let dv = Buf::get(&data, false, "data")?;
+        if ip.itemsize() != 8 || ix.itemsize() != 4 {
+            return Err(invalid(py, "indptr must be uint64 and indices uint32"));
+        }
+        let ip_s = unsafe { std::slice::from_raw_parts(ip.ptr() as *const u64, ip.count()) };
+        let ix_s = unsafe { std::slice::from_raw_parts(ix.ptr() as *const u32, ix.count()) };
+        let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
+        let m = match dv.dtype {
+            Some(DType::F32) => {
+                let v = unsafe { std::slice::from_raw_parts(dv.ptr() as *const f32, dv.count()) };
+                let r = CsrRef::new(rows, cols, ip_s, ix_s, v).map_err(|e| flash_err(py, e))?;
+                AnyCsr::F32(FlashCsrMatrix::from_csr(&dir, r, &opts).map_err(|e| flash_err(py, e))?)
+            }
+            Some(DType::F64) => {
+                let v = unsafe { std::slice::from_raw_parts(dv.ptr() as *const f64, dv.count()) };
+                let r = CsrRef::new(rows, cols, ip_s, ix_s, v).map_err(|e| flash_err(py, e))?;
+                AnyCsr::F64(FlashCsrMatrix::from_csr(&dir, r, &opts).map_err(|e| flash_err(py, e))?)
+            }
+            _ => return Err(invalid(py, "CSR data must be float32 or float64")),
+        };
+        Ok(PyFlashCsr { m })
+    }
+
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        match &self.m {
+            AnyCsr::F32(m) => (m.rows(), m.cols()),
+            AnyCsr::F64(m) => (m.rows(), m.cols()),
+        }
+    }
+    #[getter]
+    fn nnz(&self) -> u64 {
+        match &self.m {
+            AnyCsr::F32(m) => m.nnz(),
+            AnyCsr::F64(m) => m.nnz(),
+        }
+    }
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.m {
+            AnyCsr::F32(_) => "float32",
+            AnyCsr::F64(_) => "float64",
+        }
+    }
+}
+
+fn tr(t: bool) -> Transpose {
+    if t { Transpose::Yes } else { Transpose::No }
+}
+
+/// `C := alpha op(A) op(B) + beta C`, all three on flash. Returns run statistics.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_gemm<'py>(py: Python<'py>, rt: &PyFlashRuntime, trans_a: bool, trans_b: bool, alpha: f64, a: &PyFlashMatrix, b: &PyFlashMatrix, beta: f64, c: &PyFlashMatrix) -> PyResult<Bound<'py, PyDict>> {
+    let rt = rt.rt.clone();
+    let stats = match (&a.m, &b.m, &c.m) {
+        (AnyMatrix::F32(a), AnyMatrix::F32(b), AnyMatrix::F32(c)) => {
+            py.detach(|| rt.gemm(tr(trans_a), tr(trans_b), alpha as f32, a, b, beta as f32, c))
+        }
+        (AnyMatrix::F64(a), AnyMatrix::F64(b), AnyMatrix::F64(c)) => {
+            py.detach(|| rt.gemm(tr(trans_a), tr(trans_b), alpha, a, b, beta, c))
+        }
+        _ => return Err(invalid(py, "gemm: A, B and C must have the same dtype")),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+/// `y := op(A) x` with CSR A on flash; `x` and `y` are contiguous arrays of A's dtype.
+#[pyfunction]
+pub fn flash_csrgemv<'py>(py: Python<'py>, rt: &PyFlashRuntime, transpose: bool, a: &PyFlashCsr, x: Bound<'py, PyAny>, y: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let xb = Buf::get(&x, false, "csrgemv: x")?;
+    let yb = Buf::get(&y, true, "csrgemv: y")?;
+    let rt = rt.rt.clone();
+    let stats = match (&a.m, xb.dtype, yb.dtype) {
+        (AnyCsr::F32(m), Some(DType::F32), Some(DType::F32)) => {
+            let xs = unsafe { std::slice::from_raw_parts(xb.ptr() as *const f32, xb.count()) };
+            let ys = unsafe { std::slice::from_raw_parts_mut(yb.ptr() as *mut f32, yb.count()) };
+            py.detach(|| rt.csrgemv(tr(transpose), m, xs, ys))
+        }
+        (AnyCsr::F64(m), Some(DType::F64), Some(DType::F64)) => {
+            let xs = unsafe { std::slice::from_raw_parts(xb.ptr() as *const f64, xb.count()) };
+            let ys = unsafe { std::slice::from_raw_parts_mut(yb.ptr() as *mut f64, yb.count()) };
+            py.detach(|| rt.csrgemv(tr(transpose), m, xs, ys))
+        }
+        _ => return Err(invalid(py, "csrgemv: x and y must have the matrix's dtype")),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}

@@ -1,0 +1,166 @@
+"""SSD-resident matrices and out-of-core kernels (BLAS-on-flash), under a hard memory budget.
+
+    from scalefree import flash
+    rt = flash.Runtime(memory_budget="256M")          # scratch files in $SCALEFREE_FLASH_DIR or /tmp
+    A = flash.Matrix.from_numpy(a, rt)                # a 2-D float32/float64 array, now on flash
+    C = flash.gemm(A, B, runtime=rt)                  # a flash Matrix; C.to_numpy() reads it back
+    y = flash.csrgemv(flash.Csr.from_scipy(S, rt), x, runtime=rt)
+
+Work in progress (issue 3): gemm, csrgemv; csrmm, csrcsc, kmeans, sort and svds follow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from .errors import InvalidArgumentError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _bytes(v) -> int | None:
+    if v is None or isinstance(v, int):
+        return v
+    s = str(v).strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (s[:-1], s[-1]) if s and s[-1] in _UNITS else (s, "")
+    try:
+        return int(float(num) * _UNITS[unit])
+    except ValueError:
+        raise InvalidArgumentError(f"memory_budget {v!r} is not a size like 268435456, 256M or 1G") from None
+
+
+class Runtime:
+    """Scratch directory, IO threads, compute threads and the memory budget every flash
+    kernel stays within. Defaults: ``SCALEFREE_FLASH_MEMORY``, ``SCALEFREE_FLASH_THREADS``,
+    ``SCALEFREE_FLASH_DIR``."""
+
+    def __init__(self, memory_budget=None, threads: int | None = None, dir=None):
+        self._rt = _native.FlashRuntime(_bytes(memory_budget), threads, dir)
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._rt.memory_budget_bytes
+
+    @property
+    def threads(self) -> int:
+        return self._rt.threads
+
+    @property
+    def dir(self):
+        return self._rt.dir
+
+    def __repr__(self) -> str:
+        return f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r})"
+
+
+_default_runtime = None
+
+
+def default_runtime() -> Runtime:
+    global _default_runtime
+    if _default_runtime is None:
+        _default_runtime = Runtime()
+    return _default_runtime
+
+
+class Matrix:
+    """A dense float32/float64 matrix on flash (row- or column-major)."""
+
+    def __init__(self, native: _native.FlashMatrix):
+        self._m = native
+
+    @classmethod
+    def from_numpy(cls, a, runtime: Runtime | None = None) -> "Matrix":
+        a = np.asarray(a)
+        if a.ndim != 2:
+            raise InvalidArgumentError(f"a flash matrix is 2-D, got shape {a.shape}")
+        if a.dtype not in (np.float32, np.float64):
+            raise InvalidArgumentError(f"flash matrices hold float32 or float64, got {a.dtype}")
+        order = "F" if (a.flags.f_contiguous and not a.flags.c_contiguous) else "C"
+        a = np.asarray(a, order=order)
+        return cls(_native.FlashMatrix.from_array((runtime or default_runtime())._rt, a, a.shape[0], a.shape[1], order))
+
+    @classmethod
+    def zeros(cls, shape, dtype=np.float32, order: str = "C", runtime: Runtime | None = None) -> "Matrix":
+        rows, cols = shape
+        return cls(_native.FlashMatrix.scratch((runtime or default_runtime())._rt, rows, cols, np.dtype(dtype).name, order))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._m.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._m.dtype)
+
+    def to_numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype, order=self._m.order)
+        self._m._read_into(out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"flash.Matrix(shape={self.shape}, dtype={self.dtype}, order={self._m.order!r})"
+
+
+class Csr:
+    """A CSR matrix on flash."""
+
+    def __init__(self, native: _native.FlashCsr):
+        self._m = native
+
+    @classmethod
+    def from_scipy(cls, s, runtime: Runtime | None = None) -> "Csr":
+        s = s.tocsr()
+        data = s.data if s.data.dtype in (np.float32, np.float64) else s.data.astype(np.float64)
+        if s.shape[1] > np.iinfo(np.uint32).max:
+            raise InvalidArgumentError("flash CSR matrices have fewer than 2**32 columns")
+        return cls(_native.FlashCsr.from_arrays(
+            (runtime or default_runtime())._rt, s.shape[0], s.shape[1],
+            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(s.indices, dtype=np.uint32),
+            np.ascontiguousarray(data)))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._m.shape
+
+    @property
+    def nnz(self) -> int:
+        return self._m.nnz
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._m.dtype)
+
+
+def _as_matrix(x, runtime) -> Matrix:
+    return x if isinstance(x, Matrix) else Matrix.from_numpy(x, runtime)
+
+
+def gemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+         trans_b: bool = False, runtime: Runtime | None = None, stats: dict | None = None) -> Matrix:
+    """``C := alpha op(A) op(B) + beta C`` out of core. ``a``, ``b``, ``c`` are flash
+    matrices or numpy arrays (copied to flash). Returns C as a flash :class:`Matrix`; pass
+    a dict as ``stats`` to receive the run's statistics (peak memory, bytes read/written)."""
+    rt = runtime or default_runtime()
+    A, B = _as_matrix(a, rt), _as_matrix(b, rt)
+    m = A.shape[1] if trans_a else A.shape[0]
+    n = B.shape[0] if trans_b else B.shape[1]
+    C = Matrix.zeros((m, n), A.dtype, runtime=rt) if c is None else _as_matrix(c, rt)
+    s = _native.flash_gemm(rt._rt, trans_a, trans_b, float(alpha), A._m, B._m, float(beta), C._m)
+    if stats is not None:
+        stats.update(s)
+    return C
+
+
+def csrgemv(a: Csr, x, *, transpose: bool = False, runtime: Runtime | None = None,
+            stats: dict | None = None) -> np.ndarray:
+    """``y = op(A) x`` with CSR ``A`` on flash and ``x`` in memory."""
+    rt = runtime or default_runtime()
+    x = np.ascontiguousarray(x, dtype=a.dtype)
+    rows, cols = a.shape
+    y = np.zeros(cols if transpose else rows, dtype=a.dtype)
+    s = _native.flash_csrgemv(rt._rt, transpose, a._m, x, y)
+    if stats is not None:
+        stats.update(s)
+    return y
