@@ -295,3 +295,21 @@ def test_bench_allreduce_against_gloo_with_a_straggler(tmp_path):
         assert r["median_s"] > 0 and r["n"] >= 5
         assert r["straggler_ms"] == (0.0 if r["impl"] == "memcpy" else 0.2)
     assert "vs gloo" in p.stdout
+
+
+def test_bench_flash_gemm_end_to_end(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "fg.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "flash-gemm", "--n", "64,96", "--repeat", "2",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert {(r["impl"], r["n_rows"]) for r in recs} == {("numpy", 64), ("scalefree", 64), ("numpy", 96), ("scalefree", 96)}
+    for r in recs:
+        assert r["bench"] == "flash-gemm" and r["median_s"] > 0
+        if r["impl"] == "scalefree":
+            assert r["peak_resident_bytes"] <= r["budget_bytes"]
+    assert "vs numpy" in p.stdout

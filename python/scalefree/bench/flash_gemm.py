@@ -1,0 +1,152 @@
+"""``scalefree bench flash-gemm``: out-of-core gemm under a memory budget against in-memory
+numpy (OpenBLAS) on the same matrices, in one process.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
+        scalefree bench flash-gemm --n 2048,4096 --budget-fraction 0.25 --json OUT
+
+Setup (random matrices, copying A and B to flash, a warm-up call of each) stays outside the
+timed calls. Reported per size: median/min/max seconds of each, GFLOP/s, the ratio
+numpy/flash (> 1: flash is faster), the flash run's peak resident bytes against its budget,
+and numpy's BLAS (threadpoolctl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+
+BENCH = "flash-gemm"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(BENCH, help="out-of-core gemm under a memory budget vs in-memory numpy",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=common.argparse_type(lambda s: common.parse_int_list(s, "size")),
+                   default="2048,4096", metavar="N[,N...]", help="square matrix sizes")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
+                   help="flash memory budget as a fraction of the bytes of A, B and C")
+    p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores(),
+                   help="compute threads of the flash runtime")
+    p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3,
+                   help="timed calls of each implementation per size")
+    p.add_argument("--dir", default=None, help="scratch directory for flash files (default: SCALEFREE_FLASH_DIR or temp)")
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _blas() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        if info:
+            i = info[0]
+            return f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')}"
+    except ImportError:
+        pass
+    return "unknown (pip install threadpoolctl)"
+
+
+def run(args) -> int:
+    from .. import flash
+
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if os.environ.get(var):
+            common.progress(f"flash-gemm: warning: {var} is set and slows numpy; unset it for this command")
+    blas = _blas()
+    common.progress(f"flash-gemm: numpy BLAS: {blas}")
+    dtype = np.dtype(args.dtype)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="scalefree-flash-bench-", dir=args.dir) as tmp:
+        for n in args.n:
+            data_bytes = 3 * n * n * dtype.itemsize
+            budget = max(1 << 20, int(data_bytes * args.budget_fraction))
+            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
+            rng = np.random.default_rng(n)
+            a = rng.standard_normal((n, n), dtype=np.float64).astype(dtype)
+            b = rng.standard_normal((n, n), dtype=np.float64).astype(dtype)
+            t0 = time.perf_counter()
+            A, B = flash.Matrix.from_numpy(a, rt), flash.Matrix.from_numpy(b, rt)
+            C = flash.Matrix.zeros((n, n), dtype, runtime=rt)
+            setup_s = time.perf_counter() - t0
+            flops = 2.0 * n * n * n
+            # numpy, in memory
+            c = a @ b
+            times = []
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                np.matmul(a, b, out=c)
+                times.append(time.perf_counter() - t)
+            st = common.Stats.of(times)
+            records.append(common.make_record(bench=BENCH, impl="numpy", variant="in-memory", ranks=1, nbytes=data_bytes,
+                                              dtype=args.dtype, stats=st, gbps=0.0, n_rows=n, gflops=flops / st.median_s / 1e9,
+                                              blas=blas))
+            common.progress(f"  numpy n={n}: median {common.human_time(st.median_s)}")
+            # flash, under the budget
+            stats: dict = {}
+            flash.gemm(A, B, C, runtime=rt)  # warm-up
+            times, peak = [], 0
+            for _ in range(args.repeat):
+                t = time.perf_counter()
+                flash.gemm(A, B, C, runtime=rt, stats=stats)
+                times.append(time.perf_counter() - t)
+                peak = max(peak, stats["peak_resident_bytes"])
+            got = C.to_numpy()
+            err = float(np.abs(got - c).max() / max(1e-30, float(np.abs(c).max())))
+            if err > (1e-3 if dtype == np.float32 else 1e-9):
+                raise SystemExit(f"flash-gemm: n={n}: result differs from numpy (relative error {err:.2e})")
+            st = common.Stats.of(times)
+            records.append(common.make_record(bench=BENCH, impl="scalefree", variant="flash", ranks=1, nbytes=data_bytes,
+                                              dtype=args.dtype, stats=st, gbps=0.0, n_rows=n,
+                                              gflops=flops / st.median_s / 1e9, budget_bytes=budget,
+                                              peak_resident_bytes=peak, setup_s=setup_s,
+                                              bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"]))
+            common.progress(f"  flash n={n}: median {common.human_time(st.median_s)}, peak {peak >> 20} MiB of {budget >> 20} MiB")
+            del rt, A, B, C
+    headers = ["n", "impl", "median", "min", "max", "GFLOP/s", "budget", "peak", "vs numpy"]
+    rows = []
+    numpy_s = {r["n_rows"]: r["median_s"] for r in records if r["impl"] == "numpy"}
+    for r in records:
+        flash_row = r["impl"] == "scalefree"
+        rows.append([str(r["n_rows"]), r["impl"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
+                     common.human_time(r["max_s"]), f"{r['gflops']:.1f}",
+                     common.human_bytes(r["budget_bytes"]) if flash_row else "",
+                     common.human_bytes(r["peak_resident_bytes"]) if flash_row else "",
+                     f"{common.ratio(numpy_s[r['n_rows']], r['median_s']):.2f}x" if flash_row else ""])
+    print(common.format_table(headers, rows, left_columns=2))
+    if args.json:
+        common.write_json(Path(args.json), records)
+    if args.plot:
+        _plot(records, Path(args.plot))
+    return 0
+
+
+def _plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for impl, label in (("numpy", "numpy in memory"), ("scalefree", "scalefree flash (budget)")):
+        pts = sorted((r["n_rows"], r["gflops"]) for r in records if r["impl"] == impl)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n (square matrices)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title("gemm: flash under a memory budget vs in-memory numpy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
