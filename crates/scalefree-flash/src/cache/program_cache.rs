@@ -441,6 +441,22 @@ impl ProgramCache {
         }
     }
 
+    /// No known task will use this entry again: if nothing holds it, write it back now when
+    /// dirty (and free it after), or free it when clean. The write-back overlaps later work
+    /// instead of delaying the commit that would otherwise evict it.
+    pub(crate) fn retire(&mut self, id: EntryId, actions: &mut Vec<CacheAction>) {
+        let Some(e) = self.entries[id].as_ref() else { return };
+        if !e.is_idle_ready() || e.evicting || !e.waiting.is_empty() {
+            return;
+        }
+        if e.dirty {
+            self.start_write_back(id, true, actions);
+        } else {
+            self.remove(id);
+        }
+        self.service(actions);
+    }
+
     /// Drops a task's references without marking anything dirty (the task failed or never ran).
     pub(crate) fn abandon(&mut self, entries: &[EntryId], modes: &[AccessMode]) {
         for (&id, mode) in entries.iter().zip(modes) {

@@ -17,12 +17,17 @@ pub fn align_up(value: u64) -> u64 {
     (value + SECTOR_BYTES as u64 - 1) & !(SECTOR_BYTES as u64 - 1)
 }
 
+/// Buffers at least this large are anonymous mappings rather than heap blocks.
+pub const MAP_THRESHOLD_BYTES: usize = 1 << 20;
+
 /// A zero-initialised byte buffer whose start is aligned to [`SECTOR_BYTES`] and whose
 /// allocation is rounded up to whole sectors (so aligned IO may use the slack).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len_bytes: usize,
     capacity_bytes: usize,
+    /// An anonymous mapping (freed with munmap) rather than a heap block.
+    mapped: bool,
 }
 
 // SAFETY: the buffer owns its allocation exclusively; shared access follows `&`/`&mut` rules.
@@ -32,13 +37,25 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `len_bytes` zeroed bytes (the allocation is rounded up to whole sectors).
+    /// Buffers of [`MAP_THRESHOLD_BYTES`] or more are fresh anonymous mappings: their zero
+    /// pages appear on first touch (by the IO or the task that fills them), so allocating
+    /// costs the caller — the scheduler thread — nothing. From the heap, a large calloc may
+    /// clear megabytes of recycled memory on the spot.
     pub fn zeroed(len_bytes: usize) -> Self {
         let capacity_bytes = (align_up(len_bytes as u64) as usize).max(SECTOR_BYTES);
+        if capacity_bytes >= MAP_THRESHOLD_BYTES {
+            // SAFETY: an anonymous private mapping of a positive length; checked below.
+            let raw = unsafe { libc::mmap(std::ptr::null_mut(), capacity_bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+            if raw != libc::MAP_FAILED {
+                let ptr = NonNull::new(raw.cast::<u8>()).expect("mmap returned null");
+                return AlignedBuf { ptr, len_bytes, capacity_bytes, mapped: true };
+            }
+        }
         let layout = Layout::from_size_align(capacity_bytes, SECTOR_BYTES).expect("buffer size overflows");
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len_bytes, capacity_bytes }
+        AlignedBuf { ptr, len_bytes, capacity_bytes, mapped: false }
     }
 
     /// Length in bytes (as requested).
@@ -96,6 +113,11 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: mapped in `zeroed` with this length.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.capacity_bytes) };
+            return;
+        }
         let layout = Layout::from_size_align(self.capacity_bytes, SECTOR_BYTES).expect("layout was valid at allocation");
         // SAFETY: allocated with the same layout in `zeroed`.
         unsafe { dealloc(self.ptr.as_ptr(), layout) }
@@ -120,6 +142,11 @@ mod tests {
         assert_eq!(buf.capacity(), 3 * SECTOR_BYTES);
         assert!(buf.as_slice().iter().all(|&b| b == 0));
         assert_eq!(AlignedBuf::zeroed(0).capacity(), SECTOR_BYTES);
+        let mut big = AlignedBuf::zeroed(MAP_THRESHOLD_BYTES + 5);
+        assert_eq!(big.as_ptr() as usize % SECTOR_BYTES, 0);
+        assert!(big.as_slice().iter().all(|&b| b == 0));
+        big.as_mut_slice()[MAP_THRESHOLD_BYTES + 4] = 7;
+        assert_eq!(big.as_slice()[MAP_THRESHOLD_BYTES + 4], 7);
     }
 
     #[test]

@@ -149,3 +149,35 @@ mod tests {
         assert!(matches!(err, FlashError::ShapeMismatch(_)));
     }
 }
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use crate::dense::Layout;
+    use crate::kernels::test_support::random_vec;
+    use std::time::Instant;
+
+    /// Timing, not correctness: GFLOP/s of the block multiply for the block shapes flash gemm
+    /// tiles use (`cargo test -p scalefree-flash --release -- --ignored block_shapes --nocapture`).
+    #[test]
+    #[ignore]
+    fn block_shapes_speed() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+        for &(m, n, k) in &[(4096usize, 4096usize, 4096usize), (128, 1024, 4096), (512, 2048, 4096), (2048, 2048, 512), (256, 4096, 512), (512, 4096, 512), (1024, 4096, 512), (512, 4096, 1024), (1024, 4096, 256)] {
+            let a = random_vec::<f32>(1, m * k);
+            let b = random_vec::<f32>(2, k * n);
+            let mut c = vec![0f32; m * n];
+            let reps = ((4096.0f64.powi(3) / (m * n * k) as f64) as usize).max(1);
+            let t = Instant::now();
+            pool.install(|| {
+                for _ in 0..reps {
+                    let av = DenseRef::packed(&a, m, k, Layout::RowMajor).unwrap();
+                    let bv = DenseRef::packed(&b, k, n, Layout::RowMajor).unwrap();
+                    gemm_in_memory(Transpose::No, Transpose::No, 1.0, av, bv, 1.0, DenseMut::packed(&mut c, m, n, Layout::RowMajor).unwrap(), 2).unwrap();
+                }
+            });
+            let secs = t.elapsed().as_secs_f64();
+            println!("{m}x{n}x{k} x{reps}: {:.0} GFLOP/s", 2.0 * (m * n * k * reps) as f64 / secs / 1e9);
+        }
+    }
+}

@@ -11,6 +11,7 @@ pub use block_gemm::gemm_in_memory;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
 pub use gemm::{gemm, gemm_tiled, GemmTiles};
+pub use tiling::GemmStream;
 
 #[cfg(test)]
 pub(crate) mod test_support;
@@ -57,7 +58,8 @@ mod bench {
     fn gemm_speed_against_in_memory() {
         let n: usize = std::env::var("SCALEFREE_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
         let data_bytes = (3 * n * n * 4) as u64;
-        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: data_bytes / 4, ..RuntimeOptions::default() }).unwrap();
+        // SCALEFREE_FLASH_COMPUTE_NICENESS etc. apply (see RuntimeOptions::from_env).
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: data_bytes / 4, ..RuntimeOptions::from_env().unwrap() }).unwrap();
         let a_data = random_vec::<f32>(1, n * n);
         let b_data = random_vec::<f32>(2, n * n);
         let mut c_mem = vec![0f32; n * n];
@@ -72,11 +74,16 @@ mod bench {
         });
         let in_memory = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let stats = rt.gemm(Transpose::No, Transpose::No, 1.0, &a, &b, 0.0, &c).unwrap();
+        // SCALEFREE_BENCH_TILES=m,n,k overrides the tiles chosen from the budget.
+        let tiles: Option<Vec<usize>> = std::env::var("SCALEFREE_BENCH_TILES").ok().map(|v| v.split(',').map(|x| x.trim().parse().unwrap()).collect());
+        let stats = match tiles.as_deref() {
+            Some(&[m, n, k]) => gemm_tiled(&rt, Transpose::No, Transpose::No, 1.0, &a, &b, 0.0, &c, GemmTiles { m, n, k, stream: GemmStream::ARows }).unwrap(),
+            _ => rt.gemm(Transpose::No, Transpose::No, 1.0, &a, &b, 0.0, &c).unwrap(),
+        };
         let flash = t.elapsed().as_secs_f64();
         let flops = 2.0 * (n as f64).powi(3);
         println!(
-            "n={n} budget={} MiB in-memory {:.2}s ({:.0} GFLOP/s) flash {:.2}s ({:.0} GFLOP/s) ratio {:.2} tasks {} read {} MiB written {} MiB peak {} MiB io {:?}",
+            "n={n} budget={} MiB in-memory {:.2}s ({:.0} GFLOP/s) flash {:.2}s ({:.0} GFLOP/s) ratio {:.2} tasks {} read {} MiB written {} MiB peak {} MiB io {:?} compute busy {:.2}s idle {:.2}s",
             (data_bytes / 4) >> 20,
             in_memory,
             flops / in_memory / 1e9,
@@ -88,7 +95,11 @@ mod bench {
             stats.cache.bytes_written_back >> 20,
             stats.cache.peak_resident_bytes >> 20,
             a.data().file().io_mode(),
+            stats.compute_busy.as_secs_f64(),
+            stats.compute_idle.as_secs_f64(),
         );
-        assert_eq!(c.read_block(n / 2, n / 3, 1, 1).unwrap()[0], c_mem[(n / 2) * n + n / 3]);
+        assert!(stats.cache.peak_resident_bytes <= data_bytes / 4);
+        let got = c.read_block(n / 2, 0, 1, n).unwrap();
+        crate::kernels::test_support::assert_close(&got, &c_mem[(n / 2) * n..(n / 2 + 1) * n], 1e-4, "flash gemm against in-memory");
     }
 }

@@ -23,7 +23,7 @@ pub(crate) enum Event {
     InjectorDropped,
     ReadDone { entry: EntryId, result: Result<()>, buffer: AlignedBuf },
     WriteDone { entry: EntryId, result: Result<()>, buffer: AlignedBuf },
-    ComputeDone { id: TaskId, result: Result<()> },
+    ComputeDone { id: TaskId, result: Result<()>, busy: Duration },
 }
 
 /// What one run did.
@@ -35,7 +35,15 @@ pub struct RunStats {
     pub cache: CacheStats,
     /// Wall time of the run.
     pub elapsed: Duration,
+    /// Sum over tasks of the time spent in [`Task::execute`].
+    pub compute_busy: Duration,
+    /// Wall time during which no task was computing (waiting for IO, memory or the DAG).
+    pub compute_idle: Duration,
 }
+
+/// The waiter recorded for prefetches on behalf of a task that cannot commit yet: no task
+/// has this id, so the read's completion wakes nobody.
+const PREFETCH_WAITER: u64 = u64::MAX;
 
 /// Candidates scored per scheduling decision.
 const CANDIDATES_PER_DECISION: usize = 8;
@@ -88,6 +96,11 @@ impl<'s> Dag<'s> {
             computing: 0,
             completed: 0,
             error: None,
+            future_uses: HashMap::new(),
+            pending_actions: Vec::new(),
+            compute_busy: Duration::ZERO,
+            compute_idle: Duration::ZERO,
+            idle_since: Some(started),
         };
         let inbox = self.inbox.clone();
         runtime.compute_pool().in_place_scope(|scope| {
@@ -124,7 +137,11 @@ impl<'s> Dag<'s> {
         inbox.closed.store(true, Ordering::Release);
         match state.error {
             Some(err) => Err(err),
-            None => Ok(RunStats { tasks_completed: state.completed, cache: state.cache.stats(), elapsed: started.elapsed() }),
+            None => {
+                let end = Instant::now();
+                let idle = state.compute_idle + state.idle_since.map_or(Duration::ZERO, |since| end - since);
+                Ok(RunStats { tasks_completed: state.completed, cache: state.cache.stats(), elapsed: end - started, compute_busy: state.compute_busy, compute_idle: idle })
+            }
         }
     }
 }
@@ -147,6 +164,10 @@ struct Node<'s> {
     phase: Phase,
     entries: Vec<EntryId>,
     missing: usize,
+    /// `(index in unique, entry)` of read-only inputs prefetched before the task could commit
+    /// (while its last parent computes, or while it waits for memory): reader references held
+    /// on its behalf, dropped once it commits for real.
+    pinned: Vec<(usize, EntryId)>,
 }
 
 struct RunState<'s> {
@@ -157,6 +178,16 @@ struct RunState<'s> {
     computing: usize,
     completed: u64,
     error: Option<FlashError>,
+    /// For each access specifier, the tasks not yet completed that declare it. When it drops
+    /// to zero the cache entry is dead: dirty ones are written back at once (overlapping the
+    /// rest of the run instead of delaying a later commit), clean ones are freed.
+    future_uses: HashMap<AccessSpec, u32>,
+    /// Cache actions produced while dispatching (child prefetches), performed next.
+    pending_actions: Vec<CacheAction>,
+    compute_busy: Duration,
+    compute_idle: Duration,
+    /// Since when no task has been computing.
+    idle_since: Option<Instant>,
 }
 
 impl<'s> RunState<'s> {
@@ -165,6 +196,9 @@ impl<'s> RunState<'s> {
         batch.sort_by_key(|t| t.id);
         for Injected { id, task, accesses, parents } in batch {
             let (unique, slot_of) = unique_accesses(&accesses);
+            for (spec, _) in &unique {
+                *self.future_uses.entry(spec.clone()).or_insert(0) += 1;
+            }
             let mut waiting_parents = 0;
             for parent in &parents {
                 if let Some(p) = self.nodes.get_mut(parent) {
@@ -177,7 +211,7 @@ impl<'s> RunState<'s> {
                 self.ready.push(id);
             }
             let name = task.name();
-            self.nodes.insert(id, Node { task: Some(task), name, unique, slot_of, waiting_parents, children: Vec::new(), phase, entries: Vec::new(), missing: 0 });
+            self.nodes.insert(id, Node { task: Some(task), name, unique, slot_of, waiting_parents, children: Vec::new(), phase, entries: Vec::new(), missing: 0, pinned: Vec::new() });
         }
     }
 
@@ -193,24 +227,80 @@ impl<'s> RunState<'s> {
             let nodes = &self.nodes;
             let picks = candidates(&self.ready, |id| &nodes[&id].unique, &self.cache, options.priority, options.prioritizer_window, CANDIDATES_PER_DECISION);
             let mut committed = None;
-            for id in picks {
+            for &id in &picks {
                 let node = &self.nodes[&id];
                 if let Commit::Done { entries, missing } = self.cache.commit(id.0, &node.unique, actions) {
                     committed = Some((id, entries, missing));
                     break;
                 }
             }
-            let Some((id, entries, missing)) = committed else { break };
+            let Some((id, entries, missing)) = committed else {
+                if self.tasks_in_flight == 0 {
+                    // Nothing running will release memory: drop the prefetches made for tasks
+                    // that cannot commit, and try again.
+                    if self.unpin_ready() {
+                        continue;
+                    }
+                } else if let Some(&best) = picks.first() {
+                    // The best task waits for memory that running tasks will release:
+                    // meanwhile prefetch those of its inputs that fit.
+                    self.pin_reads(best, actions);
+                }
+                break;
+            };
             self.ready.retain(|&r| r != id);
             self.tasks_in_flight += 1;
             let node = self.nodes.get_mut(&id).expect("committed task exists");
             node.entries = entries;
             node.missing = missing;
+            let pinned: Vec<EntryId> = std::mem::take(&mut node.pinned).into_iter().map(|(_, entry)| entry).collect();
+            self.cache.release(&pinned, &vec![AccessMode::Read; pinned.len()]);
             node.phase = Phase::Prefetching;
             if missing == 0 {
                 dispatch(self, id);
             }
         }
+    }
+
+    /// Prefetches each read-only input of `id` (not committed yet) that fits without
+    /// evicting anything dirty, holding a reader reference until the task commits.
+    fn pin_reads(&mut self, id: TaskId, actions: &mut Vec<CacheAction>) {
+        let Some(node) = self.nodes.get(&id) else { return };
+        let wanted: Vec<(usize, AccessSpec)> =
+            node.unique.iter().enumerate().filter(|(index, (_, mode))| *mode == AccessMode::Read && !node.pinned.iter().any(|(pinned, _)| pinned == index)).map(|(index, (spec, _))| (index, spec.clone())).collect();
+        for (index, spec) in wanted {
+            if let Commit::Done { entries, .. } = self.cache.commit(PREFETCH_WAITER, &[(spec, AccessMode::Read)], actions) {
+                self.nodes.get_mut(&id).expect("task exists").pinned.push((index, entries[0]));
+            }
+        }
+    }
+
+    /// Drops the prefetch references of ready tasks; true if there were any.
+    fn unpin_ready(&mut self) -> bool {
+        let mut any = false;
+        for id in &self.ready {
+            let node = self.nodes.get_mut(id).expect("ready task exists");
+            if !node.pinned.is_empty() {
+                let pinned: Vec<EntryId> = std::mem::take(&mut node.pinned).into_iter().map(|(_, entry)| entry).collect();
+                self.cache.release(&pinned, &vec![AccessMode::Read; pinned.len()]);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// While task `id` computes, prefetch the read-only inputs of children that wait only for
+    /// it (an accumulate chain's next blocks), when memory allows without evicting anything
+    /// dirty. The references taken keep them resident until the child commits.
+    fn prefetch_children(&mut self, id: TaskId) {
+        let children = self.nodes[&id].children.clone();
+        let mut actions = Vec::new();
+        for child in children {
+            if self.nodes.get(&child).is_some_and(|node| node.phase == Phase::Waiting && node.waiting_parents == 1) {
+                self.pin_reads(child, &mut actions);
+            }
+        }
+        self.pending_actions.extend(actions);
     }
 
     /// Starts the computation of a task whose buffers are all valid.
@@ -221,6 +311,9 @@ impl<'s> RunState<'s> {
         let node = self.nodes.get_mut(&id).expect("dispatched task exists");
         node.phase = Phase::Computing;
         self.computing += 1;
+        if let Some(since) = self.idle_since.take() {
+            self.compute_idle += since.elapsed();
+        }
         let mut task = node.task.take().expect("task dispatched twice");
         let cells: Vec<_> = node.entries.iter().map(|&e| self.cache.buffer(e)).collect();
         let writes: Vec<bool> = node.unique.iter().map(|(_, mode)| mode.writes()).collect();
@@ -229,6 +322,7 @@ impl<'s> RunState<'s> {
         let context = TaskContext { inbox: inbox.clone(), events: events.clone(), compute_threads: runtime.options().compute_threads, id };
         let events = events.clone();
         scope.spawn(move |_| {
+            let began = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 let slots = slot_of
                     .iter()
@@ -258,8 +352,11 @@ impl<'s> RunState<'s> {
             };
             drop(task);
             drop(cells);
-            let _ = events.send(Event::ComputeDone { id, result });
+            let _ = events.send(Event::ComputeDone { id, result, busy: began.elapsed() });
         });
+        // After the spawn: evictions and allocations for the prefetches stay off the path
+        // from "inputs ready" to "computing".
+        self.prefetch_children(id);
     }
 
     /// Hands the cache's IO to the executor and wakes tasks whose buffers became valid.
@@ -267,7 +364,8 @@ impl<'s> RunState<'s> {
     where
         's: 'scope,
     {
-        for action in actions {
+        let mut queue = std::collections::VecDeque::from(actions);
+        while let Some(action) = queue.pop_front().or_else(|| (!self.pending_actions.is_empty()).then(|| self.pending_actions.remove(0))) {
             match action {
                 CacheAction::Read { entry, spec, buffer } => {
                     let events = events.clone();
@@ -325,9 +423,13 @@ impl<'s> RunState<'s> {
                 }
                 self.cache.write_done(entry, buffer, &mut actions);
             }
-            Event::ComputeDone { id, result } => {
+            Event::ComputeDone { id, result, busy } => {
                 let node = self.nodes.remove(&id).expect("completed task exists");
                 self.computing -= 1;
+                self.compute_busy += busy;
+                if self.computing == 0 {
+                    self.idle_since = Some(Instant::now());
+                }
                 self.tasks_in_flight -= 1;
                 let modes: Vec<AccessMode> = node.unique.iter().map(|(_, mode)| *mode).collect();
                 match result {
@@ -347,6 +449,16 @@ impl<'s> RunState<'s> {
                     Err(err) => {
                         self.cache.abandon(&node.entries, &modes);
                         self.error.get_or_insert(err);
+                    }
+                }
+                for ((spec, _), &entry) in node.unique.iter().zip(&node.entries) {
+                    let uses = self.future_uses.get_mut(spec).expect("every declared access is counted");
+                    *uses -= 1;
+                    if *uses == 0 {
+                        self.future_uses.remove(spec);
+                        if self.error.is_none() {
+                            self.cache.retire(entry, &mut actions);
+                        }
                     }
                 }
                 self.cache.service(&mut actions);

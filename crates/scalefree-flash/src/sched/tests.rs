@@ -202,3 +202,37 @@ fn prioritizer_reads_fewer_bytes_than_fifo() {
     assert_eq!(prefetched[0], 2 * 4 * 4096, "prioritized: each input read once");
     assert!(prefetched[1] > prefetched[0], "fifo should thrash: {prefetched:?}");
 }
+
+/// A chain's next task has its read-only input prefetched while its parent computes (the
+/// child's commit then finds it present: a hit), its values are right, and the budget holds.
+#[test]
+fn a_childs_inputs_are_prefetched_while_its_parent_computes() {
+    let rt = runtime(64 << 10, Priority::FewestBytesToFetch, 4);
+    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let x = FlashPtr::from_slice(rt.dir(), &values, &rt.file_options()).unwrap();
+    let y = FlashPtr::<f32>::scratch(rt.dir(), 1024, &rt.file_options()).unwrap();
+    let dag = rt.dag();
+    // Four chained tasks, each reading its own quarter of x and adding it into y.
+    let mut previous: Option<TaskId> = None;
+    for quarter in 0..4u64 {
+        let accesses = vec![Access::read(x.access(quarter * 1024, 1024).unwrap()), Access::read_write(y.access(0, 1024).unwrap())];
+        let task = FnTask::new(format!("add {quarter}"), accesses, |buffers, _| {
+            let input = buffers.read::<f32>(0);
+            for (out, value) in buffers.take_write::<f32>(1).iter_mut().zip(input) {
+                *out += value;
+            }
+            Ok(())
+        });
+        previous = Some(dag.add(task, &previous.into_iter().collect::<Vec<_>>()).unwrap());
+    }
+    let stats = dag.run().unwrap();
+    assert_eq!(stats.tasks_completed, 4);
+    // y: three hits along the chain, plus x's quarters 1..3 prefetched for the children.
+    assert!(stats.cache.hits >= 6, "{:?}", stats.cache);
+    assert!(stats.cache.peak_resident_bytes <= 64 << 10);
+    let got = y.to_vec().unwrap();
+    for (i, value) in got.iter().enumerate() {
+        let want: f32 = (0..4).map(|q| (q * 1024 + i) as f32).sum();
+        assert_eq!(*value, want, "y[{i}]");
+    }
+}
