@@ -90,12 +90,7 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
 
 
 def _env_bytes(name: str, default: int) -> int:
+    from ._units import parse_bytes
+
     v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    mult = units.get(v[-1].upper(), 1)
-    try:
-        return int(v[:-1] if mult > 1 else v) * mult
-    except ValueError:
-        raise InvalidArgumentError(f"{name}={v!r} is not a size like 65536, 64K or 1M") from None
+    return parse_bytes(v, name) if v else default

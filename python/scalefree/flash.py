@@ -14,20 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _native
+from ._units import parse_bytes
 from .errors import InvalidArgumentError
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def _bytes(v) -> int | None:
-    if v is None or isinstance(v, int):
-        return v
-    s = str(v).strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (s[:-1], s[-1]) if s and s[-1] in _UNITS else (s, "")
-    try:
-        return int(float(num) * _UNITS[unit])
-    except ValueError:
-        raise InvalidArgumentError(f"memory_budget {v!r} is not a size like 268435456, 256M or 1G") from None
+    return None if v is None else parse_bytes(v, "memory_budget")
 
 
 class Runtime:

@@ -1,0 +1,22 @@
+"""Byte sizes as users write them: 65536, 64K, 1.5M, 1G, 256MiB."""
+
+from __future__ import annotations
+
+from .errors import InvalidArgumentError
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(value, what: str = "size") -> int:
+    """An int is taken as is; a string may end in K, M, G or T (binary), optionally + B/iB."""
+    if isinstance(value, int):
+        return value
+    s = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+    num, unit = (s[:-1], s[-1]) if s and s[-1] in _UNITS else (s, "")
+    try:
+        n = int(float(num) * _UNITS[unit])
+    except ValueError:
+        raise InvalidArgumentError(f"{what} {value!r} is not a size like 65536, 64K, 256M or 1G") from None
+    if n < 0:
+        raise InvalidArgumentError(f"{what} {value!r} is negative")
+    return n
