@@ -427,6 +427,28 @@ impl Communicator {
         Ok(v & 0x00ff_ffff)
     }
 
+    /// Pipelining granularity for `es`-byte elements: `piece_bytes` rounded to whole
+    /// cache-line-aligned element groups (the chunk-boundary alignment).
+    pub(crate) fn piece_len(&self, es: usize) -> usize {
+        let group = es * crate::dense::ALIGN_ELEMS;
+        (self.opts.piece_bytes / group).max(1) * group
+    }
+
+    /// `n` bytes of rank `q`'s exposed data at `off`, readable here: a pointer into the
+    /// peer's mapping, or `scratch` after one cross-memory-attach read into it.
+    ///
+    /// # Safety
+    /// `scratch` must be valid for `n` bytes and not in use by the caller.
+    pub(crate) unsafe fn peer_bytes(&self, q: u32, src: &Exposed, off: usize, n: usize, scratch: *mut u8) -> Result<*const u8> {
+        match src.remote.mapped_ptr() {
+            Some(p) => Ok(unsafe { p.add(src.offset + off) }),
+            None => {
+                unsafe { self.read_peer(q, src, off, scratch, n)? };
+                Ok(scratch)
+            }
+        }
+    }
+
     /// Writes `n` bytes from `src` into rank `q`'s exposed buffer at `off`.
     ///
     /// # Safety

@@ -34,8 +34,8 @@ pub fn as_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
 /// Views bytes as elements. Panics if the length or alignment does not fit `T` (misuse).
 pub fn cast_slice<T: Element>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0, "{} bytes is not a whole number of {}", bytes.len(), T::NAME);
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "buffer is not aligned for {}", T::NAME);
+    assert!(bytes.len().is_multiple_of(size), "{} bytes is not a whole number of {}", bytes.len(), T::NAME);
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "buffer is not aligned for {}", T::NAME);
     // SAFETY: length and alignment checked; every bit pattern is a valid `T`.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) }
 }
@@ -43,8 +43,8 @@ pub fn cast_slice<T: Element>(bytes: &[u8]) -> &[T] {
 /// Views mutable bytes as elements. Panics if the length or alignment does not fit `T`.
 pub fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0, "{} bytes is not a whole number of {}", bytes.len(), T::NAME);
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0, "buffer is not aligned for {}", T::NAME);
+    assert!(bytes.len().is_multiple_of(size), "{} bytes is not a whole number of {}", bytes.len(), T::NAME);
+    assert!((bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()), "buffer is not aligned for {}", T::NAME);
     // SAFETY: length and alignment checked; every bit pattern is a valid `T`.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size) }
 }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use scalefree_collectives::{Algorithm, CommOptions, Communicator, DType, ReduceOp};
+use scalefree_collectives::{Algorithm, CommOptions, Communicator, ReduceOp};
 use scalefree_transport::{Device, DeviceOptions, JobInfo};
 
 use crate::buffer::Buf;
@@ -266,11 +266,4 @@ fn overlap_check(py: Python<'_>, a: &Buf, b: &Buf) -> PyResult<()> {
         return Err(invalid(py, "input and out overlap"));
     }
     Ok(())
-}
-
-#[allow(dead_code)]
-fn _assert_send() {
-    fn s<T: Send>() {}
-    s::<Communicator>();
-    s::<DType>();
 }

@@ -37,7 +37,7 @@ pub(crate) unsafe fn reduce_range(
     after_piece: &mut dyn FnMut(&Communicator, usize, usize) -> Result<()>,
 ) -> Result<()> {
     let es = dtype.size_bytes();
-    let piece = (c.opts.piece_bytes / (es * ALIGN_ELEMS)).max(1) * es * ALIGN_ELEMS;
+    let piece = c.piece_len(es);
     let (start, end) = (lo * es, hi * es);
     let peers: Vec<u32> = c.peers().collect();
     for &q in &peers {
@@ -51,13 +51,7 @@ pub(crate) unsafe fn reduce_range(
         let mut first = true;
         for &q in &peers {
             let src = exposed[q as usize].as_ref().unwrap();
-            let b: *const u8 = match src.remote.mapped_ptr() {
-                Some(p) => unsafe { p.add(src.offset + off) },
-                None => {
-                    unsafe { c.read_peer(q, src, off, scratch, n)? };
-                    scratch
-                }
-            };
+            let b = unsafe { c.peer_bytes(q, src, off, n, scratch)? };
             let d = unsafe { dst.add(off - start) };
             let x = if first { unsafe { a.add(off) } } else { d as *const u8 };
             unsafe { reduce3(dtype, op, d, x, b, n / es) };
@@ -95,7 +89,7 @@ pub(crate) unsafe fn allreduce(
 ) -> Result<()> {
     let es = dtype.size_bytes();
     let (n, me) = (c.size, c.rank);
-    let piece = (c.opts.piece_bytes / (es * ALIGN_ELEMS)).max(1) * es * ALIGN_ELEMS;
+    let piece = c.piece_len(es);
     let (lo, hi) = chunk_bounds(count, n, me, ALIGN_ELEMS);
     let push = headers.iter().all(|h| h.staging_bytes == 0);
     let peers: Vec<u32> = c.peers().collect();
@@ -134,23 +128,4 @@ pub(crate) unsafe fn allreduce(
         }
     }
     Ok(())
-}
-
-/// Reduce-scatter by direct reads: `out` receives elements `[lo, hi)` of the reduction.
-///
-/// # Safety
-/// `input` valid for the whole vector, `out` for `hi - lo` elements.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn reduce_share(
-    c: &mut Communicator,
-    headers: &[Header],
-    exposed: &[Option<Exposed>],
-    input: *const u8,
-    out: *mut u8,
-    lo: usize,
-    hi: usize,
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
-    unsafe { reduce_range(c, headers, exposed, input, out, lo, hi, dtype, op, &mut |_, _, _| Ok(())) }
 }

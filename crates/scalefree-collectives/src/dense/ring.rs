@@ -34,7 +34,7 @@ pub(crate) unsafe fn allreduce(
     let (n, me) = (c.size, c.rank);
     let left = (me + n - 1) % n;
     let right = (me + 1) % n;
-    let piece = (c.opts.piece_bytes / (es * ALIGN_ELEMS)).max(1) * es * ALIGN_ELEMS;
+    let piece = c.piece_len(es);
     let bounds = |k: u32| {
         let (a, b) = chunk_bounds(count, n, k, ALIGN_ELEMS);
         (a * es, b * es)
@@ -56,13 +56,7 @@ pub(crate) unsafe fn allreduce(
             if s > 0 {
                 c.wait_progress(left, (s - 1) * per_step + j + 1)?;
             }
-            let b: *const u8 = match src.remote.mapped_ptr() {
-                Some(p) => unsafe { p.add(src.offset + off) },
-                None => {
-                    unsafe { c.read_peer(left, src, off, scratch, len)? };
-                    scratch
-                }
-            };
+            let b = unsafe { c.peer_bytes(left, src, off, len, scratch)? };
             unsafe { reduce3(dtype, op, mine.add(off), buf.add(off), b, len / es) };
             off += len;
             j += 1;

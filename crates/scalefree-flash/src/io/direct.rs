@@ -53,7 +53,7 @@ fn pwrite_full(file: &FlashFile, offset: u64, src: &[u8]) -> Result<()> {
 }
 
 fn is_aligned_ptr(ptr: *const u8) -> bool {
-    ptr as usize % SECTOR_BYTES == 0
+    (ptr as usize).is_multiple_of(SECTOR_BYTES)
 }
 
 /// Reads `dst.len()` bytes at byte `offset` (any alignment), at most `chunk_bytes` per
@@ -141,7 +141,7 @@ pub fn write_span(file: &FlashFile, offset: u64, src: &[u8], bounce: &mut Aligne
 /// reads it whole, lets `patch` overwrite the bytes it owns, writes it back, holding the
 /// span's write-range lock throughout. Used for several short strides merged into one IO.
 pub fn patch_span(file: &FlashFile, aligned_start: u64, aligned_end: u64, bounce: &mut AlignedBuf, patch: impl FnOnce(&mut [u8])) -> Result<()> {
-    debug_assert!(aligned_start % SECTOR_BYTES as u64 == 0 && aligned_end % SECTOR_BYTES as u64 == 0);
+    debug_assert!(aligned_start.is_multiple_of(SECTOR_BYTES as u64) && aligned_end.is_multiple_of(SECTOR_BYTES as u64));
     let len = (aligned_end - aligned_start) as usize;
     bounce.ensure_len(len);
     let _guard = file.write_locks().lock(aligned_start, aligned_end);
