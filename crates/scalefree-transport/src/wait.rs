@@ -63,6 +63,16 @@ pub fn publish(word: &AtomicU32, waiters: &AtomicU32, value: u32) {
     }
 }
 
+/// Adds one to `word` (a doorbell) and wakes parked waiters, if any. Unlike [`publish`],
+/// every call changes the word, so concurrent ringers never cancel out.
+#[inline]
+pub fn ring(word: &AtomicU32, waiters: &AtomicU32) {
+    word.fetch_add(1, Ordering::SeqCst);
+    if waiters.load(Ordering::SeqCst) != 0 {
+        futex_wake(word);
+    }
+}
+
 /// Waits until `ready(word)` holds. `liveness` is called every `check_interval` while
 /// parked and should return an error when a peer this wait depends on is gone.
 #[inline]

@@ -1,0 +1,357 @@
+//! Stale-synchronous allreduce: an allreduce that may use other ranks' data up to `slack`
+//! clocks old instead of waiting for it.
+//!
+//! A call contributes an *increment*; the result is the reduction of every contribution
+//! made so far by every rank (the "history of contributions" formulation: with `sum`, the
+//! model state). The caller's own contributions are always in its result; other ranks'
+//! may be missing their last `slack` clocks. Nothing is lost: once every rank has called
+//! [`SspReduction::flush`], every rank holds the exact reduction of all contributions.
+//!
+//! Two designs (see `docs/algorithms.md`):
+//!
+//! * [`Variant::Hypercube`] — recursive doubling where each step reuses the last partial
+//!   received from its partner while it is fresh enough (`hypercube.rs`).
+//! * [`Variant::Sharded`] and its Async/Thread variants — every rank hosts one shard of a
+//!   parameter server; workers push *missed contributions* only when every shard can take
+//!   them, shards push state only after an update from each worker (`sharded.rs`).
+
+mod hypercube;
+mod sharded;
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use scalefree_transport::{wait, Device, Error, Region, RemoteRegion, Result};
+
+use crate::reduce::{reduce3, reduce_into, DType, ReduceOp};
+
+/// Which SSP design a reduction uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Variant {
+    Hypercube = 1,
+    /// Shards deliver state only after one update from every worker; workers replace all
+    /// shards of their view at once (every shard holds the same set of contributions).
+    Sharded = 2,
+    /// Per-shard staleness: shards reduce each update on arrival and push state whenever
+    /// its age grows; workers use each shard as it arrives.
+    ShardedAsync = 3,
+    /// `Sharded` with the shard served by a background thread.
+    ShardedThread = 4,
+    /// `ShardedAsync` with the shard served by a background thread.
+    ShardedAsyncThread = 5,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 5] =
+        [Variant::Hypercube, Variant::Sharded, Variant::ShardedAsync, Variant::ShardedThread, Variant::ShardedAsyncThread];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Hypercube => "hypercube",
+            Variant::Sharded => "sharded",
+            Variant::ShardedAsync => "sharded_async",
+            Variant::ShardedThread => "sharded_thread",
+            Variant::ShardedAsyncThread => "sharded_async_thread",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Self> {
+        let t = s.replace('-', "_").to_ascii_lowercase();
+        Variant::ALL.into_iter().find(|v| v.name() == t).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "unknown SSP variant {s:?}: expected one of hypercube, sharded, sharded_async, sharded_thread, sharded_async_thread"
+            ))
+        })
+    }
+    /// True when every shard of a result holds the same set of contributions.
+    pub fn consistent(self) -> bool {
+        matches!(self, Variant::Sharded | Variant::ShardedThread)
+    }
+}
+
+/// What one call did, for the metrics the bench harness plots.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CallStats {
+    /// The caller's clock after the call (1 for the first call).
+    pub clock: u64,
+    /// Wall time inside the call.
+    pub seconds: f64,
+    /// Part of it spent blocked waiting for fresh data.
+    pub wait_seconds: f64,
+    /// `clock - age` of the oldest data used (0 when every rank's data is current).
+    pub age_diff: u64,
+}
+
+/// A stale-synchronous reduction of `count` elements, set up once (collectively) and
+/// called any number of times. Several may be live at once.
+pub struct SspReduction {
+    engine: Engine,
+    count: usize,
+    dtype: DType,
+    op: ReduceOp,
+    variant: Variant,
+    clock: u64,
+    flushed: bool,
+    stats: Vec<CallStats>,
+}
+
+enum Engine {
+    Hypercube(hypercube::Hypercube),
+    Sharded(sharded::Sharded),
+}
+
+impl SspReduction {
+    /// Collective: every rank of `dev` calls it with the same arguments.
+    pub fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant) -> Result<Self> {
+        if dtype == DType::U8 {
+            return Err(Error::InvalidArgument("uint8 buffers cannot be reduced".into()));
+        }
+        let mut mine = Vec::with_capacity(24);
+        mine.extend_from_slice(&(count as u64).to_le_bytes());
+        mine.extend_from_slice(&(dtype as u32).to_le_bytes());
+        mine.extend_from_slice(&(op as u32).to_le_bytes());
+        mine.extend_from_slice(&(variant as u32).to_le_bytes());
+        let all = dev.exchange_bytes(&mine)?;
+        for (r, theirs) in all.iter().enumerate() {
+            if *theirs != mine {
+                let c = u64::from_le_bytes(theirs[0..8].try_into().unwrap());
+                let d = DType::from_u32(u32::from_le_bytes(theirs[8..12].try_into().unwrap())).map_or("?", |d| d.name());
+                let o = ReduceOp::from_u32(u32::from_le_bytes(theirs[12..16].try_into().unwrap())).map_or("?", |o| o.name());
+                let v = u32::from_le_bytes(theirs[16..20].try_into().unwrap());
+                let v = Variant::ALL.iter().find(|x| **x as u32 == v).map_or("?", |x| x.name());
+                return Err(Error::Mismatch(format!(
+                    "ssp_reduction: rank {} asked for {} x {} {} ({}), rank {r} for {c} x {d} {o} ({v})",
+                    dev.rank(), count, dtype.name(), op.name(), variant.name()
+                )));
+            }
+        }
+        let engine = match variant {
+            Variant::Hypercube => Engine::Hypercube(hypercube::Hypercube::new(dev, count, dtype, op)?),
+            _ => Engine::Sharded(sharded::Sharded::new(dev, count, dtype, op, variant)?),
+        };
+        Ok(SspReduction { engine, count, dtype, op, variant, clock: 0, flushed: false, stats: Vec::new() })
+    }
+
+    pub fn count(&self) -> usize {
+        self.count
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn op(&self) -> ReduceOp {
+        self.op
+    }
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+    /// Calls made so far.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+    /// One record per call, oldest first.
+    pub fn stats(&self) -> &[CallStats] {
+        &self.stats
+    }
+    pub fn flushed(&self) -> bool {
+        self.flushed
+    }
+
+    fn check_len(&self, what: &str, n: usize) -> Result<()> {
+        let want = self.count * self.dtype.size_bytes();
+        if n != want {
+            return Err(Error::InvalidArgument(format!(
+                "{what} has {n} bytes; this reduction is {} x {} ({want} bytes)",
+                self.count,
+                self.dtype.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds `contribution` and writes into `out` the reduction of every contribution so
+    /// far, with other ranks' data at most `slack` clocks old.
+    pub fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], slack: u64) -> Result<CallStats> {
+        if self.flushed {
+            return Err(Error::InvalidArgument("this SSP reduction was flushed; create a new one".into()));
+        }
+        self.check_len("the contribution", contribution.len())?;
+        self.check_len("the output", out.len())?;
+        let t0 = Instant::now();
+        self.clock += 1;
+        let (wait, age) = match &mut self.engine {
+            Engine::Hypercube(h) => h.allreduce(contribution, out, self.clock, slack)?,
+            Engine::Sharded(s) => s.allreduce(contribution, out, self.clock, slack)?,
+        };
+        let st = CallStats {
+            clock: self.clock,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait_seconds: wait.as_secs_f64(),
+            age_diff: self.clock.saturating_sub(age),
+        };
+        self.stats.push(st);
+        Ok(st)
+    }
+
+    /// Collective: sends everything not yet sent and waits until every rank has done the
+    /// same; `out` then holds the exact reduction of every contribution of every rank.
+    /// The reduction cannot be used for more calls afterwards.
+    pub fn flush(&mut self, out: &mut [u8]) -> Result<()> {
+        self.check_len("the output", out.len())?;
+        if self.flushed {
+            return Err(Error::InvalidArgument("this SSP reduction was already flushed".into()));
+        }
+        match &mut self.engine {
+            Engine::Hypercube(h) => h.flush(out, self.clock)?,
+            Engine::Sharded(s) => s.flush(out)?,
+        }
+        self.flushed = true;
+        Ok(())
+    }
+}
+
+/// Clock value of data that will never change again (a rank that flushed).
+pub(crate) const FINAL: u64 = u64::MAX;
+
+/// A heap buffer aligned for any element type.
+pub(crate) struct Buf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Buf {
+    pub(crate) fn new(len: usize) -> Self {
+        Buf { words: vec![0u64; len.div_ceil(8)], len }
+    }
+    pub(crate) fn ptr(&self) -> *const u8 {
+        self.words.as_ptr() as *const u8
+    }
+    pub(crate) fn mut_ptr(&mut self) -> *mut u8 {
+        self.words.as_mut_ptr() as *mut u8
+    }
+    pub(crate) fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.mut_ptr(), self.len) }
+    }
+}
+
+/// Fills `buf` with the identity of `op` (what a reduction of nothing is).
+pub(crate) fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
+    fn fill<T: Copy>(buf: &mut [u8], v: T) {
+        let n = buf.len() / std::mem::size_of::<T>();
+        let p = buf.as_mut_ptr() as *mut T;
+        for i in 0..n {
+            unsafe { p.add(i).write_unaligned(v) };
+        }
+    }
+    match (dtype, op) {
+        (_, ReduceOp::Sum) => buf.fill(0),
+        (DType::F32, ReduceOp::Prod) => fill(buf, 1f32),
+        (DType::F64, ReduceOp::Prod) => fill(buf, 1f64),
+        (DType::I32, ReduceOp::Prod) => fill(buf, 1i32),
+        (DType::I64, ReduceOp::Prod) => fill(buf, 1i64),
+        (DType::F32, ReduceOp::Min) => fill(buf, f32::INFINITY),
+        (DType::F64, ReduceOp::Min) => fill(buf, f64::INFINITY),
+        (DType::I32, ReduceOp::Min) => fill(buf, i32::MAX),
+        (DType::I64, ReduceOp::Min) => fill(buf, i64::MAX),
+        (DType::F32, ReduceOp::Max) => fill(buf, f32::NEG_INFINITY),
+        (DType::F64, ReduceOp::Max) => fill(buf, f64::NEG_INFINITY),
+        (DType::I32, ReduceOp::Max) => fill(buf, i32::MIN),
+        (DType::I64, ReduceOp::Max) => fill(buf, i64::MIN),
+        (DType::U8, _) => unreachable!("uint8 is never reduced"),
+    }
+}
+
+/// Element type and operator of a reduction, with the byte-level kernels it needs.
+#[derive(Clone, Copy)]
+pub(crate) struct Kind {
+    pub dtype: DType,
+    pub op: ReduceOp,
+}
+
+impl Kind {
+    /// `dst op= src` over `n` bytes.
+    pub(crate) fn acc(&self, dst: *mut u8, src: *const u8, nbytes: usize) {
+        unsafe { reduce_into(self.dtype, self.op, dst, src, nbytes / self.dtype.size_bytes()) }
+    }
+    /// `dst = a op b` over `n` bytes.
+    pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {
+        unsafe { reduce3(self.dtype, self.op, dst, a, b, nbytes / self.dtype.size_bytes()) }
+    }
+}
+
+/// The region every rank exposes for one reduction, with its doorbell: every one-sided
+/// update aimed at a rank rings that rank's bell, and a waiting rank parks on its own bell.
+pub(crate) struct Mesh {
+    pub dev: Device,
+    pub me: usize,
+    _region: Region,
+    pub remotes: Vec<RemoteRegion>,
+    pub chans: Vec<scalefree_transport::Channel>,
+}
+
+/// Offsets of the doorbell and the waiter count at the start of every mesh region.
+const OFF_BELL: usize = 0;
+const OFF_WAITERS: usize = 64;
+/// Bytes before a design's own layout starts.
+pub(crate) const MESH_HEADER: usize = 128;
+
+impl Mesh {
+    /// Collective: allocates this rank's region of `len` bytes and attaches every peer's.
+    pub(crate) fn new(dev: &Device, len: usize) -> Result<Self> {
+        let region = dev.alloc_region(len.max(MESH_HEADER))?;
+        let remotes = dev.exchange_regions(&region)?;
+        let chans = (0..dev.size()).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
+        for r in &remotes {
+            if r.mapped_ptr().is_none() {
+                return Err(Error::Unsupported("SSP reductions need mapped regions (shared-memory backend)".into()));
+            }
+        }
+        Ok(Mesh { dev: dev.clone(), me: dev.rank() as usize, _region: region, remotes, chans })
+    }
+    pub(crate) fn base(&self, r: usize) -> *mut u8 {
+        self.remotes[r].mapped_ptr().unwrap()
+    }
+    pub(crate) fn u32_at(&self, r: usize, off: usize) -> &AtomicU32 {
+        unsafe { &*(self.base(r).add(off) as *const AtomicU32) }
+    }
+    pub(crate) fn u64_at(&self, r: usize, off: usize) -> &AtomicU64 {
+        unsafe { &*(self.base(r).add(off) as *const AtomicU64) }
+    }
+    pub(crate) fn bell(&self, r: usize) -> &AtomicU32 {
+        self.u32_at(r, OFF_BELL)
+    }
+    /// Wakes rank `r` after an update aimed at it.
+    pub(crate) fn ring(&self, r: usize) {
+        wait::ring(self.bell(r), self.u32_at(r, OFF_WAITERS));
+    }
+    /// One-sided write of `n` bytes from `src` to offset `off` of rank `r`'s region.
+    pub(crate) fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
+        unsafe { self.chans[r].write_from(src, &self.remotes[r], off, n) }
+    }
+    /// Reads this rank's bell; pass the value to [`Mesh::wait_bell`] after checking state,
+    /// so no update between the check and the wait is missed.
+    pub(crate) fn my_bell(&self) -> u32 {
+        self.bell(self.me).load(Ordering::SeqCst)
+    }
+    /// Parks until this rank's bell differs from `seen` (an update arrived), checking that
+    /// peers are alive and `extra` (errors of a background thread) meanwhile.
+    pub(crate) fn wait_bell(
+        &self,
+        seen: u32,
+        timeout: Option<Duration>,
+        what: &dyn Fn() -> String,
+        extra: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let mut policy = *self.dev.policy();
+        if let Some(t) = timeout {
+            policy.timeout = t;
+        }
+        wait::wait_until(self.bell(self.me), self.u32_at(self.me, OFF_WAITERS), |v| v != seen, &policy, what, &|| {
+            extra()?;
+            self.dev.check_peers()
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,552 @@
+//! Sharded-SSP: every rank hosts one shard of a parameter server for the reduction vector.
+//!
+//! Memory each rank exposes (one region, see [`Geo`]):
+//!
+//! * an *inbox* per worker for its shard: the worker's last pushed contribution (header:
+//!   push count, clock, flags);
+//! * a *view* per shard: the last state that shard delivered to this worker (header: delivery
+//!   count, how many of this worker's pushes it includes, its age, flags);
+//! * an *ack* word per worker (Async): the last delivery that worker has copied out, so the
+//!   shard never overwrites a view being read.
+//!
+//! Nothing is lost because of a cycle of credits: a worker pushes to a shard only once the
+//! shard's state includes its previous push (until then new contributions accumulate in
+//! *missed*), and a shard's inbox slot is therefore free whenever a push arrives. A worker's
+//! own pushed-but-not-yet-included data stays in *inflight*, so its result is always
+//! `view ⊕ inflight ⊕ missed`: its own contributions are always in.
+//!
+//! Sync shards deliver only after one push from every worker, and workers swap in all shards
+//! at once (every shard then holds the same set of contributions: `stable_local_reduction`).
+//! Async shards reduce each push on arrival and deliver to a worker when its push was taken
+//! or when the state's age grew; workers take each shard as it comes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use scalefree_transport::{Device, Error, Result};
+
+use super::{fill_identity, Buf, Kind, Mesh, Variant, FINAL, MESH_HEADER};
+use crate::dense::share_bounds;
+use crate::reduce::{DType, ReduceOp};
+
+const FLAG_EMPTY: u32 = 1;
+const FLAG_FINAL: u32 = 2;
+
+/// Byte layout of every rank's region (the same formulas on every rank).
+struct Geo {
+    p: usize,
+    /// Byte range of each shard in the vector.
+    shard: Vec<(usize, usize)>,
+    inbox_base: usize,
+    /// Inbox slot stride of each shard's owner.
+    stride: Vec<usize>,
+    /// Offset of shard `s`'s view within a view block.
+    view_off: Vec<usize>,
+}
+
+const OFF_ACKS: usize = MESH_HEADER;
+const HDR: usize = 64;
+
+impl Geo {
+    fn new(p: usize, count: usize, esize: usize) -> Self {
+        let shard: Vec<_> = (0..p as u32)
+            .map(|s| {
+                let (lo, hi) = share_bounds(count, p as u32, s);
+                (lo * esize, hi * esize)
+            })
+            .collect();
+        let stride = shard.iter().map(|(lo, hi)| HDR + (hi - lo).next_multiple_of(64)).collect();
+        let mut view_off = Vec::with_capacity(p);
+        let mut o = 0;
+        for (lo, hi) in &shard {
+            view_off.push(o);
+            o += HDR + (hi - lo).next_multiple_of(64);
+        }
+        Geo { p, shard, inbox_base: OFF_ACKS + p * 64, stride, view_off }
+    }
+    fn len(&self, s: usize) -> usize {
+        self.shard[s].1 - self.shard[s].0
+    }
+    fn views_base(&self, owner: usize) -> usize {
+        self.inbox_base + self.p * self.stride[owner]
+    }
+    fn region_len(&self, owner: usize) -> usize {
+        let views: usize = (0..self.p).map(|s| HDR + self.len(s).next_multiple_of(64)).sum();
+        self.views_base(owner) + views
+    }
+    /// Header of worker `w`'s inbox slot at shard `owner`.
+    fn inbox(&self, owner: usize, w: usize) -> usize {
+        self.inbox_base + w * self.stride[owner]
+    }
+    /// Header of shard `s`'s view at worker `owner`.
+    fn view(&self, owner: usize, s: usize) -> usize {
+        self.views_base(owner) + self.view_off[s]
+    }
+    fn ack(w: usize) -> usize {
+        OFF_ACKS + w * 64
+    }
+}
+
+/// What the worker and shard halves share (the shard half may live on its own thread).
+struct Shared {
+    mesh: Mesh,
+    geo: Geo,
+    kind: Kind,
+    async_: bool,
+    /// Set by the shard once it delivered a state holding every worker's final push to
+    /// every worker.
+    shard_done: AtomicBool,
+    stop: AtomicBool,
+    thread_error: Mutex<Option<Error>>,
+}
+
+// Mesh holds mapped peer regions and channels, which are safe to use from any thread.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn thread_error(&self) -> Result<()> {
+        match self.thread_error.lock().unwrap().as_ref() {
+            None => Ok(()),
+            Some(e) => Err(clone_error(e)),
+        }
+    }
+}
+
+/// The background shard's error, as seen by the caller (it may be reported more than once).
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::PeerLost { rank, pid, detail } => Error::PeerLost { rank: *rank, pid: *pid, detail: detail.clone() },
+        Error::Timeout { timeout, waiting_for } => Error::Timeout { timeout: *timeout, waiting_for: waiting_for.clone() },
+        Error::Io { what, source } => Error::io(what.clone(), std::io::Error::new(source.kind(), source.to_string())),
+        other => Error::Io { what: "the SSP shard thread".into(), source: std::io::Error::other(other.to_string()) },
+    }
+}
+
+/// The parameter-server shard this rank hosts.
+struct Shard {
+    sh: Arc<Shared>,
+    state: Buf,
+    /// Pushes of each worker reduced into `state`.
+    taken: Vec<u64>,
+    /// Clock of each worker's last reduced push (`FINAL` once it flushed).
+    clocks: Vec<u64>,
+    /// Sync: which workers pushed since the last delivery.
+    arrived: Vec<bool>,
+    /// Deliveries made to each worker.
+    delivered: Vec<u64>,
+    /// Async: workers owed a delivery.
+    owed: Vec<bool>,
+    final_delivered: Vec<bool>,
+    last_age: u64,
+}
+
+impl Shard {
+    fn new(sh: Arc<Shared>) -> Self {
+        let p = sh.geo.p;
+        let mut state = Buf::new(sh.geo.len(sh.mesh.me));
+        fill_identity(sh.kind.dtype, sh.kind.op, state.bytes_mut());
+        Shard {
+            sh,
+            state,
+            taken: vec![0; p],
+            clocks: vec![0; p],
+            arrived: vec![false; p],
+            delivered: vec![0; p],
+            owed: vec![false; p],
+            final_delivered: vec![false; p],
+            last_age: 0,
+        }
+    }
+
+    fn age(&self) -> u64 {
+        self.clocks.iter().copied().min().unwrap_or(FINAL)
+    }
+
+    /// Takes every push that arrived and delivers state where due. Returns true if it did
+    /// anything.
+    fn step(&mut self) -> Result<bool> {
+        let sh = self.sh.clone();
+        let sh = &*sh;
+        let (me, p, geo) = (sh.mesh.me, sh.geo.p, &sh.geo);
+        let n = geo.len(me);
+        let mut did = false;
+        for w in 0..p {
+            if !sh.async_ && self.arrived[w] {
+                continue;
+            }
+            let h = geo.inbox(me, w);
+            let seq = sh.mesh.u64_at(me, h).load(Ordering::Acquire);
+            if seq == self.taken[w] {
+                continue;
+            }
+            debug_assert_eq!(seq, self.taken[w] + 1, "a worker pushed twice without credit");
+            let clock = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
+            let flags = sh.mesh.u32_at(me, h + 16).load(Ordering::Relaxed);
+            if flags & FLAG_EMPTY == 0 {
+                let src = unsafe { sh.mesh.base(me).add(h + HDR) };
+                sh.kind.acc(self.state.mut_ptr(), src, n);
+            }
+            self.taken[w] = seq;
+            self.clocks[w] = if flags & FLAG_FINAL != 0 { FINAL } else { clock };
+            self.arrived[w] = true;
+            self.owed[w] = true;
+            did = true;
+        }
+        if sh.async_ {
+            let age = self.age();
+            if age > self.last_age {
+                self.last_age = age;
+                self.owed.iter_mut().for_each(|o| *o = true);
+            }
+            for w in 0..p {
+                if self.owed[w] && sh.mesh.u64_at(me, Geo::ack(w)).load(Ordering::Acquire) == self.delivered[w] {
+                    self.deliver(w)?;
+                    self.owed[w] = false;
+                    did = true;
+                }
+            }
+        } else if self.arrived.iter().all(|&a| a) {
+            for w in 0..p {
+                self.deliver(w)?;
+            }
+            self.arrived.iter_mut().for_each(|a| *a = false);
+            did = true;
+        }
+        Ok(did)
+    }
+
+    fn deliver(&mut self, w: usize) -> Result<()> {
+        let sh = &*self.sh;
+        let me = sh.mesh.me;
+        let h = sh.geo.view(w, me);
+        let age = self.age();
+        sh.mesh.put(w, h + HDR, self.state.ptr(), self.state.bytes().len())?;
+        sh.mesh.u64_at(w, h + 8).store(self.taken[w], Ordering::Relaxed);
+        sh.mesh.u64_at(w, h + 16).store(age, Ordering::Relaxed);
+        sh.mesh.u32_at(w, h + 24).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
+        self.delivered[w] += 1;
+        sh.mesh.u64_at(w, h).store(self.delivered[w], Ordering::Release);
+        sh.mesh.ring(w);
+        if age == FINAL {
+            self.final_delivered[w] = true;
+            if self.final_delivered.iter().all(|&d| d) {
+                sh.shard_done.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The worker half: what this rank has contributed and what it has seen of each shard.
+struct Worker {
+    sh: Arc<Shared>,
+    /// Contributions not yet pushed, per shard (`missed_empty`: nothing there).
+    missed: Vec<Buf>,
+    missed_empty: Vec<bool>,
+    /// The last push to each shard, until a state including it arrives.
+    inflight: Vec<Buf>,
+    inflight_live: Vec<bool>,
+    /// Each shard's last delivered state, its age, and whether it is final.
+    view: Vec<Buf>,
+    view_age: Vec<u64>,
+    seen: Vec<u64>,
+    /// Pushes made to each shard, and how many of them the view includes.
+    pushes: Vec<u64>,
+    included: Vec<u64>,
+    flushing: bool,
+    final_sent: Vec<bool>,
+    /// The caller's clock, stamped on pushes.
+    clock: u64,
+}
+
+impl Worker {
+    fn new(sh: Arc<Shared>) -> Self {
+        let p = sh.geo.p;
+        let bufs = |fill: bool| -> Vec<Buf> {
+            (0..p)
+                .map(|s| {
+                    let mut b = Buf::new(sh.geo.len(s));
+                    if fill {
+                        fill_identity(sh.kind.dtype, sh.kind.op, b.bytes_mut());
+                    }
+                    b
+                })
+                .collect()
+        };
+        Worker {
+            missed: bufs(false),
+            missed_empty: vec![true; p],
+            inflight: bufs(false),
+            inflight_live: vec![false; p],
+            view: bufs(true),
+            view_age: vec![0; p],
+            seen: vec![0; p],
+            pushes: vec![0; p],
+            included: vec![0; p],
+            flushing: false,
+            final_sent: vec![false; p],
+            clock: 0,
+            sh,
+        }
+    }
+
+    fn absorb(&mut self, contribution: &[u8]) {
+        for s in 0..self.sh.geo.p {
+            let (lo, hi) = self.sh.geo.shard[s];
+            let src = contribution[lo..hi].as_ptr();
+            if self.missed_empty[s] {
+                self.missed[s].bytes_mut().copy_from_slice(&contribution[lo..hi]);
+                self.missed_empty[s] = false;
+            } else {
+                self.sh.kind.acc(self.missed[s].mut_ptr(), src, hi - lo);
+            }
+        }
+    }
+
+    /// Age of the oldest data in the view (`FINAL` when every shard is final).
+    fn age(&self) -> u64 {
+        self.view_age.iter().copied().min().unwrap_or(FINAL)
+    }
+
+    /// Copies in shard `s`'s new delivery, if there is one.
+    fn take_view(&mut self, s: usize) -> bool {
+        let sh = &*self.sh;
+        let me = sh.mesh.me;
+        let h = sh.geo.view(me, s);
+        let seq = sh.mesh.u64_at(me, h).load(Ordering::Acquire);
+        if seq == self.seen[s] {
+            return false;
+        }
+        let src = unsafe { sh.mesh.base(me).add(h + HDR) };
+        let n = sh.geo.len(s);
+        unsafe { std::ptr::copy_nonoverlapping(src, self.view[s].mut_ptr(), n) };
+        self.included[s] = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
+        self.view_age[s] = sh.mesh.u64_at(me, h + 16).load(Ordering::Relaxed);
+        if self.included[s] == self.pushes[s] {
+            self.inflight_live[s] = false;
+        }
+        self.seen[s] = seq;
+        true
+    }
+
+    fn push(&mut self, s: usize) -> Result<()> {
+        let sh = &*self.sh;
+        let me = sh.mesh.me;
+        let h = sh.geo.inbox(s, me);
+        let empty = self.missed_empty[s];
+        if !empty {
+            sh.mesh.put(s, h + HDR, self.missed[s].ptr(), sh.geo.len(s))?;
+        }
+        let mut flags = if empty { FLAG_EMPTY } else { 0 };
+        if self.flushing {
+            flags |= FLAG_FINAL;
+            self.final_sent[s] = true;
+        }
+        sh.mesh.u64_at(s, h + 8).store(self.clock, Ordering::Relaxed);
+        sh.mesh.u32_at(s, h + 16).store(flags, Ordering::Relaxed);
+        self.pushes[s] += 1;
+        sh.mesh.u64_at(s, h).store(self.pushes[s], Ordering::Release);
+        sh.mesh.ring(s);
+        std::mem::swap(&mut self.missed[s], &mut self.inflight[s]);
+        self.inflight_live[s] = !empty;
+        self.missed_empty[s] = true;
+        Ok(())
+    }
+
+    /// Takes deliveries and pushes where credit allows. Returns true if it did anything.
+    fn step(&mut self) -> Result<bool> {
+        let p = self.sh.geo.p;
+        let me = self.sh.mesh.me;
+        let mut did = false;
+        if self.sh.async_ {
+            for s in 0..p {
+                if self.take_view(s) {
+                    // Tell the shard its view slot is free again.
+                    self.sh.mesh.u64_at(s, Geo::ack(me)).store(self.seen[s], Ordering::Release);
+                    self.sh.mesh.ring(s);
+                    did = true;
+                }
+                let credit = self.included[s] == self.pushes[s];
+                if credit && (!self.missed_empty[s] || (self.flushing && !self.final_sent[s])) {
+                    self.push(s)?;
+                    did = true;
+                }
+            }
+        } else {
+            let ready = (0..p).all(|s| {
+                let h = self.sh.geo.view(me, s);
+                self.sh.mesh.u64_at(me, h).load(Ordering::Acquire) != self.seen[s]
+            });
+            if ready {
+                for s in 0..p {
+                    self.take_view(s);
+                }
+                did = true;
+            }
+            let credit = (0..p).all(|s| self.included[s] == self.pushes[s]);
+            let want = self.missed_empty.iter().any(|e| !e) || (self.flushing && self.age() != FINAL);
+            if credit && want {
+                for s in 0..p {
+                    self.push(s)?;
+                }
+                did = true;
+            }
+        }
+        Ok(did)
+    }
+
+    /// `out = view ⊕ inflight ⊕ missed`, shard by shard.
+    fn result(&self, out: &mut [u8]) {
+        let k = self.sh.kind;
+        for s in 0..self.sh.geo.p {
+            let (lo, hi) = self.sh.geo.shard[s];
+            let o = out[lo..hi].as_mut_ptr();
+            let n = hi - lo;
+            match (self.inflight_live[s], !self.missed_empty[s]) {
+                (false, false) => out[lo..hi].copy_from_slice(self.view[s].bytes()),
+                (true, false) => k.acc3(o, self.view[s].ptr(), self.inflight[s].ptr(), n),
+                (false, true) => k.acc3(o, self.view[s].ptr(), self.missed[s].ptr(), n),
+                (true, true) => {
+                    k.acc3(o, self.view[s].ptr(), self.inflight[s].ptr(), n);
+                    k.acc(o, self.missed[s].ptr(), n);
+                }
+            }
+        }
+    }
+}
+
+/// A Sharded-SSP reduction: the worker half runs in the caller; the shard half runs in the
+/// caller too (it makes progress whenever this rank is inside a call) or, for the Thread
+/// variants, on a background thread that serves it as soon as updates arrive.
+pub(crate) struct Sharded {
+    sh: Arc<Shared>,
+    worker: Worker,
+    /// The shard, when served inline.
+    shard: Option<Shard>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sharded {
+    pub(crate) fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant) -> Result<Self> {
+        let p = dev.size() as usize;
+        let geo = Geo::new(p, count, dtype.size_bytes());
+        let mesh = Mesh::new(dev, geo.region_len(dev.rank() as usize))?;
+        let async_ = matches!(variant, Variant::ShardedAsync | Variant::ShardedAsyncThread);
+        let sh = Arc::new(Shared {
+            mesh,
+            geo,
+            kind: Kind { dtype, op },
+            async_,
+            shard_done: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            thread_error: Mutex::new(None),
+        });
+        let shard = Shard::new(sh.clone());
+        let worker = Worker::new(sh.clone());
+        let threaded = matches!(variant, Variant::ShardedThread | Variant::ShardedAsyncThread);
+        let (shard, thread) = if threaded {
+            let sh2 = sh.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("ssp-shard-{}", sh.mesh.me))
+                .spawn(move || serve(shard, sh2))
+                .map_err(|e| Error::io("spawning the SSP shard thread", e))?;
+            (None, Some(t))
+        } else {
+            (Some(shard), None)
+        };
+        // Every rank's region is zeroed and mapped; no peer writes before its first call.
+        Ok(Sharded { sh, worker, shard, thread })
+    }
+
+    /// Runs the worker (and inline shard) until `done` holds, parking between updates.
+    fn progress(&mut self, done: &dyn Fn(&Worker, &Shared) -> bool, what: &dyn Fn() -> String) -> Result<Duration> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let seen = self.sh.mesh.my_bell();
+            let mut did = true;
+            while did {
+                did = false;
+                if let Some(s) = self.shard.as_mut() {
+                    did |= s.step()?;
+                }
+                did |= self.worker.step()?;
+            }
+            if done(&self.worker, &self.sh) {
+                return Ok(waited);
+            }
+            self.sh.thread_error()?;
+            let t = Instant::now();
+            self.sh.mesh.wait_bell(seen, None, what, &|| self.sh.thread_error())?;
+            waited += t.elapsed();
+        }
+    }
+
+    pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
+        self.worker.clock = clock;
+        self.worker.absorb(contribution);
+        let need = clock.saturating_sub(slack);
+        let waited = self.progress(&|w, _| w.age() >= need, &|| {
+            format!("SSP data of clock >= {need} from every shard (clock {clock}, slack {slack})")
+        })?;
+        self.worker.result(out);
+        let age = self.worker.age().min(clock);
+        Ok((waited, age))
+    }
+
+    pub(crate) fn flush(&mut self, out: &mut [u8]) -> Result<()> {
+        self.worker.flushing = true;
+        self.progress(&|w, sh| w.age() == FINAL && sh.shard_done.load(Ordering::Acquire), &|| {
+            "every rank to flush its SSP reduction".to_string()
+        })?;
+        self.worker.result(out);
+        Ok(())
+    }
+}
+
+impl Drop for Sharded {
+    fn drop(&mut self) {
+        self.sh.stop.store(true, Ordering::Release);
+        self.sh.mesh.ring(self.sh.mesh.me);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The background shard server of the Thread variants.
+fn serve(mut shard: Shard, sh: Arc<Shared>) {
+    let idle = Some(Duration::from_secs(3600));
+    loop {
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let seen = sh.mesh.my_bell();
+        let r = (|| -> Result<()> {
+            while shard.step()? {}
+            Ok(())
+        })();
+        let r = r.and_then(|_| {
+            sh.mesh.wait_bell(seen, idle, &|| "updates for this rank's SSP shard".to_string(), &|| {
+                if sh.stop.load(Ordering::Acquire) {
+                    Err(Error::Interrupted(String::new()))
+                } else {
+                    Ok(())
+                }
+            })
+        });
+        match r {
+            Ok(()) | Err(Error::Timeout { .. }) => {}
+            Err(Error::Interrupted(_)) => return,
+            Err(e) => {
+                if !sh.stop.load(Ordering::Acquire) {
+                    *sh.thread_error.lock().unwrap() = Some(e);
+                    sh.mesh.ring(sh.mesh.me);
+                }
+                return;
+            }
+        }
+    }
+}

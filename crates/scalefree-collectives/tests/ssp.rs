@@ -1,0 +1,168 @@
+//! Stale-synchronous reductions with ranks as threads: randomized runs that check, for
+//! every call, that the caller's own contributions are all in its result, that no other
+//! rank's data is older than the slack, that consistent variants give every shard the same
+//! set of contributions, and, after flush, that every rank holds the exact total.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use scalefree_collectives::ssp::{SspReduction, Variant};
+use scalefree_collectives::{DType, ReduceOp};
+use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
+
+static JOB: AtomicU32 = AtomicU32::new(0);
+
+fn devices<F>(n: u32, f: F)
+where
+    F: Fn(Device) + Send + Sync + Clone + 'static,
+{
+    let id = format!("ssp{}-{}", std::process::id(), JOB.fetch_add(1, Ordering::SeqCst));
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let id = id.clone();
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
+                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30) };
+                f(Device::new(job, opts).unwrap());
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn as_bytes(v: &[i64]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+}
+fn as_bytes_mut(v: &mut [i64]) -> &mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 8) }
+}
+
+/// Element `j` counts the contributions of rank `j % n`; each call adds 1 there (so every
+/// shard holds a counter for every rank) and a pseudo-random payload that the final total
+/// must match exactly.
+fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, calls: u64, slack: u64, delay_us: u64) {
+    devices(n, move |dev| {
+        let me = dev.rank();
+        let mut rng = Rng(seed * 7919 + me as u64 * 104_729 + 1);
+        let mut red = SspReduction::new(&dev, count, DType::I64, ReduceOp::Sum, variant).unwrap();
+        let mut out = vec![0i64; count];
+        let payload = |r: u32, t: u64, j: usize| ((r as i64 + 1) * 1_000_003 + t as i64 * 7_919 + j as i64 * 31) % 1013;
+        for t in 1..=calls {
+            let mut c = vec![0i64; count];
+            for (j, x) in c.iter_mut().enumerate() {
+                if j < reps * n as usize {
+                    *x = (j % n as usize == me as usize) as i64;
+                } else {
+                    *x = payload(me, t, j);
+                }
+            }
+            if delay_us > 0 && rng.below(3) == 0 {
+                std::thread::sleep(Duration::from_micros(rng.below(delay_us)));
+            }
+            let st = red.allreduce(as_bytes(&c), as_bytes_mut(&mut out), slack).unwrap();
+            assert_eq!(st.clock, t);
+            assert!(st.age_diff <= slack, "{variant:?} n={n}: age difference {} > slack {slack}", st.age_diff);
+            for r in 0..n as usize {
+                let seen: Vec<i64> = (0..reps).map(|i| out[i * n as usize + r]).collect();
+                if r == me as usize {
+                    assert!(seen.iter().all(|&s| s == t as i64), "{variant:?} n={n} rank {me} clock {t}: own count {seen:?}");
+                } else {
+                    let lo = t.saturating_sub(slack) as i64;
+                    assert!(seen.iter().all(|&s| s >= lo && s <= calls as i64),
+                        "{variant:?} n={n} rank {me} clock {t} slack {slack}: rank {r} counts {seen:?}, need >= {lo}");
+                    if variant.consistent() {
+                        assert!(seen.iter().all(|&s| s == seen[0]), "{variant:?}: shards disagree {seen:?}");
+                    }
+                }
+            }
+        }
+        red.flush(as_bytes_mut(&mut out)).unwrap();
+        for (j, &x) in out.iter().enumerate() {
+            let want = if j < reps * n as usize {
+                calls as i64
+            } else {
+                (0..n).map(|r| (1..=calls).map(|t| payload(r, t, j)).sum::<i64>()).sum()
+            };
+            assert_eq!(x, want, "{variant:?} n={n} after flush, element {j}");
+        }
+        assert!(red.allreduce(as_bytes(&vec![0; count]), as_bytes_mut(&mut out), 0).is_err());
+    });
+}
+
+#[test]
+fn slack_zero_is_exact_every_variant_every_size() {
+    for n in 1..=5u32 {
+        for v in Variant::ALL {
+            run_case(n as u64, n, v, 2, 2 * n as usize + 37, 12, 0, 0);
+        }
+    }
+}
+
+#[test]
+fn randomized_runs_conserve_every_contribution() {
+    let mut rng = Rng(0x5eed);
+    let runs: usize = std::env::var("SSP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    for i in 0..runs {
+        let n = 1 + rng.below(4) as u32;
+        let v = Variant::ALL[rng.below(5) as usize];
+        let reps = 1 + rng.below(3) as usize;
+        let count = reps * n as usize + rng.below(300) as usize;
+        let calls = 1 + rng.below(25);
+        let slack = [0, 1, 2, 4, 8, 255][rng.below(6) as usize];
+        let delay = [0, 50, 500][rng.below(3) as usize];
+        run_case(1000 + i as u64, n, v, reps, count, calls, slack, delay);
+    }
+}
+
+#[test]
+fn other_ops_and_dtypes_flush_exactly() {
+    for v in Variant::ALL {
+        devices(3, move |dev| {
+            let me = dev.rank() as usize;
+            let count = 1001;
+            for op in [ReduceOp::Max, ReduceOp::Min] {
+                let mut red = SspReduction::new(&dev, count, DType::F64, op, v).unwrap();
+                let mut out = vec![0f64; count];
+                let val = |r: usize, t: usize, j: usize| (((r * 131 + t * 17 + j * 7) % 97) as f64) - 40.0;
+                for t in 0..9 {
+                    let c: Vec<f64> = (0..count).map(|j| val(me, t, j)).collect();
+                    let cb = unsafe { std::slice::from_raw_parts(c.as_ptr() as *const u8, count * 8) };
+                    let ob = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 8) };
+                    red.allreduce(cb, ob, 3).unwrap();
+                }
+                let ob = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 8) };
+                red.flush(ob).unwrap();
+                for (j, &x) in out.iter().enumerate() {
+                    let all = (0..3).flat_map(|r| (0..9).map(move |t| val(r, t, j)));
+                    let want = if op == ReduceOp::Max { all.fold(f64::MIN, f64::max) } else { all.fold(f64::MAX, f64::min) };
+                    assert_eq!(x, want, "{v:?} {op:?} element {j}");
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn mismatched_arguments_are_an_error() {
+    devices(2, |dev| {
+        let count = if dev.rank() == 0 { 10 } else { 11 };
+        let e = SspReduction::new(&dev, count, DType::F32, ReduceOp::Sum, Variant::Sharded).err().expect("mismatch");
+        assert!(e.to_string().contains("disagree"), "{e}");
+    });
+}
