@@ -44,6 +44,16 @@ class Group(_native.Group):
         self._allgather_into(a, out, algorithm)
         return out
 
+    def ssp_reduction(self, count: int, dtype="float32", op: str = "sum",
+                      variant: str = "sharded_async_thread"):
+        """Collective: sets up a stale-synchronous reduction of ``count`` elements (see
+        :mod:`scalefree.ssp`). Several may be live at once."""
+        from .ssp import SspReduction
+
+        if int(count) < 0:
+            raise InvalidArgumentError(f"count must be >= 0, got {count}")
+        return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant))
+
     def __enter__(self):
         return self
 

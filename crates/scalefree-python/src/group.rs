@@ -229,6 +229,12 @@ impl Group {
         self.with_comm(py, |c| c.barrier())
     }
 
+    /// Collective: a stale-synchronous reduction of `count` elements (see `scalefree.ssp`).
+    #[pyo3(signature = (count, dtype="float32", op="sum", variant="sharded_async_thread"))]
+    fn _ssp_reduction(&self, py: Python<'_>, count: usize, dtype: &str, op: &str, variant: &str) -> PyResult<crate::ssp::PySspReduction> {
+        crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant)
+    }
+
     /// The one-sided device under this group (regions, channels, notifications).
     #[getter]
     fn device(&self) -> PyDevice {

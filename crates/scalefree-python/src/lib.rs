@@ -8,6 +8,7 @@ mod device;
 mod errors;
 mod flash;
 mod group;
+mod ssp;
 
 use pyo3::prelude::*;
 
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyRemoteRegion>()?;
     m.add_class::<device::PyChannel>()?;
     m.add_class::<device::PyCompletion>()?;
+    m.add_class::<ssp::PySspReduction>()?;
     m.add_class::<flash::PyFlashRuntime>()?;
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;

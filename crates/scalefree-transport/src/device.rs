@@ -189,6 +189,12 @@ impl Device {
                 return Err(Error::Interrupted("waiting for peers".into()));
             }
         }
+        self.check_alive()
+    }
+
+    /// Errors with [`Error::PeerLost`] if any peer process has exited (no interrupt check:
+    /// for background threads).
+    pub fn check_alive(&self) -> Result<()> {
         for (r, p) in self.inner.peers.iter().enumerate() {
             if let Some(w) = &p.watch {
                 if !w.alive() {

@@ -146,7 +146,7 @@ impl Hypercube {
                 return Ok(age);
             }
             let t = Instant::now();
-            self.mesh.wait_bell(seen, None, what, &|| Ok(()))?;
+            self.mesh.wait_bell(seen, None, what, &|| Ok(()), true)?;
             *waited += t.elapsed();
         }
     }
@@ -244,7 +244,7 @@ impl Hypercube {
                 // Partners may still need our final partials: they were all published.
                 return Ok(());
             }
-            self.mesh.wait_bell(seen, None, &|| "every rank to flush its SSP reduction".to_string(), &|| Ok(()))?;
+            self.mesh.wait_bell(seen, None, &|| "every rank to flush its SSP reduction".to_string(), &|| Ok(()), true)?;
         }
     }
 }

@@ -336,13 +336,15 @@ impl Mesh {
         self.bell(self.me).load(Ordering::SeqCst)
     }
     /// Parks until this rank's bell differs from `seen` (an update arrived), checking that
-    /// peers are alive and `extra` (errors of a background thread) meanwhile.
+    /// peers are alive and `extra` (errors of a background thread) meanwhile; only the caller's
+    /// thread is `interruptible` (Ctrl-C in Python).
     pub(crate) fn wait_bell(
         &self,
         seen: u32,
         timeout: Option<Duration>,
         what: &dyn Fn() -> String,
         extra: &dyn Fn() -> Result<()>,
+        interruptible: bool,
     ) -> Result<()> {
         let mut policy = *self.dev.policy();
         if let Some(t) = timeout {
@@ -350,7 +352,11 @@ impl Mesh {
         }
         wait::wait_until(self.bell(self.me), self.u32_at(self.me, OFF_WAITERS), |v| v != seen, &policy, what, &|| {
             extra()?;
-            self.dev.check_peers()
+            if interruptible {
+                self.dev.check_peers()
+            } else {
+                self.dev.check_alive()
+            }
         })?;
         Ok(())
     }

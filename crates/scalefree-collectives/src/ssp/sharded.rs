@@ -479,7 +479,7 @@ impl Sharded {
             }
             self.sh.thread_error()?;
             let t = Instant::now();
-            self.sh.mesh.wait_bell(seen, None, what, &|| self.sh.thread_error())?;
+            self.sh.mesh.wait_bell(seen, None, what, &|| self.sh.thread_error(), true)?;
             waited += t.elapsed();
         }
     }
@@ -535,7 +535,7 @@ fn serve(mut shard: Shard, sh: Arc<Shared>) {
                 } else {
                     Ok(())
                 }
-            })
+            }, false)
         });
         match r {
             Ok(()) | Err(Error::Timeout { .. }) => {}
