@@ -187,6 +187,49 @@ pub unsafe fn reduce3(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b:
     }
 }
 
+#[inline(always)]
+fn apply4<T: Elem>(dst: &mut [T], a: &[T], b: &[T], c: &[T], f: impl Fn(T, T) -> T) {
+    for (((d, &x), &y), &z) in dst.iter_mut().zip(a).zip(b).zip(c) {
+        *d = f(f(x, y), z);
+    }
+}
+
+unsafe fn typed4<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, c: *const u8, n: usize) {
+    let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut T, n) };
+    let (a, b, c) = unsafe {
+        (
+            std::slice::from_raw_parts(a as *const T, n),
+            std::slice::from_raw_parts(b as *const T, n),
+            std::slice::from_raw_parts(c as *const T, n),
+        )
+    };
+    match op {
+        ReduceOp::Sum => apply4(d, a, b, c, T::sum),
+        ReduceOp::Prod => apply4(d, a, b, c, T::prod),
+        ReduceOp::Min => apply4(d, a, b, c, T::min),
+        ReduceOp::Max => apply4(d, a, b, c, T::max),
+    }
+}
+
+/// `dst[i] = (a[i] op b[i]) op c[i]` in one pass over memory.
+///
+/// # Safety
+/// All four ranges must be valid for `n` elements of `dtype`; `dst` may not overlap any input.
+pub unsafe fn reduce4(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, c: *const u8, n: usize) {
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        match dtype {
+            DType::F32 => typed4::<f32>(op, dst, a, b, c, n),
+            DType::F64 => typed4::<f64>(op, dst, a, b, c, n),
+            DType::I32 => typed4::<i32>(op, dst, a, b, c, n),
+            DType::I64 => typed4::<i64>(op, dst, a, b, c, n),
+            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+        }
+    }
+}
+
 /// `dst[i] = dst[i] op src[i]`.
 ///
 /// # Safety

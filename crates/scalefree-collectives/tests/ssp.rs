@@ -92,7 +92,8 @@ fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, call
                 }
             }
         }
-        red.flush(as_bytes_mut(&mut out)).unwrap();
+        red.flush(as_bytes_mut(&mut out))
+            .unwrap_or_else(|e| panic!("{variant:?} n={n} count={count} calls={calls} slack={slack} rank {me}: {e}"));
         for (j, &x) in out.iter().enumerate() {
             let want = if j < reps * n as usize {
                 calls as i64
@@ -117,7 +118,7 @@ fn slack_zero_is_exact_every_variant_every_size() {
 #[test]
 fn randomized_runs_conserve_every_contribution() {
     let mut rng = Rng(0x5eed);
-    let runs: usize = std::env::var("SSP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let runs: usize = std::env::var("SSP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     for i in 0..runs {
         let n = 1 + rng.below(4) as u32;
         let v = Variant::ALL[rng.below(5) as usize];
@@ -166,3 +167,4 @@ fn mismatched_arguments_are_an_error() {
         assert!(e.to_string().contains("disagree"), "{e}");
     });
 }
+

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use scalefree_transport::{wait, Device, Error, Region, RemoteRegion, Result};
 
-use crate::reduce::{reduce3, reduce_into, DType, ReduceOp};
+use crate::reduce::{reduce3, reduce4, reduce_into, DType, ReduceOp};
 
 /// Which SSP design a reduction uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,6 +274,10 @@ impl Kind {
     /// `dst op= src` over `n` bytes.
     pub(crate) fn acc(&self, dst: *mut u8, src: *const u8, nbytes: usize) {
         unsafe { reduce_into(self.dtype, self.op, dst, src, nbytes / self.dtype.size_bytes()) }
+    }
+    /// `dst = a op b op c` over `n` bytes, one pass.
+    pub(crate) fn acc4(&self, dst: *mut u8, a: *const u8, b: *const u8, c: *const u8, nbytes: usize) {
+        unsafe { reduce4(self.dtype, self.op, dst, a, b, c, nbytes / self.dtype.size_bytes()) }
     }
     /// `dst = a op b` over `n` bytes.
     pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {

@@ -62,7 +62,7 @@ impl Geo {
         let mut o = 0;
         for (lo, hi) in &shard {
             view_off.push(o);
-            o += HDR + (hi - lo).next_multiple_of(64);
+            o += HDR + 2 * (hi - lo).next_multiple_of(64);
         }
         Geo { p, shard, inbox_base: OFF_ACKS + p * 64, stride, view_off }
     }
@@ -73,7 +73,7 @@ impl Geo {
         self.inbox_base + self.p * self.stride[owner]
     }
     fn region_len(&self, owner: usize) -> usize {
-        let views: usize = (0..self.p).map(|s| HDR + self.len(s).next_multiple_of(64)).sum();
+        let views: usize = (0..self.p).map(|s| HDR + 2 * self.len(s).next_multiple_of(64)).sum();
         self.views_base(owner) + views
     }
     /// Header of worker `w`'s inbox slot at shard `owner`.
@@ -83,6 +83,11 @@ impl Geo {
     /// Header of shard `s`'s view at worker `owner`.
     fn view(&self, owner: usize, s: usize) -> usize {
         self.views_base(owner) + self.view_off[s]
+    }
+    /// Data of delivery number `k` of shard `s` at worker `owner` (views are double
+    /// buffered: delivery `k` goes to buffer `k % 2`).
+    fn view_data(&self, owner: usize, s: usize, k: u64) -> usize {
+        self.view(owner, s) + HDR + (k % 2) as usize * self.len(s).next_multiple_of(64)
     }
     fn ack(w: usize) -> usize {
         OFF_ACKS + w * 64
@@ -223,7 +228,8 @@ impl Shard {
         let me = sh.mesh.me;
         let h = sh.geo.view(w, me);
         let age = self.age();
-        sh.mesh.put(w, h + HDR, self.state.ptr(), self.state.bytes().len())?;
+        let data = sh.geo.view_data(w, me, self.delivered[w] + 1);
+        sh.mesh.put(w, data, self.state.ptr(), self.state.bytes().len())?;
         sh.mesh.u64_at(w, h + 8).store(self.taken[w], Ordering::Relaxed);
         sh.mesh.u64_at(w, h + 16).store(age, Ordering::Relaxed);
         sh.mesh.u32_at(w, h + 24).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
@@ -234,6 +240,8 @@ impl Shard {
             self.final_delivered[w] = true;
             if self.final_delivered.iter().all(|&d| d) {
                 sh.shard_done.store(true, Ordering::Release);
+                // This rank's flush may be parked waiting for exactly this.
+                sh.mesh.ring(me);
             }
         }
         Ok(())
@@ -241,21 +249,26 @@ impl Shard {
 }
 
 /// The worker half: what this rank has contributed and what it has seen of each shard.
+///
+/// Nothing is copied to keep a view or the data in flight: a shard's deliveries are read in
+/// place from this rank's region (double buffered, so the shard writes the next one into
+/// the other buffer), and the last push to a shard is read back from that shard's inbox,
+/// which nobody touches until this rank pushes again.
 struct Worker {
     sh: Arc<Shared>,
     /// Contributions not yet pushed, per shard (`missed_empty`: nothing there).
     missed: Vec<Buf>,
     missed_empty: Vec<bool>,
-    /// The last push to each shard, until a state including it arrives.
-    inflight: Vec<Buf>,
+    /// Whether the last push to each shard held data its view does not include yet.
     inflight_live: Vec<bool>,
-    /// Each shard's last delivered state, its age, and whether it is final.
-    view: Vec<Buf>,
+    /// The identity, standing in for a shard that has delivered nothing yet.
+    identity: Buf,
+    /// Age of each shard's view, the deliveries seen, and how many of this worker's pushes
+    /// the view includes.
     view_age: Vec<u64>,
     seen: Vec<u64>,
-    /// Pushes made to each shard, and how many of them the view includes.
-    pushes: Vec<u64>,
     included: Vec<u64>,
+    pushes: Vec<u64>,
     flushing: bool,
     final_sent: Vec<bool>,
     /// The caller's clock, stamped on pushes.
@@ -265,27 +278,18 @@ struct Worker {
 impl Worker {
     fn new(sh: Arc<Shared>) -> Self {
         let p = sh.geo.p;
-        let bufs = |fill: bool| -> Vec<Buf> {
-            (0..p)
-                .map(|s| {
-                    let mut b = Buf::new(sh.geo.len(s));
-                    if fill {
-                        fill_identity(sh.kind.dtype, sh.kind.op, b.bytes_mut());
-                    }
-                    b
-                })
-                .collect()
-        };
+        let longest = (0..p).map(|s| sh.geo.len(s)).max().unwrap_or(0);
+        let mut identity = Buf::new(longest);
+        fill_identity(sh.kind.dtype, sh.kind.op, identity.bytes_mut());
         Worker {
-            missed: bufs(false),
+            missed: (0..p).map(|s| Buf::new(sh.geo.len(s))).collect(),
             missed_empty: vec![true; p],
-            inflight: bufs(false),
             inflight_live: vec![false; p],
-            view: bufs(true),
+            identity,
             view_age: vec![0; p],
             seen: vec![0; p],
-            pushes: vec![0; p],
             included: vec![0; p],
+            pushes: vec![0; p],
             flushing: false,
             final_sent: vec![false; p],
             clock: 0,
@@ -293,17 +297,32 @@ impl Worker {
         }
     }
 
-    fn absorb(&mut self, contribution: &[u8]) {
-        for s in 0..self.sh.geo.p {
+    fn credit(&self, s: usize) -> bool {
+        self.included[s] == self.pushes[s]
+    }
+
+    /// Pushes `contribution` straight from the caller's buffer where the shard can take it
+    /// and nothing older is waiting; accumulates it into *missed* elsewhere.
+    fn contribute(&mut self, contribution: &[u8]) -> Result<()> {
+        let p = self.sh.geo.p;
+        let direct: Vec<bool> = if self.sh.async_ {
+            (0..p).map(|s| self.missed_empty[s] && self.credit(s)).collect()
+        } else {
+            let all = (0..p).all(|s| self.missed_empty[s] && self.credit(s));
+            vec![all; p]
+        };
+        for s in 0..p {
             let (lo, hi) = self.sh.geo.shard[s];
-            let src = contribution[lo..hi].as_ptr();
-            if self.missed_empty[s] {
+            if direct[s] {
+                self.push(s, Some(contribution[lo..hi].as_ptr()))?;
+            } else if self.missed_empty[s] {
                 self.missed[s].bytes_mut().copy_from_slice(&contribution[lo..hi]);
                 self.missed_empty[s] = false;
             } else {
-                self.sh.kind.acc(self.missed[s].mut_ptr(), src, hi - lo);
+                self.sh.kind.acc(self.missed[s].mut_ptr(), contribution[lo..hi].as_ptr(), hi - lo);
             }
         }
+        Ok(())
     }
 
     /// Age of the oldest data in the view (`FINAL` when every shard is final).
@@ -311,7 +330,7 @@ impl Worker {
         self.view_age.iter().copied().min().unwrap_or(FINAL)
     }
 
-    /// Copies in shard `s`'s new delivery, if there is one.
+    /// Takes note of shard `s`'s new delivery, if there is one.
     fn take_view(&mut self, s: usize) -> bool {
         let sh = &*self.sh;
         let me = sh.mesh.me;
@@ -320,9 +339,6 @@ impl Worker {
         if seq == self.seen[s] {
             return false;
         }
-        let src = unsafe { sh.mesh.base(me).add(h + HDR) };
-        let n = sh.geo.len(s);
-        unsafe { std::ptr::copy_nonoverlapping(src, self.view[s].mut_ptr(), n) };
         self.included[s] = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
         self.view_age[s] = sh.mesh.u64_at(me, h + 16).load(Ordering::Relaxed);
         if self.included[s] == self.pushes[s] {
@@ -332,13 +348,15 @@ impl Worker {
         true
     }
 
-    fn push(&mut self, s: usize) -> Result<()> {
+    /// Pushes `src` (the caller's data) or, with `None`, the missed contributions to shard `s`.
+    fn push(&mut self, s: usize, src: Option<*const u8>) -> Result<()> {
         let sh = &*self.sh;
         let me = sh.mesh.me;
         let h = sh.geo.inbox(s, me);
-        let empty = self.missed_empty[s];
+        let empty = src.is_none() && self.missed_empty[s];
         if !empty {
-            sh.mesh.put(s, h + HDR, self.missed[s].ptr(), sh.geo.len(s))?;
+            let p = src.unwrap_or_else(|| self.missed[s].ptr());
+            sh.mesh.put(s, h + HDR, p, sh.geo.len(s))?;
         }
         let mut flags = if empty { FLAG_EMPTY } else { 0 };
         if self.flushing {
@@ -350,9 +368,10 @@ impl Worker {
         self.pushes[s] += 1;
         sh.mesh.u64_at(s, h).store(self.pushes[s], Ordering::Release);
         sh.mesh.ring(s);
-        std::mem::swap(&mut self.missed[s], &mut self.inflight[s]);
         self.inflight_live[s] = !empty;
-        self.missed_empty[s] = true;
+        if src.is_none() {
+            self.missed_empty[s] = true;
+        }
         Ok(())
     }
 
@@ -364,14 +383,13 @@ impl Worker {
         if self.sh.async_ {
             for s in 0..p {
                 if self.take_view(s) {
-                    // Tell the shard its view slot is free again.
+                    // The view now in use is the other buffer: the shard may fill this one.
                     self.sh.mesh.u64_at(s, Geo::ack(me)).store(self.seen[s], Ordering::Release);
                     self.sh.mesh.ring(s);
                     did = true;
                 }
-                let credit = self.included[s] == self.pushes[s];
-                if credit && (!self.missed_empty[s] || (self.flushing && !self.final_sent[s])) {
-                    self.push(s)?;
+                if self.credit(s) && (!self.missed_empty[s] || (self.flushing && !self.final_sent[s])) {
+                    self.push(s, None)?;
                     did = true;
                 }
             }
@@ -386,11 +404,11 @@ impl Worker {
                 }
                 did = true;
             }
-            let credit = (0..p).all(|s| self.included[s] == self.pushes[s]);
+            let credit = (0..p).all(|s| self.credit(s));
             let want = self.missed_empty.iter().any(|e| !e) || (self.flushing && self.age() != FINAL);
             if credit && want {
                 for s in 0..p {
-                    self.push(s)?;
+                    self.push(s, None)?;
                 }
                 did = true;
             }
@@ -398,21 +416,25 @@ impl Worker {
         Ok(did)
     }
 
-    /// `out = view ⊕ inflight ⊕ missed`, shard by shard.
+    /// `out = view ⊕ inflight ⊕ missed`, shard by shard, in one pass each.
     fn result(&self, out: &mut [u8]) {
-        let k = self.sh.kind;
-        for s in 0..self.sh.geo.p {
-            let (lo, hi) = self.sh.geo.shard[s];
+        let sh = &*self.sh;
+        let (k, me) = (sh.kind, sh.mesh.me);
+        for s in 0..sh.geo.p {
+            let (lo, hi) = sh.geo.shard[s];
             let o = out[lo..hi].as_mut_ptr();
             let n = hi - lo;
+            let view = if self.seen[s] == 0 {
+                self.identity.ptr()
+            } else {
+                unsafe { sh.mesh.base(me).add(sh.geo.view_data(me, s, self.seen[s])) as *const u8 }
+            };
+            let inflight = unsafe { sh.mesh.base(s).add(sh.geo.inbox(s, me) + HDR) as *const u8 };
             match (self.inflight_live[s], !self.missed_empty[s]) {
-                (false, false) => out[lo..hi].copy_from_slice(self.view[s].bytes()),
-                (true, false) => k.acc3(o, self.view[s].ptr(), self.inflight[s].ptr(), n),
-                (false, true) => k.acc3(o, self.view[s].ptr(), self.missed[s].ptr(), n),
-                (true, true) => {
-                    k.acc3(o, self.view[s].ptr(), self.inflight[s].ptr(), n);
-                    k.acc(o, self.missed[s].ptr(), n);
-                }
+                (false, false) => unsafe { std::ptr::copy_nonoverlapping(view, o, n) },
+                (true, false) => k.acc3(o, view, inflight, n),
+                (false, true) => k.acc3(o, view, self.missed[s].ptr(), n),
+                (true, true) => k.acc4(o, view, inflight, self.missed[s].ptr(), n),
             }
         }
     }
@@ -485,8 +507,14 @@ impl Sharded {
     }
 
     pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
+        // Take what arrived (pushes made now carry the previous clock: they hold nothing
+        // newer), then add this call's contribution.
+        if let Some(sd) = self.shard.as_mut() {
+            sd.step()?;
+        }
+        self.worker.step()?;
         self.worker.clock = clock;
-        self.worker.absorb(contribution);
+        self.worker.contribute(contribution)?;
         let need = clock.saturating_sub(slack);
         let waited = self.progress(&|w, _| w.age() >= need, &|| {
             format!("SSP data of clock >= {need} from every shard (clock {clock}, slack {slack})")
@@ -498,9 +526,10 @@ impl Sharded {
 
     pub(crate) fn flush(&mut self, out: &mut [u8]) -> Result<()> {
         self.worker.flushing = true;
-        self.progress(&|w, sh| w.age() == FINAL && sh.shard_done.load(Ordering::Acquire), &|| {
+        let r = self.progress(&|w, sh| w.age() == FINAL && sh.shard_done.load(Ordering::Acquire), &|| {
             "every rank to flush its SSP reduction".to_string()
-        })?;
+        });
+        r?;
         self.worker.result(out);
         Ok(())
     }
