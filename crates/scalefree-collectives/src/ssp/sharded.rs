@@ -446,8 +446,10 @@ impl Worker {
 pub(crate) struct Sharded {
     sh: Arc<Shared>,
     worker: Worker,
-    /// The shard, when served inline.
-    shard: Option<Shard>,
+    /// The shard. The caller steps it whenever it is inside a call (so a caller about to
+    /// wait does the work itself instead of waiting for a thread to wake up); the Thread
+    /// variants' background thread steps it in between.
+    shard: Arc<Mutex<Shard>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -469,15 +471,16 @@ impl Sharded {
         let shard = Shard::new(sh.clone());
         let worker = Worker::new(sh.clone());
         let threaded = matches!(variant, Variant::ShardedThread | Variant::ShardedAsyncThread);
-        let (shard, thread) = if threaded {
-            let sh2 = sh.clone();
+        let shard = Arc::new(Mutex::new(shard));
+        let thread = if threaded {
+            let (sh2, shard2) = (sh.clone(), shard.clone());
             let t = std::thread::Builder::new()
                 .name(format!("ssp-shard-{}", sh.mesh.me))
-                .spawn(move || serve(shard, sh2))
+                .spawn(move || serve(shard2, sh2))
                 .map_err(|e| Error::io("spawning the SSP shard thread", e))?;
-            (None, Some(t))
+            Some(t)
         } else {
-            (Some(shard), None)
+            None
         };
         // Every rank's region is zeroed and mapped; no peer writes before its first call.
         Ok(Sharded { sh, worker, shard, thread })
@@ -491,7 +494,7 @@ impl Sharded {
             let mut did = true;
             while did {
                 did = false;
-                if let Some(s) = self.shard.as_mut() {
+                if let Ok(mut s) = self.shard.try_lock() {
                     did |= s.step()?;
                 }
                 did |= self.worker.step()?;
@@ -509,7 +512,7 @@ impl Sharded {
     pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
         // Take what arrived (pushes made now carry the previous clock: they hold nothing
         // newer), then add this call's contribution.
-        if let Some(sd) = self.shard.as_mut() {
+        if let Ok(mut sd) = self.shard.try_lock() {
             sd.step()?;
         }
         self.worker.step()?;
@@ -546,7 +549,7 @@ impl Drop for Sharded {
 }
 
 /// The background shard server of the Thread variants.
-fn serve(mut shard: Shard, sh: Arc<Shared>) {
+fn serve(shard: Arc<Mutex<Shard>>, sh: Arc<Shared>) {
     let idle = Some(Duration::from_secs(3600));
     loop {
         if sh.stop.load(Ordering::Acquire) {
@@ -554,7 +557,8 @@ fn serve(mut shard: Shard, sh: Arc<Shared>) {
         }
         let seen = sh.mesh.my_bell();
         let r = (|| -> Result<()> {
-            while shard.step()? {}
+            let mut sd = shard.lock().unwrap_or_else(|p| p.into_inner());
+            while sd.step()? {}
             Ok(())
         })();
         let r = r.and_then(|_| {
