@@ -7,7 +7,9 @@ call; an SSP loop can only be as fast as the rank whose delays add up to the mos
 *bound* is printed beside each result. For each (ranks, variant, slack) the table shows the
 loop's wall time (slowest rank), the time spent inside the collective (mean over ranks), the
 time blocked waiting for fresh data, the mean age difference of the data used, and ratios to
-MPI. ``--delay 0`` rows compare the variants with the dense allreduce without stragglers.
+MPI. *ideal* is the loop's wall time with a collective that costs nothing at that slack (a
+rank may start call ``i`` once every rank finished call ``i - slack``): what the slack
+allows at best. ``--delay 0`` rows compare the variants with the dense allreduce without stragglers.
 """
 
 from __future__ import annotations
@@ -121,6 +123,20 @@ def run(args) -> int:
     return 1 if failures else 0
 
 
+def ideal_wall_s(delay_ms: float, seed: int, ranks: int, calls: int, slack: int) -> float:
+    """Wall time of the straggler loop with a collective that costs nothing and a result
+    that may be ``slack`` calls old: call ``i`` of any rank can start only once every rank
+    has finished its call ``i - slack``. With an unbounded slack it is the bound."""
+    sched = common.StragglerSchedule(delay_ms, seed, ranks)
+    d = [sched.delays_s(r, calls) for r in range(ranks)]
+    done = [[0.0] * (calls + 1) for _ in range(ranks)]
+    for i in range(1, calls + 1):
+        gate = max(done[q][i - slack] for q in range(ranks)) if i - slack >= 1 else 0.0
+        for r in range(ranks):
+            done[r][i] = max(done[r][i - 1] + d[r][i - 1], gate)
+    return max(done[r][calls] for r in range(ranks))
+
+
 def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
     per_call = [max(ts) for ts in zip(*(r["times_s"] for r in rows))]
     stats = common.Stats.of(per_call)
@@ -136,13 +152,15 @@ def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
         wait_s=mean([sum(r.get("wait_s", [])) for r in rows]),
         age_diff_mean=mean([statistics.fmean(r["age_diff"]) if r.get("age_diff") else 0.0 for r in rows]),
         bound_s=float(row0["bound_s"]),
+        ideal_s=ideal_wall_s(row0["delay_ms"], args.seed, n, args.calls,
+                             int(row0["slack"]) if impl == "scalefree" and variant != "dense" else 0),
         flush_s=max(r.get("flush_s", 0.0) for r in rows),
     )
     return rec
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["ranks", "delay", "impl", "variant", "slack", "loop wall", "bound", "in coll",
+    headers = ["ranks", "delay", "impl", "variant", "slack", "loop wall", "bound", "ideal", "in coll",
                "waiting", "age diff", "wall vs mpi", "coll vs mpi", "per call vs dense"]
     mpi = {(r["ranks"], r["delay_ms"]): r for r in records if r["impl"] == "mpi"}
     dense = {(r["ranks"], r["delay_ms"]): r for r in records if r["variant"] == "dense"}
@@ -154,7 +172,7 @@ def render_table(records: list[dict]) -> str:
         rows.append([
             str(r["ranks"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"],
             "" if r["impl"] == "mpi" or r["variant"] == "dense" else str(r["slack"]),
-            f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['coll_s']:.3f} s",
+            f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['ideal_s']:.3f} s", f"{r['coll_s']:.3f} s",
             f"{r['wait_s']:.3f} s", f"{r['age_diff_mean']:.2f}",
             f"{m['wall_s'] / r['wall_s']:.2f}x" if m else "",
             f"{m['coll_s'] / r['coll_s']:.2f}x" if m and r["coll_s"] > 0 else "",

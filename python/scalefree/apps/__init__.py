@@ -1,0 +1,2 @@
+"""Applications built on scalefree's collectives (each with a Python entry point and a
+``scalefree`` subcommand or bench)."""
