@@ -211,6 +211,43 @@ unsafe fn typed4<T: Elem>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8
     }
 }
 
+#[inline(always)]
+fn apply3_in_place<T: Elem>(dst: &mut [T], b: &[T], c: &[T], f: impl Fn(T, T) -> T) {
+    for ((d, &y), &z) in dst.iter_mut().zip(b).zip(c) {
+        *d = f(f(*d, y), z);
+    }
+}
+
+unsafe fn typed4_into<T: Elem>(op: ReduceOp, dst: *mut u8, b: *const u8, c: *const u8, n: usize) {
+    let d = unsafe { std::slice::from_raw_parts_mut(dst as *mut T, n) };
+    let (b, c) = unsafe { (std::slice::from_raw_parts(b as *const T, n), std::slice::from_raw_parts(c as *const T, n)) };
+    match op {
+        ReduceOp::Sum => apply3_in_place(d, b, c, T::sum),
+        ReduceOp::Prod => apply3_in_place(d, b, c, T::prod),
+        ReduceOp::Min => apply3_in_place(d, b, c, T::min),
+        ReduceOp::Max => apply3_in_place(d, b, c, T::max),
+    }
+}
+
+/// `dst[i] = (dst[i] op b[i]) op c[i]` in one pass over memory.
+///
+/// # Safety
+/// All three ranges must be valid for `n` elements of `dtype`; `dst` may not overlap `b` or `c`.
+pub unsafe fn reduce4_into(dtype: DType, op: ReduceOp, dst: *mut u8, b: *const u8, c: *const u8, n: usize) {
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        match dtype {
+            DType::F32 => typed4_into::<f32>(op, dst, b, c, n),
+            DType::F64 => typed4_into::<f64>(op, dst, b, c, n),
+            DType::I32 => typed4_into::<i32>(op, dst, b, c, n),
+            DType::I64 => typed4_into::<i64>(op, dst, b, c, n),
+            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+        }
+    }
+}
+
 /// `dst[i] = (a[i] op b[i]) op c[i]` in one pass over memory.
 ///
 /// # Safety

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use scalefree_transport::{wait, Device, Error, Region, RemoteRegion, Result};
 
-use crate::reduce::{reduce3, reduce4, reduce_into, DType, ReduceOp};
+use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, DType, ReduceOp};
 
 /// Which SSP design a reduction uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +278,28 @@ impl Kind {
     /// `dst = a op b op c` over `n` bytes, one pass.
     pub(crate) fn acc4(&self, dst: *mut u8, a: *const u8, b: *const u8, c: *const u8, nbytes: usize) {
         unsafe { reduce4(self.dtype, self.op, dst, a, b, c, nbytes / self.dtype.size_bytes()) }
+    }
+    /// `dst = dst op b op c` over `n` bytes, one pass.
+    pub(crate) fn acc3_into(&self, dst: *mut u8, b: *const u8, c: *const u8, nbytes: usize) {
+        unsafe { reduce4_into(self.dtype, self.op, dst, b, c, nbytes / self.dtype.size_bytes()) }
+    }
+    /// `dst = op` over all of `srcs` (at least one), in as few passes as it takes.
+    pub(crate) fn combine(&self, dst: *mut u8, srcs: &[*const u8], nbytes: usize) {
+        match srcs {
+            [] => {}
+            [a] => unsafe { std::ptr::copy_nonoverlapping(*a, dst, nbytes) },
+            [a, b] => self.acc3(dst, *a, *b, nbytes),
+            [a, b, c, rest @ ..] => {
+                self.acc4(dst, *a, *b, *c, nbytes);
+                for pair in rest.chunks(2) {
+                    match pair {
+                        [x, y] => self.acc3_into(dst, *x, *y, nbytes),
+                        [x] => self.acc(dst, *x, nbytes),
+                        _ => unreachable!(),
+                    }
+                }
+            }
+        }
     }
     /// `dst = a op b` over `n` bytes.
     pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {

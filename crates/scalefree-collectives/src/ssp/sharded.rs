@@ -72,9 +72,17 @@ impl Geo {
     fn views_base(&self, owner: usize) -> usize {
         self.inbox_base + self.p * self.stride[owner]
     }
-    fn region_len(&self, owner: usize) -> usize {
+    fn published(&self, owner: usize) -> usize {
         let views: usize = (0..self.p).map(|s| HDR + 2 * self.len(s).next_multiple_of(64)).sum();
         self.views_base(owner) + views
+    }
+    /// Data of state version `k` of shard `owner` (Sync: published in the shard's own
+    /// region, double buffered, read by every worker in place).
+    fn published_data(&self, owner: usize, k: u64) -> usize {
+        self.published(owner) + HDR + (k % 2) as usize * self.len(owner).next_multiple_of(64)
+    }
+    fn region_len(&self, owner: usize) -> usize {
+        self.published(owner) + HDR + 2 * self.len(owner).next_multiple_of(64)
     }
     /// Header of worker `w`'s inbox slot at shard `owner`.
     fn inbox(&self, owner: usize, w: usize) -> usize {
@@ -138,8 +146,6 @@ struct Shard {
     taken: Vec<u64>,
     /// Clock of each worker's last reduced push (`FINAL` once it flushed).
     clocks: Vec<u64>,
-    /// Sync: which workers pushed since the last delivery.
-    arrived: Vec<bool>,
     /// Deliveries made to each worker.
     delivered: Vec<u64>,
     /// Async: workers owed a delivery.
@@ -151,14 +157,20 @@ struct Shard {
 impl Shard {
     fn new(sh: Arc<Shared>) -> Self {
         let p = sh.geo.p;
-        let mut state = Buf::new(sh.geo.len(sh.mesh.me));
+        let mut state = Buf::new(if sh.async_ { sh.geo.len(sh.mesh.me) } else { 0 });
         fill_identity(sh.kind.dtype, sh.kind.op, state.bytes_mut());
+        if !sh.async_ {
+            // Version 0 of the published state: the identity.
+            let me = sh.mesh.me;
+            let n = sh.geo.len(me);
+            let v0 = unsafe { std::slice::from_raw_parts_mut(sh.mesh.base(me).add(sh.geo.published_data(me, 0)), n) };
+            fill_identity(sh.kind.dtype, sh.kind.op, v0);
+        }
         Shard {
             sh,
             state,
             taken: vec![0; p],
             clocks: vec![0; p],
-            arrived: vec![false; p],
             delivered: vec![0; p],
             owed: vec![false; p],
             final_delivered: vec![false; p],
@@ -173,52 +185,98 @@ impl Shard {
     /// Takes every push that arrived and delivers state where due. Returns true if it did
     /// anything.
     fn step(&mut self) -> Result<bool> {
+        if self.sh.async_ {
+            self.step_async()
+        } else {
+            self.step_sync()
+        }
+    }
+
+    /// Reads worker `w`'s new push header, if there is one: (data, clock) with `data` None
+    /// for an empty push.
+    fn arrival(&self, w: usize) -> Option<(Option<*const u8>, u64)> {
+        let sh = &*self.sh;
+        let me = sh.mesh.me;
+        let h = sh.geo.inbox(me, w);
+        let seq = sh.mesh.u64_at(me, h).load(Ordering::Acquire);
+        if seq == self.taken[w] {
+            return None;
+        }
+        debug_assert_eq!(seq, self.taken[w] + 1, "a worker pushed twice without credit");
+        let clock = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
+        let flags = sh.mesh.u32_at(me, h + 16).load(Ordering::Relaxed);
+        let data = (flags & FLAG_EMPTY == 0).then(|| unsafe { sh.mesh.base(me).add(h + HDR) as *const u8 });
+        Some((data, if flags & FLAG_FINAL != 0 { FINAL } else { clock }))
+    }
+
+    /// Sync: once every worker has pushed, `next = current ⊕ all pushes` in one pass into
+    /// the other published buffer, then one header store tells every worker. Workers read
+    /// the state in place: nobody still reads the buffer being written, because each
+    /// worker pushed only after taking the current version.
+    fn step_sync(&mut self) -> Result<bool> {
         let sh = self.sh.clone();
         let sh = &*sh;
-        let (me, p, geo) = (sh.mesh.me, sh.geo.p, &sh.geo);
-        let n = geo.len(me);
+        let (me, p) = (sh.mesh.me, sh.geo.p);
+        let arrivals: Vec<_> = (0..p).map(|w| self.arrival(w)).collect();
+        if arrivals.iter().any(|a| a.is_none()) {
+            return Ok(false);
+        }
+        let base = sh.mesh.base(me);
+        let round = self.delivered[0];
+        let cur = unsafe { base.add(sh.geo.published_data(me, round)) };
+        let next = unsafe { base.add(sh.geo.published_data(me, round + 1)) };
+        let mut srcs: Vec<*const u8> = vec![cur];
+        for (w, a) in arrivals.into_iter().enumerate() {
+            let (data, clock) = a.unwrap();
+            srcs.extend(data);
+            self.taken[w] += 1;
+            self.clocks[w] = clock;
+        }
+        sh.kind.combine(next, &srcs, sh.geo.len(me));
+        let age = self.age();
+        let h = sh.geo.published(me);
+        sh.mesh.u64_at(me, h + 16).store(age, Ordering::Relaxed);
+        self.delivered.iter_mut().for_each(|d| *d = round + 1);
+        sh.mesh.u64_at(me, h).store(round + 1, Ordering::Release);
+        for w in 0..p {
+            sh.mesh.ring(w);
+        }
+        if age == FINAL {
+            sh.shard_done.store(true, Ordering::Release);
+            sh.mesh.ring(me);
+        }
+        Ok(true)
+    }
+
+    /// Async: reduce each push on arrival; deliver a copy of the state to a worker whose
+    /// push was taken or whenever the state's age grew, once it has taken the last one.
+    fn step_async(&mut self) -> Result<bool> {
+        let sh = self.sh.clone();
+        let sh = &*sh;
+        let (me, p) = (sh.mesh.me, sh.geo.p);
+        let n = sh.geo.len(me);
         let mut did = false;
         for w in 0..p {
-            if !sh.async_ && self.arrived[w] {
-                continue;
-            }
-            let h = geo.inbox(me, w);
-            let seq = sh.mesh.u64_at(me, h).load(Ordering::Acquire);
-            if seq == self.taken[w] {
-                continue;
-            }
-            debug_assert_eq!(seq, self.taken[w] + 1, "a worker pushed twice without credit");
-            let clock = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
-            let flags = sh.mesh.u32_at(me, h + 16).load(Ordering::Relaxed);
-            if flags & FLAG_EMPTY == 0 {
-                let src = unsafe { sh.mesh.base(me).add(h + HDR) };
+            let Some((data, clock)) = self.arrival(w) else { continue };
+            if let Some(src) = data {
                 sh.kind.acc(self.state.mut_ptr(), src, n);
             }
-            self.taken[w] = seq;
-            self.clocks[w] = if flags & FLAG_FINAL != 0 { FINAL } else { clock };
-            self.arrived[w] = true;
+            self.taken[w] += 1;
+            self.clocks[w] = clock;
             self.owed[w] = true;
             did = true;
         }
-        if sh.async_ {
-            let age = self.age();
-            if age > self.last_age {
-                self.last_age = age;
-                self.owed.iter_mut().for_each(|o| *o = true);
-            }
-            for w in 0..p {
-                if self.owed[w] && sh.mesh.u64_at(me, Geo::ack(w)).load(Ordering::Acquire) == self.delivered[w] {
-                    self.deliver(w)?;
-                    self.owed[w] = false;
-                    did = true;
-                }
-            }
-        } else if self.arrived.iter().all(|&a| a) {
-            for w in 0..p {
+        let age = self.age();
+        if age > self.last_age {
+            self.last_age = age;
+            self.owed.iter_mut().for_each(|o| *o = true);
+        }
+        for w in 0..p {
+            if self.owed[w] && sh.mesh.u64_at(me, Geo::ack(w)).load(Ordering::Acquire) == self.delivered[w] {
                 self.deliver(w)?;
+                self.owed[w] = false;
+                did = true;
             }
-            self.arrived.iter_mut().for_each(|a| *a = false);
-            did = true;
         }
         Ok(did)
     }
@@ -331,16 +389,26 @@ impl Worker {
     }
 
     /// Takes note of shard `s`'s new delivery, if there is one.
+    /// Where shard `s` tells this worker about new state: (rank, header offset).
+    fn view_header(&self, s: usize) -> (usize, usize) {
+        let sh = &*self.sh;
+        if sh.async_ {
+            (sh.mesh.me, sh.geo.view(sh.mesh.me, s))
+        } else {
+            (s, sh.geo.published(s))
+        }
+    }
+
     fn take_view(&mut self, s: usize) -> bool {
         let sh = &*self.sh;
-        let me = sh.mesh.me;
-        let h = sh.geo.view(me, s);
-        let seq = sh.mesh.u64_at(me, h).load(Ordering::Acquire);
+        let (owner, h) = self.view_header(s);
+        let seq = sh.mesh.u64_at(owner, h).load(Ordering::Acquire);
         if seq == self.seen[s] {
             return false;
         }
-        self.included[s] = sh.mesh.u64_at(me, h + 8).load(Ordering::Relaxed);
-        self.view_age[s] = sh.mesh.u64_at(me, h + 16).load(Ordering::Relaxed);
+        // Sync: version k holds push k of every worker.
+        self.included[s] = if sh.async_ { sh.mesh.u64_at(owner, h + 8).load(Ordering::Relaxed) } else { seq };
+        self.view_age[s] = sh.mesh.u64_at(owner, h + 16).load(Ordering::Relaxed);
         if self.included[s] == self.pushes[s] {
             self.inflight_live[s] = false;
         }
@@ -395,8 +463,8 @@ impl Worker {
             }
         } else {
             let ready = (0..p).all(|s| {
-                let h = self.sh.geo.view(me, s);
-                self.sh.mesh.u64_at(me, h).load(Ordering::Acquire) != self.seen[s]
+                let (owner, h) = self.view_header(s);
+                self.sh.mesh.u64_at(owner, h).load(Ordering::Acquire) != self.seen[s]
             });
             if ready {
                 for s in 0..p {
@@ -426,8 +494,10 @@ impl Worker {
             let n = hi - lo;
             let view = if self.seen[s] == 0 {
                 self.identity.ptr()
-            } else {
+            } else if sh.async_ {
                 unsafe { sh.mesh.base(me).add(sh.geo.view_data(me, s, self.seen[s])) as *const u8 }
+            } else {
+                unsafe { sh.mesh.base(s).add(sh.geo.published_data(s, self.seen[s])) as *const u8 }
             };
             let inflight = unsafe { sh.mesh.base(s).add(sh.geo.inbox(s, me) + HDR) as *const u8 };
             match (self.inflight_live[s], !self.missed_empty[s]) {
