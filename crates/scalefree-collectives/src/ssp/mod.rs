@@ -372,7 +372,25 @@ impl Mesh {
         extra: &dyn Fn() -> Result<()>,
         interruptible: bool,
     ) -> Result<()> {
+        self.wait_bell_with(seen, timeout, what, extra, interruptible, true)
+    }
+
+    /// [`Mesh::wait_bell`]; a wait that is not `eager` parks at once instead of spinning and
+    /// yielding first (for background threads, which must not take cores from callers).
+    pub(crate) fn wait_bell_with(
+        &self,
+        seen: u32,
+        timeout: Option<Duration>,
+        what: &dyn Fn() -> String,
+        extra: &dyn Fn() -> Result<()>,
+        interruptible: bool,
+        eager: bool,
+    ) -> Result<()> {
         let mut policy = *self.dev.policy();
+        if !eager {
+            policy.spin = Duration::ZERO;
+            policy.yield_for = Duration::ZERO;
+        }
         if let Some(t) = timeout {
             policy.timeout = t;
         }

@@ -112,6 +112,10 @@ struct Shared {
     /// every worker.
     shard_done: AtomicBool,
     stop: AtomicBool,
+    /// The caller is inside a call and steps the shard itself; the background thread then
+    /// stays parked (it would only contend for the lock, or hold it while preempted on an
+    /// oversubscribed host).
+    in_call: AtomicBool,
     thread_error: Mutex<Option<Error>>,
 }
 
@@ -536,6 +540,7 @@ impl Sharded {
             async_,
             shard_done: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            in_call: AtomicBool::new(false),
             thread_error: Mutex::new(None),
         });
         let shard = Shard::new(sh.clone());
@@ -580,6 +585,21 @@ impl Sharded {
     }
 
     pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
+        self.sh.in_call.store(true, Ordering::SeqCst);
+        let r = self.allreduce_inner(contribution, out, clock, slack);
+        self.leave_call();
+        r
+    }
+
+    /// Hands the shard back to the background thread (which may have updates to serve).
+    fn leave_call(&self) {
+        self.sh.in_call.store(false, Ordering::SeqCst);
+        if self.thread.is_some() {
+            self.sh.mesh.ring(self.sh.mesh.me);
+        }
+    }
+
+    fn allreduce_inner(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
         // Take what arrived (pushes made now carry the previous clock: they hold nothing
         // newer), then add this call's contribution.
         if let Ok(mut sd) = self.shard.try_lock() {
@@ -598,6 +618,13 @@ impl Sharded {
     }
 
     pub(crate) fn flush(&mut self, out: &mut [u8]) -> Result<()> {
+        self.sh.in_call.store(true, Ordering::SeqCst);
+        let r = self.flush_inner(out);
+        self.leave_call();
+        r
+    }
+
+    fn flush_inner(&mut self, out: &mut [u8]) -> Result<()> {
         self.worker.flushing = true;
         let r = self.progress(&|w, sh| w.age() == FINAL && sh.shard_done.load(Ordering::Acquire), &|| {
             "every rank to flush its SSP reduction".to_string()
@@ -627,18 +654,20 @@ fn serve(shard: Arc<Mutex<Shard>>, sh: Arc<Shared>) {
         }
         let seen = sh.mesh.my_bell();
         let r = (|| -> Result<()> {
-            let mut sd = shard.lock().unwrap_or_else(|p| p.into_inner());
-            while sd.step()? {}
+            if !sh.in_call.load(Ordering::SeqCst) {
+                let mut sd = shard.lock().unwrap_or_else(|p| p.into_inner());
+                while sd.step()? {}
+            }
             Ok(())
         })();
         let r = r.and_then(|_| {
-            sh.mesh.wait_bell(seen, idle, &|| "updates for this rank's SSP shard".to_string(), &|| {
+            sh.mesh.wait_bell_with(seen, idle, &|| "updates for this rank's SSP shard".to_string(), &|| {
                 if sh.stop.load(Ordering::Acquire) {
                     Err(Error::Interrupted(String::new()))
                 } else {
                     Ok(())
                 }
-            }, false)
+            }, false, true)
         });
         match r {
             Ok(()) | Err(Error::Timeout { .. }) => {}
