@@ -15,6 +15,7 @@ pub mod channel;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod mesh;
 pub mod region;
 pub mod wait;
 

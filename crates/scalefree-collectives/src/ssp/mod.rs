@@ -18,10 +18,10 @@
 mod hypercube;
 mod sharded;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use scalefree_transport::{wait, Device, Error, Region, RemoteRegion, Result};
+use scalefree_transport::{Device, Error, Result};
+pub(crate) use scalefree_transport::mesh::{Mesh, MESH_HEADER};
 
 use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, DType, ReduceOp};
 
@@ -304,104 +304,5 @@ impl Kind {
     /// `dst = a op b` over `n` bytes.
     pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {
         unsafe { reduce3(self.dtype, self.op, dst, a, b, nbytes / self.dtype.size_bytes()) }
-    }
-}
-
-/// The region every rank exposes for one reduction, with its doorbell: every one-sided
-/// update aimed at a rank rings that rank's bell, and a waiting rank parks on its own bell.
-pub(crate) struct Mesh {
-    pub dev: Device,
-    pub me: usize,
-    _region: Region,
-    pub remotes: Vec<RemoteRegion>,
-    pub chans: Vec<scalefree_transport::Channel>,
-}
-
-/// Offsets of the doorbell and the waiter count at the start of every mesh region.
-const OFF_BELL: usize = 0;
-const OFF_WAITERS: usize = 64;
-/// Bytes before a design's own layout starts.
-pub(crate) const MESH_HEADER: usize = 128;
-
-impl Mesh {
-    /// Collective: allocates this rank's region of `len` bytes and attaches every peer's.
-    pub(crate) fn new(dev: &Device, len: usize) -> Result<Self> {
-        let region = dev.alloc_region(len.max(MESH_HEADER))?;
-        let remotes = dev.exchange_regions(&region)?;
-        let chans = (0..dev.size()).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
-        for r in &remotes {
-            if r.mapped_ptr().is_none() {
-                return Err(Error::Unsupported("SSP reductions need mapped regions (shared-memory backend)".into()));
-            }
-        }
-        Ok(Mesh { dev: dev.clone(), me: dev.rank() as usize, _region: region, remotes, chans })
-    }
-    pub(crate) fn base(&self, r: usize) -> *mut u8 {
-        self.remotes[r].mapped_ptr().unwrap()
-    }
-    pub(crate) fn u32_at(&self, r: usize, off: usize) -> &AtomicU32 {
-        unsafe { &*(self.base(r).add(off) as *const AtomicU32) }
-    }
-    pub(crate) fn u64_at(&self, r: usize, off: usize) -> &AtomicU64 {
-        unsafe { &*(self.base(r).add(off) as *const AtomicU64) }
-    }
-    pub(crate) fn bell(&self, r: usize) -> &AtomicU32 {
-        self.u32_at(r, OFF_BELL)
-    }
-    /// Wakes rank `r` after an update aimed at it.
-    pub(crate) fn ring(&self, r: usize) {
-        wait::ring(self.bell(r), self.u32_at(r, OFF_WAITERS));
-    }
-    /// One-sided write of `n` bytes from `src` to offset `off` of rank `r`'s region.
-    pub(crate) fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
-        unsafe { self.chans[r].write_from(src, &self.remotes[r], off, n) }
-    }
-    /// Reads this rank's bell; pass the value to [`Mesh::wait_bell`] after checking state,
-    /// so no update between the check and the wait is missed.
-    pub(crate) fn my_bell(&self) -> u32 {
-        self.bell(self.me).load(Ordering::SeqCst)
-    }
-    /// Parks until this rank's bell differs from `seen` (an update arrived), checking that
-    /// peers are alive and `extra` (errors of a background thread) meanwhile; only the caller's
-    /// thread is `interruptible` (Ctrl-C in Python).
-    pub(crate) fn wait_bell(
-        &self,
-        seen: u32,
-        timeout: Option<Duration>,
-        what: &dyn Fn() -> String,
-        extra: &dyn Fn() -> Result<()>,
-        interruptible: bool,
-    ) -> Result<()> {
-        self.wait_bell_with(seen, timeout, what, extra, interruptible, true)
-    }
-
-    /// [`Mesh::wait_bell`]; a wait that is not `eager` parks at once instead of spinning and
-    /// yielding first (for background threads, which must not take cores from callers).
-    pub(crate) fn wait_bell_with(
-        &self,
-        seen: u32,
-        timeout: Option<Duration>,
-        what: &dyn Fn() -> String,
-        extra: &dyn Fn() -> Result<()>,
-        interruptible: bool,
-        eager: bool,
-    ) -> Result<()> {
-        let mut policy = *self.dev.policy();
-        if !eager {
-            policy.spin = Duration::ZERO;
-            policy.yield_for = Duration::ZERO;
-        }
-        if let Some(t) = timeout {
-            policy.timeout = t;
-        }
-        wait::wait_until(self.bell(self.me), self.u32_at(self.me, OFF_WAITERS), |v| v != seen, &policy, what, &|| {
-            extra()?;
-            if interruptible {
-                self.dev.check_peers()
-            } else {
-                self.dev.check_alive()
-            }
-        })?;
-        Ok(())
     }
 }

@@ -1,0 +1,111 @@
+//! A region per rank, attached by every peer, with a *doorbell*: every one-sided update aimed
+//! at a rank bumps that rank's bell (and wakes it if parked), and a rank waiting for any
+//! update parks on its own bell. Protocols built on it (the SSP reductions, tensor slots)
+//! lay out their own words and buffers after [`MESH_HEADER`].
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::{wait, Channel, Device, Error, Region, RemoteRegion, Result};
+
+/// Every rank's region of one protocol, attached, with channels to every peer.
+pub struct Mesh {
+    pub dev: Device,
+    pub me: usize,
+    region: Region,
+    pub remotes: Vec<RemoteRegion>,
+    pub chans: Vec<Channel>,
+}
+
+/// Offsets of the doorbell and the waiter count at the start of every mesh region.
+const OFF_BELL: usize = 0;
+const OFF_WAITERS: usize = 64;
+/// Bytes before a design's own layout starts.
+pub const MESH_HEADER: usize = 128;
+
+impl Mesh {
+    /// Collective: allocates this rank's region of `len` bytes and attaches every peer's.
+    pub fn new(dev: &Device, len: usize) -> Result<Self> {
+        let region = dev.alloc_region(len.max(MESH_HEADER))?;
+        let remotes = dev.exchange_regions(&region)?;
+        let chans = (0..dev.size()).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
+        for r in &remotes {
+            if r.mapped_ptr().is_none() {
+                return Err(Error::Unsupported("this protocol needs mapped regions (shared-memory backend)".into()));
+            }
+        }
+        Ok(Mesh { dev: dev.clone(), me: dev.rank() as usize, region, remotes, chans })
+    }
+    /// This rank's own region.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+    pub fn base(&self, r: usize) -> *mut u8 {
+        self.remotes[r].mapped_ptr().unwrap()
+    }
+    pub fn u32_at(&self, r: usize, off: usize) -> &AtomicU32 {
+        unsafe { &*(self.base(r).add(off) as *const AtomicU32) }
+    }
+    pub fn u64_at(&self, r: usize, off: usize) -> &AtomicU64 {
+        unsafe { &*(self.base(r).add(off) as *const AtomicU64) }
+    }
+    pub fn bell(&self, r: usize) -> &AtomicU32 {
+        self.u32_at(r, OFF_BELL)
+    }
+    /// Wakes rank `r` after an update aimed at it.
+    pub fn ring(&self, r: usize) {
+        wait::ring(self.bell(r), self.u32_at(r, OFF_WAITERS));
+    }
+    /// One-sided write of `n` bytes from `src` to offset `off` of rank `r`'s region.
+    pub fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
+        unsafe { self.chans[r].write_from(src, &self.remotes[r], off, n) }
+    }
+    /// Reads this rank's bell; pass the value to [`Mesh::wait_bell`] after checking state,
+    /// so no update between the check and the wait is missed.
+    pub fn my_bell(&self) -> u32 {
+        self.bell(self.me).load(Ordering::SeqCst)
+    }
+    /// Parks until this rank's bell differs from `seen` (an update arrived), checking that
+    /// peers are alive and `extra` (errors of a background thread) meanwhile; only the caller's
+    /// thread is `interruptible` (Ctrl-C in Python).
+    pub fn wait_bell(
+        &self,
+        seen: u32,
+        timeout: Option<Duration>,
+        what: &dyn Fn() -> String,
+        extra: &dyn Fn() -> Result<()>,
+        interruptible: bool,
+    ) -> Result<()> {
+        self.wait_bell_with(seen, timeout, what, extra, interruptible, true)
+    }
+
+    /// [`Mesh::wait_bell`]; a wait that is not `eager` parks at once instead of spinning and
+    /// yielding first (for background threads, which must not take cores from callers).
+    pub fn wait_bell_with(
+        &self,
+        seen: u32,
+        timeout: Option<Duration>,
+        what: &dyn Fn() -> String,
+        extra: &dyn Fn() -> Result<()>,
+        interruptible: bool,
+        eager: bool,
+    ) -> Result<()> {
+        let mut policy = *self.dev.policy();
+        if !eager {
+            policy.spin = Duration::ZERO;
+            policy.yield_for = Duration::ZERO;
+        }
+        if let Some(t) = timeout {
+            policy.timeout = t;
+        }
+        wait::wait_until(self.bell(self.me), self.u32_at(self.me, OFF_WAITERS), |v| v != seen, &policy, what, &|| {
+            extra()?;
+            if interruptible {
+                self.dev.check_peers()
+            } else {
+                self.dev.check_alive()
+            }
+        })?;
+        Ok(())
+    }
+}
