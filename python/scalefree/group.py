@@ -54,6 +54,18 @@ class Group(_native.Group):
             raise InvalidArgumentError(f"count must be >= 0, got {count}")
         return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant))
 
+    def tensor_slots(self, specs):
+        """Collective: static zero-copy tensor slots (see :func:`scalefree.tensors.static_slots`)."""
+        from .tensors import static_slots
+
+        return static_slots(self, specs)
+
+    def tensor_channels(self, pairs):
+        """Collective: dynamic tensor channels (see :func:`scalefree.tensors.dynamic_channels`)."""
+        from .tensors import dynamic_channels
+
+        return dynamic_channels(self, pairs)
+
     def __enter__(self):
         return self
 

@@ -235,6 +235,17 @@ impl Group {
         crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant)
     }
 
+    /// Collective: static tensor slots from (src, dst, nbytes) specs; this rank's end of
+    /// each (None where it takes no part).
+    fn _static_slots(&self, py: Python<'_>, specs: Vec<(u32, u32, u64)>) -> PyResult<Vec<Option<crate::tensors::PyStaticSlot>>> {
+        crate::tensors::static_slots(py, &self.device, specs)
+    }
+
+    /// Collective: dynamic tensor channels from (src, dst) pairs.
+    fn _dynamic_channels(&self, py: Python<'_>, pairs: Vec<(u32, u32)>) -> PyResult<Vec<Option<crate::tensors::PyDynamicChannel>>> {
+        crate::tensors::dynamic_channels(py, &self.device, pairs)
+    }
+
     /// The one-sided device under this group (regions, channels, notifications).
     #[getter]
     fn device(&self) -> PyDevice {

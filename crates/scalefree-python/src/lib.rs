@@ -9,6 +9,7 @@ mod errors;
 mod flash;
 mod group;
 mod ssp;
+mod tensors;
 
 use pyo3::prelude::*;
 
@@ -21,6 +22,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyChannel>()?;
     m.add_class::<device::PyCompletion>()?;
     m.add_class::<ssp::PySspReduction>()?;
+    m.add_class::<tensors::PyStaticSlot>()?;
+    m.add_class::<tensors::PyDynamicChannel>()?;
     m.add_class::<flash::PyFlashRuntime>()?;
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;

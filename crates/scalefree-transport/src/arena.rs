@@ -28,7 +28,7 @@ impl Default for ArenaOptions {
         use crate::config::env_bytes as env;
         ArenaOptions {
             capacity_bytes: env("SCALEFREE_ARENA_BYTES", 64 << 30),
-            cache_bytes: env("SCALEFREE_ARENA_CACHE", 256 << 20),
+            cache_bytes: env("SCALEFREE_ARENA_CACHE", 1 << 30),
         }
     }
 }
