@@ -38,6 +38,8 @@ def _as_array(t, what: str) -> np.ndarray:
     """A numpy view of a numpy array or CPU torch tensor (no copy); contiguity checked."""
     if isinstance(t, np.ndarray):
         a = t
+    elif isinstance(t, np.generic):
+        a = np.asarray(t)
     elif hasattr(t, "__dlpack__") and type(t).__module__.startswith("torch"):
         if t.device.type != "cpu":
             raise InvalidArgumentError(f"{what}: only CPU tensors can be sent (got {t.device})")
