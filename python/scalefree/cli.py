@@ -26,6 +26,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from .examples import pagerank
 
     pagerank.add_parser(sub)
+
+    from .apps import ps_train
+
+    ps_train.add_parser(sub)
     return p
 
 

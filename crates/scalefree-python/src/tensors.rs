@@ -197,3 +197,28 @@ impl PyDynamicChannel {
         self.inner.lock().unwrap().stats().snapshot()
     }
 }
+
+/// `param += alpha * sum(grads)` for float32 arrays, one pass, GIL released.
+#[pyfunction]
+pub fn sgd_apply(py: Python<'_>, param: Bound<'_, PyAny>, grads: Vec<Bound<'_, PyAny>>, alpha: f32) -> PyResult<()> {
+    let p = Buf::get(&param, true, "sgd_apply: param")?;
+    let gs = grads.iter().map(|g| Buf::get(g, false, "sgd_apply: a gradient")).collect::<PyResult<Vec<_>>>()?;
+    for b in std::iter::once(&p).chain(gs.iter()) {
+        if b.format != "f" || b.itemsize() != 4 {
+            return Err(invalid(py, "sgd_apply: float32 arrays only"));
+        }
+        if b.len_bytes() != p.len_bytes() {
+            return Err(invalid(py, "sgd_apply: every gradient must have the parameter's size"));
+        }
+    }
+    let n = p.count();
+    let pp = SendPtr(p.ptr());
+    let gp: Vec<SendPtr> = gs.iter().map(|g| SendPtr(g.ptr())).collect();
+    py.detach(move || {
+        let param = unsafe { std::slice::from_raw_parts_mut(pp.get() as *mut f32, n) };
+        let grads: Vec<&[f32]> = gp.iter().map(|g| unsafe { std::slice::from_raw_parts(g.get() as *const f32, n) }).collect();
+        scalefree_tensors::apply::sgd_apply_f32(param, &grads, alpha);
+    });
+    drop((p, gs));
+    Ok(())
+}

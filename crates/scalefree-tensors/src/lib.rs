@@ -13,6 +13,7 @@
 //! Both are set up collectively from a list of specs that every rank passes identically
 //! (the address distribution the paper does before the computation).
 
+pub mod apply;
 mod dynamic;
 mod static_slot;
 
