@@ -155,6 +155,33 @@ impl PyRemoteRegion {
     fn __repr__(&self) -> String {
         format!("RemoteRegion(rank {}, {} bytes)", self.remote.owner(), self.remote.len())
     }
+
+    /// True when the peer's region is mapped here (shared memory), so it can be viewed.
+    #[getter]
+    fn mapped(&self) -> bool {
+        self.remote.mapped_ptr().is_some()
+    }
+
+    /// The peer's memory, mapped (shared-memory backend): loads and stores go straight to
+    /// it. Synchronise with notifications; `Channel.read`/`write` work on every backend.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = {
+            let me = slf.borrow();
+            match me.remote.mapped_ptr() {
+                Some(p) => (p, me.remote.len()),
+                None => return Err(crate::errors::invalid(slf.py(), "this peer's region is not mapped here (cross-memory attach only): use Channel.read")),
+            }
+        };
+        let r = unsafe {
+            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags)
+        };
+        if r != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }
 
 /// One-sided operations towards one peer.

@@ -28,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;

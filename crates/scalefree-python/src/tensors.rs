@@ -222,3 +222,30 @@ pub fn sgd_apply(py: Python<'_>, param: Bound<'_, PyAny>, grads: Vec<Bound<'_, P
     drop((p, gs));
     Ok(())
 }
+
+/// `dst = src + alpha * sum(grads)` for float32 arrays (`dst` another buffer), one pass.
+#[pyfunction]
+pub fn sgd_apply_to(py: Python<'_>, dst: Bound<'_, PyAny>, src: Bound<'_, PyAny>, grads: Vec<Bound<'_, PyAny>>, alpha: f32) -> PyResult<()> {
+    let d = Buf::get(&dst, true, "sgd_apply_to: dst")?;
+    let s = Buf::get(&src, false, "sgd_apply_to: src")?;
+    let gs = grads.iter().map(|g| Buf::get(g, false, "sgd_apply_to: a gradient")).collect::<PyResult<Vec<_>>>()?;
+    for b in [&d, &s].into_iter().chain(gs.iter()) {
+        if b.format != "f" || b.itemsize() != 4 || b.len_bytes() != d.len_bytes() {
+            return Err(invalid(py, "sgd_apply_to: float32 arrays of one size only"));
+        }
+    }
+    if d.ptr() == s.ptr() {
+        return Err(invalid(py, "sgd_apply_to: dst must be another buffer than src (use sgd_apply)"));
+    }
+    let n = d.count();
+    let (dp, sp) = (SendPtr(d.ptr()), SendPtr(s.ptr()));
+    let gp: Vec<SendPtr> = gs.iter().map(|g| SendPtr(g.ptr())).collect();
+    py.detach(move || {
+        let dst = unsafe { std::slice::from_raw_parts_mut(dp.get() as *mut f32, n) };
+        let src = unsafe { std::slice::from_raw_parts(sp.get() as *const f32, n) };
+        let grads: Vec<&[f32]> = gp.iter().map(|g| unsafe { std::slice::from_raw_parts(g.get() as *const f32, n) }).collect();
+        scalefree_tensors::apply::sgd_apply_to_f32(dst, src, &grads, alpha);
+    });
+    drop((d, s, gs));
+    Ok(())
+}

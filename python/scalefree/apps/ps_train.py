@@ -133,14 +133,15 @@ def train(args) -> dict:
     # Backpropagation yields W_i, b_i for the last layer first.
     order = [k for i in range(L - 1, -1, -1) for k in (f"W{i}", f"b{i}")]
     ps = ParameterServer(group, params, lr=args.lr, order=order,
-                         transport=transport(group, params, order) if transport else None)
+                         transport=transport(group, params, order) if transport else None,
+                         mode="slots" if args.transport == "slots" else "auto")
     group.barrier()
     t0 = time.perf_counter()
     if ps.is_server:
         ps.serve(args.steps)
         secs = time.perf_counter() - t0
         # The final weights, for the accuracy (the server has them all with one server).
-        return {"role": "server", "seconds": secs, "accuracy": accuracy(ps.params, xte, yte, L),
+        return {"role": "server", "seconds": secs, "accuracy": accuracy({k: np.array(v) for k, v in ps.params.items()}, xte, yte, L),
                 "stats": ps.stats()}
     me = group.rank - 1
     grads = None
@@ -150,7 +151,8 @@ def train(args) -> dict:
         c0 = time.perf_counter()
         w = ps.pull()
         c1 = time.perf_counter()
-        if grads is None:
+        grads = ps.grad_buffers() or grads
+        if not grads:
             from scalefree import _registered_empty
             grads = {k: _registered_empty(v.shape, v.dtype) for k, v in w.items()}
         pushing = [0.0]
@@ -189,7 +191,8 @@ def _args(p):
     p.add_argument("--batch", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
-    p.add_argument("--transport", choices=("slots", "gloo", "local"), default="slots")
+    p.add_argument("--transport", choices=("mapped", "slots", "gloo", "local"), default="mapped",
+                   help="mapped: no copies (shared memory); slots: static slots; gloo: torch.distributed; local: one process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")
     p.add_argument("--plot", help="PNG of loss vs time (rank 1's view)")

@@ -1,6 +1,8 @@
 """``scalefree bench ps``: samples/s of the same fully connected net (1024 → 2048 → 2048 →
 2048 → 10, batch 32 per worker) trained with the parameter server of :mod:`scalefree.ps`
-(1 server + 2 workers) over our static slots and over torch.distributed gloo, beside one
+(1 server + 2 workers) with no copies (``mapped``: workers read the server's double-buffered
+parameters in place, the server reads their gradients in place), over our static slots, and
+over torch.distributed gloo, beside one
 process training alone (batch 32, all cores). Each worker's step is split into computation
 and communication (pull + push)."""
 
@@ -57,7 +59,7 @@ def _train(transport: str, args, tmp: Path) -> list[dict]:
 def run(args) -> int:
     records = []
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-ps-") as tmp:
-        for transport in ["slots"] + [v for v in args.vs if v == "gloo"] + [v for v in args.vs if v == "local"]:
+        for transport in ["mapped", "slots"] + [v for v in args.vs if v == "gloo"] + [v for v in args.vs if v == "local"]:
             res = _train(transport, args, Path(tmp))
             if transport == "local":
                 r = res[0]
@@ -72,7 +74,7 @@ def run(args) -> int:
                 loss = ws[0]["history"][-1][2]
             per_step = 1.0 / steps_s
             records.append(common.make_record(
-                bench=BENCH, impl="scalefree" if transport == "slots" else transport, variant=transport,
+                bench=BENCH, impl="scalefree" if transport in ("mapped", "slots") else transport, variant=transport,
                 ranks=1 if transport == "local" else args.ranks, nbytes=0, dtype="float32",
                 stats=common.Stats(per_step, per_step, per_step, args.steps), gbps=0.0,
                 samples_per_s=sps, steps_per_s=steps_s, comm_fraction=comm, final_loss=loss))
