@@ -63,10 +63,21 @@ class GlooTransport:
     def release_grads(self, name):
         pass
 
-    def before_update(self, name):
+    def update_buffers(self, name, param):
         # The server is about to update this parameter in place: its sends must be done.
         for w in self.workers:
             self._wait(("w", w, name))
+        return param, param
+
+    def publish_initial(self, name, arr):
+        self.publish(name, arr)
+
+    def publish(self, name, arr):
+        for w in self.workers:
+            self.send_weights(w, name, arr)
+
+    def grad_buffers(self):
+        return {}
 
     def stats(self):
         return {}
