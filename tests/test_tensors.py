@@ -170,3 +170,32 @@ def test_dead_receiver_is_an_error_not_a_hang():
     assert res[0].returncode == 3, res[0].stderr[-2000:]
     line = [l for l in res[0].stdout.splitlines() if l.startswith("PeerLostError")][0]
     assert float(line.split()[2].rstrip("s:")) < 5.0
+
+
+def test_futures_callbacks_and_asyncio():
+    res = run_ranks(2, r"""
+import asyncio, threading
+import numpy as np, scalefree
+from scalefree import tensors
+g = scalefree.init(timeout=30)
+slots = tensors.static_slots(g, [dict(name=f"s{i}", src=0, dst=1, shape=(1000,), dtype="int32") for i in range(4)])
+chan = tensors.dynamic_channels(g, [(0, 1)])[(0, 1)]
+if g.rank == 0:
+    done = threading.Event()
+    futs = [slots[f"s{i}"].send_async(np.full(1000, i, np.int32)) for i in range(4)]
+    futs[0].add_done_callback(lambda f: done.set())
+    for f in futs:
+        f.result(timeout=20)
+    assert done.wait(5) and all(f.done() for f in futs)
+    chan.send_async(np.arange(7.0)).result(timeout=20)
+else:
+    async def main():
+        got = await asyncio.gather(*(tensors.aio(slots[f"s{i}"].recv_async()) for i in range(4)))
+        assert [int(a[0]) for a in got] == [0, 1, 2, 3]
+        y = await tensors.aio(chan.recv_async())
+        assert (y == np.arange(7.0)).all()
+    asyncio.run(main())
+print("ok", flush=True)
+""", timeout=60)
+    for r in res:
+        assert "ok" in r.stdout, r.stderr[-3000:]

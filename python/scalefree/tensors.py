@@ -21,7 +21,8 @@ Set-up is collective: every rank passes the same list.
 
 from __future__ import annotations
 
-import traceback
+import concurrent.futures
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,27 @@ from .errors import InvalidArgumentError
 _DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
            "float16", "float32", "float64", "complex64", "complex128"]
 _CODE = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _submit(fn, *args) -> concurrent.futures.Future:
+    """Runs a transfer on the tensors' thread pool (the native calls release the GIL, so
+    transfers on different slots and channels proceed in parallel, like the paper's QPs)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="scalefree-tensors")
+    return _pool.submit(fn, *args)
+
+
+def aio(future: concurrent.futures.Future):
+    """An asyncio awaitable for a transfer's future: ``await tensors.aio(slot.recv_async())``."""
+    import asyncio
+
+    return asyncio.wrap_future(future)
 
 
 def _as_array(t, what: str) -> np.ndarray:
@@ -88,6 +110,22 @@ class StaticSlot:
     def release(self) -> None:
         """Done with the last message: the sender may write the next one."""
         self._native.release()
+
+    def send_async(self, tensor, callback=None) -> concurrent.futures.Future:
+        """``send`` in the background. The future's ``done()`` tests, ``result()`` waits,
+        ``callback(future)`` runs on completion, and ``aio(future)`` awaits it. The tensor
+        must stay unchanged until then."""
+        f = _submit(self.send, tensor)
+        if callback is not None:
+            f.add_done_callback(callback)
+        return f
+
+    def recv_async(self, callback=None) -> concurrent.futures.Future:
+        """``recv`` in the background; the future's result is the buffer."""
+        f = _submit(self.recv)
+        if callback is not None:
+            f.add_done_callback(callback)
+        return f
 
     def poll(self) -> bool:
         return self._native.poll()
@@ -174,6 +212,21 @@ class DynamicChannel:
 
     def wait_sent(self, timeout: float | None = None) -> None:
         self._native.wait_sent(timeout)
+
+    def send_async(self, tensor, callback=None, site: str | None = None) -> concurrent.futures.Future:
+        """``send`` (until the receiver pulled it) in the background; see
+        :meth:`StaticSlot.send_async`."""
+        f = _submit(self.send, tensor, True, site)
+        if callback is not None:
+            f.add_done_callback(callback)
+        return f
+
+    def recv_async(self, callback=None) -> concurrent.futures.Future:
+        """``recv`` in the background; the future's result is the new array."""
+        f = _submit(self.recv)
+        if callback is not None:
+            f.add_done_callback(callback)
+        return f
 
     def recv(self, out=None, timeout: float | None = None) -> np.ndarray:
         """Waits for the next tensor and returns it in a new array (registered memory when
