@@ -127,9 +127,10 @@ def train(args) -> dict:
 
     group = scalefree.init()
     transport = None
-    if args.transport == "gloo":
-        from scalefree.bench._ps_peers import GlooTransport
-        transport = GlooTransport
+    if args.transport in ("gloo", "grpc", "grpc-stream"):
+        from scalefree.bench import _ps_peers
+        transport = {"gloo": _ps_peers.GlooTransport, "grpc": _ps_peers.GrpcTransport,
+                     "grpc-stream": _ps_peers.GrpcStreamTransport}[args.transport]
     # Backpropagation yields W_i, b_i for the last layer first.
     order = [k for i in range(L - 1, -1, -1) for k in (f"W{i}", f"b{i}")]
     ps = ParameterServer(group, params, lr=args.lr, order=order,
@@ -191,7 +192,7 @@ def _args(p):
     p.add_argument("--batch", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
-    p.add_argument("--transport", choices=("mapped", "slots", "gloo", "local"), default="mapped",
+    p.add_argument("--transport", choices=("mapped", "slots", "gloo", "grpc", "grpc-stream", "local"), default="mapped",
                    help="mapped: no copies (shared memory); slots: static slots; gloo: torch.distributed; local: one process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")

@@ -2,7 +2,7 @@
 2048 → 10, batch 32 per worker) trained with the parameter server of :mod:`scalefree.ps`
 (1 server + 2 workers) with no copies (``mapped``: workers read the server's double-buffered
 parameters in place, the server reads their gradients in place), over our static slots, and
-over torch.distributed gloo, beside one
+over torch.distributed gloo, over gRPC (unary calls, and 1 MiB streams), beside one
 process training alone (batch 32, all cores). Each worker's step is split into computation
 and communication (pull + push)."""
 
@@ -25,8 +25,8 @@ def add_parser(sub):
     p = sub.add_parser("ps", help="parameter-server training: ours vs gloo vs one process",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__)
     arg = common.argparse_type
-    p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, ("gloo", "local"), "peer")),
-                   default="gloo,local", metavar="PEER[,PEER...]")
+    p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, ("gloo", "grpc", "local"), "peer")),
+                   default="gloo,grpc,local", metavar="PEER[,PEER...]")
     p.add_argument("-n", "--ranks", type=arg(common.positive_int), default=3)
     p.add_argument("--steps", type=arg(common.positive_int), default=100)
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
@@ -59,7 +59,8 @@ def _train(transport: str, args, tmp: Path) -> list[dict]:
 def run(args) -> int:
     records = []
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-ps-") as tmp:
-        for transport in ["mapped", "slots"] + [v for v in args.vs if v == "gloo"] + [v for v in args.vs if v == "local"]:
+        peers = [v for v in args.vs if v == "gloo"] + (["grpc", "grpc-stream"] if "grpc" in args.vs else [])
+        for transport in ["mapped", "slots"] + peers + [v for v in args.vs if v == "local"]:
             res = _train(transport, args, Path(tmp))
             if transport == "local":
                 r = res[0]
@@ -74,7 +75,8 @@ def run(args) -> int:
                 loss = ws[0]["history"][-1][2]
             per_step = 1.0 / steps_s
             records.append(common.make_record(
-                bench=BENCH, impl="scalefree" if transport in ("mapped", "slots") else transport, variant=transport,
+                bench=BENCH, impl="scalefree" if transport in ("mapped", "slots") else transport.split("-")[0],
+                variant=transport,
                 ranks=1 if transport == "local" else args.ranks, nbytes=0, dtype="float32",
                 stats=common.Stats(per_step, per_step, per_step, args.steps), gbps=0.0,
                 samples_per_s=sps, steps_per_s=steps_s, comm_fraction=comm, final_loss=loss))
