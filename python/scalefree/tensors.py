@@ -49,6 +49,13 @@ def _submit(fn, *args) -> concurrent.futures.Future:
     return _pool.submit(fn, *args)
 
 
+def _background(fn, callback, *args) -> concurrent.futures.Future:
+    f = _submit(fn, *args)
+    if callback is not None:
+        f.add_done_callback(callback)
+    return f
+
+
 def aio(future: concurrent.futures.Future):
     """An asyncio awaitable for a transfer's future: ``await tensors.aio(slot.recv_async())``."""
     import asyncio
@@ -115,17 +122,11 @@ class StaticSlot:
         """``send`` in the background. The future's ``done()`` tests, ``result()`` waits,
         ``callback(future)`` runs on completion, and ``aio(future)`` awaits it. The tensor
         must stay unchanged until then."""
-        f = _submit(self.send, tensor)
-        if callback is not None:
-            f.add_done_callback(callback)
-        return f
+        return _background(self.send, callback, tensor)
 
     def recv_async(self, callback=None) -> concurrent.futures.Future:
         """``recv`` in the background; the future's result is the buffer."""
-        f = _submit(self.recv)
-        if callback is not None:
-            f.add_done_callback(callback)
-        return f
+        return _background(self.recv, callback)
 
     def poll(self) -> bool:
         return self._native.poll()
@@ -216,17 +217,11 @@ class DynamicChannel:
     def send_async(self, tensor, callback=None, site: str | None = None) -> concurrent.futures.Future:
         """``send`` (until the receiver pulled it) in the background; see
         :meth:`StaticSlot.send_async`."""
-        f = _submit(self.send, tensor, True, site)
-        if callback is not None:
-            f.add_done_callback(callback)
-        return f
+        return _background(self.send, callback, tensor, True, site)
 
     def recv_async(self, callback=None) -> concurrent.futures.Future:
         """``recv`` in the background; the future's result is the new array."""
-        f = _submit(self.recv)
-        if callback is not None:
-            f.add_done_callback(callback)
-        return f
+        return _background(self.recv, callback)
 
     def recv(self, out=None, timeout: float | None = None) -> np.ndarray:
         """Waits for the next tensor and returns it in a new array (registered memory when

@@ -103,3 +103,17 @@ fn dtype_of(format: &str, itemsize: usize) -> Option<DType> {
         _ => None,
     }
 }
+
+/// Exports `len` writable bytes at `ptr`, owned by `owner`, through the buffer protocol
+/// (for `__getbuffer__` of objects that wrap memory: regions, slots).
+///
+/// # Safety
+/// `view` comes from Python's buffer protocol; `ptr..ptr+len` stays valid while `owner` lives.
+pub unsafe fn export(owner: &Bound<'_, PyAny>, view: *mut ffi::Py_buffer, ptr: *mut u8, len: usize, flags: std::ffi::c_int) -> PyResult<()> {
+    let ptr = if len == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() } else { ptr };
+    let r = unsafe { ffi::PyBuffer_FillInfo(view, owner.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags) };
+    if r != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
+}

@@ -116,13 +116,7 @@ impl PyRegion {
             let me = slf.borrow();
             (me.region.as_ptr(), me.region.len())
         };
-        let r = unsafe {
-            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags)
-        };
-        if r != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { crate::buffer::export(slf.as_any(), view, ptr, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
@@ -172,13 +166,7 @@ impl PyRemoteRegion {
                 None => return Err(crate::errors::invalid(slf.py(), "this peer's region is not mapped here (cross-memory attach only): use Channel.read")),
             }
         };
-        let r = unsafe {
-            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags)
-        };
-        if r != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { crate::buffer::export(slf.as_any(), view, ptr, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

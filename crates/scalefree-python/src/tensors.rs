@@ -104,12 +104,7 @@ impl PyStaticSlot {
         if ptr == 0 && len == 0 && slf.borrow().is_sender() {
             return Err(invalid(slf.py(), "the sending end of a slot has no buffer"));
         }
-        let ptr = if len == 0 { std::ptr::NonNull::<u8>::dangling().as_ptr() as usize } else { ptr };
-        let r = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut std::ffi::c_void, len as ffi::Py_ssize_t, 0, flags) };
-        if r != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { crate::buffer::export(slf.as_any(), view, ptr as *mut u8, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

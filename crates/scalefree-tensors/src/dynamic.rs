@@ -119,23 +119,13 @@ impl DynamicChannel {
         &self.stats
     }
 
-    fn wait(&self, timeout: Option<Duration>, what: &dyn Fn() -> String, mut ready: impl FnMut() -> bool) -> Result<()> {
-        loop {
-            let seen = self.mesh.my_bell();
-            if ready() {
-                return Ok(());
-            }
-            self.mesh.wait_bell(seen, timeout, what, &|| Ok(()), true)?;
-        }
-    }
-
     /// Waits until the receiver has pulled every message sent so far (their sources may
     /// then be reused).
     pub fn wait_sent(&mut self, timeout: Option<Duration>) -> Result<()> {
         let a = self.mesh.u64_at(self.mesh.me, self.ack);
         let count = self.count;
         let dst = self.dst;
-        self.wait(timeout, &|| format!("rank {dst} to pull message {count} of channel {}", self.index), || {
+        self.mesh.wait_for(timeout, &|| format!("rank {dst} to pull message {count} of channel {}", self.index), || {
             a.load(Ordering::Acquire) >= count
         })?;
         self.in_flight = None;
@@ -209,7 +199,7 @@ impl DynamicChannel {
         let seq = self.mesh.u64_at(me, self.rec + REC_SEQ);
         let want = self.count + 1;
         let src = self.src;
-        self.wait(timeout, &|| format!("a message from rank {src} on channel {}", self.index), || {
+        self.mesh.wait_for(timeout, &|| format!("a message from rank {src} on channel {}", self.index), || {
             seq.load(Ordering::Acquire) >= want
         })?;
         let rec = unsafe { std::slice::from_raw_parts(self.mesh.base(me).add(self.rec), REC_LEN) };

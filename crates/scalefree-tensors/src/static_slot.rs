@@ -110,16 +110,6 @@ impl StaticSlot {
         unsafe { self.mesh.base(self.mesh.me).add(self.hdr + HDR) }
     }
 
-    fn wait(&self, timeout: Option<Duration>, what: &dyn Fn() -> String, mut ready: impl FnMut() -> bool) -> Result<()> {
-        loop {
-            let seen = self.mesh.my_bell();
-            if ready() {
-                return Ok(());
-            }
-            self.mesh.wait_bell(seen, timeout, what, &|| Ok(()), true)?;
-        }
-    }
-
     /// Writes `data` (exactly the slot's size) into the receiver's buffer, after waiting for
     /// the receiver to release the previous message.
     pub fn send(&mut self, data: &[u8], timeout: Option<Duration>) -> Result<()> {
@@ -137,7 +127,7 @@ impl StaticSlot {
         let (mesh, me, dst) = (&*self.mesh, self.mesh.me, self.spec.dst as usize);
         let credit = mesh.u64_at(me, self.credit);
         let count = self.count;
-        self.wait(timeout, &|| format!("rank {dst} to release slot {}", self.index), || credit.load(Ordering::Acquire) >= count)?;
+        self.mesh.wait_for(timeout, &|| format!("rank {dst} to release slot {}", self.index), || credit.load(Ordering::Acquire) >= count)?;
         mesh.put(dst, self.hdr + HDR, data.as_ptr(), data.len())?;
         self.count += 1;
         mesh.u64_at(dst, self.hdr).store(self.count, Ordering::Release);
@@ -169,7 +159,7 @@ impl StaticSlot {
         let seq = self.mesh.u64_at(me, self.hdr);
         let want = self.count + 1;
         let src = self.spec.src;
-        self.wait(timeout, &|| format!("a message from rank {src} on slot {}", self.index), || seq.load(Ordering::Acquire) >= want)?;
+        self.mesh.wait_for(timeout, &|| format!("a message from rank {src} on slot {}", self.index), || seq.load(Ordering::Acquire) >= want)?;
         self.count = want;
         self.stats.bytes_zero_copy.fetch_add(self.spec.nbytes, Ordering::Relaxed);
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);

@@ -79,6 +79,18 @@ impl Mesh {
         self.wait_bell_with(seen, timeout, what, extra, interruptible, true)
     }
 
+    /// Waits (in the caller's thread) until `ready()` holds, re-checking after every update
+    /// aimed at this rank.
+    pub fn wait_for(&self, timeout: Option<Duration>, what: &dyn Fn() -> String, mut ready: impl FnMut() -> bool) -> Result<()> {
+        loop {
+            let seen = self.my_bell();
+            if ready() {
+                return Ok(());
+            }
+            self.wait_bell(seen, timeout, what, &|| Ok(()), true)?;
+        }
+    }
+
     /// [`Mesh::wait_bell`]; a wait that is not `eager` parks at once instead of spinning and
     /// yielding first (for background threads, which must not take cores from callers).
     pub fn wait_bell_with(

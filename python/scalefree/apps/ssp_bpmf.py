@@ -16,16 +16,12 @@ meaningless mixed from two iterations), so BPMF uses a consistent variant (``sha
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .ssp_mf import load_ratings
+from .ssp_mf import app_parser, load_ratings, write_rank_result
 
 
 def _sample_normal_wishart(rng, X_sum, XX_sum, n, k, beta0=2.0):
@@ -155,26 +151,13 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data")
-    p.add_argument("-k", type=int, default=10)
-    p.add_argument("--iters", type=int, default=40)
-    p.add_argument("--slack", type=int, default=0)
-    p.add_argument("--variant", default="sharded_thread")
-    p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
-    args = p.parse_args(argv)
+    args = app_parser(__doc__, k=10, iters=40, variant="sharded_thread").parse_args(argv)
     import scalefree
 
     g = scalefree.init()
     res = train(g, args.data, k=args.k, iters=args.iters, slack=args.slack, variant=args.variant,
                 straggler_ms=args.straggler, seed=args.seed)
-    if args.out:
-        path = Path(f"{args.out}.rank{g.rank}.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        os.replace(tmp, path)
+    write_rank_result(args.out, g.rank, res)
     # Test RMSE over every rank's users (a dense allreduce, after the timed loop).
     last = np.array([res["history"][-1][2], res["history"][-1][3]], np.float64)
     g.allreduce(last)

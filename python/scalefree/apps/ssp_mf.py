@@ -136,29 +136,40 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def app_parser(doc: str, k: int, iters: int, variant: str) -> argparse.ArgumentParser:
+    """The options every SSP training app takes."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data")
-    p.add_argument("-k", type=int, default=32)
-    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("-k", type=int, default=k)
+    p.add_argument("--iters", type=int, default=iters)
     p.add_argument("--slack", type=int, default=0)
-    p.add_argument("--variant", default="sharded_async_thread")
+    p.add_argument("--variant", default=variant)
     p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
-    p.add_argument("--lam", type=float, default=0.1)
-    p.add_argument("--eta", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
+    return p
+
+
+def write_rank_result(out, rank: int, res: dict) -> None:
+    """Writes ``res`` to ``OUT.rank<r>.json`` atomically."""
+    if out:
+        path = Path(f"{out}.rank{rank}.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    p = app_parser(__doc__, k=32, iters=100, variant="sharded_async_thread")
+    p.add_argument("--lam", type=float, default=0.1)
+    p.add_argument("--eta", type=float, default=0.5)
     args = p.parse_args(argv)
     import scalefree
 
     g = scalefree.init()
     res = train(g, args.data, k=args.k, iters=args.iters, slack=args.slack, variant=args.variant,
                 straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
-    if args.out:
-        path = Path(f"{args.out}.rank{g.rank}.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        os.replace(tmp, path)
+    write_rank_result(args.out, g.rank, res)
     if g.rank == 0:
         h = res["history"]
         print(f"slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE "
