@@ -23,7 +23,7 @@ where
             let f = f.clone();
             std::thread::spawn(move || {
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30) };
+                let opts = DeviceOptions { timeout: Duration::from_secs(20), bootstrap_timeout: Duration::from_secs(30) };
                 f(Device::new(job, opts).unwrap());
             })
         })
@@ -75,7 +75,8 @@ fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, call
             if delay_us > 0 && rng.below(3) == 0 {
                 std::thread::sleep(Duration::from_micros(rng.below(delay_us)));
             }
-            let st = red.allreduce(as_bytes(&c), as_bytes_mut(&mut out), slack).unwrap();
+            let st = red.allreduce(as_bytes(&c), as_bytes_mut(&mut out), slack)
+                .unwrap_or_else(|e| panic!("{variant:?} n={n} count={count} calls={calls} slack={slack} delay={delay_us} rank {me} seed {seed}: {e}"));
             assert_eq!(st.clock, t);
             assert!(st.age_diff <= slack, "{variant:?} n={n}: age difference {} > slack {slack}", st.age_diff);
             for r in 0..n as usize {

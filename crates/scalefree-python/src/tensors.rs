@@ -135,6 +135,7 @@ impl PyDynamicChannel {
     /// Sends the bytes of `data` as a tensor of `shape` (`dtype` a code the receiver
     /// understands, `itemsize` its bytes). With `wait`, returns once the receiver pulled it.
     #[pyo3(signature = (data, shape, dtype, itemsize, wait=true, timeout=None))]
+    #[allow(clippy::too_many_arguments)]
     fn send(&self, py: Python<'_>, data: Bound<'_, PyAny>, shape: Vec<u64>, dtype: u32, itemsize: u32, wait: bool, timeout: Option<f64>) -> PyResult<()> {
         let b = Buf::get(&data, false, "send: the tensor")?;
         let meta = Meta { dtype, itemsize, shape };

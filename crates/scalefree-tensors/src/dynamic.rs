@@ -178,7 +178,7 @@ impl DynamicChannel {
             rec[REC_SHAPE + 8 * k..REC_SHAPE + 8 * k + 8].copy_from_slice(&d.to_le_bytes());
         }
         // Everything but the sequence word, then the sequence word.
-        self.mesh.put(dst, self.rec + 8, rec[8..].as_ptr(), REC_LEN - 8)?;
+        unsafe { self.mesh.put(dst, self.rec + 8, rec[8..].as_ptr(), REC_LEN - 8) }?;
         self.count += 1;
         self.mesh.u64_at(dst, self.rec + REC_SEQ).store(self.count, Ordering::Release);
         self.mesh.ring(dst);

@@ -128,7 +128,7 @@ impl StaticSlot {
         let credit = mesh.u64_at(me, self.credit);
         let count = self.count;
         self.mesh.wait_for(timeout, &|| format!("rank {dst} to release slot {}", self.index), || credit.load(Ordering::Acquire) >= count)?;
-        mesh.put(dst, self.hdr + HDR, data.as_ptr(), data.len())?;
+        unsafe { mesh.put(dst, self.hdr + HDR, data.as_ptr(), data.len()) }?;
         self.count += 1;
         mesh.u64_at(dst, self.hdr).store(self.count, Ordering::Release);
         mesh.ring(dst);

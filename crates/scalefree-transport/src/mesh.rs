@@ -57,7 +57,10 @@ impl Mesh {
         wait::ring(self.bell(r), self.u32_at(r, OFF_WAITERS));
     }
     /// One-sided write of `n` bytes from `src` to offset `off` of rank `r`'s region.
-    pub fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub unsafe fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
         unsafe { self.chans[r].write_from(src, &self.remotes[r], off, n) }
     }
     /// Reads this rank's bell; pass the value to [`Mesh::wait_bell`] after checking state,

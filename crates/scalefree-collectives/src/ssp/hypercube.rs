@@ -114,7 +114,7 @@ impl Hypercube {
     /// Publishes `src` (with its age) into the peer's slot.
     fn publish(mesh: &Mesh, slots: &Slots, o: &mut Out, src: *const u8, age: u64) -> Result<()> {
         let b = slots.buf(o.slot, o.back);
-        mesh.put(o.peer, b + BUF_HDR, src, slots.nbytes)?;
+        unsafe { mesh.put(o.peer, b + BUF_HDR, src, slots.nbytes) }?;
         mesh.u64_at(o.peer, b).store(age, Ordering::Relaxed);
         let old = mesh.u32_at(o.peer, slots.slot(o.slot)).swap(o.back | FRESH, Ordering::AcqRel);
         o.back = old & 3;

@@ -291,7 +291,7 @@ impl Shard {
         let h = sh.geo.view(w, me);
         let age = self.age();
         let data = sh.geo.view_data(w, me, self.delivered[w] + 1);
-        sh.mesh.put(w, data, self.state.ptr(), self.state.bytes().len())?;
+        unsafe { sh.mesh.put(w, data, self.state.ptr(), self.state.bytes().len()) }?;
         sh.mesh.u64_at(w, h + 8).store(self.taken[w], Ordering::Relaxed);
         sh.mesh.u64_at(w, h + 16).store(age, Ordering::Relaxed);
         sh.mesh.u32_at(w, h + 24).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
@@ -373,9 +373,9 @@ impl Worker {
             let all = (0..p).all(|s| self.missed_empty[s] && self.credit(s));
             vec![all; p]
         };
-        for s in 0..p {
+        for (s, direct) in direct.into_iter().enumerate() {
             let (lo, hi) = self.sh.geo.shard[s];
-            if direct[s] {
+            if direct {
                 self.push(s, Some(contribution[lo..hi].as_ptr()))?;
             } else if self.missed_empty[s] {
                 self.missed[s].bytes_mut().copy_from_slice(&contribution[lo..hi]);
@@ -428,7 +428,7 @@ impl Worker {
         let empty = src.is_none() && self.missed_empty[s];
         if !empty {
             let p = src.unwrap_or_else(|| self.missed[s].ptr());
-            sh.mesh.put(s, h + HDR, p, sh.geo.len(s))?;
+            unsafe { sh.mesh.put(s, h + HDR, p, sh.geo.len(s)) }?;
         }
         let mut flags = if empty { FLAG_EMPTY } else { 0 };
         if self.flushing {
@@ -522,7 +522,7 @@ pub(crate) struct Sharded {
     worker: Worker,
     /// The shard. The caller steps it whenever it is inside a call (so a caller about to
     /// wait does the work itself instead of waiting for a thread to wake up); the Thread
-    /// variants' background thread steps it in between.
+    /// variants' background thread steps it in between calls.
     shard: Arc<Mutex<Shard>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -569,9 +569,9 @@ impl Sharded {
             let mut did = true;
             while did {
                 did = false;
-                if let Ok(mut s) = self.shard.try_lock() {
-                    did |= s.step()?;
-                }
+                // Blocking: the thread holds the lock for one step at most, and stays out
+                // while `in_call` is set (a try-lock could miss work the thread skipped).
+                did |= self.shard.lock().unwrap_or_else(|p| p.into_inner()).step()?;
                 did |= self.worker.step()?;
             }
             if done(&self.worker, &self.sh) {
@@ -602,9 +602,7 @@ impl Sharded {
     fn allreduce_inner(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
         // Take what arrived (pushes made now carry the previous clock: they hold nothing
         // newer), then add this call's contribution.
-        if let Ok(mut sd) = self.shard.try_lock() {
-            sd.step()?;
-        }
+        self.shard.lock().unwrap_or_else(|p| p.into_inner()).step()?;
         self.worker.step()?;
         self.worker.clock = clock;
         self.worker.contribute(contribution)?;
