@@ -665,7 +665,7 @@ fn serve(shard: Arc<Mutex<Shard>>, sh: Arc<Shared>) {
                 } else {
                     Ok(())
                 }
-            }, false, true)
+            }, false, false)
         });
         match r {
             Ok(()) | Err(Error::Timeout { .. }) => {}
