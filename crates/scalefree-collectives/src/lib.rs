@@ -14,6 +14,7 @@
 pub mod comm;
 pub mod dense;
 pub mod reduce;
+pub mod sparse;
 
 pub use comm::{CommOptions, Communicator};
 pub use scalefree_transport::config::parse_bytes;

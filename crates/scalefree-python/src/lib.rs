@@ -8,6 +8,7 @@ mod device;
 mod errors;
 mod flash;
 mod group;
+mod sparse;
 
 use pyo3::prelude::*;
 
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashRuntime>()?;
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;
+    m.add_class::<sparse::PySparseAllreduce>()?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
