@@ -79,3 +79,105 @@ def test_sparse_matches_dense_reference(n):
     code = SWEEP.replace("eval(sys.argv[1])", repr(CONFIGS[n]))
     res = run_ranks(n, code, timeout=120)
     assert "checked" in res[0].stdout
+
+
+ERRORS = r"""
+import numpy as np, scalefree
+from scalefree.errors import InvalidArgumentError, MismatchError
+g = scalefree.init(timeout=20)
+me, n = g.rank, g.size
+sa = g.sparse_allreduce(100)
+# out-of-range index on rank 1 only: every rank raises, nobody hangs
+bad = np.array([5, 100 if me == 1 else 7], np.int64)
+try:
+    sa.config(bad, np.arange(3))
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    assert ("outside [0, dim=100)" in str(e)) == (me == 1), str(e)
+# negative index
+try:
+    sa.config(np.array([-1]), np.arange(3))
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    assert "outside" in str(e)
+sa.config(np.arange(10), np.arange(10))
+# mismatched dtype across ranks
+try:
+    sa.reduce(np.ones(10, np.float32 if me == 0 else np.float64))
+    raise SystemExit("no error")
+except MismatchError as e:
+    assert "float32" in str(e) and "float64" in str(e), str(e)
+# wrong length (caught before the native call, on one rank only: the others see it)
+sa.reduce(np.ones(10, np.float32))
+try:
+    sa._native._reduce_into(np.ones(9 if me == 0 else 10, np.float32), np.empty(10, np.float32), "float32", 1)
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    pass
+# dim / op mismatch
+try:
+    g.sparse_allreduce(100 + me).config(np.arange(3), np.arange(3))
+    raise SystemExit("no error")
+except MismatchError as e:
+    assert "dim=100" in str(e)
+try:
+    g.sparse_allreduce(10, op="sum" if me else "max").config(np.arange(3), np.arange(3))
+    raise SystemExit("no error")
+except MismatchError as e:
+    pass
+# or on floats is refused
+try:
+    g.sparse_allreduce(10, op="or").config_reduce(np.arange(3), np.ones(3), np.arange(3))
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    assert "uint" in str(e)
+# degrees that do not multiply to the group size
+try:
+    g.sparse_allreduce(10, degrees=[n + 1])
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    assert "multiply" in str(e)
+# still usable afterwards, many reduces on one config
+sa = g.sparse_allreduce(1000, degrees=[n])
+idx = np.arange(me, 1000, n)
+sa.config(idx, np.arange(1000))
+for it in range(50):
+    got = sa.reduce(np.full(len(idx), it, np.int64))
+    assert (got == it).all()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sparse_errors_not_hangs(n):
+    res = run_ranks(n, ERRORS, timeout=60)
+    assert all("ok" in r.stdout for r in res)
+
+
+LARGE = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+dim = 10_000_000
+rng = np.random.default_rng(me)
+out = np.minimum(rng.zipf(1.1, 200_000) - 1, dim - 1)
+vals = rng.random((len(out), 2)).astype(np.float64)
+ins = rng.integers(0, dim, 100_000)
+sa = g.sparse_allreduce(dim, degrees=[2, 2] if n == 4 else "auto")
+sa.config(out, ins)
+got = sa.reduce(vals)
+want = np.zeros((dim, 2))
+for r in range(n):
+    rr = np.random.default_rng(r)
+    o = np.minimum(rr.zipf(1.1, 200_000) - 1, dim - 1)
+    np.add.at(want, o, rr.random((len(o), 2)))
+np.testing.assert_allclose(got, want[ins], rtol=1e-12)
+st = sa.stats()
+assert len(st) == len(sa.degrees) and all(s["bytes_sent"] > 0 for s in st)
+print("ok")
+"""
+
+
+def test_sparse_large_zipf_four_ranks():
+    res = run_ranks(4, LARGE, timeout=120)
+    assert all("ok" in r.stdout for r in res)
