@@ -364,6 +364,8 @@ impl SparseAllreduce {
             let mut acc = alloc_rows(dt, self.op, layer.out_after, w);
             let st = &mut self.stats[l];
             st.degree = k;
+            st.out_keys = layer.out_after as u64;
+            st.in_keys = layer.in_after as u64;
             let op = self.op;
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;
