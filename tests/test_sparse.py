@@ -181,3 +181,29 @@ print("ok")
 def test_sparse_large_zipf_four_ranks():
     res = run_ranks(4, LARGE, timeout=120)
     assert all("ok" in r.stdout for r in res)
+
+
+def test_plan_cli_prints_every_factorization():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "scalefree.cli", "sparse", "plan", "--ranks", "12", "--nnz", "1000",
+                          "--dim", "100000", "--top", "100"], capture_output=True, text=True, check=True).stdout
+    rows = [l.split()[0] for l in out.splitlines()[2:] if l and l[0].isdigit()]
+    # ordered factorizations of 12: 12, 2x6, 6x2, 3x4, 4x3, 2x2x3, 2x3x2, 3x2x2
+    assert sorted(rows) == sorted(["12", "2x6", "6x2", "3x4", "4x3", "2x2x3", "2x3x2", "3x2x2"])
+    assert "indices-once" in out and "dense" in out
+
+
+def test_bench_sparse_smoke(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "sparse", "-n", "2", "--dim", "20000",
+                    "--nnz", "500", "--vs", "none", "--min-calls", "2", "--target-seconds", "0.01",
+                    "--warmup", "1", "--json", str(out)], check=True, capture_output=True, text=True, timeout=120)
+    recs = json.loads(out.read_text())
+    assert {r["variant"] for r in recs} == {"config", "reduce", "config_reduce"}
+    assert all(r["median_s"] > 0 for r in recs)
