@@ -30,6 +30,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import sparse_plan
 
     sparse_plan.add_parser(sub)
+
+    from . import graph
+
+    graph.add_parser(sub)
     return p
 
 
