@@ -81,6 +81,14 @@ def test_sparse_matches_dense_reference(n):
     assert "checked" in res[0].stdout
 
 
+@pytest.mark.parametrize("threshold", ["0", "1e9"])
+def test_sparse_dense_segments_forced_on_and_off(threshold):
+    """Every range dense from the first layer, or never dense: same results."""
+    code = SWEEP.replace("eval(sys.argv[1])", repr([[2, 2]]))
+    res = run_ranks(4, code, timeout=120, extra_env={"SCALEFREE_SPARSE_DENSE": threshold})
+    assert "checked" in res[0].stdout
+
+
 ERRORS = r"""
 import numpy as np, scalefree
 from scalefree.errors import InvalidArgumentError, MismatchError

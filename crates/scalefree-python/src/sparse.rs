@@ -131,6 +131,7 @@ impl PySparseAllreduce {
                 d.set_item("wait_s", s.wait_ns as f64 * 1e-9)?;
                 d.set_item("out_keys", s.out_keys)?;
                 d.set_item("in_keys", s.in_keys)?;
+                d.set_item("dense", s.dense)?;
                 Ok(d)
             })
             .collect()

@@ -240,9 +240,9 @@ def print_table(records: list[dict]) -> None:
             print(f"\nscalefree reduce at {r['ranks']} ranks, rank 0's layers (degrees {r['degrees']}):")
             lrows = [[str(i), str(s["degree"]), common.human_bytes(s["bytes_sent"]), str(s["messages"]),
                       common.human_bytes(s["max_packet"]), human_time(s["merge_s"]), human_time(s["wait_s"]),
-                      str(s["out_keys"])] for i, s in enumerate(r["layers"])]
+                      str(s["out_keys"]), "dense" if s.get("dense") else "sparse"] for i, s in enumerate(r["layers"])]
             print(common.format_table(["layer", "degree", "bytes sent", "msgs", "max packet", "merge",
-                                       "wait+read", "keys after"], lrows))
+                                       "wait+read", "keys after", "segment"], lrows))
 
 
 def plot(records: list[dict], path: Path) -> None:

@@ -43,6 +43,16 @@ pub struct LayerStats {
     /// Keys this rank holds after the layer's merge (out side and in side).
     pub out_keys: u64,
     pub in_keys: u64,
+    /// The node's range was dense enough after this layer's merge that it is kept as a
+    /// dense segment (every key of the range, no merge of keys below).
+    pub dense: bool,
+}
+
+/// A merged range holding more than this fraction of its keys switches to a dense segment
+/// (`SCALEFREE_SPARSE_DENSE`, default 0.5): a dense segment of width w costs w values
+/// where the sparse one costs nnz values plus its maps, so past half full it is cheaper.
+fn dense_threshold() -> f64 {
+    std::env::var("SCALEFREE_SPARSE_DENSE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.5)
 }
 
 struct Layer {
@@ -54,6 +64,7 @@ struct Layer {
     in_split: Vec<usize>,
     in_maps: Vec<Vec<usize>>,
     in_after: usize,
+    dense: bool,
 }
 
 /// One sparse allreduce: the plan fixed at construction and the maps saved by `config`.
@@ -296,7 +307,18 @@ impl SparseAllreduce {
             }
             drop(buf);
             let tm = Instant::now();
-            let (uo, out_maps) = tree_merge(&parts_out.iter().map(|p| p.as_slice()).collect::<Vec<_>>());
+            (lo, hi) = sub_range(lo, hi, k, digit);
+            let total_out: usize = parts_out.iter().map(|p| p.len()).sum();
+            let width = (hi - lo) as usize;
+            let dense = width > 0 && total_out as f64 > dense_threshold() * width as f64;
+            let (uo, out_maps) = if dense {
+                // Dense segment: positions are key offsets in the range; no key merge.
+                let maps = parts_out.iter().map(|p| p.iter().map(|&x| (x - lo) as usize).collect()).collect();
+                ((lo..hi).collect::<Vec<u64>>(), maps)
+            } else {
+                tree_merge(&parts_out.iter().map(|p| p.as_slice()).collect::<Vec<_>>())
+            };
+            st.dense = dense;
             let (ui, in_maps) = tree_merge(&parts_in.iter().map(|p| p.as_slice()).collect::<Vec<_>>());
             if has_vals {
                 let mut acc = alloc_rows(vdt, self.op, uo.len(), w);
@@ -308,7 +330,6 @@ impl SparseAllreduce {
             st.merge_ns += tm.elapsed().as_nanos() as u64;
             st.out_keys = uo.len() as u64;
             st.in_keys = ui.len() as u64;
-            (lo, hi) = sub_range(lo, hi, k, digit);
             self.layers.push(Layer {
                 members,
                 digit,
@@ -318,6 +339,7 @@ impl SparseAllreduce {
                 in_split,
                 in_maps,
                 in_after: ui.len(),
+                dense,
             });
             okeys = uo;
             ikeys = ui;
@@ -366,6 +388,7 @@ impl SparseAllreduce {
             st.degree = k;
             st.out_keys = layer.out_after as u64;
             st.in_keys = layer.in_after as u64;
+            st.dense = layer.dense;
             let op = self.op;
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;

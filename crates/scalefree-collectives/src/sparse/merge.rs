@@ -43,7 +43,8 @@ fn merge2(a: &[u64], b: &[u64]) -> (Vec<u64>, Vec<usize>, Vec<usize>) {
 /// Tree merge of `parts`: (union, maps) with `union[maps[p][i]] == parts[p][i]`.
 pub fn tree_merge(parts: &[&[u64]]) -> (Vec<u64>, Vec<Vec<usize>>) {
     // Each level merges neighbours; a node carries its keys and the input parts under it.
-    let mut level: Vec<(Vec<u64>, Vec<(usize, Vec<usize>)>)> = parts
+    type Node = (Vec<u64>, Vec<(usize, Vec<usize>)>);
+    let mut level: Vec<Node> = parts
         .iter()
         .enumerate()
         .map(|(p, s)| (s.to_vec(), vec![(p, (0..s.len()).collect())]))
