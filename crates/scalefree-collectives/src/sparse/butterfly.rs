@@ -83,6 +83,7 @@ pub struct SparseAllreduce {
     bottom: Vec<usize>,
     bottom_out: usize,
     stats: Vec<LayerStats>,
+    pool: Pool,
 }
 
 /// Metadata slot sent inline to each peer: byte offset in the exposed buffer and counts.
@@ -117,6 +118,40 @@ fn alloc_rows(dtype: SDType, op: SOp, rows: usize, w: usize) -> Vec<u64> {
     v
 }
 
+/// Value buffers kept between calls: a reduce allocates nothing once warm (fresh large
+/// allocations are fresh pages from the kernel, a page fault per 4 KiB).
+#[derive(Default)]
+struct Pool {
+    free: Vec<Vec<u64>>,
+    scratch: Vec<u64>,
+}
+
+impl Pool {
+    fn get(&mut self, words: usize) -> Vec<u64> {
+        let best = self.free.iter().enumerate().max_by_key(|(_, v)| v.capacity()).map(|(i, _)| i);
+        let mut v = best.map(|i| self.free.swap_remove(i)).unwrap_or_default();
+        // Stale contents are fine: every caller overwrites or fills what it reads. Only
+        // growth is zeroed, so a warm pool costs no pass over memory.
+        if v.len() < words {
+            v.resize(words, 0);
+        } else {
+            v.truncate(words);
+        }
+        v
+    }
+    fn rows(&mut self, dtype: SDType, op: SOp, rows: usize, w: usize) -> Vec<u64> {
+        let n = rows * w;
+        let mut v = self.get((n * dtype.size_bytes()).div_ceil(8));
+        unsafe { fill_identity(dtype, op, v.as_mut_ptr() as *mut u8, n) };
+        v
+    }
+    fn put(&mut self, v: Vec<u64>) {
+        if self.free.len() < 8 {
+            self.free.push(v);
+        }
+    }
+}
+
 impl SparseAllreduce {
     /// A plan for `ranks` ranks. `degrees`: the layer degrees (product = ranks), or None
     /// for the automatic choice at config.
@@ -140,6 +175,7 @@ impl SparseAllreduce {
             bottom: Vec::new(),
             bottom_out: 0,
             stats: Vec::new(),
+            pool: Pool::default(),
         })
     }
 
@@ -291,7 +327,7 @@ impl SparseAllreduce {
             let st = &mut self.stats[l];
             st.degree = k;
             unsafe {
-                round(c, self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut |j, m, fetch| {
+                round(c, self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let (no, ni) = (m[1] as usize, m[2] as usize);
                     let nb = (no + ni) * 8 + if has_vals { no * rb } else { 0 };
                     let p = fetch(m[0] as usize, nb)? as *const u64;
@@ -369,7 +405,7 @@ impl SparseAllreduce {
     fn reduce_down(&mut self, c: &mut Communicator, vals: &[u8], dt: SDType, w: usize) -> Result<Vec<u64>> {
         let rb = dt.size_bytes() * w;
         let t0 = Instant::now();
-        let mut cur = alloc_rows(dt, self.op, self.n_out_u, w);
+        let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
         unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
         self.stats = vec![LayerStats::default(); self.layers.len()];
         if let Some(s) = self.stats.first_mut() {
@@ -383,7 +419,7 @@ impl SparseAllreduce {
                 let (a, b) = (layer.out_split[j], layer.out_split[j + 1]);
                 metas[layer.members[j] as usize] = [(a * rb) as u64, (b - a) as u64, 0, ((b - a) * rb) as u64];
             }
-            let mut acc = alloc_rows(dt, self.op, layer.out_after, w);
+            let mut acc = self.pool.rows(dt, self.op, layer.out_after, w);
             let st = &mut self.stats[l];
             st.degree = k;
             st.out_keys = layer.out_after as u64;
@@ -393,7 +429,7 @@ impl SparseAllreduce {
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, cur.as_ptr() as *const u8, cur.len() * 8, &metas, st, &mut |j, m, fetch| {
+                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, cur.as_ptr() as *const u8, cur.len() * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let p = fetch(m[0] as usize, n * rb)?;
                     let t = Instant::now();
@@ -404,7 +440,7 @@ impl SparseAllreduce {
             }
             st.merge_ns += merge_ns;
             st.wait_ns = st.wait_ns.saturating_sub(merge_ns);
-            cur = acc;
+            self.pool.put(std::mem::replace(&mut cur, acc));
         }
         Ok(cur)
     }
@@ -414,7 +450,7 @@ impl SparseAllreduce {
         let rb = dt.size_bytes() * w;
         let t0 = Instant::now();
         debug_assert!(self.layers.last().map(|l| l.in_after == self.bottom.len()).unwrap_or(true));
-        let mut cur = vec![0u64; (self.bottom.len() * rb).div_ceil(8)];
+        let mut cur = self.pool.get((self.bottom.len() * rb).div_ceil(8));
         unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, reduced.as_ptr() as *const u8, &self.bottom, w) };
         if let Some(s) = self.stats.last_mut() {
             s.merge_ns += t0.elapsed().as_nanos() as u64;
@@ -430,7 +466,7 @@ impl SparseAllreduce {
                 metas[layer.members[j] as usize] = [total as u64, layer.in_maps[j].len() as u64, 0, (layer.in_maps[j].len() * rb) as u64];
                 total += (layer.in_maps[j].len() * rb).next_multiple_of(8);
             }
-            let mut send = vec![0u64; total / 8];
+            let mut send = self.pool.get(total / 8);
             for j in 0..k {
                 let off = metas[layer.members[j] as usize][0] as usize;
                 unsafe {
@@ -438,12 +474,12 @@ impl SparseAllreduce {
                 };
             }
             let before = layer.in_split[k];
-            let mut prev = vec![0u64; (before * rb).div_ceil(8)];
+            let mut prev = self.pool.get((before * rb).div_ceil(8));
             let prevp = prev.as_mut_ptr() as *mut u8;
             let st = &mut self.stats[l];
             st.merge_ns += tg.elapsed().as_nanos() as u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut |j, m, fetch| {
+                round(c, self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let (a, b) = (layer.in_split[j], layer.in_split[j + 1]);
                     if n != b - a {
@@ -454,13 +490,15 @@ impl SparseAllreduce {
                     Ok(())
                 })?;
             }
-            cur = prev;
+            self.pool.put(send);
+            self.pool.put(std::mem::replace(&mut cur, prev));
         }
         let t1 = Instant::now();
         unsafe { gather(dt, self.op, in_vals.as_mut_ptr(), cur.as_ptr() as *const u8, &self.in_pos, w) };
         if let Some(s) = self.stats.first_mut() {
             s.merge_ns += t1.elapsed().as_nanos() as u64;
         }
+        self.pool.put(cur);
         Ok(())
     }
 
@@ -490,7 +528,9 @@ impl SparseAllreduce {
         };
         self.agree(c, 2, err, dt as i64, w as i64)?;
         let reduced = self.reduce_down(c, out_vals, dt, w)?;
-        self.up(c, &reduced, dt, w, in_vals)
+        let r = self.up(c, &reduced, dt, w, in_vals);
+        self.pool.put(reduced);
+        r
     }
 
     /// `config` and `reduce` in one pass down (values travel with the indices).
@@ -525,6 +565,7 @@ unsafe fn round(
     send_bytes: usize,
     metas: &[Meta],
     st: &mut LayerStats,
+    scratch: &mut Vec<u64>,
     recv: &mut dyn FnMut(usize, Meta, &dyn Fn(usize, usize) -> Result<*const u8>) -> Result<()>,
 ) -> Result<()> {
     let t0 = Instant::now();
@@ -547,7 +588,7 @@ unsafe fn round(
     if send_bytes > 0 {
         unsafe { c.stage_in(&hdr, send, &[(0, send_bytes)]) };
     }
-    let scratch = std::cell::RefCell::new(Vec::<u64>::new());
+    let scratch = std::cell::RefCell::new(scratch);
     for i in 0..k {
         let j = (digit + i) % k;
         let q = members[j];
