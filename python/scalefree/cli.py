@@ -30,6 +30,14 @@ def _build_parser() -> argparse.ArgumentParser:
     from .apps import ps_train
 
     ps_train.add_parser(sub)
+
+    from . import sparse_plan
+
+    sparse_plan.add_parser(sub)
+
+    from . import graph
+
+    graph.add_parser(sub)
     return p
 
 

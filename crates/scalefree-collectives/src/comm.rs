@@ -69,6 +69,7 @@ pub(crate) enum Kind {
     Allgather = 3,
     Broadcast = 4,
     Barrier = 5,
+    Sparse = 6,
 }
 
 impl Kind {
@@ -79,6 +80,7 @@ impl Kind {
             Kind::Allgather => "allgather",
             Kind::Broadcast => "broadcast",
             Kind::Barrier => "barrier",
+            Kind::Sparse => "sparse_allreduce",
         }
     }
     fn from_u32(v: u32) -> Option<Self> {
@@ -88,6 +90,7 @@ impl Kind {
             3 => Kind::Allgather,
             4 => Kind::Broadcast,
             5 => Kind::Barrier,
+            6 => Kind::Sparse,
             _ => return None,
         })
     }

@@ -15,6 +15,7 @@ pub mod comm;
 pub mod dense;
 pub mod reduce;
 pub mod ssp;
+pub mod sparse;
 
 pub use comm::{CommOptions, Communicator};
 pub use scalefree_transport::config::parse_bytes;

@@ -34,7 +34,7 @@ pub struct Group {
     #[pyo3(get)]
     rank: u32,
     #[pyo3(get)]
-    size: u32,
+    pub(crate) size: u32,
     #[pyo3(get)]
     local_rank: u32,
     #[pyo3(get)]
@@ -46,7 +46,7 @@ pub struct Group {
 }
 
 impl Group {
-    fn with_comm<T: Send>(
+    pub(crate) fn with_comm<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut Communicator) -> scalefree_transport::Result<T> + Send,

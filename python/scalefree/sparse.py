@@ -1,0 +1,97 @@
+"""Sparse allreduce (Kylix) over a nested butterfly: config once per sparsity pattern,
+reduce many times. The collective is in Rust (``scalefree-collectives/src/sparse``); this
+wrapper checks shapes and allocates results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _native
+from .errors import InvalidArgumentError
+
+_DTYPES = {"float32", "float64", "int32", "int64", "uint32", "uint64"}
+
+
+def _indices(a, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise InvalidArgumentError(f"{what} must be 1-D, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise InvalidArgumentError(f"{what} must hold integers, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _values(v, n: int, what: str) -> np.ndarray:
+    if not isinstance(v, np.ndarray):
+        raise InvalidArgumentError(f"{what}: expected a numpy array, got {type(v).__name__}")
+    if v.dtype.name not in _DTYPES:
+        raise InvalidArgumentError(f"{what} must be one of {sorted(_DTYPES)}, got {v.dtype}")
+    if v.ndim not in (1, 2) or v.shape[0] != n:
+        raise InvalidArgumentError(f"{what} must have shape ({n},) or ({n}, width), got {v.shape}")
+    return np.ascontiguousarray(v)
+
+
+class SparseAllreduce:
+    """``sa = group.sparse_allreduce(dim, op="sum", degrees="auto")``.
+
+    ``sa.config(out_indices, in_indices)`` saves the routing for one sparsity pattern
+    (collective); ``sa.reduce(out_values)`` then returns the op-reduction over all ranks of
+    the values at ``in_indices`` (in the caller's order; indices nobody contributed read as
+    the op's identity). ``sa.config_reduce(out_indices, out_values, in_indices)`` does
+    both in one pass. Indices are int64 in ``[0, dim)``, unsorted, duplicates combined
+    locally. Values: 1-D, or 2-D ``(n, width)`` with one row per index.
+    Ops: sum, max, min (any dtype), or (uint32/uint64).
+    """
+
+    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0):
+        if replication != 1:
+            raise InvalidArgumentError("sparse_allreduce: replication > 1 is not implemented yet")
+        if int(dim) < 0:
+            raise InvalidArgumentError(f"dim must be >= 0, got {dim}")
+        if isinstance(degrees, str):
+            if degrees != "auto":
+                raise InvalidArgumentError(f'degrees must be "auto" or a list of ints, got {degrees!r}')
+            degrees = None
+        else:
+            degrees = [int(d) for d in degrees]
+        self.group = group
+        self.dim = int(dim)
+        self.op = op
+        self._n_out = self._n_in = None
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, seed)
+
+    @property
+    def degrees(self) -> list[int]:
+        """Layer degrees in use (after the first config when "auto")."""
+        return self._native.degrees
+
+    def stats(self) -> list[dict]:
+        """Per layer of the last call: degree, bytes_sent, messages, max_packet, merge_s,
+        wait_s, out_keys, in_keys."""
+        return self._native.stats()
+
+    def config(self, out_indices, in_indices) -> None:
+        o = _indices(out_indices, "out_indices")
+        i = _indices(in_indices, "in_indices")
+        self._native.config(o, i)
+        self._n_out, self._n_in = len(o), len(i)
+
+    def reduce(self, out_values, out=None) -> np.ndarray:
+        if self._n_out is None:
+            raise InvalidArgumentError("sparse_allreduce.reduce called before config")
+        v = _values(out_values, self._n_out, "out_values")
+        width = 1 if v.ndim == 1 else v.shape[1]
+        if out is None:
+            out = np.empty((self._n_in,) + v.shape[1:], dtype=v.dtype)
+        self._native._reduce_into(v, out, v.dtype.name, width)
+        return out
+
+    def config_reduce(self, out_indices, out_values, in_indices) -> np.ndarray:
+        o = _indices(out_indices, "out_indices")
+        i = _indices(in_indices, "in_indices")
+        v = _values(out_values, len(o), "out_values")
+        width = 1 if v.ndim == 1 else v.shape[1]
+        out = np.empty((len(i),) + v.shape[1:], dtype=v.dtype)
+        self._native._config_reduce_into(o, v, i, out, v.dtype.name, width)
+        self._n_out, self._n_in = len(o), len(i)
+        return out
