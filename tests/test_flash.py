@@ -5,6 +5,7 @@ import pytest
 
 from scalefree import flash
 import scalefree
+import scalefree.errors
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,103 @@ def test_bad_inputs(rt):
         flash.Runtime(memory_budget="lots")
     with pytest.raises(OSError):
         flash.Runtime(dir="/no/such/dir")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,cols,n", [(0, 5, 3), (1, 1, 1), (301, 177, 9), (1000, 700, 33)])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_csrmm_matches_scipy(rt, dtype, rows, cols, n, trans_b):
+    sp = pytest.importorskip("scipy.sparse")
+    s = sp.random(rows, cols, density=0.02, format="csr", random_state=rows + n, dtype=np.float64).astype(dtype)
+    A = flash.Csr.from_scipy(s, rt)
+    rng = np.random.default_rng(n)
+    b = rng.standard_normal((n, cols) if trans_b else (cols, n)).astype(dtype)
+    c0 = rng.standard_normal((rows, n)).astype(dtype)
+    want = 0.5 * (s @ (b.T if trans_b else b)) + 2.0 * c0
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    # numpy in, numpy out (C updated in place, Fortran order too)
+    c = np.asfortranarray(c0.copy())
+    stats = {}
+    got = flash.csrmm(A, b, c, alpha=0.5, beta=2.0, trans_b=trans_b, runtime=rt, stats=stats)
+    assert got is c
+    np.testing.assert_allclose(c, want, rtol=tol, atol=tol)
+    assert stats["peak_resident_bytes"] <= stats["budget_bytes"]
+    # flash in, flash out
+    C = flash.csrmm(A, flash.Matrix.from_numpy(b, rt), flash.Matrix.from_numpy(c0, rt), alpha=0.5, beta=2.0,
+                    trans_b=trans_b, runtime=rt)
+    np.testing.assert_allclose(C.to_numpy(), want, rtol=tol, atol=tol)
+    # no C: the product alone, in memory
+    np.testing.assert_allclose(flash.csrmm(A, b, trans_b=trans_b, runtime=rt), s @ (b.T if trans_b else b),
+                               rtol=tol, atol=tol)
+
+
+def test_csrmm_bad_inputs(rt):
+    sp = pytest.importorskip("scipy.sparse")
+    A = flash.Csr.from_scipy(sp.random(10, 8, density=0.3, format="csr", random_state=0), rt)
+    with pytest.raises(ValueError, match="shape"):
+        flash.csrmm(A, np.ones((7, 3)), runtime=rt)
+    with pytest.raises(scalefree.InvalidArgumentError, match="C must be"):
+        flash.csrmm(A, np.ones((8, 3)), np.ones((10, 3), np.float32), runtime=rt)
+    with pytest.raises(scalefree.InvalidArgumentError, match="flash.Csr"):
+        flash.csrmm(np.ones((10, 8)), np.ones((8, 3)), runtime=rt)
+
+
+def test_load_npy_and_npz(rt, tmp_path):
+    sp = pytest.importorskip("scipy.sparse")
+    a = np.random.default_rng(2).standard_normal((37, 21)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    M = flash.load(tmp_path / "a.npy", rt)
+    assert isinstance(M, flash.Matrix) and M.dtype == np.float32
+    np.testing.assert_array_equal(M.to_numpy(), a)
+    np.save(tmp_path / "f.npy", np.asfortranarray(a.astype(np.float64)))
+    np.testing.assert_array_equal(flash.load(tmp_path / "f.npy", rt).to_numpy(), a)
+    np.save(tmp_path / "i.npy", np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(flash.load(tmp_path / "i.npy", rt).to_numpy(), np.arange(6.0).reshape(2, 3))
+    s = sp.random(50, 40, density=0.1, format="csc", random_state=1)
+    sp.save_npz(tmp_path / "s.npz", s)
+    S = flash.load(tmp_path / "s.npz", rt)
+    assert isinstance(S, flash.Csr) and S.shape == (50, 40) and S.nnz == s.nnz
+    np.testing.assert_array_equal(S.to_scipy().toarray(), s.toarray())
+    np.savez(tmp_path / "plain.npz", x=np.ones(3))
+    with pytest.raises(scalefree.errors.FlashIOError, match="plain.npz"):
+        flash.load(tmp_path / "plain.npz", rt)
+    with pytest.raises(scalefree.InvalidArgumentError, match="unknown matrix file"):
+        flash.load(tmp_path / "x.csv", rt)
+
+
+def test_load_matrix_market_matches_scipy(rt, tmp_path):
+    sp = pytest.importorskip("scipy.sparse")
+    sio = pytest.importorskip("scipy.io")
+    s = sp.random(60, 45, density=0.05, format="coo", random_state=4)
+    sio.mmwrite(tmp_path / "g.mtx", s)
+    sym = sp.random(30, 30, density=0.1, random_state=5)
+    sym = (sym + sym.T).tocoo()
+    sio.mmwrite(tmp_path / "s.mtx", sym, symmetry="symmetric")
+    for name, want in [("g.mtx", s), ("s.mtx", sym)]:
+        for dtype in (np.float32, np.float64):
+            S = flash.load(tmp_path / name, rt, dtype=dtype)
+            assert S.dtype == dtype
+            np.testing.assert_allclose(S.to_scipy().toarray(), want.toarray(), rtol=1e-6)
+    (tmp_path / "bad.mtx").write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1.0\n1 4 2.0\n")
+    with pytest.raises(scalefree.errors.FlashIOError, match=r"bad\.mtx.*line 4: column 4 is outside 1..=3"):
+        flash.load(tmp_path / "bad.mtx", rt)
+
+
+def test_load_docword(rt, tmp_path):
+    import gzip
+    import os
+    (tmp_path / "docword.t.txt").write_text("3\n4\n4\n1 2 3\n1 4 1\n3 1 2\n3 2 5\n")
+    with gzip.open(tmp_path / "docword.t.txt.gz", "wt") as f:
+        f.write("3\n4\n4\n1 2 3\n1 4 1\n3 1 2\n3 2 5\n")
+    want = np.array([[0, 3, 0, 1], [0, 0, 0, 0], [2, 5, 0, 0]], dtype=float)
+    for name in ("docword.t.txt", "docword.t.txt.gz"):
+        np.testing.assert_array_equal(flash.load(tmp_path / name, rt).to_scipy().toarray(), want)
+    (tmp_path / "docword.bad.txt").write_text("3\n4\n1\n1 2 x\n")
+    with pytest.raises(scalefree.errors.FlashIOError, match=r"docword\.bad\.txt.*line 4: cannot read the count"):
+        flash.load(tmp_path / "docword.bad.txt", rt)
+    kos = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "kos", "docword.kos.txt.gz")
+    if os.path.exists(kos):
+        K = flash.load(kos, rt)
+        assert K.shape == (3430, 6906) and K.nnz == 353160
+        x = np.ones(6906)
+        assert flash.csrgemv(K, x, runtime=rt).sum() == pytest.approx(467714)
