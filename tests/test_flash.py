@@ -166,3 +166,31 @@ def test_load_docword(rt, tmp_path):
         assert K.shape == (3430, 6906) and K.nnz == 353160
         x = np.ones(6906)
         assert flash.csrgemv(K, x, runtime=rt).sum() == pytest.approx(467714)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, 2, 1001, 100_003])
+def test_sort_matches_numpy(rt, dtype, n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(dtype)
+    if n > 10:
+        x[::5] = 0.25  # many ties
+        x[3::11] = np.nan
+        x[4::13] = -np.inf
+    stats = {}
+    got = flash.sort(x, runtime=rt, stats=stats)
+    np.testing.assert_array_equal(got, np.sort(x))
+    if n > 1:
+        assert 0 < stats["peak_resident_bytes"] <= stats["budget_bytes"]
+
+
+def test_sort_npy_file_in_place(rt, tmp_path):
+    x = np.random.default_rng(7).random(300_001)  # 2.4 MB through a 1 MiB budget
+    np.save(tmp_path / "x.npy", x)
+    stats = {}
+    flash.sort(tmp_path / "x.npy", runtime=rt, stats=stats)
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), np.sort(x))
+    assert stats["peak_resident_bytes"] <= 1 << 20
+    np.save(tmp_path / "m.npy", np.ones((2, 2)))
+    with pytest.raises(scalefree.InvalidArgumentError, match="1-D"):
+        flash.sort(tmp_path / "m.npy", runtime=rt)

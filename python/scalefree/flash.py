@@ -10,7 +10,7 @@
 ``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
 ``docword`` files, plain or gzip.
 
-Work in progress (issue 3): gemm, csrgemv, csrmm; csrcsc, kmeans, sort and svds follow.
+Work in progress (issue 3): gemm, csrgemv, csrmm, sort; csrcsc, kmeans and svds follow.
 """
 
 from __future__ import annotations
@@ -267,3 +267,33 @@ def csrmm(a: Csr, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_b: 
     if stats is not None:
         stats.update(s)
     return c
+
+
+def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
+    """Sorts out of core, in IEEE total order (NaN last), within the runtime's budget.
+    ``x`` is a 1-D float32/float64 numpy array (returns a sorted copy; the data goes through
+    flash) or the path of a 1-D ``.npy`` file (sorted in place on disk; returns the path)."""
+    rt = runtime or default_runtime()
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+        except (ValueError, OSError) as e:
+            raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+        if len(shape) != 1 or dtype not in (np.float32, np.float64) or not dtype.isnative:
+            raise InvalidArgumentError(f"{path}: sort takes a 1-D native float32/float64 array, got shape {shape} of {dtype}")
+        s = _native.flash_sort_file(rt._rt, path, offset, shape[0], dtype.name)
+        out = x
+    else:
+        out = np.array(x, dtype=None, copy=True, order="C")
+        if out.ndim != 1 or out.dtype not in (np.float32, np.float64):
+            raise InvalidArgumentError(f"sort takes a 1-D float32/float64 array, got shape {out.shape} of {out.dtype}")
+        s = _native.flash_sort_array(rt._rt, out)
+    if stats is not None:
+        stats.update(s)
+    return out

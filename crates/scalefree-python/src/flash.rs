@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    read_docword, read_matrix_market, CsrMatrix, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose,
 };
 
@@ -402,4 +402,52 @@ impl DTypeOf for f32 {
 }
 impl DTypeOf for f64 {
     const DTYPE: DType = DType::F64;
+}
+
+/// Sorts `len` elements of `dtype` at byte `offset` of the file at `path`, in place on flash
+/// (IEEE total order). Returns run statistics.
+#[pyfunction]
+pub fn flash_sort_file<'py>(py: Python<'py>, rt: &PyFlashRuntime, path: PathBuf, offset: u64, len: u64, dtype: &str) -> PyResult<Bound<'py, PyDict>> {
+    let rt = rt.rt.clone();
+    let opts = rt.file_options();
+    let stats = py
+        .detach(|| {
+            let file = FlashFile::open(&path, OpenMode::ReadWrite, &opts)?;
+            let stats = match dtype {
+                "float32" => rt.sort(&FlashPtr::<f32>::from_file(file.clone(), offset, len)?),
+                "float64" => rt.sort(&FlashPtr::<f64>::from_file(file.clone(), offset, len)?),
+                d => Err(FlashError::invalid(format!("sort: float32 or float64 arrays, not {d}"))),
+            }?;
+            file.sync()?;
+            Ok(stats)
+        })
+        .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+/// Sorts a contiguous float32/float64 array through flash (copied to a scratch file, sorted
+/// there under the budget, read back).
+#[pyfunction]
+pub fn flash_sort_array<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let buf = Buf::get(&x, true, "sort: the array")?;
+    let rt = rt.rt.clone();
+    fn go<T: scalefree_flash::Real>(rt: &Runtime, data: &mut [T]) -> Result<RunStats, FlashError> {
+        let p = FlashPtr::from_slice(rt.dir(), data, &rt.file_options())?;
+        let stats = rt.sort(&p)?;
+        p.read(0, data)?;
+        Ok(stats)
+    }
+    let stats = match buf.dtype {
+        Some(DType::F32) => {
+            let s = unsafe { std::slice::from_raw_parts_mut(buf.ptr() as *mut f32, buf.count()) };
+            py.detach(|| go(&rt, s))
+        }
+        Some(DType::F64) => {
+            let s = unsafe { std::slice::from_raw_parts_mut(buf.ptr() as *mut f64, buf.count()) };
+            py.detach(|| go(&rt, s))
+        }
+        _ => return Err(invalid(py, "sort: float32 or float64 arrays")),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
 }
