@@ -194,3 +194,20 @@ def test_sort_npy_file_in_place(rt, tmp_path):
     np.save(tmp_path / "m.npy", np.ones((2, 2)))
     with pytest.raises(scalefree.InvalidArgumentError, match="1-D"):
         flash.sort(tmp_path / "m.npy", runtime=rt)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,cols,density", [(0, 3, 0.1), (1, 1, 1.0), (3, 5, 0.0), (301, 177, 0.05), (3000, 2000, 0.01)])
+def test_csrcsc_matches_scipy(rt, dtype, rows, cols, density):
+    sp = pytest.importorskip("scipy.sparse")
+    s = sp.random(rows, cols, density=density, format="csr", random_state=rows, dtype=np.float64).astype(dtype)
+    stats = {}
+    T = flash.csrcsc(flash.Csr.from_scipy(s, rt), runtime=rt, stats=stats)
+    assert T.shape == (cols, rows) and T.nnz == s.nnz and T.dtype == dtype
+    got, want = T.to_scipy(), s.T.tocsr()
+    want.sort_indices()
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    if s.nnz:
+        assert stats["peak_resident_bytes"] <= stats["budget_bytes"]

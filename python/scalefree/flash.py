@@ -10,7 +10,7 @@
 ``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
 ``docword`` files, plain or gzip.
 
-Work in progress (issue 3): gemm, csrgemv, csrmm, sort; csrcsc, kmeans and svds follow.
+Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort; kmeans and svds follow.
 """
 
 from __future__ import annotations
@@ -297,3 +297,15 @@ def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
     if stats is not None:
         stats.update(s)
     return out
+
+
+def csrcsc(a: Csr, *, runtime: Runtime | None = None, stats: dict | None = None) -> Csr:
+    """The transpose of CSR ``A`` (its CSC form) as a new flash :class:`Csr`, computed out of
+    core within the budget; row indices come out ascending in each column."""
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrcsc: A must be a flash.Csr")
+    rt = runtime or default_runtime()
+    t, s = _native.flash_csrcsc(rt._rt, a._m)
+    if stats is not None:
+        stats.update(s)
+    return Csr(t)

@@ -451,3 +451,15 @@ pub fn flash_sort_array<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: Bound<'py,
     .map_err(|e| flash_err(py, e))?;
     stats_dict(py, &stats)
 }
+
+/// `Aᵀ` (A's CSC form) as a new CSR matrix on flash, and run statistics.
+#[pyfunction]
+pub fn flash_csrcsc<'py>(py: Python<'py>, rt: &PyFlashRuntime, a: &PyFlashCsr) -> PyResult<(PyFlashCsr, Bound<'py, PyDict>)> {
+    let rt = rt.rt.clone();
+    let (m, stats) = match &a.m {
+        AnyCsr::F32(m) => py.detach(|| rt.csrcsc(m)).map(|(t, s)| (AnyCsr::F32(t), s)),
+        AnyCsr::F64(m) => py.detach(|| rt.csrcsc(m)).map(|(t, s)| (AnyCsr::F64(t), s)),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    Ok((PyFlashCsr { m }, stats_dict(py, &stats)?))
+}

@@ -2,6 +2,7 @@
 
 pub mod block_gemm;
 pub mod csr_rows;
+pub mod csrcsc;
 pub mod csrgemv;
 pub mod csrmm;
 pub mod gemm;
@@ -9,6 +10,7 @@ pub mod sort;
 pub mod tiling;
 
 pub use block_gemm::gemm_in_memory;
+pub use csrcsc::csrcsc;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
 pub use gemm::{gemm, gemm_tiled, GemmTiles};
@@ -42,6 +44,11 @@ impl Runtime {
     /// `y := op(A) x` with CSR A on flash (see [`csrgemv()`]).
     pub fn csrgemv<T: Real>(&self, transpose: Transpose, a: &FlashCsrMatrix<T>, x: &[T], y: &mut [T]) -> Result<RunStats> {
         csrgemv::csrgemv(self, transpose, a, x, y)
+    }
+
+    /// `Aᵀ` (A's CSC form) as a new CSR matrix on flash (see [`csrcsc()`]).
+    pub fn csrcsc<T: Real>(&self, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
+        csrcsc::csrcsc(self, a)
     }
 
     /// Sorts a flash array in place, in IEEE total order (see [`sort()`]).
