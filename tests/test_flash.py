@@ -211,3 +211,46 @@ def test_csrcsc_matches_scipy(rt, dtype, rows, cols, density):
     np.testing.assert_array_equal(got.data, want.data)
     if s.nnz:
         assert stats["peak_resident_bytes"] <= stats["budget_bytes"]
+
+
+def _lloyd(x, centers, iterations):
+    for _ in range(iterations):
+        d = ((x[:, None, :] - centers[None, :, :]) ** 2).sum(-1)
+        labels = d.argmin(1)
+        centers = np.array([x[labels == c].mean(0) if (labels == c).any() else centers[c] for c in range(len(centers))])
+    return centers, labels
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,d,k", [(1, 1, 1), (50, 2, 50), (2000, 9, 6)])
+def test_kmeans_matches_numpy_lloyd(rt, dtype, n, d, k):
+    rng = np.random.default_rng(n)
+    means = rng.standard_normal((k, d)) * 20
+    x = (means[np.arange(n) % k] + rng.standard_normal((n, d))).astype(dtype)
+    stats = {}
+    centers, labels, inertia, iterations = flash.kmeans(x, k, max_iterations=4, tolerance=-1, seed=1, runtime=rt, stats=stats)
+    assert iterations == 4 and centers.shape == (k, d) and centers.dtype == dtype
+    # The start is k distinct rows picked by the seed; one iteration from it gives c1, and
+    # numpy's Lloyd from c1 must then reproduce flash's next three iterations.
+    c1, _, _, _ = flash.kmeans(x, k, max_iterations=1, tolerance=-1, seed=1, runtime=rt)
+    x64 = x.astype(np.float64)
+    want_c, want_l = _lloyd(x64, c1.astype(np.float64), 3)
+    np.testing.assert_array_equal(labels, want_l)
+    np.testing.assert_allclose(centers, want_c, rtol=1e-4 if dtype == np.float32 else 1e-10, atol=1e-4)
+    assert stats["peak_resident_bytes"] <= stats["budget_bytes"]
+    # inertia: of the last assignment (against the centers after 2 more iterations from c1)
+    before = _lloyd(x64, c1.astype(np.float64), 2)[0]
+    want_inertia = ((x64[:, None, :] - before[None]) ** 2).sum(-1).min(1).sum()
+    eps = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(inertia, want_inertia, rtol=eps * 10, atol=eps * (x64 ** 2).sum())
+
+
+def test_kmeans_recovers_separated_clusters_and_checks_k(rt):
+    rng = np.random.default_rng(0)
+    means = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 100.0]])
+    x = means[np.arange(3000) % 3] + rng.standard_normal((3000, 2))
+    X = flash.Matrix.from_numpy(x, rt)
+    best = min((flash.kmeans(X, 3, seed=s, runtime=rt) for s in range(5)), key=lambda r: r[2])
+    np.testing.assert_allclose(np.sort(best[0][:, 0] + 7 * best[0][:, 1]), np.sort(means[:, 0] + 7 * means[:, 1]), atol=0.5)
+    with pytest.raises(scalefree.InvalidArgumentError, match="k = 0"):
+        flash.kmeans(X, 0, runtime=rt)

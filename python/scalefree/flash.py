@@ -10,7 +10,7 @@
 ``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
 ``docword`` files, plain or gzip.
 
-Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort; kmeans and svds follow.
+Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort, kmeans; svds follows.
 """
 
 from __future__ import annotations
@@ -309,3 +309,19 @@ def csrcsc(a: Csr, *, runtime: Runtime | None = None, stats: dict | None = None)
     if stats is not None:
         stats.update(s)
     return Csr(t)
+
+
+def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, seed: int = 0,
+           runtime: Runtime | None = None, stats: dict | None = None):
+    """Lloyd's k-means on the rows of ``x`` (a flash :class:`Matrix` or a numpy array, copied
+    to flash), streaming the points from flash each iteration within the budget. Starts from
+    ``k`` distinct rows picked by ``seed``; stops after ``max_iterations`` or when no center
+    moves more than ``tolerance``. Returns ``(centers, labels, inertia, iterations)``."""
+    rt = runtime or default_runtime()
+    X = _as_matrix(x, rt)
+    centers, labels, inertia, iterations, s = _native.flash_kmeans(
+        rt._rt, X._m, int(k), int(max_iterations), float(tolerance), int(seed))
+    if stats is not None:
+        stats.update(s)
+    centers = np.frombuffer(centers, dtype=X.dtype).reshape(int(k), X.shape[1]).copy()
+    return centers, np.frombuffer(labels, dtype=np.uint32).copy(), inertia, iterations

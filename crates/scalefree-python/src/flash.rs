@@ -463,3 +463,20 @@ pub fn flash_csrcsc<'py>(py: Python<'py>, rt: &PyFlashRuntime, a: &PyFlashCsr) -
     .map_err(|e| flash_err(py, e))?;
     Ok((PyFlashCsr { m }, stats_dict(py, &stats)?))
 }
+
+/// Lloyd's k-means on the rows of a flash matrix: (centers as bytes, labels as bytes,
+/// inertia, iterations, stats). Python wraps the bytes as arrays.
+#[pyfunction]
+pub fn flash_kmeans<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: &PyFlashMatrix, k: usize, max_iterations: usize, tolerance: f64, seed: u64) -> PyResult<(Vec<u8>, Vec<u8>, f64, usize, Bound<'py, PyDict>)> {
+    let rt = rt.rt.clone();
+    let options = scalefree_flash::KmeansOptions { k, max_iterations, tolerance, seed };
+    fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+    }
+    let (centers, labels, inertia, iterations, stats) = match &x.m {
+        AnyMatrix::F32(m) => py.detach(|| rt.kmeans(m, options)).map(|r| (bytes(&r.centers), bytes(&r.labels), r.inertia, r.iterations, r.stats)),
+        AnyMatrix::F64(m) => py.detach(|| rt.kmeans(m, options)).map(|r| (bytes(&r.centers), bytes(&r.labels), r.inertia, r.iterations, r.stats)),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    Ok((centers, labels, inertia, iterations, stats_dict(py, &stats)?))
+}

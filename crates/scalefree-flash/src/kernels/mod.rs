@@ -6,6 +6,7 @@ pub mod csrcsc;
 pub mod csrgemv;
 pub mod csrmm;
 pub mod gemm;
+pub mod kmeans;
 pub mod sort;
 pub mod tiling;
 
@@ -14,6 +15,7 @@ pub use csrcsc::csrcsc;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
 pub use gemm::{gemm, gemm_tiled, GemmTiles};
+pub use kmeans::{kmeans, KmeansOptions, KmeansResult};
 pub use sort::sort;
 pub use tiling::GemmStream;
 
@@ -49,6 +51,11 @@ impl Runtime {
     /// `Aᵀ` (A's CSC form) as a new CSR matrix on flash (see [`csrcsc()`]).
     pub fn csrcsc<T: Real>(&self, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
         csrcsc::csrcsc(self, a)
+    }
+
+    /// Lloyd's k-means on the rows of a flash matrix (see [`kmeans()`]).
+    pub fn kmeans<T: Real>(&self, x: &FlashMatrix<T>, options: kmeans::KmeansOptions) -> Result<kmeans::KmeansResult<T>> {
+        kmeans::kmeans(self, x, options)
     }
 
     /// Sorts a flash array in place, in IEEE total order (see [`sort()`]).
