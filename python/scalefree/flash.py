@@ -5,17 +5,23 @@
     A = flash.Matrix.from_numpy(a, rt)                # a 2-D float32/float64 array, now on flash
     C = flash.gemm(A, B, runtime=rt)                  # a flash Matrix; C.to_numpy() reads it back
     y = flash.csrgemv(flash.Csr.from_scipy(S, rt), x, runtime=rt)
+    Y = flash.csrmm(flash.load("docword.kos.txt.gz", rt), X, runtime=rt)   # numpy in, numpy out
 
-Work in progress (issue 3): gemm, csrgemv; csrmm, csrcsc, kmeans, sort and svds follow.
+``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
+``docword`` files, plain or gzip.
+
+Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort, kmeans; svds follows.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from . import _native
 from ._units import parse_bytes
-from .errors import InvalidArgumentError
+from .errors import FlashIOError, InvalidArgumentError
 
 def _bytes(v) -> int | None:
     return None if v is None else parse_bytes(v, "memory_budget")
@@ -115,13 +121,83 @@ class Csr:
     def shape(self) -> tuple[int, int]:
         return self._m.shape
 
+    @classmethod
+    def from_matrix_market(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
+        """A Matrix Market ``coordinate`` file (plain or gzip; symmetric ones expanded).
+        Bad lines raise :class:`~scalefree.errors.FlashIOError` naming the file and line."""
+        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "mtx", _float_name(dtype)))
+
+    @classmethod
+    def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
+        """A UCI bag-of-words ``docword`` file (plain or gzip) as a documents x words matrix
+        of counts."""
+        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "docword", _float_name(dtype)))
+
     @property
     def nnz(self) -> int:
         return self._m.nnz
 
+    def to_scipy(self):
+        """Reads the matrix back as a ``scipy.sparse.csr_matrix``."""
+        import scipy.sparse as sp
+
+        rows, cols = self.shape
+        indptr = np.empty(rows + 1, dtype=np.uint64)
+        indices = np.empty(self.nnz, dtype=np.uint32)
+        data = np.empty(self.nnz, dtype=self.dtype)
+        self._m._read_into(indptr, indices, data)
+        return sp.csr_matrix((data, indices.astype(np.int64), indptr.astype(np.int64)), shape=(rows, cols))
+
+    def __repr__(self) -> str:
+        return f"flash.Csr(shape={self.shape}, nnz={self.nnz}, dtype={self.dtype})"
+
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(self._m.dtype)
+
+
+def _float_name(dtype) -> str:
+    d = np.dtype(dtype)
+    if d not in (np.float32, np.float64):
+        raise InvalidArgumentError(f"flash matrices hold float32 or float64, got {d}")
+    return d.name
+
+
+def load(path, runtime: Runtime | None = None, dtype=None):
+    """Opens a matrix file as a flash matrix, by its name: ``.npy`` → :class:`Matrix`;
+    ``.npz`` (``scipy.sparse.save_npz``) → :class:`Csr`; ``.mtx`` / ``.mtx.gz`` (Matrix
+    Market coordinate) → :class:`Csr`; ``docword*.txt`` / ``.txt.gz`` (UCI bag of words) →
+    :class:`Csr`. ``dtype`` (float32/float64) defaults to the file's, or float64 for text."""
+    path = os.fspath(path)
+    name = os.path.basename(path).lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    if name.endswith(".npy"):
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+        if a.ndim != 2:
+            raise InvalidArgumentError(f"{path}: a flash matrix is 2-D, the array has shape {a.shape}")
+        if dtype is not None or a.dtype not in (np.float32, np.float64):
+            a = a.astype(_float_name(dtype or np.float64))
+        return Matrix.from_numpy(a, runtime)
+    if name.endswith(".npz"):
+        import scipy.sparse as sp
+
+        try:
+            s = sp.load_npz(path)
+        except (ValueError, OSError, KeyError) as e:
+            raise FlashIOError(f"cannot read {path} as a scipy sparse .npz (scipy.sparse.save_npz): {e}") from e
+        if dtype is not None:
+            s = s.astype(_float_name(dtype))
+        return Csr.from_scipy(s, runtime)
+    if name.endswith(".mtx"):
+        return Csr.from_matrix_market(path, dtype or np.float64, runtime)
+    if name.endswith(".txt") and "docword" in name:
+        return Csr.from_docword(path, dtype or np.float64, runtime)
+    raise InvalidArgumentError(
+        f"{path}: unknown matrix file type (expected .npy, .npz, .mtx[.gz] or docword*.txt[.gz])")
 
 
 def _as_matrix(x, runtime) -> Matrix:
@@ -155,3 +231,97 @@ def csrgemv(a: Csr, x, *, transpose: bool = False, runtime: Runtime | None = Non
     if stats is not None:
         stats.update(s)
     return y
+
+
+def csrmm(a: Csr, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_b: bool = False,
+          runtime: Runtime | None = None, stats: dict | None = None):
+    """``C := alpha A op(B) + beta C`` with CSR ``A`` on flash. ``b`` is a flash
+    :class:`Matrix` or a numpy array; ``c`` likewise (updated in place). Without ``c``, the
+    result is a flash :class:`Matrix` when ``b`` is one, else a numpy array."""
+    rt = runtime or default_runtime()
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrmm: A must be a flash.Csr (see Csr.from_scipy or flash.load)")
+
+    def operand(x, writable):
+        if isinstance(x, Matrix):
+            return x._m, (x.shape[0], x.shape[1], x._m.order)
+        if writable and not (isinstance(x, np.ndarray) and x.dtype == a.dtype and x.ndim == 2
+                             and (x.flags.c_contiguous or x.flags.f_contiguous)):
+            raise InvalidArgumentError(f"csrmm: C must be a contiguous 2-D {a.dtype} array or a flash.Matrix")
+        if not writable:
+            x = np.asarray(x, dtype=a.dtype)
+            if x.ndim != 2:
+                raise InvalidArgumentError(f"csrmm: B must be 2-D, got shape {x.shape}")
+            if not (x.flags.c_contiguous or x.flags.f_contiguous):
+                x = np.ascontiguousarray(x)
+        order = "C" if x.flags.c_contiguous else "F"
+        return x, (x.shape[0], x.shape[1], order)
+
+    b_obj, b_shape = operand(b, False)
+    n = b_shape[0] if trans_b else b_shape[1]
+    if c is None:
+        beta = 0.0
+        c = Matrix.zeros((a.shape[0], n), a.dtype, runtime=rt) if isinstance(b, Matrix) else np.zeros((a.shape[0], n), a.dtype)
+    c_obj, c_shape = operand(c, True)
+    s = _native.flash_csrmm(rt._rt, float(alpha), a._m, trans_b, b_obj, b_shape, float(beta), c_obj, c_shape)
+    if stats is not None:
+        stats.update(s)
+    return c
+
+
+def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
+    """Sorts out of core, in IEEE total order (NaN last), within the runtime's budget.
+    ``x`` is a 1-D float32/float64 numpy array (returns a sorted copy; the data goes through
+    flash) or the path of a 1-D ``.npy`` file (sorted in place on disk; returns the path)."""
+    rt = runtime or default_runtime()
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+        except (ValueError, OSError) as e:
+            raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+        if len(shape) != 1 or dtype not in (np.float32, np.float64) or not dtype.isnative:
+            raise InvalidArgumentError(f"{path}: sort takes a 1-D native float32/float64 array, got shape {shape} of {dtype}")
+        s = _native.flash_sort_file(rt._rt, path, offset, shape[0], dtype.name)
+        out = x
+    else:
+        out = np.array(x, dtype=None, copy=True, order="C")
+        if out.ndim != 1 or out.dtype not in (np.float32, np.float64):
+            raise InvalidArgumentError(f"sort takes a 1-D float32/float64 array, got shape {out.shape} of {out.dtype}")
+        s = _native.flash_sort_array(rt._rt, out)
+    if stats is not None:
+        stats.update(s)
+    return out
+
+
+def csrcsc(a: Csr, *, runtime: Runtime | None = None, stats: dict | None = None) -> Csr:
+    """The transpose of CSR ``A`` (its CSC form) as a new flash :class:`Csr`, computed out of
+    core within the budget; row indices come out ascending in each column."""
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrcsc: A must be a flash.Csr")
+    rt = runtime or default_runtime()
+    t, s = _native.flash_csrcsc(rt._rt, a._m)
+    if stats is not None:
+        stats.update(s)
+    return Csr(t)
+
+
+def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, seed: int = 0,
+           runtime: Runtime | None = None, stats: dict | None = None):
+    """Lloyd's k-means on the rows of ``x`` (a flash :class:`Matrix` or a numpy array, copied
+    to flash), streaming the points from flash each iteration within the budget. Starts from
+    ``k`` distinct rows picked by ``seed``; stops after ``max_iterations`` or when no center
+    moves more than ``tolerance``. Returns ``(centers, labels, inertia, iterations)``."""
+    rt = runtime or default_runtime()
+    X = _as_matrix(x, rt)
+    centers, labels, inertia, iterations, s = _native.flash_kmeans(
+        rt._rt, X._m, int(k), int(max_iterations), float(tolerance), int(seed))
+    if stats is not None:
+        stats.update(s)
+    centers = np.frombuffer(centers, dtype=X.dtype).reshape(int(k), X.shape[1]).copy()
+    return centers, np.frombuffer(labels, dtype=np.uint32).copy(), inertia, iterations

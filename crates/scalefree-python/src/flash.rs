@@ -7,7 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    CsrRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime, RuntimeOptions, RunStats, Transpose,
+    read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    RuntimeOptions, RunStats, Transpose,
 };
 
 use crate::buffer::Buf;
@@ -218,6 +219,56 @@ impl PyFlashCsr {
         Ok(PyFlashCsr { m })
     }
 
+    /// Reads a Matrix Market coordinate file or a UCI docword file (`kind` "mtx" or
+    /// "docword"; plain or gzip) and writes it to flash as CSR of `dtype`.
+    #[staticmethod]
+    fn from_text_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, kind: &str, dtype: &str) -> PyResult<Self> {
+        let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
+        fn load<T: scalefree_flash::Real>(path: &std::path::Path, kind: &str, dir: &std::path::Path, opts: &scalefree_flash::FileOptions) -> Result<FlashCsrMatrix<T>, FlashError> {
+            let m: CsrMatrix<T> = match kind {
+                "mtx" => read_matrix_market(path)?,
+                "docword" => read_docword(path)?,
+                k => return Err(FlashError::invalid(format!("unknown text matrix kind {k:?} (mtx or docword)"))),
+            };
+            FlashCsrMatrix::from_csr(dir, m.view(), opts)
+        }
+        let m = match dtype {
+            "float32" => AnyCsr::F32(py.detach(|| load(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?),
+            "float64" => AnyCsr::F64(py.detach(|| load(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?),
+            d => return Err(invalid(py, format!("flash CSR matrices hold float32 or float64, not {d}"))),
+        };
+        Ok(PyFlashCsr { m })
+    }
+
+    /// Reads the whole matrix into `indptr` (uint64, rows+1), `indices` (uint32, nnz) and
+    /// `data` (dtype, nnz).
+    fn _read_into(&self, py: Python<'_>, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<()> {
+        let ip = Buf::get(&indptr, true, "indptr")?;
+        let ix = Buf::get(&indices, true, "indices")?;
+        let dv = Buf::get(&data, true, "data")?;
+        fn copy<T: Copy>(src: &[T], dst: &Buf) -> bool {
+            if std::mem::size_of_val(src) != dst.len_bytes() {
+                return false;
+            }
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, dst.ptr(), dst.len_bytes()) };
+            true
+        }
+        let ok = match &self.m {
+            AnyCsr::F32(m) => {
+                let c = py.detach(|| m.to_csr()).map_err(|e| flash_err(py, e))?;
+                copy(&c.indptr, &ip) && copy(&c.indices, &ix) && copy(&c.values, &dv)
+            }
+            AnyCsr::F64(m) => {
+                let c = py.detach(|| m.to_csr()).map_err(|e| flash_err(py, e))?;
+                copy(&c.indptr, &ip) && copy(&c.indices, &ix) && copy(&c.values, &dv)
+            }
+        };
+        if !ok {
+            return Err(invalid(py, "FlashCsr._read_into: output arrays have the wrong sizes"));
+        }
+        Ok(())
+    }
+
     #[getter]
     fn shape(&self) -> (usize, usize) {
         match &self.m {
@@ -284,4 +335,148 @@ pub fn flash_csrgemv<'py>(py: Python<'py>, rt: &PyFlashRuntime, transpose: bool,
     }
     .map_err(|e| flash_err(py, e))?;
     stats_dict(py, &stats)
+}
+
+/// A dense operand of csrmm from Python: a flash matrix or a contiguous array (`order`).
+fn dense_operand<'py>(obj: &Bound<'py, PyAny>, writable: bool, what: &str) -> PyResult<Result<PyRef<'py, PyFlashMatrix>, Buf>> {
+    if let Ok(m) = obj.extract::<PyRef<'py, PyFlashMatrix>>() {
+        return Ok(Ok(m));
+    }
+    Ok(Err(Buf::get(obj, writable, what)?))
+}
+
+/// `C := alpha A op(B) + beta C` with CSR A on flash; B and C are each a flash matrix or a
+/// contiguous array of shape `b_shape` / `c_shape` and `order`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_csrmm<'py>(py: Python<'py>, rt: &PyFlashRuntime, alpha: f64, a: &PyFlashCsr, trans_b: bool, b: Bound<'py, PyAny>, b_shape: (usize, usize, String), beta: f64, c: Bound<'py, PyAny>, c_shape: (usize, usize, String)) -> PyResult<Bound<'py, PyDict>> {
+    let bo = dense_operand(&b, false, "csrmm: B")?;
+    let co = dense_operand(&c, true, "csrmm: C")?;
+    let b_layout = layout_of(py, &b_shape.2)?;
+    let c_layout = layout_of(py, &c_shape.2)?;
+    let rt = rt.rt.clone();
+    macro_rules! run {
+        ($t:ty, $m:expr, $var:ident) => {{
+            let b_in = match &bo {
+                Ok(fm) => match &fm.m {
+                    AnyMatrix::$var(x) => DenseInput::Flash(x),
+                    _ => return Err(invalid(py, "csrmm: B must have A's dtype")),
+                },
+                Err(buf) => {
+                    if buf.dtype != Some(<$t as DTypeOf>::DTYPE) || buf.count() != b_shape.0 * b_shape.1 {
+                        return Err(invalid(py, "csrmm: B must be a contiguous array of A's dtype and the given shape"));
+                    }
+                    let s = unsafe { std::slice::from_raw_parts(buf.ptr() as *const $t, buf.count()) };
+                    DenseInput::Memory(DenseRef::packed(s, b_shape.0, b_shape.1, b_layout).map_err(|e| flash_err(py, e))?)
+                }
+            };
+            let c_out = match &co {
+                Ok(fm) => match &fm.m {
+                    AnyMatrix::$var(x) => DenseOutput::Flash(x),
+                    _ => return Err(invalid(py, "csrmm: C must have A's dtype")),
+                },
+                Err(buf) => {
+                    if buf.dtype != Some(<$t as DTypeOf>::DTYPE) || buf.count() != c_shape.0 * c_shape.1 {
+                        return Err(invalid(py, "csrmm: C must be a contiguous array of A's dtype and the given shape"));
+                    }
+                    let s = unsafe { std::slice::from_raw_parts_mut(buf.ptr() as *mut $t, buf.count()) };
+                    DenseOutput::Memory(DenseMut::packed(s, c_shape.0, c_shape.1, c_layout).map_err(|e| flash_err(py, e))?)
+                }
+            };
+            py.detach(|| rt.csrmm(alpha as $t, $m, tr(trans_b), b_in, beta as $t, c_out))
+        }};
+    }
+    let stats = match &a.m {
+        AnyCsr::F32(m) => run!(f32, m, F32),
+        AnyCsr::F64(m) => run!(f64, m, F64),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+trait DTypeOf {
+    const DTYPE: DType;
+}
+impl DTypeOf for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl DTypeOf for f64 {
+    const DTYPE: DType = DType::F64;
+}
+
+/// Sorts `len` elements of `dtype` at byte `offset` of the file at `path`, in place on flash
+/// (IEEE total order). Returns run statistics.
+#[pyfunction]
+pub fn flash_sort_file<'py>(py: Python<'py>, rt: &PyFlashRuntime, path: PathBuf, offset: u64, len: u64, dtype: &str) -> PyResult<Bound<'py, PyDict>> {
+    let rt = rt.rt.clone();
+    let opts = rt.file_options();
+    let stats = py
+        .detach(|| {
+            let file = FlashFile::open(&path, OpenMode::ReadWrite, &opts)?;
+            let stats = match dtype {
+                "float32" => rt.sort(&FlashPtr::<f32>::from_file(file.clone(), offset, len)?),
+                "float64" => rt.sort(&FlashPtr::<f64>::from_file(file.clone(), offset, len)?),
+                d => Err(FlashError::invalid(format!("sort: float32 or float64 arrays, not {d}"))),
+            }?;
+            file.sync()?;
+            Ok(stats)
+        })
+        .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+/// Sorts a contiguous float32/float64 array through flash (copied to a scratch file, sorted
+/// there under the budget, read back).
+#[pyfunction]
+pub fn flash_sort_array<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let buf = Buf::get(&x, true, "sort: the array")?;
+    let rt = rt.rt.clone();
+    fn go<T: scalefree_flash::Real>(rt: &Runtime, data: &mut [T]) -> Result<RunStats, FlashError> {
+        let p = FlashPtr::from_slice(rt.dir(), data, &rt.file_options())?;
+        let stats = rt.sort(&p)?;
+        p.read(0, data)?;
+        Ok(stats)
+    }
+    let stats = match buf.dtype {
+        Some(DType::F32) => {
+            let s = unsafe { std::slice::from_raw_parts_mut(buf.ptr() as *mut f32, buf.count()) };
+            py.detach(|| go(&rt, s))
+        }
+        Some(DType::F64) => {
+            let s = unsafe { std::slice::from_raw_parts_mut(buf.ptr() as *mut f64, buf.count()) };
+            py.detach(|| go(&rt, s))
+        }
+        _ => return Err(invalid(py, "sort: float32 or float64 arrays")),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+/// `Aᵀ` (A's CSC form) as a new CSR matrix on flash, and run statistics.
+#[pyfunction]
+pub fn flash_csrcsc<'py>(py: Python<'py>, rt: &PyFlashRuntime, a: &PyFlashCsr) -> PyResult<(PyFlashCsr, Bound<'py, PyDict>)> {
+    let rt = rt.rt.clone();
+    let (m, stats) = match &a.m {
+        AnyCsr::F32(m) => py.detach(|| rt.csrcsc(m)).map(|(t, s)| (AnyCsr::F32(t), s)),
+        AnyCsr::F64(m) => py.detach(|| rt.csrcsc(m)).map(|(t, s)| (AnyCsr::F64(t), s)),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    Ok((PyFlashCsr { m }, stats_dict(py, &stats)?))
+}
+
+/// Lloyd's k-means on the rows of a flash matrix: (centers as bytes, labels as bytes,
+/// inertia, iterations, stats). Python wraps the bytes as arrays.
+#[pyfunction]
+pub fn flash_kmeans<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: &PyFlashMatrix, k: usize, max_iterations: usize, tolerance: f64, seed: u64) -> PyResult<(Vec<u8>, Vec<u8>, f64, usize, Bound<'py, PyDict>)> {
+    let rt = rt.rt.clone();
+    let options = scalefree_flash::KmeansOptions { k, max_iterations, tolerance, seed };
+    fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }.to_vec()
+    }
+    let (centers, labels, inertia, iterations, stats) = match &x.m {
+        AnyMatrix::F32(m) => py.detach(|| rt.kmeans(m, options)).map(|r| (bytes(&r.centers), bytes(&r.labels), r.inertia, r.iterations, r.stats)),
+        AnyMatrix::F64(m) => py.detach(|| rt.kmeans(m, options)).map(|r| (bytes(&r.centers), bytes(&r.labels), r.inertia, r.iterations, r.stats)),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    Ok((centers, labels, inertia, iterations, stats_dict(py, &stats)?))
 }

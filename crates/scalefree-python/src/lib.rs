@@ -33,6 +33,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sparse::PySparseAllreduce>()?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrcsc, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_kmeans, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_sort_file, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::flash_sort_array, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

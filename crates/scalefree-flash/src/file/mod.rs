@@ -4,8 +4,10 @@ pub mod csr_matrix;
 pub mod dense_matrix;
 pub mod flash_file;
 pub mod flash_ptr;
+pub mod text_matrix;
 
 pub use csr_matrix::FlashCsrMatrix;
 pub use dense_matrix::FlashMatrix;
 pub use flash_file::{default_scratch_dir, FileId, FileOptions, FlashFile, IoMode, OpenMode};
 pub use flash_ptr::FlashPtr;
+pub use text_matrix::{read_docword, read_matrix_market};

@@ -2,15 +2,21 @@
 
 pub mod block_gemm;
 pub mod csr_rows;
+pub mod csrcsc;
 pub mod csrgemv;
 pub mod csrmm;
 pub mod gemm;
+pub mod kmeans;
+pub mod sort;
 pub mod tiling;
 
 pub use block_gemm::gemm_in_memory;
+pub use csrcsc::csrcsc;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
 pub use gemm::{gemm, gemm_tiled, GemmTiles};
+pub use kmeans::{kmeans, KmeansOptions, KmeansResult};
+pub use sort::sort;
 pub use tiling::GemmStream;
 
 #[cfg(test)]
@@ -19,7 +25,7 @@ pub(crate) mod test_support;
 use crate::dense::Transpose;
 use crate::element::Real;
 use crate::error::Result;
-use crate::file::{FlashCsrMatrix, FlashMatrix};
+use crate::file::{FlashCsrMatrix, FlashMatrix, FlashPtr};
 use crate::runtime::Runtime;
 use crate::sched::RunStats;
 
@@ -40,6 +46,21 @@ impl Runtime {
     /// `y := op(A) x` with CSR A on flash (see [`csrgemv()`]).
     pub fn csrgemv<T: Real>(&self, transpose: Transpose, a: &FlashCsrMatrix<T>, x: &[T], y: &mut [T]) -> Result<RunStats> {
         csrgemv::csrgemv(self, transpose, a, x, y)
+    }
+
+    /// `Aᵀ` (A's CSC form) as a new CSR matrix on flash (see [`csrcsc()`]).
+    pub fn csrcsc<T: Real>(&self, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
+        csrcsc::csrcsc(self, a)
+    }
+
+    /// Lloyd's k-means on the rows of a flash matrix (see [`kmeans()`]).
+    pub fn kmeans<T: Real>(&self, x: &FlashMatrix<T>, options: kmeans::KmeansOptions) -> Result<kmeans::KmeansResult<T>> {
+        kmeans::kmeans(self, x, options)
+    }
+
+    /// Sorts a flash array in place, in IEEE total order (see [`sort()`]).
+    pub fn sort<T: Real>(&self, data: &FlashPtr<T>) -> Result<RunStats> {
+        sort::sort(self, data)
     }
 }
 

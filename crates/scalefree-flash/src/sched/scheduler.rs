@@ -41,6 +41,29 @@ pub struct RunStats {
     pub compute_idle: Duration,
 }
 
+impl RunStats {
+    /// The statistics of this run followed by `next` (one kernel made of several DAG runs):
+    /// counts and times add up, the peak is the larger one.
+    pub fn add(&self, next: &RunStats) -> RunStats {
+        let (a, b) = (&self.cache, &next.cache);
+        RunStats {
+            tasks_completed: self.tasks_completed + next.tasks_completed,
+            cache: CacheStats {
+                budget_bytes: a.budget_bytes.max(b.budget_bytes),
+                peak_resident_bytes: a.peak_resident_bytes.max(b.peak_resident_bytes),
+                hits: a.hits + b.hits,
+                misses: a.misses + b.misses,
+                bytes_prefetched: a.bytes_prefetched + b.bytes_prefetched,
+                bytes_written_back: a.bytes_written_back + b.bytes_written_back,
+                evictions: a.evictions + b.evictions,
+            },
+            elapsed: self.elapsed + next.elapsed,
+            compute_busy: self.compute_busy + next.compute_busy,
+            compute_idle: self.compute_idle + next.compute_idle,
+        }
+    }
+}
+
 /// The waiter recorded for prefetches on behalf of a task that cannot commit yet: no task
 /// has this id, so the read's completion wakes nobody.
 const PREFETCH_WAITER: u64 = u64::MAX;
