@@ -87,3 +87,20 @@ def test_random_graph_gzip_matches_dense(tmp_path, n):
     want = dense_pagerank(inv[:, 0], inv[:, 1], len(uid))
     np.testing.assert_array_equal(ids, uid)
     assert np.abs(r - want).max() < 1e-9
+
+
+def test_rmat_generator_is_seeded_skewed_and_readable(tmp_path):
+    from scalefree.graph import read_edges, write_rmat
+
+    a, b = tmp_path / "a.txt.gz", tmp_path / "b.txt.gz"
+    write_rmat(a, 12, 20000, seed=3, block=7000, progress=False)
+    write_rmat(b, 12, 20000, seed=3, block=7000, progress=False)
+    assert gzip.open(a).read() == gzip.open(b).read()
+    src, dst, ids = read_edges(a)
+    assert ids.max() < 4096
+    deg = np.bincount(src)
+    assert deg.max() > 20 * deg[deg > 0].mean() / 4  # heavy tail
+    ids2, r = _run(2, a, tmp_path / "r.npy")
+    np.testing.assert_array_equal(ids2, ids)
+    want = dense_pagerank(src, dst, len(ids))
+    assert np.abs(r - want).max() < 1e-9

@@ -118,7 +118,12 @@ except MismatchError as e:
 # wrong length (caught before the native call, on one rank only: the others see it)
 sa.reduce(np.ones(10, np.float32))
 try:
-    sa._native._reduce_into(np.ones(9 if me == 0 else 10, np.float32), np.empty(10, np.float32), "float32", 1)
+    sa.reduce(np.ones(9 if me == 0 else 10, np.float32))
+    raise SystemExit("no error")
+except InvalidArgumentError as e:
+    assert ("out_values holds 36 bytes" in str(e)) == (me == 0), str(e)
+try:
+    g.sparse_allreduce(10).config_reduce(np.arange(3), np.ones(2 if me == 1 else 3), np.arange(3))
     raise SystemExit("no error")
 except InvalidArgumentError as e:
     pass

@@ -125,6 +125,56 @@ def _pagerank_cmd(args) -> int:
     return 0
 
 
+def rmat_block(rng, m: int, scale: int, a=0.57, b=0.19, c=0.19) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` R-MAT edges over ``2**scale`` vertices: at each of ``scale`` levels every edge
+    picks a quadrant of the adjacency matrix with probabilities (a, b, c, 1-a-b-c)."""
+    src = np.zeros(m, np.int64)
+    dst = np.zeros(m, np.int64)
+    for _ in range(scale):
+        r = rng.random(m)
+        down = r >= a + b  # quadrants c, d: source bit set
+        right = ((r >= a) & (r < a + b)) | (r >= a + b + c)  # quadrants b, d: target bit set
+        src = (src << 1) | down
+        dst = (dst << 1) | right
+    return src, dst
+
+
+def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20, progress: bool = True) -> None:
+    """Writes a seeded R-MAT edge list (SNAP text, ``.gz`` compresses) in blocks, atomically
+    (temporary file, then rename). Vertex ids are scrambled by a fixed permutation so that
+    high-degree vertices are not all small ids."""
+    import os
+
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    perm = np.random.default_rng([seed, 1]).permutation(1 << scale)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(tmp, "wb") as f:
+            f.write(f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode())
+            done = 0
+            while done < edges:
+                m = min(block, edges - done)
+                s, d = rmat_block(rng, m, scale)
+                pairs = np.stack([perm[s], perm[d]], axis=1)
+                f.write("\n".join(f"{x}\t{y}" for x, y in pairs.tolist()).encode() + b"\n")
+                done += m
+                if progress:
+                    print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if progress:
+        print(file=sys.stderr)
+
+
+def _rmat_cmd(args) -> int:
+    write_rmat(args.out, args.scale, args.edges, args.seed, progress=not args.quiet)
+    return 0
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank)")
     s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
@@ -140,6 +190,14 @@ def add_parser(sub) -> None:
     q.add_argument("--seed", type=int, default=0, help="seed of the random edge partition")
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration")
     q.set_defaults(func=_launch)
+    r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph as an edge list",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("out", help="output edge list (.gz compresses)")
+    r.add_argument("--scale", type=int, default=16, help="2**scale vertex ids")
+    r.add_argument("--edges", type=int, default=1 << 20)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=_rmat_cmd)
 
 
 def _launch(args) -> int:

@@ -26,8 +26,10 @@ def _values(v, n: int, what: str) -> np.ndarray:
         raise InvalidArgumentError(f"{what}: expected a numpy array, got {type(v).__name__}")
     if v.dtype.name not in _DTYPES:
         raise InvalidArgumentError(f"{what} must be one of {sorted(_DTYPES)}, got {v.dtype}")
-    if v.ndim not in (1, 2) or v.shape[0] != n:
+    if v.ndim not in (1, 2):
         raise InvalidArgumentError(f"{what} must have shape ({n},) or ({n}, width), got {v.shape}")
+    # A wrong row count is left to the native call, which raises it on every rank (a local
+    # raise here would leave the other ranks waiting in the collective).
     return np.ascontiguousarray(v)
 
 

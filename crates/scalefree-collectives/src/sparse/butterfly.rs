@@ -77,6 +77,9 @@ pub struct SparseAllreduce {
     n_out: usize,
     n_in: usize,
     out_perm: Vec<usize>,
+    /// When the out indices have no duplicates: the caller position of each sorted slot,
+    /// so the local step is a gather (random reads) instead of a fill plus a scatter.
+    out_src: Option<Vec<usize>>,
     n_out_u: usize,
     in_pos: Vec<usize>,
     layers: Vec<Layer>,
@@ -169,6 +172,7 @@ impl SparseAllreduce {
             n_out: 0,
             n_in: 0,
             out_perm: Vec::new(),
+            out_src: None,
             n_out_u: 0,
             in_pos: Vec::new(),
             layers: Vec::new(),
@@ -272,6 +276,13 @@ impl SparseAllreduce {
         self.n_out = out_idx.len();
         self.n_in = in_idx.len();
         self.n_out_u = okeys.len();
+        self.out_src = (okeys.len() == out_perm.len()).then(|| {
+            let mut src = vec![0usize; out_perm.len()];
+            for (i, &slot) in out_perm.iter().enumerate() {
+                src[slot] = i;
+            }
+            src
+        });
         self.out_perm = out_perm;
         self.in_pos = in_pos;
         self.layers.clear();
@@ -405,8 +416,18 @@ impl SparseAllreduce {
     fn reduce_down(&mut self, c: &mut Communicator, vals: &[u8], dt: SDType, w: usize) -> Result<Vec<u64>> {
         let rb = dt.size_bytes() * w;
         let t0 = Instant::now();
-        let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
-        unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
+        let mut cur = match &self.out_src {
+            Some(src) => {
+                let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
+                unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), src, w) };
+                cur
+            }
+            None => {
+                let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
+                unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
+                cur
+            }
+        };
         self.stats = vec![LayerStats::default(); self.layers.len()];
         if let Some(s) = self.stats.first_mut() {
             s.merge_ns += t0.elapsed().as_nanos() as u64;
