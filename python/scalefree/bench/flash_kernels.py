@@ -76,9 +76,10 @@ def _lloyd_numpy(x, centers, iterations):
     for _ in range(iterations):
         d = (centers ** 2).sum(1)[None, :] - 2.0 * (x @ centers.T)
         labels = d.argmin(1)
-        sums = np.zeros_like(centers, dtype=np.float64)
-        np.add.at(sums, labels, x)
-        counts = np.bincount(labels, minlength=len(centers))
+        k = len(centers)
+        # per-dimension bincount: far faster than np.add.at
+        sums = np.stack([np.bincount(labels, weights=x[:, j], minlength=k) for j in range(x.shape[1])], axis=1)
+        counts = np.bincount(labels, minlength=k)
         nz = counts > 0
         centers = centers.copy()
         centers[nz] = (sums[nz] / counts[nz, None]).astype(centers.dtype)
