@@ -313,3 +313,22 @@ def test_bench_flash_gemm_end_to_end(tmp_path):
         if r["impl"] == "scalefree":
             assert r["peak_resident_bytes"] <= r["budget_bytes"]
     assert "vs numpy" in p.stdout
+
+
+def test_bench_flash_kernels_end_to_end(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "fk.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "flash-kernels", "--sort-n", "50000",
+                        "--kmeans-n", "5000", "--kmeans-d", "4", "--kmeans-k", "3", "--kmeans-iterations", "2",
+                        "--repeat", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert {r["variant"] for r in recs} == {"sort", "csrcsc", "csrmm", "kmeans"}
+    for r in recs:
+        assert r["bench"] == "flash-kernels" and r["median_s"] > 0
+        if r["impl"] == "scalefree":
+            assert r["peak_resident_bytes"] <= r["budget_bytes"]
+    assert "vs peer" in p.stdout

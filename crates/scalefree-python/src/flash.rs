@@ -464,10 +464,13 @@ pub fn flash_csrcsc<'py>(py: Python<'py>, rt: &PyFlashRuntime, a: &PyFlashCsr) -
     Ok((PyFlashCsr { m }, stats_dict(py, &stats)?))
 }
 
+/// centers bytes, labels bytes, inertia, iterations, stats.
+type KmeansOut<'py> = (Vec<u8>, Vec<u8>, f64, usize, Bound<'py, PyDict>);
+
 /// Lloyd's k-means on the rows of a flash matrix: (centers as bytes, labels as bytes,
 /// inertia, iterations, stats). Python wraps the bytes as arrays.
 #[pyfunction]
-pub fn flash_kmeans<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: &PyFlashMatrix, k: usize, max_iterations: usize, tolerance: f64, seed: u64) -> PyResult<(Vec<u8>, Vec<u8>, f64, usize, Bound<'py, PyDict>)> {
+pub fn flash_kmeans<'py>(py: Python<'py>, rt: &PyFlashRuntime, x: &PyFlashMatrix, k: usize, max_iterations: usize, tolerance: f64, seed: u64) -> PyResult<KmeansOut<'py>> {
     let rt = rt.rt.clone();
     let options = scalefree_flash::KmeansOptions { k, max_iterations, tolerance, seed };
     fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {

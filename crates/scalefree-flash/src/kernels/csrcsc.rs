@@ -22,6 +22,9 @@ use crate::sched::{FnTask, RunStats};
 
 use super::csr_rows::row_blocks;
 
+/// A scatter task's view of one bucket: rows, columns, values, and how many are filled.
+type Bucket<'a, T> = (&'a mut [u32], &'a mut [u32], &'a mut [T], usize);
+
 /// `Aᵀ` of a CSR matrix on flash, as a new scratch CSR matrix (cols x rows).
 pub fn csrcsc<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
     let (rows, cols) = (a.rows(), a.cols());
@@ -138,7 +141,7 @@ pub fn csrcsc<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>) -> Result<(Flas
                 FnTask::new("csrcsc-scatter", accesses, move |buffers, _| {
                     let idx = buffers.read::<u32>(0);
                     let val = buffers.read::<T>(1);
-                    let mut outs: Vec<Option<(&mut [u32], &mut [u32], &mut [T], usize)>> = (0..nb).map(|_| None).collect();
+                    let mut outs: Vec<Option<Bucket<'_, T>>> = (0..nb).map(|_| None).collect();
                     for &(b, at) in &targets {
                         outs[b] = Some((buffers.take_write::<u32>(at), buffers.take_write::<u32>(at + 1), buffers.take_write::<T>(at + 2), 0));
                     }
