@@ -26,6 +26,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from .examples import pagerank
 
     pagerank.add_parser(sub)
+
+    from . import mf
+
+    mf.add_parser(sub)
     return p
 
 

@@ -8,6 +8,7 @@ mod device;
 mod errors;
 mod flash;
 mod group;
+mod mf;
 
 use pyo3::prelude::*;
 
@@ -24,6 +25,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
+    m.add_class::<mf::PyMfRatings>()?;
+    m.add_class::<mf::PyMfTrainer>()?;
+    m.add_class::<mf::PyMfModel>()?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -10,7 +10,7 @@ import argparse
 import importlib
 
 # Module names under scalefree.bench, in the order `scalefree bench --help` lists them.
-BENCH_MODULES = ("allreduce", "flash_gemm")
+BENCH_MODULES = ("allreduce", "flash_gemm", "mf")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
