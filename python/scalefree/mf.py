@@ -73,7 +73,7 @@ class MatrixFactorization:
     k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
     paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
-    init_max: factors start uniform in [0, init_max] (default 2√(mean/k)); seed.
+    init_max: factors start uniform in [0, init_max] (default 1/√k); seed.
     """
 
     def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,

@@ -204,11 +204,13 @@ pub fn sgd_block_scalar(block: &[Entry], p: &mut [f32], q: &mut [f32], pg: &mut 
     loss
 }
 
-/// Σ (r − p·q)² over `entries` with the vectorised dot product.
-pub fn sq_error(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q: &[f32], k: usize) -> f64 {
+/// Σ (r − p·q)² over `entries` with the vectorised dot product; a pair whose user or item
+/// never occurred in training (`known_*` false) is predicted as `mean`.
+pub fn sq_error(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q: &[f32], k: usize, known_u: &[bool], known_i: &[bool], mean: f32) -> f64 {
     entries
         .map(|(u, i, r)| {
-            let e = r - dot8(&p[u * k..u * k + k], &q[i * k..i * k + k]);
+            let pred = if known_u[u] && known_i[i] { dot8(&p[u * k..u * k + k], &q[i * k..i * k + k]) } else { mean };
+            let e = r - pred;
             (e * e) as f64
         })
         .sum()

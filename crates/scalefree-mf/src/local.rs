@@ -25,7 +25,7 @@ pub struct LocalOptions {
     /// Blocks per side; default 2 × threads.
     pub blocks: Option<usize>,
     pub seed: u64,
-    /// Factors start uniform in [0, init_max]; default 2√(mean/k), so p·q starts near the mean.
+    /// Factors start uniform in [0, init_max]; default 1/√k (LIBMF's scale).
     pub init_max: Option<f32>,
 }
 
@@ -55,6 +55,8 @@ pub struct LocalTrainer {
     user_ids: Vec<u64>,
     item_ids: Vec<u64>,
     mean: f32,
+    known_u: Vec<bool>,
+    known_i: Vec<bool>,
     n: usize,
     seed: u64,
     epochs: u64,
@@ -82,16 +84,19 @@ impl LocalTrainer {
         rng.shuffle(&mut up);
         rng.shuffle(&mut ip);
         let mut blocks: Vec<Vec<Entry>> = vec![Vec::new(); nb * nb];
+        let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
         for ((&u, &i), &r) in train.users.iter().zip(&train.items).zip(&train.values) {
             let bu = up[u as usize] as usize * nb / m;
             let bi = ip[i as usize] as usize * nb / n;
             blocks[bu * nb + bi].push(Entry { u, i, r });
+            known_u[u as usize] = true;
+            known_i[i as usize] = true;
         }
         for b in &mut blocks {
             rng.shuffle(b);
         }
         let mean = train.mean() as f32;
-        let init_max = o.init_max.unwrap_or(2.0 * (mean.abs() / k as f32).sqrt());
+        let init_max = o.init_max.unwrap_or(1.0 / (k as f32).sqrt());
         let mut init = |len: usize| (0..len).map(|_| rng.unit_f32() * init_max).collect::<Vec<f32>>();
         let p = init(m * k);
         let q = init(n * k);
@@ -108,6 +113,8 @@ impl LocalTrainer {
             user_ids: train.user_ids.clone(),
             item_ids: train.item_ids.clone(),
             mean,
+            known_u,
+            known_i,
             n: train.len(),
             seed: o.seed,
             epochs: 0,
@@ -201,7 +208,7 @@ impl LocalTrainer {
         let k = self.prm.k;
         let t = self.threads.max(1);
         let chunk = r.len().div_ceil(t);
-        let (p, q) = (&self.p, &self.q);
+        let (p, q, ku, ki, mean) = (&self.p, &self.q, &self.known_u, &self.known_i, self.mean);
         let total: f64 = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..t)
                 .map(|c| {
@@ -209,7 +216,7 @@ impl LocalTrainer {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
                         let it = (lo..hi).map(|n| (r.users[n] as usize, r.items[n] as usize, r.values[n]));
-                        crate::kernel::sq_error(it, p, q, k)
+                        crate::kernel::sq_error(it, p, q, k, ku, ki, mean)
                     })
                 })
                 .collect();
@@ -219,6 +226,6 @@ impl LocalTrainer {
     }
 
     pub fn model(&self) -> Model {
-        Model { k: self.prm.k, p: self.p.clone(), q: self.q.clone(), user_ids: self.user_ids.clone(), item_ids: self.item_ids.clone(), mean: self.mean }
+        Model { k: self.prm.k, p: self.p.clone(), q: self.q.clone(), user_ids: self.user_ids.clone(), item_ids: self.item_ids.clone(), mean: self.mean, known_u: self.known_u.clone(), known_i: self.known_i.clone() }
     }
 }

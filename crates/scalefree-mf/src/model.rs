@@ -17,9 +17,12 @@ pub struct Model {
     pub user_ids: Vec<u64>,
     pub item_ids: Vec<u64>,
     pub mean: f32,
+    /// Whether each user / item had ratings in training; the others are answered with `mean`.
+    pub known_u: Vec<bool>,
+    pub known_i: Vec<bool>,
 }
 
-const MAGIC: &[u8; 8] = b"SFMFMOD1";
+const MAGIC: &[u8; 8] = b"SFMFMOD2";
 
 impl Model {
     pub fn n_users(&self) -> usize {
@@ -41,7 +44,7 @@ impl Model {
             .iter()
             .zip(items)
             .map(|(u, i)| match (um.get(u), im.get(i)) {
-                (Some(&u), Some(&i)) => self.p[u * k..u * k + k].iter().zip(&self.q[i * k..i * k + k]).map(|(a, b)| a * b).sum(),
+                (Some(&u), Some(&i)) if self.known_u[u] && self.known_i[i] => self.p[u * k..u * k + k].iter().zip(&self.q[i * k..i * k + k]).map(|(a, b)| a * b).sum(),
                 _ => self.mean,
             })
             .collect())
@@ -53,7 +56,7 @@ impl Model {
             return f64::NAN;
         }
         let it = r.users.iter().zip(&r.items).zip(&r.values).map(|((&u, &i), &v)| (u as usize, i as usize, v));
-        (sq_error(it, &self.p, &self.q, self.k) / r.len() as f64).sqrt()
+        (sq_error(it, &self.p, &self.q, self.k, &self.known_u, &self.known_i, self.mean) / r.len() as f64).sqrt()
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -65,6 +68,7 @@ impl Model {
         out.extend_from_slice(&self.mean.to_le_bytes());
         self.user_ids.iter().chain(&self.item_ids).for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
         self.p.iter().chain(&self.q).for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        self.known_u.iter().chain(&self.known_i).for_each(|&x| out.push(x as u8));
         out
     }
 
@@ -76,7 +80,7 @@ impl Model {
         let rd = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap()) as usize;
         let (k, m, n) = (rd(8), rd(16), rd(24));
         let mean = f32::from_le_bytes(b[32..36].try_into().unwrap());
-        let need = (m.checked_add(n)).and_then(|s| s.checked_mul(8)).and_then(|ids| ids.checked_add(m.checked_add(n)?.checked_mul(k)?.checked_mul(4)?)).and_then(|x| x.checked_add(36));
+        let need = (m.checked_add(n)).and_then(|s| s.checked_mul(8)).and_then(|ids| ids.checked_add(m.checked_add(n)?.checked_mul(k)?.checked_mul(4)?)).and_then(|x| x.checked_add(36 + m + n));
         if need != Some(b.len()) {
             return Err(bad("size mismatch (truncated?)"));
         }
@@ -90,7 +94,10 @@ impl Model {
         let p = f32s(o, m * k);
         o += 4 * m * k;
         let q = f32s(o, n * k);
-        Ok(Model { k, p, q, user_ids, item_ids, mean })
+        o += 4 * n * k;
+        let known_u = b[o..o + m].iter().map(|&x| x != 0).collect();
+        let known_i = b[o + m..o + m + n].iter().map(|&x| x != 0).collect();
+        Ok(Model { k, p, q, user_ids, item_ids, mean, known_u, known_i })
     }
 
     /// Write atomically (temp file + rename): a crash never leaves a half-written model.
