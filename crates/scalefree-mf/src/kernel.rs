@@ -71,39 +71,39 @@ fn update_const(p: &mut [f32], q: &mut [f32], e: f32, eta: f32, lambda: f32) {
     }
 }
 
-/// Returns (Σ gp², Σ gq²) with gp = λp − e q, gq = λq − e p.
+/// One fused pass: with gp = λp − e q and gq = λq − e p (old values), sets p ← p − sp·gp,
+/// q ← q − sq·gq and returns (Σ gp², Σ gq²). The steps use the accumulators from before this
+/// rating, so norms and update need no second pass.
 #[inline(always)]
-fn grad_sq(p: &[f32], q: &[f32], e: f32, lambda: f32) -> (f32, f32) {
-    let mut sp = [0f32; 8];
-    let mut sq = [0f32; 8];
-    let (pc, qc) = (p.chunks_exact(8), q.chunks_exact(8));
-    let (pr, qr) = (pc.remainder(), qc.remainder());
-    for (a, b) in pc.zip(qc) {
+fn update_ada(p: &mut [f32], q: &mut [f32], e: f32, sp: f32, sq: f32, lambda: f32) -> (f32, f32) {
+    let mut ap = [0f32; 8];
+    let mut aq = [0f32; 8];
+    let split = p.len() / 8 * 8;
+    let (ph, pt) = p.split_at_mut(split);
+    let (qh, qt) = q.split_at_mut(split);
+    for (a, b) in ph.chunks_exact_mut(8).zip(qh.chunks_exact_mut(8)) {
         for l in 0..8 {
-            let gp = lambda * a[l] - e * b[l];
-            let gq = lambda * b[l] - e * a[l];
-            sp[l] += gp * gp;
-            sq[l] += gq * gq;
+            let (po, qo) = (a[l], b[l]);
+            let gp = lambda * po - e * qo;
+            let gq = lambda * qo - e * po;
+            ap[l] += gp * gp;
+            aq[l] += gq * gq;
+            a[l] = po - sp * gp;
+            b[l] = qo - sq * gq;
         }
     }
-    let mut tp: f32 = sp.iter().sum();
-    let mut tq: f32 = sq.iter().sum();
-    for (a, b) in pr.iter().zip(qr) {
-        let gp = lambda * a - e * b;
-        let gq = lambda * b - e * a;
+    let mut tp: f32 = ap.iter().sum();
+    let mut tq: f32 = aq.iter().sum();
+    for (a, b) in pt.iter_mut().zip(qt.iter_mut()) {
+        let (po, qo) = (*a, *b);
+        let gp = lambda * po - e * qo;
+        let gq = lambda * qo - e * po;
         tp += gp * gp;
         tq += gq * gq;
+        *a = po - sp * gp;
+        *b = qo - sq * gq;
     }
     (tp, tq)
-}
-
-#[inline(always)]
-fn update_ada(p: &mut [f32], q: &mut [f32], e: f32, sp: f32, sq: f32, lambda: f32) {
-    for (pv, qv) in p.iter_mut().zip(q.iter_mut()) {
-        let (po, qo) = (*pv, *qv);
-        *pv = po - sp * (lambda * po - e * qo);
-        *qv = qo - sq * (lambda * qo - e * po);
-    }
 }
 
 /// # Safety
@@ -123,11 +123,10 @@ unsafe fn block_impl(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
         match prm.schedule {
             Schedule::Constant => update_const(p, q, e, prm.eta, prm.lambda),
             Schedule::Adagrad => {
-                let (gp, gq) = grad_sq(p, q, e, prm.lambda);
                 // SAFETY: as above, for the per-row accumulators.
                 let (pg, qg) = unsafe { (&mut *f.pg.add(u), &mut *f.qg.add(i)) };
                 let (sp, sq) = (prm.eta / pg.sqrt(), prm.eta / qg.sqrt());
-                update_ada(p, q, e, sp, sq, prm.lambda);
+                let (gp, gq) = update_ada(p, q, e, sp, sq, prm.lambda);
                 *pg += gp / k as f32;
                 *qg += gq / k as f32;
             }
