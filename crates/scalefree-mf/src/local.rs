@@ -67,7 +67,7 @@ impl LocalTrainer {
         if o.k == 0 || o.threads == 0 {
             return Err(MfError::InvalidArgument("k and threads must be at least 1".into()));
         }
-        if !(o.eta > 0.0 && o.eta.is_finite()) || !(o.lambda >= 0.0 && o.lambda.is_finite()) {
+        if !(o.eta > 0.0 && o.eta.is_finite() && o.lambda >= 0.0 && o.lambda.is_finite()) {
             return Err(MfError::InvalidArgument(format!("need eta > 0 and lambda >= 0, got {} and {}", o.eta, o.lambda)));
         }
         if train.is_empty() {

@@ -17,7 +17,7 @@ impl Rng {
     }
     /// Uniform in [0, n).
     pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() >> 32) * n as u64 >> 32) as usize
+        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
     }
     /// Uniform in [0, 1).
     pub fn unit_f32(&mut self) -> f32 {
@@ -25,7 +25,7 @@ impl Rng {
     }
     pub fn shuffle<T>(&mut self, v: &mut [T]) {
         for i in (1..v.len()).rev() {
-            let j = if i + 1 <= u32::MAX as usize { self.below(i + 1) } else { (self.next_u64() % (i as u64 + 1)) as usize };
+            let j = if i < u32::MAX as usize { self.below(i + 1) } else { (self.next_u64() % (i as u64 + 1)) as usize };
             v.swap(i, j);
         }
     }
