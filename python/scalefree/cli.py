@@ -38,6 +38,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import graph
 
     graph.add_parser(sub)
+
+    from . import mf
+
+    mf.add_parser(sub)
     return p
 
 

@@ -42,6 +42,10 @@ class FlashIOError(ScalefreeError, OSError):
     """Reading or writing a flash file failed (the message names the file)."""
 
 
+class DataError(ScalefreeError, ValueError):
+    """Bad input data (e.g. a malformed rating file); the message names the file and line."""
+
+
 __all__ = [
     "ScalefreeError",
     "PeerLostError",
@@ -53,4 +57,5 @@ __all__ = [
     "TransportIOError",
     "OutOfBudgetError",
     "FlashIOError",
+    "DataError",
 ]

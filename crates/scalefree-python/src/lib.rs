@@ -11,6 +11,7 @@ mod group;
 mod ssp;
 mod tensors;
 mod sparse;
+mod mf;
 
 use pyo3::prelude::*;
 
@@ -38,6 +39,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_kmeans, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_sort_file, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_sort_array, m)?)?;
+    m.add_class::<mf::PyMfRatings>()?;
+    m.add_class::<mf::PyMfTrainer>()?;
+    m.add_class::<mf::PyMfModel>()?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,330 @@
+//! Rating data: readers, dense id remapping, seeded split, binary cache.
+//!
+//! Accepted formats (each also gzip-compressed, detected by the gzip magic bytes):
+//! MovieLens `u.data` (whitespace `user item rating [timestamp]`), LIBMF text (`u i r`),
+//! MovieLens `ratings.dat` (`user::item::rating::timestamp`), `ratings.csv` (comma separated,
+//! optional header line), Matrix Market coordinate (`%%MatrixMarket` banner, size line).
+//! Original ids are kept (`user_ids`, `item_ids`) so models answer in the user's ids.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{MfError, Result};
+use crate::rng::Rng;
+
+/// Ratings with dense 0-based ids; `user_ids[u]` is the original id of dense user `u`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ratings {
+    pub users: Vec<u32>,
+    pub items: Vec<u32>,
+    pub values: Vec<f32>,
+    pub user_ids: Vec<u64>,
+    pub item_ids: Vec<u64>,
+}
+
+impl Ratings {
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+    pub fn n_users(&self) -> usize {
+        self.user_ids.len()
+    }
+    pub fn n_items(&self) -> usize {
+        self.item_ids.len()
+    }
+    pub fn mean(&self) -> f64 {
+        if self.values.is_empty() {
+            return 0.0;
+        }
+        self.values.iter().map(|&v| v as f64).sum::<f64>() / self.values.len() as f64
+    }
+
+    /// Build from original ids (any u64), remapping to dense ids in order of first appearance.
+    pub fn from_triples(users: &[u64], items: &[u64], values: &[f32]) -> Result<Ratings> {
+        if users.len() != items.len() || users.len() != values.len() {
+            return Err(MfError::InvalidArgument(format!(
+                "users, items and ratings differ in length ({}, {}, {})",
+                users.len(),
+                items.len(),
+                values.len()
+            )));
+        }
+        let mut b = Builder::default();
+        for (n, ((&u, &i), &r)) in users.iter().zip(items).zip(values).enumerate() {
+            if !r.is_finite() {
+                return Err(MfError::InvalidArgument(format!("rating {n} is not finite ({r})")));
+            }
+            b.push(u, i, r);
+        }
+        Ok(b.finish())
+    }
+
+    /// Seeded random split: `test_fraction` of the ratings go to the second set. Both keep the
+    /// full id maps, so dense ids agree between them.
+    pub fn split(&self, test_fraction: f64, seed: u64) -> Result<(Ratings, Ratings)> {
+        if !(0.0..1.0).contains(&test_fraction) {
+            return Err(MfError::InvalidArgument(format!("test fraction must be in [0, 1), got {test_fraction}")));
+        }
+        let mut idx: Vec<u32> = (0..self.len() as u32).collect();
+        Rng::new(seed).shuffle(&mut idx);
+        let n_test = (self.len() as f64 * test_fraction).round() as usize;
+        let pick = |ix: &[u32]| {
+            let mut ix = ix.to_vec();
+            ix.sort_unstable();
+            Ratings {
+                users: ix.iter().map(|&n| self.users[n as usize]).collect(),
+                items: ix.iter().map(|&n| self.items[n as usize]).collect(),
+                values: ix.iter().map(|&n| self.values[n as usize]).collect(),
+                user_ids: self.user_ids.clone(),
+                item_ids: self.item_ids.clone(),
+            }
+        };
+        Ok((pick(&idx[n_test..]), pick(&idx[..n_test])))
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    umap: HashMap<u64, u32>,
+    imap: HashMap<u64, u32>,
+    r: Ratings,
+}
+
+impl Builder {
+    fn push(&mut self, u: u64, i: u64, v: f32) {
+        let r = &mut self.r;
+        let du = *self.umap.entry(u).or_insert_with(|| {
+            r.user_ids.push(u);
+            (r.user_ids.len() - 1) as u32
+        });
+        let di = *self.imap.entry(i).or_insert_with(|| {
+            r.item_ids.push(i);
+            (r.item_ids.len() - 1) as u32
+        });
+        r.users.push(du);
+        r.items.push(di);
+        r.values.push(v);
+    }
+    fn finish(self) -> Ratings {
+        self.r
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Sep {
+    Whitespace,
+    Comma,
+    DoubleColon,
+}
+
+fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    let mut magic = [0u8; 2];
+    let n = f.read(&mut magic).map_err(|e| MfError::io(path, e))?;
+    drop(f);
+    let f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    if n == 2 && magic == [0x1f, 0x8b] {
+        Ok(Box::new(BufReader::with_capacity(1 << 20, flate2::read::MultiGzDecoder::new(f))))
+    } else {
+        Ok(Box::new(BufReader::with_capacity(1 << 20, f)))
+    }
+}
+
+fn parse_id(tok: &str, what: &str, path: &Path, line: usize) -> Result<u64> {
+    let err = |msg: String| MfError::Parse { path: path.to_path_buf(), line, msg };
+    if tok.starts_with('-') {
+        return Err(err(format!("negative {what} id {tok:?}")));
+    }
+    tok.parse::<u64>().map_err(|e| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => err(format!("{what} id {tok:?} overflows 64 bits")),
+        _ => err(format!("{what} id {tok:?} is not a non-negative integer")),
+    })
+}
+
+/// Read a rating file in any supported format (see the module doc).
+pub fn read_ratings(path: &Path) -> Result<Ratings> {
+    let mut rd = open(path)?;
+    let mut b = Builder::default();
+    let mut line = String::new();
+    let mut lineno = 0usize;
+    let mut sep: Option<Sep> = None;
+    let mut mm = false;
+    let mut mm_size_seen = false;
+    let mut expect_nnz: Option<u64> = None;
+    loop {
+        line.clear();
+        let n = rd.read_line(&mut line).map_err(|e| MfError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        lineno += 1;
+        let t = line.trim();
+        if lineno == 1 && t.starts_with("%%MatrixMarket") {
+            let low = t.to_ascii_lowercase();
+            if !low.contains("coordinate") {
+                return Err(MfError::Parse { path: path.into(), line: 1, msg: "only Matrix Market coordinate files hold ratings".into() });
+            }
+            mm = true;
+            continue;
+        }
+        if t.is_empty() || t.starts_with('#') || t.starts_with('%') {
+            continue;
+        }
+        if mm && !mm_size_seen {
+            mm_size_seen = true;
+            let f: Vec<&str> = t.split_whitespace().collect();
+            if f.len() != 3 {
+                return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("expected the Matrix Market size line `rows cols nnz`, got {t:?}") });
+            }
+            expect_nnz = f[2].parse().ok();
+            continue;
+        }
+        let s = *sep.get_or_insert(if t.contains("::") {
+            Sep::DoubleColon
+        } else if t.contains(',') {
+            Sep::Comma
+        } else {
+            Sep::Whitespace
+        });
+        let mut fields: [&str; 3] = [""; 3];
+        let mut nf = 0;
+        let toks: Box<dyn Iterator<Item = &str>> = match s {
+            Sep::DoubleColon => Box::new(t.split("::")),
+            Sep::Comma => Box::new(t.split(',')),
+            Sep::Whitespace => Box::new(t.split_whitespace()),
+        };
+        for x in toks {
+            if nf < 3 {
+                fields[nf] = x.trim();
+            }
+            nf += 1;
+        }
+        // A CSV header: first data line whose first field is not numeric.
+        if s == Sep::Comma && b.r.is_empty() && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
+            continue;
+        }
+        if nf < 3 {
+            return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("expected `user item rating`, got {t:?}") });
+        }
+        let u = parse_id(fields[0], "user", path, lineno)?;
+        let i = parse_id(fields[1], "item", path, lineno)?;
+        let r: f32 = fields[2].parse().map_err(|_| MfError::Parse { path: path.into(), line: lineno, msg: format!("rating {:?} is not a number", fields[2]) })?;
+        if !r.is_finite() {
+            return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("rating {:?} is not finite", fields[2]) });
+        }
+        b.push(u, i, r);
+    }
+    let r = b.finish();
+    if r.is_empty() {
+        return Err(MfError::Format { path: path.into(), msg: "no ratings (empty file)".into() });
+    }
+    if let Some(nnz) = expect_nnz {
+        if nnz != r.len() as u64 {
+            return Err(MfError::Format { path: path.into(), msg: format!("Matrix Market header says {nnz} entries, file has {}", r.len()) });
+        }
+    }
+    Ok(r)
+}
+
+const CACHE_MAGIC: &[u8; 8] = b"SFMFRAT1";
+
+fn put_u64s(out: &mut Vec<u8>, v: impl Iterator<Item = u64>) {
+    v.for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+}
+
+/// Serialise ratings to the compact cache format (little-endian, length-prefixed arrays).
+pub fn encode(r: &Ratings) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + r.len() * 12 + (r.n_users() + r.n_items()) * 8);
+    out.extend_from_slice(CACHE_MAGIC);
+    put_u64s(&mut out, [r.len() as u64, r.n_users() as u64, r.n_items() as u64].into_iter());
+    put_u64s(&mut out, r.user_ids.iter().copied());
+    put_u64s(&mut out, r.item_ids.iter().copied());
+    r.users.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    r.items.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    r.values.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    out
+}
+
+/// Inverse of [`encode`]; checks sizes and id bounds so a corrupt cache is an error, not UB.
+pub fn decode(bytes: &[u8], path: &Path) -> Result<Ratings> {
+    let bad = |msg: &str| MfError::Format { path: path.into(), msg: format!("corrupt rating cache: {msg}") };
+    if bytes.len() < 32 || &bytes[..8] != CACHE_MAGIC {
+        return Err(bad("bad header"));
+    }
+    let rd = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap()) as usize;
+    let (n, nu, ni) = (rd(8), rd(16), rd(24));
+    let need = 32usize.checked_add((nu + ni).checked_mul(8).ok_or_else(|| bad("size"))?).and_then(|x| x.checked_add(n.checked_mul(12)?));
+    if need != Some(bytes.len()) {
+        return Err(bad("size mismatch"));
+    }
+    let mut o = 32;
+    let mut take = |cnt: usize, w: usize| {
+        let s = &bytes[o..o + cnt * w];
+        o += cnt * w;
+        s
+    };
+    let user_ids = take(nu, 8).chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let item_ids = take(ni, 8).chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let users: Vec<u32> = take(n, 4).chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let items: Vec<u32> = take(n, 4).chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let values = take(n, 4).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    if users.iter().any(|&u| u as usize >= nu) || items.iter().any(|&i| i as usize >= ni) {
+        return Err(bad("id out of range"));
+    }
+    Ok(Ratings { users, items, values, user_ids, item_ids })
+}
+
+/// Write `bytes` to `path` atomically: a temp file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| MfError::io(dir, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let res = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(MfError::io(path, e));
+    }
+    Ok(())
+}
+
+/// The cache file for `path` inside `cache_dir`: keyed by canonical path, size and mtime, so
+/// an edited data file is read again.
+pub fn cache_path(path: &Path, cache_dir: &Path) -> Result<PathBuf> {
+    let canon = path.canonicalize().map_err(|e| MfError::io(path, e))?;
+    let md = std::fs::metadata(&canon).map_err(|e| MfError::io(path, e))?;
+    let mtime = md.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_nanos()).unwrap_or(0);
+    // FNV-1a over the key; collisions only cost a re-read because the key is not checked back.
+    let key = format!("{}\0{}\0{}", canon.display(), md.len(), mtime);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let stem = canon.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(cache_dir.join(format!("{stem}.{h:016x}.sfr")))
+}
+
+/// Read `path`, using (and filling) a binary cache in `cache_dir` when given.
+pub fn load(path: &Path, cache_dir: Option<&Path>) -> Result<Ratings> {
+    let Some(dir) = cache_dir else { return read_ratings(path) };
+    let cp = cache_path(path, dir)?;
+    if let Ok(bytes) = std::fs::read(&cp) {
+        if let Ok(r) = decode(&bytes, &cp) {
+            return Ok(r);
+        }
+    }
+    let r = read_ratings(path)?;
+    // A cache that cannot be written (read-only dir) is not an error for the caller.
+    let _ = write_atomic(&cp, &encode(&r));
+    Ok(r)
+}

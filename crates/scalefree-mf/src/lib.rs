@@ -1,0 +1,21 @@
+//! Matrix factorization R ≈ P Qᵀ by stochastic gradient descent (Rima paper, eqs. 3–7).
+//!
+//! - [`data`]: readers for the common rating formats (plain or gzip), dense id remapping,
+//!   a seeded train/test split and a binary cache.
+//! - [`kernel`]: the per-rating SGD update, vectorised (AVX2 with runtime detection) plus a
+//!   scalar reference used by the tests.
+//! - [`local`]: one-process, multi-threaded block-parallel SGD (FPSGD-style scheduling).
+//! - [`model`]: the factors with their id maps; prediction and atomic save/load.
+
+pub mod data;
+pub mod error;
+pub mod kernel;
+pub mod local;
+pub mod model;
+pub mod rng;
+
+pub use data::Ratings;
+pub use error::MfError;
+pub use kernel::{Schedule, SgdParams};
+pub use local::{LocalOptions, LocalTrainer};
+pub use model::Model;

@@ -1,0 +1,133 @@
+"""``scalefree bench mf --vs libmf``: local-mode MF vs LIBMF (the pip ``libmf`` package).
+
+Both train on the same seeded 90/10 split with the same k, λ (L2 on P and Q, no L1),
+iterations and threads; LIBMF runs in a child process (its ctypes wrapper prints on import
+and must not share our threads). Reported: fit time (median of --repeat), test RMSE, and
+rating updates per second. LIBMF predicts through its own factors (P[u]·Q[i]; the training mean for ids it never saw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+
+BENCH = "mf"
+_DEFAULT_DATA = ("movielens-100k/u.data", "ml-latest-small/ratings.csv")
+
+_LIBMF_CHILD = r"""
+import sys, json, time, io, contextlib
+import numpy as np
+with contextlib.redirect_stdout(io.StringIO()):
+    from libmf import mf
+d = np.load(sys.argv[1]); a = json.loads(sys.argv[2])
+tr = np.ascontiguousarray(d["train"]); te = d["test"]
+times, rmse = [], None
+for _ in range(a["repeat"]):
+    e = mf.MF(k=a["k"], nr_threads=a["threads"], nr_iters=a["iterations"], eta=a["eta"],
+              lambda_p2=a["lam"], lambda_q2=a["lam"], lambda_p1=0.0, lambda_q1=0.0, quiet=True)
+    t0 = time.perf_counter(); e.fit(tr); times.append(time.perf_counter() - t0)
+    P, Q = e.p_factors(), e.q_factors()
+    u = te[:, 0].astype(np.int64); i = te[:, 1].astype(np.int64)
+    pred = np.einsum("ij,ij->i", P[u], Q[i])
+    # LIBMF leaves factors of ids absent from training as NaN; answer those with the mean.
+    pred = np.where(np.isfinite(pred), pred, float(tr[:, 2].mean()))
+    rmse = float(np.sqrt(np.mean((pred - te[:, 2]) ** 2)))
+print(json.dumps({"times": times, "rmse": rmse}))
+"""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(BENCH, help="matrix factorization (local mode) vs LIBMF",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vs", default="libmf", choices=("libmf", "none"))
+    p.add_argument("--data", nargs="*", default=None,
+                   help="rating files (default: MovieLens-100K and ml-latest-small from ../shared/data)")
+    p.add_argument("-k", type=int, default=40)
+    p.add_argument("--lam", type=float, default=0.05)
+    p.add_argument("--eta", type=float, default=0.1)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _default_data() -> list[Path]:
+    for base in (Path.cwd() / "../shared/data", Path(__file__).resolve().parents[3] / "../shared/data"):
+        if base.is_dir():
+            return [base / d for d in _DEFAULT_DATA if (base / d).exists()]
+    raise SystemExit("no data: pass --data FILE (../shared/data not found)")
+
+
+def _ours(train, test, args) -> dict:
+    from .. import _native
+
+    times, rmse = [], None
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        tr = _native.MfTrainer(train, k=args.k, eta=args.eta, lam=args.lam, threads=args.threads, seed=args.seed)
+        tr.epochs(args.iterations)
+        times.append(time.perf_counter() - t0)
+        rmse = tr.rmse(test)
+    return {"times": times, "rmse": rmse}
+
+
+def _dense(train, test) -> tuple[np.ndarray, np.ndarray]:
+    """Both halves as (n, 3) float arrays with dense 0-based ids shared by the two."""
+    tu, ti, tv = (np.frombuffer(b, dt) for b, dt in zip(train.triples(), (np.int64, np.int64, np.float32)))
+    su, si, sv = (np.frombuffer(b, dt) for b, dt in zip(test.triples(), (np.int64, np.int64, np.float32)))
+    _, u = np.unique(np.concatenate([tu, su]), return_inverse=True)
+    _, i = np.unique(np.concatenate([ti, si]), return_inverse=True)
+    n = len(tu)
+    tr = np.stack([u[:n], i[:n], tv], axis=1).astype(np.float32)
+    te = np.stack([u[n:], i[n:], sv], axis=1).astype(np.float32)
+    return tr, te
+
+
+def _libmf(train, test, args) -> dict:
+    tr, te = _dense(train, test)
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "split.npz"
+        np.savez(f, train=tr, test=te)
+        a = {k: getattr(args, k) for k in ("k", "lam", "eta", "iterations", "threads", "repeat")}
+        out = subprocess.run([sys.executable, "-c", _LIBMF_CHILD, str(f), json.dumps(a)],
+                             capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"libmf failed (pip install libmf): {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(args) -> int:
+    from ..mf import split_ratings
+
+    files = [Path(f) for f in args.data] if args.data else _default_data()
+    records, rows = [], []
+    for f in files:
+        train, test = split_ratings(f, 0.1, args.seed)
+        impls = [("scalefree", _ours)] + ([("libmf", _libmf)] if args.vs == "libmf" else [])
+        for name, fn in impls:
+            common.progress(f"{f.name}: {name} ...")
+            res = fn(train, test, args)
+            med = float(np.median(res["times"]))
+            ups = len(train) * args.iterations / med
+            rec = {"bench": BENCH, "impl": name, "data": str(f.name), "train": len(train), "test": len(test),
+                   "k": args.k, "lam": args.lam, "iterations": args.iterations, "threads": args.threads,
+                   "median_s": med, "min_s": float(min(res["times"])), "n": len(res["times"]),
+                   "test_rmse": res["rmse"], "updates_per_s": ups}
+            records.append(rec)
+            rows.append([f.name, name, f"{med:.4f}", f"{res['rmse']:.4f}", f"{ups / 1e6:.1f}"])
+    print(common.format_table(["data", "impl", "fit s (median)", "test RMSE", "M updates/s"], rows, left_columns=2))
+    if getattr(args, "json", None):
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0

@@ -1,0 +1,236 @@
+"""Matrix factorization R ≈ P Qᵀ by SGD (``scalefree mf``; the Rima paper, eqs. 3–7).
+
+``MatrixFactorization(k=40, mode="local").fit(data)`` trains on one machine with
+multi-threaded FPSGD-style block scheduling (the Rust crate ``scalefree-mf``). ``data`` is a
+rating file (MovieLens ``u.data`` / ``ratings.dat`` / ``ratings.csv``, LIBMF text, Matrix
+Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are kept as the
+user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
+
+The multi-rank modes of the issue (``dsgd-ps``, ``rima``) are not implemented yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import _native
+from .errors import InvalidArgumentError
+
+MODES = ("local",)
+
+
+def default_cache_dir() -> Path:
+    """Where parsed rating files are cached (``SCALEFREE_CACHE_DIR`` or ~/.cache/scalefree/mf)."""
+    env = os.environ.get("SCALEFREE_CACHE_DIR")
+    if env:
+        return Path(env) / "mf"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
+
+
+def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
+    """A rating file path or a (users, items, ratings) triple → native ratings."""
+    if isinstance(data, _native.MfRatings):
+        return data
+    if isinstance(data, (str, os.PathLike)):
+        return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
+    users, items, ratings = data
+    u = np.ascontiguousarray(users, dtype=np.int64)
+    i = np.ascontiguousarray(items, dtype=np.int64)
+    r = np.ascontiguousarray(ratings, dtype=np.float32)
+    if (u < 0).any() or (i < 0).any():
+        raise InvalidArgumentError("user and item ids must be non-negative")
+    return _native.MfRatings.from_bytes(u.tobytes(), i.tobytes(), r.tobytes())
+
+
+class _Bar:
+    """A one-line progress bar on stderr (silent when disabled)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.t0 = total, enabled, time.perf_counter()
+
+    def update(self, n: int, msg: str) -> None:
+        if not self.enabled:
+            return
+        w = 30
+        fill = int(w * n / max(self.total, 1))
+        el = time.perf_counter() - self.t0
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {n}/{self.total} {msg} {el:.1f}s")
+        sys.stderr.flush()
+        if n >= self.total:
+            sys.stderr.write("\n")
+
+
+class MatrixFactorization:
+    """SGD matrix factorization.
+
+    k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
+    schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
+    paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
+    init_max: factors start uniform in [0, init_max] (default 1/√k); seed.
+    """
+
+    def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
+                 iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
+                 blocks: int | None = None, init_max: float | None = None, seed: int = 0):
+        if mode not in MODES:
+            raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
+        self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
+        self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
+        self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
+        self.blocks, self.init_max = blocks, init_max
+        self.history: list[dict] = []
+        self._model = None
+
+    def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1):
+        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs.
+        ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+        train = load_ratings(data)
+        test_r = None
+        if test is not None:
+            test_r = test if isinstance(test, _native.MfRatings) else None
+            if test_r is None:
+                raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
+        tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
+                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
+        bar = _Bar(self.iterations, progress)
+        self.history = []
+        elapsed = 0.0
+        for it in range(1, self.iterations + 1):
+            t0 = time.perf_counter()
+            mse = tr.epochs(1)
+            elapsed += time.perf_counter() - t0
+            rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
+            if test_r is not None and (it % eval_every == 0 or it == self.iterations):
+                rec["test_rmse"] = tr.rmse(test_r)
+            self.history.append(rec)
+            if on_iteration is not None:
+                on_iteration(rec)
+            bar.update(it, f"test_rmse={rec.get('test_rmse', float('nan')):.4f}")
+        self._model = tr.model()
+        return self
+
+    def _need(self):
+        if self._model is None:
+            raise InvalidArgumentError("model is not trained; call fit() or load() first")
+        return self._model
+
+    def predict(self, users, items) -> np.ndarray:
+        u = np.ascontiguousarray(users, dtype=np.int64)
+        i = np.ascontiguousarray(items, dtype=np.int64)
+        return np.frombuffer(self._need().predict(u.tobytes(), i.tobytes()), dtype=np.float32)
+
+    def rmse(self, ratings) -> float:
+        """RMSE on native ratings sharing the training id maps (the test half of a split)."""
+        return self._need().rmse(ratings)
+
+    def save(self, path) -> None:
+        """Write the model atomically (temp file + rename)."""
+        self._need().save(str(path))
+
+    @classmethod
+    def load(cls, path) -> "MatrixFactorization":
+        m = _native.MfModel.load(str(path))
+        obj = cls(k=m.k)
+        obj._model = m
+        return obj
+
+
+def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
+    """Seeded random split → (train, test) native ratings sharing id maps."""
+    return load_ratings(data).split(float(test_fraction), int(seed))
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _train(args) -> int:
+    train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
+                                iterations=args.iterations, schedule=args.schedule,
+                                threads=args.threads, blocks=args.blocks, seed=args.seed)
+    out = open(args.json, "w") if args.json else None
+    try:
+        def log(rec):
+            if out:
+                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
+                out.flush()
+        model.fit(train, test, progress=not args.quiet, on_iteration=log, eval_every=args.eval_every)
+    finally:
+        if out:
+            out.close()
+    h = model.history
+    if args.plot:
+        _plot(h, args.plot)
+    if args.output:
+        model.save(args.output)
+    rmse = h[-1].get("test_rmse", float("nan"))
+    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
+          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s; final test RMSE {rmse:.4f}")
+    return 0
+
+
+def _plot(history, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["iteration"], r["seconds"], r["test_rmse"]) for r in history if "test_rmse" in r]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].plot([p[0] for p in pts], [p[2] for p in pts], marker="o")
+    ax[0].set_xlabel("iteration")
+    ax[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o")
+    ax[1].set_xlabel("seconds")
+    for a in ax:
+        a.set_ylabel("test RMSE")
+        a.grid(True, alpha=0.3)
+    fig.tight_layout()
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    os.replace(tmp, path)
+
+
+def _predict(args) -> int:
+    model = MatrixFactorization.load(args.model)
+    pairs = np.loadtxt(args.pairs, dtype=np.int64, ndmin=2, usecols=(0, 1),
+                       delimiter="," if str(args.pairs).endswith(".csv") else None)
+    pred = model.predict(pairs[:, 0], pairs[:, 1])
+    for (u, i), p in zip(pairs, pred):
+        print(f"{u} {i} {p:.4f}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("mf", help="matrix factorization by SGD (train, predict)",
+                       description="Matrix factorization by SGD.")
+    msub = p.add_subparsers(dest="mf_command", metavar="COMMAND")
+    msub.required = True
+    t = msub.add_parser("train", help="train on a rating file and report test RMSE on a held-out split")
+    t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok)")
+    t.add_argument("--mode", default="local", choices=MODES)
+    t.add_argument("-k", type=int, default=40, help="rank (default 40)")
+    t.add_argument("--eta", type=float, default=0.1, help="learning rate (default 0.1)")
+    t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
+    t.add_argument("--iterations", "-i", type=int, default=20)
+    t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
+    t.add_argument("--threads", "-t", type=int, default=None)
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (default 2×threads)")
+    t.add_argument("--test-fraction", type=float, default=0.1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-every", type=int, default=1)
+    t.add_argument("--json", help="write one JSON line per iteration to this file")
+    t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
+    t.add_argument("--output", "-o", help="save the model here (atomic write)")
+    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    t.set_defaults(func=_train)
+    pr = msub.add_parser("predict", help="predict ratings for `user item` pairs with a saved model")
+    pr.add_argument("model")
+    pr.add_argument("pairs", help="text file of `user item` lines (original ids)")
+    pr.set_defaults(func=_predict)
