@@ -177,7 +177,10 @@ def _train(args) -> int:
 
 
 def _plot(history, path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("scalefree mf train: --plot needs matplotlib (pip install matplotlib)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
