@@ -665,7 +665,7 @@ fn serve(shard: Arc<Mutex<Shard>>, sh: Arc<Shared>) {
                 } else {
                     Ok(())
                 }
-            }, false, false)
+            }, false, true)
         });
         match r {
             Ok(()) | Err(Error::Timeout { .. }) => {}
