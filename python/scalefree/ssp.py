@@ -44,7 +44,7 @@ class CallStats:
 class SspReduction:
     """Made by :meth:`scalefree.Group.ssp_reduction`."""
 
-    def __init__(self, native, shape=None):
+    def __init__(self, native):
         self._native = native
         self.count = native.count
         self.dtype = np.dtype(native.dtype)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -156,24 +155,14 @@ def static_slots(group, specs) -> dict[str, StaticSlot]:
     return {p[0]: StaticSlot(nat, p[0], p[3], p[4]) for p, nat in zip(parsed, natives) if nat is not None}
 
 
-@dataclass
-class _Tracer:
-    """Allocation-site tracing (§3.4): names whose tensors were sent from unregistered
-    memory; :func:`empty` allocates those from the arena from then on."""
-
-    sites: set
-
-    def record(self, site):
-        if site is not None:
-            self.sites.add(site)
-
-
-_tracer = _Tracer(set())
+# Allocation-site tracing (§3.4): sites (tensor names) whose tensors were sent from
+# unregistered memory; `empty(site=...)` allocates those from the arena from then on.
+_traced_sites: set = set()
 
 
 def traced_sites() -> set:
     """Allocation sites (tensor names) seen sending unregistered memory so far."""
-    return set(_tracer.sites)
+    return set(_traced_sites)
 
 
 def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
@@ -181,7 +170,7 @@ def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
     sending unregistered memory before, or when it is large enough to go there anyway."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if site is not None and site in _tracer.sites and n > 0:
+    if site is not None and site in _traced_sites and n > 0:
         from . import _registered_empty
 
         return _registered_empty(shape, dtype)
@@ -205,11 +194,10 @@ class DynamicChannel:
         code = _CODE.get(a.dtype)
         if code is None:
             raise InvalidArgumentError(f"send: dtype {a.dtype} is not supported ({', '.join(_DTYPES)})")
-        before = self._native.stats()[1]
-        self._native.send(a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8),
-                          list(a.shape), code, a.dtype.itemsize, wait, timeout)
-        if self._native.stats()[1] > before:
-            _tracer.record(site)
+        staged = self._native.send(a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8),
+                                   list(a.shape), code, a.dtype.itemsize, wait, timeout)
+        if staged and site is not None:
+            _traced_sites.add(site)
 
     def wait_sent(self, timeout: float | None = None) -> None:
         self._native.wait_sent(timeout)

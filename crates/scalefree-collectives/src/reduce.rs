@@ -94,6 +94,8 @@ trait Elem: Copy {
     fn prod(a: Self, b: Self) -> Self;
     fn min(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
+    /// `x op identity == x`: what a reduction of nothing is.
+    fn identity(op: ReduceOp) -> Self;
 }
 
 macro_rules! float_elem {
@@ -108,6 +110,14 @@ macro_rules! float_elem {
             fn min(a: Self, b: Self) -> Self { if a < b || a != a { a } else { b } }
             #[inline(always)]
             fn max(a: Self, b: Self) -> Self { if a > b || a != a { a } else { b } }
+            fn identity(op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum => 0.0,
+                    ReduceOp::Prod => 1.0,
+                    ReduceOp::Min => <$t>::INFINITY,
+                    ReduceOp::Max => <$t>::NEG_INFINITY,
+                }
+            }
         }
     };
 }
@@ -122,6 +132,14 @@ macro_rules! int_elem {
             fn min(a: Self, b: Self) -> Self { Ord::min(a, b) }
             #[inline(always)]
             fn max(a: Self, b: Self) -> Self { Ord::max(a, b) }
+            fn identity(op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::Sum => 0,
+                    ReduceOp::Prod => 1,
+                    ReduceOp::Min => <$t>::MAX,
+                    ReduceOp::Max => <$t>::MIN,
+                }
+            }
         }
     };
 }
@@ -264,6 +282,24 @@ pub unsafe fn reduce4(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b:
             DType::I64 => typed4::<i64>(op, dst, a, b, c, n),
             DType::U8 => panic!("uint8 buffers cannot be reduced"),
         }
+    }
+}
+
+fn fill_typed<T: Elem>(op: ReduceOp, buf: &mut [u8]) {
+    let v = T::identity(op);
+    for chunk in buf.chunks_exact_mut(std::mem::size_of::<T>()) {
+        unsafe { (chunk.as_mut_ptr() as *mut T).write_unaligned(v) };
+    }
+}
+
+/// Fills `buf` with the identity of `op` for `dtype` (what a reduction of nothing is).
+pub fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
+    match dtype {
+        DType::F32 => fill_typed::<f32>(op, buf),
+        DType::F64 => fill_typed::<f64>(op, buf),
+        DType::I32 => fill_typed::<i32>(op, buf),
+        DType::I64 => fill_typed::<i64>(op, buf),
+        DType::U8 => panic!("uint8 buffers cannot be reduced"),
     }
 }
 

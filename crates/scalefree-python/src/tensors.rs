@@ -134,9 +134,10 @@ pub fn dynamic_channels(py: Python<'_>, dev: &Device, pairs: Vec<(u32, u32)>) ->
 impl PyDynamicChannel {
     /// Sends the bytes of `data` as a tensor of `shape` (`dtype` a code the receiver
     /// understands, `itemsize` its bytes). With `wait`, returns once the receiver pulled it.
+    /// Returns True if the data had to be staged (it was not in registered memory).
     #[pyo3(signature = (data, shape, dtype, itemsize, wait=true, timeout=None))]
     #[allow(clippy::too_many_arguments)]
-    fn send(&self, py: Python<'_>, data: Bound<'_, PyAny>, shape: Vec<u64>, dtype: u32, itemsize: u32, wait: bool, timeout: Option<f64>) -> PyResult<()> {
+    fn send(&self, py: Python<'_>, data: Bound<'_, PyAny>, shape: Vec<u64>, dtype: u32, itemsize: u32, wait: bool, timeout: Option<f64>) -> PyResult<bool> {
         let b = Buf::get(&data, false, "send: the tensor")?;
         let meta = Meta { dtype, itemsize, shape };
         let want = meta.nbytes().py_err(py)?;
@@ -145,17 +146,18 @@ impl PyDynamicChannel {
         }
         let p = SendPtr(b.ptr());
         let inner = self.inner.clone();
-        py.detach(move || {
-            let mut c = inner.lock().unwrap();
-            unsafe { c.send(p.get(), &meta, timeout_of(timeout))? };
-            if wait {
-                c.wait_sent(timeout_of(timeout))?;
-            }
-            Ok(())
-        })
-        .py_err(py)?;
+        let staged = py
+            .detach(move || {
+                let mut c = inner.lock().unwrap();
+                let staged = unsafe { c.send(p.get(), &meta, timeout_of(timeout))? };
+                if wait {
+                    c.wait_sent(timeout_of(timeout))?;
+                }
+                Ok(staged)
+            })
+            .py_err(py)?;
         drop(b);
-        Ok(())
+        Ok(staged)
     }
 
     /// Waits until the receiver has pulled everything sent.

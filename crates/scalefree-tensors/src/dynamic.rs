@@ -132,13 +132,14 @@ impl DynamicChannel {
         Ok(())
     }
 
-    /// Sends `meta.nbytes()` bytes at `data`. Returns once the record is written; the
-    /// source must stay unchanged until [`DynamicChannel::wait_sent`] (the next `send` waits
-    /// for it first).
+    /// Sends `meta.nbytes()` bytes at `data`. Returns once the record is written, with
+    /// whether the data went through the staging copy (it was not in registered memory);
+    /// the source must stay unchanged until [`DynamicChannel::wait_sent`] (the next `send`
+    /// waits for it first).
     ///
     /// # Safety
     /// `data..data+nbytes` must be readable and stay valid until the message is pulled.
-    pub unsafe fn send(&mut self, data: *const u8, meta: &Meta, timeout: Option<Duration>) -> Result<()> {
+    pub unsafe fn send(&mut self, data: *const u8, meta: &Meta, timeout: Option<Duration>) -> Result<bool> {
         if !self.is_sender() {
             return Err(Error::InvalidArgument(format!("channel {}: this rank receives on it, it cannot send", self.index)));
         }
@@ -147,6 +148,7 @@ impl DynamicChannel {
         }
         let nbytes = meta.nbytes()?;
         self.wait_sent(timeout)?;
+        let mut staged = false;
         let (handle, offset) = if nbytes == 0 {
             (None, 0)
         } else if let Some((region, off)) = self.dev.find_region(data, nbytes as usize) {
@@ -162,6 +164,7 @@ impl DynamicChannel {
             let st = self.staging.as_ref().unwrap();
             unsafe { std::ptr::copy_nonoverlapping(data, st.as_ptr(), need) };
             self.stats.bytes_copied.fetch_add(nbytes, Ordering::Relaxed);
+            staged = true;
             (Some(st.handle()), 0)
         };
         let dst = self.dst as usize;
@@ -183,7 +186,7 @@ impl DynamicChannel {
         self.mesh.u64_at(dst, self.rec + REC_SEQ).store(self.count, Ordering::Release);
         self.mesh.ring(dst);
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(staged)
     }
 
     /// Waits for the next message's record and returns what it holds; then call

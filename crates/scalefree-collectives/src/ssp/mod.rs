@@ -23,6 +23,7 @@ use std::time::Instant;
 use scalefree_transport::{Device, Error, Result};
 pub(crate) use scalefree_transport::mesh::{Mesh, MESH_HEADER};
 
+pub(crate) use crate::reduce::fill_identity;
 use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, DType, ReduceOp};
 
 /// Which SSP design a reduction uses.
@@ -233,33 +234,6 @@ impl Buf {
     }
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         unsafe { std::slice::from_raw_parts_mut(self.mut_ptr(), self.len) }
-    }
-}
-
-/// Fills `buf` with the identity of `op` (what a reduction of nothing is).
-pub(crate) fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
-    fn fill<T: Copy>(buf: &mut [u8], v: T) {
-        let n = buf.len() / std::mem::size_of::<T>();
-        let p = buf.as_mut_ptr() as *mut T;
-        for i in 0..n {
-            unsafe { p.add(i).write_unaligned(v) };
-        }
-    }
-    match (dtype, op) {
-        (_, ReduceOp::Sum) => buf.fill(0),
-        (DType::F32, ReduceOp::Prod) => fill(buf, 1f32),
-        (DType::F64, ReduceOp::Prod) => fill(buf, 1f64),
-        (DType::I32, ReduceOp::Prod) => fill(buf, 1i32),
-        (DType::I64, ReduceOp::Prod) => fill(buf, 1i64),
-        (DType::F32, ReduceOp::Min) => fill(buf, f32::INFINITY),
-        (DType::F64, ReduceOp::Min) => fill(buf, f64::INFINITY),
-        (DType::I32, ReduceOp::Min) => fill(buf, i32::MAX),
-        (DType::I64, ReduceOp::Min) => fill(buf, i64::MAX),
-        (DType::F32, ReduceOp::Max) => fill(buf, f32::NEG_INFINITY),
-        (DType::F64, ReduceOp::Max) => fill(buf, f64::NEG_INFINITY),
-        (DType::I32, ReduceOp::Max) => fill(buf, i32::MIN),
-        (DType::I64, ReduceOp::Max) => fill(buf, i64::MIN),
-        (DType::U8, _) => unreachable!("uint8 is never reduced"),
     }
 }
 
