@@ -87,6 +87,13 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
+        if remote.rkey.is_some() {
+            local.check_range(local_off, n, "write source")?;
+            check_range(remote.len(), remote_off, n, "write target")?;
+            self.check_owner(remote)?;
+            unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
+            return Ok(Completion::done());
+        }
         let c = self.write(local, local_off, remote, remote_off, n)?;
         self.notify(slot, value)?;
         Ok(c)
@@ -98,8 +105,25 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
+        if let Some(net) = self.dev.net() {
+            return net.notify(self.peer, slot as u32, value, self.dev.policy());
+        }
         wait::publish(self.dev.slot_of(self.peer, slot), self.dev.waiters_of(self.peer), value);
         Ok(())
+    }
+
+    /// Raw `write_notify` for collectives: data and notification `value` (raising `slot`,
+    /// sequence-ordered) arrive together; the peer sees the data first.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
+        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            check_range(remote.len(), remote_off, n, "write target")?;
+            return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, slot as u32, value, self.dev.policy()) };
+        }
+        unsafe { self.write_from(src, remote, remote_off, n)? };
+        self.notify(slot, value)
     }
 
     /// Raw write for collectives: no bounds checks beyond the remote region's.
@@ -109,6 +133,9 @@ impl Channel {
     pub unsafe fn write_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
+        }
+        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
+            return unsafe { net.put(src, rk, remote_off, n, self.dev.policy()) };
         }
         match remote.mapped_ptr() {
             Some(p) => unsafe { std::ptr::copy_nonoverlapping(src, p.add(remote_off), n) },
@@ -126,6 +153,9 @@ impl Channel {
     pub unsafe fn read_into(&self, remote: &RemoteRegion, remote_off: usize, dst: *mut u8, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
+        }
+        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
+            return unsafe { net.get(rk, remote_off, dst, n, self.dev.policy()) };
         }
         std::sync::atomic::fence(Ordering::Acquire);
         match remote.mapped_ptr() {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backends::shm::{self, Mapping, PidWatch};
+use crate::backends::ucx;
 use crate::bootstrap::rendezvous::Rendezvous;
 use crate::bootstrap::JobInfo;
 use crate::channel::Channel;
@@ -24,6 +25,35 @@ const OFF_WAITERS: usize = 64;
 const OFF_SLOTS: usize = 4096;
 const CTRL_LEN: usize = OFF_SLOTS + NOTIFY_SLOTS * 4;
 
+/// Which backend carries the bytes (`SCALEFREE_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared memory when every rank is on this host, UCX otherwise.
+    Auto,
+    /// Shared memory only (all ranks on one host).
+    Shm,
+    /// UCX between every pair of ranks, even on one host (for tests and comparison).
+    Ucx,
+}
+
+impl Transport {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Transport::Auto),
+            "shm" => Ok(Transport::Shm),
+            "ucx" => Ok(Transport::Ucx),
+            other => Err(Error::InvalidArgument(format!("SCALEFREE_TRANSPORT={other:?}: expected auto, shm or ucx"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Shm => "shm",
+            Transport::Ucx => "ucx",
+        }
+    }
+}
+
 /// Options for [`Device::new`].
 #[derive(Clone, Debug)]
 pub struct DeviceOptions {
@@ -31,6 +61,8 @@ pub struct DeviceOptions {
     pub timeout: Duration,
     /// How long ranks may take to find each other at start-up.
     pub bootstrap_timeout: Duration,
+    /// Which backend to use.
+    pub transport: Transport,
 }
 
 impl Default for DeviceOptions {
@@ -42,18 +74,26 @@ impl Default for DeviceOptions {
         DeviceOptions {
             timeout: secs("SCALEFREE_TIMEOUT", 1800),
             bootstrap_timeout: secs("SCALEFREE_BOOTSTRAP_TIMEOUT", 120),
+            // A bad value is reported by `Device::new` (through `transport_from_env`).
+            transport: Transport::parse(&std::env::var("SCALEFREE_TRANSPORT").unwrap_or_default()).unwrap_or(Transport::Auto),
         }
     }
 }
 
 pub(crate) struct PeerInfo {
     pub(crate) pid: u32,
-    pub(crate) ctrl: Mapping,
+    /// The peer's control segment, mapped here (shared memory only).
+    pub(crate) ctrl: Option<Mapping>,
     pub(crate) watch: Option<PidWatch>,
     pub(crate) cma: bool,
 }
 
 pub(crate) struct DeviceInner {
+    /// The UCX endpoints when peers are reached over UCX (dropped first: it stops the
+    /// progress thread, which writes into our control segment).
+    pub(crate) net: Option<ucx::Net>,
+    /// Remote keys of peers' UCX regions seen in `exchange_regions`, for `attach`.
+    rkeys: Mutex<HashMap<(u32, u64), Weak<ucx::RemoteKey>>>,
     pub(crate) job: JobInfo,
     pub(crate) peers: Vec<PeerInfo>,
     _ctrl_fd: OwnedFd,
@@ -90,6 +130,17 @@ fn random_u64() -> u64 {
 impl Device {
     /// Joins the job described by `job`: rendezvous, then maps every peer's control segment.
     pub fn new(job: JobInfo, opts: DeviceOptions) -> Result<Self> {
+        if let Ok(v) = std::env::var("SCALEFREE_TRANSPORT") {
+            Transport::parse(&v)?;
+        }
+        let use_ucx = match opts.transport {
+            Transport::Ucx => job.size > 1,
+            Transport::Auto => !job.single_host(),
+            Transport::Shm => false,
+        };
+        if use_ucx {
+            return Self::new_ucx(job, opts);
+        }
         if !job.single_host() {
             return Err(Error::Unsupported(format!(
                 "ranks span hosts ({} of {} on this host); the shared-memory backend needs all ranks on one host",
@@ -121,7 +172,8 @@ impl Device {
             } else {
                 shm::map_shared(fd.as_raw_fd(), CTRL_LEN, false)?
             };
-            let magic = unsafe { (map.as_ptr() as *const u64).read_volatile() };
+            let map = Some(map);
+            let magic = unsafe { (map.as_ref().unwrap().as_ptr() as *const u64).read_volatile() };
             if magic != CTRL_MAGIC {
                 return Err(Error::Bootstrap(format!("rank {r}'s control segment is not a scalefree device")));
             }
@@ -135,6 +187,8 @@ impl Device {
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         Ok(Device {
             inner: Arc::new(DeviceInner {
+                net: None,
+                rkeys: Mutex::new(HashMap::new()),
                 job,
                 peers,
                 _ctrl_fd: ctrl_fd,
@@ -146,6 +200,60 @@ impl Device {
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
+    }
+
+    /// Every peer over UCX: the control segment stays local (notifications arrive as active
+    /// messages), and regions are registered with UCX.
+    fn new_ucx(job: JobInfo, opts: DeviceOptions) -> Result<Self> {
+        ucx::describe()?;
+        let mut rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
+        let me = job.rank;
+        let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
+        let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
+        let items = rv.exchange(&std::process::id().to_le_bytes(), None)?;
+        let pids: Vec<u32> = items.iter().map(|it| u32::from_le_bytes(it.bytes[0..4].try_into().unwrap_or([0; 4]))).collect();
+        let slots = unsafe { ctrl.as_ptr().add(OFF_SLOTS) } as *const AtomicU32;
+        let waiters = unsafe { ctrl.as_ptr().add(OFF_WAITERS) } as *const AtomicU32;
+        let net = unsafe {
+            ucx::Net::new(me, job.size, slots, NOTIFY_SLOTS, waiters, &mut |b| {
+                Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
+            })?
+        };
+        let peers = pids.iter().enumerate().map(|(r, &pid)| PeerInfo {
+            pid,
+            ctrl: None,
+            watch: None,
+            cma: r as u32 == me,
+        }).collect::<Vec<_>>();
+        let mut peers = peers;
+        peers[me as usize].ctrl = Some(ctrl);
+        // Ranks on other hosts share cores with nobody here; on one host they do.
+        let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                net: Some(net),
+                rkeys: Mutex::new(HashMap::new()),
+                job,
+                peers,
+                _ctrl_fd: ctrl_fd,
+                policy,
+                rendezvous: Mutex::new(rv),
+                attached: Mutex::new(HashMap::new()),
+                local_regions: Mutex::new(Vec::new()),
+                interrupt_check: Mutex::new(None),
+                next_key: AtomicU64::new(random_u64() | 1),
+            }),
+        })
+    }
+
+    /// The UCX endpoints, when peers are reached over UCX.
+    pub fn net(&self) -> Option<&ucx::Net> {
+        self.inner.net.as_ref()
+    }
+
+    /// `"shm"` or `"ucx"`: the backend that carries this device's traffic.
+    pub fn transport_name(&self) -> &'static str {
+        if self.inner.net.is_some() { "ucx" } else { "shm" }
     }
 
     /// A device from the launcher's environment (`scalefree run`, mpirun, srun, torchrun).
@@ -195,6 +303,9 @@ impl Device {
     /// Errors with [`Error::PeerLost`] if any peer process has exited (no interrupt check:
     /// for background threads).
     pub fn check_alive(&self) -> Result<()> {
+        if let Some(net) = &self.inner.net {
+            net.check_alive()?;
+        }
         for (r, p) in self.inner.peers.iter().enumerate() {
             if let Some(w) = &p.watch {
                 if !w.alive() {
@@ -234,16 +345,20 @@ impl Device {
         let key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
         let fd = shm::create_memfd(&format!("r{}-{key:016x}", self.rank()), nbytes)?;
         let map = if sparse { shm::map_sparse(fd.as_raw_fd(), nbytes)? } else { shm::map_shared(fd.as_raw_fd(), nbytes, true)? };
+        let reg = match &self.inner.net {
+            Some(net) => Some(net.register(map.as_ptr(), nbytes, key)?),
+            None => None,
+        };
         let handle = RegionHandle {
             owner: self.rank(),
             pid: std::process::id(),
-            kind: RegionKind::Shm,
+            kind: if reg.is_some() { RegionKind::Ucx } else { RegionKind::Shm },
             fd: fd.as_raw_fd(),
             addr: map.as_ptr() as u64,
             len: nbytes as u64,
             key,
         };
-        let inner = Arc::new(RegionInner { backing: Backing::Shm { map, _fd: fd }, handle });
+        let inner = Arc::new(RegionInner { reg, backing: Backing::Shm { map, _fd: fd }, handle });
         let mut regs = self.inner.local_regions.lock().unwrap();
         regs.retain(|(_, _, w)| w.strong_count() > 0);
         regs.push((handle.addr as usize, nbytes, Arc::downgrade(&inner)));
@@ -270,8 +385,16 @@ impl Device {
     /// # Safety
     /// `ptr..ptr+len` must stay valid while the region (or a peer's use of its handle) lives.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
-        let handle = self.process_handle(ptr, len);
-        Ok(Region { inner: Arc::new(RegionInner { backing: Backing::Process { ptr }, handle }) })
+        let mut handle = self.process_handle(ptr, len);
+        let reg = match &self.inner.net {
+            Some(net) => {
+                handle.key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
+                handle.kind = RegionKind::Ucx;
+                Some(net.register(ptr, len, handle.key)?)
+            }
+            None => None,
+        };
+        Ok(Region { inner: Arc::new(RegionInner { reg, backing: Backing::Process { ptr }, handle }) })
     }
 
     /// The handle of ordinary memory of this process, reachable by cross-memory attach.
@@ -301,19 +424,28 @@ impl Device {
             )));
         }
         match handle.kind {
+            RegionKind::Ucx => {
+                let known = self.inner.rkeys.lock().unwrap().get(&(owner, handle.key)).and_then(|w| w.upgrade());
+                match known {
+                    Some(rk) => Ok(RemoteRegion { handle: *handle, map: None, rkey: Some(rk) }),
+                    None => Err(Error::Unsupported(format!(
+                        "rank {owner}'s UCX region {:016x} is not known here: pass UCX regions through exchange_regions", handle.key
+                    ))),
+                }
+            }
             RegionKind::Process => {
                 if !peer.cma {
                     return Err(Error::Unsupported(format!(
                         "cross-memory attach to rank {owner} is not permitted; use a region from alloc_region"
                     )));
                 }
-                Ok(RemoteRegion { handle: *handle, map: None })
+                Ok(RemoteRegion { handle: *handle, map: None, rkey: None })
             }
             RegionKind::Shm => {
                 let k = (owner, handle.key);
                 if let Some(m) = self.inner.attached.lock().unwrap().get(&k) {
                     if m.len() as u64 == handle.len {
-                        return Ok(RemoteRegion { handle: *handle, map: Some(m.clone()) });
+                        return Ok(RemoteRegion { handle: *handle, map: Some(m.clone()), rkey: None });
                     }
                 }
                 let fd = shm::open_peer_fd(handle.pid, handle.fd).map_err(|e| match e {
@@ -338,13 +470,35 @@ impl Device {
         let mut cache = self.inner.attached.lock().unwrap();
         cache.retain(|_, v| Arc::strong_count(v) > 1);
         cache.insert((handle.owner, handle.key), m.clone());
-        Ok(RemoteRegion { handle: *handle, map: Some(m) })
+        Ok(RemoteRegion { handle: *handle, map: Some(m), rkey: None })
     }
 
     /// Collective: every rank passes one of its regions and gets every rank's, attached.
     /// Descriptors travel over the bootstrap socket, so this works without `/proc` access.
     pub fn exchange_regions(&self, region: &Region) -> Result<Vec<RemoteRegion>> {
         let h = region.handle();
+        if let Some(net) = &self.inner.net {
+            // Handle and packed remote key travel together.
+            let Some(reg) = &region.inner.reg else {
+                return Err(Error::InvalidArgument("exchange_regions needs a region of this device".into()));
+            };
+            let mut bytes = h.to_bytes().to_vec();
+            bytes.extend_from_slice(&reg.rkey);
+            let all = self.exchange_bytes(&bytes)?;
+            let mut out = Vec::with_capacity(all.len());
+            for b in all {
+                if b.len() < RegionHandle::BYTES {
+                    return Err(Error::Bootstrap("a rank sent a short region handle".into()));
+                }
+                let ph = RegionHandle::from_bytes(&b[..RegionHandle::BYTES])?;
+                let rk = net.remote_key(ph.owner, ph.addr, &b[RegionHandle::BYTES..])?;
+                let mut cache = self.inner.rkeys.lock().unwrap();
+                cache.retain(|_, w| w.strong_count() > 0);
+                cache.insert((ph.owner, ph.key), Arc::downgrade(&rk));
+                out.push(RemoteRegion { handle: ph, map: None, rkey: Some(rk) });
+            }
+            return Ok(out);
+        }
         let fd = match &region.inner.backing {
             Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
             Backing::Process { .. } => None,
@@ -358,7 +512,7 @@ impl Device {
                     let m = Arc::new(shm::map_sparse(fd.as_raw_fd(), h.len as usize)?);
                     // Later `attach` calls for this region find the mapping here.
                     self.inner.attached.lock().unwrap().insert((h.owner, h.key), m.clone());
-                    out.push(RemoteRegion { handle: h, map: Some(m) });
+                    out.push(RemoteRegion { handle: h, map: Some(m), rkey: None });
                 }
                 _ => out.push(self.attach(&h)?),
             }
@@ -370,6 +524,9 @@ impl Device {
     /// allocated from it are addressable by all ranks without copies. Keep the returned
     /// remote regions alive as long as peers' arena buffers may be used.
     pub fn create_arena(&self, opts: &crate::arena::ArenaOptions) -> Result<(Arc<crate::arena::Arena>, Vec<RemoteRegion>)> {
+        if self.inner.net.is_some() {
+            return Err(Error::Unsupported("the registered arena is for shared memory; over UCX buffers are staged".into()));
+        }
         // Every rank learns whether every rank could reserve its arena, so that a failure on
         // one (e.g. an address-space limit) is the same error everywhere instead of a hang.
         let mine = self.alloc_arena_region(opts.capacity_bytes);
@@ -400,11 +557,11 @@ impl Device {
     }
 
     pub(crate) fn slot_of(&self, rank: u32, slot: usize) -> &AtomicU32 {
-        let m = &self.inner.peers[rank as usize].ctrl;
+        let m = self.inner.peers[rank as usize].ctrl.as_ref().expect("peer's control segment is mapped (shared memory)");
         unsafe { &*(m.as_ptr().add(OFF_SLOTS + slot * 4) as *const AtomicU32) }
     }
     pub(crate) fn waiters_of(&self, rank: u32) -> &AtomicU32 {
-        let m = &self.inner.peers[rank as usize].ctrl;
+        let m = self.inner.peers[rank as usize].ctrl.as_ref().expect("peer's control segment is mapped (shared memory)");
         unsafe { &*(m.as_ptr().add(OFF_WAITERS) as *const AtomicU32) }
     }
 
@@ -424,14 +581,16 @@ impl Device {
         if let Some(t) = timeout {
             policy.timeout = t;
         }
-        wait::wait_until(word, self.waiters_of(me), |v| v != 0, &policy,
-            &|| format!("a notification in slot {slot}"), &|| self.check_peers())?;
+        self.wait_with(word, self.waiters_of(me), |v| v != 0, &policy, &|| format!("a notification in slot {slot}"))?;
         Ok(word.swap(0, Ordering::AcqRel))
     }
 
     /// Consumes and returns the notification in `slot`, if there is one.
     pub fn test(&self, slot: usize) -> Result<Option<u32>> {
         Self::check_slot(slot)?;
+        if let Some(net) = &self.inner.net {
+            net.progress();
+        }
         let v = self.slot_of(self.rank(), slot).swap(0, Ordering::AcqRel);
         Ok((v != 0).then_some(v))
     }
@@ -444,6 +603,39 @@ impl Device {
         ready: impl FnMut(u32) -> bool,
         what: &dyn Fn() -> String,
     ) -> Result<u32> {
-        wait::wait_until(word, waiters, ready, &self.inner.policy, what, &|| self.check_peers())
+        self.wait_with(word, waiters, ready, &self.inner.policy, what)
+    }
+
+    /// Waits on a word of this host with `policy`: over UCX, spinning drives the worker's
+    /// progress (arrivals run their handlers) before parking.
+    pub fn wait_with(
+        &self,
+        word: &AtomicU32,
+        waiters: &AtomicU32,
+        mut ready: impl FnMut(u32) -> bool,
+        policy: &WaitPolicy,
+        what: &dyn Fn() -> String,
+    ) -> Result<u32> {
+        match &self.inner.net {
+            None => wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers()),
+            Some(net) => wait::wait_until(word, waiters, |v| {
+                if ready(v) {
+                    return true;
+                }
+                net.progress();
+                ready(word.load(Ordering::Acquire))
+            }, policy, what, &|| self.check_peers()),
+        }
+    }
+
+    /// This rank's notification slot `slot` (a word that peers' notifications raise).
+    pub fn my_slot(&self, slot: usize) -> Result<&AtomicU32> {
+        Self::check_slot(slot)?;
+        Ok(self.slot_of(self.rank(), slot))
+    }
+
+    /// The waiter count that goes with [`Device::my_slot`].
+    pub fn my_waiters(&self) -> &AtomicU32 {
+        self.waiters_of(self.rank())
     }
 }

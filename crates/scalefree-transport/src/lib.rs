@@ -22,6 +22,6 @@ pub mod wait;
 pub use bootstrap::{JobInfo, Launcher};
 pub use arena::{Arena, ArenaOptions, Block};
 pub use channel::{Channel, Completion};
-pub use device::{Device, DeviceOptions, NOTIFY_SLOTS};
+pub use device::{Device, DeviceOptions, Transport, NOTIFY_SLOTS};
 pub use error::{Error, Result};
 pub use region::{Region, RegionHandle, RegionKind, RemoteRegion};

@@ -14,6 +14,8 @@ pub enum RegionKind {
     Shm = 1,
     /// Ordinary process memory: peers reach it by cross-memory attach (one kernel copy).
     Process = 2,
+    /// Memory registered with UCX: peers reach it with one-sided puts and gets.
+    Ucx = 3,
 }
 
 /// What a peer needs to address a region: 48 bytes, see [`RegionHandle::to_bytes`].
@@ -59,6 +61,7 @@ impl RegionHandle {
         let kind = match u32_at(8) {
             1 => RegionKind::Shm,
             2 => RegionKind::Process,
+            3 => RegionKind::Ucx,
             k => return Err(Error::InvalidArgument(format!("unknown region kind {k} in handle"))),
         };
         Ok(RegionHandle {
@@ -80,6 +83,8 @@ pub(crate) enum Backing {
 }
 
 pub(crate) struct RegionInner {
+    /// UCX registration (dropped before the memory it covers).
+    pub(crate) reg: Option<crate::backends::ucx::Registration>,
     pub(crate) backing: Backing,
     pub(crate) handle: RegionHandle,
 }
@@ -150,6 +155,8 @@ pub(crate) fn check_range(len: usize, off: usize, n: usize, what: &str) -> Resul
 pub struct RemoteRegion {
     pub handle: RegionHandle,
     pub(crate) map: Option<Arc<Mapping>>,
+    /// The unpacked remote key, for a peer's region reached over UCX.
+    pub(crate) rkey: Option<Arc<crate::backends::ucx::RemoteKey>>,
 }
 
 impl std::fmt::Debug for RemoteRegion {

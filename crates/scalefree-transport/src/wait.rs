@@ -63,6 +63,14 @@ pub fn publish(word: &AtomicU32, waiters: &AtomicU32, value: u32) {
     }
 }
 
+/// Wakes waiters parked on `word` if there are any (after a store made elsewhere).
+#[inline]
+pub fn wake_if_waiting(word: &AtomicU32, waiters: &AtomicU32) {
+    if waiters.load(Ordering::SeqCst) != 0 {
+        futex_wake(word);
+    }
+}
+
 /// Adds one to `word` (a doorbell) and wakes parked waiters, if any. Unlike [`publish`],
 /// every call changes the word, so concurrent ringers never cancel out.
 #[inline]

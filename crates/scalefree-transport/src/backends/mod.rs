@@ -3,3 +3,4 @@
 //! reaches a peer's region).
 
 pub mod shm;
+pub mod ucx;

@@ -1,0 +1,647 @@
+//! UCX backend: ranks on different hosts (or any ranks, with `SCALEFREE_TRANSPORT=ucx`).
+//!
+//! The same pieces as the shared-memory backend:
+//! * **memory**: a region is a local memfd mapping registered with `ucp_mem_map`; its packed
+//!   remote key travels beside the handle (see [`Net::exchange_rkeys`]);
+//! * **copies**: `write` is `ucp_put_nbx`, `read` is `ucp_get_nbx`;
+//! * **notifications**: an active message whose handler stores the value in the target's
+//!   notification slot and wakes a parked waiter. `notify` after `write` flushes the endpoint
+//!   first (remote completion of the put), so the data is in place before the notification
+//!   is seen: ordering by flush. `write_notify` sends the data and the notification as one
+//!   active message (eager, or rendezvous into the region for large data); the handler
+//!   publishes the notification only once the data has landed.
+//!
+//! Waiting: a caller spins briefly calling `ucp_worker_progress`, then parks on the same
+//! futex words as the shared-memory backend. A progress thread sleeps on the worker's event
+//! file descriptor (`ucp_worker_arm` + `poll`) and runs the handlers when traffic arrives, so
+//! nobody busy-polls the network without bound.
+
+pub mod ffi;
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ffi::*;
+
+use crate::error::{Error, Result};
+use crate::wait::{self, WaitPolicy};
+
+const AM_NOTIFY: u32 = 0x5346_0001 & 0xffff;
+const AM_WRITE: u32 = 0x5346_0002 & 0xffff;
+
+/// Header of a write-with-notification active message.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WriteHeader {
+    key: u64,
+    offset: u64,
+    slot: u32,
+    value: u32,
+}
+
+/// Header of a notification active message.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct NotifyHeader {
+    slot: u32,
+    value: u32,
+}
+
+/// A region registered with UCX; unregistered on drop.
+pub struct Registration {
+    shared: Arc<Shared>,
+    memh: ucp_mem_h,
+    key: u64,
+    /// The packed remote key, sent to peers.
+    pub rkey: Vec<u8>,
+}
+unsafe impl Send for Registration {}
+unsafe impl Sync for Registration {}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.shared.regions.lock().unwrap().remove(&self.key);
+        unsafe { (self.shared.ucp.mem_unmap)(self.shared.ctx, self.memh) };
+    }
+}
+
+/// A peer's region as seen from here: its address and the unpacked remote key.
+pub struct RemoteKey {
+    shared: Arc<Shared>,
+    pub peer: u32,
+    rkey: ucp_rkey_h,
+    pub addr: u64,
+}
+unsafe impl Send for RemoteKey {}
+unsafe impl Sync for RemoteKey {}
+
+impl Drop for RemoteKey {
+    fn drop(&mut self) {
+        unsafe { (self.shared.ucp.rkey_destroy)(self.rkey) };
+    }
+}
+
+struct LocalReg {
+    addr: usize,
+    len: usize,
+}
+
+/// State the progress thread, handlers and callers share.
+pub(crate) struct Shared {
+    ucp: &'static Ucp,
+    ctx: ucp_context_h,
+    worker: ucp_worker_h,
+    me: u32,
+    /// An endpoint per rank (this one too: writes to itself go through UCX's `self`).
+    eps: std::sync::OnceLock<Vec<ucp_ep_h>>,
+    /// The error handler's argument per endpoint; freed with the endpoints.
+    err_args: Mutex<Vec<Box<(std::sync::Weak<Shared>, u32)>>>,
+    /// Why each peer was lost (set by the endpoint error handler), if it was.
+    lost: Vec<Mutex<Option<String>>>,
+    any_lost: AtomicBool,
+    regions: Mutex<HashMap<u64, LocalReg>>,
+    /// This rank's notification slots and their waiter count (in the device's control
+    /// segment, which outlives the progress thread).
+    slots: *const AtomicU32,
+    nslots: usize,
+    waiters: *const AtomicU32,
+    stop: AtomicBool,
+}
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let u = self.ucp;
+        unsafe {
+            for &ep in self.eps.get().map(|v| v.as_slice()).unwrap_or(&[]) {
+                if !ep.is_null() {
+                    let mut p = ucp_request_param_t::zeroed();
+                    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+                    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+                    let r = (u.ep_close_nbx)(ep, &p);
+                    if !r.is_null() && !ptr_is_err(r) {
+                        while (u.request_check_status)(r) == UCS_INPROGRESS {
+                            (u.worker_progress)(self.worker);
+                        }
+                        (u.request_free)(r);
+                    }
+                }
+            }
+            (u.worker_destroy)(self.worker);
+            (u.cleanup)(self.ctx);
+        }
+    }
+}
+
+impl Shared {
+    fn slot(&self, slot: u32) -> Option<&AtomicU32> {
+        ((slot as usize) < self.nslots).then(|| unsafe { &*self.slots.add(slot as usize) })
+    }
+    /// Raises `slot` to `value` (sequence order: a late, smaller value never lowers it) and
+    /// wakes waiters.
+    fn publish(&self, slot: u32, value: u32) {
+        if let Some(w) = self.slot(slot) {
+            let mut cur = w.load(Ordering::Acquire);
+            while cur == 0 || wait::seq_reached(value, cur) {
+                match w.compare_exchange_weak(cur, value, Ordering::SeqCst, Ordering::Acquire) {
+                    Ok(_) => break,
+                    Err(v) => cur = v,
+                }
+            }
+            wait::wake_if_waiting(w, unsafe { &*self.waiters });
+        }
+    }
+    fn progress(&self) -> u32 {
+        unsafe { (self.ucp.worker_progress)(self.worker) }
+    }
+}
+
+/// Completion state of one UCX request, shared with its callback.
+struct Pending {
+    done: AtomicU32,
+    status: AtomicU32,
+    waiters: AtomicU32,
+    /// For a notification published when a rendezvous receive completes.
+    notify: Option<(Arc<Shared>, u32, u32)>,
+}
+
+unsafe extern "C" fn send_cb(request: *mut c_void, status: ucs_status_t, user: *mut c_void) {
+    let p = unsafe { Arc::from_raw(user as *const Pending) };
+    finish_pending(&p, status);
+    unsafe { (ucp_static().request_free)(request) };
+}
+
+unsafe extern "C" fn recv_data_cb(request: *mut c_void, status: ucs_status_t, _len: usize, user: *mut c_void) {
+    unsafe { send_cb(request, status, user) }
+}
+
+fn finish_pending(p: &Pending, status: ucs_status_t) {
+    p.status.store(status as u32, Ordering::Release);
+    if let Some((sh, slot, value)) = &p.notify {
+        if status == UCS_OK && *value != 0 {
+            sh.publish(*slot, *value);
+        }
+    }
+    wait::publish(&p.done, &p.waiters, 1);
+}
+
+fn ucp_static() -> &'static Ucp {
+    ffi::ucp().expect("UCX callbacks run only after UCX was loaded")
+}
+
+unsafe extern "C" fn err_cb(arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_t) {
+    // `arg` is a pointer to (Shared, peer) made at endpoint creation.
+    let (sh, peer) = unsafe { &*(arg as *const (std::sync::Weak<Shared>, u32)) };
+    if let Some(sh) = sh.upgrade() {
+        let why = sh.ucp.status(status);
+        *sh.lost[*peer as usize].lock().unwrap() = Some(why);
+        sh.any_lost.store(true, Ordering::SeqCst);
+        // Wake every waiter so it re-checks liveness now rather than at its next interval.
+        for s in 0..sh.nslots {
+            let w = unsafe { &*sh.slots.add(s) };
+            wait::wake_if_waiting(w, unsafe { &*sh.waiters });
+        }
+    }
+}
+
+unsafe extern "C" fn am_notify(
+    arg: *mut c_void,
+    header: *const c_void,
+    hlen: usize,
+    _data: *mut c_void,
+    _len: usize,
+    _param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    let sh = unsafe { &*(arg as *const Shared) };
+    if hlen == std::mem::size_of::<NotifyHeader>() {
+        let h = unsafe { (header as *const NotifyHeader).read_unaligned() };
+        sh.publish(h.slot, h.value);
+    }
+    UCS_OK
+}
+
+unsafe extern "C" fn am_write(
+    arg: *mut c_void,
+    header: *const c_void,
+    hlen: usize,
+    data: *mut c_void,
+    len: usize,
+    param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    let sh_ptr = arg as *const Shared;
+    let sh = unsafe { &*sh_ptr };
+    if hlen != std::mem::size_of::<WriteHeader>() {
+        return UCS_OK;
+    }
+    let h = unsafe { (header as *const WriteHeader).read_unaligned() };
+    let target = {
+        let regs = sh.regions.lock().unwrap();
+        regs.get(&h.key).and_then(|r| {
+            let end = (h.offset as usize).checked_add(len)?;
+            (end <= r.len).then(|| r.addr + h.offset as usize)
+        })
+    };
+    let Some(dst) = target else {
+        // A write to a region that is gone or out of its bounds: dropped (the sender checked
+        // bounds against the handle; this only happens after the region was freed).
+        return UCS_OK;
+    };
+    let rndv = unsafe { (*param).recv_attr } & UCP_AM_RECV_ATTR_FLAG_RNDV != 0;
+    if !rndv {
+        unsafe { std::ptr::copy_nonoverlapping(data as *const u8, dst as *mut u8, len) };
+        if h.value != 0 {
+            sh.publish(h.slot, h.value);
+        }
+        return UCS_OK;
+    }
+    // Large data: receive it straight into the region, notify when it has landed.
+    let strong = unsafe {
+        Arc::increment_strong_count(sh_ptr);
+        Arc::from_raw(sh_ptr)
+    };
+    let pending = Arc::new(Pending {
+        done: AtomicU32::new(0),
+        status: AtomicU32::new(0),
+        waiters: AtomicU32::new(0),
+        notify: Some((strong, h.slot, h.value)),
+    });
+    let mut p = ucp_request_param_t::zeroed();
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb = recv_data_cb as *const c_void;
+    let user = Arc::into_raw(pending.clone());
+    p.user_data = user as *mut c_void;
+    let r = unsafe { (sh.ucp.am_recv_data_nbx)(sh.worker, data, dst as *mut c_void, len, &p) };
+    if r.is_null() || ptr_is_err(r) {
+        drop(unsafe { Arc::from_raw(user) });
+        finish_pending(&pending, if r.is_null() { UCS_OK } else { ptr_status(r) });
+    }
+    UCS_INPROGRESS
+}
+
+/// One rank's UCX endpoint set: context, worker, an endpoint per peer, and the progress
+/// thread. Dropping it stops the thread; the UCX objects go when the last region or remote
+/// key referring to them does.
+pub struct Net {
+    pub(crate) shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What UCX was found and what it offers, for `scalefree info` and error messages.
+pub fn describe() -> Result<String> {
+    let u = ffi::ucp()?;
+    Ok(format!("UCX {}.{}.{} ({})", u.version.0, u.version.1, u.version.2, u.path))
+}
+
+impl Net {
+    /// Collective: creates the worker, swaps worker addresses with every rank through
+    /// `exchange` (all ranks' bytes, by rank), and connects to every peer.
+    ///
+    /// # Safety
+    /// `slots` (`nslots` words) and `waiters` must stay valid until the returned value drops.
+    pub unsafe fn new(
+        me: u32,
+        size: u32,
+        slots: *const AtomicU32,
+        nslots: usize,
+        waiters: *const AtomicU32,
+        exchange: &mut dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>>,
+    ) -> Result<Net> {
+        let u = ffi::ucp()?;
+        set_default_env();
+        let mut config: *mut ucp_config_t = std::ptr::null_mut();
+        u.check(unsafe { (u.config_read)(std::ptr::null(), std::ptr::null(), &mut config) }, "ucp_config_read")?;
+        let mut params: ucp_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+        params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+        let name = std::ffi::CString::new(format!("scalefree-r{me}")).unwrap();
+        params.name = name.as_ptr();
+        let mut ctx: ucp_context_h = std::ptr::null_mut();
+        let s = unsafe { (u.init_version)(API_MAJOR, API_MINOR, &params, config, &mut ctx) };
+        unsafe { (u.config_release)(config) };
+        u.check(s, "ucp_init")?;
+        let mut wp: ucp_worker_params_t = unsafe { std::mem::zeroed() };
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        wp.thread_mode = UCS_THREAD_MODE_MULTI;
+        let mut worker: ucp_worker_h = std::ptr::null_mut();
+        let s = unsafe { (u.worker_create)(ctx, &wp, &mut worker) };
+        if s != UCS_OK {
+            unsafe { (u.cleanup)(ctx) };
+            return Err(Error::Unsupported(format!("ucp_worker_create: {}", u.status(s))));
+        }
+        let mut efd: c_int = -1;
+        let s = unsafe { (u.worker_get_efd)(worker, &mut efd) };
+        if s != UCS_OK {
+            unsafe { (u.worker_destroy)(worker); (u.cleanup)(ctx) };
+            return Err(Error::Unsupported(format!("ucp_worker_get_efd: {}", u.status(s))));
+        }
+        // Our worker address, swapped with every rank.
+        let mut attr: ucp_worker_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+        u.check(unsafe { (u.worker_query)(worker, &mut attr) }, "ucp_worker_query")?;
+        let addr = unsafe { std::slice::from_raw_parts(attr.address as *const u8, attr.address_length) }.to_vec();
+        unsafe { (u.worker_release_address)(worker, attr.address) };
+        let all = exchange(&addr)?;
+        if all.len() != size as usize {
+            return Err(Error::Bootstrap(format!("address exchange returned {} of {size} ranks", all.len())));
+        }
+        let shared = Arc::new(Shared {
+            ucp: u,
+            ctx,
+            worker,
+            me,
+            eps: std::sync::OnceLock::new(),
+            err_args: Mutex::new(Vec::new()),
+            lost: (0..size).map(|_| Mutex::new(None)).collect(),
+            any_lost: AtomicBool::new(false),
+            regions: Mutex::new(HashMap::new()),
+            slots,
+            nslots,
+            waiters,
+            stop: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&shared);
+        let mut eps = vec![std::ptr::null_mut(); size as usize];
+        for (r, peer_addr) in all.iter().enumerate() {
+            let arg = Box::new((weak.clone(), r as u32));
+            let mut ep_params: ucp_ep_params_t = unsafe { std::mem::zeroed() };
+            ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+            ep_params.address = peer_addr.as_ptr() as *const c_void;
+            ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+            ep_params.err_cb = Some(err_cb);
+            ep_params.err_arg = &*arg as *const _ as *mut c_void;
+            let mut ep: ucp_ep_h = std::ptr::null_mut();
+            if let Err(e) = u.check(unsafe { (u.ep_create)(worker, &ep_params, &mut ep) }, &format!("ucp_ep_create to rank {r}")) {
+                let _ = shared.eps.set(eps);
+                return Err(e);
+            }
+            eps[r] = ep;
+            shared.err_args.lock().unwrap().push(arg);
+        }
+        let _ = shared.eps.set(eps);
+        // Active-message handlers get the shared state as their argument.
+        for (id, cb) in [(AM_NOTIFY, am_notify as AmCb), (AM_WRITE, am_write as AmCb)] {
+            let hp = ucp_am_handler_param_t {
+                field_mask: UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                id,
+                flags: UCP_AM_FLAG_WHOLE_MSG,
+                cb: Some(cb),
+                arg: Arc::as_ptr(&shared) as *mut c_void,
+            };
+            u.check(unsafe { (u.worker_set_am_recv_handler)(worker, &hp) }, "ucp_worker_set_am_recv_handler")?;
+        }
+        let th = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("sf-ucx-progress-{me}"))
+            .spawn(move || progress_loop(&th, efd))
+            .map_err(|e| Error::io("spawn UCX progress thread", e))?;
+        let net = Net { shared, thread: Some(thread) };
+        // Wire up every endpoint before anyone relies on it (connection set-up is lazy).
+        for r in 0..size {
+            if r != me {
+                net.flush(r)?;
+            }
+        }
+        exchange(&[])?;
+        Ok(net)
+    }
+
+    pub fn ucp(&self) -> &'static Ucp {
+        self.shared.ucp
+    }
+
+    /// Runs the handlers of whatever has arrived (callers do this while they spin).
+    pub fn progress(&self) -> u32 {
+        self.shared.progress()
+    }
+
+    /// `PeerLost` for the first peer whose endpoint failed.
+    pub fn check_alive(&self) -> Result<()> {
+        if !self.shared.any_lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        for (r, l) in self.shared.lost.iter().enumerate() {
+            if let Some(why) = l.lock().unwrap().as_ref() {
+                return Err(Error::PeerLost { rank: r as u32, pid: 0, detail: format!("UCX endpoint failed: {why}") });
+            }
+        }
+        Ok(())
+    }
+
+    fn lost_error(&self, peer: u32, what: &str, status: ucs_status_t) -> Error {
+        if let Some(why) = self.shared.lost[peer as usize].lock().unwrap().as_ref() {
+            return Error::PeerLost { rank: peer, pid: 0, detail: format!("{what}: {why}") };
+        }
+        Error::Io {
+            what: format!("{what} (rank {peer})"),
+            source: std::io::Error::other(self.shared.ucp.status(status)),
+        }
+    }
+
+    /// Registers `len` bytes at `addr` (a region's mapping) under `key`.
+    pub fn register(&self, addr: *mut u8, len: usize, key: u64) -> Result<Registration> {
+        let u = self.shared.ucp;
+        let mut mp: ucp_mem_map_params_t = unsafe { std::mem::zeroed() };
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        mp.address = addr as *mut c_void;
+        mp.length = len.max(1);
+        let mut memh: ucp_mem_h = std::ptr::null_mut();
+        u.check(unsafe { (u.mem_map)(self.shared.ctx, &mp, &mut memh) }, "ucp_mem_map")?;
+        let mut buf: *mut c_void = std::ptr::null_mut();
+        let mut n = 0usize;
+        if let Err(e) = u.check(unsafe { (u.rkey_pack)(self.shared.ctx, memh, &mut buf, &mut n) }, "ucp_rkey_pack") {
+            unsafe { (u.mem_unmap)(self.shared.ctx, memh) };
+            return Err(e);
+        }
+        let rkey = unsafe { std::slice::from_raw_parts(buf as *const u8, n) }.to_vec();
+        unsafe { (u.rkey_buffer_release)(buf) };
+        self.shared.regions.lock().unwrap().insert(key, LocalReg { addr: addr as usize, len });
+        Ok(Registration { shared: self.shared.clone(), memh, key, rkey })
+    }
+
+    /// Unpacks a peer's packed remote key for its region at `addr`.
+    pub fn remote_key(&self, peer: u32, addr: u64, packed: &[u8]) -> Result<Arc<RemoteKey>> {
+        let u = self.shared.ucp;
+        let mut rkey: ucp_rkey_h = std::ptr::null_mut();
+        let ep = self.ep(peer)?;
+        u.check(unsafe { (u.ep_rkey_unpack)(ep, packed.as_ptr() as *const c_void, &mut rkey) }, &format!("ucp_ep_rkey_unpack (rank {peer})"))?;
+        Ok(Arc::new(RemoteKey { shared: self.shared.clone(), peer, rkey, addr }))
+    }
+
+    fn ep(&self, peer: u32) -> Result<ucp_ep_h> {
+        self.shared.eps.get().and_then(|v| v.get(peer as usize)).copied().filter(|e| !e.is_null())
+            .ok_or_else(|| Error::InvalidArgument(format!("no UCX endpoint to rank {peer}")))
+    }
+
+    /// Issues one request and waits for its local completion (buffers reusable).
+    fn run(&self, peer: u32, what: &str, policy: &WaitPolicy, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<()> {
+        let pending = Arc::new(Pending { done: AtomicU32::new(0), status: AtomicU32::new(0), waiters: AtomicU32::new(0), notify: None });
+        let mut p = ucp_request_param_t::zeroed();
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        p.cb = send_cb as *const c_void;
+        let user = Arc::into_raw(pending.clone());
+        p.user_data = user as *mut c_void;
+        let r = issue(&p);
+        if r.is_null() {
+            drop(unsafe { Arc::from_raw(user) });
+            return Ok(());
+        }
+        if ptr_is_err(r) {
+            drop(unsafe { Arc::from_raw(user) });
+            return Err(self.lost_error(peer, what, ptr_status(r)));
+        }
+        self.wait_word(&pending.done, &pending.waiters, |v| v != 0, policy, &|| format!("{what} to rank {peer} to complete"))?;
+        let st = pending.status.load(Ordering::Acquire) as ucs_status_t;
+        if st != UCS_OK {
+            return Err(self.lost_error(peer, what, st));
+        }
+        Ok(())
+    }
+
+    /// Waits on a local word while driving progress: spin with progress, then park (the
+    /// progress thread wakes us).
+    pub fn wait_word(&self, word: &AtomicU32, waiters: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String) -> Result<u32> {
+        wait::wait_until(word, waiters, |v| {
+            if ready(v) {
+                return true;
+            }
+            self.progress();
+            ready(word.load(Ordering::Acquire))
+        }, policy, what, &|| self.check_alive())
+    }
+
+    /// One-sided write of `n` bytes from `src` to `remote.addr + off`; returns once `src`
+    /// may be reused.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.run(remote.peer, "ucp_put_nbx", policy, &mut |p| unsafe {
+            (u.put_nbx)(ep, src as *const c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
+    /// One-sided read of `n` bytes at `remote.addr + off` into `dst`; returns once they are here.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must be writable.
+    pub unsafe fn get(&self, remote: &RemoteKey, off: usize, dst: *mut u8, n: usize, policy: &WaitPolicy) -> Result<()> {
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.run(remote.peer, "ucp_get_nbx", policy, &mut |p| unsafe {
+            (u.get_nbx)(ep, dst as *mut c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
+    /// Waits until every operation issued to `peer` has completed at the peer.
+    pub fn flush(&self, peer: u32) -> Result<()> {
+        let ep = self.ep(peer)?;
+        let u = self.shared.ucp;
+        let policy = WaitPolicy::for_load(1, std::time::Duration::from_secs(3600));
+        self.run(peer, "ucp_ep_flush_nbx", &policy, &mut |p| unsafe { (u.ep_flush_nbx)(ep, p) })
+    }
+
+    /// Delivers `value` into `peer`'s notification `slot`, after every earlier write to
+    /// that peer has landed (flush first).
+    pub fn notify(&self, peer: u32, slot: u32, value: u32, policy: &WaitPolicy) -> Result<()> {
+        self.flush(peer)?;
+        let h = NotifyHeader { slot, value };
+        let ep = self.ep(peer)?;
+        let u = self.shared.ucp;
+        self.run(peer, "ucp_am_send_nbx (notify)", policy, &mut |p| unsafe {
+            let mut p2 = std::ptr::read(p);
+            p2.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+            p2.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+            (u.am_send_nbx)(ep, AM_NOTIFY, &h as *const _ as *const c_void, std::mem::size_of::<NotifyHeader>(), std::ptr::null(), 0, &p2)
+        })
+    }
+
+    /// Writes `n` bytes from `src` into `peer`'s region `key` at `off` and then notifies
+    /// `slot` with `value` (0: no notification), as one active message.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_notify(&self, peer: u32, src: *const u8, n: usize, key: u64, off: usize, slot: u32, value: u32, policy: &WaitPolicy) -> Result<()> {
+        let h = WriteHeader { key, offset: off as u64, slot, value };
+        let ep = self.ep(peer)?;
+        let u = self.shared.ucp;
+        self.run(peer, "ucp_am_send_nbx (write)", policy, &mut |p| unsafe {
+            let mut p2 = std::ptr::read(p);
+            p2.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+            p2.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+            (u.am_send_nbx)(ep, AM_WRITE, &h as *const _ as *const c_void, std::mem::size_of::<WriteHeader>(), src as *const c_void, n, &p2)
+        })
+    }
+
+    /// The transports (`name/device`) the endpoint to `peer` uses, e.g. `["tcp/eth0"]`.
+    pub fn transports(&self, peer: u32) -> Result<Vec<String>> {
+        let ep = self.ep(peer)?;
+        let u = self.shared.ucp;
+        let mut attr: ucp_ep_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+        attr.entry_size = std::mem::size_of::<ucp_transport_entry_t>();
+        let mut storage: Vec<ucp_transport_entry_t> = (0..16).map(|_| ucp_transport_entry_t { transport_name: std::ptr::null(), device_name: std::ptr::null() }).collect();
+        attr.entries = storage.as_mut_ptr();
+        attr.num_entries = storage.len() as u32;
+        u.check(unsafe { (u.ep_query)(ep, &mut attr) }, "ucp_ep_query")?;
+        let mut out = Vec::new();
+        for e in storage.iter().take(attr.num_entries as usize) {
+            let s = |p: *const std::ffi::c_char| if p.is_null() { String::from("?") } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+            let t = format!("{}/{}", s(e.transport_name), s(e.device_name));
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.shared.me
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        unsafe { (self.shared.ucp.worker_signal)(self.shared.worker) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sleeps on the worker's event descriptor; runs handlers when anything arrives.
+fn progress_loop(sh: &Shared, efd: c_int) {
+    let u = sh.ucp;
+    while !sh.stop.load(Ordering::SeqCst) {
+        while sh.progress() != 0 {}
+        let s = unsafe { (u.worker_arm)(sh.worker) };
+        if s == UCS_ERR_BUSY {
+            continue;
+        }
+        let mut p = libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 };
+        unsafe { libc::poll(&mut p, 1, 100) };
+    }
+}
+
+/// Defaults that make a dead peer an error within seconds rather than minutes (each only
+/// when the user did not set it).
+fn set_default_env() {
+    for (k, v) in [
+        ("UCX_TCP_KEEPIDLE", "2s"),
+        ("UCX_TCP_KEEPINTVL", "1s"),
+        ("UCX_TCP_KEEPCNT", "5"),
+        ("UCX_KEEPALIVE_INTERVAL", "2s"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            // Only read by UCX at ucp_config_read, on this thread, before other threads use it.
+            std::env::set_var(k, v);
+        }
+    }
+}
