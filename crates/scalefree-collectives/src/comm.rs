@@ -167,7 +167,7 @@ pub struct Communicator {
     pub(crate) rank: u32,
     pub(crate) size: u32,
     pub(crate) seq: u32,
-    _ctrl: Region,
+    ctrl: Region,
     pub(crate) ctrls: Vec<RemoteRegion>,
     pub(crate) chans: Vec<Channel>,
     slot_bytes: usize,
@@ -177,6 +177,13 @@ pub struct Communicator {
     /// Staging region for buffers peers cannot address (no CMA, not in a region).
     pub(crate) staging: Option<Region>,
     pub(crate) peer_staging: Vec<Option<RemoteRegion>>,
+    /// Peers are reached over the network (nothing of theirs is mapped here): large calls
+    /// go through `dense::net`, headers through one write per peer.
+    pub(crate) net: bool,
+    /// Landing region of `dense::net` (grown on demand).
+    pub(crate) landing: Option<crate::dense::net::Landing>,
+    /// Per-peer send buffers of the header exchange over the network.
+    post_bufs: Vec<Vec<u8>>,
 }
 
 impl Communicator {
@@ -197,7 +204,8 @@ impl Communicator {
             rank,
             size,
             seq: 0,
-            _ctrl: ctrl,
+            net: ctrls.iter().any(|r| r.mapped_ptr().is_none()),
+            ctrl,
             ctrls,
             chans,
             slot_bytes,
@@ -205,7 +213,14 @@ impl Communicator {
             scratch,
             staging: None,
             peer_staging: (0..size).map(|_| None).collect(),
+            landing: None,
+            post_bufs: (0..size).map(|_| Vec::new()).collect(),
         })
+    }
+
+    /// Whether peers are reached over the network (UCX) rather than shared memory.
+    pub fn is_networked(&self) -> bool {
+        self.net
     }
 
     pub fn rank(&self) -> u32 {
@@ -222,6 +237,9 @@ impl Communicator {
     }
 
     fn ctrl_ptr(&self, rank: u32) -> *mut u8 {
+        if rank == self.rank {
+            return self.ctrl.as_ptr();
+        }
         self.ctrls[rank as usize].mapped_ptr().expect("control regions are shared memory")
     }
     pub(crate) fn word(&self, rank: u32, off: usize) -> &AtomicU32 {
@@ -267,7 +285,26 @@ impl Communicator {
         hdr.seq = seq;
         let me = self.rank;
         let peers: Vec<u32> = self.peers().collect();
-        for &p in &peers {
+        let mut sends = Vec::new();
+        if self.net {
+            // One write per peer: header and payload together, raising our flag there.
+            let mut bufs = std::mem::take(&mut self.post_bufs);
+            for &p in &peers {
+                let (ptr, n) = payload(p);
+                let b = &mut bufs[p as usize];
+                b.clear();
+                b.extend_from_slice(unsafe { std::slice::from_raw_parts(&hdr as *const Header as *const u8, HEADER_BYTES) });
+                if n > 0 {
+                    b.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, n) });
+                }
+                let off = self.inbox_off(me, seq);
+                sends.push(unsafe {
+                    self.chans[p as usize].start_write_raise(b.as_ptr(), &self.ctrls[p as usize], off, b.len(), OFF_FLAGS + me as usize * 64, seq)?
+                });
+            }
+            self.post_bufs = bufs;
+        }
+        for &p in peers.iter().filter(|_| !self.net) {
             let (ptr, n) = payload(p);
             debug_assert!(n <= self.opts.inline_bytes);
             let off = self.inbox_off(me, seq);
@@ -285,6 +322,9 @@ impl Communicator {
             self.dev.wait_word(self.flag(me, q), self.waiters(me), |v| seq_reached(v, seq), &what)?;
             let src = unsafe { self.ctrl_ptr(me).add(self.inbox_off(q, seq)) };
             headers[q as usize] = unsafe { std::ptr::read_volatile(src as *const Header) };
+        }
+        for c in sends {
+            c.wait()?;
         }
         // Everyone compares everyone, so every rank raises the same error.
         let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo);

@@ -23,7 +23,7 @@ where
             let f = f.clone();
             std::thread::spawn(move || {
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
-                let opts = DeviceOptions { timeout: Duration::from_secs(20), bootstrap_timeout: Duration::from_secs(30) };
+                let opts = DeviceOptions { timeout: Duration::from_secs(20), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
                 f(Device::new(job, opts).unwrap());
             })
         })

@@ -21,10 +21,14 @@ where
             let f = f.clone();
             std::thread::spawn(move || {
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30) };
+                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
                 let dev = Device::new(job, opts).unwrap();
                 let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0 };
                 let mut c = Communicator::new(dev, copts).unwrap();
+                // `SCALEFREE_TRANSPORT=ucx cargo test --test threads` runs this suite over UCX.
+                if n > 1 && std::env::var("SCALEFREE_TRANSPORT").is_ok_and(|t| t == "ucx") {
+                    assert!(c.is_networked() && c.device().transport_name() == "ucx");
+                }
                 f(&mut c);
             })
         })

@@ -8,6 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::backends::shm;
+use crate::backends::ucx::Note;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::region::{check_range, Region, RemoteRegion};
@@ -15,22 +16,39 @@ use crate::wait;
 
 /// The completion of a one-sided operation.
 #[must_use = "wait on the completion before reusing the buffer"]
-#[derive(Debug)]
 pub struct Completion {
-    done: bool,
+    /// An operation still in flight over UCX, and the device that drives its progress.
+    pending: Option<(Device, crate::backends::ucx::Request)>,
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Completion(done: {})", self.test())
+    }
 }
 
 impl Completion {
     pub(crate) fn done() -> Self {
-        Completion { done: true }
+        Completion { pending: None }
     }
     /// True once the operation's buffers may be reused.
     pub fn test(&self) -> bool {
-        self.done
+        match &self.pending {
+            None => true,
+            Some((dev, r)) => {
+                if let Some(net) = dev.net() {
+                    net.progress();
+                }
+                r.test()
+            }
+        }
     }
     /// Blocks until the operation has completed.
     pub fn wait(self) -> Result<()> {
-        Ok(())
+        match &self.pending {
+            None => Ok(()),
+            Some((dev, r)) => dev.net().expect("a pending completion belongs to a UCX device").wait_request(r, dev.policy()),
+        }
     }
 }
 
@@ -117,10 +135,51 @@ impl Channel {
     ///
     /// # Safety
     /// `src..src+n` must be readable.
+    /// [`Channel::write_notify_from`] that returns at once: `src` must stay untouched until
+    /// the completion is done (on shared memory it already is).
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the completion is done.
+    pub unsafe fn start_write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<Completion> {
+        Device::check_slot(slot)?;
+        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            check_range(remote.len(), remote_off, n, "write target")?;
+            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value))? };
+            return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
+        }
+        unsafe { self.write_notify_from(src, remote, remote_off, n, slot, value)? };
+        Ok(Completion::done())
+    }
+
+    /// Writes `n` bytes from `src` into the peer's `remote[remote_off..]`, then raises the
+    /// 32-bit word at `word_off` of the same region to `value` (sequence order: it never goes
+    /// down) and wakes whoever waits on it. The peer sees the data before the word. Returns
+    /// at once; `src` must stay untouched until the completion is done.
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the completion is done.
+    pub unsafe fn start_write_raise(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u32) -> Result<Completion> {
+        check_range(remote.len(), remote_off, n, "write target")?;
+        check_range(remote.len(), word_off, 4, "notification word")?;
+        if word_off % 4 != 0 {
+            return Err(Error::InvalidArgument(format!("notification word offset {word_off} is not 4-byte aligned")));
+        }
+        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Word(word_off as u64, value))? };
+            return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
+        }
+        let Some(base) = remote.mapped_ptr() else {
+            return Err(Error::Unsupported("start_write_raise needs a mapped or UCX region".into()));
+        };
+        unsafe { self.write_from(src, remote, remote_off, n)? };
+        wait::raise(unsafe { &*(base.add(word_off) as *const std::sync::atomic::AtomicU32) }, value);
+        Ok(Completion::done())
+    }
+
     pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;
-            return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, slot as u32, value, self.dev.policy()) };
+            return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value), self.dev.policy()) };
         }
         unsafe { self.write_from(src, remote, remote_off, n)? };
         self.notify(slot, value)

@@ -71,6 +71,25 @@ pub fn wake_if_waiting(word: &AtomicU32, waiters: &AtomicU32) {
     }
 }
 
+/// Wakes every waiter parked on `word` (when no waiter count goes with it).
+#[inline]
+pub fn wake_all(word: &AtomicU32) {
+    futex_wake(word);
+}
+
+/// Raises `word` to `value` in sequence order (never lowers it; 0 counts as unset) and
+/// wakes its waiters.
+pub fn raise(word: &AtomicU32, value: u32) {
+    let mut cur = word.load(Ordering::Acquire);
+    while cur == 0 || seq_reached(value, cur) {
+        match word.compare_exchange_weak(cur, value, Ordering::SeqCst, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(v) => cur = v,
+        }
+    }
+    futex_wake(word);
+}
+
 /// Adds one to `word` (a doorbell) and wakes parked waiters, if any. Unlike [`publish`],
 /// every call changes the word, so concurrent ringers never cancel out.
 #[inline]

@@ -2,6 +2,7 @@
 //! (`Communicator::post`), and hands over to one algorithm file.
 
 pub mod direct;
+pub mod net;
 pub mod one_shot;
 pub mod ring;
 
@@ -87,6 +88,10 @@ impl Communicator {
                     self.post(hdr, &|_| (buf as *const u8, nbytes))?;
                     one_shot::allreduce(self, buf, count, dtype, op);
                 }
+                _ if self.net => {
+                    self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                    net::allreduce(self, buf, count, dtype, op)?;
+                }
                 Algorithm::Direct | Algorithm::Ring => {
                     self.expose_with(&mut hdr, buf, nbytes, self.opts.stage_max_bytes);
                     let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -139,6 +144,9 @@ impl Communicator {
                 };
                 self.post(hdr, &payload)?;
                 one_shot::fold_share(self, input.add(lo * es), out, hi - lo, dtype, op);
+            } else if self.net {
+                self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                net::reduce_scatter(self, input, count, out, dtype, op)?;
             } else {
                 self.expose(&mut hdr, input, count * es);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -178,6 +186,9 @@ impl Communicator {
                 for q in self.peers().collect::<Vec<_>>() {
                     std::ptr::copy_nonoverlapping(self.inbox_payload(q), out.add(q as usize * nbytes), nbytes);
                 }
+            } else if self.net {
+                self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                net::allgather(self, mine_in_out, nbytes, out, es)?;
             } else {
                 self.expose(&mut hdr, mine_in_out, nbytes);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -215,6 +226,9 @@ impl Communicator {
                 if !is_root {
                     std::ptr::copy_nonoverlapping(self.inbox_payload(root), buf, nbytes);
                 }
+            } else if self.net {
+                self.post(hdr, &|_| (std::ptr::null(), 0))?;
+                net::broadcast(self, buf, nbytes, root, dtype.size_bytes())?;
             } else {
                 if is_root {
                     self.expose(&mut hdr, buf, nbytes);

@@ -530,6 +530,11 @@ impl SparseAllreduce {
 
     /// Saves the maps for this sparsity pattern. Collective.
     pub fn config(&mut self, c: &mut Communicator, out_idx: &[i64], in_idx: &[i64]) -> Result<()> {
+        if c.is_networked() {
+            return Err(scalefree_transport::Error::Unsupported(
+                "the sparse allreduce needs every rank on one host (shared memory) in this version".into(),
+            ));
+        }
         let err = check_range("out_indices", out_idx, self.dim).or_else(|| check_range("in_indices", in_idx, self.dim));
         self.agree(c, 1, err, 0, 0)?;
         self.choose_degrees(c, out_idx.len().max(in_idx.len()))?;
@@ -557,6 +562,11 @@ impl SparseAllreduce {
     /// `config` and `reduce` in one pass down (values travel with the indices).
     #[allow(clippy::too_many_arguments)]
     pub fn config_reduce(&mut self, c: &mut Communicator, out_idx: &[i64], out_vals: &[u8], in_idx: &[i64], in_vals: &mut [u8], dt: SDType, w: usize) -> Result<()> {
+        if c.is_networked() {
+            return Err(scalefree_transport::Error::Unsupported(
+                "the sparse allreduce needs every rank on one host (shared memory) in this version".into(),
+            ));
+        }
         let err = check_range("out_indices", out_idx, self.dim)
             .or_else(|| check_range("in_indices", in_idx, self.dim))
             .or_else(|| self.check_values("out_values", out_vals.len(), out_idx.len(), dt, w))

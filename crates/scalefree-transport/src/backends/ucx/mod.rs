@@ -38,8 +38,25 @@ const AM_WRITE: u32 = 0x5346_0002 & 0xffff;
 struct WriteHeader {
     key: u64,
     offset: u64,
-    slot: u32,
+    /// What to raise once the data is in place: `NOTE_*`, with `index` and `value`.
+    note: u64,
+    index: u64,
     value: u32,
+    _pad: u32,
+}
+
+const NOTE_NONE: u64 = 0;
+const NOTE_SLOT: u64 = 1;
+const NOTE_WORD: u64 = 2;
+
+/// What a write raises at the target once its data has landed.
+#[derive(Clone, Copy, Debug)]
+pub enum Note {
+    None,
+    /// The device's notification slot `.0` becomes at least `.1` (sequence order).
+    Slot(u32, u32),
+    /// The 32-bit word at byte offset `.0` of the same region becomes at least `.1`.
+    Word(u64, u32),
 }
 
 /// Header of a notification active message.
@@ -145,18 +162,34 @@ impl Shared {
     /// wakes waiters.
     fn publish(&self, slot: u32, value: u32) {
         if let Some(w) = self.slot(slot) {
-            let mut cur = w.load(Ordering::Acquire);
-            while cur == 0 || wait::seq_reached(value, cur) {
-                match w.compare_exchange_weak(cur, value, Ordering::SeqCst, Ordering::Acquire) {
-                    Ok(_) => break,
-                    Err(v) => cur = v,
-                }
-            }
+            raise_word(w, value);
             wait::wake_if_waiting(w, unsafe { &*self.waiters });
         }
     }
     fn progress(&self) -> u32 {
         unsafe { (self.ucp.worker_progress)(self.worker) }
+    }
+    fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
+        match note {
+            NOTE_SLOT => self.publish(index as u32, value),
+            NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index % 4 == 0 => {
+                let w = unsafe { &*((region_addr + index as usize) as *const AtomicU32) };
+                raise_word(w, value);
+                wait::wake_all(w);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Raises `w` to `value` in sequence order (a late, smaller value never lowers it).
+fn raise_word(w: &AtomicU32, value: u32) {
+    let mut cur = w.load(Ordering::Acquire);
+    while cur == 0 || wait::seq_reached(value, cur) {
+        match w.compare_exchange_weak(cur, value, Ordering::SeqCst, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(v) => cur = v,
+        }
     }
 }
 
@@ -165,8 +198,9 @@ struct Pending {
     done: AtomicU32,
     status: AtomicU32,
     waiters: AtomicU32,
-    /// For a notification published when a rendezvous receive completes.
-    notify: Option<(Arc<Shared>, u32, u32)>,
+    /// For a notification raised when a rendezvous receive completes: the shared state,
+    /// the region's address and length, and the note.
+    notify: Option<(Arc<Shared>, usize, usize, u64, u64, u32)>,
 }
 
 unsafe extern "C" fn send_cb(request: *mut c_void, status: ucs_status_t, user: *mut c_void) {
@@ -181,9 +215,9 @@ unsafe extern "C" fn recv_data_cb(request: *mut c_void, status: ucs_status_t, _l
 
 fn finish_pending(p: &Pending, status: ucs_status_t) {
     p.status.store(status as u32, Ordering::Release);
-    if let Some((sh, slot, value)) = &p.notify {
-        if status == UCS_OK && *value != 0 {
-            sh.publish(*slot, *value);
+    if let Some((sh, addr, len, note, index, value)) = &p.notify {
+        if status == UCS_OK {
+            sh.raise(*addr, *len, *note, *index, *value);
         }
     }
     wait::publish(&p.done, &p.waiters, 1);
@@ -242,10 +276,10 @@ unsafe extern "C" fn am_write(
         let regs = sh.regions.lock().unwrap();
         regs.get(&h.key).and_then(|r| {
             let end = (h.offset as usize).checked_add(len)?;
-            (end <= r.len).then(|| r.addr + h.offset as usize)
+            (end <= r.len).then_some((r.addr + h.offset as usize, r.addr, r.len))
         })
     };
-    let Some(dst) = target else {
+    let Some((dst, raddr, rlen)) = target else {
         // A write to a region that is gone or out of its bounds: dropped (the sender checked
         // bounds against the handle; this only happens after the region was freed).
         return UCS_OK;
@@ -253,9 +287,7 @@ unsafe extern "C" fn am_write(
     let rndv = unsafe { (*param).recv_attr } & UCP_AM_RECV_ATTR_FLAG_RNDV != 0;
     if !rndv {
         unsafe { std::ptr::copy_nonoverlapping(data as *const u8, dst as *mut u8, len) };
-        if h.value != 0 {
-            sh.publish(h.slot, h.value);
-        }
+        sh.raise(raddr, rlen, h.note, h.index, h.value);
         return UCS_OK;
     }
     // Large data: receive it straight into the region, notify when it has landed.
@@ -267,7 +299,7 @@ unsafe extern "C" fn am_write(
         done: AtomicU32::new(0),
         status: AtomicU32::new(0),
         waiters: AtomicU32::new(0),
-        notify: Some((strong, h.slot, h.value)),
+        notify: Some((strong, raddr, rlen, h.note, h.index, h.value)),
     });
     let mut p = ucp_request_param_t::zeroed();
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -280,6 +312,20 @@ unsafe extern "C" fn am_write(
         finish_pending(&pending, if r.is_null() { UCS_OK } else { ptr_status(r) });
     }
     UCS_INPROGRESS
+}
+
+/// An operation in flight (see [`Net::start_write_notify`]).
+pub struct Request {
+    pending: Arc<Pending>,
+    peer: u32,
+    what: String,
+}
+
+impl Request {
+    /// True once the operation's buffers may be reused.
+    pub fn test(&self) -> bool {
+        self.pending.done.load(Ordering::Acquire) != 0
+    }
 }
 
 /// One rank's UCX endpoint set: context, worker, an endpoint per peer, and the progress
@@ -478,6 +524,14 @@ impl Net {
 
     /// Issues one request and waits for its local completion (buffers reusable).
     fn run(&self, peer: u32, what: &str, policy: &WaitPolicy, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<()> {
+        match self.start(peer, what, issue)? {
+            None => Ok(()),
+            Some(req) => self.wait_request(&req, policy),
+        }
+    }
+
+    /// Issues one request; `None` when it completed at once.
+    fn start(&self, peer: u32, what: &str, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<Option<Request>> {
         let pending = Arc::new(Pending { done: AtomicU32::new(0), status: AtomicU32::new(0), waiters: AtomicU32::new(0), notify: None });
         let mut p = ucp_request_param_t::zeroed();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -487,14 +541,20 @@ impl Net {
         let r = issue(&p);
         if r.is_null() {
             drop(unsafe { Arc::from_raw(user) });
-            return Ok(());
+            return Ok(None);
         }
         if ptr_is_err(r) {
             drop(unsafe { Arc::from_raw(user) });
             return Err(self.lost_error(peer, what, ptr_status(r)));
         }
-        self.wait_word(&pending.done, &pending.waiters, |v| v != 0, policy, &|| format!("{what} to rank {peer} to complete"))?;
-        let st = pending.status.load(Ordering::Acquire) as ucs_status_t;
+        Ok(Some(Request { pending, peer, what: what.to_string() }))
+    }
+
+    /// Waits for a request started by one of the `start_*` calls.
+    pub fn wait_request(&self, req: &Request, policy: &WaitPolicy) -> Result<()> {
+        let (peer, what) = (req.peer, &req.what);
+        self.wait_word(&req.pending.done, &req.pending.waiters, |v| v != 0, policy, &|| format!("{what} to rank {peer} to complete"))?;
+        let st = req.pending.status.load(Ordering::Acquire) as ucs_status_t;
         if st != UCS_OK {
             return Err(self.lost_error(peer, what, st));
         }
@@ -561,17 +621,35 @@ impl Net {
         })
     }
 
-    /// Writes `n` bytes from `src` into `peer`'s region `key` at `off` and then notifies
-    /// `slot` with `value` (0: no notification), as one active message.
+    /// Writes `n` bytes from `src` into `peer`'s region `key` at `off` and then raises
+    /// `note`, as one active message.
     ///
     /// # Safety
     /// `src..src+n` must be readable.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn write_notify(&self, peer: u32, src: *const u8, n: usize, key: u64, off: usize, slot: u32, value: u32, policy: &WaitPolicy) -> Result<()> {
-        let h = WriteHeader { key, offset: off as u64, slot, value };
+    pub unsafe fn write_notify(&self, peer: u32, src: *const u8, n: usize, key: u64, off: usize, note: Note, policy: &WaitPolicy) -> Result<()> {
+        match unsafe { self.start_write_notify(peer, src, n, key, off, note)? } {
+            None => Ok(()),
+            Some(r) => self.wait_request(&r, policy),
+        }
+    }
+
+    /// [`Net::write_notify`] without waiting: `src` must stay untouched until the returned
+    /// request (if any) completes.
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until then.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_write_notify(&self, peer: u32, src: *const u8, n: usize, key: u64, off: usize, note: Note) -> Result<Option<Request>> {
+        let (note, index, value) = match note {
+            Note::None => (NOTE_NONE, 0, 0),
+            Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
+            Note::Word(o, v) => (NOTE_WORD, o, v),
+        };
+        let h = WriteHeader { key, offset: off as u64, note, index, value, _pad: 0 };
         let ep = self.ep(peer)?;
         let u = self.shared.ucp;
-        self.run(peer, "ucp_am_send_nbx (write)", policy, &mut |p| unsafe {
+        self.start(peer, "ucp_am_send_nbx (write)", &mut |p| unsafe {
             let mut p2 = std::ptr::read(p);
             p2.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
             p2.flags = UCP_AM_SEND_FLAG_COPY_HEADER;

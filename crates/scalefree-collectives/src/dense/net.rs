@@ -1,0 +1,272 @@
+//! Large collectives when peers are on other hosts (UCX): nothing of a peer is mapped
+//! here, so data moves only by one-sided writes *into* peers' landing regions, each
+//! raising a per-piece word at the target once the piece has landed.
+//!
+//! Allreduce is reduce-scatter then allgather, written all-to-all (each rank sends chunk
+//! `q` of its buffer to rank `q`, which owns it), pipelined in pieces: a rank reduces a
+//! piece of its chunk as soon as every peer's copy of it has landed, and forwards the
+//! result to every peer at once. Bytes sent per rank: `2 (N-1)/N · n`, as a ring, in two
+//! steps instead of `2 (N-1)`, which matters when every step pays a network latency.
+//!
+//! The landing region (grown collectively when a larger call comes):
+//! ```text
+//! 0                        words: rs[sender][piece], ag[sender][piece] (u32, = call seq)
+//! words_len                rs area: sender s's pieces of my chunk at s * chunk_cap
+//! words_len + n*chunk_cap  ag area: sender s's reduced chunk at s * chunk_cap
+//! ```
+//! Reuse is safe without acknowledgements because every call starts with the all-to-all
+//! header exchange: no rank writes call `s+1`'s data before every rank entered call `s+1`,
+//! i.e. finished reading call `s`'s.
+
+use scalefree_transport::{Completion, Region, RemoteRegion, Result};
+
+use crate::comm::Communicator;
+use crate::dense::{chunk_bounds, share_bounds, ALIGN_ELEMS};
+use crate::reduce::{reduce_into, DType, ReduceOp};
+
+/// At most this many pieces per chunk (bounds the word area).
+const MAX_PIECES: usize = 256;
+
+/// The landing region of this rank and every peer's.
+pub(crate) struct Landing {
+    region: Region,
+    remotes: Vec<RemoteRegion>,
+    chunk_cap: usize,
+}
+
+fn words_len(n: usize) -> usize {
+    (2 * n * MAX_PIECES * 4).next_multiple_of(4096)
+}
+
+/// How a chunk of `bytes` is cut into pieces: (piece bytes, number of pieces).
+fn pieces(bytes: usize, piece: usize, es: usize) -> (usize, usize) {
+    let group = es * ALIGN_ELEMS;
+    let p = piece.max(bytes.div_ceil(MAX_PIECES)).div_ceil(group).max(1) * group;
+    (p, bytes.div_ceil(p))
+}
+
+impl Communicator {
+    /// Makes sure every rank's landing region holds chunks of `chunk_bytes`. Collective:
+    /// every rank calls it with the same value (derived from the agreed header).
+    fn landing(&mut self, chunk_bytes: usize) -> Result<&Landing> {
+        let n = self.size as usize;
+        if self.landing.as_ref().is_none_or(|l| l.chunk_cap < chunk_bytes) {
+            let cap = chunk_bytes.max(1 << 20).next_multiple_of(4096);
+            let region = self.dev.alloc_region(words_len(n) + 2 * n * cap)?;
+            let remotes = self.dev.exchange_regions(&region)?;
+            self.landing = Some(Landing { region, remotes, chunk_cap: cap });
+        }
+        Ok(self.landing.as_ref().unwrap())
+    }
+
+    fn net_piece_bytes(&self) -> usize {
+        (self.opts.piece_bytes * 4).max(64 << 10)
+    }
+
+    /// Waits until word `off` of this rank's landing region reaches this call's sequence.
+    fn wait_landed(&self, off: usize, what: &dyn Fn() -> String) -> Result<()> {
+        let l = self.landing.as_ref().unwrap();
+        let w = unsafe { &*(l.region.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) };
+        let seq = self.seq;
+        self.dev.wait_word(w, self.waiters(self.rank), |v| v != 0 && scalefree_transport::wait::seq_reached(v, seq), what)?;
+        Ok(())
+    }
+
+    /// Sends `n` bytes at `src` into rank `q`'s landing area `area` (0 rs, 1 ag) at `off`,
+    /// raising word (area, this rank, `piece`).
+    unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {
+        let l = self.landing.as_ref().unwrap();
+        let nr = self.size as usize;
+        let me = self.rank as usize;
+        let dst = words_len(nr) + area * nr * l.chunk_cap + me * l.chunk_cap + off;
+        let word = ((area * nr + me) * MAX_PIECES + piece) * 4;
+        unsafe { self.chans[q as usize].start_write_raise(src, &l.remotes[q as usize], dst, n, word, self.seq) }
+    }
+
+    /// Local address of sender `s`'s data in this rank's landing area `area` at `off`.
+    fn landed(&self, area: usize, s: u32, off: usize) -> *const u8 {
+        let l = self.landing.as_ref().unwrap();
+        let nr = self.size as usize;
+        unsafe { l.region.as_ptr().add(words_len(nr) + area * nr * l.chunk_cap + s as usize * l.chunk_cap + off) }
+    }
+
+    fn landed_word(&self, area: usize, s: u32, piece: usize) -> usize {
+        ((area * self.size as usize + s as usize) * MAX_PIECES + piece) * 4
+    }
+}
+
+fn wait_all(pending: Vec<Completion>) -> Result<()> {
+    for c in pending {
+        c.wait()?;
+    }
+    Ok(())
+}
+
+/// Allreduce of `count` elements at `buf` after the header exchange of this call.
+///
+/// # Safety
+/// `buf` valid for `count` elements of `dtype`.
+pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    let es = dtype.size_bytes();
+    let n = c.size;
+    let me = c.rank;
+    let chunk = |q: u32| chunk_bounds(count, n, q, ALIGN_ELEMS);
+    let cap = (0..n).map(|q| (chunk(q).1 - chunk(q).0) * es).max().unwrap_or(0);
+    c.landing(cap)?;
+    let piece = c.net_piece_bytes();
+    let peers: Vec<u32> = c.peers().collect();
+    // Reduce-scatter: every peer gets its chunk of our buffer.
+    let mut sent = Vec::new();
+    for &q in &peers {
+        let (a, b) = chunk(q);
+        let bytes = (b - a) * es;
+        let (p, np) = pieces(bytes, piece, es);
+        for k in 0..np {
+            let off = k * p;
+            let len = p.min(bytes - off);
+            sent.push(unsafe { c.send_piece(q, buf.add(a * es + off), len, 0, off, k)? });
+        }
+    }
+    // Reduce our chunk piece by piece as copies land; pass each reduced piece on at once.
+    let (a, b) = chunk(me);
+    let bytes = (b - a) * es;
+    let (p, np) = pieces(bytes, piece, es);
+    let mut forwarded = Vec::new();
+    for k in 0..np {
+        let off = k * p;
+        let len = p.min(bytes - off);
+        let dst = unsafe { buf.add(a * es + off) };
+        for &q in &peers {
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
+            unsafe { reduce_into(dtype, op, dst, c.landed(0, q, off), len / es) };
+        }
+        for &q in &peers {
+            forwarded.push(unsafe { c.send_piece(q, dst, len, 1, off, k)? });
+        }
+    }
+    // Our buffer's other chunks are overwritten below: their sends must be done first.
+    wait_all(sent)?;
+    for &q in &peers {
+        let (qa, qb) = chunk(q);
+        let qbytes = (qb - qa) * es;
+        let (qp, qnp) = pieces(qbytes, piece, es);
+        for k in 0..qnp {
+            let off = k * qp;
+            let len = qp.min(qbytes - off);
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
+            unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qa * es + off), len) };
+        }
+    }
+    wait_all(forwarded)
+}
+
+/// Reduce-scatter of `count` elements at `input` into this rank's share at `out`.
+///
+/// # Safety
+/// `input` valid for `count` elements, `out` for the share.
+pub(crate) unsafe fn reduce_scatter(c: &mut Communicator, input: *const u8, count: usize, out: *mut u8, dtype: DType, op: ReduceOp) -> Result<()> {
+    let es = dtype.size_bytes();
+    let n = c.size;
+    let me = c.rank;
+    let share = |q: u32| share_bounds(count, n, q);
+    let cap = (0..n).map(|q| (share(q).1 - share(q).0) * es).max().unwrap_or(0);
+    c.landing(cap)?;
+    let piece = c.net_piece_bytes();
+    let peers: Vec<u32> = c.peers().collect();
+    let mut sent = Vec::new();
+    for &q in &peers {
+        let (a, b) = share(q);
+        let bytes = (b - a) * es;
+        let (p, np) = pieces(bytes, piece, es);
+        for k in 0..np {
+            let off = k * p;
+            sent.push(unsafe { c.send_piece(q, input.add(a * es + off), p.min(bytes - off), 0, off, k)? });
+        }
+    }
+    let (a, b) = share(me);
+    let bytes = (b - a) * es;
+    unsafe { std::ptr::copy(input.add(a * es), out, bytes) };
+    let (p, np) = pieces(bytes, piece, es);
+    for k in 0..np {
+        let off = k * p;
+        let len = p.min(bytes - off);
+        for &q in &peers {
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of reduce_scatter call #{seq}"))?;
+            unsafe { reduce_into(dtype, op, out.add(off), c.landed(0, q, off), len / es) };
+        }
+    }
+    wait_all(sent)
+}
+
+/// Allgather: `nbytes` at `mine` (this rank's slot of `out`) to every rank's `out`.
+///
+/// # Safety
+/// `out` valid for `size * nbytes` bytes.
+pub(crate) unsafe fn allgather(c: &mut Communicator, mine: *const u8, nbytes: usize, out: *mut u8, es: usize) -> Result<()> {
+    c.landing(nbytes)?;
+    let piece = c.net_piece_bytes();
+    let peers: Vec<u32> = c.peers().collect();
+    let (p, np) = pieces(nbytes, piece, es);
+    let mut sent = Vec::new();
+    for k in 0..np {
+        let off = k * p;
+        for &q in &peers {
+            sent.push(unsafe { c.send_piece(q, mine.add(off), p.min(nbytes - off), 1, off, k)? });
+        }
+    }
+    for &q in &peers {
+        for k in 0..np {
+            let off = k * p;
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s piece {k} of allgather call #{seq}"))?;
+            unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), out.add(q as usize * nbytes + off), p.min(nbytes - off)) };
+        }
+    }
+    wait_all(sent)
+}
+
+/// Broadcast of `nbytes` at `buf` from `root`.
+///
+/// # Safety
+/// `buf` valid for `nbytes` bytes.
+pub(crate) unsafe fn broadcast(c: &mut Communicator, buf: *mut u8, nbytes: usize, root: u32, es: usize) -> Result<()> {
+    c.landing(nbytes)?;
+    let piece = c.net_piece_bytes();
+    let (p, np) = pieces(nbytes, piece, es);
+    if c.rank == root {
+        let peers: Vec<u32> = c.peers().collect();
+        let mut sent = Vec::new();
+        for k in 0..np {
+            let off = k * p;
+            for &q in &peers {
+                sent.push(unsafe { c.send_piece(q, buf.add(off), p.min(nbytes - off), 1, off, k)? });
+            }
+        }
+        return wait_all(sent);
+    }
+    for k in 0..np {
+        let off = k * p;
+        let seq = c.seq;
+        c.wait_landed(c.landed_word(1, root, k), &|| format!("rank {root}'s piece {k} of broadcast call #{seq}"))?;
+        unsafe { std::ptr::copy_nonoverlapping(c.landed(1, root, off), buf.add(off), p.min(nbytes - off)) };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_and_stay_bounded() {
+        for bytes in [0usize, 4, 64, 1000 * 4, 1 << 20, 333 << 20] {
+            let (p, np) = pieces(bytes, 512 << 10, 4);
+            assert!(np <= MAX_PIECES);
+            assert!(p * np >= bytes);
+            assert_eq!(p % 64, 0);
+        }
+    }
+}
