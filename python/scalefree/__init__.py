@@ -75,10 +75,15 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     if _default_group is not None and not _default_group.closed:
         return _default_group
     from .group import Group
+    from .ucx import prepare
 
+    prepare()
     g = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
     if arena is None:
         arena = os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in ("0", "false", "no", "off")
+    if g.transport != "shm":
+        # The arena is shared memory that peers map; over UCX buffers are sent from where they are.
+        arena = False
     global _arena_min
     _arena_min = None
     if arena:

@@ -42,6 +42,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import mf
 
     mf.add_parser(sub)
+
+    from . import ucx
+
+    ucx.add_parser(sub)
     return p
 
 

@@ -253,6 +253,21 @@ impl Group {
     }
 
     /// Whether peers can read ordinary memory of this rank directly (cross-memory attach).
+    /// The backend carrying this group's traffic: `"shm"` (one host) or `"ucx"`.
+    #[getter]
+    fn transport(&self) -> &'static str {
+        self.device.transport_name()
+    }
+
+    /// The UCX transports (`name/device`, e.g. `tcp/eth0`) of the endpoint to `peer`;
+    /// empty on shared memory.
+    fn _ucx_transports(&self, py: Python<'_>, peer: u32) -> PyResult<Vec<String>> {
+        match self.device.net() {
+            None => Ok(Vec::new()),
+            Some(net) => net.transports(peer).py_err(py),
+        }
+    }
+
     #[getter]
     fn cross_memory_attach(&self) -> bool {
         self.device.cma_everywhere()

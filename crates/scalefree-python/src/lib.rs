@@ -12,6 +12,7 @@ mod ssp;
 mod tensors;
 mod sparse;
 mod mf;
+mod ucx;
 
 use pyo3::prelude::*;
 
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashRuntime>()?;
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;
+    m.add_function(pyo3::wrap_pyfunction!(ucx::ucx_library, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
