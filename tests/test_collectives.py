@@ -108,3 +108,29 @@ def test_every_buffer_path(mode, n):
     assert all("checked" in r.stdout for r in res)
     res = run_ranks(n, OTHERS, timeout=240, extra_env=MODES[mode])
     assert all(r.stdout.strip().endswith("ok") for r in res)
+
+
+def _ucx_or_skip():
+    from scalefree.errors import UnsupportedError
+    from scalefree.ucx import info
+
+    try:
+        return info()
+    except UnsupportedError as e:
+        pytest.skip(f"UCX is not installed here: {e}")
+
+
+UCX_CHECK = """g = scalefree.init(timeout=60)
+assert g.transport == "ucx", g.transport
+assert all(g._ucx_transports(p) for p in range(g.size) if p != g.rank)"""
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_whole_suite_over_ucx(n):
+    """The same sweeps with every peer reached over UCX (one host: UCX picks tcp/lo)."""
+    _ucx_or_skip()
+    env = {"SCALEFREE_TRANSPORT": "ucx"}
+    res = run_ranks(n, SWEEP.replace("g = scalefree.init(timeout=60)", UCX_CHECK), timeout=300, extra_env=env)
+    assert all("checked" in r.stdout for r in res)
+    res = run_ranks(n, OTHERS.replace("g = scalefree.init(timeout=60)", UCX_CHECK), timeout=300, extra_env=env)
+    assert all(r.stdout.strip().endswith("ok") for r in res)

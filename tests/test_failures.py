@@ -160,3 +160,24 @@ except KeyboardInterrupt:
     line = res[0].stdout.strip()
     assert line.startswith("interrupted after") and line.endswith("closed=True"), (line, res[0].stderr)
     assert float(line.split()[2].rstrip("s")) < 3.0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_killed_rank_over_ucx_is_peer_lost(n):
+    """Over UCX the endpoint's error handler reports the dead peer (no pidfd across hosts)."""
+    from scalefree.errors import UnsupportedError
+    from scalefree.ucx import info
+
+    try:
+        info()
+    except UnsupportedError as e:
+        pytest.skip(f"UCX is not installed here: {e}")
+    res = collect(spawn_ranks(n, KILL_MID_COLLECTIVE, extra_env={"SCALEFREE_TRANSPORT": "ucx"}), timeout=90)
+    assert res[1].returncode == -signal.SIGKILL
+    for r in res:
+        if r.rank == 1:
+            continue
+        assert r.returncode == 3, f"rank {r.rank}: rc={r.returncode}\n{r.stderr[-2000:]}"
+        line = [l for l in r.stdout.splitlines() if l.startswith("PeerLostError")][0]
+        assert float(line.split()[2].rstrip("s:")) < 30.0, line
+        assert "rank 1" in line, line
