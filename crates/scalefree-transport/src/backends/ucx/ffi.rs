@@ -303,8 +303,7 @@ fn load() -> std::result::Result<Ucp, String> {
     }
     // 2. SCALEFREE_UCX_LIB: a file or a folder.
     if handle.is_none() {
-        if let Ok(p) = std::env::var("SCALEFREE_UCX_LIB") {
-            let p = p.trim().to_string();
+        if let Some(p) = std::env::var("SCALEFREE_UCX_LIB").ok().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()) {
             let file = if std::path::Path::new(&p).is_dir() { format!("{p}/libucp.so.0") } else { p.clone() };
             match dlopen(&file, libc::RTLD_NOW | libc::RTLD_LOCAL) {
                 Some(h) => handle = Some((h, file)),
