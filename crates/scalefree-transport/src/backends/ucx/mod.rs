@@ -126,6 +126,9 @@ pub(crate) struct Shared {
     nslots: usize,
     waiters: *const AtomicU32,
     stop: AtomicBool,
+    /// Requests in flight (sends, and rendezvous receives into regions). While any is, the
+    /// progress thread sleeps on the event descriptor for at most a millisecond.
+    inflight: AtomicU32,
 }
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
@@ -195,6 +198,8 @@ fn raise_word(w: &AtomicU32, value: u32) {
 
 /// Completion state of one UCX request, shared with its callback.
 struct Pending {
+    /// Counts the request in `Shared::inflight` until it completes.
+    inflight: Option<Arc<Shared>>,
     done: AtomicU32,
     status: AtomicU32,
     waiters: AtomicU32,
@@ -215,6 +220,9 @@ unsafe extern "C" fn recv_data_cb(request: *mut c_void, status: ucs_status_t, _l
 
 fn finish_pending(p: &Pending, status: ucs_status_t) {
     p.status.store(status as u32, Ordering::Release);
+    if let Some(sh) = &p.inflight {
+        sh.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
     if let Some((sh, addr, len, note, index, value)) = &p.notify {
         if status == UCS_OK {
             sh.raise(*addr, *len, *note, *index, *value);
@@ -296,6 +304,7 @@ unsafe extern "C" fn am_write(
         Arc::from_raw(sh_ptr)
     };
     let pending = Arc::new(Pending {
+        inflight: Some(strong.clone()),
         done: AtomicU32::new(0),
         status: AtomicU32::new(0),
         waiters: AtomicU32::new(0),
@@ -306,6 +315,7 @@ unsafe extern "C" fn am_write(
     p.cb = recv_data_cb as *const c_void;
     let user = Arc::into_raw(pending.clone());
     p.user_data = user as *mut c_void;
+    sh.inflight.fetch_add(1, Ordering::SeqCst);
     let r = unsafe { (sh.ucp.am_recv_data_nbx)(sh.worker, data, dst as *mut c_void, len, &p) };
     if r.is_null() || ptr_is_err(r) {
         drop(unsafe { Arc::from_raw(user) });
@@ -408,6 +418,7 @@ impl Net {
             nslots,
             waiters,
             stop: AtomicBool::new(false),
+            inflight: AtomicU32::new(0),
         });
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
@@ -532,19 +543,21 @@ impl Net {
 
     /// Issues one request; `None` when it completed at once.
     fn start(&self, peer: u32, what: &str, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<Option<Request>> {
-        let pending = Arc::new(Pending { done: AtomicU32::new(0), status: AtomicU32::new(0), waiters: AtomicU32::new(0), notify: None });
+        self.shared.inflight.fetch_add(1, Ordering::SeqCst);
+        let pending = Arc::new(Pending { inflight: Some(self.shared.clone()), done: AtomicU32::new(0), status: AtomicU32::new(0), waiters: AtomicU32::new(0), notify: None });
         let mut p = ucp_request_param_t::zeroed();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         p.cb = send_cb as *const c_void;
         let user = Arc::into_raw(pending.clone());
         p.user_data = user as *mut c_void;
         let r = issue(&p);
-        if r.is_null() {
+        if r.is_null() || ptr_is_err(r) {
+            // No callback will run: undo its share.
             drop(unsafe { Arc::from_raw(user) });
-            return Ok(None);
-        }
-        if ptr_is_err(r) {
-            drop(unsafe { Arc::from_raw(user) });
+            self.shared.inflight.fetch_sub(1, Ordering::SeqCst);
+            if r.is_null() {
+                return Ok(None);
+            }
             return Err(self.lost_error(peer, what, ptr_status(r)));
         }
         Ok(Some(Request { pending, peer, what: what.to_string() }))
@@ -703,8 +716,11 @@ fn progress_loop(sh: &Shared, efd: c_int) {
         if s == UCS_ERR_BUSY {
             continue;
         }
+        // With data in flight, look again soon even without an event (a socket that can
+        // take more data is not always reported); otherwise sleep until something arrives.
+        let ms = if sh.inflight.load(Ordering::SeqCst) > 0 { 1 } else { 100 };
         let mut p = libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 };
-        unsafe { libc::poll(&mut p, 1, 100) };
+        unsafe { libc::poll(&mut p, 1, ms) };
     }
 }
 
@@ -716,6 +732,10 @@ fn set_default_env() {
         ("UCX_TCP_KEEPINTVL", "1s"),
         ("UCX_TCP_KEEPCNT", "5"),
         ("UCX_KEEPALIVE_INTERVAL", "2s"),
+        // Fewer, larger socket reads and writes for bulk data (measured: faster at 512 KiB
+        // pieces on 2 cores).
+        ("UCX_TCP_TX_SEG_SIZE", "256k"),
+        ("UCX_TCP_RX_SEG_SIZE", "256k"),
     ] {
         if std::env::var_os(k).is_none() {
             // Only read by UCX at ucp_config_read, on this thread, before other threads use it.
