@@ -123,7 +123,7 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
-        if let Some(net) = self.dev.net() {
+        if let Some(net) = self.dev.net().filter(|_| !self.dev.is_local(self.peer)) {
             return net.notify(self.peer, slot as u32, value, self.dev.policy());
         }
         wait::publish(self.dev.slot_of(self.peer, slot), self.dev.waiters_of(self.peer), value);

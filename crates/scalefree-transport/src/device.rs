@@ -92,6 +92,8 @@ pub(crate) struct DeviceInner {
     /// The UCX endpoints when peers are reached over UCX (dropped first: it stops the
     /// progress thread, which writes into our control segment).
     pub(crate) net: Option<ucx::Net>,
+    /// Host index of every rank.
+    hosts: Vec<u32>,
     /// Remote keys of peers' UCX regions seen in `exchange_regions`, for `attach`.
     rkeys: Mutex<HashMap<(u32, u64), Weak<ucx::RemoteKey>>>,
     pub(crate) job: JobInfo,
@@ -135,7 +137,7 @@ impl Device {
         }
         let use_ucx = match opts.transport {
             Transport::Ucx => job.size > 1,
-            Transport::Auto => !job.single_host(),
+            Transport::Auto => !job.single_host() || simulated_hosts(job.size).is_some(),
             Transport::Shm => false,
         };
         if use_ucx {
@@ -188,6 +190,7 @@ impl Device {
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 net: None,
+                hosts: vec![0; job.size as usize],
                 rkeys: Mutex::new(HashMap::new()),
                 job,
                 peers,
@@ -202,16 +205,23 @@ impl Device {
         })
     }
 
-    /// Every peer over UCX: the control segment stays local (notifications arrive as active
-    /// messages), and regions are registered with UCX.
+    /// Peers on other hosts over UCX, peers on this host over shared memory (every peer
+    /// over UCX with `Transport::Ucx`). The control segment is mapped by this host's peers;
+    /// remote peers' notifications arrive as active messages. Regions are memfds registered
+    /// with UCX, so either kind of peer can reach them.
     fn new_ucx(job: JobInfo, opts: DeviceOptions) -> Result<Self> {
         ucx::describe()?;
         let mut rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
         let me = job.rank;
         let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
         let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
-        let items = rv.exchange(&std::process::id().to_le_bytes(), None)?;
-        let pids: Vec<u32> = items.iter().map(|it| u32::from_le_bytes(it.bytes[0..4].try_into().unwrap_or([0; 4]))).collect();
+        unsafe { (ctrl.as_ptr() as *mut u64).write(CTRL_MAGIC) };
+        let hosts = host_map(&job, &rv, opts.transport)?;
+        let mut hello = Vec::with_capacity(12);
+        hello.extend_from_slice(&std::process::id().to_le_bytes());
+        hello.extend_from_slice(&(ctrl.as_ptr() as u64).to_le_bytes());
+        hello.extend_from_slice(&ctrl_fd.as_raw_fd().to_le_bytes());
+        let items = rv.exchange(&hello, Some(ctrl_fd.as_raw_fd()))?;
         let slots = unsafe { ctrl.as_ptr().add(OFF_SLOTS) } as *const AtomicU32;
         let waiters = unsafe { ctrl.as_ptr().add(OFF_WAITERS) } as *const AtomicU32;
         let net = unsafe {
@@ -219,19 +229,35 @@ impl Device {
                 Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
             })?
         };
-        let peers = pids.iter().enumerate().map(|(r, &pid)| PeerInfo {
-            pid,
-            ctrl: None,
-            watch: None,
-            cma: r as u32 == me,
-        }).collect::<Vec<_>>();
-        let mut peers = peers;
-        peers[me as usize].ctrl = Some(ctrl);
-        // Ranks on other hosts share cores with nobody here; on one host they do.
+        let mut peers = Vec::with_capacity(items.len());
+        let mut my_ctrl = Some(ctrl);
+        for (r, it) in items.into_iter().enumerate() {
+            let b = &it.bytes;
+            if b.len() < 16 {
+                return Err(Error::Bootstrap(format!("rank {r} sent a short hello")));
+            }
+            let pid = u32::from_le_bytes(b[0..4].try_into().unwrap());
+            let probe = u64::from_le_bytes(b[4..12].try_into().unwrap());
+            let peer_fd = i32::from_le_bytes(b[12..16].try_into().unwrap());
+            if r as u32 == me {
+                peers.push(PeerInfo { pid, ctrl: my_ctrl.take(), watch: None, cma: true });
+            } else if hosts[r] == hosts[me as usize] {
+                // Same host: map its control segment (descriptor passed, else through /proc).
+                let fd = match it.fd {
+                    Some(fd) => fd,
+                    None => shm::open_peer_fd(pid, peer_fd)?,
+                };
+                let map = shm::map_shared(fd.as_raw_fd(), CTRL_LEN, false)?;
+                peers.push(PeerInfo { pid, ctrl: Some(map), watch: Some(PidWatch::new(pid)), cma: shm::cma_permitted(pid, probe as usize) });
+            } else {
+                peers.push(PeerInfo { pid, ctrl: None, watch: None, cma: false });
+            }
+        }
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 net: Some(net),
+                hosts,
                 rkeys: Mutex::new(HashMap::new()),
                 job,
                 peers,
@@ -244,6 +270,17 @@ impl Device {
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
+    }
+
+    /// The host index of `rank` (ranks of one host share it; hosts are numbered in the
+    /// order of their lowest rank).
+    pub fn host_of(&self, rank: u32) -> u32 {
+        self.inner.hosts[rank as usize]
+    }
+
+    /// Whether `rank` is on this host (its memory is mapped here).
+    pub fn is_local(&self, rank: u32) -> bool {
+        self.inner.peers[rank as usize].ctrl.is_some()
     }
 
     /// The UCX endpoints, when peers are reached over UCX.
@@ -424,6 +461,13 @@ impl Device {
             )));
         }
         match handle.kind {
+            RegionKind::Ucx if self.is_local(owner) && owner != self.rank() && handle.fd >= 0 => {
+                if let Some(m) = self.inner.attached.lock().unwrap().get(&(owner, handle.key)) {
+                    return Ok(RemoteRegion { handle: *handle, map: Some(m.clone()), rkey: None });
+                }
+                let fd = shm::open_peer_fd(handle.pid, handle.fd)?;
+                self.map_checked(handle, fd)
+            }
             RegionKind::Ucx => {
                 let known = self.inner.rkeys.lock().unwrap().get(&(owner, handle.key)).and_then(|w| w.upgrade());
                 match known {
@@ -484,13 +528,29 @@ impl Device {
             };
             let mut bytes = h.to_bytes().to_vec();
             bytes.extend_from_slice(&reg.rkey);
-            let all = self.exchange_bytes(&bytes)?;
-            let mut out = Vec::with_capacity(all.len());
-            for b in all {
+            let fd = match &region.inner.backing {
+                Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+                Backing::Process { .. } => None,
+            };
+            let items = self.inner.rendezvous.lock().unwrap().exchange(&bytes, fd)?;
+            let mut out = Vec::with_capacity(items.len());
+            for it in items {
+                let b = &it.bytes;
                 if b.len() < RegionHandle::BYTES {
                     return Err(Error::Bootstrap("a rank sent a short region handle".into()));
                 }
                 let ph = RegionHandle::from_bytes(&b[..RegionHandle::BYTES])?;
+                if ph.owner != self.rank() && self.is_local(ph.owner) && ph.fd >= 0 {
+                    // A peer of this host: map its memfd (passed, else through /proc).
+                    let fd = match it.fd {
+                        Some(fd) => fd,
+                        None => shm::open_peer_fd(ph.pid, ph.fd)?,
+                    };
+                    let m = Arc::new(shm::map_sparse(fd.as_raw_fd(), ph.len as usize)?);
+                    self.inner.attached.lock().unwrap().insert((ph.owner, ph.key), m.clone());
+                    out.push(RemoteRegion { handle: ph, map: Some(m), rkey: None });
+                    continue;
+                }
                 let rk = net.remote_key(ph.owner, ph.addr, &b[RegionHandle::BYTES..])?;
                 let mut cache = self.inner.rkeys.lock().unwrap();
                 cache.retain(|_, w| w.strong_count() > 0);
@@ -638,4 +698,23 @@ impl Device {
     pub fn my_waiters(&self) -> &AtomicU32 {
         self.waiters_of(self.rank())
     }
+}
+
+/// Host index of every rank. `Transport::Ucx` treats every rank as its own host (all
+/// traffic over UCX, for tests and comparison); `SCALEFREE_SIMULATE_HOSTS=k` (tests only)
+/// pretends ranks `k*h .. k*h+k-1` share host `h`; otherwise the rendezvous knows.
+fn host_map(job: &JobInfo, _rv: &Rendezvous, transport: Transport) -> Result<Vec<u32>> {
+    let n = job.size;
+    if transport == Transport::Ucx {
+        return Ok((0..n).collect());
+    }
+    if let Some(k) = simulated_hosts(n) {
+        return Ok((0..n).map(|r| r / k).collect());
+    }
+    Ok(vec![0; n as usize])
+}
+
+/// `SCALEFREE_SIMULATE_HOSTS=k` with fewer than `size` ranks per simulated host.
+fn simulated_hosts(size: u32) -> Option<u32> {
+    std::env::var("SCALEFREE_SIMULATE_HOSTS").ok().and_then(|v| v.trim().parse::<u32>().ok()).filter(|k| *k > 0 && *k < size)
 }
