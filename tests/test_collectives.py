@@ -134,3 +134,19 @@ def test_whole_suite_over_ucx(n):
     assert all("checked" in r.stdout for r in res)
     res = run_ranks(n, OTHERS.replace("g = scalefree.init(timeout=60)", UCX_CHECK), timeout=300, extra_env=env)
     assert all(r.stdout.strip().endswith("ok") for r in res)
+
+
+@pytest.mark.parametrize("n,per_host", [(4, 2), (3, 2), (6, 3)])
+def test_hosts_simulated_on_one_machine(n, per_host):
+    """Ranks split into simulated hosts of `per_host` (shared memory within, UCX between):
+    hierarchical when every host has the same number of ranks, flat otherwise."""
+    _ucx_or_skip()
+    env = {"SCALEFREE_SIMULATE_HOSTS": str(per_host)}
+    check = """g = scalefree.init(timeout=60)
+assert g.transport == "ucx", g.transport"""
+    sweep = SWEEP.replace("g = scalefree.init(timeout=60)", check).replace(
+        'ALGOS = ["auto", "one_shot", "direct", "ring"]', 'ALGOS = ["auto", "one_shot", "direct", "hierarchical"]')
+    res = run_ranks(n, sweep, timeout=300, extra_env=env)
+    assert all("checked" in r.stdout for r in res)
+    res = run_ranks(n, OTHERS.replace("g = scalefree.init(timeout=60)", check), timeout=300, extra_env=env)
+    assert all(r.stdout.strip().endswith("ok") for r in res)

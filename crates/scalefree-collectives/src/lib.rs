@@ -29,6 +29,9 @@ pub enum Algorithm {
     OneShot = 1,
     Direct = 2,
     Ring = 3,
+    /// Across hosts with several ranks each: within the host over shared memory, between
+    /// hosts over the network (`dense::net`). `auto` picks it when the job has that shape.
+    Hierarchical = 4,
 }
 
 impl Algorithm {
@@ -38,6 +41,7 @@ impl Algorithm {
             Algorithm::OneShot => "one_shot",
             Algorithm::Direct => "direct",
             Algorithm::Ring => "ring",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
     pub fn parse(s: &str) -> scalefree_transport::Result<Self> {
@@ -46,9 +50,10 @@ impl Algorithm {
             "one_shot" => Algorithm::OneShot,
             "direct" => Algorithm::Direct,
             "ring" => Algorithm::Ring,
+            "hierarchical" => Algorithm::Hierarchical,
             _ => {
                 return Err(scalefree_transport::Error::InvalidArgument(format!(
-                    "unknown algorithm {s:?}: expected one of auto, one_shot, direct, ring"
+                    "unknown algorithm {s:?}: expected one of auto, one_shot, direct, ring, hierarchical"
                 )))
             }
         })
@@ -59,6 +64,7 @@ impl Algorithm {
             1 => Algorithm::OneShot,
             2 => Algorithm::Direct,
             3 => Algorithm::Ring,
+            4 => Algorithm::Hierarchical,
             _ => return None,
         })
     }

@@ -50,10 +50,14 @@ impl Communicator {
             Algorithm::Auto => {
                 if nbytes <= self.opts.one_shot_max_bytes.min(self.opts.inline_bytes) {
                     Algorithm::OneShot
+                } else if self.net && net::host_groups(self).is_some() {
+                    Algorithm::Hierarchical
                 } else {
                     Algorithm::Direct
                 }
             }
+            // Only jobs on several hosts with several ranks on each have a hierarchy.
+            Algorithm::Hierarchical if !(self.net && net::host_groups(self).is_some()) => Algorithm::Direct,
             Algorithm::OneShot if nbytes > self.opts.inline_bytes => {
                 return Err(Error::InvalidArgument(format!(
                     "one_shot carries at most {} bytes (SCALEFREE_INLINE_BYTES); this call has {nbytes}",
@@ -90,9 +94,13 @@ impl Communicator {
                 }
                 _ if self.net => {
                     self.post(hdr, &|_| (std::ptr::null(), 0))?;
-                    net::allreduce(self, buf, count, dtype, op)?;
+                    let groups = if used == Algorithm::Hierarchical { net::host_groups(self) } else { None };
+                    match groups {
+                        Some(g) => net::hierarchical(self, &g, buf, count, dtype, op)?,
+                        None => net::allreduce(self, buf, count, dtype, op)?,
+                    }
                 }
-                Algorithm::Direct | Algorithm::Ring => {
+                Algorithm::Direct | Algorithm::Ring | Algorithm::Hierarchical => {
                     self.expose_with(&mut hdr, buf, nbytes, self.opts.stage_max_bytes);
                     let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                     let exposed = self.resolve(&headers)?;

@@ -8,12 +8,18 @@
 //! result to every peer at once. Bytes sent per rank: `2 (N-1)/N · n`, as a ring, in two
 //! steps instead of `2 (N-1)`, which matters when every step pays a network latency.
 //!
+//! With several ranks per host the allreduce is hierarchical ([`hierarchical`]): reduce-scatter
+//! within the host over shared memory, an allreduce of each rank's share with the ranks of
+//! the same local index on the other hosts, and an allgather within the host. Every rank
+//! carries `1/L` of the traffic between hosts, so each host sends its data once.
+//!
 //! The landing region (grown collectively when a larger call comes):
 //! ```text
-//! 0                        words: rs[sender][piece], ag[sender][piece] (u32, = call seq)
-//! words_len                rs area: sender s's pieces of my chunk at s * chunk_cap
-//! words_len + n*chunk_cap  ag area: sender s's reduced chunk at s * chunk_cap
+//! 0                          words[area][sender][piece] (u32, = call seq)
+//! words_len + a*n*chunk_cap  area a: sender s's pieces at s * chunk_cap
 //! ```
+//! Areas: 0 reduce-scatter, 1 allgather; the hierarchical allreduce adds 2 and 3 for its
+//! reduce-scatter and allgather between hosts.
 //! Reuse is safe without acknowledgements because every call starts with the all-to-all
 //! header exchange: no rank writes call `s+1`'s data before every rank entered call `s+1`,
 //! i.e. finished reading call `s`'s.
@@ -34,8 +40,11 @@ pub(crate) struct Landing {
     chunk_cap: usize,
 }
 
+/// Landing areas (see the module comment).
+const AREAS: usize = 4;
+
 fn words_len(n: usize) -> usize {
-    (2 * n * MAX_PIECES * 4).next_multiple_of(4096)
+    (AREAS * n * MAX_PIECES * 4).next_multiple_of(4096)
 }
 
 /// How a chunk of `bytes` is cut into pieces: (piece bytes, number of pieces).
@@ -52,7 +61,7 @@ impl Communicator {
         let n = self.size as usize;
         if self.landing.as_ref().is_none_or(|l| l.chunk_cap < chunk_bytes) {
             let cap = chunk_bytes.max(1 << 20).next_multiple_of(4096);
-            let region = self.dev.alloc_region(words_len(n) + 2 * n * cap)?;
+            let region = self.dev.alloc_region(words_len(n) + AREAS * n * cap)?;
             let remotes = self.dev.exchange_regions(&region)?;
             self.landing = Some(Landing { region, remotes, chunk_cap: cap });
         }
@@ -72,7 +81,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// Sends `n` bytes at `src` into rank `q`'s landing area `area` (0 rs, 1 ag) at `off`,
+    /// Sends `n` bytes at `src` into rank `q`'s landing area `area` at `off`,
     /// raising word (area, this rank, `piece`).
     unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {
         let l = self.landing.as_ref().unwrap();
@@ -254,6 +263,148 @@ pub(crate) unsafe fn broadcast(c: &mut Communicator, buf: *mut u8, nbytes: usize
         unsafe { std::ptr::copy_nonoverlapping(c.landed(1, root, off), buf.add(off), p.min(nbytes - off)) };
     }
     Ok(())
+}
+
+/// The hierarchical plan of this job, if it has one: (ranks of this host, ranks with this
+/// rank's local index on every host), both in rank order. Needs more than one host and the
+/// same number (more than one) of ranks on each.
+pub(crate) fn host_groups(c: &Communicator) -> Option<(Vec<u32>, Vec<u32>)> {
+    let dev = c.device();
+    let n = c.size;
+    let mine = dev.host_of(c.rank);
+    let local: Vec<u32> = (0..n).filter(|&r| dev.host_of(r) == mine).collect();
+    let mut hosts: Vec<u32> = (0..n).map(|r| dev.host_of(r)).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let l = local.len();
+    if hosts.len() < 2 || l < 2 || hosts.iter().any(|&h| (0..n).filter(|&r| dev.host_of(r) == h).count() != l) {
+        return None;
+    }
+    let idx = local.iter().position(|&r| r == c.rank).unwrap();
+    let cross: Vec<u32> = hosts
+        .iter()
+        .map(|&h| (0..n).filter(|&r| dev.host_of(r) == h).nth(idx).unwrap())
+        .collect();
+    Some((local, cross))
+}
+
+/// Reduce-scatter (then, unless `scatter_only`, allgather) of elements `a..b` of `buf` among
+/// `group` (which holds this rank), through landing areas `areas` (reduce-scatter, allgather).
+/// Returns the bounds of this rank's share.
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_allreduce(
+    c: &mut Communicator,
+    group: &[u32],
+    buf: *mut u8,
+    a: usize,
+    b: usize,
+    dtype: DType,
+    op: ReduceOp,
+    areas: (usize, usize),
+    scatter_only: bool,
+) -> Result<(usize, usize)> {
+    let es = dtype.size_bytes();
+    let g = group.len() as u32;
+    let me_idx = group.iter().position(|&r| r == c.rank).unwrap() as u32;
+    let part = |i: u32| {
+        let (x, y) = chunk_bounds(b - a, g, i, ALIGN_ELEMS);
+        (a + x, a + y)
+    };
+    let piece = c.net_piece_bytes();
+    let peers: Vec<(u32, u32)> = (1..g).map(|k| (me_idx + k) % g).map(|i| (i, group[i as usize])).collect();
+    let mut sent = Vec::new();
+    for &(i, q) in &peers {
+        let (x, y) = part(i);
+        let bytes = (y - x) * es;
+        let (p, np) = pieces(bytes, piece, es);
+        for k in 0..np {
+            let off = k * p;
+            sent.push(unsafe { c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), areas.0, off, k)? });
+        }
+    }
+    let (x, y) = part(me_idx);
+    let bytes = (y - x) * es;
+    let (p, np) = pieces(bytes, piece, es);
+    let mut forwarded = Vec::new();
+    for k in 0..np {
+        let off = k * p;
+        let len = p.min(bytes - off);
+        let dst = unsafe { buf.add(x * es + off) };
+        for &(_, q) in &peers {
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
+            unsafe { reduce_into(dtype, op, dst, c.landed(areas.0, q, off), len / es) };
+        }
+        if !scatter_only {
+            for &(_, q) in &peers {
+                forwarded.push(unsafe { c.send_piece(q, dst, len, areas.1, off, k)? });
+            }
+        }
+    }
+    wait_all(sent)?;
+    if scatter_only {
+        return Ok((x, y));
+    }
+    for &(i, q) in &peers {
+        let (qx, qy) = part(i);
+        let qbytes = (qy - qx) * es;
+        let (qp, qnp) = pieces(qbytes, piece, es);
+        for k in 0..qnp {
+            let off = k * qp;
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
+            unsafe { std::ptr::copy_nonoverlapping(c.landed(areas.1, q, off), buf.add(qx * es + off), qp.min(qbytes - off)) };
+        }
+    }
+    wait_all(forwarded)?;
+    Ok((x, y))
+}
+
+/// Hierarchical allreduce (see the module comment); `groups` from [`host_groups`].
+///
+/// # Safety
+/// `buf` valid for `count` elements of `dtype`.
+pub(crate) unsafe fn hierarchical(c: &mut Communicator, groups: &(Vec<u32>, Vec<u32>), buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    let es = dtype.size_bytes();
+    let (local, cross) = groups;
+    let l = local.len() as u32;
+    let cap = (0..l).map(|i| {
+        let (x, y) = chunk_bounds(count, l, i, ALIGN_ELEMS);
+        (y - x) * es
+    }).max().unwrap_or(0);
+    c.landing(cap)?;
+    unsafe {
+        // Within the host: this rank ends up owning [x, y), reduced over the host.
+        let (x, y) = group_allreduce(c, local, buf, 0, count, dtype, op, (0, 1), true)?;
+        // Between hosts: that share of every host, reduced and spread among them.
+        group_allreduce(c, cross, buf, x, y, dtype, op, (2, 3), false)?;
+        // Within the host again: every rank gets every share.
+        let piece = c.net_piece_bytes();
+        let bytes = (y - x) * es;
+        let (p, np) = pieces(bytes, piece, es);
+        let me = c.rank;
+        let peers: Vec<u32> = local.iter().copied().filter(|&r| r != me).collect();
+        let mut sent = Vec::new();
+        for k in 0..np {
+            let off = k * p;
+            for &q in &peers {
+                sent.push(c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), 1, off, k)?);
+            }
+        }
+        for &q in &peers {
+            let qi = local.iter().position(|&r| r == q).unwrap() as u32;
+            let (qx, qy) = chunk_bounds(count, l, qi, ALIGN_ELEMS);
+            let qbytes = (qy - qx) * es;
+            let (qp, qnp) = pieces(qbytes, piece, es);
+            for k in 0..qnp {
+                let off = k * qp;
+                let seq = c.seq;
+                c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s share piece {k} of allreduce call #{seq}"))?;
+                std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qx * es + off), qp.min(qbytes - off));
+            }
+        }
+        wait_all(sent)
+    }
 }
 
 #[cfg(test)]
