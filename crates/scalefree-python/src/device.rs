@@ -51,8 +51,7 @@ impl PyDevice {
 
     /// Makes a peer's region (named by its `handle` bytes) addressable here.
     fn attach(&self, py: Python<'_>, handle: &[u8]) -> PyResult<PyRemoteRegion> {
-        let h = RegionHandle::from_bytes(handle).py_err(py)?;
-        let r = self.dev.attach(&h).py_err(py)?;
+        let r = self.dev.attach_serialized(handle).py_err(py)?;
         Ok(PyRemoteRegion { remote: r })
     }
 
@@ -92,7 +91,7 @@ impl PyRegion {
     /// The serializable handle a peer passes to `Device.attach`.
     #[getter]
     fn handle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.region.handle().to_bytes())
+        PyBytes::new(py, &self.region.serialized())
     }
 
     /// A numpy view of the region (no copy).

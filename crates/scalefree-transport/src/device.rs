@@ -503,6 +503,36 @@ impl Device {
         }
     }
 
+    /// [`Device::attach`] from [`Region::serialized`] bytes (which carry the UCX remote key of
+    /// a region on another host).
+    pub fn attach_serialized(&self, bytes: &[u8]) -> Result<RemoteRegion> {
+        if bytes.len() < RegionHandle::BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "a region handle is at least {} bytes, got {}", RegionHandle::BYTES, bytes.len()
+            )));
+        }
+        let h = RegionHandle::from_bytes(&bytes[..RegionHandle::BYTES])?;
+        let rkey = &bytes[RegionHandle::BYTES..];
+        if let (Some(net), RegionKind::Ucx) = (&self.inner.net, h.kind) {
+            if h.owner < self.size() && !self.is_local(h.owner) {
+                if h.pid != self.pid_of(h.owner) && self.pid_of(h.owner) != 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "handle names pid {} but rank {} is pid {}", h.pid, h.owner, self.pid_of(h.owner)
+                    )));
+                }
+                if rkey.is_empty() {
+                    return self.attach(&h);
+                }
+                let rk = net.remote_key(h.owner, h.addr, rkey)?;
+                let mut cache = self.inner.rkeys.lock().unwrap();
+                cache.retain(|_, w| w.strong_count() > 0);
+                cache.insert((h.owner, h.key), Arc::downgrade(&rk));
+                return Ok(RemoteRegion { handle: h, map: None, rkey: Some(rk) });
+            }
+        }
+        self.attach(&h)
+    }
+
     fn map_checked(&self, handle: &RegionHandle, fd: OwnedFd) -> Result<RemoteRegion> {
         let label = shm::fd_label(fd.as_raw_fd());
         if !label.contains(&format!("{:016x}", handle.key)) {

@@ -109,6 +109,16 @@ impl Region {
     pub fn handle(&self) -> RegionHandle {
         self.inner.handle
     }
+    /// The handle as bytes for a peer's [`crate::Device::attach_serialized`]: the 40-byte
+    /// [`RegionHandle`], followed by the packed UCX remote key when the region is registered
+    /// with UCX (peers on other hosts need it to write and read).
+    pub fn serialized(&self) -> Vec<u8> {
+        let mut b = self.inner.handle.to_bytes().to_vec();
+        if let Some(reg) = &self.inner.reg {
+            b.extend_from_slice(&reg.rkey);
+        }
+        b
+    }
     pub fn len(&self) -> usize {
         self.inner.handle.len as usize
     }

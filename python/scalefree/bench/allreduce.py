@@ -25,7 +25,7 @@ from .common import human_bytes, human_time, progress
 BENCH = "allreduce"
 PEERS = ("mpi", "gloo")
 PLACEMENTS = ("arena", "plain")
-ALGORITHMS = ("auto", "one_shot", "direct", "ring")
+ALGORITHMS = ("auto", "one_shot", "direct", "ring", "hierarchical")
 DTYPES = ("float32", "float64", "int32", "int64")
 DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
 # Table order within one size.
