@@ -22,7 +22,7 @@ where
             let id = id.clone();
             let f = f.clone();
             std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
+                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
                 let opts = DeviceOptions { timeout: Duration::from_secs(20), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
                 f(Device::new(job, opts).unwrap());
             })

@@ -20,7 +20,7 @@ where
             let id = id.clone();
             let f = f.clone();
             std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
+                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
                 let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
                 let dev = Device::new(job, opts).unwrap();
                 let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0 };

@@ -18,7 +18,7 @@ where
         .map(|r| {
             let (id, f) = (id.clone(), f.clone());
             std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree };
+                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
                 f(Device::new(job, DeviceOptions { timeout: Duration::from_secs(30), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() }).unwrap());
             })
         })

@@ -135,21 +135,30 @@ impl Device {
         if let Ok(v) = std::env::var("SCALEFREE_TRANSPORT") {
             Transport::parse(&v)?;
         }
-        let use_ucx = match opts.transport {
-            Transport::Ucx => job.size > 1,
-            Transport::Auto => !job.single_host() || simulated_hosts(job.size).is_some(),
-            Transport::Shm => false,
-        };
-        if use_ucx {
-            return Self::new_ucx(job, opts);
-        }
-        if !job.single_host() {
+        if opts.transport == Transport::Shm && !job.single_host() {
             return Err(Error::Unsupported(format!(
-                "ranks span hosts ({} of {} on this host); the shared-memory backend needs all ranks on one host",
+                "ranks span hosts ({} of {} on this host); SCALEFREE_TRANSPORT=shm needs all ranks on one host",
                 job.local_size, job.size
             )));
         }
-        let mut rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
+        let rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
+        let hosts = host_map(&job, &rv, opts.transport);
+        let several_hosts = hosts.iter().any(|&h| h != hosts[0]);
+        let use_ucx = match opts.transport {
+            Transport::Ucx => job.size > 1,
+            Transport::Auto => several_hosts,
+            Transport::Shm => false,
+        };
+        if use_ucx {
+            return Self::new_ucx(job, opts, rv, hosts);
+        }
+        if several_hosts {
+            return Err(Error::Unsupported("ranks span hosts; SCALEFREE_TRANSPORT=shm needs all ranks on one host".into()));
+        }
+        Self::new_shm(job, opts, rv)
+    }
+
+    fn new_shm(job: JobInfo, opts: DeviceOptions, mut rv: Rendezvous) -> Result<Self> {
         let me = job.rank;
         let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
         let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
@@ -162,13 +171,23 @@ impl Device {
         let mut hello = Vec::with_capacity(16);
         hello.extend_from_slice(&std::process::id().to_le_bytes());
         hello.extend_from_slice(&(ctrl.as_ptr() as u64).to_le_bytes());
+        hello.extend_from_slice(&ctrl_fd.as_raw_fd().to_le_bytes());
         let items = rv.exchange(&hello, Some(ctrl_fd.as_raw_fd()))?;
         let mut peers = Vec::with_capacity(items.len());
         let mut my_ctrl = Some(ctrl);
         for (r, it) in items.into_iter().enumerate() {
+            if it.bytes.len() < 16 {
+                return Err(Error::Bootstrap(format!("rank {r} sent a short hello")));
+            }
             let pid = u32::from_le_bytes(it.bytes[0..4].try_into().unwrap());
             let probe = u64::from_le_bytes(it.bytes[4..12].try_into().unwrap());
-            let fd = it.fd.ok_or_else(|| Error::Bootstrap(format!("rank {r} sent no control segment")))?;
+            let peer_fd = i32::from_le_bytes(it.bytes[12..16].try_into().unwrap());
+            // The descriptor travels over a Unix rendezvous; over TCP it is opened via /proc.
+            let fd = match it.fd {
+                Some(fd) => fd,
+                None if r as u32 == me => shm::open_peer_fd(pid, peer_fd)?,
+                None => shm::open_peer_fd(pid, peer_fd).map_err(|e| Error::Bootstrap(format!("rank {r}'s control segment: {e}")))?,
+            };
             let map = if r as u32 == me {
                 my_ctrl.take().unwrap()
             } else {
@@ -209,14 +228,12 @@ impl Device {
     /// over UCX with `Transport::Ucx`). The control segment is mapped by this host's peers;
     /// remote peers' notifications arrive as active messages. Regions are memfds registered
     /// with UCX, so either kind of peer can reach them.
-    fn new_ucx(job: JobInfo, opts: DeviceOptions) -> Result<Self> {
+    fn new_ucx(job: JobInfo, opts: DeviceOptions, mut rv: Rendezvous, hosts: Vec<u32>) -> Result<Self> {
         ucx::describe()?;
-        let mut rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
         let me = job.rank;
         let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
         let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
         unsafe { (ctrl.as_ptr() as *mut u64).write(CTRL_MAGIC) };
-        let hosts = host_map(&job, &rv, opts.transport)?;
         let mut hello = Vec::with_capacity(12);
         hello.extend_from_slice(&std::process::id().to_le_bytes());
         hello.extend_from_slice(&(ctrl.as_ptr() as u64).to_le_bytes());
@@ -733,15 +750,15 @@ impl Device {
 /// Host index of every rank. `Transport::Ucx` treats every rank as its own host (all
 /// traffic over UCX, for tests and comparison); `SCALEFREE_SIMULATE_HOSTS=k` (tests only)
 /// pretends ranks `k*h .. k*h+k-1` share host `h`; otherwise the rendezvous knows.
-fn host_map(job: &JobInfo, _rv: &Rendezvous, transport: Transport) -> Result<Vec<u32>> {
+fn host_map(job: &JobInfo, rv: &Rendezvous, transport: Transport) -> Vec<u32> {
     let n = job.size;
     if transport == Transport::Ucx {
-        return Ok((0..n).collect());
+        return (0..n).collect();
     }
     if let Some(k) = simulated_hosts(n) {
-        return Ok((0..n).map(|r| r / k).collect());
+        return (0..n).map(|r| r / k).collect();
     }
-    Ok(vec![0; n as usize])
+    rv.hosts().to_vec()
 }
 
 /// `SCALEFREE_SIMULATE_HOSTS=k` with fewer than `size` ranks per simulated host.

@@ -45,6 +45,10 @@ pub struct JobInfo {
     /// Shared secret a rank must present to join.
     pub token: String,
     pub launcher: Launcher,
+    /// Where rank 0 hosts the rendezvous over TCP (`SCALEFREE_MASTER_ADDR`, and
+    /// `SCALEFREE_MASTER_PORT`, default [`DEFAULT_MASTER_PORT`]): needed when the job spans
+    /// hosts.
+    pub master: Option<(String, u16)>,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -75,6 +79,7 @@ impl JobInfo {
             job_id: format!("single-{}", std::process::id()),
             token: String::new(),
             launcher: Launcher::Single,
+            master: None,
         }
     }
 
@@ -143,20 +148,44 @@ impl JobInfo {
                 }
                 Launcher::Single => unreachable!(),
             };
-            if let Some(t) = var("SCALEFREE_JOB_TOKEN") {
-                if launcher != Launcher::Scalefree {
-                    return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token: t, launcher });
-                }
+            let master = master_from_env()?;
+            if local_size < size && master.is_none() {
+                return Err(Error::Bootstrap(format!(
+                    "the job spans hosts ({local_size} of {size} ranks on this one) but no rendezvous address is known: \
+                     set SCALEFREE_MASTER_ADDR (and SCALEFREE_MASTER_PORT) to rank 0's host on every host \
+                     (with mpirun: -x SCALEFREE_MASTER_ADDR=...), or launch with `scalefree run --nnodes ... --master-addr ...`"
+                )));
             }
-            return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token, launcher });
+            let token = match var("SCALEFREE_JOB_TOKEN") {
+                Some(t) if launcher != Launcher::Scalefree => t,
+                _ => token,
+            };
+            return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token, launcher, master });
         }
         Ok(JobInfo::single())
     }
 
     /// All ranks on this host (the shared-memory backend's world).
+    /// (A job with a master address may still be on one host: the rendezvous tells.)
     pub fn single_host(&self) -> bool {
         self.local_size == self.size
     }
+}
+
+/// Default port of the TCP rendezvous.
+pub const DEFAULT_MASTER_PORT: u16 = 29517;
+
+fn master_from_env() -> Result<Option<(String, u16)>> {
+    let Some(addr) = var("SCALEFREE_MASTER_ADDR") else {
+        return Ok(None);
+    };
+    let port = match var("SCALEFREE_MASTER_PORT") {
+        None => DEFAULT_MASTER_PORT,
+        Some(p) => p.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+            Error::Bootstrap(format!("SCALEFREE_MASTER_PORT={p:?} is not a port number"))
+        })?,
+    };
+    Ok(Some((addr.trim().to_string(), port)))
 }
 
 #[cfg(test)]

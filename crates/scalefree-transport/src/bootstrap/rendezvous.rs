@@ -1,12 +1,20 @@
-//! Rendezvous of the ranks on one host through an abstract Unix socket.
+//! Rendezvous of the ranks of a job: every rank connects to a hub at rank 0, presents the
+//! job token, its rank and the scalefree version, and keeps the connection open. Later set-up
+//! exchanges (`exchange`) go through the hub.
 //!
-//! Local rank 0 listens on `\0scalefree/<job id>` (abstract: no file to clean up after a
-//! crash). Every other rank connects, presents the job token and its rank, and keeps the
-//! connection open. Later set-up exchanges (`exchange`) go through rank 0 as a hub and
-//! may carry one file descriptor per rank (`SCM_RIGHTS`), which is how peers map each
-//! other's memfd regions without needing `/proc` permissions.
+//! * **One host** (no master address): the hub listens on the abstract Unix socket
+//!   `\0scalefree/<job id>` (no file to clean up after a crash), and an exchange may carry one
+//!   file descriptor per rank (`SCM_RIGHTS`), which is how peers map each other's memfd regions
+//!   without `/proc` permissions.
+//! * **Across hosts** (`SCALEFREE_MASTER_ADDR`/`SCALEFREE_MASTER_PORT`, see [`JobInfo::master`]):
+//!   the hub listens on TCP. Descriptors do not cross hosts: over TCP every `Item.fd` is
+//!   `None`, and peers on one host map each other's regions through `/proc/<pid>/fd`.
+//!
+//! Every rank also sends an identity of its host (boot id, IPC, UTS and network namespaces,
+//! host name), from which [`Rendezvous::host_of`] numbers the hosts.
 
 use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -21,110 +29,215 @@ pub struct Item {
     pub fd: Option<OwnedFd>,
 }
 
-/// Connections between the ranks of one host, used only during set-up.
+/// A connection of the rendezvous: a Unix or a TCP stream.
+trait Conn: Read + Write + AsRawFd + Send {
+    fn set_timeout(&self, t: Option<Duration>);
+    fn is_tcp(&self) -> bool;
+}
+impl Conn for UnixStream {
+    fn set_timeout(&self, t: Option<Duration>) {
+        self.set_read_timeout(t).ok();
+    }
+    fn is_tcp(&self) -> bool {
+        false
+    }
+}
+impl Conn for TcpStream {
+    fn set_timeout(&self, t: Option<Duration>) {
+        self.set_read_timeout(t).ok();
+    }
+    fn is_tcp(&self) -> bool {
+        true
+    }
+}
+
+/// Connections between the ranks of a job, used only during set-up.
 pub struct Rendezvous {
     rank: u32,
     size: u32,
     /// Rank 0: a stream per peer, indexed by rank (None at index 0). Others: one stream.
-    conns: Vec<Option<UnixStream>>,
+    conns: Vec<Option<Box<dyn Conn>>>,
     timeout: Duration,
+    /// Host index of every rank.
+    hosts: Vec<u32>,
 }
 
-const MAGIC: &[u8; 8] = b"SCLFREE2";
+const MAGIC: &[u8; 8] = b"SCLFREE3";
+const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn bs(msg: impl Into<String>) -> Error {
     Error::Bootstrap(msg.into())
+}
+
+/// What makes this host this host for the transports: shared memory needs the same boot,
+/// IPC namespace and host name; the network namespace separates simulated hosts too.
+pub fn host_identity() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    let link = |p: &str| std::fs::read_link(p).map(|l| l.to_string_lossy().into_owned()).unwrap_or_default();
+    format!(
+        "{}|{}|{}|{}|{}",
+        read("/proc/sys/kernel/random/boot_id"),
+        link("/proc/self/ns/ipc"),
+        link("/proc/self/ns/uts"),
+        link("/proc/self/ns/net"),
+        read("/proc/sys/kernel/hostname"),
+    )
 }
 
 impl Rendezvous {
     /// Joins the job. Blocks until every rank has arrived or `timeout` passes.
     pub fn join(job: &JobInfo, timeout: Duration) -> Result<Self> {
         if job.size == 1 {
-            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout });
+            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout, hosts: vec![0] });
         }
-        let name = format!("scalefree/{}", job.job_id);
-        let addr = SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(|e| Error::io("abstract socket name", e))?;
-        if job.rank == 0 {
-            Self::host(job, &addr, &name, timeout)
-        } else {
-            Self::guest(job, &addr, &name, timeout)
-        }
+        let mut rv = match &job.master {
+            Some((host, port)) => {
+                let what = format!("{host}:{port}");
+                if job.rank == 0 {
+                    let listener = bind_tcp(host, *port)?;
+                    Self::host(job, &what, timeout, &mut || match listener.accept() {
+                        Ok((s, _)) => {
+                            s.set_nodelay(true).ok();
+                            Ok(Some(Box::new(s) as Box<dyn Conn>))
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                        Err(e) => Err(Error::io("accept", e)),
+                    }, &|l| { listener.set_nonblocking(l).ok(); })?
+                } else {
+                    Self::guest(job, &what, timeout, &mut || {
+                        let addrs: Vec<_> = (host.as_str(), *port).to_socket_addrs().map_err(|e| e.to_string())?.collect();
+                        let mut last = String::from("no address");
+                        for a in addrs {
+                            match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
+                                Ok(s) => {
+                                    s.set_nodelay(true).ok();
+                                    return Ok(Box::new(s) as Box<dyn Conn>);
+                                }
+                                Err(e) => last = e.to_string(),
+                            }
+                        }
+                        Err(last)
+                    })?
+                }
+            }
+            None => {
+                let name = format!("scalefree/{}", job.job_id);
+                let addr = SocketAddr::from_abstract_name(name.as_bytes())
+                    .map_err(|e| Error::io("abstract socket name", e))?;
+                let what = format!("{name:?}");
+                if job.rank == 0 {
+                    let listener = UnixListener::bind_addr(&addr).map_err(|e| {
+                        if e.kind() == std::io::ErrorKind::AddrInUse {
+                            bs(format!(
+                                "another process already hosts rendezvous {name:?}: is a job with id {} still running?",
+                                job.job_id
+                            ))
+                        } else {
+                            Error::io(format!("bind {name:?}"), e)
+                        }
+                    })?;
+                    Self::host(job, &what, timeout, &mut || match listener.accept() {
+                        Ok((s, _)) => {
+                            if !same_user(&s) {
+                                return Ok(None);
+                            }
+                            Ok(Some(Box::new(s) as Box<dyn Conn>))
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                        Err(e) => Err(Error::io("accept", e)),
+                    }, &|l| { listener.set_nonblocking(l).ok(); })?
+                } else {
+                    Self::guest(job, &what, timeout, &mut || {
+                        UnixStream::connect_addr(&addr).map(|s| Box::new(s) as Box<dyn Conn>).map_err(|e| e.to_string())
+                    })?
+                }
+            }
+        };
+        // Which ranks share a host.
+        let ids = rv.exchange(host_identity().as_bytes(), None)?;
+        let mut seen: Vec<Vec<u8>> = Vec::new();
+        rv.hosts = ids
+            .into_iter()
+            .map(|it| match seen.iter().position(|s| *s == it.bytes) {
+                Some(i) => i as u32,
+                None => {
+                    seen.push(it.bytes);
+                    (seen.len() - 1) as u32
+                }
+            })
+            .collect();
+        Ok(rv)
     }
 
-    fn host(job: &JobInfo, addr: &SocketAddr, name: &str, timeout: Duration) -> Result<Self> {
-        let listener = UnixListener::bind_addr(addr).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AddrInUse {
-                bs(format!(
-                    "another process already hosts rendezvous {name:?}: is a job with id {} still running?",
-                    job.job_id
-                ))
-            } else {
-                Error::io(format!("bind {name:?}"), e)
-            }
-        })?;
-        listener.set_nonblocking(true).map_err(|e| Error::io("set_nonblocking", e))?;
+    fn host(
+        job: &JobInfo,
+        what: &str,
+        timeout: Duration,
+        accept: &mut dyn FnMut() -> Result<Option<Box<dyn Conn>>>,
+        nonblocking: &dyn Fn(bool),
+    ) -> Result<Self> {
+        nonblocking(true);
         let deadline = Instant::now() + timeout;
-        let mut conns: Vec<Option<UnixStream>> = (0..job.size).map(|_| None).collect();
+        let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
         let mut joined = 1u32;
         while joined < job.size {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).map_err(|e| Error::io("set_nonblocking", e))?;
-                    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                    if !same_user(&s) {
-                        continue;
-                    }
-                    let Ok((hello, _)) = recv_frame(&mut s) else { continue };
-                    let Some((rank, size)) = parse_hello(&hello, &job.token) else { continue };
-                    let refusal = if size != job.size {
-                        Some(format!("REFUSED: rank 0 runs a job of {} ranks, this rank was told {size}", job.size))
-                    } else if rank == 0 || rank >= job.size || conns[rank as usize].is_some() {
-                        Some(format!("REFUSED: rank {rank} is already taken or out of range"))
-                    } else {
-                        None
+            match accept()? {
+                Some(mut s) => {
+                    set_blocking(s.as_raw_fd());
+                    s.set_timeout(Some(Duration::from_secs(5)));
+                    let Ok((hello, _)) = recv_frame(&mut *s) else { continue };
+                    let refusal = match parse_hello(&hello, &job.token) {
+                        Err(why) => Some(why),
+                        Ok((_, size, _)) if size != job.size => {
+                            Some(format!("rank 0 runs a job of {} ranks, this rank was told {size}", job.size))
+                        }
+                        Ok((rank, _, _)) if rank == 0 || rank >= job.size || conns[rank as usize].is_some() => {
+                            Some(format!("rank {rank} is already taken or out of range"))
+                        }
+                        Ok(_) => None,
                     };
                     if let Some(msg) = refusal {
-                        let _ = send_frame(&mut s, msg.as_bytes(), None);
+                        let _ = send_frame(&mut *s, format!("REFUSED: {msg}").as_bytes(), None);
                         continue;
                     }
-                    s.set_read_timeout(Some(timeout)).ok();
+                    let (rank, _, _) = parse_hello(&hello, &job.token).unwrap();
+                    s.set_timeout(Some(timeout));
                     conns[rank as usize] = Some(s);
                     joined += 1;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                None => {
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> =
                             (1..job.size).filter(|r| conns[*r as usize].is_none()).collect();
                         return Err(Error::Timeout {
                             timeout,
-                            waiting_for: format!("ranks {missing:?} to join rendezvous {name:?}"),
+                            waiting_for: format!("ranks {missing:?} to join rendezvous {what}"),
                         });
                     }
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                Err(e) => return Err(Error::io("accept", e)),
             }
         }
+        nonblocking(false);
         // Welcome everybody (proves we know the token too).
         let welcome = hello_bytes(&job.token, 0, job.size);
         for s in conns.iter_mut().flatten() {
-            send_frame(s, &welcome, None)?;
+            send_frame(&mut **s, &welcome, None)?;
         }
-        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout })
+        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new() })
     }
 
-    fn guest(job: &JobInfo, addr: &SocketAddr, name: &str, timeout: Duration) -> Result<Self> {
+    fn guest(job: &JobInfo, what: &str, timeout: Duration, connect: &mut dyn FnMut() -> std::result::Result<Box<dyn Conn>, String>) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         let mut delay = Duration::from_millis(1);
         let mut s = loop {
-            match UnixStream::connect_addr(addr) {
+            match connect() {
                 Ok(s) => break s,
                 Err(e) => {
                     if Instant::now() >= deadline {
                         return Err(Error::Timeout {
                             timeout,
-                            waiting_for: format!("rank 0 to open rendezvous {name:?} ({e})"),
+                            waiting_for: format!("rank 0 to open rendezvous {what} ({e})"),
                         });
                     }
                     std::thread::sleep(delay);
@@ -132,19 +245,19 @@ impl Rendezvous {
                 }
             }
         };
-        s.set_read_timeout(Some(timeout)).ok();
-        send_frame(&mut s, &hello_bytes(&job.token, job.rank, job.size), None)?;
-        let (reply, _) = recv_frame(&mut s)
-            .map_err(|e| bs(format!("rank 0 closed the rendezvous before welcoming rank {}: {e}", job.rank)))?;
+        s.set_timeout(Some(timeout));
+        send_frame(&mut *s, &hello_bytes(&job.token, job.rank, job.size), None)?;
+        let (reply, _) = recv_frame(&mut *s)
+            .map_err(|e| bs(format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)))?;
         if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
             return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
         }
-        if parse_hello(&reply, &job.token).map(|(r, _)| r) != Some(0) {
+        if parse_hello(&reply, &job.token).map(|(r, _, _)| r).ok() != Some(0) {
             return Err(bs("the rendezvous host does not know this job's token"));
         }
-        let mut conns: Vec<Option<UnixStream>> = (0..job.size).map(|_| None).collect();
+        let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
         conns[0] = Some(s);
-        Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout })
+        Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new() })
     }
 
     pub fn rank(&self) -> u32 {
@@ -154,8 +267,22 @@ impl Rendezvous {
         self.size
     }
 
+    /// Host index of `rank`: ranks of one host share it; hosts are numbered in the order
+    /// of their lowest rank.
+    pub fn host_of(&self, rank: u32) -> u32 {
+        self.hosts[rank as usize]
+    }
+    /// Host index of every rank.
+    pub fn hosts(&self) -> &[u32] {
+        &self.hosts
+    }
+    /// Whether the hub is reached over TCP (descriptors do not travel).
+    pub fn is_tcp(&self) -> bool {
+        self.conns.iter().flatten().any(|c| c.is_tcp())
+    }
+
     /// Every rank contributes an item; every rank gets all items, indexed by rank.
-    /// Descriptors are duplicated into each receiver by the kernel.
+    /// Descriptors are duplicated into each receiver by the kernel (Unix hub only).
     pub fn exchange(&mut self, bytes: &[u8], fd: Option<RawFd>) -> Result<Vec<Item>> {
         let dup = |fd: RawFd| -> Result<OwnedFd> {
             let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -167,28 +294,29 @@ impl Rendezvous {
         if self.size == 1 {
             return Ok(vec![Item { bytes: bytes.to_vec(), fd: fd.map(dup).transpose()? }]);
         }
+        let fd = if self.is_tcp() { None } else { fd };
         if self.rank == 0 {
             let mut items: Vec<Item> = Vec::with_capacity(self.size as usize);
             items.push(Item { bytes: bytes.to_vec(), fd: fd.map(dup).transpose()? });
             for r in 1..self.size as usize {
                 let s = self.conns[r].as_mut().expect("connected");
-                let (b, f) = recv_frame(s).map_err(|e| lost(r as u32, e))?;
+                let (b, f) = recv_frame(&mut **s).map_err(|e| lost(r as u32, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             for r in 1..self.size as usize {
                 let s = self.conns[r].as_mut().expect("connected");
                 for it in &items {
-                    send_frame(s, &it.bytes, it.fd.as_ref().map(|f| f.as_raw_fd()))
+                    send_frame(&mut **s, &it.bytes, it.fd.as_ref().map(|f| f.as_raw_fd()))
                         .map_err(|e| lost(r as u32, e))?;
                 }
             }
             Ok(items)
         } else {
             let s = self.conns[0].as_mut().expect("connected");
-            send_frame(s, bytes, fd).map_err(|e| lost(0, e))?;
+            send_frame(&mut **s, bytes, fd).map_err(|e| lost(0, e))?;
             let mut items = Vec::with_capacity(self.size as usize);
             for _ in 0..self.size {
-                let (b, f) = recv_frame(s).map_err(|e| lost(0, e))?;
+                let (b, f) = recv_frame(&mut **s).map_err(|e| lost(0, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             Ok(items)
@@ -200,6 +328,38 @@ impl Rendezvous {
     }
 }
 
+/// Listens on `host:port` (the master address), or on every interface when `host` is not
+/// an address of this machine.
+fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
+    let mut last = None;
+    let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(|e| Error::io(format!("resolve {host}:{port}"), e))?.collect();
+    for a in addrs {
+        match TcpListener::bind(a) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Ok(l) = TcpListener::bind(("0.0.0.0", port)) {
+        return Ok(l);
+    }
+    Err(match last {
+        Some(e) if e.kind() == std::io::ErrorKind::AddrInUse => bs(format!(
+            "port {port} on {host} is in use: another job? choose another --master-port"
+        )),
+        Some(e) => Error::io(format!("listen on {host}:{port}"), e),
+        None => bs(format!("{host} resolves to no address")),
+    })
+}
+
+fn set_blocking(fd: RawFd) {
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+}
+
 fn lost(rank: u32, e: Error) -> Error {
     Error::Bootstrap(format!("lost rank {rank} during set-up: {e}"))
 }
@@ -208,16 +368,31 @@ fn hello_bytes(token: &str, rank: u32, size: u32) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
     v.extend_from_slice(&rank.to_le_bytes());
     v.extend_from_slice(&size.to_le_bytes());
+    v.extend_from_slice(&(VERSION.len() as u16).to_le_bytes());
+    v.extend_from_slice(VERSION.as_bytes());
     v.extend_from_slice(token.as_bytes());
     v
 }
 
-/// (rank, world size) from a hello carrying the right token.
-fn parse_hello(b: &[u8], token: &str) -> Option<(u32, u32)> {
-    if b.len() < 16 || &b[..8] != MAGIC || &b[16..] != token.as_bytes() {
-        return None;
+/// (rank, world size, version) from a hello, or why it is refused.
+fn parse_hello(b: &[u8], token: &str) -> std::result::Result<(u32, u32, String), String> {
+    if b.len() < 18 || &b[..8] != MAGIC {
+        return Err("not a scalefree rendezvous message (another program, or a scalefree too old)".into());
     }
-    Some((u32::from_le_bytes(b[8..12].try_into().unwrap()), u32::from_le_bytes(b[12..16].try_into().unwrap())))
+    let rank = u32::from_le_bytes(b[8..12].try_into().unwrap());
+    let size = u32::from_le_bytes(b[12..16].try_into().unwrap());
+    let vlen = u16::from_le_bytes(b[16..18].try_into().unwrap()) as usize;
+    if b.len() < 18 + vlen {
+        return Err("a truncated hello".into());
+    }
+    let version = String::from_utf8_lossy(&b[18..18 + vlen]).into_owned();
+    if version != VERSION {
+        return Err(format!("rank {rank} runs scalefree {version} but rank 0 runs {VERSION}"));
+    }
+    if &b[18 + vlen..] != token.as_bytes() {
+        return Err(format!("rank {rank} presented the wrong job token (a rank of another job?)"));
+    }
+    Ok((rank, size, version))
 }
 
 fn same_user(s: &UnixStream) -> bool {
@@ -236,7 +411,7 @@ fn same_user(s: &UnixStream) -> bool {
 }
 
 /// Frame: u32 payload length, u32 has-fd flag, payload. The descriptor rides on the header.
-fn send_frame(s: &mut UnixStream, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
+fn send_frame(s: &mut dyn Conn, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
     let mut hdr = [0u8; 8];
     hdr[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     hdr[4..].copy_from_slice(&(fd.is_some() as u32).to_le_bytes());
@@ -277,7 +452,7 @@ fn send_frame(s: &mut UnixStream, payload: &[u8], fd: Option<RawFd>) -> Result<(
     s.write_all(payload).map_err(|e| Error::io("send", e))
 }
 
-fn recv_frame(s: &mut UnixStream) -> Result<(Vec<u8>, Option<OwnedFd>)> {
+fn recv_frame(s: &mut dyn Conn) -> Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut hdr = [0u8; 8];
     let mut iov = libc::iovec {
         iov_base: hdr.as_mut_ptr() as *mut libc::c_void,
@@ -337,6 +512,7 @@ mod tests {
             job_id: id.into(),
             token: token.into(),
             launcher: Launcher::Scalefree,
+            master: None,
         }
     }
 
@@ -388,6 +564,61 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let stray = Rendezvous::join(&job(1, 2, &id, "wrong"), Duration::from_millis(400));
         assert!(stray.is_err());
+        let host_err = host.join().unwrap();
+        assert!(matches!(host_err, Some(Error::Timeout { .. })), "{host_err:?}");
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn tcp_job(rank: u32, size: u32, port: u16, token: &str) -> JobInfo {
+        JobInfo { master: Some(("127.0.0.1".into(), port)), local_size: 1, local_rank: 0, ..job(rank, size, "tcp", token) }
+    }
+
+    #[test]
+    fn four_ranks_meet_over_tcp() {
+        let port = free_port();
+        let handles: Vec<_> = (0..4u32)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let mut rv = Rendezvous::join(&tcp_job(r, 4, port, "s"), Duration::from_secs(20)).unwrap();
+                    assert!(rv.is_tcp());
+                    // Threads of one process: one host.
+                    assert_eq!(rv.hosts(), &[0, 0, 0, 0]);
+                    let f = std::fs::File::open("/proc/self/stat").unwrap();
+                    let items = rv.exchange(&[r as u8; 5], Some(f.as_raw_fd())).unwrap();
+                    for (i, it) in items.iter().enumerate() {
+                        assert_eq!(it.bytes, vec![i as u8; 5]);
+                        assert!(it.fd.is_none(), "descriptors do not cross TCP");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn tcp_refuses_wrong_token_and_other_versions() {
+        let port = free_port();
+        let host = std::thread::spawn(move || Rendezvous::join(&tcp_job(0, 2, port, "right"), Duration::from_secs(3)).err());
+        std::thread::sleep(Duration::from_millis(100));
+        let e = Rendezvous::join(&tcp_job(1, 2, port, "wrong"), Duration::from_secs(2)).err().expect("refused");
+        assert!(e.to_string().contains("wrong job token"), "{e}");
+        // A hello from another scalefree version.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&1u32.to_le_bytes());
+        hello.extend_from_slice(&2u32.to_le_bytes());
+        hello.extend_from_slice(&5u16.to_le_bytes());
+        hello.extend_from_slice(b"0.0.1");
+        hello.extend_from_slice(b"right");
+        send_frame(&mut s, &hello, None).unwrap();
+        let (reply, _) = recv_frame(&mut s).unwrap();
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        assert!(reply.contains("runs scalefree 0.0.1 but rank 0 runs"), "{reply}");
         let host_err = host.join().unwrap();
         assert!(matches!(host_err, Some(Error::Timeout { .. })), "{host_err:?}");
     }
