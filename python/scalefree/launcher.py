@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import ctypes
 import functools
+import hashlib
 import os
 import secrets
 import signal
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 #: Rank variables of other launchers; they must not leak into our ranks.
 FOREIGN_RANK_VARIABLES = (
@@ -38,6 +40,7 @@ FOREIGN_RANK_VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
 )
 
+DEFAULT_MASTER_PORT = 29517  # the transport's default too
 EXIT_TIMEOUT = 124
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
@@ -56,7 +59,33 @@ def new_job() -> tuple[str, str]:
     return "sf-" + secrets.token_hex(6), secrets.token_hex(16)
 
 
-def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher's ranks sit in a job over several hosts (torchrun-style): host
+    ``node_rank`` of ``nnodes``, each running ``nproc_per_node`` ranks, meeting at
+    ``master_addr:master_port`` (rank 0's host)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def global_rank(self, local: int, per_node: int) -> int:
+        return self.node_rank * per_node + local
+
+
+def multi_host_job(nodes: Nodes) -> tuple[str, str]:
+    """Job id and token that every host of the job computes alike: from
+    ``SCALEFREE_JOB_ID``/``SCALEFREE_JOB_TOKEN`` when set (set the token to a shared secret
+    to keep other users' jobs out), else derived from the master address and the user id."""
+    where = f"{nodes.master_addr}:{nodes.master_port}"
+    job_id = os.environ.get("SCALEFREE_JOB_ID") or "sf-" + hashlib.sha256(where.encode()).hexdigest()[:12]
+    token = os.environ.get("SCALEFREE_JOB_TOKEN") or hashlib.sha256(f"{where}:{os.getuid()}:{job_id}".encode()).hexdigest()[:32]
+    return job_id, token
+
+
+def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None, *,
+                     local_rank: int | None = None, local_size: int | None = None, nodes: Nodes | None = None) -> dict:
     """The environment of one rank: ``base`` (default ``os.environ``) without other
     launchers' rank variables, plus the ``SCALEFREE_*`` ones."""
     env = dict(os.environ if base is None else base)
@@ -65,11 +94,14 @@ def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict |
     env.update(
         SCALEFREE_RANK=str(rank),
         SCALEFREE_WORLD_SIZE=str(size),
-        SCALEFREE_LOCAL_RANK=str(rank),
-        SCALEFREE_LOCAL_SIZE=str(size),
+        SCALEFREE_LOCAL_RANK=str(rank if local_rank is None else local_rank),
+        SCALEFREE_LOCAL_SIZE=str(size if local_size is None else local_size),
         SCALEFREE_JOB_ID=job_id,
         SCALEFREE_JOB_TOKEN=token,
     )
+    if nodes is not None and nodes.master_addr:
+        env["SCALEFREE_MASTER_ADDR"] = nodes.master_addr
+        env["SCALEFREE_MASTER_PORT"] = str(nodes.master_port or DEFAULT_MASTER_PORT)
     return env
 
 
@@ -183,15 +215,17 @@ class _Ranks:
     process group, cannot be reused by an unrelated process before we are done signalling.
     """
 
-    def __init__(self, cmd: list[str], nprocs: int, env: dict | None, job_id: str, token: str):
+    def __init__(self, cmd: list[str], nprocs: int, env: dict | None, job_id: str, token: str, nodes: Nodes | None = None):
         self.procs: list[subprocess.Popen] = []
         self._codes: dict[int, int] = {}
         preexec = _die_with_launcher()
+        nodes = nodes or Nodes()
         try:
-            for rank in range(nprocs):
+            for local in range(nprocs):
                 self.procs.append(subprocess.Popen(
                     cmd,
-                    env=rank_environment(rank, nprocs, job_id, token, env),
+                    env=rank_environment(nodes.global_rank(local, nprocs), nodes.nnodes * nprocs, job_id, token, env,
+                                         local_rank=local, local_size=nprocs, nodes=nodes),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -280,8 +314,12 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
 
 
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
-           prefix: bool = True, env: dict | None = None) -> int:
+           prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
+
+    ``nodes`` places them in a job over several hosts: run the same command on every host
+    with its own ``node_rank``; ranks meet at ``master_addr`` (rank 0's host) over TCP and
+    talk over UCX between hosts, shared memory within one.
 
     ``timeout`` (seconds, default none) limits the whole job; ``grace`` (seconds) is how
     long the other ranks may take to exit by themselves after one fails; ``prefix`` tags
@@ -300,15 +338,20 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         raise ValueError(f"grace must not be negative, got {grace}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    job_id, token = new_job()
+    nodes = nodes or Nodes()
+    if nodes.nnodes > 1 and not nodes.master_addr:
+        raise ValueError("a job over several hosts needs master_addr (rank 0's host)")
+    if not 0 <= nodes.node_rank < nodes.nnodes:
+        raise ValueError(f"node_rank must be in [0, {nodes.nnodes}), got {nodes.node_rank}")
+    job_id, token = multi_host_job(nodes) if nodes.master_addr else new_job()
     received: list[int] = []
     with _catch_stopping_signals(received):
         try:
-            ranks = _Ranks(cmd, nprocs, env, job_id, token)
+            ranks = _Ranks(cmd, nprocs, env, job_id, token, nodes)
         except OSError as e:
             _say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
             return EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE
-        tag = (lambda r: f"[{r}] ".encode()) if prefix else (lambda r: b"")
+        tag = (lambda r: f"[{nodes.global_rank(r, nprocs)}] ".encode()) if prefix else (lambda r: b"")
         out, err = _binary(sys.stdout), _binary(sys.stderr)
         pumps = []
         for r, p in enumerate(ranks.procs):
@@ -324,7 +367,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
 # Command line
 
 
-_USAGE = "%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--] CMD [ARGS...]"
+_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--] CMD [ARGS...]\n"
+          "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P] [--] CMD ...")
 
 
 def _at_least_one(text: str) -> int:
@@ -348,8 +392,16 @@ def _seconds(text: str, *, allow_zero: bool) -> float:
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("-n", "--nprocs", type=_at_least_one, required=True, metavar="N",
-                   help="number of ranks to start (at least 1)")
+    p.add_argument("-n", "--nprocs", "--nproc-per-node", type=_at_least_one, default=None, metavar="N",
+                   help="number of ranks to start on this host (at least 1)")
+    hosts = p.add_argument_group("several hosts (run the same command on every host)")
+    hosts.add_argument("--nnodes", type=_at_least_one, default=1, metavar="H", help="number of hosts (default: 1)")
+    hosts.add_argument("--node-rank", type=int, default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
+    hosts.add_argument("--master-addr", default=os.environ.get("SCALEFREE_MASTER_ADDR"), metavar="ADDR",
+                       help="address of the host of rank 0 (node rank 0), where ranks meet "
+                            "(default: SCALEFREE_MASTER_ADDR)")
+    hosts.add_argument("--master-port", type=int, default=None, metavar="P",
+                       help=f"TCP port of the meeting point (default: SCALEFREE_MASTER_PORT or {DEFAULT_MASTER_PORT})")
     p.add_argument("--timeout", type=functools.partial(_seconds, allow_zero=False), default=None, metavar="S",
                    help="wall-clock limit for the whole job in seconds; exit code 124 when reached (default: none)")
     p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
@@ -367,7 +419,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         parser.error("no command given: scalefree run -n N [--] CMD [ARGS...]")
-    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix)
+    if args.nprocs is None:
+        parser.error("the number of ranks is required: -n N (or --nproc-per-node N)")
+    if args.nnodes > 1 and not args.master_addr:
+        parser.error("--nnodes > 1 needs --master-addr (the address of node rank 0)")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    port = args.master_port or int(os.environ.get("SCALEFREE_MASTER_PORT") or DEFAULT_MASTER_PORT)
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port) if args.master_addr else None
+    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes)
 
 
 def add_parser(sub) -> None:

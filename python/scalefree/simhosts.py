@@ -1,0 +1,148 @@
+"""Simulated hosts on one machine, for tests and benchmarks across hosts.
+
+Each host is a network namespace joined to the others by a veth pair and a bridge (the
+bridge lives in a namespace of its own, so nothing touches the machine's network), with a
+private subnet and no route out of it. Commands run in a host under their own IPC and UTS
+namespaces (``unshare --ipc --uts``) and host name: otherwise UCX would see one machine and
+talk through shared memory, and a multi-host test would pass falsely.
+
+    with SimHosts(2) as hosts:
+        procs = [hosts.popen(i, ["python", "-c", "..."]) for i in range(2)]
+
+Everything is removed on exit, also when the body raises; namespaces left by a run that was
+killed are removed by the next run (their names carry the owner's pid). Needs root (or
+CAP_SYS_ADMIN + CAP_NET_ADMIN) and ``ip``/``unshare``; :func:`available` says why not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+_PREFIX = "sfsim"
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=30)
+
+
+def available() -> str | None:
+    """None when simulated hosts can be made here, else why not."""
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed"
+    name = f"{_PREFIX}{os.getpid()}probe"
+    r = _run("ip", "netns", "add", name, check=False)
+    if r.returncode != 0:
+        return f"cannot create network namespaces: {r.stderr.strip()}"
+    try:
+        r = _run("ip", "netns", "exec", name, "unshare", "--ipc", "--uts", "true", check=False)
+        if r.returncode != 0:
+            return f"cannot create IPC/UTS namespaces: {r.stderr.strip()}"
+        r = _run("ip", "-n", name, "link", "add", "b0", "type", "bridge", check=False)
+        if r.returncode != 0:
+            return f"cannot create a bridge: {r.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "del", name, check=False)
+    return None
+
+
+def remove_stale() -> None:
+    """Deletes namespaces of earlier runs whose owning process is gone."""
+    out = _run("ip", "netns", "list", check=False).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.match(rf"{_PREFIX}(\d+)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _run("ip", "netns", "del", name, check=False)
+
+
+class SimHosts:
+    """``n`` simulated hosts with addresses ``10.77.S.1 .. 10.77.S.n``."""
+
+    def __init__(self, n: int, *, mtu: int | None = None):
+        if n < 1:
+            raise ValueError("at least one host")
+        self.n = n
+        self.mtu = mtu
+        self.tag = f"{_PREFIX}{os.getpid()}x{int(time.time() * 1000) % 100000}"
+        self.subnet = 20 + (os.getpid() + int(time.time())) % 200
+        self.hub = f"{self.tag}hub"
+        self._procs: list[subprocess.Popen] = []
+        self._made: list[str] = []
+
+    def name(self, i: int) -> str:
+        return f"{self.tag}h{i}"
+
+    def ip(self, i: int) -> str:
+        return f"10.77.{self.subnet}.{i + 1}"
+
+    def __enter__(self) -> "SimHosts":
+        remove_stale()
+        try:
+            _run("ip", "netns", "add", self.hub)
+            self._made.append(self.hub)
+            _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for i in range(self.n):
+                ns = self.name(i)
+                _run("ip", "netns", "add", ns)
+                self._made.append(ns)
+                _run("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", self.hub)
+                _run("ip", "-n", self.hub, "link", "set", f"p{i}", "master", "br0")
+                if self.mtu:
+                    _run("ip", "-n", self.hub, "link", "set", f"p{i}", "mtu", str(self.mtu))
+                    _run("ip", "-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
+                _run("ip", "-n", self.hub, "link", "set", f"p{i}", "up")
+                _run("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
+                _run("ip", "-n", ns, "link", "set", "eth0", "up")
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def command(self, i: int, argv: list[str]) -> list[str]:
+        """``argv`` wrapped to run on host ``i`` (own network, IPC and UTS namespaces)."""
+        return ["ip", "netns", "exec", self.name(i), "unshare", "--ipc", "--uts", "--",
+                "sh", "-c", f'hostname {self.name(i)} && exec "$@"', "sh", *argv]
+
+    def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
+        """Starts ``argv`` on host ``i`` in a process group of its own (killed on close)."""
+        kw.setdefault("start_new_session", True)
+        p = subprocess.Popen(self.command(i, argv), **kw)
+        self._procs.append(p)
+        return p
+
+    def link(self, i: int, up: bool) -> None:
+        """Cuts host ``i`` off the network (or reconnects it)."""
+        _run("ip", "-n", self.name(i), "link", "set", "eth0", "up" if up else "down")
+
+    def close(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+        for ns in reversed(self._made):
+            _run("ip", "netns", "del", ns, check=False)
+        self._made.clear()
+
+
+def leftovers() -> list[str]:
+    """Namespaces of simulated hosts that still exist (for tests of cleanup)."""
+    out = _run("ip", "netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(_PREFIX)]
