@@ -220,6 +220,7 @@ class _Ranks:
         self._codes: dict[int, int] = {}
         preexec = _die_with_launcher()
         nodes = nodes or Nodes()
+        self.first_rank = nodes.global_rank(0, nprocs)  # global rank of this host's first rank
         try:
             for local in range(nprocs):
                 self.procs.append(subprocess.Popen(
@@ -301,7 +302,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
         for rank, code in enumerate(codes):
             if code:  # the first failure seen; ties within one poll go to the lowest rank
                 others = ranks.running()
-                _say(f"rank {rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
                 ranks.stop(grace, received)
                 return code
         if all(code == 0 for code in codes):

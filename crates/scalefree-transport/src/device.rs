@@ -270,6 +270,7 @@ impl Device {
                 peers.push(PeerInfo { pid, ctrl: None, watch: None, cma: false });
             }
         }
+        net.watch(peers.iter().enumerate().map(|(r, p)| r as u32 != me && p.ctrl.is_none()).collect());
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         Ok(Device {
             inner: Arc::new(DeviceInner {

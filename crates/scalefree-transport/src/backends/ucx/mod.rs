@@ -31,6 +31,7 @@ use crate::wait::{self, WaitPolicy};
 
 const AM_NOTIFY: u32 = 0x5346_0001 & 0xffff;
 const AM_WRITE: u32 = 0x5346_0002 & 0xffff;
+const AM_HEARTBEAT: u32 = 0x5346_0003 & 0xffff;
 
 /// Header of a write-with-notification active message.
 #[repr(C)]
@@ -129,6 +130,12 @@ pub(crate) struct Shared {
     /// Requests in flight (sends, and rendezvous receives into regions). While any is, the
     /// progress thread sleeps on the event descriptor for at most a millisecond.
     inflight: AtomicU32,
+    /// Heartbeats: when each peer was last heard from (ms since `epoch`), which peers are
+    /// watched (those on other hosts), and after how long silence means lost.
+    epoch: std::time::Instant,
+    last_heard: Vec<std::sync::atomic::AtomicU64>,
+    watched: Mutex<Vec<bool>>,
+    peer_timeout: std::time::Duration,
 }
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
@@ -240,13 +247,7 @@ unsafe extern "C" fn err_cb(arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_
     let (sh, peer) = unsafe { &*(arg as *const (std::sync::Weak<Shared>, u32)) };
     if let Some(sh) = sh.upgrade() {
         let why = sh.ucp.status(status);
-        *sh.lost[*peer as usize].lock().unwrap() = Some(why);
-        sh.any_lost.store(true, Ordering::SeqCst);
-        // Wake every waiter so it re-checks liveness now rather than at its next interval.
-        for s in 0..sh.nslots {
-            let w = unsafe { &*sh.slots.add(s) };
-            wait::wake_if_waiting(w, unsafe { &*sh.waiters });
-        }
+        sh.mark_lost(*peer as usize, why);
     }
 }
 
@@ -264,6 +265,72 @@ unsafe extern "C" fn am_notify(
         sh.publish(h.slot, h.value);
     }
     UCS_OK
+}
+
+unsafe extern "C" fn am_heartbeat(
+    arg: *mut c_void,
+    header: *const c_void,
+    hlen: usize,
+    _data: *mut c_void,
+    _len: usize,
+    _param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    let sh = unsafe { &*(arg as *const Shared) };
+    if hlen == 4 {
+        let from = unsafe { (header as *const u32).read_unaligned() } as usize;
+        if let Some(t) = sh.last_heard.get(from) {
+            t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+    UCS_OK
+}
+
+unsafe extern "C" fn free_cb(request: *mut c_void, _status: ucs_status_t, _user: *mut c_void) {
+    unsafe { (ucp_static().request_free)(request) };
+}
+
+impl Shared {
+    /// Marks `peer` lost (once) and wakes every waiter so it re-checks liveness now.
+    fn mark_lost(&self, peer: usize, why: String) {
+        let mut l = self.lost[peer].lock().unwrap();
+        if l.is_none() {
+            *l = Some(why);
+        }
+        drop(l);
+        self.any_lost.store(true, Ordering::SeqCst);
+        for s in 0..self.nslots {
+            let w = unsafe { &*self.slots.add(s) };
+            wait::wake_if_waiting(w, unsafe { &*self.waiters });
+        }
+    }
+
+    /// Sends a heartbeat to every watched peer and declares lost the ones silent for longer
+    /// than the peer timeout (a host cut off: no error from the socket for minutes).
+    fn heartbeat(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let watched = self.watched.lock().unwrap().clone();
+        let Some(eps) = self.eps.get() else { return };
+        for (r, w) in watched.iter().enumerate() {
+            if !*w || self.lost[r].lock().unwrap().is_some() {
+                continue;
+            }
+            let me = self.me;
+            let mut p = ucp_request_param_t::zeroed();
+            p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+            p.cb = free_cb as *const c_void;
+            p.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+            let req = unsafe { (self.ucp.am_send_nbx)(eps[r], AM_HEARTBEAT, &me as *const u32 as *const c_void, 4, std::ptr::null(), 0, &p) };
+            let _ = req; // completes (and is freed) in its callback, or at once
+            let heard = self.last_heard[r].load(Ordering::Relaxed);
+            let silent = std::time::Duration::from_millis(now.saturating_sub(heard));
+            if silent > self.peer_timeout {
+                self.mark_lost(r, format!(
+                    "nothing heard for {:.0} s (SCALEFREE_PEER_TIMEOUT): its host is unreachable or the process is stopped",
+                    silent.as_secs_f64()
+                ));
+            }
+        }
+    }
 }
 
 unsafe extern "C" fn am_write(
@@ -419,6 +486,10 @@ impl Net {
             waiters,
             stop: AtomicBool::new(false),
             inflight: AtomicU32::new(0),
+            epoch: std::time::Instant::now(),
+            last_heard: (0..size).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
+            watched: Mutex::new(vec![false; size as usize]),
+            peer_timeout: peer_timeout(),
         });
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
@@ -440,7 +511,7 @@ impl Net {
         }
         let _ = shared.eps.set(eps);
         // Active-message handlers get the shared state as their argument.
-        for (id, cb) in [(AM_NOTIFY, am_notify as AmCb), (AM_WRITE, am_write as AmCb)] {
+        for (id, cb) in [(AM_NOTIFY, am_notify as AmCb), (AM_WRITE, am_write as AmCb), (AM_HEARTBEAT, am_heartbeat as AmCb)] {
             let hp = ucp_am_handler_param_t {
                 field_mask: UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
                 id,
@@ -695,6 +766,18 @@ impl Net {
     pub fn rank(&self) -> u32 {
         self.shared.me
     }
+
+    /// Watches `peers` (true: on another host) with heartbeats; the others are watched by
+    /// the shared-memory backend (their process ids).
+    pub fn watch(&self, peers: Vec<bool>) {
+        let now = self.shared.epoch.elapsed().as_millis() as u64;
+        for (r, w) in peers.iter().enumerate() {
+            if *w {
+                self.shared.last_heard[r].store(now, Ordering::Relaxed);
+            }
+        }
+        *self.shared.watched.lock().unwrap() = peers;
+    }
 }
 
 impl Drop for Net {
@@ -710,7 +793,13 @@ impl Drop for Net {
 /// Sleeps on the worker's event descriptor; runs handlers when anything arrives.
 fn progress_loop(sh: &Shared, efd: c_int) {
     let u = sh.ucp;
+    let every = (sh.peer_timeout / 10).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1));
+    let mut last_beat = std::time::Instant::now();
     while !sh.stop.load(Ordering::SeqCst) {
+        if last_beat.elapsed() >= every {
+            sh.heartbeat();
+            last_beat = std::time::Instant::now();
+        }
         while sh.progress() != 0 {}
         let s = unsafe { (u.worker_arm)(sh.worker) };
         if s == UCS_ERR_BUSY {
@@ -718,10 +807,17 @@ fn progress_loop(sh: &Shared, efd: c_int) {
         }
         // With data in flight, look again soon even without an event (a socket that can
         // take more data is not always reported); otherwise sleep until something arrives.
-        let ms = if sh.inflight.load(Ordering::SeqCst) > 0 { 1 } else { 100 };
+        let ms = if sh.inflight.load(Ordering::SeqCst) > 0 { 1 } else { every.as_millis().min(100) as i32 };
         let mut p = libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 };
         unsafe { libc::poll(&mut p, 1, ms) };
     }
+}
+
+/// Silence after which a peer on another host counts as lost (`SCALEFREE_PEER_TIMEOUT`
+/// seconds, default 30).
+fn peer_timeout() -> std::time::Duration {
+    let s = std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(30.0);
+    std::time::Duration::from_secs_f64(s)
 }
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only

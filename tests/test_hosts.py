@@ -1,0 +1,187 @@
+"""Across simulated hosts: network namespaces joined by a bridge, each with its own IPC and
+UTS namespace (see scalefree.simhosts), one or more ranks per host, UCX between hosts.
+Skipped with the reason where namespaces or UCX are not available."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_collectives import OTHERS, SWEEP
+
+simhosts = pytest.importorskip("scalefree.simhosts")
+
+
+@pytest.fixture(scope="module")
+def can_simulate():
+    why = simhosts.available()
+    if why:
+        pytest.skip(f"simulated hosts are not possible here: {why}")
+    from scalefree.errors import UnsupportedError
+    from scalefree.ucx import info
+
+    try:
+        info()
+    except UnsupportedError as e:
+        pytest.skip(f"UCX is not installed here: {e}")
+
+
+def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517):
+    """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes`;
+    returns (returncode, output) per host."""
+    procs = [
+        hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
+                        "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
+                        "--", sys.executable, "-c", code],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for i in range(hosts.n)
+    ]
+    out = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hosts.close()
+            raise AssertionError("a host's ranks hung")
+        out.append((p.returncode, o))
+    return out
+
+
+# Over the network, and each peer on another host over tcp on the hosts' own link.
+ACROSS = """g = scalefree.init(timeout=60)
+assert g.transport == "ucx", g.transport
+for p in range(g.size):
+    if p != g.rank and g.device.rank is not None:
+        t = g._ucx_transports(p)
+        local = p // {per_host} == g.rank // {per_host}
+        assert local or t == ["tcp/eth0"], (p, t)"""
+
+
+def test_fixture_isolates_and_cleans_up(can_simulate):
+    with simhosts.SimHosts(2) as h:
+        names = [h.name(0), h.name(1)]
+        probe = "import os, socket; print(socket.gethostname(), os.readlink('/proc/self/ns/ipc'), os.readlink('/proc/self/ns/net'))"
+        outs = [subprocess.run(h.command(i, [sys.executable, "-c", probe]), capture_output=True, text=True, timeout=30).stdout.split()
+                for i in range(2)]
+        assert outs[0][0] == names[0] and outs[1][0] == names[1]
+        assert outs[0][1] != outs[1][1], "hosts must not share an IPC namespace"
+        assert outs[0][2] != outs[1][2]
+        # They reach each other over their private subnet, and nothing else.
+        reach = "import socket,sys; s=socket.create_connection((sys.argv[1], 9), timeout=3)"
+        r = subprocess.run(h.command(1, [sys.executable, "-c", reach, "8.8.8.8"]), capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and ("unreachable" in r.stderr or "Network" in r.stderr), r.stderr[-300:]
+        srv = h.popen(0, [sys.executable, "-c", "import socket; s=socket.socket(); s.bind(('0.0.0.0', 7777)); s.listen(); c,_=s.accept(); c.send(b'hi')"],
+                      stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        r = subprocess.run(h.command(1, [sys.executable, "-c", f"import socket; print(socket.create_connection(('{h.ip(0)}', 7777), timeout=5).recv(2))"]),
+                           capture_output=True, text=True, timeout=30)
+        assert "hi" in r.stdout, r.stderr
+        srv.wait(timeout=10)
+    assert not [n for n in simhosts.leftovers() if n.startswith(h.tag)]
+
+
+@pytest.mark.parametrize("nhosts", [2, 4])
+def test_dense_suite_across_hosts(can_simulate, nhosts):
+    with simhosts.SimHosts(nhosts) as h:
+        check = ACROSS.replace("{per_host}", "1")
+        for code in (SWEEP, OTHERS):
+            res = launch_all(h, 1, code.replace("g = scalefree.init(timeout=60)", check))
+            for rc, out in res:
+                assert rc == 0, out[-3000:]
+                assert "checked" in out or out.strip().endswith("ok"), out[-2000:]
+
+
+def test_two_hosts_two_ranks_each_hierarchical(can_simulate):
+    with simhosts.SimHosts(2) as h:
+        check = ACROSS.replace("{per_host}", "2")
+        code = SWEEP.replace("g = scalefree.init(timeout=60)", check).replace(
+            'ALGOS = ["auto", "one_shot", "direct", "ring"]', 'ALGOS = ["auto", "direct", "hierarchical"]')
+        for rc, out in launch_all(h, 2, code):
+            assert rc == 0, out[-3000:]
+            assert out.count("checked") == 2, out[-2000:]
+
+
+KILLED = r"""
+import os, signal, sys, time
+import numpy as np, scalefree
+g = scalefree.init(timeout=120)
+a = np.ones(4 << 20, np.float32)
+for i in range(1000000):
+    if g.rank == 1 and i == 10:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        g.allreduce(a if i % 2 else a[:100])
+    except scalefree.PeerLostError as e:
+        print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
+        sys.exit(3)
+"""
+
+CUT = r"""
+import sys, time
+import numpy as np, scalefree
+g = scalefree.init(timeout=120)
+a = np.ones(1 << 20, np.float32)
+print("ready", flush=True)
+t0 = time.monotonic()
+try:
+    while True:
+        t0 = time.monotonic()
+        g.allreduce(a)
+except scalefree.PeerLostError as e:
+    print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_killed_rank_on_another_host_is_peer_lost(can_simulate):
+    with simhosts.SimHosts(2) as h:
+        res = launch_all(h, 1, KILLED, timeout=120)
+        rc0, out0 = res[0]
+        assert rc0 == 3, out0[-2000:]
+        line = [l for l in out0.splitlines() if "PeerLostError after" in l][0]
+        assert float(line.split("after ")[1].split("s:")[0]) < 30.0, line
+        assert "rank 1" in line
+        assert res[1][0] != 0  # the launcher of the killed rank's host fails too
+
+
+def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate):
+    """Heartbeats find a host whose link went down (the socket reports nothing for minutes)."""
+    env = dict(__import__("os").environ, SCALEFREE_PEER_TIMEOUT="6")
+    with simhosts.SimHosts(2) as h:
+        procs = [
+            h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
+                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c", CUT],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            for i in range(2)
+        ]
+        time.sleep(4)
+        h.link(1, up=False)
+        cut = time.monotonic()
+        try:
+            out0, _ = procs[0].communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the survivor hung after its peer's host was cut off")
+        assert time.monotonic() - cut < 30
+        assert procs[0].returncode == 3, out0[-2000:]
+        assert "rank 1" in [l for l in out0.splitlines() if "PeerLostError after" in l][0]
+        out1, _ = procs[1].communicate(timeout=60)
+        assert procs[1].returncode != 0, out1[-2000:]
+
+
+def test_rank_of_another_job_is_refused(can_simulate):
+    code = "import scalefree; scalefree.init(bootstrap_timeout=8)"
+    with simhosts.SimHosts(2) as h:
+        envs = [None, dict(__import__("os").environ, SCALEFREE_JOB_TOKEN="not-this-job")]
+        procs = [
+            h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
+                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c", code],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=envs[i])
+            for i in range(2)
+        ]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        assert all(p.returncode != 0 for p in procs)
+        assert "wrong job token" in outs[1], outs[1][-2000:]
