@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     from .allreduce import run_rank, worker_parser
 
     p = worker_parser(__doc__)
-    p.add_argument("--port", type=int, required=True, help="TCP rendezvous port on 127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="TCP rendezvous port on the master address")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address (across hosts)")
     p.add_argument("--timeout", type=float, default=600.0, help="gloo's collective timeout, seconds")
     args = p.parse_args(argv)
     rank = int(os.environ["SCALEFREE_RANK"])
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # gloo does not use the intra-op pool; keep it off the cores
     t0 = time.perf_counter()
     dist.init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+        backend="gloo", init_method=f"tcp://{args.master_addr}:{args.port}", rank=rank,
         world_size=world_size, timeout=datetime.timedelta(seconds=args.timeout),
     )
     init_s = time.perf_counter() - t0

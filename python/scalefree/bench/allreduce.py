@@ -60,6 +60,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="where scalefree's arrays live, each its own rows: 'arena' (numpy arrays "
                    "allocated after scalefree.init(), the default) or 'plain' (SCALEFREE_ARENA=0: "
                    "numpy's own allocator; peers read them by cross-memory attach or staging)")
+    p.add_argument("--hosts", type=arg(lambda s: common.parse_int_list(s, "host count")), default=None,
+                   metavar="H[,H...]",
+                   help="run across H simulated hosts (network namespaces on one bridge, see "
+                   "scalefree.simhosts; needs root) instead of one host: the same hosts for every "
+                   "implementation, --per-host ranks on each (-n is then ignored)")
+    p.add_argument("--per-host", type=arg(common.positive_int), default=1, metavar="P",
+                   help="ranks per simulated host with --hosts")
     p.add_argument("--straggler", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="before each timed call one seeded-random rank sleeps uniform(0, MS) ms")
     common.add_timing_args(p)
@@ -147,7 +154,9 @@ def run(args) -> int:
     failures: list[str] = []
     notes: list[str] = []
     records += _run_memcpy(args)
-    for n in args.ranks:
+    if args.hosts:
+        records += _run_hosts(args, peers, failures, notes)
+    for n in ([] if args.hosts else args.ranks):
         for placement in args.placement:
             for algorithm in args.algorithm:
                 records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
@@ -155,7 +164,7 @@ def run(args) -> int:
         for peer in peers:
             records += _run_ranks(peer, n, args, failures, notes)
 
-    records.sort(key=lambda r: (r["bytes"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
+    records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
     print(render_table(records, peers))
     sys.stdout.flush()
     if args.json:
@@ -176,17 +185,17 @@ def run(args) -> int:
 
 
 def render_table(records: list[dict], peers: list[str]) -> str:
-    ratios = common.peer_ratios(records, peers, match=("ranks", "bytes", "dtype"))
-    headers = ["ranks", "size", "impl", "variant", "median", "min", "max", "n", "busbw GB/s"]
+    ratios = common.peer_ratios(records, peers, match=("hosts", "ranks", "bytes", "dtype"))
+    headers = ["hosts", "ranks", "size", "impl", "variant", "median", "min", "max", "n", "busbw GB/s"]
     headers += [f"vs {p}" for p in peers]
     rows = []
     for r, rs in zip(records, ratios):
-        row = [str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"],
+        row = [str(r["hosts"]), str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"],
                human_time(r["median_s"]), human_time(r["min_s"]), human_time(r["max_s"]),
                str(r["n"]), common.format_gbps(r["gbps"])]
         row += [f"{rs[p]:.2f}x" if p in rs else "" for p in peers]
         rows.append(row)
-    return common.format_table(headers, rows, left_columns=4)
+    return common.format_table(headers, rows, left_columns=5)
 
 
 def _itemsize(dtype: str) -> int:
@@ -247,33 +256,81 @@ def _run_memcpy(args) -> list[dict]:
     return out
 
 
+def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) -> list[dict]:
+    """Every implementation across each number of simulated hosts in ``args.hosts``."""
+    from scalefree import simhosts
+
+    why = simhosts.available()
+    if why:
+        failures.append(f"--hosts: simulated hosts are not possible here: {why}")
+        return []
+    records = []
+    for h in args.hosts:
+        with simhosts.SimHosts(h) as sim:
+            if h > 1:
+                from .hosts import aggregate_tcp_gbps
+
+                floor = aggregate_tcp_gbps(sim)
+                notes.append(f"{h} hosts: aggregate TCP throughput with every host sending at once "
+                             f"{floor:.2f} GB/s ({floor / h:.2f} GB/s per host)")
+                records.append(common.make_record(
+                    bench=BENCH, impl="tcp_aggregate", variant="", ranks=h, hosts=h, nbytes=0, dtype=args.dtype,
+                    stats=common.Stats.of([0.0]), gbps=floor))
+            n = h * args.per_host
+            for algorithm in args.algorithm:
+                records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                                      placement="plain", sim=sim)
+            for peer in peers:
+                records += _run_ranks(peer, n, args, failures, notes, sim=sim)
+    return records
+
+
+def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim) -> list[str]:
+    """The rank-side command of ``impl``."""
+    if impl == "scalefree":
+        return [sys.executable, "-m", "scalefree.bench._worker_scalefree", *worker_args,
+                "--algorithm", algorithm, "--variant", variant]
+    if impl == "gloo":
+        master = ["--master-addr", sim.ip(0)] if sim is not None else []
+        return [sys.executable, "-m", "scalefree.bench._worker_gloo", *worker_args,
+                "--port", str(common.free_port()), *master, "--timeout", repr(args.timeout)]
+    if impl == "mpi":
+        return [sys.executable, "-m", "scalefree.bench._worker_mpi", *worker_args]
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
 def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
-               algorithm: str = "", placement: str = "arena") -> list[dict]:
-    """Runs ``impl`` on ``n`` ranks; returns its records, appending what went wrong to
-    ``failures`` and the points it refused to ``notes``."""
-    suffix = "" if placement == "arena" else f"+{placement}"
-    label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks"
+               algorithm: str = "", placement: str = "arena", sim=None) -> list[dict]:
+    """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given); returns its
+    records, appending what went wrong to ``failures`` and the points it refused to ``notes``."""
+    suffix = "" if placement == "arena" or sim is not None else f"+{placement}"
+    where = f" on {sim.n} hosts" if sim is not None else ""
+    label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks{where}"
     with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
         out_dir = Path(tmp)
-        worker_args = common.worker_argv(args, args.sizes, out_dir)
-        env_extra: dict = {}
-        if impl == "scalefree":
-            argv = [sys.executable, "-m", "scalefree.bench._worker_scalefree", *worker_args,
-                    "--algorithm", algorithm, "--variant", algorithm + suffix]
-            cmd = common.launcher_cmd(n, argv)
-            env_extra["SCALEFREE_ARENA"] = "1" if placement == "arena" else "0"
-        elif impl == "gloo":
-            argv = [sys.executable, "-m", "scalefree.bench._worker_gloo", *worker_args,
-                    "--port", str(common.free_port()), "--timeout", repr(args.timeout)]
-            cmd = common.launcher_cmd(n, argv)
-        elif impl == "mpi":
-            argv = [sys.executable, "-m", "scalefree.bench._worker_mpi", *worker_args]
-            cmd = common.mpiexec_cmd(common.find_mpiexec(), n, argv)
-            env_extra.update(common.mpi_env())
-        else:
-            raise ValueError(f"unknown implementation {impl!r}")
+        argv = _worker(impl, common.worker_argv(args, args.sizes, out_dir), args, algorithm,
+                       algorithm + suffix, sim)
         progress(f"allreduce: {label}")
-        outcome = common.run_job(cmd, timeout_s=args.timeout, env_extra=env_extra)
+        if sim is not None:
+            from . import hosts as across
+
+            if impl == "mpi":
+                cmds = [across.mpi_cmd(sim, args.per_host, across.rsh_agent(sim, out_dir), argv)]
+            else:
+                cmds = across.scalefree_cmds(sim, args.per_host, common.free_port(), argv)
+            # gloo would pick its interface from the host name, which no simulated host resolves.
+            env_extra = common.mpi_env() if impl == "mpi" else {"GLOO_SOCKET_IFNAME": "eth0"}
+            outcome = across.run_all(cmds, timeout_s=args.timeout, env_extra=env_extra)
+        else:
+            env_extra: dict = {}
+            if impl == "mpi":
+                cmd = common.mpiexec_cmd(common.find_mpiexec(), n, argv)
+                env_extra.update(common.mpi_env())
+            else:
+                cmd = common.launcher_cmd(n, argv)
+            if impl == "scalefree":
+                env_extra["SCALEFREE_ARENA"] = "1" if placement == "arena" else "0"
+            outcome = common.run_job(cmd, timeout_s=args.timeout, env_extra=env_extra)
         merged = common.merge_rank_results(out_dir, n)
 
     records = []
@@ -281,7 +338,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
         stats = common.Stats.of(pt.times_s)
         records.append(common.make_record(
             bench=BENCH, impl=impl, variant=merged.variant, ranks=n, nbytes=pt.nbytes,
-            dtype=args.dtype, stats=stats,
+            dtype=args.dtype, stats=stats, hosts=sim.n if sim is not None else 1,
             gbps=common.allreduce_busbw_gbps(pt.nbytes, n, stats.median_s),
             straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
             **{k: v for k, v in merged.meta.items() if k.endswith("_s")},

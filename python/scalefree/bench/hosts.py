@@ -1,0 +1,111 @@
+"""Running benchmark jobs across simulated hosts (:mod:`scalefree.simhosts`): the same
+hosts for every implementation, ``per_host`` ranks on each.
+
+* scalefree and gloo: ``scalefree run --nnodes H --node-rank i ...`` on every host;
+* MPI: ``mpiexec`` on host 0 with every host's address in ``--host`` and an
+  ``plm_rsh_agent`` script that starts the remote daemons inside the right namespace;
+  TCP between hosts (``btl tcp,self``) and ``mpi_yield_when_idle 1`` so that waiting ranks
+  do not busy-poll two shared cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import common
+
+
+def scalefree_cmds(sim, per_host: int, port: int, argv: list[str]) -> list[list[str]]:
+    """One ``scalefree run`` per host, all meeting at host 0."""
+    return [
+        sim.command(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(sim.n), "--node-rank", str(i),
+                        "--nproc-per-node", str(per_host), "--master-addr", sim.ip(0), "--master-port", str(port),
+                        "--", *argv])
+        for i in range(sim.n)
+    ]
+
+
+def rsh_agent(sim, folder: Path) -> Path:
+    """A script Open MPI uses instead of ssh: ``agent HOST CMD`` runs CMD in HOST's namespaces."""
+    lines = ["#!/bin/sh", 'host="$1"; shift', 'case "$host" in']
+    lines += [f"  {sim.ip(i)}) ns={sim.name(i)} ;;" for i in range(sim.n)]
+    lines += ['  *) echo "scalefree bench: unknown simulated host $host" >&2; exit 1 ;;', "esac",
+              'exec ip netns exec "$ns" unshare --ipc --uts -- sh -c "hostname $ns; exec sh -c \\"\\$0\\"" "$*"']
+    path = folder / "rsh-agent.sh"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def mpi_cmd(sim, per_host: int, agent: Path, argv: list[str]) -> list[str]:
+    hosts = ",".join(f"{sim.ip(i)}:{per_host}" for i in range(sim.n))
+    cmd = [common.find_mpiexec(), "--host", hosts, "-n", str(sim.n * per_host),
+           "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self,vader" if per_host > 1 else "tcp,self",
+           "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+           "--mca", "mpi_yield_when_idle", "1", "-x", "PATH"]
+    if per_host > common.usable_cores():
+        cmd.append("--oversubscribe")
+    return sim.command(0, cmd + argv)
+
+
+def run_all(cmds: list[list[str]], *, timeout_s: float, env_extra: dict | None = None) -> common.JobOutcome:
+    """Runs one command per host at once (each in its own process group); the outcome is the
+    first failure's, with the output tails of all."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["PYTHONUNBUFFERED"] = "1"
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="scalefree-hosts-") as tmp:
+        logs = [open(Path(tmp) / f"host{i}.log", "w+") for i in range(len(cmds))]
+        procs = [subprocess.Popen(c, env=env, stdin=subprocess.DEVNULL, stdout=logs[i], stderr=subprocess.STDOUT,
+                                  start_new_session=True) for i, c in enumerate(cmds)]
+        timed_out = False
+        rc = 0
+        for p in procs:
+            left = max(0.1, timeout_s - (time.monotonic() - start))
+            try:
+                code = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                for q in procs:
+                    common._kill_group(q)
+                break
+            if code and not rc:
+                rc = code
+        for p in procs:
+            if p.poll() is None:
+                common._kill_group(p)
+        tail = []
+        for i, f in enumerate(logs):
+            f.seek(0)
+            lines = f.read().splitlines()
+            sys.stderr.write("".join(f"[host {i}] {line}\n" for line in lines[-200:]))
+            tail += [f"[host {i}] {line}" for line in lines[-10:]]
+            f.close()
+    return common.JobOutcome(None if timed_out else rc, timed_out, tail, time.monotonic() - start)
+
+
+def aggregate_tcp_gbps(sim, seconds: float = 2.0) -> float:
+    """Total TCP throughput with every host sending to the next at once (the floor a
+    collective between these hosts cannot beat), in GB/s."""
+    port = common.free_port()
+    server = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+              f"s.bind(('0.0.0.0', {port})); s.listen(); c,_=s.accept(); n=0\n"
+              "b=bytearray(1<<20)\nwhile True:\n    k=c.recv_into(b)\n    if not k: break\n    n+=k\nprint(n)\n")
+    client = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1], %d))\nb=bytes(1<<20); t=time.monotonic()\n"
+              "while time.monotonic()-t < %f: c.sendall(b)\nc.close()\n") % (port, seconds)
+    servers = [subprocess.Popen(sim.command(i, [sys.executable, "-c", server]), stdout=subprocess.PIPE, text=True)
+               for i in range(sim.n)]
+    time.sleep(0.5)
+    clients = [subprocess.Popen(sim.command(i, [sys.executable, "-c", client, sim.ip((i + 1) % sim.n)]))
+               for i in range(sim.n)]
+    t0 = time.monotonic()
+    for c in clients:
+        c.wait(timeout=seconds + 30)
+    total = sum(int(s.communicate(timeout=30)[0].strip() or 0) for s in servers)
+    return total / max(time.monotonic() - t0, seconds) / 1e9
