@@ -241,11 +241,19 @@ impl Device {
         let items = rv.exchange(&hello, Some(ctrl_fd.as_raw_fd()))?;
         let slots = unsafe { ctrl.as_ptr().add(OFF_SLOTS) } as *const AtomicU32;
         let waiters = unsafe { ctrl.as_ptr().add(OFF_WAITERS) } as *const AtomicU32;
-        let net = unsafe {
+        let mut net = unsafe {
             ucx::Net::new(me, job.size, slots, NOTIFY_SLOTS, waiters, &mut |b| {
                 Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
             })?
         };
+        let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
+        let ip = match crate::config::ifname() {
+            Some(name) => crate::config::interface_ip(&name)?,
+            None => rv.local_ip().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        };
+        net.open_lanes(ip, &remote, &job.token, opts.bootstrap_timeout, &mut |b| {
+            Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
+        })?;
         let mut peers = Vec::with_capacity(items.len());
         let mut my_ctrl = Some(ctrl);
         for (r, it) in items.into_iter().enumerate() {

@@ -33,6 +33,10 @@ pub struct Item {
 trait Conn: Read + Write + AsRawFd + Send {
     fn set_timeout(&self, t: Option<Duration>);
     fn is_tcp(&self) -> bool;
+    /// This end's IP address (TCP only).
+    fn local_ip(&self) -> Option<std::net::IpAddr> {
+        None
+    }
 }
 impl Conn for UnixStream {
     fn set_timeout(&self, t: Option<Duration>) {
@@ -48,6 +52,9 @@ impl Conn for TcpStream {
     }
     fn is_tcp(&self) -> bool {
         true
+    }
+    fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.local_addr().ok().map(|a| a.ip())
     }
 }
 
@@ -279,6 +286,12 @@ impl Rendezvous {
     /// Whether the hub is reached over TCP (descriptors do not travel).
     pub fn is_tcp(&self) -> bool {
         self.conns.iter().flatten().any(|c| c.is_tcp())
+    }
+
+    /// The address this rank reaches the others from: the local end of its TCP connection to
+    /// the hub (the interface that routes to the master); `None` over a Unix socket.
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.conns.iter().flatten().find_map(|c| c.local_ip())
     }
 
     /// Every rank contributes an item; every rank gets all items, indexed by rank.

@@ -29,6 +29,7 @@ pub type ucs_status_ptr_t = *mut c_void;
 pub const UCS_OK: ucs_status_t = 0;
 pub const UCS_INPROGRESS: ucs_status_t = 1;
 pub const UCS_ERR_BUSY: ucs_status_t = -15;
+pub const UCS_ERR_CONNECTION_RESET: ucs_status_t = -25;
 
 /// Oldest UCX with every `*_nbx` call and active-message receive used here.
 pub const MIN_VERSION: (u32, u32) = (1, 12);

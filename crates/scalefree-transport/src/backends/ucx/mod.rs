@@ -17,6 +17,7 @@
 //! nobody busy-polls the network without bound.
 
 pub mod ffi;
+pub(crate) mod lanes;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -178,6 +179,15 @@ impl Shared {
     }
     fn progress(&self) -> u32 {
         unsafe { (self.ucp.worker_progress)(self.worker) }
+    }
+    /// Where `len` bytes at `offset` of this rank's region `key` go: (address, region
+    /// address, region length); `None` when the region is gone or too short.
+    fn region_target(&self, key: u64, offset: usize, len: usize) -> Option<(usize, usize, usize)> {
+        let regs = self.regions.lock().unwrap();
+        regs.get(&key).and_then(|r| {
+            let end = offset.checked_add(len)?;
+            (end <= r.len).then_some((r.addr + offset, r.addr, r.len))
+        })
     }
     fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
         match note {
@@ -347,13 +357,7 @@ unsafe extern "C" fn am_write(
         return UCS_OK;
     }
     let h = unsafe { (header as *const WriteHeader).read_unaligned() };
-    let target = {
-        let regs = sh.regions.lock().unwrap();
-        regs.get(&h.key).and_then(|r| {
-            let end = (h.offset as usize).checked_add(len)?;
-            (end <= r.len).then_some((r.addr + h.offset as usize, r.addr, r.len))
-        })
-    };
+    let target = sh.region_target(h.key, h.offset as usize, len);
     let Some((dst, raddr, rlen)) = target else {
         // A write to a region that is gone or out of its bounds: dropped (the sender checked
         // bounds against the handle; this only happens after the region was freed).
@@ -411,6 +415,8 @@ impl Request {
 pub struct Net {
     pub(crate) shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Plain TCP lanes for bulk writes to peers UCX reaches only over TCP (see [`lanes`]).
+    lanes: Option<lanes::Lanes>,
 }
 
 /// What UCX was found and what it offers, for `scalefree info` and error messages.
@@ -526,7 +532,7 @@ impl Net {
             .name(format!("sf-ucx-progress-{me}"))
             .spawn(move || progress_loop(&th, efd))
             .map_err(|e| Error::io("spawn UCX progress thread", e))?;
-        let net = Net { shared, thread: Some(thread) };
+        let net = Net { shared, thread: Some(thread), lanes: None };
         // Wire up every endpoint before anyone relies on it (connection set-up is lazy).
         for r in 0..size {
             if r != me {
@@ -694,6 +700,13 @@ impl Net {
     /// that peer has landed (flush first).
     pub fn notify(&self, peer: u32, slot: u32, value: u32, policy: &WaitPolicy) -> Result<()> {
         self.flush(peer)?;
+        if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
+            // Behind every lane write to this peer (same socket), after the puts (flushed).
+            return match l.notify(peer, slot, value)? {
+                None => Ok(()),
+                Some(r) => self.wait_request(&r, policy),
+            };
+        }
         let h = NotifyHeader { slot, value };
         let ep = self.ep(peer)?;
         let u = self.shared.ucp;
@@ -730,6 +743,9 @@ impl Net {
             Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
             Note::Word(o, v) => (NOTE_WORD, o, v),
         };
+        if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer) && n >= lanes::LANE_MIN) {
+            return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) };
+        }
         let h = WriteHeader { key, offset: off as u64, note, index, value, _pad: 0 };
         let ep = self.ep(peer)?;
         let u = self.shared.ucp;
@@ -739,6 +755,37 @@ impl Net {
             p2.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
             (u.am_send_nbx)(ep, AM_WRITE, &h as *const _ as *const c_void, std::mem::size_of::<WriteHeader>(), src as *const c_void, n, &p2)
         })
+    }
+
+    /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
+    /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
+    /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, timeout: std::time::Duration,
+                      exchange: &mut dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>>) -> Result<()> {
+        let setting = lanes::setting();
+        let listener = match setting {
+            Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
+            _ => None,
+        };
+        let mine = listener.as_ref().map(|l| l.addr.to_string()).unwrap_or_default();
+        let all = exchange(mine.as_bytes())?;
+        let addrs: Vec<Option<std::net::SocketAddr>> = all.iter().map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok())).collect();
+        let Some(listener) = listener else { return Ok(()) };
+        let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
+        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, token, timeout)?;
+        for r in 0..remote.len() {
+            if connect[r] {
+                let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
+                l.use_for(r, setting == Some(true) || tcp_only);
+            }
+        }
+        self.lanes = Some(l);
+        Ok(())
+    }
+
+    /// Whether bulk writes to some peer go over TCP lanes.
+    pub fn lanes_active(&self) -> bool {
+        self.lanes.as_ref().is_some_and(|l| l.active())
     }
 
     /// The transports (`name/device`) the endpoint to `peer` uses, e.g. `["tcp/eth0"]`.
@@ -783,6 +830,9 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(mut l) = self.lanes.take() {
+            l.close();
+        }
         unsafe { (self.shared.ucp.worker_signal)(self.shared.worker) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -823,6 +873,10 @@ fn peer_timeout() -> std::time::Duration {
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
 /// when the user did not set it).
 fn set_default_env() {
+    if let (Some(name), None) = (crate::config::ifname(), std::env::var_os("UCX_NET_DEVICES")) {
+        // The interface the user chose for traffic between hosts (shared memory is not a net device).
+        std::env::set_var("UCX_NET_DEVICES", &name);
+    }
     for (k, v) in [
         ("UCX_TCP_KEEPIDLE", "2s"),
         ("UCX_TCP_KEEPINTVL", "1s"),

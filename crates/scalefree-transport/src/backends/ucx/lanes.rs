@@ -1,0 +1,402 @@
+//! TCP lanes: bulk writes between hosts over plain sockets where UCX would carry them over
+//! TCP anyway.
+//!
+//! Measured between simulated hosts on this machine (`docs/benchmarks.md`, "Across simulated
+//! hosts"): UCX's `tcp` transport moves 0.8–1.3 GB/s per direction when both sides send at
+//! once (its receive path copies every fragment out of its own buffers, and eager messages
+//! once more when they are reassembled), while kernel TCP between the same namespaces moves
+//! about 2.2 GB/s per direction. A lane reads a write's bytes straight from the socket into
+//! the target region — one kernel copy at each end, as gloo does — and raises the write's
+//! note after the last byte has landed.
+//!
+//! Every frame to a peer travels on one socket, in order, and `notify` takes the lane after
+//! flushing UCX, so a notification is raised after every earlier write's data is in place. One-sided `put`/`get`, heartbeats
+//! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
+//! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
+//!
+//! Threads: per peer, a reader that blocks in `recv` and a writer that sends queued large
+//! writes; small frames are written by the caller at once when nothing is queued. Nobody
+//! polls.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::{finish_pending, Pending, Request, Shared, UCS_ERR_CONNECTION_RESET, UCS_OK};
+use crate::error::{Error, Result};
+
+const KIND_WRITE: u32 = 1;
+const KIND_NOTIFY: u32 = 2;
+const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
+/// Writes from this size on take a lane; smaller ones stay on UCX, whose progress the waiting
+/// caller drives itself (no thread wake-up on the way: 14 µs against 50 µs for 1 KiB). Writes
+/// on the two paths may land in either order, as eager and rendezvous messages over UCX
+/// already may; each raises its own note after its own data.
+pub(crate) const LANE_MIN: usize = 64 << 10;
+/// Frames up to this size are written by the caller when the lane is idle (no hand-off to
+/// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
+const INLINE_MAX: usize = 1 << 20;
+
+/// Frame header, little-endian on the wire.
+#[derive(Clone, Copy, Default)]
+struct Frame {
+    kind: u32,
+    value: u32,
+    key: u64,
+    offset: u64,
+    len: u64,
+    note: u64,
+    index: u64,
+}
+const FRAME_LEN: usize = 48;
+
+impl Frame {
+    fn bytes(&self) -> [u8; FRAME_LEN] {
+        let mut b = [0u8; FRAME_LEN];
+        b[0..4].copy_from_slice(&self.kind.to_le_bytes());
+        b[4..8].copy_from_slice(&self.value.to_le_bytes());
+        for (i, v) in [self.key, self.offset, self.len, self.note, self.index].into_iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+    fn parse(b: &[u8; FRAME_LEN]) -> Frame {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        Frame {
+            kind: u32::from_le_bytes(b[0..4].try_into().unwrap()),
+            value: u32::from_le_bytes(b[4..8].try_into().unwrap()),
+            key: u64_at(8),
+            offset: u64_at(16),
+            len: u64_at(24),
+            note: u64_at(32),
+            index: u64_at(40),
+        }
+    }
+}
+
+/// A queued write: the header, the source bytes (valid until `pending` completes) and its
+/// completion.
+struct Job {
+    frame: Frame,
+    src: usize,
+    pending: Arc<Pending>,
+}
+
+struct State {
+    queue: VecDeque<Job>,
+    /// The writer thread is sending a job (the caller must not write inline meanwhile).
+    busy: bool,
+    closed: bool,
+    failed: Option<String>,
+}
+
+struct Lane {
+    peer: u32,
+    stream: TcpStream,
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+/// The lanes of one rank: one per peer on another host that offered one.
+pub(crate) struct Lanes {
+    lanes: Vec<Option<Arc<Lane>>>,
+    /// Which peers writes go to over a lane (the others use UCX even if a lane exists).
+    send_on: Vec<bool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The lane setting: `None` off, `Some(true)` forced, `Some(false)` auto.
+pub(crate) fn setting() -> Option<bool> {
+    match std::env::var("SCALEFREE_TCP_LANES").ok().as_deref().map(str::trim) {
+        Some("0") | Some("off") | Some("no") => None,
+        Some("1") | Some("on") | Some("yes") => Some(true),
+        _ => Some(false),
+    }
+}
+
+/// A listening socket on `ip`, before the addresses are swapped.
+pub(crate) struct Listener {
+    listener: TcpListener,
+    pub addr: SocketAddr,
+}
+
+impl Listener {
+    pub fn bind(ip: IpAddr) -> Result<Listener> {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::io(format!("TCP lane: bind {ip}"), e))?;
+        let addr = listener.local_addr().map_err(|e| Error::io("TCP lane: local address", e))?;
+        Ok(Listener { listener, addr })
+    }
+}
+
+fn secret_of(token: &str) -> u64 {
+    // FNV-1a: a job's lanes only take ranks of the same job.
+    token.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+impl Lanes {
+    /// Collective between the ranks in `connect` (true: open a lane to that rank; both sides
+    /// must agree): lower ranks are dialled by higher ones. `addrs[r]` is rank `r`'s
+    /// listening address.
+    pub fn open(sh: &Arc<Shared>, listener: Listener, addrs: &[Option<SocketAddr>], connect: &[bool], token: &str, timeout: Duration) -> Result<Lanes> {
+        let me = sh.me as usize;
+        let secret = secret_of(token);
+        let mut streams: Vec<Option<TcpStream>> = (0..addrs.len()).map(|_| None).collect();
+        for r in (0..me).filter(|&r| connect[r]) {
+            let a = addrs[r].ok_or_else(|| Error::Bootstrap(format!("rank {r} offered no TCP lane")))?;
+            let mut s = TcpStream::connect_timeout(&a, timeout).map_err(|e| Error::io(format!("TCP lane: connect to rank {r} at {a}"), e))?;
+            let mut hello = [0u8; 16];
+            hello[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+            hello[4..8].copy_from_slice(&(me as u32).to_le_bytes());
+            hello[8..16].copy_from_slice(&secret.to_le_bytes());
+            s.write_all(&hello).map_err(|e| Error::io(format!("TCP lane: hello to rank {r}"), e))?;
+            streams[r] = Some(s);
+        }
+        let want = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).count();
+        listener.listener.set_nonblocking(false).ok();
+        let deadline = std::time::Instant::now() + timeout;
+        let mut got = 0;
+        while got < want {
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::Timeout { timeout, waiting_for: format!("{} peers to open their TCP lanes to rank {me}", want - got) });
+            }
+            let (mut s, from) = listener.listener.accept().map_err(|e| Error::io("TCP lane: accept", e))?;
+            s.set_read_timeout(Some(timeout)).ok();
+            let mut hello = [0u8; 16];
+            if s.read_exact(&mut hello).is_err() {
+                continue;
+            }
+            let magic = u32::from_le_bytes(hello[0..4].try_into().unwrap());
+            let r = u32::from_le_bytes(hello[4..8].try_into().unwrap()) as usize;
+            let their = u64::from_le_bytes(hello[8..16].try_into().unwrap());
+            if magic != HELLO_MAGIC || their != secret || r <= me || r >= connect.len() || !connect[r] || streams[r].is_some() {
+                // Not one of this job's ranks (or a duplicate): refuse it.
+                eprintln!("scalefree: rank {me} refused a TCP lane from {from} (not a rank of this job)");
+                continue;
+            }
+            s.set_read_timeout(None).ok();
+            streams[r] = Some(s);
+            got += 1;
+        }
+        let mut lanes = Lanes { lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
+        for (r, s) in streams.into_iter().enumerate() {
+            let Some(s) = s else { continue };
+            s.set_nodelay(true).ok();
+            let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
+            let lane = Arc::new(Lane {
+                peer: r as u32,
+                stream: s,
+                state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
+                cv: Condvar::new(),
+            });
+            let (l, shr) = (lane.clone(), sh.clone());
+            lanes.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("sf-lane-rx-{me}-{r}"))
+                    .spawn(move || read_loop(&shr, &l, reader))
+                    .map_err(|e| Error::io("spawn TCP lane reader", e))?,
+            );
+            let (l, shr) = (lane.clone(), sh.clone());
+            lanes.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("sf-lane-tx-{me}-{r}"))
+                    .spawn(move || write_loop(&shr, &l))
+                    .map_err(|e| Error::io("spawn TCP lane writer", e))?,
+            );
+            lanes.lanes[r] = Some(lane);
+        }
+        Ok(lanes)
+    }
+
+    /// Sends writes to `peer` over its lane (if it has one).
+    pub fn use_for(&mut self, peer: usize, on: bool) {
+        self.send_on[peer] = on && self.lanes[peer].is_some();
+    }
+
+    pub fn has(&self, peer: u32) -> bool {
+        self.send_on.get(peer as usize).copied().unwrap_or(false)
+    }
+
+    /// Any lane at all (for reporting).
+    pub fn active(&self) -> bool {
+        self.send_on.iter().any(|&b| b)
+    }
+
+    fn lane(&self, peer: u32) -> &Arc<Lane> {
+        self.lanes[peer as usize].as_ref().expect("checked by has()")
+    }
+
+    /// Writes `n` bytes from `src` into `peer`'s region `key` at `offset`, then raises the note
+    /// there. `None` when already sent (`src` reusable), else the request to wait for.
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the request completes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_write(&self, peer: u32, src: *const u8, n: usize, key: u64, offset: u64, note: u64, index: u64, value: u32) -> Result<Option<Request>> {
+        let frame = Frame { kind: KIND_WRITE, value, key, offset, len: n as u64, note, index };
+        unsafe { self.send(peer, frame, src) }
+    }
+
+    /// Raises `peer`'s notification `slot` to `value`, after every earlier frame to it.
+    pub fn notify(&self, peer: u32, slot: u32, value: u32) -> Result<Option<Request>> {
+        let frame = Frame { kind: KIND_NOTIFY, value, index: slot as u64, ..Frame::default() };
+        unsafe { self.send(peer, frame, std::ptr::null()) }
+    }
+
+    unsafe fn send(&self, peer: u32, frame: Frame, src: *const u8) -> Result<Option<Request>> {
+        let lane = self.lane(peer);
+        let n = frame.len as usize;
+        let mut st = lane.state.lock().unwrap();
+        if let Some(why) = &st.failed {
+            return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });
+        }
+        if st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX {
+            // Idle lane, small frame: written from here, in order behind everything sent.
+            let data = if n > 0 { unsafe { std::slice::from_raw_parts(src, n) } } else { &[][..] };
+            if let Err(e) = write_frame(&lane.stream, &frame, data) {
+                let why = format!("TCP lane to rank {peer} failed: {e}");
+                st.failed = Some(why.clone());
+                return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
+            }
+            return Ok(None);
+        }
+        let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
+        st.queue.push_back(Job { frame, src: src as usize, pending: pending.clone() });
+        drop(st);
+        lane.cv.notify_one();
+        Ok(Some(Request { pending, peer, what: "TCP lane write".into() }))
+    }
+
+    /// Stops every lane: sockets shut down, threads joined.
+    pub fn close(&mut self) {
+        for lane in self.lanes.iter().flatten() {
+            lane.state.lock().unwrap().closed = true;
+            lane.cv.notify_all();
+            let _ = lane.stream.shutdown(Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Header and data in as few system calls as the socket allows (one `writev` when it has room).
+fn write_frame(mut s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<()> {
+    let hdr = frame.bytes();
+    let mut bufs = [std::io::IoSlice::new(&hdr), std::io::IoSlice::new(data)];
+    let mut bufs = &mut bufs[..];
+    while !bufs.is_empty() {
+        match s.write_vectored(bufs) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(k) => std::io::IoSlice::advance_slices(&mut bufs, k),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn write_loop(sh: &Shared, lane: &Lane) {
+    loop {
+        let job = {
+            let mut st = lane.state.lock().unwrap();
+            loop {
+                if st.closed {
+                    for j in st.queue.drain(..) {
+                        finish_pending(&j.pending, UCS_ERR_CONNECTION_RESET);
+                    }
+                    return;
+                }
+                if let Some(j) = st.queue.pop_front() {
+                    st.busy = true;
+                    break j;
+                }
+                st = lane.cv.wait(st).unwrap();
+            }
+        };
+        let n = job.frame.len as usize;
+        let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
+        let r = write_frame(&lane.stream, &job.frame, data);
+        let mut st = lane.state.lock().unwrap();
+        st.busy = false;
+        match r {
+            Ok(()) => finish_pending(&job.pending, UCS_OK),
+            Err(e) => {
+                let why = format!("TCP lane to rank {} failed: {e}", lane.peer);
+                finish_pending(&job.pending, UCS_ERR_CONNECTION_RESET);
+                for j in st.queue.drain(..) {
+                    finish_pending(&j.pending, UCS_ERR_CONNECTION_RESET);
+                }
+                st.failed = Some(why.clone());
+                let closing = st.closed;
+                drop(st);
+                if !closing {
+                    sh.mark_lost(lane.peer as usize, why);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn read_loop(sh: &Shared, lane: &Lane, mut s: TcpStream) {
+    let peer = lane.peer as usize;
+    let mut hdr = [0u8; FRAME_LEN];
+    let mut scratch = Vec::new();
+    loop {
+        if let Err(e) = s.read_exact(&mut hdr) {
+            if !lane.state.lock().unwrap().closed && !sh.stop.load(Ordering::SeqCst) {
+                sh.mark_lost(peer, format!("its TCP lane closed: {e}"));
+            }
+            return;
+        }
+        let f = Frame::parse(&hdr);
+        if let Some(t) = sh.last_heard.get(peer) {
+            t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+        match f.kind {
+            KIND_WRITE => {
+                let n = f.len as usize;
+                let target = sh.region_target(f.key, f.offset as usize, n);
+                let r = match target {
+                    Some((dst, _, _)) => s.read_exact(unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
+                    None => {
+                        // A write to a region that is gone or out of bounds: dropped, as over UCX.
+                        scratch.resize(n.min(1 << 20), 0);
+                        let mut left = n;
+                        let mut r = Ok(());
+                        while left > 0 && r.is_ok() {
+                            let k = left.min(scratch.len());
+                            r = s.read_exact(&mut scratch[..k]);
+                            left -= k;
+                        }
+                        r
+                    }
+                };
+                if let Err(e) = r {
+                    if !lane.state.lock().unwrap().closed {
+                        sh.mark_lost(peer, format!("its TCP lane closed mid-write: {e}"));
+                    }
+                    return;
+                }
+                if let Some((_, raddr, rlen)) = target {
+                    sh.raise(raddr, rlen, f.note, f.index, f.value);
+                }
+            }
+            KIND_NOTIFY => sh.publish(f.index as u32, f.value),
+            _ => {
+                sh.mark_lost(peer, format!("its TCP lane sent an unknown frame kind {}", f.kind));
+                return;
+            }
+        }
+    }
+}
