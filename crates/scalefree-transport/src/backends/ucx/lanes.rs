@@ -14,9 +14,11 @@
 //! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
 //! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
 //!
-//! Threads: per peer, a reader that blocks in `recv` and a writer that sends queued large
-//! writes; small frames are written by the caller at once when nothing is queued. Nobody
-//! polls.
+//! Threads: per peer, a reader that sleeps in `poll` and a writer that sends queued large
+//! writes; small frames are written by the caller at once when nothing is queued. A caller
+//! waiting for a notification reads arrived frames itself while it spins (as it drives UCX's
+//! progress), so a small message costs no thread wake-up; parked, it leaves them to the
+//! reader thread. Nobody polls without bound.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -32,11 +34,6 @@ use crate::error::{Error, Result};
 const KIND_WRITE: u32 = 1;
 const KIND_NOTIFY: u32 = 2;
 const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
-/// Writes from this size on take a lane; smaller ones stay on UCX, whose progress the waiting
-/// caller drives itself (no thread wake-up on the way: 14 µs against 50 µs for 1 KiB). Writes
-/// on the two paths may land in either order, as eager and rendezvous messages over UCX
-/// already may; each raises its own note after its own data.
-pub(crate) const LANE_MIN: usize = 64 << 10;
 /// Frames up to this size are written by the caller when the lane is idle (no hand-off to
 /// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
 const INLINE_MAX: usize = 1 << 20;
@@ -99,6 +96,16 @@ struct Lane {
     stream: TcpStream,
     state: Mutex<State>,
     cv: Condvar,
+    reader: Mutex<Reader>,
+}
+
+/// The receiving side of a lane.
+struct Reader {
+    s: TcpStream,
+    fd: std::os::fd::RawFd,
+    scratch: Vec<u8>,
+    /// The peer closed the lane, or it broke.
+    done: bool,
 }
 
 /// The lanes of one rank: one per peer on another host that offered one.
@@ -186,17 +193,19 @@ impl Lanes {
             let Some(s) = s else { continue };
             s.set_nodelay(true).ok();
             let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
             let lane = Arc::new(Lane {
                 peer: r as u32,
                 stream: s,
                 state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
                 cv: Condvar::new(),
+                reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), done: false }),
             });
             let (l, shr) = (lane.clone(), sh.clone());
             lanes.threads.push(
                 std::thread::Builder::new()
                     .name(format!("sf-lane-rx-{me}-{r}"))
-                    .spawn(move || read_loop(&shr, &l, reader))
+                    .spawn(move || read_loop(&shr, &l))
                     .map_err(|e| Error::io("spawn TCP lane reader", e))?,
             );
             let (l, shr) = (lane.clone(), sh.clone());
@@ -268,6 +277,17 @@ impl Lanes {
         drop(st);
         lane.cv.notify_one();
         Ok(Some(Request { pending, peer, what: "TCP lane write".into() }))
+    }
+
+    /// Runs whatever has arrived on the lanes, from a caller that waits (see [`drain`]).
+    pub fn poll(&self, sh: &Shared) -> u32 {
+        let mut k = 0;
+        for lane in self.lanes.iter().flatten() {
+            if let Ok(mut rd) = lane.reader.try_lock() {
+                k += drain(sh, lane, &mut rd);
+            }
+        }
+        k
     }
 
     /// Stops every lane: sockets shut down, threads joined.
@@ -348,55 +368,106 @@ fn write_loop(sh: &Shared, lane: &Lane) {
     }
 }
 
-fn read_loop(sh: &Shared, lane: &Lane, mut s: TcpStream) {
-    let peer = lane.peer as usize;
+/// What a socket has to read now.
+enum Avail {
+    Data,
+    Nothing,
+    Closed,
+}
+
+fn available(fd: std::os::fd::RawFd) -> Avail {
+    let mut b = 0u8;
+    let r = unsafe { libc::recv(fd, &mut b as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    match r {
+        0 => Avail::Closed,
+        r if r > 0 => Avail::Data,
+        _ => match std::io::Error::last_os_error().kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Avail::Nothing,
+            // Let the read report it.
+            _ => Avail::Data,
+        },
+    }
+}
+
+/// Handles every frame that has started to arrive (each read whole, blocking for its rest);
+/// returns how many. Whoever holds the reader runs it: the lane's thread, woken by `poll`,
+/// or a caller waiting for a notification (no thread wake-up on the way).
+fn drain(sh: &Shared, lane: &Lane, rd: &mut Reader) -> u32 {
+    let mut k = 0;
+    while !rd.done {
+        match available(rd.fd) {
+            Avail::Nothing => break,
+            // Closed between frames: the peer is done with us (its process exited or dropped
+            // its device). Not an error here: if it died while we still need it, UCX
+            // (endpoint error, heartbeats) or the process watch says so, as without lanes.
+            Avail::Closed => rd.done = true,
+            Avail::Data => match read_frame(sh, lane.peer as usize, rd) {
+                Ok(()) => k += 1,
+                Err(why) => {
+                    rd.done = true;
+                    if !lane.state.lock().unwrap().closed && !sh.stop.load(Ordering::SeqCst) {
+                        sh.mark_lost(lane.peer as usize, why);
+                    }
+                }
+            },
+        }
+    }
+    k
+}
+
+fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader) -> std::result::Result<(), String> {
     let mut hdr = [0u8; FRAME_LEN];
-    let mut scratch = Vec::new();
-    loop {
-        if let Err(e) = s.read_exact(&mut hdr) {
-            if !lane.state.lock().unwrap().closed && !sh.stop.load(Ordering::SeqCst) {
-                sh.mark_lost(peer, format!("its TCP lane closed: {e}"));
+    rd.s.read_exact(&mut hdr).map_err(|e| format!("its TCP lane broke: {e}"))?;
+    let f = Frame::parse(&hdr);
+    if let Some(t) = sh.last_heard.get(peer) {
+        t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    match f.kind {
+        KIND_WRITE => {
+            let n = f.len as usize;
+            let target = sh.region_target(f.key, f.offset as usize, n);
+            match target {
+                Some((dst, _, _)) => rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
+                None => {
+                    // A write to a region that is gone or out of bounds: dropped, as over UCX.
+                    rd.scratch.resize(n.min(1 << 20), 0);
+                    let mut left = n;
+                    let mut r = Ok(());
+                    while left > 0 && r.is_ok() {
+                        let k = left.min(rd.scratch.len());
+                        r = rd.s.read_exact(&mut rd.scratch[..k]);
+                        left -= k;
+                    }
+                    r
+                }
             }
+            .map_err(|e| format!("its TCP lane broke mid-write: {e}"))?;
+            if let Some((_, raddr, rlen)) = target {
+                sh.raise(raddr, rlen, f.note, f.index, f.value);
+            }
+            Ok(())
+        }
+        KIND_NOTIFY => {
+            sh.publish(f.index as u32, f.value);
+            Ok(())
+        }
+        k => Err(format!("its TCP lane sent an unknown frame kind {k}")),
+    }
+}
+
+/// The lane's reader thread: sleeps in `poll` until data arrives, then drains.
+fn read_loop(sh: &Shared, lane: &Lane) {
+    let fd = lane.reader.lock().unwrap().fd;
+    loop {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             return;
         }
-        let f = Frame::parse(&hdr);
-        if let Some(t) = sh.last_heard.get(peer) {
-            t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        }
-        match f.kind {
-            KIND_WRITE => {
-                let n = f.len as usize;
-                let target = sh.region_target(f.key, f.offset as usize, n);
-                let r = match target {
-                    Some((dst, _, _)) => s.read_exact(unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
-                    None => {
-                        // A write to a region that is gone or out of bounds: dropped, as over UCX.
-                        scratch.resize(n.min(1 << 20), 0);
-                        let mut left = n;
-                        let mut r = Ok(());
-                        while left > 0 && r.is_ok() {
-                            let k = left.min(scratch.len());
-                            r = s.read_exact(&mut scratch[..k]);
-                            left -= k;
-                        }
-                        r
-                    }
-                };
-                if let Err(e) = r {
-                    if !lane.state.lock().unwrap().closed {
-                        sh.mark_lost(peer, format!("its TCP lane closed mid-write: {e}"));
-                    }
-                    return;
-                }
-                if let Some((_, raddr, rlen)) = target {
-                    sh.raise(raddr, rlen, f.note, f.index, f.value);
-                }
-            }
-            KIND_NOTIFY => sh.publish(f.index as u32, f.value),
-            _ => {
-                sh.mark_lost(peer, format!("its TCP lane sent an unknown frame kind {}", f.kind));
-                return;
-            }
+        let mut rd = lane.reader.lock().unwrap();
+        drain(sh, lane, &mut rd);
+        if rd.done {
+            return;
         }
     }
 }

@@ -549,7 +549,11 @@ impl Net {
 
     /// Runs the handlers of whatever has arrived (callers do this while they spin).
     pub fn progress(&self) -> u32 {
-        self.shared.progress()
+        let k = self.shared.progress();
+        match &self.lanes {
+            Some(l) => k + l.poll(&self.shared),
+            None => k,
+        }
     }
 
     /// `PeerLost` for the first peer whose endpoint failed.
@@ -743,7 +747,7 @@ impl Net {
             Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
             Note::Word(o, v) => (NOTE_WORD, o, v),
         };
-        if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer) && n >= lanes::LANE_MIN) {
+        if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
             return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) };
         }
         let h = WriteHeader { key, offset: off as u64, note, index, value, _pad: 0 };
