@@ -55,6 +55,31 @@ impl PyDevice {
         Ok(PyRemoteRegion { remote: r })
     }
 
+    /// Latency probe (benchmarks): `iters` round trips of an `nbytes` `write_notify` from
+    /// `local` into `remote` on `peer` (notification slot `slot`), this rank starting them
+    /// when `first`, answering otherwise; both ranks call it. Returns the seconds taken.
+    /// The loop runs without the Python interpreter, as `ucx_perftest`'s does.
+    #[allow(clippy::too_many_arguments)]
+    fn _ping_pong(&self, py: Python<'_>, peer: u32, local: PyRef<'_, PyRegion>, remote: PyRef<'_, PyRemoteRegion>, nbytes: usize,
+                  iters: u32, slot: usize, first: bool) -> PyResult<f64> {
+        let (dev, region, remote) = (self.dev.clone(), local.region.clone(), remote.remote.clone());
+        py.detach(move || -> scalefree_transport::Result<f64> {
+            let ch = dev.channel(peer)?;
+            let t = std::time::Instant::now();
+            for i in 1..=iters {
+                if first {
+                    ch.write_notify(&region, 0, &remote, 0, nbytes, slot, i)?.wait()?;
+                    dev.wait(slot, None)?;
+                } else {
+                    dev.wait(slot, None)?;
+                    ch.write_notify(&region, 0, &remote, 0, nbytes, slot, i)?.wait()?;
+                }
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })
+        .py_err(py)
+    }
+
     /// A channel to rank `peer`.
     fn channel(&self, py: Python<'_>, peer: u32) -> PyResult<PyChannel> {
         Ok(PyChannel { ch: self.dev.channel(peer).py_err(py)? })

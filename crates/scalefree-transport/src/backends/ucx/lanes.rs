@@ -370,21 +370,22 @@ fn write_loop(sh: &Shared, lane: &Lane) {
 
 /// What a socket has to read now.
 enum Avail {
-    Data,
+    Data(usize),
     Nothing,
     Closed,
 }
 
-fn available(fd: std::os::fd::RawFd) -> Avail {
-    let mut b = 0u8;
-    let r = unsafe { libc::recv(fd, &mut b as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+/// Starts reading a frame header without blocking: what arrived of it goes to `hdr`
+/// (`Data(k)`: `k` bytes, the rest to be read blocking).
+fn available(fd: std::os::fd::RawFd, hdr: &mut [u8; FRAME_LEN]) -> Avail {
+    let r = unsafe { libc::recv(fd, hdr.as_mut_ptr() as *mut libc::c_void, FRAME_LEN, libc::MSG_DONTWAIT) };
     match r {
         0 => Avail::Closed,
-        r if r > 0 => Avail::Data,
+        r if r > 0 => Avail::Data(r as usize),
         _ => match std::io::Error::last_os_error().kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Avail::Nothing,
             // Let the read report it.
-            _ => Avail::Data,
+            _ => Avail::Data(0),
         },
     }
 }
@@ -394,14 +395,15 @@ fn available(fd: std::os::fd::RawFd) -> Avail {
 /// or a caller waiting for a notification (no thread wake-up on the way).
 fn drain(sh: &Shared, lane: &Lane, rd: &mut Reader) -> u32 {
     let mut k = 0;
+    let mut hdr = [0u8; FRAME_LEN];
     while !rd.done {
-        match available(rd.fd) {
+        match available(rd.fd, &mut hdr) {
             Avail::Nothing => break,
             // Closed between frames: the peer is done with us (its process exited or dropped
             // its device). Not an error here: if it died while we still need it, UCX
             // (endpoint error, heartbeats) or the process watch says so, as without lanes.
             Avail::Closed => rd.done = true,
-            Avail::Data => match read_frame(sh, lane.peer as usize, rd) {
+            Avail::Data(got) => match read_frame(sh, lane.peer as usize, rd, &mut hdr, got) {
                 Ok(()) => k += 1,
                 Err(why) => {
                     rd.done = true;
@@ -415,10 +417,10 @@ fn drain(sh: &Shared, lane: &Lane, rd: &mut Reader) -> u32 {
     k
 }
 
-fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader) -> std::result::Result<(), String> {
-    let mut hdr = [0u8; FRAME_LEN];
-    rd.s.read_exact(&mut hdr).map_err(|e| format!("its TCP lane broke: {e}"))?;
-    let f = Frame::parse(&hdr);
+/// Handles one frame whose first `got` header bytes are in `hdr` already.
+fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LEN], got: usize) -> std::result::Result<(), String> {
+    rd.s.read_exact(&mut hdr[got..]).map_err(|e| format!("its TCP lane broke: {e}"))?;
+    let f = Frame::parse(hdr);
     if let Some(t) = sh.last_heard.get(peer) {
         t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
