@@ -185,3 +185,46 @@ def test_rank_of_another_job_is_refused(can_simulate):
         outs = [p.communicate(timeout=60)[0] for p in procs]
         assert all(p.returncode != 0 for p in procs)
         assert "wrong job token" in outs[1], outs[1][-2000:]
+
+
+LARGE = """import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+for n in (0, 1, 1000003, 4 << 20):
+    a = np.arange(n, dtype=np.float32) % 7 + g.rank
+    g.allreduce(a)
+    want = (np.arange(n, dtype=np.float32) % 7) * g.size + sum(range(g.size))
+    assert np.array_equal(a, want), n
+g.barrier()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("lanes", ["auto", "0", "1"])
+def test_large_allreduce_with_and_without_tcp_lanes(can_simulate, lanes):
+    env = dict(__import__("os").environ, SCALEFREE_TCP_LANES=lanes, SCALEFREE_IFNAME="eth0")
+    with simhosts.SimHosts(3) as h:
+        for rc, out in launch_all(h, 1, LARGE, env=env, timeout=120):
+            assert rc == 0 and out.strip().endswith("ok"), out[-2000:]
+
+
+def test_unknown_interface_is_a_clear_error(can_simulate):
+    env = dict(__import__("os").environ, SCALEFREE_IFNAME="nope0")
+    with simhosts.SimHosts(2) as h:
+        res = launch_all(h, 1, LARGE, env=env, timeout=120)
+    assert all(rc != 0 for rc, _ in res)
+    assert any("SCALEFREE_IFNAME=nope0: no such interface" in out and "eth0" in out for _, out in res), res[0][1][-1500:]
+
+
+def test_bench_ucx_runs(can_simulate, tmp_path):
+    out = tmp_path / "ucx.json"
+    r = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "ucx", "--sizes", "64K", "--lat-iters", "300",
+                        "--perftest-iters", "5", "--target-seconds", "0.05", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    recs = json.loads(out.read_text())
+    kinds = {(x["impl"], x["variant"]) for x in recs}
+    assert ("scalefree", "put") in kinds and ("scalefree", "write_notify-lat-native") in kinds
+    assert all(x["hosts"] == 2 and x["median_s"] > 0 for x in recs if x["impl"] == "scalefree")
+    assert "vs perftest" in r.stdout

@@ -231,6 +231,12 @@ impl Device {
     fn new_ucx(job: JobInfo, opts: DeviceOptions, mut rv: Rendezvous, hosts: Vec<u32>) -> Result<Self> {
         ucx::describe()?;
         let me = job.rank;
+        // The interface between hosts: the user's choice (checked before UCX sees it), else
+        // the one this rank reached the rendezvous through.
+        let ip = match crate::config::ifname() {
+            Some(name) => crate::config::interface_ip(&name)?,
+            None => rv.local_ip().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        };
         let ctrl_fd = shm::create_memfd(&format!("ctrl-r{me}"), CTRL_LEN)?;
         let ctrl = shm::map_shared(ctrl_fd.as_raw_fd(), CTRL_LEN, true)?;
         unsafe { (ctrl.as_ptr() as *mut u64).write(CTRL_MAGIC) };
@@ -247,10 +253,6 @@ impl Device {
             })?
         };
         let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
-        let ip = match crate::config::ifname() {
-            Some(name) => crate::config::interface_ip(&name)?,
-            None => rv.local_ip().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
-        };
         net.open_lanes(ip, &remote, &job.token, opts.bootstrap_timeout, &mut |b| {
             Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
         })?;
