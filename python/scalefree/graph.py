@@ -45,56 +45,70 @@ def partition_edges(src, dst, rank: int, size: int, seed: int = 0):
     return src[m], dst[m]
 
 
+class SparsePageRank:
+    """One rank's state of a distributed PageRank over the sparse allreduce (collective to
+    construct: it configures the allreduce once). ``step()`` runs one iteration and
+    returns the L1 change of the scores (the same on every rank); ``owned``/``scores`` are
+    this rank's vertices (``v % size == rank``) and their current scores."""
+
+    def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto"):
+        me, size = group.rank, group.size
+        self.group, self.n, self.damping = group, int(n), float(damping)
+        touched, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        self.ls, self.ld = inv[: len(src)], inv[len(src):]
+        self.usrc = np.unique(self.ls)  # local ids of sources
+        self.udst = np.unique(self.ld)
+        self.n_local = len(touched)
+        self.owned = np.arange(me, n, size, dtype=np.int64)
+        # Out-degrees of the sources, summed over ranks.
+        deg_sa = group.sparse_allreduce(n, degrees=degrees)
+        cnt = np.bincount(self.ls, minlength=len(touched)).astype(np.int64)
+        deg = deg_sa.config_reduce(touched[self.usrc], cnt[self.usrc], touched[self.usrc]).astype(np.float64)
+        self.inv_deg = np.zeros(len(touched))
+        self.inv_deg[self.usrc] = 1.0 / deg
+        # One plan for every iteration: flow out at edge targets, in at sources + owned.
+        self.sa = group.sparse_allreduce(n, degrees=degrees)
+        self.sa.config(touched[self.udst], np.concatenate([touched[self.usrc], self.owned]))
+        self.r_src = np.full(len(self.usrc), 1.0 / n)
+        self.r_local = np.zeros(len(touched))
+        self.scores = np.full(len(self.owned), 1.0 / n)
+        self._scal = np.zeros(1)
+
+    def step(self) -> float:
+        n, damping, usrc = self.n, self.damping, self.usrc
+        self.r_local[usrc] = self.r_src * self.inv_deg[usrc]
+        flow = np.bincount(self.ld, weights=self.r_local[self.ls], minlength=self.n_local)[self.udst]
+        got = self.sa.reduce(flow)
+        # Mass that left non-dangling vertices = total flow; the rest is dangling mass.
+        self._scal[0] = flow.sum()
+        self.group.allreduce(self._scal)
+        dangling = max(0.0, 1.0 - self._scal[0])
+        base = (1.0 - damping) / n + damping * dangling / n
+        y_src, y_own = got[: len(usrc)], got[len(usrc):]
+        self.r_src = base + damping * y_src
+        new_own = base + damping * y_own
+        self._scal[0] = np.abs(new_own - self.scores).sum()
+        self.scores = new_own
+        return float(self.group.allreduce(self._scal)[0])
+
+
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
              degrees="auto", progress: bool = False):
-    """Distributed PageRank (networkx semantics: dangling mass spread uniformly, L1 test
-    ``< n * tol``... here ``< tol``). Returns (owned vertex ids, their scores, iterations,
+    """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
+    the L1 change is ``< tol``). Returns (owned vertex ids, their scores, iterations,
     median seconds per iteration)."""
-    me, size = group.rank, group.size
-    touched, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
-    ls, ld = inv[: len(src)], inv[len(src):]
-    usrc = np.unique(ls)  # local ids of sources
-    udst = np.unique(ld)
-    owned = np.arange(me, n, size, dtype=np.int64)
-    # Out-degrees of the sources, summed over ranks.
-    deg_sa = group.sparse_allreduce(n, degrees=degrees)
-    cnt = np.bincount(ls, minlength=len(touched)).astype(np.int64)
-    deg = deg_sa.config_reduce(touched[usrc], cnt[usrc], touched[usrc]).astype(np.float64)
-    inv_deg = np.zeros(len(touched))
-    inv_deg[usrc] = 1.0 / deg
-    # One plan for every iteration: flow out at edge targets, in at sources + owned.
-    sa = group.sparse_allreduce(n, degrees=degrees)
-    want = np.concatenate([touched[usrc], owned])
-    sa.config(touched[udst], want)
-    r_src = np.full(len(usrc), 1.0 / n)
-    r_local = np.zeros(len(touched))
-    r_own = np.full(len(owned), 1.0 / n)
-    scal = np.zeros(2)
+    pr = SparsePageRank(group, src, dst, n, damping, degrees)
     times = []
     it = 0
     for it in range(1, max_iter + 1):
         t0 = time.perf_counter()
-        r_local[usrc] = r_src * inv_deg[usrc]
-        flow = np.bincount(ld, weights=r_local[ls], minlength=len(touched))[udst]
-        got = sa.reduce(flow)
-        # Mass that left non-dangling vertices = total flow; the rest is dangling mass.
-        scal[0] = flow.sum()
-        y_src, y_own = got[: len(usrc)], got[len(usrc):]
-        new_own = None
-        group.allreduce(scal[:1])
-        dangling = max(0.0, 1.0 - scal[0])
-        base = (1.0 - damping) / n + damping * dangling / n
-        r_src = base + damping * y_src
-        new_own = base + damping * y_own
-        scal[1] = np.abs(new_own - r_own).sum()
-        r_own = new_own
-        d = group.allreduce(scal[1:2].copy())[0]
+        d = pr.step()
         times.append(time.perf_counter() - t0)
-        if progress and me == 0:
+        if progress and group.rank == 0:
             print(f"iteration {it:3d}  L1 change {d:.3e}", file=sys.stderr, flush=True)
         if d < tol:
             break
-    return owned, r_own, it, float(np.median(times)) if times else 0.0
+    return pr.owned, pr.scores, it, float(np.median(times)) if times else 0.0
 
 
 def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
@@ -139,27 +153,60 @@ def rmat_block(rng, m: int, scale: int, a=0.57, b=0.19, c=0.19) -> tuple[np.ndar
     return src, dst
 
 
+def rmat_blocks(scale: int, edges: int, seed: int = 0, block: int = 1 << 20):
+    """Yields the (src, dst) blocks of a seeded R-MAT graph (at most ``block`` edges each).
+    Vertex ids are scrambled by a fixed permutation so that high-degree vertices are not all
+    small ids. The same arguments give the same edges, whatever the consumer."""
+    if scale < 1 or scale > 40:
+        raise ValueError(f"R-MAT scale must be in [1, 40], got {scale}")
+    if edges < 0:
+        raise ValueError(f"R-MAT edge count must be >= 0, got {edges}")
+    rng = np.random.default_rng(seed)
+    perm = np.random.default_rng([seed, 1]).permutation(1 << scale)
+    done = 0
+    while done < edges:
+        m = min(block, edges - done)
+        s, d = rmat_block(rng, m, scale)
+        yield perm[s], perm[d]
+        done += m
+
+
+def rmat_edges(scale: int, edges: int, seed: int = 0, block: int = 1 << 20):
+    """A seeded R-MAT graph in memory, read as :func:`read_edges` reads the file
+    :func:`write_rmat` writes: (src, dst, ids) with compact ids, duplicate edges dropped."""
+    parts = list(rmat_blocks(scale, edges, seed, block))
+    src = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    dst = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    return compact_edges(src, dst)
+
+
+def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst) of original ids → (src, dst, ids): duplicate edges dropped, edges sorted,
+    endpoints renumbered into the sorted ids that occur."""
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    ids, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    m = len(src)
+    key = np.unique(inv[:m].astype(np.int64) * max(1, len(ids)) + inv[m:])
+    return key // max(1, len(ids)), key % max(1, len(ids)), ids
+
+
 def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20, progress: bool = True) -> None:
     """Writes a seeded R-MAT edge list (SNAP text, ``.gz`` compresses) in blocks, atomically
-    (temporary file, then rename). Vertex ids are scrambled by a fixed permutation so that
-    high-degree vertices are not all small ids."""
+    (temporary file, then rename); the edges of :func:`rmat_blocks`."""
     import os
 
     path = Path(path)
-    rng = np.random.default_rng(seed)
-    perm = np.random.default_rng([seed, 1]).permutation(1 << scale)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(tmp, "wb") as f:
             f.write(f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode())
             done = 0
-            while done < edges:
-                m = min(block, edges - done)
-                s, d = rmat_block(rng, m, scale)
-                pairs = np.stack([perm[s], perm[d]], axis=1)
+            for s, d in rmat_blocks(scale, edges, seed, block):
+                pairs = np.stack([s, d], axis=1)
                 f.write("\n".join(f"{x}\t{y}" for x, y in pairs.tolist()).encode() + b"\n")
-                done += m
+                done += len(s)
                 if progress:
                     print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
         os.replace(tmp, path)
@@ -176,7 +223,7 @@ def _rmat_cmd(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank)")
+    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter)")
     s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
     s.required = True
     q = s.add_parser("pagerank", help="PageRank of an edge list over the sparse allreduce",
@@ -198,10 +245,14 @@ def add_parser(sub) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_rmat_cmd)
+    from . import hadi
+
+    hadi.add_parser(s)
 
 
-def _launch(args) -> int:
-    """With -n > 1 outside a job, starts the ranks with the launcher; inside one, runs."""
+def launch_or_run(args, run) -> int:
+    """With ``-n`` > 1 outside a job, starts the ranks with the launcher (each runs this
+    same command line); inside one, or with one rank, calls ``run(args)``."""
     import os
     import subprocess
 
@@ -210,4 +261,8 @@ def _launch(args) -> int:
         cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--",
                sys.executable, "-m", "scalefree.cli", *argv]
         return subprocess.call(cmd)
-    return _pagerank_cmd(args)
+    return run(args)
+
+
+def _launch(args) -> int:
+    return launch_or_run(args, _pagerank_cmd)
