@@ -104,3 +104,14 @@ def test_rmat_generator_is_seeded_skewed_and_readable(tmp_path):
     np.testing.assert_array_equal(ids2, ids)
     want = dense_pagerank(src, dst, len(ids))
     assert np.abs(r - want).max() < 1e-9
+
+
+@pytest.mark.parametrize("n,m", [(0, 0), (1, 0), (1, 3), (7, 3), (50, 1000), (1000, 50)])
+def test_compact_ids_equals_unique(n, m):
+    from scalefree.graph import compact_ids
+
+    a = np.random.default_rng(m).integers(0, max(n, 1), m) if n else np.zeros(0, np.int64)
+    u, inv = compact_ids(a, n)
+    wu, winv = np.unique(a, return_inverse=True)
+    np.testing.assert_array_equal(u, wu)
+    np.testing.assert_array_equal(inv, winv.reshape(-1))

@@ -45,6 +45,21 @@ def partition_edges(src, dst, rank: int, size: int, seed: int = 0):
     return src[m], dst[m]
 
 
+def compact_ids(a, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` for ids in ``[0, n)``: by a marker array of
+    size ``n`` (linear time) when that is no larger than ``a`` itself, else by sorting."""
+    a = np.asarray(a, np.int64)
+    if 0 < n <= len(a):
+        mark = np.zeros(n, np.bool_)
+        mark[a] = True
+        u = np.flatnonzero(mark)
+        pos = np.empty(n, np.int64)
+        pos[u] = np.arange(len(u))
+        return u, pos[a]
+    u, inv = np.unique(a, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
 class SparsePageRank:
     """One rank's state of a distributed PageRank over the sparse allreduce (collective to
     construct: it configures the allreduce once). ``step()`` runs one iteration and
@@ -54,10 +69,10 @@ class SparsePageRank:
     def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto"):
         me, size = group.rank, group.size
         self.group, self.n, self.damping = group, int(n), float(damping)
-        touched, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        touched, inv = compact_ids(np.concatenate([src, dst]), n)
         self.ls, self.ld = inv[: len(src)], inv[len(src):]
-        self.usrc = np.unique(self.ls)  # local ids of sources
-        self.udst = np.unique(self.ld)
+        self.usrc, src_pos = compact_ids(self.ls, len(touched))  # local ids of sources
+        self.udst, dst_pos = compact_ids(self.ld, len(touched))
         self.n_local = len(touched)
         self.owned = np.arange(me, n, size, dtype=np.int64)
         # Out-degrees of the sources, summed over ranks.
@@ -80,9 +95,8 @@ class SparsePageRank:
         except ImportError:  # pragma: no cover - scipy is a test dependency
             sp = None
         if sp is not None:
-            rows = np.searchsorted(self.udst, self.ld)
-            cols = np.searchsorted(self.usrc, self.ls)
-            self.matrix = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(self.udst), len(self.usrc)))
+            self.matrix = sp.csr_matrix((np.ones(len(dst_pos)), (dst_pos, src_pos)),
+                                        shape=(len(self.udst), len(self.usrc)))
         self.scores = np.full(len(self.owned), 1.0 / n)
         self._scal = np.zeros(1)
 

@@ -130,8 +130,10 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
     if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
-    usrc, ls = np.unique(src, return_inverse=True)
-    udst, ld = np.unique(dst, return_inverse=True)
+    from .graph import compact_ids
+
+    usrc, ls = compact_ids(src, n)
+    udst, ld = compact_ids(dst, n)
     owned = np.arange(me, n, size, dtype=np.int64)
     sa = group.sparse_allreduce(n, op="or", degrees=degrees)
     # Out: partial ORs at this rank's edge sources, and the owned vertices' own strings.
