@@ -18,13 +18,28 @@ from pathlib import Path
 import numpy as np
 
 
+class GraphFormatError(ValueError):
+    """An edge file that cannot be read (names the file and what is wrong)."""
+
+
 def read_edges(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """SNAP edge list (``#`` comments, tab or space, ``.gz`` allowed) → (src, dst, ids) with
-    compact 0-based ids into the sorted original ids; duplicate edges dropped (as a networkx
-    DiGraph reads them)."""
+    """An edge file → (src, dst, ids) with compact 0-based ids into the sorted ids that
+    occur; duplicate edges dropped (as a networkx DiGraph reads them). Formats, by name:
+    ``.npz`` (arrays ``src`` and ``dst``, or a scipy sparse matrix from ``save_npz``:
+    entry (i, j) is the edge i -> j, 0-based ids), ``.mtx`` / ``.mtx.gz`` (Matrix Market
+    coordinate: entry (i, j) is the edge i -> j, 1-based ids as written; symmetric files
+    give both directions), anything else a SNAP edge list (``#`` comments, tab or space,
+    ``.gz`` allowed)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        return compact_edges(*_read_npz(path))
+    if name.endswith(".mtx") or name.endswith(".mtx.gz"):
+        return compact_edges(*_read_mtx(path))
     from .examples.pagerank import read_edge_list
 
-    path = Path(path)
     if path.suffix == ".gz":
         import tempfile
 
@@ -36,6 +51,78 @@ def read_edges(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         src, dst, ids = read_edge_list(path)
     pairs = np.unique(np.stack([src, dst], axis=1), axis=0)
     return pairs[:, 0].copy(), pairs[:, 1].copy(), ids
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        keys = set(z.files)
+        if {"src", "dst"} <= keys:
+            src, dst = np.asarray(z["src"]), np.asarray(z["dst"])
+            if src.shape != dst.shape or src.ndim != 1:
+                raise GraphFormatError(f"{path}: src and dst must be 1-D arrays of one length, "
+                                       f"got shapes {src.shape} and {dst.shape}")
+        elif "format" in keys:
+            fmt = z["format"].item()
+            fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+            if fmt == "coo":
+                src, dst = z["row"], z["col"]
+            elif fmt in ("csr", "csc"):
+                indptr, indices = z["indptr"], z["indices"]
+                major = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+                src, dst = (major, indices) if fmt == "csr" else (indices, major)
+            else:
+                raise GraphFormatError(f"{path}: scipy sparse format {fmt!r} is not supported (csr, csc, coo are)")
+        else:
+            raise GraphFormatError(f"{path}: expected arrays 'src' and 'dst' or a scipy sparse matrix "
+                                   f"(save_npz), found {sorted(keys)}")
+    for what, a in (("src", src), ("dst", dst)):
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise GraphFormatError(f"{path}: {what} must hold integer vertex ids, got {a.dtype}")
+        if a.size and a.min() < 0:
+            raise GraphFormatError(f"{path}: {what} has a negative vertex id")
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+def _read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt") as f:
+        header = f.readline().split()
+        if len(header) != 5 or header[0] != "%%MatrixMarket" or header[1].lower() != "matrix":
+            raise GraphFormatError(f"{path}:1: not a Matrix Market header (%%MatrixMarket matrix coordinate ...)")
+        fmt, field, symmetry = (h.lower() for h in header[2:])
+        if fmt != "coordinate":
+            raise GraphFormatError(f"{path}:1: only the coordinate format holds a graph, got {fmt!r}")
+        ncols = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}.get(field)
+        if ncols is None:
+            raise GraphFormatError(f"{path}:1: unknown field {field!r}")
+        if symmetry not in ("general", "symmetric", "skew-symmetric", "hermitian"):
+            raise GraphFormatError(f"{path}:1: unknown symmetry {symmetry!r}")
+        line_no = 1
+        for line in f:
+            line_no += 1
+            if line.strip() and not line.startswith("%"):
+                break
+        else:
+            raise GraphFormatError(f"{path}: no size line")
+        try:
+            rows, cols, nnz = (int(x) for x in line.split())
+        except ValueError:
+            raise GraphFormatError(f"{path}:{line_no}: expected 'rows cols entries', got {line.strip()[:60]!r}") from None
+        body = [ln for ln in f.read().splitlines() if ln.strip() and not ln.startswith("%")]
+    try:
+        flat = np.array(" ".join(body).split(), dtype=np.float64)
+    except ValueError:
+        raise GraphFormatError(f"{path}: an entry is not numeric") from None
+    if flat.size != nnz * ncols:
+        raise GraphFormatError(f"{path}: expected {nnz} entries of {ncols} fields, found {flat.size} fields")
+    e = flat.reshape(nnz, ncols)
+    src, dst = e[:, 0].astype(np.int64), e[:, 1].astype(np.int64)
+    if nnz and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
+        raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
+    if symmetry != "general":
+        off = src != dst
+        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
+    return src, dst
 
 
 def partition_edges(src, dst, rank: int, size: int, seed: int = 0):
@@ -269,7 +356,7 @@ def add_parser(sub) -> None:
     s.required = True
     q = s.add_parser("pagerank", help="PageRank of an edge list over the sparse allreduce",
                      description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="SNAP edge list (# comments, .gz allowed)")
+    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
     q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
     q.add_argument("--top", type=int, default=20)
     q.add_argument("--damping", type=float, default=0.85)

@@ -204,7 +204,7 @@ def _diameter_cmd(args) -> int:
 def add_parser(sub) -> None:
     q = sub.add_parser("diameter", help="HADI effective diameter and neighbourhood function",
                        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="SNAP edge list (# comments, .gz allowed)")
+    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
     q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
     q.add_argument("--method", choices=["auto", "exact", "fm"], default="auto",
                    help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertices)")
