@@ -170,3 +170,17 @@ def test_read_edges_bad_files_say_why(tmp_path):
         read_edges(q)
     with pytest.raises(FileNotFoundError):
         read_edges(tmp_path / "missing.mtx")
+
+
+@pytest.mark.parametrize("edges", [[(0, 1)], [(0, 0)], [(0, 1), (1, 2), (2, 0)], [(2, 1), (0, 1), (1, 0), (3, 1), (4, 3)]])
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_tiny_graphs_with_idle_ranks_match_dense(tmp_path, n, edges):
+    # 1, 3 or 5 edges over up to 4 ranks: some ranks hold no edge at all.
+    e = np.array(edges)
+    p = tmp_path / "g.txt"
+    p.write_text("".join(f"{a} {b}\n" for a, b in e))
+    ids, r = _run(n, p, tmp_path / "r.npy")
+    uid, inv = np.unique(e, return_inverse=True)
+    inv = inv.reshape(-1, 2)
+    np.testing.assert_array_equal(ids, uid)
+    assert np.abs(r - dense_pagerank(inv[:, 0], inv[:, 1], len(uid))).max() < 1e-9
