@@ -43,6 +43,7 @@ def test_bench_pagerank_end_to_end(tmp_path, ranks):
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"] and r["n"] >= 5
         assert r["max_abs_err"] <= 1e-12
         assert r["iters_per_s"] > 0 and r["vertices"] > 0 and r["n_items"] > 0
+        assert 0 <= r["comm_fraction"] <= 1.0 + 1e-9 or r["ranks"] == 1
         if r["variant"] == "sparse":
             assert r["config_s"] > 0 and 0 < r["touched_frac"] <= 1
     assert "peer/ours(sparse)" in p.stdout and "pagerank:" in p.stderr

@@ -198,6 +198,7 @@ class SparsePageRank:
                                         shape=(len(self.udst), len(self.usrc)))
         self.scores = np.full(len(self.owned), 1.0 / n)
         self._scal = np.zeros(1)
+        self.last_comm_s = 0.0  # time in collectives (incl. waiting for peers) of the last step
 
     def step(self) -> float:
         n, damping, usrc = self.n, self.damping, self.usrc
@@ -206,10 +207,14 @@ class SparsePageRank:
         else:
             self.r_local[usrc] = self.r_src * self.inv_deg[usrc]
             flow = np.bincount(self.ld, weights=self.r_local[self.ls], minlength=self.n_local)[self.udst]
+        t0 = time.perf_counter()
         got = self.sa.reduce(flow)
+        comm = time.perf_counter() - t0
         # Mass that left non-dangling vertices = total flow; the rest is dangling mass.
         self._scal[0] = flow.sum()
+        t0 = time.perf_counter()
         self.group.allreduce(self._scal)
+        comm += time.perf_counter() - t0
         dangling = max(0.0, 1.0 - self._scal[0])
         base = (1.0 - damping) / n + damping * dangling / n
         y_src, y_own = got[: len(usrc)], got[len(usrc):]
@@ -217,7 +222,10 @@ class SparsePageRank:
         new_own = base + damping * y_own
         self._scal[0] = np.abs(new_own - self.scores).sum()
         self.scores = new_own
-        return float(self.group.allreduce(self._scal)[0])
+        t0 = time.perf_counter()
+        self.group.allreduce(self._scal)
+        self.last_comm_s = comm + time.perf_counter() - t0
+        return float(self._scal[0])
 
 
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,

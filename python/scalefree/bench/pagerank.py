@@ -18,6 +18,8 @@ edge partition. Rows, per graph and rank count:
 One timed call is one iteration (the slowest rank's time; median over calls). After
 timing, every implementation runs ``--check-iters`` iterations from the start and its
 scores are compared with scipy's after the same number of iterations (``max_abs_err``).
+``comm`` (``comm_fraction``): rank 0's median time in collectives per iteration, waiting
+for slower ranks included, over the median iteration time.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class DensePageRank:
 
     def __init__(self, src, dst, n: int, allreduce, damping: float = DAMPING):
         self.src, self.dst, self.n, self.allreduce, self.damping = src, dst, n, allreduce, damping
+        self.last_comm_s = 0.0
         outdeg = np.bincount(src, minlength=n).astype(np.float64)
         allreduce(outdeg)
         nz = outdeg > 0
@@ -99,7 +102,9 @@ class DensePageRank:
     def step(self) -> float:
         r = self.scores
         self.flow[:] = np.bincount(self.dst, weights=r[self.src] * self.inv_out[self.src], minlength=self.n)
+        t0 = time.perf_counter()
         self.allreduce(self.flow)
+        self.last_comm_s = time.perf_counter() - t0
         new = (1.0 - self.damping) / self.n + self.damping * (self.flow + r[self.dangling].sum() / self.n)
         delta = float(np.abs(new - r).sum())
         self.scores = new
@@ -134,11 +139,20 @@ class ScipyPageRank:
 # Rank side
 
 
-def _timed(args, rank, size, op, barrier, allmax, gather_max):
+def _timed(args, rank, size, pr, barrier, allmax, gather_max):
+    """Times ``pr.step``; returns (stats, comm_fraction): the median of this rank's time in
+    collectives per step (waiting for peers included) over the median step time."""
+    comm = []
+
+    def op():
+        pr.step()
+        comm.append(pr.last_comm_s)
+
     tp = common.time_point(op, barrier, allmax, rank=rank, straggler=common.StragglerSchedule(0, 0, size),
                            min_calls=args.min_calls, target_seconds=args.target_seconds,
                            max_calls=args.max_calls, warmup_calls=args.warmup)
-    return common.Stats.of(gather_max(np.asarray(tp.times_s)))
+    comm_s = float(np.median(comm[-tp.calls:]))
+    return common.Stats.of(gather_max(np.asarray(tp.times_s))), comm_s / float(np.median(tp.times_s))
 
 
 def worker(argv: list[str]) -> int:
@@ -183,10 +197,10 @@ def worker(argv: list[str]) -> int:
         t0 = time.perf_counter()
         pr = SparsePageRank(g, src, dst, n, DAMPING, degrees)
         config_s = allmax(time.perf_counter() - t0)
-        st = _timed(args, rank, size, pr.step, g.barrier, allmax, gather_max)
+        st, cf = _timed(args, rank, size, pr, g.barrier, allmax, gather_max)
         touched = allsum(pr.n_local) / size / max(1, n)
         recs.append(common.make_record(impl="scalefree", variant="sparse", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s, config_s=config_s,
+                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf, config_s=config_s,
                                        touched_frac=touched, degrees="x".join(map(str, pr.sa.degrees))))
         pr = SparsePageRank(g, src, dst, n, DAMPING, degrees)
         for _ in range(args.check_iters):
@@ -194,9 +208,9 @@ def worker(argv: list[str]) -> int:
         sparse_scores = gather_scores(g, pr.owned, pr.scores, n)
         # Dense: scalefree's allreduce of the n-vector.
         dense = DensePageRank(src, dst, n, g.allreduce)
-        st = _timed(args, rank, size, dense.step, g.barrier, allmax, gather_max)
+        st, cf = _timed(args, rank, size, dense, g.barrier, allmax, gather_max)
         recs.append(common.make_record(impl="scalefree", variant="dense", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s))
+                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
         dense = DensePageRank(src, dst, n, g.allreduce)
         for _ in range(args.check_iters):
             dense.step()
@@ -225,8 +239,9 @@ def worker(argv: list[str]) -> int:
         base = dict(bench=BENCH, ranks=size, nbytes=8 * n, dtype="float64", gbps=0.0, graph=args.graph,
                     vertices=n, n_items=int(len(z["src"])))
         dense = DensePageRank(src, dst, n, mpi_sum)
-        st = _timed(args, rank, size, dense.step, comm.Barrier, allmax, gather_max)
-        recs.append(common.make_record(impl="mpi", variant="dense", stats=st, **base, iters_per_s=1.0 / st.median_s))
+        st, cf = _timed(args, rank, size, dense, comm.Barrier, allmax, gather_max)
+        recs.append(common.make_record(impl="mpi", variant="dense", stats=st, **base,
+                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
         dense = DensePageRank(src, dst, n, mpi_sum)
         for _ in range(args.check_iters):
             dense.step()
@@ -244,9 +259,9 @@ def worker(argv: list[str]) -> int:
             a[:] = np.bincount(all_idx, weights=all_val, minlength=len(a))
 
         agv = DensePageRank(src, dst, n, allgatherv_sum)
-        st = _timed(args, rank, size, agv.step, comm.Barrier, allmax, gather_max)
+        st, cf = _timed(args, rank, size, agv, comm.Barrier, allmax, gather_max)
         recs.append(common.make_record(impl="mpi", variant="allgatherv", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s))
+                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
         agv = DensePageRank(src, dst, n, allgatherv_sum)
         for _ in range(args.check_iters):
             agv.step()
@@ -286,7 +301,7 @@ def _scipy_point(args, src, dst, n: int, graph: str) -> tuple[dict, np.ndarray]:
         ref.step()
     rec = common.make_record(bench=BENCH, impl="scipy", variant="1-process", ranks=1, nbytes=8 * n, dtype="float64",
                              stats=st, gbps=0.0, graph=graph, vertices=n, n_items=int(len(src)),
-                             iters_per_s=1.0 / st.median_s, max_abs_err=0.0)
+                             iters_per_s=1.0 / st.median_s, comm_fraction=0.0, max_abs_err=0.0)
     return rec, ref.scores
 
 
@@ -364,15 +379,16 @@ def print_table(records: list[dict]) -> None:
                     extra.append(f"degrees {r['degrees']}")
                 rows.append([graph, str(r["ranks"]), r["impl"], r["variant"], human_time(r["median_s"]),
                              human_time(r["min_s"]), human_time(r["max_s"]), str(r["n"]),
-                             f"{r['iters_per_s']:.1f}", vs, f"{r['max_abs_err']:.1e}", ", ".join(extra)])
+                             f"{r['iters_per_s']:.1f}", f"{100 * r.get('comm_fraction', 0.0):.0f}%", vs,
+                             f"{r['max_abs_err']:.1e}", ", ".join(extra)])
         # The scipy row compared with ours at every rank count.
         sc = next((r for r in gs if r["impl"] == "scipy"), None)
         if sc:
             for o in (o for o in gs if o["impl"] == "scalefree" and o["variant"] == "sparse"):
-                rows.append([graph, str(o["ranks"]), "scipy", "vs ours", "", "", "", "", "",
+                rows.append([graph, str(o["ranks"]), "scipy", "vs ours", "", "", "", "", "", "",
                              f"{sc['median_s'] / o['median_s']:.2f}x", "", ""])
     print(common.format_table(["graph", "ranks", "impl", "variant", "median/iter", "min", "max", "calls",
-                               "iter/s", "peer/ours(sparse)", "err", "set-up"], rows, left_columns=4))
+                               "iter/s", "comm", "peer/ours(sparse)", "err", "set-up"], rows, left_columns=4))
 
 
 def plot(records: list[dict], path: Path) -> None:
