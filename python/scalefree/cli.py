@@ -39,6 +39,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     graph.add_parser(sub)
 
+    from . import sgd
+
+    sgd.add_parser(sub)
+
     from . import mf
 
     mf.add_parser(sub)
