@@ -228,3 +228,43 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
     assert ("scalefree", "put") in kinds and ("scalefree", "write_notify-lat-native") in kinds
     assert all(x["hosts"] == 2 and x["median_s"] > 0 for x in recs if x["impl"] == "scalefree")
     assert "vs perftest" in r.stdout
+
+
+SLOTS = """import numpy as np, scalefree
+from scalefree import tensors
+from scalefree.errors import UnsupportedError
+g = scalefree.init(timeout=60)
+n = g.size
+specs = []
+for r in range(n):
+    q = (r + 1) % n
+    specs += [dict(name=f"small{r}", src=r, dst=q, shape=(3,), dtype="float32"),
+              dict(name=f"big{r}", src=r, dst=q, shape=(1 << 20, 3), dtype="float64"),
+              dict(name=f"empty{r}", src=r, dst=q, shape=(0,), dtype="int64")]
+s = tensors.static_slots(g, specs)
+me, left = g.rank, (g.rank - 1) % n
+for it in range(6):
+    s[f"small{me}"].send(np.full(3, it + me, np.float32))
+    s[f"big{me}"].send(np.full((1 << 20, 3), it * 10 + me, np.float64))
+    s[f"empty{me}"].send(np.zeros(0, np.int64))
+    a = s[f"small{left}"].recv()
+    b = s[f"big{left}"].recv()
+    e = s[f"empty{left}"].recv()
+    assert (a == it + left).all() and (b == it * 10 + left).all() and e.size == 0, it
+    for k in ("small", "big", "empty"):
+        s[f"{k}{left}"].release()  # the sender may write the next one
+g.barrier()
+try:
+    tensors.dynamic_channels(g, [(0, 1)])
+    raise SystemExit("dynamic channels across hosts should be refused")
+except UnsupportedError as err:
+    assert "one host" in str(err), err
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("nhosts", [2, 3])
+def test_tensor_slots_across_hosts(can_simulate, nhosts):
+    with simhosts.SimHosts(nhosts) as h:
+        for rc, out in launch_all(h, 1, SLOTS, timeout=120):
+            assert rc == 0 and out.strip().endswith("ok"), out[-2000:]

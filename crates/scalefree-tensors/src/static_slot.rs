@@ -75,7 +75,9 @@ impl StaticSlot {
             credit.push(*c);
             *c += 64;
         }
-        let mesh = Arc::new(Mesh::new(dev, cursor[me as usize])?);
+        // Peers are reached only by posts (data, then a counter) and each rank reads only its
+        // own region: works across hosts too.
+        let mesh = Arc::new(Mesh::new_posting(dev, cursor[me as usize])?);
         Ok(specs
             .iter()
             .enumerate()
@@ -128,10 +130,8 @@ impl StaticSlot {
         let credit = mesh.u64_at(me, self.credit);
         let count = self.count;
         self.mesh.wait_for(timeout, &|| format!("rank {dst} to release slot {}", self.index), || credit.load(Ordering::Acquire) >= count)?;
-        unsafe { mesh.put(dst, self.hdr + HDR, data.as_ptr(), data.len()) }?;
+        unsafe { mesh.post(dst, self.hdr + HDR, data.as_ptr(), data.len(), self.hdr, count + 1) }?;
         self.count += 1;
-        mesh.u64_at(dst, self.hdr).store(self.count, Ordering::Release);
-        mesh.ring(dst);
         self.stats.bytes_zero_copy.fetch_add(data.len() as u64, Ordering::Relaxed);
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -144,8 +144,8 @@ impl StaticSlot {
         }
         self.released = self.count;
         let src = self.spec.src as usize;
-        self.mesh.u64_at(src, self.credit).store(self.released, Ordering::Release);
-        self.mesh.ring(src);
+        // A credit back to the sender; a failure here (sender gone) shows at the next wait.
+        let _ = unsafe { self.mesh.post(src, 0, std::ptr::null(), 0, self.credit, self.released) };
     }
 
     /// Releases the previous message and waits for the next one; returns the buffer that

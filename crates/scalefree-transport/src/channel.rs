@@ -205,6 +205,38 @@ impl Channel {
         Ok(())
     }
 
+    /// Mesh post (see [`crate::mesh::Mesh::post`]) to this channel's peer: `n` bytes from
+    /// `src` into `remote` at `remote_off`, then the 64-bit word at `word_off` of the same
+    /// region becomes `value` and the region's doorbell rings; returns once `src` may be
+    /// reused.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable; `remote` must be a mesh region.
+    pub unsafe fn write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<()> {
+        check_range(remote.len(), remote_off, n, "write target")?;
+        check_range(remote.len(), word_off, 8, "posted word")?;
+        if remote.len() < crate::mesh::MESH_HEADER || word_off % 8 != 0 {
+            return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
+        }
+        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Post(word_off as u64, value))? };
+            return match r {
+                None => Ok(()),
+                Some(r) => net.wait_request(&r, self.dev.policy()),
+            };
+        }
+        let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported("mesh post to a peer whose region is not mapped".into()))?;
+        unsafe {
+            if n > 0 {
+                std::ptr::copy_nonoverlapping(src, p.add(remote_off), n);
+            }
+            (*(p.add(word_off) as *const std::sync::atomic::AtomicU64)).store(value, Ordering::Release);
+            let (bell, waiters) = crate::mesh::bell_words(p);
+            wait::ring(bell, waiters);
+        }
+        Ok(())
+    }
+
     /// Raw read for collectives.
     ///
     /// # Safety

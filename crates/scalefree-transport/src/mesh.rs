@@ -23,25 +23,61 @@ const OFF_WAITERS: usize = 64;
 /// Bytes before a design's own layout starts.
 pub const MESH_HEADER: usize = 128;
 
+/// The doorbell and waiter count of the mesh region at `base`.
+///
+/// # Safety
+/// `base` must be a live mesh region (at least [`MESH_HEADER`] bytes).
+pub(crate) unsafe fn bell_words<'a>(base: *mut u8) -> (&'a AtomicU32, &'a AtomicU32) {
+    unsafe { (&*(base.add(OFF_BELL) as *const AtomicU32), &*(base.add(OFF_WAITERS) as *const AtomicU32)) }
+}
+
 impl Mesh {
     /// Collective: allocates this rank's region of `len` bytes and attaches every peer's.
     pub fn new(dev: &Device, len: usize) -> Result<Self> {
+        let m = Self::new_posting(dev, len)?;
+        for r in &m.remotes {
+            if r.mapped_ptr().is_none() {
+                return Err(Error::Unsupported("this protocol needs peers' regions mapped (all ranks on one host)".into()));
+            }
+        }
+        Ok(m)
+    }
+
+    /// Like [`Mesh::new`] for protocols that reach peers only through [`Mesh::post`] (and
+    /// read only their own region): peers on other hosts need not be mapped.
+    pub fn new_posting(dev: &Device, len: usize) -> Result<Self> {
         let region = dev.alloc_region(len.max(MESH_HEADER))?;
         let remotes = dev.exchange_regions(&region)?;
         let chans = (0..dev.size()).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
-        for r in &remotes {
-            if r.mapped_ptr().is_none() {
-                return Err(Error::Unsupported("this protocol needs mapped regions (shared-memory backend)".into()));
-            }
-        }
         Ok(Mesh { dev: dev.clone(), me: dev.rank() as usize, region, remotes, chans })
+    }
+
+    /// Writes `n` bytes from `src` to offset `off` of rank `r`'s region, then stores `value`
+    /// in its 64-bit word at `word` and rings its bell: the value is seen after the data. On
+    /// a mapped peer these are stores; on another host one message.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub unsafe fn post(&self, r: usize, off: usize, src: *const u8, n: usize, word: usize, value: u64) -> Result<()> {
+        if r == self.me || self.remotes[r].mapped_ptr().is_some() {
+            if n > 0 {
+                unsafe { self.put(r, off, src, n) }?;
+            }
+            self.u64_at(r, word).store(value, Ordering::Release);
+            self.ring(r);
+            return Ok(());
+        }
+        unsafe { self.chans[r].write_post(src, &self.remotes[r], off, n, word, value) }
     }
     /// This rank's own region.
     pub fn region(&self) -> &Region {
         &self.region
     }
     pub fn base(&self, r: usize) -> *mut u8 {
-        self.remotes[r].mapped_ptr().unwrap()
+        if r == self.me {
+            return self.region.as_ptr();
+        }
+        self.remotes[r].mapped_ptr().expect("a peer's mesh region is mapped (Mesh::new)")
     }
     pub fn u32_at(&self, r: usize, off: usize) -> &AtomicU32 {
         unsafe { &*(self.base(r).add(off) as *const AtomicU32) }
@@ -113,7 +149,21 @@ impl Mesh {
         if let Some(t) = timeout {
             policy.timeout = t;
         }
-        wait::wait_until(self.bell(self.me), self.u32_at(self.me, OFF_WAITERS), |v| v != seen, &policy, what, &|| {
+        let bell = self.bell(self.me);
+        let ready = |v: u32| {
+            if v != seen {
+                return true;
+            }
+            // Over the network, a waiter that spins runs arrived messages itself.
+            match self.dev.net() {
+                Some(net) if eager => {
+                    net.progress();
+                    bell.load(Ordering::Acquire) != seen
+                }
+                _ => false,
+            }
+        };
+        wait::wait_until(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
             extra()?;
             if interruptible {
                 self.dev.check_peers()

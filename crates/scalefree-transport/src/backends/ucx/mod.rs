@@ -50,6 +50,9 @@ struct WriteHeader {
 const NOTE_NONE: u64 = 0;
 const NOTE_SLOT: u64 = 1;
 const NOTE_WORD: u64 = 2;
+/// Mesh post: store a 64-bit value (high half in the note's upper 32 bits) at `index`, then
+/// ring the region's mesh bell (see [`crate::mesh`]).
+const NOTE_POST: u64 = 3;
 
 /// What a write raises at the target once its data has landed.
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +62,9 @@ pub enum Note {
     Slot(u32, u32),
     /// The 32-bit word at byte offset `.0` of the same region becomes at least `.1`.
     Word(u64, u32),
+    /// The 64-bit word at byte offset `.0` of the same region (a mesh region) becomes `.1`,
+    /// then the region's doorbell rings.
+    Post(u64, u64),
 }
 
 /// Header of a notification active message.
@@ -192,6 +198,15 @@ impl Shared {
     fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
         match note {
             NOTE_SLOT => self.publish(index as u32, value),
+            n if n & 0xffff_ffff == NOTE_POST && index.checked_add(8).is_some_and(|e| e as usize <= region_len) && index % 8 == 0
+                && region_len >= crate::mesh::MESH_HEADER =>
+            {
+                let v = (n >> 32) << 32 | value as u64;
+                let w = unsafe { &*((region_addr + index as usize) as *const std::sync::atomic::AtomicU64) };
+                w.store(v, Ordering::Release);
+                let (bell, waiters) = unsafe { crate::mesh::bell_words(region_addr as *mut u8) };
+                wait::ring(bell, waiters);
+            }
             NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index % 4 == 0 => {
                 let w = unsafe { &*((region_addr + index as usize) as *const AtomicU32) };
                 raise_word(w, value);
@@ -746,6 +761,7 @@ impl Net {
             Note::None => (NOTE_NONE, 0, 0),
             Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
             Note::Word(o, v) => (NOTE_WORD, o, v),
+            Note::Post(o, v) => (NOTE_POST | ((v >> 32) << 32), o, v as u32),
         };
         if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
             return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) };
