@@ -161,7 +161,7 @@ impl Channel {
     pub unsafe fn start_write_raise(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u32) -> Result<Completion> {
         check_range(remote.len(), remote_off, n, "write target")?;
         check_range(remote.len(), word_off, 4, "notification word")?;
-        if word_off % 4 != 0 {
+        if !word_off.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!("notification word offset {word_off} is not 4-byte aligned")));
         }
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
@@ -215,7 +215,7 @@ impl Channel {
     pub unsafe fn write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<()> {
         check_range(remote.len(), remote_off, n, "write target")?;
         check_range(remote.len(), word_off, 8, "posted word")?;
-        if remote.len() < crate::mesh::MESH_HEADER || word_off % 8 != 0 {
+        if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
             return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
         }
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {

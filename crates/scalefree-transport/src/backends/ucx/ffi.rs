@@ -332,7 +332,10 @@ fn load() -> std::result::Result<Ucp, String> {
             if p.is_null() {
                 return Err(format!("{path} has no symbol {} (UCX too old? need >= {}.{})", $name, MIN_VERSION.0, MIN_VERSION.1));
             }
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            // The target type is the field's declared function-pointer type.
+            #[allow(clippy::missing_transmute_annotations)]
+            let f = unsafe { std::mem::transmute::<*mut c_void, _>(p) };
+            f
         }};
     }
     let get_version: unsafe extern "C" fn(*mut c_uint, *mut c_uint, *mut c_uint) = sym!("ucp_get_version");

@@ -114,6 +114,12 @@ struct LocalReg {
     len: usize,
 }
 
+/// Swaps bytes with every rank (all ranks' contributions, by rank).
+pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// The endpoint error handler's argument: the shared state and the peer.
+type ErrArg = (std::sync::Weak<Shared>, u32);
+
 /// State the progress thread, handlers and callers share.
 pub(crate) struct Shared {
     ucp: &'static Ucp,
@@ -123,7 +129,8 @@ pub(crate) struct Shared {
     /// An endpoint per rank (this one too: writes to itself go through UCX's `self`).
     eps: std::sync::OnceLock<Vec<ucp_ep_h>>,
     /// The error handler's argument per endpoint; freed with the endpoints.
-    err_args: Mutex<Vec<Box<(std::sync::Weak<Shared>, u32)>>>,
+    #[allow(clippy::vec_box)] // boxed: UCX keeps a pointer to each
+    err_args: Mutex<Vec<Box<ErrArg>>>,
     /// Why each peer was lost (set by the endpoint error handler), if it was.
     lost: Vec<Mutex<Option<String>>>,
     any_lost: AtomicBool,
@@ -198,7 +205,7 @@ impl Shared {
     fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
         match note {
             NOTE_SLOT => self.publish(index as u32, value),
-            n if n & 0xffff_ffff == NOTE_POST && index.checked_add(8).is_some_and(|e| e as usize <= region_len) && index % 8 == 0
+            n if n & 0xffff_ffff == NOTE_POST && index.checked_add(8).is_some_and(|e| e as usize <= region_len) && index.is_multiple_of(8)
                 && region_len >= crate::mesh::MESH_HEADER =>
             {
                 let v = (n >> 32) << 32 | value as u64;
@@ -207,7 +214,7 @@ impl Shared {
                 let (bell, waiters) = unsafe { crate::mesh::bell_words(region_addr as *mut u8) };
                 wait::ring(bell, waiters);
             }
-            NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index % 4 == 0 => {
+            NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index.is_multiple_of(4) => {
                 let w = unsafe { &*((region_addr + index as usize) as *const AtomicU32) };
                 raise_word(w, value);
                 wait::wake_all(w);
@@ -452,7 +459,7 @@ impl Net {
         slots: *const AtomicU32,
         nslots: usize,
         waiters: *const AtomicU32,
-        exchange: &mut dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>>,
+        exchange: &mut Exchange,
     ) -> Result<Net> {
         let u = ffi::ucp()?;
         set_default_env();
@@ -781,7 +788,7 @@ impl Net {
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
     pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, timeout: std::time::Duration,
-                      exchange: &mut dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>>) -> Result<()> {
+                      exchange: &mut Exchange) -> Result<()> {
         let setting = lanes::setting();
         let listener = match setting {
             Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
