@@ -10,7 +10,8 @@
 ``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
 ``docword`` files, plain or gzip.
 
-Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort, kmeans; svds follows.
+``svds`` (``scipy.sparse.linalg.svds``'s arguments and return convention) and ``pca`` run
+the block Krylov-Schur eigensolver of :mod:`scalefree.flash_eigen` with the matrix on flash.
 """
 
 from __future__ import annotations
@@ -325,3 +326,7 @@ def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, see
         stats.update(s)
     centers = np.frombuffer(centers, dtype=X.dtype).reshape(int(k), X.shape[1]).copy()
     return centers, np.frombuffer(labels, dtype=np.uint32).copy(), inertia, iterations
+
+
+# Defined in their own modules (they use the kernels above); re-exported as flash.svds / flash.pca.
+from .flash_svd import PCA, pca, svds  # noqa: E402
