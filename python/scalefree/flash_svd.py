@@ -50,35 +50,59 @@ class _LinearOperator(_InMemory):
         return np.asarray(self.a.rmatmat(y.astype(self.dtype, copy=False)))
 
 
-class _FlashCsr:
+class _OnFlash:
+    """Keeps the largest ``peak_resident_bytes`` any kernel call of this operator reported."""
+
+    peak_resident_bytes = 0
+
+    def _track(self, stats):
+        self.peak_resident_bytes = max(self.peak_resident_bytes, int(stats.get("peak_resident_bytes", 0)))
+
+
+class _FlashCsr(_OnFlash):
     """A and A^T both flash CSR, applied by ``flash.csrmm``."""
 
     def __init__(self, a: flash.Csr, rt):
         self.a, self.rt, self.shape, self.dtype = a, rt, a.shape, a.dtype
         t = getattr(a, "_transpose", None)
         if t is None:
-            t = flash.csrcsc(a, runtime=rt)
+            st = {}
+            t = flash.csrcsc(a, runtime=rt, stats=st)
+            self._track(st)
             a._transpose = t  # a flash Csr is immutable, so its transpose can be kept with it
         self.t = t
 
+    def _mm(self, a, x):
+        st = {}
+        out = flash.csrmm(a, np.ascontiguousarray(x, dtype=self.dtype), runtime=self.rt, stats=st)
+        self._track(st)
+        return out
+
     def matmat(self, x):
-        return flash.csrmm(self.a, np.ascontiguousarray(x, dtype=self.dtype), runtime=self.rt)
+        return self._mm(self.a, x)
 
     def rmatmat(self, y):
-        return flash.csrmm(self.t, np.ascontiguousarray(y, dtype=self.dtype), runtime=self.rt)
+        return self._mm(self.t, y)
 
 
-class _FlashDense:
+class _FlashDense(_OnFlash):
     """A dense flash Matrix, applied by ``flash.gemm``."""
 
     def __init__(self, a: flash.Matrix, rt):
         self.a, self.rt, self.shape, self.dtype = a, rt, a.shape, a.dtype
 
+    def _gemm(self, x, trans_a):
+        st = {}
+        out = flash.gemm(self.a, np.ascontiguousarray(x, dtype=self.dtype), trans_a=trans_a, runtime=self.rt,
+                         stats=st).to_numpy()
+        self._track(st)
+        return out
+
     def matmat(self, x):
-        return flash.gemm(self.a, np.ascontiguousarray(x, dtype=self.dtype), runtime=self.rt).to_numpy()
+        return self._gemm(x, False)
 
     def rmatmat(self, y):
-        return flash.gemm(self.a, np.ascontiguousarray(y, dtype=self.dtype), trans_a=True, runtime=self.rt).to_numpy()
+        return self._gemm(y, True)
 
 
 class _Centered:
@@ -86,6 +110,10 @@ class _Centered:
 
     def __init__(self, op, mu):
         self.op, self.mu, self.shape, self.dtype = op, mu, op.shape, op.dtype
+
+    @property
+    def peak_resident_bytes(self):
+        return getattr(self.op, "peak_resident_bytes", 0)
 
     def matmat(self, x):
         return np.asarray(self.op.matmat(x), dtype=np.float64) - (self.mu @ x)[None, :]
@@ -108,35 +136,35 @@ def _csr_flash_bytes(s) -> int:
 
 
 def _operator(a, rt):
-    """The operator of ``a`` and whether it runs on flash. In-memory inputs larger than the
+    """The operator of ``a``. In-memory inputs larger than the
     runtime's budget are copied to flash first."""
     import scipy.sparse as sp
     from scipy.sparse.linalg import LinearOperator
 
     if isinstance(a, flash.Csr):
-        return _FlashCsr(a, rt), True
+        return _FlashCsr(a, rt)
     if isinstance(a, flash.Matrix):
-        return _FlashDense(a, rt), True
+        return _FlashDense(a, rt)
     if isinstance(a, LinearOperator):
         if len(a.shape) != 2:
             raise InvalidArgumentError(f"svds takes a 2-D operator, got shape {a.shape}")
-        return _LinearOperator(a, _compute_dtype(a.dtype)), False
+        return _LinearOperator(a, _compute_dtype(a.dtype))
     if sp.issparse(a):
         dtype = _compute_dtype(a.dtype)
         if a.ndim != 2:
             raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {a.shape}")
         if _csr_flash_bytes(a) > rt.memory_budget_bytes:
             s = a.tocsr().astype(dtype, copy=False)
-            return _FlashCsr(flash.Csr.from_scipy(s, rt), rt), True
-        return _InMemory(a.tocsr().astype(dtype, copy=False), dtype), False
+            return _FlashCsr(flash.Csr.from_scipy(s, rt), rt)
+        return _InMemory(a.tocsr().astype(dtype, copy=False), dtype)
     arr = np.asarray(a)
     if arr.ndim != 2:
         raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {arr.shape}")
     dtype = _compute_dtype(arr.dtype)
     arr = arr.astype(dtype, copy=False)
     if arr.nbytes > rt.memory_budget_bytes:
-        return _FlashDense(flash.Matrix.from_numpy(arr, rt), rt), True
-    return _InMemory(arr, dtype), False
+        return _FlashDense(flash.Matrix.from_numpy(arr, rt), rt)
+    return _InMemory(arr, dtype)
 
 
 def _check_k(k, shape, what="svds"):
@@ -172,7 +200,9 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
                      operator_columns=info.operator_columns, block_size=info.block_size,
                      basis_size=info.basis_size, dense=info.dense,
-                     max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))))
+                     max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))),
+                     on_flash=isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash),
+                     peak_resident_bytes=getattr(op, "peak_resident_bytes", 0))
     return (w, s, x.T) if right else (x, s, w.T)
 
 
@@ -197,7 +227,8 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     Krylov-Schur. ``options``: ``{"block_size": b}`` (also a keyword, ``block_size``:
     columns per operator application, default ``min(k, 16)``). ``runtime``: the
     :class:`flash.Runtime` (default :func:`flash.default_runtime`). ``stats``: a dict that
-    receives restarts, operator applications and the final residual.
+    receives restarts, operator applications, the final residual, ``on_flash`` (whether A
+    was applied from flash) and ``peak_resident_bytes`` (the flash kernels' largest peak).
     """
     if which not in ("LM", "SM"):
         raise InvalidArgumentError(f"svds: which must be 'LM' or 'SM', got {which!r}")
@@ -223,7 +254,7 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
         v0 = np.asarray(v0)
         if v0.shape != (min(shape),):
             raise InvalidArgumentError(f"svds: v0 must have length min(A.shape) = {min(shape)}, got shape {v0.shape}")
-    op, _ = _operator(A, rt)
+    op = _operator(A, rt)
     u, s, vt = _solve(op, k, ncv=ncv, tol=float(tol), which=which, v0=v0, maxiter=maxiter,
                       random_state=random_state, block_size=block_size, stats=stats)
     dtype = op.dtype
@@ -265,7 +296,7 @@ def pca(X, k, *, tol=0, maxiter=None, random_state=None, runtime=None, block_siz
     if len(shape) != 2:
         raise InvalidArgumentError(f"pca takes a 2-D matrix, got shape {shape}")
     k = _check_k(k, shape, "pca")
-    op, _ = _operator(X, rt)
+    op = _operator(X, rt)
     samples = shape[0]
     mu = np.asarray(op.rmatmat(np.ones((samples, 1))), dtype=np.float64)[:, 0] / samples
     u, s, vt = _solve(_Centered(op, mu), k, ncv=None, tol=float(tol), which="LM", v0=None, maxiter=maxiter,
