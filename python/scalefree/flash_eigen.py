@@ -33,6 +33,7 @@ operator is applied to the identity in blocks and ``numpy.linalg.eigh`` does the
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +66,28 @@ class KrylovSchurInfo:
     basis_size: int = 0
     dense: bool = False
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+_blas_controller = None
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on one thread, for the solver's own dense work (skinny
+    products with the basis, LAPACK on one block and on the small projected matrix): threaded
+    OpenBLAS gains little on these memory-bound shapes and, on a busy machine, makes them
+    10-50x slower (its threads spin waiting for each other). The operator runs outside it.
+    Uses threadpoolctl when it is installed; otherwise a no-op."""
+    global _blas_controller
+    if _blas_controller is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _blas_controller = False
+        else:
+            _blas_controller = ThreadpoolController()
+    if _blas_controller is False:
+        return contextlib.nullcontext()
+    return _blas_controller.limit(limits=1, user_api="blas")
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:
@@ -121,7 +144,8 @@ def _dense(apply, n, k, which, block, info):
         info.operator_blocks += 1
         info.operator_columns += e - s
     m = 0.5 * (m + m.T)
-    theta, y = np.linalg.eigh(m)
+    with _one_blas_thread():
+        theta, y = np.linalg.eigh(m)
     pick = _order(theta, which)[:k]
     info.dense = True
     info.residuals = np.linalg.norm(m @ y[:, pick] - y[:, pick] * theta[pick], axis=0)
@@ -177,8 +201,9 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
             raise InvalidArgumentError(f"v0 must have {n} entries, got {v0.size}")
         if np.any(v0):
             q[:, 0] = v0
-    q, _ = np.linalg.qr(q)
-    # Columns [0, j) of V are the basis; H[:j, :j] = V^T op V; Q is the block being added.
+    with _one_blas_thread():
+        q, _ = np.linalg.qr(q)
+    # Columns [0, j) of V are the basis; H[:j, :j] = V^T op V; q is the block being added.
     V = np.empty((n, m + b))
     H = np.zeros((m + b, m + b))
     j = 0
@@ -192,52 +217,60 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
             w = _check_block(apply(q), n, b)
             info.operator_blocks += 1
             info.operator_columns += b
-            basis = V[:, :j + b]
-            c = basis.T @ w
-            w -= basis @ c
-            c2 = basis.T @ w
-            w -= basis @ c2
-            c += c2
-            H[:j + b, j:j + b] = c
-            H[j:j + b, :j + b] = c.T
-            # W = Q_next R by a thin SVD; deflated directions are replaced by random ones.
-            u, s, zt = np.linalg.svd(w, full_matrices=False)
-            scale = max(np.abs(H[:j + b, :j + b]).max(initial=0.0), 1e-300)
-            small = s <= 1e-12 * scale
-            r = s[:, None] * zt
-            if small.any():
-                r[small] = 0.0
-                u = u[:, ~small]
-                fresh = _orthonormal_complement(rng, np.hstack([basis, u]), int(small.sum()), n)
-                u = np.hstack([u, fresh])
-                r = np.vstack([r[~small], r[small]])
-            q = u
+            with _one_blas_thread():
+                q, r = _orthogonalize(V, H, j, b, w, rng)
             j += b
-        # --- Schur form of the projected matrix, residuals, convergence ---
-        Hj = 0.5 * (H[:j, :j] + H[:j, :j].T)
-        theta, y = np.linalg.eigh(Hj)
-        order = _order(theta, which)
-        theta, y = theta[order], y[:, order]
-        res = np.linalg.norm(r @ y[j - b:j, :], axis=0)
-        big = np.abs(theta).max(initial=0.0)
-        floor = 64.0 * eps * big
-        ok = res[:k] <= np.maximum(tol * np.abs(theta[:k]), floor)
-        if ok.all() or restarts >= maxiter:
-            x = V[:, :j] @ y[:, :k]
-            info.restarts = restarts
-            info.residuals = res[:k]
-            if not ok.all():
-                good = np.flatnonzero(ok)
-                raise NoConvergenceError(
-                    f"block Krylov-Schur: {good.size} of {k} eigenpairs converged after {restarts} restarts "
-                    f"({info.operator_columns} operator columns); raise maxiter or tol",
-                    theta[good], x[:, good])
-            return theta[:k], x, info
-        # --- Krylov-Schur restart: keep the wanted Ritz vectors, truncate the rest ---
-        restarts += 1
-        V[:, :keep] = V[:, :j] @ y[:, :keep]
-        H[:] = 0.0
-        H[np.arange(keep), np.arange(keep)] = theta[:keep]
-        j = keep
-        # q (the next block) is orthogonal to the kept vectors already; the coupling R E^T Y
-        # reappears in H through the full orthogonalization of the next expansion.
+        with _one_blas_thread():
+            # --- Schur form of the projected matrix, residuals, convergence ---
+            theta, y = np.linalg.eigh(0.5 * (H[:j, :j] + H[:j, :j].T))
+            order = _order(theta, which)
+            theta, y = theta[order], y[:, order]
+            res = np.linalg.norm(r @ y[j - b:j, :], axis=0)
+            floor = 64.0 * eps * np.abs(theta).max(initial=0.0)
+            ok = res[:k] <= np.maximum(tol * np.abs(theta[:k]), floor)
+            if ok.all() or restarts >= maxiter:
+                x = V[:, :j] @ y[:, :k]
+                info.restarts = restarts
+                info.residuals = res[:k]
+                if not ok.all():
+                    good = np.flatnonzero(ok)
+                    raise NoConvergenceError(
+                        f"block Krylov-Schur: {good.size} of {k} eigenpairs converged after {restarts} restarts "
+                        f"({info.operator_columns} operator columns); raise maxiter or tol",
+                        theta[good], x[:, good])
+                return theta[:k], x, info
+            # --- Krylov-Schur restart: keep the wanted Ritz vectors, truncate the rest ---
+            restarts += 1
+            V[:, :keep] = V[:, :j] @ y[:, :keep]
+            H[:] = 0.0
+            H[np.arange(keep), np.arange(keep)] = theta[:keep]
+            j = keep
+            # q (the next block) is orthogonal to the kept vectors already; the coupling
+            # R E^T Y reappears in H through the full orthogonalization of the next expansion.
+
+
+def _orthogonalize(V, H, j, b, w, rng):
+    """Orthogonalizes ``w = op V[:, j:j+b]`` against ``V[:, :j+b]`` (twice), storing the
+    projections in ``H``; returns ``(q_next, r)`` with ``w = q_next r`` and ``q_next``
+    orthonormal and orthogonal to the basis (deflated directions replaced by random ones
+    with a zero row in ``r``)."""
+    n = V.shape[0]
+    basis = V[:, :j + b]
+    c = basis.T @ w
+    w -= basis @ c
+    c2 = basis.T @ w
+    w -= basis @ c2
+    c += c2
+    H[:j + b, j:j + b] = c
+    H[j:j + b, :j + b] = c.T
+    u, s, zt = np.linalg.svd(w, full_matrices=False)
+    scale = max(np.abs(H[:j + b, :j + b]).max(initial=0.0), 1e-300)
+    small = s <= 1e-12 * scale
+    r = s[:, None] * zt
+    if small.any():
+        r[small] = 0.0
+        u = u[:, ~small]
+        fresh = _orthonormal_complement(rng, np.hstack([basis, u]), int(small.sum()), n)
+        u = np.hstack([u, fresh])
+        r = np.vstack([r[~small], r[small]])
+    return u, r

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import flash
 from .errors import InvalidArgumentError
-from .flash_eigen import block_krylov_schur
+from .flash_eigen import _one_blas_thread, block_krylov_schur
 
 _SCIPY_SOLVERS = ("arpack", "propack", "lobpcg")
 
@@ -194,7 +194,8 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         basis_size=ncv, maxiter=maxiter, v0=v0, random_state=random_state,
         operator_eps=np.finfo(op.dtype).eps)
     other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=np.float64)
-    w, s, zt = np.linalg.svd(other, full_matrices=False)
+    with _one_blas_thread():
+        w, s, zt = np.linalg.svd(other, full_matrices=False)
     x = x @ zt.T
     if stats is not None:
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
