@@ -286,3 +286,24 @@ def test_pca_matches_numpy_on_the_centered_matrix(rt, dtype):
         np.testing.assert_allclose(p.scores, p.transform(dense), atol=rtol * sv[0] * 10)
     with pytest.raises(ValueError, match="k must be"):
         flash.pca(x, 300, runtime=rt)
+
+
+def test_bench_svd_end_to_end(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "svd.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "svd", "--data", "random", "--rows", "2000",
+                        "--cols", "500", "--nnz", "20000", "--k", "5", "--repeat", "1", "--budget-fractions", "1,0.25",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["impl"], r["variant"]) for r in recs] == [
+        ("scipy", "memory"), ("scalefree", "memory"), ("scalefree", "flash-1"), ("scalefree", "flash-0.25")]
+    for r in recs:
+        assert r["bench"] == "svd" and r["median_s"] > 0 and r["k"] == 5
+        assert r["max_rel_err"] < 1e-3
+        if "budget_bytes" in r:
+            assert r["peak_resident_bytes"] <= r["budget_bytes"]
+    assert "vs scipy" in p.stdout

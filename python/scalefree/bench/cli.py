@@ -10,7 +10,7 @@ import argparse
 import importlib
 
 # Module names under scalefree.bench, in the order `scalefree bench --help` lists them.
-BENCH_MODULES = ("allreduce", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "sparse", "mf")
+BENCH_MODULES = ("allreduce", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse", "mf")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
