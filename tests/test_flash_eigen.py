@@ -55,6 +55,42 @@ def top_singular_values(a, k):
 
 
 # ---------------------------------------------------------------------------------------
+# csrtmm: A^T X and A^T A X in one pass over a flash matrix
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape,n", [((1, 1), 1), ((37, 23), 3), ((23, 37), 16), ((3000, 800), 5), ((0, 5), 2)])
+def test_csrtmm_matches_scipy(rt, dtype, shape, n):
+    a = power_law(*shape, 20 * max(shape), seed=n, dtype=dtype) if min(shape) > 1 else sp.csr_matrix(
+        np.ones(shape, dtype=dtype))
+    A = flash.Csr.from_scipy(a, rt)
+    rng = np.random.default_rng(0)
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    x = rng.standard_normal((shape[0], n)).astype(dtype)
+    stats = {}
+    z = flash.csrtmm(A, x, runtime=rt, stats=stats)
+    assert z.dtype == dtype and z.shape == (shape[1], n)
+    np.testing.assert_allclose(z, a.T @ x, rtol=tol, atol=tol * max(1.0, np.abs(a.T @ x).max(initial=0)))
+    x = rng.standard_normal((shape[1], n)).astype(dtype)
+    z = flash.csrtmm(A, x, gram=True, runtime=rt, stats=stats)
+    want = a.T @ (a @ x)
+    np.testing.assert_allclose(z, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max(initial=0)))
+    if shape[0]:
+        assert stats["peak_resident_bytes"] <= rt.memory_budget_bytes
+
+
+def test_csrtmm_bad_shapes(rt):
+    A = flash.Csr.from_scipy(random_sparse(6, 4, 0.5, seed=0), rt)
+    with pytest.raises(ValueError, match="X must have 6 rows"):
+        flash.csrtmm(A, np.ones((4, 2)), runtime=rt)
+    with pytest.raises(ValueError, match="X must have 4 rows"):
+        flash.csrtmm(A, np.ones((6, 2)), gram=True, runtime=rt)
+    with pytest.raises(ValueError, match="flash.Csr"):
+        flash.csrtmm(np.ones((6, 4)), np.ones((6, 2)), runtime=rt)
+    np.testing.assert_allclose(flash.csrtmm(A, np.ones(6), runtime=rt)[:, 0], A.to_scipy().T @ np.ones(6))
+
+
+# ---------------------------------------------------------------------------------------
 # The eigensolver on its own
 
 

@@ -2,10 +2,12 @@
 eigensolver (:mod:`scalefree.flash_eigen`).
 
 ``svds(A, k)`` solves the symmetric eigenproblem of ``A^T A`` (or ``A A^T`` when A is
-wider than tall, so the Krylov basis has ``min(A.shape)`` rows), applying the operator as
-``A^T (A X)`` block by block: for a flash :class:`~scalefree.flash.Csr` both products run
-through ``flash.csrmm`` on A and on its transpose (made once by ``flash.csrcsc`` and kept
-with A), so A is streamed from flash each iteration and never held in memory. The converged
+wider than tall, so the Krylov basis has ``min(A.shape)`` rows), applying the operator
+block by block: for a flash :class:`~scalefree.flash.Csr`, ``A^T A X`` is one pass of
+``flash.csrtmm(A, X, gram=True)`` over A (each row block of A times X, then scattered back
+through its transpose), and ``A A^T X`` is ``flash.csrtmm`` then ``flash.csrmm`` (two
+passes); A is streamed from flash each iteration, never held in memory, and never
+transposed. The converged
 eigenvectors ``V`` are turned into singular triplets by one more product and a small SVD:
 ``A V = U' S Z^T`` gives ``u = U'``, ``s = S``, ``v = V Z`` (orthonormal on both sides, and
 small singular values come from ``||A v||`` rather than a square root).
@@ -60,29 +62,26 @@ class _OnFlash:
 
 
 class _FlashCsr(_OnFlash):
-    """A and A^T both flash CSR, applied by ``flash.csrmm``."""
+    """A flash CSR matrix: ``A X`` by ``flash.csrmm``, ``A^T Y`` and ``A^T A X`` by
+    ``flash.csrtmm`` (one pass over A each, no transpose is formed)."""
 
     def __init__(self, a: flash.Csr, rt):
         self.a, self.rt, self.shape, self.dtype = a, rt, a.shape, a.dtype
-        t = getattr(a, "_transpose", None)
-        if t is None:
-            st = {}
-            t = flash.csrcsc(a, runtime=rt, stats=st)
-            self._track(st)
-            a._transpose = t  # a flash Csr is immutable, so its transpose can be kept with it
-        self.t = t
 
-    def _mm(self, a, x):
+    def _call(self, fn, *args, **kwargs):
         st = {}
-        out = flash.csrmm(a, np.ascontiguousarray(x, dtype=self.dtype), runtime=self.rt, stats=st)
+        out = fn(*args, runtime=self.rt, stats=st, **kwargs)
         self._track(st)
         return out
 
     def matmat(self, x):
-        return self._mm(self.a, x)
+        return self._call(flash.csrmm, self.a, np.ascontiguousarray(x, dtype=self.dtype))
 
     def rmatmat(self, y):
-        return self._mm(self.t, y)
+        return self._call(flash.csrtmm, self.a, y)
+
+    def gram(self, x):
+        return self._call(flash.csrtmm, self.a, x, gram=True)
 
 
 class _FlashDense(_OnFlash):
@@ -185,6 +184,8 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     n = cols if right else rows
     if right:
         def apply(x):
+            if hasattr(op, "gram"):  # A^T A X in one pass over A
+                return np.asarray(op.gram(x), dtype=np.float64)
             return np.asarray(op.rmatmat(op.matmat(x)), dtype=np.float64)
     else:
         def apply(x):
