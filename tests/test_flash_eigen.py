@@ -8,8 +8,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
 from scalefree import flash
-from scalefree.errors import InvalidArgumentError
-from scalefree.flash_eigen import NoConvergenceError, block_krylov_schur
+from scalefree.errors import InvalidArgumentError, NoConvergenceError
+from scalefree.flash_eigen import block_krylov_schur
 
 
 @pytest.fixture(scope="module")

@@ -38,19 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidArgumentError, ScalefreeError
+from .errors import InvalidArgumentError, NoConvergenceError
 
 WHICH = ("LA", "SA", "LM")
-
-
-class NoConvergenceError(ScalefreeError, RuntimeError):
-    """The eigensolver stopped after ``maxiter`` restarts with fewer than ``k`` converged
-    Ritz pairs. ``eigenvalues``/``eigenvectors`` hold the converged ones (may be empty)."""
-
-    def __init__(self, msg, eigenvalues, eigenvectors):
-        super().__init__(msg)
-        self.eigenvalues = eigenvalues
-        self.eigenvectors = eigenvectors
 
 
 @dataclass

@@ -231,6 +231,8 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     :class:`flash.Runtime` (default :func:`flash.default_runtime`). ``stats``: a dict that
     receives restarts, operator applications, the final residual, ``on_flash`` (whether A
     was applied from flash) and ``peak_resident_bytes`` (the flash kernels' largest peak).
+    Raises :class:`~scalefree.errors.NoConvergenceError` when ``maxiter`` restarts do not
+    converge ``k`` triplets.
     """
     if which not in ("LM", "SM"):
         raise InvalidArgumentError(f"svds: which must be 'LM' or 'SM', got {which!r}")
