@@ -19,7 +19,9 @@ The method (Stewart's Krylov-Schur, in block form):
 3. Schur form of the projected matrix: ``H`` is symmetric, so its real Schur form is its
    eigendecomposition ``H = Y diag(theta) Y^T``. The residual of Ritz pair
    ``(theta_i, V y_i)`` is ``||R Y[-b:, i]||`` without touching the operator.
-4. Converged when the ``k`` wanted Ritz pairs have ``residual_i <= tol * |theta_i|``,
+4. Checked after every block once the basis has ``k + b`` columns (the small
+   eigendecomposition is cheap next to an operator call), so a loose tolerance stops early.
+   Converged when the ``k`` wanted Ritz pairs have ``residual_i <= tol * |theta_i|``,
    where ``tol`` is at least a small multiple of the operator's precision times
    ``max |theta|`` (``tol = 0`` means that precision).
 5. Else restart: keep the ``p`` wanted Ritz vectors (``p >= k``, about halfway between ``k``
@@ -201,24 +203,27 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     restarts = 0
     keep = min(m - b, max(k, (k + m - b) // 2 + 1))
     while True:
-        # --- expand to at least m columns ---
-        while j < m:
-            V[:, j:j + b] = q
-            w = _check_block(apply(q), n, b)
-            info.operator_blocks += 1
-            info.operator_columns += b
-            with _one_blas_thread():
-                q, r = _orthogonalize(V, H, j, b, w, rng)
-            j += b
+        # --- expand by one block ---
+        V[:, j:j + b] = q
+        w = _check_block(apply(q), n, b)
+        info.operator_blocks += 1
+        info.operator_columns += b
         with _one_blas_thread():
-            # --- Schur form of the projected matrix, residuals, convergence ---
+            q, r = _orthogonalize(V, H, j, b, w, rng)
+        j += b
+        full = j >= m
+        if j < k + b:
+            continue
+        with _one_blas_thread():
+            # --- Schur form of the projected matrix, residuals, convergence (every block
+            # once there are k + b columns: the eigh of H is cheap next to an operator call) ---
             theta, y = np.linalg.eigh(0.5 * (H[:j, :j] + H[:j, :j].T))
             order = _order(theta, which)
             theta, y = theta[order], y[:, order]
             res = np.linalg.norm(r @ y[j - b:j, :], axis=0)
             floor = 64.0 * eps * np.abs(theta).max(initial=0.0)
             ok = res[:k] <= np.maximum(tol * np.abs(theta[:k]), floor)
-            if ok.all() or restarts >= maxiter:
+            if ok.all() or (full and restarts >= maxiter):
                 x = V[:, :j] @ y[:, :k]
                 info.restarts = restarts
                 info.residuals = res[:k]
@@ -229,6 +234,8 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
                         f"({info.operator_columns} operator columns); raise maxiter or tol",
                         theta[good], x[:, good])
                 return theta[:k], x, info
+            if not full:
+                continue
             # --- Krylov-Schur restart: keep the wanted Ritz vectors, truncate the rest ---
             restarts += 1
             V[:, :keep] = V[:, :j] @ y[:, :keep]
