@@ -14,7 +14,9 @@ matrix, node ids compacted), ``random`` (a seeded power-law matrix of ``--rows``
 in memory), ``scalefree/flash-<budget>`` (``flash.svds`` on a ``flash.Csr``: one pass of
 ``flash.csrtmm`` over A per block of ``A^T A X``). Accuracy: the largest relative
 error of the k singular values against ``svds(A, k, tol=0)`` computed once, untimed.
-Copying the matrix to flash is set-up, outside the timed calls.
+Copying the matrix to flash is set-up, outside the timed calls. The rows are timed
+interleaved (one call of each per round, after one warm-up call each), so that load from
+others on a shared machine falls on all of them alike.
 """
 
 from __future__ import annotations
@@ -148,40 +150,47 @@ def run(args) -> int:
         def err(s):
             return float(np.max(np.abs(np.sort(s) - exact) / np.maximum(exact, 1e-300 + 1e-12 * exact.max())))
 
-        def timed(fn):
-            fn()  # warm-up
-            times, out = [], None
-            for _ in range(args.repeat):
-                t = time.perf_counter()
-                out = fn()
-                times.append(time.perf_counter() - t)
-            return common.Stats.of(times), out
-
-        def record(impl, variant, st, s, **extra):
-            e = err(s)
-            records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
-                                              dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
-                                              max_rel_err=e, blas=blas, **extra))
-            common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
-
-        st, s = timed(lambda: sla.svds(a, k=k, tol=args.tol, return_singular_vectors=False, random_state=0))
-        record("scipy", "memory", st, s)
-        info = {}
-        st, s = timed(lambda: flash.svds(a, k=k, tol=args.tol, return_singular_vectors=False, random_state=0,
-                                         stats=info, runtime=flash.Runtime(threads=args.threads, dir=tmp,
-                                                                           memory_budget=max(4 * csr_bytes, 1 << 20))))
-        record("scalefree", "memory", st, s, operator_columns=info["operator_columns"], restarts=info["restarts"])
+        # (impl, variant, call, stats dict, extra fields); timed interleaved, one call of each
+        # per round, so that load from others on a shared machine hits every row alike.
+        rows = [("scipy", "memory", lambda: sla.svds(a, k=k, tol=args.tol, return_singular_vectors=False,
+                                                     random_state=0), None, {})]
+        mem_rt = flash.Runtime(threads=args.threads, dir=tmp, memory_budget=max(4 * csr_bytes, 1 << 20))
+        info_mem: dict = {}
+        rows.append(("scalefree", "memory", lambda: flash.svds(a, k=k, tol=args.tol, return_singular_vectors=False,
+                                                               random_state=0, stats=info_mem, runtime=mem_rt),
+                     info_mem, {}))
+        keep = []
         for frac in args.budget_fractions:
             budget = max(1 << 20, int(csr_bytes * frac))
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             A = flash.Csr.from_scipy(a, rt)
-            info = {}
-            st, s = timed(lambda: flash.svds(A, k=k, tol=args.tol, return_singular_vectors=False, random_state=0,
-                                             stats=info, runtime=rt))
-            record("scalefree", f"flash-{frac:g}", st, s, budget_bytes=budget,
-                   peak_resident_bytes=info["peak_resident_bytes"], operator_columns=info["operator_columns"],
-                   restarts=info["restarts"])
-            del A, rt
+            keep.append((rt, A))
+            info: dict = {}
+            rows.append(("scalefree", f"flash-{frac:g}",
+                         lambda A=A, rt=rt, info=info: flash.svds(A, k=k, tol=args.tol, return_singular_vectors=False,
+                                                                  random_state=0, stats=info, runtime=rt),
+                         info, {"budget_bytes": budget}))
+        outs = [fn() for _, _, fn, _, _ in rows]  # warm-up
+        times = [[] for _ in rows]
+        peaks = [0 for _ in rows]
+        for _ in range(args.repeat):
+            for i, (_, _, fn, info, _) in enumerate(rows):
+                t = time.perf_counter()
+                outs[i] = fn()
+                times[i].append(time.perf_counter() - t)
+                if info:
+                    peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
+        for i, (impl, variant, _, info, extra) in enumerate(rows):
+            st, e = common.Stats.of(times[i]), err(outs[i])
+            if info:
+                extra = dict(extra, operator_columns=info["operator_columns"], restarts=info["restarts"])
+                if "budget_bytes" in extra:
+                    extra["peak_resident_bytes"] = peaks[i]
+            records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
+                                              dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
+                                              max_rel_err=e, blas=blas, **extra))
+            common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
+        del keep
 
     headers = ["impl", "variant", "median", "min", "max", "max rel err", "budget", "peak", "vs scipy"]
     scipy_s = next(r["median_s"] for r in records if r["impl"] == "scipy")
