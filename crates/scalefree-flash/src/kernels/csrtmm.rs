@@ -102,6 +102,7 @@ unsafe fn scatter_columns<T: Real>(indptr: &[u64], indices: &[u32], values: &[T]
 }
 
 /// `Z += A_blockᵀ Y`, one column range at a time under its lock, starting at range `first`.
+#[allow(clippy::too_many_arguments)]
 fn scatter_transpose<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, cols: usize, z: SharedZ<T>, locks: &ColumnLocks, first: usize) {
     let parts = locks.ranges.len();
     for i in 0..parts {
