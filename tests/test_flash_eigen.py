@@ -343,3 +343,25 @@ def test_bench_svd_end_to_end(tmp_path):
         if "budget_bytes" in r:
             assert r["peak_resident_bytes"] <= r["budget_bytes"]
     assert "vs scipy" in p.stdout
+
+
+def test_cli_flash_svd(tmp_path):
+    import subprocess
+    import sys
+
+    a = power_law(500, 120, 4000, seed=3)
+    path = tmp_path / "a.npz"
+    sp.save_npz(path, a)
+    out = tmp_path / "usv.npz"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "4", "--memory", "1M",
+                        "--dir", str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    want = top_singular_values(a, 4)[::-1]
+    np.testing.assert_allclose([float(v) for v in p.stdout.split()], want, rtol=1e-9)
+    assert "operator columns" in p.stderr and "peak" in p.stderr
+    r = np.load(out)
+    np.testing.assert_allclose(r["s"], want, rtol=1e-9)
+    assert np.linalg.norm(a @ r["vt"].T - r["u"] * r["s"]) <= 1e-9 * want[0]
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "120"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr

@@ -54,12 +54,19 @@ class _LinearOperator(_InMemory):
 
 
 class _OnFlash:
-    """Keeps the largest ``peak_resident_bytes`` any kernel call of this operator reported."""
+    """Sums what the kernel calls of this operator reported: the largest
+    ``peak_resident_bytes``, bytes read and written, seconds in kernels."""
 
     peak_resident_bytes = 0
+    bytes_read = 0
+    bytes_written = 0
+    kernel_seconds = 0.0
 
     def _track(self, stats):
         self.peak_resident_bytes = max(self.peak_resident_bytes, int(stats.get("peak_resident_bytes", 0)))
+        self.bytes_read += int(stats.get("bytes_read", 0))
+        self.bytes_written += int(stats.get("bytes_written", 0))
+        self.kernel_seconds += float(stats.get("seconds", 0.0))
 
 
 class _FlashCsr(_OnFlash):
@@ -111,9 +118,10 @@ class _Centered:
     def __init__(self, op, mu):
         self.op, self.mu, self.shape, self.dtype = op, mu, op.shape, op.dtype
 
-    @property
-    def peak_resident_bytes(self):
-        return getattr(self.op, "peak_resident_bytes", 0)
+    def __getattr__(self, name):  # the flash counters of the wrapped operator
+        if name in ("peak_resident_bytes", "bytes_read", "bytes_written", "kernel_seconds"):
+            return getattr(self.op, name, 0)
+        raise AttributeError(name)
 
     def matmat(self, x):
         return np.asarray(self.op.matmat(x), dtype=np.float64) - (self.mu @ x)[None, :]
@@ -219,7 +227,9 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      basis_size=info.basis_size, dense=info.dense,
                      max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))),
                      on_flash=isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash),
-                     peak_resident_bytes=getattr(op, "peak_resident_bytes", 0))
+                     peak_resident_bytes=getattr(op, "peak_resident_bytes", 0),
+                     bytes_read=getattr(op, "bytes_read", 0), bytes_written=getattr(op, "bytes_written", 0),
+                     kernel_seconds=getattr(op, "kernel_seconds", 0.0))
     return (w, s, x.T) if right else (x, s, w.T)
 
 
@@ -245,7 +255,8 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     columns per operator application, default ``min(k, 16)``). ``runtime``: the
     :class:`flash.Runtime` (default :func:`flash.default_runtime`). ``stats``: a dict that
     receives restarts, operator applications, the final residual, ``on_flash`` (whether A
-    was applied from flash) and ``peak_resident_bytes`` (the flash kernels' largest peak).
+    was applied from flash), ``peak_resident_bytes`` (the flash kernels' largest peak),
+    ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed over the kernel calls).
     Raises :class:`~scalefree.errors.NoConvergenceError` when ``maxiter`` restarts do not
     converge ``k`` triplets.
     """
