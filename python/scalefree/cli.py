@@ -50,6 +50,10 @@ def _build_parser() -> argparse.ArgumentParser:
     from . import ucx
 
     ucx.add_parser(sub)
+
+    from . import flash_cli
+
+    flash_cli.add_parser(sub)
     return p
 
 

@@ -42,6 +42,17 @@ class FlashIOError(ScalefreeError, OSError):
     """Reading or writing a flash file failed (the message names the file)."""
 
 
+class NoConvergenceError(ScalefreeError, RuntimeError):
+    """An iterative solver (the block Krylov-Schur eigensolver behind ``flash.svds``) stopped
+    after its iteration limit with fewer than the requested converged pairs. ``eigenvalues``
+    and ``eigenvectors`` hold the converged ones (possibly none)."""
+
+    def __init__(self, msg, eigenvalues=None, eigenvectors=None):
+        super().__init__(msg)
+        self.eigenvalues = eigenvalues
+        self.eigenvectors = eigenvectors
+
+
 class DataError(ScalefreeError, ValueError):
     """Bad input data (e.g. a malformed rating file); the message names the file and line."""
 
@@ -57,5 +68,6 @@ __all__ = [
     "TransportIOError",
     "OutOfBudgetError",
     "FlashIOError",
+    "NoConvergenceError",
     "DataError",
 ]

@@ -10,7 +10,8 @@
 ``load`` opens ``.npy`` (dense), ``.npz`` (scipy sparse), Matrix Market (``.mtx``) and UCI
 ``docword`` files, plain or gzip.
 
-Work in progress (issue 3): gemm, csrgemv, csrmm, csrcsc, sort, kmeans; svds follows.
+``svds`` (``scipy.sparse.linalg.svds``'s arguments and return convention) and ``pca`` run
+the block Krylov-Schur eigensolver of :mod:`scalefree.flash_eigen` with the matrix on flash.
 """
 
 from __future__ import annotations
@@ -269,6 +270,31 @@ def csrmm(a: Csr, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_b: 
     return c
 
 
+def csrtmm(a: Csr, x, *, gram: bool = False, runtime: Runtime | None = None, stats: dict | None = None) -> np.ndarray:
+    """``Z = A^T X`` (``X`` ``rows x n``), or with ``gram=True`` ``Z = A^T A X`` (``X``
+    ``cols x n``), with CSR ``A`` on flash read once and without its transpose; ``X`` and the
+    returned ``Z`` (``cols x n``) are numpy arrays of A's dtype."""
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrtmm: A must be a flash.Csr")
+    rt = runtime or default_runtime()
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise InvalidArgumentError(f"csrtmm: X must be 2-D, got shape {x.shape}")
+    rows, cols = a.shape
+    want = cols if gram else rows
+    if x.shape[0] != want:
+        raise InvalidArgumentError(f"csrtmm: A is {rows}x{cols}, so X must have {want} rows "
+                                   f"({'A^T A X' if gram else 'A^T X'}), got shape {x.shape}")
+    x = np.ascontiguousarray(x, dtype=a.dtype)
+    z = np.empty((cols, x.shape[1]), dtype=a.dtype)
+    s = _native.flash_csrtmm(rt._rt, bool(gram), a._m, x, x.shape[1], z)
+    if stats is not None:
+        stats.update(s)
+    return z
+
+
 def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
     """Sorts out of core, in IEEE total order (NaN last), within the runtime's budget.
     ``x`` is a 1-D float32/float64 numpy array (returns a sorted copy; the data goes through
@@ -325,3 +351,7 @@ def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, see
         stats.update(s)
     centers = np.frombuffer(centers, dtype=X.dtype).reshape(int(k), X.shape[1]).copy()
     return centers, np.frombuffer(labels, dtype=np.uint32).copy(), inertia, iterations
+
+
+# Defined in their own modules (they use the kernels above); re-exported as flash.svds / flash.pca.
+from .flash_svd import PCA, pca, svds  # noqa: E402

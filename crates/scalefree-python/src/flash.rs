@@ -8,7 +8,7 @@ use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
     read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
-    RuntimeOptions, RunStats, Transpose,
+    RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
 use crate::buffer::Buf;
@@ -332,6 +332,31 @@ pub fn flash_csrgemv<'py>(py: Python<'py>, rt: &PyFlashRuntime, transpose: bool,
             py.detach(|| rt.csrgemv(tr(transpose), m, xs, ys))
         }
         _ => return Err(invalid(py, "csrgemv: x and y must have the matrix's dtype")),
+    }
+    .map_err(|e| flash_err(py, e))?;
+    stats_dict(py, &stats)
+}
+
+/// `Z := Aᵀ X` (`gram == false`) or `Z := Aᵀ A X` with CSR A on flash; X and Z are
+/// C-contiguous arrays of A's dtype with `n` columns.
+#[pyfunction]
+pub fn flash_csrtmm<'py>(py: Python<'py>, rt: &PyFlashRuntime, gram: bool, a: &PyFlashCsr, x: Bound<'py, PyAny>, n: usize, z: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let xb = Buf::get(&x, false, "csrtmm: X")?;
+    let zb = Buf::get(&z, true, "csrtmm: Z")?;
+    let rt = rt.rt.clone();
+    let product = if gram { TransposedProduct::Gram } else { TransposedProduct::Transpose };
+    let stats = match (&a.m, xb.dtype, zb.dtype) {
+        (AnyCsr::F32(m), Some(DType::F32), Some(DType::F32)) => {
+            let xs = unsafe { std::slice::from_raw_parts(xb.ptr() as *const f32, xb.count()) };
+            let zs = unsafe { std::slice::from_raw_parts_mut(zb.ptr() as *mut f32, zb.count()) };
+            py.detach(|| rt.csrtmm(product, m, xs, n, zs))
+        }
+        (AnyCsr::F64(m), Some(DType::F64), Some(DType::F64)) => {
+            let xs = unsafe { std::slice::from_raw_parts(xb.ptr() as *const f64, xb.count()) };
+            let zs = unsafe { std::slice::from_raw_parts_mut(zb.ptr() as *mut f64, zb.count()) };
+            py.detach(|| rt.csrtmm(product, m, xs, n, zs))
+        }
+        _ => return Err(invalid(py, "csrtmm: X and Z must have the matrix's dtype")),
     }
     .map_err(|e| flash_err(py, e))?;
     stats_dict(py, &stats)

@@ -10,7 +10,8 @@ import argparse
 import importlib
 
 # Module names under scalefree.bench, in the order `scalefree bench --help` lists them.
-BENCH_MODULES = ("allreduce", "ucx", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "sparse", "pagerank", "mf")
+BENCH_MODULES = ("allreduce", "ucx", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
+                 "pagerank", "mf")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

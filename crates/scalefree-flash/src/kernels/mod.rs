@@ -5,6 +5,7 @@ pub mod csr_rows;
 pub mod csrcsc;
 pub mod csrgemv;
 pub mod csrmm;
+pub mod csrtmm;
 pub mod gemm;
 pub mod kmeans;
 pub mod sort;
@@ -14,6 +15,7 @@ pub use block_gemm::gemm_in_memory;
 pub use csrcsc::csrcsc;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
+pub use csrtmm::{csrtmm, csrtmm_in_memory, TransposedProduct};
 pub use gemm::{gemm, gemm_tiled, GemmTiles};
 pub use kmeans::{kmeans, KmeansOptions, KmeansResult};
 pub use sort::sort;
@@ -46,6 +48,11 @@ impl Runtime {
     /// `y := op(A) x` with CSR A on flash (see [`csrgemv()`]).
     pub fn csrgemv<T: Real>(&self, transpose: Transpose, a: &FlashCsrMatrix<T>, x: &[T], y: &mut [T]) -> Result<RunStats> {
         csrgemv::csrgemv(self, transpose, a, x, y)
+    }
+
+    /// `Z := Aᵀ X` or `Z := Aᵀ A X` with CSR A on flash, in one pass over A (see [`csrtmm()`]).
+    pub fn csrtmm<T: Real>(&self, product: TransposedProduct, a: &FlashCsrMatrix<T>, x: &[T], n: usize, z: &mut [T]) -> Result<RunStats> {
+        csrtmm::csrtmm(self, product, a, x, n, z)
     }
 
     /// `Aᵀ` (A's CSC form) as a new CSR matrix on flash (see [`csrcsc()`]).

@@ -1,0 +1,209 @@
+"""``scalefree bench svd``: ``flash.svds`` (block Krylov-Schur) against
+``scipy.sparse.linalg.svds`` (ARPACK, in memory) on a real sparse matrix: top-k singular
+values at a tolerance, time and accuracy, with the matrix on flash under budgets given as
+fractions of its flash CSR bytes, and in memory.
+
+    flock /tmp/bench.lock env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
+        scalefree bench svd --data kos --k 100 --tol 1e-4 --budget-fractions 1,0.25 --json OUT
+
+``--data``: ``kos`` (``../shared/data/kos/docword.kos.txt.gz``, documents x words),
+``wiki-vote`` (``../shared/data/wiki-vote/wiki-Vote.txt``, the voting graph's adjacency
+matrix, node ids compacted), ``random`` (a seeded power-law matrix of ``--rows`` x
+``--cols`` with ``--nnz`` entries), or the path of any file ``flash.load`` opens. Rows:
+``scipy`` (``svds(A, k, tol)``), ``scalefree/memory`` (``flash.svds`` on the scipy matrix,
+in memory), ``scalefree/flash-<budget>`` (``flash.svds`` on a ``flash.Csr``: one pass of
+``flash.csrtmm`` over A per block of ``A^T A X``). Accuracy: the largest relative
+error of the k singular values against ``svds(A, k, tol=0)`` computed once, untimed.
+Copying the matrix to flash is set-up, outside the timed calls. The rows are timed
+interleaved (one call of each per round, after one warm-up call each), so that load from
+others on a shared machine falls on all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+
+BENCH = "svd"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(BENCH, help="flash.svds (block Krylov-Schur, matrix on flash) vs scipy svds",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="kos", help="kos, wiki-vote, random or a matrix file (default: kos)")
+    p.add_argument("--k", type=common.argparse_type(common.positive_int), default=100, help="singular values (default 100)")
+    p.add_argument("--tol", type=common.argparse_type(float), default=1e-4, help="tolerance of both solvers (default 1e-4)")
+    p.add_argument("--budget-fractions", default="1,0.25", metavar="F[,F...]",
+                   type=common.argparse_type(_fractions),
+                   help="flash memory budgets as fractions of the matrix's flash CSR bytes (default 1,0.25)")
+    p.add_argument("--rows", type=common.argparse_type(common.positive_int), default=20000, help="--data random: rows")
+    p.add_argument("--cols", type=common.argparse_type(common.positive_int), default=5000, help="--data random: columns")
+    p.add_argument("--nnz", type=common.argparse_type(common.positive_int), default=200000,
+                   help="--data random: entries drawn (duplicates merged)")
+    p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
+    p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3, help="timed calls per row")
+    p.add_argument("--dir", default=None, help="scratch directory for flash files")
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _fractions(text: str) -> list[float]:
+    out = [common.positive_float(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise ValueError("give at least one budget fraction")
+    return out
+
+
+def _shared(*parts) -> Path | None:
+    here = Path(__file__).resolve()
+    for base in [Path.cwd(), *here.parents]:
+        p = base.parent.joinpath("shared", "data", *parts)
+        if p.exists():
+            return p
+    return None
+
+
+def _power_law(rows, cols, nnz, seed=0):
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    pr = 1.0 / np.arange(1, rows + 1) ** 0.9
+    pc = 1.0 / np.arange(1, cols + 1) ** 1.1
+    r = rng.permutation(rows)[rng.choice(rows, nnz, p=pr / pr.sum())]
+    c = rng.permutation(cols)[rng.choice(cols, nnz, p=pc / pc.sum())]
+    a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
+    a.sum_duplicates()
+    return a
+
+
+def _load(args, tmp):
+    """(name, scipy csr float64)."""
+    import scipy.sparse as sp
+
+    from .. import flash
+
+    if args.data == "random":
+        return f"random {args.rows}x{args.cols}", _power_law(args.rows, args.cols, args.nnz)
+    if args.data == "wiki-vote":
+        path = _shared("wiki-vote", "wiki-Vote.txt")
+        if path is None:
+            raise SystemExit("svd: ../shared/data/wiki-vote/wiki-Vote.txt not found")
+        edges = np.loadtxt(path, comments="#", dtype=np.int64).reshape(-1, 2)
+        ids, idx = np.unique(edges, return_inverse=True)
+        idx = idx.reshape(-1, 2)
+        n = len(ids)
+        a = sp.coo_matrix((np.ones(len(idx)), (idx[:, 0], idx[:, 1])), shape=(n, n)).tocsr()
+        a.sum_duplicates()
+        return f"wiki-Vote {n}x{n}", a
+    path = _shared("kos", "docword.kos.txt.gz") if args.data == "kos" else Path(args.data)
+    if path is None or not path.exists():
+        raise SystemExit(f"svd: {args.data if args.data != 'kos' else '../shared/data/kos/docword.kos.txt.gz'} not found")
+    m = flash.load(path, flash.Runtime(dir=tmp), dtype=np.float64)
+    a = m.to_scipy() if isinstance(m, flash.Csr) else sp.csr_matrix(m.to_numpy())
+    return path.name, a
+
+
+def _blas() -> str:
+    """Every BLAS loaded (numpy's and scipy's may differ), as threadpoolctl reports them."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown (pip install threadpoolctl)"
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not libs:
+        return "none found"
+    return "; ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')} "
+                     f"({os.path.basename(i.get('filepath', ''))})" for i in libs)
+
+
+def run(args) -> int:
+    import scipy.sparse.linalg as sla
+
+    from .. import flash
+
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if os.environ.get(var):
+            common.progress(f"svd: warning: {var} is set and slows numpy/scipy; unset it for this command")
+    blas = _blas()
+    common.progress(f"svd: numpy BLAS: {blas}")
+    records = []
+    with tempfile.TemporaryDirectory(prefix="scalefree-svd-bench-", dir=args.dir) as tmp:
+        name, a = _load(args, tmp)
+        k = args.k
+        if not 0 < k < min(a.shape):
+            raise SystemExit(f"svd: --k must be below min(A.shape) = {min(a.shape)}")
+        csr_bytes = a.nnz * 12 + (a.shape[0] + 1) * 8
+        common.progress(f"svd: {name}, {a.nnz} non-zeros, {common.human_bytes(csr_bytes)} as flash CSR; "
+                        f"k={k}, tol={args.tol:g}")
+        t = time.perf_counter()
+        exact = np.sort(sla.svds(a, k=k, tol=0, return_singular_vectors=False, random_state=0))
+        common.progress(f"  reference svds(tol=0): {common.human_time(time.perf_counter() - t)}")
+
+        def err(s):
+            return float(np.max(np.abs(np.sort(s) - exact) / np.maximum(exact, 1e-300 + 1e-12 * exact.max())))
+
+        # (impl, variant, call, stats dict, extra fields); timed interleaved, one call of each
+        # per round, so that load from others on a shared machine hits every row alike.
+        rows = [("scipy", "memory", lambda: sla.svds(a, k=k, tol=args.tol, return_singular_vectors=False,
+                                                     random_state=0), None, {})]
+        mem_rt = flash.Runtime(threads=args.threads, dir=tmp, memory_budget=max(4 * csr_bytes, 1 << 20))
+        info_mem: dict = {}
+        rows.append(("scalefree", "memory", lambda: flash.svds(a, k=k, tol=args.tol, return_singular_vectors=False,
+                                                               random_state=0, stats=info_mem, runtime=mem_rt),
+                     info_mem, {}))
+        keep = []
+        for frac in args.budget_fractions:
+            budget = max(1 << 20, int(csr_bytes * frac))
+            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
+            A = flash.Csr.from_scipy(a, rt)
+            keep.append((rt, A))
+            info: dict = {}
+            rows.append(("scalefree", f"flash-{frac:g}",
+                         lambda A=A, rt=rt, info=info: flash.svds(A, k=k, tol=args.tol, return_singular_vectors=False,
+                                                                  random_state=0, stats=info, runtime=rt),
+                         info, {"budget_bytes": budget}))
+        outs = [fn() for _, _, fn, _, _ in rows]  # warm-up
+        times = [[] for _ in rows]
+        peaks = [0 for _ in rows]
+        for _ in range(args.repeat):
+            for i, (_, _, fn, info, _) in enumerate(rows):
+                t = time.perf_counter()
+                outs[i] = fn()
+                times[i].append(time.perf_counter() - t)
+                if info:
+                    peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
+        for i, (impl, variant, _, info, extra) in enumerate(rows):
+            st, e = common.Stats.of(times[i]), err(outs[i])
+            if info:
+                extra = dict(extra, operator_columns=info["operator_columns"], restarts=info["restarts"])
+                if "budget_bytes" in extra:
+                    extra["peak_resident_bytes"] = peaks[i]
+            records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
+                                              dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
+                                              max_rel_err=e, blas=blas, **extra))
+            common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
+        del keep
+
+    headers = ["impl", "variant", "median", "min", "max", "max rel err", "budget", "peak", "vs scipy"]
+    scipy_s = next(r["median_s"] for r in records if r["impl"] == "scipy")
+    rows = []
+    for r in records:
+        ours = r["impl"] == "scalefree"
+        rows.append([r["impl"], r["variant"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
+                     common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
+                     common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
+                     common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
+                     f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
+    print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}")
+    print(common.format_table(headers, rows, left_columns=2))
+    if args.json:
+        common.write_json(Path(args.json), records)
+    return 0
