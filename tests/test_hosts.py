@@ -148,13 +148,16 @@ def test_killed_rank_on_another_host_is_peer_lost(can_simulate):
         assert res[1][0] != 0  # the launcher of the killed rank's host fails too
 
 
-def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate):
-    """Heartbeats find a host whose link went down (the socket reports nothing for minutes)."""
+@pytest.mark.parametrize("elems", [1 << 20, 1 << 22])
+def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate, elems):
+    """Heartbeats find a host whose link went down (the socket reports nothing for minutes),
+    also when a rank is blocked writing to it (its send buffer full)."""
     env = dict(__import__("os").environ, SCALEFREE_PEER_TIMEOUT="6")
     with simhosts.SimHosts(2) as h:
         procs = [
             h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
-                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c", CUT],
+                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c",
+                        CUT.replace("1 << 20", str(elems))],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             for i in range(2)
         ]

@@ -110,6 +110,7 @@ struct Reader {
 
 /// The lanes of one rank: one per peer on another host that offered one.
 pub(crate) struct Lanes {
+    sh: Arc<Shared>,
     lanes: Vec<Option<Arc<Lane>>>,
     /// Which peers writes go to over a lane (the others use UCX even if a lane exists).
     send_on: Vec<bool>,
@@ -188,7 +189,7 @@ impl Lanes {
             streams[r] = Some(s);
             got += 1;
         }
-        let mut lanes = Lanes { lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
+        let mut lanes = Lanes { sh: sh.clone(), lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
         for (r, s) in streams.into_iter().enumerate() {
             let Some(s) = s else { continue };
             s.set_nodelay(true).ok();
@@ -215,6 +216,7 @@ impl Lanes {
                     .spawn(move || write_loop(&shr, &l))
                     .map_err(|e| Error::io("spawn TCP lane writer", e))?,
             );
+            sh.lane_fds.lock().unwrap()[r] = Some(std::os::fd::AsRawFd::as_raw_fd(&lane.stream));
             lanes.lanes[r] = Some(lane);
         }
         Ok(lanes)
@@ -292,6 +294,7 @@ impl Lanes {
 
     /// Stops every lane: sockets shut down, threads joined.
     pub fn close(&mut self) {
+        self.sh.lane_fds.lock().unwrap().iter_mut().for_each(|f| *f = None);
         for lane in self.lanes.iter().flatten() {
             lane.state.lock().unwrap().closed = true;
             lane.cv.notify_all();

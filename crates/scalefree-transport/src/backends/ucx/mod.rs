@@ -150,6 +150,8 @@ pub(crate) struct Shared {
     last_heard: Vec<std::sync::atomic::AtomicU64>,
     watched: Mutex<Vec<bool>>,
     peer_timeout: std::time::Duration,
+    /// Each peer's TCP lane socket, if it has one (shut down when the peer is lost).
+    lane_fds: Mutex<Vec<Option<c_int>>>,
 }
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
@@ -330,6 +332,11 @@ impl Shared {
         }
         drop(l);
         self.any_lost.store(true, Ordering::SeqCst);
+        // A caller blocked writing to its lane (a host cut off: the socket would block for
+        // minutes) gets an error now.
+        if let Some(fd) = self.lane_fds.lock().unwrap().get(peer).copied().flatten() {
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
         for s in 0..self.nslots {
             let w = unsafe { &*self.slots.add(s) };
             wait::wake_if_waiting(w, unsafe { &*self.waiters });
@@ -518,6 +525,7 @@ impl Net {
             last_heard: (0..size).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             watched: Mutex::new(vec![false; size as usize]),
             peer_timeout: peer_timeout(),
+            lane_fds: Mutex::new(vec![None; size as usize]),
         });
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
