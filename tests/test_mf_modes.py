@@ -49,19 +49,19 @@ def local_rmse(cache_dir):
 _runs: dict = {}
 
 
-def _cli(mode: str, n: int, tmp_path: Path) -> dict:
+def _cli(mode: str, n: int, tmp_path: Path, extra=()) -> dict:
     """`scalefree mf train --mode MODE -n N`; the last JSON record (rank 0's report)."""
-    if (mode, n) not in _runs:
+    if (mode, n, *extra) not in _runs:
         out = tmp_path / f"{mode}{n}.jsonl"
         p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", mode,
-                            "-n", str(n), "-i", str(ITERS), "--json", str(out), "-q"],
+                            "-n", str(n), "-i", str(ITERS), "--json", str(out), "-q", *extra],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr
         assert "final test RMSE" in p.stdout and "bytes sent per worker" in p.stdout
         recs = [json.loads(line) for line in out.read_text().splitlines()]
         assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
-        _runs[(mode, n)] = recs[-1]
-    return _runs[(mode, n)]
+        _runs[(mode, n, *extra)] = recs[-1]
+    return _runs[(mode, n, *extra)]
 
 
 @pytest.mark.parametrize("mode,n", [("rima", 1), ("rima", 2), ("rima", 3), ("rima", 4),
@@ -70,9 +70,17 @@ def test_rmse_close_to_local(mode, n, tmp_path, local_rmse):
     rec = _cli(mode, n, tmp_path)
     workers = n if mode == "rima" else n - 1
     assert rec["workers"] == workers and len(rec["bytes_sent"]) == workers
+    assert rec["blocks_per_side"] == (2 * n if mode == "rima" else n - 1)
     assert rec["test_rmse"] < 0.95
     assert abs(rec["test_rmse"] - local_rmse) / local_rmse < 0.02, (rec["test_rmse"], local_rmse)
     assert rec["train_mse"] < 0.6
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rima_with_w_by_w_blocks(n, tmp_path, local_rmse):
+    rec = _cli("rima", n, tmp_path, ("--blocks", str(n)))
+    assert rec["blocks_per_side"] == n
+    assert abs(rec["test_rmse"] - local_rmse) / local_rmse < 0.02, (rec["test_rmse"], local_rmse)
 
 
 def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
@@ -89,6 +97,8 @@ def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
     (["--mode", "rima", "-n", "0"], "-n must be at least 1"),
     (["-n", "3"], "--mode local runs in one process"),
     (["--mode", "ring", "-n", "2"], "invalid choice"),
+    (["--mode", "rima", "-n", "3", "--blocks", "5"], "--blocks 5 is neither"),
+    (["--mode", "dsgd-ps", "-n", "3", "--blocks", "3"], "--blocks 3 differs"),
 ])
 def test_bad_ranks_or_mode(args, msg):
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "-q", *args],

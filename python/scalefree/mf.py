@@ -137,8 +137,14 @@ class MatrixFactorization:
             raise InvalidArgumentError(f"schedule must be 'adagrad' or 'constant', got {self.schedule!r}")
         group = scalefree.init()
         run = mf_rima.train if self.mode == "rima" else mf_dsgd_ps.train
+        w = group.size if self.mode == "rima" else group.size - 1
+        allowed = (2 * w, w) if self.mode == "rima" else (w,)
+        nb = allowed[0] if self.blocks is None else int(self.blocks)
+        if w >= 1 and nb not in allowed:
+            raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
+                                       f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
-                    seed=self.seed, init_max=self.init_max)
+                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
         res = run(group, train, opts)
         self.rank = group.rank
         if group.rank != 0:
@@ -147,7 +153,7 @@ class MatrixFactorization:
         self._model = _native.MfModel.from_factors(train, self.k, res["p"].tobytes(), res["q"].tobytes())
         self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
         last = self.history[-1]
-        last.update(seconds=res["seconds"], workers=res["workers"], connections=res["connections"],
+        last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
                     comm_seconds=res["comm_seconds"])
         if test_r is not None:
@@ -196,6 +202,13 @@ def _check_ranks(args) -> None:
         raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
         raise SystemExit("scalefree mf train: --mode dsgd-ps needs -n 2 or more (rank 0 is the parameter server)")
+    b = args.blocks
+    if b is not None and args.mode == "rima" and b not in (n, 2 * n):
+        raise SystemExit(f"scalefree mf train: --mode rima -n {n} cuts R into {2 * n} x {2 * n} or {n} x {n} "
+                         f"blocks; --blocks {b} is neither")
+    if b is not None and args.mode == "dsgd-ps" and b != n - 1:
+        raise SystemExit(f"scalefree mf train: --mode dsgd-ps -n {n} cuts R into {n - 1} x {n - 1} blocks "
+                         f"(one per worker); --blocks {b} differs")
 
 
 def _launch(args) -> int:
@@ -211,7 +224,7 @@ def _train_ranks(args) -> int:
     """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports."""
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
-                                iterations=args.iterations, schedule=args.schedule, seed=args.seed)
+                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks)
     model.fit(train, test)
     if model.rank != 0:
         return 0
@@ -227,7 +240,8 @@ def _train_ranks(args) -> int:
         model.save(args.output)
     sent = last["bytes_sent"]
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
-          f"{args.mode} with {last['workers']} workers ({last['connections']} connections per worker): "
+          f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
+          f"({last['connections']} connections per worker): "
           f"{args.iterations} iterations in {last['seconds']:.3f} s; "
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
@@ -310,7 +324,7 @@ def add_parser(sub) -> None:
     t.add_argument("--iterations", "-i", type=int, default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=int, default=None)
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (default 2×threads)")
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1)

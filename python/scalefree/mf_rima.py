@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from . import tensors
+from .errors import InvalidArgumentError
 from .mf_blocks import FactorBlock, Partition, train_block
 
 
@@ -32,10 +33,14 @@ def directions(iterations: int, seed: int) -> np.ndarray:
 def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group``; rank 0 returns P, Q (dense id order) and the
     accounting, the others their own accounting. ``opts``: k, eta, lam, schedule, iterations,
-    seed, init_max."""
+    seed, init_max, blocks_per_worker (1: w × w blocks; 2: 2w × 2w)."""
     w, r = group.size, group.rank
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
-    part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
+    c = int(opts.get("blocks_per_worker") or 1)
+    if c not in (1, 2):
+        raise InvalidArgumentError(f"rima: blocks_per_worker must be 1 or 2, got {c}")
+    V = c * w  # virtual workers: v = r·c + j is rank r's j-th block pair
+    part = Partition(train_ratings, V, k, seed, opts.get("init_max"))
     succ, pred = (r + 1) % w, (r - 1) % w
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     specs = []
@@ -44,52 +49,76 @@ def train(group, train_ratings, opts: dict) -> dict:
             specs += [dict(name=f"p{a}", src=a, dst=(a + 1) % w, shape=(psize,), dtype="float32"),
                       dict(name=f"q{a}", src=a, dst=(a + 1) % w, shape=(qsize,), dtype="float32")]
         for a in range(1, w):
-            specs += [dict(name=f"gp{a}", src=a, dst=0, shape=(psize,), dtype="float32"),
-                      dict(name=f"gq{a}", src=a, dst=0, shape=(qsize,), dtype="float32"),
+            specs += [dict(name=f"gp{a}", src=a, dst=0, shape=(c, psize), dtype="float32"),
+                      dict(name=f"gq{a}", src=a, dst=0, shape=(c, qsize), dtype="float32"),
                       dict(name=f"st{a}", src=a, dst=0, shape=(3 + iters,), dtype="float64")]
     slots = tensors.static_slots(group, specs)
-    # Which block every rank holds, tracked identically everywhere.
-    pblk, qblk = np.arange(w), np.arange(w)
-    p, q = part.p_block(r), part.q_block(r)
+    # Which block every virtual worker holds, tracked identically on every rank.
+    blk = {"p": np.arange(V), "q": np.arange(V)}
+    rows = {"p": (part.urows, part.urows_max), "q": (part.irows, part.irows_max)}
+    # Rank r's factor blocks, one flat array each, for j = 0..c-1; shared [P|Q] rows in one
+    # contiguous array per side so the final gather is one send per side.
+    held = {"p": np.stack([part.p_block(r * c + j).flat for j in range(c)]),
+            "q": np.stack([part.q_block(r * c + j).flat for j in range(c)])}
+    order = {"p": list(range(c)), "q": list(range(c))}  # held row holding virtual worker r·c + j
+
+    def view(side: str, j: int) -> FactorBlock:
+        nrows, rmax = rows[side]
+        return FactorBlock(held[side][order[side][j]], nrows(int(blk[side][r * c + j])), rmax, k)
+
     dirs = directions(iters, seed)
     rng = np.random.default_rng([seed, r, 0x53])
     sent = recvd = 0
     losses = np.zeros(iters)
+    total = iters * V
     group.barrier()
     t0 = time.perf_counter()
     comm = 0.0
-    for step in range(iters * w):
-        it = step // w
-        if step > 0 and w > 1:
-            c0 = time.perf_counter()
-            if dirs[it] == 0:
-                slots[f"q{r}"].send(q.flat)
-                q.flat[:] = slots[f"q{pred}"].recv()
-                slots[f"q{pred}"].release()
-                qblk = np.roll(qblk, 1)
-                q = FactorBlock(q.flat, part.irows(qblk[r]), part.irows_max, k)
-                sent, recvd = sent + q.flat.nbytes, recvd + q.flat.nbytes
-            else:
-                slots[f"p{r}"].send(p.flat)
-                p.flat[:] = slots[f"p{pred}"].recv()
-                slots[f"p{pred}"].release()
-                pblk = np.roll(pblk, 1)
-                p = FactorBlock(p.flat, part.urows(pblk[r]), part.urows_max, k)
-                sent, recvd = sent + p.flat.nbytes, recvd + p.flat.nbytes
-            comm += time.perf_counter() - c0
-        losses[it] += train_block(part, int(pblk[r]), int(qblk[r]), p, q, opts, rng)
+    for step in range(total):
+        it = step // V
+        side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
+        fut = None
+        # The last pair first: its moving block goes to the successor while the others train.
+        for n, j in enumerate([c - 1] + list(range(c - 1))):
+            losses[it] += train_block(part, int(blk["p"][r * c + j]), int(blk["q"][r * c + j]),
+                                      view("p", j), view("q", j), opts, rng)
+            if n == 0 and side is not None and w > 1:
+                out = held[side][order[side][c - 1]]
+                fut = slots[f"{side}{r}"].send_async(out)
+                sent += out.nbytes
+        if side is None:
+            continue
+        c0 = time.perf_counter()
+        if fut is not None:
+            fut.result()
+        # One-step transformation: virtual worker v takes the block of v − 1.
+        o = order[side]
+        order[side] = [o[c - 1]] + o[:c - 1]
+        blk[side] = np.roll(blk[side], 1)
+        if w > 1:
+            buf = held[side][order[side][0]]
+            buf[:] = slots[f"{side}{pred}"].recv()
+            slots[f"{side}{pred}"].release()
+            recvd += buf.nbytes
+        comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0
     mine = np.concatenate([[sent, recvd, comm], losses])
+    mine_p = held["p"][order["p"]]
+    mine_q = held["q"][order["q"]]
     if r != 0:
-        slots[f"gp{r}"].send(p.flat)
-        slots[f"gq{r}"].send(q.flat)
+        slots[f"gp{r}"].send(np.ascontiguousarray(mine_p))
+        slots[f"gq{r}"].send(np.ascontiguousarray(mine_q))
         slots[f"st{r}"].send(mine)
         group.barrier()
         return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}
-    pb, qb, stats = {int(pblk[0]): p.flat}, {int(qblk[0]): q.flat}, [mine]
+    pb = {int(blk["p"][j]): mine_p[j].copy() for j in range(c)}
+    qb = {int(blk["q"][j]): mine_q[j].copy() for j in range(c)}
+    stats = [mine]
     for a in range(1, w):
-        pb[int(pblk[a])] = slots[f"gp{a}"].recv().copy()
-        qb[int(qblk[a])] = slots[f"gq{a}"].recv().copy()
+        gp, gq = slots[f"gp{a}"].recv(), slots[f"gq{a}"].recv()
+        for j in range(c):
+            pb[int(blk["p"][a * c + j])] = gp[j].copy()
+            qb[int(blk["q"][a * c + j])] = gq[j].copy()
         stats.append(slots[f"st{a}"].recv().copy())
         for s in ("gp", "gq", "st"):
             slots[f"{s}{a}"].release()
@@ -100,5 +129,5 @@ def train(group, train_ratings, opts: dict) -> dict:
     return {"rank": 0, "p": P, "q": Q, "seconds": time.perf_counter() - t0, "gather_seconds": gather,
             "train_mse": list(st[:, 3:].sum(axis=0) / part.n_ratings),
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
-            "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "connections": 2 if w > 2 else (1 if w == 2 else 0),
-            "directions": ["PQ"[d] for d in dirs]}
+            "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,
+            "connections": 2 if w > 2 else (1 if w == 2 else 0), "directions": ["QP"[d] for d in dirs]}
