@@ -146,15 +146,16 @@ def _vs_dsgd_ps(args) -> int:
             files = [f]
         records, rows = [], []
         for f in files:
-            for mode in ("rima", "dsgd-ps"):
+            # rima with 2w x 2w blocks (its default), rima with w x w, the parameter server.
+            for mode, extra in (("rima", []), ("rima", ["--blocks", str(args.ranks)]), ("dsgd-ps", [])):
                 times, rec = [], None
                 for rep in range(args.repeat):
-                    common.progress(f"{f.name}: {mode} -n {args.ranks} ({rep + 1}/{args.repeat}) ...")
+                    common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} ({rep + 1}/{args.repeat}) ...")
                     out = Path(d) / f"{mode}.jsonl"
                     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
                                         "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
                                         "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
-                                        "--json", str(out), "-q"], capture_output=True, text=True, timeout=3600)
+                                        "--json", str(out), "-q", *extra], capture_output=True, text=True, timeout=3600)
                     if p.returncode != 0:
                         raise SystemExit(f"mf train --mode {mode} failed: {p.stderr.strip()[-800:]}")
                     rec = json.loads(out.read_text().splitlines()[-1])
@@ -162,19 +163,23 @@ def _vs_dsgd_ps(args) -> int:
                 med = float(np.median(times))
                 sent = float(np.mean(rec["bytes_sent"]))
                 records.append({"bench": BENCH, "vs": "dsgd-ps", "impl": mode, "data": f.name, "ranks": args.ranks,
-                                "workers": rec["workers"], "k": args.k, "iterations": args.iterations,
+                                "workers": rec["workers"], "blocks_per_side": rec["blocks_per_side"],
+                                "k": args.k, "iterations": args.iterations,
                                 "median_s": med, "times": times, "bytes_sent_per_worker": sent,
                                 "bytes_sent": rec["bytes_sent"], "comm_seconds": rec["comm_seconds"],
                                 "test_rmse": rec["test_rmse"], "connections": rec["connections"]})
-                rows.append([f.name, mode, str(rec["workers"]), f"{med:.3f}", f"{sent / 2**20:.1f}",
+                nb = rec["blocks_per_side"]
+                rows.append([f.name, mode, f"{nb}x{nb}", str(rec["workers"]), f"{med:.3f}", f"{sent / 2**20:.1f}",
                              f"{max(rec['comm_seconds']):.3f}", f"{rec['test_rmse']:.4f}"])
-        print(common.format_table(["data", "mode", "workers", "train s (median)", "MiB sent/worker",
+        print(common.format_table(["data", "mode", "blocks", "workers", "train s (median)", "MiB sent/worker",
                                    "comm s (max)", "test RMSE"], rows, left_columns=2))
         for f in files:
-            a, b = (r for r in records if r["data"] == f.name)
-            print(f"{f.name}: rima / dsgd-ps: time {a['median_s'] / b['median_s']:.2f}x, bytes per worker "
-                  f"{a['bytes_sent_per_worker'] / b['bytes_sent_per_worker']:.2f}x, RMSE "
-                  f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %")
+            *ours, b = (r for r in records if r["data"] == f.name)
+            for a in ours:
+                nb = a["blocks_per_side"]
+                print(f"{f.name}: rima {nb}x{nb} / dsgd-ps: time {a['median_s'] / b['median_s']:.2f}x, bytes per worker "
+                      f"{a['bytes_sent_per_worker'] / b['bytes_sent_per_worker']:.2f}x, RMSE "
+                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %")
     if getattr(args, "json", None):
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0
