@@ -165,3 +165,17 @@ def test_block_kernel_binding_checks_its_arguments():
     with pytest.raises(InvalidArgumentError, match="schedule"):
         _native.mf_sgd_block(np.zeros(1, np.int32), np.zeros(1, np.int32), one, p.factors, q.factors, p.acc, q.acc, 8,
                              schedule="adam")
+
+
+def test_bench_vs_dsgd_ps_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "dsgd-ps", "--ranks", "3",
+                        "--users", "2000", "--items", "1500", "--ratings", "30000", "--iterations", "3",
+                        "--repeat", "1", "-k", "8", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["impl"], r["blocks_per_side"], r["workers"]) for r in recs] == [("rima", 6, 3), ("rima", 3, 3),
+                                                                               ("dsgd-ps", 2, 2)]
+    assert all(np.isfinite(r["test_rmse"]) for r in recs)
+    assert recs[0]["bytes_sent_per_worker"] < recs[2]["bytes_sent_per_worker"]
+    assert "rima 6x6 / dsgd-ps" in p.stdout
