@@ -107,7 +107,7 @@ class MatrixFactorization:
             if test_r is None:
                 raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
         if self.mode != "local":
-            return self._fit_ranks(train, test_r)
+            return self._fit_ranks(train, test_r, progress)
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
                                threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
         bar = _Bar(self.iterations, progress)
@@ -127,7 +127,7 @@ class MatrixFactorization:
         self._model = tr.model()
         return self
 
-    def _fit_ranks(self, train, test_r):
+    def _fit_ranks(self, train, test_r, progress: bool = False):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
@@ -145,6 +145,8 @@ class MatrixFactorization:
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
                     seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
+        bar = _Bar(self.iterations, progress and group.rank == 0)
+        opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
         res = run(group, train, opts)
         self.rank = group.rank
         if group.rank != 0:
@@ -215,9 +217,15 @@ def _launch(args) -> int:
     _check_ranks(args)
     if args.mode == "local":
         return _train(args)
-    from .graph import launch_or_run
+    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        # Start the ranks, each running this command line; only rank 0 prints, so its lines
+        # (and its progress bar) go out untagged.
+        import subprocess
 
-    return launch_or_run(args, _train_ranks)
+        cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--no-prefix", "--",
+               sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
+        return subprocess.call(cmd)
+    return _train_ranks(args)
 
 
 def _train_ranks(args) -> int:
@@ -225,7 +233,7 @@ def _train_ranks(args) -> int:
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks)
-    model.fit(train, test)
+    model.fit(train, test, progress=not args.quiet)
     if model.rank != 0:
         return 0
     h = model.history

@@ -33,7 +33,8 @@ def patterns(w: int, iterations: int, seed: int):
 
 def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group`` (at least 2); rank 0 (the server) returns P, Q (dense
-    id order) and the accounting, workers their own accounting."""
+    id order) and the accounting, workers their own accounting. ``opts`` as for rima (without
+    blocks_per_worker)."""
     if group.size < 2:
         raise InvalidArgumentError("dsgd-ps needs at least 2 ranks (rank 0 is the parameter server)")
     w, r = group.size - 1, group.rank
@@ -54,7 +55,10 @@ def train(group, train_ratings, opts: dict) -> dict:
         pb = {b: part.p_block(b).flat for b in range(w)}
         qb = {b: part.q_block(b).flat for b in range(w)}
         sent = 0
-        for pat in patterns(w, iters, seed):
+        tick = opts.get("on_iteration")
+        for step, pat in enumerate(patterns(w, iters, seed)):
+            if tick is not None and step > 0 and step % w == 0:
+                tick(step // w)
             for a, (ru, ri) in enumerate(pat, start=1):
                 slots[f"pull_p{a}"].send(pb[ru])
                 slots[f"pull_q{a}"].send(qb[ri])
@@ -65,6 +69,8 @@ def train(group, train_ratings, opts: dict) -> dict:
                 slots[f"push_p{a}"].release()
                 slots[f"push_q{a}"].release()
         seconds = time.perf_counter() - t0
+        if tick is not None:
+            tick(iters)
         stats = []
         for a in range(1, w + 1):
             stats.append(slots[f"st{a}"].recv().copy())

@@ -33,7 +33,8 @@ def directions(iterations: int, seed: int) -> np.ndarray:
 def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group``; rank 0 returns P, Q (dense id order) and the
     accounting, the others their own accounting. ``opts``: k, eta, lam, schedule, iterations,
-    seed, init_max, blocks_per_worker (1: w × w blocks; 2: 2w × 2w)."""
+    seed, init_max, blocks_per_worker (1: w × w blocks; 2: 2w × 2w), on_iteration (called on
+    rank 0 with the number of iterations done)."""
     w, r = group.size, group.rank
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
     c = int(opts.get("blocks_per_worker") or 1)
@@ -74,8 +75,11 @@ def train(group, train_ratings, opts: dict) -> dict:
     group.barrier()
     t0 = time.perf_counter()
     comm = 0.0
+    tick = opts.get("on_iteration") if r == 0 else None
     for step in range(total):
         it = step // V
+        if tick is not None and step > 0 and step % V == 0:
+            tick(it)
         side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
         fut = None
         # The last pair first: its moving block goes to the successor while the others train.
@@ -102,6 +106,8 @@ def train(group, train_ratings, opts: dict) -> dict:
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0
+    if tick is not None:
+        tick(iters)
     mine = np.concatenate([[sent, recvd, comm], losses])
     mine_p = held["p"][order["p"]]
     mine_q = held["q"][order["q"]]
