@@ -42,7 +42,7 @@ def train(group, train_ratings, opts: dict) -> dict:
         raise InvalidArgumentError(f"rima: blocks_per_worker must be 1 or 2, got {c}")
     V = c * w  # virtual workers: v = r·c + j is rank r's j-th block pair
     part = Partition(train_ratings, V, k, seed, opts.get("init_max"))
-    succ, pred = (r + 1) % w, (r - 1) % w
+    pred = (r - 1) % w  # slot "{side}{r}" goes to the successor, "{side}{pred}" comes in
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     specs = []
     if w > 1:
@@ -57,11 +57,11 @@ def train(group, train_ratings, opts: dict) -> dict:
     # Which block every virtual worker holds, tracked identically on every rank.
     blk = {"p": np.arange(V), "q": np.arange(V)}
     rows = {"p": (part.urows, part.urows_max), "q": (part.irows, part.irows_max)}
-    # Rank r's factor blocks, one flat array each, for j = 0..c-1; shared [P|Q] rows in one
-    # contiguous array per side so the final gather is one send per side.
+    # Rank r's factor blocks: per side, the c flat blocks are the rows of one array (the
+    # final gather is one send per side); order[side][j] is the row virtual worker r·c + j uses.
     held = {"p": np.stack([part.p_block(r * c + j).flat for j in range(c)]),
             "q": np.stack([part.q_block(r * c + j).flat for j in range(c)])}
-    order = {"p": list(range(c)), "q": list(range(c))}  # held row holding virtual worker r·c + j
+    order = {"p": list(range(c)), "q": list(range(c))}
 
     def view(side: str, j: int) -> FactorBlock:
         nrows, rmax = rows[side]
