@@ -179,3 +179,21 @@ def test_bench_vs_dsgd_ps_on_a_small_synthetic_matrix(tmp_path):
     assert all(np.isfinite(r["test_rmse"]) for r in recs)
     assert recs[0]["bytes_sent_per_worker"] < recs[2]["bytes_sent_per_worker"]
     assert "rima 6x6 / dsgd-ps" in p.stdout
+
+
+@pytest.mark.parametrize("mode,n", [("rima", 3), ("dsgd-ps", 3)])
+def test_rmse_curve_does_not_change_training(mode, n, tmp_path):
+    """--eval-every 5 gives test RMSE at 5, 10, 15, 20; gathering for it changes neither the
+    result nor the counted bytes (same seed: same run)."""
+    out = tmp_path / "c.jsonl"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", mode, "-n", str(n),
+                        "-i", str(ITERS), "--eval-every", "5", "--json", str(out), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    curve = [(r["iteration"], r["test_rmse"]) for r in recs if "test_rmse" in r]
+    assert [it for it, _ in curve] == [5, 10, 15, 20]
+    assert curve[0][1] > curve[-1][1]
+    plain = _cli(mode, n, tmp_path)
+    assert recs[-1]["test_rmse"] == pytest.approx(plain["test_rmse"], rel=1e-6)
+    assert recs[-1]["bytes_sent"] == plain["bytes_sent"]

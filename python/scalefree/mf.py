@@ -98,7 +98,8 @@ class MatrixFactorization:
         self._model = None
 
     def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1):
-        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs.
+        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
+        (0: after the last only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
         train = load_ratings(data)
         test_r = None
@@ -107,7 +108,7 @@ class MatrixFactorization:
             if test_r is None:
                 raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
         if self.mode != "local":
-            return self._fit_ranks(train, test_r, progress)
+            return self._fit_ranks(train, test_r, progress, eval_every)
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
                                threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
         bar = _Bar(self.iterations, progress)
@@ -118,7 +119,7 @@ class MatrixFactorization:
             mse = tr.epochs(1)
             elapsed += time.perf_counter() - t0
             rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
-            if test_r is not None and (it % eval_every == 0 or it == self.iterations):
+            if test_r is not None and ((eval_every and it % eval_every == 0) or it == self.iterations):
                 rec["test_rmse"] = tr.rmse(test_r)
             self.history.append(rec)
             if on_iteration is not None:
@@ -127,7 +128,7 @@ class MatrixFactorization:
         self._model = tr.model()
         return self
 
-    def _fit_ranks(self, train, test_r, progress: bool = False):
+    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
@@ -147,6 +148,10 @@ class MatrixFactorization:
                     seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
+        if test_r is not None and eval_every:
+            k = self.k
+            opts["eval_every"] = eval_every
+            opts["evaluate"] = lambda p, q: _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes()).rmse(test_r)
         res = run(group, train, opts)
         self.rank = group.rank
         if group.rank != 0:
@@ -154,6 +159,8 @@ class MatrixFactorization:
             return self
         self._model = _native.MfModel.from_factors(train, self.k, res["p"].tobytes(), res["q"].tobytes())
         self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
+        for it, rmse, secs in res["evals"]:
+            self.history[it - 1].update(test_rmse=rmse, seconds=secs)
         last = self.history[-1]
         last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
@@ -233,7 +240,7 @@ def _train_ranks(args) -> int:
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks)
-    model.fit(train, test, progress=not args.quiet)
+    model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
     if model.rank != 0:
         return 0
     h = model.history
@@ -244,6 +251,8 @@ def _train_ranks(args) -> int:
             for rec in h:
                 out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
         os.replace(tmp, args.json)
+    if args.plot:
+        _plot(h, args.plot)
     if args.output:
         model.save(args.output)
     sent = last["bytes_sent"]
@@ -335,7 +344,7 @@ def add_parser(sub) -> None:
     t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--eval-every", type=int, default=1)
+    t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
     t.add_argument("--json", help="write one JSON line per iteration to this file")
     t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
     t.add_argument("--output", "-o", help="save the model here (atomic write)")

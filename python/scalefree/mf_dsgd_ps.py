@@ -34,7 +34,7 @@ def patterns(w: int, iterations: int, seed: int):
 def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group`` (at least 2); rank 0 (the server) returns P, Q (dense
     id order) and the accounting, workers their own accounting. ``opts`` as for rima (without
-    blocks_per_worker)."""
+    blocks_per_worker; the server evaluates on its own copy, nothing is gathered)."""
     if group.size < 2:
         raise InvalidArgumentError("dsgd-ps needs at least 2 ranks (rank 0 is the parameter server)")
     w, r = group.size - 1, group.rank
@@ -56,9 +56,17 @@ def train(group, train_ratings, opts: dict) -> dict:
         qb = {b: part.q_block(b).flat for b in range(w)}
         sent = 0
         tick = opts.get("on_iteration")
+        evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+        evals, paused = [], 0.0
         for step, pat in enumerate(patterns(w, iters, seed)):
-            if tick is not None and step > 0 and step % w == 0:
-                tick(step // w)
+            if step > 0 and step % w == 0:
+                it = step // w
+                if every and evaluate is not None and it % every == 0:
+                    e0 = time.perf_counter()
+                    evals.append((it, evaluate(*part.dense_factors(pb, qb)), e0 - t0 - paused))
+                    paused += time.perf_counter() - e0
+                if tick is not None:
+                    tick(it)
             for a, (ru, ri) in enumerate(pat, start=1):
                 slots[f"pull_p{a}"].send(pb[ru])
                 slots[f"pull_q{a}"].send(qb[ri])
@@ -68,7 +76,7 @@ def train(group, train_ratings, opts: dict) -> dict:
                 qb[ri][:] = slots[f"push_q{a}"].recv()
                 slots[f"push_p{a}"].release()
                 slots[f"push_q{a}"].release()
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0 - paused
         if tick is not None:
             tick(iters)
         stats = []
@@ -78,7 +86,7 @@ def train(group, train_ratings, opts: dict) -> dict:
         P, Q = part.dense_factors(pb, qb)
         group.barrier()
         st = np.array(stats)
-        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": sent,
+        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": sent, "evals": evals,
                 "train_mse": list(st[:, 3:].sum(axis=0) / part.n_ratings),
                 "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
                 "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "connections": 1}

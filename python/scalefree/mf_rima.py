@@ -34,7 +34,9 @@ def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group``; rank 0 returns P, Q (dense id order) and the
     accounting, the others their own accounting. ``opts``: k, eta, lam, schedule, iterations,
     seed, init_max, blocks_per_worker (1: w × w blocks; 2: 2w × 2w), on_iteration (called on
-    rank 0 with the number of iterations done)."""
+    rank 0 with the number of iterations done), eval_every and evaluate (rank 0: ``evaluate(P,
+    Q)`` → test RMSE after every eval_every-th iteration; the blocks are gathered for it, and
+    that time and those bytes are not counted as training)."""
     w, r = group.size, group.rank
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
     c = int(opts.get("blocks_per_worker") or 1)
@@ -67,19 +69,47 @@ def train(group, train_ratings, opts: dict) -> dict:
         nrows, rmax = rows[side]
         return FactorBlock(held[side][order[side][j]], nrows(int(blk[side][r * c + j])), rmax, k)
 
+    def gather():
+        """Every rank's blocks to rank 0; there, P and Q in dense id order (else None)."""
+        mine_p, mine_q = held["p"][order["p"]], held["q"][order["q"]]
+        if r != 0:
+            slots[f"gp{r}"].send(mine_p)
+            slots[f"gq{r}"].send(mine_q)
+            return None
+        pb = {int(blk["p"][j]): mine_p[j] for j in range(c)}
+        qb = {int(blk["q"][j]): mine_q[j] for j in range(c)}
+        for a in range(1, w):
+            gp, gq = slots[f"gp{a}"].recv(), slots[f"gq{a}"].recv()
+            for j in range(c):
+                pb[int(blk["p"][a * c + j])] = gp[j].copy()
+                qb[int(blk["q"][a * c + j])] = gq[j].copy()
+            slots[f"gp{a}"].release()
+            slots[f"gq{a}"].release()
+        return part.dense_factors(pb, qb)
+
     dirs = directions(iters, seed)
     rng = np.random.default_rng([seed, r, 0x53])
     sent = recvd = 0
     losses = np.zeros(iters)
     total = iters * V
+    evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+    evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
     t0 = time.perf_counter()
-    comm = 0.0
+    comm = paused = 0.0
     tick = opts.get("on_iteration") if r == 0 else None
     for step in range(total):
         it = step // V
-        if tick is not None and step > 0 and step % V == 0:
-            tick(it)
+        if step > 0 and step % V == 0:
+            if every and it % every == 0:
+                # Test RMSE for the curve: gather the current blocks (not counted as training).
+                e0 = time.perf_counter()
+                pq = gather()
+                if pq is not None and evaluate is not None:
+                    evals.append((it, evaluate(*pq), e0 - t0 - paused))
+                paused += time.perf_counter() - e0
+            if tick is not None:
+                tick(it)
         side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
         fut = None
         # The last pair first: its moving block goes to the successor while the others train.
@@ -105,34 +135,24 @@ def train(group, train_ratings, opts: dict) -> dict:
             slots[f"{side}{pred}"].release()
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 - paused
     if tick is not None:
         tick(iters)
+    g0 = time.perf_counter()
+    pq = gather()
     mine = np.concatenate([[sent, recvd, comm], losses])
-    mine_p = held["p"][order["p"]]
-    mine_q = held["q"][order["q"]]
     if r != 0:
-        slots[f"gp{r}"].send(np.ascontiguousarray(mine_p))
-        slots[f"gq{r}"].send(np.ascontiguousarray(mine_q))
         slots[f"st{r}"].send(mine)
         group.barrier()
         return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}
-    pb = {int(blk["p"][j]): mine_p[j].copy() for j in range(c)}
-    qb = {int(blk["q"][j]): mine_q[j].copy() for j in range(c)}
     stats = [mine]
     for a in range(1, w):
-        gp, gq = slots[f"gp{a}"].recv(), slots[f"gq{a}"].recv()
-        for j in range(c):
-            pb[int(blk["p"][a * c + j])] = gp[j].copy()
-            qb[int(blk["q"][a * c + j])] = gq[j].copy()
         stats.append(slots[f"st{a}"].recv().copy())
-        for s in ("gp", "gq", "st"):
-            slots[f"{s}{a}"].release()
-    P, Q = part.dense_factors(pb, qb)
-    gather = time.perf_counter() - t0 - seconds
+        slots[f"st{a}"].release()
+    gather_s = time.perf_counter() - g0
     group.barrier()
     st = np.array(stats)
-    return {"rank": 0, "p": P, "q": Q, "seconds": time.perf_counter() - t0, "gather_seconds": gather,
+    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "gather_seconds": gather_s, "evals": evals,
             "train_mse": list(st[:, 3:].sum(axis=0) / part.n_ratings),
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,

@@ -155,7 +155,8 @@ def _vs_dsgd_ps(args) -> int:
                     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
                                         "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
                                         "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
-                                        "--json", str(out), "-q", *extra], capture_output=True, text=True, timeout=3600)
+                                        "--eval-every", "0", "--json", str(out), "-q", *extra],
+                                       capture_output=True, text=True, timeout=3600)
                     if p.returncode != 0:
                         raise SystemExit(f"mf train --mode {mode} failed: {p.stderr.strip()[-800:]}")
                     rec = json.loads(out.read_text().splitlines()[-1])
