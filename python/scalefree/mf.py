@@ -6,7 +6,15 @@ rating file (MovieLens ``u.data`` / ``ratings.dat`` / ``ratings.csv``, LIBMF tex
 Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are kept as the
 user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
 
-The multi-rank modes of the issue (``dsgd-ps``, ``rima``) are not implemented yet.
+The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
+``scalefree mf train DATA --mode rima -n 4``), each rank loading the same data:
+
+* ``rima`` (``mf_rima.py``): ring model parallelism, every rank a worker, one factor block
+  passed to the successor per step;
+* ``dsgd-ps`` (``mf_dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
+  both factor blocks every step.
+
+After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker sent.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import numpy as np
 from . import _native
 from .errors import InvalidArgumentError
 
-MODES = ("local",)
+MODES = ("local", "rima", "dsgd-ps")
 
 
 def default_cache_dir() -> Path:
@@ -86,10 +94,12 @@ class MatrixFactorization:
         self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
         self.blocks, self.init_max = blocks, init_max
         self.history: list[dict] = []
+        self.rank = 0
         self._model = None
 
     def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1):
-        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs.
+        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
+        (0: after the last only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
         train = load_ratings(data)
         test_r = None
@@ -97,6 +107,8 @@ class MatrixFactorization:
             test_r = test if isinstance(test, _native.MfRatings) else None
             if test_r is None:
                 raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
+        if self.mode != "local":
+            return self._fit_ranks(train, test_r, progress, eval_every)
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
                                threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
         bar = _Bar(self.iterations, progress)
@@ -107,13 +119,54 @@ class MatrixFactorization:
             mse = tr.epochs(1)
             elapsed += time.perf_counter() - t0
             rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
-            if test_r is not None and (it % eval_every == 0 or it == self.iterations):
+            if test_r is not None and ((eval_every and it % eval_every == 0) or it == self.iterations):
                 rec["test_rmse"] = tr.rmse(test_r)
             self.history.append(rec)
             if on_iteration is not None:
                 on_iteration(rec)
             bar.update(it, f"test_rmse={rec.get('test_rmse', float('nan')):.4f}")
         self._model = tr.model()
+        return self
+
+    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0):
+        """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
+        import scalefree
+
+        from . import mf_dsgd_ps, mf_rima
+
+        if self.schedule not in ("adagrad", "constant"):
+            raise InvalidArgumentError(f"schedule must be 'adagrad' or 'constant', got {self.schedule!r}")
+        group = scalefree.init()
+        run = mf_rima.train if self.mode == "rima" else mf_dsgd_ps.train
+        w = group.size if self.mode == "rima" else group.size - 1
+        allowed = (2 * w, w) if self.mode == "rima" else (w,)
+        nb = allowed[0] if self.blocks is None else int(self.blocks)
+        if w >= 1 and nb not in allowed:
+            raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
+                                       f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
+        opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
+                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
+        bar = _Bar(self.iterations, progress and group.rank == 0)
+        opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
+        if test_r is not None and eval_every:
+            k = self.k
+            opts["eval_every"] = eval_every
+            opts["evaluate"] = lambda p, q: _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes()).rmse(test_r)
+        res = run(group, train, opts)
+        self.rank = group.rank
+        if group.rank != 0:
+            self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
+            return self
+        self._model = _native.MfModel.from_factors(train, self.k, res["p"].tobytes(), res["q"].tobytes())
+        self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
+        for it, rmse, secs in res["evals"]:
+            self.history[it - 1].update(test_rmse=rmse, seconds=secs)
+        last = self.history[-1]
+        last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
+                    bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
+                    comm_seconds=res["comm_seconds"])
+        if test_r is not None:
+            last["test_rmse"] = self._model.rmse(test_r)
         return self
 
     def _need(self):
@@ -148,6 +201,68 @@ def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
 
 
 # ---------------------------------------------------------------- CLI
+
+
+def _check_ranks(args) -> None:
+    n = args.ranks
+    if n < 1:
+        raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
+    if args.mode == "local" and n > 1:
+        raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
+    if args.mode == "dsgd-ps" and n < 2:
+        raise SystemExit("scalefree mf train: --mode dsgd-ps needs -n 2 or more (rank 0 is the parameter server)")
+    b = args.blocks
+    if b is not None and args.mode == "rima" and b not in (n, 2 * n):
+        raise SystemExit(f"scalefree mf train: --mode rima -n {n} cuts R into {2 * n} x {2 * n} or {n} x {n} "
+                         f"blocks; --blocks {b} is neither")
+    if b is not None and args.mode == "dsgd-ps" and b != n - 1:
+        raise SystemExit(f"scalefree mf train: --mode dsgd-ps -n {n} cuts R into {n - 1} x {n - 1} blocks "
+                         f"(one per worker); --blocks {b} differs")
+
+
+def _launch(args) -> int:
+    _check_ranks(args)
+    if args.mode == "local":
+        return _train(args)
+    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        # Start the ranks, each running this command line; only rank 0 prints, so its lines
+        # (and its progress bar) go out untagged.
+        import subprocess
+
+        cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--no-prefix", "--",
+               sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
+        return subprocess.call(cmd)
+    return _train_ranks(args)
+
+
+def _train_ranks(args) -> int:
+    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports."""
+    train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
+                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks)
+    model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
+    if model.rank != 0:
+        return 0
+    h = model.history
+    last = h[-1]
+    if args.json:
+        tmp = f"{args.json}.tmp"
+        with open(tmp, "w") as out:
+            for rec in h:
+                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
+        os.replace(tmp, args.json)
+    if args.plot:
+        _plot(h, args.plot)
+    if args.output:
+        model.save(args.output)
+    sent = last["bytes_sent"]
+    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
+          f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
+          f"({last['connections']} connections per worker): "
+          f"{args.iterations} iterations in {last['seconds']:.3f} s; "
+          f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
+          f"final test RMSE {last['test_rmse']:.4f}")
+    return 0
 
 
 def _train(args) -> int:
@@ -217,22 +332,24 @@ def add_parser(sub) -> None:
     msub.required = True
     t = msub.add_parser("train", help="train on a rating file and report test RMSE on a held-out split")
     t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok)")
-    t.add_argument("--mode", default="local", choices=MODES)
+    t.add_argument("--mode", default="local", choices=MODES,
+                   help="local (threads), rima (ring of -n ranks) or dsgd-ps (rank 0 serves, -n − 1 workers)")
+    t.add_argument("-n", "--ranks", type=int, default=1, help="ranks for rima / dsgd-ps (started with the launcher)")
     t.add_argument("-k", type=int, default=40, help="rank (default 40)")
     t.add_argument("--eta", type=float, default=0.1, help="learning rate (default 0.1)")
     t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
     t.add_argument("--iterations", "-i", type=int, default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=int, default=None)
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (default 2×threads)")
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--eval-every", type=int, default=1)
+    t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
     t.add_argument("--json", help="write one JSON line per iteration to this file")
     t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
     t.add_argument("--output", "-o", help="save the model here (atomic write)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    t.set_defaults(func=_train)
+    t.set_defaults(func=_launch)
     pr = msub.add_parser("predict", help="predict ratings for `user item` pairs with a saved model")
     pr.add_argument("model")
     pr.add_argument("pairs", help="text file of `user item` lines (original ids)")

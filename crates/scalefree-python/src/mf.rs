@@ -6,7 +6,11 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use scalefree_collectives::DType;
+use scalefree_mf::kernel::{sgd_block, Entry, Factors, SgdParams};
 use scalefree_mf::{data, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule};
+
+use crate::buffer::Buf;
 
 fn mf_err(py: Python<'_>, e: MfError) -> PyErr {
     let class = match &e {
@@ -61,6 +65,13 @@ impl PyMfRatings {
     #[getter]
     fn n_items(&self) -> usize {
         self.r.n_items()
+    }
+    /// (users, items as int32 dense ids, ratings float32) as bytes — the ids the model uses.
+    fn dense<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+        let u: Vec<u8> = self.r.users.iter().flat_map(|u| u.to_le_bytes()).collect();
+        let i: Vec<u8> = self.r.items.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let v: Vec<u8> = self.r.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        (PyBytes::new(py, &u), PyBytes::new(py, &i), PyBytes::new(py, &v))
     }
     /// (users as int64 original ids, items as int64 original ids, ratings float32) as bytes.
     fn triples<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
@@ -145,6 +156,23 @@ impl PyMfModel {
         let m = py.detach(|| Model::load(&path)).map_err(|e| mf_err(py, e))?;
         Ok(PyMfModel { m })
     }
+    /// A model from factors trained elsewhere (the multi-rank modes): `p` (n_users × k) and
+    /// `q` (n_items × k) float32 bytes in the dense id order of `train`, whose ids, mean and
+    /// seen users/items the model takes.
+    #[staticmethod]
+    fn from_factors(py: Python<'_>, train: &PyMfRatings, k: usize, p: &[u8], q: &[u8]) -> PyResult<Self> {
+        let r = &train.r;
+        let (m, n) = (r.n_users(), r.n_items());
+        if k == 0 || p.len() != m * k * 4 || q.len() != n * k * 4 {
+            return Err(mf_err(py, MfError::InvalidArgument(format!("factors must be {m} x {k} and {n} x {k} float32"))));
+        }
+        let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
+        r.users.iter().for_each(|&u| known_u[u as usize] = true);
+        r.items.iter().for_each(|&i| known_i[i as usize] = true);
+        let m = Model { k, p: f(p), q: f(q), user_ids: r.user_ids.clone(), item_ids: r.item_ids.clone(), mean: r.mean() as f32, known_u, known_i };
+        Ok(PyMfModel { m })
+    }
     #[getter]
     fn k(&self) -> usize {
         self.m.k
@@ -157,4 +185,86 @@ impl PyMfModel {
     fn n_items(&self) -> usize {
         self.m.n_items()
     }
+}
+
+/// `scalefree._native.mf_sgd_block(users, items, ratings, p, q, pg, qg, k, eta, lam, schedule)`:
+/// one SGD pass, in order, over the ratings of one block, updating the numpy arrays `p`
+/// (rows × k float32), `q`, and the per-row AdaGrad accumulators `pg`, `qg` in place. `users`
+/// and `items` (int32) index rows of `p` and `q` (block-local ids). Returns Σ e² seen before
+/// each update. The multi-rank modes (`rima`, `dsgd-ps`) run it on the blocks they hold.
+#[pyfunction]
+#[pyo3(signature = (users, items, ratings, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad"))]
+#[allow(clippy::too_many_arguments)]
+pub fn mf_sgd_block(
+    py: Python<'_>,
+    users: &Bound<'_, PyAny>,
+    items: &Bound<'_, PyAny>,
+    ratings: &Bound<'_, PyAny>,
+    p: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    pg: &Bound<'_, PyAny>,
+    qg: &Bound<'_, PyAny>,
+    k: usize,
+    eta: f32,
+    lam: f32,
+    schedule: &str,
+) -> PyResult<f64> {
+    let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
+    let schedule = match schedule {
+        "adagrad" => Schedule::Adagrad,
+        "constant" => Schedule::Constant,
+        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
+    };
+    if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
+        return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
+    }
+    let want = |b: &Buf, d: DType, what: &str| -> PyResult<()> {
+        if b.dtype == Some(d) {
+            Ok(())
+        } else {
+            Err(bad(format!("{what} must be {}, got buffer format {:?}", if d == DType::F32 { "float32" } else { "int32" }, b.format)))
+        }
+    };
+    let (ub, ib, rb) = (Buf::get(users, false, "users")?, Buf::get(items, false, "items")?, Buf::get(ratings, false, "ratings")?);
+    let (pb, qb) = (Buf::get(p, true, "p")?, Buf::get(q, true, "q")?);
+    let (pgb, qgb) = (Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?);
+    want(&ub, DType::I32, "users")?;
+    want(&ib, DType::I32, "items")?;
+    for (b, w) in [(&rb, "ratings"), (&pb, "p"), (&qb, "q"), (&pgb, "pg"), (&qgb, "qg")] {
+        want(b, DType::F32, w)?;
+    }
+    let n = rb.count();
+    if ub.count() != n || ib.count() != n {
+        return Err(bad(format!("users, items and ratings differ in length ({}, {}, {n})", ub.count(), ib.count())));
+    }
+    if pb.count() % k != 0 || qb.count() % k != 0 {
+        return Err(bad(format!("p and q must hold whole rows of k = {k}")));
+    }
+    let (prows, qrows) = (pb.count() / k, qb.count() / k);
+    if pgb.count() < prows || qgb.count() < qrows {
+        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
+    }
+    // SAFETY: the buffers are held (and so stay alive and unresized) until the end of this
+    // function; the id arrays are int32, read as u32 (a negative id becomes huge and fails the
+    // bounds check below).
+    let (us, is, rs) = unsafe {
+        (
+            std::slice::from_raw_parts(ub.ptr() as *const u32, n),
+            std::slice::from_raw_parts(ib.ptr() as *const u32, n),
+            std::slice::from_raw_parts(rb.ptr() as *const f32, n),
+        )
+    };
+    if let Some(&u) = us.iter().find(|&&u| u as usize >= prows) {
+        return Err(bad(format!("user row {} is outside p ({prows} rows)", u as i32)));
+    }
+    if let Some(&i) = is.iter().find(|&&i| i as usize >= qrows) {
+        return Err(bad(format!("item row {} is outside q ({qrows} rows)", i as i32)));
+    }
+    let block: Vec<Entry> = us.iter().zip(is).zip(rs).map(|((&u, &i), &r)| Entry { u, i, r }).collect();
+    let f = Factors { p: pb.ptr() as *mut f32, q: qb.ptr() as *mut f32, pg: pgb.ptr() as *mut f32, qg: qgb.ptr() as *mut f32 };
+    let prm = SgdParams { k, eta, lambda: lam, schedule };
+    // SAFETY: every id was checked against the rows of p/q (and pg/qg have at least as many);
+    // the arrays are exclusively ours for this call as far as Rust is concerned (the caller
+    // must not hand the same memory to two concurrent calls).
+    Ok(py.detach(move || unsafe { sgd_block(&block, f, &prm) }))
 }

@@ -1,4 +1,7 @@
 """``scalefree bench mf --vs libmf``: local-mode MF vs LIBMF (the pip ``libmf`` package).
+``scalefree bench mf --vs dsgd-ps``: the ``rima`` ring vs the ``dsgd-ps`` parameter server on
+a seeded synthetic matrix (low rank + noise, power-law row and column degrees), ``--ranks``
+ranks each, equal iterations: training time, bytes sent per worker, test RMSE.
 
 Both train on the same seeded 90/10 split with the same k, λ (L2 on P and Q, no L1),
 iterations and threads; LIBMF runs in a child process (its ctypes wrapper prints on import
@@ -48,7 +51,11 @@ print(json.dumps({"times": times, "rmse": rmse}))
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(BENCH, help="matrix factorization (local mode) vs LIBMF",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vs", default="libmf", choices=("libmf", "none"))
+    p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "none"))
+    p.add_argument("--ranks", type=int, default=4, help="--vs dsgd-ps: ranks per run (default 4)")
+    p.add_argument("--users", type=int, default=100_000, help="--vs dsgd-ps: synthetic users")
+    p.add_argument("--items", type=int, default=100_000, help="--vs dsgd-ps: synthetic items")
+    p.add_argument("--ratings", type=int, default=2_000_000, help="--vs dsgd-ps: synthetic ratings")
     p.add_argument("--data", nargs="*", default=None,
                    help="rating files (default: MovieLens-100K and ml-latest-small from ../shared/data)")
     p.add_argument("-k", type=int, default=40)
@@ -108,9 +115,82 @@ def _libmf(train, test, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def synthetic(path: Path, users: int, items: int, ratings: int, seed: int, rank: int = 10) -> int:
+    """Writes a seeded synthetic rating matrix as LIBMF text (``u i r``): ratings
+    1 + 4·(u·v)/rank + N(0, 0.1²) with u, v uniform in [0, 1]^rank, user and item degrees
+    drawn from power laws (weight ∝ (id + 10)^-0.6). Returns the number of distinct pairs."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int, size: int) -> np.ndarray:
+        w = (np.arange(n) + 10.0) ** -0.6
+        return rng.choice(n, size=size, p=w / w.sum())
+
+    u, i = draw(users, ratings), draw(items, ratings)
+    key = np.unique(u.astype(np.int64) * items + i)
+    u, i = key // items, key % items
+    U = rng.random((users, rank), dtype=np.float32)
+    V = rng.random((items, rank), dtype=np.float32)
+    r = 1 + 4 * np.einsum("ij,ij->i", U[u], V[i]) / rank + rng.normal(0, 0.1, len(u))
+    np.savetxt(path, np.stack([u, i, r], axis=1), fmt=["%d", "%d", "%.3f"])
+    return len(u)
+
+
+def _vs_dsgd_ps(args) -> int:
+    with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
+        files = [Path(f) for f in args.data] if args.data else []
+        if not files:
+            f = Path(d) / "synthetic.txt"
+            common.progress(f"writing a synthetic {args.users} x {args.items} matrix ...")
+            nnz = synthetic(f, args.users, args.items, args.ratings, args.seed)
+            common.progress(f"{nnz} distinct ratings")
+            files = [f]
+        records, rows = [], []
+        for f in files:
+            # rima with 2w x 2w blocks (its default), rima with w x w, the parameter server.
+            for mode, extra in (("rima", []), ("rima", ["--blocks", str(args.ranks)]), ("dsgd-ps", [])):
+                times, rec = [], None
+                for rep in range(args.repeat):
+                    common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} ({rep + 1}/{args.repeat}) ...")
+                    out = Path(d) / f"{mode}.jsonl"
+                    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
+                                        "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
+                                        "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
+                                        "--eval-every", "0", "--json", str(out), "-q", *extra],
+                                       capture_output=True, text=True, timeout=3600)
+                    if p.returncode != 0:
+                        raise SystemExit(f"mf train --mode {mode} failed: {p.stderr.strip()[-800:]}")
+                    rec = json.loads(out.read_text().splitlines()[-1])
+                    times.append(rec["seconds"])
+                med = float(np.median(times))
+                sent = float(np.mean(rec["bytes_sent"]))
+                records.append({"bench": BENCH, "vs": "dsgd-ps", "impl": mode, "data": f.name, "ranks": args.ranks,
+                                "workers": rec["workers"], "blocks_per_side": rec["blocks_per_side"],
+                                "k": args.k, "iterations": args.iterations,
+                                "median_s": med, "times": times, "bytes_sent_per_worker": sent,
+                                "bytes_sent": rec["bytes_sent"], "comm_seconds": rec["comm_seconds"],
+                                "test_rmse": rec["test_rmse"], "connections": rec["connections"]})
+                nb = rec["blocks_per_side"]
+                rows.append([f.name, mode, f"{nb}x{nb}", str(rec["workers"]), f"{med:.3f}", f"{sent / 2**20:.1f}",
+                             f"{max(rec['comm_seconds']):.3f}", f"{rec['test_rmse']:.4f}"])
+        print(common.format_table(["data", "mode", "blocks", "workers", "train s (median)", "MiB sent/worker",
+                                   "comm s (max)", "test RMSE"], rows, left_columns=2))
+        for f in files:
+            *ours, b = (r for r in records if r["data"] == f.name)
+            for a in ours:
+                nb = a["blocks_per_side"]
+                print(f"{f.name}: rima {nb}x{nb} / dsgd-ps: time {a['median_s'] / b['median_s']:.2f}x, bytes per worker "
+                      f"{a['bytes_sent_per_worker'] / b['bytes_sent_per_worker']:.2f}x, RMSE "
+                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %")
+    if getattr(args, "json", None):
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
 def run(args) -> int:
     from ..mf import split_ratings
 
+    if args.vs == "dsgd-ps":
+        return _vs_dsgd_ps(args)
     files = [Path(f) for f in args.data] if args.data else _default_data()
     records, rows = [], []
     for f in files:
