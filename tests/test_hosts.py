@@ -271,3 +271,32 @@ def test_tensor_slots_across_hosts(can_simulate, nhosts):
     with simhosts.SimHosts(nhosts) as h:
         for rc, out in launch_all(h, 1, SLOTS, timeout=120):
             assert rc == 0 and out.strip().endswith("ok"), out[-2000:]
+
+
+MF = """import sys, scalefree, scalefree.mf as mf
+g = scalefree.init(timeout=60)
+assert g.transport == "ucx", g.transport
+train, test = mf.split_ratings(sys.argv[1], 0.1, seed=0)
+m = mf.MatrixFactorization(k=16, mode=sys.argv[2], iterations=8).fit(train, test)
+if m.rank == 0:
+    rmse = m.history[-1]["test_rmse"]
+    assert 0.85 < rmse < 1.0, rmse
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["rima", "dsgd-ps"])
+def test_matrix_factorization_across_hosts(can_simulate, mode):
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "u.data"
+    if not data.exists():
+        pytest.skip(f"{data} is not here")
+    with simhosts.SimHosts(3) as h:
+        procs = [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "3", "--node-rank", str(i),
+                             "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c", MF,
+                             str(data), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(3)]
+        for p in procs:
+            out, _ = p.communicate(timeout=240)
+            assert p.returncode == 0 and out.strip().endswith("ok"), out[-2000:]
