@@ -19,7 +19,6 @@ After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys

@@ -14,7 +14,6 @@ overestimates the keys of lower layers (it is pessimistic for the butterfly).
 from __future__ import annotations
 
 import argparse
-import itertools
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 

@@ -556,6 +556,24 @@ class JobOutcome:
         return f"exited with status {self.returncode}"
 
 
+def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: str) -> bool:
+    """Runs a bench worker ``argv`` on ``n`` ranks: under ``mpiexec`` for ``impl == "mpi"``,
+    else with ``scalefree run``. False (and says why on stderr) when it was skipped or failed."""
+    if impl == "mpi":
+        mpiexec = find_mpiexec()
+        if mpiexec is None:
+            progress("mpi: skipped (no mpiexec; pip install .[bench])")
+            return False
+        cmd, env = mpiexec_cmd(mpiexec, n, argv), mpi_env()
+    else:
+        cmd, env = launcher_cmd(n, argv), {}
+    progress(f"{label}: {impl} on {n} ranks")
+    res = run_job(cmd, timeout_s=timeout_s, env_extra=env)
+    if not res.ok:
+        progress(f"{impl} on {n} ranks {res.describe()}:\n" + "\n".join(res.output_tail))
+    return res.ok
+
+
 def run_job(cmd: Sequence[str], *, timeout_s: float, env_extra: dict | None = None,
             tail_lines: int = 30) -> JobOutcome:
     """Runs ``cmd`` in its own process group, forwarding its stdout and stderr to our stderr

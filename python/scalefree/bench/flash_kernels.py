@@ -17,7 +17,6 @@ outside the timed calls; each result is checked against the peer's.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +86,6 @@ def _lloyd_numpy(x, centers, iterations):
 
 
 def run(args) -> int:
-    import scipy.sparse as sp
 
     from .. import flash
 

@@ -329,18 +329,7 @@ def run(args) -> int:
                             "--degrees", args.degrees, "--check-iters", str(args.check_iters),
                             "--min-calls", str(args.min_calls), "--max-calls", str(args.max_calls),
                             "--target-seconds", repr(args.target_seconds), "--warmup", str(args.warmup)]
-                    if impl == "mpi":
-                        mpiexec = common.find_mpiexec()
-                        if mpiexec is None:
-                            progress("mpi: skipped (no mpiexec; pip install .[bench])")
-                            continue
-                        cmd, env = common.mpiexec_cmd(mpiexec, nr, argv), common.mpi_env()
-                    else:
-                        cmd, env = common.launcher_cmd(nr, argv), {}
-                    progress(f"pagerank: {graph}: {impl} on {nr} ranks")
-                    res = common.run_job(cmd, timeout_s=args.timeout, env_extra=env)
-                    if not res.ok or not out.exists():
-                        progress(f"{impl} on {nr} ranks {res.describe()}:\n" + "\n".join(res.output_tail))
+                    if not common.run_ranks(impl, nr, argv, timeout_s=args.timeout, label=f"pagerank: {graph}") or not out.exists():
                         continue
                     got = np.load(scores)
                     for r in json.loads(out.read_text()):

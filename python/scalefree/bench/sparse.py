@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import common
-from .common import human_time, progress
+from .common import human_time
 
 BENCH = "sparse"
 PEERS = ("mpi",)
@@ -201,18 +201,7 @@ def run(args) -> int:
                         "--degrees", args.degrees, "--min-calls", str(args.min_calls),
                         "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds),
                         "--warmup", str(args.warmup)]
-                if impl == "mpi":
-                    mpiexec = common.find_mpiexec()
-                    if mpiexec is None:
-                        progress("mpi: skipped (no mpiexec; pip install .[bench])")
-                        continue
-                    cmd, env = common.mpiexec_cmd(mpiexec, n, argv), common.mpi_env()
-                else:
-                    cmd, env = common.launcher_cmd(n, argv), {}
-                progress(f"sparse: {impl} on {n} ranks")
-                res = common.run_job(cmd, timeout_s=args.timeout, env_extra=env)
-                if not res.ok or not out.exists():
-                    progress(f"{impl} on {n} ranks {res.describe()}:\n" + "\n".join(res.output_tail))
+                if not common.run_ranks(impl, n, argv, timeout_s=args.timeout, label="sparse") or not out.exists():
                     continue
                 records += json.loads(out.read_text())
     print_table(records)
