@@ -226,14 +226,7 @@ impl Channel {
             };
         }
         let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported("mesh post to a peer whose region is not mapped".into()))?;
-        unsafe {
-            if n > 0 {
-                std::ptr::copy_nonoverlapping(src, p.add(remote_off), n);
-            }
-            (*(p.add(word_off) as *const std::sync::atomic::AtomicU64)).store(value, Ordering::Release);
-            let (bell, waiters) = crate::mesh::bell_words(p);
-            wait::ring(bell, waiters);
-        }
+        unsafe { crate::mesh::post_mapped(p, remote_off, src, n, word_off, value) };
         Ok(())
     }
 

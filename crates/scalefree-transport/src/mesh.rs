@@ -23,6 +23,23 @@ const OFF_WAITERS: usize = 64;
 /// Bytes before a design's own layout starts.
 pub const MESH_HEADER: usize = 128;
 
+/// A post into the mapped mesh region at `base` (see [`Mesh::post`]): the bytes, then the
+/// 64-bit word, then the doorbell.
+///
+/// # Safety
+/// `base` must be a live mesh region holding `off..off+n` and `word..word+8`; `src..src+n`
+/// must be readable.
+pub(crate) unsafe fn post_mapped(base: *mut u8, off: usize, src: *const u8, n: usize, word: usize, value: u64) {
+    unsafe {
+        if n > 0 {
+            std::ptr::copy_nonoverlapping(src, base.add(off), n);
+        }
+        (*(base.add(word) as *const AtomicU64)).store(value, Ordering::Release);
+        let (bell, waiters) = bell_words(base);
+        wait::ring(bell, waiters);
+    }
+}
+
 /// The doorbell and waiter count of the mesh region at `base`.
 ///
 /// # Safety
@@ -59,12 +76,8 @@ impl Mesh {
     /// # Safety
     /// `src..src+n` must be readable.
     pub unsafe fn post(&self, r: usize, off: usize, src: *const u8, n: usize, word: usize, value: u64) -> Result<()> {
-        if r == self.me || self.remotes[r].mapped_ptr().is_some() {
-            if n > 0 {
-                unsafe { self.put(r, off, src, n) }?;
-            }
-            self.u64_at(r, word).store(value, Ordering::Release);
-            self.ring(r);
+        if r == self.me {
+            unsafe { post_mapped(self.region.as_ptr(), off, src, n, word, value) };
             return Ok(());
         }
         unsafe { self.chans[r].write_post(src, &self.remotes[r], off, n, word, value) }

@@ -139,6 +139,20 @@ class ScipyPageRank:
 # Rank side
 
 
+def _measure(args, rank, size, make, timing, base, impl, variant, extra=lambda prog: {}):
+    """Times a fresh program from ``make()`` (``timing`` = barrier, allmax, gather_max) and
+    records it; then runs another fresh one ``args.check_iters`` steps for the score check.
+    Returns (record, checked program)."""
+    prog = make()
+    st, cf = _timed(args, rank, size, prog, *timing)
+    rec = common.make_record(impl=impl, variant=variant, stats=st, **base, iters_per_s=1.0 / st.median_s,
+                             comm_fraction=cf, **extra(prog))
+    check = make()
+    for _ in range(args.check_iters):
+        check.step()
+    return rec, check
+
+
 def _timed(args, rank, size, pr, barrier, allmax, gather_max):
     """Times ``pr.step``; returns (stats, comm_fraction): the median of this rank's time in
     collectives per step (waiting for peers included) over the median step time."""
@@ -192,28 +206,26 @@ def worker(argv: list[str]) -> int:
 
         base = dict(bench=BENCH, ranks=size, nbytes=8 * n, dtype="float64", gbps=0.0, graph=args.graph,
                     vertices=n, n_items=int(len(z["src"])))
-        # Sparse: set-up (two configs) outside the timed loop, reported on its own.
-        g.barrier()
-        t0 = time.perf_counter()
-        pr = SparsePageRank(g, src, dst, n, DAMPING, degrees)
-        config_s = allmax(time.perf_counter() - t0)
-        st, cf = _timed(args, rank, size, pr, g.barrier, allmax, gather_max)
-        touched = allsum(pr.n_local) / size / max(1, n)
-        recs.append(common.make_record(impl="scalefree", variant="sparse", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf, config_s=config_s,
-                                       touched_frac=touched, degrees="x".join(map(str, pr.sa.degrees))))
-        pr = SparsePageRank(g, src, dst, n, DAMPING, degrees)
-        for _ in range(args.check_iters):
-            pr.step()
+        timing = (g.barrier, allmax, gather_max)
+        # Sparse: set-up (two configs) outside the timed loop, reported on its own (first one).
+        config_s = []
+
+        def make_sparse():
+            g.barrier()
+            t0 = time.perf_counter()
+            prog = SparsePageRank(g, src, dst, n, DAMPING, degrees)
+            config_s.append(allmax(time.perf_counter() - t0))
+            return prog
+
+        rec, pr = _measure(args, rank, size, make_sparse, timing, base, "scalefree", "sparse",
+                           lambda p: dict(config_s=config_s[0], touched_frac=allsum(p.n_local) / size / max(1, n),
+                                          degrees="x".join(map(str, p.sa.degrees))))
+        recs.append(rec)
         sparse_scores = gather_scores(g, pr.owned, pr.scores, n)
         # Dense: scalefree's allreduce of the n-vector.
-        dense = DensePageRank(src, dst, n, g.allreduce)
-        st, cf = _timed(args, rank, size, dense, g.barrier, allmax, gather_max)
-        recs.append(common.make_record(impl="scalefree", variant="dense", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
-        dense = DensePageRank(src, dst, n, g.allreduce)
-        for _ in range(args.check_iters):
-            dense.step()
+        rec, dense = _measure(args, rank, size, lambda: DensePageRank(src, dst, n, g.allreduce), timing, base,
+                              "scalefree", "dense")
+        recs.append(rec)
         if rank == 0:
             np.savez(args.scores_out, sparse=sparse_scores, dense=dense.scores)
     else:
@@ -238,13 +250,9 @@ def worker(argv: list[str]) -> int:
 
         base = dict(bench=BENCH, ranks=size, nbytes=8 * n, dtype="float64", gbps=0.0, graph=args.graph,
                     vertices=n, n_items=int(len(z["src"])))
-        dense = DensePageRank(src, dst, n, mpi_sum)
-        st, cf = _timed(args, rank, size, dense, comm.Barrier, allmax, gather_max)
-        recs.append(common.make_record(impl="mpi", variant="dense", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
-        dense = DensePageRank(src, dst, n, mpi_sum)
-        for _ in range(args.check_iters):
-            dense.step()
+        timing = (comm.Barrier, allmax, gather_max)
+        rec, dense = _measure(args, rank, size, lambda: DensePageRank(src, dst, n, mpi_sum), timing, base, "mpi", "dense")
+        recs.append(rec)
 
         def allgatherv_sum(a):
             # What a numpy user writes without a sparse allreduce: gather every rank's
@@ -258,13 +266,9 @@ def worker(argv: list[str]) -> int:
             comm.Allgatherv(np.ascontiguousarray(a[idx]), [all_val, counts, displs, MPI.DOUBLE])
             a[:] = np.bincount(all_idx, weights=all_val, minlength=len(a))
 
-        agv = DensePageRank(src, dst, n, allgatherv_sum)
-        st, cf = _timed(args, rank, size, agv, comm.Barrier, allmax, gather_max)
-        recs.append(common.make_record(impl="mpi", variant="allgatherv", stats=st, **base,
-                                       iters_per_s=1.0 / st.median_s, comm_fraction=cf))
-        agv = DensePageRank(src, dst, n, allgatherv_sum)
-        for _ in range(args.check_iters):
-            agv.step()
+        rec, agv = _measure(args, rank, size, lambda: DensePageRank(src, dst, n, allgatherv_sum), timing, base,
+                            "mpi", "allgatherv")
+        recs.append(rec)
         if rank == 0:
             np.savez(args.scores_out, dense=dense.scores, allgatherv=agv.scores)
     if rank == 0:

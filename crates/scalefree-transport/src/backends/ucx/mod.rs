@@ -211,10 +211,8 @@ impl Shared {
                 && region_len >= crate::mesh::MESH_HEADER =>
             {
                 let v = (n >> 32) << 32 | value as u64;
-                let w = unsafe { &*((region_addr + index as usize) as *const std::sync::atomic::AtomicU64) };
-                w.store(v, Ordering::Release);
-                let (bell, waiters) = unsafe { crate::mesh::bell_words(region_addr as *mut u8) };
-                wait::ring(bell, waiters);
+                // The data has landed already: only the word and the doorbell are left.
+                unsafe { crate::mesh::post_mapped(region_addr as *mut u8, 0, std::ptr::null(), 0, index as usize, v) };
             }
             NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index.is_multiple_of(4) => {
                 let w = unsafe { &*((region_addr + index as usize) as *const AtomicU32) };
