@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from test_collectives import OTHERS, SWEEP
@@ -300,3 +301,46 @@ def test_matrix_factorization_across_hosts(can_simulate, mode):
         for p in procs:
             out, _ = p.communicate(timeout=240)
             assert p.returncode == 0 and out.strip().endswith("ok"), out[-2000:]
+
+
+def _sparse_sweep(configs):
+    from test_sparse import SWEEP as SPARSE
+
+    return SPARSE.replace("eval(sys.argv[1])", repr(configs))
+
+
+@pytest.mark.parametrize("nhosts,per_host,configs", [(3, 1, [[3]]), (2, 2, ["auto", [2, 2], [4]])])
+def test_sparse_suite_across_hosts(can_simulate, nhosts, per_host, configs):
+    with simhosts.SimHosts(nhosts) as h:
+        check = ACROSS.replace("{per_host}", str(per_host))
+        code = _sparse_sweep(configs).replace("g = scalefree.init(timeout=60)", check)
+        if per_host > 1:
+            # "auto" puts the host first: one shared-memory layer, then one across hosts.
+            code += (f"sa = g.sparse_allreduce(10, degrees='auto'); sa.config(np.arange(3), np.arange(3))\n"
+                     f"assert sa.degrees == [{per_host}, {nhosts}], sa.degrees\n")
+        for rc, out in launch_all(h, per_host, code):
+            assert rc == 0, out[-3000:]
+            assert out.count("checked") == per_host, out[-2000:]
+
+
+def test_pagerank_across_hosts_matches_networkx(can_simulate, tmp_path):
+    from test_graph import REF, RUN, WIKI
+
+    if not WIKI.exists():
+        pytest.skip(f"{WIKI} is not here")
+    out = tmp_path / "r.npy"
+    code = RUN.replace("g = scalefree.init(timeout=60)", ACROSS.replace("{per_host}", "1")).replace(
+        "sys.argv[1]", repr(str(WIKI))).replace("sys.argv[2]", repr(str(out)))
+    with simhosts.SimHosts(3) as h:
+        for rc, o in launch_all(h, 1, code):
+            assert rc == 0, o[-3000:]
+    ids, r = np.load(out)
+    import gzip
+
+    ref = {}
+    with gzip.open(REF, "rt") as f:
+        for line in f:
+            if not line.startswith("#"):
+                k, v = line.split()
+                ref[int(k)] = float(v)
+    assert np.abs(r - np.array([ref[int(i)] for i in ids])).max() < 1e-6

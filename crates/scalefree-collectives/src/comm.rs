@@ -16,8 +16,13 @@
 //! 128   done (u32)             last call whose buffers peers may no longer touch
 //! 192   ready (u32)            staged data of this call is in place (fallback path)
 //! 256   flag[s] (u32, 64 B apart)          header from rank s has arrived (= its seq)
+//!       +4 ready[s], +8 done[s] (u32)      over the network: rank s's ready / done words
 //! ...   inbox[s][parity] (128 B header + inline payload)
 //! ```
+//!
+//! Over the network nothing of a peer is mapped, so a rank never polls a peer's words: the
+//! ready and done signals are pushed instead, each into the sender's line of every peer's
+//! flags (one empty write with a raised word per peer).
 
 use std::sync::atomic::AtomicU32;
 
@@ -33,6 +38,9 @@ const OFF_PROGRESS: usize = 64;
 const OFF_DONE: usize = 128;
 const OFF_READY: usize = 192;
 const OFF_FLAGS: usize = 256;
+/// Over the network: offsets in a sender's 64-byte flag line of its pushed ready / done words.
+const NET_READY: usize = 4;
+const NET_DONE: usize = 8;
 pub(crate) const HEADER_BYTES: usize = 128;
 
 /// Tunables of a communicator. Defaults come from `SCALEFREE_*` variables (docs/config.md).
@@ -395,25 +403,56 @@ impl Communicator {
     pub(crate) fn finish(&self) -> Result<()> {
         let seq = self.seq;
         let me = self.rank;
-        publish(self.done_word(me), self.waiters(me), seq);
+        if self.net {
+            self.push_word(NET_DONE, seq)?;
+        } else {
+            publish(self.done_word(me), self.waiters(me), seq);
+        }
         for q in self.peers() {
             let what = || format!("rank {q} to finish collective call #{seq}");
-            self.dev.wait_word(self.done_word(q), self.waiters(q), |v| seq_reached(v, seq), &what)?;
+            let (w, waiters) = if self.net { (self.pushed(q, NET_DONE), self.waiters(me)) } else { (self.done_word(q), self.waiters(q)) };
+            self.dev.wait_word(w, waiters, |v| seq_reached(v, seq), &what)?;
         }
         Ok(())
     }
 
+    /// Over the network: raises this rank's word at `rel` of its flag line in every peer's
+    /// control region to `value` (an empty write each), returning once all are sent.
+    fn push_word(&self, rel: usize, value: u32) -> Result<()> {
+        let me = self.rank as usize;
+        let mut sends = Vec::new();
+        for p in self.peers() {
+            let ch = &self.chans[p as usize];
+            let src = std::ptr::NonNull::<u8>::dangling().as_ptr();
+            sends.push(unsafe { ch.start_write_raise(src, &self.ctrls[p as usize], OFF_FLAGS, 0, OFF_FLAGS + me * 64 + rel, value)? });
+        }
+        for c in sends {
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Over the network: the word at `rel` of rank `q`'s flag line here (pushed by `q`).
+    fn pushed(&self, q: u32, rel: usize) -> &AtomicU32 {
+        self.word(self.rank, OFF_FLAGS + q as usize * 64 + rel)
+    }
+
     /// Staged exposure only: this rank's staging region now holds the call's data.
-    pub(crate) fn publish_ready(&self) {
+    pub(crate) fn publish_ready(&self) -> Result<()> {
         let me = self.rank;
+        if self.net {
+            return self.push_word(NET_READY, self.seq);
+        }
         publish(self.word(me, OFF_READY), self.waiters(me), self.seq);
+        Ok(())
     }
 
     /// Waits until rank `q`'s staged data for this call is in place.
     pub(crate) fn wait_ready(&self, q: u32) -> Result<()> {
         let seq = self.seq;
         let what = || format!("rank {q} to stage its data for call #{seq}");
-        self.dev.wait_word(self.word(q, OFF_READY), self.waiters(q), |v| seq_reached(v, seq), &what)?;
+        let (w, waiters) = if self.net { (self.pushed(q, NET_READY), self.waiters(self.rank)) } else { (self.word(q, OFF_READY), self.waiters(q)) };
+        self.dev.wait_word(w, waiters, |v| seq_reached(v, seq), &what)?;
         Ok(())
     }
 
@@ -423,9 +462,9 @@ impl Communicator {
     ///
     /// # Safety
     /// `ptr` must be valid for `len` bytes.
-    pub(crate) unsafe fn stage_in(&self, my_hdr: &Header, ptr: *const u8, ranges: &[(usize, usize)]) -> *mut u8 {
+    pub(crate) unsafe fn stage_in(&self, my_hdr: &Header, ptr: *const u8, ranges: &[(usize, usize)]) -> Result<*mut u8> {
         if my_hdr.staging_bytes == 0 {
-            return ptr as *mut u8;
+            return Ok(ptr as *mut u8);
         }
         let st = self.staging.as_ref().expect("resolve allocated staging").as_ptr();
         for &(a, b) in ranges {
@@ -433,8 +472,8 @@ impl Communicator {
                 unsafe { std::ptr::copy_nonoverlapping(ptr.add(a), st.add(a), b - a) };
             }
         }
-        self.publish_ready();
-        st
+        self.publish_ready()?;
+        Ok(st)
     }
 
     /// Before reading rank `q`'s data: waits for it if it is staged.

@@ -112,7 +112,7 @@ impl Communicator {
                     } else {
                         vec![(0, lo * es), (hi * es, nbytes)]
                     };
-                    let mine = self.stage_in(&hdr, buf, &ranges);
+                    let mine = self.stage_in(&hdr, buf, &ranges)?;
                     if used == Algorithm::Ring {
                         ring::allreduce(self, &headers, &exposed, buf, mine, count, dtype, op)?;
                     } else {
@@ -159,7 +159,7 @@ impl Communicator {
                 self.expose(&mut hdr, input, count * es);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
-                self.stage_in(&hdr, input, &[(0, count * es)]);
+                self.stage_in(&hdr, input, &[(0, count * es)])?;
                 direct::reduce_range(self, &headers, &exposed, input, out, lo, hi, dtype, op, &mut |_, _, _| Ok(()))?;
                 self.finish()?;
             }
@@ -201,7 +201,7 @@ impl Communicator {
                 self.expose(&mut hdr, mine_in_out, nbytes);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
-                self.stage_in(&hdr, mine_in_out, &[(0, nbytes)]);
+                self.stage_in(&hdr, mine_in_out, &[(0, nbytes)])?;
                 for q in self.peers().collect::<Vec<_>>() {
                     self.await_peer_data(&headers, q)?;
                     let src = exposed[q as usize].as_ref().unwrap();
@@ -244,7 +244,7 @@ impl Communicator {
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
                 if is_root {
-                    self.stage_in(&hdr, buf, &[(0, nbytes)]);
+                    self.stage_in(&hdr, buf, &[(0, nbytes)])?;
                 } else {
                     self.await_peer_data(&headers, root)?;
                     let src = exposed[root as usize].as_ref().unwrap();

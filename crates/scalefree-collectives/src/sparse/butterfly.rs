@@ -249,7 +249,14 @@ impl SparseAllreduce {
         if n > 1 {
             unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, 1, DType::I64, ReduceOp::Max, Algorithm::Auto)? };
         }
-        self.degrees = crate::sparse::plan::auto_degrees(n, v[0] as f64 * 8.0, crate::sparse::plan::PACKET_FLOOR_BYTES);
+        let bytes = v[0] as f64 * 8.0;
+        let floor = crate::sparse::plan::PACKET_FLOOR_BYTES;
+        self.degrees = match host_block(c.device()) {
+            // Several hosts of p ranks each, numbered host by host: the first layer is the
+            // host (shared memory), so only host-merged data crosses the network.
+            Some(p) => std::iter::once(p).chain(crate::sparse::plan::auto_degrees(n / p, bytes, floor)).collect(),
+            None => crate::sparse::plan::auto_degrees(n, bytes, floor),
+        };
         Ok(())
     }
 
@@ -530,11 +537,6 @@ impl SparseAllreduce {
 
     /// Saves the maps for this sparsity pattern. Collective.
     pub fn config(&mut self, c: &mut Communicator, out_idx: &[i64], in_idx: &[i64]) -> Result<()> {
-        if c.is_networked() {
-            return Err(scalefree_transport::Error::Unsupported(
-                "the sparse allreduce needs every rank on one host (shared memory) in this version".into(),
-            ));
-        }
         let err = check_range("out_indices", out_idx, self.dim).or_else(|| check_range("in_indices", in_idx, self.dim));
         self.agree(c, 1, err, 0, 0)?;
         self.choose_degrees(c, out_idx.len().max(in_idx.len()))?;
@@ -562,11 +564,6 @@ impl SparseAllreduce {
     /// `config` and `reduce` in one pass down (values travel with the indices).
     #[allow(clippy::too_many_arguments)]
     pub fn config_reduce(&mut self, c: &mut Communicator, out_idx: &[i64], out_vals: &[u8], in_idx: &[i64], in_vals: &mut [u8], dt: SDType, w: usize) -> Result<()> {
-        if c.is_networked() {
-            return Err(scalefree_transport::Error::Unsupported(
-                "the sparse allreduce needs every rank on one host (shared memory) in this version".into(),
-            ));
-        }
         let err = check_range("out_indices", out_idx, self.dim)
             .or_else(|| check_range("in_indices", in_idx, self.dim))
             .or_else(|| self.check_values("out_values", out_vals.len(), out_idx.len(), dt, w))
@@ -577,6 +574,16 @@ impl SparseAllreduce {
         let reduced = self.config_down(c, out_idx, Some((out_vals, dt, w)), in_idx)?.unwrap();
         self.up(c, &reduced, dt, w, in_vals)
     }
+}
+
+/// Ranks per host when the group spans several hosts of `p > 1` ranks each and every host
+/// holds `p` consecutive ranks (the launcher's numbering), so a first layer of degree `p`
+/// stays within each host.
+fn host_block(dev: &scalefree_transport::Device) -> Option<usize> {
+    let n = dev.size() as usize;
+    let p = (0..n).take_while(|&r| dev.host_of(r as u32) == dev.host_of(0)).count();
+    let blocked = (0..n).all(|r| dev.host_of(r as u32) as usize == r / p);
+    (p > 1 && p < n && n.is_multiple_of(p) && blocked).then_some(p)
 }
 
 /// One message round of a layer (see module docs). `recv(j, meta, fetch)` is called for
@@ -617,7 +624,7 @@ unsafe fn round(
     let headers = c.post(hdr, &|p| (metas[p as usize].as_ptr() as *const u8, std::mem::size_of::<Meta>()))?;
     let exposed = c.resolve(&headers)?;
     if send_bytes > 0 {
-        unsafe { c.stage_in(&hdr, send, &[(0, send_bytes)]) };
+        unsafe { c.stage_in(&hdr, send, &[(0, send_bytes)])? };
     }
     let scratch = std::cell::RefCell::new(scratch);
     for i in 0..k {
