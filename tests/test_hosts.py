@@ -236,7 +236,6 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
 
 SLOTS = """import numpy as np, scalefree
 from scalefree import tensors
-from scalefree.errors import UnsupportedError
 g = scalefree.init(timeout=60)
 n = g.size
 specs = []
@@ -258,11 +257,6 @@ for it in range(6):
     for k in ("small", "big", "empty"):
         s[f"{k}{left}"].release()  # the sender may write the next one
 g.barrier()
-try:
-    tensors.dynamic_channels(g, [(0, 1)])
-    raise SystemExit("dynamic channels across hosts should be refused")
-except UnsupportedError as err:
-    assert "one host" in str(err), err
 print("ok")
 """
 
@@ -344,3 +338,12 @@ def test_pagerank_across_hosts_matches_networkx(can_simulate, tmp_path):
                 k, v = line.split()
                 ref[int(k)] = float(v)
     assert np.abs(r - np.array([ref[int(i)] for i in ids])).max() < 1e-6
+
+
+def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
+    from test_tensors import RANDOMIZED
+
+    code = RANDOMIZED.replace("g = scalefree.init(timeout=20)", ACROSS.replace("{per_host}", "1").replace("timeout=60", "timeout=30"))
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, code, timeout=180):
+            assert rc == 0 and "ok" in out, out[-3000:]

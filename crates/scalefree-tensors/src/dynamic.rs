@@ -6,6 +6,10 @@
 //! into the sender's region: from then on the sender may reuse the source. Data that is not
 //! in registered memory (a region or the arena) goes through a registered staging buffer:
 //! one copy, counted in [`Stats::bytes_copied`].
+//!
+//! Record and ack travel as mesh posts (the data, then the word), so nothing of a peer needs
+//! to be mapped: across hosts the record carries the packed UCX remote key of the data's
+//! region and the receiver pulls with a UCX get.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,8 +48,12 @@ const REC_ITEMSIZE: usize = 16;
 const REC_NBYTES: usize = 24;
 const REC_OFFSET: usize = 32;
 const REC_HANDLE: usize = 40;
+const REC_RKEY_LEN: usize = 80;
 const REC_SHAPE: usize = 128;
-const REC_LEN: usize = REC_SHAPE + MAX_NDIM * 8;
+const REC_RKEY: usize = REC_SHAPE + MAX_NDIM * 8;
+/// Largest packed remote key a record carries (UCX packs a few dozen bytes per transport).
+const MAX_RKEY: usize = 1024;
+const REC_LEN: usize = REC_RKEY + MAX_RKEY;
 
 /// This rank's end of a dynamic channel from `src` to `dst`.
 pub struct DynamicChannel {
@@ -61,7 +69,7 @@ pub struct DynamicChannel {
     in_flight: Option<Region>,
     staging: Option<Region>,
     /// Receiver: the record of the message being received.
-    pending: Option<(Meta, u64, Option<RegionHandle>, u64)>,
+    pending: Option<(Meta, u64, Option<Vec<u8>>, u64)>,
     stats: Arc<Stats>,
 }
 
@@ -89,7 +97,7 @@ impl DynamicChannel {
             ack.push(cursor[s as usize]);
             cursor[s as usize] += 64;
         }
-        let mesh = Arc::new(Mesh::new(dev, cursor[me as usize])?);
+        let mesh = Arc::new(Mesh::new_posting(dev, cursor[me as usize])?);
         Ok(pairs
             .iter()
             .enumerate()
@@ -153,7 +161,7 @@ impl DynamicChannel {
             (None, 0)
         } else if let Some((region, off)) = self.dev.find_region(data, nbytes as usize) {
             self.stats.bytes_zero_copy.fetch_add(nbytes, Ordering::Relaxed);
-            let h = region.handle();
+            let h = region.serialized();
             self.in_flight = Some(region);
             (Some(h), off as u64)
         } else {
@@ -165,7 +173,7 @@ impl DynamicChannel {
             unsafe { std::ptr::copy_nonoverlapping(data, st.as_ptr(), need) };
             self.stats.bytes_copied.fetch_add(nbytes, Ordering::Relaxed);
             staged = true;
-            (Some(st.handle()), 0)
+            (Some(st.serialized()), 0)
         };
         let dst = self.dst as usize;
         let mut rec = [0u8; REC_LEN];
@@ -175,16 +183,22 @@ impl DynamicChannel {
         rec[REC_NBYTES..REC_NBYTES + 8].copy_from_slice(&nbytes.to_le_bytes());
         rec[REC_OFFSET..REC_OFFSET + 8].copy_from_slice(&offset.to_le_bytes());
         if let Some(h) = handle {
-            rec[REC_HANDLE..REC_HANDLE + RegionHandle::BYTES].copy_from_slice(&h.to_bytes());
+            let (h, rkey) = h.split_at(RegionHandle::BYTES);
+            if rkey.len() > MAX_RKEY {
+                return Err(Error::Unsupported(format!("a packed remote key of {} bytes (at most {MAX_RKEY} fit a record)", rkey.len())));
+            }
+            rec[REC_HANDLE..REC_HANDLE + RegionHandle::BYTES].copy_from_slice(h);
+            rec[REC_RKEY_LEN..REC_RKEY_LEN + 4].copy_from_slice(&(rkey.len() as u32).to_le_bytes());
+            rec[REC_RKEY..REC_RKEY + rkey.len()].copy_from_slice(rkey);
         }
         for (k, d) in meta.shape.iter().enumerate() {
             rec[REC_SHAPE + 8 * k..REC_SHAPE + 8 * k + 8].copy_from_slice(&d.to_le_bytes());
         }
-        // Everything but the sequence word, then the sequence word.
-        unsafe { self.mesh.put(dst, self.rec + 8, rec[8..].as_ptr(), REC_LEN - 8) }?;
+        // Everything but the sequence word (and the unused end of the key area), then the
+        // sequence word.
+        let used = if handle_len(&rec) > 0 { REC_RKEY + handle_len(&rec) } else { REC_RKEY };
         self.count += 1;
-        self.mesh.u64_at(dst, self.rec + REC_SEQ).store(self.count, Ordering::Release);
-        self.mesh.ring(dst);
+        unsafe { self.mesh.post(dst, self.rec + 8, rec[8..].as_ptr(), used - 8, self.rec + REC_SEQ, self.count) }?;
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);
         Ok(staged)
     }
@@ -227,7 +241,13 @@ impl DynamicChannel {
                     self.index, h.owner, self.src
                 )));
             }
-            Some(h)
+            let k = handle_len(rec);
+            if k > MAX_RKEY {
+                return Err(Error::InvalidArgument(format!("channel {}: a record with a {k}-byte remote key", self.index)));
+            }
+            let mut b = rec[REC_HANDLE..REC_HANDLE + RegionHandle::BYTES].to_vec();
+            b.extend_from_slice(&rec[REC_RKEY..REC_RKEY + k]);
+            Some(b)
         };
         self.pending = Some((meta.clone(), nbytes, handle, u64_at(REC_OFFSET)));
         Ok(meta)
@@ -246,7 +266,7 @@ impl DynamicChannel {
             return Err(Error::InvalidArgument(format!("channel {}: destination has {len} bytes, the message {nbytes}", self.index)));
         }
         if let Some(handle) = handle {
-            let remote = self.dev.attach(&handle)?;
+            let remote = self.dev.attach_serialized(&handle)?;
             if offset.checked_add(nbytes).is_none_or(|e| e > remote.len() as u64) {
                 return Err(Error::InvalidArgument(format!("channel {}: the record points outside the sender's region", self.index)));
             }
@@ -254,11 +274,15 @@ impl DynamicChannel {
             unsafe { ch.read_into(&remote, offset as usize, dst, nbytes as usize)? };
         }
         self.count += 1;
-        let src = self.src as usize;
-        self.mesh.u64_at(src, self.ack).store(self.count, Ordering::Release);
-        self.mesh.ring(src);
+        let none = std::ptr::NonNull::<u8>::dangling().as_ptr();
+        unsafe { self.mesh.post(self.src as usize, self.ack, none, 0, self.ack, self.count) }?;
         self.stats.bytes_zero_copy.fetch_add(nbytes, Ordering::Relaxed);
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Length of the packed remote key a record carries.
+fn handle_len(rec: &[u8]) -> usize {
+    u32::from_le_bytes(rec[REC_RKEY_LEN..REC_RKEY_LEN + 4].try_into().unwrap()) as usize
 }
