@@ -347,3 +347,34 @@ def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
     with simhosts.SimHosts(2) as h:
         for rc, out in launch_all(h, 1, code, timeout=180):
             assert rc == 0 and "ok" in out, out[-3000:]
+
+
+SSP_HOSTS = """
+import sys
+variants = ["sharded", "sharded_async", "sharded_thread", "sharded_async_thread"]
+for variant in variants:
+    for slack, dtype in [(0, "float64"), (3, "int64")]:
+        sys.argv = ["x", variant, str(slack), dtype]
+        exec(CHECK_BODY)
+from scalefree.errors import UnsupportedError
+try:
+    g.ssp_reduction(10, "float32", variant="hypercube")
+    raise SystemExit("the hypercube variant across hosts should be refused")
+except UnsupportedError as e:
+    assert "one host" in str(e) and "sharded" in str(e), e
+print("all ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("nhosts,per_host", [(3, 1), (2, 2)])
+def test_ssp_every_sharded_variant_across_hosts(can_simulate, nhosts, per_host):
+    from test_ssp import CHECK
+
+    body = CHECK.replace("variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]\ng = scalefree.init(timeout=60)\n",
+                         "variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]\n")
+    assert "scalefree.init" not in body
+    code = ACROSS.replace("{per_host}", str(per_host)) + "\nCHECK_BODY = " + repr(body) + SSP_HOSTS
+    code = "import scalefree\n" + code
+    with simhosts.SimHosts(nhosts) as h:
+        for rc, out in launch_all(h, per_host, code, timeout=240):
+            assert rc == 0 and out.count("all ok") == per_host, out[-3000:]

@@ -51,6 +51,11 @@ pub(crate) unsafe fn bell_words<'a>(base: *mut u8) -> (&'a AtomicU32, &'a Atomic
 impl Mesh {
     /// Collective: allocates this rank's region of `len` bytes and attaches every peer's.
     pub fn new(dev: &Device, len: usize) -> Result<Self> {
+        // Decided before the exchange, the same way on every rank (a rank that gave up after
+        // it would free its region while peers still attach to it).
+        if (0..dev.size()).any(|r| r != dev.rank() && !dev.is_local(r)) {
+            return Err(Error::Unsupported("this protocol needs peers' regions mapped (all ranks on one host)".into()));
+        }
         let m = Self::new_posting(dev, len)?;
         for r in &m.remotes {
             if r.mapped_ptr().is_none() {
@@ -82,6 +87,10 @@ impl Mesh {
         }
         unsafe { self.chans[r].write_post(src, &self.remotes[r], off, n, word, value) }
     }
+    /// Whether rank `r`'s region is mapped here (this rank, or a peer on this host).
+    pub fn is_mapped(&self, r: usize) -> bool {
+        r == self.me || self.remotes[r].mapped_ptr().is_some()
+    }
     /// This rank's own region.
     pub fn region(&self) -> &Region {
         &self.region
@@ -110,6 +119,12 @@ impl Mesh {
     /// # Safety
     /// `src..src+n` must be readable.
     pub unsafe fn put(&self, r: usize, off: usize, src: *const u8, n: usize) -> Result<()> {
+        if r == self.me {
+            // Into this rank's own region: a copy (a UCX put to itself would complete later).
+            crate::region::check_range(self.region.len(), off, n, "mesh put")?;
+            unsafe { std::ptr::copy_nonoverlapping(src, self.region.as_ptr().add(off), n) };
+            return Ok(());
+        }
         unsafe { self.chans[r].write_from(src, &self.remotes[r], off, n) }
     }
     /// Reads this rank's bell; pass the value to [`Mesh::wait_bell`] after checking state,

@@ -15,7 +15,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use scalefree_transport::{Device, Result};
+use scalefree_transport::{Device, Error, Result};
 
 use super::{Buf, Kind, Mesh, FINAL, MESH_HEADER};
 use crate::reduce::{DType, ReduceOp};
@@ -83,7 +83,13 @@ impl Hypercube {
         let d = q.trailing_zeros() as usize;
         let nbytes = count * dtype.size_bytes();
         let slots = Slots { nbytes };
-        let mesh = Mesh::new(dev, slots.slot(d + 1))?;
+        // Partners swap slot words in each other's memory: one host only.
+        let mesh = Mesh::new(dev, slots.slot(d + 1)).map_err(|e| match e {
+            Error::Unsupported(_) => Error::Unsupported(
+                "the hypercube SSP variant needs every rank on one host; across hosts use a sharded variant (the default, sharded_async_thread)".into(),
+            ),
+            e => e,
+        })?;
         let fresh_out = |peer, slot| Out { peer, slot, back: 2 };
         let fresh_in = |slot| In { slot, front: 0 };
         // Initial triple-buffer state: reader holds 0, `latest` is 1 (not fresh), writer 2.

@@ -4,10 +4,17 @@
 //!
 //! * an *inbox* per worker for its shard: the worker's last pushed contribution (header:
 //!   push count, clock, flags);
-//! * a *view* per shard: the last state that shard delivered to this worker (header: delivery
-//!   count, how many of this worker's pushes it includes, its age, flags);
+//! * a *view* per shard: the last state that shard delivered to this worker (a delivery
+//!   count, then two buffers, each a header — how many of this worker's pushes it includes,
+//!   its age, flags — and the data);
 //! * an *ack* word per worker (Async): the last delivery that worker has copied out, so the
-//!   shard never overwrites a view being read.
+//!   shard never overwrites a view being read;
+//! * the shard's *published* state (Sync), double buffered the same way.
+//!
+//! Every update is a mesh post (data and header, then the count word), so the protocol runs
+//! across hosts, where nothing of a peer is mapped. Between ranks of one host a Sync shard's
+//! published state is read in place; a worker on another host gets it delivered into its
+//! view instead, as Async shards always do, and keeps a copy of its last push (`outbox`).
 //!
 //! Nothing is lost because of a cycle of credits: a worker pushes to a shard only once the
 //! shard's state includes its previous push (until then new contributions accumulate in
@@ -48,6 +55,12 @@ struct Geo {
 
 const OFF_ACKS: usize = MESH_HEADER;
 const HDR: usize = 64;
+// A state buffer's header: pushes of the receiving worker it includes, its age, flags.
+const BUF_INCLUDED: usize = 0;
+const BUF_AGE: usize = 8;
+const BUF_FLAGS: usize = 16;
+// A push's header after the count word: clock, flags (the data follows at `HDR`).
+const PUSH_TAIL: usize = 8;
 
 impl Geo {
     fn new(p: usize, count: usize, esize: usize) -> Self {
@@ -62,7 +75,7 @@ impl Geo {
         let mut o = 0;
         for (lo, hi) in &shard {
             view_off.push(o);
-            o += HDR + 2 * (hi - lo).next_multiple_of(64);
+            o += HDR + 2 * (HDR + (hi - lo).next_multiple_of(64));
         }
         Geo { p, shard, inbox_base: OFF_ACKS + p * 64, stride, view_off }
     }
@@ -72,17 +85,21 @@ impl Geo {
     fn views_base(&self, owner: usize) -> usize {
         self.inbox_base + self.p * self.stride[owner]
     }
+    /// One double-buffered block: a count header, then two (header, data) buffers.
+    fn block(&self, s: usize) -> usize {
+        HDR + 2 * (HDR + self.len(s).next_multiple_of(64))
+    }
     fn published(&self, owner: usize) -> usize {
-        let views: usize = (0..self.p).map(|s| HDR + 2 * self.len(s).next_multiple_of(64)).sum();
+        let views: usize = (0..self.p).map(|s| self.block(s)).sum();
         self.views_base(owner) + views
     }
-    /// Data of state version `k` of shard `owner` (Sync: published in the shard's own
-    /// region, double buffered, read by every worker in place).
-    fn published_data(&self, owner: usize, k: u64) -> usize {
-        self.published(owner) + HDR + (k % 2) as usize * self.len(owner).next_multiple_of(64)
+    /// Buffer (header, then data) of state version `k` of shard `owner` (Sync: published in
+    /// the shard's own region, double buffered, read in place by workers of its host).
+    fn published_buf(&self, owner: usize, k: u64) -> usize {
+        self.published(owner) + HDR + (k % 2) as usize * (HDR + self.len(owner).next_multiple_of(64))
     }
     fn region_len(&self, owner: usize) -> usize {
-        self.published(owner) + HDR + 2 * self.len(owner).next_multiple_of(64)
+        self.published(owner) + self.block(owner)
     }
     /// Header of worker `w`'s inbox slot at shard `owner`.
     fn inbox(&self, owner: usize, w: usize) -> usize {
@@ -92,10 +109,10 @@ impl Geo {
     fn view(&self, owner: usize, s: usize) -> usize {
         self.views_base(owner) + self.view_off[s]
     }
-    /// Data of delivery number `k` of shard `s` at worker `owner` (views are double
-    /// buffered: delivery `k` goes to buffer `k % 2`).
-    fn view_data(&self, owner: usize, s: usize, k: u64) -> usize {
-        self.view(owner, s) + HDR + (k % 2) as usize * self.len(s).next_multiple_of(64)
+    /// Buffer (header, then data) of delivery number `k` of shard `s` at worker `owner`
+    /// (views are double buffered: delivery `k` goes to buffer `k % 2`).
+    fn view_buf(&self, owner: usize, s: usize, k: u64) -> usize {
+        self.view(owner, s) + HDR + (k % 2) as usize * (HDR + self.len(s).next_multiple_of(64))
     }
     fn ack(w: usize) -> usize {
         OFF_ACKS + w * 64
@@ -108,6 +125,8 @@ struct Shared {
     geo: Geo,
     kind: Kind,
     async_: bool,
+    /// Whether each rank's region is mapped here (same host).
+    mapped: Vec<bool>,
     /// Set by the shard once it delivered a state holding every worker's final push to
     /// every worker.
     shard_done: AtomicBool,
@@ -124,6 +143,22 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 impl Shared {
+    /// Whether shard `s` delivers its state into this rank's views (Async, or another
+    /// host); the same holds from the shard's side for a worker `s`.
+    fn views(&self, s: usize) -> bool {
+        self.async_ || !self.mapped[s]
+    }
+
+    /// Posts the buffer at `buf` (a state-buffer header, then `n` bytes of data) as
+    /// delivery `k` of this rank's shard into worker `w`'s view.
+    ///
+    /// # Safety
+    /// `buf..buf+HDR+n` must be readable.
+    unsafe fn post_view(&self, w: usize, buf: *const u8, n: usize, k: u64) -> Result<()> {
+        let me = self.mesh.me;
+        unsafe { self.mesh.post(w, self.geo.view_buf(w, me, k), buf, HDR + n, self.geo.view(w, me), k) }
+    }
+
     fn thread_error(&self) -> Result<()> {
         match self.thread_error.lock().unwrap().as_ref() {
             None => Ok(()),
@@ -161,13 +196,15 @@ struct Shard {
 impl Shard {
     fn new(sh: Arc<Shared>) -> Self {
         let p = sh.geo.p;
-        let mut state = Buf::new(if sh.async_ { sh.geo.len(sh.mesh.me) } else { 0 });
-        fill_identity(sh.kind.dtype, sh.kind.op, state.bytes_mut());
-        if !sh.async_ {
+        // Async: the state, with room for a buffer header in front (one post delivers both).
+        let mut state = Buf::new(if sh.async_ { HDR + sh.geo.len(sh.mesh.me) } else { 0 });
+        if sh.async_ {
+            fill_identity(sh.kind.dtype, sh.kind.op, &mut state.bytes_mut()[HDR..]);
+        } else {
             // Version 0 of the published state: the identity.
             let me = sh.mesh.me;
             let n = sh.geo.len(me);
-            let v0 = unsafe { std::slice::from_raw_parts_mut(sh.mesh.base(me).add(sh.geo.published_data(me, 0)), n) };
+            let v0 = unsafe { std::slice::from_raw_parts_mut(sh.mesh.base(me).add(sh.geo.published_buf(me, 0) + HDR), n) };
             fill_identity(sh.kind.dtype, sh.kind.op, v0);
         }
         Shard {
@@ -214,9 +251,10 @@ impl Shard {
     }
 
     /// Sync: once every worker has pushed, `next = current ⊕ all pushes` in one pass into
-    /// the other published buffer, then one header store tells every worker. Workers read
-    /// the state in place: nobody still reads the buffer being written, because each
-    /// worker pushed only after taking the current version.
+    /// the other published buffer, then one header store tells every worker of this host
+    /// (they read the state in place: nobody still reads the buffer being written, because
+    /// each worker pushed only after taking the current version) and one post delivers it
+    /// to each worker on another host.
     fn step_sync(&mut self) -> Result<bool> {
         let sh = self.sh.clone();
         let sh = &*sh;
@@ -227,8 +265,9 @@ impl Shard {
         }
         let base = sh.mesh.base(me);
         let round = self.delivered[0];
-        let cur = unsafe { base.add(sh.geo.published_data(me, round)) };
-        let next = unsafe { base.add(sh.geo.published_data(me, round + 1)) };
+        let cur = unsafe { base.add(sh.geo.published_buf(me, round) + HDR) };
+        let nb = sh.geo.published_buf(me, round + 1);
+        let next = unsafe { base.add(nb + HDR) };
         let mut srcs: Vec<*const u8> = vec![cur];
         for (w, a) in arrivals.into_iter().enumerate() {
             let (data, clock) = a.unwrap();
@@ -238,12 +277,17 @@ impl Shard {
         }
         sh.kind.combine(next, &srcs, sh.geo.len(me));
         let age = self.age();
-        let h = sh.geo.published(me);
-        sh.mesh.u64_at(me, h + 16).store(age, Ordering::Relaxed);
+        sh.mesh.u64_at(me, nb + BUF_INCLUDED).store(round + 1, Ordering::Relaxed);
+        sh.mesh.u64_at(me, nb + BUF_AGE).store(age, Ordering::Relaxed);
+        sh.mesh.u32_at(me, nb + BUF_FLAGS).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
         self.delivered.iter_mut().for_each(|d| *d = round + 1);
-        sh.mesh.u64_at(me, h).store(round + 1, Ordering::Release);
+        sh.mesh.u64_at(me, sh.geo.published(me)).store(round + 1, Ordering::Release);
         for w in 0..p {
-            sh.mesh.ring(w);
+            if sh.views(w) {
+                unsafe { sh.post_view(w, base.add(nb), sh.geo.len(me), round + 1) }?;
+            } else {
+                sh.mesh.ring(w);
+            }
         }
         if age == FINAL {
             sh.shard_done.store(true, Ordering::Release);
@@ -263,7 +307,7 @@ impl Shard {
         for w in 0..p {
             let Some((data, clock)) = self.arrival(w) else { continue };
             if let Some(src) = data {
-                sh.kind.acc(self.state.mut_ptr(), src, n);
+                sh.kind.acc(unsafe { self.state.mut_ptr().add(HDR) }, src, n);
             }
             self.taken[w] += 1;
             self.clocks[w] = clock;
@@ -286,18 +330,18 @@ impl Shard {
     }
 
     fn deliver(&mut self, w: usize) -> Result<()> {
-        let sh = &*self.sh;
+        let sh = self.sh.clone();
         let me = sh.mesh.me;
-        let h = sh.geo.view(w, me);
         let age = self.age();
-        let data = sh.geo.view_data(w, me, self.delivered[w] + 1);
-        unsafe { sh.mesh.put(w, data, self.state.ptr(), self.state.bytes().len()) }?;
-        sh.mesh.u64_at(w, h + 8).store(self.taken[w], Ordering::Relaxed);
-        sh.mesh.u64_at(w, h + 16).store(age, Ordering::Relaxed);
-        sh.mesh.u32_at(w, h + 24).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
+        let flags = if age == FINAL { FLAG_FINAL } else { 0 };
+        let head = self.state.mut_ptr();
+        unsafe {
+            (head.add(BUF_INCLUDED) as *mut u64).write(self.taken[w]);
+            (head.add(BUF_AGE) as *mut u64).write(age);
+            (head.add(BUF_FLAGS) as *mut u64).write(flags as u64);
+            sh.post_view(w, head, sh.geo.len(me), self.delivered[w] + 1)?;
+        }
         self.delivered[w] += 1;
-        sh.mesh.u64_at(w, h).store(self.delivered[w], Ordering::Release);
-        sh.mesh.ring(w);
         if age == FINAL {
             self.final_delivered[w] = true;
             if self.final_delivered.iter().all(|&d| d) {
@@ -335,6 +379,9 @@ struct Worker {
     final_sent: Vec<bool>,
     /// The caller's clock, stamped on pushes.
     clock: u64,
+    /// Per shard on another host: the last push as posted (header tail, then data), kept
+    /// as the in-flight data (a shard of this host keeps it readable in its inbox).
+    outbox: Vec<Buf>,
 }
 
 impl Worker {
@@ -355,6 +402,7 @@ impl Worker {
             flushing: false,
             final_sent: vec![false; p],
             clock: 0,
+            outbox: (0..p).map(|s| Buf::new(if sh.mapped[s] { 0 } else { HDR - PUSH_TAIL + sh.geo.len(s) })).collect(),
             sh,
         }
     }
@@ -396,10 +444,20 @@ impl Worker {
     /// Where shard `s` tells this worker about new state: (rank, header offset).
     fn view_header(&self, s: usize) -> (usize, usize) {
         let sh = &*self.sh;
-        if sh.async_ {
+        if sh.views(s) {
             (sh.mesh.me, sh.geo.view(sh.mesh.me, s))
         } else {
             (s, sh.geo.published(s))
+        }
+    }
+
+    /// Where version `k` of shard `s` is, for this worker: (rank, buffer offset).
+    fn state_buf(&self, s: usize, k: u64) -> (usize, usize) {
+        let sh = &*self.sh;
+        if sh.views(s) {
+            (sh.mesh.me, sh.geo.view_buf(sh.mesh.me, s, k))
+        } else {
+            (s, sh.geo.published_buf(s, k))
         }
     }
 
@@ -411,8 +469,9 @@ impl Worker {
             return false;
         }
         // Sync: version k holds push k of every worker.
-        self.included[s] = if sh.async_ { sh.mesh.u64_at(owner, h + 8).load(Ordering::Relaxed) } else { seq };
-        self.view_age[s] = sh.mesh.u64_at(owner, h + 16).load(Ordering::Relaxed);
+        let (owner, b) = self.state_buf(s, seq);
+        self.included[s] = sh.mesh.u64_at(owner, b + BUF_INCLUDED).load(Ordering::Relaxed);
+        self.view_age[s] = sh.mesh.u64_at(owner, b + BUF_AGE).load(Ordering::Relaxed);
         if self.included[s] == self.pushes[s] {
             self.inflight_live[s] = false;
         }
@@ -422,24 +481,38 @@ impl Worker {
 
     /// Pushes `src` (the caller's data) or, with `None`, the missed contributions to shard `s`.
     fn push(&mut self, s: usize, src: Option<*const u8>) -> Result<()> {
-        let sh = &*self.sh;
+        let sh = self.sh.clone();
         let me = sh.mesh.me;
         let h = sh.geo.inbox(s, me);
+        let n = sh.geo.len(s);
         let empty = src.is_none() && self.missed_empty[s];
-        if !empty {
-            let p = src.unwrap_or_else(|| self.missed[s].ptr());
-            unsafe { sh.mesh.put(s, h + HDR, p, sh.geo.len(s)) }?;
-        }
+        let data = (!empty).then(|| src.unwrap_or_else(|| self.missed[s].ptr()));
         let mut flags = if empty { FLAG_EMPTY } else { 0 };
         if self.flushing {
             flags |= FLAG_FINAL;
             self.final_sent[s] = true;
         }
-        sh.mesh.u64_at(s, h + 8).store(self.clock, Ordering::Relaxed);
-        sh.mesh.u32_at(s, h + 16).store(flags, Ordering::Relaxed);
         self.pushes[s] += 1;
-        sh.mesh.u64_at(s, h).store(self.pushes[s], Ordering::Release);
-        sh.mesh.ring(s);
+        if sh.mapped[s] {
+            // Data straight from the caller's buffer, then clock and flags with the count.
+            if let Some(p) = data {
+                unsafe { sh.mesh.put(s, h + HDR, p, n) }?;
+            }
+            let tail = [self.clock, flags as u64];
+            unsafe { sh.mesh.post(s, h + PUSH_TAIL, tail.as_ptr() as *const u8, 16, h, self.pushes[s]) }?;
+        } else {
+            // One message: clock, flags and data, copied where they stay as the in-flight data.
+            let ob = self.outbox[s].mut_ptr();
+            unsafe {
+                (ob as *mut u64).write(self.clock);
+                (ob.add(8) as *mut u64).write(flags as u64);
+                if let Some(p) = data {
+                    std::ptr::copy_nonoverlapping(p, ob.add(HDR - PUSH_TAIL), n);
+                }
+                let len = HDR - PUSH_TAIL + if empty { 0 } else { n };
+                sh.mesh.post(s, h + PUSH_TAIL, ob, len, h, self.pushes[s])?;
+            }
+        }
         self.inflight_live[s] = !empty;
         if src.is_none() {
             self.missed_empty[s] = true;
@@ -456,8 +529,12 @@ impl Worker {
             for s in 0..p {
                 if self.take_view(s) {
                     // The view now in use is the other buffer: the shard may fill this one.
-                    self.sh.mesh.u64_at(s, Geo::ack(me)).store(self.seen[s], Ordering::Release);
-                    self.sh.mesh.ring(s);
+                    // A final delivery is the shard's last (its rank may be gone already).
+                    if self.view_age[s] != FINAL {
+                        let ack = Geo::ack(me);
+                        let none = std::ptr::NonNull::<u8>::dangling().as_ptr();
+                        unsafe { self.sh.mesh.post(s, ack, none, 0, ack, self.seen[s]) }?;
+                    }
                     did = true;
                 }
                 if self.credit(s) && (!self.missed_empty[s] || (self.flushing && !self.final_sent[s])) {
@@ -498,12 +575,15 @@ impl Worker {
             let n = hi - lo;
             let view = if self.seen[s] == 0 {
                 self.identity.ptr()
-            } else if sh.async_ {
-                unsafe { sh.mesh.base(me).add(sh.geo.view_data(me, s, self.seen[s])) as *const u8 }
             } else {
-                unsafe { sh.mesh.base(s).add(sh.geo.published_data(s, self.seen[s])) as *const u8 }
+                let (owner, b) = self.state_buf(s, self.seen[s]);
+                unsafe { sh.mesh.base(owner).add(b + HDR) as *const u8 }
             };
-            let inflight = unsafe { sh.mesh.base(s).add(sh.geo.inbox(s, me) + HDR) as *const u8 };
+            let inflight = if sh.mapped[s] {
+                unsafe { sh.mesh.base(s).add(sh.geo.inbox(s, me) + HDR) as *const u8 }
+            } else {
+                unsafe { self.outbox[s].ptr().add(HDR - PUSH_TAIL) }
+            };
             match (self.inflight_live[s], !self.missed_empty[s]) {
                 (false, false) => unsafe { std::ptr::copy_nonoverlapping(view, o, n) },
                 (true, false) => k.acc3(o, view, inflight, n),
@@ -531,9 +611,10 @@ impl Sharded {
     pub(crate) fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant) -> Result<Self> {
         let p = dev.size() as usize;
         let geo = Geo::new(p, count, dtype.size_bytes());
-        let mesh = Mesh::new(dev, geo.region_len(dev.rank() as usize))?;
+        let mesh = Mesh::new_posting(dev, geo.region_len(dev.rank() as usize))?;
         let async_ = matches!(variant, Variant::ShardedAsync | Variant::ShardedAsyncThread);
         let sh = Arc::new(Shared {
+            mapped: (0..p).map(|r| mesh.is_mapped(r)).collect(),
             mesh,
             geo,
             kind: Kind { dtype, op },
@@ -557,7 +638,7 @@ impl Sharded {
         } else {
             None
         };
-        // Every rank's region is zeroed and mapped; no peer writes before its first call.
+        // Every rank's region is zeroed; no peer writes before its first call.
         Ok(Sharded { sh, worker, shard, thread })
     }
 
