@@ -378,3 +378,37 @@ def test_ssp_every_sharded_variant_across_hosts(can_simulate, nhosts, per_host):
     with simhosts.SimHosts(nhosts) as h:
         for rc, out in launch_all(h, per_host, code, timeout=240):
             assert rc == 0 and out.count("all ok") == per_host, out[-3000:]
+
+
+LAUNCHED = """import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+assert g.transport == "ucx" and g.size == 4, (g.transport, g.size)
+out = g.allreduce(np.full(1000, g.rank + 1.0, np.float32))
+assert (out == 10).all(), out[:4]
+print("ok", g.rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "torchrun"])
+def test_rendezvous_address_from_the_launchers_environment(can_simulate, launcher):
+    """Under srun or torchrun (simulated by their variables, 2 hosts x 2 ranks) the ranks
+    find rank 0's host without SCALEFREE_MASTER_ADDR."""
+    import os
+
+    with simhosts.SimHosts(2) as h:
+        procs = []
+        for rank in range(4):
+            node, local = divmod(rank, 2)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALEFREE_", "SLURM_", "OMPI_", "PMI_"))}
+            if launcher == "slurm":
+                env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="4", SLURM_LOCALID=str(local), SLURM_STEP_NUM_TASKS="4",
+                           SLURM_STEP_NUM_NODES="2", SLURM_NODEID=str(node), SLURM_STEP_TASKS_PER_NODE="2(x2)",
+                           SLURM_STEP_NODELIST=f"{h.ip(0)},{h.ip(1)}", SLURM_JOB_ID="4242", SLURM_STEP_ID="0")
+            else:
+                env.update(RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(local), LOCAL_WORLD_SIZE="2",
+                           MASTER_ADDR=h.ip(0), MASTER_PORT="29630", TORCHELASTIC_RUN_ID="t1")
+            procs.append(h.popen(node, [sys.executable, "-c", LAUNCHED], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0 and "ok" in out, out[-2000:]

@@ -105,13 +105,20 @@ impl JobInfo {
             let mut local_rank = num(lrank_v)?.unwrap_or(rank);
             let mut local_size = num(lsize_v)?.unwrap_or(size);
             if launcher == Launcher::Slurm {
-                // Slurm's per-node count; only trust it when the step is on one node.
                 if var("SLURM_STEP_NUM_NODES").as_deref() == Some("1") || var("SLURM_NNODES").as_deref() == Some("1") {
                     local_size = size;
                     local_rank = rank;
+                } else if let (Some(per_node), Some(node)) = (var("SLURM_STEP_TASKS_PER_NODE"), num("SLURM_NODEID")?) {
+                    // "2(x3),1": two tasks on each of the first three nodes, then one.
+                    local_size = tasks_on_node(&per_node, node).ok_or_else(|| Error::Bootstrap(format!(
+                        "cannot read SLURM_STEP_TASKS_PER_NODE={per_node:?} for node {node}"
+                    )))?;
                 }
             }
             let ppid = parent_pid();
+            // The launcher's local parent pins the token to this host's ranks; a job across
+            // hosts shares only the launcher's job id.
+            let local = if local_size < size { String::new() } else { format!(":{ppid}") };
             let (job_id, token) = match launcher {
                 Launcher::Scalefree => {
                     let id = var("SCALEFREE_JOB_ID").ok_or_else(|| {
@@ -124,11 +131,11 @@ impl JobInfo {
                     let id = var("PMIX_NAMESPACE")
                         .or_else(|| var("OMPI_MCA_ess_base_jobid"))
                         .unwrap_or_else(|| format!("ppid{ppid}"));
-                    (format!("ompi-{id}"), format!("ompi:{id}:{ppid}"))
+                    (format!("ompi-{id}"), format!("ompi:{id}{local}"))
                 }
                 Launcher::Hydra => {
                     let id = var("PMI_KVSNAME").unwrap_or_else(|| format!("ppid{ppid}"));
-                    (format!("hydra-{id}"), format!("hydra:{id}:{ppid}"))
+                    (format!("hydra-{id}"), format!("hydra:{id}{local}"))
                 }
                 Launcher::Slurm => {
                     let id = format!(
@@ -136,7 +143,7 @@ impl JobInfo {
                         var("SLURM_JOB_ID").unwrap_or_default(),
                         var("SLURM_STEP_ID").unwrap_or_default()
                     );
-                    (format!("slurm-{id}"), format!("slurm:{id}:{ppid}"))
+                    (format!("slurm-{id}"), format!("slurm:{id}{local}"))
                 }
                 Launcher::Torchrun => {
                     let id = format!(
@@ -144,11 +151,11 @@ impl JobInfo {
                         var("TORCHELASTIC_RUN_ID").unwrap_or_default(),
                         var("MASTER_PORT").unwrap_or_default()
                     );
-                    (format!("torch-{id}"), format!("torch:{id}:{ppid}"))
+                    (format!("torch-{id}"), format!("torch:{id}{local}"))
                 }
                 Launcher::Single => unreachable!(),
             };
-            let master = master_from_env()?;
+            let master = master_from_env(launcher, local_size < size)?;
             if local_size < size && master.is_none() {
                 return Err(Error::Bootstrap(format!(
                     "the job spans hosts ({local_size} of {size} ranks on this one) but no rendezvous address is known: \
@@ -175,22 +182,111 @@ impl JobInfo {
 /// Default port of the TCP rendezvous.
 pub const DEFAULT_MASTER_PORT: u16 = 29517;
 
-fn master_from_env() -> Result<Option<(String, u16)>> {
-    let Some(addr) = var("SCALEFREE_MASTER_ADDR") else {
+/// The rendezvous address: `SCALEFREE_MASTER_ADDR` (and `SCALEFREE_MASTER_PORT`) when set;
+/// else what the launcher tells: under Slurm the first host of the step's node list (where
+/// rank 0 runs under Slurm's default block distribution), under torchrun its `MASTER_ADDR`
+/// (port `MASTER_PORT + 1`: torchrun's own store holds `MASTER_PORT`). Open MPI and MPICH do
+/// not say where rank 0 runs: pass `-x SCALEFREE_MASTER_ADDR=...` to `mpirun`.
+fn master_from_env(launcher: Launcher, spans_hosts: bool) -> Result<Option<(String, u16)>> {
+    let port_var = || -> Result<Option<u16>> {
+        match var("SCALEFREE_MASTER_PORT") {
+            None => Ok(None),
+            Some(p) => p.trim().parse::<u16>().ok().filter(|p| *p > 0).map(Some).ok_or_else(|| {
+                Error::Bootstrap(format!("SCALEFREE_MASTER_PORT={p:?} is not a port number"))
+            }),
+        }
+    };
+    if let Some(addr) = var("SCALEFREE_MASTER_ADDR") {
+        return Ok(Some((addr.trim().to_string(), port_var()?.unwrap_or(DEFAULT_MASTER_PORT))));
+    }
+    if !spans_hosts {
         return Ok(None);
-    };
-    let port = match var("SCALEFREE_MASTER_PORT") {
-        None => DEFAULT_MASTER_PORT,
-        Some(p) => p.trim().parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-            Error::Bootstrap(format!("SCALEFREE_MASTER_PORT={p:?} is not a port number"))
-        })?,
-    };
-    Ok(Some((addr.trim().to_string(), port)))
+    }
+    match launcher {
+        Launcher::Slurm => {
+            let Some(list) = var("SLURM_STEP_NODELIST").or_else(|| var("SLURM_JOB_NODELIST")) else { return Ok(None) };
+            let host = first_host(&list).ok_or_else(|| Error::Bootstrap(format!("cannot read the Slurm node list {list:?}")))?;
+            // One port per job step, the same on every rank, so steps of a job can overlap.
+            let step = format!("{}.{}", var("SLURM_JOB_ID").unwrap_or_default(), var("SLURM_STEP_ID").unwrap_or_default());
+            let derived = DEFAULT_MASTER_PORT + (step.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 2000) as u16;
+            Ok(Some((host, port_var()?.unwrap_or(derived))))
+        }
+        Launcher::Torchrun => {
+            let Some(addr) = var("MASTER_ADDR") else { return Ok(None) };
+            let derived = match var("MASTER_PORT").and_then(|p| p.trim().parse::<u16>().ok()) {
+                Some(p) if p < u16::MAX => p + 1,
+                _ => DEFAULT_MASTER_PORT,
+            };
+            Ok(Some((addr.trim().to_string(), port_var()?.unwrap_or(derived))))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Tasks on node `node` of a Slurm tasks-per-node list such as `2(x3),1`.
+fn tasks_on_node(list: &str, node: u32) -> Option<u32> {
+    let mut seen = 0u32;
+    for item in list.split(',') {
+        let item = item.trim();
+        let (n, reps) = match item.split_once("(x") {
+            Some((n, r)) => (n.parse::<u32>().ok()?, r.strip_suffix(')')?.parse::<u32>().ok()?),
+            None => (item.parse::<u32>().ok()?, 1),
+        };
+        seen = seen.checked_add(reps)?;
+        if node < seen {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// The first host of a Slurm host list: `node[01-04,07],gpu3` → `node01`,
+/// `rack[1-2]-n[3-4]` → `rack1-n3`, `a,b` → `a`.
+fn first_host(list: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = list.trim().chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' => break,
+            '[' => {
+                let inner: String = chars.by_ref().take_while(|&c| c != ']').collect();
+                let first = inner.split([',', '-']).next()?.trim();
+                if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                out.push_str(first);
+            }
+            ']' => return None,
+            c => out.push(c),
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slurm_tasks_per_node() {
+        assert_eq!(tasks_on_node("2(x3),1", 0), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_on_node("2(x3),1", 4), None);
+        assert_eq!(tasks_on_node("4", 0), Some(4));
+        assert_eq!(tasks_on_node("x", 0), None);
+    }
+
+    #[test]
+    fn first_host_of_slurm_lists() {
+        assert_eq!(first_host("node[01-04,07],gpu3").as_deref(), Some("node01"));
+        assert_eq!(first_host("rack[1-2]-n[3-4]").as_deref(), Some("rack1-n3"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("solo").as_deref(), Some("solo"));
+        assert_eq!(first_host("n[007]").as_deref(), Some("n007"));
+        assert_eq!(first_host(""), None);
+        assert_eq!(first_host("n[x-y]"), None);
+    }
 
     #[test]
     fn single_has_size_one() {
