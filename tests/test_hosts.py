@@ -412,3 +412,21 @@ def test_rendezvous_address_from_the_launchers_environment(can_simulate, launche
         for p in procs:
             out, _ = p.communicate(timeout=120)
             assert p.returncode == 0 and "ok" in out, out[-2000:]
+
+
+def test_parameter_server_across_hosts(can_simulate, tmp_path):
+    """1 server + 2 workers on 3 hosts over static tensor slots: it learns."""
+    import json
+
+    out = tmp_path / "res"
+    argv = ["-m", "scalefree.apps.ps_train", "--ranks", "3", "--transport", "slots", "--hidden", "64", "64",
+            "--steps", "30", "--lr", "0.1", "--out", str(out)]
+    with simhosts.SimHosts(3) as h:
+        procs = [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "3", "--node-rank", str(i),
+                             "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+        for p in procs:
+            o, _ = p.communicate(timeout=240)
+            assert p.returncode == 0, o[-2000:]
+    hist = json.loads((tmp_path / "res.rank1.json").read_text())["history"]
+    assert hist[-1][2] < hist[0][2] - 0.3, (hist[0], hist[-1])
