@@ -430,3 +430,15 @@ def test_parameter_server_across_hosts(can_simulate, tmp_path):
             assert p.returncode == 0, o[-2000:]
     hist = json.loads((tmp_path / "res.rank1.json").read_text())["history"]
     assert hist[-1][2] < hist[0][2] - 0.3, (hist[0], hist[-1])
+
+
+@pytest.mark.parametrize("variant", ["sharded", "sharded_async_thread"])
+def test_ssp_killed_rank_on_another_host_is_peer_lost(can_simulate, variant):
+    from test_ssp import KILL
+
+    code = KILL.replace("variant = sys.argv[1]", f"variant = {variant!r}")
+    with simhosts.SimHosts(3) as h:
+        res = launch_all(h, 1, code, timeout=120)
+    for i in (0, 2):
+        rc, out = res[i]
+        assert rc != 0 and "PeerLostError" in out and "rank 1" in out, out[-2000:]
