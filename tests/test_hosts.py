@@ -318,7 +318,7 @@ def test_sparse_suite_across_hosts(can_simulate, nhosts, per_host, configs):
 
 
 def test_pagerank_across_hosts_matches_networkx(can_simulate, tmp_path):
-    from test_graph import REF, RUN, WIKI
+    from test_graph import RUN, WIKI, networkx_reference
 
     if not WIKI.exists():
         pytest.skip(f"{WIKI} is not here")
@@ -329,14 +329,7 @@ def test_pagerank_across_hosts_matches_networkx(can_simulate, tmp_path):
         for rc, o in launch_all(h, 1, code):
             assert rc == 0, o[-3000:]
     ids, r = np.load(out)
-    import gzip
-
-    ref = {}
-    with gzip.open(REF, "rt") as f:
-        for line in f:
-            if not line.startswith("#"):
-                k, v = line.split()
-                ref[int(k)] = float(v)
+    ref = networkx_reference()
     assert np.abs(r - np.array([ref[int(i)] for i in ids])).max() < 1e-6
 
 
