@@ -67,9 +67,14 @@ class Partition:
         self.urows_max = int(np.diff(self.ustart).max())
         self.irows_max = int(np.diff(self.istart).max())
         # The initial factors, uniform in [0, init_max] (LIBMF's 1/√k by default), in permuted order.
-        init_max = 1.0 / np.sqrt(k) if init_max is None else float(init_max)
-        self.p0 = (rng.random((self.m, k), dtype=np.float32) * init_max)
-        self.q0 = (rng.random((self.n, k), dtype=np.float32) * init_max)
+        # (A Python float scale keeps them float32; a numpy float64 one would double them.)
+        init_max = float(1.0 / np.sqrt(k) if init_max is None else init_max)
+        self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
+        self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+
+    def drop_initial(self) -> None:
+        """Free the initial factors once the blocks needing them were made (p_block/q_block)."""
+        self.p0 = self.q0 = None
 
     def urows(self, b: int) -> int:
         return int(self.ustart[b + 1] - self.ustart[b])
