@@ -77,6 +77,37 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def outside_arena(fn):
+    """``fn()`` on a helper thread, so the arrays it allocates come from the C allocator
+    rather than the rank's registered arena (numpy's allocator is per thread context), and what
+    it frees goes back to the system — set-up transients then leave no resident memory behind."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="scalefree-mf-setup")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    trim_heap()
+    return box["value"]
+
+
+def trim_heap() -> None:
+    """Give free C-heap memory back to the system (glibc ``malloc_trim``; no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class BlockFile:
     """A rank's R blocks in one anonymous file, each at a recorded offset."""
 

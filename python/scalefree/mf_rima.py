@@ -98,8 +98,9 @@ def train(group, train_ratings, opts: dict) -> dict:
             budget = mf_preload.parse_bytes(budget)
             bfile = mf_preload.BlockFile(opts.get("block_dir"))
             needed = set(int(b) for b in sequence)
-            part = Partition(train_ratings, V, k, seed, opts.get("init_max"),
-                             spill=lambda b, ent: bfile.append(b, ent) if b in needed else None)
+            part = mf_preload.outside_arena(lambda: Partition(
+                train_ratings, V, k, seed, opts.get("init_max"),
+                spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
             bfile.finish()
             biggest = int(part.counts.max()) * ENTRY_BYTES  # the same on every rank: all fail together
             if biggest > budget:
@@ -112,7 +113,7 @@ def train(group, train_ratings, opts: dict) -> dict:
                     f"or make the blocks smaller: {more}")
             pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
         else:
-            part = Partition(train_ratings, V, k, seed, opts.get("init_max"))
+            part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
         return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget)
     finally:
         if pre is not None:
