@@ -128,9 +128,13 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     specs = []
     if w > 1:
+        # c + 1 slots per side and ring edge: a received block is trained where it landed and
+        # released when it has been passed on, c steps later, so the c blocks a rank holds and
+        # the one coming in each need a buffer.
         for a in range(w):
-            specs += [dict(name=f"p{a}", src=a, dst=(a + 1) % w, shape=(psize,), dtype="float32"),
-                      dict(name=f"q{a}", src=a, dst=(a + 1) % w, shape=(qsize,), dtype="float32")]
+            for t in range(c + 1):
+                specs += [dict(name=f"p{a}_{t}", src=a, dst=(a + 1) % w, shape=(psize,), dtype="float32"),
+                          dict(name=f"q{a}_{t}", src=a, dst=(a + 1) % w, shape=(qsize,), dtype="float32")]
         for a in range(1, w):
             specs += [dict(name=f"gp{a}", src=a, dst=0, shape=(c, psize), dtype="float32"),
                       dict(name=f"gq{a}", src=a, dst=0, shape=(c, qsize), dtype="float32"),
@@ -139,20 +143,23 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     # Which block every virtual worker holds, tracked identically on every rank.
     blk = {"p": bp[0], "q": bq[0]}
     rows = {"p": (part.urows, part.urows_max), "q": (part.irows, part.irows_max)}
-    # Rank r's factor blocks: per side, the c flat blocks are the rows of one array (the
-    # final gather is one send per side); order[side][j] is the row virtual worker r·c + j uses.
-    held = {"p": np.stack([part.p_block(r * c + j).flat for j in range(c)]),
-            "q": np.stack([part.q_block(r * c + j).flat for j in range(c)])}
-    order = {"p": list(range(c)), "q": list(range(c))}
+    # Rank r's factor blocks: bufs[side][j] is the flat block virtual worker r·c + j uses —
+    # first its initial block, later the receive slot the block arrived in (trained in place,
+    # no copy); inslot[side][j] is that slot (None for an initial block), released once the
+    # block has been passed on.
+    bufs = {"p": [part.p_block(r * c + j).flat for j in range(c)],
+            "q": [part.q_block(r * c + j).flat for j in range(c)]}
+    inslot = {"p": [None] * c, "q": [None] * c}
+    nsent = {"p": 0, "q": 0}
     part.drop_initial()  # every other block's initial factors reach this rank through the ring
 
     def view(side: str, j: int) -> FactorBlock:
         nrows, rmax = rows[side]
-        return FactorBlock(held[side][order[side][j]], nrows(int(blk[side][r * c + j])), rmax, k)
+        return FactorBlock(bufs[side][j], nrows(int(blk[side][r * c + j])), rmax, k)
 
     def gather():
         """Every rank's blocks to rank 0; there, P and Q in dense id order (else None)."""
-        mine_p, mine_q = held["p"][order["p"]], held["q"][order["q"]]
+        mine_p, mine_q = np.stack(bufs["p"]), np.stack(bufs["q"])
         if r != 0:
             slots[f"gp{r}"].send(mine_p)
             slots[f"gq{r}"].send(mine_q)
@@ -208,8 +215,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
                 pre.release(visit)
             visit += 1
             if n == 0 and side is not None and w > 1:
-                out = held[side][order[side][c - 1]]
-                fut = slots[f"{side}{r}"].send_async(out)
+                out = bufs[side][c - 1]
+                fut = slots[f"{side}{r}_{nsent[side] % (c + 1)}"].send_async(out)
                 sent += out.nbytes
         if side is None:
             continue
@@ -217,13 +224,17 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         if fut is not None:
             fut.result()
         # One-step transformation: virtual worker v takes the block of v − 1.
-        o = order[side]
-        order[side] = [o[c - 1]] + o[:c - 1]
         blk = {"p": bp[step + 1], "q": bq[step + 1]}
-        if w > 1:
-            buf = held[side][order[side][0]]
-            buf[:] = slots[f"{side}{pred}"].recv()
-            slots[f"{side}{pred}"].release()
+        if w == 1:
+            bufs[side] = [bufs[side][c - 1]] + bufs[side][:c - 1]
+        else:
+            if inslot[side][c - 1] is not None:
+                inslot[side][c - 1].release()  # passed on: the predecessor may refill it
+            slot = slots[f"{side}{pred}_{nsent[side] % (c + 1)}"]
+            nsent[side] += 1  # sends and receives per side advance together
+            buf = slot.recv()
+            bufs[side] = [buf] + bufs[side][:c - 1]
+            inslot[side] = [slot] + inslot[side][:c - 1]
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0 - paused
