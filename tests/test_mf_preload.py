@@ -200,3 +200,19 @@ def test_python_api_single_rank_budget(tmp_path):
     assert np.array_equal(a.predict([1, 2, 3], [4, 5, 6]), b.predict([1, 2, 3], [4, 5, 6]))
     assert max(b.history[-1]["rating_bytes_resident"]) <= len(tr) * ENTRY_BYTES // 3
     assert os.listdir(tmp_path) == []
+
+
+def test_bench_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "memory-budget", "--ranks", "2",
+                        "--users", "1500", "--items", "1200", "--ratings", "20000", "--iterations", "2",
+                        "--repeat", "1", "-k", "8", "--budget-fraction", "0.3", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    mem, bud = json.loads(out.read_text())
+    assert (mem["variant"], bud["variant"]) == ("memory", "budget")
+    assert bud["memory_budget"] == int(0.3 * mem["rating_bytes"])
+    assert mem["rating_bytes_resident_max"] == mem["rating_bytes"]
+    assert 0 < bud["rating_bytes_resident_max"] <= bud["memory_budget"]
+    assert bud["test_rmse"] == mem["test_rmse"] and np.isfinite(mem["test_rmse"])
+    assert "x in-memory, RMSE identical" in p.stdout
