@@ -163,6 +163,7 @@ def test_budgeted_training_is_the_in_memory_run(n, blocks, tmp_path):
         assert all(x > 0 for x in r["peak_rss_bytes"])
     # Each rank read what it trained: 1/n of R per iteration.
     assert sum(disk[-1]["bytes_read"]) == data * ITERS
+    assert len(disk[-1]["preload_loader_cpu_seconds"]) == n
     assert "budget" in out and "peak RSS" in out
     assert os.listdir(bdir) == []
 

@@ -175,7 +175,8 @@ class MatrixFactorization:
         for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
             for rec, per_worker in zip(self.history, res.get(name, ())):
                 rec[name] = per_worker  # one value per worker
-        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds", "bytes_read"):
+        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds",
+                     "preload_loader_cpu_seconds", "bytes_read"):
             if name in res:
                 self.history[-1][name] = res[name]
         for it, rmse, secs in res["evals"]:

@@ -184,6 +184,7 @@ class Preloader:
         self.read_seconds = 0.0  # loader time in reads
         self.wait_seconds = 0.0  # trainer time waiting for a block not yet read
         self.bytes_read = 0
+        self.loader_cpu_seconds = 0.0  # the loader thread's CPU time (set when it ends)
         self._thread = threading.Thread(target=self._run, name="scalefree-mf-preload", daemon=True)
         self._thread.start()
 
@@ -200,6 +201,7 @@ class Preloader:
         return self._head if self._head + words <= tail else None  # wrapped: room in [head, tail)
 
     def _run(self) -> None:
+        c0 = time.thread_time()
         try:
             for n, b in enumerate(self.seq):
                 words = self.blocks.index[b][1] * 3
@@ -230,6 +232,8 @@ class Preloader:
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
+        finally:
+            self.loader_cpu_seconds = time.thread_time() - c0
 
     def get(self, n: int) -> np.ndarray:
         t0 = time.perf_counter()
@@ -254,6 +258,9 @@ class Preloader:
             self._cond.notify_all()
 
     def close(self) -> None:
+        """Stops the loader (idempotent)."""
+        if self._arena is None:
+            return
         with self._cond:
             self._stop = True
             self._cond.notify_all()

@@ -31,7 +31,7 @@ from . import mf_preload
 from .mf_blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 
 
-_NSTAT = 6  # per-worker scalars sent to rank 0 before the per-iteration rows
+_NSTAT = 7  # per-worker scalars sent to rank 0 before the per-iteration rows
 
 
 def _account(it, pre, held, resident, rss, waited) -> None:
@@ -243,7 +243,9 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         tick(iters)
     g0 = time.perf_counter()
     pq = gather()
-    io = [0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read]
+    if pre is not None:
+        pre.close()  # the loader has read everything; its CPU time is final
+    io = [0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds]
     mine = np.concatenate([[sent, recvd, comm, *io, setup_rss], losses, resident, rss, waited])
     if r != 0:
         slots[f"st{r}"].send(mine)
@@ -263,7 +265,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             "peak_rss_bytes": per_it[:, 2].T.astype(np.int64).tolist(),
             "preload_wait_seconds": per_it[:, 3].T.tolist(),
             "preload_read_seconds": [float(x) for x in st[:, 3]], "bytes_read": [int(x) for x in st[:, 4]],
-            "setup_peak_rss_bytes": [int(x) for x in st[:, 5]], "memory_budget": budget,
+            "preload_loader_cpu_seconds": [float(x) for x in st[:, 5]],
+            "setup_peak_rss_bytes": [int(x) for x in st[:, 6]], "memory_budget": budget,
             "rating_bytes": part.n_ratings * ENTRY_BYTES,
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,

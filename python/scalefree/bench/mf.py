@@ -194,7 +194,9 @@ def _vs_memory_budget(args) -> int:
                        "rating_bytes_resident_max": held, "peak_rss_bytes": last["peak_rss_bytes"],
                        "setup_peak_rss_bytes": last["setup_peak_rss_bytes"],
                        "preload_wait_seconds": [sum(x) for x in zip(*(r["preload_wait_seconds"] for r in rs[-1]))],
-                       "preload_read_seconds": last.get("preload_read_seconds"), "bytes_read": last.get("bytes_read")}
+                       "preload_read_seconds": last.get("preload_read_seconds"),
+                       "preload_loader_cpu_seconds": last.get("preload_loader_cpu_seconds"),
+                       "bytes_read": last.get("bytes_read")}
                 records.append(rec)
                 rows.append([f.name, variant, "-" if variant == "memory" else f"{budget / 2**20:.1f}",
                              f"{held / 2**20:.1f}", f"{rec['median_s']:.3f}",
