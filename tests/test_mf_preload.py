@@ -217,3 +217,57 @@ def test_bench_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
     assert 0 < bud["rating_bytes_resident_max"] <= bud["memory_budget"]
     assert bud["test_rmse"] == mem["test_rmse"] and np.isfinite(mem["test_rmse"])
     assert "x in-memory, RMSE identical" in p.stdout
+
+
+@pytest.mark.parametrize("n,seed", [(0, 1), (1, 2), (7, None), (1001, 3)])
+def test_entries_binding_matches_the_block_binding(n, seed):
+    """mf_sgd_entries (packed records, shuffled in place) does what mf_sgd_block does on the
+    records in the order they end up in; the shuffle is a permutation fixed by the seed."""
+    from scalefree import _native
+
+    rng = np.random.default_rng(n)
+    k, rows_p, rows_q = 8, 13, 11
+    ent = np.empty((n, 3), np.uint32)
+    ent[:, 0] = rng.integers(0, rows_p, n)
+    ent[:, 1] = rng.integers(0, rows_q, n)
+    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    p0 = rng.random((rows_p, k), dtype=np.float32)
+    q0 = rng.random((rows_q, k), dtype=np.float32)
+    a = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
+    b = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
+    before = ent.copy()
+    la = _native.mf_sgd_entries(ent, *a, k, shuffle_seed=seed)
+    if seed is None or n < 2:
+        assert np.array_equal(ent, before)
+    else:
+        assert not np.array_equal(ent, before)
+        assert sorted(map(tuple, ent.tolist())) == sorted(map(tuple, before.tolist()))
+        again = before.copy()
+        _native.mf_sgd_entries(again, p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32),
+                               k, shuffle_seed=seed)
+        assert np.array_equal(again, ent)
+    u, i, r = (np.ascontiguousarray(ent[:, 0]).view(np.int32), np.ascontiguousarray(ent[:, 1]).view(np.int32),
+               np.ascontiguousarray(ent[:, 2]).view(np.float32))
+    lb = _native.mf_sgd_block(u, i, r, *b, k)
+    assert la == lb
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+
+
+def test_entries_binding_checks_its_arguments():
+    from scalefree import _native
+
+    p, q = np.zeros((4, 2), np.float32), np.zeros((3, 2), np.float32)
+    pg, qg = np.ones(4, np.float32), np.ones(3, np.float32)
+    with pytest.raises(InvalidArgumentError, match="outside p"):
+        _native.mf_sgd_entries(np.array([[4, 0, 0]], np.uint32), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="uint32 records"):
+        _native.mf_sgd_entries(np.zeros((1, 3), np.int64), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="uint32 records"):
+        _native.mf_sgd_entries(np.zeros(4, np.uint32), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        ro = np.zeros((1, 3), np.uint32)
+        ro.flags.writeable = False
+        _native.mf_sgd_entries(ro, p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="schedule"):
+        _native.mf_sgd_entries(np.zeros((1, 3), np.uint32), p, q, pg, qg, 2, schedule="adam")
