@@ -180,6 +180,15 @@ def test_budget_smaller_than_a_block_is_refused(blocks, hint, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+def test_missing_block_dir_is_a_clear_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", "2", "-i", "1", "-q", "--memory-budget", "1M", "--block-dir", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "block directory" in p.stderr and "does not exist" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_cli_rejects_budget_for_other_modes():
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "dsgd-ps",
                         "-n", "2", "--memory-budget", "1M"], capture_output=True, text=True, timeout=60)

@@ -265,7 +265,7 @@ def _launch(args) -> int:
 
     try:
         return _train_ranks(args)
-    except OutOfBudgetError as e:
+    except (OutOfBudgetError, InvalidArgumentError) as e:
         raise SystemExit(f"scalefree mf train: {e}") from None
 
 
