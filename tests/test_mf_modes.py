@@ -141,9 +141,9 @@ else:
 def test_partition_covers_every_rating_once():
     tr, _ = mf.split_ratings(ML100K, 0.1, 0)
     part = Partition(tr, 3, 8, 0)
-    assert sum(len(b[2]) for b in part.blocks) == len(tr)
+    assert sum(len(b) for b in part.blocks) == len(tr)
     for b in range(9):
-        u, i, _ = part.blocks[b]
+        u, i = part.blocks[b][:, 0], part.blocks[b][:, 1]
         assert (u >= 0).all() and (u < part.urows(b // 3)).all()
         assert (i >= 0).all() and (i < part.irows(b % 3)).all()
     with pytest.raises(InvalidArgumentError, match="cannot be cut"):

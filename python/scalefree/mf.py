@@ -80,14 +80,26 @@ class MatrixFactorization:
     k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
     paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
-    init_max: factors start uniform in [0, init_max] (default 1/√k); seed.
+    init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
+    memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
+    the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
+    loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
     """
 
     def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
                  iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
-                 blocks: int | None = None, init_max: float | None = None, seed: int = 0):
+                 blocks: int | None = None, init_max: float | None = None, seed: int = 0,
+                 memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
+        if memory_budget is not None:
+            if mode != "rima":
+                raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
+                                           f"blocks to preload); mode {mode!r} keeps R in memory")
+            from .mf_preload import parse_bytes
+
+            memory_budget = parse_bytes(memory_budget)
+        self.memory_budget, self.block_dir = memory_budget, block_dir
         self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
         self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
         self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
@@ -145,6 +157,8 @@ class MatrixFactorization:
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
                     seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
+        if self.memory_budget is not None:
+            opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
         if test_r is not None and eval_every:
@@ -158,6 +172,13 @@ class MatrixFactorization:
             return self
         self._model = _native.MfModel.from_factors(train, self.k, res["p"].tobytes(), res["q"].tobytes())
         self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
+        for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
+            for rec, per_worker in zip(self.history, res.get(name, ())):
+                rec[name] = per_worker  # one value per worker
+        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds",
+                     "preload_loader_cpu_seconds", "bytes_read"):
+            if name in res:
+                self.history[-1][name] = res[name]
         for it, rmse, secs in res["evals"]:
             self.history[it - 1].update(test_rmse=rmse, seconds=secs)
         last = self.history[-1]
@@ -204,6 +225,15 @@ def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
 
 def _check_ranks(args) -> None:
     n = args.ranks
+    if args.memory_budget is not None:
+        if args.mode != "rima":
+            raise SystemExit(f"scalefree mf train: --memory-budget is for --mode rima (got --mode {args.mode})")
+        from .mf_preload import parse_bytes
+
+        try:
+            parse_bytes(args.memory_budget)
+        except InvalidArgumentError as e:
+            raise SystemExit(f"scalefree mf train: --memory-budget: {e}") from None
     if n < 1:
         raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
     if args.mode == "local" and n > 1:
@@ -231,14 +261,20 @@ def _launch(args) -> int:
         cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--no-prefix", "--",
                sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
         return subprocess.call(cmd)
-    return _train_ranks(args)
+    from .errors import OutOfBudgetError
+
+    try:
+        return _train_ranks(args)
+    except (OutOfBudgetError, InvalidArgumentError) as e:
+        raise SystemExit(f"scalefree mf train: {e}") from None
 
 
 def _train_ranks(args) -> int:
     """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports."""
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
-                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks)
+                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
+                                memory_budget=args.memory_budget, block_dir=args.block_dir)
     model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
     if model.rank != 0:
         return 0
@@ -261,6 +297,12 @@ def _train_ranks(args) -> int:
           f"{args.iterations} iterations in {last['seconds']:.3f} s; "
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
+    if "peak_rss_bytes" in last:
+        held = max(max(rec["rating_bytes_resident"]) for rec in h)
+        budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
+        print(f"rating blocks: {last['rating_bytes'] / 2**20:.1f} MiB in all; {budget}at most "
+              f"{held / 2**20:.1f} MiB held by a rank; peak RSS per rank while training "
+              f"{max(last['peak_rss_bytes']) / 2**20:.0f} MiB (set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB)")
     return 0
 
 
@@ -341,6 +383,11 @@ def add_parser(sub) -> None:
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=int, default=None)
     t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--memory-budget", default=None, metavar="BYTES",
+                   help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
+                        "read ahead in pattern order (default: all in memory)")
+    t.add_argument("--block-dir", default=None,
+                   help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")

@@ -5,6 +5,10 @@ and items are permuted at random, then cut into ``nb`` contiguous ranges each, s
 into ``nb × nb`` blocks of similar size. A factor block travels as one flat float32 array
 (:class:`FactorBlock`): ``rows_max × k`` factors, then ``rows_max`` AdaGrad accumulators —
 one fixed size per side, so it fits a static tensor slot whatever block it holds.
+
+A block of R is one ``(n, 3)`` uint32 array of packed records — user row, item row, rating
+(float32 bits) — which the kernel binding (``_native.mf_sgd_entries``) shuffles and trains in
+place; it is also the layout of the on-disk block file of ``mf_preload``.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import numpy as np
 from . import _native
 from .errors import InvalidArgumentError
 
+ENTRY_BYTES = 12  # one rating: user row u32, item row u32, rating f32
+
 
 class Partition:
     """The ``nb × nb`` blocks of ``train`` (native ratings), the same on every rank."""
 
-    def __init__(self, train, nb: int, k: int, seed: int, init_max: float | None = None):
+    def __init__(self, train, nb: int, k: int, seed: int, init_max: float | None = None, spill=None):
+        """``spill(b, entries)``, if given, receives every block ``b = ru·nb + ri`` as it is
+        built instead of the partition keeping it (``blocks[b]`` is then None); the blocks and
+        the initial factors are the same either way."""
         if nb < 1:
             raise InvalidArgumentError(f"need at least one block per side, got {nb}")
         u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("int32", "int32", "float32")))
@@ -38,20 +47,34 @@ class Partition:
         order = np.argsort(key, kind="stable")
         bounds = np.searchsorted(key[order], np.arange(nb * nb + 1))
         self.blocks = []
+        self.counts = np.diff(bounds).astype(np.int64)  # ratings per block
         for b in range(nb * nb):
             sel = order[bounds[b]:bounds[b + 1]]
             sel = sel[rng.permutation(len(sel))]
             ru, ri = divmod(b, nb)
-            self.blocks.append(((up[sel] - self.ustart[ru]).astype(np.int32),
-                                (ip[sel] - self.istart[ri]).astype(np.int32),
-                                np.ascontiguousarray(r[sel])))
+            ent = np.empty((len(sel), 3), np.uint32)
+            ent[:, 0] = up[sel] - self.ustart[ru]
+            ent[:, 1] = ip[sel] - self.istart[ri]
+            ent[:, 2] = r[sel].view(np.uint32)
+            if spill is None:
+                self.blocks.append(ent)
+            else:
+                spill(b, ent)
+                self.blocks.append(None)
+            del ent
         self.n_ratings = len(r)
+        self._scratch = None
         self.urows_max = int(np.diff(self.ustart).max())
         self.irows_max = int(np.diff(self.istart).max())
         # The initial factors, uniform in [0, init_max] (LIBMF's 1/√k by default), in permuted order.
-        init_max = 1.0 / np.sqrt(k) if init_max is None else float(init_max)
-        self.p0 = (rng.random((self.m, k), dtype=np.float32) * init_max)
-        self.q0 = (rng.random((self.n, k), dtype=np.float32) * init_max)
+        # (A Python float scale keeps them float32; a numpy float64 one would double them.)
+        init_max = float(1.0 / np.sqrt(k) if init_max is None else init_max)
+        self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
+        self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+
+    def drop_initial(self) -> None:
+        """Free the initial factors once the blocks needing them were made (p_block/q_block)."""
+        self.p0 = self.q0 = None
 
     def urows(self, b: int) -> int:
         return int(self.ustart[b + 1] - self.ustart[b])
@@ -59,8 +82,22 @@ class Partition:
     def irows(self, b: int) -> int:
         return int(self.istart[b + 1] - self.istart[b])
 
-    def block(self, ru: int, ri: int):
+    def block(self, ru: int, ri: int) -> np.ndarray:
+        """Block (ru, ri) as ``(n, 3)`` uint32 records (None if it was spilled)."""
         return self.blocks[ru * self.nb + ri]
+
+    def block_bytes(self, ru: int, ri: int) -> int:
+        return int(self.counts[ru * self.nb + ri]) * ENTRY_BYTES
+
+    def resident_bytes(self) -> int:
+        """Bytes of R blocks this partition holds in memory."""
+        return sum(b.nbytes for b in self.blocks if b is not None)
+
+    def scratch(self, n: int) -> np.ndarray:
+        """A reused ``(n, 3)`` buffer for shuffling a copy of an in-memory block."""
+        if self._scratch is None or len(self._scratch) < n:
+            self._scratch = np.empty((int(self.counts.max()), 3), np.uint32)
+        return self._scratch[:n]
 
     def p_block(self, b: int) -> "FactorBlock":
         return FactorBlock.initial(self.p0[self.ustart[b]:self.ustart[b + 1]], self.urows_max, self.k)
@@ -101,14 +138,20 @@ class FactorBlock:
 
 
 def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBlock, opts: dict,
-                rng: np.random.Generator | None) -> float:
+                rng: np.random.Generator | None, entries: np.ndarray | None = None) -> float:
     """SGD over block (ru, ri) with the factor blocks ``p`` and ``q`` (updated in place);
-    with ``rng``, in a fresh random order (intra-block random sampling). Returns Σ e²."""
-    users, items, ratings = part.block(ru, ri)
-    if len(ratings) == 0:
+    with ``rng``, in a fresh random order (intra-block random sampling). ``entries``: the
+    block's records in a buffer that may be shuffled in place (one read from disk by the
+    preloader); by default the in-memory block, copied into a scratch buffer first so that
+    every visit starts from the same order whichever way the block came. Returns Σ e²."""
+    if entries is None:
+        entries = part.block(ru, ri)
+        if rng is not None and len(entries):
+            scratch = part.scratch(len(entries))
+            np.copyto(scratch, entries)
+            entries = scratch
+    if len(entries) == 0:
         return 0.0
-    if rng is not None:
-        o = rng.permutation(len(ratings))
-        users, items, ratings = users[o], items[o], ratings[o]
-    return _native.mf_sgd_block(users, items, ratings, p.factors, q.factors, p.acc, q.acc, part.k,
-                                eta=opts["eta"], lam=opts["lam"], schedule=opts["schedule"])
+    seed = None if rng is None else int(rng.integers(0, 2**63))
+    return _native.mf_sgd_entries(entries, p.factors, q.factors, p.acc, q.acc, part.k,
+                                  eta=opts["eta"], lam=opts["lam"], schedule=opts["schedule"], shuffle_seed=seed)

@@ -268,3 +268,75 @@ pub fn mf_sgd_block(
     // must not hand the same memory to two concurrent calls).
     Ok(py.detach(move || unsafe { sgd_block(&block, f, &prm) }))
 }
+
+/// `scalefree._native.mf_sgd_entries(entries, p, q, pg, qg, k, eta, lam, schedule, shuffle_seed)`:
+/// [`mf_sgd_block`] over one block held as packed records — `entries` is a writable, contiguous
+/// array of 4-byte elements (numpy uint32, shape (n, 3)): user row, item row, rating (float32
+/// bits). With `shuffle_seed` the records are first put in a fresh random order in place
+/// (Fisher–Yates, SplitMix64 from that seed), so a block read from disk (or copied into a scratch
+/// buffer) is trained without another copy of it. Returns Σ e² seen before each update.
+#[pyfunction]
+#[pyo3(signature = (entries, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad", shuffle_seed=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn mf_sgd_entries(
+    py: Python<'_>,
+    entries: &Bound<'_, PyAny>,
+    p: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    pg: &Bound<'_, PyAny>,
+    qg: &Bound<'_, PyAny>,
+    k: usize,
+    eta: f32,
+    lam: f32,
+    schedule: &str,
+    shuffle_seed: Option<u64>,
+) -> PyResult<f64> {
+    let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
+    let schedule = match schedule {
+        "adagrad" => Schedule::Adagrad,
+        "constant" => Schedule::Constant,
+        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
+    };
+    if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
+        return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
+    }
+    let eb = Buf::get(entries, true, "entries")?;
+    if eb.itemsize() != 4 || eb.len_bytes() % 12 != 0 {
+        return Err(bad(format!(
+            "entries must be uint32 records (user, item, rating bits), 3 per rating; got format {:?}, {} bytes",
+            eb.format,
+            eb.len_bytes()
+        )));
+    }
+    let (pb, qb) = (Buf::get(p, true, "p")?, Buf::get(q, true, "q")?);
+    let (pgb, qgb) = (Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?);
+    for (b, w) in [(&pb, "p"), (&qb, "q"), (&pgb, "pg"), (&qgb, "qg")] {
+        if b.dtype != Some(DType::F32) {
+            return Err(bad(format!("{w} must be float32, got buffer format {:?}", b.format)));
+        }
+    }
+    if pb.count() % k != 0 || qb.count() % k != 0 {
+        return Err(bad(format!("p and q must hold whole rows of k = {k}")));
+    }
+    let (prows, qrows) = (pb.count() / k, qb.count() / k);
+    if pgb.count() < prows || qgb.count() < qrows {
+        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
+    }
+    let n = eb.len_bytes() / 12;
+    // SAFETY: Entry is repr(C) {u32, u32, f32} (12 bytes, 4-aligned) and the buffer is 4-aligned
+    // (checked by Buf::get), writable and held until the end of this function.
+    let block: &mut [Entry] = unsafe { std::slice::from_raw_parts_mut(eb.ptr() as *mut Entry, n) };
+    if let Some(e) = block.iter().find(|e| e.u as usize >= prows || e.i as usize >= qrows) {
+        return Err(bad(format!("entry ({}, {}) is outside p ({prows} rows) or q ({qrows} rows)", e.u as i32, e.i as i32)));
+    }
+    let f = Factors { p: pb.ptr() as *mut f32, q: qb.ptr() as *mut f32, pg: pgb.ptr() as *mut f32, qg: qgb.ptr() as *mut f32 };
+    let prm = SgdParams { k, eta, lambda: lam, schedule };
+    py.detach(move || {
+        if let Some(seed) = shuffle_seed {
+            scalefree_mf::rng::Rng::new(seed).shuffle(block);
+        }
+        // SAFETY: every id was checked against the rows of p/q (and pg/qg have at least as
+        // many); the caller must not hand the same memory to two concurrent calls.
+        Ok(unsafe { sgd_block(block, f, &prm) })
+    })
+}

@@ -2,6 +2,10 @@
 ``scalefree bench mf --vs dsgd-ps``: the ``rima`` ring vs the ``dsgd-ps`` parameter server on
 a seeded synthetic matrix (low rank + noise, power-law row and column degrees), ``--ranks``
 ranks each, equal iterations: training time, bytes sent per worker, test RMSE.
+``scalefree bench mf --vs memory-budget --budget-fraction 0.25``: ``rima`` on the same synthetic
+matrix in memory and with ``--memory-budget`` = that fraction of the rating data (per rank; the
+blocks stay on disk, read ahead in pattern order), runs interleaved: training time and their
+ratio, test RMSE, rating bytes held per rank, peak RSS per rank.
 
 Both train on the same seeded 90/10 split with the same k, λ (L2 on P and Q, no L1),
 iterations and threads; LIBMF runs in a child process (its ctypes wrapper prints on import
@@ -51,8 +55,10 @@ print(json.dumps({"times": times, "rmse": rmse}))
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(BENCH, help="matrix factorization (local mode) vs LIBMF",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "none"))
-    p.add_argument("--ranks", type=int, default=4, help="--vs dsgd-ps: ranks per run (default 4)")
+    p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "none"))
+    p.add_argument("--budget-fraction", type=float, default=0.25,
+                   help="--vs memory-budget: budget per rank as a fraction of the rating data (default 0.25)")
+    p.add_argument("--ranks", type=int, default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
     p.add_argument("--users", type=int, default=100_000, help="--vs dsgd-ps: synthetic users")
     p.add_argument("--items", type=int, default=100_000, help="--vs dsgd-ps: synthetic items")
     p.add_argument("--ratings", type=int, default=2_000_000, help="--vs dsgd-ps: synthetic ratings")
@@ -135,15 +141,83 @@ def synthetic(path: Path, users: int, items: int, ratings: int, seed: int, rank:
     return len(u)
 
 
+def _synthetic_files(args, d: str) -> list[Path]:
+    files = [Path(f) for f in args.data] if args.data else []
+    if not files:
+        f = Path(d) / "synthetic.txt"
+        common.progress(f"writing a synthetic {args.users} x {args.items} matrix ...")
+        nnz = synthetic(f, args.users, args.items, args.ratings, args.seed)
+        common.progress(f"{nnz} distinct ratings")
+        files = [f]
+    return files
+
+
+def _train_cli(f: Path, mode: str, extra: list[str], args, d: str) -> dict:
+    """One ``scalefree mf train`` run; its last JSON record (rank 0's report)."""
+    out = Path(d) / f"{mode}.jsonl"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
+                        "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
+                        "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
+                        "--eval-every", "0", "--json", str(out), "-q", *extra],
+                       capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"mf train --mode {mode} {' '.join(extra)} failed: {p.stderr.strip()[-800:]}")
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _vs_memory_budget(args) -> int:
+    if not 0 < args.budget_fraction:
+        raise SystemExit(f"--budget-fraction must be positive, got {args.budget_fraction}")
+    with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
+        files = _synthetic_files(args, d)
+        records, rows = [], []
+        for f in files:
+            common.progress(f"{f.name}: rima -n {args.ranks} in memory (sizing the budget) ...")
+            data = _train_cli(f, "rima", [], args, d)[-1]["rating_bytes"]
+            budget = int(args.budget_fraction * data)
+            runs: dict[str, list] = {"memory": [], "budget": []}
+            for rep in range(args.repeat):
+                for variant in ("memory", "budget"):
+                    extra = [] if variant == "memory" else ["--memory-budget", str(budget), "--block-dir", d]
+                    common.progress(f"{f.name}: rima -n {args.ranks} {variant} ({rep + 1}/{args.repeat}) ...")
+                    runs[variant].append(_train_cli(f, "rima", extra, args, d))
+            for variant, rs in runs.items():
+                times = [r[-1]["seconds"] for r in rs]
+                last = rs[-1][-1]
+                held = max(max(r["rating_bytes_resident"]) for r in rs[-1])
+                rec = {"bench": BENCH, "vs": "memory-budget", "impl": "scalefree", "variant": variant,
+                       "data": f.name, "ranks": args.ranks, "blocks_per_side": last["blocks_per_side"],
+                       "k": args.k, "iterations": args.iterations, "rating_bytes": data,
+                       "memory_budget": budget if variant == "budget" else None,
+                       "median_s": float(np.median(times)), "min_s": float(min(times)), "max_s": float(max(times)),
+                       "n": len(times), "times": times, "test_rmse": last["test_rmse"],
+                       "rating_bytes_resident_max": held, "peak_rss_bytes": last["peak_rss_bytes"],
+                       "setup_peak_rss_bytes": last["setup_peak_rss_bytes"],
+                       "preload_wait_seconds": [sum(x) for x in zip(*(r["preload_wait_seconds"] for r in rs[-1]))],
+                       "preload_read_seconds": last.get("preload_read_seconds"),
+                       "preload_loader_cpu_seconds": last.get("preload_loader_cpu_seconds"),
+                       "bytes_read": last.get("bytes_read")}
+                records.append(rec)
+                rows.append([f.name, variant, "-" if variant == "memory" else f"{budget / 2**20:.1f}",
+                             f"{held / 2**20:.1f}", f"{rec['median_s']:.3f}",
+                             f"{max(rec['preload_wait_seconds']):.3f}", f"{max(last['peak_rss_bytes']) / 2**20:.0f}",
+                             f"{rec['test_rmse']:.5f}"])
+        print(common.format_table(["data", "rima", "budget MiB/rank", "R held MiB/rank (max)", "train s (median)",
+                                   "IO wait s (max)", "peak RSS MiB/rank", "test RMSE"], rows, left_columns=2))
+        for f in files:
+            mem, bud = (r for r in records if r["data"] == f.name)
+            diff = bud["test_rmse"] - mem["test_rmse"]
+            print(f"{f.name}: budget {args.budget_fraction:g} of {mem['rating_bytes'] / 2**20:.1f} MiB rating data "
+                  f"per rank: time {bud['median_s'] / mem['median_s']:.2f}x in-memory, "
+                  f"RMSE {'identical' if diff == 0 else f'{diff:+.2e}'}")
+    if getattr(args, "json", None):
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
 def _vs_dsgd_ps(args) -> int:
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
-        files = [Path(f) for f in args.data] if args.data else []
-        if not files:
-            f = Path(d) / "synthetic.txt"
-            common.progress(f"writing a synthetic {args.users} x {args.items} matrix ...")
-            nnz = synthetic(f, args.users, args.items, args.ratings, args.seed)
-            common.progress(f"{nnz} distinct ratings")
-            files = [f]
+        files = _synthetic_files(args, d)
         records, rows = [], []
         for f in files:
             # rima with 2w x 2w blocks (its default), rima with w x w, the parameter server.
@@ -191,6 +265,8 @@ def run(args) -> int:
 
     if args.vs == "dsgd-ps":
         return _vs_dsgd_ps(args)
+    if args.vs == "memory-budget":
+        return _vs_memory_budget(args)
     files = [Path(f) for f in args.data] if args.data else _default_data()
     records, rows = [], []
     for f in files:

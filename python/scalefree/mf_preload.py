@@ -1,0 +1,268 @@
+"""Preloading R blocks from disk within a memory budget (the Rima paper, section III-D).
+
+With a memory budget, a rank does not keep its rating blocks in memory. At set-up it writes
+the blocks its pattern sequence visits to one block file (:class:`BlockFile`; packed records,
+each block at a known offset). The file is anonymous — created already unlinked — so nothing is
+left on disk however the process ends, a crash or ``kill -9`` included.
+
+Rima's pattern sequence is fixed in advance (the directions come from the shared seed), so the
+rank knows every block it will train, in order. A :class:`Preloader` thread reads them in that
+order into an arena of at most ``budget`` bytes (a ring: blocks are used in the order they are
+read, so the oldest is always freed first), up to as many as fit, and the trainer frees each
+block once its SGD pass is done; the reads overlap compute and the ring's communication. After
+each read the file's pages are dropped from the page cache, so the data really comes from the
+disk every time (rather than from memory the budget does not count).
+
+``rating bytes resident`` are the bytes of blocks held in the arena (read ahead or in use); the
+arena itself is ``min(budget, block file size)`` bytes, touched once at start-up.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from .errors import InvalidArgumentError, OutOfBudgetError
+from .mf_blocks import ENTRY_BYTES
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+
+
+def parse_bytes(text) -> int:
+    """``"64M"``, ``"1.5G"``, ``"4096"``, an int → bytes (K/M/G/T are powers of 1024)."""
+    if isinstance(text, (int, np.integer)):
+        n = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).upper() not in _UNITS:
+            raise InvalidArgumentError(f"memory budget {text!r} is not a size like 64M, 1.5G or 4096")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise InvalidArgumentError(f"memory budget must be positive, got {text!r}")
+    return n
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB ({n} bytes)"
+
+
+def peak_rss_bytes() -> int:
+    """This process's resident-set high-water mark (VmHWM; since the last :func:`reset_peak_rss`)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart the high-water mark from the current RSS (Linux ≥ 4.0); False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def outside_arena(fn):
+    """``fn()`` on a helper thread, so the arrays it allocates come from the C allocator
+    rather than the rank's registered arena (numpy's allocator is per thread context), and what
+    it frees goes back to the system — set-up transients then leave no resident memory behind."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="scalefree-mf-setup")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    trim_heap()
+    return box["value"]
+
+
+def trim_heap() -> None:
+    """Give free C-heap memory back to the system (glibc ``malloc_trim``; no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class BlockFile:
+    """A rank's R blocks in one anonymous file, each at a recorded offset."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        if directory is not None and not os.path.isdir(directory):
+            raise InvalidArgumentError(f"block directory {str(directory)!r} does not exist")
+        self._f = tempfile.TemporaryFile(prefix="scalefree-mf-blocks-", dir=directory)
+        self.fd = self._f.fileno()
+        self.directory = directory or tempfile.gettempdir()
+        self.index: dict[int, tuple[int, int]] = {}  # block → (byte offset, ratings)
+        self.size = 0
+
+    def append(self, block: int, entries: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(entries).reshape(-1).view(np.uint8))
+        off = 0
+        try:
+            while off < len(data):
+                off += os.pwrite(self.fd, data[off:], self.size + off)
+        except OSError as e:
+            raise OSError(e.errno, f"writing R block {block} to the block file in {self.directory}: {e.strerror}") from e
+        self.index[block] = (self.size, len(entries))
+        self.size += len(data)
+
+    def finish(self) -> None:
+        """Everything on disk, nothing of it left in the page cache."""
+        os.fsync(self.fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def read_into(self, block: int, out: np.ndarray) -> None:
+        off, n = self.index[block]
+        view = memoryview(out.reshape(-1).view(np.uint8))  # out is contiguous: a view, not a copy
+        got = 0
+        while got < len(view):
+            k = os.preadv(self.fd, [view[got:]], off + got)
+            if k <= 0:
+                raise OSError(f"block file in {self.directory}: short read of R block {block} "
+                              f"({got} of {len(view)} bytes at offset {off})")
+            got += k
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, off, len(view), os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Preloader:
+    """Reads ``sequence`` (block ids, in the order they will be trained) from ``blocks`` on a
+    thread, at most ``budget`` bytes of them resident. ``get(n)`` waits for the n-th and
+    returns its records (an ``(m, 3)`` uint32 view the caller may shuffle in place);
+    ``release(n)`` frees it (blocks must be released in order)."""
+
+    def __init__(self, blocks: BlockFile, sequence: list[int], budget: int):
+        self.blocks, self.seq, self.budget = blocks, list(sequence), int(budget)
+        sizes = {b: n * ENTRY_BYTES for b, (_, n) in blocks.index.items()}
+        biggest = max((sizes[b] for b in set(self.seq)), default=0)
+        if biggest > self.budget:
+            raise OutOfBudgetError(
+                f"memory budget {_mib(self.budget)} is smaller than one R block: the largest block this "
+                f"rank trains holds {_mib(biggest)}; raise the budget to at least that or cut R into more blocks")
+        # The arena, in uint32 words; touched once here so reads never fault fresh pages.
+        cap = min(self.budget, blocks.size) // 4 * 4
+        self._arena = np.zeros(max(cap // 4, 0), np.uint32)
+        self._cap = len(self._arena)
+        self._cond = threading.Condition()
+        self._live: collections.deque = collections.deque()  # (n, word offset, words), oldest first
+        self._head = 0
+        self._ready: dict[int, np.ndarray] = {}
+        self._next_free = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self.resident = 0  # bytes of blocks read and not yet released
+        self.peak_resident = 0
+        self.read_seconds = 0.0  # loader time in reads
+        self.wait_seconds = 0.0  # trainer time waiting for a block not yet read
+        self.bytes_read = 0
+        self.loader_cpu_seconds = 0.0  # the loader thread's CPU time (set when it ends)
+        self._thread = threading.Thread(target=self._run, name="scalefree-mf-preload", daemon=True)
+        self._thread.start()
+
+    def _place(self, words: int) -> int | None:
+        """Arena offset for ``words`` more, or None while they do not fit (lock held)."""
+        if not self._live:
+            self._head = 0
+            return 0 if words <= self._cap else None
+        tail = self._live[0][1]
+        if self._head > tail:  # live data is [tail, head): room at the end, else at the start
+            if self._head + words <= self._cap:
+                return self._head
+            return 0 if words <= tail else None
+        return self._head if self._head + words <= tail else None  # wrapped: room in [head, tail)
+
+    def _run(self) -> None:
+        c0 = time.thread_time()
+        try:
+            for n, b in enumerate(self.seq):
+                words = self.blocks.index[b][1] * 3
+                with self._cond:
+                    while True:
+                        if self._stop:
+                            return
+                        at = self._place(words) if words else 0
+                        if at is not None:
+                            break
+                        self._cond.wait()
+                    if words:
+                        self._live.append((n, at, words))
+                        self._head = at + words
+                    self.resident += words * 4
+                    self.peak_resident = max(self.peak_resident, self.resident)
+                out = self._arena[at:at + words].reshape(-1, 3)
+                t0 = time.perf_counter()
+                if words:
+                    self.blocks.read_into(b, out)
+                dt = time.perf_counter() - t0
+                with self._cond:
+                    self.read_seconds += dt
+                    self.bytes_read += words * 4
+                    self._ready[n] = out
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to the trainer by get()
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+        finally:
+            self.loader_cpu_seconds = time.thread_time() - c0
+
+    def get(self, n: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        with self._cond:
+            while n not in self._ready:
+                if self._error is not None:
+                    raise OSError(f"preloading R blocks failed: {self._error}") from self._error
+                if self._stop:
+                    raise InvalidArgumentError("preloader is closed")
+                self._cond.wait()
+            out = self._ready.pop(n)
+        self.wait_seconds += time.perf_counter() - t0
+        return out
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            if n != self._next_free:
+                raise InvalidArgumentError(f"blocks are released in order: expected visit {self._next_free}, got {n}")
+            self._next_free += 1
+            if self._live and self._live[0][0] == n:
+                self.resident -= self._live.popleft()[2] * 4
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stops the loader (idempotent)."""
+        if self._arena is None:
+            return
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._arena = None
