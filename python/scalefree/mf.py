@@ -80,14 +80,20 @@ class MatrixFactorization:
     k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
     paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
-    init_max: factors start uniform in [0, init_max] (default 1/√k); seed.
+    init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
+    normalize (``local`` only): train on ratings divided by their standard deviation s, as
+    LIBMF does, so λ acts like λ·s on the raw ratings (predictions are scaled back).
     """
 
     def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
                  iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
-                 blocks: int | None = None, init_max: float | None = None, seed: int = 0):
+                 blocks: int | None = None, init_max: float | None = None, seed: int = 0,
+                 normalize: bool = False):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
+        if normalize and mode != "local":
+            raise InvalidArgumentError(f"normalize is available in mode 'local' only, not {mode!r}")
+        self.normalize = bool(normalize)
         self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
         self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
         self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
@@ -109,7 +115,8 @@ class MatrixFactorization:
         if self.mode != "local":
             return self._fit_ranks(train, test_r, progress, eval_every)
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
-                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
+                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
+                               normalize=self.normalize)
         bar = _Bar(self.iterations, progress)
         self.history = []
         elapsed = 0.0
@@ -206,6 +213,8 @@ def _check_ranks(args) -> None:
     n = args.ranks
     if n < 1:
         raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
+    if args.normalize and args.mode != "local":
+        raise SystemExit(f"scalefree mf train: --normalize is for --mode local, not {args.mode}")
     if args.mode == "local" and n > 1:
         raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -268,7 +277,7 @@ def _train(args) -> int:
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
-                                threads=args.threads, blocks=args.blocks, seed=args.seed)
+                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
     out = open(args.json, "w") if args.json else None
     try:
         def log(rec):
@@ -341,6 +350,8 @@ def add_parser(sub) -> None:
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=int, default=None)
     t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--normalize", action="store_true",
+                   help="local: train on ratings divided by their standard deviation, as LIBMF does")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")

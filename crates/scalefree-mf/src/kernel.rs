@@ -223,7 +223,7 @@ pub fn padded_k(k: usize) -> usize {
 /// # Safety
 /// See [`block_impl`]: ids in bounds, rows exclusively held by this caller.
 pub unsafe fn sgd_block(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
-    if prm.k % 8 == 0 {
+    if prm.k.is_multiple_of(8) {
         // SAFETY: rows of k = padded_k(k) floats need no padding; contract forwarded.
         return unsafe { sgd_block_ld(block, f, prm, prm.k, Isa::best()) };
     }

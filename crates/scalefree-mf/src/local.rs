@@ -38,11 +38,14 @@ pub struct LocalOptions {
     pub init_max: Option<f32>,
     /// Kernel build; default [`Isa::best`].
     pub isa: Option<Isa>,
+    /// Train on ratings divided by their standard deviation s (LIBMF does this), so λ acts
+    /// as λ·s would on the raw ratings; predictions are scaled back. Default off.
+    pub normalize: bool,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None }
+        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: false }
     }
 }
 
@@ -97,6 +100,8 @@ pub struct LocalTrainer {
     user_ids: Vec<u64>,
     item_ids: Vec<u64>,
     mean: f32,
+    /// Ratings were divided by this for training (1 unless `normalize`).
+    scale: f32,
     /// Whether each internal user / item had ratings (indexed like the rows of P / Q).
     known_u: Vec<bool>,
     known_i: Vec<bool>,
@@ -138,13 +143,20 @@ impl LocalTrainer {
         for b in 0..nb * nb {
             starts[b + 1] += starts[b];
         }
+        let scale = if o.normalize {
+            let mean = train.mean();
+            let var = train.values.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / train.len() as f64;
+            (var.sqrt() as f32).max(1e-4)
+        } else {
+            1.0
+        };
         let mut fill = starts.clone();
         let mut entries = vec![Entry { u: 0, i: 0, r: 0.0 }; train.len()];
         let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
         for ((&u, &i), &r) in train.users.iter().zip(&train.items).zip(&train.values) {
             let (u, i) = (up[u as usize], ip[i as usize]);
             let b = block_of(u, i);
-            entries[fill[b]] = Entry { u, i, r };
+            entries[fill[b]] = Entry { u, i, r: r / scale };
             fill[b] += 1;
             known_u[u as usize] = true;
             known_i[i as usize] = true;
@@ -182,6 +194,7 @@ impl LocalTrainer {
             user_ids: train.user_ids.clone(),
             item_ids: train.item_ids.clone(),
             mean,
+            scale,
             known_u,
             known_i,
             user_row: up,
@@ -219,7 +232,8 @@ impl LocalTrainer {
         let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts: std::mem::take(&mut self.counts), remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
         let barrier = Barrier::new(self.threads);
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
-        let (entries, starts, prm, ld, isa, n_ratings) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa, self.n as f64);
+        let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
+        let n_ratings = self.n as f64 / (self.scale as f64).powi(2);
         let (seed, first) = (self.seed, self.epochs);
         let work = |tid: usize| {
             for e in 0..n as u64 {
@@ -303,7 +317,9 @@ impl LocalTrainer {
         let (k, ld) = (self.prm.k, self.ld);
         let t = self.threads.max(1);
         let chunk = r.len().div_ceil(t);
-        let (p, q, ku, ki, mean) = (self.p.as_slice(), self.q.as_slice(), &self.known_u, &self.known_i, self.mean);
+        // The factors predict ratings divided by `scale`; compare in those units.
+        let (p, q, ku, ki, scale) = (self.p.as_slice(), self.q.as_slice(), &self.known_u, &self.known_i, self.scale);
+        let mean = self.mean / scale;
         let (ur, ir) = (&self.user_row, &self.item_row);
         let total: f64 = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..t)
@@ -311,20 +327,21 @@ impl LocalTrainer {
                     sc.spawn(move || {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
-                        let it = (lo..hi).map(|n| (ur[r.users[n] as usize] as usize, ir[r.items[n] as usize] as usize, r.values[n]));
+                        let it = (lo..hi).map(|n| (ur[r.users[n] as usize] as usize, ir[r.items[n] as usize] as usize, r.values[n] / scale));
                         sq_error_ld(it, p, q, k, ld, ku, ki, mean)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
-        Ok((total / r.len() as f64).sqrt())
+        Ok((total / r.len() as f64).sqrt() * scale as f64)
     }
 
     pub fn model(&self) -> Model {
         let (k, ld) = (self.prm.k, self.ld);
         // Back to dense-id order, without the padding.
-        let unpad = |a: &Rows, rows: &[u32]| -> Vec<f32> { rows.iter().flat_map(|&r| a.as_slice()[r as usize * ld..r as usize * ld + k].iter().copied()).collect() };
+        let c = self.scale.sqrt();
+        let unpad = |a: &Rows, rows: &[u32]| -> Vec<f32> { rows.iter().flat_map(|&r| a.as_slice()[r as usize * ld..r as usize * ld + k].iter().map(|&x| x * c)).collect() };
         let known = |k: &[bool], rows: &[u32]| -> Vec<bool> { rows.iter().map(|&r| k[r as usize]).collect() };
         Model {
             k,

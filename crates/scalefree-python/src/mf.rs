@@ -94,7 +94,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -108,6 +108,7 @@ impl PyMfTrainer {
         seed: u64,
         init_max: Option<f32>,
         isa: Option<&str>,
+        normalize: bool,
     ) -> PyResult<Self> {
         let isa = match isa.map(|s| (s, Isa::parse(s))) {
             None => None,
@@ -119,7 +120,7 @@ impl PyMfTrainer {
             "constant" => Schedule::Constant,
             s => return Err(mf_err(py, MfError::InvalidArgument(format!("schedule must be 'adagrad' or 'constant', got {s:?}")))),
         };
-        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa };
+        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize };
         let t = py.detach(|| LocalTrainer::new(&train.r, &o)).map_err(|e| mf_err(py, e))?;
         Ok(PyMfTrainer { t })
     }

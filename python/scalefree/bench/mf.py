@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--normalize", choices=("on", "off"), default="on",
+                   help="ours trains on ratings divided by their standard deviation, as LIBMF always does, so λ "
+                        "means the same for both (default on)")
+    p.add_argument("--libmf-so", type=Path, default=None,
+                   help="also run LIBMF from this shared library (e.g. built from the libmf sdist's sources "
+                        "with -O3 -march=native -DUSEAVX), as impl 'libmf-src'")
     p.add_argument("--throughput", action="store_true",
                    help="rating updates/s per iteration on a seeded 6,040 x 3,700 matrix with 1 M training "
                         "ratings, 1 and 2 threads, vs LIBMF (--vs none: ours only)")
@@ -120,7 +127,8 @@ def _ours(train, test, args) -> dict:
     times, rmse = [], None
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        tr = _native.MfTrainer(train, k=args.k, eta=args.eta, lam=args.lam, threads=args.threads, seed=args.seed)
+        tr = _native.MfTrainer(train, k=args.k, eta=args.eta, lam=args.lam, threads=args.threads, seed=args.seed,
+                               normalize=args.normalize == "on")
         tr.epochs(args.iterations)
         times.append(time.perf_counter() - t0)
         rmse = tr.rmse(test)
@@ -139,14 +147,15 @@ def _dense(train, test) -> tuple[np.ndarray, np.ndarray]:
     return tr, te
 
 
-def _libmf(train, test, args, child: str = _LIBMF_CHILD) -> dict:
+def _libmf(train, test, args, child: str = _LIBMF_CHILD, so: Path | None = None) -> dict:
     tr, te = _dense(train, test)
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "split.npz"
         np.savez(f, train=tr, test=te)
         a = {k: getattr(args, k) for k in ("k", "lam", "eta", "iterations", "threads", "repeat")}
+        env = {**os.environ, "LIBMF_OBJ": str(Path(so).resolve())} if so else None
         out = subprocess.run([sys.executable, "-c", child, str(f), json.dumps(a)],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise SystemExit(f"libmf failed (pip install libmf): {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -250,7 +259,8 @@ def _throughput(args) -> int:
         common.progress(f"{data}: scalefree, {threads} thread(s) ...")
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            tr = _native.MfTrainer(train, k=args.k, eta=args.eta, lam=args.lam, threads=threads, seed=args.seed)
+            tr = _native.MfTrainer(train, k=args.k, eta=args.eta, lam=args.lam, threads=threads, seed=args.seed,
+                                   normalize=args.normalize == "on")
             setup.append(time.perf_counter() - t0)
             tr.epochs(1)  # warm-up: first touch of the factor pages
             t0 = time.perf_counter()
@@ -262,6 +272,9 @@ def _throughput(args) -> int:
             common.progress(f"{data}: libmf, {threads} thread(s) ...")
             a = argparse.Namespace(**{**vars(args), "threads": threads})
             res["libmf"] = _libmf(train, test, a, child=_LIBMF_RATE_CHILD)
+            if args.libmf_so:
+                common.progress(f"{data}: libmf-src, {threads} thread(s) ...")
+                res["libmf-src"] = _libmf(train, test, a, child=_LIBMF_RATE_CHILD, so=args.libmf_so)
         for impl, v in res.items():
             med = float(np.median(v["per_iter"]))
             ups = len(train) / med
@@ -269,7 +282,8 @@ def _throughput(args) -> int:
                             "test": len(test), "k": args.k, "lam": args.lam, "iterations": args.iterations,
                             "threads": threads, "median_s": med, "min_s": float(min(v["per_iter"])),
                             "n": len(v["per_iter"]), "setup_s": float(np.median(v["setup"])),
-                            "updates_per_s": ups, "test_rmse": v["rmse"], **({"isa": v["isa"]} if "isa" in v else {})})
+                            "updates_per_s": ups, "test_rmse": v["rmse"],
+                            **({"isa": v["isa"], "normalize": args.normalize} if "isa" in v else {})})
             rows.append([data, impl + (f" ({v['isa']})" if "isa" in v else ""), str(threads),
                          f"{np.median(v['setup']):.3f}", f"{med * 1e3:.2f}", f"{ups / 1e6:.1f}", f"{v['rmse']:.4f}"])
     print(common.format_table(["data", "impl", "threads", "setup s", "ms / iteration (median)", "M updates/s",
@@ -291,6 +305,8 @@ def run(args) -> int:
     for f in files:
         train, test = split_ratings(f, 0.1, args.seed)
         impls = [("scalefree", _ours)] + ([("libmf", _libmf)] if args.vs == "libmf" else [])
+        if args.vs == "libmf" and args.libmf_so:
+            impls.append(("libmf-src", lambda tr, te, a: _libmf(tr, te, a, so=args.libmf_so)))
         for name, fn in impls:
             common.progress(f"{f.name}: {name} ...")
             res = fn(train, test, args)
@@ -299,7 +315,7 @@ def run(args) -> int:
             rec = {"bench": BENCH, "impl": name, "data": str(f.name), "train": len(train), "test": len(test),
                    "k": args.k, "lam": args.lam, "iterations": args.iterations, "threads": args.threads,
                    "median_s": med, "min_s": float(min(res["times"])), "n": len(res["times"]),
-                   "test_rmse": res["rmse"], "updates_per_s": ups}
+                   "test_rmse": res["rmse"], "updates_per_s": ups, **({"normalize": args.normalize} if name == "scalefree" else {})}
             records.append(rec)
             rows.append([f.name, name, f"{med:.4f}", f"{res['rmse']:.4f}", f"{ups / 1e6:.1f}"])
     print(common.format_table(["data", "impl", "fit s (median)", "test RMSE", "M updates/s"], rows, left_columns=2))
