@@ -100,3 +100,11 @@ def test_bench_throughput_runs(tmp_path):
     recs = json.loads(out.read_text())
     assert [(r["impl"], r["threads"]) for r in recs] == [("scalefree", 1), ("scalefree", 2)]
     assert all(r["train"] == 1_000_000 and r["updates_per_s"] > 0 and r["test_rmse"] < 1 for r in recs)
+
+
+def test_cli_normalize_is_local_only(tmp_path):
+    f = tmp_path / "r.txt"
+    f.write_text("1 1 3\n1 2 4\n2 1 5\n")
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", "rima", "-n", "2",
+                        "--normalize"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--normalize is for --mode local" in p.stderr
