@@ -79,7 +79,9 @@ def test_movielens_threads_agree():
     train, test = mf.split_ratings(ML100K, 0.1, 0)
     r = [mf.MatrixFactorization(k=40, iterations=10, threads=t).fit(train, test).history[-1]["test_rmse"]
          for t in (1, 2, 3)]
-    assert max(r) < 0.95 and max(r) - min(r) < 0.01, r
+    # 1, 2, 3 threads cut R into 2x2, 4x4, 6x6 blocks and schedule them dynamically: the update
+    # order differs, the result must not by more than 2 %.
+    assert max(r) < 0.95 and max(r) < min(r) * 1.02, r
 
 
 def test_synthetic_ratings_are_distinct_and_seeded():
