@@ -84,14 +84,20 @@ class MatrixFactorization:
     memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
     the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
     loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
+    normalize (``local`` only): train on ratings divided by their standard deviation s, as
+    LIBMF does, so λ acts like λ·s on the raw ratings (predictions are scaled back).
     """
 
     def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
                  iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
                  blocks: int | None = None, init_max: float | None = None, seed: int = 0,
-                 memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None):
+                 memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None,
+                 normalize: bool = False):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
+        if normalize and mode != "local":
+            raise InvalidArgumentError(f"normalize is available in mode 'local' only, not {mode!r}")
+        self.normalize = bool(normalize)
         if memory_budget is not None:
             if mode != "rima":
                 raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
@@ -121,7 +127,8 @@ class MatrixFactorization:
         if self.mode != "local":
             return self._fit_ranks(train, test_r, progress, eval_every)
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
-                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max)
+                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
+                               normalize=self.normalize)
         bar = _Bar(self.iterations, progress)
         self.history = []
         elapsed = 0.0
@@ -236,6 +243,8 @@ def _check_ranks(args) -> None:
             raise SystemExit(f"scalefree mf train: --memory-budget: {e}") from None
     if n < 1:
         raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
+    if args.normalize and args.mode != "local":
+        raise SystemExit(f"scalefree mf train: --normalize is for --mode local, not {args.mode}")
     if args.mode == "local" and n > 1:
         raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -310,7 +319,7 @@ def _train(args) -> int:
     train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
-                                threads=args.threads, blocks=args.blocks, seed=args.seed)
+                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
     out = open(args.json, "w") if args.json else None
     try:
         def log(rec):
@@ -388,6 +397,8 @@ def add_parser(sub) -> None:
                         "read ahead in pattern order (default: all in memory)")
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
+    t.add_argument("--normalize", action="store_true",
+                   help="local: train on ratings divided by their standard deviation, as LIBMF does")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")

@@ -5,9 +5,12 @@
 //! P and per row of Q by 1/√G, with G the running sum of mean squared gradients (the rule
 //! LIBMF uses), which converges in far fewer iterations without tuning η.
 //!
-//! The block loop is written over `chunks_exact(8)` with eight independent accumulators so it
-//! vectorises; [`sgd_block`] compiles it twice and picks the AVX2 copy at run time when the
-//! CPU has it. [`sgd_block_scalar`] is the plain reference the tests compare against.
+//! Three builds of the block loop, picked at run time ([`Isa::best`]): AVX-512 and AVX2+FMA
+//! kernels written with `std::arch` intrinsics (`simd_x86.rs`), which keep a row of P and a row
+//! of Q in registers for the whole update and work on k rounded up to 8 lanes (rows padded
+//! with zeros, see [`padded_k`]); and a portable loop over `chunks_exact(8)` with eight
+//! independent accumulators that the compiler vectorises for any target. [`sgd_block_scalar`]
+//! is the plain reference the tests compare all of them against.
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Schedule {
@@ -111,13 +114,20 @@ fn update_ada(p: &mut [f32], q: &mut [f32], e: f32, sp: f32, sq: f32, lambda: f3
 /// touches those rows during the call.
 #[inline(always)]
 unsafe fn block_impl(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
+    // SAFETY: forwarded contract.
+    unsafe { block_strided(block, f, prm, prm.k) }
+}
+
+/// [`block_impl`] with rows `ld ≥ k` floats apart.
+#[inline(always)]
+unsafe fn block_strided(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
     let k = prm.k;
     let mut loss = 0f64;
     for en in block {
         let (u, i) = (en.u as usize, en.i as usize);
         // SAFETY: the caller guarantees bounds and exclusive access to rows u and i.
-        let p = unsafe { std::slice::from_raw_parts_mut(f.p.add(u * k), k) };
-        let q = unsafe { std::slice::from_raw_parts_mut(f.q.add(i * k), k) };
+        let p = unsafe { std::slice::from_raw_parts_mut(f.p.add(u * ld), k) };
+        let q = unsafe { std::slice::from_raw_parts_mut(f.q.add(i * ld), k) };
         let e = en.r - dot8(p, q);
         loss += (e * e) as f64;
         match prm.schedule {
@@ -137,35 +147,123 @@ unsafe fn block_impl(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
+unsafe fn block_portable_avx2(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
     // SAFETY: forwarded contract.
     unsafe { block_impl(block, f, prm) }
 }
 
-/// True when the AVX2 copy of the kernel runs on this CPU.
-pub fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+/// Which build of the kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// 16-lane `__m512` intrinsics (x86-64 with AVX-512F).
+    Avx512,
+    /// 8-lane `__m256` intrinsics (x86-64 with AVX2 and FMA).
+    Avx2,
+    /// The compiler-vectorised loop (any CPU).
+    Portable,
+}
+
+impl Isa {
+    /// True when this CPU can run `self`.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f") && Isa::Avx2.available(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
+            Isa::Portable => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    /// The fastest build this CPU runs: AVX2 before AVX-512 (on CPUs that split 512-bit
+    /// operations in two, such as AMD Zen 4, the 8-lane kernel wastes no lanes when k is an
+    /// odd multiple of 8 and measured as fast or faster), then the portable loop.
+    /// `SCALEFREE_MF_ISA=avx512|avx2|portable` overrides (an unavailable choice is ignored).
+    pub fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let want = std::env::var("SCALEFREE_MF_ISA").ok().and_then(|v| Isa::parse(&v));
+            match want {
+                Some(isa) if isa.available() => isa,
+                _ => [Isa::Avx2, Isa::Avx512, Isa::Portable].into_iter().find(|i| i.available()).unwrap_or(Isa::Portable),
+            }
+        })
+    }
+    pub fn parse(s: &str) -> Option<Isa> {
+        match s.to_ascii_lowercase().as_str() {
+            "avx512" => Some(Isa::Avx512),
+            "avx2" => Some(Isa::Avx2),
+            "portable" => Some(Isa::Portable),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
     }
 }
 
-/// Run SGD over `block` in order; returns Σ e² seen before each update.
+/// True when the AVX2 build of the kernel runs on this CPU.
+pub fn has_avx2() -> bool {
+    Isa::Avx2.available()
+}
+
+/// The row stride the SIMD kernels want for rank `k`: k rounded up to 8 lanes (the extra
+/// lanes hold zeros).
+pub fn padded_k(k: usize) -> usize {
+    k.div_ceil(8) * 8
+}
+
+/// Run SGD over `block` in order, rows `k` floats apart; returns Σ e² seen before each update.
 ///
 /// # Safety
 /// See [`block_impl`]: ids in bounds, rows exclusively held by this caller.
 pub unsafe fn sgd_block(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
+    if prm.k.is_multiple_of(8) {
+        // SAFETY: rows of k = padded_k(k) floats need no padding; contract forwarded.
+        return unsafe { sgd_block_ld(block, f, prm, prm.k, Isa::best()) };
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports avx2+fma; contract forwarded.
-        return unsafe { block_avx2(block, f, prm) };
+        return unsafe { block_portable_avx2(block, f, prm) };
     }
     // SAFETY: contract forwarded.
     unsafe { block_impl(block, f, prm) }
+}
+
+/// Run SGD over `block` in order with the `isa` build; rows of P and Q are `ld` floats apart
+/// with `ld ≥ padded_k(k)`, and lanes `k..padded_k(k)` of every row are zero (they stay
+/// zero). Returns Σ e² seen before each update. An `isa` this CPU lacks falls back to the
+/// portable loop.
+///
+/// # Safety
+/// Every `u`/`i` in `block` indexes a row inside the factor arrays (and accumulators), and no
+/// other thread touches those rows during the call.
+pub unsafe fn sgd_block_ld(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, isa: Isa) -> f64 {
+    assert!(ld >= padded_k(prm.k), "row stride {ld} is below padded_k({}) = {}", prm.k, padded_k(prm.k));
+    let ada = prm.schedule == Schedule::Adagrad;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the ISA was checked available; rows are padded as required; contract forwarded.
+        let done = unsafe {
+            match isa {
+                Isa::Avx512 if isa.available() => crate::simd_x86::dispatch_avx512(block, f, prm, ld, ada),
+                Isa::Avx2 if isa.available() => crate::simd_x86::dispatch_avx2(block, f, prm, ld, ada),
+                _ => None,
+            }
+        };
+        if let Some(loss) = done {
+            return loss;
+        }
+    }
+    let _ = (isa, ada);
+    // SAFETY: the portable loop reads k lanes of each row at stride ld; contract forwarded.
+    unsafe { block_strided(block, f, prm, ld) }
 }
 
 /// Plain scalar reference of [`sgd_block`] on safe slices (tests compare the two).
@@ -206,9 +304,15 @@ pub fn sgd_block_scalar(block: &[Entry], p: &mut [f32], q: &mut [f32], pg: &mut 
 /// Σ (r − p·q)² over `entries` with the vectorised dot product; a pair whose user or item
 /// never occurred in training (`known_*` false) is predicted as `mean`.
 pub fn sq_error(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q: &[f32], k: usize, known_u: &[bool], known_i: &[bool], mean: f32) -> f64 {
+    sq_error_ld(entries, p, q, k, k, known_u, known_i, mean)
+}
+
+/// [`sq_error`] with rows `ld ≥ k` floats apart.
+#[allow(clippy::too_many_arguments)]
+pub fn sq_error_ld(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q: &[f32], k: usize, ld: usize, known_u: &[bool], known_i: &[bool], mean: f32) -> f64 {
     entries
         .map(|(u, i, r)| {
-            let pred = if known_u[u] && known_i[i] { dot8(&p[u * k..u * k + k], &q[i * k..i * k + k]) } else { mean };
+            let pred = if known_u[u] && known_i[i] { dot8(&p[u * ld..u * ld + k], &q[i * ld..i * ld + k]) } else { mean };
             let e = r - pred;
             (e * e) as f64
         })

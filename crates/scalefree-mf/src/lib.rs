@@ -2,8 +2,8 @@
 //!
 //! - [`data`]: readers for the common rating formats (plain or gzip), dense id remapping,
 //!   a seeded train/test split and a binary cache.
-//! - [`kernel`]: the per-rating SGD update, vectorised (AVX2 with runtime detection) plus a
-//!   scalar reference used by the tests.
+//! - [`kernel`]: the per-rating SGD update: AVX-512 / AVX2 intrinsics picked at run time, a
+//!   portable vectorised loop, and a scalar reference used by the tests.
 //! - [`local`]: one-process, multi-threaded block-parallel SGD (FPSGD-style scheduling).
 //! - [`model`]: the factors with their id maps; prediction and atomic save/load.
 
@@ -13,9 +13,11 @@ pub mod kernel;
 pub mod local;
 pub mod model;
 pub mod rng;
+#[cfg(target_arch = "x86_64")]
+mod simd_x86;
 
 pub use data::Ratings;
 pub use error::MfError;
-pub use kernel::{Schedule, SgdParams};
+pub use kernel::{Isa, Schedule, SgdParams};
 pub use local::{LocalOptions, LocalTrainer};
 pub use model::Model;

@@ -5,12 +5,21 @@
 //! for a block whose row block and column block are both free, preferring the block updated
 //! least often (ties broken at random); the blocks running at once therefore touch disjoint
 //! rows of P and Q and need no locks. With nb ≥ t + 1 a free block always exists, so nobody
-//! waits. One epoch is nb² block runs — every rating is seen about once.
+//! waits. One epoch is nb² block runs — every rating is seen about once. The scheduler's
+//! lock is taken once per block (thousands of ratings), never per update; the kernel itself
+//! uses no locks or atomics.
+//!
+//! Layout: users and items are renumbered by the seeded permutation, so a block row is a
+//! contiguous range of rows of P (and of the AdaGrad accumulators), a block column one of Q:
+//! two threads never write to the same cache line except at a range's ends. The ratings of all blocks sit in one array of 12-byte entries (u32 user, u32 item,
+//! f32 rating), block after block, each block in a seeded random order. P and Q rows are
+//! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
+//! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
 
-use std::sync::Mutex;
+use std::sync::{Barrier, Mutex};
 
 use crate::error::{MfError, Result};
-use crate::kernel::{sgd_block, Entry, Factors, Schedule, SgdParams};
+use crate::kernel::{padded_k, sgd_block_ld, sq_error_ld, Entry, Factors, Isa, Schedule, SgdParams};
 use crate::model::Model;
 use crate::rng::Rng;
 use crate::Ratings;
@@ -27,11 +36,16 @@ pub struct LocalOptions {
     pub seed: u64,
     /// Factors start uniform in [0, init_max]; default 1/√k (LIBMF's scale).
     pub init_max: Option<f32>,
+    /// Kernel build; default [`Isa::best`].
+    pub isa: Option<Isa>,
+    /// Train on ratings divided by their standard deviation s (LIBMF does this), so λ acts
+    /// as λ·s would on the raw ratings; predictions are scaled back. Default off.
+    pub normalize: bool,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None }
+        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: false }
     }
 }
 
@@ -40,23 +54,60 @@ struct Sched {
     col_busy: Vec<bool>,
     counts: Vec<u32>,
     remaining: usize,
+    /// Σ e² of the pass so far, and each finished pass's mean.
+    loss: f64,
+    done: Vec<f64>,
+}
+
+/// `rows × ld` floats starting on a 64-byte boundary.
+struct Rows {
+    buf: Vec<Align64>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Align64([f32; 16]);
+
+impl Rows {
+    fn zeros(len: usize) -> Rows {
+        Rows { buf: vec![Align64([0.0; 16]); len.div_ceil(16)], len }
+    }
+    fn as_slice(&self) -> &[f32] {
+        // SAFETY: Align64 is 16 plain f32s with no padding; `len` ≤ 16 × buf.len().
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr() as *const f32, self.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr() as *mut f32, self.len) }
+    }
 }
 
 pub struct LocalTrainer {
     prm: SgdParams,
+    isa: Isa,
+    ld: usize,
     threads: usize,
     nb: usize,
-    blocks: Vec<Vec<Entry>>,
+    /// Block b's ratings are `entries[starts[b]..starts[b + 1]]`.
+    entries: Vec<Entry>,
+    starts: Vec<usize>,
     counts: Vec<u32>,
-    p: Vec<f32>,
-    q: Vec<f32>,
+    p: Rows,
+    q: Rows,
     pg: Vec<f32>,
     qg: Vec<f32>,
     user_ids: Vec<u64>,
     item_ids: Vec<u64>,
     mean: f32,
+    /// Ratings were divided by this for training (1 unless `normalize`).
+    scale: f32,
+    /// Whether each internal user / item had ratings (indexed like the rows of P / Q).
     known_u: Vec<bool>,
     known_i: Vec<bool>,
+    /// Row of P (Q) that holds dense user (item) id `u`: the seeded permutation.
+    user_row: Vec<u32>,
+    item_row: Vec<u32>,
     n: usize,
     seed: u64,
     epochs: u64,
@@ -83,29 +134,59 @@ impl LocalTrainer {
         let mut ip: Vec<u32> = (0..n as u32).collect();
         rng.shuffle(&mut up);
         rng.shuffle(&mut ip);
-        let mut blocks: Vec<Vec<Entry>> = vec![Vec::new(); nb * nb];
+        // Counting sort of the ratings by block, then a seeded shuffle inside each block.
+        let block_of = |u: u32, i: u32| (u as usize * nb / m) * nb + i as usize * nb / n;
+        let mut starts = vec![0usize; nb * nb + 1];
+        for (&u, &i) in train.users.iter().zip(&train.items) {
+            starts[block_of(up[u as usize], ip[i as usize]) + 1] += 1;
+        }
+        for b in 0..nb * nb {
+            starts[b + 1] += starts[b];
+        }
+        let scale = if o.normalize {
+            let mean = train.mean();
+            let var = train.values.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / train.len() as f64;
+            (var.sqrt() as f32).max(1e-4)
+        } else {
+            1.0
+        };
+        let mut fill = starts.clone();
+        let mut entries = vec![Entry { u: 0, i: 0, r: 0.0 }; train.len()];
         let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
         for ((&u, &i), &r) in train.users.iter().zip(&train.items).zip(&train.values) {
-            let bu = up[u as usize] as usize * nb / m;
-            let bi = ip[i as usize] as usize * nb / n;
-            blocks[bu * nb + bi].push(Entry { u, i, r });
+            let (u, i) = (up[u as usize], ip[i as usize]);
+            let b = block_of(u, i);
+            entries[fill[b]] = Entry { u, i, r: r / scale };
+            fill[b] += 1;
             known_u[u as usize] = true;
             known_i[i as usize] = true;
         }
-        for b in &mut blocks {
-            rng.shuffle(b);
+        for b in 0..nb * nb {
+            rng.shuffle(&mut entries[starts[b]..starts[b + 1]]);
         }
         let mean = train.mean() as f32;
         let init_max = o.init_max.unwrap_or(1.0 / (k as f32).sqrt());
-        let mut init = |len: usize| (0..len).map(|_| rng.unit_f32() * init_max).collect::<Vec<f32>>();
-        let p = init(m * k);
-        let q = init(n * k);
+        let ld = padded_k(k);
+        let mut init = |rows: usize| {
+            let mut a = Rows::zeros(rows * ld);
+            for row in a.as_mut_slice().chunks_exact_mut(ld) {
+                for x in &mut row[..k] {
+                    *x = rng.unit_f32() * init_max;
+                }
+            }
+            a
+        };
+        let p = init(m);
+        let q = init(n);
         Ok(LocalTrainer {
             prm: SgdParams { k, eta: o.eta, lambda: o.lambda, schedule: o.schedule },
+            isa: o.isa.filter(|i| i.available()).unwrap_or_else(Isa::best),
+            ld,
             threads: o.threads,
             nb,
             counts: vec![0; nb * nb],
-            blocks,
+            entries,
+            starts,
             p,
             q,
             pg: vec![1.0; m],
@@ -113,8 +194,11 @@ impl LocalTrainer {
             user_ids: train.user_ids.clone(),
             item_ids: train.item_ids.clone(),
             mean,
+            scale,
             known_u,
             known_i,
+            user_row: up,
+            item_row: ip,
             n: train.len(),
             seed: o.seed,
             epochs: 0,
@@ -127,74 +211,99 @@ impl LocalTrainer {
     pub fn n_ratings(&self) -> usize {
         self.n
     }
+    /// The kernel build in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
 
     /// One pass (nb² block runs over `threads` threads). Returns the mean squared error seen
     /// during the pass (each rating's error just before its update).
     pub fn epoch(&mut self) -> f64 {
+        self.run_epochs(1)[0]
+    }
+
+    /// `n` passes on one set of threads (a barrier between passes); returns each pass's mean
+    /// squared error seen during the pass.
+    pub fn run_epochs(&mut self, n: usize) -> Vec<f64> {
+        if n == 0 {
+            return Vec::new();
+        }
         let nb = self.nb;
-        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts: std::mem::take(&mut self.counts), remaining: nb * nb });
-        let f = Factors { p: self.p.as_mut_ptr(), q: self.q.as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
-        let (blocks, prm) = (&self.blocks, &self.prm);
-        let base = self.seed.wrapping_mul(0x100_0000).wrapping_add(self.epochs * 1000);
-        let work = |tid: usize| -> f64 {
-            let mut rng = Rng::new(base + tid as u64);
-            let mut loss = 0f64;
-            let mut held: Option<usize> = None;
-            loop {
-                let b = {
-                    let mut s = sched.lock().unwrap();
-                    if let Some(h) = held.take() {
-                        s.row_busy[h / nb] = false;
-                        s.col_busy[h % nb] = false;
-                        s.counts[h] += 1;
-                    }
-                    if s.remaining == 0 {
-                        break;
-                    }
-                    let (mut best, mut best_c, mut ties) = (usize::MAX, u32::MAX, 0usize);
-                    for bi in 0..nb * nb {
-                        if s.row_busy[bi / nb] || s.col_busy[bi % nb] {
-                            continue;
+        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts: std::mem::take(&mut self.counts), remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
+        let barrier = Barrier::new(self.threads);
+        let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
+        let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
+        let n_ratings = self.n as f64 / (self.scale as f64).powi(2);
+        let (seed, first) = (self.seed, self.epochs);
+        let work = |tid: usize| {
+            for e in 0..n as u64 {
+                let mut rng = Rng::new(seed.wrapping_mul(0x100_0000).wrapping_add((first + e) * 1000 + tid as u64));
+                let mut loss = 0f64;
+                let mut held: Option<usize> = None;
+                loop {
+                    let b = {
+                        let mut s = sched.lock().unwrap();
+                        if let Some(h) = held.take() {
+                            s.row_busy[h / nb] = false;
+                            s.col_busy[h % nb] = false;
+                            s.counts[h] += 1;
                         }
-                        let c = s.counts[bi];
-                        if c < best_c {
-                            (best, best_c, ties) = (bi, c, 1);
-                        } else if c == best_c {
-                            ties += 1;
-                            if rng.below(ties) == 0 {
-                                best = bi;
+                        if s.remaining == 0 {
+                            s.loss += loss;
+                            break;
+                        }
+                        let (mut best, mut best_c, mut ties) = (usize::MAX, u32::MAX, 0usize);
+                        for bi in 0..nb * nb {
+                            if s.row_busy[bi / nb] || s.col_busy[bi % nb] {
+                                continue;
+                            }
+                            let c = s.counts[bi];
+                            if c < best_c {
+                                (best, best_c, ties) = (bi, c, 1);
+                            } else if c == best_c {
+                                ties += 1;
+                                if rng.below(ties) == 0 {
+                                    best = bi;
+                                }
                             }
                         }
-                    }
-                    // nb > threads guarantees a free block; the guard keeps a bug from hanging.
-                    assert!(best != usize::MAX, "no free block (nb={nb})");
-                    s.remaining -= 1;
-                    s.row_busy[best / nb] = true;
-                    s.col_busy[best % nb] = true;
-                    best
-                };
-                held = Some(b);
-                // SAFETY: block b's rows and columns are marked busy, so no other thread
-                // touches the rows of P/Q (and their accumulators) it indexes; ids are dense.
-                loss += unsafe { sgd_block(&blocks[b], f, prm) };
+                        // nb > threads guarantees a free block; the guard keeps a bug from hanging.
+                        assert!(best != usize::MAX, "no free block (nb={nb})");
+                        s.remaining -= 1;
+                        s.row_busy[best / nb] = true;
+                        s.col_busy[best % nb] = true;
+                        best
+                    };
+                    held = Some(b);
+                    // SAFETY: block b's rows and columns are marked busy, so no other thread
+                    // touches the rows of P/Q (and their accumulators) it indexes; ids are dense;
+                    // rows are ld = padded_k(k) floats with zero padding.
+                    loss += unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, prm, ld, isa) };
+                }
+                // Every thread has released its last block; one of them closes the pass.
+                if barrier.wait().is_leader() {
+                    let mut s = sched.lock().unwrap();
+                    let l = std::mem::take(&mut s.loss);
+                    s.done.push(l / n_ratings);
+                    s.remaining = nb * nb;
+                }
+                barrier.wait();
             }
-            loss
         };
-        let loss = if self.threads == 1 {
-            work(0)
+        if self.threads == 1 {
+            work(0);
         } else {
             std::thread::scope(|sc| {
-                let hs: Vec<_> = (1..self.threads).map(|t| sc.spawn(move || work(t))).collect();
-                let mut l = work(0);
-                for h in hs {
-                    l += h.join().expect("MF worker thread panicked");
+                for t in 1..self.threads {
+                    sc.spawn(move || work(t));
                 }
-                l
-            })
-        };
-        self.counts = sched.into_inner().unwrap().counts;
-        self.epochs += 1;
-        loss / self.n as f64
+                work(0);
+            });
+        }
+        let s = sched.into_inner().unwrap();
+        self.counts = s.counts;
+        self.epochs += n as u64;
+        s.done
     }
 
     /// RMSE on ratings sharing the training id maps (e.g. the test half of `Ratings::split`).
@@ -205,27 +314,44 @@ impl LocalTrainer {
         if r.is_empty() {
             return Ok(f64::NAN);
         }
-        let k = self.prm.k;
+        let (k, ld) = (self.prm.k, self.ld);
         let t = self.threads.max(1);
         let chunk = r.len().div_ceil(t);
-        let (p, q, ku, ki, mean) = (&self.p, &self.q, &self.known_u, &self.known_i, self.mean);
+        // The factors predict ratings divided by `scale`; compare in those units.
+        let (p, q, ku, ki, scale) = (self.p.as_slice(), self.q.as_slice(), &self.known_u, &self.known_i, self.scale);
+        let mean = self.mean / scale;
+        let (ur, ir) = (&self.user_row, &self.item_row);
         let total: f64 = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..t)
                 .map(|c| {
                     sc.spawn(move || {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
-                        let it = (lo..hi).map(|n| (r.users[n] as usize, r.items[n] as usize, r.values[n]));
-                        crate::kernel::sq_error(it, p, q, k, ku, ki, mean)
+                        let it = (lo..hi).map(|n| (ur[r.users[n] as usize] as usize, ir[r.items[n] as usize] as usize, r.values[n] / scale));
+                        sq_error_ld(it, p, q, k, ld, ku, ki, mean)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
-        Ok((total / r.len() as f64).sqrt())
+        Ok((total / r.len() as f64).sqrt() * scale as f64)
     }
 
     pub fn model(&self) -> Model {
-        Model { k: self.prm.k, p: self.p.clone(), q: self.q.clone(), user_ids: self.user_ids.clone(), item_ids: self.item_ids.clone(), mean: self.mean, known_u: self.known_u.clone(), known_i: self.known_i.clone() }
+        let (k, ld) = (self.prm.k, self.ld);
+        // Back to dense-id order, without the padding.
+        let c = self.scale.sqrt();
+        let unpad = |a: &Rows, rows: &[u32]| -> Vec<f32> { rows.iter().flat_map(|&r| a.as_slice()[r as usize * ld..r as usize * ld + k].iter().map(|&x| x * c)).collect() };
+        let known = |k: &[bool], rows: &[u32]| -> Vec<bool> { rows.iter().map(|&r| k[r as usize]).collect() };
+        Model {
+            k,
+            p: unpad(&self.p, &self.user_row),
+            q: unpad(&self.q, &self.item_row),
+            user_ids: self.user_ids.clone(),
+            item_ids: self.item_ids.clone(),
+            mean: self.mean,
+            known_u: known(&self.known_u, &self.user_row),
+            known_i: known(&self.known_i, &self.item_row),
+        }
     }
 }

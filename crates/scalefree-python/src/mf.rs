@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use scalefree_collectives::DType;
 use scalefree_mf::kernel::{sgd_block, Entry, Factors, SgdParams};
-use scalefree_mf::{data, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule};
+use scalefree_mf::{data, Isa, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule};
 
 use crate::buffer::Buf;
 
@@ -82,6 +82,10 @@ impl PyMfRatings {
     }
 }
 
+fn available_isas() -> Vec<&'static str> {
+    [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().filter(|i| i.available()).map(Isa::name).collect()
+}
+
 #[pyclass(name = "MfTrainer", module = "scalefree._native")]
 pub struct PyMfTrainer {
     t: LocalTrainer,
@@ -90,7 +94,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,13 +107,20 @@ impl PyMfTrainer {
         blocks: Option<usize>,
         seed: u64,
         init_max: Option<f32>,
+        isa: Option<&str>,
+        normalize: bool,
     ) -> PyResult<Self> {
+        let isa = match isa.map(|s| (s, Isa::parse(s))) {
+            None => None,
+            Some((_, Some(i))) if i.available() => Some(i),
+            Some((s, _)) => return Err(mf_err(py, MfError::InvalidArgument(format!("isa {s:?} is not available on this CPU (have {})", available_isas().join(", "))))),
+        };
         let schedule = match schedule {
             "adagrad" => Schedule::Adagrad,
             "constant" => Schedule::Constant,
             s => return Err(mf_err(py, MfError::InvalidArgument(format!("schedule must be 'adagrad' or 'constant', got {s:?}")))),
         };
-        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max };
+        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize };
         let t = py.detach(|| LocalTrainer::new(&train.r, &o)).map_err(|e| mf_err(py, e))?;
         Ok(PyMfTrainer { t })
     }
@@ -117,7 +128,7 @@ impl PyMfTrainer {
     #[pyo3(signature = (n=1))]
     fn epochs(&mut self, py: Python<'_>, n: usize) -> f64 {
         let t = &mut self.t;
-        py.detach(move || (0..n).map(|_| t.epoch()).last().unwrap_or(f64::NAN))
+        py.detach(move || t.run_epochs(n).last().copied().unwrap_or(f64::NAN))
     }
     fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
         py.detach(|| self.t.rmse(&r.r)).map_err(|e| mf_err(py, e))
@@ -128,6 +139,11 @@ impl PyMfTrainer {
     #[getter]
     fn n_ratings(&self) -> usize {
         self.t.n_ratings()
+    }
+    /// The kernel build in use: "avx512", "avx2" or "portable".
+    #[getter]
+    fn isa(&self) -> &'static str {
+        self.t.isa().name()
     }
 }
 

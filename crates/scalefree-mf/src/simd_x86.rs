@@ -1,0 +1,236 @@
+//! x86-64 SGD kernels with explicit AVX2+FMA and AVX-512 intrinsics (see [`crate::kernel`]
+//! for the update rule and the dispatch). Both work on `w = k` rounded up to 8 lanes per row:
+//! rows are `ld ≥ w` floats apart and lanes `k..w` hold zeros, which stay zero (their
+//! gradient is λ·0 − e·0). A row of P and a row of Q live in registers for the whole update:
+//! one load, a dot product, the fused AdaGrad gradient / norm / step pass, one store.
+//! The rows of the rating a few places ahead are prefetched into L1.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use crate::kernel::{Entry, Factors, SgdParams};
+
+/// How many ratings ahead the rows are prefetched.
+const AHEAD: usize = 6;
+
+#[inline(always)]
+unsafe fn prefetch_row(ptr: *const f32, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: prefetch never faults; the address is inside the factor array anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((ptr as *const i8).add(off)) };
+        off += 64;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// AVX2 kernel for rows of `N` × 8 lanes, rows `ld` floats apart.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every `u`/`i` indexes a row of P/Q (and of the accumulators);
+/// `ld ≥ 8N`; no other thread touches these rows during the call.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn block_avx2<const N: usize, const ADA: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
+    let lam = _mm256_set1_ps(prm.lambda);
+    let inv_k = 1.0 / prm.k as f32;
+    let row_bytes = N * 32;
+    let mut loss = 0f64;
+    for (n, en) in block.iter().enumerate() {
+        if let Some(nx) = block.get(n + AHEAD) {
+            // SAFETY: prefetches of in-bounds rows.
+            unsafe {
+                prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+            }
+        }
+        let (u, i) = (en.u as usize, en.i as usize);
+        // SAFETY: rows u and i are in bounds and exclusively ours (caller's contract).
+        let (pp, qp) = unsafe { (f.p.add(u * ld), f.q.add(i * ld)) };
+        let mut p = [_mm256_setzero_ps(); N];
+        let mut q = [_mm256_setzero_ps(); N];
+        for j in 0..N {
+            // SAFETY: lanes 8j..8j+8 < ld of an in-bounds row.
+            unsafe {
+                p[j] = _mm256_loadu_ps(pp.add(8 * j));
+                q[j] = _mm256_loadu_ps(qp.add(8 * j));
+            }
+        }
+        let mut d0 = _mm256_mul_ps(p[0], q[0]);
+        let mut d1 = _mm256_setzero_ps();
+        for j in 1..N {
+            if j % 2 == 1 {
+                d1 = _mm256_fmadd_ps(p[j], q[j], d1);
+            } else {
+                d0 = _mm256_fmadd_ps(p[j], q[j], d0);
+            }
+        }
+        let e = en.r - hsum256(_mm256_add_ps(d0, d1));
+        loss += (e * e) as f64;
+        let ev = _mm256_set1_ps(e);
+        let (sp, sq) = if ADA {
+            // SAFETY: accumulator rows u and i, in bounds and ours.
+            unsafe { (prm.eta / (*f.pg.add(u)).sqrt(), prm.eta / (*f.qg.add(i)).sqrt()) }
+        } else {
+            (prm.eta, prm.eta)
+        };
+        let (spv, sqv) = (_mm256_set1_ps(sp), _mm256_set1_ps(sq));
+        let mut ap = _mm256_setzero_ps();
+        let mut aq = _mm256_setzero_ps();
+        for j in 0..N {
+            // gp = λp − e q, gq = λq − e p (old values); p −= sp·gp, q −= sq·gq.
+            let gp = _mm256_fmsub_ps(lam, p[j], _mm256_mul_ps(ev, q[j]));
+            let gq = _mm256_fmsub_ps(lam, q[j], _mm256_mul_ps(ev, p[j]));
+            if ADA {
+                ap = _mm256_fmadd_ps(gp, gp, ap);
+                aq = _mm256_fmadd_ps(gq, gq, aq);
+            }
+            // SAFETY: as for the loads.
+            unsafe {
+                _mm256_storeu_ps(pp.add(8 * j), _mm256_fnmadd_ps(spv, gp, p[j]));
+                _mm256_storeu_ps(qp.add(8 * j), _mm256_fnmadd_ps(sqv, gq, q[j]));
+            }
+        }
+        if ADA {
+            // SAFETY: as above.
+            unsafe {
+                *f.pg.add(u) += hsum256(ap) * inv_k;
+                *f.qg.add(i) += hsum256(aq) * inv_k;
+            }
+        }
+    }
+    loss
+}
+
+/// AVX-512 kernel: rows of `N` × 16 lanes, the last 16-lane chunk masked to its first 8 when
+/// `HALF` (w = 16N − 8), rows `ld` floats apart.
+///
+/// # Safety
+/// The CPU has AVX-512F; otherwise as [`block_avx2`] with `ld ≥ 16N − 8·HALF`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
+    let lam = _mm512_set1_ps(prm.lambda);
+    let inv_k = 1.0 / prm.k as f32;
+    let row_bytes = N * 64 - if HALF { 32 } else { 0 };
+    let mask = |j: usize| -> __mmask16 { if HALF && j == N - 1 { 0x00ff } else { 0xffff } };
+    let mut loss = 0f64;
+    for (n, en) in block.iter().enumerate() {
+        if let Some(nx) = block.get(n + AHEAD) {
+            // SAFETY: prefetches of in-bounds rows.
+            unsafe {
+                prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+            }
+        }
+        let (u, i) = (en.u as usize, en.i as usize);
+        // SAFETY: rows u and i are in bounds and exclusively ours (caller's contract).
+        let (pp, qp) = unsafe { (f.p.add(u * ld), f.q.add(i * ld)) };
+        let mut p = [_mm512_setzero_ps(); N];
+        let mut q = [_mm512_setzero_ps(); N];
+        for j in 0..N {
+            // SAFETY: the unmasked lanes lie inside an in-bounds row.
+            unsafe {
+                p[j] = _mm512_maskz_loadu_ps(mask(j), pp.add(16 * j));
+                q[j] = _mm512_maskz_loadu_ps(mask(j), qp.add(16 * j));
+            }
+        }
+        let mut d0 = _mm512_mul_ps(p[0], q[0]);
+        let mut d1 = _mm512_setzero_ps();
+        for j in 1..N {
+            if j % 2 == 1 {
+                d1 = _mm512_fmadd_ps(p[j], q[j], d1);
+            } else {
+                d0 = _mm512_fmadd_ps(p[j], q[j], d0);
+            }
+        }
+        let e = en.r - _mm512_reduce_add_ps(_mm512_add_ps(d0, d1));
+        loss += (e * e) as f64;
+        let ev = _mm512_set1_ps(e);
+        let (sp, sq) = if ADA {
+            // SAFETY: accumulator rows u and i, in bounds and ours.
+            unsafe { (prm.eta / (*f.pg.add(u)).sqrt(), prm.eta / (*f.qg.add(i)).sqrt()) }
+        } else {
+            (prm.eta, prm.eta)
+        };
+        let (spv, sqv) = (_mm512_set1_ps(sp), _mm512_set1_ps(sq));
+        let mut ap = _mm512_setzero_ps();
+        let mut aq = _mm512_setzero_ps();
+        for j in 0..N {
+            let gp = _mm512_fmsub_ps(lam, p[j], _mm512_mul_ps(ev, q[j]));
+            let gq = _mm512_fmsub_ps(lam, q[j], _mm512_mul_ps(ev, p[j]));
+            if ADA {
+                ap = _mm512_fmadd_ps(gp, gp, ap);
+                aq = _mm512_fmadd_ps(gq, gq, aq);
+            }
+            // SAFETY: as for the loads.
+            unsafe {
+                _mm512_mask_storeu_ps(pp.add(16 * j), mask(j), _mm512_fnmadd_ps(spv, gp, p[j]));
+                _mm512_mask_storeu_ps(qp.add(16 * j), mask(j), _mm512_fnmadd_ps(sqv, gq, q[j]));
+            }
+        }
+        if ADA {
+            // SAFETY: as above.
+            unsafe {
+                *f.pg.add(u) += _mm512_reduce_add_ps(ap) * inv_k;
+                *f.qg.add(i) += _mm512_reduce_add_ps(aq) * inv_k;
+            }
+        }
+    }
+    loss
+}
+
+/// Runs the AVX2 kernel instantiated for `w / 8` chunks; `None` when w is above 128 lanes.
+///
+/// # Safety
+/// As [`block_avx2`] with `w = k` rounded up to 8.
+pub unsafe fn dispatch_avx2(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, ada: bool) -> Option<f64> {
+    let w = prm.k.div_ceil(8) * 8;
+    macro_rules! go {
+        ($($n:literal)*) => {
+            match (w / 8, ada) {
+                $(
+                    // SAFETY: forwarded contract; N = w / 8.
+                    ($n, true) => Some(unsafe { block_avx2::<$n, true>(block, f, prm, ld) }),
+                    ($n, false) => Some(unsafe { block_avx2::<$n, false>(block, f, prm, ld) }),
+                )*
+                _ => None,
+            }
+        };
+    }
+    go!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+/// Runs the AVX-512 kernel for `w` lanes (16-lane chunks, a half chunk at the end when w is
+/// an odd multiple of 8); `None` when w is above 128 lanes.
+///
+/// # Safety
+/// As [`block_avx512`] with `w = k` rounded up to 8.
+pub unsafe fn dispatch_avx512(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, ada: bool) -> Option<f64> {
+    let w = prm.k.div_ceil(8) * 8;
+    let (n, half) = (w.div_ceil(16), w % 16 == 8);
+    macro_rules! go {
+        ($($n:literal)*) => {
+            match (n, half, ada) {
+                $(
+                    // SAFETY: forwarded contract; 16N − 8·HALF = w.
+                    ($n, true, true) => Some(unsafe { block_avx512::<$n, true, true>(block, f, prm, ld) }),
+                    ($n, true, false) => Some(unsafe { block_avx512::<$n, true, false>(block, f, prm, ld) }),
+                    ($n, false, true) => Some(unsafe { block_avx512::<$n, false, true>(block, f, prm, ld) }),
+                    ($n, false, false) => Some(unsafe { block_avx512::<$n, false, false>(block, f, prm, ld) }),
+                )*
+                _ => None,
+            }
+        };
+    }
+    go!(1 2 3 4 5 6 7 8)
+}
