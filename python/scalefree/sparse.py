@@ -43,9 +43,15 @@ class SparseAllreduce:
     both in one pass. Indices are int64 in ``[0, dim)``, unsorted, duplicates combined
     locally. Values: 1-D, or 2-D ``(n, width)`` with one row per index.
     Ops: sum, max, min (any dtype), or (uint32/uint64).
+
+    ``hash=False`` keeps the indices as the keys (no seeded hash): for callers whose
+    numbering already spreads heavy indices over the ranks' key ranges. A caller whose
+    indices are distinct and ascending then pays no permutation on either side: its
+    values are sent as they are and the result is written straight into its buffer.
     """
 
-    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0):
+    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
+                 hash: bool = True):
         if replication != 1:
             raise InvalidArgumentError("sparse_allreduce: replication > 1 is not implemented yet")
         if int(dim) < 0:
@@ -60,7 +66,7 @@ class SparseAllreduce:
         self.dim = int(dim)
         self.op = op
         self._n_out = self._n_in = None
-        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, seed)
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, int(seed) if hash else None)
 
     @property
     def degrees(self) -> list[int]:

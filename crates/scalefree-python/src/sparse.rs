@@ -44,8 +44,9 @@ pub struct PySparseAllreduce {
 #[pymethods]
 impl PySparseAllreduce {
     #[new]
-    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=0))]
-    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: u64) -> PyResult<Self> {
+    /// `seed=None`: no index hash (keys are the indices).
+    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=Some(0)))]
+    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: Option<u64>) -> PyResult<Self> {
         let op = SOp::parse(op).py_err(py)?;
         let size = group.borrow(py).size as usize;
         let inner = SparseAllreduce::new(dim, op, degrees, size, seed).py_err(py)?;

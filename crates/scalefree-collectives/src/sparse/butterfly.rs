@@ -81,7 +81,13 @@ pub struct SparseAllreduce {
     /// so the local step is a gather (random reads) instead of a fill plus a scatter.
     out_src: Option<Vec<usize>>,
     n_out_u: usize,
+    /// The caller's out indices are distinct and already in key order: its values are
+    /// sent as they are (no gather into key order).
+    out_ident: bool,
     in_pos: Vec<usize>,
+    /// The caller's in indices are distinct and in key order: the last layer up writes
+    /// into the caller's buffer (no final gather).
+    in_ident: bool,
     layers: Vec<Layer>,
     bottom: Vec<usize>,
     bottom_out: usize,
@@ -157,8 +163,9 @@ impl Pool {
 
 impl SparseAllreduce {
     /// A plan for `ranks` ranks. `degrees`: the layer degrees (product = ranks), or None
-    /// for the automatic choice at config.
-    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: u64) -> Result<Self> {
+    /// for the automatic choice at config. `seed`: the index hash's seed, or None for no
+    /// hash (keys are the indices; the caller spreads its heavy indices itself).
+    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: Option<u64>) -> Result<Self> {
         let degrees = match degrees {
             Some(d) => crate::sparse::plan::check_degrees(&d, ranks)?,
             None => Vec::new(),
@@ -167,14 +174,19 @@ impl SparseAllreduce {
             dim,
             op,
             degrees,
-            hash: IndexHash::new(dim, seed),
+            hash: match seed {
+                Some(s) => IndexHash::new(dim, s),
+                None => IndexHash::identity(dim),
+            },
             configured: false,
             n_out: 0,
             n_in: 0,
             out_perm: Vec::new(),
             out_src: None,
             n_out_u: 0,
+            out_ident: false,
             in_pos: Vec::new(),
+            in_ident: false,
             layers: Vec::new(),
             bottom: Vec::new(),
             bottom_out: 0,
@@ -290,6 +302,8 @@ impl SparseAllreduce {
             }
             src
         });
+        self.out_ident = self.out_src.as_ref().is_some_and(|s| s.iter().enumerate().all(|(i, &j)| i == j));
+        self.in_ident = ikeys.len() == in_pos.len() && in_pos.iter().enumerate().all(|(i, &j)| i == j);
         self.out_perm = out_perm;
         self.in_pos = in_pos;
         self.layers.clear();
@@ -423,16 +437,27 @@ impl SparseAllreduce {
     fn reduce_down(&mut self, c: &mut Communicator, vals: &[u8], dt: SDType, w: usize) -> Result<Vec<u64>> {
         let rb = dt.size_bytes() * w;
         let t0 = Instant::now();
-        let mut cur = match &self.out_src {
-            Some(src) => {
-                let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
-                unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), src, w) };
-                cur
-            }
-            None => {
-                let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
-                unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
-                cur
+        // The first layer sends straight from the caller's buffer when it is in key order.
+        let direct = self.out_ident && !self.layers.is_empty() && (vals.as_ptr() as usize).is_multiple_of(8);
+        let mut cur = if direct {
+            Vec::new()
+        } else {
+            match &self.out_src {
+                Some(_) if self.out_ident => {
+                    let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
+                    unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), cur.as_mut_ptr() as *mut u8, self.n_out_u * rb) };
+                    cur
+                }
+                Some(src) => {
+                    let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
+                    unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), src, w) };
+                    cur
+                }
+                None => {
+                    let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
+                    unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
+                    cur
+                }
             }
         };
         self.stats = vec![LayerStats::default(); self.layers.len()];
@@ -447,6 +472,11 @@ impl SparseAllreduce {
                 let (a, b) = (layer.out_split[j], layer.out_split[j + 1]);
                 metas[layer.members[j] as usize] = [(a * rb) as u64, (b - a) as u64, 0, ((b - a) * rb) as u64];
             }
+            let (send, send_bytes) = if l == 0 && direct {
+                (vals.as_ptr(), vals.len())
+            } else {
+                (cur.as_ptr() as *const u8, cur.len() * 8)
+            };
             let mut acc = self.pool.rows(dt, self.op, layer.out_after, w);
             let st = &mut self.stats[l];
             st.degree = k;
@@ -457,7 +487,7 @@ impl SparseAllreduce {
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, cur.as_ptr() as *const u8, cur.len() * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, send, send_bytes, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let p = fetch(m[0] as usize, n * rb)?;
                     let t = Instant::now();
@@ -468,7 +498,10 @@ impl SparseAllreduce {
             }
             st.merge_ns += merge_ns;
             st.wait_ns = st.wait_ns.saturating_sub(merge_ns);
-            self.pool.put(std::mem::replace(&mut cur, acc));
+            let old = std::mem::replace(&mut cur, acc);
+            if !old.is_empty() {
+                self.pool.put(old);
+            }
         }
         Ok(cur)
     }
@@ -478,6 +511,12 @@ impl SparseAllreduce {
         let rb = dt.size_bytes() * w;
         let t0 = Instant::now();
         debug_assert!(self.layers.last().map(|l| l.in_after == self.bottom.len()).unwrap_or(true));
+        // The last copy lands in the caller's buffer when it wants its values in key order.
+        let direct = self.in_ident;
+        if direct && self.layers.is_empty() {
+            unsafe { gather(dt, self.op, in_vals.as_mut_ptr(), reduced.as_ptr() as *const u8, &self.bottom, w) };
+            return Ok(());
+        }
         let mut cur = self.pool.get((self.bottom.len() * rb).div_ceil(8));
         unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, reduced.as_ptr() as *const u8, &self.bottom, w) };
         if let Some(s) = self.stats.last_mut() {
@@ -502,8 +541,9 @@ impl SparseAllreduce {
                 };
             }
             let before = layer.in_split[k];
-            let mut prev = self.pool.get((before * rb).div_ceil(8));
-            let prevp = prev.as_mut_ptr() as *mut u8;
+            let into_caller = direct && l == 0;
+            let mut prev = if into_caller { Vec::new() } else { self.pool.get((before * rb).div_ceil(8)) };
+            let prevp = if into_caller { in_vals.as_mut_ptr() } else { prev.as_mut_ptr() as *mut u8 };
             let st = &mut self.stats[l];
             st.merge_ns += tg.elapsed().as_nanos() as u64;
             unsafe {
@@ -520,6 +560,9 @@ impl SparseAllreduce {
             }
             self.pool.put(send);
             self.pool.put(std::mem::replace(&mut cur, prev));
+        }
+        if direct {
+            return Ok(());
         }
         let t1 = Instant::now();
         unsafe { gather(dt, self.op, in_vals.as_mut_ptr(), cur.as_ptr() as *const u8, &self.in_pos, w) };

@@ -13,6 +13,7 @@ pub mod butterfly;
 pub mod hash;
 pub mod kernels;
 pub mod merge;
+pub mod pagerank;
 pub mod partition;
 pub mod plan;
 
