@@ -24,6 +24,7 @@ use crate::sparse::hash::IndexHash;
 use crate::sparse::kernels::{fill_identity, gather, scatter, SDType, SOp, NONE};
 use crate::sparse::merge::tree_merge;
 use crate::sparse::partition::{split_sorted, sub_range};
+use crate::sparse::replica::Mailbox;
 use crate::Algorithm;
 
 /// Per-layer accounting of the last call (down and up summed).
@@ -93,6 +94,9 @@ pub struct SparseAllreduce {
     bottom_out: usize,
     stats: Vec<LayerStats>,
     pool: Pool,
+    /// Replicas per logical node (1: none); with more, rounds go through `mbox`.
+    replication: usize,
+    mbox: Option<Mailbox>,
 }
 
 /// Metadata slot sent inline to each peer: byte offset in the exposed buffer and counts.
@@ -165,7 +169,13 @@ impl SparseAllreduce {
     /// A plan for `ranks` ranks. `degrees`: the layer degrees (product = ranks), or None
     /// for the automatic choice at config. `seed`: the index hash's seed, or None for no
     /// hash (keys are the indices; the caller spreads its heavy indices itself).
-    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: Option<u64>) -> Result<Self> {
+    /// `replication`: ranks per logical node (see [`crate::sparse::replica`]); the degrees
+    /// then multiply to `ranks / replication`.
+    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: Option<u64>, replication: usize) -> Result<Self> {
+        if replication == 0 || !ranks.is_multiple_of(replication) {
+            return Err(Error::InvalidArgument(format!("replication={replication} must divide the group size {ranks}")));
+        }
+        let ranks = ranks / replication;
         let degrees = match degrees {
             Some(d) => crate::sparse::plan::check_degrees(&d, ranks)?,
             None => Vec::new(),
@@ -192,6 +202,8 @@ impl SparseAllreduce {
             bottom_out: 0,
             stats: Vec::new(),
             pool: Pool::default(),
+            replication,
+            mbox: None,
         })
     }
 
@@ -209,6 +221,12 @@ impl SparseAllreduce {
     }
     pub fn configured(&self) -> bool {
         self.configured
+    }
+
+    /// Logical nodes and this rank's logical node (the ranks themselves without replication).
+    fn logical(&self, c: &Communicator) -> (usize, usize) {
+        let m = c.size() as usize / self.replication;
+        (m, c.rank() as usize % m)
     }
 
     /// Every rank says what it is calling and whether its input is valid, in one small
@@ -252,7 +270,10 @@ impl SparseAllreduce {
     }
 
     fn choose_degrees(&mut self, c: &mut Communicator, nnz: usize) -> Result<()> {
-        let n = c.size() as usize;
+        if self.replication > 1 && self.mbox.is_none() {
+            self.mbox = Some(Mailbox::new(c.device(), self.replication)?);
+        }
+        let n = self.logical(c).0;
         if self.degrees.iter().product::<usize>() == n {
             return Ok(());
         }
@@ -263,7 +284,7 @@ impl SparseAllreduce {
         }
         let bytes = v[0] as f64 * 8.0;
         let floor = crate::sparse::plan::PACKET_FLOOR_BYTES;
-        self.degrees = match host_block(c.device()) {
+        self.degrees = match host_block(c.device()).filter(|_| self.replication == 1) {
             // Several hosts of p ranks each, numbered host by host: the first layer is the
             // host (shared memory), so only host-merged data crosses the network.
             Some(p) => std::iter::once(p).chain(crate::sparse::plan::auto_degrees(n / p, bytes, floor)).collect(),
@@ -308,7 +329,7 @@ impl SparseAllreduce {
         self.in_pos = in_pos;
         self.layers.clear();
         self.configured = false;
-        let me = c.rank() as usize;
+        let (nl, me) = self.logical(c);
         let mut cur_vals = vals.map(|(v, dt, w)| {
             let mut acc = alloc_rows(dt, self.op, okeys.len(), w);
             unsafe { scatter(dt, self.op, acc.as_mut_ptr() as *mut u8, v.as_ptr(), &self.out_perm, w) };
@@ -326,7 +347,7 @@ impl SparseAllreduce {
             let out_split = split_sorted(&okeys, lo, hi, k);
             let in_split = split_sorted(&ikeys, lo, hi, k);
             // Pack: per member j, [out keys][in keys][values, padded to 8 bytes].
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             let mut total = 0usize;
             let vwords = |n: usize| (n * rb).div_ceil(8) * cur_vals.is_some() as usize;
             for j in 0..k {
@@ -359,7 +380,7 @@ impl SparseAllreduce {
             let st = &mut self.stats[l];
             st.degree = k;
             unsafe {
-                round(c, self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let (no, ni) = (m[1] as usize, m[2] as usize);
                     let nb = (no + ni) * 8 + if has_vals { no * rb } else { 0 };
                     let p = fetch(m[0] as usize, nb)? as *const u64;
@@ -436,6 +457,7 @@ impl SparseAllreduce {
     /// Values down by the saved maps: the reduced values of this rank's final key range.
     fn reduce_down(&mut self, c: &mut Communicator, vals: &[u8], dt: SDType, w: usize) -> Result<Vec<u64>> {
         let rb = dt.size_bytes() * w;
+        let nl = self.logical(c).0;
         let t0 = Instant::now();
         // The first layer sends straight from the caller's buffer when it is in key order.
         let direct = self.out_ident && !self.layers.is_empty() && (vals.as_ptr() as usize).is_multiple_of(8);
@@ -467,7 +489,7 @@ impl SparseAllreduce {
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             let k = layer.members.len();
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             for j in 0..k {
                 let (a, b) = (layer.out_split[j], layer.out_split[j + 1]);
                 metas[layer.members[j] as usize] = [(a * rb) as u64, (b - a) as u64, 0, ((b - a) * rb) as u64];
@@ -487,7 +509,7 @@ impl SparseAllreduce {
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, send, send_bytes, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, send, send_bytes, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let p = fetch(m[0] as usize, n * rb)?;
                     let t = Instant::now();
@@ -509,6 +531,7 @@ impl SparseAllreduce {
     /// Requested values up through the same nodes; writes `in_vals` (caller order).
     fn up(&mut self, c: &mut Communicator, reduced: &[u64], dt: SDType, w: usize, in_vals: &mut [u8]) -> Result<()> {
         let rb = dt.size_bytes() * w;
+        let nl = self.logical(c).0;
         let t0 = Instant::now();
         debug_assert!(self.layers.last().map(|l| l.in_after == self.bottom.len()).unwrap_or(true));
         // The last copy lands in the caller's buffer when it wants its values in key order.
@@ -527,7 +550,7 @@ impl SparseAllreduce {
             let k = layer.members.len();
             // Pack what each member asked for, in its order.
             let tg = Instant::now();
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             let mut total = 0usize;
             for j in 0..k {
                 metas[layer.members[j] as usize] = [total as u64, layer.in_maps[j].len() as u64, 0, (layer.in_maps[j].len() * rb) as u64];
@@ -547,7 +570,7 @@ impl SparseAllreduce {
             let st = &mut self.stats[l];
             st.merge_ns += tg.elapsed().as_nanos() as u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let (a, b) = (layer.in_split[j], layer.in_split[j + 1]);
                     if n != b - a {
@@ -597,7 +620,15 @@ impl SparseAllreduce {
                 .or_else(|| self.check_values("in_values", in_vals.len(), self.n_in, dt, w))
                 .or_else(|| self.op.check(dt).err().map(|e| e.to_string()))
         };
-        self.agree(c, 2, err, dt as i64, w as i64)?;
+        if self.replication > 1 {
+            // Replicated: no group-wide check (it would wait for dead ranks); a rank with
+            // bad input raises here, and its peers fail once all of its replicas are gone.
+            if let Some(e) = err {
+                return Err(Error::InvalidArgument(e));
+            }
+        } else {
+            self.agree(c, 2, err, dt as i64, w as i64)?;
+        }
         let reduced = self.reduce_down(c, out_vals, dt, w)?;
         let r = self.up(c, &reduced, dt, w, in_vals);
         self.pool.put(reduced);
@@ -638,6 +669,7 @@ fn host_block(dev: &scalefree_transport::Device) -> Option<usize> {
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 unsafe fn round(
     c: &mut Communicator,
+    mbox: Option<&mut Mailbox>,
     dim: u64,
     tag: u32,
     members: &[u32],
@@ -650,6 +682,11 @@ unsafe fn round(
     recv: &mut dyn FnMut(usize, Meta, &dyn Fn(usize, usize) -> Result<*const u8>) -> Result<()>,
 ) -> Result<()> {
     let t0 = Instant::now();
+    if let Some(mb) = mbox {
+        unsafe { replicated_round(mb, members, digit, send, metas, st, recv)? };
+        st.wait_ns += t0.elapsed().as_nanos() as u64;
+        return Ok(());
+    }
     let me = c.rank();
     let k = members.len();
     for &q in members {
@@ -701,5 +738,47 @@ unsafe fn round(
     }
     c.finish()?;
     st.wait_ns += t0.elapsed().as_nanos() as u64;
+    Ok(())
+}
+
+/// `round` over the replicas' mailboxes: members are logical nodes; each message goes to
+/// every live replica of its target and the first copy of each incoming one is used.
+///
+/// # Safety
+/// As for `round`.
+#[allow(clippy::type_complexity)]
+unsafe fn replicated_round(
+    mb: &mut Mailbox,
+    members: &[u32],
+    digit: usize,
+    send: *const u8,
+    metas: &[Meta],
+    st: &mut LayerStats,
+    recv: &mut dyn FnMut(usize, Meta, &dyn Fn(usize, usize) -> Result<*const u8>) -> Result<()>,
+) -> Result<()> {
+    let t = mb.begin();
+    let k = members.len();
+    for (j, &b) in members.iter().enumerate() {
+        if j != digit {
+            let m = metas[b as usize];
+            let nb = m[3] as usize;
+            let copies = unsafe { mb.send(t, b as usize, &m, send.add(m[0] as usize), nb)? };
+            st.bytes_sent += nb as u64 * copies;
+            st.messages += copies * (nb > 0) as u64;
+            st.max_packet = st.max_packet.max(nb as u64);
+        }
+    }
+    for i in 0..k {
+        let j = (digit + i) % k;
+        if j == digit {
+            let m = metas[members[j] as usize];
+            recv(j, m, &|off: usize, _n: usize| Ok(unsafe { send.add(off) }))?;
+            continue;
+        }
+        let (m, p) = mb.recv(t, members[j] as usize)?;
+        let base = m[0] as usize;
+        recv(j, m, &|off: usize, _n: usize| Ok(unsafe { p.add(off - base) }))?;
+    }
+    mb.end(t);
     Ok(())
 }

@@ -16,6 +16,7 @@ pub mod merge;
 pub mod pagerank;
 pub mod partition;
 pub mod plan;
+pub mod replica;
 
 pub use butterfly::{LayerStats, SparseAllreduce};
 pub use kernels::{SDType, SOp};
