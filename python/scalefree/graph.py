@@ -147,7 +147,7 @@ def compact_ids(a, n: int) -> tuple[np.ndarray, np.ndarray]:
     return u, inv.reshape(-1)
 
 
-def vertex_keys(group, src, dst, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Collective: (out-degree of every vertex, its key, the vertex of each degree rank,
     number of keys) for the sparse
     allreduce without hashing. Vertices are ranked by falling total degree over all ranks
@@ -156,11 +156,13 @@ def vertex_keys(group, src, dst, n: int) -> tuple[np.ndarray, np.ndarray, np.nda
     vertex in degree order, so the hubs spread over the ranks as a hash would spread them,
     while each rank's keys, sorted, stay close to degree order (hub entries together, which
     keeps its SpMV's gathers in cache). Key range ``[r * B, r * B + count)`` is the
-    vertices rank r owns."""
-    size = group.size
+    vertices rank r owns. With ``replication`` r, ranks are r replicas of ``size / r``
+    logical nodes holding the same edges."""
+    size = group.size // replication
     deg = np.concatenate([np.bincount(src, minlength=n), np.bincount(dst, minlength=n)]).astype(np.float64)
-    if size > 1 and len(deg):
+    if group.size > 1 and len(deg):
         group.allreduce(deg)
+        deg /= replication
     order = np.argsort(-(deg[:n] + deg[n:]), kind="stable")
     g = np.empty(n, np.int64)
     g[order] = np.arange(n, dtype=np.int64)
@@ -181,17 +183,25 @@ class SparsePageRank:
     extra key (after all vertices) carries each rank's total flow, so the dangling mass
     comes back with the reduce. The local SpMV is a Rust kernel over a value-free CSR of
     the rank's edges (``_native.PageRankCsr``); ``dtype="float32"`` halves every vector
-    and message (scores to about 1e-7 relative)."""
+    and message (scores to about 1e-7 relative).
 
-    def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto", dtype="float64"):
+    ``replication=r``: the group's ranks are r replicas of ``size / r`` logical nodes (rank
+    p is logical node ``p % (size / r)``; replicas pass the same edges, see
+    :func:`logical_rank`). Construction needs every rank; afterwards an iteration completes
+    while one replica of every logical node is alive (no group-wide collective is used:
+    the L1 change travels through a second replicated sparse allreduce)."""
+
+    def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto", dtype="float64",
+                 replication: int = 1):
         from . import _native
 
-        me, size = group.rank, group.size
+        me, size = logical_rank(group, replication)
+        self.replication = int(replication)
         dtype = np.dtype(dtype)
         self.group, self.n, self.damping, self.dtype = group, int(n), float(damping), dtype
         src = np.asarray(src, np.int64)
         dst = np.asarray(dst, np.int64)
-        outdeg, key, order, nkeys = vertex_keys(group, src, dst, self.n)
+        outdeg, key, order, nkeys = vertex_keys(group, src, dst, self.n, self.replication)
         width = nkeys // size
         flow_key = nkeys  # one key past the vertices: the rank's total flow
         self.owned = order[me::size].astype(np.int64)
@@ -230,8 +240,12 @@ class SparsePageRank:
         np.divide(1.0, d, out=inv, where=d > 0)
         self.inv_deg = inv.astype(dtype)
         self.n_local = len(in_keys) - 1
-        self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False)
+        self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False, replication=self.replication)
         self.sa.config(out_keys, in_keys)
+        self._l1 = None
+        if self.replication > 1:
+            self._l1 = group.sparse_allreduce(1, degrees=degrees, replication=self.replication)
+            self._l1.config(np.zeros(1, np.int64), np.zeros(1, np.int64))
         self.y = np.zeros(len(out_keys), dtype)
         self.got = np.zeros(len(in_keys), dtype)
         self.scores = np.full(n_own, 1.0 / max(self.n, 1), dtype)
@@ -252,17 +266,30 @@ class SparsePageRank:
         self._base, self._d = (1.0 - d) / self.n + d * dangling / self.n, d
         self._scal[0] = self.csr.owned(self.got, self.own_lo, self._base, d, self.scores)
         t0 = time.perf_counter()
-        self.group.allreduce(self._scal)
+        if self._l1 is not None:
+            self._scal[0] = self._l1.reduce(self._scal)[0]
+        else:
+            self.group.allreduce(self._scal)
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
 
 
+def logical_rank(group, replication: int = 1) -> tuple[int, int]:
+    """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
+    replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
+    replication = int(replication)
+    if replication < 1 or group.size % replication:
+        raise ValueError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
+    m = group.size // replication
+    return group.rank % m, m
+
+
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
-             degrees="auto", progress: bool = False, dtype="float64"):
+             degrees="auto", progress: bool = False, dtype="float64", replication: int = 1):
     """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
     the L1 change is ``< tol``). Returns (owned vertex ids, their scores, iterations,
     median seconds per iteration)."""
-    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype)
+    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication)
     times = []
     it = 0
     for it in range(1, max_iter + 1):
