@@ -16,7 +16,10 @@ fn u32s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u32]> {
     Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const u32, b.count()) } })
 }
 
-/// Float view of a buffer: 4 → f32, 8 → f64 (checked by format).
+/// Float view of a buffer: 4 → f32, 8 → f64 (checked by format). Mutable through a shared
+/// `Buf`: the buffer protocol hands out the memory, not Rust ownership; `y` and `scores`
+/// are requested writable, and no two views of one call alias (distinct arrays).
+#[allow(clippy::mut_from_ref)]
 fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyResult<&'a mut [T]> {
     let f = b.format.trim_start_matches(['@', '=', '<']);
     let want = if std::mem::size_of::<T>() == 4 { "f" } else { "d" };

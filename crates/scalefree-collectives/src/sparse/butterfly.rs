@@ -68,6 +68,13 @@ struct Layer {
     dense: bool,
 }
 
+/// Rounds through the mailboxes of [`crate::sparse::replica`] even without replication
+/// (`SCALEFREE_SPARSE_MAILBOX=1`; one host only): one push per message and no group-wide
+/// handshake per round.
+fn mailbox_rounds() -> bool {
+    std::env::var("SCALEFREE_SPARSE_MAILBOX").is_ok_and(|v| v == "1")
+}
+
 /// One sparse allreduce: the plan fixed at construction and the maps saved by `config`.
 pub struct SparseAllreduce {
     dim: u64,
@@ -270,7 +277,7 @@ impl SparseAllreduce {
     }
 
     fn choose_degrees(&mut self, c: &mut Communicator, nnz: usize) -> Result<()> {
-        if self.replication > 1 && self.mbox.is_none() {
+        if (self.replication > 1 || mailbox_rounds()) && self.mbox.is_none() && c.size() > 1 {
             self.mbox = Some(Mailbox::new(c.device(), self.replication)?);
         }
         let n = self.logical(c).0;
