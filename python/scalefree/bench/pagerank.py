@@ -349,8 +349,9 @@ def run(args) -> int:
                     got = np.load(scores)
                     for r in json.loads(out.read_text()):
                         r["max_abs_err"] = float(np.abs(got[r["variant"]] - ref).max())
-                        # float32 rows: within 1e-6 of the largest score (float32 rounding).
-                        r["tolerance"] = 1e-6 * float(np.abs(ref).max()) if r["dtype"] == "float32" else 1e-9
+                        # float32 rows: within 1e-5 of the largest score (float32 rounding, summed
+                        # over a hub's many in-edges).
+                        r["tolerance"] = 1e-5 * float(np.abs(ref).max()) if r["dtype"] == "float32" else 1e-9
                         records.append(r)
     bad = [r for r in records if r["max_abs_err"] > r.get("tolerance", 1e-9)]
     print_table(records)

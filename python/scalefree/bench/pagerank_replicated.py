@@ -139,7 +139,7 @@ def run(args) -> int:
                                "vs unreplicated", "err"], rows, left_columns=3))
     if args.json:
         common.write_json(args.json, records)
-    tol = 1e-6 * ref_max if args.dtype == "float32" else 1e-9
+    tol = 1e-5 * ref_max if args.dtype == "float32" else 1e-9
     return 0 if records and all(x["max_abs_err"] <= tol for x in records) else 1
 
 
