@@ -141,3 +141,24 @@ def test_run_allow_rank_failure_error_exit_fails_the_job():
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "3", "--allow-rank-failure", "--",
                         sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert p.returncode == 5
+
+
+def test_replicated_dtype_disagreement_raises_not_hangs():
+    """Replicated reduces skip the group-wide check: a logical node that sends float32 where
+    the other reads float64 is caught from the message length (or by the peer's death)."""
+    code = r"""
+import numpy as np, scalefree, sys
+from scalefree.errors import MismatchError, PeerLostError
+g = scalefree.init(timeout=30)
+me = g.rank % 2
+sa = g.sparse_allreduce(100, replication=2)
+sa.config(np.arange(50, dtype=np.int64), np.arange(100, dtype=np.int64))
+try:
+    sa.reduce(np.ones(50, np.float64 if me == 0 else np.float32))
+except (MismatchError, PeerLostError) as e:
+    print("raised", type(e).__name__); sys.exit(0)
+print("no error"); sys.exit(0)
+"""
+    res = collect(spawn_ranks(4, code), 120)
+    assert all(x.returncode == 0 for x in res), [x.stderr[-500:] for x in res]
+    assert any("raised MismatchError" in x.stdout for x in res)

@@ -782,9 +782,19 @@ unsafe fn replicated_round(
             recv(j, m, &|off: usize, _n: usize| Ok(unsafe { send.add(off) }))?;
             continue;
         }
-        let (m, p) = mb.recv(t, members[j] as usize)?;
-        let base = m[0] as usize;
-        recv(j, m, &|off: usize, _n: usize| Ok(unsafe { p.add(off - base) }))?;
+        let (m, p, len) = mb.recv(t, members[j] as usize)?;
+        let (base, a) = (m[0] as usize, members[j]);
+        recv(j, m, &|off: usize, n: usize| {
+            // Replicated calls skip the group-wide agreement, so a rank that disagrees on
+            // dtype or width shows up here, as a message shorter than this rank reads.
+            if off < base || off - base + n > len {
+                return Err(Error::Mismatch(format!(
+                    "replicated sparse_allreduce: logical node {a} sent {len} bytes where this rank reads {n} at {} (ranks disagree on dtype or width?)",
+                    off.wrapping_sub(base)
+                )));
+            }
+            Ok(unsafe { p.add(off - base) })
+        })?;
     }
     mb.end(t);
     Ok(())

@@ -165,10 +165,10 @@ impl Mailbox {
         Ok(copies)
     }
 
-    /// Waits for the first copy of round `t`'s message from logical node `a`: its meta and
-    /// a pointer to its payload (valid until this rank calls `end(t)`). Errors only when
-    /// every replica of `a` is dead.
-    pub fn recv(&mut self, t: u32, a: usize) -> Result<(Meta, *const u8)> {
+    /// Waits for the first copy of round `t`'s message from logical node `a`: its meta, a
+    /// pointer to its payload (valid until this rank calls `end(t)`) and its length. Errors
+    /// only when every replica of `a` is dead.
+    pub fn recv(&mut self, t: u32, a: usize) -> Result<(Meta, *const u8, usize)> {
         let me = self.me;
         let find = |mb: &Mailbox| (0..mb.r).find(|&q| unsafe { (*(mb.slot(me, a as u32, q, t) as *const AtomicU32)).load(Ordering::Acquire) } == t);
         let q = match find(self) {
@@ -191,7 +191,8 @@ impl Mailbox {
         let s = self.slot(me, a as u32, q, t);
         let mut meta = [0u64; 4];
         unsafe { std::ptr::copy_nonoverlapping(s.add(16), meta.as_mut_ptr() as *mut u8, 32) };
-        Ok((meta, unsafe { s.add(SLOT_HEAD) as *const u8 }))
+        let len = unsafe { (*(s.add(8) as *const AtomicU64)).load(Ordering::Relaxed) } as usize;
+        Ok((meta, unsafe { s.add(SLOT_HEAD) as *const u8 }, len))
     }
 
     /// Ends round `t`: senders may reuse this rank's slots of round `t`'s parity at `t + 2`.
