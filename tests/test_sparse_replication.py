@@ -162,3 +162,21 @@ print("no error"); sys.exit(0)
     res = collect(spawn_ranks(4, code), 120)
     assert all(x.returncode == 0 for x in res), [x.stderr[-500:] for x in res]
     assert any("raised MismatchError" in x.stdout for x in res)
+
+
+def test_bench_pagerank_replicated_smoke(tmp_path):
+    """The bench end to end on a tiny graph: both rows, the killed rank counted out, scores
+    equal to scipy's (no timing asserted)."""
+    import json
+
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "pagerank-replicated", "--logical", "2",
+                        "--replication", "2", "--kill-rank", "3", "--kill-at", "3", "--iters", "8", "--rmat-scale", "10",
+                        "--rmat-edges", "8K", "--dtype", "float64", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {r["variant"]: r for r in json.loads(out.read_text())}
+    assert set(recs) == {"unreplicated", "r=2"}
+    assert recs["unreplicated"]["survivors"] == 2 and recs["r=2"]["survivors"] == 3
+    assert all(r["max_abs_err"] < 1e-12 and r["median_s"] > 0 for r in recs.values())
+    assert "vs unreplicated" in p.stdout
