@@ -117,7 +117,8 @@ def run(args) -> int:
         graph = f"rmat-s{args.rmat_scale}-e{args.rmat_edges}"
         del src, dst
         for ranks, rr, kill, variant in ((m, 1, -1, "unreplicated"), (m * r, r, args.kill_rank, f"r={r}")):
-            progress(f"pagerank-replicated: {variant} on {ranks} ranks" + (f", rank {kill} killed at iteration {args.kill_at}" if kill >= 0 else ""))
+            killed = f", rank {kill} killed at iteration {args.kill_at}" if kill >= 0 else ""
+            progress(f"pagerank-replicated: {variant} on {ranks} ranks{killed}")
             res = _job(args, edges, Path(tmp) / f"{ranks}-{rr}", ranks, rr, kill)
             if res is None:
                 continue
