@@ -66,11 +66,12 @@ class Group(_native.Group):
 
         return dynamic_channels(self, pairs)
 
-    def sparse_allreduce(self, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0):
+    def sparse_allreduce(self, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
+                         hash: bool = True):
         """A sparse allreduce over ``[0, dim)``: see :class:`scalefree.sparse.SparseAllreduce`."""
         from .sparse import SparseAllreduce
 
-        return SparseAllreduce(self, dim, op=op, degrees=degrees, replication=replication, seed=seed)
+        return SparseAllreduce(self, dim, op=op, degrees=degrees, replication=replication, seed=seed, hash=hash)
 
     def __enter__(self):
         return self

@@ -289,9 +289,11 @@ def _catch_stopping_signals(received: list[int]):
                 signal.signal(s, handler)
 
 
-def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int]) -> int:
+def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int],
+               allow_rank_failure: bool = False) -> int:
     """Waits for the job to end and stops it as needed; returns its exit code."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    reported: set[int] = set()
     while True:
         if received:
             sig = signal.Signals(received[0])
@@ -299,13 +301,25 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
             ranks.stop(0.0)
             return 128 + sig
         codes = [ranks.exit_code(r) for r in range(len(ranks.procs))]
+        if allow_rank_failure:
+            for rank, code in enumerate(codes):
+                if code and rank not in reported:
+                    reported.add(rank)
+                    _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}; "
+                         "the others keep running (--allow-rank-failure)")
+            if all(code is not None for code in codes):
+                # Ranks that died by a signal are the tolerated failures; a rank that exited
+                # with an error code by itself fails the job, and so does losing every rank.
+                own = [c for c in codes if c and c <= 128]
+                return own[0] if own else (0 if any(c == 0 for c in codes) else next(c for c in codes if c))
+            codes = [0 if c else c for c in codes]
         for rank, code in enumerate(codes):
             if code:  # the first failure seen; ties within one poll go to the lowest rank
                 others = ranks.running()
                 _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
                 ranks.stop(grace, received)
                 return code
-        if all(code == 0 for code in codes):
+        if all(code == 0 for code in codes) and not allow_rank_failure:
             return 0
         if deadline is not None and time.monotonic() >= deadline:
             _say(f"timeout after {timeout:g} s; stopping all ranks")
@@ -315,7 +329,8 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
 
 
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
-           prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None) -> int:
+           prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
+           allow_rank_failure: bool = False) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
 
     ``nodes`` places them in a job over several hosts: run the same command on every host
@@ -324,7 +339,9 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
 
     ``timeout`` (seconds, default none) limits the whole job; ``grace`` (seconds) is how
     long the other ranks may take to exit by themselves after one fails; ``prefix`` tags
-    each output line with ``[rank] ``; ``env`` replaces ``os.environ`` as the base of each
+    each output line with ``[rank] ``; ``allow_rank_failure`` keeps the other ranks running
+    when one dies (for replicated collectives), the job then ending when all have exited,
+    with code 0 if some rank succeeded and every failed rank died by a signal; ``env`` replaces ``os.environ`` as the base of each
     rank's environment. Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
     command that cannot be started gives 127 (not found) or 126, with a message.
     """
@@ -358,7 +375,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         for r, p in enumerate(ranks.procs):
             pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
         try:
-            return _supervise(ranks, timeout, grace, received)
+            return _supervise(ranks, timeout, grace, received, allow_rank_failure)
         finally:
             ranks.close()
             _join(pumps, _DRAIN_SECONDS)
@@ -368,7 +385,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
 # Command line
 
 
-_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--] CMD [ARGS...]\n"
+_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
           "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P] [--] CMD ...")
 
 
@@ -409,6 +426,10 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    metavar="S", help="seconds the other ranks get to exit by themselves after one fails, "
                                      f"before SIGTERM (default: {DEFAULT_GRACE_SECONDS:g})")
     p.add_argument("--no-prefix", action="store_true", help="pass output through without the [rank] prefix")
+    p.add_argument("--allow-rank-failure", action="store_true",
+                   help="keep the job running when a rank dies (replicated collectives, e.g. "
+                        "sparse_allreduce(replication=2)); exit 0 if some rank succeeded and every "
+                        "failed rank died by a signal")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments (after --)")
     p.set_defaults(func=functools.partial(_run, p))
     return p
@@ -428,7 +449,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     port = args.master_port or int(os.environ.get("SCALEFREE_MASTER_PORT") or DEFAULT_MASTER_PORT)
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port) if args.master_addr else None
-    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes)
+    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes,
+                  allow_rank_failure=args.allow_rank_failure)
 
 
 def add_parser(sub) -> None:

@@ -43,11 +43,26 @@ class SparseAllreduce:
     both in one pass. Indices are int64 in ``[0, dim)``, unsorted, duplicates combined
     locally. Values: 1-D, or 2-D ``(n, width)`` with one row per index.
     Ops: sum, max, min (any dtype), or (uint32/uint64).
+
+    ``replication=r`` runs the group's ``size`` ranks as ``size / r`` logical nodes: rank
+    ``p`` is replica ``p // (size / r)`` of logical node ``p % (size / r)``, and replicas
+    must pass the same indices and values. Every message goes to every replica of its
+    target and the first copy to arrive is used, so the reduce completes while one replica
+    of every logical node lives (run the job with ``scalefree run --allow-rank-failure``).
+    ``config`` needs every rank alive; one host only; each message must fit
+    ``SCALEFREE_REPLICA_SLOT`` bytes (default 32 MiB).
+
+    ``hash=False`` keeps the indices as the keys (no seeded hash): for callers whose
+    numbering already spreads heavy indices over the ranks' key ranges. A caller whose
+    indices are distinct and ascending then pays no permutation on either side: its
+    values are sent as they are and the result is written straight into its buffer.
     """
 
-    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0):
-        if replication != 1:
-            raise InvalidArgumentError("sparse_allreduce: replication > 1 is not implemented yet")
+    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
+                 hash: bool = True):
+        replication = int(replication)
+        if replication < 1 or group.size % replication:
+            raise InvalidArgumentError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
         if int(dim) < 0:
             raise InvalidArgumentError(f"dim must be >= 0, got {dim}")
         if isinstance(degrees, str):
@@ -60,7 +75,8 @@ class SparseAllreduce:
         self.dim = int(dim)
         self.op = op
         self._n_out = self._n_in = None
-        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, seed)
+        self.replication = replication
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, int(seed) if hash else None, replication)
 
     @property
     def degrees(self) -> list[int]:

@@ -10,6 +10,7 @@ mod flash;
 mod group;
 mod ssp;
 mod tensors;
+mod graph;
 mod sparse;
 mod mf;
 mod ucx;
@@ -34,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
+    m.add_class::<graph::PyPageRankCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;

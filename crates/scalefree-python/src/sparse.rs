@@ -44,11 +44,13 @@ pub struct PySparseAllreduce {
 #[pymethods]
 impl PySparseAllreduce {
     #[new]
-    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=0))]
-    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: u64) -> PyResult<Self> {
+    /// `seed=None`: no index hash (keys are the indices).
+    /// `replication`: ranks per logical node (ranks p and p + size/replication are replicas).
+    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=Some(0), replication=1))]
+    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: Option<u64>, replication: usize) -> PyResult<Self> {
         let op = SOp::parse(op).py_err(py)?;
         let size = group.borrow(py).size as usize;
-        let inner = SparseAllreduce::new(dim, op, degrees, size, seed).py_err(py)?;
+        let inner = SparseAllreduce::new(dim, op, degrees, size, seed, replication).py_err(py)?;
         Ok(PySparseAllreduce { group, inner: Arc::new(Mutex::new(inner)) })
     }
 

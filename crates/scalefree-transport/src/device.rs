@@ -390,6 +390,13 @@ impl Device {
         Ok(())
     }
 
+    /// Whether the process of `rank` (on this host) is still running; true for this rank
+    /// and for ranks whose liveness this device does not watch. For callers that survive
+    /// a peer's death (replicated collectives), unlike [`Device::check_alive`].
+    pub fn rank_alive(&self, rank: u32) -> bool {
+        self.inner.peers.get(rank as usize).and_then(|p| p.watch.as_ref()).is_none_or(|w| w.alive())
+    }
+
     /// Turns an OS error from touching `rank`'s memory into `PeerLost` when it is gone.
     pub fn peer_error(&self, rank: u32, what: &str, e: std::io::Error) -> Error {
         let p = &self.inner.peers[rank as usize];

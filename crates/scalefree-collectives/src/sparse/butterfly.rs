@@ -24,6 +24,7 @@ use crate::sparse::hash::IndexHash;
 use crate::sparse::kernels::{fill_identity, gather, scatter, SDType, SOp, NONE};
 use crate::sparse::merge::tree_merge;
 use crate::sparse::partition::{split_sorted, sub_range};
+use crate::sparse::replica::Mailbox;
 use crate::Algorithm;
 
 /// Per-layer accounting of the last call (down and up summed).
@@ -67,6 +68,13 @@ struct Layer {
     dense: bool,
 }
 
+/// Rounds through the mailboxes of [`crate::sparse::replica`] even without replication
+/// (`SCALEFREE_SPARSE_MAILBOX=1`; one host only): one push per message and no group-wide
+/// handshake per round.
+fn mailbox_rounds() -> bool {
+    std::env::var("SCALEFREE_SPARSE_MAILBOX").is_ok_and(|v| v == "1")
+}
+
 /// One sparse allreduce: the plan fixed at construction and the maps saved by `config`.
 pub struct SparseAllreduce {
     dim: u64,
@@ -81,12 +89,21 @@ pub struct SparseAllreduce {
     /// so the local step is a gather (random reads) instead of a fill plus a scatter.
     out_src: Option<Vec<usize>>,
     n_out_u: usize,
+    /// The caller's out indices are distinct and already in key order: its values are
+    /// sent as they are (no gather into key order).
+    out_ident: bool,
     in_pos: Vec<usize>,
+    /// The caller's in indices are distinct and in key order: the last layer up writes
+    /// into the caller's buffer (no final gather).
+    in_ident: bool,
     layers: Vec<Layer>,
     bottom: Vec<usize>,
     bottom_out: usize,
     stats: Vec<LayerStats>,
     pool: Pool,
+    /// Replicas per logical node (1: none); with more, rounds go through `mbox`.
+    replication: usize,
+    mbox: Option<Mailbox>,
 }
 
 /// Metadata slot sent inline to each peer: byte offset in the exposed buffer and counts.
@@ -157,8 +174,15 @@ impl Pool {
 
 impl SparseAllreduce {
     /// A plan for `ranks` ranks. `degrees`: the layer degrees (product = ranks), or None
-    /// for the automatic choice at config.
-    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: u64) -> Result<Self> {
+    /// for the automatic choice at config. `seed`: the index hash's seed, or None for no
+    /// hash (keys are the indices; the caller spreads its heavy indices itself).
+    /// `replication`: ranks per logical node (see [`crate::sparse::replica`]); the degrees
+    /// then multiply to `ranks / replication`.
+    pub fn new(dim: u64, op: SOp, degrees: Option<Vec<usize>>, ranks: usize, seed: Option<u64>, replication: usize) -> Result<Self> {
+        if replication == 0 || !ranks.is_multiple_of(replication) {
+            return Err(Error::InvalidArgument(format!("replication={replication} must divide the group size {ranks}")));
+        }
+        let ranks = ranks / replication;
         let degrees = match degrees {
             Some(d) => crate::sparse::plan::check_degrees(&d, ranks)?,
             None => Vec::new(),
@@ -167,19 +191,26 @@ impl SparseAllreduce {
             dim,
             op,
             degrees,
-            hash: IndexHash::new(dim, seed),
+            hash: match seed {
+                Some(s) => IndexHash::new(dim, s),
+                None => IndexHash::identity(dim),
+            },
             configured: false,
             n_out: 0,
             n_in: 0,
             out_perm: Vec::new(),
             out_src: None,
             n_out_u: 0,
+            out_ident: false,
             in_pos: Vec::new(),
+            in_ident: false,
             layers: Vec::new(),
             bottom: Vec::new(),
             bottom_out: 0,
             stats: Vec::new(),
             pool: Pool::default(),
+            replication,
+            mbox: None,
         })
     }
 
@@ -197,6 +228,12 @@ impl SparseAllreduce {
     }
     pub fn configured(&self) -> bool {
         self.configured
+    }
+
+    /// Logical nodes and this rank's logical node (the ranks themselves without replication).
+    fn logical(&self, c: &Communicator) -> (usize, usize) {
+        let m = c.size() as usize / self.replication;
+        (m, c.rank() as usize % m)
     }
 
     /// Every rank says what it is calling and whether its input is valid, in one small
@@ -240,7 +277,10 @@ impl SparseAllreduce {
     }
 
     fn choose_degrees(&mut self, c: &mut Communicator, nnz: usize) -> Result<()> {
-        let n = c.size() as usize;
+        if (self.replication > 1 || mailbox_rounds()) && self.mbox.is_none() && c.size() > 1 {
+            self.mbox = Some(Mailbox::new(c.device(), self.replication)?);
+        }
+        let n = self.logical(c).0;
         if self.degrees.iter().product::<usize>() == n {
             return Ok(());
         }
@@ -251,7 +291,7 @@ impl SparseAllreduce {
         }
         let bytes = v[0] as f64 * 8.0;
         let floor = crate::sparse::plan::PACKET_FLOOR_BYTES;
-        self.degrees = match host_block(c.device()) {
+        self.degrees = match host_block(c.device()).filter(|_| self.replication == 1) {
             // Several hosts of p ranks each, numbered host by host: the first layer is the
             // host (shared memory), so only host-merged data crosses the network.
             Some(p) => std::iter::once(p).chain(crate::sparse::plan::auto_degrees(n / p, bytes, floor)).collect(),
@@ -290,11 +330,13 @@ impl SparseAllreduce {
             }
             src
         });
+        self.out_ident = self.out_src.as_ref().is_some_and(|s| s.iter().enumerate().all(|(i, &j)| i == j));
+        self.in_ident = ikeys.len() == in_pos.len() && in_pos.iter().enumerate().all(|(i, &j)| i == j);
         self.out_perm = out_perm;
         self.in_pos = in_pos;
         self.layers.clear();
         self.configured = false;
-        let me = c.rank() as usize;
+        let (nl, me) = self.logical(c);
         let mut cur_vals = vals.map(|(v, dt, w)| {
             let mut acc = alloc_rows(dt, self.op, okeys.len(), w);
             unsafe { scatter(dt, self.op, acc.as_mut_ptr() as *mut u8, v.as_ptr(), &self.out_perm, w) };
@@ -312,7 +354,7 @@ impl SparseAllreduce {
             let out_split = split_sorted(&okeys, lo, hi, k);
             let in_split = split_sorted(&ikeys, lo, hi, k);
             // Pack: per member j, [out keys][in keys][values, padded to 8 bytes].
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             let mut total = 0usize;
             let vwords = |n: usize| (n * rb).div_ceil(8) * cur_vals.is_some() as usize;
             for j in 0..k {
@@ -345,7 +387,7 @@ impl SparseAllreduce {
             let st = &mut self.stats[l];
             st.degree = k;
             unsafe {
-                round(c, self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, (l as u32) << 2, &members, digit, buf.as_ptr() as *const u8, total * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let (no, ni) = (m[1] as usize, m[2] as usize);
                     let nb = (no + ni) * 8 + if has_vals { no * rb } else { 0 };
                     let p = fetch(m[0] as usize, nb)? as *const u64;
@@ -422,17 +464,29 @@ impl SparseAllreduce {
     /// Values down by the saved maps: the reduced values of this rank's final key range.
     fn reduce_down(&mut self, c: &mut Communicator, vals: &[u8], dt: SDType, w: usize) -> Result<Vec<u64>> {
         let rb = dt.size_bytes() * w;
+        let nl = self.logical(c).0;
         let t0 = Instant::now();
-        let mut cur = match &self.out_src {
-            Some(src) => {
-                let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
-                unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), src, w) };
-                cur
-            }
-            None => {
-                let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
-                unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
-                cur
+        // The first layer sends straight from the caller's buffer when it is in key order.
+        let direct = self.out_ident && !self.layers.is_empty() && (vals.as_ptr() as usize).is_multiple_of(8);
+        let mut cur = if direct {
+            Vec::new()
+        } else {
+            match &self.out_src {
+                Some(_) if self.out_ident => {
+                    let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
+                    unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), cur.as_mut_ptr() as *mut u8, self.n_out_u * rb) };
+                    cur
+                }
+                Some(src) => {
+                    let mut cur = self.pool.get((self.n_out_u * rb).div_ceil(8));
+                    unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), src, w) };
+                    cur
+                }
+                None => {
+                    let mut cur = self.pool.rows(dt, self.op, self.n_out_u, w);
+                    unsafe { scatter(dt, self.op, cur.as_mut_ptr() as *mut u8, vals.as_ptr(), &self.out_perm, w) };
+                    cur
+                }
             }
         };
         self.stats = vec![LayerStats::default(); self.layers.len()];
@@ -442,11 +496,16 @@ impl SparseAllreduce {
         for l in 0..self.layers.len() {
             let layer = &self.layers[l];
             let k = layer.members.len();
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             for j in 0..k {
                 let (a, b) = (layer.out_split[j], layer.out_split[j + 1]);
                 metas[layer.members[j] as usize] = [(a * rb) as u64, (b - a) as u64, 0, ((b - a) * rb) as u64];
             }
+            let (send, send_bytes) = if l == 0 && direct {
+                (vals.as_ptr(), vals.len())
+            } else {
+                (cur.as_ptr() as *const u8, cur.len() * 8)
+            };
             let mut acc = self.pool.rows(dt, self.op, layer.out_after, w);
             let st = &mut self.stats[l];
             st.degree = k;
@@ -457,7 +516,7 @@ impl SparseAllreduce {
             let accp = acc.as_mut_ptr() as *mut u8;
             let mut merge_ns = 0u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, cur.as_ptr() as *const u8, cur.len() * 8, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, ((l as u32) << 2) | 1, &layer.members, layer.digit, send, send_bytes, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let p = fetch(m[0] as usize, n * rb)?;
                     let t = Instant::now();
@@ -468,7 +527,10 @@ impl SparseAllreduce {
             }
             st.merge_ns += merge_ns;
             st.wait_ns = st.wait_ns.saturating_sub(merge_ns);
-            self.pool.put(std::mem::replace(&mut cur, acc));
+            let old = std::mem::replace(&mut cur, acc);
+            if !old.is_empty() {
+                self.pool.put(old);
+            }
         }
         Ok(cur)
     }
@@ -476,8 +538,15 @@ impl SparseAllreduce {
     /// Requested values up through the same nodes; writes `in_vals` (caller order).
     fn up(&mut self, c: &mut Communicator, reduced: &[u64], dt: SDType, w: usize, in_vals: &mut [u8]) -> Result<()> {
         let rb = dt.size_bytes() * w;
+        let nl = self.logical(c).0;
         let t0 = Instant::now();
         debug_assert!(self.layers.last().map(|l| l.in_after == self.bottom.len()).unwrap_or(true));
+        // The last copy lands in the caller's buffer when it wants its values in key order.
+        let direct = self.in_ident;
+        if direct && self.layers.is_empty() {
+            unsafe { gather(dt, self.op, in_vals.as_mut_ptr(), reduced.as_ptr() as *const u8, &self.bottom, w) };
+            return Ok(());
+        }
         let mut cur = self.pool.get((self.bottom.len() * rb).div_ceil(8));
         unsafe { gather(dt, self.op, cur.as_mut_ptr() as *mut u8, reduced.as_ptr() as *const u8, &self.bottom, w) };
         if let Some(s) = self.stats.last_mut() {
@@ -488,7 +557,7 @@ impl SparseAllreduce {
             let k = layer.members.len();
             // Pack what each member asked for, in its order.
             let tg = Instant::now();
-            let mut metas = vec![[0u64; 4]; c.size() as usize];
+            let mut metas = vec![[0u64; 4]; nl];
             let mut total = 0usize;
             for j in 0..k {
                 metas[layer.members[j] as usize] = [total as u64, layer.in_maps[j].len() as u64, 0, (layer.in_maps[j].len() * rb) as u64];
@@ -502,12 +571,13 @@ impl SparseAllreduce {
                 };
             }
             let before = layer.in_split[k];
-            let mut prev = self.pool.get((before * rb).div_ceil(8));
-            let prevp = prev.as_mut_ptr() as *mut u8;
+            let into_caller = direct && l == 0;
+            let mut prev = if into_caller { Vec::new() } else { self.pool.get((before * rb).div_ceil(8)) };
+            let prevp = if into_caller { in_vals.as_mut_ptr() } else { prev.as_mut_ptr() as *mut u8 };
             let st = &mut self.stats[l];
             st.merge_ns += tg.elapsed().as_nanos() as u64;
             unsafe {
-                round(c, self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
+                round(c, self.mbox.as_mut(), self.dim, ((l as u32) << 2) | 2, &layer.members, layer.digit, send.as_ptr() as *const u8, total, &metas, st, &mut self.pool.scratch, &mut |j, m, fetch| {
                     let n = m[1] as usize;
                     let (a, b) = (layer.in_split[j], layer.in_split[j + 1]);
                     if n != b - a {
@@ -520,6 +590,9 @@ impl SparseAllreduce {
             }
             self.pool.put(send);
             self.pool.put(std::mem::replace(&mut cur, prev));
+        }
+        if direct {
+            return Ok(());
         }
         let t1 = Instant::now();
         unsafe { gather(dt, self.op, in_vals.as_mut_ptr(), cur.as_ptr() as *const u8, &self.in_pos, w) };
@@ -554,7 +627,15 @@ impl SparseAllreduce {
                 .or_else(|| self.check_values("in_values", in_vals.len(), self.n_in, dt, w))
                 .or_else(|| self.op.check(dt).err().map(|e| e.to_string()))
         };
-        self.agree(c, 2, err, dt as i64, w as i64)?;
+        if self.replication > 1 {
+            // Replicated: no group-wide check (it would wait for dead ranks); a rank with
+            // bad input raises here, and its peers fail once all of its replicas are gone.
+            if let Some(e) = err {
+                return Err(Error::InvalidArgument(e));
+            }
+        } else {
+            self.agree(c, 2, err, dt as i64, w as i64)?;
+        }
         let reduced = self.reduce_down(c, out_vals, dt, w)?;
         let r = self.up(c, &reduced, dt, w, in_vals);
         self.pool.put(reduced);
@@ -595,6 +676,7 @@ fn host_block(dev: &scalefree_transport::Device) -> Option<usize> {
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 unsafe fn round(
     c: &mut Communicator,
+    mbox: Option<&mut Mailbox>,
     dim: u64,
     tag: u32,
     members: &[u32],
@@ -607,6 +689,11 @@ unsafe fn round(
     recv: &mut dyn FnMut(usize, Meta, &dyn Fn(usize, usize) -> Result<*const u8>) -> Result<()>,
 ) -> Result<()> {
     let t0 = Instant::now();
+    if let Some(mb) = mbox {
+        unsafe { replicated_round(mb, members, digit, send, metas, st, recv)? };
+        st.wait_ns += t0.elapsed().as_nanos() as u64;
+        return Ok(());
+    }
     let me = c.rank();
     let k = members.len();
     for &q in members {
@@ -658,5 +745,57 @@ unsafe fn round(
     }
     c.finish()?;
     st.wait_ns += t0.elapsed().as_nanos() as u64;
+    Ok(())
+}
+
+/// `round` over the replicas' mailboxes: members are logical nodes; each message goes to
+/// every live replica of its target and the first copy of each incoming one is used.
+///
+/// # Safety
+/// As for `round`.
+#[allow(clippy::type_complexity)]
+unsafe fn replicated_round(
+    mb: &mut Mailbox,
+    members: &[u32],
+    digit: usize,
+    send: *const u8,
+    metas: &[Meta],
+    st: &mut LayerStats,
+    recv: &mut dyn FnMut(usize, Meta, &dyn Fn(usize, usize) -> Result<*const u8>) -> Result<()>,
+) -> Result<()> {
+    let t = mb.begin();
+    let k = members.len();
+    for (j, &b) in members.iter().enumerate() {
+        if j != digit {
+            let m = metas[b as usize];
+            let nb = m[3] as usize;
+            let copies = unsafe { mb.send(t, b as usize, &m, send.add(m[0] as usize), nb)? };
+            st.bytes_sent += nb as u64 * copies;
+            st.messages += copies * (nb > 0) as u64;
+            st.max_packet = st.max_packet.max(nb as u64);
+        }
+    }
+    for i in 0..k {
+        let j = (digit + i) % k;
+        if j == digit {
+            let m = metas[members[j] as usize];
+            recv(j, m, &|off: usize, _n: usize| Ok(unsafe { send.add(off) }))?;
+            continue;
+        }
+        let (m, p, len) = mb.recv(t, members[j] as usize)?;
+        let (base, a) = (m[0] as usize, members[j]);
+        recv(j, m, &|off: usize, n: usize| {
+            // Replicated calls skip the group-wide agreement, so a rank that disagrees on
+            // dtype or width shows up here, as a message shorter than this rank reads.
+            if off < base || off - base + n > len {
+                return Err(Error::Mismatch(format!(
+                    "replicated sparse_allreduce: logical node {a} sent {len} bytes where this rank reads {n} at {} (ranks disagree on dtype or width?)",
+                    off.wrapping_sub(base)
+                )));
+            }
+            Ok(unsafe { p.add(off - base) })
+        })?;
+    }
+    mb.end(t);
     Ok(())
 }

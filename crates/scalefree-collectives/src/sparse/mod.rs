@@ -13,8 +13,10 @@ pub mod butterfly;
 pub mod hash;
 pub mod kernels;
 pub mod merge;
+pub mod pagerank;
 pub mod partition;
 pub mod plan;
+pub mod replica;
 
 pub use butterfly::{LayerStats, SparseAllreduce};
 pub use kernels::{SDType, SOp};

@@ -1,0 +1,148 @@
+"""``scalefree bench pagerank-replicated``: PageRank on the sparse allreduce with
+replication r, one rank SIGKILLed mid-run, against the unreplicated run on the logical
+node count (issue 8: r = 2 on 8 ranks with one killed vs 4 ranks).
+
+The driver builds a seeded R-MAT graph once; each job runs ``scalefree run
+--allow-rank-failure`` with every rank timing its own ``step()`` calls (no barrier: after a
+rank dies only the replicated collectives work). Rows: ``unreplicated`` (M ranks) and
+``r=R, rank K killed`` (M·R ranks, rank K SIGKILLs itself at iteration ``--kill-at``).
+``median/iter`` is the largest of the surviving ranks' median step times; ``after kill``
+is the same over the iterations after the kill only. ``err`` is the L∞ difference of the
+survivors' scores from scipy's after the same number of iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+from .common import human_time, progress
+
+BENCH = "pagerank-replicated"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("pagerank-replicated", help="PageRank with replication and a killed rank vs unreplicated",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__)
+    arg = common.argparse_type
+    p.add_argument("--logical", type=arg(common.positive_int), default=4, help="logical nodes M")
+    p.add_argument("--replication", type=arg(common.positive_int), default=2, help="replicas per logical node")
+    p.add_argument("--kill-rank", type=int, default=5, help="rank that SIGKILLs itself (-1: none)")
+    p.add_argument("--kill-at", type=int, default=10, help="iteration at which it does")
+    p.add_argument("--iters", type=arg(common.positive_int), default=30)
+    p.add_argument("--rmat-scale", type=arg(common.positive_int), default=20)
+    p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--timeout", type=float, default=900)
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def worker(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--edges", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--replication", type=int, required=True)
+    p.add_argument("--kill-rank", type=int, required=True)
+    p.add_argument("--kill-at", type=int, required=True)
+    p.add_argument("--iters", type=int, required=True)
+    p.add_argument("--dtype", required=True)
+    a = p.parse_args(argv)
+    import scalefree
+    from scalefree.graph import SparsePageRank, logical_rank, partition_edges
+
+    g = scalefree.init()
+    z = np.load(a.edges)
+    n = int(z["n"])
+    me, m = logical_rank(g, a.replication)
+    src, dst = partition_edges(z["src"], z["dst"], me, m)
+    pr = SparsePageRank(g, src, dst, n, replication=a.replication, dtype=a.dtype)
+    g.barrier()  # the last group-wide call: everyone is alive until here
+    times = []
+    for it in range(a.iters):
+        if g.rank == a.kill_rank and it == a.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
+        pr.step()
+        times.append(time.perf_counter() - t0)
+    out = a.out / f"rank{g.rank}.npz"
+    tmp = a.out / f".rank{g.rank}.tmp.npz"
+    np.savez(tmp, times=np.array(times), owned=pr.owned, scores=pr.scores.astype(np.float64))
+    os.replace(tmp, out)
+    return 0
+
+
+def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | None:
+    out.mkdir()
+    cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(ranks), "--allow-rank-failure",
+           "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
+           "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
+           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype]
+    rc = subprocess.call(cmd)
+    files = sorted(out.glob("rank*.npz"))
+    if rc != 0 or not files:
+        progress(f"pagerank-replicated: job on {ranks} ranks failed (exit {rc})")
+        return None
+    return {int(f.stem[4:]): dict(np.load(f)) for f in files}
+
+
+def run(args) -> int:
+    from scalefree.graph import rmat_edges
+
+    from .pagerank import ScipyPageRank
+
+    m, r = args.logical, args.replication
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        progress(f"pagerank-replicated: R-MAT scale {args.rmat_scale}, {args.rmat_edges} edges")
+        src, dst, ids = rmat_edges(args.rmat_scale, args.rmat_edges)
+        n = len(ids)
+        edges = Path(tmp) / "g.npz"
+        np.savez(edges, src=src, dst=dst, n=n)
+        ref = ScipyPageRank(src, dst, n)
+        for _ in range(args.iters):
+            ref.step()
+        ref_max = float(np.abs(ref.scores).max())
+        graph = f"rmat-s{args.rmat_scale}-e{args.rmat_edges}"
+        del src, dst
+        for ranks, rr, kill, variant in ((m, 1, -1, "unreplicated"), (m * r, r, args.kill_rank, f"r={r}")):
+            killed = f", rank {kill} killed at iteration {args.kill_at}" if kill >= 0 else ""
+            progress(f"pagerank-replicated: {variant} on {ranks} ranks{killed}")
+            res = _job(args, edges, Path(tmp) / f"{ranks}-{rr}", ranks, rr, kill)
+            if res is None:
+                continue
+            med = max(float(np.median(v["times"])) for v in res.values())
+            after = max(float(np.median(v["times"][args.kill_at:])) for v in res.values()) if kill >= 0 else med
+            err = max(float(np.abs(v["scores"] - ref.scores[v["owned"]]).max()) for v in res.values())
+            st = common.Stats.of(np.max([v["times"] for v in res.values()], axis=0))
+            records.append(common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=ranks, nbytes=8 * n,
+                                              dtype=args.dtype, stats=st, gbps=0.0, graph=graph, vertices=n,
+                                              replication=rr, killed_rank=kill, survivors=len(res),
+                                              median_iter_s=med, after_kill_s=after, max_abs_err=err))
+    base = next((x for x in records if x["replication"] == 1), None)
+    rows = []
+    for x in records:
+        rows.append([x["graph"], str(x["ranks"]), x["variant"], str(x["killed_rank"]) if x["killed_rank"] >= 0 else "-",
+                     str(x["survivors"]), human_time(x["median_iter_s"]), human_time(x["after_kill_s"]),
+                     f"{x['after_kill_s'] / base['median_iter_s']:.2f}x" if base else "", f"{x['max_abs_err']:.1e}"])
+    print(common.format_table(["graph", "ranks", "variant", "killed", "survivors", "median/iter", "after kill",
+                               "vs unreplicated", "err"], rows, left_columns=3))
+    if args.json:
+        common.write_json(args.json, records)
+    tol = 1e-5 * ref_max if args.dtype == "float32" else 1e-9
+    return 0 if records and all(x["max_abs_err"] <= tol for x in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(worker(sys.argv[1:]))
