@@ -136,3 +136,47 @@ def test_blas_choice_and_progress(tmp_path):
     added, done, read, written = (x - y for x, y in zip(faer._rt.progress, before))
     assert added == done == stats["tasks"] > 1
     assert read == stats["bytes_read"] and written == stats["bytes_written"] > 0
+
+
+RSS_SCRIPT = r"""
+import sys, numpy as np
+from scalefree import flash
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+n, budget, blas, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rt = flash.Runtime(memory_budget=budget, threads=2, dir=d, blas=blas)
+rng = np.random.default_rng(0)
+for name in ("a", "b"):  # written a block of rows at a time, never whole in memory
+    m = np.lib.format.open_memmap(f"{d}/{name}.npy", mode="w+", dtype=np.float32, shape=(n, n))
+    for r in range(0, n, 256):
+        m[r:r + 256] = rng.standard_normal((min(256, n - r), n), dtype=np.float32)
+    m.flush()
+    del m
+A, B = flash.Matrix.open_npy(f"{d}/a.npy", rt), flash.Matrix.open_npy(f"{d}/b.npy", rt)
+C = flash.Matrix.create_npy(f"{d}/c.npy", (n, n), np.float32, rt)
+flash.gemm(A, B, C, runtime=rt)  # warm-up: libraries' own buffers, thread stacks
+open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the current RSS
+base = status("VmRSS")
+stats = {}
+flash.gemm(A, B, C, runtime=rt, stats=stats)
+print(status("VmHWM") - base, stats["peak_resident_bytes"])
+"""
+
+
+@pytest.mark.parametrize("blas", ["auto", "faer"])
+def test_peak_rss_stays_within_the_budget(tmp_path, blas):
+    """The process's resident memory grows by at most the budget plus a small fixed overhead
+    while gemm runs on 3 x 36 MiB of matrices under a 16 MiB budget."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux /proc/self/clear_refs")
+    budget = 16 << 20
+    p = subprocess.run([sys.executable, "-c", RSS_SCRIPT, "3072", str(budget), blas, str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    grown, peak = map(int, p.stdout.split())
+    assert peak <= budget
+    assert grown <= budget + (8 << 20), f"RSS grew by {grown >> 20} MiB under a {budget >> 20} MiB budget"
