@@ -1,6 +1,7 @@
 //! In-memory gemm — the twin of the flash [`gemm`](super::gemm::gemm) and the block multiply
 //! its tasks run: `C := alpha op(A) op(B) + beta C` through faer's matmul, on any layout and
-//! leading dimension (transposes and layouts are stride changes, never copies).
+//! leading dimension (transposes and layouts are stride changes, never copies), or through an
+//! external CBLAS library ([`ExternalBlas`], e.g. numpy's OpenBLAS) when one is given.
 
 use faer::{Accum, MatMut, MatRef, Par};
 
