@@ -121,7 +121,7 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.1f} MiB"
 
 
-def _summary(what: str, stats: dict, seconds: float, rt, extra: str = "") -> str:
+def _summary(what: str, stats: dict, seconds: float, rt, extra: str = "", blas: bool = True) -> str:
     read, written = stats.get("bytes_read", 0), stats.get("bytes_written", 0)
     hits, misses = stats.get("cache_hits", 0), stats.get("cache_misses", 0)
     hit_rate = hits / (hits + misses) if hits + misses else 0.0
@@ -129,7 +129,7 @@ def _summary(what: str, stats: dict, seconds: float, rt, extra: str = "") -> str
     return (f"{what}: {seconds:.2f} s{extra}; read {read} bytes, wrote {written} bytes ({gbps:.2f} GB/s); "
             f"cache hit rate {hit_rate:.1%} ({hits} hits, {misses} misses); compute idle "
             f"{stats.get('compute_idle_seconds', 0.0):.2f} s; peak {stats.get('peak_resident_bytes', 0)} of "
-            f"{rt.memory_budget_bytes} bytes; block BLAS {rt.blas or 'faer'}")
+            f"{rt.memory_budget_bytes} bytes" + (f"; block BLAS {rt.blas or 'faer'}" if blas else ""))
 
 
 def _svd(args) -> int:
@@ -160,8 +160,8 @@ def _svd(args) -> int:
     order = np.argsort(s)[::-1]
     for v in np.asarray(s)[order]:
         print(f"{v:.10g}")
-    print(_summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts, "
-                   f"flash kernels {stats['kernel_seconds']:.2f} s of", stats, solve_s, rt), file=sys.stderr)
+    print(_summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts",
+                   stats, solve_s, rt, f" (flash kernels {stats['kernel_seconds']:.2f} s)", blas=False), file=sys.stderr)
     if args.out:
         np.savez(args.out, u=u[:, order], s=s[order], vt=vt[order])
     return 0
