@@ -13,10 +13,17 @@ def rt(tmp_path_factory):
     return flash.Runtime(memory_budget="1M", threads=2, dir=tmp_path_factory.mktemp("flash"))
 
 
+@pytest.fixture(scope="module")
+def rt_faer(tmp_path_factory):
+    return flash.Runtime(memory_budget="1M", threads=2, dir=tmp_path_factory.mktemp("flash"), blas="faer")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 5, 3), (300, 170, 250), (64, 257, 129)])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-def test_gemm_matches_numpy(rt, dtype, m, n, k, trans_a, trans_b):
+@pytest.mark.parametrize("runtime", ["rt", "rt_faer"])  # numpy's BLAS (where found) and faer blocks
+def test_gemm_matches_numpy(request, runtime, dtype, m, n, k, trans_a, trans_b):
+    rt = request.getfixturevalue(runtime)
     rng = np.random.default_rng([m, n, k])
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)

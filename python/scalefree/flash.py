@@ -28,13 +28,49 @@ def _bytes(v) -> int | None:
     return None if v is None else parse_bytes(v, "memory_budget")
 
 
+def numpy_blas_path() -> str | None:
+    """The shared library of the BLAS numpy uses (its bundled OpenBLAS), or None."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        for info in threadpool_info():
+            if info.get("user_api") == "blas" and info.get("filepath"):
+                return info["filepath"]
+    except ImportError:
+        pass
+    import glob
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    found = sorted(glob.glob(os.path.join(libs, "lib*openblas*.so*")))
+    return found[0] if found else None
+
+
 class Runtime:
     """Scratch directory, IO threads, compute threads and the memory budget every flash
     kernel stays within. Defaults: ``SCALEFREE_FLASH_MEMORY``, ``SCALEFREE_FLASH_THREADS``,
-    ``SCALEFREE_FLASH_DIR``."""
+    ``SCALEFREE_FLASH_DIR``.
 
-    def __init__(self, memory_budget=None, threads: int | None = None, dir=None):
-        self._rt = _native.FlashRuntime(_bytes(memory_budget), threads, dir)
+    ``blas``: the CBLAS library that multiplies gemm's dense blocks. ``"auto"`` (default):
+    ``SCALEFREE_FLASH_BLAS`` if set, else numpy's own BLAS (its OpenBLAS: the same kernels as
+    in-memory ``A @ B``), else faer; ``"faer"`` (or None): always faer; or a library path. The
+    library keeps its own thread count (threadpoolctl limits it)."""
+
+    def __init__(self, memory_budget=None, threads: int | None = None, dir=None, blas="auto"):
+        if blas == "auto":
+            blas = None if os.environ.get("SCALEFREE_FLASH_BLAS") else (numpy_blas_path() or "")
+        elif blas is None or blas == "faer":
+            blas = ""
+        self._rt = _native.FlashRuntime(_bytes(memory_budget), threads, dir, None if blas is None else os.fspath(blas))
+
+    @property
+    def blas(self) -> str | None:
+        """The CBLAS library gemm blocks go through, or None (faer)."""
+        path = self._rt.blas
+        return None if path is None else str(path)
+
+    @property
+    def blas_threads(self) -> int | None:
+        return self._rt.blas_threads
 
     @property
     def memory_budget_bytes(self) -> int:
@@ -49,7 +85,8 @@ class Runtime:
         return self._rt.dir
 
     def __repr__(self) -> str:
-        return f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r})"
+        return (f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r}, "
+                f"blas={self.blas or 'faer'!r})")
 
 
 _default_runtime = None
@@ -83,6 +120,33 @@ class Matrix:
     def zeros(cls, shape, dtype=np.float32, order: str = "C", runtime: Runtime | None = None) -> "Matrix":
         rows, cols = shape
         return cls(_native.FlashMatrix.scratch((runtime or default_runtime())._rt, rows, cols, np.dtype(dtype).name, order))
+
+    @classmethod
+    def open_npy(cls, path, runtime: Runtime | None = None, writable: bool = False) -> "Matrix":
+        """Maps the data of a 2-D float32/float64 ``.npy`` file in place (nothing is copied;
+        C or Fortran order). Only the header is read here."""
+        path = os.fspath(path)
+        shape, fortran, dtype, offset = npy_header(path)
+        if len(shape) != 2:
+            raise InvalidArgumentError(f"{path}: a flash matrix is 2-D, the array has shape {shape}")
+        if dtype not in (np.float32, np.float64) or not dtype.isnative:
+            raise InvalidArgumentError(f"{path}: flash matrices hold native float32 or float64, not {dtype}")
+        return cls(_native.FlashMatrix.map_file((runtime or default_runtime())._rt, path, offset, shape[0], shape[1],
+                                                dtype.name, "F" if fortran else "C", bool(writable)))
+
+    @classmethod
+    def create_npy(cls, path, shape, dtype=np.float32, runtime: Runtime | None = None) -> "Matrix":
+        """A new zero C-order ``.npy`` file that kernels write into directly. It appears at
+        ``path`` only after :meth:`publish` (synced, then renamed in one step), so an
+        interrupted run never leaves a partial file there."""
+        rows, cols = (int(x) for x in shape)
+        name = _float_name(dtype)
+        return cls(_native.FlashMatrix.create_atomic((runtime or default_runtime())._rt, os.fspath(path),
+                                                     npy_header_bytes((rows, cols), np.dtype(name)), rows, cols, name, "C"))
+
+    def publish(self) -> None:
+        """Makes a matrix from :meth:`create_npy` appear at its path (no-op otherwise)."""
+        self._m.publish()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -155,6 +219,38 @@ class Csr:
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(self._m.dtype)
+
+
+def npy_header(path):
+    """``(shape, fortran_order, dtype, data_offset)`` of a ``.npy`` file, from its header only;
+    a file shorter than its header says raises :class:`~scalefree.errors.FlashIOError`."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+            size = os.fstat(f.fileno()).st_size
+    except (ValueError, OSError) as e:
+        raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise FlashIOError(f"{path}: truncated .npy file ({size} bytes, its header describes {need})")
+    return shape, fortran, dtype, offset
+
+
+def npy_header_bytes(shape, dtype, fortran: bool = False, align: int = 4096) -> bytes:
+    """A version 1.0 ``.npy`` header padded with spaces to ``align`` bytes, so the data starts
+    on a sector boundary (direct IO writes it without read-modify-write of edge sectors)."""
+    d = np.lib.format.header_data_from_array_1_0(np.empty((0,), dtype=dtype))
+    text = repr({"descr": d["descr"], "fortran_order": bool(fortran), "shape": tuple(int(x) for x in shape)})
+    body = len(text) + 1  # + "\n"
+    total = -(-(10 + body) // align) * align
+    if total - 10 > 0xFFFF:
+        raise InvalidArgumentError(f"a .npy header for shape {tuple(shape)} is too long")
+    text = text + " " * (total - 10 - body) + "\n"
+    return b"\x93NUMPY\x01\x00" + (total - 10).to_bytes(2, "little") + text.encode("latin1")
 
 
 def _float_name(dtype) -> str:

@@ -61,8 +61,14 @@ class _OnFlash:
     bytes_read = 0
     bytes_written = 0
     kernel_seconds = 0.0
+    cache_hits = 0
+    cache_misses = 0
+    compute_idle_seconds = 0.0
 
     def _track(self, stats):
+        self.cache_hits += int(stats.get("cache_hits", 0))
+        self.cache_misses += int(stats.get("cache_misses", 0))
+        self.compute_idle_seconds += float(stats.get("compute_idle_seconds", 0.0))
         self.peak_resident_bytes = max(self.peak_resident_bytes, int(stats.get("peak_resident_bytes", 0)))
         self.bytes_read += int(stats.get("bytes_read", 0))
         self.bytes_written += int(stats.get("bytes_written", 0))
@@ -119,7 +125,8 @@ class _Centered:
         self.op, self.mu, self.shape, self.dtype = op, mu, op.shape, op.dtype
 
     def __getattr__(self, name):  # the flash counters of the wrapped operator
-        if name in ("peak_resident_bytes", "bytes_read", "bytes_written", "kernel_seconds"):
+        if name in ("peak_resident_bytes", "bytes_read", "bytes_written", "kernel_seconds", "cache_hits",
+                    "cache_misses", "compute_idle_seconds"):
             return getattr(self.op, name, 0)
         raise AttributeError(name)
 
@@ -229,7 +236,9 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      on_flash=isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash),
                      peak_resident_bytes=getattr(op, "peak_resident_bytes", 0),
                      bytes_read=getattr(op, "bytes_read", 0), bytes_written=getattr(op, "bytes_written", 0),
-                     kernel_seconds=getattr(op, "kernel_seconds", 0.0))
+                     kernel_seconds=getattr(op, "kernel_seconds", 0.0), cache_hits=getattr(op, "cache_hits", 0),
+                     cache_misses=getattr(op, "cache_misses", 0),
+                     compute_idle_seconds=getattr(op, "compute_idle_seconds", 0.0))
     return (w, s, x.T) if right else (x, s, w.T)
 
 

@@ -27,6 +27,6 @@ pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, Flas
 pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
 pub use sparse::{CsrMatrix, CsrRef};
 pub use cache::{CacheStats, EntryTag};
-pub use runtime::{parse_bytes, Runtime, RuntimeOptions};
+pub use runtime::{parse_bytes, Progress, ProgressSnapshot, Runtime, RuntimeOptions};
 pub use sched::{Dag, FnTask, Injector, Priority, RunStats, Task, TaskBuffers, TaskContext, TaskId};
-pub use kernels::{csrcsc, csrgemv, csrgemv_in_memory, csrmm, csrmm_in_memory, csrtmm, csrtmm_in_memory, TransposedProduct, gemm, gemm_in_memory, gemm_tiled, sort, DenseInput, DenseOutput, GemmStream, GemmTiles, kmeans, KmeansOptions, KmeansResult};
+pub use kernels::{csrcsc, csrgemv, csrgemv_in_memory, csrmm, csrmm_in_memory, csrtmm, csrtmm_in_memory, TransposedProduct, gemm, gemm_in_memory, gemm_in_memory_with, gemm_tiled, ExternalBlas, sort, DenseInput, DenseOutput, GemmStream, GemmTiles, kmeans, KmeansOptions, KmeansResult};

@@ -2,10 +2,12 @@
 //! create as many runtimes as needed (each with its own budget and threads).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{FlashError, Result};
 use crate::file::{default_scratch_dir, FileOptions};
 use crate::io::{IoExecutor, IoOptions};
+use crate::kernels::ExternalBlas;
 use crate::sched::{Dag, Priority};
 
 /// Options of a [`Runtime`]. Every tunable of the flash runtime is here.
@@ -38,6 +40,9 @@ pub struct RuntimeOptions {
     /// start the next read or task — otherwise wait milliseconds for a core, and prefetches
     /// finish late. Raising niceness needs no privileges.
     pub compute_niceness: i32,
+    /// A CBLAS library (path for `dlopen`) for the dense blocks of gemm, e.g. the OpenBLAS
+    /// numpy ships (default none: faer; `SCALEFREE_FLASH_BLAS` in [`RuntimeOptions::from_env`]).
+    pub blas_library: Option<PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -56,6 +61,7 @@ impl Default for RuntimeOptions {
             io_chunk_bytes: io.chunk_bytes,
             read_merge_gap_bytes: io.read_merge_gap_bytes,
             compute_niceness: 5,
+            blas_library: None,
         }
     }
 }
@@ -79,7 +85,8 @@ pub fn parse_bytes(text: &str) -> Result<u64> {
 
 impl RuntimeOptions {
     /// Defaults, overridden by `SCALEFREE_FLASH_MEMORY` (e.g. `1G`), `SCALEFREE_FLASH_THREADS`,
-    /// `SCALEFREE_FLASH_IO_THREADS`, `SCALEFREE_FLASH_COMPUTE_NICENESS` and `SCALEFREE_FLASH_DIR`.
+    /// `SCALEFREE_FLASH_IO_THREADS`, `SCALEFREE_FLASH_COMPUTE_NICENESS`, `SCALEFREE_FLASH_DIR`
+    /// and `SCALEFREE_FLASH_BLAS`.
     pub fn from_env() -> Result<RuntimeOptions> {
         let mut options = RuntimeOptions::default();
         if let Ok(v) = std::env::var("SCALEFREE_FLASH_MEMORY") {
@@ -95,7 +102,45 @@ impl RuntimeOptions {
         if let Ok(v) = std::env::var("SCALEFREE_FLASH_IO_THREADS") {
             options.io_threads = v.parse().map_err(|_| FlashError::invalid(format!("SCALEFREE_FLASH_IO_THREADS={v:?} is not a number")))?;
         }
+        if let Ok(v) = std::env::var("SCALEFREE_FLASH_BLAS") {
+            options.blas_library = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
         Ok(options)
+    }
+}
+
+/// Live counters of a runtime's kernels, readable from any thread while they run (for
+/// progress bars): cumulative over the runtime's life, so a caller takes differences.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub(crate) tasks_added: AtomicU64,
+    pub(crate) tasks_completed: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+}
+
+/// One reading of [`Progress`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgressSnapshot {
+    /// Tasks added to DAGs (including injected ones).
+    pub tasks_added: u64,
+    /// Tasks that completed.
+    pub tasks_completed: u64,
+    /// Bytes the program cache has read (prefetched) from flash.
+    pub bytes_read: u64,
+    /// Bytes written back to flash.
+    pub bytes_written: u64,
+}
+
+impl Progress {
+    /// The counters now.
+    pub fn snapshot(&self) -> ProgressSnapshot {
+        ProgressSnapshot {
+            tasks_added: self.tasks_added.load(Ordering::Relaxed),
+            tasks_completed: self.tasks_completed.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -104,6 +149,8 @@ pub struct Runtime {
     options: RuntimeOptions,
     io: IoExecutor,
     compute_pool: rayon::ThreadPool,
+    blas: Option<ExternalBlas>,
+    progress: Progress,
 }
 
 impl Runtime {
@@ -136,7 +183,8 @@ impl Runtime {
             })
             .build()
             .map_err(|e| FlashError::invalid(format!("cannot start the compute pool: {e}")))?;
-        Ok(Runtime { options, io, compute_pool })
+        let blas = options.blas_library.as_deref().map(ExternalBlas::load).transpose()?;
+        Ok(Runtime { options, io, compute_pool, blas, progress: Progress::default() })
     }
 
     /// The options in force.
@@ -157,6 +205,16 @@ impl Runtime {
     /// A new, empty DAG to fill with tasks and [`Dag::run`].
     pub fn dag(&self) -> Dag<'_> {
         Dag::new(self)
+    }
+
+    /// The external BLAS for dense blocks, if one was given.
+    pub fn blas(&self) -> Option<&ExternalBlas> {
+        self.blas.as_ref()
+    }
+
+    /// Live progress counters of this runtime's kernels.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// The IO executor (also usable directly for synchronous strided IO).

@@ -44,6 +44,11 @@ fn stats_dict<'py>(py: Python<'py>, s: &RunStats) -> PyResult<Bound<'py, PyDict>
     d.set_item("peak_resident_bytes", s.cache.peak_resident_bytes)?;
     d.set_item("bytes_read", s.cache.bytes_prefetched)?;
     d.set_item("bytes_written", s.cache.bytes_written_back)?;
+    d.set_item("cache_hits", s.cache.hits)?;
+    d.set_item("cache_misses", s.cache.misses)?;
+    d.set_item("evictions", s.cache.evictions)?;
+    d.set_item("compute_busy_seconds", s.compute_busy.as_secs_f64())?;
+    d.set_item("compute_idle_seconds", s.compute_idle.as_secs_f64())?;
     Ok(d)
 }
 
@@ -56,8 +61,8 @@ pub struct PyFlashRuntime {
 #[pymethods]
 impl PyFlashRuntime {
     #[new]
-    #[pyo3(signature = (memory_budget_bytes=None, threads=None, dir=None))]
-    fn new(py: Python<'_>, memory_budget_bytes: Option<u64>, threads: Option<usize>, dir: Option<PathBuf>) -> PyResult<Self> {
+    #[pyo3(signature = (memory_budget_bytes=None, threads=None, dir=None, blas=None))]
+    fn new(py: Python<'_>, memory_budget_bytes: Option<u64>, threads: Option<usize>, dir: Option<PathBuf>, blas: Option<PathBuf>) -> PyResult<Self> {
         let mut o = RuntimeOptions::from_env().map_err(|e| flash_err(py, e))?;
         if let Some(b) = memory_budget_bytes {
             o.memory_budget_bytes = b;
@@ -68,6 +73,9 @@ impl PyFlashRuntime {
         }
         if let Some(d) = dir {
             o.dir = d;
+        }
+        if let Some(path) = blas {
+            o.blas_library = (!path.as_os_str().is_empty()).then_some(path);
         }
         let rt = py.detach(move || Runtime::new(o)).map_err(|e| flash_err(py, e))?;
         Ok(PyFlashRuntime { rt: Arc::new(rt) })
@@ -83,6 +91,23 @@ impl PyFlashRuntime {
     #[getter]
     fn dir(&self) -> PathBuf {
         self.rt.dir().to_path_buf()
+    }
+    /// The CBLAS library dense gemm blocks go through, or None (faer).
+    #[getter]
+    fn blas(&self) -> Option<PathBuf> {
+        self.rt.blas().map(|b| b.path().to_path_buf())
+    }
+    /// Live counters `(tasks_added, tasks_completed, bytes_read, bytes_written)`, cumulative
+    /// over the runtime's life (read them from another thread while a kernel runs).
+    #[getter]
+    fn progress(&self) -> (u64, u64, u64, u64) {
+        let p = self.rt.progress().snapshot();
+        (p.tasks_added, p.tasks_completed, p.bytes_read, p.bytes_written)
+    }
+    /// The CBLAS library's own thread count, where it says.
+    #[getter]
+    fn blas_threads(&self) -> Option<usize> {
+        self.rt.blas().and_then(|b| b.threads())
     }
 }
 
@@ -142,6 +167,56 @@ impl PyFlashMatrix {
             d => return Err(invalid(py, format!("flash matrices hold float32 or float64, not {d}"))),
         };
         Ok(PyFlashMatrix { m })
+    }
+
+    /// Maps `rows x cols` packed elements of an existing file starting at byte `offset` (e.g.
+    /// the data of a `.npy` file) without copying; `writable` opens it read-write.
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn map_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, offset: u64, rows: usize, cols: usize, dtype: &str, order: &str, writable: bool) -> PyResult<Self> {
+        let layout = layout_of(py, order)?;
+        let opts = rt.rt.file_options();
+        let mode = if writable { OpenMode::ReadWrite } else { OpenMode::ReadOnly };
+        fn map<T: scalefree_flash::Real>(path: &std::path::Path, offset: u64, rows: usize, cols: usize, layout: Layout, mode: OpenMode, opts: &scalefree_flash::FileOptions) -> Result<FlashMatrix<T>, FlashError> {
+            let file = FlashFile::open(path, mode, opts)?;
+            let ptr = FlashPtr::<T>::from_file(file, offset, rows as u64 * cols as u64)?;
+            FlashMatrix::new(ptr, rows, cols, layout, scalefree_flash::DenseShape::packed(rows, cols, layout).leading_dim)
+        }
+        let m = match dtype {
+            "float32" => AnyMatrix::F32(py.detach(|| map(&path, offset, rows, cols, layout, mode, &opts)).map_err(|e| flash_err(py, e))?),
+            "float64" => AnyMatrix::F64(py.detach(|| map(&path, offset, rows, cols, layout, mode, &opts)).map_err(|e| flash_err(py, e))?),
+            d => return Err(invalid(py, format!("flash matrices hold float32 or float64, not {d}"))),
+        };
+        Ok(PyFlashMatrix { m })
+    }
+
+    /// A new file at `path` holding `header` then a zero `rows x cols` matrix (mapped), that
+    /// appears at `path` only on [`PyFlashMatrix::publish`] (synced, then renamed in one step):
+    /// an interrupted writer leaves nothing at `path`.
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn create_atomic(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, header: Vec<u8>, rows: usize, cols: usize, dtype: &str, order: &str) -> PyResult<Self> {
+        let layout = layout_of(py, order)?;
+        let opts = rt.rt.file_options();
+        fn create<T: scalefree_flash::Real>(path: &std::path::Path, header: &[u8], rows: usize, cols: usize, layout: Layout, opts: &scalefree_flash::FileOptions) -> Result<FlashMatrix<T>, FlashError> {
+            let len = (rows as u64).checked_mul(cols as u64).ok_or_else(|| FlashError::invalid("matrix size overflows"))?;
+            let file = FlashFile::create_atomic(path, header.len() as u64 + len * std::mem::size_of::<T>() as u64, opts)?;
+            file.write_bytes(0, header)?;
+            let ptr = FlashPtr::<T>::from_file(file, header.len() as u64, len)?;
+            FlashMatrix::new(ptr, rows, cols, layout, scalefree_flash::DenseShape::packed(rows, cols, layout).leading_dim)
+        }
+        let m = match dtype {
+            "float32" => AnyMatrix::F32(py.detach(|| create(&path, &header, rows, cols, layout, &opts)).map_err(|e| flash_err(py, e))?),
+            "float64" => AnyMatrix::F64(py.detach(|| create(&path, &header, rows, cols, layout, &opts)).map_err(|e| flash_err(py, e))?),
+            d => return Err(invalid(py, format!("flash matrices hold float32 or float64, not {d}"))),
+        };
+        Ok(PyFlashMatrix { m })
+    }
+
+    /// Syncs a matrix made by `create_atomic` and makes its file appear at its path (no-op
+    /// for other matrices).
+    fn publish(&self, py: Python<'_>) -> PyResult<()> {
+        with_matrix!(&self.m, m => py.detach(|| m.data().file().publish())).map_err(|e| flash_err(py, e))
     }
 
     #[getter]

@@ -4,8 +4,9 @@ numpy (OpenBLAS) on the same matrices, in one process.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
         scalefree bench flash-gemm --n 2048,4096 --budget-fraction 0.25 --json OUT
 
-Setup (random matrices, copying A and B to flash, a warm-up call of each) stays outside the
-timed calls. Reported per size: median/min/max seconds of each, GFLOP/s, the ratio
+Setup (random matrices, copying A and B to flash, ``--warmup`` calls of each) stays outside
+the timed calls. The flash rows multiply their blocks with numpy's own OpenBLAS by default
+(``--flash-blas auto``); ``--flash-blas auto,faer`` adds a row with faer's kernel. Reported per size: median/min/max seconds of each, GFLOP/s, the ratio
 numpy/flash (> 1: flash is faster), the flash run's peak resident bytes against its budget,
 and numpy's BLAS (threadpoolctl).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._units import parse_bytes
 from . import common
 
 BENCH = "flash-gemm"
@@ -33,6 +35,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
                    help="flash memory budget as a fraction of the bytes of A, B and C")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help="flash memory budget as a size (e.g. 1G); overrides --budget-fraction")
+    p.add_argument("--flash-blas", default="auto", metavar="WHICH[,WHICH]",
+                   help="dense block multiply of the flash rows: auto (numpy's OpenBLAS), faer, or a "
+                        "library path; a comma list gives one flash row each (default auto)")
+    p.add_argument("--warmup", type=common.argparse_type(lambda s: common.parse_int_list(s, "warm-up calls", 0)[0]),
+                   default=1, help="untimed calls of each implementation before the timed ones (default 1)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores(),
                    help="compute threads of the flash runtime")
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3,
@@ -69,18 +78,15 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="scalefree-flash-bench-", dir=args.dir) as tmp:
         for n in args.n:
             data_bytes = 3 * n * n * dtype.itemsize
-            budget = max(1 << 20, int(data_bytes * args.budget_fraction))
-            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
+            budget = parse_bytes(args.budget, "--budget") if args.budget else max(1 << 20, int(data_bytes * args.budget_fraction))
             rng = np.random.default_rng(n)
-            a = rng.standard_normal((n, n), dtype=np.float64).astype(dtype)
-            b = rng.standard_normal((n, n), dtype=np.float64).astype(dtype)
-            t0 = time.perf_counter()
-            A, B = flash.Matrix.from_numpy(a, rt), flash.Matrix.from_numpy(b, rt)
-            C = flash.Matrix.zeros((n, n), dtype, runtime=rt)
-            setup_s = time.perf_counter() - t0
+            a = rng.standard_normal((n, n), dtype=dtype)
+            b = rng.standard_normal((n, n), dtype=dtype)
             flops = 2.0 * n * n * n
             # numpy, in memory
-            c = a @ b
+            c = np.zeros((n, n), dtype)  # touched, so no call pays the first-touch page faults
+            for _ in range(args.warmup):
+                np.matmul(a, b, out=c)
             times = []
             for _ in range(args.repeat):
                 t = time.perf_counter()
@@ -92,37 +98,49 @@ def run(args) -> int:
                                               blas=blas))
             common.progress(f"  numpy n={n}: median {common.human_time(st.median_s)}")
             # flash, under the budget
-            stats: dict = {}
-            flash.gemm(A, B, C, runtime=rt)  # warm-up
-            times, peak = [], 0
-            for _ in range(args.repeat):
-                t = time.perf_counter()
-                flash.gemm(A, B, C, runtime=rt, stats=stats)
-                times.append(time.perf_counter() - t)
-                peak = max(peak, stats["peak_resident_bytes"])
-            got = C.to_numpy()
-            err = float(np.abs(got - c).max() / max(1e-30, float(np.abs(c).max())))
-            if err > (1e-3 if dtype == np.float32 else 1e-9):
-                raise SystemExit(f"flash-gemm: n={n}: result differs from numpy (relative error {err:.2e})")
-            st = common.Stats.of(times)
-            records.append(common.make_record(bench=BENCH, impl="scalefree", variant="flash", ranks=1, nbytes=data_bytes,
-                                              dtype=args.dtype, stats=st, gbps=0.0, n_rows=n,
-                                              gflops=flops / st.median_s / 1e9, budget_bytes=budget,
-                                              peak_resident_bytes=peak, setup_s=setup_s,
-                                              bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"]))
-            common.progress(f"  flash n={n}: median {common.human_time(st.median_s)}, peak {peak >> 20} MiB of {budget >> 20} MiB")
-            del rt, A, B, C
-    headers = ["n", "impl", "median", "min", "max", "GFLOP/s", "budget", "peak", "vs numpy"]
+            for which in args.flash_blas.split(","):
+                rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp, blas=which)
+                t0 = time.perf_counter()
+                A, B = flash.Matrix.from_numpy(a, rt), flash.Matrix.from_numpy(b, rt)
+                C = flash.Matrix.zeros((n, n), dtype, runtime=rt)
+                setup_s = time.perf_counter() - t0
+                stats: dict = {}
+                for _ in range(args.warmup):
+                    flash.gemm(A, B, C, runtime=rt)
+                times, peak, idle = [], 0, []
+                for _ in range(args.repeat):
+                    t = time.perf_counter()
+                    flash.gemm(A, B, C, runtime=rt, stats=stats)
+                    times.append(time.perf_counter() - t)
+                    peak = max(peak, stats["peak_resident_bytes"])
+                    idle.append(stats["compute_idle_seconds"])
+                got = C.to_numpy()
+                err = float(np.abs(got - c).max() / max(1e-30, float(np.abs(c).max())))
+                del got
+                if err > (1e-3 if dtype == np.float32 else 1e-9):
+                    raise SystemExit(f"flash-gemm: n={n}: result differs from numpy (relative error {err:.2e})")
+                st = common.Stats.of(times)
+                variant = "flash" if which == "auto" else f"flash-{os.path.basename(which)}"
+                records.append(common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=data_bytes,
+                                                  dtype=args.dtype, stats=st, gbps=0.0, n_rows=n,
+                                                  gflops=flops / st.median_s / 1e9, budget_bytes=budget,
+                                                  peak_resident_bytes=peak, setup_s=setup_s, max_rel_err=err,
+                                                  block_blas=rt.blas or "faer", compute_idle_s=float(np.median(idle)),
+                                                  bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"]))
+                common.progress(f"  flash ({rt.blas or 'faer'}) n={n}: median {common.human_time(st.median_s)}, "
+                                f"peak {peak >> 20} MiB of {budget >> 20} MiB, compute idle {np.median(idle):.3f} s")
+                del rt, A, B, C
+    headers = ["n", "impl", "variant", "median", "min", "max", "GFLOP/s", "budget", "peak", "vs numpy"]
     rows = []
     numpy_s = {r["n_rows"]: r["median_s"] for r in records if r["impl"] == "numpy"}
     for r in records:
         flash_row = r["impl"] == "scalefree"
-        rows.append([str(r["n_rows"]), r["impl"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
+        rows.append([str(r["n_rows"]), r["impl"], r["variant"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
                      common.human_time(r["max_s"]), f"{r['gflops']:.1f}",
                      common.human_bytes(r["budget_bytes"]) if flash_row else "",
                      common.human_bytes(r["peak_resident_bytes"]) if flash_row else "",
                      f"{common.ratio(numpy_s[r['n_rows']], r['median_s']):.2f}x" if flash_row else ""])
-    print(common.format_table(headers, rows, left_columns=2))
+    print(common.format_table(headers, rows, left_columns=3))
     if args.json:
         common.write_json(Path(args.json), records)
     if args.plot:
@@ -137,8 +155,9 @@ def _plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for impl, label in (("numpy", "numpy in memory"), ("scalefree", "scalefree flash (budget)")):
-        pts = sorted((r["n_rows"], r["gflops"]) for r in records if r["impl"] == impl)
+    for key in sorted({(r["impl"], r["variant"]) for r in records}):
+        label = "numpy in memory" if key[0] == "numpy" else f"scalefree {key[1]} (budget)"
+        pts = sorted((r["n_rows"], r["gflops"]) for r in records if (r["impl"], r["variant"]) == key)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("n (square matrices)")

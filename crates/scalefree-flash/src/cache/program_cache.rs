@@ -133,7 +133,16 @@ pub(crate) struct ProgramCache {
     clock: u64,
     in_flight_io: usize,
     stats: CacheStats,
+    /// Freed buffers kept for reuse by later reads of the same size (a fresh buffer costs a
+    /// page fault per 4 KiB on first touch and an unmap on free; gemm alone allocates hundreds
+    /// of megabytes of same-sized blocks per call). `resident_bytes + spare_bytes` never
+    /// exceeds the budget, so the memory held stays within it.
+    spare: Vec<AlignedBuf>,
+    spare_bytes: u64,
 }
+
+/// Buffers smaller than this are not kept for reuse.
+const MIN_SPARE_BYTES: usize = 64 << 10;
 
 impl ProgramCache {
     pub(crate) fn new(budget_bytes: u64) -> ProgramCache {
@@ -148,6 +157,8 @@ impl ProgramCache {
             clock: 0,
             in_flight_io: 0,
             stats: CacheStats { budget_bytes, ..CacheStats::default() },
+            spare: Vec::new(),
+            spare_bytes: 0,
         }
     }
 
@@ -339,6 +350,43 @@ impl ProgramCache {
         if matches!(e.residency, Residency::Ready(_) | Residency::Writing | Residency::Loading) {
             self.resident_bytes -= e.size_bytes;
         }
+        if let Residency::Ready(cell) = e.residency {
+            if let Ok(cell) = Arc::try_unwrap(cell) {
+                self.recycle(cell.into_inner());
+            }
+        }
+    }
+
+    /// Keeps a freed buffer for reuse if the budget leaves room for it.
+    fn recycle(&mut self, buffer: AlignedBuf) {
+        let len = buffer.len() as u64;
+        if buffer.len() >= MIN_SPARE_BYTES && self.resident_bytes + self.spare_bytes + len <= self.budget_bytes {
+            self.spare_bytes += len;
+            self.spare.push(buffer);
+        }
+    }
+
+    /// A buffer of `size` bytes for an entry about to become resident: a spare one of that
+    /// size for a read (the read overwrites all of it), else a fresh zeroed one. Spares are
+    /// dropped as needed to keep `resident_bytes + spare_bytes` within the budget (call after
+    /// `resident_bytes` counts the new buffer).
+    fn take_buffer(&mut self, size: u64, for_read: bool) -> AlignedBuf {
+        let reused = if for_read { self.spare.iter().position(|b| b.len() as u64 == size) } else { None };
+        let buffer = match reused {
+            Some(i) => {
+                self.spare_bytes -= size;
+                self.spare.swap_remove(i)
+            }
+            None => {
+                while self.resident_bytes + self.spare_bytes > self.budget_bytes {
+                    let dropped = self.spare.pop().expect("spare bytes without spare buffers");
+                    self.spare_bytes -= dropped.len() as u64;
+                }
+                AlignedBuf::zeroed(size as usize)
+            }
+        };
+        debug_assert!(self.resident_bytes + self.spare_bytes <= self.budget_bytes);
+        buffer
     }
 
     /// Evicts an idle entry: frees it now if clean, else writes it back and frees it after.
@@ -379,7 +427,8 @@ impl ProgramCache {
             self.backlog.pop_front();
             self.resident_bytes += size;
             self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(self.resident_bytes);
-            let buffer = AlignedBuf::zeroed(size as usize);
+            let for_read = self.entry(id).needs_read && size > 0;
+            let buffer = self.take_buffer(size, for_read);
             let e = self.entry_mut(id);
             if e.needs_read && size > 0 {
                 e.residency = Residency::Loading;
@@ -415,12 +464,12 @@ impl ProgramCache {
         e.dirty = false;
         let size = e.size_bytes;
         let evicting = e.evicting;
-        if !evicting {
-            e.residency = Residency::Ready(Arc::new(BufferCell::new(buffer)));
-        }
         self.stats.bytes_written_back += size;
         if evicting {
             self.remove(id);
+            self.recycle(buffer);
+        } else {
+            self.entry_mut(id).residency = Residency::Ready(Arc::new(BufferCell::new(buffer)));
         }
         self.service(actions);
     }

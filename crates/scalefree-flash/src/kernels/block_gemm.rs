@@ -1,12 +1,15 @@
 //! In-memory gemm — the twin of the flash [`gemm`](super::gemm::gemm) and the block multiply
 //! its tasks run: `C := alpha op(A) op(B) + beta C` through faer's matmul, on any layout and
-//! leading dimension (transposes and layouts are stride changes, never copies).
+//! leading dimension (transposes and layouts are stride changes, never copies), or through an
+//! external CBLAS library ([`ExternalBlas`], e.g. numpy's OpenBLAS) when one is given.
 
 use faer::{Accum, MatMut, MatRef, Par};
 
 use crate::dense::{DenseMut, DenseRef, DenseShape, Transpose};
 use crate::element::Real;
 use crate::error::{FlashError, Result};
+
+use super::blas::ExternalBlas;
 
 /// Checks the shapes of `C := alpha op(A) op(B) + beta C`; returns `(m, n, k)`.
 pub fn gemm_dims(trans_a: Transpose, a: &DenseShape, trans_b: Transpose, b: &DenseShape, c: &DenseShape) -> Result<(usize, usize, usize)> {
@@ -24,7 +27,14 @@ pub fn gemm_dims(trans_a: Transpose, a: &DenseShape, trans_b: Transpose, b: &Den
 /// `C := alpha op(A) op(B) + beta C` in memory using up to `threads` threads of the current
 /// rayon pool. With `beta == 0`, C is not read (NaNs in it do not propagate).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_in_memory<T: Real>(trans_a: Transpose, trans_b: Transpose, alpha: T, a: DenseRef<'_, T>, b: DenseRef<'_, T>, beta: T, mut c: DenseMut<'_, T>, threads: usize) -> Result<()> {
+pub fn gemm_in_memory<T: Real>(trans_a: Transpose, trans_b: Transpose, alpha: T, a: DenseRef<'_, T>, b: DenseRef<'_, T>, beta: T, c: DenseMut<'_, T>, threads: usize) -> Result<()> {
+    gemm_in_memory_with(None, trans_a, trans_b, alpha, a, b, beta, c, threads)
+}
+
+/// [`gemm_in_memory`] through `blas` when given (and able to take the element type and
+/// dimensions; the library then uses its own threads), else faer on `threads` threads.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_in_memory_with<T: Real>(blas: Option<&ExternalBlas>, trans_a: Transpose, trans_b: Transpose, alpha: T, a: DenseRef<'_, T>, b: DenseRef<'_, T>, beta: T, mut c: DenseMut<'_, T>, threads: usize) -> Result<()> {
     let (m, n, k) = gemm_dims(trans_a, &a.shape(), trans_b, &b.shape(), &c.shape())?;
     if m == 0 || n == 0 {
         return Ok(());
@@ -34,6 +44,11 @@ pub fn gemm_in_memory<T: Real>(trans_a: Transpose, trans_b: Transpose, alpha: T,
     if k == 0 || alpha == T::ZERO {
         scale(&mut c, beta);
         return Ok(());
+    }
+    if let Some(blas) = blas {
+        if blas.gemm(trans_a, trans_b, alpha, a, b, beta, &mut c) {
+            return Ok(());
+        }
     }
     let accum = if beta == T::ZERO {
         Accum::Replace

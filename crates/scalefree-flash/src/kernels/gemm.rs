@@ -15,7 +15,8 @@ use crate::io::{Access, AccessSpec};
 use crate::runtime::Runtime;
 use crate::sched::{RunStats, Task, TaskBuffers, TaskContext};
 
-use super::block_gemm::{gemm_dims, gemm_in_memory};
+use super::blas::ExternalBlas;
+use super::block_gemm::{gemm_dims, gemm_in_memory, gemm_in_memory_with};
 use super::tiling::{gemm_tiles, tile_ranges, GemmStream};
 
 /// Tile sizes of a flash gemm (rows of C, columns of C, reduction) and how operands are cut.
@@ -75,7 +76,8 @@ impl Operand {
     }
 }
 
-struct GemmTask<T> {
+struct GemmTask<'s, T> {
+    blas: Option<&'s ExternalBlas>,
     a: Option<Operand>,
     b: Option<Operand>,
     c: Block,
@@ -85,7 +87,7 @@ struct GemmTask<T> {
     overwrite_c: bool,
 }
 
-impl<'s, T: Real> Task<'s> for GemmTask<T> {
+impl<'s, T: Real> Task<'s> for GemmTask<'s, T> {
     fn accesses(&self) -> Vec<Access> {
         let mut accesses = Vec::with_capacity(3);
         if let (Some(a), Some(b)) = (&self.a, &self.b) {
@@ -104,7 +106,7 @@ impl<'s, T: Real> Task<'s> for GemmTask<T> {
             (Some(a), Some(b)) => {
                 let a_view = a.view(buffers.read::<T>(0))?;
                 let b_view = b.view(buffers.read::<T>(1))?;
-                gemm_in_memory(a.transpose, b.transpose, self.alpha, a_view, b_view, self.beta, c, context.compute_threads())
+                gemm_in_memory_with(self.blas, a.transpose, b.transpose, self.alpha, a_view, b_view, self.beta, c, context.compute_threads())
             }
             _ => {
                 // k == 0: C := beta C.
@@ -169,7 +171,7 @@ pub fn gemm_tiled<T: Real>(runtime: &Runtime, trans_a: Transpose, trans_b: Trans
         let c_block = || -> Result<Block> { Ok(Block { spec: c.block_access(i0, j0, i1 - i0, j1 - j0)?, rows: i1 - i0, cols: j1 - j0, layout: c.layout() }) };
         let k_tiles = tile_ranges(k, tiles.k);
         if k_tiles.is_empty() || alpha == T::ZERO {
-            dag.add(GemmTask { a: None, b: None, c: c_block()?, alpha, beta, overwrite_c: beta == T::ZERO }, &[])?;
+            dag.add(GemmTask { blas: None, a: None, b: None, c: c_block()?, alpha, beta, overwrite_c: beta == T::ZERO }, &[])?;
             continue;
         }
         let mut previous = None;
@@ -179,6 +181,7 @@ pub fn gemm_tiled<T: Real>(runtime: &Runtime, trans_a: Transpose, trans_b: Trans
             let a_k = if tiles.stream == GemmStream::ARows { (0, k) } else { (p0, p1) };
             let b_k = if tiles.stream == GemmStream::BColumns { (0, k) } else { (p0, p1) };
             let task = GemmTask {
+                blas: runtime.blas(),
                 a: Some(Operand::new(a, trans_a, (i0, i1), a_k, (i0, i1), (p0, p1))?),
                 b: Some(Operand::new(b, trans_b, b_k, (j0, j1), (p0, p1), (j0, j1))?),
                 c: c_block()?,

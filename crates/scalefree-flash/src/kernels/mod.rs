@@ -1,5 +1,6 @@
 //! Kernels on flash-resident matrices, each with an in-memory twin used in tests.
 
+pub mod blas;
 pub mod block_gemm;
 pub mod csr_rows;
 pub mod csrcsc;
@@ -11,7 +12,8 @@ pub mod kmeans;
 pub mod sort;
 pub mod tiling;
 
-pub use block_gemm::gemm_in_memory;
+pub use blas::ExternalBlas;
+pub use block_gemm::{gemm_in_memory, gemm_in_memory_with};
 pub use csrcsc::csrcsc;
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};

@@ -15,7 +15,7 @@ use crate::cache::program_cache::{CacheAction, CacheStats, Commit, EntryId, Prog
 use crate::error::{FlashError, Result};
 use crate::io::executor::IoDirection;
 use crate::io::{AccessMode, AccessSpec, AlignedBuf};
-use crate::runtime::Runtime;
+use crate::runtime::{Progress, Runtime};
 
 /// Something the run loop reacts to.
 pub(crate) enum Event {
@@ -124,10 +124,13 @@ impl<'s> Dag<'s> {
             compute_busy: Duration::ZERO,
             compute_idle: Duration::ZERO,
             idle_since: Some(started),
+            progress: runtime.progress(),
+            published: (0, 0),
         };
         let inbox = self.inbox.clone();
         runtime.compute_pool().in_place_scope(|scope| {
             loop {
+                state.publish_progress();
                 state.absorb_injections(&inbox);
                 let mut actions = Vec::new();
                 state.schedule(runtime, &mut actions, &mut |state, id| state.dispatch(id, scope, runtime, &inbox, &self.events));
@@ -156,6 +159,7 @@ impl<'s> Dag<'s> {
                 state.handle(event, runtime, &self.events, scope, &inbox);
             }
             state.cache.clear_clean();
+            state.publish_progress();
         });
         inbox.closed.store(true, Ordering::Release);
         match state.error {
@@ -211,11 +215,24 @@ struct RunState<'s> {
     compute_idle: Duration,
     /// Since when no task has been computing.
     idle_since: Option<Instant>,
+    /// The runtime's live counters, and the cache's byte counts already added to them.
+    progress: &'s Progress,
+    published: (u64, u64),
 }
 
 impl<'s> RunState<'s> {
+    /// Adds the bytes read and written since the last call to the runtime's progress counters.
+    fn publish_progress(&mut self) {
+        let stats = self.cache.stats();
+        let now = (stats.bytes_prefetched, stats.bytes_written_back);
+        self.progress.bytes_read.fetch_add(now.0 - self.published.0, Ordering::Relaxed);
+        self.progress.bytes_written.fetch_add(now.1 - self.published.1, Ordering::Relaxed);
+        self.published = now;
+    }
+
     fn absorb_injections(&mut self, inbox: &Inbox<'s>) {
         let mut batch = std::mem::take(&mut *inbox.pending.lock().expect("task inbox poisoned"));
+        self.progress.tasks_added.fetch_add(batch.len() as u64, Ordering::Relaxed);
         batch.sort_by_key(|t| t.id);
         for Injected { id, task, accesses, parents } in batch {
             let (unique, slot_of) = unique_accesses(&accesses);
@@ -459,6 +476,7 @@ impl<'s> RunState<'s> {
                     Ok(()) => {
                         self.cache.release(&node.entries, &modes);
                         self.completed += 1;
+                        self.progress.tasks_completed.fetch_add(1, Ordering::Relaxed);
                         for child in node.children {
                             if let Some(c) = self.nodes.get_mut(&child) {
                                 c.waiting_parents -= 1;
