@@ -6,7 +6,7 @@ use std::time::Duration;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use scalefree_transport::{Channel, Completion, Device, Region, RegionHandle, RemoteRegion};
+use scalefree_transport::{Channel, Completion, Device, Region, RemoteRegion};
 
 use crate::errors::{invalid, IntoPy};
 

@@ -203,6 +203,51 @@ impl PyMfModel {
     }
 }
 
+/// `schedule`, `k`, `eta` and `lam` of an SGD call, checked.
+fn sgd_params(bad: &dyn Fn(String) -> PyErr, k: usize, eta: f32, lam: f32, schedule: &str) -> PyResult<SgdParams> {
+    let schedule = match schedule {
+        "adagrad" => Schedule::Adagrad,
+        "constant" => Schedule::Constant,
+        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
+    };
+    if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
+        return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
+    }
+    Ok(SgdParams { k, eta, lambda: lam, schedule })
+}
+
+/// The factor arrays of an SGD call, checked (float32, whole rows of k, an accumulator per
+/// row) and held for the call: (views, rows of p, rows of q).
+#[allow(clippy::type_complexity)]
+fn factor_bufs(
+    bad: &dyn Fn(String) -> PyErr,
+    k: usize,
+    p: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    pg: &Bound<'_, PyAny>,
+    qg: &Bound<'_, PyAny>,
+) -> PyResult<([Buf; 4], usize, usize)> {
+    let bufs = [Buf::get(p, true, "p")?, Buf::get(q, true, "q")?, Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?];
+    for (b, w) in bufs.iter().zip(["p", "q", "pg", "qg"]) {
+        if b.dtype != Some(DType::F32) {
+            return Err(bad(format!("{w} must be float32, got buffer format {:?}", b.format)));
+        }
+    }
+    let [pb, qb, pgb, qgb] = &bufs;
+    if pb.count() % k != 0 || qb.count() % k != 0 {
+        return Err(bad(format!("p and q must hold whole rows of k = {k}")));
+    }
+    let (prows, qrows) = (pb.count() / k, qb.count() / k);
+    if pgb.count() < prows || qgb.count() < qrows {
+        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
+    }
+    Ok((bufs, prows, qrows))
+}
+
+fn factors_of(b: &[Buf; 4]) -> Factors {
+    Factors { p: b[0].ptr() as *mut f32, q: b[1].ptr() as *mut f32, pg: b[2].ptr() as *mut f32, qg: b[3].ptr() as *mut f32 }
+}
+
 /// `scalefree._native.mf_sgd_block(users, items, ratings, p, q, pg, qg, k, eta, lam, schedule)`:
 /// one SGD pass, in order, over the ratings of one block, updating the numpy arrays `p`
 /// (rows × k float32), `q`, and the per-row AdaGrad accumulators `pg`, `qg` in place. `users`
@@ -226,14 +271,7 @@ pub fn mf_sgd_block(
     schedule: &str,
 ) -> PyResult<f64> {
     let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
-    let schedule = match schedule {
-        "adagrad" => Schedule::Adagrad,
-        "constant" => Schedule::Constant,
-        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
-    };
-    if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
-        return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
-    }
+    let prm = sgd_params(&bad, k, eta, lam, schedule)?;
     let want = |b: &Buf, d: DType, what: &str| -> PyResult<()> {
         if b.dtype == Some(d) {
             Ok(())
@@ -242,23 +280,13 @@ pub fn mf_sgd_block(
         }
     };
     let (ub, ib, rb) = (Buf::get(users, false, "users")?, Buf::get(items, false, "items")?, Buf::get(ratings, false, "ratings")?);
-    let (pb, qb) = (Buf::get(p, true, "p")?, Buf::get(q, true, "q")?);
-    let (pgb, qgb) = (Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?);
     want(&ub, DType::I32, "users")?;
     want(&ib, DType::I32, "items")?;
-    for (b, w) in [(&rb, "ratings"), (&pb, "p"), (&qb, "q"), (&pgb, "pg"), (&qgb, "qg")] {
-        want(b, DType::F32, w)?;
-    }
+    want(&rb, DType::F32, "ratings")?;
+    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg)?;
     let n = rb.count();
     if ub.count() != n || ib.count() != n {
         return Err(bad(format!("users, items and ratings differ in length ({}, {}, {n})", ub.count(), ib.count())));
-    }
-    if pb.count() % k != 0 || qb.count() % k != 0 {
-        return Err(bad(format!("p and q must hold whole rows of k = {k}")));
-    }
-    let (prows, qrows) = (pb.count() / k, qb.count() / k);
-    if pgb.count() < prows || qgb.count() < qrows {
-        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
     }
     // SAFETY: the buffers are held (and so stay alive and unresized) until the end of this
     // function; the id arrays are int32, read as u32 (a negative id becomes huge and fails the
@@ -277,8 +305,7 @@ pub fn mf_sgd_block(
         return Err(bad(format!("item row {} is outside q ({qrows} rows)", i as i32)));
     }
     let block: Vec<Entry> = us.iter().zip(is).zip(rs).map(|((&u, &i), &r)| Entry { u, i, r }).collect();
-    let f = Factors { p: pb.ptr() as *mut f32, q: qb.ptr() as *mut f32, pg: pgb.ptr() as *mut f32, qg: qgb.ptr() as *mut f32 };
-    let prm = SgdParams { k, eta, lambda: lam, schedule };
+    let f = factors_of(&fb);
     // SAFETY: every id was checked against the rows of p/q (and pg/qg have at least as many);
     // the arrays are exclusively ours for this call as far as Rust is concerned (the caller
     // must not hand the same memory to two concurrent calls).
@@ -308,14 +335,7 @@ pub fn mf_sgd_entries(
     shuffle_seed: Option<u64>,
 ) -> PyResult<f64> {
     let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
-    let schedule = match schedule {
-        "adagrad" => Schedule::Adagrad,
-        "constant" => Schedule::Constant,
-        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
-    };
-    if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
-        return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
-    }
+    let prm = sgd_params(&bad, k, eta, lam, schedule)?;
     let eb = Buf::get(entries, true, "entries")?;
     if eb.itemsize() != 4 || eb.len_bytes() % 12 != 0 {
         return Err(bad(format!(
@@ -324,20 +344,7 @@ pub fn mf_sgd_entries(
             eb.len_bytes()
         )));
     }
-    let (pb, qb) = (Buf::get(p, true, "p")?, Buf::get(q, true, "q")?);
-    let (pgb, qgb) = (Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?);
-    for (b, w) in [(&pb, "p"), (&qb, "q"), (&pgb, "pg"), (&qgb, "qg")] {
-        if b.dtype != Some(DType::F32) {
-            return Err(bad(format!("{w} must be float32, got buffer format {:?}", b.format)));
-        }
-    }
-    if pb.count() % k != 0 || qb.count() % k != 0 {
-        return Err(bad(format!("p and q must hold whole rows of k = {k}")));
-    }
-    let (prows, qrows) = (pb.count() / k, qb.count() / k);
-    if pgb.count() < prows || qgb.count() < qrows {
-        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
-    }
+    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg)?;
     let n = eb.len_bytes() / 12;
     // SAFETY: Entry is repr(C) {u32, u32, f32} (12 bytes, 4-aligned) and the buffer is 4-aligned
     // (checked by Buf::get), writable and held until the end of this function.
@@ -345,8 +352,7 @@ pub fn mf_sgd_entries(
     if let Some(e) = block.iter().find(|e| e.u as usize >= prows || e.i as usize >= qrows) {
         return Err(bad(format!("entry ({}, {}) is outside p ({prows} rows) or q ({qrows} rows)", e.u as i32, e.i as i32)));
     }
-    let f = Factors { p: pb.ptr() as *mut f32, q: qb.ptr() as *mut f32, pg: pgb.ptr() as *mut f32, qg: qgb.ptr() as *mut f32 };
-    let prm = SgdParams { k, eta, lambda: lam, schedule };
+    let f = factors_of(&fb);
     py.detach(move || {
         if let Some(seed) = shuffle_seed {
             scalefree_mf::rng::Rng::new(seed).shuffle(block);

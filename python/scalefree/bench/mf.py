@@ -271,15 +271,7 @@ def _vs_dsgd_ps(args) -> int:
                 times, rec = [], None
                 for rep in range(args.repeat):
                     common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} ({rep + 1}/{args.repeat}) ...")
-                    out = Path(d) / f"{mode}.jsonl"
-                    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
-                                        "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
-                                        "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
-                                        "--eval-every", "0", "--json", str(out), "-q", *extra],
-                                       capture_output=True, text=True, timeout=3600)
-                    if p.returncode != 0:
-                        raise SystemExit(f"mf train --mode {mode} failed: {p.stderr.strip()[-800:]}")
-                    rec = json.loads(out.read_text().splitlines()[-1])
+                    rec = _train_cli(f, mode, extra, args, d)[-1]
                     times.append(rec["seconds"])
                 med = float(np.median(times))
                 sent = float(np.mean(rec["bytes_sent"]))
