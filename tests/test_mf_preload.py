@@ -84,6 +84,37 @@ def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budge
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
+    """Visits whose blocks follow each other in the file (and fit behind each other in the
+    arena) are one read; empty blocks, repeats and the wrap of the ring break a run."""
+    sizes = [5, 341, 342, 0, 1, 7, 2, 400]
+    blocks = _blocks(sizes, seed=8)
+    bf = _file(tmp_path, blocks, direct)
+    seq = [0, 1, 2, 3, 4, 5, 6, 7, 7, 1, 2, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]
+    try:
+        for budget in (10**7, bf.span(7) + bf.span(2), max(bf.span(b) for b in range(len(sizes)))):
+            pre = Preloader(bf, seq, budget)
+            try:
+                for n, b in enumerate(seq):
+                    got = pre.get(n)
+                    assert np.array_equal(got, blocks[b]), (budget, n, b)
+                    assert pre.resident <= budget
+                    got[:] = 7
+                    pre.release(n)
+                assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES
+                nonempty = sum(1 for b in seq if sizes[b])
+                # Block 3 is empty: 2 and 4 are neighbours in the file. The arena is the file's
+                # size at most, so the ring's wrap cuts some runs.
+                assert pre.reads <= nonempty
+                if budget == 10**7:
+                    assert pre.reads <= nonempty // 2
+            finally:
+                pre.close()
+    finally:
+        bf.close()
+
+
 def test_direct_layout_is_page_aligned_with_zero_padding(tmp_path):
     """Odd block sizes (0 and 1 rating, one short of and one past a page): every block starts
     on a 4 KiB boundary, takes whole pages in the arena, the gaps read as zeros and the read

@@ -115,6 +115,8 @@ def trim_heap() -> None:
         pass
 
 
+_RUN_MAX = 8  # blocks per read at most
+
 ALIGN = 4096  # O_DIRECT granularity: file offsets, read lengths and buffer addresses
 
 
@@ -181,12 +183,15 @@ class BlockFile:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def read_into(self, block: int, out: np.ndarray) -> None:
-        """Block ``block`` into ``out``: a contiguous buffer of ``span(block)`` bytes (4 KiB
-        aligned when ``direct``); the ratings are its first ``ratings × 12`` bytes."""
-        off, n = self.index[block]
+    def read_into(self, block, out: np.ndarray) -> None:
+        """Block ``block`` — or a list of blocks consecutive in the file, in one read — into
+        ``out``: a contiguous buffer of their ``span`` bytes (4 KiB aligned when ``direct``);
+        each block's ratings are the first ``ratings × 12`` bytes of its span."""
+        run = list(block) if isinstance(block, (list, tuple)) else [block]
+        off = self.index[run[0]][0]
+        last_off, last_n = self.index[run[-1]]
+        need = last_off + last_n * ENTRY_BYTES - off  # up to the last rating: its padding may be cut
         view = memoryview(out.reshape(-1).view(np.uint8))  # out is contiguous: a view, not a copy
-        need = n * ENTRY_BYTES
         got = 0
         if self.dfd is not None:
             try:
@@ -203,7 +208,8 @@ class BlockFile:
         while got < need:
             k = os.preadv(self.fd, [view[got:need]], off + got)
             if k <= 0:
-                raise OSError(f"block file in {self.directory}: short read of R block {block} "
+                what = f"R block {run[0]}" if len(run) == 1 else f"R blocks {run}"
+                raise OSError(f"block file in {self.directory}: short read of {what} "
                               f"({got} of {need} bytes at offset {off})")
             got += k
         if hasattr(os, "posix_fadvise"):
@@ -255,6 +261,7 @@ class Preloader:
         self.read_seconds = 0.0  # loader time in reads
         self.wait_seconds = 0.0  # trainer time waiting for a block not yet read
         self.bytes_read = 0
+        self.reads = 0  # read calls (a run of blocks consecutive in the file is one)
         self.loader_cpu_seconds = 0.0  # the loader thread's CPU time (set when it ends)
         self._thread = threading.Thread(target=self._run, name="scalefree-mf-preload", daemon=True)
         self._thread.start()
@@ -274,7 +281,9 @@ class Preloader:
     def _run(self) -> None:
         c0 = time.thread_time()
         try:
-            for n, b in enumerate(self.seq):
+            n, total = 0, len(self.seq)
+            while n < total:
+                b = self.seq[n]
                 words = self._words[b]
                 with self._cond:
                     while True:
@@ -284,21 +293,39 @@ class Preloader:
                         if at is not None:
                             break
                         self._cond.wait()
+                    run = [(n, b, at, words)]
                     if words:
                         self._live.append((n, at, words))
                         self._head = at + words
-                    self.resident += words * 4
+                        # Fewer, larger reads: the next visits' blocks too while each follows
+                        # the previous one both in the file and in the arena (and fits now).
+                        while n + len(run) < total and len(run) < _RUN_MAX:
+                            pn, pb, pat, pw = run[-1]
+                            nb = self.seq[pn + 1]
+                            nw = self._words[nb]
+                            if not nw or self.blocks.index[nb][0] != self.blocks.index[pb][0] + pw * 4 \
+                                    or self._place(nw) != pat + pw:
+                                break
+                            run.append((pn + 1, nb, pat + pw, nw))
+                            self._live.append((pn + 1, pat + pw, nw))
+                            self._head = pat + pw + nw
+                    for _, _, _, w_ in run:
+                        self.resident += w_ * 4
                     self.peak_resident = max(self.peak_resident, self.resident)
-                out = self._arena[at:at + words]
+                span = sum(w_ for _, _, _, w_ in run)
                 t0 = time.perf_counter()
-                if words:
-                    self.blocks.read_into(b, out)
+                if span:
+                    self.blocks.read_into([rb for _, rb, _, _ in run], self._arena[at:at + span])
                 dt = time.perf_counter() - t0
                 with self._cond:
                     self.read_seconds += dt
-                    self.bytes_read += self.blocks.index[b][1] * ENTRY_BYTES
-                    self._ready[n] = out[:self.blocks.index[b][1] * 3].reshape(-1, 3)
+                    self.reads += 1 if span else 0
+                    for rn, rb, rat, _ in run:
+                        m = self.blocks.index[rb][1]
+                        self.bytes_read += m * ENTRY_BYTES
+                        self._ready[rn] = self._arena[rat:rat + m * 3].reshape(-1, 3)
                     self._cond.notify_all()
+                n += len(run)
         except BaseException as e:  # handed to the trainer by get()
             with self._cond:
                 self._error = e
