@@ -5,6 +5,7 @@ memory (same seed: identical losses and RMSE) with a budget below the data; a bu
 than one block is refused with the block size; no block file is left behind, even after
 ``kill -9``."""
 
+import errno
 import json
 import os
 import signal
@@ -37,27 +38,44 @@ def _blocks(sizes, seed=0):
     return [rng.integers(0, 2**32, size=(n, 3), dtype=np.uint32) for n in sizes]
 
 
-@pytest.mark.parametrize("budget_blocks", [1, 1.5, 3, 100])
-def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budget_blocks):
-    sizes = [0, 1, 7, 500, 333, 64, 500, 2, 499]
-    blocks = _blocks(sizes)
-    bf = BlockFile(tmp_path)
+def _file(tmp_path, blocks, direct=True):
+    bf = BlockFile(tmp_path, direct=direct)
     for b, ent in enumerate(blocks):
         bf.append(b, ent)
     bf.finish()
+    return bf
+
+
+def _fdflags(fd):
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(next(line for line in f if line.startswith("flags:")).split()[1], 8)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("budget_blocks", [1, 1.5, 3, 100])
+def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budget_blocks, direct):
+    sizes = [0, 1, 7, 500, 333, 64, 500, 2, 499, 341, 342]
+    blocks = _blocks(sizes)
+    bf = _file(tmp_path, blocks, direct)
+    if direct and not bf.direct:
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
     rng = np.random.default_rng(1)
-    seq = [int(x) for x in rng.integers(0, len(sizes), 200)] + [3, 3, 6, 6, 0]
-    budget = int(budget_blocks * 500 * ENTRY_BYTES)
+    seq = [int(x) for x in rng.integers(0, len(sizes), 200)] + [3, 3, 6, 6, 0, 9, 10, 1, 1]
+    budget = int(budget_blocks * bf.span(3))  # the largest block, padded to whole pages when direct
     pre = Preloader(bf, seq, budget)
     try:
         for n, b in enumerate(seq):
             got = pre.get(n)
+            assert got.shape == (sizes[b], 3)
             assert np.array_equal(got, blocks[b]), (n, b)
+            if direct and sizes[b]:
+                assert got.ctypes.data % 4096 == 0  # direct reads land on page boundaries
             assert pre.resident <= budget
             got[:] = 0  # the trainer shuffles in place; the next visit must read it afresh
             pre.release(n)
         assert 0 < pre.peak_resident <= budget
-        assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES
+        assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES  # ratings, not padding
+        assert bf.direct == direct and bf.direct_fallback is None
         with pytest.raises(InvalidArgumentError, match="in order"):
             pre.release(0)
     finally:
@@ -66,11 +84,164 @@ def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budge
     assert os.listdir(tmp_path) == []
 
 
-def test_preloader_refuses_a_block_bigger_than_the_budget(tmp_path):
-    bf = BlockFile(tmp_path)
+@pytest.mark.parametrize("direct", [True, False])
+def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
+    """Visits whose blocks follow each other in the file (and fit behind each other in the
+    arena) are one read; empty blocks, repeats and the wrap of the ring break a run."""
+    sizes = [5, 341, 342, 0, 1, 7, 2, 400]
+    blocks = _blocks(sizes, seed=8)
+    bf = _file(tmp_path, blocks, direct)
+    seq = [0, 1, 2, 3, 4, 5, 6, 7, 7, 1, 2, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]
+    try:
+        for budget in (10**7, bf.span(7) + bf.span(2), max(bf.span(b) for b in range(len(sizes)))):
+            pre = Preloader(bf, seq, budget)
+            try:
+                for n, b in enumerate(seq):
+                    got = pre.get(n)
+                    assert np.array_equal(got, blocks[b]), (budget, n, b)
+                    assert pre.resident <= budget
+                    got[:] = 7
+                    pre.release(n)
+                assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES
+                nonempty = sum(1 for b in seq if sizes[b])
+                # Block 3 is empty: 2 and 4 are neighbours in the file. The arena is the file's
+                # size at most, so the ring's wrap cuts some runs.
+                assert pre.reads <= nonempty
+                if budget == 10**7:
+                    assert pre.reads <= nonempty // 2
+            finally:
+                pre.close()
+    finally:
+        bf.close()
+
+
+def test_direct_layout_is_page_aligned_with_zero_padding(tmp_path):
+    """Odd block sizes (0 and 1 rating, one short of and one past a page): every block starts
+    on a 4 KiB boundary, takes whole pages in the arena, the gaps read as zeros and the read
+    descriptor is O_DIRECT."""
+    sizes = [0, 1, 341, 342, 0, 1, 1000, 2]  # 341 × 12 = 4092 bytes, 342 × 12 = 4104
+    blocks = _blocks(sizes, seed=3)
+    bf = _file(tmp_path, blocks)
+    try:
+        if not bf.direct:
+            pytest.skip(f"{tmp_path} does not take O_DIRECT")
+        assert _fdflags(bf.dfd) & os.O_DIRECT and not _fdflags(bf.fd) & os.O_DIRECT
+        raw = os.pread(bf.fd, bf.size + 10, 0)
+        assert len(raw) == bf.size and bf.size % 4096 == 0
+        end = 0
+        for b, n in enumerate(sizes):
+            off, m = bf.index[b]
+            assert m == n and off % 4096 == 0 and off == end
+            assert bf.span(b) == -(-n * ENTRY_BYTES // 4096) * 4096
+            assert raw[off:off + n * ENTRY_BYTES] == blocks[b].tobytes()
+            assert not any(raw[off + n * ENTRY_BYTES:off + bf.span(b)])  # zero padding
+            end = off + bf.span(b)
+        assert end == bf.size
+        assert [bf.span(b) for b in range(len(sizes))] == [0, 4096, 4096, 8192, 0, 4096, 12288, 4096]
+    finally:
+        bf.close()
+
+
+def test_buffered_layout_is_packed(tmp_path):
+    sizes = [0, 1, 341, 342, 2]
+    blocks = _blocks(sizes, seed=4)
+    bf = _file(tmp_path, blocks, direct=False)
+    assert not bf.direct and bf.align == 1
+    assert bf.size == sum(sizes) * ENTRY_BYTES
+    assert [bf.span(b) for b in range(len(sizes))] == [n * ENTRY_BYTES for n in sizes]
+    assert os.pread(bf.fd, bf.size, 0) == b"".join(x.tobytes() for x in blocks)
+    bf.close()
+
+
+def _run_all(bf, blocks, seq, budget):
+    pre = Preloader(bf, seq, budget)
+    try:
+        for n, b in enumerate(seq):
+            assert np.array_equal(pre.get(n), blocks[b]), (n, b)
+            assert pre.resident <= budget
+            pre.release(n)
+    finally:
+        pre.close()
+
+
+def test_o_direct_refused_at_open_falls_back_to_buffered(tmp_path, monkeypatch):
+    """A file system that refuses O_DIRECT (EINVAL, e.g. tmpfs): packed layout, reads through
+    the page cache, same blocks."""
+    real_open = os.open
+
+    def no_direct(path, flags, *a, **kw):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    sizes = [3, 0, 1, 400, 17]
+    blocks = _blocks(sizes, seed=5)
+    bf = _file(tmp_path, blocks)
+    try:
+        assert not bf.direct and bf.align == 1 and bf.size == sum(sizes) * ENTRY_BYTES
+        _run_all(bf, blocks, [3, 0, 1, 2, 4, 3, 3], 400 * ENTRY_BYTES)
+    finally:
+        bf.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_o_direct_refused_at_read_falls_back_to_buffered(tmp_path, monkeypatch):
+    """Opened with O_DIRECT but the first read is refused (EINVAL): that block and all later
+    ones are read through the page cache from the same (aligned) layout."""
+    sizes = [3, 0, 1, 400, 17, 342]
+    blocks = _blocks(sizes, seed=6)
+    bf = _file(tmp_path, blocks)
+    if not bf.direct:
+        bf.close()
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    dfd, real = bf.dfd, os.preadv
+    calls = []
+
+    def refuse(fd, bufs, off, *a):
+        calls.append(fd)
+        if fd == dfd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off, *a)
+
+    monkeypatch.setattr(os, "preadv", refuse)
+    try:
+        _run_all(bf, blocks, [3, 0, 1, 2, 4, 5, 3, 5], bf.span(3) + bf.span(5))
+        assert not bf.direct and "O_DIRECT read refused" in bf.direct_fallback
+        assert calls.count(dfd) == 1  # tried once, then buffered
+    finally:
+        bf.close()
+
+
+def test_block_file_on_tmpfs(monkeypatch):
+    """On /dev/shm (tmpfs: O_DIRECT refused on older kernels, accepted on newer) the blocks
+    come back intact whichever path is taken."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    sizes = [5, 0, 1, 341, 700]
+    blocks = _blocks(sizes, seed=7)
+    bf = _file("/dev/shm", blocks)
+    try:
+        _run_all(bf, blocks, [4, 3, 2, 1, 0, 4, 4], max(bf.span(b) for b in range(len(sizes))))
+    finally:
+        bf.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_preloader_refuses_a_block_bigger_than_the_budget(tmp_path, direct):
+    bf = BlockFile(tmp_path, direct=direct)
     bf.append(0, _blocks([100])[0])
-    with pytest.raises(OutOfBudgetError, match="1200 bytes"):
-        Preloader(bf, [0], 1199)
+    if direct and not bf.direct:
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    if bf.direct:
+        # 1200 bytes of ratings, but a direct read takes a whole 4 KiB page.
+        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\) \(4096 bytes as read.*at least 4096 bytes"):
+            Preloader(bf, [0], 4095)
+        Preloader(bf, [0], 4096).close()
+    else:
+        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\); raise the budget to at least 1200 bytes"):
+            Preloader(bf, [0], 1199)
+        Preloader(bf, [0], 1200).close()
     bf.close()
 
 

@@ -183,7 +183,7 @@ class MatrixFactorization:
             for rec, per_worker in zip(self.history, res.get(name, ())):
                 rec[name] = per_worker  # one value per worker
         for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds",
-                     "preload_loader_cpu_seconds", "bytes_read"):
+                     "preload_loader_cpu_seconds", "preload_direct_io", "bytes_read"):
             if name in res:
                 self.history[-1][name] = res[name]
         for it, rmse, secs in res["evals"]:

@@ -31,7 +31,7 @@ from . import mf_preload
 from .mf_blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 
 
-_NSTAT = 7  # per-worker scalars sent to rank 0 before the per-iteration rows
+_NSTAT = 8  # per-worker scalars sent to rank 0 before the per-iteration rows
 
 
 def _account(it, pre, held, resident, rss, waited) -> None:
@@ -102,14 +102,19 @@ def train(group, train_ratings, opts: dict) -> dict:
                 train_ratings, V, k, seed, opts.get("init_max"),
                 spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
             bfile.finish()
-            biggest = int(part.counts.max()) * ENTRY_BYTES  # the same on every rank: all fail together
+            # The same on every rank: all fail together. Direct reads take whole 4 KiB pages,
+            # so a block needs its padded size in the budget (counted padded whether or not
+            # this rank's file system took O_DIRECT, so that every rank decides alike).
+            raw = int(part.counts.max()) * ENTRY_BYTES
+            biggest = -(-raw // mf_preload.ALIGN) * mf_preload.ALIGN
             if biggest > budget:
                 more = (f"cut R into {2 * w} x {2 * w} blocks (--blocks {2 * w}), " if c == 1 else "") + \
                     f"run more ranks (blocks shrink as 1/ranks²)"
                 raise OutOfBudgetError(
                     f"rima: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
                     f"the largest of the {V} x {V} blocks holds {int(part.counts.max())} ratings = "
-                    f"{biggest / 2**20:.2f} MiB ({biggest} bytes); raise --memory-budget to at least that, "
+                    f"{raw / 2**20:.2f} MiB ({raw} bytes), {biggest} bytes as whole 4 KiB pages (what direct IO reads); "
+                    f"raise --memory-budget to at least that, "
                     f"or make the blocks smaller: {more}")
             pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
         else:
@@ -245,7 +250,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     pq = gather()
     if pre is not None:
         pre.close()  # the loader has read everything; its CPU time is final
-    io = [0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds]
+    io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
+                                                     float(pre.blocks.direct)]
     mine = np.concatenate([[sent, recvd, comm, *io, setup_rss], losses, resident, rss, waited])
     if r != 0:
         slots[f"st{r}"].send(mine)
@@ -266,7 +272,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             "preload_wait_seconds": per_it[:, 3].T.tolist(),
             "preload_read_seconds": [float(x) for x in st[:, 3]], "bytes_read": [int(x) for x in st[:, 4]],
             "preload_loader_cpu_seconds": [float(x) for x in st[:, 5]],
-            "setup_peak_rss_bytes": [int(x) for x in st[:, 6]], "memory_budget": budget,
+            "preload_direct_io": [bool(x) for x in st[:, 6]],  # read with O_DIRECT to the end
+            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "memory_budget": budget,
             "rating_bytes": part.n_ratings * ENTRY_BYTES,
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,

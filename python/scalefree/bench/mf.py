@@ -242,6 +242,7 @@ def _vs_memory_budget(args) -> int:
                        "preload_wait_seconds": [sum(x) for x in zip(*(r["preload_wait_seconds"] for r in rs[-1]))],
                        "preload_read_seconds": last.get("preload_read_seconds"),
                        "preload_loader_cpu_seconds": last.get("preload_loader_cpu_seconds"),
+                       "preload_direct_io": last.get("preload_direct_io"),
                        "bytes_read": last.get("bytes_read")}
                 records.append(rec)
                 rows.append([f.name, variant, "-" if variant == "memory" else f"{budget / 2**20:.1f}",
