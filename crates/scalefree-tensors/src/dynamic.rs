@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scalefree_transport::mesh::{Mesh, MESH_HEADER};
-use scalefree_transport::{Device, Error, Region, RegionHandle, Result};
+use scalefree_transport::{Device, Error, Region, RegionHandle, RemoteRegion, Result};
 
 use crate::Stats;
 
@@ -68,6 +68,9 @@ pub struct DynamicChannel {
     /// Sender: the region the last message's data lives in, kept alive until it is pulled.
     in_flight: Option<Region>,
     staging: Option<Region>,
+    /// Receiver: the sender's region the last message came from, kept attached (a sender
+    /// sends from the same staging region or arena again and again).
+    source: Option<RemoteRegion>,
     /// Receiver: the record of the message being received.
     pending: Option<(Meta, u64, Option<Vec<u8>>, u64)>,
     stats: Arc<Stats>,
@@ -113,6 +116,7 @@ impl DynamicChannel {
                     count: 0,
                     in_flight: None,
                     staging: None,
+                    source: None,
                     pending: None,
                     stats: Arc::new(Stats::default()),
                 })
@@ -196,7 +200,7 @@ impl DynamicChannel {
         }
         // Everything but the sequence word (and the unused end of the key area), then the
         // sequence word.
-        let used = if handle_len(&rec) > 0 { REC_RKEY + handle_len(&rec) } else { REC_RKEY };
+        let used = REC_RKEY + handle_len(&rec);
         self.count += 1;
         unsafe { self.mesh.post(dst, self.rec + 8, rec[8..].as_ptr(), used - 8, self.rec + REC_SEQ, self.count) }?;
         self.stats.transfers.fetch_add(1, Ordering::Relaxed);
@@ -266,12 +270,17 @@ impl DynamicChannel {
             return Err(Error::InvalidArgument(format!("channel {}: destination has {len} bytes, the message {nbytes}", self.index)));
         }
         if let Some(handle) = handle {
-            let remote = self.dev.attach_serialized(&handle)?;
+            let h = RegionHandle::from_bytes(&handle[..RegionHandle::BYTES])?;
+            let remote = match self.source.take() {
+                Some(r) if r.handle == h => r,
+                _ => self.dev.attach_serialized(&handle)?,
+            };
             if offset.checked_add(nbytes).is_none_or(|e| e > remote.len() as u64) {
                 return Err(Error::InvalidArgument(format!("channel {}: the record points outside the sender's region", self.index)));
             }
             let ch = &self.mesh.chans[self.src as usize];
             unsafe { ch.read_into(&remote, offset as usize, dst, nbytes as usize)? };
+            self.source = Some(remote);
         }
         self.count += 1;
         let none = std::ptr::NonNull::<u8>::dangling().as_ptr();

@@ -631,6 +631,23 @@ def format_gbps(gbps: float) -> str:
     return f"{gbps:.2f}" if gbps >= 1 else f"{gbps:.3g}"
 
 
+def numpy_blas(bench: str) -> str:
+    """Every BLAS loaded (numpy's and scipy's may differ), as threadpoolctl reports them; warns
+    (as `bench`) when OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set, which slow numpy here."""
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if os.environ.get(var):
+            progress(f"{bench}: warning: {var} is set and slows numpy/scipy; unset it for this command")
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown (pip install threadpoolctl)"
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not libs:
+        return "none found"
+    return "; ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')} "
+                     f"({os.path.basename(i.get('filepath', ''))})" for i in libs)
+
+
 def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

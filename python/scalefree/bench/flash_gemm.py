@@ -52,26 +52,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _blas() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-
-        info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-        if info:
-            i = info[0]
-            return f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')}"
-    except ImportError:
-        pass
-    return "unknown (pip install threadpoolctl)"
-
-
 def run(args) -> int:
     from .. import flash
 
-    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if os.environ.get(var):
-            common.progress(f"flash-gemm: warning: {var} is set and slows numpy; unset it for this command")
-    blas = _blas()
+    blas = common.numpy_blas("flash-gemm")
     common.progress(f"flash-gemm: numpy BLAS: {blas}")
     dtype = np.dtype(args.dtype)
     records = []

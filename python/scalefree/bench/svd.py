@@ -22,7 +22,6 @@ others on a shared machine falls on all of them alike.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -111,28 +110,12 @@ def _load(args, tmp):
     return path.name, a
 
 
-def _blas() -> str:
-    """Every BLAS loaded (numpy's and scipy's may differ), as threadpoolctl reports them."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return "unknown (pip install threadpoolctl)"
-    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    if not libs:
-        return "none found"
-    return "; ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')} "
-                     f"({os.path.basename(i.get('filepath', ''))})" for i in libs)
-
-
 def run(args) -> int:
     import scipy.sparse.linalg as sla
 
     from .. import flash
 
-    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
-        if os.environ.get(var):
-            common.progress(f"svd: warning: {var} is set and slows numpy/scipy; unset it for this command")
-    blas = _blas()
+    blas = common.numpy_blas("svd")
     common.progress(f"svd: numpy BLAS: {blas}")
     records = []
     with tempfile.TemporaryDirectory(prefix="scalefree-svd-bench-", dir=args.dir) as tmp:

@@ -125,8 +125,6 @@ struct Shared {
     geo: Geo,
     kind: Kind,
     async_: bool,
-    /// Whether each rank's region is mapped here (same host).
-    mapped: Vec<bool>,
     /// Set by the shard once it delivered a state holding every worker's final push to
     /// every worker.
     shard_done: AtomicBool,
@@ -146,7 +144,7 @@ impl Shared {
     /// Whether shard `s` delivers its state into this rank's views (Async, or another
     /// host); the same holds from the shard's side for a worker `s`.
     fn views(&self, s: usize) -> bool {
-        self.async_ || !self.mapped[s]
+        self.async_ || !self.mesh.is_mapped(s)
     }
 
     /// Posts the buffer at `buf` (a state-buffer header, then `n` bytes of data) as
@@ -330,7 +328,7 @@ impl Shard {
     }
 
     fn deliver(&mut self, w: usize) -> Result<()> {
-        let sh = self.sh.clone();
+        let sh = &*self.sh;
         let me = sh.mesh.me;
         let age = self.age();
         let flags = if age == FINAL { FLAG_FINAL } else { 0 };
@@ -402,7 +400,7 @@ impl Worker {
             flushing: false,
             final_sent: vec![false; p],
             clock: 0,
-            outbox: (0..p).map(|s| Buf::new(if sh.mapped[s] { 0 } else { HDR - PUSH_TAIL + sh.geo.len(s) })).collect(),
+            outbox: (0..p).map(|s| Buf::new(if sh.mesh.is_mapped(s) { 0 } else { HDR - PUSH_TAIL + sh.geo.len(s) })).collect(),
             sh,
         }
     }
@@ -481,7 +479,7 @@ impl Worker {
 
     /// Pushes `src` (the caller's data) or, with `None`, the missed contributions to shard `s`.
     fn push(&mut self, s: usize, src: Option<*const u8>) -> Result<()> {
-        let sh = self.sh.clone();
+        let sh = &*self.sh;
         let me = sh.mesh.me;
         let h = sh.geo.inbox(s, me);
         let n = sh.geo.len(s);
@@ -493,7 +491,7 @@ impl Worker {
             self.final_sent[s] = true;
         }
         self.pushes[s] += 1;
-        if sh.mapped[s] {
+        if sh.mesh.is_mapped(s) {
             // Data straight from the caller's buffer, then clock and flags with the count.
             if let Some(p) = data {
                 unsafe { sh.mesh.put(s, h + HDR, p, n) }?;
@@ -579,7 +577,7 @@ impl Worker {
                 let (owner, b) = self.state_buf(s, self.seen[s]);
                 unsafe { sh.mesh.base(owner).add(b + HDR) as *const u8 }
             };
-            let inflight = if sh.mapped[s] {
+            let inflight = if sh.mesh.is_mapped(s) {
                 unsafe { sh.mesh.base(s).add(sh.geo.inbox(s, me) + HDR) as *const u8 }
             } else {
                 unsafe { self.outbox[s].ptr().add(HDR - PUSH_TAIL) }
@@ -614,7 +612,6 @@ impl Sharded {
         let mesh = Mesh::new_posting(dev, geo.region_len(dev.rank() as usize))?;
         let async_ = matches!(variant, Variant::ShardedAsync | Variant::ShardedAsyncThread);
         let sh = Arc::new(Shared {
-            mapped: (0..p).map(|r| mesh.is_mapped(r)).collect(),
             mesh,
             geo,
             kind: Kind { dtype, op },
