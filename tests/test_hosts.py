@@ -149,6 +149,18 @@ def test_killed_rank_on_another_host_is_peer_lost(can_simulate):
         assert res[1][0] != 0  # the launcher of the killed rank's host fails too
 
 
+def test_first_loss_is_what_every_host_reports(can_simulate):
+    """2 hosts x 2 ranks, rank 1 killed: the ranks on the other host name rank 1 (not rank 0,
+    which stops because of it), however the losses reach them."""
+    with simhosts.SimHosts(2) as h:
+        res = launch_all(h, 2, KILLED, timeout=120)
+    rc1, out1 = res[1]
+    lines = [l for l in out1.splitlines() if "PeerLostError after" in l]
+    assert rc1 != 0 and len(lines) == 2, out1[-2000:]
+    for line in lines:
+        assert line.split("is gone")[0].endswith("rank 1 "), line
+
+
 @pytest.mark.parametrize("elems", [1 << 20, 1 << 22])
 def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate, elems):
     """Heartbeats find a host whose link went down (the socket reports nothing for minutes),

@@ -379,6 +379,10 @@ impl Device {
         for (r, p) in self.inner.peers.iter().enumerate() {
             if let Some(w) = &p.watch {
                 if !w.alive() {
+                    if let Some(net) = &self.inner.net {
+                        // Ranks on other hosts hear it from here (and report it first).
+                        net.note_lost(r as u32, format!("the process (pid {}) exited", p.pid));
+                    }
                     return Err(Error::PeerLost {
                         rank: r as u32,
                         pid: p.pid,

@@ -12,8 +12,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A peer process exited or was killed while we depended on it.
-    #[error("rank {rank} (pid {pid}) is gone: {detail}")]
+    /// A peer process exited or was killed while we depended on it (`pid` 0: on another
+    /// host, not known here).
+    #[error("rank {rank}{} is gone: {detail}", pid_note(*.pid))]
     PeerLost { rank: u32, pid: u32, detail: String },
     /// A wait ran past its deadline while every peer was still alive.
     #[error("timed out after {timeout:?} {waiting_for}")]
@@ -55,4 +56,8 @@ impl Error {
             source,
         }
     }
+}
+
+fn pid_note(pid: u32) -> String {
+    if pid == 0 { String::new() } else { format!(" (pid {pid})") }
 }

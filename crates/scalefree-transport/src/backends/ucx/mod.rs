@@ -33,6 +33,11 @@ use crate::wait::{self, WaitPolicy};
 const AM_NOTIFY: u32 = 0x5346_0001 & 0xffff;
 const AM_WRITE: u32 = 0x5346_0002 & 0xffff;
 const AM_HEARTBEAT: u32 = 0x5346_0003 & 0xffff;
+/// "Rank N is lost": sent by the rank that saw it to every other peer, so that the first
+/// failure is what everybody reports (not the exit of a peer that stopped because of it).
+const AM_LOST: u32 = 0x5346_0004 & 0xffff;
+/// The longest reason an `AM_LOST` carries.
+const LOST_WHY_MAX: usize = 240;
 
 /// Header of a write-with-notification active message.
 #[repr(C)]
@@ -134,6 +139,12 @@ pub(crate) struct Shared {
     /// Why each peer was lost (set by the endpoint error handler), if it was.
     lost: Vec<Mutex<Option<String>>>,
     any_lost: AtomicBool,
+    /// The peer lost first: what every error reports (a peer lost later may have stopped
+    /// because of it).
+    first_lost: Mutex<Option<u32>>,
+    /// Losses seen here and not yet told to the other peers.
+    to_announce: Mutex<Vec<u32>>,
+    announcing: AtomicBool,
     regions: Mutex<HashMap<u64, LocalReg>>,
     /// This rank's notification slots and their waiter count (in the device's control
     /// segment, which outlives the progress thread).
@@ -193,7 +204,39 @@ impl Shared {
         }
     }
     fn progress(&self) -> u32 {
-        unsafe { (self.ucp.worker_progress)(self.worker) }
+        let k = unsafe { (self.ucp.worker_progress)(self.worker) };
+        if self.announcing.load(Ordering::Relaxed) {
+            self.announce_losses();
+        }
+        k
+    }
+    /// Tells every peer still here about the losses seen here (outside any UCX callback).
+    fn announce_losses(&self) {
+        let lost: Vec<u32> = std::mem::take(&mut *self.to_announce.lock().unwrap());
+        self.announcing.store(false, Ordering::Relaxed);
+        let Some(eps) = self.eps.get() else { return };
+        for peer in lost {
+            let why = self.lost[peer as usize].lock().unwrap().clone().unwrap_or_default();
+            let mut h = Vec::with_capacity(8 + LOST_WHY_MAX);
+            h.extend_from_slice(&self.me.to_le_bytes());
+            h.extend_from_slice(&peer.to_le_bytes());
+            let mut n = why.len().min(LOST_WHY_MAX);
+            while !why.is_char_boundary(n) {
+                n -= 1;
+            }
+            h.extend_from_slice(&why.as_bytes()[..n]);
+            for (r, &ep) in eps.iter().enumerate() {
+                if r as u32 == self.me || r as u32 == peer || ep.is_null() || self.lost[r].lock().unwrap().is_some() {
+                    continue;
+                }
+                let mut p = ucp_request_param_t::zeroed();
+                p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+                p.cb = free_cb as *const c_void;
+                p.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+                // Completes (and is freed) in its callback, or at once; best effort.
+                let _ = unsafe { (self.ucp.am_send_nbx)(ep, AM_LOST, h.as_ptr() as *const c_void, h.len(), std::ptr::null(), 0, &p) };
+            }
+        }
     }
     /// Where `len` bytes at `offset` of this rank's region `key` go: (address, region
     /// address, region length); `None` when the region is gone or too short.
@@ -278,7 +321,7 @@ unsafe extern "C" fn err_cb(arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_
     // `arg` is a pointer to (Shared, peer) made at endpoint creation.
     let (sh, peer) = unsafe { &*(arg as *const (std::sync::Weak<Shared>, u32)) };
     if let Some(sh) = sh.upgrade() {
-        let why = sh.ucp.status(status);
+        let why = format!("UCX endpoint failed: {}", sh.ucp.status(status));
         sh.mark_lost(*peer as usize, why);
     }
 }
@@ -317,18 +360,52 @@ unsafe extern "C" fn am_heartbeat(
     UCS_OK
 }
 
+unsafe extern "C" fn am_lost(
+    arg: *mut c_void,
+    header: *const c_void,
+    hlen: usize,
+    _data: *mut c_void,
+    _len: usize,
+    _param: *const ucp_am_recv_param_t,
+) -> ucs_status_t {
+    let sh = unsafe { &*(arg as *const Shared) };
+    if hlen >= 8 {
+        let h = unsafe { std::slice::from_raw_parts(header as *const u8, hlen) };
+        let from = u32::from_le_bytes(h[0..4].try_into().unwrap());
+        let peer = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        if peer < sh.lost.len() && peer as u32 != sh.me {
+            let why = String::from_utf8_lossy(&h[8..]);
+            sh.mark_lost_as(peer, format!("{why} (seen by rank {from})"), false);
+        }
+    }
+    UCS_OK
+}
+
 unsafe extern "C" fn free_cb(request: *mut c_void, _status: ucs_status_t, _user: *mut c_void) {
     unsafe { (ucp_static().request_free)(request) };
 }
 
 impl Shared {
-    /// Marks `peer` lost (once) and wakes every waiter so it re-checks liveness now.
+    /// Marks `peer` lost (once), tells the other peers, and wakes every waiter so it
+    /// re-checks liveness now.
     fn mark_lost(&self, peer: usize, why: String) {
+        self.mark_lost_as(peer, why, true);
+    }
+
+    /// [`Shared::mark_lost`]; `seen`: this rank saw it (rather than being told), so it
+    /// tells the others.
+    fn mark_lost_as(&self, peer: usize, why: String, seen: bool) {
         let mut l = self.lost[peer].lock().unwrap();
-        if l.is_none() {
-            *l = Some(why);
+        if l.is_some() {
+            return;
         }
+        *l = Some(why);
         drop(l);
+        self.first_lost.lock().unwrap().get_or_insert(peer as u32);
+        if seen {
+            self.to_announce.lock().unwrap().push(peer as u32);
+            self.announcing.store(true, Ordering::Relaxed);
+        }
         self.any_lost.store(true, Ordering::SeqCst);
         // A caller blocked writing to its lane (a host cut off: the socket would block for
         // minutes) gets an error now.
@@ -513,6 +590,9 @@ impl Net {
             err_args: Mutex::new(Vec::new()),
             lost: (0..size).map(|_| Mutex::new(None)).collect(),
             any_lost: AtomicBool::new(false),
+            first_lost: Mutex::new(None),
+            to_announce: Mutex::new(Vec::new()),
+            announcing: AtomicBool::new(false),
             regions: Mutex::new(HashMap::new()),
             slots,
             nslots,
@@ -545,7 +625,7 @@ impl Net {
         }
         let _ = shared.eps.set(eps);
         // Active-message handlers get the shared state as their argument.
-        for (id, cb) in [(AM_NOTIFY, am_notify as AmCb), (AM_WRITE, am_write as AmCb), (AM_HEARTBEAT, am_heartbeat as AmCb)] {
+        for (id, cb) in [(AM_NOTIFY, am_notify as AmCb), (AM_WRITE, am_write as AmCb), (AM_HEARTBEAT, am_heartbeat as AmCb), (AM_LOST, am_lost as AmCb)] {
             let hp = ucp_am_handler_param_t {
                 field_mask: UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG,
                 id,
@@ -584,22 +664,53 @@ impl Net {
         }
     }
 
-    /// `PeerLost` for the first peer whose endpoint failed.
+    /// `PeerLost` for the first peer lost.
     pub fn check_alive(&self) -> Result<()> {
         if !self.shared.any_lost.load(Ordering::SeqCst) {
             return Ok(());
         }
-        for (r, l) in self.shared.lost.iter().enumerate() {
-            if let Some(why) = l.lock().unwrap().as_ref() {
-                return Err(Error::PeerLost { rank: r as u32, pid: 0, detail: format!("UCX endpoint failed: {why}") });
-            }
+        let first = *self.shared.first_lost.lock().unwrap();
+        match first {
+            Some(first) => Err(self.lost_report(first, "")),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Records `peer` (on this host) as lost and tells the peers on other hosts.
+    pub fn note_lost(&self, peer: u32, why: String) {
+        self.shared.mark_lost(peer as usize, why);
+        self.shared.announce_losses();
+    }
+
+    /// `PeerLost` for an operation on `peer` that failed because it is gone: names the
+    /// first peer lost, which may be another one (`peer` stopped because of it).
+    fn lost_report(&self, peer: u32, what: &str) -> Error {
+        let sh = &self.shared;
+        let why = |r: u32| {
+            let why = sh.lost[r as usize].lock().unwrap().clone().unwrap_or_default();
+            if what.is_empty() { why } else { format!("{what}: {why}") }
+        };
+        let first = sh.first_lost.lock().unwrap().unwrap_or(peer);
+        if first == peer {
+            return Error::PeerLost { rank: peer, pid: 0, detail: why(peer) };
+        }
+        Error::PeerLost { rank: first, pid: 0, detail: format!("{}; then rank {peer} went away too ({})", why(first), why(peer)) }
+    }
+
+    /// A lane's `PeerLost` for `peer`, recorded as a loss and reported as the first one.
+    fn lane_lost(&self, e: Error) -> Error {
+        match e {
+            Error::PeerLost { rank, detail, .. } => {
+                self.shared.mark_lost(rank as usize, detail);
+                self.lost_report(rank, "TCP lane")
+            }
+            e => e,
+        }
     }
 
     fn lost_error(&self, peer: u32, what: &str, status: ucs_status_t) -> Error {
-        if let Some(why) = self.shared.lost[peer as usize].lock().unwrap().as_ref() {
-            return Error::PeerLost { rank: peer, pid: 0, detail: format!("{what}: {why}") };
+        if self.shared.lost[peer as usize].lock().unwrap().is_some() {
+            return self.lost_report(peer, what);
         }
         Error::Io {
             what: format!("{what} (rank {peer})"),
@@ -734,7 +845,7 @@ impl Net {
         self.flush(peer)?;
         if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
             // Behind every lane write to this peer (same socket), after the puts (flushed).
-            return match l.notify(peer, slot, value)? {
+            return match l.notify(peer, slot, value).map_err(|e| self.lane_lost(e))? {
                 None => Ok(()),
                 Some(r) => self.wait_request(&r, policy),
             };
@@ -777,7 +888,7 @@ impl Net {
             Note::Post(o, v) => (NOTE_POST | ((v >> 32) << 32), o, v as u32),
         };
         if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
-            return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) };
+            return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) }.map_err(|e| self.lane_lost(e));
         }
         let h = WriteHeader { key, offset: off as u64, note, index, value, _pad: 0 };
         let ep = self.ep(peer)?;
