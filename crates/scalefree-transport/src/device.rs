@@ -752,13 +752,13 @@ impl Device {
     ) -> Result<u32> {
         match &self.inner.net {
             None => wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers()),
-            Some(net) => wait::wait_until(word, waiters, |v| {
+            Some(net) => wait::wait_until_hooked(word, waiters, |v| {
                 if ready(v) {
                     return true;
                 }
                 net.progress();
                 ready(word.load(Ordering::Acquire))
-            }, policy, what, &|| self.check_peers()),
+            }, policy, what, &|| self.check_peers(), net.spin_hook()),
         }
     }
 

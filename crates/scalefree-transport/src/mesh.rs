@@ -191,14 +191,15 @@ impl Mesh {
                 _ => false,
             }
         };
-        wait::wait_until(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
+        let hook = self.dev.net().filter(|_| eager).and_then(|n| n.spin_hook());
+        wait::wait_until_hooked(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
             extra()?;
             if interruptible {
                 self.dev.check_peers()
             } else {
                 self.dev.check_alive()
             }
-        })?;
+        }, hook)?;
         Ok(())
     }
 }

@@ -115,7 +115,51 @@ pub fn wait_until(
     if ready(v) {
         return Ok(v);
     }
-    wait_slow(word, waiters, &mut ready, policy, what, liveness)
+    wait_slow(word, waiters, &mut ready, policy, what, liveness, None)
+}
+
+/// Told when a waiter starts driving arrivals itself (spinning or yielding) and when it
+/// stops: `leave(true)` when it is about to park (someone else must take over now),
+/// `leave(false)` when its wait ended while it spun.
+pub trait SpinHook {
+    fn enter(&self);
+    fn leave(&self, parking: bool);
+}
+
+/// [`wait_until`], telling `hook` when the waiter spins and when it parks.
+pub fn wait_until_hooked(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    mut ready: impl FnMut(u32) -> bool,
+    policy: &WaitPolicy,
+    what: &dyn Fn() -> String,
+    liveness: &dyn Fn() -> Result<()>,
+    hook: Option<&dyn SpinHook>,
+) -> Result<u32> {
+    let v = word.load(Ordering::Acquire);
+    if ready(v) {
+        return Ok(v);
+    }
+    wait_slow(word, waiters, &mut ready, policy, what, liveness, hook)
+}
+
+/// Calls `leave(false)` on drop unless the waiter parked (then `leave(true)` was called).
+struct Spinning<'a>(Option<&'a dyn SpinHook>);
+
+impl Spinning<'_> {
+    fn park(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.leave(true);
+        }
+    }
+}
+
+impl Drop for Spinning<'_> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0 {
+            h.leave(false);
+        }
+    }
 }
 
 #[cold]
@@ -126,8 +170,13 @@ fn wait_slow(
     policy: &WaitPolicy,
     what: &dyn Fn() -> String,
     liveness: &dyn Fn() -> Result<()>,
+    hook: Option<&dyn SpinHook>,
 ) -> Result<u32> {
     let start = Instant::now();
+    if let Some(h) = hook {
+        h.enter();
+    }
+    let mut spinning = Spinning(hook);
     // Phase 1: spin.
     let mut i = 0u32;
     loop {
@@ -151,6 +200,7 @@ fn wait_slow(
         }
     }
     // Phase 3: park, waking periodically to check that peers are alive.
+    spinning.park();
     let mut last_check = Instant::now();
     loop {
         waiters.fetch_add(1, Ordering::SeqCst);

@@ -797,13 +797,19 @@ impl Net {
     /// Waits on a local word while driving progress: spin with progress, then park (the
     /// progress thread wakes us).
     pub fn wait_word(&self, word: &AtomicU32, waiters: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String) -> Result<u32> {
-        wait::wait_until(word, waiters, |v| {
+        wait::wait_until_hooked(word, waiters, |v| {
             if ready(v) {
                 return true;
             }
             self.progress();
             ready(word.load(Ordering::Acquire))
-        }, policy, what, &|| self.check_alive())
+        }, policy, what, &|| self.check_alive(), self.spin_hook())
+    }
+
+    /// For a waiter that drives progress while it spins: the lanes' reader threads stand
+    /// down meanwhile (see [`lanes::Gate`]).
+    pub fn spin_hook(&self) -> Option<&dyn wait::SpinHook> {
+        self.lanes.as_ref().map(|l| l.gate() as &dyn wait::SpinHook)
     }
 
     /// One-sided write of `n` bytes from `src` to `remote.addr + off`; returns once `src`
