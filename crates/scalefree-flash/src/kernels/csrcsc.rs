@@ -10,28 +10,200 @@
 //!    block's bucket, at the place the counts give, so buckets keep row order;
 //! 4. place: column-block tasks read their bucket and counting-sort it by column (stable, so
 //!    rows stay ascending) into the output arrays.
+//!
+//! When A and Aᵀ fit the memory budget together, none of that: A's arrays are read once,
+//! transposed in memory by [`csrcsc_in_memory`] (a parallel counting sort by column), and
+//! Aᵀ's arrays written once. The DAG runs cost a fixed amount per task and per small IO
+//! (tens of milliseconds on a matrix of a few MiB), which only pays when the data does not fit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::element::Real;
 use crate::error::Result;
 use crate::file::{FlashCsrMatrix, FlashPtr};
-use crate::io::Access;
+use crate::element::{cast_slice, cast_slice_mut};
+use crate::io::executor::IoDirection;
+use crate::io::{Access, AlignedBuf};
 use crate::runtime::Runtime;
+use crate::cache::program_cache::CacheStats;
 use crate::sched::{FnTask, RunStats};
+use crate::sparse::{CsrMatrix, CsrRef};
 
 use super::csr_rows::row_blocks;
 
 /// A scatter task's view of one bucket: rows, columns, values, and how many are filled.
 type Bucket<'a, T> = (&'a mut [u32], &'a mut [u32], &'a mut [T], usize);
 
-/// `Aᵀ` of a CSR matrix on flash, as a new scratch CSR matrix (cols x rows).
+/// Row ranges `[start, end)` cutting A into `parts` pieces of about equal entries (some may
+/// be empty).
+fn balanced_parts(indptr: &[u64], parts: usize) -> Vec<(usize, usize)> {
+    let rows = indptr.len() - 1;
+    let nnz = indptr[rows];
+    let mut cuts = vec![0usize];
+    for p in 1..parts {
+        let target = nnz * p as u64 / parts as u64;
+        // first row whose start is at or past the target
+        let r = indptr[..rows].partition_point(|&x| x < target).max(*cuts.last().unwrap());
+        cuts.push(r);
+    }
+    cuts.push(rows);
+    cuts.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+/// Pieces the in-memory transpose cuts A into: one per compute thread, but one piece below
+/// 64 Ki entries (threads cost more than they save there).
+fn in_memory_parts(nnz: u64, threads: usize) -> usize {
+    if nnz < (1 << 16) {
+        1
+    } else {
+        threads.clamp(1, 64)
+    }
+}
+
+/// Bytes [`csrcsc_in_memory`] holds for a `rows x cols` matrix with `nnz` entries of `size`
+/// bytes cut into `parts` pieces: A's and Aᵀ's arrays plus one column count per piece.
+pub fn in_memory_bytes(rows: usize, cols: usize, nnz: u64, size: u64, parts: usize) -> u64 {
+    let arrays = |r: usize| 8 * (r as u64 + 1) + nnz * (4 + size);
+    arrays(rows) + arrays(cols) + 8 * cols as u64 * parts as u64
+}
+
+/// Raw output pointer shared by the scatter of disjoint entries.
+#[derive(Clone, Copy)]
+struct SharedOut<T>(*mut T);
+// SAFETY: the pieces of `csrcsc_in_memory` write disjoint entries through it.
+unsafe impl<T: Send> Send for SharedOut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+/// In-memory twin: `Aᵀ` as a CSR matrix (cols x rows), rows ascending within each of its
+/// rows, like scipy's `A.T.tocsr()` and like [`csrcsc`]. A parallel counting sort on the
+/// current rayon pool: each piece of A's rows counts its entries per column, the counts give
+/// every (piece, column) its place, and each piece scatters its entries there in row order.
+pub fn csrcsc_in_memory<T: Real>(a: CsrRef<'_, T>) -> Result<CsrMatrix<T>> {
+    a.validate()?;
+    let (mut indptr, mut indices, mut values) = (vec![0u64; a.cols + 1], vec![0u32; a.nnz()], vec![T::default(); a.nnz()]);
+    transpose_into(a, &mut indptr, &mut indices, &mut values);
+    Ok(CsrMatrix { rows: a.cols, cols: a.rows, indptr, indices, values })
+}
+
+/// The transpose of a valid `a` into `t_indptr` (cols + 1), `t_indices` and `t_values` (nnz).
+fn transpose_into<T: Real>(a: CsrRef<'_, T>, t_indptr: &mut [u64], t_indices: &mut [u32], t_values: &mut [T]) {
+    use rayon::prelude::*;
+    let (cols, nnz) = (a.cols, a.nnz());
+    let parts = balanced_parts(a.indptr, in_memory_parts(nnz as u64, rayon::current_num_threads()));
+    // counts[p][c], then turned into the place of piece p's first entry of column c
+    let mut counts: Vec<Vec<u64>> = parts
+        .par_iter()
+        .map(|&(r0, r1)| {
+            let mut h = vec![0u64; cols];
+            for &c in &a.indices[a.indptr[r0] as usize..a.indptr[r1] as usize] {
+                h[c as usize] += 1;
+            }
+            h
+        })
+        .collect();
+    let mut at = 0u64;
+    t_indptr[0] = 0;
+    for c in 0..cols {
+        for h in counts.iter_mut() {
+            let n = h[c];
+            h[c] = at;
+            at += n;
+        }
+        t_indptr[c + 1] = at;
+    }
+    let (out_i, out_v) = (SharedOut(t_indices.as_mut_ptr()), SharedOut(t_values.as_mut_ptr()));
+    parts.par_iter().zip(counts.par_iter_mut()).for_each(|(&(r0, r1), next)| {
+        let (out_i, out_v) = (out_i, out_v);
+        for r in r0..r1 {
+            for e in a.indptr[r] as usize..a.indptr[r + 1] as usize {
+                let slot = &mut next[a.indices[e] as usize];
+                // SAFETY: the places of (piece, column) pairs are disjoint ranges of 0..nnz
+                // (the outputs' length), and each piece advances only its own.
+                unsafe {
+                    *out_i.0.add(*slot as usize) = r as u32;
+                    *out_v.0.add(*slot as usize) = a.values[e];
+                }
+                *slot += 1;
+            }
+        }
+    });
+}
+
+/// The whole transpose in memory: A's two arrays read and Aᵀ's three written at once by the
+/// IO executor (direct IO, in parallel), the transpose between them.
+fn csrcsc_direct<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>, indptr: Vec<u64>, held_bytes: u64) -> Result<(FlashCsrMatrix<T>, RunStats)> {
+    let start = std::time::Instant::now();
+    let (rows, cols, nnz) = (a.rows(), a.cols(), a.nnz());
+    let (dir, fo, io) = (runtime.dir(), runtime.file_options(), runtime.io());
+    let size = std::mem::size_of::<T>() as u64;
+    let read_ind = io.submit(IoDirection::Read, a.indices().access(0, nnz)?, AlignedBuf::zeroed((nnz * 4) as usize));
+    let read_val = io.submit(IoDirection::Read, a.values().access(0, nnz)?, AlignedBuf::zeroed((nnz * size) as usize));
+    let t_indptr = FlashPtr::<u64>::scratch(dir, cols as u64 + 1, &fo)?;
+    let t_indices = FlashPtr::<u32>::scratch(dir, nnz, &fo)?;
+    let t_values = FlashPtr::<T>::scratch(dir, nnz, &fo)?;
+    let (r1, ind) = read_ind.wait();
+    let (r2, val) = read_val.wait();
+    r1?;
+    r2?;
+    let mut out = [AlignedBuf::zeroed((cols + 1) * 8), AlignedBuf::zeroed((nnz * 4) as usize), AlignedBuf::zeroed((nnz * size) as usize)];
+    let csr = CsrRef { rows, cols, indptr: &indptr, indices: cast_slice::<u32>(ind.as_slice()), values: cast_slice::<T>(val.as_slice()) };
+    {
+        let [o_ptr, o_ind, o_val] = &mut out;
+        let (o_ptr, o_ind, o_val) = (cast_slice_mut::<u64>(o_ptr.as_mut_slice()), cast_slice_mut::<u32>(o_ind.as_mut_slice()), cast_slice_mut::<T>(o_val.as_mut_slice()));
+        runtime.install(|| transpose_into(csr, o_ptr, o_ind, o_val));
+    }
+    drop((ind, val));
+    let [o_ptr, o_ind, o_val] = out;
+    let writes = [
+        io.submit(IoDirection::Write, t_indptr.access(0, cols as u64 + 1)?, o_ptr),
+        io.submit(IoDirection::Write, t_indices.access(0, nnz)?, o_ind),
+        io.submit(IoDirection::Write, t_values.access(0, nnz)?, o_val),
+    ];
+    for w in writes {
+        w.wait().0?;
+    }
+    let out = FlashCsrMatrix::from_parts(cols, rows, t_indptr, t_indices, t_values)?;
+    let (read, written) = (nnz * (4 + size), 8 * (cols as u64 + 1) + nnz * (4 + size));
+    let progress = runtime.progress();
+    progress.bytes_read.fetch_add(read, Ordering::Relaxed);
+    progress.bytes_written.fetch_add(written, Ordering::Relaxed);
+    let stats = RunStats {
+        cache: CacheStats {
+            budget_bytes: runtime.options().memory_budget_bytes,
+            peak_resident_bytes: held_bytes,
+            bytes_prefetched: read,
+            bytes_written_back: written,
+            ..CacheStats::default()
+        },
+        elapsed: start.elapsed(),
+        compute_busy: start.elapsed(),
+        ..RunStats::default()
+    };
+    Ok((out, stats))
+}
+
+/// `Aᵀ` of a CSR matrix on flash, as a new scratch CSR matrix (cols x rows). In memory when
+/// A and Aᵀ fit the runtime's budget together ([`in_memory_bytes`]), else out of core.
 pub fn csrcsc<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
+    let (rows, cols) = (a.rows(), a.cols());
+    let nnz = a.nnz();
+    let indptr = a.indptr().to_vec()?;
+    let size = std::mem::size_of::<T>() as u64;
+    let o = runtime.options();
+    let held = in_memory_bytes(rows, cols, nnz, size, in_memory_parts(nnz, o.compute_threads));
+    if held <= o.memory_budget_bytes {
+        return csrcsc_direct(runtime, a, indptr, held);
+    }
+    csrcsc_out_of_core(runtime, a, indptr)
+}
+
+/// The four DAG runs (see the module's doc).
+fn csrcsc_out_of_core<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>, indptr: Vec<u64>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
     let (rows, cols) = (a.rows(), a.cols());
     let nnz = a.nnz();
     let dir = runtime.dir();
     let fo = runtime.file_options();
-    let indptr = a.indptr().to_vec()?;
     let size = std::mem::size_of::<T>() as u64;
     let o = runtime.options();
     let task_bytes = (o.memory_budget_bytes / o.max_tasks_in_flight.max(1) as u64).max(1);
@@ -228,13 +400,44 @@ mod tests {
         for &(rows, cols) in &[(0usize, 0usize), (1, 1), (5, 0), (0, 4), (37, 23), (300, 41), (2000, 517)] {
             let a = random_csr(rows as u64 + 11, rows, cols);
             let flash = FlashCsrMatrix::from_csr(rt.dir(), a.view(), &rt.file_options()).unwrap();
-            let (t, stats) = csrcsc(&rt, &flash).unwrap();
+            // out of core even where the direct path would fit (the small cases)
+            let (t, stats) = csrcsc_out_of_core(&rt, &flash, flash.indptr().to_vec().unwrap()).unwrap();
             assert!(stats.cache.peak_resident_bytes <= budget);
             let got = t.to_csr().unwrap();
             let want = transpose(&a);
             // random_csr may repeat a column within a row; the reference keeps row order, and
             // so does csrcsc, so the arrays agree exactly.
             assert_eq!(got, want, "{rows}x{cols}");
+            t.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn in_memory_twin_matches_reference_with_several_pieces() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        // 12 000 rows average ~10 entries: above the one-piece threshold, so 3 pieces.
+        for &(rows, cols) in &[(0usize, 0usize), (1, 1), (0, 5), (6, 0), (37, 23), (12_000, 1), (12_000, 997)] {
+            let a = random_csr(rows as u64 + 5, rows, cols);
+            let got = pool.install(|| csrcsc_in_memory(a.view())).unwrap();
+            assert_eq!(got, transpose(&a), "{rows}x{cols}");
+        }
+        assert_eq!(balanced_parts(&[0, 0, 0], 3), vec![(0, 0), (0, 0), (0, 2)]);
+        assert_eq!(balanced_parts(&[0, 5, 5, 10], 2), vec![(0, 1), (1, 3)]);
+    }
+
+    #[test]
+    fn flash_csrcsc_in_memory_path_when_it_fits() {
+        let budget = 64 << 20;
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: budget, compute_threads: 2, ..RuntimeOptions::default() }).unwrap();
+        for &(rows, cols) in &[(0usize, 0usize), (1, 1), (5, 0), (37, 23), (20_000, 517)] {
+            let a = random_csr(rows as u64 + 3, rows, cols);
+            let flash = FlashCsrMatrix::from_csr(rt.dir(), a.view(), &rt.file_options()).unwrap();
+            let (t, stats) = csrcsc(&rt, &flash).unwrap();
+            // the direct path: no tasks, everything held at once within the budget
+            assert_eq!(stats.tasks_completed, 0);
+            assert!(stats.cache.peak_resident_bytes <= budget);
+            assert_eq!(stats.cache.peak_resident_bytes, in_memory_bytes(rows, cols, a.indices.len() as u64, 8, in_memory_parts(a.indices.len() as u64, 2)));
+            assert_eq!(t.to_csr().unwrap(), transpose(&a), "{rows}x{cols}");
             t.validate().unwrap();
         }
     }
