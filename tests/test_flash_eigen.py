@@ -172,15 +172,25 @@ def test_svds_matches_numpy_and_scipy_small_and_odd(rt, dtype, shape, k):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape,nnz,k", [((3000, 800), 30000, 10), ((700, 2500), 20000, 7)])
-def test_svds_power_law_matches_scipy(rt, dtype, shape, nnz, k):
+@pytest.mark.parametrize("budget", ["100K", "1M"])
+def test_svds_power_law_matches_scipy(tmp_path, budget, dtype, shape, nnz, k):
+    """Under 100K the matrix (166-384 KB as flash CSR) stays on flash and every product is a
+    flash kernel; under 1M it fits, so it is read once and applied in memory."""
+    rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
     a = power_law(*shape, nnz, seed=k, dtype=dtype)
     u2, s2, vt2 = sla.svds(a.astype(np.float64), k=k, random_state=0)
     A = flash.Csr.from_scipy(a, rt)
+    fits = a.nnz * (a.dtype.itemsize + 4) + (a.shape[0] + 1) * 8 <= rt.memory_budget_bytes
+    assert fits == (budget == "1M")
     stats = {}
     u, s, vt = flash.svds(A, k=k, runtime=rt, stats=stats, random_state=0)
     rtol = 1e-9 if dtype == np.float64 else 2e-4
     check_triplets(a, u, s, vt, k, s2, rtol)
-    assert stats["on_flash"] and not stats["dense"]
+    assert not stats["dense"]
+    assert stats["on_flash"] == (not fits) and stats["loaded"] == fits
+    assert 0 < stats["peak_resident_bytes"] <= rt.memory_budget_bytes
+    if fits:  # one read of A
+        assert stats["bytes_read"] == a.nnz * (a.dtype.itemsize + 4) + (a.shape[0] + 1) * 8
 
 
 def test_svds_which_sm_and_tol(rt):

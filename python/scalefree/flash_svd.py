@@ -45,6 +45,17 @@ class _InMemory:
         return np.asarray(self.a.T @ y.astype(self.dtype, copy=False))
 
 
+class _Loaded(_InMemory):
+    """A flash CSR matrix that fits the runtime's memory budget, read from flash once and
+    applied in memory: an in-memory product costs far less than a pass of the flash kernels
+    (a DAG run and a read of A per call), and the budget allows holding A."""
+
+    def __init__(self, a: flash.Csr, dtype):
+        super().__init__(a.to_scipy(), dtype)
+        self.bytes_read = _csr_flash_bytes(self.a)
+        self.peak_resident_bytes = self.bytes_read
+
+
 class _LinearOperator(_InMemory):
     def matmat(self, x):
         return np.asarray(self.a.matmat(x.astype(self.dtype, copy=False)))
@@ -157,6 +168,8 @@ def _operator(a, rt):
     from scipy.sparse.linalg import LinearOperator
 
     if isinstance(a, flash.Csr):
+        if _csr_flash_bytes(a) <= rt.memory_budget_bytes:
+            return _Loaded(a, np.dtype(a.dtype))
         return _FlashCsr(a, rt)
     if isinstance(a, flash.Matrix):
         return _FlashDense(a, rt)
@@ -234,6 +247,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      basis_size=info.basis_size, dense=info.dense,
                      max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))),
                      on_flash=isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash),
+                     loaded=isinstance(op, _Loaded) or isinstance(getattr(op, "op", None), _Loaded),
                      peak_resident_bytes=getattr(op, "peak_resident_bytes", 0),
                      bytes_read=getattr(op, "bytes_read", 0), bytes_written=getattr(op, "bytes_written", 0),
                      kernel_seconds=getattr(op, "kernel_seconds", 0.0), cache_hits=getattr(op, "cache_hits", 0),
@@ -250,7 +264,8 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     ``k x n``; ``return_singular_vectors=False`` gives ``s`` alone, ``'u'`` gives
     ``(u, s, None)``, ``'vh'`` gives ``(None, s, vt)``.
 
-    ``A``: a :class:`flash.Csr` or :class:`flash.Matrix` (stays on flash), a scipy sparse
+    ``A``: a :class:`flash.Csr` (stays on flash; read once and applied in memory when its
+    arrays fit the runtime's memory budget) or :class:`flash.Matrix` (stays on flash), a scipy sparse
     matrix or numpy array (computed in memory, or copied to flash first when larger than the
     runtime's memory budget), or a ``scipy.sparse.linalg.LinearOperator``. float32 inputs
     are computed and returned in float32, everything else in float64.
@@ -264,7 +279,7 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     columns per operator application, default ``min(k, 16)``). ``runtime``: the
     :class:`flash.Runtime` (default :func:`flash.default_runtime`). ``stats``: a dict that
     receives restarts, operator applications, the final residual, ``on_flash`` (whether A
-    was applied from flash), ``peak_resident_bytes`` (the flash kernels' largest peak),
+    was applied from flash), ``loaded`` (a flash A read once into memory), ``peak_resident_bytes`` (the flash kernels' largest peak),
     ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed over the kernel calls).
     Raises :class:`~scalefree.errors.NoConvergenceError` when ``maxiter`` restarts do not
     converge ``k`` triplets.
