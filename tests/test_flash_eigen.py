@@ -375,3 +375,19 @@ def test_cli_flash_svd(tmp_path):
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "120"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
+
+
+def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
+    """Blocks of min(k, 32) columns when A is applied from flash (a pass costs the same for
+    more columns), min(k, 16) in memory; the values agree with scipy either way."""
+    a = power_law(3000, 800, 30000, seed=3)
+    want = np.sort(sla.svds(a, k=20, return_singular_vectors=False, random_state=0))
+    for budget, on_flash, b in (("100K", True, 20), ("1M", False, 16)):
+        rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
+        stats = {}
+        s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)
+        assert stats["on_flash"] == on_flash and stats["block_size"] == b
+        np.testing.assert_allclose(s, want, rtol=1e-9)
+    stats = {}
+    flash.svds(flash.Csr.from_scipy(a, rt), k=20, block_size=8, return_singular_vectors=False, runtime=rt, stats=stats)
+    assert stats["block_size"] == 8
