@@ -220,6 +220,25 @@ def test_csrcsc_matches_scipy(rt, dtype, rows, cols, density):
         assert stats["peak_resident_bytes"] <= stats["budget_bytes"]
 
 
+@pytest.mark.parametrize("budget", ["1M", "64M"])
+def test_csrcsc_in_memory_and_out_of_core_paths_agree(tmp_path, budget):
+    """64M holds A and its transpose: one read, a parallel counting sort (two pieces at
+    this size), one write, no tasks; 1M goes through the out-of-core DAG runs."""
+    sp = pytest.importorskip("scipy.sparse")
+    rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
+    s = sp.random(20_001, 3_001, density=0.004, format="csr", random_state=5, dtype=np.float64)
+    stats = {}
+    T = flash.csrcsc(flash.Csr.from_scipy(s, rt), runtime=rt, stats=stats)
+    got, want = T.to_scipy(), s.T.tocsr()
+    want.sort_indices()
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    assert stats["peak_resident_bytes"] <= stats["budget_bytes"]
+    assert (stats["tasks"] == 0) == (budget == "64M")
+    assert stats["bytes_read"] >= s.nnz * 12
+
+
 def _lloyd(x, centers, iterations):
     for _ in range(iterations):
         d = ((x[:, None, :] - centers[None, :, :]) ** 2).sum(-1)

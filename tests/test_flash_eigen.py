@@ -172,15 +172,25 @@ def test_svds_matches_numpy_and_scipy_small_and_odd(rt, dtype, shape, k):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape,nnz,k", [((3000, 800), 30000, 10), ((700, 2500), 20000, 7)])
-def test_svds_power_law_matches_scipy(rt, dtype, shape, nnz, k):
+@pytest.mark.parametrize("budget", ["100K", "1M"])
+def test_svds_power_law_matches_scipy(tmp_path, budget, dtype, shape, nnz, k):
+    """Under 100K the matrix (166-384 KB as flash CSR) stays on flash and every product is a
+    flash kernel; under 1M it fits, so it is read once and applied in memory."""
+    rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
     a = power_law(*shape, nnz, seed=k, dtype=dtype)
     u2, s2, vt2 = sla.svds(a.astype(np.float64), k=k, random_state=0)
     A = flash.Csr.from_scipy(a, rt)
+    fits = a.nnz * (a.dtype.itemsize + 4) + (a.shape[0] + 1) * 8 <= rt.memory_budget_bytes
+    assert fits == (budget == "1M")
     stats = {}
     u, s, vt = flash.svds(A, k=k, runtime=rt, stats=stats, random_state=0)
     rtol = 1e-9 if dtype == np.float64 else 2e-4
     check_triplets(a, u, s, vt, k, s2, rtol)
-    assert stats["on_flash"] and not stats["dense"]
+    assert not stats["dense"]
+    assert stats["on_flash"] == (not fits) and stats["loaded"] == fits
+    assert 0 < stats["peak_resident_bytes"] <= rt.memory_budget_bytes
+    if fits:  # one read of A
+        assert stats["bytes_read"] == a.nnz * (a.dtype.itemsize + 4) + (a.shape[0] + 1) * 8
 
 
 def test_svds_which_sm_and_tol(rt):
@@ -365,3 +375,19 @@ def test_cli_flash_svd(tmp_path):
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "120"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
+
+
+def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
+    """Blocks of min(k, 32) columns when A is applied from flash (a pass costs the same for
+    more columns), min(k, 16) in memory; the values agree with scipy either way."""
+    a = power_law(3000, 800, 30000, seed=3)
+    want = np.sort(sla.svds(a, k=20, return_singular_vectors=False, random_state=0))
+    for budget, on_flash, b in (("100K", True, 20), ("1M", False, 16)):
+        rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
+        stats = {}
+        s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)
+        assert stats["on_flash"] == on_flash and stats["block_size"] == b
+        np.testing.assert_allclose(s, want, rtol=1e-9)
+    stats = {}
+    flash.svds(flash.Csr.from_scipy(a, rt), k=20, block_size=8, return_singular_vectors=False, runtime=rt, stats=stats)
+    assert stats["block_size"] == 8

@@ -7,7 +7,8 @@ one process.
 
 Inputs: sort: ``--sort-n`` random float64 values (peer ``np.sort``); csrcsc and csrmm: the
 kos docword matrix from ``../shared/data/kos`` if present, else a seeded random one of the
-same shape and density (peers scipy ``A.T.tocsr()`` and ``A @ B`` with B of ``--csrmm-k``
+same shape and density (``--sparse random``: a seeded power-law matrix, by default 1M x 100K
+with 47M entries drawn) (peers scipy ``A.T.tocsr()`` and ``A @ B`` with B of ``--csrmm-k``
 columns); kmeans: ``--kmeans-n`` x ``--kmeans-d`` float32 points, k clusters, a fixed number
 of Lloyd iterations (peer: as many iterations in numpy, distances by one matmul). The
 budget is ``--budget-fraction`` of the kernel's input bytes. Setup (copies to flash) is
@@ -37,6 +38,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
                    help="flash memory budget as a fraction of the kernel's input bytes")
     p.add_argument("--sort-n", type=common.argparse_type(common.positive_int), default=20_000_000)
+    p.add_argument("--sparse", choices=("kos", "random"), default="kos",
+                   help="csrcsc/csrmm input: the kos docword matrix, or a seeded power-law matrix of "
+                        "--sparse-rows x --sparse-cols with --sparse-nnz entries drawn (duplicates merged)")
+    p.add_argument("--sparse-rows", type=common.argparse_type(common.positive_int), default=1_000_000)
+    p.add_argument("--sparse-cols", type=common.argparse_type(common.positive_int), default=100_000)
+    p.add_argument("--sparse-nnz", type=common.argparse_type(common.positive_int), default=47_000_000)
     p.add_argument("--csrmm-k", type=common.argparse_type(common.positive_int), default=64)
     p.add_argument("--kmeans-n", type=common.argparse_type(common.positive_int), default=1_000_000)
     p.add_argument("--kmeans-d", type=common.argparse_type(common.positive_int), default=32)
@@ -114,7 +121,14 @@ def run(args) -> int:
             del rt
 
         if "csrcsc" in args.kernels or "csrmm" in args.kernels:
-            path, s = _kos()
+            if args.sparse == "random":
+                from .svd import _power_law
+
+                path = None
+                s = _power_law(args.sparse_rows, args.sparse_cols, args.sparse_nnz)
+                common.progress(f"flash-kernels: sparse input {s.shape[0]}x{s.shape[1]} power law, {s.nnz} entries")
+            else:
+                path, s = _kos()
             nnz_bytes = lambda m: m.nnz * 12 + (m.shape[0] + 1) * 8  # noqa: E731
             if path:
                 common.progress(f"flash-kernels: sparse input {path}")

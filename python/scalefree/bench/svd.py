@@ -166,7 +166,8 @@ def run(args) -> int:
         for i, (impl, variant, _, info, extra) in enumerate(rows):
             st, e = common.Stats.of(times[i]), err(outs[i])
             if info:
-                extra = dict(extra, operator_columns=info["operator_columns"], restarts=info["restarts"])
+                extra = dict(extra, operator_columns=info["operator_columns"], restarts=info["restarts"],
+                             operand="flash" if info.get("on_flash") else "loaded" if info.get("loaded") else "memory")
                 if "budget_bytes" in extra:
                     extra["peak_resident_bytes"] = peaks[i]
             records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
@@ -175,18 +176,20 @@ def run(args) -> int:
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
         del keep
 
-    headers = ["impl", "variant", "median", "min", "max", "max rel err", "budget", "peak", "vs scipy"]
+    # A: where the products read A from: "flash" (a flash kernel pass per block), "loaded" (a
+    # flash matrix that fits the budget, read once and applied in memory), "memory".
+    headers = ["impl", "variant", "A", "median", "min", "max", "max rel err", "budget", "peak", "vs scipy"]
     scipy_s = next(r["median_s"] for r in records if r["impl"] == "scipy")
     rows = []
     for r in records:
         ours = r["impl"] == "scalefree"
-        rows.append([r["impl"], r["variant"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
-                     common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
+        rows.append([r["impl"], r["variant"], r.get("operand", "memory"), common.human_time(r["median_s"]),
+                     common.human_time(r["min_s"]), common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
                      f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
     print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}")
-    print(common.format_table(headers, rows, left_columns=2))
+    print(common.format_table(headers, rows, left_columns=3))
     if args.json:
         common.write_json(Path(args.json), records)
     return 0

@@ -14,7 +14,7 @@ pub mod tiling;
 
 pub use blas::ExternalBlas;
 pub use block_gemm::{gemm_in_memory, gemm_in_memory_with};
-pub use csrcsc::csrcsc;
+pub use csrcsc::{csrcsc, csrcsc_in_memory};
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
 pub use csrtmm::{csrtmm, csrtmm_in_memory, TransposedProduct};
