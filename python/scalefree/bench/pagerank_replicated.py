@@ -44,6 +44,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--pin", action="store_true",
+                   help="one core per replica, as if each replica set had its own machine: rank p runs on "
+                        "core p // M only (the unreplicated M-rank run on one core)")
     p.add_argument("--variants", type=arg(lambda x: common.parse_choice_list(
                        x, ("unreplicated", "unreplicated-wide", "replicated", "replicated-kill"), "variant")),
                    default="unreplicated,unreplicated-wide,replicated-kill",
@@ -63,7 +66,15 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--kill-at", type=int, required=True)
     p.add_argument("--iters", type=int, required=True)
     p.add_argument("--dtype", required=True)
+    p.add_argument("--pin-logical", type=int, default=0)
     a = p.parse_args(argv)
+    if a.pin_logical:
+        # One "machine" per replica: rank p runs on core (p // M) of the cores it may use,
+        # so replica 0 of every node shares core 0, replica 1 core 1, ... (set before init,
+        # so the wait policy sees the cores it really has).
+        cores = sorted(os.sched_getaffinity(0))
+        me_rank = int(os.environ["SCALEFREE_RANK"])
+        os.sched_setaffinity(0, {cores[(me_rank // a.pin_logical) % len(cores)]})
     import scalefree
     from scalefree.graph import SparsePageRank, logical_rank, partition_edges
 
@@ -97,7 +108,8 @@ def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | 
     cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(ranks), "--allow-rank-failure",
            "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
            "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
-           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype]
+           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
+           "--pin-logical", str(args.logical if args.pin else 0)]
     rc = subprocess.call(cmd)
     files = sorted(out.glob("rank*.npz"))
     if rc != 0 or not files:
@@ -127,7 +139,7 @@ def run(args) -> int:
         del src, dst
         jobs = {"unreplicated": (m, 1, -1, "unreplicated"),
                 "unreplicated-wide": (m * r, 1, -1, f"unreplicated {m * r}"),
-                "replicated": (m * r, r, -1, f"r={r}"),
+                "replicated": (m * r, r, -1, f"r={r} no kill"),
                 "replicated-kill": (m * r, r, args.kill_rank, f"r={r}")}
         for job in args.variants:
             ranks, rr, kill, variant = jobs[job]
