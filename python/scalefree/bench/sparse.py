@@ -12,6 +12,12 @@ drawn from a Zipf law (seeded per rank), float32 values. Rows:
   per call only ``MPI_Allgatherv`` of the values and a ``bincount`` with the saved inverse.
 
 The time of a call is the slowest rank's; each figure the median over calls.
+
+``--degrees sweep`` instead runs, per rank count, one job that configures every degree
+list (all ordered factorizations) and ``auto``, then times config and reduce of each in
+interleaved rounds; the table gives each one's ratio to the best hand-picked list and the
+plan's predicted reduce time (``scalefree sparse plan``'s model with its default costs,
+with the costs ``auto`` probed in that job, and fitted to the run) beside the measurement.
 """
 
 from __future__ import annotations
