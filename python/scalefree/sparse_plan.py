@@ -65,7 +65,7 @@ def predict(degrees, ranks, nnz, dim, vb, lat_s, bw):
         layers.append((k, keys, packet, t))
         total += t
         combined *= k
-        keys = dim / combined * (1 - (1 - min(nnz / dim, 1.0)) ** combined)
+        keys = dim / combined * (1 - (1 - min(nnz / dim, 1.0)) ** combined) if dim > 0 else 0.0
     return layers, total
 
 
