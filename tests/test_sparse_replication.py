@@ -176,7 +176,9 @@ def test_bench_pagerank_replicated_smoke(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     recs = {r["variant"]: r for r in json.loads(out.read_text())}
-    assert set(recs) == {"unreplicated", "r=2"}
+    assert set(recs) == {"unreplicated", "unreplicated 4", "r=2"}
     assert recs["unreplicated"]["survivors"] == 2 and recs["r=2"]["survivors"] == 3
+    assert recs["unreplicated 4"]["survivors"] == 4 and recs["unreplicated 4"]["replication"] == 1
+    assert all(r["cpu_s_per_iter"] > 0 and r["comm_s"] >= 0 for r in recs.values())
     assert all(r["max_abs_err"] < 1e-12 and r["median_s"] > 0 for r in recs.values())
     assert "vs unreplicated" in p.stdout

@@ -290,17 +290,26 @@ def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10,
     the L1 change is ``< tol``). Returns (owned vertex ids, their scores, iterations,
     median seconds per iteration)."""
     pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication)
+    it, per_it = iterate(pr, tol, max_iter, progress)
+    return pr.owned, pr.scores, it, per_it
+
+
+def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None) -> tuple[int, float]:
+    """Steps ``pr`` until the L1 change is ``< tol`` or ``max_iter`` steps; ``before(it)``
+    is called before step ``it`` (1-based). Returns (iterations, median seconds per step)."""
     times = []
     it = 0
     for it in range(1, max_iter + 1):
+        if before is not None:
+            before(it)
         t0 = time.perf_counter()
         d = pr.step()
         times.append(time.perf_counter() - t0)
-        if progress and group.rank == 0:
+        if progress and pr.group.rank == 0:
             print(f"iteration {it:3d}  L1 change {d:.3e}", file=sys.stderr, flush=True)
         if d < tol:
             break
-    return pr.owned, pr.scores, it, float(np.median(times)) if times else 0.0
+    return it, float(np.median(times)) if times else 0.0
 
 
 def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
@@ -311,22 +320,70 @@ def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
     return out if group.rank == 0 else None
 
 
+def _save_scores(directory, rank: int, owned, scores) -> None:
+    """``DIR/scores.rank{rank}.npz`` (owned vertex ids, their scores), written atomically."""
+    import os
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".scores.rank{rank}.tmp{os.getpid()}.npz"
+    np.savez(tmp, owned=np.asarray(owned, np.int64), scores=np.asarray(scores, np.float64))
+    os.replace(tmp, d / f"scores.rank{rank}.npz")
+
+
+def _parse_fail(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        r, it = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"scalefree graph pagerank: --fail-rank expects RANK:ITERATION, got {text!r}") from None
+    return r, it
+
+
 def _pagerank_cmd(args) -> int:
+    import os
+    import signal
+
     import scalefree
 
     g = scalefree.init()
+    rep = args.replication
+    if rep < 1 or g.size % rep:
+        raise SystemExit(f"scalefree graph pagerank: --replication {rep} must divide the rank count {g.size}")
+    fail = _parse_fail(args.fail_rank)
     t0 = time.perf_counter()
     src, dst, ids = read_edges(args.edges)
     n = len(ids)
-    s, d = partition_edges(src, dst, g.rank, g.size, args.seed)
+    me, m = logical_rank(g, rep)
+    s, d = partition_edges(src, dst, me, m, args.seed)
     load_s = time.perf_counter() - t0
-    owned, r, it, per_it = pagerank(g, s, d, n, args.damping, args.tol, args.max_iter, progress=args.progress,
-                                    dtype=args.dtype)
-    allr = gather_scores(g, owned, r, n)
-    if g.rank == 0:
+    pr = SparsePageRank(g, s, d, n, args.damping, "auto", args.dtype, rep)
+    gather = None
+    if rep > 1:
+        # Replicated: the gather is configured now, while every rank is alive; after the
+        # iterations it runs on whichever replicas survive. Every replica of logical node
+        # 0 receives all n scores and prints them.
+        gather = g.sparse_allreduce(n, replication=rep)
+        gather.config(pr.owned, np.arange(n, dtype=np.int64) if me == 0 else np.zeros(0, np.int64))
+
+    def before(it):
+        if fail and g.rank == fail[0] and it == fail[1]:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
+
+    it, per_it = iterate(pr, args.tol, args.max_iter, args.progress, before)
+    if gather is not None:
+        got = gather.reduce(pr.scores.astype(np.float64))
+        allr = got if me == 0 else None
+    else:
+        allr = gather_scores(g, pr.owned, pr.scores, n)
+    if args.save_scores:
+        _save_scores(args.save_scores, g.rank, pr.owned, pr.scores)
+    if allr is not None:
+        who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
         top = np.argsort(-allr, kind="stable")[: args.top]
-        print(f"{n} vertices, {len(src)} edges, {g.size} ranks, {it} iterations, "
-              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s)")
+        print(f"{n} vertices, {len(src)} edges, {g.size} ranks{who}, {it} iterations, "
+              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s)", flush=True)
         for v in top:
             print(f"{ids[v]}\t{allr[v]:.10g}")
     return 0
@@ -431,6 +488,13 @@ def add_parser(sub) -> None:
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration")
     q.add_argument("--dtype", default="float64", choices=["float64", "float32"],
                    help="value type of the scores and messages (float32: half the memory traffic, ~1e-7 relative; use --tol 1e-6 or looser)")
+    q.add_argument("--replication", type=int, default=1,
+                   help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
+                        "correct scores while one replica of every node lives (started with --allow-rank-failure)")
+    q.add_argument("--save-scores", metavar="DIR",
+                   help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
+    q.add_argument("--fail-rank", metavar="RANK:ITERATION",
+                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication)")
     q.set_defaults(func=_launch)
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph as an edge list",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -453,7 +517,8 @@ def launch_or_run(args, run) -> int:
 
     if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
         argv = [a for a in sys.argv[1:]]
-        cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--",
+        keep = ["--allow-rank-failure"] if getattr(args, "replication", 1) > 1 else []
+        cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), *keep, "--",
                sys.executable, "-m", "scalefree.cli", *argv]
         return subprocess.call(cmd)
     return run(args)

@@ -76,7 +76,28 @@ class SparseAllreduce:
         self.op = op
         self._n_out = self._n_in = None
         self.replication = replication
-        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, int(seed) if hash else None, replication)
+        self._seed = int(seed) if hash else None
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, self._seed, replication)
+        # "auto" on one host: the degrees come from the cost model of `sparse_plan` with the
+        # transport's probed costs, at the first config (the native fallback, used across
+        # hosts, keeps the first layer within each host).
+        self._auto = degrees is None and group.size // replication > 1 and group.transport == "shm"
+        self.plan = None
+
+    def _choose(self, n_out: int, n_in: int) -> None:
+        """Collective, first config with degrees="auto": agree on the largest index count,
+        probe the transport (once per process and group size), pick the cheapest degrees."""
+        if not self._auto:
+            return
+        from . import sparse_plan
+
+        self._auto = False
+        nnz = int(self.group.allreduce(np.array([max(n_out, n_in)], np.int64), op="max")[0])
+        costs = sparse_plan.probe(self.group)
+        ranks = self.group.size // self.replication
+        self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, costs)
+        self._native = _native.SparseAllreduce(self.group, self.dim, self.op, list(self.plan["degrees"]), self._seed,
+                                               self.replication)
 
     @property
     def degrees(self) -> list[int]:
@@ -91,6 +112,7 @@ class SparseAllreduce:
     def config(self, out_indices, in_indices) -> None:
         o = _indices(out_indices, "out_indices")
         i = _indices(in_indices, "in_indices")
+        self._choose(len(o), len(i))
         self._native.config(o, i)
         self._n_out, self._n_in = len(o), len(i)
 
@@ -110,6 +132,7 @@ class SparseAllreduce:
         v = _values(out_values, len(o), "out_values")
         width = 1 if v.ndim == 1 else v.shape[1]
         out = np.empty((len(i),) + v.shape[1:], dtype=v.dtype)
+        self._choose(len(o), len(i))
         self._native._config_reduce_into(o, v, i, out, v.dtype.name, width)
         self._n_out, self._n_in = len(o), len(i)
         return out

@@ -44,6 +44,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--pin", action="store_true",
+                   help="one core per replica, as if each replica set had its own machine: rank p runs on "
+                        "core p // M only (the unreplicated M-rank run on one core)")
+    p.add_argument("--variants", type=arg(lambda x: common.parse_choice_list(
+                       x, ("unreplicated", "unreplicated-wide", "replicated", "replicated-kill"), "variant")),
+                   default="unreplicated,unreplicated-wide,replicated-kill",
+                   help="jobs: unreplicated (M ranks), unreplicated-wide (M*R ranks, no replication), "
+                        "replicated (M*R ranks, r=R, no kill), replicated-kill (one rank killed)")
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
@@ -58,7 +66,15 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--kill-at", type=int, required=True)
     p.add_argument("--iters", type=int, required=True)
     p.add_argument("--dtype", required=True)
+    p.add_argument("--pin-logical", type=int, default=0)
     a = p.parse_args(argv)
+    if a.pin_logical:
+        # One "machine" per replica: rank p runs on core (p // M) of the cores it may use,
+        # so replica 0 of every node shares core 0, replica 1 core 1, ... (set before init,
+        # so the wait policy sees the cores it really has).
+        cores = sorted(os.sched_getaffinity(0))
+        me_rank = int(os.environ["SCALEFREE_RANK"])
+        os.sched_setaffinity(0, {cores[(me_rank // a.pin_logical) % len(cores)]})
     import scalefree
     from scalefree.graph import SparsePageRank, logical_rank, partition_edges
 
@@ -69,16 +85,20 @@ def worker(argv: list[str]) -> int:
     src, dst = partition_edges(z["src"], z["dst"], me, m)
     pr = SparsePageRank(g, src, dst, n, replication=a.replication, dtype=a.dtype)
     g.barrier()  # the last group-wide call: everyone is alive until here
-    times = []
+    times, comm, cpu = [], [], []
     for it in range(a.iters):
         if g.rank == a.kill_rank and it == a.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         pr.step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        comm.append(pr.last_comm_s)
     out = a.out / f"rank{g.rank}.npz"
     tmp = a.out / f".rank{g.rank}.tmp.npz"
-    np.savez(tmp, times=np.array(times), owned=pr.owned, scores=pr.scores.astype(np.float64))
+    np.savez(tmp, times=np.array(times), comm=np.array(comm), cpu=np.array(cpu), owned=pr.owned,
+             scores=pr.scores.astype(np.float64))
     os.replace(tmp, out)
     return 0
 
@@ -88,7 +108,8 @@ def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | 
     cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(ranks), "--allow-rank-failure",
            "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
            "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
-           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype]
+           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
+           "--pin-logical", str(args.logical if args.pin else 0)]
     rc = subprocess.call(cmd)
     files = sorted(out.glob("rank*.npz"))
     if rc != 0 or not files:
@@ -116,28 +137,47 @@ def run(args) -> int:
         ref_max = float(np.abs(ref.scores).max())
         graph = f"rmat-s{args.rmat_scale}-e{args.rmat_edges}"
         del src, dst
-        for ranks, rr, kill, variant in ((m, 1, -1, "unreplicated"), (m * r, r, args.kill_rank, f"r={r}")):
+        jobs = {"unreplicated": (m, 1, -1, "unreplicated"),
+                "unreplicated-wide": (m * r, 1, -1, f"unreplicated {m * r}"),
+                "replicated": (m * r, r, -1, f"r={r} no kill"),
+                "replicated-kill": (m * r, r, args.kill_rank, f"r={r}")}
+        for job in args.variants:
+            ranks, rr, kill, variant = jobs[job]
             killed = f", rank {kill} killed at iteration {args.kill_at}" if kill >= 0 else ""
             progress(f"pagerank-replicated: {variant} on {ranks} ranks{killed}")
-            res = _job(args, edges, Path(tmp) / f"{ranks}-{rr}", ranks, rr, kill)
+            res = _job(args, edges, Path(tmp) / job, ranks, rr, kill)
             if res is None:
                 continue
             med = max(float(np.median(v["times"])) for v in res.values())
             after = max(float(np.median(v["times"][args.kill_at:])) for v in res.values()) if kill >= 0 else med
+            tail = slice(args.kill_at, None) if kill >= 0 else slice(None)
+            # Per survivor, medians over the iterations counted in "after kill": its time in
+            # the collectives, and the CPU time of the whole job per iteration (every
+            # survivor's CPU seconds summed: the work the machine's cores had to do).
+            comm = max(float(np.median(v["comm"][tail])) for v in res.values())
+            cpu_sum = float(sum(np.median(v["cpu"][tail]) for v in res.values()))
             err = max(float(np.abs(v["scores"] - ref.scores[v["owned"]]).max()) for v in res.values())
             st = common.Stats.of(np.max([v["times"] for v in res.values()], axis=0))
             records.append(common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=ranks, nbytes=8 * n,
                                               dtype=args.dtype, stats=st, gbps=0.0, graph=graph, vertices=n,
                                               replication=rr, killed_rank=kill, survivors=len(res),
-                                              median_iter_s=med, after_kill_s=after, max_abs_err=err))
-    base = next((x for x in records if x["replication"] == 1), None)
+                                              median_iter_s=med, after_kill_s=after, max_abs_err=err,
+                                              comm_s=comm, cpu_s_per_iter=cpu_sum, cores=common.usable_cores()))
+    base = next((x for x in records if x["replication"] == 1 and x["ranks"] == m), None)
     rows = []
     for x in records:
         rows.append([x["graph"], str(x["ranks"]), x["variant"], str(x["killed_rank"]) if x["killed_rank"] >= 0 else "-",
                      str(x["survivors"]), human_time(x["median_iter_s"]), human_time(x["after_kill_s"]),
-                     f"{x['after_kill_s'] / base['median_iter_s']:.2f}x" if base else "", f"{x['max_abs_err']:.1e}"])
+                     f"{x['after_kill_s'] / base['median_iter_s']:.2f}x" if base else "",
+                     human_time(x["comm_s"]), human_time(x["after_kill_s"] - x["comm_s"]),
+                     human_time(x["cpu_s_per_iter"]),
+                     f"{x['cpu_s_per_iter'] / base['cpu_s_per_iter']:.2f}x" if base else "",
+                     f"{x['max_abs_err']:.1e}"])
     print(common.format_table(["graph", "ranks", "variant", "killed", "survivors", "median/iter", "after kill",
-                               "vs unreplicated", "err"], rows, left_columns=3))
+                               "vs unreplicated", "comm", "rest", "cpu/iter (all)", "cpu vs unrepl.", "err"],
+                              rows, left_columns=3))
+    print(f"comm: the slowest survivor's median time in the collectives per iteration; rest = after kill - comm; "
+          f"cpu/iter: CPU seconds per iteration summed over the survivors ({common.usable_cores()} cores here)")
     if args.json:
         common.write_json(args.json, records)
     tol = 1e-5 * ref_max if args.dtype == "float32" else 1e-9

@@ -12,11 +12,18 @@ drawn from a Zipf law (seeded per rank), float32 values. Rows:
   per call only ``MPI_Allgatherv`` of the values and a ``bincount`` with the saved inverse.
 
 The time of a call is the slowest rank's; each figure the median over calls.
+
+``--degrees sweep`` instead runs, per rank count, one job that configures every degree
+list (all ordered factorizations) and ``auto``, then times config and reduce of each in
+interleaved rounds; the table gives each one's ratio to the best hand-picked list and the
+plan's predicted reduce time (``scalefree sparse plan``'s model with its default costs,
+with the costs ``auto`` probed in that job, and fitted to the run) beside the measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -46,7 +53,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--nnz", type=arg(common.positive_int), default=200_000,
                    help="distinct indices each rank contributes and requests")
     p.add_argument("--zipf", type=arg(common.positive_float), default=1.1, help="Zipf exponent")
-    p.add_argument("--degrees", default="auto", help="'auto' or layer degrees like 2x2")
+    p.add_argument("--degrees", default="auto",
+                   help="'auto', layer degrees like 2x2, or 'sweep': every degree list of each rank "
+                        "count and auto, reduce and config only, interleaved, with the plan's predictions")
+    p.add_argument("--rounds", type=arg(common.positive_int), default=4,
+                   help="--degrees sweep: interleaved rounds over the candidates (each gets "
+                        "--target-seconds / rounds per round)")
     p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, PEERS, "peer")),
                    default="mpi", metavar="PEER", help="peers ('none' for none)")
     common.add_timing_args(p)
@@ -89,9 +101,12 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--max-calls", type=int, default=100_000)
     p.add_argument("--target-seconds", type=float, default=0.5)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args(argv)
     recs = []
-    if args.impl == "scalefree":
+    if args.impl == "scalefree-sweep":
+        recs, rank = _sweep_worker(args)
+    elif args.impl == "scalefree":
         import scalefree
 
         g = scalefree.init()
@@ -185,6 +200,68 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
+def _parse_degrees(text: str):
+    return "auto" if text == "auto" else [int(x) for x in text.split("x")]
+
+
+def _sweep_worker(args) -> list[dict]:
+    """Every candidate of ``--degrees`` (comma-separated: auto, 4, 2x2, ...) configured once,
+    then ``--rounds`` interleaved rounds timing config and reduce of each candidate in turn,
+    so that a slow spell of the machine hits every candidate alike. Every candidate's result
+    is checked against the dense reference (outside timing)."""
+    import scalefree
+
+    g = scalefree.init()
+    rank, size = g.rank, g.size
+    idx = zipf_indices(rank, args.dim, args.nnz, args.zipf)
+    vals = np.random.default_rng(rank).random(len(idx)).astype(np.float32)
+    dense = np.zeros(args.dim, np.float64)
+    for r in range(size):
+        ii = zipf_indices(r, args.dim, args.nnz, args.zipf)
+        np.add.at(dense, ii, np.random.default_rng(r).random(len(ii)).astype(np.float32))
+    want = dense[idx]
+    del dense
+
+    def allmax(x):
+        return float(g.allreduce(np.array([x]), op="max")[0])
+
+    def gather_max(t):
+        return g.allreduce(t.copy(), op="max")
+
+    cands = args.degrees.split(",")
+    sas = {}
+    for c in cands:
+        sa = g.sparse_allreduce(args.dim, degrees=_parse_degrees(c))
+        sa.config(idx, idx)
+        if not np.allclose(sa.reduce(vals), want, rtol=1e-5, atol=1e-5):
+            raise SystemExit(f"scalefree sparse allreduce (degrees {c}) disagrees with the dense reference")
+        sas[c] = sa
+    times = {(c, v): [] for c in cands for v in ("config", "reduce")}
+    layers = {}
+    per_round = max(args.target_seconds / max(1, args.rounds), 0.05)
+    for _ in range(args.rounds):
+        for c in cands:
+            sa = sas[c]
+            for variant, op, calls in (("config", lambda: sa.config(idx, idx), max(2, args.min_calls // 2)),
+                                       ("reduce", lambda: sa.reduce(vals), args.min_calls)):
+                tp = common.time_point(op, g.barrier, allmax, rank=rank, straggler=common.StragglerSchedule(0, 0, size),
+                                       min_calls=calls, target_seconds=per_round, max_calls=args.max_calls,
+                                       warmup_calls=1)
+                times[(c, variant)] += [float(t) for t in gather_max(np.asarray(tp.times_s))]
+                if variant == "reduce":
+                    layers[c] = sa.stats()
+    recs = []
+    for c in cands:
+        for variant in ("config", "reduce"):
+            recs.append(common.make_record(
+                bench=BENCH, impl="scalefree", variant=variant, ranks=size, nbytes=len(idx) * 4, dtype="float32",
+                stats=common.Stats.of(times[(c, variant)]), gbps=0.0, candidate=c,
+                probed_costs=dataclasses.asdict(sas[c].plan["costs"]) if sas[c].plan and variant == "config" else None,
+                auto_predicted_s=sas[c].plan["predicted_s"] if sas[c].plan and variant == "config" else None,
+                degrees="x".join(map(str, sas[c].degrees)), layers=layers[c] if variant == "reduce" else []))
+    return recs, rank
+
+
 # ---------------------------------------------------------------------------------------
 # Driver
 
@@ -192,6 +269,8 @@ def worker(argv: list[str]) -> int:
 def run(args) -> int:
     records: list[dict] = []
     peers = [] if args.vs == ["none"] else list(args.vs)
+    if args.degrees == "sweep":
+        return run_sweep(args)
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
             for impl in ["scalefree"] + peers:
@@ -210,6 +289,105 @@ def run(args) -> int:
     if args.plot:
         plot(records, args.plot)
     return 0
+
+
+def run_sweep(args) -> int:
+    """``--degrees sweep``: per rank count, one job timing every degree list and auto."""
+    from .. import sparse_plan
+
+    records: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.ranks:
+            cands = ["auto"] + ["x".join(map(str, d)) for d in sparse_plan.factorizations(n)]
+            out = Path(tmp) / f"sweep-{n}.json"
+            argv = [sys.executable, "-m", "scalefree.bench.sparse", "--impl", "scalefree-sweep", "--out", str(out),
+                    "--dim", str(args.dim), "--nnz", str(args.nnz), "--zipf", repr(args.zipf),
+                    "--degrees", ",".join(cands), "--min-calls", str(args.min_calls),
+                    "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds * len(cands)),
+                    "--warmup", str(args.warmup), "--rounds", str(args.rounds)]
+            if n > common.usable_cores():
+                progress_note = f" (oversubscribed: {n} ranks on {common.usable_cores()} cores)"
+            else:
+                progress_note = ""
+            common.progress(f"sparse sweep: {n} ranks, candidates {', '.join(cands)}{progress_note}")
+            if not common.run_ranks("scalefree", n, argv, timeout_s=args.timeout, label="sparse sweep") or not out.exists():
+                continue
+            records += json.loads(out.read_text())
+    if not records:
+        return 1
+    add_predictions(records, args.nnz, args.dim, 4)
+    print_sweep(records)
+    if args.json:
+        common.write_json(args.json, records)
+    return 0
+
+
+def add_predictions(records: list[dict], nnz: int, dim: int, vb: int):
+    """Adds to each reduce record the plan's prediction with its default costs
+    (``predicted_s``), with the costs auto probed in the same job (``probed_s``), and with
+    costs fitted to all these measurements (``fitted_s``); returns the fit."""
+    from .. import sparse_plan
+
+    reduce = [r for r in records if r["variant"] == "reduce" and r["degrees"]]
+    feats = [sparse_plan.features([int(x) for x in r["degrees"].split("x")], nnz, dim, vb) for r in reduce]
+    default = sparse_plan.Costs()
+    fitted = sparse_plan.fit(feats, [r["median_s"] for r in reduce]) if reduce else None
+    for r, f in zip(reduce, feats):
+        d = [int(x) for x in r["degrees"].split("x")]
+        r["predicted_s"] = sparse_plan.predict_time(d, nnz, dim, vb, default)
+        probed = next((x.get("probed_costs") for x in records if x["ranks"] == r["ranks"] and x.get("probed_costs")), None)
+        if probed:
+            r["probed_s"] = sparse_plan.predict_time(d, nnz, dim, vb, sparse_plan.Costs(**probed))
+        r["fitted_s"] = sparse_plan.predict_time(d, nnz, dim, vb, fitted)
+        r["fitted_costs"] = dataclasses.asdict(fitted)
+    return fitted
+
+
+def print_sweep(records: list[dict]) -> None:
+    rows = []
+    for n in sorted({r["ranks"] for r in records}):
+        rs = [r for r in records if r["ranks"] == n]
+        red = {r["candidate"]: r for r in rs if r["variant"] == "reduce"}
+        cfg = {r["candidate"]: r for r in rs if r["variant"] == "config"}
+        hand = [c for c in red if c != "auto"]
+        best = min(hand, key=lambda c: red[c]["median_s"]) if hand else None
+        best_cfg = min(hand, key=lambda c: cfg[c]["median_s"]) if hand else None
+        for c in ["auto"] + sorted(hand, key=lambda c: red[c]["median_s"]):
+            if c not in red:
+                continue
+            r, q = red[c], cfg.get(c)
+            rows.append([str(n), c, r["degrees"], human_time(r["median_s"]), f"{r['n']}",
+                         f"{r['median_s'] / red[best]['median_s']:.2f}x" if best else "",
+                         human_time(q["median_s"]) if q else "",
+                         f"{q['median_s'] / cfg[best_cfg]['median_s']:.2f}x" if q and best_cfg else "",
+                         *[x for key in ("predicted_s", "probed_s", "fitted_s") for x in
+                           ((human_time(r[key]), f"{r[key] / r['median_s']:.2f}") if key in r else ("", ""))]])
+    print(common.format_table(["ranks", "candidate", "degrees", "reduce", "calls", "vs best", "config", "vs best",
+                               "plan default", "/meas", "plan probed", "/meas", "plan fitted", "/meas"],
+                              rows, left_columns=3))
+    from .. import sparse_plan
+
+    def describe(c: dict) -> str:
+        c = sparse_plan.Costs(**c)
+        floor = common.human_bytes(int(c.floor_bytes)) if c.floor_bytes != float("inf") else "inf"
+        gbps = f"{1e-9 / c.s_per_byte:.2f} GB/s" if c.s_per_byte > 0 else "inf"
+        return (f"fixed {human_time(c.fixed_s)}, round {human_time(c.round_s)}, message {human_time(c.msg_s)}, "
+                f"{gbps}, {c.s_per_key * 1e9:.1f} ns per caller index -> packet floor {floor}")
+
+    for r in records:
+        if r.get("probed_costs"):
+            print(f"\nprobed by auto at {r['ranks']} ranks: {describe(r['probed_costs'])}")
+    fit = next((r["fitted_costs"] for r in records if "fitted_costs" in r), None)
+    if fit:
+        print(f"fitted to every reduce above: {describe(fit)}")
+    for r in records:
+        if r.get("layers"):
+            print(f"\n{r['ranks']} ranks, {r['candidate']} (degrees {r['degrees']}), rank 0's layers of a reduce:")
+            lrows = [[str(i), str(s["degree"]), common.human_bytes(s["bytes_sent"]), str(s["messages"]),
+                      common.human_bytes(s["max_packet"]), human_time(s["merge_s"]), human_time(s["wait_s"]),
+                      str(s["out_keys"]), "dense" if s.get("dense") else "sparse"] for i, s in enumerate(r["layers"])]
+            print(common.format_table(["layer", "degree", "bytes sent", "msgs", "max packet", "merge",
+                                       "wait+read", "keys after", "segment"], lrows))
 
 
 def print_table(records: list[dict]) -> None:

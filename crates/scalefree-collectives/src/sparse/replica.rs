@@ -8,14 +8,18 @@
 //! Transport: one mailbox region per rank in shared memory, mapped by every rank of the
 //! host (over the network this mode is unsupported). Layout:
 //! ```text
-//! 0      bell (u32)       rung by every sender after filling a slot here
+//! 0      bell (u32)       rung by every sender after filling a slot for this rank
 //! 64     waiters (u32)    futex waiter count for the bell and `done`
 //! 128    done (u32)       last round this rank has finished reading
-//! 4096   slot[src logical][src replica][round parity]: 64 B head (ready u32 = round,
-//!        len u64, meta [u64; 4]) + capacity bytes of payload
+//! 4096   outbox[dst logical][round parity]: 64 B head (ready u32 = round, len u64,
+//!        meta [u64; 4]) + capacity bytes of payload
 //! ```
-//! A sender writes round `t` into the slot of parity `t & 1` only after the receiver's
-//! `done` reached `t - 2` (it has finished reading that slot), or once the receiver is dead.
+//! A message for logical node `b` is copied once, into the sender's own outbox slot for
+//! `b`; every replica of `b` reads it there in place (the regions are mapped by every
+//! rank, and stay readable after their owner dies). A sender fills the slot of parity
+//! `t & 1` for round `t` only after every live replica of `b` has finished round `t - 2`
+//! (its `done`), then rings their bells. So each sender copies a message once whatever
+//! `r`, and a receiver merges straight from the first sender replica whose copy is ready.
 //! Nothing here uses the group's communicator, so the group's own rule (any peer's death
 //! raises `PeerLost`) is unchanged; only this collective survives it.
 
@@ -67,7 +71,7 @@ impl Mailbox {
         let m = n / r;
         let cap = slot_capacity().next_multiple_of(64);
         let slot_bytes = SLOT_HEAD + cap;
-        let own = dev.alloc_arena_region(HEAD + (m * r * 2) as usize * slot_bytes)?;
+        let own = dev.alloc_arena_region(HEAD + (m * 2) as usize * slot_bytes)?;
         let peers = dev.exchange_regions(&own)?;
         let mut base = Vec::with_capacity(n as usize);
         for (p, rr) in peers.iter().enumerate() {
@@ -91,8 +95,9 @@ impl Mailbox {
         unsafe { &*(self.base[rank as usize].add(off) as *const AtomicU32) }
     }
 
-    fn slot(&self, rank: u32, src: u32, replica: u32, t: u32) -> *mut u8 {
-        let i = ((src * self.r + replica) * 2 + (t & 1)) as usize;
+    /// The outbox slot of `rank` for logical node `dst` in round `t`.
+    fn slot(&self, rank: u32, dst: u32, t: u32) -> *mut u8 {
+        let i = (dst * 2 + (t & 1)) as usize;
         unsafe { self.base[rank as usize].add(HEAD + i * self.slot_bytes) }
     }
 
@@ -112,8 +117,8 @@ impl Mailbox {
         self.round
     }
 
-    /// Writes `len` bytes at `data` with `meta` to every live replica of logical node `b`.
-    /// Returns the copies written.
+    /// Publishes `len` bytes at `data` with `meta` for every live replica of logical node
+    /// `b` (one copy, into this rank's outbox). Returns the replicas it is for.
     ///
     /// # Safety
     /// `data` valid for `len` bytes.
@@ -124,15 +129,14 @@ impl Mailbox {
                 self.cap
             )));
         }
-        let (_, me_l, me_j) = self.logical();
-        let mut copies = 0;
+        let mut live = Vec::with_capacity(self.r as usize);
         for q in 0..self.r {
             let dst = b as u32 + q * self.m;
             if !self.alive(dst) {
                 continue;
             }
             if t > 2 {
-                // The slot of this parity is free once the receiver finished round t - 2.
+                // The slot of this parity is free once every reader finished round t - 2.
                 let prev = t.wrapping_sub(2);
                 let dev = self.dev.clone();
                 let what = || format!("rank {dst} to finish round {prev} of a replicated sparse allreduce");
@@ -150,19 +154,24 @@ impl Mailbox {
                     Err(e) => return Err(e),
                 }
             }
-            let s = self.slot(dst, me_l as u32, me_j as u32, t);
-            unsafe {
-                (*(s.add(8) as *const AtomicU64)).store(len as u64, Ordering::Relaxed);
-                std::ptr::copy_nonoverlapping(meta.as_ptr() as *const u8, s.add(16), 32);
-                if len > 0 {
-                    std::ptr::copy_nonoverlapping(data, s.add(SLOT_HEAD), len);
-                }
-                (*(s as *const AtomicU32)).store(t, Ordering::SeqCst);
-            }
-            ring(self.word(dst, OFF_BELL), self.word(dst, OFF_WAITERS));
-            copies += 1;
+            live.push(dst);
         }
-        Ok(copies)
+        if live.is_empty() {
+            return Ok(0);
+        }
+        let s = self.slot(self.me, b as u32, t);
+        unsafe {
+            (*(s.add(8) as *const AtomicU64)).store(len as u64, Ordering::Relaxed);
+            std::ptr::copy_nonoverlapping(meta.as_ptr() as *const u8, s.add(16), 32);
+            if len > 0 {
+                std::ptr::copy_nonoverlapping(data, s.add(SLOT_HEAD), len);
+            }
+            (*(s as *const AtomicU32)).store(t, Ordering::SeqCst);
+        }
+        for &dst in &live {
+            ring(self.word(dst, OFF_BELL), self.word(dst, OFF_WAITERS));
+        }
+        Ok(live.len() as u64)
     }
 
     /// Waits for the first copy of round `t`'s message from logical node `a`: its meta, a
@@ -170,7 +179,10 @@ impl Mailbox {
     /// only when every replica of `a` is dead.
     pub fn recv(&mut self, t: u32, a: usize) -> Result<(Meta, *const u8, usize)> {
         let me = self.me;
-        let find = |mb: &Mailbox| (0..mb.r).find(|&q| unsafe { (*(mb.slot(me, a as u32, q, t) as *const AtomicU32)).load(Ordering::Acquire) } == t);
+        let me_l = me % self.m;
+        let find = |mb: &Mailbox| {
+            (0..mb.r).find(|&q| unsafe { (*(mb.slot(a as u32 + q * mb.m, me_l, t) as *const AtomicU32)).load(Ordering::Acquire) } == t)
+        };
         let q = match find(self) {
             Some(q) => q,
             None => {
@@ -188,7 +200,7 @@ impl Mailbox {
                 find(self).expect("ready")
             }
         };
-        let s = self.slot(me, a as u32, q, t);
+        let s = self.slot(a as u32 + q * self.m, me_l, t);
         let mut meta = [0u64; 4];
         unsafe { std::ptr::copy_nonoverlapping(s.add(16), meta.as_mut_ptr() as *mut u8, 32) };
         let len = unsafe { (*(s.add(8) as *const AtomicU64)).load(Ordering::Relaxed) } as usize;
