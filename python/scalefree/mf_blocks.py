@@ -28,18 +28,8 @@ class Partition:
         """``spill(b, entries)``, if given, receives every block ``b = ru·nb + ri`` as it is
         built instead of the partition keeping it (``blocks[b]`` is then None); the blocks and
         the initial factors are the same either way."""
-        if nb < 1:
-            raise InvalidArgumentError(f"need at least one block per side, got {nb}")
         u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("int32", "int32", "float32")))
-        self.m, self.n, self.k, self.nb = train.n_users, train.n_items, int(k), int(nb)
-        if self.m < nb or self.n < nb:
-            raise InvalidArgumentError(f"{self.m} users and {self.n} items cannot be cut into {nb} blocks per side")
-        rng = np.random.default_rng(seed)
-        # pos[u]: the row of user u in the permuted order; blocks are contiguous ranges of it.
-        self.upos = rng.permutation(self.m).astype(np.int64)
-        self.ipos = rng.permutation(self.n).astype(np.int64)
-        self.ustart = np.array([b * self.m // nb for b in range(nb + 1)])
-        self.istart = np.array([b * self.n // nb for b in range(nb + 1)])
+        rng = self._begin(train.n_users, train.n_items, nb, k, seed)
         up, ip = self.upos[u], self.ipos[i]
         bu = np.searchsorted(self.ustart, up, side="right") - 1
         bi = np.searchsorted(self.istart, ip, side="right") - 1
@@ -62,15 +52,49 @@ class Partition:
                 spill(b, ent)
                 self.blocks.append(None)
             del ent
-        self.n_ratings = len(r)
+        self._end(rng, len(r), init_max)
+
+    def _begin(self, m: int, n: int, nb: int, k: int, seed: int) -> np.random.Generator:
+        """The user and item permutations and block boundaries; returns the generator, whose
+        next draws are the blocks' record orders (one ``permutation(count)`` per block, in
+        block order) and then the initial factors (:meth:`_end`)."""
+        if nb < 1:
+            raise InvalidArgumentError(f"need at least one block per side, got {nb}")
+        self.m, self.n, self.k, self.nb = int(m), int(n), int(k), int(nb)
+        if self.m < nb or self.n < nb:
+            raise InvalidArgumentError(f"{self.m} users and {self.n} items cannot be cut into {nb} blocks per side")
+        rng = np.random.default_rng(seed)
+        # pos[u]: the row of user u in the permuted order; blocks are contiguous ranges of it.
+        self.upos = rng.permutation(self.m).astype(np.int64)
+        self.ipos = rng.permutation(self.n).astype(np.int64)
+        self.ustart = np.array([b * self.m // nb for b in range(nb + 1)])
+        self.istart = np.array([b * self.n // nb for b in range(nb + 1)])
+        return rng
+
+    def _end(self, rng: np.random.Generator, n_ratings: int, init_max: float | None) -> None:
+        self.n_ratings = int(n_ratings)
         self._scratch = None
         self.urows_max = int(np.diff(self.ustart).max())
         self.irows_max = int(np.diff(self.istart).max())
         # The initial factors, uniform in [0, init_max] (LIBMF's 1/√k by default), in permuted order.
         # (A Python float scale keeps them float32; a numpy float64 one would double them.)
+        k = self.k
         init_max = float(1.0 / np.sqrt(k) if init_max is None else init_max)
         self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
         self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+
+    @classmethod
+    def streamed(cls, m: int, n: int, nb: int, k: int, seed: int, init_max: float | None, build) -> "Partition":
+        """The partition of ratings that are never in memory as a whole: ``build(part, rng)``
+        (``mf_stream``) buckets them into blocks — with ``part.upos``, ``part.ipos``,
+        ``part.ustart``, ``part.istart`` set — sets ``part.counts`` and ``part.blocks`` (None
+        for blocks kept on disk), draws each block's ``rng.permutation(count)`` in block order
+        as the in-memory constructor does, and returns the number of ratings. The blocks, their
+        record order and the initial factors are then those of ``Partition(train, ...)``."""
+        self = cls.__new__(cls)
+        rng = self._begin(m, n, nb, k, seed)
+        self._end(rng, build(self, rng), init_max)
+        return self
 
     def drop_initial(self) -> None:
         """Free the initial factors once the blocks needing them were made (p_block/q_block)."""
