@@ -38,6 +38,7 @@ from .errors import DataError, InvalidArgumentError
 from .mf_blocks import ENTRY_BYTES, Partition
 
 _HEADER = 32  # magic, ratings, users, items
+_PIECE = 1 << 16  # records per write when laying a block out
 
 
 def _pread_into(fd: int, arr: np.ndarray, off: int, what: str) -> None:
@@ -48,6 +49,20 @@ def _pread_into(fd: int, arr: np.ndarray, off: int, what: str) -> None:
         if k <= 0:
             raise DataError(f"{what}: short read ({got} of {len(view)} bytes at offset {off})")
         got += k
+
+
+def fix_mmap_threshold(nbytes: int = 256 << 10) -> bool:
+    """glibc raises its mmap threshold (up to 32 MiB) each time a large mmapped block is freed,
+    so the next large arrays come from the heap, which keeps their pages after they are freed:
+    a set-up that allocates and frees chunk- and block-sized arrays would hold far more than it
+    uses. A fixed threshold keeps every large array mmapped, returned to the system when freed.
+    Process-wide; False where there is no glibc ``mallopt``."""
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL(None).mallopt(-3, int(nbytes)))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def chunk_ratings(budget: int | None) -> int:
@@ -68,7 +83,7 @@ class StreamedTest:
         self.ratings = None
 
     def __len__(self) -> int:
-        return len(self._train.test_idx)
+        return self._train._n_test
 
 
 class StreamedRatings:
@@ -85,12 +100,12 @@ class StreamedRatings:
         self.test = StreamedTest(self)
         self.cache: Path | None = None
         self.test_idx = np.zeros(0, np.uint32)
-        self._n = self.n_users = self.n_items = 0
+        self._n = self._n_test = self.n_users = self.n_items = 0
         self._known_u = self._known_i = None
         self._mean = 0.0
 
     def __len__(self) -> int:
-        return self._n - len(self.test_idx)
+        return self._n - self._n_test
 
     def _cache_file(self) -> Path:
         if not self.path.exists():
@@ -114,6 +129,7 @@ class StreamedRatings:
         split's test indices. Idempotent."""
         if self.cache is not None:
             return
+        fix_mmap_threshold()
         cache = self._cache_file()
         if cache != self.path:
             if group is None or group.rank == 0:
@@ -123,6 +139,7 @@ class StreamedRatings:
                 self._ensure_cache(cache)  # a rank on another host: its own cache
         self._n, self.n_users, self.n_items = (int(x) for x in _native.mf_cache_header(str(cache)))
         self.test_idx = np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed), np.uint32)
+        self._n_test = len(self.test_idx)
         self.cache = cache
 
     def _ids(self, fd: int) -> tuple[np.ndarray, np.ndarray]:
@@ -141,6 +158,9 @@ class StreamedRatings:
         kept (``self.test.ratings``), as are the model's parts (:meth:`model`)."""
         if self.cache is None:
             self.prepare()
+        if len(self.test_idx) != self._n_test:  # dropped after an earlier partition: once more
+            self.test_idx = np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed),
+                                          np.uint32)
         return Partition.streamed(self.n_users, self.n_items, nb, k, seed, init_max,
                                   lambda part, rng: self._build(part, rng, set(int(b) for b in needed), spill_to,
                                                                 budget_check, collect_test, int(chunk)))
@@ -230,7 +250,8 @@ class StreamedRatings:
                 for off, m in runs[b]:
                     _pread_into(sfd, ent[at:at + m], off, "spill file")
                     at += m
-                bfile.append(b, ent[perm])
+                # In the partition's order, a piece at a time: no second copy of the block.
+                bfile.append(b, (ent[perm[j:j + _PIECE]] for j in range(0, len(perm), _PIECE)))
                 del ent, perm
         except OSError as e:
             raise OSError(e.errno, f"streaming the ratings of {self.path} into blocks (in {bfile.directory}): "
@@ -238,9 +259,12 @@ class StreamedRatings:
         finally:
             spill.close()
         n_train = n - len(test)
+        self._n_test, self.test_idx = len(test), np.zeros(0, np.uint32)  # the indices have served
         if collect_test:
-            self.test.ratings = _native.MfRatings.from_dense(tu.tobytes(), ti.tobytes(), tv.tobytes(),
-                                                            self._user_ids.tobytes(), self._item_ids.tobytes())
+            cols = [x.tobytes() for x in (tu, ti, tv)]
+            del tu, ti, tv
+            self.test.ratings = _native.MfRatings.from_dense(*cols, self._user_ids.tobytes(), self._item_ids.tobytes())
+            del cols
             self._known_u, self._known_i = known_u, known_i
             self._mean = float(total[-1]) / n_train if n_train else 0.0
         return n_train

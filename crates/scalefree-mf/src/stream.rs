@@ -21,6 +21,7 @@
 //! original index. Questions waiting at one position get one answer, so they share an entry.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -42,11 +43,12 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
     if n_test == 0 {
         return Ok(Vec::new());
     }
-    // waiting[position] = group; group_of[p] = the group answering test position p.
-    let mut waiting: HashMap<u32, u32> = HashMap::with_capacity(n_test.min(1 << 20));
+    // waiting[position] = group; group_of[p] = the group answering test position p. Sized for
+    // every test position up front: no rehash (whose old and new tables would both be live).
+    let mut waiting: HashMap<u32, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(n_test, Default::default());
     let mut group_of: Vec<u32> = Vec::with_capacity(n_test);
     let mut groups = 0u32;
-    let mut ask = |waiting: &mut HashMap<u32, u32>, q: u32, group_of: &mut Vec<u32>| {
+    let mut ask = |waiting: &mut HashMap<u32, u32, BuildHasherDefault<MulHash>>, q: u32, group_of: &mut Vec<u32>| {
         let g = *waiting.entry(q).or_insert_with(|| {
             groups += 1;
             groups - 1
@@ -82,9 +84,31 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
     for (q, g) in waiting {
         answer[g as usize] = q;
     }
-    let mut out: Vec<u32> = group_of.iter().map(|&g| answer[g as usize]).collect();
-    out.sort_unstable();
-    Ok(out)
+    for g in group_of.iter_mut() {
+        *g = answer[*g as usize];
+    }
+    drop(answer);
+    group_of.sort_unstable();
+    Ok(group_of)
+}
+
+/// A multiplicative hash for the u32 positions of [`split_test_indices`] (they are random
+/// already; SipHash's protection against chosen keys is not needed, its cost is).
+#[derive(Default)]
+struct MulHash(u64);
+
+impl Hasher for MulHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.0 = (x as u64 ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// Removes the listed files when dropped (the temporaries of [`write_cache`], on every path).
