@@ -166,6 +166,8 @@ class MatrixFactorization:
 
         from . import mf_dsgd_ps, mf_rima
 
+        t_fit = time.perf_counter()
+
         if self.schedule not in ("adagrad", "constant"):
             raise InvalidArgumentError(f"schedule must be 'adagrad' or 'constant', got {self.schedule!r}")
         group = scalefree.init()
@@ -177,7 +179,8 @@ class MatrixFactorization:
             raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
-                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
+                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)),
+                    t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
         bar = _Bar(self.iterations, progress and group.rank == 0)
@@ -196,7 +199,7 @@ class MatrixFactorization:
         for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
             for rec, per_worker in zip(self.history, res.get(name, ())):
                 rec[name] = per_worker  # one value per worker
-        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds",
+        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "setup_seconds", "preload_read_seconds",
                      "preload_loader_cpu_seconds", "preload_direct_io", "bytes_read"):
             if name in res:
                 self.history[-1][name] = res[name]
@@ -320,6 +323,7 @@ def _launch(args) -> int:
 def _train_ranks(args) -> int:
     """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. With ``--memory-budget`` the
     ratings are never loaded as a whole (``mf_stream``)."""
+    t_start = time.perf_counter()
     if args.memory_budget is not None:
         train, test = split_ratings_streamed(args.data, args.test_fraction, args.seed)
     else:
@@ -327,6 +331,7 @@ def _train_ranks(args) -> int:
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
+    model._t_start = t_start  # set-up time counts the loading too
     model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
     if model.rank != 0:
         return 0
@@ -354,7 +359,8 @@ def _train_ranks(args) -> int:
         budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
         print(f"rating blocks: {last['rating_bytes'] / 2**20:.1f} MiB in all; {budget}at most "
               f"{held / 2**20:.1f} MiB held by a rank; peak RSS per rank while training "
-              f"{max(last['peak_rss_bytes']) / 2**20:.0f} MiB (set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB)")
+              f"{max(max(rec['peak_rss_bytes']) for rec in h) / 2**20:.0f} MiB "
+              f"(set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB, {max(last['setup_seconds']):.2f} s)")
     return 0
 
 

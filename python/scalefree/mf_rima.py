@@ -33,7 +33,7 @@ from . import mf_preload, mf_stream
 from .mf_blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 
 
-_NSTAT = 8  # per-worker scalars sent to rank 0 before the per-iteration rows
+_NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
 
 
 def _account(it, pre, held, resident, rss, waited) -> None:
@@ -212,6 +212,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
     t0 = time.perf_counter()
+    # Set-up: from the caller's start (opts["t_start"]: the CLI's, before loading the ratings) to now.
+    setup_s = t0 - opts.get("t_start", t0)
     comm = paused = 0.0
     tick = opts.get("on_iteration") if r == 0 else None
     for step in range(total):
@@ -270,7 +272,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         pre.close()  # the loader has read everything; its CPU time is final
     io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
                                                      float(pre.blocks.direct)]
-    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss], losses, resident, rss, waited])
+    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited])
     if r != 0:
         slots[f"st{r}"].send(mine)
         group.barrier()
@@ -291,7 +293,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             "preload_read_seconds": [float(x) for x in st[:, 3]], "bytes_read": [int(x) for x in st[:, 4]],
             "preload_loader_cpu_seconds": [float(x) for x in st[:, 5]],
             "preload_direct_io": [bool(x) for x in st[:, 6]],  # read with O_DIRECT to the end
-            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "memory_budget": budget,
+            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "setup_seconds": [float(x) for x in st[:, 8]],
+            "memory_budget": budget,
             "rating_bytes": part.n_ratings * ENTRY_BYTES,
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,
