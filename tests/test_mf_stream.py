@@ -19,7 +19,7 @@ import pytest
 
 import scalefree.mf as mf
 from scalefree import _native
-from scalefree.errors import DataError
+from scalefree.errors import DataError, InvalidArgumentError
 from scalefree.mf_blocks import ENTRY_BYTES, Partition
 from scalefree.mf_preload import BlockFile
 from scalefree.mf_stream import StreamedRatings, chunk_ratings
@@ -98,6 +98,16 @@ def test_streamed_partition_is_the_in_memory_partition(tmp_path, nb, frac, chunk
     assert (st.n_users, st.n_items) == (tr.n_users, tr.n_items)
     assert np.array_equal(part.counts, mem.counts)
     assert np.array_equal(part.p0, mem.p0) and np.array_equal(part.q0, mem.q0)
+    # Only some blocks' initial factors kept (drawn a slab at a time): the same factors.
+    bf2 = BlockFile(tmp_path)
+    kept = st.partition(nb, k, 11, None, needed=[0], spill_to=bf2, chunk=chunk, keep=([nb - 1], [0]))
+    bf2.close()
+    assert kept.p0 is None and kept.q0 is None
+    assert np.array_equal(kept.p_block(nb - 1).flat, mem.p_block(nb - 1).flat)
+    assert np.array_equal(kept.q_block(0).flat, mem.q_block(0).flat)
+    if nb > 1:
+        with pytest.raises(InvalidArgumentError, match="not kept"):
+            kept.p_block(0)
     assert np.array_equal(part.upos, mem.upos) and np.array_equal(part.ipos, mem.ipos)
     assert part.resident_bytes() == 0
     assert sorted(bf.index) == sorted(needed)

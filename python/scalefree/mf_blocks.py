@@ -19,6 +19,7 @@ from . import _native
 from .errors import InvalidArgumentError
 
 ENTRY_BYTES = 12  # one rating: user row u32, item row u32, rating f32
+_INIT_SLAB = 1 << 14  # rows of initial factors drawn at a time when only some blocks' are kept
 
 
 class Partition:
@@ -71,7 +72,9 @@ class Partition:
         self.istart = np.array([b * self.n // nb for b in range(nb + 1)])
         return rng
 
-    def _end(self, rng: np.random.Generator, n_ratings: int, init_max: float | None) -> None:
+    def _end(self, rng: np.random.Generator, n_ratings: int, init_max: float | None, keep=None) -> None:
+        """``keep``: None (all initial factors), or (P blocks, Q blocks) whose initial factors are
+        kept — the others are drawn (the generator moves on alike) and dropped."""
         self.n_ratings = int(n_ratings)
         self._scratch = None
         self.urows_max = int(np.diff(self.ustart).max())
@@ -80,25 +83,54 @@ class Partition:
         # (A Python float scale keeps them float32; a numpy float64 one would double them.)
         k = self.k
         init_max = float(1.0 / np.sqrt(k) if init_max is None else init_max)
-        self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
-        self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+        self._init_blocks = None
+        if keep is None:
+            self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
+            self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+            return
+        # Only the rows of the kept blocks, drawn a slab of rows at a time: the same values (the
+        # generator's float32 stream does not depend on how the draws are cut), O(kept rows).
+        self.p0 = self.q0 = None
+        self._init_blocks = {}
+        for side, start, blocks in (("p", self.ustart, keep[0]), ("q", self.istart, keep[1])):
+            want = {int(b): np.empty((int(start[b + 1] - start[b]), k), np.float32) for b in blocks}
+            rows = int(start[-1])
+            for a in range(0, rows, _INIT_SLAB):
+                slab = rng.random((min(_INIT_SLAB, rows - a), k), dtype=np.float32) * np.float32(init_max)
+                for b, out in want.items():
+                    lo, hi = max(a, int(start[b])), min(a + len(slab), int(start[b + 1]))
+                    if lo < hi:
+                        out[lo - int(start[b]):hi - int(start[b])] = slab[lo - a:hi - a]
+            self._init_blocks.update({(side, b): out for b, out in want.items()})
 
     @classmethod
-    def streamed(cls, m: int, n: int, nb: int, k: int, seed: int, init_max: float | None, build) -> "Partition":
+    def streamed(cls, m: int, n: int, nb: int, k: int, seed: int, init_max: float | None, build,
+                 keep=None) -> "Partition":
         """The partition of ratings that are never in memory as a whole: ``build(part, rng)``
         (``mf_stream``) buckets them into blocks — with ``part.upos``, ``part.ipos``,
         ``part.ustart``, ``part.istart`` set — sets ``part.counts`` and ``part.blocks`` (None
         for blocks kept on disk), draws each block's ``rng.permutation(count)`` in block order
         as the in-memory constructor does, and returns the number of ratings. The blocks, their
-        record order and the initial factors are then those of ``Partition(train, ...)``."""
+        record order and the initial factors are then those of ``Partition(train, ...)``;
+        ``keep`` = (P blocks, Q blocks): only those blocks' initial factors are kept
+        (:meth:`p_block` / :meth:`q_block` of another block is an error)."""
         self = cls.__new__(cls)
         rng = self._begin(m, n, nb, k, seed)
-        self._end(rng, build(self, rng), init_max)
+        self._end(rng, build(self, rng), init_max, keep)
         return self
 
     def drop_initial(self) -> None:
         """Free the initial factors once the blocks needing them were made (p_block/q_block)."""
-        self.p0 = self.q0 = None
+        self.p0 = self.q0 = self._init_blocks = None
+
+    def _initial(self, side: str, b: int) -> np.ndarray:
+        full, start = (self.p0, self.ustart) if side == "p" else (self.q0, self.istart)
+        if full is not None:
+            return full[start[b]:start[b + 1]]
+        if self._init_blocks is None or (side, b) not in self._init_blocks:
+            raise InvalidArgumentError(f"the initial factors of {side.upper()} block {b} were not kept "
+                                       f"(or were dropped)")
+        return self._init_blocks[(side, b)]
 
     def urows(self, b: int) -> int:
         return int(self.ustart[b + 1] - self.ustart[b])
@@ -124,10 +156,10 @@ class Partition:
         return self._scratch[:n]
 
     def p_block(self, b: int) -> "FactorBlock":
-        return FactorBlock.initial(self.p0[self.ustart[b]:self.ustart[b + 1]], self.urows_max, self.k)
+        return FactorBlock.initial(self._initial("p", b), self.urows_max, self.k)
 
     def q_block(self, b: int) -> "FactorBlock":
-        return FactorBlock.initial(self.q0[self.istart[b]:self.istart[b + 1]], self.irows_max, self.k)
+        return FactorBlock.initial(self._initial("q", b), self.irows_max, self.k)
 
     def dense_factors(self, p_blocks: dict, q_blocks: dict) -> tuple[np.ndarray, np.ndarray]:
         """Whole P and Q in dense id order from ``{block: flat array}`` of every block."""

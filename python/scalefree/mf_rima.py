@@ -110,7 +110,8 @@ def train(group, train_ratings, opts: dict) -> dict:
                 train_ratings.prepare(group)
                 part = mf_preload.outside_arena(lambda: train_ratings.partition(
                     V, k, seed, opts.get("init_max"), needed=needed, spill_to=bfile, budget_check=check,
-                    collect_test=r == 0, chunk=mf_stream.chunk_ratings(budget)))
+                    collect_test=r == 0, chunk=mf_stream.chunk_ratings(budget),
+                    keep=([r * c + j for j in range(c)],) * 2))  # initial P/Q: this rank's blocks only
             else:
                 part = mf_preload.outside_arena(lambda: Partition(
                     train_ratings, V, k, seed, opts.get("init_max"),

@@ -101,7 +101,7 @@ class StreamedRatings:
         self.cache: Path | None = None
         self.test_idx = np.zeros(0, np.uint32)
         self._n = self._n_test = self.n_users = self.n_items = 0
-        self._known_u = self._known_i = None
+        self._known_u = self._known_i = self._user_ids = self._item_ids = None
         self._mean = 0.0
 
     def __len__(self) -> int:
@@ -150,12 +150,13 @@ class StreamedRatings:
         return u, i
 
     def partition(self, nb: int, k: int, seed: int, init_max, *, needed, spill_to, budget_check=None,
-                  collect_test: bool = False, chunk: int = 1 << 20) -> Partition:
+                  collect_test: bool = False, chunk: int = 1 << 20, keep=None) -> Partition:
         """The ``nb × nb`` :class:`Partition` with the blocks in ``needed`` appended to
         ``spill_to`` (a :class:`~scalefree.mf_preload.BlockFile`, whose directory also takes
         the transient spill file) and none in memory. ``budget_check(part)`` runs once the block
         sizes are known, before any block is laid out. With ``collect_test`` the test set is
-        kept (``self.test.ratings``), as are the model's parts (:meth:`model`)."""
+        kept (``self.test.ratings``), as are the model's parts (:meth:`model`). ``keep`` =
+        (P blocks, Q blocks): the only blocks whose initial factors are kept (default all)."""
         if self.cache is None:
             self.prepare()
         if len(self.test_idx) != self._n_test:  # dropped after an earlier partition: once more
@@ -163,7 +164,8 @@ class StreamedRatings:
                                           np.uint32)
         return Partition.streamed(self.n_users, self.n_items, nb, k, seed, init_max,
                                   lambda part, rng: self._build(part, rng, set(int(b) for b in needed), spill_to,
-                                                                budget_check, collect_test, int(chunk)))
+                                                                budget_check, collect_test, int(chunk)),
+                                  keep)
 
     def _build(self, part: Partition, rng, needed: set, bfile, budget_check, collect_test: bool, chunk: int) -> int:
         nb, n, nu, ni = part.nb, self._n, self.n_users, self.n_items
@@ -182,9 +184,6 @@ class StreamedRatings:
         known_u, known_i = np.zeros(nu, bool), np.zeros(ni, bool)
         total = np.zeros(1, np.float64)  # Σ training ratings, summed in order (as MfRatings.mean does)
         test = self.test_idx
-        if collect_test:
-            tu, ti = np.empty(len(test), np.uint32), np.empty(len(test), np.uint32)
-            tv = np.empty(len(test), np.float32)
         col = _HEADER + 8 * (nu + ni)
         where = str(self.cache)
         spill = tempfile.TemporaryFile(prefix="scalefree-mf-spill-", dir=bfile.directory)
@@ -206,9 +205,6 @@ class StreamedRatings:
                     if hi > lo:
                         keep = np.ones(c, bool)
                         keep[test[lo:hi] - s] = False
-                        if collect_test:
-                            drop = ~keep
-                            tu[lo:hi], ti[lo:hi], tv[lo:hi] = cu[drop], ci[drop], cv.view(np.float32)[drop]
                         cu, ci, cv = cu[keep], ci[keep], cv[keep]
                     known_u[cu] = True
                     known_i[ci] = True
@@ -234,7 +230,8 @@ class StreamedRatings:
                     ssize += len(data)
                     del rec, order, key, sel, data
                 del u, i, v, cu, ci, cv
-                self._user_ids, self._item_ids = self._ids(fd) if collect_test else (None, None)
+                if collect_test:
+                    self._user_ids, self._item_ids = self._ids(fd)
             finally:
                 os.close(fd)
             part.counts = counts
@@ -261,10 +258,8 @@ class StreamedRatings:
         n_train = n - len(test)
         self._n_test, self.test_idx = len(test), np.zeros(0, np.uint32)  # the indices have served
         if collect_test:
-            cols = [x.tobytes() for x in (tu, ti, tv)]
-            del tu, ti, tv
-            self.test.ratings = _native.MfRatings.from_dense(*cols, self._user_ids.tobytes(), self._item_ids.tobytes())
-            del cols
+            # The test set straight from the cache, a column chunk at a time, in Rust.
+            self.test.ratings = _native.MfRatings.load_cache_subset(str(self.cache), test.tobytes())
             self._known_u, self._known_i = known_u, known_i
             self._mean = float(total[-1]) / n_train if n_train else 0.0
         return n_train

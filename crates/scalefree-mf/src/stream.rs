@@ -43,53 +43,100 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
     if n_test == 0 {
         return Ok(Vec::new());
     }
-    // waiting[position] = group; group_of[p] = the group answering test position p. Sized for
-    // every test position up front: no rehash (whose old and new tables would both be live).
-    let mut waiting: HashMap<u32, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(n_test, Default::default());
-    let mut group_of: Vec<u32> = Vec::with_capacity(n_test);
-    let mut groups = 0u32;
-    let mut ask = |waiting: &mut HashMap<u32, u32, BuildHasherDefault<MulHash>>, q: u32, group_of: &mut Vec<u32>| {
-        let g = *waiting.entry(q).or_insert_with(|| {
-            groups += 1;
-            groups - 1
-        });
-        group_of.push(g);
-    };
+    // The questions in passes of at most PASS test positions: each pass walks the steps from its
+    // first question on, with a map of at most PASS entries (small: cache-friendly, and the
+    // memory is O(PASS) plus the answers rather than a map of every test position).
+    const PASS: usize = 1 << 18;
     let draw = |i: usize| -> u32 {
         // Step i uses draw n − 1 − i.
         Rng::after(seed, (n - 1 - i) as u64).below(i + 1) as u32
     };
-    for i in 1..n {
-        // Test position p = i − 1 asks (q, s = i): q = 0 for p = 0, else j_p.
-        let p = i - 1;
-        if p < n_test {
+    let mut out: Vec<u32> = Vec::with_capacity(n_test);
+    let mut waiting: HashMap<u32, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(PASS.min(n_test), Default::default());
+    let mut group_of: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
+    let mut answer: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
+    for a in (0..n_test).step_by(PASS) {
+        let b = (a + PASS).min(n_test);
+        waiting.clear();
+        group_of.clear();
+        // waiting[position] = group; group_of[p − a] = the group answering test position p.
+        let mut groups = 0u32;
+        let mut ask = |waiting: &mut HashMap<u32, u32, BuildHasherDefault<MulHash>>, p: usize, group_of: &mut Vec<u32>| {
             let q = if p == 0 { 0 } else { draw(p) };
-            ask(&mut waiting, q, &mut group_of);
+            let g = *waiting.entry(q).or_insert_with(|| {
+                groups += 1;
+                groups - 1
+            });
+            group_of.push(g);
+        };
+        for i in a + 1..n {
+            // Test position p = i − 1 asks (q, s = i): q = 0 for p = 0, else j_p.
+            if i - 1 < b {
+                ask(&mut waiting, i - 1, &mut group_of);
+            }
+            let j = draw(i);
+            if j as usize != i {
+                if let Some(g) = waiting.remove(&j) {
+                    // Step i swapped into j: the answer is what position i held before step i.
+                    waiting.insert(i as u32, g);
+                }
+            }
         }
-        let j = draw(i);
-        if j as usize != i {
-            if let Some(g) = waiting.remove(&j) {
-                // Step i swapped into j: the answer is what position i held before step i.
-                waiting.insert(i as u32, g);
+        // Test positions asking after the last step (p ≥ n − 1): nothing swaps into them any more.
+        for p in a + group_of.len()..b {
+            ask(&mut waiting, p, &mut group_of);
+        }
+        answer.clear();
+        answer.resize(groups as usize, 0);
+        for (&q, &g) in waiting.iter() {
+            answer[g as usize] = q;
+        }
+        out.extend(group_of.iter().map(|&g| answer[g as usize]));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The ratings at `indices` (ascending) of the rating cache `path`, with its id maps: the test
+/// set of a streamed split, read a column chunk at a time (memory: the result and one chunk).
+pub fn read_cache_subset(path: &Path, indices: &[u32]) -> Result<crate::Ratings> {
+    let info = cache_header(path)?;
+    let (n, nu, ni) = (info.ratings as usize, info.users as usize, info.items as usize);
+    if indices.windows(2).any(|w| w[0] >= w[1]) || indices.last().is_some_and(|&x| x as usize >= n) {
+        return Err(MfError::InvalidArgument(format!("indices must be ascending and below {n}")));
+    }
+    let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    let mut read_u64s = |count: usize| -> Result<Vec<u64>> {
+        let mut b = vec![0u8; count * 8];
+        f.read_exact(&mut b).map_err(|e| MfError::io(path, e))?;
+        Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+    };
+    read_u64s(4)?; // the header, checked above
+    let user_ids = read_u64s(nu)?;
+    let item_ids = read_u64s(ni)?;
+    // Three columns of n 4-byte words: pick `indices` from each, a chunk at a time.
+    let mut cols: [Vec<u32>; 3] = Default::default();
+    const CHUNK: usize = 1 << 18;
+    let mut buf = vec![0u8; CHUNK * 4];
+    for col in cols.iter_mut() {
+        col.reserve_exact(indices.len());
+        let mut at = 0usize; // next index to pick
+        for s in (0..n).step_by(CHUNK) {
+            let c = CHUNK.min(n - s);
+            f.read_exact(&mut buf[..c * 4]).map_err(|e| MfError::io(path, e))?;
+            while at < indices.len() && (indices[at] as usize) < s + c {
+                let o = (indices[at] as usize - s) * 4;
+                col.push(u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()));
+                at += 1;
             }
         }
     }
-    // Test positions asking after the last step (p ≥ n − 1): nothing swaps into them any more.
-    let asked = group_of.len();
-    for p in asked..n_test {
-        let q = if p == 0 { 0 } else { draw(p) };
-        ask(&mut waiting, q, &mut group_of);
+    let [users, items, values] = cols;
+    if users.iter().any(|&u| u as usize >= nu) || items.iter().any(|&i| i as usize >= ni) {
+        return Err(MfError::Format { path: path.into(), msg: "corrupt rating cache: id out of range".into() });
     }
-    let mut answer = vec![0u32; groups as usize];
-    for (q, g) in waiting {
-        answer[g as usize] = q;
-    }
-    for g in group_of.iter_mut() {
-        *g = answer[*g as usize];
-    }
-    drop(answer);
-    group_of.sort_unstable();
-    Ok(group_of)
+    let values = values.into_iter().map(f32::from_bits).collect();
+    Ok(crate::Ratings { users, items, values, user_ids, item_ids })
 }
 
 /// A multiplicative hash for the u32 positions of [`split_test_indices`] (they are random
@@ -237,6 +284,18 @@ mod tests {
     }
 
     #[test]
+    fn split_indices_in_several_passes_match_the_in_memory_split() {
+        // More test positions than one pass takes (1 << 18): three passes.
+        let n = (1usize << 20) + 7;
+        let ids: Vec<u64> = (0..n as u64).map(|x| x % 1000).collect();
+        let values: Vec<f32> = (0..n).map(|x| x as f32).collect(); // exact below 2^24: the index
+        let r = Ratings::from_triples(&ids, &ids, &values).unwrap();
+        let (_, test) = r.split(0.6, 9).unwrap();
+        let want: Vec<u32> = test.values.iter().map(|&v| v as u32).collect();
+        assert_eq!(split_test_indices(n, 0.6, 9).unwrap(), want);
+    }
+
+    #[test]
     fn split_indices_reject_a_bad_fraction() {
         assert!(split_test_indices(10, 1.0, 0).is_err());
         assert!(split_test_indices(10, -0.1, 0).is_err());
@@ -258,6 +317,16 @@ mod tests {
         assert_eq!(info, CacheInfo { ratings: 5000, users: want.n_users() as u64, items: want.n_items() as u64 });
         assert_eq!(std::fs::read(&out).unwrap(), crate::data::encode(&want));
         assert_eq!(cache_header(&out).unwrap(), info);
+        // Any subset of it, read a chunk at a time, is the in-memory subset.
+        let idx: Vec<u32> = (0..5000).filter(|x| x % 7 == 3 || *x == 0 || *x == 4999).collect();
+        let sub = read_cache_subset(&out, &idx).unwrap();
+        assert_eq!(sub.user_ids, want.user_ids);
+        assert_eq!(sub.users, idx.iter().map(|&x| want.users[x as usize]).collect::<Vec<_>>());
+        assert_eq!(sub.items, idx.iter().map(|&x| want.items[x as usize]).collect::<Vec<_>>());
+        assert_eq!(sub.values, idx.iter().map(|&x| want.values[x as usize]).collect::<Vec<_>>());
+        assert!(read_cache_subset(&out, &[3, 2]).is_err());
+        assert!(read_cache_subset(&out, &[5000]).is_err());
+        assert_eq!(read_cache_subset(&out, &[]).unwrap().len(), 0);
         // A cache is itself a rating file for the loaders.
         assert_eq!(read_ratings(&out).unwrap(), want);
         assert_eq!(load(&out, Some(&dir.join("cache"))).unwrap(), want);

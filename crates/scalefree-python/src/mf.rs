@@ -69,6 +69,14 @@ impl PyMfRatings {
         }
         Ok(PyMfRatings { r: Ratings { users, items, values, user_ids, item_ids } })
     }
+    /// The ratings at `indices` (ascending uint32 bytes) of the rating cache `path`, with its
+    /// id maps, read a column chunk at a time (the test set of a streamed split).
+    #[staticmethod]
+    fn load_cache_subset(py: Python<'_>, path: PathBuf, indices: &[u8]) -> PyResult<Self> {
+        let idx: Vec<u32> = indices.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let r = py.detach(|| scalefree_mf::stream::read_cache_subset(&path, &idx)).map_err(|e| mf_err(py, e))?;
+        Ok(PyMfRatings { r })
+    }
     fn split(&self, py: Python<'_>, test_fraction: f64, seed: u64) -> PyResult<(Self, Self)> {
         let (a, b) = self.r.split(test_fraction, seed).map_err(|e| mf_err(py, e))?;
         Ok((PyMfRatings { r: a }, PyMfRatings { r: b }))
