@@ -154,7 +154,8 @@ def test_malformed_file_under_a_budget_names_file_and_line(tmp_path):
                         "-i", "1", "-q", "--memory-budget", "1M", "--block-dir", str(bdir)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
-    assert "bad.txt:11" in p.stderr and "not finite" in p.stderr, p.stderr
+    assert "scalefree mf train: " in p.stderr and "bad.txt:11" in p.stderr and "not finite" in p.stderr, p.stderr
+    assert "DataError" not in p.stderr  # a message, not rank 0's traceback
     assert os.listdir(bdir) == []
     cache = tmp_path / "cache" / "mf"
     assert not cache.exists() or os.listdir(cache) == []  # no half-written cache

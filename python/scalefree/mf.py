@@ -312,11 +312,11 @@ def _launch(args) -> int:
         cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--no-prefix", "--",
                sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
         return subprocess.call(cmd)
-    from .errors import OutOfBudgetError
+    from .errors import DataError, OutOfBudgetError
 
     try:
         return _train_ranks(args)
-    except (OutOfBudgetError, InvalidArgumentError) as e:
+    except (OutOfBudgetError, InvalidArgumentError, DataError) as e:  # file and line in the message
         raise SystemExit(f"scalefree mf train: {e}") from None
 
 
