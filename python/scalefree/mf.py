@@ -45,6 +45,10 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     """A rating file path or a (users, items, ratings) triple → native ratings."""
     if isinstance(data, _native.MfRatings):
         return data
+    from .mf_stream import StreamedRatings
+
+    if isinstance(data, StreamedRatings):
+        return data  # read a chunk at a time by the rank that partitions it (rima with a budget)
     if isinstance(data, (str, os.PathLike)):
         return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
     users, items, ratings = data
@@ -84,6 +88,8 @@ class MatrixFactorization:
     memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
     the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
     loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
+    Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
+    streamed too and no rank ever holds all ratings (``mf_stream``).
     normalize (``local`` only): train on ratings divided by their standard deviation s, as
     LIBMF does, so λ acts like λ·s on the raw ratings (predictions are scaled back).
     """
@@ -118,9 +124,17 @@ class MatrixFactorization:
         """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
         (0: after the last only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+        from .mf_stream import StreamedRatings
+
+        if isinstance(data, (str, os.PathLike)) and self.memory_budget is not None:
+            data = StreamedRatings(data, 0.0, self.seed)  # never loaded as a whole: streamed set-up
         train = load_ratings(data)
         test_r = None
-        if test is not None:
+        if isinstance(train, StreamedRatings):
+            if test is not None and test is not train.test:
+                raise InvalidArgumentError("pass test as the second half of split_ratings_streamed(...) so ids agree")
+            test_r = None if test is None else train.test
+        elif test is not None:
             test_r = test if isinstance(test, _native.MfRatings) else None
             if test_r is None:
                 raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
@@ -152,6 +166,8 @@ class MatrixFactorization:
 
         from . import mf_dsgd_ps, mf_rima
 
+        t_fit = time.perf_counter()
+
         if self.schedule not in ("adagrad", "constant"):
             raise InvalidArgumentError(f"schedule must be 'adagrad' or 'constant', got {self.schedule!r}")
         group = scalefree.init()
@@ -163,7 +179,8 @@ class MatrixFactorization:
             raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
-                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)))
+                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)),
+                    t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
         bar = _Bar(self.iterations, progress and group.rank == 0)
@@ -171,18 +188,18 @@ class MatrixFactorization:
         if test_r is not None and eval_every:
             k = self.k
             opts["eval_every"] = eval_every
-            opts["evaluate"] = lambda p, q: _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes()).rmse(test_r)
+            opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
         res = run(group, train, opts)
         self.rank = group.rank
         if group.rank != 0:
             self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
             return self
-        self._model = _native.MfModel.from_factors(train, self.k, res["p"].tobytes(), res["q"].tobytes())
+        self._model = _model_of(train, self.k, res["p"], res["q"])
         self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
         for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
             for rec, per_worker in zip(self.history, res.get(name, ())):
                 rec[name] = per_worker  # one value per worker
-        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "preload_read_seconds",
+        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "setup_seconds", "preload_read_seconds",
                      "preload_loader_cpu_seconds", "preload_direct_io", "bytes_read"):
             if name in res:
                 self.history[-1][name] = res[name]
@@ -193,7 +210,7 @@ class MatrixFactorization:
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
                     comm_seconds=res["comm_seconds"])
         if test_r is not None:
-            last["test_rmse"] = self._model.rmse(test_r)
+            last["test_rmse"] = self._model.rmse(_native_test(test_r))
         return self
 
     def _need(self):
@@ -225,6 +242,31 @@ class MatrixFactorization:
 def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
     """Seeded random split → (train, test) native ratings sharing id maps."""
     return load_ratings(data).split(float(test_fraction), int(seed))
+
+
+def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
+    """The same split of a rating file (or rating cache) as :func:`split_ratings`, never
+    loaded as a whole: for ``mode="rima"`` with a ``memory_budget``, whose ranks then read it a
+    chunk at a time while cutting their blocks (``mf_stream``). The test half is in memory
+    on rank 0 after ``fit``."""
+    from .mf_stream import split
+
+    return split(path, test_fraction, seed)
+
+
+def _model_of(train, k: int, p, q):
+    """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
+    from .mf_stream import StreamedRatings
+
+    if isinstance(train, StreamedRatings):
+        return train.model(k, p, q)
+    return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
+
+
+def _native_test(test):
+    from .mf_stream import StreamedTest
+
+    return test.ratings if isinstance(test, StreamedTest) else test
 
 
 # ---------------------------------------------------------------- CLI
@@ -270,20 +312,26 @@ def _launch(args) -> int:
         cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(args.ranks), "--no-prefix", "--",
                sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
         return subprocess.call(cmd)
-    from .errors import OutOfBudgetError
+    from .errors import DataError, OutOfBudgetError
 
     try:
         return _train_ranks(args)
-    except (OutOfBudgetError, InvalidArgumentError) as e:
+    except (OutOfBudgetError, InvalidArgumentError, DataError) as e:  # file and line in the message
         raise SystemExit(f"scalefree mf train: {e}") from None
 
 
 def _train_ranks(args) -> int:
-    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports."""
-    train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. With ``--memory-budget`` the
+    ratings are never loaded as a whole (``mf_stream``)."""
+    t_start = time.perf_counter()
+    if args.memory_budget is not None:
+        train, test = split_ratings_streamed(args.data, args.test_fraction, args.seed)
+    else:
+        train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
+    model._t_start = t_start  # set-up time counts the loading too
     model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
     if model.rank != 0:
         return 0
@@ -311,7 +359,8 @@ def _train_ranks(args) -> int:
         budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
         print(f"rating blocks: {last['rating_bytes'] / 2**20:.1f} MiB in all; {budget}at most "
               f"{held / 2**20:.1f} MiB held by a rank; peak RSS per rank while training "
-              f"{max(last['peak_rss_bytes']) / 2**20:.0f} MiB (set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB)")
+              f"{max(max(rec['peak_rss_bytes']) for rec in h) / 2**20:.0f} MiB "
+              f"(set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB, {max(last['setup_seconds']):.2f} s)")
     return 0
 
 

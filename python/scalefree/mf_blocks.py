@@ -19,6 +19,7 @@ from . import _native
 from .errors import InvalidArgumentError
 
 ENTRY_BYTES = 12  # one rating: user row u32, item row u32, rating f32
+_INIT_SLAB = 1 << 14  # rows of initial factors drawn at a time when only some blocks' are kept
 
 
 class Partition:
@@ -28,18 +29,8 @@ class Partition:
         """``spill(b, entries)``, if given, receives every block ``b = ru·nb + ri`` as it is
         built instead of the partition keeping it (``blocks[b]`` is then None); the blocks and
         the initial factors are the same either way."""
-        if nb < 1:
-            raise InvalidArgumentError(f"need at least one block per side, got {nb}")
         u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("int32", "int32", "float32")))
-        self.m, self.n, self.k, self.nb = train.n_users, train.n_items, int(k), int(nb)
-        if self.m < nb or self.n < nb:
-            raise InvalidArgumentError(f"{self.m} users and {self.n} items cannot be cut into {nb} blocks per side")
-        rng = np.random.default_rng(seed)
-        # pos[u]: the row of user u in the permuted order; blocks are contiguous ranges of it.
-        self.upos = rng.permutation(self.m).astype(np.int64)
-        self.ipos = rng.permutation(self.n).astype(np.int64)
-        self.ustart = np.array([b * self.m // nb for b in range(nb + 1)])
-        self.istart = np.array([b * self.n // nb for b in range(nb + 1)])
+        rng = self._begin(train.n_users, train.n_items, nb, k, seed)
         up, ip = self.upos[u], self.ipos[i]
         bu = np.searchsorted(self.ustart, up, side="right") - 1
         bi = np.searchsorted(self.istart, ip, side="right") - 1
@@ -62,19 +53,84 @@ class Partition:
                 spill(b, ent)
                 self.blocks.append(None)
             del ent
-        self.n_ratings = len(r)
+        self._end(rng, len(r), init_max)
+
+    def _begin(self, m: int, n: int, nb: int, k: int, seed: int) -> np.random.Generator:
+        """The user and item permutations and block boundaries; returns the generator, whose
+        next draws are the blocks' record orders (one ``permutation(count)`` per block, in
+        block order) and then the initial factors (:meth:`_end`)."""
+        if nb < 1:
+            raise InvalidArgumentError(f"need at least one block per side, got {nb}")
+        self.m, self.n, self.k, self.nb = int(m), int(n), int(k), int(nb)
+        if self.m < nb or self.n < nb:
+            raise InvalidArgumentError(f"{self.m} users and {self.n} items cannot be cut into {nb} blocks per side")
+        rng = np.random.default_rng(seed)
+        # pos[u]: the row of user u in the permuted order; blocks are contiguous ranges of it.
+        self.upos = rng.permutation(self.m).astype(np.int64)
+        self.ipos = rng.permutation(self.n).astype(np.int64)
+        self.ustart = np.array([b * self.m // nb for b in range(nb + 1)])
+        self.istart = np.array([b * self.n // nb for b in range(nb + 1)])
+        return rng
+
+    def _end(self, rng: np.random.Generator, n_ratings: int, init_max: float | None, keep=None) -> None:
+        """``keep``: None (all initial factors), or (P blocks, Q blocks) whose initial factors are
+        kept — the others are drawn (the generator moves on alike) and dropped."""
+        self.n_ratings = int(n_ratings)
         self._scratch = None
         self.urows_max = int(np.diff(self.ustart).max())
         self.irows_max = int(np.diff(self.istart).max())
         # The initial factors, uniform in [0, init_max] (LIBMF's 1/√k by default), in permuted order.
         # (A Python float scale keeps them float32; a numpy float64 one would double them.)
+        k = self.k
         init_max = float(1.0 / np.sqrt(k) if init_max is None else init_max)
-        self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
-        self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+        self._init_blocks = None
+        if keep is None:
+            self.p0 = rng.random((self.m, k), dtype=np.float32) * np.float32(init_max)
+            self.q0 = rng.random((self.n, k), dtype=np.float32) * np.float32(init_max)
+            return
+        # Only the rows of the kept blocks, drawn a slab of rows at a time: the same values (the
+        # generator's float32 stream does not depend on how the draws are cut), O(kept rows).
+        self.p0 = self.q0 = None
+        self._init_blocks = {}
+        for side, start, blocks in (("p", self.ustart, keep[0]), ("q", self.istart, keep[1])):
+            want = {int(b): np.empty((int(start[b + 1] - start[b]), k), np.float32) for b in blocks}
+            rows = int(start[-1])
+            for a in range(0, rows, _INIT_SLAB):
+                slab = rng.random((min(_INIT_SLAB, rows - a), k), dtype=np.float32) * np.float32(init_max)
+                for b, out in want.items():
+                    lo, hi = max(a, int(start[b])), min(a + len(slab), int(start[b + 1]))
+                    if lo < hi:
+                        out[lo - int(start[b]):hi - int(start[b])] = slab[lo - a:hi - a]
+            self._init_blocks.update({(side, b): out for b, out in want.items()})
+
+    @classmethod
+    def streamed(cls, m: int, n: int, nb: int, k: int, seed: int, init_max: float | None, build,
+                 keep=None) -> "Partition":
+        """The partition of ratings that are never in memory as a whole: ``build(part, rng)``
+        (``mf_stream``) buckets them into blocks — with ``part.upos``, ``part.ipos``,
+        ``part.ustart``, ``part.istart`` set — sets ``part.counts`` and ``part.blocks`` (None
+        for blocks kept on disk), draws each block's ``rng.permutation(count)`` in block order
+        as the in-memory constructor does, and returns the number of ratings. The blocks, their
+        record order and the initial factors are then those of ``Partition(train, ...)``;
+        ``keep`` = (P blocks, Q blocks): only those blocks' initial factors are kept
+        (:meth:`p_block` / :meth:`q_block` of another block is an error)."""
+        self = cls.__new__(cls)
+        rng = self._begin(m, n, nb, k, seed)
+        self._end(rng, build(self, rng), init_max, keep)
+        return self
 
     def drop_initial(self) -> None:
         """Free the initial factors once the blocks needing them were made (p_block/q_block)."""
-        self.p0 = self.q0 = None
+        self.p0 = self.q0 = self._init_blocks = None
+
+    def _initial(self, side: str, b: int) -> np.ndarray:
+        full, start = (self.p0, self.ustart) if side == "p" else (self.q0, self.istart)
+        if full is not None:
+            return full[start[b]:start[b + 1]]
+        if self._init_blocks is None or (side, b) not in self._init_blocks:
+            raise InvalidArgumentError(f"the initial factors of {side.upper()} block {b} were not kept "
+                                       f"(or were dropped)")
+        return self._init_blocks[(side, b)]
 
     def urows(self, b: int) -> int:
         return int(self.ustart[b + 1] - self.ustart[b])
@@ -100,10 +156,10 @@ class Partition:
         return self._scratch[:n]
 
     def p_block(self, b: int) -> "FactorBlock":
-        return FactorBlock.initial(self.p0[self.ustart[b]:self.ustart[b + 1]], self.urows_max, self.k)
+        return FactorBlock.initial(self._initial("p", b), self.urows_max, self.k)
 
     def q_block(self, b: int) -> "FactorBlock":
-        return FactorBlock.initial(self.q0[self.istart[b]:self.istart[b + 1]], self.irows_max, self.k)
+        return FactorBlock.initial(self._initial("q", b), self.irows_max, self.k)
 
     def dense_factors(self, p_blocks: dict, q_blocks: dict) -> tuple[np.ndarray, np.ndarray]:
         """Whole P and Q in dense id order from ``{block: flat array}`` of every block."""

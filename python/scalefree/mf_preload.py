@@ -164,16 +164,24 @@ class BlockFile:
     def span(self, block: int) -> int:
         return self.padded(self.index[block][1] * ENTRY_BYTES)
 
-    def append(self, block: int, entries: np.ndarray) -> None:
-        data = memoryview(np.ascontiguousarray(entries).reshape(-1).view(np.uint8))
-        off = 0
+    def append(self, block: int, entries) -> None:
+        """Block ``block``'s records: an ``(n, 3)`` uint32 array, or an iterable of them written
+        one after another (a block laid out in pieces, never whole in memory twice)."""
+        parts = [entries] if isinstance(entries, np.ndarray) else entries
+        at = self.size
+        n = 0
         try:
-            while off < len(data):
-                off += os.pwrite(self.fd, data[off:], self.size + off)
+            for part in parts:
+                data = memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8))
+                off = 0
+                while off < len(data):
+                    off += os.pwrite(self.fd, data[off:], at + off)
+                at += len(data)
+                n += len(part)
         except OSError as e:
             raise OSError(e.errno, f"writing R block {block} to the block file in {self.directory}: {e.strerror}") from e
-        self.index[block] = (self.size, len(entries))
-        self.size += self.padded(len(data))
+        self.index[block] = (self.size, n)
+        self.size += self.padded(n * ENTRY_BYTES)
 
     def finish(self) -> None:
         """Everything on disk, nothing of it left in the page cache."""

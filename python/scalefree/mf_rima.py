@@ -16,7 +16,9 @@ the receiver's buffer, which it copies and releases so the sender may send again
 The whole pattern sequence follows from the seed (:func:`block_states`), so every rank knows
 in advance which R blocks it will train, in which order. With ``memory_budget`` the blocks stay
 on disk and a loader thread reads them in that order within the budget (``mf_preload``,
-section III-D); the training itself is the same, visit for visit.
+section III-D); the training itself is the same, visit for visit. Given the ratings as
+``mf_stream.StreamedRatings`` (what the CLI passes with ``--memory-budget``), the set-up is
+streamed too: no rank ever holds all ratings (``mf_stream``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ import numpy as np
 
 from . import tensors
 from .errors import InvalidArgumentError, OutOfBudgetError
-from . import mf_preload
+from . import mf_preload, mf_stream
 from .mf_blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 
 
-_NSTAT = 8  # per-worker scalars sent to rank 0 before the per-iteration rows
+_NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
 
 
 def _account(it, pre, held, resident, rss, waited) -> None:
@@ -92,30 +94,30 @@ def train(group, train_ratings, opts: dict) -> dict:
     mine_j = [r * c + j for j in visit_order(c)]
     sequence = (bp[:, mine_j] * V + bq[:, mine_j]).reshape(-1)  # this rank's blocks, in training order
     budget = opts.get("memory_budget")
+    streamed = isinstance(train_ratings, mf_stream.StreamedRatings)
+    if streamed and budget is None:
+        raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
+                                   "load the ratings into memory for an in-memory run")
     bfile = pre = None
     try:
         if budget is not None:
             budget = mf_preload.parse_bytes(budget)
             bfile = mf_preload.BlockFile(opts.get("block_dir"))
             needed = set(int(b) for b in sequence)
-            part = mf_preload.outside_arena(lambda: Partition(
-                train_ratings, V, k, seed, opts.get("init_max"),
-                spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
+            check = lambda part: _check_budget(part, budget, w, c, V)  # noqa: E731
+            if streamed:
+                # Bounded memory: the ratings are read a chunk at a time, never all at once.
+                train_ratings.prepare(group)
+                part = mf_preload.outside_arena(lambda: train_ratings.partition(
+                    V, k, seed, opts.get("init_max"), needed=needed, spill_to=bfile, budget_check=check,
+                    collect_test=r == 0, chunk=mf_stream.chunk_ratings(budget),
+                    keep=([r * c + j for j in range(c)],) * 2))  # initial P/Q: this rank's blocks only
+            else:
+                part = mf_preload.outside_arena(lambda: Partition(
+                    train_ratings, V, k, seed, opts.get("init_max"),
+                    spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
+                check(part)
             bfile.finish()
-            # The same on every rank: all fail together. Direct reads take whole 4 KiB pages,
-            # so a block needs its padded size in the budget (counted padded whether or not
-            # this rank's file system took O_DIRECT, so that every rank decides alike).
-            raw = int(part.counts.max()) * ENTRY_BYTES
-            biggest = -(-raw // mf_preload.ALIGN) * mf_preload.ALIGN
-            if biggest > budget:
-                more = (f"cut R into {2 * w} x {2 * w} blocks (--blocks {2 * w}), " if c == 1 else "") + \
-                    f"run more ranks (blocks shrink as 1/ranks²)"
-                raise OutOfBudgetError(
-                    f"rima: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
-                    f"the largest of the {V} x {V} blocks holds {int(part.counts.max())} ratings = "
-                    f"{raw / 2**20:.2f} MiB ({raw} bytes), {biggest} bytes as whole 4 KiB pages (what direct IO reads); "
-                    f"raise --memory-budget to at least that, "
-                    f"or make the blocks smaller: {more}")
             pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
         else:
             part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
@@ -125,6 +127,23 @@ def train(group, train_ratings, opts: dict) -> dict:
             pre.close()
         if bfile is not None:
             bfile.close()
+
+
+def _check_budget(part, budget: int, w: int, c: int, V: int) -> None:
+    """The same on every rank: all fail together. Direct reads take whole 4 KiB pages, so a
+    block needs its padded size in the budget (counted padded whether or not this rank's file
+    system took O_DIRECT, so that every rank decides alike)."""
+    raw = int(part.counts.max()) * ENTRY_BYTES
+    biggest = -(-raw // mf_preload.ALIGN) * mf_preload.ALIGN
+    if biggest > budget:
+        more = (f"cut R into {2 * w} x {2 * w} blocks (--blocks {2 * w}), " if c == 1 else "") + \
+            "run more ranks (blocks shrink as 1/ranks²)"
+        raise OutOfBudgetError(
+            f"rima: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
+            f"the largest of the {V} x {V} blocks holds {int(part.counts.max())} ratings = "
+            f"{raw / 2**20:.2f} MiB ({raw} bytes), {biggest} bytes as whole 4 KiB pages (what direct IO reads); "
+            f"raise --memory-budget to at least that, "
+            f"or make the blocks smaller: {more}")
 
 
 def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
@@ -194,6 +213,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
     t0 = time.perf_counter()
+    # Set-up: from the caller's start (opts["t_start"]: the CLI's, before loading the ratings) to now.
+    setup_s = t0 - opts.get("t_start", t0)
     comm = paused = 0.0
     tick = opts.get("on_iteration") if r == 0 else None
     for step in range(total):
@@ -252,7 +273,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         pre.close()  # the loader has read everything; its CPU time is final
     io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
                                                      float(pre.blocks.direct)]
-    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss], losses, resident, rss, waited])
+    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited])
     if r != 0:
         slots[f"st{r}"].send(mine)
         group.barrier()
@@ -273,7 +294,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             "preload_read_seconds": [float(x) for x in st[:, 3]], "bytes_read": [int(x) for x in st[:, 4]],
             "preload_loader_cpu_seconds": [float(x) for x in st[:, 5]],
             "preload_direct_io": [bool(x) for x in st[:, 6]],  # read with O_DIRECT to the end
-            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "memory_budget": budget,
+            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "setup_seconds": [float(x) for x in st[:, 8]],
+            "memory_budget": budget,
             "rating_bytes": part.n_ratings * ENTRY_BYTES,
             "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,

@@ -146,10 +146,44 @@ fn parse_id(tok: &str, what: &str, path: &Path, line: usize) -> Result<u64> {
     })
 }
 
-/// Read a rating file in any supported format (see the module doc).
+/// Read a rating file in any supported format (see the module doc), or a rating cache
+/// written by [`load`] / [`crate::stream::write_cache`] (recognised by its magic bytes).
 pub fn read_ratings(path: &Path) -> Result<Ratings> {
-    let mut rd = open(path)?;
+    if is_cache(path)? {
+        let bytes = std::fs::read(path).map_err(|e| MfError::io(path, e))?;
+        return decode(&bytes, path);
+    }
     let mut b = Builder::default();
+    parse_ratings(path, |u, i, r| {
+        b.push(u, i, r);
+        Ok(())
+    })?;
+    Ok(b.finish())
+}
+
+/// Whether `path` starts with the rating cache's magic bytes.
+pub fn is_cache(path: &Path) -> Result<bool> {
+    let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    let mut magic = [0u8; 8];
+    let mut got = 0;
+    while got < magic.len() {
+        match f.read(&mut magic[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(MfError::io(path, e)),
+        }
+    }
+    Ok(got == magic.len() && &magic == CACHE_MAGIC)
+}
+
+/// Parse a rating file in any supported text format (see the module doc), handing every
+/// rating to `push` as (user id, item id, rating) in file order; returns how many there were.
+/// Errors name the file and line; an empty file and a Matrix Market entry count that does not
+/// match are errors too.
+pub fn parse_ratings(path: &Path, mut push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+    let mut rd = open(path)?;
+    let mut count = 0usize;
     let mut line = String::new();
     let mut lineno = 0usize;
     let mut sep: Option<Sep> = None;
@@ -205,7 +239,7 @@ pub fn read_ratings(path: &Path) -> Result<Ratings> {
             nf += 1;
         }
         // A CSV header: first data line whose first field is not numeric.
-        if s == Sep::Comma && b.r.is_empty() && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
+        if s == Sep::Comma && count == 0 && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
             continue;
         }
         if nf < 3 {
@@ -217,21 +251,21 @@ pub fn read_ratings(path: &Path) -> Result<Ratings> {
         if !r.is_finite() {
             return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("rating {:?} is not finite", fields[2]) });
         }
-        b.push(u, i, r);
+        push(u, i, r)?;
+        count += 1;
     }
-    let r = b.finish();
-    if r.is_empty() {
+    if count == 0 {
         return Err(MfError::Format { path: path.into(), msg: "no ratings (empty file)".into() });
     }
     if let Some(nnz) = expect_nnz {
-        if nnz != r.len() as u64 {
-            return Err(MfError::Format { path: path.into(), msg: format!("Matrix Market header says {nnz} entries, file has {}", r.len()) });
+        if nnz != count as u64 {
+            return Err(MfError::Format { path: path.into(), msg: format!("Matrix Market header says {nnz} entries, file has {count}") });
         }
     }
-    Ok(r)
+    Ok(count)
 }
 
-const CACHE_MAGIC: &[u8; 8] = b"SFMFRAT1";
+pub const CACHE_MAGIC: &[u8; 8] = b"SFMFRAT1";
 
 fn put_u64s(out: &mut Vec<u8>, v: impl Iterator<Item = u64>) {
     v.for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
@@ -317,6 +351,9 @@ pub fn cache_path(path: &Path, cache_dir: &Path) -> Result<PathBuf> {
 /// Read `path`, using (and filling) a binary cache in `cache_dir` when given.
 pub fn load(path: &Path, cache_dir: Option<&Path>) -> Result<Ratings> {
     let Some(dir) = cache_dir else { return read_ratings(path) };
+    if is_cache(path)? {
+        return read_ratings(path); // already a cache: nothing to cache
+    }
     let cp = cache_path(path, dir)?;
     if let Ok(bytes) = std::fs::read(&cp) {
         if let Ok(r) = decode(&bytes, &cp) {

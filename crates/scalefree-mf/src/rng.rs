@@ -8,6 +8,11 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
+    /// The generator `Rng::new(seed)` becomes after `draws` calls of `next_u64` (SplitMix64
+    /// is a counter: any draw is reachable in O(1)).
+    pub fn after(seed: u64, draws: u64) -> Self {
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15).wrapping_add(draws.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+    }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

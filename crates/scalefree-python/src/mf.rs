@@ -51,6 +51,32 @@ impl PyMfRatings {
         let r = Ratings::from_triples(&u64s(users), &u64s(items), &v).map_err(|e| mf_err(py, e))?;
         Ok(PyMfRatings { r })
     }
+    /// From dense ids (uint32 bytes, below the id maps' lengths), float32 ratings and the id
+    /// maps (int64 original ids as bytes): the test set of a streamed split, sharing the
+    /// training set's id maps.
+    #[staticmethod]
+    fn from_dense(py: Python<'_>, users: &[u8], items: &[u8], ratings: &[u8], user_ids: &[u8], item_ids: &[u8]) -> PyResult<Self> {
+        let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
+        let u32s = |b: &[u8]| -> Vec<u32> { b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let (users, items) = (u32s(users), u32s(items));
+        let values: Vec<f32> = ratings.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let (user_ids, item_ids) = (u64s(user_ids), u64s(item_ids));
+        if users.len() != items.len() || users.len() != values.len() {
+            return Err(bad(format!("users, items and ratings differ in length ({}, {}, {})", users.len(), items.len(), values.len())));
+        }
+        if users.iter().any(|&u| u as usize >= user_ids.len()) || items.iter().any(|&i| i as usize >= item_ids.len()) {
+            return Err(bad(format!("dense ids must be below {} users and {} items", user_ids.len(), item_ids.len())));
+        }
+        Ok(PyMfRatings { r: Ratings { users, items, values, user_ids, item_ids } })
+    }
+    /// The ratings at `indices` (ascending uint32 bytes) of the rating cache `path`, with its
+    /// id maps, read a column chunk at a time (the test set of a streamed split).
+    #[staticmethod]
+    fn load_cache_subset(py: Python<'_>, path: PathBuf, indices: &[u8]) -> PyResult<Self> {
+        let idx: Vec<u32> = indices.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let r = py.detach(|| scalefree_mf::stream::read_cache_subset(&path, &idx)).map_err(|e| mf_err(py, e))?;
+        Ok(PyMfRatings { r })
+    }
     fn split(&self, py: Python<'_>, test_fraction: f64, seed: u64) -> PyResult<(Self, Self)> {
         let (a, b) = self.r.split(test_fraction, seed).map_err(|e| mf_err(py, e))?;
         Ok((PyMfRatings { r: a }, PyMfRatings { r: b }))
@@ -187,6 +213,21 @@ impl PyMfModel {
         r.users.iter().for_each(|&u| known_u[u as usize] = true);
         r.items.iter().for_each(|&i| known_i[i as usize] = true);
         let m = Model { k, p: f(p), q: f(q), user_ids: r.user_ids.clone(), item_ids: r.item_ids.clone(), mean: r.mean() as f32, known_u, known_i };
+        Ok(PyMfModel { m })
+    }
+    /// A model from factors and the parts `from_factors` takes from the training ratings
+    /// (id maps as int64 bytes, training mean, seen users / items as uint8 bytes): for a
+    /// training set that was never in memory as a whole (a streamed split).
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(py: Python<'_>, k: usize, p: &[u8], q: &[u8], user_ids: &[u8], item_ids: &[u8], mean: f32, known_u: &[u8], known_i: &[u8]) -> PyResult<Self> {
+        let (user_ids, item_ids) = (u64s(user_ids), u64s(item_ids));
+        let (m, n) = (user_ids.len(), item_ids.len());
+        if k == 0 || p.len() != m * k * 4 || q.len() != n * k * 4 || known_u.len() != m || known_i.len() != n {
+            return Err(mf_err(py, MfError::InvalidArgument(format!("factors must be {m} x {k} and {n} x {k} float32, seen flags {m} and {n} bytes"))));
+        }
+        let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let m = Model { k, p: f(p), q: f(q), user_ids, item_ids, mean, known_u: known_u.iter().map(|&x| x != 0).collect(), known_i: known_i.iter().map(|&x| x != 0).collect() };
         Ok(PyMfModel { m })
     }
     #[getter]
@@ -361,4 +402,40 @@ pub fn mf_sgd_entries(
         // many); the caller must not hand the same memory to two concurrent calls.
         Ok(unsafe { sgd_block(block, f, &prm) })
     })
+}
+
+/// Parse a rating file into the binary rating cache `out` in bounded memory (streaming);
+/// returns (ratings, users, items).
+#[pyfunction]
+pub fn mf_write_cache(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyResult<(u64, u64, u64)> {
+    let i = py.detach(|| scalefree_mf::stream::write_cache(&path, &out)).map_err(|e| mf_err(py, e))?;
+    Ok((i.ratings, i.users, i.items))
+}
+
+/// (ratings, users, items) of a rating cache, checked against its size.
+#[pyfunction]
+pub fn mf_cache_header(py: Python<'_>, path: PathBuf) -> PyResult<(u64, u64, u64)> {
+    let i = scalefree_mf::stream::cache_header(&path).map_err(|e| mf_err(py, e))?;
+    Ok((i.ratings, i.users, i.items))
+}
+
+/// The test-set indices (ascending, uint32 bytes) of `MfRatings.split(test_fraction, seed)`
+/// on `n` ratings, in O(test set) memory.
+#[pyfunction]
+pub fn mf_split_test_indices<'py>(py: Python<'py>, n: usize, test_fraction: f64, seed: u64) -> PyResult<Bound<'py, PyBytes>> {
+    let v = py.detach(|| scalefree_mf::stream::split_test_indices(n, test_fraction, seed)).map_err(|e| mf_err(py, e))?;
+    let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Ok(PyBytes::new(py, &b))
+}
+
+/// Where `MfRatings.load(path, cache_dir)` keeps the cache of `path` (keyed by path, size, mtime).
+#[pyfunction]
+pub fn mf_cache_path(py: Python<'_>, path: PathBuf, cache_dir: PathBuf) -> PyResult<PathBuf> {
+    data::cache_path(&path, &cache_dir).map_err(|e| mf_err(py, e))
+}
+
+/// Whether `path` is a rating cache (its magic bytes).
+#[pyfunction]
+pub fn mf_is_cache(py: Python<'_>, path: PathBuf) -> PyResult<bool> {
+    data::is_cache(&path).map_err(|e| mf_err(py, e))
 }

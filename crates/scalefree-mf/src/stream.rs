@@ -1,0 +1,354 @@
+//! Rating data in bounded memory, for training on ratings larger than memory.
+//!
+//! - [`write_cache`]: a rating file (any format of [`crate::data`]) → the binary rating cache
+//!   (the format [`crate::data::load`] writes and reads), parsed and id-remapped in one
+//!   streaming pass: the ids go through hash maps (O(users + items)), the ratings straight to
+//!   three column files on disk, which are then concatenated behind the header and the id maps.
+//!   Never more than the id maps and a few buffers in memory, whatever the number of ratings.
+//! - [`split_test_indices`]: which ratings [`Ratings::split`](crate::Ratings::split) puts into
+//!   the test set, without its O(ratings) index array: O(test set) memory, O(ratings) time.
+//!
+//! The split shuffles the rating indices with a backward Fisher–Yates pass (step i = n−1 … 1
+//! swaps positions i and j_i ≤ i, j_i from draw n−1−i of SplitMix64) and takes positions
+//! [0, n_test). Position p ≥ 1 is written for the last time at step p, with what position j_p
+//! held after steps n−1 … p+1 (position 0: what it holds after all of them). What position q
+//! holds after steps n−1 … s is q's original index unless a step i ≥ s swapped into it — the
+//! smallest such i, the last in time — and then it is what position i held just before step i,
+//! i.e. the same question for (i, i+1). [`split_test_indices`] answers all n_test of these
+//! questions in one pass over the steps in increasing i (the generator is a counter, so draw t
+//! is reachable directly): a question waits under its position until a step swaps into it,
+//! then moves to that step's position; whatever still waits at the end keeps its position's
+//! original index. Questions waiting at one position get one answer, so they share an entry.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::data::{parse_ratings, CACHE_MAGIC};
+use crate::error::{MfError, Result};
+use crate::rng::Rng;
+
+/// The test-set rating indices of `Ratings::split(test_fraction, seed)` on `n` ratings,
+/// ascending (the order the split keeps them in).
+pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec<u32>> {
+    if !(0.0..1.0).contains(&test_fraction) {
+        return Err(MfError::InvalidArgument(format!("test fraction must be in [0, 1), got {test_fraction}")));
+    }
+    if n > u32::MAX as usize {
+        return Err(MfError::InvalidArgument(format!("{n} ratings: at most {} can be split", u32::MAX)));
+    }
+    let n_test = ((n as f64 * test_fraction).round() as usize).min(n);
+    if n_test == 0 {
+        return Ok(Vec::new());
+    }
+    // The questions in passes of at most PASS test positions: each pass walks the steps from its
+    // first question on, with a map of at most PASS entries (small: cache-friendly, and the
+    // memory is O(PASS) plus the answers rather than a map of every test position).
+    const PASS: usize = 1 << 18;
+    let draw = |i: usize| -> u32 {
+        // Step i uses draw n − 1 − i.
+        Rng::after(seed, (n - 1 - i) as u64).below(i + 1) as u32
+    };
+    let mut out: Vec<u32> = Vec::with_capacity(n_test);
+    let mut waiting: HashMap<u32, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(PASS.min(n_test), Default::default());
+    let mut group_of: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
+    let mut answer: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
+    for a in (0..n_test).step_by(PASS) {
+        let b = (a + PASS).min(n_test);
+        waiting.clear();
+        group_of.clear();
+        // waiting[position] = group; group_of[p − a] = the group answering test position p.
+        let mut groups = 0u32;
+        let mut ask = |waiting: &mut HashMap<u32, u32, BuildHasherDefault<MulHash>>, p: usize, group_of: &mut Vec<u32>| {
+            let q = if p == 0 { 0 } else { draw(p) };
+            let g = *waiting.entry(q).or_insert_with(|| {
+                groups += 1;
+                groups - 1
+            });
+            group_of.push(g);
+        };
+        for i in a + 1..n {
+            // Test position p = i − 1 asks (q, s = i): q = 0 for p = 0, else j_p.
+            if i - 1 < b {
+                ask(&mut waiting, i - 1, &mut group_of);
+            }
+            let j = draw(i);
+            if j as usize != i {
+                if let Some(g) = waiting.remove(&j) {
+                    // Step i swapped into j: the answer is what position i held before step i.
+                    waiting.insert(i as u32, g);
+                }
+            }
+        }
+        // Test positions asking after the last step (p ≥ n − 1): nothing swaps into them any more.
+        for p in a + group_of.len()..b {
+            ask(&mut waiting, p, &mut group_of);
+        }
+        answer.clear();
+        answer.resize(groups as usize, 0);
+        for (&q, &g) in waiting.iter() {
+            answer[g as usize] = q;
+        }
+        out.extend(group_of.iter().map(|&g| answer[g as usize]));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The ratings at `indices` (ascending) of the rating cache `path`, with its id maps: the test
+/// set of a streamed split, read a column chunk at a time (memory: the result and one chunk).
+pub fn read_cache_subset(path: &Path, indices: &[u32]) -> Result<crate::Ratings> {
+    let info = cache_header(path)?;
+    let (n, nu, ni) = (info.ratings as usize, info.users as usize, info.items as usize);
+    if indices.windows(2).any(|w| w[0] >= w[1]) || indices.last().is_some_and(|&x| x as usize >= n) {
+        return Err(MfError::InvalidArgument(format!("indices must be ascending and below {n}")));
+    }
+    let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    let mut read_u64s = |count: usize| -> Result<Vec<u64>> {
+        let mut b = vec![0u8; count * 8];
+        f.read_exact(&mut b).map_err(|e| MfError::io(path, e))?;
+        Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+    };
+    read_u64s(4)?; // the header, checked above
+    let user_ids = read_u64s(nu)?;
+    let item_ids = read_u64s(ni)?;
+    // Three columns of n 4-byte words: pick `indices` from each, a chunk at a time.
+    let mut cols: [Vec<u32>; 3] = Default::default();
+    const CHUNK: usize = 1 << 18;
+    let mut buf = vec![0u8; CHUNK * 4];
+    for col in cols.iter_mut() {
+        col.reserve_exact(indices.len());
+        let mut at = 0usize; // next index to pick
+        for s in (0..n).step_by(CHUNK) {
+            let c = CHUNK.min(n - s);
+            f.read_exact(&mut buf[..c * 4]).map_err(|e| MfError::io(path, e))?;
+            while at < indices.len() && (indices[at] as usize) < s + c {
+                let o = (indices[at] as usize - s) * 4;
+                col.push(u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()));
+                at += 1;
+            }
+        }
+    }
+    let [users, items, values] = cols;
+    if users.iter().any(|&u| u as usize >= nu) || items.iter().any(|&i| i as usize >= ni) {
+        return Err(MfError::Format { path: path.into(), msg: "corrupt rating cache: id out of range".into() });
+    }
+    let values = values.into_iter().map(f32::from_bits).collect();
+    Ok(crate::Ratings { users, items, values, user_ids, item_ids })
+}
+
+/// A multiplicative hash for the u32 positions of [`split_test_indices`] (they are random
+/// already; SipHash's protection against chosen keys is not needed, its cost is).
+#[derive(Default)]
+struct MulHash(u64);
+
+impl Hasher for MulHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.0 = (x as u64 ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Removes the listed files when dropped (the temporaries of [`write_cache`], on every path).
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// What [`write_cache`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheInfo {
+    pub ratings: u64,
+    pub users: u64,
+    pub items: u64,
+}
+
+/// Parse `path` (any supported text format, gzip ok) into the binary rating cache `out`, in
+/// bounded memory (see the module doc). Written atomically: temporaries next to `out`, fsync,
+/// rename; nothing is left behind on an error. Parse errors name the file and line.
+pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| MfError::io(dir, e))?;
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let pid = std::process::id();
+    let col = |c: &str| dir.join(format!(".{name}.{c}.tmp.{pid}"));
+    let (cu, ci, cv, tmp) = (col("users"), col("items"), col("values"), dir.join(format!(".{name}.tmp.{pid}")));
+    let _cleanup = Cleanup(vec![cu.clone(), ci.clone(), cv.clone(), tmp.clone()]);
+    let create = |p: &Path| -> Result<BufWriter<File>> { Ok(BufWriter::with_capacity(1 << 20, File::create(p).map_err(|e| MfError::io(p, e))?)) };
+    let (mut wu, mut wi, mut wv) = (create(&cu)?, create(&ci)?, create(&cv)?);
+    let (mut umap, mut imap) = (HashMap::<u64, u32>::new(), HashMap::<u64, u32>::new());
+    let (mut user_ids, mut item_ids) = (Vec::<u64>::new(), Vec::<u64>::new());
+    let n = parse_ratings(path, |u, i, r| {
+        let du = *umap.entry(u).or_insert_with(|| {
+            user_ids.push(u);
+            (user_ids.len() - 1) as u32
+        });
+        let di = *imap.entry(i).or_insert_with(|| {
+            item_ids.push(i);
+            (item_ids.len() - 1) as u32
+        });
+        wu.write_all(&du.to_le_bytes()).map_err(|e| MfError::io(&cu, e))?;
+        wi.write_all(&di.to_le_bytes()).map_err(|e| MfError::io(&ci, e))?;
+        wv.write_all(&r.to_le_bytes()).map_err(|e| MfError::io(&cv, e))
+    })?;
+    drop((umap, imap));
+    for (w, p) in [(wu, &cu), (wi, &ci), (wv, &cv)] {
+        w.into_inner().map_err(|e| MfError::io(p, e.into_error()))?;
+    }
+    let io = |e| MfError::io(&tmp, e);
+    let mut f = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
+    f.write_all(CACHE_MAGIC).map_err(io)?;
+    for x in [n as u64, user_ids.len() as u64, item_ids.len() as u64].iter().chain(&user_ids).chain(&item_ids) {
+        f.write_all(&x.to_le_bytes()).map_err(io)?;
+    }
+    for p in [&cu, &ci, &cv] {
+        let mut src = File::open(p).map_err(|e| MfError::io(p, e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let k = src.read(&mut buf).map_err(|e| MfError::io(p, e))?;
+            if k == 0 {
+                break;
+            }
+            f.write_all(&buf[..k]).map_err(io)?;
+        }
+        drop(src);
+        let _ = std::fs::remove_file(p);
+    }
+    let f = f.into_inner().map_err(|e| io(e.into_error()))?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, out).map_err(|e| MfError::io(out, e))?;
+    Ok(CacheInfo { ratings: n as u64, users: user_ids.len() as u64, items: item_ids.len() as u64 })
+}
+
+/// The header of a rating cache: (ratings, users, items), checked against the file's size so
+/// that a truncated or foreign file is an error naming it.
+pub fn cache_header(path: &Path) -> Result<CacheInfo> {
+    let bad = |msg: String| MfError::Format { path: path.into(), msg: format!("not a complete rating cache: {msg}") };
+    let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
+    let mut h = [0u8; 32];
+    f.read_exact(&mut h).map_err(|_| bad("shorter than its header".into()))?;
+    if &h[..8] != CACHE_MAGIC {
+        return Err(bad("bad magic".into()));
+    }
+    let rd = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
+    let info = CacheInfo { ratings: rd(8), users: rd(16), items: rd(24) };
+    let need = (info.users as u128 + info.items as u128) * 8 + info.ratings as u128 * 12 + 32;
+    let len = f.metadata().map_err(|e| MfError::io(path, e))?.len() as u128;
+    if need != len {
+        return Err(bad(format!("{} ratings, {} users and {} items need {need} bytes, the file has {len}", info.ratings, info.users, info.items)));
+    }
+    Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{load, read_ratings};
+    use crate::Ratings;
+
+    fn positions(r: &Ratings, test: &Ratings) -> Vec<u32> {
+        // Ratings here are distinct by value: find each test rating's index in r.
+        test.values.iter().map(|v| r.values.iter().position(|x| x == v).unwrap() as u32).collect()
+    }
+
+    #[test]
+    fn split_indices_match_the_in_memory_split() {
+        for n in [0usize, 1, 2, 3, 5, 10, 11, 97, 1000, 4099] {
+            let users: Vec<u64> = (0..n as u64).map(|x| x % 13).collect();
+            let items: Vec<u64> = (0..n as u64).map(|x| x % 7).collect();
+            let values: Vec<f32> = (0..n).map(|x| x as f32).collect();
+            let r = Ratings::from_triples(&users, &items, &values).unwrap();
+            for frac in [0.0, 0.1, 0.25, 0.5, 0.6, 0.9, 0.99] {
+                for seed in [0u64, 1, 42] {
+                    let (_, test) = r.split(frac, seed).unwrap();
+                    let got = split_test_indices(n, frac, seed).unwrap();
+                    assert_eq!(got, positions(&r, &test), "n={n} frac={frac} seed={seed}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn split_indices_in_several_passes_match_the_in_memory_split() {
+        // More test positions than one pass takes (1 << 18): three passes.
+        let n = (1usize << 20) + 7;
+        let ids: Vec<u64> = (0..n as u64).map(|x| x % 1000).collect();
+        let values: Vec<f32> = (0..n).map(|x| x as f32).collect(); // exact below 2^24: the index
+        let r = Ratings::from_triples(&ids, &ids, &values).unwrap();
+        let (_, test) = r.split(0.6, 9).unwrap();
+        let want: Vec<u32> = test.values.iter().map(|&v| v as u32).collect();
+        assert_eq!(split_test_indices(n, 0.6, 9).unwrap(), want);
+    }
+
+    #[test]
+    fn split_indices_reject_a_bad_fraction() {
+        assert!(split_test_indices(10, 1.0, 0).is_err());
+        assert!(split_test_indices(10, -0.1, 0).is_err());
+    }
+
+    #[test]
+    fn streamed_cache_is_the_in_memory_cache() {
+        let dir = std::env::temp_dir().join(format!("sf-mf-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("r.csv");
+        let mut text = String::from("userId,movieId,rating,timestamp\n");
+        for n in 0..5000u64 {
+            text += &format!("{},{},{}.5,0\n", (n * 7919) % 311 + 1_000_000, (n * 104_729) % 97, n % 5);
+        }
+        std::fs::write(&src, &text).unwrap();
+        let out = dir.join("r.sfr");
+        let info = write_cache(&src, &out).unwrap();
+        let want = read_ratings(&src).unwrap();
+        assert_eq!(info, CacheInfo { ratings: 5000, users: want.n_users() as u64, items: want.n_items() as u64 });
+        assert_eq!(std::fs::read(&out).unwrap(), crate::data::encode(&want));
+        assert_eq!(cache_header(&out).unwrap(), info);
+        // Any subset of it, read a chunk at a time, is the in-memory subset.
+        let idx: Vec<u32> = (0..5000).filter(|x| x % 7 == 3 || *x == 0 || *x == 4999).collect();
+        let sub = read_cache_subset(&out, &idx).unwrap();
+        assert_eq!(sub.user_ids, want.user_ids);
+        assert_eq!(sub.users, idx.iter().map(|&x| want.users[x as usize]).collect::<Vec<_>>());
+        assert_eq!(sub.items, idx.iter().map(|&x| want.items[x as usize]).collect::<Vec<_>>());
+        assert_eq!(sub.values, idx.iter().map(|&x| want.values[x as usize]).collect::<Vec<_>>());
+        assert!(read_cache_subset(&out, &[3, 2]).is_err());
+        assert!(read_cache_subset(&out, &[5000]).is_err());
+        assert_eq!(read_cache_subset(&out, &[]).unwrap().len(), 0);
+        // A cache is itself a rating file for the loaders.
+        assert_eq!(read_ratings(&out).unwrap(), want);
+        assert_eq!(load(&out, Some(&dir.join("cache"))).unwrap(), want);
+        assert!(!dir.join("cache").exists());
+        // Only the cache is left: no temporaries.
+        let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, vec![std::ffi::OsString::from("r.csv"), "r.sfr".into()]);
+        // Errors name file and line and leave nothing behind.
+        let bad = dir.join("bad.txt");
+        std::fs::write(&bad, "1 2 3\n4 5 x\n").unwrap();
+        let e = write_cache(&bad, &dir.join("bad.sfr")).unwrap_err().to_string();
+        assert!(e.contains("bad.txt:2") && e.contains("not a number"), "{e}");
+        std::fs::write(&bad, "").unwrap();
+        assert!(write_cache(&bad, &dir.join("bad.sfr")).unwrap_err().to_string().contains("empty"));
+        let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, vec![std::ffi::OsString::from("bad.txt"), "r.csv".into(), "r.sfr".into()]);
+        // A truncated cache is an error naming it.
+        let b = std::fs::read(&out).unwrap();
+        std::fs::write(dir.join("t.sfr"), &b[..b.len() - 1]).unwrap();
+        assert!(cache_header(&dir.join("t.sfr")).unwrap_err().to_string().contains("t.sfr"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
