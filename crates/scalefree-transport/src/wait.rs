@@ -124,13 +124,6 @@ pub fn wait_until(
 pub trait SpinHook {
     fn enter(&self);
     fn leave(&self, parking: bool);
-    /// Whether this waiter parks by [`SpinHook::park`] instead of on the futex (it stays
-    /// entered while parked).
-    fn parks_itself(&self) -> bool {
-        false
-    }
-    /// Blocks until something may have arrived, or at most `timeout`.
-    fn park(&self, _timeout: Duration) {}
 }
 
 /// [`wait_until`], telling `hook` when the waiter spins and when it parks.
@@ -207,28 +200,17 @@ fn wait_slow(
         }
     }
     // Phase 3: park, waking periodically to check that peers are alive.
-    let parks_itself = hook.filter(|h| h.parks_itself());
-    if parks_itself.is_none() {
-        spinning.park();
-    }
+    spinning.park();
     let mut last_check = Instant::now();
     loop {
-        if let Some(h) = parks_itself {
-            let v = word.load(Ordering::SeqCst);
-            if ready(v) {
-                return Ok(v);
-            }
-            h.park(policy.check_interval);
-        } else {
-            waiters.fetch_add(1, Ordering::SeqCst);
-            let v = word.load(Ordering::SeqCst);
-            if ready(v) {
-                waiters.fetch_sub(1, Ordering::SeqCst);
-                return Ok(v);
-            }
-            futex_wait(word, v, policy.check_interval);
+        waiters.fetch_add(1, Ordering::SeqCst);
+        let v = word.load(Ordering::SeqCst);
+        if ready(v) {
             waiters.fetch_sub(1, Ordering::SeqCst);
+            return Ok(v);
         }
+        futex_wait(word, v, policy.check_interval);
+        waiters.fetch_sub(1, Ordering::SeqCst);
         let v = word.load(Ordering::Acquire);
         if ready(v) {
             return Ok(v);

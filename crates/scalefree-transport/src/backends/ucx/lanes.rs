@@ -93,8 +93,6 @@ struct State {
 
 struct Lane {
     peer: u32,
-    /// The receiving socket's descriptor (also in `reader`, for `poll` without its lock).
-    fd: std::os::fd::RawFd,
     stream: TcpStream,
     state: Mutex<State>,
     cv: Condvar,
@@ -116,21 +114,10 @@ struct Reader {
 pub(crate) struct Gate {
     /// Callers spinning (or yielding) in a wait, reading arrivals themselves.
     spinning: AtomicU32,
-    /// Readers standing down.
-    standing: AtomicU32,
     /// Set when the lanes close.
     closed: Mutex<bool>,
     cv: Condvar,
-    /// Every lane (set once they are open), for a caller that parks in `poll` on them.
-    lanes: std::sync::OnceLock<Vec<Arc<Lane>>>,
-    /// Callers park in `poll` on the lanes rather than on the futex: set when every peer
-    /// writes to this rank over a lane (nothing else raises its words, or only rarely).
-    poll_park: std::sync::atomic::AtomicBool,
 }
-
-/// The longest a caller parked in `poll` on the lanes sleeps before it looks at its word
-/// again (a word raised some other way, e.g. by UCX, is seen after at most this long).
-const POLL_PARK_MAX: Duration = Duration::from_millis(2);
 
 /// How long a reader that stood down sleeps before it looks again when no parking caller
 /// called it back (a caller whose wait ended while it spun does not: that would be the very
@@ -145,51 +132,20 @@ impl crate::wait::SpinHook for Gate {
     fn leave(&self, parking: bool) {
         self.spinning.fetch_sub(1, Ordering::SeqCst);
         if parking {
-            self.resume();
+            let _g = self.closed.lock().unwrap();
+            self.cv.notify_all();
         }
-    }
-    fn parks_itself(&self) -> bool {
-        self.poll_park.load(Ordering::Relaxed)
-    }
-    /// Sleeps in `poll` on the lanes still open: the frame that wakes this caller is read
-    /// by it (one wake-up per message, not the reader's and then this one's).
-    fn park(&self, timeout: Duration) {
-        let timeout = timeout.min(POLL_PARK_MAX);
-        let mut fds: Vec<libc::pollfd> = self.lanes.get().map(|l| l.as_slice()).unwrap_or(&[]).iter()
-            .filter(|l| l.reader.try_lock().map_or(true, |r| !r.done))
-            .map(|l| libc::pollfd { fd: l.fd, events: libc::POLLIN, revents: 0 })
-            .collect();
-        if fds.is_empty() {
-            std::thread::sleep(timeout);
-            return;
-        }
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout.as_millis().max(1) as i32) };
     }
 }
-
-/// Writes from this size on call the readers back (see [`Lanes::send`]).
-const RESUME_MIN: usize = 64 << 10;
 
 impl Gate {
     /// Sleeps while callers spin; false once the lanes are closing.
     fn stand_down(&self) -> bool {
         let mut closed = self.closed.lock().unwrap();
-        if !*closed && self.spinning.load(Ordering::SeqCst) > 0 {
-            self.standing.fetch_add(1, Ordering::SeqCst);
-            while !*closed && self.spinning.load(Ordering::SeqCst) > 0 {
-                closed = self.cv.wait_timeout(closed, STAND_DOWN).unwrap().0;
-            }
-            self.standing.fetch_sub(1, Ordering::SeqCst);
+        while !*closed && self.spinning.load(Ordering::SeqCst) > 0 {
+            closed = self.cv.wait_timeout(closed, STAND_DOWN).unwrap().0;
         }
         !*closed
-    }
-
-    /// Wakes the readers that stood down, if any.
-    fn resume(&self) {
-        if self.standing.load(Ordering::SeqCst) > 0 {
-            let _g = self.closed.lock().unwrap();
-            self.cv.notify_all();
-        }
     }
 }
 
@@ -275,14 +231,7 @@ impl Lanes {
             streams[r] = Some(s);
             got += 1;
         }
-        let gate = Arc::new(Gate {
-            spinning: AtomicU32::new(0),
-            standing: AtomicU32::new(0),
-            closed: Mutex::new(false),
-            cv: Condvar::new(),
-            lanes: std::sync::OnceLock::new(),
-            poll_park: std::sync::atomic::AtomicBool::new(false),
-        });
+        let gate = Arc::new(Gate { spinning: AtomicU32::new(0), closed: Mutex::new(false), cv: Condvar::new() });
         let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
         for (r, s) in streams.into_iter().enumerate() {
             let Some(s) = s else { continue };
@@ -291,7 +240,6 @@ impl Lanes {
             let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
             let lane = Arc::new(Lane {
                 peer: r as u32,
-                fd,
                 stream: s,
                 state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
                 cv: Condvar::new(),
@@ -320,14 +268,6 @@ impl Lanes {
     /// Sends writes to `peer` over its lane (if it has one).
     pub fn use_for(&mut self, peer: usize, on: bool) {
         self.send_on[peer] = on && self.lanes[peer].is_some();
-    }
-
-    /// Lets waiting callers park in `poll` on the lanes (see [`Gate`]); for when every peer
-    /// writes to this rank over its lane. `SCALEFREE_POLL_PARK=0` turns it off.
-    pub fn set_poll_park(&self, on: bool) {
-        let off = std::env::var("SCALEFREE_POLL_PARK").is_ok_and(|v| v.trim() == "0");
-        let _ = self.gate.lanes.set(self.lanes.iter().flatten().cloned().collect());
-        self.gate.poll_park.store(on && !off, Ordering::Relaxed);
     }
 
     pub fn has(&self, peer: u32) -> bool {
@@ -363,11 +303,6 @@ impl Lanes {
     unsafe fn send(&self, peer: u32, frame: Frame, src: *const u8) -> Result<Option<Request>> {
         let lane = self.lane(peer);
         let n = frame.len as usize;
-        if n >= RESUME_MIN {
-            // This caller may be writing for a while (or its peer writing back at once, and
-            // blocking when nobody reads): readers that stood down take over now.
-            self.gate.resume();
-        }
         let mut st = lane.state.lock().unwrap();
         if let Some(why) = &st.failed {
             return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });

@@ -797,16 +797,13 @@ impl Net {
     /// Waits on a local word while driving progress: spin with progress, then park (the
     /// progress thread wakes us).
     pub fn wait_word(&self, word: &AtomicU32, waiters: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String) -> Result<u32> {
-        // Request completions are raised by UCX's progress thread or a lane's writer: park
-        // on the futex they wake.
-        let hook = self.spin_hook().map(FutexPark);
         wait::wait_until_hooked(word, waiters, |v| {
             if ready(v) {
                 return true;
             }
             self.progress();
             ready(word.load(Ordering::Acquire))
-        }, policy, what, &|| self.check_alive(), hook.as_ref().map(|h| h as &dyn wait::SpinHook))
+        }, policy, what, &|| self.check_alive(), self.spin_hook())
     }
 
     /// For a waiter that drives progress while it spins: the lanes' reader threads stand
@@ -932,10 +929,6 @@ impl Net {
                 l.use_for(r, setting == Some(true) || tcp_only);
             }
         }
-        // Every peer on another host writes here over its lane (the choice is symmetric):
-        // nothing but the lanes raises this rank's words, so a waiter may park on them.
-        let me = self.shared.me as usize;
-        l.set_poll_park((0..remote.len()).all(|r| r == me || l.has(r as u32)));
         self.lanes = Some(l);
         Ok(())
     }
@@ -994,18 +987,6 @@ impl Drop for Net {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// A [`wait::SpinHook`] that parks on the futex even where the lanes would park in `poll`.
-struct FutexPark<'a>(&'a dyn wait::SpinHook);
-
-impl wait::SpinHook for FutexPark<'_> {
-    fn enter(&self) {
-        self.0.enter();
-    }
-    fn leave(&self, parking: bool) {
-        self.0.leave(parking);
     }
 }
 
