@@ -106,16 +106,12 @@ pub fn ring(word: &AtomicU32, waiters: &AtomicU32) {
 pub fn wait_until(
     word: &AtomicU32,
     waiters: &AtomicU32,
-    mut ready: impl FnMut(u32) -> bool,
+    ready: impl FnMut(u32) -> bool,
     policy: &WaitPolicy,
     what: &dyn Fn() -> String,
     liveness: &dyn Fn() -> Result<()>,
 ) -> Result<u32> {
-    let v = word.load(Ordering::Acquire);
-    if ready(v) {
-        return Ok(v);
-    }
-    wait_slow(word, waiters, &mut ready, policy, what, liveness, None)
+    wait_until_hooked(word, waiters, ready, policy, what, liveness, None)
 }
 
 /// Told when a waiter starts driving arrivals itself (spinning or yielding) and when it
@@ -127,6 +123,7 @@ pub trait SpinHook {
 }
 
 /// [`wait_until`], telling `hook` when the waiter spins and when it parks.
+#[inline]
 pub fn wait_until_hooked(
     word: &AtomicU32,
     waiters: &AtomicU32,

@@ -383,11 +383,7 @@ def print_sweep(records: list[dict]) -> None:
     for r in records:
         if r.get("layers"):
             print(f"\n{r['ranks']} ranks, {r['candidate']} (degrees {r['degrees']}), rank 0's layers of a reduce:")
-            lrows = [[str(i), str(s["degree"]), common.human_bytes(s["bytes_sent"]), str(s["messages"]),
-                      common.human_bytes(s["max_packet"]), human_time(s["merge_s"]), human_time(s["wait_s"]),
-                      str(s["out_keys"]), "dense" if s.get("dense") else "sparse"] for i, s in enumerate(r["layers"])]
-            print(common.format_table(["layer", "degree", "bytes sent", "msgs", "max packet", "merge",
-                                       "wait+read", "keys after", "segment"], lrows))
+            print_layers(r["layers"])
 
 
 def print_table(records: list[dict]) -> None:
@@ -405,11 +401,16 @@ def print_table(records: list[dict]) -> None:
     for r in records:
         if r.get("layers"):
             print(f"\nscalefree reduce at {r['ranks']} ranks, rank 0's layers (degrees {r['degrees']}):")
-            lrows = [[str(i), str(s["degree"]), common.human_bytes(s["bytes_sent"]), str(s["messages"]),
-                      common.human_bytes(s["max_packet"]), human_time(s["merge_s"]), human_time(s["wait_s"]),
-                      str(s["out_keys"]), "dense" if s.get("dense") else "sparse"] for i, s in enumerate(r["layers"])]
-            print(common.format_table(["layer", "degree", "bytes sent", "msgs", "max packet", "merge",
-                                       "wait+read", "keys after", "segment"], lrows))
+            print_layers(r["layers"])
+
+
+def print_layers(layers: list[dict]) -> None:
+    """Rank 0's per-layer accounting of one reduce, as a table."""
+    rows = [[str(i), str(s["degree"]), common.human_bytes(s["bytes_sent"]), str(s["messages"]),
+             common.human_bytes(s["max_packet"]), human_time(s["merge_s"]), human_time(s["wait_s"]),
+             str(s["out_keys"]), "dense" if s.get("dense") else "sparse"] for i, s in enumerate(layers)]
+    print(common.format_table(["layer", "degree", "bytes sent", "msgs", "max packet", "merge",
+                               "wait+read", "keys after", "segment"], rows))
 
 
 def plot(records: list[dict], path: Path) -> None:
