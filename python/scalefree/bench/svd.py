@@ -70,17 +70,46 @@ def _shared(*parts) -> Path | None:
     return None
 
 
-def _power_law(rows, cols, nnz, seed=0):
+def _power_law(rows, cols, nnz, seed=0, distinct=False):
+    """A seeded power-law CSR matrix (row weights ``1/r^0.9``, column weights ``1/c^1.1``).
+    ``distinct=False``: ``nnz`` entries drawn, duplicates merged (fewer stored entries).
+    ``distinct=True``: draws in rounds until ``nnz`` distinct positions exist, then keeps a
+    random ``nnz`` of them, each with a fresh value in [0.5, 1.5)."""
     import scipy.sparse as sp
 
     rng = np.random.default_rng(seed)
     pr = 1.0 / np.arange(1, rows + 1) ** 0.9
     pc = 1.0 / np.arange(1, cols + 1) ** 1.1
-    r = rng.permutation(rows)[rng.choice(rows, nnz, p=pr / pr.sum())]
-    c = rng.permutation(cols)[rng.choice(cols, nnz, p=pc / pc.sum())]
-    a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
-    a.sum_duplicates()
-    return a
+    prow, pcol = rng.permutation(rows), rng.permutation(cols)
+    if not distinct:
+        r = prow[rng.choice(rows, nnz, p=pr / pr.sum())]
+        c = pcol[rng.choice(cols, nnz, p=pc / pc.sum())]
+        a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
+        a.sum_duplicates()
+        return a
+    if nnz > rows * cols:
+        raise ValueError(f"power law: {nnz} distinct entries do not fit in {rows}x{cols}")
+    keys = np.empty(0, dtype=np.int64)
+    draw = nnz
+    for _ in range(64):
+        r = prow[rng.choice(rows, draw, p=pr / pr.sum())].astype(np.int64)
+        c = pcol[rng.choice(cols, draw, p=pc / pc.sum())]
+        before = len(keys)
+        keys = np.unique(np.concatenate([keys, r * cols + c]))
+        del r, c
+        if len(keys) >= nnz:
+            break
+        gained = max(len(keys) - before, 1)
+        # Draw the deficit scaled by this round's yield (the yield only falls), plus 10 %.
+        draw = int(min((nnz - len(keys)) * draw / gained * 1.1 + 1024, 4 * nnz))
+    else:
+        raise ValueError(f"power law: only {len(keys)} of {nnz} distinct entries after 64 rounds")
+    if len(keys) > nnz:
+        keys = np.sort(keys[rng.permutation(len(keys))[:nnz]])
+    r, c = np.divmod(keys, cols)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
+    return sp.csr_matrix((rng.random(nnz) + 0.5, c.astype(np.int32), indptr), shape=(rows, cols))
 
 
 def _load(args, tmp):
