@@ -724,7 +724,8 @@ class PageCache:
     ``"warm (cold refused: REASON)"`` when dropping was asked for but is not permitted here."""
 
     def __init__(self, cold: bool, bench: str, path: str | None = None):
-        self.path = path or DROP_CACHES_PATH
+        # SCALEFREE_DROP_CACHES: a stand-in file for tests, which must not drop the real cache.
+        self.path = path or os.environ.get("SCALEFREE_DROP_CACHES") or DROP_CACHES_PATH
         self.enabled = False
         self.drops = 0
         self.state = "warm"

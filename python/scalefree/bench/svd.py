@@ -49,6 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3, help="timed calls per row")
     p.add_argument("--dir", default=None, help="scratch directory for flash files")
+    common.add_cold_arg(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
@@ -147,6 +148,7 @@ def run(args) -> int:
     blas = common.numpy_blas("svd")
     common.progress(f"svd: numpy BLAS: {blas}")
     records = []
+    cache = common.PageCache(args.cold, BENCH)
     with tempfile.TemporaryDirectory(prefix="scalefree-svd-bench-", dir=args.dir) as tmp:
         name, a = _load(args, tmp)
         k = args.k
@@ -187,6 +189,7 @@ def run(args) -> int:
         peaks = [0 for _ in rows]
         for _ in range(args.repeat):
             for i, (_, _, fn, info, _) in enumerate(rows):
+                cache.drop()
                 t = time.perf_counter()
                 outs[i] = fn()
                 times[i].append(time.perf_counter() - t)
@@ -201,7 +204,7 @@ def run(args) -> int:
                     extra["peak_resident_bytes"] = peaks[i]
             records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
                                               dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
-                                              max_rel_err=e, blas=blas, **extra))
+                                              max_rel_err=e, blas=blas, page_cache=cache.state, **extra))
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
         del keep
 
@@ -217,7 +220,8 @@ def run(args) -> int:
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
                      f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
-    print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}")
+    print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
+          + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))
     if args.json:
         common.write_json(Path(args.json), records)
