@@ -698,7 +698,59 @@ def peer_ratios(records: Sequence[dict], peers: Sequence[str], match: Sequence[s
 
 
 def write_json(path: Path, records: Sequence[dict]) -> None:
-    Path(path).write_text(json.dumps(list(records), indent=1) + "\n")
+    """Write atomically: a temporary file next to ``path``, then a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(list(records), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------
+# Cold page cache
+
+DROP_CACHES_PATH = "/proc/sys/vm/drop_caches"
+
+
+def add_cold_arg(p) -> None:
+    p.add_argument("--cold", action="store_true",
+                   help="sync and drop the page cache (echo 3 > /proc/sys/vm/drop_caches) before every "
+                        "timed call of every row; needs root, else a note is printed and the run is warm. "
+                        "Machine-wide: run it only under the bench lock")
+
+
+class PageCache:
+    """``--cold``: ``drop()`` before each timed call syncs and empties the page cache when
+    enabled and permitted. ``state`` is what the records report: ``"cold"``, ``"warm"``, or
+    ``"warm (cold refused: REASON)"`` when dropping was asked for but is not permitted here."""
+
+    def __init__(self, cold: bool, bench: str, path: str | None = None):
+        # SCALEFREE_DROP_CACHES: a stand-in file for tests, which must not drop the real cache.
+        self.path = path or os.environ.get("SCALEFREE_DROP_CACHES") or DROP_CACHES_PATH
+        self.enabled = False
+        self.drops = 0
+        self.state = "warm"
+        if not cold:
+            return
+        try:
+            self._write()
+        except OSError as e:
+            self.state = f"warm (cold refused: {self.path}: {e.strerror or e})"
+            progress(f"{bench}: --cold: cannot drop the page cache ({self.path}: {e.strerror or e}); "
+                     f"running with a warm cache")
+            return
+        self.enabled = True
+        self.state = "cold"
+
+    def _write(self) -> None:
+        os.sync()
+        with open(self.path, "w") as f:
+            f.write("3\n")
+
+    def drop(self) -> None:
+        """Sync and drop the page cache (no-op unless enabled); call outside the timed region."""
+        if self.enabled:
+            self._write()
+            self.drops += 1
 
 
 def plot_records(records: Sequence[dict], path: Path, *, title: str, series: Sequence[str],

@@ -47,6 +47,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3,
                    help="timed calls of each implementation per size")
     p.add_argument("--dir", default=None, help="scratch directory for flash files (default: SCALEFREE_FLASH_DIR or temp)")
+    common.add_cold_arg(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
@@ -59,6 +60,7 @@ def run(args) -> int:
     common.progress(f"flash-gemm: numpy BLAS: {blas}")
     dtype = np.dtype(args.dtype)
     records = []
+    cache = common.PageCache(args.cold, BENCH)
     with tempfile.TemporaryDirectory(prefix="scalefree-flash-bench-", dir=args.dir) as tmp:
         for n in args.n:
             data_bytes = 3 * n * n * dtype.itemsize
@@ -73,13 +75,14 @@ def run(args) -> int:
                 np.matmul(a, b, out=c)
             times = []
             for _ in range(args.repeat):
+                cache.drop()
                 t = time.perf_counter()
                 np.matmul(a, b, out=c)
                 times.append(time.perf_counter() - t)
             st = common.Stats.of(times)
             records.append(common.make_record(bench=BENCH, impl="numpy", variant="in-memory", ranks=1, nbytes=data_bytes,
                                               dtype=args.dtype, stats=st, gbps=0.0, n_rows=n, gflops=flops / st.median_s / 1e9,
-                                              blas=blas))
+                                              blas=blas, page_cache=cache.state))
             common.progress(f"  numpy n={n}: median {common.human_time(st.median_s)}")
             # flash, under the budget
             for which in args.flash_blas.split(","):
@@ -93,6 +96,7 @@ def run(args) -> int:
                     flash.gemm(A, B, C, runtime=rt)
                 times, peak, idle = [], 0, []
                 for _ in range(args.repeat):
+                    cache.drop()
                     t = time.perf_counter()
                     flash.gemm(A, B, C, runtime=rt, stats=stats)
                     times.append(time.perf_counter() - t)
@@ -110,7 +114,8 @@ def run(args) -> int:
                                                   gflops=flops / st.median_s / 1e9, budget_bytes=budget,
                                                   peak_resident_bytes=peak, setup_s=setup_s, max_rel_err=err,
                                                   block_blas=rt.blas or "faer", compute_idle_s=float(np.median(idle)),
-                                                  bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"]))
+                                                  bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"],
+                                                  page_cache=cache.state))
                 common.progress(f"  flash ({rt.blas or 'faer'}) n={n}: median {common.human_time(st.median_s)}, "
                                 f"peak {peak >> 20} MiB of {budget >> 20} MiB, compute idle {np.median(idle):.3f} s")
                 del rt, A, B, C
@@ -124,6 +129,7 @@ def run(args) -> int:
                      common.human_bytes(r["budget_bytes"]) if flash_row else "",
                      common.human_bytes(r["peak_resident_bytes"]) if flash_row else "",
                      f"{common.ratio(numpy_s[r['n_rows']], r['median_s']):.2f}x" if flash_row else ""])
+    print(f"# page cache: {cache.state}" + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))
     if args.json:
         common.write_json(Path(args.json), records)

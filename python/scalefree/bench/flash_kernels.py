@@ -44,7 +44,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--sparse-rows", type=common.argparse_type(common.positive_int), default=1_000_000)
     p.add_argument("--sparse-cols", type=common.argparse_type(common.positive_int), default=100_000)
     p.add_argument("--sparse-nnz", type=common.argparse_type(common.positive_int), default=47_000_000)
+    p.add_argument("--sparse-distinct", action="store_true",
+                   help="--sparse random: draw until --sparse-nnz distinct entries exist (else duplicates "
+                        "are merged and fewer remain)")
     p.add_argument("--csrmm-k", type=common.argparse_type(common.positive_int), default=64)
+    p.add_argument("--csrmm-dtype", choices=("float64", "float32"), default="float64",
+                   help="dtype of A, B and C in the csrmm rows (both implementations)")
+    p.add_argument("--budget", default=None, metavar="SIZE[,SIZE...]",
+                   help="flash memory budgets as sizes (e.g. 1G,96M), overriding --budget-fraction; "
+                        "csrmm gets one row per budget, the other kernels use the first")
     p.add_argument("--kmeans-n", type=common.argparse_type(common.positive_int), default=1_000_000)
     p.add_argument("--kmeans-d", type=common.argparse_type(common.positive_int), default=32)
     p.add_argument("--kmeans-k", type=common.argparse_type(common.positive_int), default=16)
@@ -52,15 +60,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3)
     p.add_argument("--dir", default=None, help="scratch directory for flash files")
+    common.add_cold_arg(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
 
 
-def _time(fn, repeat):
+def _time(fn, repeat, cache=None):
     fn()  # warm-up
     times = []
     for _ in range(repeat):
+        if cache is not None:
+            cache.drop()
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
@@ -94,27 +105,36 @@ def _lloyd_numpy(x, centers, iterations):
 
 def run(args) -> int:
 
+    from .._units import parse_bytes
     from .. import flash
 
     records = []
+    cache = common.PageCache(args.cold, BENCH)
+    budgets = [parse_bytes(b.strip(), "--budget") for b in args.budget.split(",") if b.strip()] if args.budget else []
+    _timed = _time
+
+    def _time_cold(fn, repeat):  # noqa: F811 - every timed call of every row after a drop
+        return _timed(fn, repeat, cache)
 
     def record(kernel, impl, st, nbytes, **extra):
         records.append(common.make_record(bench=BENCH, impl=impl, variant=kernel, ranks=1, nbytes=nbytes,
-                                          dtype=extra.pop("dtype", "float64"), stats=st, gbps=0.0, **extra))
+                                          dtype=extra.pop("dtype", "float64"), stats=st, gbps=0.0,
+                                          page_cache=cache.state, **extra))
         common.progress(f"  {kernel} {impl}: median {common.human_time(st.median_s)}")
 
     with tempfile.TemporaryDirectory(prefix="scalefree-flash-bench-", dir=args.dir) as tmp:
-        def runtime(nbytes):
-            budget = max(1 << 20, int(nbytes * args.budget_fraction))
+        def runtime(nbytes, budget=None):
+            if budget is None:
+                budget = budgets[0] if budgets else max(1 << 20, int(nbytes * args.budget_fraction))
             return flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp), budget
 
         if "sort" in args.kernels:
             x = np.random.default_rng(1).standard_normal(args.sort_n)
             rt, budget = runtime(x.nbytes)
-            record("sort", "numpy", _time(lambda: np.sort(x), args.repeat), x.nbytes)
+            record("sort", "numpy", _time_cold(lambda: np.sort(x), args.repeat), x.nbytes)
             stats = {}
             out = {}
-            st = _time(lambda: out.__setitem__("y", flash.sort(x, runtime=rt, stats=stats)), args.repeat)
+            st = _time_cold(lambda: out.__setitem__("y", flash.sort(x, runtime=rt, stats=stats)), args.repeat)
             if not np.array_equal(out["y"], np.sort(x)):
                 raise SystemExit("flash-kernels: sort differs from numpy")
             record("sort", "scalefree", st, x.nbytes, budget_bytes=budget, peak_resident_bytes=stats["peak_resident_bytes"])
@@ -125,7 +145,9 @@ def run(args) -> int:
                 from .svd import _power_law
 
                 path = None
-                s = _power_law(args.sparse_rows, args.sparse_cols, args.sparse_nnz)
+                t = time.perf_counter()
+                s = _power_law(args.sparse_rows, args.sparse_cols, args.sparse_nnz, distinct=args.sparse_distinct)
+                common.progress(f"flash-kernels: generated in {common.human_time(time.perf_counter() - t)}")
                 common.progress(f"flash-kernels: sparse input {s.shape[0]}x{s.shape[1]} power law, {s.nnz} entries")
             else:
                 path, s = _kos()
@@ -133,31 +155,42 @@ def run(args) -> int:
             if path:
                 common.progress(f"flash-kernels: sparse input {path}")
                 s = flash.load(path, flash.Runtime(dir=tmp)).to_scipy()
-            rt, budget = runtime(nnz_bytes(s))
-            A = flash.Csr.from_scipy(s, rt)
             if "csrcsc" in args.kernels:
-                record("csrcsc", "scipy", _time(lambda: s.T.tocsr(), args.repeat), nnz_bytes(s), n_rows=s.shape[0])
+                rt, budget = runtime(nnz_bytes(s))
+                A = flash.Csr.from_scipy(s, rt)
+                record("csrcsc", "scipy", _time_cold(lambda: s.T.tocsr(), args.repeat), nnz_bytes(s), n_rows=s.shape[0])
                 stats, out = {}, {}
-                st = _time(lambda: out.__setitem__("t", flash.csrcsc(A, runtime=rt, stats=stats)), args.repeat)
+                st = _time_cold(lambda: out.__setitem__("t", flash.csrcsc(A, runtime=rt, stats=stats)), args.repeat)
                 got, want = out["t"].to_scipy(), s.T.tocsr()
                 want.sort_indices()
                 if not (np.array_equal(got.indices, want.indices) and np.array_equal(got.data, want.data)):
                     raise SystemExit("flash-kernels: csrcsc differs from scipy")
                 record("csrcsc", "scalefree", st, nnz_bytes(s), n_rows=s.shape[0], budget_bytes=budget,
                        peak_resident_bytes=stats["peak_resident_bytes"])
+                del rt, A
             if "csrmm" in args.kernels:
-                b = np.random.default_rng(2).standard_normal((s.shape[1], args.csrmm_k))
-                rt2, budget2 = runtime(nnz_bytes(s) + b.nbytes + s.shape[0] * args.csrmm_k * 8)
-                A2 = flash.Csr.from_scipy(s, rt2)
-                record("csrmm", "scipy", _time(lambda: s @ b, args.repeat), nnz_bytes(s), n_rows=s.shape[0])
-                stats, out = {}, {}
-                st = _time(lambda: out.__setitem__("c", flash.csrmm(A2, b, runtime=rt2, stats=stats)), args.repeat)
-                if not np.allclose(out["c"], s @ b, rtol=1e-10, atol=1e-10):
-                    raise SystemExit("flash-kernels: csrmm differs from scipy")
-                record("csrmm", "scalefree", st, nnz_bytes(s), n_rows=s.shape[0], budget_bytes=budget2,
-                       peak_resident_bytes=stats["peak_resident_bytes"])
-                del rt2, A2
-            del rt, A
+                dt = np.dtype(args.csrmm_dtype)
+                sm = s if dt == s.dtype else s.astype(dt)
+                b = np.random.default_rng(2).standard_normal((s.shape[1], args.csrmm_k)).astype(dt)
+                a_bytes = sm.nnz * (4 + dt.itemsize) + (s.shape[0] + 1) * 8
+                shape = dict(n_rows=s.shape[0], n_cols=s.shape[1], nnz=int(s.nnz), k=args.csrmm_k, a_bytes=a_bytes,
+                             dtype=args.csrmm_dtype)
+                want = {}
+                record("csrmm", "scipy", _time_cold(lambda: want.__setitem__("c", sm @ b), args.repeat), a_bytes, **shape)
+                tol = 1e-10 if dt == np.float64 else 1e-4
+                for budget in budgets or [None]:
+                    rt2, budget2 = runtime(a_bytes + b.nbytes + s.shape[0] * args.csrmm_k * dt.itemsize, budget)
+                    A2 = flash.Csr.from_scipy(sm, rt2)
+                    stats, out = {}, {}
+                    st = _time_cold(lambda: out.__setitem__("c", flash.csrmm(A2, b, runtime=rt2, stats=stats)), args.repeat)
+                    err = float(np.abs(out["c"] - want["c"]).max() / max(1e-30, float(np.abs(want["c"]).max())))
+                    if err > tol:
+                        raise SystemExit(f"flash-kernels: csrmm differs from scipy (relative error {err:.2e})")
+                    record("csrmm", "scalefree", st, a_bytes, budget_bytes=budget2,
+                           peak_resident_bytes=stats["peak_resident_bytes"], max_rel_err=err,
+                           bytes_read=stats.get("bytes_read", 0), **shape)
+                    del rt2, A2, out
+                del want
 
         if "kmeans" in args.kernels:
             n, d, k, it = args.kmeans_n, args.kmeans_d, args.kmeans_k, args.kmeans_iterations
@@ -168,10 +201,10 @@ def run(args) -> int:
             X = flash.Matrix.from_numpy(x, rt)
             c1 = flash.kmeans(X, k, max_iterations=1, tolerance=-1, seed=0, runtime=rt)[0]
             # Both time it + 1 Lloyd iterations (flash's first starts from the seed rows).
-            record("kmeans", "numpy", _time(lambda: _lloyd_numpy(x, c1, it + 1), args.repeat), x.nbytes, dtype="float32",
+            record("kmeans", "numpy", _time_cold(lambda: _lloyd_numpy(x, c1, it + 1), args.repeat), x.nbytes, dtype="float32",
                    n_rows=n, iterations=it + 1)
             stats, out = {}, {}
-            st = _time(lambda: out.__setitem__("r", flash.kmeans(X, k, max_iterations=it + 1, tolerance=-1, seed=0,
+            st = _time_cold(lambda: out.__setitem__("r", flash.kmeans(X, k, max_iterations=it + 1, tolerance=-1, seed=0,
                                                                  runtime=rt, stats=stats)), args.repeat)
             want_c, want_l = _lloyd_numpy(x, c1, it)
             agree = float((out["r"][1] == want_l).mean())
@@ -190,6 +223,7 @@ def run(args) -> int:
                      common.human_time(r["max_s"]), common.human_bytes(r["budget_bytes"]) if ours else "",
                      common.human_bytes(r["peak_resident_bytes"]) if ours else "",
                      f"{common.ratio(peer[r['variant']], r['median_s']):.2f}x" if ours else ""])
+    print(f"# page cache: {cache.state}" + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=2))
     if args.json:
         common.write_json(Path(args.json), records)

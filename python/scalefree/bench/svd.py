@@ -49,6 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3, help="timed calls per row")
     p.add_argument("--dir", default=None, help="scratch directory for flash files")
+    common.add_cold_arg(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
@@ -70,17 +71,46 @@ def _shared(*parts) -> Path | None:
     return None
 
 
-def _power_law(rows, cols, nnz, seed=0):
+def _power_law(rows, cols, nnz, seed=0, distinct=False):
+    """A seeded power-law CSR matrix (row weights ``1/r^0.9``, column weights ``1/c^1.1``).
+    ``distinct=False``: ``nnz`` entries drawn, duplicates merged (fewer stored entries).
+    ``distinct=True``: draws in rounds until ``nnz`` distinct positions exist, then keeps a
+    random ``nnz`` of them, each with a fresh value in [0.5, 1.5)."""
     import scipy.sparse as sp
 
     rng = np.random.default_rng(seed)
     pr = 1.0 / np.arange(1, rows + 1) ** 0.9
     pc = 1.0 / np.arange(1, cols + 1) ** 1.1
-    r = rng.permutation(rows)[rng.choice(rows, nnz, p=pr / pr.sum())]
-    c = rng.permutation(cols)[rng.choice(cols, nnz, p=pc / pc.sum())]
-    a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
-    a.sum_duplicates()
-    return a
+    prow, pcol = rng.permutation(rows), rng.permutation(cols)
+    if not distinct:
+        r = prow[rng.choice(rows, nnz, p=pr / pr.sum())]
+        c = pcol[rng.choice(cols, nnz, p=pc / pc.sum())]
+        a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
+        a.sum_duplicates()
+        return a
+    if nnz > rows * cols:
+        raise ValueError(f"power law: {nnz} distinct entries do not fit in {rows}x{cols}")
+    keys = np.empty(0, dtype=np.int64)
+    draw = nnz
+    for _ in range(64):
+        r = prow[rng.choice(rows, draw, p=pr / pr.sum())].astype(np.int64)
+        c = pcol[rng.choice(cols, draw, p=pc / pc.sum())]
+        before = len(keys)
+        keys = np.unique(np.concatenate([keys, r * cols + c]))
+        del r, c
+        if len(keys) >= nnz:
+            break
+        gained = max(len(keys) - before, 1)
+        # Draw the deficit scaled by this round's yield (the yield only falls), plus 10 %.
+        draw = int(min((nnz - len(keys)) * draw / gained * 1.1 + 1024, 4 * nnz))
+    else:
+        raise ValueError(f"power law: only {len(keys)} of {nnz} distinct entries after 64 rounds")
+    if len(keys) > nnz:
+        keys = np.sort(keys[rng.permutation(len(keys))[:nnz]])
+    r, c = np.divmod(keys, cols)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
+    return sp.csr_matrix((rng.random(nnz) + 0.5, c.astype(np.int32), indptr), shape=(rows, cols))
 
 
 def _load(args, tmp):
@@ -118,6 +148,7 @@ def run(args) -> int:
     blas = common.numpy_blas("svd")
     common.progress(f"svd: numpy BLAS: {blas}")
     records = []
+    cache = common.PageCache(args.cold, BENCH)
     with tempfile.TemporaryDirectory(prefix="scalefree-svd-bench-", dir=args.dir) as tmp:
         name, a = _load(args, tmp)
         k = args.k
@@ -158,6 +189,7 @@ def run(args) -> int:
         peaks = [0 for _ in rows]
         for _ in range(args.repeat):
             for i, (_, _, fn, info, _) in enumerate(rows):
+                cache.drop()
                 t = time.perf_counter()
                 outs[i] = fn()
                 times[i].append(time.perf_counter() - t)
@@ -172,7 +204,7 @@ def run(args) -> int:
                     extra["peak_resident_bytes"] = peaks[i]
             records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
                                               dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
-                                              max_rel_err=e, blas=blas, **extra))
+                                              max_rel_err=e, blas=blas, page_cache=cache.state, **extra))
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
         del keep
 
@@ -188,7 +220,8 @@ def run(args) -> int:
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
                      f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
-    print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}")
+    print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
+          + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))
     if args.json:
         common.write_json(Path(args.json), records)

@@ -53,9 +53,52 @@ unsafe impl<T: Send> Send for RowsOut<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for RowsOut<T> {}
 
+/// `acc += sum_e values[e] * op(B)[indices[e], ..]` for a row-major op(B).
+#[inline(always)]
+fn accumulate_contiguous<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], data: &[T], row_stride: usize) {
+    let n = acc.len();
+    for (&col, &v) in indices.iter().zip(values) {
+        let start = col as usize * row_stride;
+        for (a, &x) in acc.iter_mut().zip(&data[start..start + n]) {
+            *a += v * x;
+        }
+    }
+}
+
+/// [`accumulate_contiguous`] compiled for AVX2 (8 float32 / 4 float64 lanes).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn accumulate_contiguous_avx2<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], data: &[T], row_stride: usize) {
+    accumulate_contiguous(acc, indices, values, data, row_stride)
+}
+
+fn accumulate<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], b: &OpDense<'_, T>) {
+    if b.col_stride == 1 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (checked above).
+            unsafe { accumulate_contiguous_avx2(acc, indices, values, b.data, b.row_stride) };
+            return;
+        }
+        accumulate_contiguous(acc, indices, values, b.data, b.row_stride);
+    } else {
+        for (&col, &v) in indices.iter().zip(values) {
+            let start = col as usize * b.row_stride;
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += v * b.data[start + j * b.col_stride];
+            }
+        }
+    }
+}
+
 /// Local rows `0..indptr.len()-1` of a CSR block (entries `indptr[r] - base ..` of
 /// `indices`/`values`) times `op(B)`: `out(r) := alpha * A(r) op(B) + beta * out(r)`,
-/// parallel over rows on the current rayon pool. `beta == 0` does not read `out`.
+/// parallel over rows on the current rayon pool. `beta == 0` does not read `out`. (Cutting a
+/// wide `op(B)` into column tiles that stay cached was measured slower on a power-law A
+/// times a 100K x 256 B: the hot B rows stay cached anyway; see docs/benchmarks.md.)
 ///
 /// # Safety
 /// `out` must address `indptr.len() - 1` rows of `b.cols` valid elements that nobody else
@@ -65,23 +108,15 @@ pub(crate) unsafe fn csr_rows_times_dense<T: Real>(alpha: T, indptr: &[u64], ind
     let base = indptr.first().copied().unwrap_or(0);
     let n = b.cols;
     debug_assert_eq!(n, out.cols, "op(B) and the output have different widths");
+    if rows == 0 || n == 0 {
+        return;
+    }
     (0..rows).into_par_iter().with_min_len(8).for_each_init(
         || vec![T::ZERO; n],
         |acc, r| {
             acc.fill(T::ZERO);
             let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
-            for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
-                let start = col as usize * b.row_stride;
-                if b.col_stride == 1 {
-                    for (a, &x) in acc.iter_mut().zip(&b.data[start..start + n]) {
-                        *a += v * x;
-                    }
-                } else {
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        *a += v * b.data[start + j * b.col_stride];
-                    }
-                }
-            }
+            accumulate(acc, &indices[lo..hi], &values[lo..hi], &b);
             // SAFETY: row `r` of `out` belongs to this call alone (function contract).
             unsafe {
                 let row = out.row(r);
