@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._atomic import atomic_path
+
 
 class GraphFormatError(ValueError):
     """An edge file that cannot be read (names the file and what is wrong)."""
@@ -322,13 +324,10 @@ def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
 
 def _save_scores(directory, rank: int, owned, scores) -> None:
     """``DIR/scores.rank{rank}.npz`` (owned vertex ids, their scores), written atomically."""
-    import os
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".scores.rank{rank}.tmp{os.getpid()}.npz"
-    np.savez(tmp, owned=np.asarray(owned, np.int64), scores=np.asarray(scores, np.float64))
-    os.replace(tmp, d / f"scores.rank{rank}.npz")
+    with atomic_path(d / f"scores.rank{rank}.npz") as tmp:
+        np.savez(tmp, owned=np.asarray(owned, np.int64), scores=np.asarray(scores, np.float64))
 
 
 def _parse_fail(text: str | None) -> tuple[int, int] | None:
@@ -444,25 +443,17 @@ def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20, progress: bool = True) -> None:
     """Writes a seeded R-MAT edge list (SNAP text, ``.gz`` compresses) in blocks, atomically
     (temporary file, then rename); the edges of :func:`rmat_blocks`."""
-    import os
-
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(tmp, "wb") as f:
-            f.write(f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode())
-            done = 0
-            for s, d in rmat_blocks(scale, edges, seed, block):
-                pairs = np.stack([s, d], axis=1)
-                f.write("\n".join(f"{x}\t{y}" for x, y in pairs.tolist()).encode() + b"\n")
-                done += len(s)
-                if progress:
-                    print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, opener(tmp, "wb") as f:
+        f.write(f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode())
+        done = 0
+        for s, d in rmat_blocks(scale, edges, seed, block):
+            pairs = np.stack([s, d], axis=1)
+            f.write("\n".join(f"{x}\t{y}" for x, y in pairs.tolist()).encode() + b"\n")
+            done += len(s)
+            if progress:
+                print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _native
+from ._atomic import atomic_path
 from .errors import InvalidArgumentError
 
 MODES = ("local", "rima", "dsgd-ps")
@@ -338,11 +339,9 @@ def _train_ranks(args) -> int:
     h = model.history
     last = h[-1]
     if args.json:
-        tmp = f"{args.json}.tmp"
-        with open(tmp, "w") as out:
+        with atomic_path(args.json) as tmp, open(tmp, "w") as out:
             for rec in h:
                 out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
-        os.replace(tmp, args.json)
     if args.plot:
         _plot(h, args.plot)
     if args.output:
@@ -409,9 +408,8 @@ def _plot(history, path) -> None:
         a.set_ylabel("test RMSE")
         a.grid(True, alpha=0.3)
     fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
 
 
 def _predict(args) -> int:

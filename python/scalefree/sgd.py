@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ._atomic import atomic_path
 
 
 class SvmlightError(ValueError):
@@ -169,25 +170,19 @@ def write_svmlight(path, blocks, header: str = "") -> int:
     """Writes ``SparseRows`` blocks as svmlight text (1-based indices, ``.gz`` compresses),
     atomically (temporary file, then rename). Returns the rows written."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     opener = gzip.open if path.suffix == ".gz" else open
     rows = 0
-    try:
-        with opener(tmp, "wt") as f:
-            if header:
-                f.write(f"# {header}\n")
-            for b in blocks:
-                lines = []
-                for i in range(len(b)):
-                    lo, hi = b.indptr[i], b.indptr[i + 1]
-                    feats = " ".join(f"{j + 1}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.data[lo:hi].tolist()))
-                    lines.append(f"{int(b.labels[i])} {feats}")
-                f.write("\n".join(lines) + ("\n" if lines else ""))
-                rows += len(b)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, opener(tmp, "wt") as f:
+        if header:
+            f.write(f"# {header}\n")
+        for b in blocks:
+            lines = []
+            for i in range(len(b)):
+                lo, hi = b.indptr[i], b.indptr[i + 1]
+                feats = " ".join(f"{j + 1}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.data[lo:hi].tolist()))
+                lines.append(f"{int(b.labels[i])} {feats}")
+            f.write("\n".join(lines) + ("\n" if lines else ""))
+            rows += len(b)
     return rows
 
 

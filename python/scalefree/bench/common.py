@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .._atomic import atomic_path
+
 # ---------------------------------------------------------------------------------------
 # Sizes and units
 
@@ -699,10 +701,8 @@ def peer_ratios(records: Sequence[dict], peers: Sequence[str], match: Sequence[s
 
 def write_json(path: Path, records: Sequence[dict]) -> None:
     """Write atomically: a temporary file next to ``path``, then a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(list(records), indent=1) + "\n")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(list(records), indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------
