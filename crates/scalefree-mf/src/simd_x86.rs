@@ -24,6 +24,31 @@ unsafe fn prefetch_row(ptr: *const f32, bytes: usize) {
     }
 }
 
+/// The step sizes of one update: η, or η over the root of each row's AdaGrad accumulator.
+///
+/// # Safety
+/// With `ADA`, rows `u` of `pg` and `i` of `qg` are in bounds.
+#[inline(always)]
+unsafe fn step_sizes<const ADA: bool>(f: Factors, prm: &SgdParams, u: usize, i: usize) -> (f32, f32) {
+    if ADA {
+        unsafe { (prm.eta / (*f.pg.add(u)).sqrt(), prm.eta / (*f.qg.add(i)).sqrt()) }
+    } else {
+        (prm.eta, prm.eta)
+    }
+}
+
+/// Adds one update's mean squared gradients to the rows' AdaGrad accumulators.
+///
+/// # Safety
+/// As [`step_sizes`].
+#[inline(always)]
+unsafe fn accumulate(f: Factors, u: usize, i: usize, gp: f32, gq: f32) {
+    unsafe {
+        *f.pg.add(u) += gp;
+        *f.qg.add(i) += gq;
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum256(v: __m256) -> f32 {
@@ -77,12 +102,8 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool>(block: &[Entry], f: Fa
         let e = en.r - hsum256(_mm256_add_ps(d0, d1));
         loss += (e * e) as f64;
         let ev = _mm256_set1_ps(e);
-        let (sp, sq) = if ADA {
-            // SAFETY: accumulator rows u and i, in bounds and ours.
-            unsafe { (prm.eta / (*f.pg.add(u)).sqrt(), prm.eta / (*f.qg.add(i)).sqrt()) }
-        } else {
-            (prm.eta, prm.eta)
-        };
+        // SAFETY: accumulator rows u and i, in bounds and ours.
+        let (sp, sq) = unsafe { step_sizes::<ADA>(f, prm, u, i) };
         let (spv, sqv) = (_mm256_set1_ps(sp), _mm256_set1_ps(sq));
         let mut ap = _mm256_setzero_ps();
         let mut aq = _mm256_setzero_ps();
@@ -102,10 +123,7 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool>(block: &[Entry], f: Fa
         }
         if ADA {
             // SAFETY: as above.
-            unsafe {
-                *f.pg.add(u) += hsum256(ap) * inv_k;
-                *f.qg.add(i) += hsum256(aq) * inv_k;
-            }
+            unsafe { accumulate(f, u, i, hsum256(ap) * inv_k, hsum256(aq) * inv_k) };
         }
     }
     loss
@@ -156,12 +174,8 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
         let e = en.r - _mm512_reduce_add_ps(_mm512_add_ps(d0, d1));
         loss += (e * e) as f64;
         let ev = _mm512_set1_ps(e);
-        let (sp, sq) = if ADA {
-            // SAFETY: accumulator rows u and i, in bounds and ours.
-            unsafe { (prm.eta / (*f.pg.add(u)).sqrt(), prm.eta / (*f.qg.add(i)).sqrt()) }
-        } else {
-            (prm.eta, prm.eta)
-        };
+        // SAFETY: accumulator rows u and i, in bounds and ours.
+        let (sp, sq) = unsafe { step_sizes::<ADA>(f, prm, u, i) };
         let (spv, sqv) = (_mm512_set1_ps(sp), _mm512_set1_ps(sq));
         let mut ap = _mm512_setzero_ps();
         let mut aq = _mm512_setzero_ps();
@@ -180,10 +194,7 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
         }
         if ADA {
             // SAFETY: as above.
-            unsafe {
-                *f.pg.add(u) += _mm512_reduce_add_ps(ap) * inv_k;
-                *f.qg.add(i) += _mm512_reduce_add_ps(aq) * inv_k;
-            }
+            unsafe { accumulate(f, u, i, _mm512_reduce_add_ps(ap) * inv_k, _mm512_reduce_add_ps(aq) * inv_k) };
         }
     }
     loss
