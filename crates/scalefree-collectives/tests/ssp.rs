@@ -53,15 +53,6 @@ fn as_bytes_mut(v: &mut [i64]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 8) }
 }
 
-/// The reduction, or None for the hypercube variant when ranks span (simulated) hosts:
-/// it needs one host (run with `SCALEFREE_TRANSPORT=ucx` or `SCALEFREE_SIMULATE_HOSTS=k`,
-/// every other variant goes over UCX between hosts).
-fn new_or_skip(dev: &Device, count: usize, dt: DType, op: ReduceOp, v: Variant) -> Option<SspReduction> {
-    match SspReduction::new(dev, count, dt, op, v) {
-        Err(scalefree_transport::Error::Unsupported(m)) if v == Variant::Hypercube && m.contains("one host") => None,
-        r => Some(r.unwrap()),
-    }
-}
 
 /// Element `j` counts the contributions of rank `j % n`; each call adds 1 there (so every
 /// shard holds a counter for every rank) and a pseudo-random payload that the final total
@@ -70,7 +61,7 @@ fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, call
     devices(n, move |dev| {
         let me = dev.rank();
         let mut rng = Rng(seed * 7919 + me as u64 * 104_729 + 1);
-        let Some(mut red) = new_or_skip(&dev, count, DType::I64, ReduceOp::Sum, variant) else { return };
+        let mut red = SspReduction::new(&dev, count, DType::I64, ReduceOp::Sum, variant).unwrap();
         let mut out = vec![0i64; count];
         let payload = |r: u32, t: u64, j: usize| ((r as i64 + 1) * 1_000_003 + t as i64 * 7_919 + j as i64 * 31) % 1013;
         for t in 1..=calls {
@@ -149,7 +140,7 @@ fn other_ops_and_dtypes_flush_exactly() {
             let me = dev.rank() as usize;
             let count = 1001;
             for op in [ReduceOp::Max, ReduceOp::Min] {
-                let Some(mut red) = new_or_skip(&dev, count, DType::F64, op, v) else { return };
+                let mut red = SspReduction::new(&dev, count, DType::F64, op, v).unwrap();
                 let mut out = vec![0f64; count];
                 let val = |r: usize, t: usize, j: usize| (((r * 131 + t * 17 + j * 7) % 97) as f64) - 40.0;
                 for t in 0..9 {

@@ -12,69 +12,38 @@
 //! sends and returns the result *without* it, so the extra adds its own current history
 //! (its own contributions are always in its result, whatever the op).
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use scalefree_transport::{Device, Error, Result};
+use scalefree_transport::{Device, Result};
 
-use super::{Buf, Kind, Mesh, FINAL, MESH_HEADER};
+use super::mailbox::{Layout, Receiver, Sender};
+use super::{Buf, Kind, Mesh, FINAL};
 use crate::reduce::{DType, ReduceOp};
-
-const FRESH: u32 = 4;
-const BUF_HDR: usize = 64;
-
-/// Byte layout: `slots` triple buffers of `nbytes` each, after the mesh header.
-struct Slots {
-    nbytes: usize,
-}
-
-impl Slots {
-    fn buf_stride(&self) -> usize {
-        BUF_HDR + self.nbytes.next_multiple_of(64)
-    }
-    fn slot_stride(&self) -> usize {
-        64 + 3 * self.buf_stride()
-    }
-    fn slot(&self, i: usize) -> usize {
-        MESH_HEADER + i * self.slot_stride()
-    }
-    fn buf(&self, i: usize, b: u32) -> usize {
-        self.slot(i) + 64 + b as usize * self.buf_stride()
-    }
-}
-
-/// A slot this rank writes into at a peer (`back` is the writer's free buffer).
-struct Out {
-    peer: usize,
-    slot: usize,
-    back: u32,
-}
-
-/// A slot of this rank that a peer writes into (`front` is the buffer being read).
-struct In {
-    slot: usize,
-    front: u32,
-}
 
 pub(crate) struct Hypercube {
     mesh: Mesh,
-    slots: Slots,
+    layout: Layout,
     kind: Kind,
     /// This rank's history, and whether it holds anything yet.
     history: Buf,
     has_history: bool,
+    /// Outgoing and incoming mailboxes, by slot: the cube steps `0..d`, then slot `d` for
+    /// the fold (a cube rank with an extra partner) or the unfold (an extra rank).
+    outs: Vec<Sender>,
+    ins: Vec<Receiver>,
     /// Ranks below the power of two run the cube; the others fold into a partner.
     role: Role,
     tmp: Buf,
 }
 
+#[derive(Clone, Copy)]
 enum Role {
-    Cube { steps: Vec<(Out, In)>, fold: Option<(In, Out)> },
-    Extra { to_partner: Out, from_partner: In },
+    /// `d` cube steps, and whether an extra rank folds into this one (slot `d`).
+    Cube { d: usize, fold: bool },
+    /// Publishes its history into slot `d` of its partner, reads the result from its own.
+    Extra { d: usize },
 }
 
-/// Slot numbers: 0..d for the cube steps, then the fold inbox (at a cube rank) and the
-/// unfold inbox (at an extra rank) share the next slot.
 impl Hypercube {
     pub(crate) fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp) -> Result<Self> {
         let p = dev.size() as usize;
@@ -82,77 +51,84 @@ impl Hypercube {
         let q = if p.is_power_of_two() { p } else { p.next_power_of_two() / 2 };
         let d = q.trailing_zeros() as usize;
         let nbytes = count * dtype.size_bytes();
-        let slots = Slots { nbytes };
-        // Partners swap slot words in each other's memory: one host only.
-        let mesh = Mesh::new(dev, slots.slot(d + 1)).map_err(|e| match e {
-            Error::Unsupported(_) => Error::Unsupported(
-                "the hypercube SSP variant needs every rank on one host; across hosts use a sharded variant (the default, sharded_async_thread)".into(),
-            ),
-            e => e,
-        })?;
-        let fresh_out = |peer, slot| Out { peer, slot, back: 2 };
-        let fresh_in = |slot| In { slot, front: 0 };
-        // Initial triple-buffer state: reader holds 0, `latest` is 1 (not fresh), writer 2.
+        let layout = Layout { nbytes };
+        // Partners on this host swap slot words in each other's memory; partners on other
+        // hosts post into each other's region (see `mailbox.rs`).
+        let mesh = Mesh::new_posting(dev, layout.slot(d + 1))?;
         for i in 0..=d {
-            mesh.u32_at(me, slots.slot(i)).store(1, Ordering::Relaxed);
+            layout.init_slot(&mesh, i);
         }
-        let role = if me < q {
-            let steps = (0..d).map(|k| (fresh_out(me ^ (1 << k), k), fresh_in(k))).collect();
-            let fold = (me + q < p).then(|| (fresh_in(d), fresh_out(me + q, d)));
-            Role::Cube { steps, fold }
+        let link = |peer, slot| (Sender::new(&mesh, &layout, peer, slot), Receiver::new(&mesh, &layout, peer, slot));
+        let (role, links): (Role, Vec<_>) = if me < q {
+            let fold = me + q < p;
+            let mut links: Vec<_> = (0..d).map(|k| link(me ^ (1 << k), k)).collect();
+            if fold {
+                links.push(link(me + q, d));
+            }
+            (Role::Cube { d, fold }, links)
         } else {
-            Role::Extra { to_partner: fresh_out(me - q, d), from_partner: fresh_in(d) }
+            (Role::Extra { d }, vec![link(me - q, d)])
         };
+        let (outs, ins) = links.into_iter().unzip();
         // Peers may publish as soon as they return from here: make sure every inbox is
         // initialised first.
         dev.exchange_bytes(&[])?;
         Ok(Hypercube {
             mesh,
+            layout,
             kind: Kind { dtype, op },
             history: Buf::new(nbytes),
             has_history: false,
+            outs,
+            ins,
             role,
             tmp: Buf::new(nbytes),
-            slots,
         })
     }
 
-    /// Publishes `src` (with its age) into the peer's slot.
-    fn publish(mesh: &Mesh, slots: &Slots, o: &mut Out, src: *const u8, age: u64) -> Result<()> {
-        let b = slots.buf(o.slot, o.back);
-        unsafe { mesh.put(o.peer, b + BUF_HDR, src, slots.nbytes) }?;
-        mesh.u64_at(o.peer, b).store(age, Ordering::Relaxed);
-        let old = mesh.u32_at(o.peer, slots.slot(o.slot)).swap(o.back | FRESH, Ordering::AcqRel);
-        o.back = old & 3;
-        mesh.ring(o.peer);
+    /// Index into `outs`/`ins` of slot `slot`.
+    fn at(&self, slot: usize) -> usize {
+        match self.role {
+            Role::Extra { .. } => 0,
+            Role::Cube { .. } => slot,
+        }
+    }
+
+    fn publish(&mut self, slot: usize, src: *const u8, age: u64) -> Result<()> {
+        let k = self.at(slot);
+        self.outs[k].publish(&self.mesh, &self.layout, src, age)
+    }
+
+    /// Sends what waits for a partner to free a buffer.
+    fn service(&mut self) -> Result<()> {
+        for o in self.outs.iter_mut() {
+            o.service(&self.mesh, &self.layout)?;
+        }
         Ok(())
     }
 
-    /// Takes the freshest partial in `i`, if a fresher one was published; returns the age of
-    /// the one now held (0: nothing was ever received).
-    fn take(mesh: &Mesh, slots: &Slots, i: &mut In) -> u64 {
-        let w = mesh.u32_at(mesh.me, slots.slot(i.slot));
-        if w.load(Ordering::Acquire) & FRESH != 0 {
-            let old = w.swap(i.front, Ordering::AcqRel);
-            i.front = old & 3;
-        }
-        mesh.u64_at(mesh.me, slots.buf(i.slot, i.front)).load(Ordering::Relaxed)
+    fn data(&self, slot: usize) -> *const u8 {
+        self.ins[self.at(slot)].data(&self.mesh, &self.layout)
     }
 
-    fn data(mesh: &Mesh, slots: &Slots, i: &In) -> *const u8 {
-        unsafe { mesh.base(mesh.me).add(slots.buf(i.slot, i.front) + BUF_HDR) }
-    }
-
-    /// Takes from `i` until its age reaches `need` (`block`), or once (not `block`).
-    fn receive(&self, i: &mut In, need: u64, block: bool, waited: &mut Duration, what: &dyn Fn() -> String) -> Result<u64> {
+    /// Takes from slot `slot` until its age reaches `need` (`block`), or once (not `block`).
+    fn receive(&mut self, slot: usize, need: u64, block: bool, waited: &mut Duration) -> Result<u64> {
+        let k = self.at(slot);
         loop {
             let seen = self.mesh.my_bell();
-            let age = Self::take(&self.mesh, &self.slots, i);
+            self.service()?;
+            let age = self.ins[k].take(&self.mesh, &self.layout)?;
             if age >= need || !block {
                 return Ok(age);
             }
+            let peer = self.outs[k].peer();
+            let what = || match self.role {
+                Role::Cube { d, .. } if slot < d => format!("the SSP partial of rank {peer} (age >= {need})"),
+                Role::Cube { .. } => format!("the SSP history of rank {peer} (age >= {need})"),
+                Role::Extra { .. } => format!("the SSP reduction from rank {peer} (age >= {need})"),
+            };
             let t = Instant::now();
-            self.mesh.wait_bell(seen, None, what, &|| Ok(()), true)?;
+            self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
             *waited += t.elapsed();
         }
     }
@@ -160,67 +136,52 @@ impl Hypercube {
     /// One pass over the cube. `own_age` is the age of this rank's history; returns the
     /// age of the result in `out`.
     fn round(&mut self, out: &mut [u8], own_age: u64, need: u64, block: bool, waited: &mut Duration) -> Result<u64> {
-        let n = self.slots.nbytes;
+        let n = self.layout.nbytes;
         let kind = self.kind;
-        let mut role = std::mem::replace(&mut self.role, Role::Cube { steps: Vec::new(), fold: None });
-        let r = (|| -> Result<u64> {
-            match &mut role {
-                Role::Extra { to_partner, from_partner } => {
-                    Self::publish(&self.mesh, &self.slots, to_partner, self.history.ptr(), own_age)?;
-                    let peer = to_partner.peer;
-                    let age = self.receive(from_partner, need, block, waited, &|| {
-                        format!("the SSP reduction from rank {peer} (age >= {need})")
-                    })?;
-                    let src = Self::data(&self.mesh, &self.slots, from_partner);
-                    if age == 0 {
-                        out.copy_from_slice(self.history.bytes());
-                    } else {
-                        kind.acc3(out.as_mut_ptr(), src, self.history.ptr(), n);
-                    }
-                    Ok(age.min(own_age))
-                }
-                Role::Cube { steps, fold } => {
-                    // `out` accumulates everything but the folded extra; `tmp` is what is sent.
+        match self.role {
+            Role::Extra { d } => {
+                self.publish(d, self.history.ptr(), own_age)?;
+                let age = self.receive(d, need, block, waited)?;
+                if age == 0 {
                     out.copy_from_slice(self.history.bytes());
-                    let mut age_x = own_age;
-                    let mut age_f = FINAL;
-                    let mut with_fold = false;
-                    if let Some((fin, _)) = fold.as_mut() {
-                        let peer = self.mesh.me + (1usize << steps.len());
-                        age_f = self.receive(fin, need, block, waited, &|| {
-                            format!("the SSP history of rank {peer} (age >= {need})")
-                        })?;
-                        with_fold = age_f > 0;
-                    }
-                    for (o, i) in steps.iter_mut() {
-                        let src = if with_fold {
-                            kind.acc3(self.tmp.mut_ptr(), out.as_ptr(), Self::data(&self.mesh, &self.slots, &fold.as_ref().unwrap().0), n);
-                            self.tmp.ptr()
-                        } else {
-                            out.as_ptr()
-                        };
-                        Self::publish(&self.mesh, &self.slots, o, src, age_x.min(age_f))?;
-                        let peer = o.peer;
-                        let age = self.receive(i, need, block, waited, &|| {
-                            format!("the SSP partial of rank {peer} (age >= {need})")
-                        })?;
-                        if age > 0 {
-                            kind.acc(out.as_mut_ptr(), Self::data(&self.mesh, &self.slots, i), n);
-                        }
-                        age_x = age_x.min(age);
-                    }
-                    if let Some((fin, fout)) = fold.as_mut() {
-                        Self::publish(&self.mesh, &self.slots, fout, out.as_ptr(), age_x)?;
-                        if with_fold {
-                            kind.acc(out.as_mut_ptr(), Self::data(&self.mesh, &self.slots, fin), n);
-                        }
-                    }
-                    Ok(age_x.min(age_f))
+                } else {
+                    kind.acc3(out.as_mut_ptr(), self.data(d), self.history.ptr(), n);
                 }
+                Ok(age.min(own_age))
             }
-        })();
-        self.role = role;
-        r
+            Role::Cube { d, fold } => {
+                // `out` accumulates everything but the folded extra; `tmp` is what is sent.
+                out.copy_from_slice(self.history.bytes());
+                let mut age_x = own_age;
+                let mut age_f = FINAL;
+                let mut with_fold = false;
+                if fold {
+                    age_f = self.receive(d, need, block, waited)?;
+                    with_fold = age_f > 0;
+                }
+                for k in 0..d {
+                    let src = if with_fold {
+                        kind.acc3(self.tmp.mut_ptr(), out.as_ptr(), self.data(d), n);
+                        self.tmp.ptr()
+                    } else {
+                        out.as_ptr()
+                    };
+                    self.publish(k, src, age_x.min(age_f))?;
+                    let age = self.receive(k, need, block, waited)?;
+                    if age > 0 {
+                        kind.acc(out.as_mut_ptr(), self.data(k), n);
+                    }
+                    age_x = age_x.min(age);
+                }
+                if fold {
+                    self.publish(d, out.as_ptr(), age_x)?;
+                    if with_fold {
+                        kind.acc(out.as_mut_ptr(), self.data(d), n);
+                    }
+                }
+                Ok(age_x.min(age_f))
+            }
+        }
     }
 
     pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
@@ -236,7 +197,8 @@ impl Hypercube {
     }
 
     /// Rounds that never block (so no rank waits on a flushing one) until every partial
-    /// received is final.
+    /// received is final and every one of ours was sent; then waits until every partner
+    /// has flushed too (it may still acknowledge ours, so this rank's region must stay).
     pub(crate) fn flush(&mut self, out: &mut [u8], clock: u64) -> Result<()> {
         if !self.has_history {
             super::fill_identity(self.kind.dtype, self.kind.op, self.history.bytes_mut());
@@ -244,13 +206,23 @@ impl Hypercube {
         }
         let _ = clock;
         let mut waited = Duration::ZERO;
+        let what = || "every rank to flush its SSP reduction".to_string();
         loop {
             let seen = self.mesh.my_bell();
-            if self.round(out, FINAL, FINAL, false, &mut waited)? == FINAL {
-                // Partners may still need our final partials: they were all published.
+            if self.round(out, FINAL, FINAL, false, &mut waited)? == FINAL && !self.outs.iter().any(Sender::pending) {
+                break;
+            }
+            self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
+        }
+        for o in &self.outs {
+            o.say_done(&self.mesh, &self.layout)?;
+        }
+        loop {
+            let seen = self.mesh.my_bell();
+            if self.ins.iter().all(|i| i.partner_done(&self.mesh, &self.layout)) {
                 return Ok(());
             }
-            self.mesh.wait_bell(seen, None, &|| "every rank to flush its SSP reduction".to_string(), &|| Ok(()), true)?;
+            self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
         }
     }
 }

@@ -16,6 +16,7 @@
 //!   them, shards push state only after an update from each worker (`sharded.rs`).
 
 mod hypercube;
+mod mailbox;
 mod sharded;
 
 use std::time::Instant;
