@@ -441,3 +441,52 @@ def test_ssp_killed_rank_on_another_host_is_peer_lost(can_simulate, variant):
     for i in (0, 2):
         rc, out = res[i]
         assert rc != 0 and "PeerLostError" in out and "rank 1" in out, out[-2000:]
+
+
+MPI_LAUNCHED = """import os, numpy as np, scalefree
+assert "SCALEFREE_MASTER_ADDR" not in os.environ
+g = scalefree.init(timeout=60)
+assert g.transport == "ucx" and g.size == 3, (g.transport, g.size)
+out = g.allreduce(np.full(1000, g.rank + 1.0, np.float32))
+assert (out == 6).all(), out[:4]
+print("ok", g.rank, g.launcher, os.environ["SCALEFREE_MASTER_ADDR"], flush=True)
+"""
+
+
+def test_mpirun_across_hosts_asks_mpi_for_the_rendezvous(can_simulate, tmp_path):
+    """Under mpirun on 3 hosts, without SCALEFREE_MASTER_ADDR, the ranks learn rank 0's
+    address from MPI (mpi4py) and meet there."""
+    import importlib.util
+    import os
+
+    from scalefree.bench import common, hosts as bench_hosts
+
+    if importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None:
+        pytest.skip("mpi4py or mpiexec missing (pip install '.[bench]')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALEFREE_", "SLURM_", "OMPI_", "PMI_"))}
+    env.update(common.mpi_env())
+    with simhosts.SimHosts(3) as h:
+        agent = bench_hosts.rsh_agent(h, tmp_path)
+        cmd = bench_hosts.mpi_cmd(h, 1, agent, [sys.executable, "-c", MPI_LAUNCHED])
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:]
+    rows = sorted(line.split() for line in p.stdout.splitlines() if line.startswith("ok "))
+    assert [r[1:3] for r in rows] == [["0", "openmpi"], ["1", "openmpi"], ["2", "openmpi"]], p.stdout[-2000:]
+    assert {r[3] for r in rows} == {h.ip(0)}, rows
+
+
+def test_picking_rank0s_address_for_mpi():
+    from scalefree._mpi_master import pick, spans_hosts_without_master
+
+    mine = [("docker0", "172.17.0.1", 16), ("eth0", "10.0.0.1", 24), ("ib0", "192.168.5.1", 24)]
+    others = [[("eth0", "10.0.0.2", 24), ("ib0", "192.168.5.2", 24)], [("ib0", "192.168.5.3", 24)]]
+    assert pick(mine, others) == "192.168.5.1"
+    assert pick(mine, [[("eth0", "10.0.0.7", 24)]]) == "10.0.0.1"
+    assert pick([], others) is None
+    assert pick(mine, []) == "172.17.0.1"
+    assert spans_hosts_without_master({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert not spans_hosts_without_master({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert not spans_hosts_without_master({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "1", "SCALEFREE_MASTER_ADDR": "h0"})
+    assert spans_hosts_without_master({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "1"})
+    assert not spans_hosts_without_master({"OMPI_COMM_WORLD_SIZE": "x", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    assert not spans_hosts_without_master({})

@@ -57,7 +57,8 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     Rank and size come from the launcher's environment: ``scalefree run``, Open MPI's
     ``mpirun``, MPICH's ``mpiexec``, Slurm's ``srun`` or ``torchrun``; without any, the
     group has one rank. Every rank must call it. Calling it again returns the same open
-    group.
+    group. Across hosts, ranks meet at ``SCALEFREE_MASTER_ADDR``; under ``mpirun`` without
+    it, rank 0's address is asked of MPI when mpi4py is installed.
 
     ``timeout`` (seconds, default ``SCALEFREE_TIMEOUT`` or 1800) bounds how long a
     collective waits for a peer that is alive but silent; a peer that dies is reported
@@ -74,10 +75,13 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     global _default_group
     if _default_group is not None and not _default_group.closed:
         return _default_group
+    from ._mpi_master import from_mpi
     from .group import Group
     from .ucx import prepare
 
     prepare()
+    # Under mpirun across hosts, rank 0's address comes from MPI (mpi4py) when not given.
+    from_mpi()
     g = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
     if arena is None:
         arena = os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -160,7 +160,8 @@ impl JobInfo {
                 return Err(Error::Bootstrap(format!(
                     "the job spans hosts ({local_size} of {size} ranks on this one) but no rendezvous address is known: \
                      set SCALEFREE_MASTER_ADDR (and SCALEFREE_MASTER_PORT) to rank 0's host on every host \
-                     (with mpirun: -x SCALEFREE_MASTER_ADDR=...), or launch with `scalefree run --nnodes ... --master-addr ...`"
+                     (with mpirun: -x SCALEFREE_MASTER_ADDR=..., or install mpi4py so that scalefree asks MPI), \
+                     or launch with `scalefree run --nnodes ... --master-addr ...`"
                 )));
             }
             let token = match var("SCALEFREE_JOB_TOKEN") {
@@ -186,7 +187,8 @@ pub const DEFAULT_MASTER_PORT: u16 = 29517;
 /// else what the launcher tells: under Slurm the first host of the step's node list (where
 /// rank 0 runs under Slurm's default block distribution), under torchrun its `MASTER_ADDR`
 /// (port `MASTER_PORT + 1`: torchrun's own store holds `MASTER_PORT`). Open MPI and MPICH do
-/// not say where rank 0 runs: pass `-x SCALEFREE_MASTER_ADDR=...` to `mpirun`.
+/// not say where rank 0 runs: pass `-x SCALEFREE_MASTER_ADDR=...` to `mpirun`, or let the
+/// Python front ask MPI (`scalefree/_mpi_master.py`, with mpi4py).
 fn master_from_env(launcher: Launcher, spans_hosts: bool) -> Result<Option<(String, u16)>> {
     let port_var = || -> Result<Option<u16>> {
         match var("SCALEFREE_MASTER_PORT") {
