@@ -490,3 +490,21 @@ def test_picking_rank0s_address_for_mpi():
     assert spans_hosts_without_master({"PMI_SIZE": "4", "MPI_LOCALNRANKS": "1"})
     assert not spans_hosts_without_master({"OMPI_COMM_WORLD_SIZE": "x", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
     assert not spans_hosts_without_master({})
+
+
+def test_sparse_bench_across_hosts(can_simulate, tmp_path):
+    """`scalefree bench sparse --hosts 2 --per-host 2`: every rank on a simulated host, the
+    reduce checked against the dense reference inside the job, records tagged with the hosts."""
+    import json
+
+    out = tmp_path / "sparse.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "sparse", "--hosts", "2", "--per-host", "2",
+                        "--dim", "50000", "--nnz", "1000", "--min-calls", "2", "--target-seconds", "0.05",
+                        "--warmup", "1", "--vs", "none", "--json", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:]
+    recs = json.loads(out.read_text())
+    recs = recs["records"] if isinstance(recs, dict) else recs
+    assert {(r["impl"], r["variant"], r["hosts"], r["ranks"]) for r in recs} == {
+        ("scalefree", v, 2, 4) for v in ("config", "reduce", "config_reduce")}, recs
+    assert "on 2 hosts, rank 0's layers" in p.stdout

@@ -25,6 +25,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -558,9 +559,10 @@ class JobOutcome:
         return f"exited with status {self.returncode}"
 
 
-def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: str) -> bool:
+def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: str, sim=None) -> bool:
     """Runs a bench worker ``argv`` on ``n`` ranks: under ``mpiexec`` for ``impl == "mpi"``,
-    else with ``scalefree run``. False (and says why on stderr) when it was skipped or failed."""
+    else with ``scalefree run``; across the simulated hosts ``sim`` (``n / sim.n`` ranks on
+    each) when given. False (and says why on stderr) when it was skipped or failed."""
     if impl == "mpi":
         mpiexec = find_mpiexec()
         if mpiexec is None:
@@ -569,8 +571,18 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
         cmd, env = mpiexec_cmd(mpiexec, n, argv), mpi_env()
     else:
         cmd, env = launcher_cmd(n, argv), {}
-    progress(f"{label}: {impl} on {n} ranks")
-    res = run_job(cmd, timeout_s=timeout_s, env_extra=env)
+    where = f" on {sim.n} hosts" if sim is not None else ""
+    progress(f"{label}: {impl} on {n} ranks{where}")
+    if sim is not None:
+        from . import hosts as across
+
+        with tempfile.TemporaryDirectory(prefix="scalefree-bench-hosts-") as tmp:
+            per_host = n // sim.n
+            cmds = ([across.mpi_cmd(sim, per_host, across.rsh_agent(sim, Path(tmp)), argv)] if impl == "mpi"
+                    else across.scalefree_cmds(sim, per_host, free_port(), argv))
+            res = across.run_all(cmds, timeout_s=timeout_s, env_extra=env)
+    else:
+        res = run_job(cmd, timeout_s=timeout_s, env_extra=env)
     if not res.ok:
         progress(f"{impl} on {n} ranks {res.describe()}:\n" + "\n".join(res.output_tail))
     return res.ok

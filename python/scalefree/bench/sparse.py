@@ -61,6 +61,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "--target-seconds / rounds per round)")
     p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, PEERS, "peer")),
                    default="mpi", metavar="PEER", help="peers ('none' for none)")
+    p.add_argument("--hosts", type=arg(lambda s: common.parse_int_list(s, "host count")), default=None,
+                   metavar="H[,H...]",
+                   help="run across H simulated hosts (network namespaces on one bridge, see "
+                        "scalefree.simhosts; needs root) instead of one host, --per-host ranks on each, "
+                        "the same hosts for every implementation; -n is then ignored")
+    p.add_argument("--per-host", type=arg(common.positive_int), default=1, help="ranks per simulated host with --hosts")
     common.add_timing_args(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
@@ -270,19 +276,37 @@ def run(args) -> int:
     records: list[dict] = []
     peers = [] if args.vs == ["none"] else list(args.vs)
     if args.degrees == "sweep":
+        if args.hosts:
+            raise SystemExit("scalefree bench sparse: --degrees sweep runs on one host; drop --hosts")
         return run_sweep(args)
+    def one(n: int, sim=None) -> None:
+        for impl in ["scalefree"] + peers:
+            out = Path(tmp) / f"{impl}-{n}.json"
+            out.unlink(missing_ok=True)
+            argv = [sys.executable, "-m", "scalefree.bench.sparse", "--impl", impl, "--out", str(out),
+                    "--dim", str(args.dim), "--nnz", str(args.nnz), "--zipf", repr(args.zipf),
+                    "--degrees", args.degrees, "--min-calls", str(args.min_calls),
+                    "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds),
+                    "--warmup", str(args.warmup)]
+            if not common.run_ranks(impl, n, argv, timeout_s=args.timeout, label="sparse", sim=sim) or not out.exists():
+                continue
+            for r in json.loads(out.read_text()):
+                r["hosts"] = sim.n if sim is not None else 1
+                records.append(r)
+
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.ranks:
-            for impl in ["scalefree"] + peers:
-                out = Path(tmp) / f"{impl}-{n}.json"
-                argv = [sys.executable, "-m", "scalefree.bench.sparse", "--impl", impl, "--out", str(out),
-                        "--dim", str(args.dim), "--nnz", str(args.nnz), "--zipf", repr(args.zipf),
-                        "--degrees", args.degrees, "--min-calls", str(args.min_calls),
-                        "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds),
-                        "--warmup", str(args.warmup)]
-                if not common.run_ranks(impl, n, argv, timeout_s=args.timeout, label="sparse") or not out.exists():
-                    continue
-                records += json.loads(out.read_text())
+        if args.hosts:
+            from scalefree import simhosts
+
+            why = simhosts.available()
+            if why:
+                raise SystemExit(f"scalefree bench sparse --hosts: simulated hosts are not possible here: {why}")
+            for h in args.hosts:
+                with simhosts.SimHosts(h) as sim:
+                    one(h * args.per_host, sim)
+        else:
+            for n in args.ranks:
+                one(n)
     print_table(records)
     if args.json:
         common.write_json(args.json, records)
@@ -388,19 +412,20 @@ def print_sweep(records: list[dict]) -> None:
 
 def print_table(records: list[dict]) -> None:
     rows = []
-    for n in sorted({r["ranks"] for r in records}):
-        rs = [r for r in records if r["ranks"] == n]
+    for h, n in sorted({(r.get("hosts", 1), r["ranks"]) for r in records}):
+        rs = [r for r in records if r["ranks"] == n and r.get("hosts", 1) == h]
         ours = next((r for r in rs if r["impl"] == "scalefree" and r["variant"] == "reduce"), None)
         for r in rs:
             vs = f"{r['median_s'] / ours['median_s']:.2f}x" if ours and r["impl"] != "scalefree" else ""
             extra = r.get("degrees", "") or (f"setup {human_time(r['config_s'])}" if "config_s" in r else "")
-            rows.append([str(n), r["impl"], r["variant"], human_time(r["median_s"]), human_time(r["min_s"]),
+            rows.append([str(h), str(n), r["impl"], r["variant"], human_time(r["median_s"]), human_time(r["min_s"]),
                          human_time(r["max_s"]), str(r["n"]), vs, extra])
-    print(common.format_table(["ranks", "impl", "variant", "median", "min", "max", "calls",
-                               "peer/ours(reduce)", "degrees / set-up"], rows, left_columns=3))
+    print(common.format_table(["hosts", "ranks", "impl", "variant", "median", "min", "max", "calls",
+                               "peer/ours(reduce)", "degrees / set-up"], rows, left_columns=4))
     for r in records:
         if r.get("layers"):
-            print(f"\nscalefree reduce at {r['ranks']} ranks, rank 0's layers (degrees {r['degrees']}):")
+            where = f" on {r['hosts']} hosts" if r.get("hosts", 1) > 1 else ""
+            print(f"\nscalefree reduce at {r['ranks']} ranks{where}, rank 0's layers (degrees {r['degrees']}):")
             print_layers(r["layers"])
 
 
