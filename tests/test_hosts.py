@@ -431,7 +431,7 @@ def test_parameter_server_across_hosts(can_simulate, tmp_path):
     assert hist[-1][2] < hist[0][2] - 0.3, (hist[0], hist[-1])
 
 
-@pytest.mark.parametrize("variant", ["sharded", "sharded_async_thread"])
+@pytest.mark.parametrize("variant", ["hypercube", "sharded", "sharded_async_thread"])
 def test_ssp_killed_rank_on_another_host_is_peer_lost(can_simulate, variant):
     from test_ssp import KILL
 
