@@ -124,6 +124,9 @@ def test_csr_product_duplicates_unsorted_and_bad_arguments(rt):
     np.testing.assert_allclose(flash.csr_product(a, x, runtime=rt), a.toarray().T @ (a.toarray() @ x))
     np.testing.assert_allclose(flash.csr_product(a, np.ones(3), product="times", runtime=rt)[:, 0],
                                a.toarray() @ np.ones(3))
+    wide = a.copy()  # 64-bit index arrays (scipy's choice for large matrices) are converted
+    wide.indices, wide.indptr = wide.indices.astype(np.int64), wide.indptr.astype(np.int64)
+    np.testing.assert_allclose(flash.csr_product(wide, x, product="transpose", runtime=rt), a.toarray().T @ x)
     with pytest.raises(ValueError, match="must have 3 rows"):
         flash.csr_product(a, np.ones((4, 2)), runtime=rt)
     with pytest.raises(ValueError, match="gram, transpose or times"):
@@ -141,13 +144,13 @@ def test_svds_in_memory_sparse_uses_the_parallel_products(rt, monkeypatch):
     """A scipy sparse input that fits the budget goes through csr_product (gram for a tall A,
     transpose + times for a wide one) and agrees with scipy."""
     calls = []
-    real = flash.csr_product
+    real = flash._csr_product
 
-    def spy(a, x, *, product="gram", runtime=None):
+    def spy(arrays, x, product, rt):
         calls.append(product)
-        return real(a, x, product=product, runtime=runtime)
+        return real(arrays, x, product, rt)
 
-    monkeypatch.setattr(flash, "csr_product", spy)
+    monkeypatch.setattr(flash, "_csr_product", spy)
     for shape in ((900, 300), (300, 900)):
         a = power_law(*shape, 9000, seed=5)
         want = np.sort(sla.svds(a, k=8, return_singular_vectors=False, random_state=0))

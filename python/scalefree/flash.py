@@ -397,19 +397,29 @@ def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) 
     ``a_i^T (a_i X)``), ``"transpose"`` ``A^T X`` (both with one accumulator per thread, no
     transpose of A formed), ``"times"`` ``A X`` (parallel over rows). Computed in A's dtype
     (float32 or float64); ``X`` is converted to it. Returns a new C-contiguous array."""
+    return _csr_product(_csr_arrays(a), x, product, runtime or default_runtime())
+
+
+def _csr_arrays(a):
+    """``(shape, indptr int64, indices int32, data)`` of a float32/float64 scipy sparse
+    matrix, as ``csr_product`` passes them to the native kernel (convert once, reuse)."""
     import scipy.sparse as sp
 
     if not sp.issparse(a):
         raise InvalidArgumentError("csr_product: A must be a scipy sparse matrix")
-    if product not in ("gram", "transpose", "times"):
-        raise InvalidArgumentError(f"csr_product: product must be gram, transpose or times, got {product!r}")
-    rt = runtime or default_runtime()
     a = a.tocsr()
     if a.dtype not in (np.float32, np.float64):
         raise InvalidArgumentError(f"csr_product: A must be float32 or float64, got {a.dtype}")
-    rows, cols = a.shape
-    if cols > np.iinfo(np.int32).max:
-        raise InvalidArgumentError(f"csr_product: {cols} columns do not fit 32-bit column indices")
+    if a.shape[1] > np.iinfo(np.int32).max:
+        raise InvalidArgumentError(f"csr_product: {a.shape[1]} columns do not fit 32-bit column indices")
+    return (tuple(a.shape), np.ascontiguousarray(a.indptr, dtype=np.int64),
+            np.ascontiguousarray(a.indices, dtype=np.int32), np.ascontiguousarray(a.data))
+
+
+def _csr_product(arrays, x, product, rt) -> np.ndarray:
+    (rows, cols), indptr, indices, data = arrays
+    if product not in ("gram", "transpose", "times"):
+        raise InvalidArgumentError(f"csr_product: product must be gram, transpose or times, got {product!r}")
     x = np.asarray(x)
     if x.ndim == 1:
         x = x[:, None]
@@ -417,11 +427,9 @@ def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) 
     if x.ndim != 2 or x.shape[0] != want:
         raise InvalidArgumentError(f"csr_product: A is {rows}x{cols}, so X for {product!r} must have {want} rows, "
                                    f"got shape {x.shape}")
-    x = np.ascontiguousarray(x, dtype=a.dtype)
-    z = np.empty((rows if product == "times" else cols, x.shape[1]), dtype=a.dtype)
-    _native.memory_csr_product(rt._rt, product, rows, cols, np.ascontiguousarray(a.indptr, dtype=np.int64),
-                               np.ascontiguousarray(a.indices, dtype=np.int32), np.ascontiguousarray(a.data),
-                               x, x.shape[1], z)
+    x = np.ascontiguousarray(x, dtype=data.dtype)
+    z = np.empty((rows if product == "times" else cols, x.shape[1]), dtype=data.dtype)
+    _native.memory_csr_product(rt._rt, product, rows, cols, indptr, indices, data, x, x.shape[1], z)
     return z
 
 

@@ -57,15 +57,16 @@ class _MemoryCsr(_InMemory):
     def __init__(self, a, dtype, rt):
         super().__init__(a, dtype)
         self.rt = rt
+        self.arrays = flash._csr_arrays(a)  # index arrays converted once, not per product
 
     def matmat(self, x):
-        return flash.csr_product(self.a, x, product="times", runtime=self.rt)
+        return flash._csr_product(self.arrays, x, "times", self.rt)
 
     def rmatmat(self, y):
-        return flash.csr_product(self.a, y, product="transpose", runtime=self.rt)
+        return flash._csr_product(self.arrays, y, "transpose", self.rt)
 
     def gram(self, x):
-        return flash.csr_product(self.a, x, product="gram", runtime=self.rt)
+        return flash._csr_product(self.arrays, x, "gram", self.rt)
 
 
 class _Loaded(_MemoryCsr):
