@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from scalefree import flash
+from scalefree import flash, flash_svd
 from scalefree.errors import InvalidArgumentError, NoConvergenceError
 from scalefree.flash_eigen import block_krylov_schur
 
@@ -472,7 +472,7 @@ def test_cli_flash_svd(tmp_path):
     assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
 
 
-def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
+def test_svds_block_size_default_on_flash_and_in_memory(tmp_path, monkeypatch):
     """Blocks of min(k, 32) columns when A is applied from flash (a pass costs the same for
     more columns), min(k, 16) in memory; the values agree with scipy either way."""
     a = power_law(3000, 800, 30000, seed=3)
@@ -486,3 +486,11 @@ def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
     stats = {}
     flash.svds(flash.Csr.from_scipy(a, rt), k=20, block_size=8, return_singular_vectors=False, runtime=rt, stats=stats)
     assert stats["block_size"] == 8
+    # A large CSR matrix on flash (here: the limit lowered below this one's entries) gets the
+    # in-memory default, 16: its passes cost their arithmetic.
+    monkeypatch.setattr(flash_svd, "_FLASH_BLOCK_NNZ_LIMIT", a.nnz)
+    rt = flash.Runtime(memory_budget="100K", threads=2, dir=tmp_path)
+    stats = {}
+    s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)
+    assert stats["on_flash"] and stats["block_size"] == 16
+    np.testing.assert_allclose(s, want, rtol=1e-9)

@@ -29,8 +29,11 @@ from .flash_eigen import _blas_threads, block_krylov_schur
 
 _SCIPY_SOLVERS = ("arpack", "propack", "lobpcg")
 
-# Default block size when A is applied from flash (in memory: the solver's, min(k, 16)).
+# Default block size when A is applied from flash (in memory: the solver's, min(k, 16)), and
+# the number of stored entries from which a flash CSR matrix gets the in-memory default
+# instead: there a pass costs its arithmetic, not its fixed costs (see _solve).
 _FLASH_BLOCK = 32
+_FLASH_BLOCK_NNZ_LIMIT = 8_000_000
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,11 +254,17 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     descending order of s: ``(u, s, vt)`` as float64 (``vectors=False``: ``(None, s, None)``)."""
     rows, cols = op.shape
     right = cols <= rows  # eigenvectors of A^T A are right singular vectors
-    if block_size is None and (isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash)):
-        # A pass of the flash kernels costs about the same for 16 columns as for 32 (it is
-        # reading A), so on flash wider blocks mean fewer passes (kos under a quarter of its
-        # size: 508 ms against 646 at 16, more operator columns but half the passes).
-        block_size = max(min(k, _FLASH_BLOCK), min(2, k))
+    flash_op = op if isinstance(op, _OnFlash) else getattr(op, "op", None)
+    if block_size is None and isinstance(flash_op, _OnFlash):
+        # On a small matrix a pass of the flash kernels costs about the same for 16 columns as
+        # for 32 (a DAG run, reading A), so wider blocks mean fewer passes (kos under a
+        # quarter of its size: 508 ms against 646 at 16, more operator columns but half the
+        # passes). On a large CSR matrix a pass costs its arithmetic, about proportional to
+        # the columns, and block 16's fewer operator columns win (47M entries at a quarter
+        # budget: 31.8 s against 36.0 s at 32; 384 operator columns against 512).
+        large = isinstance(flash_op, _FlashCsr) and flash_op.a.nnz >= _FLASH_BLOCK_NNZ_LIMIT
+        if not large:
+            block_size = max(min(k, _FLASH_BLOCK), min(2, k))
     n = cols if right else rows
     if right:
         def apply(x):
