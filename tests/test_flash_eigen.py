@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from scalefree import flash
+from scalefree import flash, flash_svd
 from scalefree.errors import InvalidArgumentError, NoConvergenceError
 from scalefree.flash_eigen import block_krylov_schur
 
@@ -88,6 +88,78 @@ def test_csrtmm_bad_shapes(rt):
     with pytest.raises(ValueError, match="flash.Csr"):
         flash.csrtmm(np.ones((6, 4)), np.ones((6, 2)), runtime=rt)
     np.testing.assert_allclose(flash.csrtmm(A, np.ones(6), runtime=rt)[:, 0], A.to_scipy().T @ np.ones(6))
+
+
+# ---------------------------------------------------------------------------------------
+# csr_product: the in-memory parallel products (fused A^T A X, A^T X, A X) of svds
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape,n", [((0, 0), 2), ((1, 1), 1), ((0, 5), 2), ((5, 0), 3), ((1, 7), 3),
+                                     ((37, 23), 3), ((23, 37), 16), ((3001, 801), 5), ((20000, 3000), 33)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_csr_product_matches_scipy(tmp_path, dtype, shape, n, threads):
+    rt = flash.Runtime(memory_budget="1M", threads=threads, dir=tmp_path)
+    a = (power_law(*shape, 20 * max(shape), seed=n, dtype=dtype) if min(shape) > 1
+         else sp.csr_matrix(np.arange(1, shape[0] * shape[1] + 1, dtype=dtype).reshape(shape)))
+    rng = np.random.default_rng(n)
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    x = rng.standard_normal((shape[1], n))  # float64: converted to A's dtype
+    for product, want in (("gram", a.T @ (a @ x.astype(dtype))), ("times", a @ x.astype(dtype))):
+        z = flash.csr_product(a, x, product=product, runtime=rt)
+        assert z.dtype == dtype and z.shape == want.shape and z.flags.c_contiguous
+        np.testing.assert_allclose(z, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max(initial=0)))
+    y = rng.standard_normal((shape[0], n)).astype(dtype)
+    z = flash.csr_product(a, y, product="transpose", runtime=rt)
+    want = a.T @ y
+    assert z.shape == want.shape
+    np.testing.assert_allclose(z, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max(initial=0)))
+
+
+def test_csr_product_duplicates_unsorted_and_bad_arguments(rt):
+    # Non-canonical CSR (a duplicate entry, unsorted columns) is summed like scipy does.
+    a = sp.csr_matrix((np.array([1.0, 2.0, 3.0, 4.0]), np.array([2, 0, 2, 1], dtype=np.int32),
+                       np.array([0, 3, 3, 4])), shape=(3, 3))
+    x = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_allclose(flash.csr_product(a, x, runtime=rt), a.toarray().T @ (a.toarray() @ x))
+    np.testing.assert_allclose(flash.csr_product(a, np.ones(3), product="times", runtime=rt)[:, 0],
+                               a.toarray() @ np.ones(3))
+    wide = a.copy()  # 64-bit index arrays (scipy's choice for large matrices) are converted
+    wide.indices, wide.indptr = wide.indices.astype(np.int64), wide.indptr.astype(np.int64)
+    np.testing.assert_allclose(flash.csr_product(wide, x, product="transpose", runtime=rt), a.toarray().T @ x)
+    with pytest.raises(ValueError, match="must have 3 rows"):
+        flash.csr_product(a, np.ones((4, 2)), runtime=rt)
+    with pytest.raises(ValueError, match="gram, transpose or times"):
+        flash.csr_product(a, x, product="both", runtime=rt)
+    with pytest.raises(ValueError, match="scipy sparse"):
+        flash.csr_product(np.ones((3, 3)), x, runtime=rt)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        flash.csr_product(a.astype(np.int64), x, runtime=rt)
+    bad = sp.csr_matrix((np.array([1.0]), np.array([-1], dtype=np.int32), np.array([0, 1])), shape=(1, 3))
+    with pytest.raises(ValueError, match="column"):
+        flash.csr_product(bad, np.ones((3, 1)), runtime=rt)
+
+
+def test_svds_in_memory_sparse_uses_the_parallel_products(rt, monkeypatch):
+    """A scipy sparse input that fits the budget goes through csr_product (gram for a tall A,
+    transpose + times for a wide one) and agrees with scipy."""
+    calls = []
+    real = flash._csr_product
+
+    def spy(arrays, x, product, rt):
+        calls.append(product)
+        return real(arrays, x, product, rt)
+
+    monkeypatch.setattr(flash, "_csr_product", spy)
+    for shape in ((900, 300), (300, 900)):
+        a = power_law(*shape, 9000, seed=5)
+        want = np.sort(sla.svds(a, k=8, return_singular_vectors=False, random_state=0))
+        calls.clear()
+        u, s, vt = flash.svds(a, k=8, runtime=rt)
+        np.testing.assert_allclose(s, want, rtol=1e-9)
+        assert np.linalg.norm(a @ vt.T - u * s) <= 1e-8 * want[-1]
+        assert ("gram" in calls) == (shape[0] >= shape[1]) and "times" in calls
+        np.testing.assert_allclose(flash.svds(a, k=8, return_singular_vectors=False, runtime=rt), s, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------
@@ -355,6 +427,29 @@ def test_bench_svd_end_to_end(tmp_path):
     assert "vs scipy" in p.stdout
 
 
+def test_bench_svd_distinct_budget_sizes_and_no_warmup(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from scalefree.bench.svd import _power_law
+
+    assert _power_law(2000, 500, 20000, distinct=True).nnz == 20000
+    out = tmp_path / "svd.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "svd", "--data", "random", "--rows", "2000",
+                        "--cols", "500", "--nnz", "20000", "--distinct", "--k", "5", "--repeat", "1", "--warmup", "0",
+                        "--budget-fractions", "0.25", "--budget", "1M,64K", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [r["variant"] for r in recs] == ["memory", "memory", "flash-0.25", "flash-1M", "flash-64K"]
+    assert recs[0]["data"] == "random 2000x500 (20000 distinct)"
+    # 0.25 of this small matrix is below the 1 MiB floor of a fraction, so that row holds A too.
+    assert [r.get("operand") for r in recs[2:]] == ["loaded", "loaded", "flash"]
+    assert recs[3]["budget_bytes"] == 1 << 20 and recs[4]["budget_bytes"] == 64 << 10
+    assert all(r["max_rel_err"] < 1e-3 for r in recs)
+
+
 def test_cli_flash_svd(tmp_path):
     import subprocess
     import sys
@@ -377,7 +472,7 @@ def test_cli_flash_svd(tmp_path):
     assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
 
 
-def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
+def test_svds_block_size_default_on_flash_and_in_memory(tmp_path, monkeypatch):
     """Blocks of min(k, 32) columns when A is applied from flash (a pass costs the same for
     more columns), min(k, 16) in memory; the values agree with scipy either way."""
     a = power_law(3000, 800, 30000, seed=3)
@@ -391,3 +486,11 @@ def test_svds_block_size_default_on_flash_and_in_memory(tmp_path):
     stats = {}
     flash.svds(flash.Csr.from_scipy(a, rt), k=20, block_size=8, return_singular_vectors=False, runtime=rt, stats=stats)
     assert stats["block_size"] == 8
+    # A large CSR matrix on flash (here: the limit lowered below this one's entries) gets the
+    # in-memory default, 16: its passes cost their arithmetic.
+    monkeypatch.setattr(flash_svd, "_FLASH_BLOCK_NNZ_LIMIT", a.nnz)
+    rt = flash.Runtime(memory_budget="100K", threads=2, dir=tmp_path)
+    stats = {}
+    s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)
+    assert stats["on_flash"] and stats["block_size"] == 16
+    np.testing.assert_allclose(s, want, rtol=1e-9)

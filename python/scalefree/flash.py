@@ -391,6 +391,48 @@ def csrtmm(a: Csr, x, *, gram: bool = False, runtime: Runtime | None = None, sta
     return z
 
 
+def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) -> np.ndarray:
+    """An in-memory scipy sparse matrix ``A`` times a dense block, on the runtime's compute
+    threads: ``product="gram"`` gives ``A^T A X`` in one pass over A (each row ``a_i`` adds
+    ``a_i^T (a_i X)``), ``"transpose"`` ``A^T X`` (both with one accumulator per thread, no
+    transpose of A formed), ``"times"`` ``A X`` (parallel over rows). Computed in A's dtype
+    (float32 or float64); ``X`` is converted to it. Returns a new C-contiguous array."""
+    return _csr_product(_csr_arrays(a), x, product, runtime or default_runtime())
+
+
+def _csr_arrays(a):
+    """``(shape, indptr int64, indices int32, data)`` of a float32/float64 scipy sparse
+    matrix, as ``csr_product`` passes them to the native kernel (convert once, reuse)."""
+    import scipy.sparse as sp
+
+    if not sp.issparse(a):
+        raise InvalidArgumentError("csr_product: A must be a scipy sparse matrix")
+    a = a.tocsr()
+    if a.dtype not in (np.float32, np.float64):
+        raise InvalidArgumentError(f"csr_product: A must be float32 or float64, got {a.dtype}")
+    if a.shape[1] > np.iinfo(np.int32).max:
+        raise InvalidArgumentError(f"csr_product: {a.shape[1]} columns do not fit 32-bit column indices")
+    return (tuple(a.shape), np.ascontiguousarray(a.indptr, dtype=np.int64),
+            np.ascontiguousarray(a.indices, dtype=np.int32), np.ascontiguousarray(a.data))
+
+
+def _csr_product(arrays, x, product, rt) -> np.ndarray:
+    (rows, cols), indptr, indices, data = arrays
+    if product not in ("gram", "transpose", "times"):
+        raise InvalidArgumentError(f"csr_product: product must be gram, transpose or times, got {product!r}")
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[:, None]
+    want = rows if product == "transpose" else cols
+    if x.ndim != 2 or x.shape[0] != want:
+        raise InvalidArgumentError(f"csr_product: A is {rows}x{cols}, so X for {product!r} must have {want} rows, "
+                                   f"got shape {x.shape}")
+    x = np.ascontiguousarray(x, dtype=data.dtype)
+    z = np.empty((rows if product == "times" else cols, x.shape[1]), dtype=data.dtype)
+    _native.memory_csr_product(rt._rt, product, rows, cols, indptr, indices, data, x, x.shape[1], z)
+    return z
+
+
 def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
     """Sorts out of core, in IEEE total order (NaN last), within the runtime's budget.
     ``x`` is a 1-D float32/float64 numpy array (returns a sorted copy; the data goes through

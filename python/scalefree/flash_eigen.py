@@ -69,6 +69,11 @@ def _one_blas_thread():
     OpenBLAS gains little on these memory-bound shapes and, on a busy machine, makes them
     10-50x slower (its threads spin waiting for each other). The operator runs outside it.
     Uses threadpoolctl when it is installed; otherwise a no-op."""
+    return _blas_threads(1)
+
+
+def _blas_threads(threads: int):
+    """A context in which BLAS runs on at most ``threads`` threads (see :func:`_one_blas_thread`)."""
     global _blas_controller
     if _blas_controller is None:
         try:
@@ -79,7 +84,7 @@ def _one_blas_thread():
             _blas_controller = ThreadpoolController()
     if _blas_controller is False:
         return contextlib.nullcontext()
-    return _blas_controller.limit(limits=1, user_api="blas")
+    return _blas_controller.limit(limits=max(1, int(threads)), user_api="blas")
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:

@@ -25,12 +25,15 @@ import numpy as np
 
 from . import flash
 from .errors import InvalidArgumentError
-from .flash_eigen import _one_blas_thread, block_krylov_schur
+from .flash_eigen import _blas_threads, block_krylov_schur
 
 _SCIPY_SOLVERS = ("arpack", "propack", "lobpcg")
 
-# Default block size when A is applied from flash (in memory: the solver's, min(k, 16)).
+# Default block size when A is applied from flash (in memory: the solver's, min(k, 16)), and
+# the number of stored entries from which a flash CSR matrix gets the in-memory default
+# instead: there a pass costs its arithmetic, not its fixed costs (see _solve).
 _FLASH_BLOCK = 32
+_FLASH_BLOCK_NNZ_LIMIT = 8_000_000
 
 
 # ---------------------------------------------------------------------------------------
@@ -48,13 +51,34 @@ class _InMemory:
         return np.asarray(self.a.T @ y.astype(self.dtype, copy=False))
 
 
-class _Loaded(_InMemory):
+class _MemoryCsr(_InMemory):
+    """A CSR matrix in memory, applied by ``flash.csr_product`` on the runtime's compute
+    threads: ``A X`` parallel over rows, ``A^T Y`` and the fused ``A^T A X`` (one pass over A)
+    with one accumulator per thread (scipy's products are single-threaded, and ``A^T (A X)``
+    reads A twice)."""
+
+    def __init__(self, a, dtype, rt):
+        super().__init__(a, dtype)
+        self.rt = rt
+        self.arrays = flash._csr_arrays(a)  # index arrays converted once, not per product
+
+    def matmat(self, x):
+        return flash._csr_product(self.arrays, x, "times", self.rt)
+
+    def rmatmat(self, y):
+        return flash._csr_product(self.arrays, y, "transpose", self.rt)
+
+    def gram(self, x):
+        return flash._csr_product(self.arrays, x, "gram", self.rt)
+
+
+class _Loaded(_MemoryCsr):
     """A flash CSR matrix that fits the runtime's memory budget, read from flash once and
     applied in memory: an in-memory product costs far less than a pass of the flash kernels
     (a DAG run and a read of A per call), and the budget allows holding A."""
 
-    def __init__(self, a: flash.Csr, dtype):
-        super().__init__(a.to_scipy(), dtype)
+    def __init__(self, a: flash.Csr, dtype, rt):
+        super().__init__(a.to_scipy(), dtype, rt)
         self.bytes_read = _csr_flash_bytes(self.a)
         self.peak_resident_bytes = self.bytes_read
 
@@ -172,7 +196,7 @@ def _operator(a, rt):
 
     if isinstance(a, flash.Csr):
         if _csr_flash_bytes(a) <= rt.memory_budget_bytes:
-            return _Loaded(a, np.dtype(a.dtype))
+            return _Loaded(a, np.dtype(a.dtype), rt)
         return _FlashCsr(a, rt)
     if isinstance(a, flash.Matrix):
         return _FlashDense(a, rt)
@@ -187,7 +211,10 @@ def _operator(a, rt):
         if _csr_flash_bytes(a) > rt.memory_budget_bytes:
             s = a.tocsr().astype(dtype, copy=False)
             return _FlashCsr(flash.Csr.from_scipy(s, rt), rt)
-        return _InMemory(a.tocsr().astype(dtype, copy=False), dtype)
+        s = a.tocsr().astype(dtype, copy=False)
+        if s.shape[1] <= np.iinfo(np.int32).max:
+            return _MemoryCsr(s, dtype, rt)
+        return _InMemory(s, dtype)
     arr = np.asarray(a)
     if arr.ndim != 2:
         raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {arr.shape}")
@@ -208,30 +235,36 @@ def _check_k(k, shape, what="svds"):
     return int(k)
 
 
-def _small_svd(b):
+def _small_svd(b, vectors=True):
     """``b = w diag(s) z^T`` for a tall ``b`` (``n x k``), s descending. Through the ``k x k``
     Gram matrix when ``b`` is well conditioned (``s_min >= 1e-3 s_max``: then the columns of
     ``w`` are orthonormal to ~1e-10 and ``s`` as accurate), which is 10x faster than LAPACK's
-    SVD of a tall matrix; otherwise that SVD."""
+    SVD of a tall matrix; otherwise that SVD. ``vectors=False``: ``w`` is None (not formed)."""
     lam, z = np.linalg.eigh(b.T @ b)
     lam, z = lam[::-1], z[:, ::-1]
     if lam[-1] > 1e-6 * lam[0] > 0:
         s = np.sqrt(lam)
-        return (b @ z) / s, s, z
+        return ((b @ z) / s if vectors else None), s, z
     w, s, zt = np.linalg.svd(b, full_matrices=False)
     return w, s, zt.T
 
 
-def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats):
+def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats, vectors=True, threads=1):
     """The top (``which='LM'``) or bottom (``'SM'``) ``k`` singular triplets of ``op``, in
-    descending order of s: ``(u, s, vt)`` as float64."""
+    descending order of s: ``(u, s, vt)`` as float64 (``vectors=False``: ``(None, s, None)``)."""
     rows, cols = op.shape
     right = cols <= rows  # eigenvectors of A^T A are right singular vectors
-    if block_size is None and (isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash)):
-        # A pass of the flash kernels costs about the same for 16 columns as for 32 (it is
-        # reading A), so on flash wider blocks mean fewer passes (kos under a quarter of its
-        # size: 508 ms against 646 at 16, more operator columns but half the passes).
-        block_size = max(min(k, _FLASH_BLOCK), min(2, k))
+    flash_op = op if isinstance(op, _OnFlash) else getattr(op, "op", None)
+    if block_size is None and isinstance(flash_op, _OnFlash):
+        # On a small matrix a pass of the flash kernels costs about the same for 16 columns as
+        # for 32 (a DAG run, reading A), so wider blocks mean fewer passes (kos under a
+        # quarter of its size: 508 ms against 646 at 16, more operator columns but half the
+        # passes). On a large CSR matrix a pass costs its arithmetic, about proportional to
+        # the columns, and block 16's fewer operator columns win (47M entries at a quarter
+        # budget: 31.8 s against 36.0 s at 32; 384 operator columns against 512).
+        large = isinstance(flash_op, _FlashCsr) and flash_op.a.nnz >= _FLASH_BLOCK_NNZ_LIMIT
+        if not large:
+            block_size = max(min(k, _FLASH_BLOCK), min(2, k))
     n = cols if right else rows
     if right:
         def apply(x):
@@ -246,9 +279,11 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         basis_size=ncv, maxiter=maxiter, v0=v0, random_state=random_state,
         operator_eps=np.finfo(op.dtype).eps)
     other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=np.float64)
-    with _one_blas_thread():
-        w, s, z = _small_svd(other)
-        x = x @ z
+    # No operator runs now: the products with the tall ``other`` (n x k, the largest dense
+    # work of a solve) use the runtime's threads.
+    with _blas_threads(threads):
+        w, s, z = _small_svd(other, vectors)
+        x = x @ z if vectors else None
     if stats is not None:
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
                      operator_columns=info.operator_columns, block_size=info.block_size,
@@ -261,6 +296,8 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      kernel_seconds=getattr(op, "kernel_seconds", 0.0), cache_hits=getattr(op, "cache_hits", 0),
                      cache_misses=getattr(op, "cache_misses", 0),
                      compute_idle_seconds=getattr(op, "compute_idle_seconds", 0.0))
+    if not vectors:
+        return None, s, None
     return (w, s, x.T) if right else (x, s, w.T)
 
 
@@ -319,11 +356,12 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
             raise InvalidArgumentError(f"svds: v0 must have length min(A.shape) = {min(shape)}, got shape {v0.shape}")
     op = _operator(A, rt)
     u, s, vt = _solve(op, k, ncv=ncv, tol=float(tol), which=which, v0=v0, maxiter=maxiter,
-                      random_state=random_state, block_size=block_size, stats=stats)
+                      random_state=random_state, block_size=block_size, stats=stats, vectors=rsv is not False,
+                      threads=rt.threads)
     dtype = op.dtype
-    u, s, vt = u[:, ::-1].astype(dtype), s[::-1].astype(dtype), vt[::-1].astype(dtype)
     if rsv is False:
-        return s
+        return s[::-1].astype(dtype)
+    u, s, vt = u[:, ::-1].astype(dtype), s[::-1].astype(dtype), vt[::-1].astype(dtype)
     if rsv == "u":
         return np.ascontiguousarray(u), s, None
     if rsv == "vh":
@@ -363,7 +401,7 @@ def pca(X, k, *, tol=0, maxiter=None, random_state=None, runtime=None, block_siz
     samples = shape[0]
     mu = np.asarray(op.rmatmat(np.ones((samples, 1))), dtype=np.float64)[:, 0] / samples
     u, s, vt = _solve(_Centered(op, mu), k, ncv=None, tol=float(tol), which="LM", v0=None, maxiter=maxiter,
-                      random_state=random_state, block_size=block_size, stats=stats)
+                      random_state=random_state, block_size=block_size, stats=stats, threads=rt.threads)
     flip = np.sign(vt[np.arange(k), np.argmax(np.abs(vt), axis=1)])
     flip[flip == 0] = 1.0
     vt, u = vt * flip[:, None], u * flip[None, :]

@@ -29,4 +29,4 @@ pub use sparse::{CsrMatrix, CsrRef};
 pub use cache::{CacheStats, EntryTag};
 pub use runtime::{parse_bytes, Progress, ProgressSnapshot, Runtime, RuntimeOptions};
 pub use sched::{Dag, FnTask, Injector, Priority, RunStats, Task, TaskBuffers, TaskContext, TaskId};
-pub use kernels::{csrcsc, csrgemv, csrgemv_in_memory, csrmm, csrmm_in_memory, csrtmm, csrtmm_in_memory, TransposedProduct, gemm, gemm_in_memory, gemm_in_memory_with, gemm_tiled, ExternalBlas, sort, DenseInput, DenseOutput, GemmStream, GemmTiles, kmeans, KmeansOptions, KmeansResult};
+pub use kernels::{csr_gram_in_memory, csrcsc, csrgemv, csrgemv_in_memory, csrmm, csrmm_in_memory, csrtmm, csrtmm_in_memory, TransposedProduct, gemm, gemm_in_memory, gemm_in_memory_with, gemm_tiled, ExternalBlas, sort, DenseInput, DenseOutput, GemmStream, GemmTiles, kmeans, KmeansOptions, KmeansResult};

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -435,6 +435,58 @@ pub fn flash_csrtmm<'py>(py: Python<'py>, rt: &PyFlashRuntime, gram: bool, a: &P
     }
     .map_err(|e| flash_err(py, e))?;
     stats_dict(py, &stats)
+}
+
+/// For a CSR matrix A in memory (`indptr` int64, `indices` int32, `values` float32/float64;
+/// checked), on the runtime's compute threads: `product` is `"gram"` (`Z := Aᵀ A X`),
+/// `"transpose"` (`Z := Aᵀ X`) or `"times"` (`Z := A X`). X and Z: C-contiguous arrays of A's
+/// dtype with `n` columns.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn memory_csr_product<'py>(py: Python<'py>, rt: &PyFlashRuntime, product: &str, rows: usize, cols: usize, indptr: Bound<'py, PyAny>, indices: Bound<'py, PyAny>, values: Bound<'py, PyAny>, x: Bound<'py, PyAny>, n: usize, z: Bound<'py, PyAny>) -> PyResult<()> {
+    let pb = Buf::get(&indptr, false, "csr product: indptr")?;
+    let ib = Buf::get(&indices, false, "csr product: indices")?;
+    let vb = Buf::get(&values, false, "csr product: values")?;
+    let xb = Buf::get(&x, false, "csr product: X")?;
+    let zb = Buf::get(&z, true, "csr product: Z")?;
+    if pb.dtype != Some(DType::I64) || ib.dtype != Some(DType::I32) {
+        return Err(invalid(py, "csr product: indptr must be int64 and indices int32"));
+    }
+    // SAFETY: the buffers are held (and typed as checked) for the whole call; a negative
+    // int64/int32 reads as a huge u64/u32, which `validate` rejects.
+    let ip = unsafe { std::slice::from_raw_parts(pb.ptr() as *const u64, pb.count()) };
+    let ix = unsafe { std::slice::from_raw_parts(ib.ptr() as *const u32, ib.count()) };
+    let rt = rt.rt.clone();
+    let product = match product {
+        "gram" => Some(TransposedProduct::Gram),
+        "transpose" => Some(TransposedProduct::Transpose),
+        "times" => None,
+        other => return Err(invalid(py, format!("csr product: unknown product {other:?} (gram, transpose, times)"))),
+    };
+    macro_rules! run {
+        ($t:ty) => {{
+            let vs = unsafe { std::slice::from_raw_parts(vb.ptr() as *const $t, vb.count()) };
+            let xs = unsafe { std::slice::from_raw_parts(xb.ptr() as *const $t, xb.count()) };
+            let zs = unsafe { std::slice::from_raw_parts_mut(zb.ptr() as *mut $t, zb.count()) };
+            let a = CsrRef { rows, cols, indptr: ip, indices: ix, values: vs };
+            py.detach(|| {
+                rt.install(|| match product {
+                    Some(p) => csr_gram_in_memory(p, a, xs, n, zs),
+                    None => {
+                        let b = DenseRef::packed(xs, cols, n, Layout::RowMajor)?;
+                        let c = DenseMut::packed(zs, rows, n, Layout::RowMajor)?;
+                        csrmm_in_memory(1.0, a, Transpose::No, b, 0.0, c)
+                    }
+                })
+            })
+        }};
+    }
+    match (vb.dtype, xb.dtype, zb.dtype) {
+        (Some(DType::F32), Some(DType::F32), Some(DType::F32)) => run!(f32),
+        (Some(DType::F64), Some(DType::F64), Some(DType::F64)) => run!(f64),
+        _ => return Err(invalid(py, "csr product: values, X and Z must all be float32 or all float64")),
+    }
+    .map_err(|e| flash_err(py, e))
 }
 
 /// A dense operand of csrmm from Python: a flash matrix or a contiguous array (`order`).

@@ -40,6 +40,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrtmm, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(flash::memory_csr_product, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrcsc, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_kmeans, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_sort_file, m)?)?;

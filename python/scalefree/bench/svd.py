@@ -9,7 +9,12 @@ fractions of its flash CSR bytes, and in memory.
 ``--data``: ``kos`` (``../shared/data/kos/docword.kos.txt.gz``, documents x words),
 ``wiki-vote`` (``../shared/data/wiki-vote/wiki-Vote.txt``, the voting graph's adjacency
 matrix, node ids compacted), ``random`` (a seeded power-law matrix of ``--rows`` x
-``--cols`` with ``--nnz`` entries), or the path of any file ``flash.load`` opens. Rows:
+``--cols`` from ``--nnz`` draws, duplicates merged; with ``--distinct`` exactly ``--nnz``
+distinct entries, the generator of ``flash-kernels --sparse-distinct``), or the path of any
+file ``flash.load`` opens. Budgets: ``--budget-fractions`` of the matrix's flash CSR bytes
+and/or ``--budget`` sizes (``1G``); a budget that holds the matrix reads it from flash once
+and applies it in memory (column ``A``: ``loaded``), a smaller one streams it from flash at
+every pass (``flash``). Rows:
 ``scipy`` (``svds(A, k, tol)``), ``scalefree/memory`` (``flash.svds`` on the scipy matrix,
 in memory), ``scalefree/flash-<budget>`` (``flash.svds`` on a ``flash.Csr``: one pass of
 ``flash.csrtmm`` over A per block of ``A^T A X``). Accuracy: the largest relative
@@ -45,7 +50,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=common.argparse_type(common.positive_int), default=20000, help="--data random: rows")
     p.add_argument("--cols", type=common.argparse_type(common.positive_int), default=5000, help="--data random: columns")
     p.add_argument("--nnz", type=common.argparse_type(common.positive_int), default=200000,
-                   help="--data random: entries drawn (duplicates merged)")
+                   help="--data random: entries drawn (duplicates merged; with --distinct: distinct entries)")
+    p.add_argument("--distinct", action="store_true",
+                   help="--data random: exactly --nnz distinct entries (the generator of flash-kernels "
+                        "--sparse-distinct) instead of --nnz draws with duplicates merged")
+    p.add_argument("--budget", default=None, metavar="SIZE[,SIZE...]",
+                   help="flash memory budgets as sizes (e.g. 1G), one row each, after the --budget-fractions rows")
+    p.add_argument("--warmup", type=common.argparse_type(_non_negative_int), default=1,
+                   help="untimed calls of each row before the timed ones (default 1)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3, help="timed calls per row")
     p.add_argument("--dir", default=None, help="scratch directory for flash files")
@@ -53,6 +65,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
+
+
+def _non_negative_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError(f"expected an integer >= 0, got {text}")
+    return v
 
 
 def _fractions(text: str) -> list[float]:
@@ -120,7 +139,9 @@ def _load(args, tmp):
     from .. import flash
 
     if args.data == "random":
-        return f"random {args.rows}x{args.cols}", _power_law(args.rows, args.cols, args.nnz)
+        kind = "distinct" if args.distinct else "drawn"
+        return (f"random {args.rows}x{args.cols} ({args.nnz} {kind})",
+                _power_law(args.rows, args.cols, args.nnz, distinct=args.distinct))
     if args.data == "wiki-vote":
         path = _shared("wiki-vote", "wiki-Vote.txt")
         if path is None:
@@ -174,17 +195,23 @@ def run(args) -> int:
                                                                random_state=0, stats=info_mem, runtime=mem_rt),
                      info_mem, {}))
         keep = []
-        for frac in args.budget_fractions:
-            budget = max(1 << 20, int(csr_bytes * frac))
+        budgets = [(f"flash-{frac:g}", max(1 << 20, int(csr_bytes * frac))) for frac in args.budget_fractions]
+        if args.budget:
+            from .._units import parse_bytes
+            budgets += [(f"flash-{b.strip()}", parse_bytes(b.strip(), "--budget"))
+                        for b in args.budget.split(",") if b.strip()]
+        for variant, budget in budgets:
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             A = flash.Csr.from_scipy(a, rt)
             keep.append((rt, A))
             info: dict = {}
-            rows.append(("scalefree", f"flash-{frac:g}",
+            rows.append(("scalefree", variant,
                          lambda A=A, rt=rt, info=info: flash.svds(A, k=k, tol=args.tol, return_singular_vectors=False,
                                                                   random_state=0, stats=info, runtime=rt),
                          info, {"budget_bytes": budget}))
-        outs = [fn() for _, _, fn, _, _ in rows]  # warm-up
+        outs = [None for _ in rows]
+        for _ in range(args.warmup):
+            outs = [fn() for _, _, fn, _, _ in rows]
         times = [[] for _ in rows]
         peaks = [0 for _ in rows]
         for _ in range(args.repeat):

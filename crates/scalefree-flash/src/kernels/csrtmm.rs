@@ -1,14 +1,16 @@
 //! csrtmm: `Z := Aᵀ X` or `Z := Aᵀ A X` (the Gram operator) with a CSR matrix A on flash and
 //! row-major X, Z in memory, in one pass over A and without its transpose. Tasks are row
 //! blocks of A; for the Gram product a task first forms `Y = A_block X` (rows of the block,
-//! in parallel) and then, holding the lock on Z, scatters `A_blockᵀ Y` into Z in parallel
-//! over column ranges of Z. This is what an eigensolver on `AᵀA` needs from a matrix that
+//! in parallel) and then scatters `A_blockᵀ Y` (see below). This is what an eigensolver on `AᵀA` needs from a matrix that
 //! stays on flash: one streaming read of A per operator application, no `csrcsc`.
 //!
-//! Z is split into column ranges, each behind its own lock; a task scatters into one range
-//! at a time, sequentially, starting from a different range than its neighbours. No rayon
-//! work runs while a lock is held: a thread waiting inside a parallel loop may pick up
-//! another task, which would deadlock on a lock its own thread holds.
+//! The flash kernel scatters into one `cols x n` accumulator per compute thread (allocated
+//! on a thread's first scatter, summed into Z after the pass), so tasks on different threads
+//! never wait for each other; the extra memory is at most `compute_threads` times Z, like Z
+//! outside the cache's budget. A thread's accumulator sits behind a lock that only that
+//! thread takes; no rayon work runs while it is held (a thread waiting inside a parallel
+//! loop may pick up another task, which would then deadlock on it). The in-memory twin
+//! scatters sequentially into Z.
 
 use std::sync::Mutex;
 
@@ -44,75 +46,6 @@ fn check_dims(rows: usize, cols: usize, product: TransposedProduct, x_len: usize
     Ok(())
 }
 
-/// A pointer into Z shared by the tasks of one run; column range `i` of Z is written only
-/// while `locks[i]` is held.
-#[derive(Clone, Copy)]
-struct SharedZ<T>(*mut T);
-
-impl<T> SharedZ<T> {
-    /// Element `i` (a method, so closures capture the whole `Sync` value).
-    fn at(&self, i: usize) -> *mut T {
-        self.0.wrapping_add(i)
-    }
-}
-
-// SAFETY: writers hold the lock of the column range they write (see `ColumnLocks`).
-unsafe impl<T: Send> Send for SharedZ<T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for SharedZ<T> {}
-
-/// Column ranges of Z (`n` columns), each with its lock.
-struct ColumnLocks {
-    ranges: Vec<(usize, usize)>,
-    locks: Vec<Mutex<()>>,
-}
-
-impl ColumnLocks {
-    fn new(n: usize, parts: usize) -> ColumnLocks {
-        let width = n.div_ceil(parts.max(1)).max(1);
-        let ranges: Vec<(usize, usize)> = (0..n).step_by(width).map(|j0| (j0, (j0 + width).min(n))).collect();
-        let locks = ranges.iter().map(|_| Mutex::new(())).collect();
-        ColumnLocks { ranges, locks }
-    }
-}
-
-/// `Z[:, j0..j1] += (A_blockᵀ Y)[:, j0..j1]` for the local rows of a CSR block (`Y`
-/// row-major with `n` columns, Z `cols x n`), sequentially.
-///
-/// # Safety
-/// `z` must address `cols * n` elements, and nobody else may access columns `j0..j1` of Z
-/// meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn scatter_columns<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, cols: usize, z: SharedZ<T>, (j0, j1): (usize, usize)) {
-    let rows = indptr.len().saturating_sub(1);
-    let base = indptr.first().copied().unwrap_or(0);
-    for r in 0..rows {
-        let yr = &y[r * n + j0..r * n + j1];
-        let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
-        for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
-            let col = col as usize;
-            assert!(col < cols, "column index {col} out of range");
-            let dst = z.at(col * n + j0);
-            for (j, &yv) in yr.iter().enumerate() {
-                // SAFETY: inside Z (checked above) and in columns this call owns (contract).
-                unsafe { *dst.add(j) += v * yv };
-            }
-        }
-    }
-}
-
-/// `Z += A_blockᵀ Y`, one column range at a time under its lock, starting at range `first`.
-#[allow(clippy::too_many_arguments)]
-fn scatter_transpose<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, cols: usize, z: SharedZ<T>, locks: &ColumnLocks, first: usize) {
-    let parts = locks.ranges.len();
-    for i in 0..parts {
-        let p = (first + i) % parts;
-        let _held = locks.locks[p].lock().expect("csrtmm column lock poisoned");
-        // SAFETY: the range's lock is held; `z` addresses Z (callers' contract).
-        unsafe { scatter_columns(indptr, indices, values, y, n, cols, z, locks.ranges[p]) };
-    }
-}
-
 /// `Y := A_block X` for the local rows of a block (X row-major `cols x n`).
 fn block_times<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], x: &[T], n: usize) -> Vec<T> {
     let rows = indptr.len().saturating_sub(1);
@@ -134,13 +67,11 @@ pub fn csrtmm_in_memory<T: Real>(product: TransposedProduct, a: CsrRef<'_, T>, x
     if n == 0 {
         return Ok(());
     }
-    let locks = ColumnLocks::new(n, 1);
-    let shared = SharedZ(z.as_mut_ptr());
     match product {
-        TransposedProduct::Transpose => scatter_transpose(a.indptr, a.indices, a.values, x, n, a.cols, shared, &locks, 0),
+        TransposedProduct::Transpose => scatter_rows(a.indptr, a.indices, a.values, x, n, z),
         TransposedProduct::Gram => {
             let y = block_times(a.indptr, a.indices, a.values, x, n);
-            scatter_transpose(a.indptr, a.indices, a.values, &y, n, a.cols, shared, &locks, 0);
+            scatter_rows(a.indptr, a.indices, a.values, &y, n, z);
         }
     }
     Ok(())
@@ -166,11 +97,11 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
         TransposedProduct::Transpose => usize::MAX,
     };
     let blocks = row_blocks(&indptr, max_nnz, max_rows);
-    let locks = ColumnLocks::new(n, 2 * options.compute_threads.max(1));
-    let shared = SharedZ(z.as_mut_ptr());
-    let locks = &locks;
+    let threads = options.compute_threads.max(1);
+    let accumulators: Vec<Mutex<Vec<T>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+    let accumulators = &accumulators;
     let dag = runtime.dag();
-    for (b, &(r0, r1)) in blocks.iter().enumerate() {
+    for &(r0, r1) in &blocks {
         let (lo, hi) = (indptr[r0], indptr[r1]);
         let indices = a.indices().access(lo, hi - lo)?;
         let values = a.values().access(lo, hi - lo)?;
@@ -186,13 +117,71 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
                         &y_block
                     }
                 };
-                scatter_transpose(local_indptr, idx, val, y, n, cols, shared, locks, b);
+                // Tasks run on the compute pool; a thread outside it (none today) shares slot 0.
+                let slot = rayon::current_thread_index().unwrap_or(0) % accumulators.len();
+                let mut acc = accumulators[slot].lock().expect("csrtmm accumulator poisoned");
+                if acc.is_empty() {
+                    acc.resize(cols * n, T::ZERO);
+                }
+                scatter_rows(local_indptr, idx, val, y, n, &mut acc);
                 Ok(())
             }),
             &[],
         )?;
     }
-    dag.run()
+    let stats = dag.run()?;
+    let partial: Vec<Vec<T>> = accumulators.iter().map(|m| std::mem::take(&mut *m.lock().expect("csrtmm accumulator poisoned"))).filter(|v| !v.is_empty()).collect();
+    let chunk = (64 * n).max(1);
+    runtime.install(|| {
+        use rayon::prelude::*;
+        z.par_chunks_mut(chunk).enumerate().for_each(|(i, dst)| {
+            for acc in &partial {
+                let len = dst.len();
+                for (d, &s) in dst.iter_mut().zip(&acc[i * chunk..i * chunk + len]) {
+                    *d += s;
+                }
+            }
+        })
+    });
+    Ok(stats)
+}
+
+/// `z += A_blockᵀ Y` for the local rows of a CSR block (`Y` row-major with `n` columns, `z`
+/// `cols x n`), sequentially; AVX2 when the CPU has it.
+fn scatter_rows<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked above).
+        unsafe { scatter_rows_avx2(indptr, indices, values, y, n, z) };
+        return;
+    }
+    scatter_rows_generic(indptr, indices, values, y, n, z)
+}
+
+/// [`scatter_rows_generic`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scatter_rows_avx2<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+    scatter_rows_generic(indptr, indices, values, y, n, z)
+}
+
+#[inline(always)]
+fn scatter_rows_generic<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+    let base = indptr.first().copied().unwrap_or(0);
+    for r in 0..indptr.len().saturating_sub(1) {
+        let yr = &y[r * n..(r + 1) * n];
+        let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
+        for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
+            // Out-of-range columns panic here (the task fails with the message).
+            let dst = &mut z[col as usize * n..(col as usize + 1) * n];
+            for (d, &yv) in dst.iter_mut().zip(yr) {
+                *d += v * yv;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 pub mod blas;
 pub mod block_gemm;
+pub mod csr_gram;
 pub mod csr_rows;
 pub mod csrcsc;
 pub mod csrgemv;
@@ -14,6 +15,7 @@ pub mod tiling;
 
 pub use blas::ExternalBlas;
 pub use block_gemm::{gemm_in_memory, gemm_in_memory_with};
+pub use csr_gram::csr_gram_in_memory;
 pub use csrcsc::{csrcsc, csrcsc_in_memory};
 pub use csrgemv::{csrgemv, csrgemv_in_memory};
 pub use csrmm::{csrmm, csrmm_in_memory, DenseInput, DenseOutput};
