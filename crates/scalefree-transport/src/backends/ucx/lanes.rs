@@ -14,11 +14,8 @@
 //! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
 //! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
 //!
-//! Threads: per peer, a reader that sleeps in `poll` and a writer that sends queued writes.
-//! A caller whose lane has nothing queued writes what the socket takes at once without
-//! blocking and hands only the rest to the writer: a small frame costs no hand-off, and a
-//! caller with large writes to several peers never sits blocked on one full socket while the
-//! others idle (it queues the rest and moves on, to the next peer or to reducing). A caller
+//! Threads: per peer, a reader that sleeps in `poll` and a writer that sends queued large
+//! writes; small frames are written by the caller at once when nothing is queued. A caller
 //! waiting for a notification reads arrived frames itself while it spins (as it drives UCX's
 //! progress), so a small message costs no thread wake-up; parked, it leaves them to the
 //! reader thread. Nobody polls without bound.
@@ -37,13 +34,9 @@ use crate::error::{Error, Result};
 const KIND_WRITE: u32 = 1;
 const KIND_NOTIFY: u32 = 2;
 const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
-
-/// `SCALEFREE_LANE_HANDOFF=0`: the earlier rule, for comparison — an idle lane's caller
-/// writes frames up to 1 MiB itself, blocking until the socket took them all.
-fn blocking_inline() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| matches!(std::env::var("SCALEFREE_LANE_HANDOFF").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
-}
+/// Frames up to this size are written by the caller when the lane is idle (no hand-off to
+/// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
+const INLINE_MAX: usize = 1 << 20;
 
 /// Frame header, little-endian on the wire.
 #[derive(Clone, Copy, Default)]
@@ -87,8 +80,6 @@ impl Frame {
 struct Job {
     frame: Frame,
     src: usize,
-    /// Bytes of the frame (header, then data) the caller wrote already.
-    skip: usize,
     pending: Arc<Pending>,
 }
 
@@ -316,28 +307,18 @@ impl Lanes {
         if let Some(why) = &st.failed {
             return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });
         }
-        let mut skip = 0;
-        if st.queue.is_empty() && !st.busy {
-            // Idle lane: what the socket takes now is written from here, in order behind
-            // everything sent; the writer thread sends the rest.
+        if st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX {
+            // Idle lane, small frame: written from here, in order behind everything sent.
             let data = if n > 0 { unsafe { std::slice::from_raw_parts(src, n) } } else { &[][..] };
-            let now = if blocking_inline() {
-                if n + FRAME_LEN <= 1 << 20 { write_frame(&lane.stream, &frame, data, 0).map(|()| FRAME_LEN + n) } else { Ok(0) }
-            } else {
-                write_frame_now(&lane.stream, &frame, data)
-            };
-            match now {
-                Ok(k) if k == FRAME_LEN + n => return Ok(None),
-                Ok(k) => skip = k,
-                Err(e) => {
-                    let why = format!("TCP lane to rank {peer} failed: {e}");
-                    st.failed = Some(why.clone());
-                    return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
-                }
+            if let Err(e) = write_frame(&lane.stream, &frame, data) {
+                let why = format!("TCP lane to rank {peer} failed: {e}");
+                st.failed = Some(why.clone());
+                return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
             }
+            return Ok(None);
         }
         let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
-        st.queue.push_back(Job { frame, src: src as usize, skip, pending: pending.clone() });
+        st.queue.push_back(Job { frame, src: src as usize, pending: pending.clone() });
         drop(st);
         lane.cv.notify_one();
         Ok(Some(Request { pending, peer, what: "TCP lane write".into() }))
@@ -381,13 +362,11 @@ impl Drop for Lanes {
     }
 }
 
-/// Header and data, from byte `skip` of the frame on, in as few system calls as the socket
-/// allows (one `writev` when it has room).
-fn write_frame(mut s: &TcpStream, frame: &Frame, data: &[u8], skip: usize) -> std::io::Result<()> {
+/// Header and data in as few system calls as the socket allows (one `writev` when it has room).
+fn write_frame(mut s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<()> {
     let hdr = frame.bytes();
     let mut bufs = [std::io::IoSlice::new(&hdr), std::io::IoSlice::new(data)];
     let mut bufs = &mut bufs[..];
-    std::io::IoSlice::advance_slices(&mut bufs, skip);
     while !bufs.is_empty() {
         match s.write_vectored(bufs) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
@@ -397,43 +376,6 @@ fn write_frame(mut s: &TcpStream, frame: &Frame, data: &[u8], skip: usize) -> st
         }
     }
     Ok(())
-}
-
-/// Writes as much of the frame as the socket takes without blocking; returns how many bytes
-/// (header included) went.
-fn write_frame_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
-    let hdr = frame.bytes();
-    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
-    let total = FRAME_LEN + data.len();
-    let mut done = 0;
-    while done < total {
-        let mut iov = [
-            libc::iovec { iov_base: hdr.as_ptr() as *mut libc::c_void, iov_len: FRAME_LEN },
-            libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() },
-        ];
-        // Skip what went already.
-        let (first, rest) = if done < FRAME_LEN { (0, done) } else { (1, done - FRAME_LEN) };
-        iov[first].iov_base = unsafe { (iov[first].iov_base as *mut u8).add(rest) } as *mut libc::c_void;
-        iov[first].iov_len -= rest;
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov[first..].as_mut_ptr();
-        msg.msg_iovlen = (2 - first) as _;
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r > 0 {
-            done += r as usize;
-            continue;
-        }
-        if r == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::Interrupted => {}
-            std::io::ErrorKind::WouldBlock => break,
-            _ => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 fn write_loop(sh: &Shared, lane: &Lane) {
@@ -456,7 +398,7 @@ fn write_loop(sh: &Shared, lane: &Lane) {
         };
         let n = job.frame.len as usize;
         let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
-        let r = write_frame(&lane.stream, &job.frame, data, job.skip);
+        let r = write_frame(&lane.stream, &job.frame, data);
         let mut st = lane.state.lock().unwrap();
         st.busy = false;
         match r {
