@@ -268,6 +268,12 @@ impl Group {
         }
     }
 
+    /// Bytes that peers' writes delivered straight into callers' buffers over TCP lanes
+    /// (direct landing of gathered pieces); 0 on shared memory.
+    fn _direct_landed_bytes(&self) -> u64 {
+        self.device.net().map_or(0, |n| n.direct_landed_bytes())
+    }
+
     #[getter]
     fn cross_memory_attach(&self) -> bool {
         self.device.cma_everywhere()

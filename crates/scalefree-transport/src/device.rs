@@ -321,6 +321,31 @@ impl Device {
         self.inner.net.as_ref()
     }
 
+    /// Direct landing over TCP lanes (see [`ucx::Net::set_direct`]): until
+    /// [`Device::clear_direct`], lane writes into `region` that fall whole inside a window
+    /// `(offset, len, dst)` are received straight into `dst`, and store their note's value
+    /// `flag_delta` bytes after their note word. False (nothing set) without UCX.
+    ///
+    /// # Safety
+    /// Every window's `dst..dst+len` must stay writable, and untouched by anyone else,
+    /// until `clear_direct` returns.
+    pub unsafe fn set_direct(&self, region: &Region, windows: &[(usize, usize, *mut u8)], flag_delta: usize) -> bool {
+        match &self.inner.net {
+            Some(net) => {
+                unsafe { net.set_direct(region.handle().key, windows, flag_delta) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends direct landing: once it returns, no lane writes into a window any more.
+    pub fn clear_direct(&self) {
+        if let Some(net) = &self.inner.net {
+            net.clear_direct(self.inner.policy.timeout);
+        }
+    }
+
     /// `"shm"` or `"ucx"`: the backend that carries this device's traffic.
     pub fn transport_name(&self) -> &'static str {
         if self.inner.net.is_some() { "ucx" } else { "shm" }

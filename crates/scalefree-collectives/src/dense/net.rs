@@ -16,8 +16,16 @@
 //! The landing region (grown collectively when a larger call comes):
 //! ```text
 //! 0                          words[area][sender][piece] (u32, = call seq)
+//! flags_delta                flags[area][sender][piece] (u32, = call seq: landed direct)
 //! words_len + a*n*chunk_cap  area a: sender s's pieces at s * chunk_cap
 //! ```
+//! Direct landing: while a call gathers reduced pieces (allgather areas 1 and 3), the
+//! transport is asked to receive peers' writes to those areas straight into the caller's
+//! buffer where it can (TCP lanes: `Device::set_direct`), which saves copying them out of the
+//! landing region; such a piece's flag word holds the call's sequence, any other piece is
+//! copied as before. Writing into the caller's buffer early is safe: rank `q`'s reduced piece
+//! `k` exists only after `q` received this rank's piece `k` of the same bytes, so that source
+//! is no longer read. `SCALEFREE_DIRECT_LANDING=0` turns it off.
 //! Areas: 0 reduce-scatter, 1 allgather; the hierarchical allreduce adds 2 and 3 for its
 //! reduce-scatter and allgather between hosts.
 //! Reuse is safe without acknowledgements because every call starts with the all-to-all
@@ -43,8 +51,29 @@ pub(crate) struct Landing {
 /// Landing areas (see the module comment).
 const AREAS: usize = 4;
 
+/// Bytes from a piece's word to its direct-landing flag.
+fn flags_delta(n: usize) -> usize {
+    AREAS * n * MAX_PIECES * 4
+}
+
 fn words_len(n: usize) -> usize {
-    (AREAS * n * MAX_PIECES * 4).next_multiple_of(4096)
+    (2 * flags_delta(n)).next_multiple_of(4096)
+}
+
+/// Whether gathered pieces may land straight in the caller's buffer (see the module comment).
+fn direct_landing_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_DIRECT_LANDING").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
+}
+
+/// Direct landing in force until dropped (also when a call fails: the transport stops
+/// writing into the caller's buffer before the call returns).
+struct DirectLanding(scalefree_transport::Device);
+
+impl Drop for DirectLanding {
+    fn drop(&mut self) {
+        self.0.clear_direct();
+    }
 }
 
 /// How a chunk of `bytes` is cut into pieces: (piece bytes, number of pieces).
@@ -102,6 +131,34 @@ impl Communicator {
     fn landed_word(&self, area: usize, s: u32, piece: usize) -> usize {
         ((area * self.size as usize + s as usize) * MAX_PIECES + piece) * 4
     }
+
+    /// Asks for direct landing of what each sender `q` of `parts` `(q, at, len)` writes into
+    /// area `area`: straight to `buf + at`, `len` bytes. Must be called after [`Self::landing`]
+    /// for this call and before any peer can send those pieces.
+    ///
+    /// # Safety
+    /// Each `buf + at .. + len` must stay writable and not be written by this rank until the
+    /// returned guard is dropped.
+    unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8) -> Option<DirectLanding> {
+        if !direct_landing_on() || parts.is_empty() {
+            return None;
+        }
+        let l = self.landing.as_ref().unwrap();
+        let nr = self.size as usize;
+        let base = words_len(nr) + area * nr * l.chunk_cap;
+        let windows: Vec<(usize, usize, *mut u8)> =
+            parts.iter().map(|&(q, at, len)| (base + q as usize * l.chunk_cap, len, unsafe { buf.add(at) })).collect();
+        unsafe { self.dev.set_direct(&l.region, &windows, flags_delta(nr)) }.then(|| DirectLanding(self.dev.clone()))
+    }
+
+    /// Whether sender `s`'s piece `piece` of area `area` (landed already) was received
+    /// straight into the caller's buffer in this call.
+    fn landed_direct(&self, area: usize, s: u32, piece: usize) -> bool {
+        let l = self.landing.as_ref().unwrap();
+        let off = self.landed_word(area, s, piece) + flags_delta(self.size as usize);
+        let w = unsafe { &*(l.region.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) };
+        w.load(std::sync::atomic::Ordering::Acquire) == self.seq
+    }
 }
 
 fn wait_all(pending: Vec<Completion>) -> Result<()> {
@@ -124,6 +181,8 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     c.landing(cap)?;
     let piece = c.net_piece_bytes();
     let peers: Vec<u32> = c.peers().collect();
+    let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&q| (q, chunk(q).0 * es, (chunk(q).1 - chunk(q).0) * es)).collect();
+    let direct = unsafe { c.direct_landing(1, &parts, buf) };
     // Reduce-scatter: every peer gets its chunk of our buffer.
     let mut sent = Vec::new();
     for &q in &peers {
@@ -165,9 +224,12 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
             let len = qp.min(qbytes - off);
             let seq = c.seq;
             c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
-            unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qa * es + off), len) };
+            if !(direct.is_some() && c.landed_direct(1, q, k)) {
+                unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qa * es + off), len) };
+            }
         }
     }
+    drop(direct);
     wait_all(forwarded)
 }
 
@@ -312,6 +374,12 @@ unsafe fn group_allreduce(
     };
     let piece = c.net_piece_bytes();
     let peers: Vec<(u32, u32)> = (1..g).map(|k| (me_idx + k) % g).map(|i| (i, group[i as usize])).collect();
+    let direct = if scatter_only {
+        None
+    } else {
+        let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&(i, q)| (q, part(i).0 * es, (part(i).1 - part(i).0) * es)).collect();
+        unsafe { c.direct_landing(areas.1, &parts, buf) }
+    };
     let mut sent = Vec::new();
     for &(i, q) in &peers {
         let (x, y) = part(i);
@@ -353,9 +421,12 @@ unsafe fn group_allreduce(
             let off = k * qp;
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
-            unsafe { std::ptr::copy_nonoverlapping(c.landed(areas.1, q, off), buf.add(qx * es + off), qp.min(qbytes - off)) };
+            if !(direct.is_some() && c.landed_direct(areas.1, q, k)) {
+                unsafe { std::ptr::copy_nonoverlapping(c.landed(areas.1, q, off), buf.add(qx * es + off), qp.min(qbytes - off)) };
+            }
         }
     }
+    drop(direct);
     wait_all(forwarded)?;
     Ok((x, y))
 }

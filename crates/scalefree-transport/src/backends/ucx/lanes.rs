@@ -28,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{finish_pending, Pending, Request, Shared, UCS_ERR_CONNECTION_RESET, UCS_OK};
+use super::{finish_pending, Pending, Request, Shared, NOTE_WORD, UCS_ERR_CONNECTION_RESET, UCS_OK};
 use crate::error::{Error, Result};
 
 const KIND_WRITE: u32 = 1;
@@ -481,6 +481,20 @@ fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LE
         KIND_WRITE => {
             let n = f.len as usize;
             let target = sh.region_target(f.key, f.offset as usize, n);
+            let direct = target.and_then(|_| sh.direct_target(f.key, f.offset as usize, n));
+            if let (Some((_, raddr, rlen)), Some((to, delta))) = (target, direct) {
+                // Direct landing: into the caller's memory, then the flag, then the note.
+                let r = rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(to as *mut u8, n) });
+                sh.direct_busy.fetch_sub(1, Ordering::SeqCst);
+                r.map_err(|e| format!("its TCP lane broke mid-write: {e}"))?;
+                sh.direct_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                let flag = (f.index as usize).checked_add(delta).filter(|&o| o + 4 <= rlen && o % 4 == 0);
+                if let (NOTE_WORD, Some(o)) = (f.note, flag) {
+                    unsafe { &*((raddr + o) as *const std::sync::atomic::AtomicU32) }.store(f.value, Ordering::Release);
+                }
+                sh.raise(raddr, rlen, f.note, f.index, f.value);
+                return Ok(());
+            }
             match target {
                 Some((dst, _, _)) => rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
                 None => {

@@ -163,8 +163,24 @@ pub(crate) struct Shared {
     peer_timeout: std::time::Duration,
     /// Each peer's TCP lane socket, if it has one (shut down when the peer is lost).
     lane_fds: Mutex<Vec<Option<c_int>>>,
+    /// Direct landing (see [`Net::set_direct`]): lane writes into these windows of a region
+    /// go straight to the caller's memory.
+    direct: Mutex<Option<Direct>>,
+    /// Lane readers writing into a direct window right now.
+    direct_busy: AtomicU32,
+    /// Bytes received by direct landing so far (for tests and reports).
+    direct_bytes: std::sync::atomic::AtomicU64,
 }
 unsafe impl Send for Shared {}
+
+/// Windows of one region whose lane writes land elsewhere (see [`Net::set_direct`]).
+struct Direct {
+    key: u64,
+    /// (region offset, length, destination address).
+    windows: Vec<(usize, usize, usize)>,
+    /// The flag word of a write's note word is this many bytes after it.
+    flag_delta: usize,
+}
 unsafe impl Sync for Shared {}
 
 impl Drop for Shared {
@@ -246,6 +262,17 @@ impl Shared {
             let end = offset.checked_add(len)?;
             (end <= r.len).then_some((r.addr + offset, r.addr, r.len))
         })
+    }
+    /// Where a lane write of `len` bytes at `offset` of region `key` lands instead of the
+    /// region, if it falls whole into a direct window: (destination, flag delta). The caller
+    /// holds `direct_busy` raised until the bytes are in (see [`Net::clear_direct`]).
+    fn direct_target(&self, key: u64, offset: usize, len: usize) -> Option<(usize, usize)> {
+        let d = self.direct.lock().unwrap();
+        let d = d.as_ref().filter(|d| d.key == key)?;
+        let end = offset.checked_add(len)?;
+        let &(lo, _, dst) = d.windows.iter().find(|&&(lo, n, _)| offset >= lo && end <= lo + n)?;
+        self.direct_busy.fetch_add(1, Ordering::SeqCst);
+        Some((dst + (offset - lo), d.flag_delta))
     }
     fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
         match note {
@@ -604,6 +631,9 @@ impl Net {
             watched: Mutex::new(vec![false; size as usize]),
             peer_timeout: peer_timeout(),
             lane_fds: Mutex::new(vec![None; size as usize]),
+            direct: Mutex::new(None),
+            direct_busy: AtomicU32::new(0),
+            direct_bytes: std::sync::atomic::AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
@@ -931,6 +961,46 @@ impl Net {
         }
         self.lanes = Some(l);
         Ok(())
+    }
+
+    /// Direct landing: until [`Net::clear_direct`], bytes that peers write over TCP lanes
+    /// into region `key` at `[off, off + len)` of a window `(off, len, dst)` are received
+    /// straight into `dst..dst+len` instead (no copy out of the region afterwards). A write
+    /// that landed so also stores its note's value into the 32-bit word `flag_delta` bytes
+    /// after its note word (before raising the note), so the owner can tell, per write,
+    /// where its bytes are: writes over UCX, or not whole inside a window, land in the
+    /// region as always.
+    ///
+    /// # Safety
+    /// Every `dst..dst+len` must stay writable, and untouched by anyone else, until
+    /// `clear_direct` returns.
+    pub unsafe fn set_direct(&self, key: u64, windows: &[(usize, usize, *mut u8)], flag_delta: usize) {
+        let windows = windows.iter().map(|&(o, n, d)| (o, n, d as usize)).collect();
+        *self.shared.direct.lock().unwrap() = Some(Direct { key, windows, flag_delta });
+    }
+
+    /// Ends direct landing; returns once no lane reader writes into a window any more. A
+    /// reader still inside a write after `timeout` (its peer stopped mid-write) has its lane
+    /// shut down, so that it stops touching the caller's memory.
+    pub fn clear_direct(&self, timeout: std::time::Duration) {
+        let sh = &self.shared;
+        *sh.direct.lock().unwrap() = None;
+        let start = std::time::Instant::now();
+        let mut shut = false;
+        while sh.direct_busy.load(Ordering::SeqCst) > 0 {
+            if !shut && start.elapsed() >= timeout {
+                for fd in sh.lane_fds.lock().unwrap().iter().flatten() {
+                    unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+                }
+                shut = true;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// Bytes received by direct landing since this device opened.
+    pub fn direct_landed_bytes(&self) -> u64 {
+        self.shared.direct_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether bulk writes to some peer go over TCP lanes.
