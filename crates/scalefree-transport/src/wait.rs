@@ -225,6 +225,72 @@ fn wait_slow(
     }
 }
 
+/// [`wait_until_hooked`] for a waiter that can park by reading arrivals itself: after the
+/// spin it calls `park(at_most)` (which sleeps until something arrives, reads it and returns
+/// true; false when it cannot, and then the waiter parks on the futex for a millisecond)
+/// instead of parking on the futex, and stays entered in `hook` throughout.
+#[allow(clippy::too_many_arguments)]
+pub fn wait_until_parking(
+    word: &AtomicU32,
+    waiters: &AtomicU32,
+    mut ready: impl FnMut(u32) -> bool,
+    policy: &WaitPolicy,
+    what: &dyn Fn() -> String,
+    liveness: &dyn Fn() -> Result<()>,
+    hook: &dyn SpinHook,
+    park: &dyn Fn(Duration) -> bool,
+) -> Result<u32> {
+    let v = word.load(Ordering::Acquire);
+    if ready(v) {
+        return Ok(v);
+    }
+    let start = Instant::now();
+    hook.enter();
+    let _spinning = Spinning(Some(hook));
+    let mut i = 0u32;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+        std::hint::spin_loop();
+        i = i.wrapping_add(1);
+        if i.is_multiple_of(64) && start.elapsed() >= policy.spin {
+            break;
+        }
+    }
+    let yield_start = Instant::now();
+    while yield_start.elapsed() < policy.yield_for {
+        unsafe { libc::sched_yield() };
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+    }
+    let mut last_check = Instant::now();
+    loop {
+        if !park(policy.check_interval) {
+            waiters.fetch_add(1, Ordering::SeqCst);
+            let v = word.load(Ordering::SeqCst);
+            if !ready(v) {
+                futex_wait(word, v, Duration::from_millis(1));
+            }
+            waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+        if last_check.elapsed() >= policy.check_interval {
+            liveness()?;
+            last_check = Instant::now();
+        }
+        if start.elapsed() >= policy.timeout {
+            return Err(Error::Timeout { timeout: policy.timeout, waiting_for: what() });
+        }
+    }
+}
+
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
