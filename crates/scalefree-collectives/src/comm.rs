@@ -409,7 +409,7 @@ impl Communicator {
     pub(crate) fn await_inbox(&self, peer: u32) -> Result<Header> {
         let (me, seq) = (self.rank, self.seq);
         let what = || format!("rank {peer} to start collective call #{seq}");
-        self.dev.wait_word_from(peer, self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &what)?;
+        self.dev.wait_word(self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &what)?;
         Ok(unsafe { std::ptr::read_volatile(self.inbox_ptr(peer) as *const Header) })
     }
 

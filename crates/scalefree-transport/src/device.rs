@@ -740,22 +740,6 @@ impl Device {
         self.wait_with(word, waiters, ready, &self.inner.policy, what)
     }
 
-    /// [`Device::wait_word`] for a word that only `peer`'s writes raise: over a TCP lane the
-    /// waiter parks reading the lanes itself (one wake-up per message, not two).
-    pub fn wait_word_from(
-        &self,
-        peer: u32,
-        word: &AtomicU32,
-        waiters: &AtomicU32,
-        ready: impl FnMut(u32) -> bool,
-        what: &dyn Fn() -> String,
-    ) -> Result<u32> {
-        match &self.inner.net {
-            Some(net) if !self.is_local(peer) => net.wait_word_from(peer, word, waiters, ready, &self.inner.policy, what),
-            _ => self.wait_word(word, waiters, ready, what),
-        }
-    }
-
     /// Waits on a word of this host with `policy`: over UCX, spinning drives the worker's
     /// progress (arrivals run their handlers) before parking.
     pub fn wait_with(

@@ -335,31 +335,6 @@ impl Lanes {
         k
     }
 
-    /// Parks a waiting caller in `poll` on every open lane for at most `timeout`, then reads
-    /// whatever arrived (as [`Lanes::poll`]): the frame that ends the wait wakes the caller
-    /// itself, not a reader thread that would then wake it. The caller holds the gate
-    /// meanwhile (the readers stand down). False when no lane is open: park another way.
-    pub fn park(&self, sh: &Shared, timeout: Duration) -> bool {
-        let mut fds = Vec::with_capacity(self.lanes.len());
-        let mut busy = false;
-        for lane in self.lanes.iter().flatten() {
-            match lane.reader.try_lock() {
-                Ok(rd) if !rd.done => fds.push(libc::pollfd { fd: rd.fd, events: libc::POLLIN, revents: 0 }),
-                Ok(_) => {}
-                // Its reader thread is reading it and will raise (and futex-wake) what it
-                // carries, which this caller does not hear in `poll`: look again soon.
-                Err(_) => busy = true,
-            }
-        }
-        if fds.is_empty() {
-            return false;
-        }
-        let ms = if busy { 1 } else { timeout.as_millis().clamp(1, i32::MAX as u128) as i32 };
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        self.poll(sh);
-        true
-    }
-
     /// What waiting callers tell when they read the lanes themselves.
     pub fn gate(&self) -> &Gate {
         &self.gate

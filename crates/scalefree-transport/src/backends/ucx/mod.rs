@@ -806,23 +806,6 @@ impl Net {
         }, policy, what, &|| self.check_alive(), self.spin_hook())
     }
 
-    /// [`Net::wait_word`] for a word that only frames from `peer` raise: over a TCP lane, the
-    /// waiter parks in `poll` on the lanes itself instead of on the futex (see
-    /// [`lanes::Lanes::park`]), so the frame wakes it directly. `SCALEFREE_POLL_PARK=0`:
-    /// park on the futex as [`Net::wait_word`] does.
-    pub fn wait_word_from(&self, peer: u32, word: &AtomicU32, waiters: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String) -> Result<u32> {
-        let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer) && poll_park()) else {
-            return self.wait_word(word, waiters, ready, policy, what);
-        };
-        wait::wait_until_parking(word, waiters, |v| {
-            if ready(v) {
-                return true;
-            }
-            self.progress();
-            ready(word.load(Ordering::Acquire))
-        }, policy, what, &|| self.check_alive(), l.gate(), &|t| l.park(&self.shared, t))
-    }
-
     /// For a waiter that drives progress while it spins: the lanes' reader threads stand
     /// down meanwhile (see [`lanes::Gate`]).
     pub fn spin_hook(&self) -> Option<&dyn wait::SpinHook> {
@@ -1028,13 +1011,6 @@ fn progress_loop(sh: &Shared, efd: c_int) {
         let mut p = libc::pollfd { fd: efd, events: libc::POLLIN, revents: 0 };
         unsafe { libc::poll(&mut p, 1, ms) };
     }
-}
-
-/// `SCALEFREE_POLL_PARK` (default on): waiters for one peer's frames park in `poll` on the
-/// lanes rather than on the futex.
-fn poll_park() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_POLL_PARK").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
 }
 
 /// Silence after which a peer on another host counts as lost (`SCALEFREE_PEER_TIMEOUT`
