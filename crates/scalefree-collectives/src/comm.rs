@@ -223,7 +223,7 @@ pub struct Communicator {
     pub(crate) landing: Option<crate::dense::net::Landing>,
     /// Per-peer send buffers of the header exchange over the network.
     pub(crate) post_bufs: Vec<Vec<u8>>,
-    /// Every peer is on another host (one rank per host): small allreduces go by
+    /// One rank per host, in the whole job: small allreduces go by
     /// `dense::doubling` unless `CommOptions::small_net` says otherwise.
     all_remote: bool,
 }
@@ -240,6 +240,12 @@ impl Communicator {
         let ctrls = dev.exchange_regions(&ctrl)?;
         let chans = (0..size).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
         let scratch = vec![0u8; opts.piece_bytes.max(opts.inline_bytes)];
+        // A property of the whole job (every rank must decide alike): no two ranks share a
+        // host, and peers are reached over the network.
+        let mut hosts: Vec<u32> = (0..size).map(|r| dev.host_of(r)).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let all_remote = hosts.len() == size as usize && ctrls.iter().enumerate().all(|(r, c)| r as u32 == rank || c.mapped_ptr().is_none());
         Ok(Communicator {
             dev,
             opts,
@@ -247,7 +253,7 @@ impl Communicator {
             size,
             seq: 0,
             net: ctrls.iter().any(|r| r.mapped_ptr().is_none()),
-            all_remote: ctrls.iter().enumerate().all(|(r, c)| r as u32 == rank || c.mapped_ptr().is_none()),
+            all_remote,
             ctrl,
             ctrls,
             chans,
