@@ -149,6 +149,51 @@ def test_killed_rank_on_another_host_is_peer_lost(can_simulate):
         assert res[1][0] != 0  # the launcher of the killed rank's host fails too
 
 
+SMALL_KILLED = r"""
+import os, signal, sys, time
+import numpy as np, scalefree
+g = scalefree.init(timeout=120)
+a = np.ones(256, np.float32)
+for i in range(1000000):
+    if g.rank == 1 and i == 50:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        g.allreduce(a) if i % 3 else g.barrier()
+    except scalefree.PeerLostError as e:
+        print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
+        sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("nhosts", [3, 4])
+def test_killed_rank_in_small_allreduces_is_peer_lost(can_simulate, nhosts):
+    """Small allreduces and barriers between hosts go by recursive doubling: a rank killed
+    in the middle is `PeerLostError` naming it on every survivor (also those that never
+    exchange with it directly), within the timeout."""
+    with simhosts.SimHosts(nhosts) as h:
+        res = launch_all(h, 1, SMALL_KILLED, timeout=120)
+    for i, (rc, out) in enumerate(res):
+        if i == 1:
+            assert rc != 0
+            continue
+        assert rc == 3, out[-2000:]
+        line = [l for l in out.splitlines() if "PeerLostError after" in l][0]
+        assert float(line.split("after ")[1].split("s:")[0]) < 30.0, line
+        assert "rank 1" in line, line
+
+
+@pytest.mark.parametrize("nhosts", [3, 4])
+def test_mismatched_calls_across_hosts(can_simulate, nhosts):
+    """Mismatched calls between hosts (sizes across the small/large boundary, dtype, op,
+    root): a `MismatchError` on every rank, no hang, and the group usable afterwards."""
+    from test_failures import MISMATCH
+
+    with simhosts.SimHosts(nhosts) as h:
+        for rc, out in launch_all(h, 1, MISMATCH, timeout=180):
+            assert rc == 0 and out.count("mismatch") == 6 and "done" in out, out[-2000:]
+
+
 def test_first_loss_is_what_every_host_reports(can_simulate):
     """2 hosts x 2 ranks, rank 1 killed: the ranks on the other host name rank 1 (not rank 0,
     which stops because of it), however the losses reach them."""

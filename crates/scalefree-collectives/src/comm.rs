@@ -55,6 +55,27 @@ pub struct CommOptions {
     /// Ordinary (unregistered) buffers up to this size are staged through shared memory
     /// rather than read by cross-memory attach.
     pub stage_max_bytes: usize,
+    /// How small allreduces travel when every peer is on another host.
+    pub small_net: SmallNet,
+}
+
+/// How a small allreduce travels between hosts (one rank per host):
+/// `SCALEFREE_SMALL_NET=doubling` (default) or `one_shot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SmallNet {
+    /// Recursive doubling (`dense::doubling`): log2 N rounds of one message per rank.
+    Doubling,
+    /// The one-shot exchange: every rank writes to every peer, one round.
+    OneShot,
+}
+
+impl SmallNet {
+    fn from_env() -> SmallNet {
+        match std::env::var("SCALEFREE_SMALL_NET").ok().as_deref().map(str::trim) {
+            Some("one_shot") => SmallNet::OneShot,
+            _ => SmallNet::Doubling,
+        }
+    }
 }
 
 impl Default for CommOptions {
@@ -64,6 +85,7 @@ impl Default for CommOptions {
             one_shot_max_bytes: env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10),
             piece_bytes: env_bytes("SCALEFREE_PIECE_BYTES", 128 << 10).max(4096),
             stage_max_bytes: env_bytes("SCALEFREE_STAGE_MAX", 4 << 20),
+            small_net: SmallNet::from_env(),
         }
     }
 }
@@ -120,7 +142,10 @@ pub(crate) struct Header {
     pub offset: u64,
     /// Bytes of staging this rank needs (0 when its buffer is directly addressable).
     pub staging_bytes: u64,
-    _pad: [u8; HEADER_BYTES - 88],
+    /// What follows the header in the inbox: the payload as posted (0), or a summary and
+    /// partial result of `dense::doubling` (`doubling::FOLLOWS_SUMMARY`).
+    pub follows: u32,
+    _pad: [u8; HEADER_BYTES - 92],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
@@ -138,11 +163,17 @@ impl Header {
             handle: [0; RegionHandle::BYTES],
             offset: 0,
             staging_bytes: 0,
-            _pad: [0; HEADER_BYTES - 88],
+            follows: 0,
+            _pad: [0; HEADER_BYTES - 92],
         }
     }
 
-    fn describe(&self) -> String {
+    /// An all-zero header (fields filled in by the caller).
+    pub fn zeroed() -> Self {
+        Header::new(Kind::Barrier, DType::U8, None, 0, 0, Algorithm::Auto)
+    }
+
+    pub(crate) fn describe(&self) -> String {
         let dt = DType::from_u32(self.dtype).map(|d| d.name()).unwrap_or("?");
         let mut s = format!(
             "{} of {} {dt}",
@@ -191,7 +222,10 @@ pub struct Communicator {
     /// Landing region of `dense::net` (grown on demand).
     pub(crate) landing: Option<crate::dense::net::Landing>,
     /// Per-peer send buffers of the header exchange over the network.
-    post_bufs: Vec<Vec<u8>>,
+    pub(crate) post_bufs: Vec<Vec<u8>>,
+    /// One rank per host, in the whole job: small allreduces go by
+    /// `dense::doubling` unless `CommOptions::small_net` says otherwise.
+    all_remote: bool,
 }
 
 impl Communicator {
@@ -199,13 +233,19 @@ impl Communicator {
     pub fn new(dev: Device, opts: CommOptions) -> Result<Self> {
         let size = dev.size();
         let rank = dev.rank();
-        let slot_bytes = (HEADER_BYTES + opts.inline_bytes).next_multiple_of(64);
+        let slot_bytes = (HEADER_BYTES + crate::dense::doubling::SUMMARY_BYTES + opts.inline_bytes).next_multiple_of(64);
         let off_inbox = (OFF_FLAGS + size as usize * 64).next_multiple_of(4096);
         let len = off_inbox + size as usize * 2 * slot_bytes;
         let ctrl = dev.alloc_region(len)?;
         let ctrls = dev.exchange_regions(&ctrl)?;
         let chans = (0..size).map(|r| dev.channel(r)).collect::<Result<Vec<_>>>()?;
         let scratch = vec![0u8; opts.piece_bytes.max(opts.inline_bytes)];
+        // A property of the whole job (every rank must decide alike): no two ranks share a
+        // host, and peers are reached over the network.
+        let mut hosts: Vec<u32> = (0..size).map(|r| dev.host_of(r)).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        let all_remote = hosts.len() == size as usize && ctrls.iter().enumerate().all(|(r, c)| r as u32 == rank || c.mapped_ptr().is_none());
         Ok(Communicator {
             dev,
             opts,
@@ -213,6 +253,7 @@ impl Communicator {
             size,
             seq: 0,
             net: ctrls.iter().any(|r| r.mapped_ptr().is_none()),
+            all_remote,
             ctrl,
             ctrls,
             chans,
@@ -224,6 +265,12 @@ impl Communicator {
             landing: None,
             post_bufs: (0..size).map(|_| Vec::new()).collect(),
         })
+    }
+
+    /// Small allreduces go by recursive doubling (`dense::doubling`) rather than the
+    /// one-shot exchange: every peer is on another host and `small_net` allows it.
+    pub(crate) fn doubling(&self) -> bool {
+        self.all_remote && self.size > 1 && self.opts.small_net == SmallNet::Doubling
     }
 
     /// Whether peers are reached over the network (UCX) rather than shared memory.
@@ -285,11 +332,7 @@ impl Communicator {
         mut hdr: Header,
         payload: &dyn Fn(u32) -> (*const u8, usize),
     ) -> Result<Vec<Header>> {
-        self.seq = self.seq.wrapping_add(1);
-        if self.seq == 0 {
-            self.seq = 1;
-        }
-        let seq = self.seq;
+        let seq = self.next_seq();
         hdr.seq = seq;
         let me = self.rank;
         let peers: Vec<u32> = self.peers().collect();
@@ -335,15 +378,50 @@ impl Communicator {
             c.wait()?;
         }
         // Everyone compares everyone, so every rank raises the same error.
-        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo);
+        // `follows`: a rank that started this call by `dense::doubling` took another path.
+        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo, h.follows);
         if let Some(bad) = headers.iter().position(|h| key(h) != key(&headers[0])) {
-            return Err(Error::Mismatch(format!(
-                "rank 0 called {} but rank {bad} called {}",
-                headers[0].describe(),
-                headers[bad].describe()
-            )));
+            let (a, b) = (headers[0].describe(), headers[bad].describe());
+            let why = if a == b { " (SCALEFREE_SMALL_NET differs between them)" } else { "" };
+            return Err(Error::Mismatch(format!("rank 0 called {a} but rank {bad} called {b}{why}")));
         }
         Ok(headers)
+    }
+
+    /// Starts a call: its sequence number (never 0).
+    pub(crate) fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        if self.seq == 0 {
+            self.seq = 1;
+        }
+        self.seq
+    }
+
+    /// Over the network: writes `msg` (a header and what follows it) into this rank's inbox
+    /// at `peer` for call `seq` and raises this rank's flag there.
+    ///
+    /// # Safety
+    /// `msg` must stay untouched until the returned completion is done.
+    pub(crate) unsafe fn send_inbox(&self, peer: u32, seq: u32, msg: &[u8]) -> Result<scalefree_transport::Completion> {
+        debug_assert!(msg.len() <= self.slot_bytes);
+        let off = self.inbox_off(self.rank, seq);
+        unsafe {
+            self.chans[peer as usize].start_write_raise(msg.as_ptr(), &self.ctrls[peer as usize], off, msg.len(), OFF_FLAGS + self.rank as usize * 64, seq)
+        }
+    }
+
+    /// Waits until `peer`'s message of the current call is in this rank's inbox; returns
+    /// its header.
+    pub(crate) fn await_inbox(&self, peer: u32) -> Result<Header> {
+        let (me, seq) = (self.rank, self.seq);
+        let what = || format!("rank {peer} to start collective call #{seq}");
+        self.dev.wait_word(self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &what)?;
+        Ok(unsafe { std::ptr::read_volatile(self.inbox_ptr(peer) as *const Header) })
+    }
+
+    /// Start of `peer`'s message of the current call in this rank's inbox.
+    pub(crate) fn inbox_ptr(&self, peer: u32) -> *const u8 {
+        unsafe { self.ctrl_ptr(self.rank).add(self.inbox_off(peer, self.seq)) }
     }
 
     /// How peers will reach `len` bytes at `ptr` on this rank: the registered region that

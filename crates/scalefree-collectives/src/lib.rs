@@ -5,7 +5,9 @@
 //! moved per algorithm:
 //!
 //! * [`Algorithm::OneShot`] — small messages: every rank writes its data into every peer's
-//!   inbox (one step), every rank reduces all contributions in rank order.
+//!   inbox (one step), every rank reduces all contributions in rank order. Between hosts
+//!   with one rank each, the allreduce goes by recursive doubling instead
+//!   (`dense::doubling`: log2 N rounds of one message per rank).
 //! * [`Algorithm::Direct`] — large messages: reduce-scatter then allgather by one-sided
 //!   reads of each peer's buffer, pipelined in pieces with progress counters.
 //! * [`Algorithm::Ring`] — the pipelined ring: the same one-sided reads, but each rank only

@@ -18,7 +18,7 @@ fn staged_allreduce_broadcast_allgather() {
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: String::new(), launcher: Launcher::Scalefree, master: None };
                 let dev = Device::new(job, DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() }).unwrap();
                 assert!(!dev.cma_everywhere() || n == 1);
-                let mut c = Communicator::new(dev, CommOptions { inline_bytes: 1024, one_shot_max_bytes: 512, piece_bytes: 4096, stage_max_bytes: 0 }).unwrap();
+                let mut c = Communicator::new(dev, CommOptions { inline_bytes: 1024, one_shot_max_bytes: 512, piece_bytes: 4096, stage_max_bytes: 0, ..CommOptions::default() }).unwrap();
                 // Growing sizes force the staging region to grow collectively.
                 for &count in &[300usize, 5000, 40_000, 1000] {
                     for algo in [Algorithm::Direct, Algorithm::Ring] {

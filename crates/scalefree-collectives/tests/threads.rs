@@ -23,7 +23,7 @@ where
                 let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
                 let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
                 let dev = Device::new(job, opts).unwrap();
-                let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0 };
+                let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0, ..CommOptions::default() };
                 let mut c = Communicator::new(dev, copts).unwrap();
                 // `SCALEFREE_TRANSPORT=ucx cargo test --test threads` runs this suite over UCX.
                 if n > 1 && std::env::var("SCALEFREE_TRANSPORT").is_ok_and(|t| t == "ucx") {
@@ -120,6 +120,61 @@ fn reduce_scatter_allgather_broadcast_barrier() {
                     unsafe { c.broadcast(b.as_mut_ptr() as *mut u8, count, DType::I64, root, Algorithm::Auto).unwrap() };
                     assert!(b.iter().enumerate().all(|(i, x)| *x == i as i64 * 3 + root as i64));
                 }
+                c.barrier().unwrap();
+            }
+        });
+    }
+}
+
+/// A call that one rank makes small (one message per round between hosts: recursive
+/// doubling) and the others large, or another collective altogether: every rank gets a
+/// `Mismatch` error naming the first rank that differs from rank 0, never a hang, and the
+/// group stays usable. Over UCX (`SCALEFREE_TRANSPORT=ucx`) the small side is `doubling`.
+#[test]
+fn mismatched_paths_error_on_every_rank() {
+    for n in 2..=4u32 {
+        run(n, move |c| {
+            let me = c.rank();
+            let odd = n - 1; // the rank that differs
+            for case in 0..4 {
+                let r = match case {
+                    // small on `odd`, large (the header exchange, then pieces) on the others
+                    0 => {
+                        let count = if me == odd { 10 } else { 100_000 };
+                        let mut v = vec![1f32; count];
+                        unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, count, DType::F32, ReduceOp::Sum, Algorithm::Auto) }.map(|_| ())
+                    }
+                    // large on `odd`, small on the others
+                    1 => {
+                        let count = if me == odd { 100_000 } else { 10 };
+                        let mut v = vec![1f32; count];
+                        unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, count, DType::F32, ReduceOp::Sum, Algorithm::Auto) }.map(|_| ())
+                    }
+                    // a barrier against a small allreduce
+                    2 => {
+                        if me == odd {
+                            c.barrier()
+                        } else {
+                            let mut v = vec![1f32; 3];
+                            unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, 3, DType::F32, ReduceOp::Sum, Algorithm::Auto) }.map(|_| ())
+                        }
+                    }
+                    // an allgather (one-shot exchange) against a small allreduce
+                    _ => {
+                        let mut v = vec![1f32; 4 * n as usize];
+                        if me == odd {
+                            unsafe { c.allgather(v.as_ptr() as *const u8, 4, v.as_mut_ptr() as *mut u8, DType::F32, Algorithm::Auto) }
+                        } else {
+                            unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, 4, DType::F32, ReduceOp::Sum, Algorithm::Auto) }.map(|_| ())
+                        }
+                    }
+                };
+                let e = r.expect_err("a mismatch");
+                assert!(matches!(e, scalefree_transport::Error::Mismatch(_)), "case {case} n {n}: {e}");
+                assert!(e.to_string().contains(&format!("rank {odd}")), "case {case} n {n}: {e}");
+                let mut w = vec![me as f32 + 1.0; 5];
+                unsafe { c.allreduce(w.as_mut_ptr() as *mut u8, 5, DType::F32, ReduceOp::Sum, Algorithm::Auto).unwrap() };
+                assert_eq!(w, vec![(n * (n + 1) / 2) as f32; 5]);
                 c.barrier().unwrap();
             }
         });

@@ -2,6 +2,7 @@
 //! (`Communicator::post`), and hands over to one algorithm file.
 
 pub mod direct;
+pub mod doubling;
 pub mod net;
 pub mod one_shot;
 pub mod ring;
@@ -81,6 +82,11 @@ impl Communicator {
             return Ok(used);
         }
         let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, used);
+        if used == Algorithm::OneShot && self.doubling() {
+            // Between hosts: log2 N rounds of one message each, the header travelling along.
+            unsafe { doubling::allreduce(self, hdr, buf, count, dtype, op)? };
+            return Ok(used);
+        }
         if nbytes == 0 {
             // Still a collective call: ranks must agree, and sequence numbers stay in step.
             self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -262,6 +268,10 @@ impl Communicator {
             return Ok(());
         }
         let hdr = Header::new(Kind::Barrier, DType::U8, None, 0, 0, Algorithm::Auto);
+        if self.doubling() {
+            // The agreement of an empty doubling allreduce is a barrier, in log2 N rounds.
+            return unsafe { doubling::allreduce(self, hdr, std::ptr::null_mut(), 0, DType::U8, ReduceOp::Sum) };
+        }
         self.post(hdr, &|_| (std::ptr::null(), 0))?;
         Ok(())
     }

@@ -1,0 +1,310 @@
+//! Recursive-doubling allreduce for small messages between hosts (one rank per host).
+//!
+//! Over the network the one-shot exchange costs `N-1` messages per rank per call, and on a
+//! machine whose ranks outnumber its cores most of them find their receiver parked. Here
+//! each rank sends one message per round, `log2 N` rounds: in round `k` rank `r` swaps its
+//! partial result with rank `r ^ 2^k` and both reduce. With `p` the largest power of two
+//! not above `N`, ranks `p..N` first hand their data to rank `r - p` and get the result back
+//! at the end (the usual fold): `2 * (N - p)` more messages.
+//!
+//! Every message is the call's header (the sender's own), a [`Summary`] of the headers the
+//! sender has seen so far, and the sender's partial result. Summaries merge associatively:
+//! at the end every rank knows rank 0's call and the lowest rank whose call differs from it,
+//! so every rank raises the same `Mismatch` error as [`Communicator::post`] would. A rank of
+//! the same call that took another path (a large call, or another collective: those start
+//! with `post`, which writes to every peer) is seen as a mismatch too, by whichever rank
+//! waits for it; a rank that ends in a mismatch then writes its header to every peer it has
+//! not written to in this call, so that such a rank's `post` completes instead of hanging.
+//!
+//! Messages per call: `N log2 N` (`p log2 p + 2 (N - p)`), against `N (N - 1)` for the
+//! one-shot exchange; bytes per rank per round: header, summary and `n` bytes of data.
+//! Every rank computes bit-identical results: the two ranks of a pair reduce the same two
+//! operands (in either order; every supported op is commutative).
+
+use scalefree_transport::{Error, Result};
+
+use crate::comm::{Communicator, Header, HEADER_BYTES};
+use crate::reduce::{reduce_into, DType, ReduceOp};
+
+/// Bytes reserved after the header of a doubling message for its [`Summary`].
+pub(crate) const SUMMARY_BYTES: usize = 128;
+
+/// What of a header must agree across ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(C)]
+struct Key {
+    kind: u32,
+    dtype: u32,
+    op: u32,
+    root: u32,
+    algo: u32,
+    /// 0: the rank started the call with a doubling message; 1: with `post` (another path).
+    path: u32,
+    count: u64,
+}
+
+impl Key {
+    fn of(h: &Header) -> Key {
+        Key { kind: h.kind, dtype: h.dtype, op: h.op, root: h.root, algo: h.algo, path: (h.follows != FOLLOWS_SUMMARY) as u32, count: h.count }
+    }
+    fn header(&self) -> Header {
+        let mut h = Header::zeroed();
+        (h.kind, h.dtype, h.op, h.root, h.algo, h.count) = (self.kind, self.dtype, self.op, self.root, self.algo, self.count);
+        h
+    }
+}
+
+const NONE: u32 = u32::MAX;
+
+/// The headers of a set of ranks, in brief: the call of the lowest rank in the set, and the
+/// lowest rank whose call differs from it (with its call), if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+struct Summary {
+    low: u32,
+    bad: u32,
+    key0: Key,
+    bad_key: Key,
+}
+
+const _: () = assert!(std::mem::size_of::<Summary>() <= SUMMARY_BYTES);
+
+impl Summary {
+    fn one(rank: u32, key: Key) -> Summary {
+        Summary { low: rank, bad: NONE, key0: key, bad_key: Key::default() }
+    }
+
+    /// The summary of the union of two disjoint sets.
+    fn merge(a: Summary, b: Summary) -> Summary {
+        let (a, b) = if a.low <= b.low { (a, b) } else { (b, a) };
+        // The lowest rank of `b` that differs from `a.key0`: `b.low` itself if `b`'s first
+        // call differs, else `b`'s own first difference.
+        let from_b = if b.key0 != a.key0 { Some((b.low, b.key0)) } else { (b.bad != NONE).then_some((b.bad, b.bad_key)) };
+        let from_a = (a.bad != NONE).then_some((a.bad, a.bad_key));
+        let bad = match (from_a, from_b) {
+            (Some(x), Some(y)) => Some(if x.0 <= y.0 { x } else { y }),
+            (x, y) => x.or(y),
+        };
+        match bad {
+            Some((r, k)) => Summary { low: a.low, bad: r, key0: a.key0, bad_key: k },
+            None => Summary { low: a.low, bad: NONE, key0: a.key0, bad_key: Key::default() },
+        }
+    }
+
+    fn agrees(&self) -> bool {
+        self.bad == NONE
+    }
+
+    fn error(&self) -> Error {
+        let (a, b) = (self.key0.header().describe(), self.bad_key.header().describe());
+        let why = if a == b { " (SCALEFREE_SMALL_NET differs between them)" } else { "" };
+        Error::Mismatch(format!("rank {} called {a} but rank {} called {b}{why}", self.low, self.bad))
+    }
+}
+
+/// Marks a header as the start of a doubling message (`Header::follows`).
+pub(crate) const FOLLOWS_SUMMARY: u32 = 0x5346_5244; // "SFRD"
+
+/// The rounds this rank takes part in: `(fold, partners)`. `fold`: the rank it folds with
+/// (`Some(r - p)` for an extra rank, `Some(r + p)` for a rank that takes one in).
+fn schedule(rank: u32, size: u32) -> (Option<u32>, Vec<u32>) {
+    let p = 1u32 << (31 - size.leading_zeros());
+    let extra = size - p;
+    if rank >= p {
+        return (Some(rank - p), Vec::new());
+    }
+    let fold = (rank < extra).then_some(rank + p);
+    let mut partners = Vec::new();
+    let mut mask = 1;
+    while mask < p {
+        partners.push(rank ^ mask);
+        mask <<= 1;
+    }
+    (fold, partners)
+}
+
+/// One call's state: who has been written to, and the sends in flight.
+struct Call<'a> {
+    c: &'a mut Communicator,
+    hdr: Header,
+    written: Vec<bool>,
+    sends: Vec<scalefree_transport::Completion>,
+}
+
+impl Call<'_> {
+    /// Sends header, `summary` and `n` bytes at `data` to `peer` (copied: `data` may change
+    /// before the write completes).
+    unsafe fn send(&mut self, peer: u32, summary: &Summary, data: *const u8, n: usize) -> Result<()> {
+        let seq = self.c.seq;
+        let mut buf = std::mem::take(&mut self.c.post_bufs[peer as usize]);
+        buf.clear();
+        buf.extend_from_slice(unsafe { std::slice::from_raw_parts(&self.hdr as *const Header as *const u8, HEADER_BYTES) });
+        let mut s = [0u8; SUMMARY_BYTES];
+        unsafe { std::ptr::copy_nonoverlapping(summary as *const Summary as *const u8, s.as_mut_ptr(), std::mem::size_of::<Summary>()) };
+        buf.extend_from_slice(&s);
+        if n > 0 {
+            buf.extend_from_slice(unsafe { std::slice::from_raw_parts(data, n) });
+        }
+        let r = unsafe { self.c.send_inbox(peer, seq, &buf) };
+        self.c.post_bufs[peer as usize] = buf;
+        self.sends.push(r?);
+        self.written[peer as usize] = true;
+        Ok(())
+    }
+
+    /// Waits for `peer`'s message of this call: its summary and a pointer to its data
+    /// (`None` when `peer` started this call some other way: then only its header counts).
+    fn receive(&self, peer: u32) -> Result<(Summary, Option<*const u8>)> {
+        let h = self.c.await_inbox(peer)?;
+        let at = self.c.inbox_ptr(peer);
+        if h.follows != FOLLOWS_SUMMARY {
+            return Ok((Summary::one(peer, Key::of(&h)), None));
+        }
+        let s = unsafe { std::ptr::read_unaligned(at.add(HEADER_BYTES) as *const Summary) };
+        Ok((s, Some(unsafe { at.add(HEADER_BYTES + SUMMARY_BYTES) })))
+    }
+
+    /// Ends the call: after a mismatch, a header to every peer not written to yet (a peer
+    /// that started with `post` waits for one from everybody); then every send completes.
+    fn finish(mut self, summary: &Summary) -> Result<()> {
+        if !summary.agrees() {
+            for p in self.c.peers().collect::<Vec<_>>() {
+                if !self.written[p as usize] {
+                    unsafe { self.send(p, summary, std::ptr::null(), 0)? };
+                }
+            }
+        }
+        for s in self.sends.drain(..) {
+            s.wait()?;
+        }
+        if summary.agrees() {
+            Ok(())
+        } else {
+            Err(summary.error())
+        }
+    }
+}
+
+/// Allreduce of `count` elements at `buf`, in place, by recursive doubling; starts the call
+/// itself (no `post` before it). With `count == 0` it is only the agreement on `hdr` (and a
+/// barrier: no rank returns before every rank has started the call).
+///
+/// # Safety
+/// `buf` valid for reads and writes of `count` elements of `dtype`.
+pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+    let reduce_into = |dtype, op, dst, src, count| {
+        if count > 0 {
+            unsafe { reduce_into(dtype, op, dst, src, count) }
+        }
+    };
+    let seq = c.next_seq();
+    hdr.seq = seq;
+    hdr.follows = FOLLOWS_SUMMARY;
+    let (me, size) = (c.rank, c.size);
+    let nbytes = count * dtype.size_bytes();
+    let mine = Key::of(&hdr);
+    let (fold, partners) = schedule(me, size);
+    let mut call = Call { written: vec![false; size as usize], sends: Vec::new(), hdr, c };
+    let mut summary = Summary::one(me, mine);
+    // Folds in: an extra rank hands its data over and waits for the result.
+    if let Some(f) = fold.filter(|&f| f < me) {
+        unsafe { call.send(f, &summary, buf, nbytes)? };
+        let (s, data) = call.receive(f)?;
+        // Normally `s` covers every rank already; merging this rank again changes nothing.
+        summary = Summary::merge(summary, s);
+        if summary.agrees() && nbytes > 0 {
+            let data = data.expect("an agreeing summary comes with data");
+            unsafe { std::ptr::copy_nonoverlapping(data, buf, nbytes) };
+        }
+        return call.finish(&summary);
+    }
+    if let Some(f) = fold {
+        let (s, data) = call.receive(f)?;
+        summary = Summary::merge(summary, s);
+        if let (true, Some(d)) = (summary.agrees(), data) {
+            reduce_into(dtype, op, buf, d, count);
+        }
+    }
+    for &q in &partners {
+        unsafe { call.send(q, &summary, buf, nbytes)? };
+        let (s, data) = call.receive(q)?;
+        summary = Summary::merge(summary, s);
+        if let (true, Some(d)) = (summary.agrees(), data) {
+            reduce_into(dtype, op, buf, d, count);
+        }
+    }
+    if let Some(f) = fold {
+        unsafe { call.send(f, &summary, buf, if summary.agrees() { nbytes } else { 0 })? };
+    }
+    call.finish(&summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(count: u64) -> Key {
+        Key { kind: 1, dtype: 1, op: 1, root: 0, algo: 1, path: 0, count }
+    }
+
+    /// The reference: rank 0's key and the lowest rank that differs from it.
+    fn reference(keys: &[Key]) -> (Key, Option<(u32, Key)>) {
+        let bad = keys.iter().position(|k| *k != keys[0]).map(|r| (r as u32, keys[r]));
+        (keys[0], bad)
+    }
+
+    #[test]
+    fn summaries_merge_to_the_first_difference_in_any_order() {
+        // Every assignment of 3 distinct keys to up to 6 ranks, merged along the doubling
+        // schedule and along an arbitrary (reversed) order.
+        for n in 1..=6u32 {
+            let mut codes = vec![0u64; n as usize];
+            loop {
+                let keys: Vec<Key> = codes.iter().map(|&c| key(c)).collect();
+                let (k0, bad) = reference(&keys);
+                let mut s = Summary::one(n - 1, keys[n as usize - 1]);
+                for r in (0..n - 1).rev() {
+                    s = Summary::merge(Summary::one(r, keys[r as usize]), s);
+                }
+                assert_eq!((s.low, s.key0), (0, k0));
+                assert_eq!(if s.agrees() { None } else { Some((s.bad, s.bad_key)) }, bad, "{codes:?}");
+                // Pairwise, as the butterfly does it.
+                let mut parts: Vec<Summary> = (0..n).map(|r| Summary::one(r, keys[r as usize])).collect();
+                while parts.len() > 1 {
+                    let b = parts.pop().unwrap();
+                    let a = parts.remove(0);
+                    parts.push(Summary::merge(b, a));
+                }
+                assert_eq!(parts[0], s, "{codes:?}");
+                // next assignment
+                let mut i = 0;
+                while i < codes.len() && codes[i] == 2 {
+                    codes[i] = 0;
+                    i += 1;
+                }
+                if i == codes.len() {
+                    break;
+                }
+                codes[i] += 1;
+            }
+        }
+    }
+
+    #[test]
+    fn schedules_pair_up_and_fold_every_rank() {
+        for size in 1..=17u32 {
+            let p = 1u32 << (31 - size.leading_zeros());
+            for r in 0..size {
+                let (fold, partners) = schedule(r, size);
+                for (k, &q) in partners.iter().enumerate() {
+                    assert!(q < p);
+                    assert_eq!(schedule(q, size).1[k], r, "partners are mutual");
+                }
+                if let Some(f) = fold {
+                    assert_eq!(schedule(f, size).0, Some(r), "folds are mutual");
+                }
+                assert_eq!(fold.is_some(), r >= p || r < size - p);
+            }
+        }
+    }
+}
