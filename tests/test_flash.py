@@ -280,3 +280,45 @@ def test_kmeans_recovers_separated_clusters_and_checks_k(rt):
     np.testing.assert_allclose(np.sort(best[0][:, 0] + 7 * best[0][:, 1]), np.sort(means[:, 0] + 7 * means[:, 1]), atol=0.5)
     with pytest.raises(scalefree.InvalidArgumentError, match="k = 0"):
         flash.kmeans(X, 0, runtime=rt)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs mounted under tmp_path (root only; skipped where mounting is not allowed)."""
+    import shutil
+    import subprocess
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_is_a_named_error_with_the_directory(full_disk):
+    rt = flash.Runtime(memory_budget="64M", dir=full_disk)
+    with pytest.raises(scalefree.errors.FlashIOError, match=f"disk full while writing {full_disk}"):
+        flash.Matrix.from_numpy(np.ones((1024, 1024), np.float32), rt)
+    with pytest.raises(scalefree.errors.FlashIOError, match=f"disk full while writing {full_disk}"):
+        flash.gemm(np.ones((512, 512), np.float32), np.ones((512, 2048), np.float32), runtime=rt)
+    # Nothing is left behind (scratch files are unnamed), and a small job still runs there.
+    assert list(full_disk.iterdir()) == []
+    small = flash.Matrix.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4), rt)
+    assert (small.to_numpy() == np.arange(12).reshape(3, 4)).all()
+
+
+def test_unreadable_files_are_named_errors(tmp_path):
+    rt = flash.Runtime(memory_budget="64M")
+    bad = tmp_path / "bad.npy"
+    bad.write_bytes(b"\x93NUMPY garbage")
+    short = tmp_path / "short.npy"
+    np.save(short, np.ones((100, 100), np.float32))
+    with open(short, "r+b") as f:
+        f.truncate(1000)
+    for path in (tmp_path / "missing.npy", bad, short, tmp_path / "missing.mtx"):
+        with pytest.raises(scalefree.errors.FlashIOError, match=path.name):
+            flash.load(path, rt)
