@@ -312,7 +312,9 @@ def test_bench_flash_gemm_end_to_end(tmp_path):
         assert r["bench"] == "flash-gemm" and r["median_s"] > 0
         if r["impl"] == "scalefree":
             assert r["peak_resident_bytes"] <= r["budget_bytes"]
-    assert "vs numpy" in p.stdout
+        if sys.platform == "linux":  # the process's peak RSS around the timed calls
+            assert r["peak_rss_bytes"] >= r["rss_before_bytes"] > 0
+    assert "vs numpy" in p.stdout and "peak RSS" in p.stdout
 
 
 def test_bench_flash_kernels_end_to_end(tmp_path):
@@ -331,4 +333,6 @@ def test_bench_flash_kernels_end_to_end(tmp_path):
         assert r["bench"] == "flash-kernels" and r["median_s"] > 0
         if r["impl"] == "scalefree":
             assert r["peak_resident_bytes"] <= r["budget_bytes"]
-    assert "vs peer" in p.stdout
+        if sys.platform == "linux":  # the process's peak RSS around the timed calls
+            assert r["peak_rss_bytes"] >= r["rss_before_bytes"] > 0
+    assert "vs peer" in p.stdout and "peak RSS" in p.stdout

@@ -730,6 +730,52 @@ def add_cold_arg(p) -> None:
                         "Machine-wide: run it only under the bench lock")
 
 
+class PeakRss:
+    """The process's peak resident set size over a stretch of code (``with PeakRss() as m:``):
+    on Linux the kernel's high-water mark ``VmHWM``, reset through ``/proc/self/clear_refs``
+    on entry. ``start`` is ``VmRSS`` on entry, ``peak`` the high-water mark on exit (bytes;
+    both None where the kernel does not offer them)."""
+
+    def __init__(self):
+        self.start: int | None = None
+        self.peak: int | None = None
+
+    @staticmethod
+    def _status(field: str) -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith(field + ":"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
+
+    def __enter__(self) -> "PeakRss":
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.start = self._status("VmRSS")
+        except OSError:
+            self.start = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak = self._status("VmHWM") if self.start is not None else None
+
+    def merge_into(self, rec: dict) -> None:
+        """Keeps the largest peak (and the start it grew from) of several calls in ``rec``."""
+        if self.peak is not None and self.peak > rec.get("peak_rss_bytes", -1):
+            rec["peak_rss_bytes"], rec["rss_before_bytes"] = self.peak, self.start
+
+
+def rss_cells(r: dict) -> list[str]:
+    """The "peak RSS" and "+call" table cells of a record measured with :class:`PeakRss`."""
+    if "peak_rss_bytes" not in r:
+        return ["", ""]
+    return [human_bytes(r["peak_rss_bytes"]), human_bytes(max(0, r["peak_rss_bytes"] - r["rss_before_bytes"]))]
+
+
 class PageCache:
     """``--cold``: ``drop()`` before each timed call syncs and empties the page cache when
     enabled and permitted. ``state`` is what the records report: ``"cold"``, ``"warm"``, or

@@ -73,16 +73,18 @@ def run(args) -> int:
             c = np.zeros((n, n), dtype)  # touched, so no call pays the first-touch page faults
             for _ in range(args.warmup):
                 np.matmul(a, b, out=c)
-            times = []
+            times, rss = [], {}
             for _ in range(args.repeat):
                 cache.drop()
-                t = time.perf_counter()
-                np.matmul(a, b, out=c)
-                times.append(time.perf_counter() - t)
+                with common.PeakRss() as m:
+                    t = time.perf_counter()
+                    np.matmul(a, b, out=c)
+                    times.append(time.perf_counter() - t)
+                m.merge_into(rss)
             st = common.Stats.of(times)
             records.append(common.make_record(bench=BENCH, impl="numpy", variant="in-memory", ranks=1, nbytes=data_bytes,
                                               dtype=args.dtype, stats=st, gbps=0.0, n_rows=n, gflops=flops / st.median_s / 1e9,
-                                              blas=blas, page_cache=cache.state))
+                                              blas=blas, page_cache=cache.state, **rss))
             common.progress(f"  numpy n={n}: median {common.human_time(st.median_s)}")
             # flash, under the budget
             for which in args.flash_blas.split(","):
@@ -94,12 +96,14 @@ def run(args) -> int:
                 stats: dict = {}
                 for _ in range(args.warmup):
                     flash.gemm(A, B, C, runtime=rt)
-                times, peak, idle = [], 0, []
+                times, peak, idle, rss = [], 0, [], {}
                 for _ in range(args.repeat):
                     cache.drop()
-                    t = time.perf_counter()
-                    flash.gemm(A, B, C, runtime=rt, stats=stats)
-                    times.append(time.perf_counter() - t)
+                    with common.PeakRss() as m:
+                        t = time.perf_counter()
+                        flash.gemm(A, B, C, runtime=rt, stats=stats)
+                        times.append(time.perf_counter() - t)
+                    m.merge_into(rss)
                     peak = max(peak, stats["peak_resident_bytes"])
                     idle.append(stats["compute_idle_seconds"])
                 got = C.to_numpy()
@@ -115,11 +119,14 @@ def run(args) -> int:
                                                   peak_resident_bytes=peak, setup_s=setup_s, max_rel_err=err,
                                                   block_blas=rt.blas or "faer", compute_idle_s=float(np.median(idle)),
                                                   bytes_read=stats["bytes_read"], bytes_written=stats["bytes_written"],
-                                                  page_cache=cache.state))
+                                                  page_cache=cache.state, **rss))
                 common.progress(f"  flash ({rt.blas or 'faer'}) n={n}: median {common.human_time(st.median_s)}, "
                                 f"peak {peak >> 20} MiB of {budget >> 20} MiB, compute idle {np.median(idle):.3f} s")
                 del rt, A, B, C
-    headers = ["n", "impl", "variant", "median", "min", "max", "GFLOP/s", "budget", "peak", "vs numpy"]
+    # peak: the flash kernels' resident bytes; peak RSS: the whole process's (numpy's A, B and
+    # C included); +call: what the call added to the RSS it started from.
+    headers = ["n", "impl", "variant", "median", "min", "max", "GFLOP/s", "budget", "peak", "peak RSS", "+call",
+               "vs numpy"]
     rows = []
     numpy_s = {r["n_rows"]: r["median_s"] for r in records if r["impl"] == "numpy"}
     for r in records:
@@ -128,6 +135,7 @@ def run(args) -> int:
                      common.human_time(r["max_s"]), f"{r['gflops']:.1f}",
                      common.human_bytes(r["budget_bytes"]) if flash_row else "",
                      common.human_bytes(r["peak_resident_bytes"]) if flash_row else "",
+                     *common.rss_cells(r),
                      f"{common.ratio(numpy_s[r['n_rows']], r['median_s']):.2f}x" if flash_row else ""])
     print(f"# page cache: {cache.state}" + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))

@@ -66,15 +66,22 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _time(fn, repeat, cache=None):
+def _time(fn, repeat, cache=None, rss=None):
+    """Times ``repeat`` calls after a warm-up; ``rss`` (a dict, emptied first) receives the
+    largest peak RSS of a timed call (:class:`common.PeakRss`)."""
     fn()  # warm-up
     times = []
+    if rss is not None:
+        rss.clear()
     for _ in range(repeat):
         if cache is not None:
             cache.drop()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+        with common.PeakRss() as m:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        if rss is not None:
+            m.merge_into(rss)
     return common.Stats.of(times)
 
 
@@ -112,14 +119,15 @@ def run(args) -> int:
     cache = common.PageCache(args.cold, BENCH)
     budgets = [parse_bytes(b.strip(), "--budget") for b in args.budget.split(",") if b.strip()] if args.budget else []
     _timed = _time
+    last_rss: dict = {}  # of the last timed row, added to its record
 
     def _time_cold(fn, repeat):  # noqa: F811 - every timed call of every row after a drop
-        return _timed(fn, repeat, cache)
+        return _timed(fn, repeat, cache, last_rss)
 
     def record(kernel, impl, st, nbytes, **extra):
         records.append(common.make_record(bench=BENCH, impl=impl, variant=kernel, ranks=1, nbytes=nbytes,
                                           dtype=extra.pop("dtype", "float64"), stats=st, gbps=0.0,
-                                          page_cache=cache.state, **extra))
+                                          page_cache=cache.state, **extra, **last_rss))
         common.progress(f"  {kernel} {impl}: median {common.human_time(st.median_s)}")
 
     with tempfile.TemporaryDirectory(prefix="scalefree-flash-bench-", dir=args.dir) as tmp:
@@ -214,7 +222,9 @@ def run(args) -> int:
                    peak_resident_bytes=stats["peak_resident_bytes"], label_agreement=agree)
             del rt, X
 
-    headers = ["kernel", "impl", "median", "min", "max", "budget", "peak", "vs peer"]
+    # peak: the flash kernels' resident bytes; peak RSS: the whole process's; +call: what a
+    # call added to the RSS it started from.
+    headers = ["kernel", "impl", "median", "min", "max", "budget", "peak", "peak RSS", "+call", "vs peer"]
     peer = {r["variant"]: r["median_s"] for r in records if r["impl"] != "scalefree"}
     rows = []
     for r in records:
@@ -222,6 +232,7 @@ def run(args) -> int:
         rows.append([r["variant"], r["impl"], common.human_time(r["median_s"]), common.human_time(r["min_s"]),
                      common.human_time(r["max_s"]), common.human_bytes(r["budget_bytes"]) if ours else "",
                      common.human_bytes(r["peak_resident_bytes"]) if ours else "",
+                     *common.rss_cells(r),
                      f"{common.ratio(peer[r['variant']], r['median_s']):.2f}x" if ours else ""])
     print(f"# page cache: {cache.state}" + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=2))

@@ -214,12 +214,15 @@ def run(args) -> int:
             outs = [fn() for _, _, fn, _, _ in rows]
         times = [[] for _ in rows]
         peaks = [0 for _ in rows]
+        rss = [{} for _ in rows]
         for _ in range(args.repeat):
             for i, (_, _, fn, info, _) in enumerate(rows):
                 cache.drop()
-                t = time.perf_counter()
-                outs[i] = fn()
-                times[i].append(time.perf_counter() - t)
+                with common.PeakRss() as m:
+                    t = time.perf_counter()
+                    outs[i] = fn()
+                    times[i].append(time.perf_counter() - t)
+                m.merge_into(rss[i])
                 if info:
                     peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
         for i, (impl, variant, _, info, extra) in enumerate(rows):
@@ -231,13 +234,16 @@ def run(args) -> int:
                     extra["peak_resident_bytes"] = peaks[i]
             records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=1, nbytes=csr_bytes,
                                               dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
-                                              max_rel_err=e, blas=blas, page_cache=cache.state, **extra))
+                                              max_rel_err=e, blas=blas, page_cache=cache.state, **extra, **rss[i]))
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
         del keep
 
     # A: where the products read A from: "flash" (a flash kernel pass per block), "loaded" (a
     # flash matrix that fits the budget, read once and applied in memory), "memory".
-    headers = ["impl", "variant", "A", "median", "min", "max", "max rel err", "budget", "peak", "vs scipy"]
+    # peak: the flash kernels' resident bytes; peak RSS: the whole process's (the in-memory
+    # matrix of the scipy rows included), +call: what the call added to the RSS it started from.
+    headers = ["impl", "variant", "A", "median", "min", "max", "max rel err", "budget", "peak", "peak RSS", "+call",
+               "vs scipy"]
     scipy_s = next(r["median_s"] for r in records if r["impl"] == "scipy")
     rows = []
     for r in records:
@@ -246,6 +252,7 @@ def run(args) -> int:
                      common.human_time(r["min_s"]), common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
+                     *common.rss_cells(r),
                      f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
     print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
           + (f" ({cache.drops} drops)" if cache.enabled else ""))
