@@ -67,3 +67,20 @@ def run_ranks(n: int, code: str, timeout: float = 120.0, extra_env: dict | None 
         for r in res:
             assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}:\n{r.stderr[-4000:]}"
     return res
+
+
+def pagerank_reference(src, dst, n: int, iters: int):
+    """Dense PageRank (damping 0.85, dangling mass spread evenly) after `iters` steps from the
+    uniform vector: the reference the distributed PageRank tests compare against."""
+    import numpy as np
+
+    outdeg = np.bincount(src, minlength=n).astype(float)
+    inv = np.where(outdeg > 0, 1 / np.maximum(outdeg, 1), 0)
+    r = np.full(n, 1 / n)
+    for _ in range(iters):
+        y = np.bincount(dst, weights=r[src] * inv[src], minlength=n)
+        r = 0.15 / n + 0.85 * (y + r[outdeg == 0].sum() / n)
+    return r
+
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

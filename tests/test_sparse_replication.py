@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ranks import collect, spawn_ranks, run_ranks
+from ranks import TESTS_DIR, collect, spawn_ranks, run_ranks
 
 REDUCE = r"""
 import numpy as np, scalefree, sys
@@ -51,7 +51,7 @@ def test_replicated_matches_dense_reference(n, r):
     assert f"logical {n // r}" in res[0].stdout
 
 
-PAGERANK = r"""
+PAGERANK = f"TESTS_DIR = {TESTS_DIR!r}\n" + r"""
 import os, signal, sys, numpy as np, scalefree
 from scalefree.graph import SparsePageRank, partition_edges, rmat_edges, logical_rank
 g = scalefree.init(timeout=60)
@@ -66,12 +66,9 @@ for it in range(ITERS):
     if g.rank in kill and it == 5:
         os.kill(os.getpid(), signal.SIGKILL)
     pr.step()
-outdeg = np.bincount(src, minlength=n).astype(float)
-inv = np.where(outdeg > 0, 1 / np.maximum(outdeg, 1), 0)
-r = np.full(n, 1 / n)
-for it in range(ITERS):
-    y = np.bincount(dst, weights=r[src] * inv[src], minlength=n)
-    r = 0.15 / n + 0.85 * (y + r[outdeg == 0].sum() / n)
+sys.path.insert(0, TESTS_DIR)
+from ranks import pagerank_reference
+r = pagerank_reference(src, dst, n, ITERS)
 err = np.abs(pr.scores - r[pr.owned]).max()
 assert err < 1e-12, err
 print("ok", g.rank, err)

@@ -563,14 +563,11 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
     """Runs a bench worker ``argv`` on ``n`` ranks: under ``mpiexec`` for ``impl == "mpi"``,
     else with ``scalefree run``; across the simulated hosts ``sim`` (``n / sim.n`` ranks on
     each) when given. False (and says why on stderr) when it was skipped or failed."""
-    if impl == "mpi":
-        mpiexec = find_mpiexec()
-        if mpiexec is None:
-            progress("mpi: skipped (no mpiexec; pip install .[bench])")
-            return False
-        cmd, env = mpiexec_cmd(mpiexec, n, argv), mpi_env()
-    else:
-        cmd, env = launcher_cmd(n, argv), {}
+    mpiexec = find_mpiexec() if impl == "mpi" else None
+    if impl == "mpi" and mpiexec is None:
+        progress("mpi: skipped (no mpiexec; pip install .[bench])")
+        return False
+    env = mpi_env() if impl == "mpi" else {}
     where = f" on {sim.n} hosts" if sim is not None else ""
     progress(f"{label}: {impl} on {n} ranks{where}")
     if sim is not None:
@@ -582,6 +579,7 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
                     else across.scalefree_cmds(sim, per_host, free_port(), argv))
             res = across.run_all(cmds, timeout_s=timeout_s, env_extra=env)
     else:
+        cmd = mpiexec_cmd(mpiexec, n, argv) if impl == "mpi" else launcher_cmd(n, argv)
         res = run_job(cmd, timeout_s=timeout_s, env_extra=env)
     if not res.ok:
         progress(f"{impl} on {n} ranks {res.describe()}:\n" + "\n".join(res.output_tail))

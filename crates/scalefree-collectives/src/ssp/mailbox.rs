@@ -79,9 +79,9 @@ pub(crate) enum Sender {
 pub(crate) struct Posted {
     peer: usize,
     slot: usize,
-    /// Version held by each of the reader's three buffers (0: none).
+    /// Version held by each of the reader's three buffers (0: none); the newest is the
+    /// last one sent.
     versions: [u64; 3],
-    last: u64,
     /// Age, padding and data, laid out as they land at `buf + AGE`.
     stage: Buf,
     pending: bool,
@@ -98,7 +98,6 @@ impl Sender {
                 peer,
                 slot,
                 versions: [0; 3],
-                last: 0,
                 stage: Buf::new(BUF_HDR - AGE + layout.nbytes),
                 pending: false,
                 sent_age: 0,
@@ -106,11 +105,16 @@ impl Sender {
         }
     }
 
-    pub fn peer(&self) -> usize {
+    /// The partner, and the slot this writes at the partner.
+    fn ends(&self) -> (usize, usize) {
         match self {
-            Sender::Mapped { peer, .. } => *peer,
-            Sender::Posted(p) => p.peer,
+            Sender::Mapped { peer, slot, .. } => (*peer, *slot),
+            Sender::Posted(p) => (p.peer, p.slot),
         }
+    }
+
+    pub fn peer(&self) -> usize {
+        self.ends().0
     }
 
     /// Publishes `nbytes` at `src` with its `age`.
@@ -150,10 +154,9 @@ impl Sender {
         let Some(b) = (0..3).filter(|&b| p.versions[b] <= acked).min_by_key(|&b| p.versions[b]) else {
             return Ok(());
         };
-        let v = p.last + 1;
+        let v = p.versions.iter().max().unwrap() + 1;
         let at = layout.buf(p.slot, b as u32);
         unsafe { mesh.post(p.peer, at + AGE, p.stage.ptr(), BUF_HDR - AGE + layout.nbytes, at, v)? };
-        p.last = v;
         p.versions[b] = v;
         p.pending = false;
         p.sent_age = unsafe { (p.stage.ptr() as *const u64).read() };
@@ -162,10 +165,7 @@ impl Sender {
 
     /// Tells the partner that this rank has flushed: nothing more will come from it.
     pub fn say_done(&self, mesh: &Mesh, layout: &Layout) -> Result<()> {
-        let (peer, slot) = match self {
-            Sender::Mapped { peer, slot, .. } => (*peer, *slot),
-            Sender::Posted(p) => (p.peer, p.slot),
-        };
+        let (peer, slot) = self.ends();
         unsafe { mesh.post(peer, 0, std::ptr::null(), 0, layout.slot(slot) + DONE, 1) }
     }
 

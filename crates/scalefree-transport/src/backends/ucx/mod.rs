@@ -353,51 +353,43 @@ unsafe extern "C" fn err_cb(arg: *mut c_void, _ep: ucp_ep_h, status: ucs_status_
     }
 }
 
-unsafe extern "C" fn am_notify(
-    arg: *mut c_void,
-    header: *const c_void,
-    hlen: usize,
-    _data: *mut c_void,
-    _len: usize,
-    _param: *const ucp_am_recv_param_t,
-) -> ucs_status_t {
-    let sh = unsafe { &*(arg as *const Shared) };
-    if hlen == std::mem::size_of::<NotifyHeader>() {
-        let h = unsafe { (header as *const NotifyHeader).read_unaligned() };
-        sh.publish(h.slot, h.value);
-    }
-    UCS_OK
+/// An active-message handler that reads only the message header: `$body` gets the device's
+/// shared state and the header bytes, and the generated callback returns `UCS_OK`.
+macro_rules! header_handler {
+    ($name:ident, |$sh:ident, $h:ident| $body:block) => {
+        unsafe extern "C" fn $name(
+            arg: *mut c_void,
+            header: *const c_void,
+            hlen: usize,
+            _data: *mut c_void,
+            _len: usize,
+            _param: *const ucp_am_recv_param_t,
+        ) -> ucs_status_t {
+            let $sh = unsafe { &*(arg as *const Shared) };
+            let $h: &[u8] = if hlen == 0 { &[] } else { unsafe { std::slice::from_raw_parts(header as *const u8, hlen) } };
+            $body
+            UCS_OK
+        }
+    };
 }
 
-unsafe extern "C" fn am_heartbeat(
-    arg: *mut c_void,
-    header: *const c_void,
-    hlen: usize,
-    _data: *mut c_void,
-    _len: usize,
-    _param: *const ucp_am_recv_param_t,
-) -> ucs_status_t {
-    let sh = unsafe { &*(arg as *const Shared) };
-    if hlen == 4 {
-        let from = unsafe { (header as *const u32).read_unaligned() } as usize;
-        if let Some(t) = sh.last_heard.get(from) {
+header_handler!(am_notify, |sh, h| {
+    if h.len() == std::mem::size_of::<NotifyHeader>() {
+        let n = unsafe { (h.as_ptr() as *const NotifyHeader).read_unaligned() };
+        sh.publish(n.slot, n.value);
+    }
+});
+
+header_handler!(am_heartbeat, |sh, h| {
+    if let Ok(from) = <[u8; 4]>::try_from(h) {
+        if let Some(t) = sh.last_heard.get(u32::from_ne_bytes(from) as usize) {
             t.store(sh.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
         }
     }
-    UCS_OK
-}
+});
 
-unsafe extern "C" fn am_lost(
-    arg: *mut c_void,
-    header: *const c_void,
-    hlen: usize,
-    _data: *mut c_void,
-    _len: usize,
-    _param: *const ucp_am_recv_param_t,
-) -> ucs_status_t {
-    let sh = unsafe { &*(arg as *const Shared) };
-    if hlen >= 8 {
-        let h = unsafe { std::slice::from_raw_parts(header as *const u8, hlen) };
+header_handler!(am_lost, |sh, h| {
+    if h.len() >= 8 {
         let from = u32::from_le_bytes(h[0..4].try_into().unwrap());
         let peer = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
         if peer < sh.lost.len() && peer as u32 != sh.me {
@@ -405,8 +397,7 @@ unsafe extern "C" fn am_lost(
             sh.mark_lost_as(peer, format!("{why} (seen by rank {from})"), false);
         }
     }
-    UCS_OK
-}
+});
 
 unsafe extern "C" fn free_cb(request: *mut c_void, _status: ucs_status_t, _user: *mut c_void) {
     unsafe { (ucp_static().request_free)(request) };
