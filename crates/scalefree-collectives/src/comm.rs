@@ -27,7 +27,7 @@
 use std::sync::atomic::AtomicU32;
 
 use scalefree_transport::config::env_bytes;
-use scalefree_transport::wait::{publish, seq_reached};
+use scalefree_transport::wait::{publish, seq_reached, WaitPolicy};
 use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RemoteRegion, Result};
 
 use crate::reduce::{DType, ReduceOp};
@@ -369,10 +369,7 @@ impl Communicator {
         }
         let mut headers = vec![hdr; self.size as usize];
         for &q in &peers {
-            let what = || format!("rank {q} to start collective call #{seq}");
-            self.dev.wait_word(self.flag(me, q), self.waiters(me), |v| seq_reached(v, seq), &what)?;
-            let src = unsafe { self.ctrl_ptr(me).add(self.inbox_off(q, seq)) };
-            headers[q as usize] = unsafe { std::ptr::read_volatile(src as *const Header) };
+            headers[q as usize] = self.await_small(q)?;
         }
         for c in sends {
             c.wait()?;
@@ -411,11 +408,13 @@ impl Communicator {
     }
 
     /// Waits until `peer`'s message of the current call is in this rank's inbox; returns
-    /// its header.
-    pub(crate) fn await_inbox(&self, peer: u32) -> Result<Header> {
+    /// its header. For latency-bound messages (a small call's): over the network this
+    /// thread reads the arrivals itself (`WaitPolicy::own_reads`).
+    pub(crate) fn await_small(&self, peer: u32) -> Result<Header> {
+        let policy = WaitPolicy { own_reads: true, ..*self.dev.policy() };
         let (me, seq) = (self.rank, self.seq);
         let what = || format!("rank {peer} to start collective call #{seq}");
-        self.dev.wait_word(self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &what)?;
+        self.dev.wait_with(self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &policy, &what)?;
         Ok(unsafe { std::ptr::read_volatile(self.inbox_ptr(peer) as *const Header) })
     }
 

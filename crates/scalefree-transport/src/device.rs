@@ -777,6 +777,7 @@ impl Device {
     ) -> Result<u32> {
         match &self.inner.net {
             None => wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers()),
+            Some(net) if policy.own_reads && net.can_read_own() => net.wait_reading(word, ready, policy, what, &|| self.check_peers()),
             Some(net) => wait::wait_until_hooked(word, waiters, |v| {
                 if ready(v) {
                     return true;

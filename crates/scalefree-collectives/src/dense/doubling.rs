@@ -155,7 +155,7 @@ impl Call<'_> {
     /// Waits for `peer`'s message of this call: its summary and a pointer to its data
     /// (`None` when `peer` started this call some other way: then only its header counts).
     fn receive(&self, peer: u32) -> Result<(Summary, Option<*const u8>)> {
-        let h = self.c.await_inbox(peer)?;
+        let h = self.c.await_small(peer)?;
         let at = self.c.inbox_ptr(peer);
         if h.follows != FOLLOWS_SUMMARY {
             return Ok((Summary::one(peer, Key::of(&h)), None));

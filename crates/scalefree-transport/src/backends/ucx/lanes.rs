@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -37,6 +37,8 @@ const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
 /// Frames up to this size are written by the caller when the lane is idle (no hand-off to
 /// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
 const INLINE_MAX: usize = 1 << 20;
+/// Frames from this size on are bulk: sending one ends a reader lease (see [`Gate::end_lease`]).
+const BULK_FRAME: usize = 64 << 10;
 
 /// Frame header, little-endian on the wire.
 #[derive(Clone, Copy, Default)]
@@ -114,6 +116,12 @@ struct Reader {
 pub(crate) struct Gate {
     /// Callers spinning (or yielding) in a wait, reading arrivals themselves.
     spinning: AtomicU32,
+    /// Until when (ms since `epoch`) the readers keep standing down after a caller that
+    /// reads its own arrivals ([`Net::wait_reading`](super::Net::wait_reading)) left its
+    /// wait: its next call's messages would otherwise find a reader back in `poll` and wake
+    /// it for nothing. A caller that parks ends the lease.
+    lease_until: AtomicU64,
+    epoch: std::time::Instant,
     /// Set when the lanes close.
     closed: Mutex<bool>,
     cv: Condvar,
@@ -132,6 +140,40 @@ impl crate::wait::SpinHook for Gate {
     fn leave(&self, parking: bool) {
         self.spinning.fetch_sub(1, Ordering::SeqCst);
         if parking {
+            self.lease_until.store(0, Ordering::SeqCst);
+            let _g = self.closed.lock().unwrap();
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// How long the readers stand down after a caller that reads its own arrivals left its
+/// wait (see [`Gate::lease_until`]).
+const LEASE: Duration = Duration::from_millis(2);
+
+impl Gate {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Readers stay out: callers read the lanes themselves now or did a moment ago.
+    fn callers_reading(&self) -> bool {
+        self.spinning.load(Ordering::SeqCst) > 0 || self.now_ms() < self.lease_until.load(Ordering::SeqCst)
+    }
+
+    /// A caller that reads its own arrivals leaves its wait: the readers stand down a
+    /// little longer, for its next call.
+    pub(crate) fn leave_leased(&self) {
+        self.lease_until.store(self.now_ms() + LEASE.as_millis() as u64, Ordering::SeqCst);
+        self.spinning.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Calls the readers back now if a lease keeps them out: a caller starts bulk writes,
+    /// and its peers may write as much to it before anyone here waits (a caller blocked in
+    /// a write to a peer that blocks writing to it would otherwise wait out the lease).
+    fn end_lease(&self) {
+        if self.lease_until.load(Ordering::SeqCst) != 0 {
+            self.lease_until.store(0, Ordering::SeqCst);
             let _g = self.closed.lock().unwrap();
             self.cv.notify_all();
         }
@@ -142,8 +184,10 @@ impl Gate {
     /// Sleeps while callers spin; false once the lanes are closing.
     fn stand_down(&self) -> bool {
         let mut closed = self.closed.lock().unwrap();
-        while !*closed && self.spinning.load(Ordering::SeqCst) > 0 {
-            closed = self.cv.wait_timeout(closed, STAND_DOWN).unwrap().0;
+        while !*closed && self.callers_reading() {
+            // Until the lease ends, or a moment while a caller spins.
+            let lease = self.lease_until.load(Ordering::SeqCst).saturating_sub(self.now_ms());
+            closed = self.cv.wait_timeout(closed, STAND_DOWN.max(Duration::from_millis(lease))).unwrap().0;
         }
         !*closed
     }
@@ -231,7 +275,8 @@ impl Lanes {
             streams[r] = Some(s);
             got += 1;
         }
-        let gate = Arc::new(Gate { spinning: AtomicU32::new(0), closed: Mutex::new(false), cv: Condvar::new() });
+        let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
+                                   closed: Mutex::new(false), cv: Condvar::new() });
         let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
         for (r, s) in streams.into_iter().enumerate() {
             let Some(s) = s else { continue };
@@ -279,6 +324,17 @@ impl Lanes {
         self.send_on.iter().any(|&b| b)
     }
 
+    /// Whether every peer but `me` is written to over a lane (all of them on other hosts),
+    /// so that everything a wait can expect arrives on the lanes' sockets.
+    pub fn cover_all(&self, me: u32) -> bool {
+        self.send_on.len() > 1 && self.send_on.iter().enumerate().all(|(r, &b)| b || r as u32 == me)
+    }
+
+    /// The lanes' sockets, for a caller that polls them itself.
+    pub fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.lanes.iter().flatten().map(|l| std::os::fd::AsRawFd::as_raw_fd(&l.stream)).collect()
+    }
+
     fn lane(&self, peer: u32) -> &Arc<Lane> {
         self.lanes[peer as usize].as_ref().expect("checked by has()")
     }
@@ -303,6 +359,9 @@ impl Lanes {
     unsafe fn send(&self, peer: u32, frame: Frame, src: *const u8) -> Result<Option<Request>> {
         let lane = self.lane(peer);
         let n = frame.len as usize;
+        if n >= BULK_FRAME {
+            self.gate.end_lease();
+        }
         let mut st = lane.state.lock().unwrap();
         if let Some(why) = &st.failed {
             return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });
@@ -535,8 +594,8 @@ fn read_loop(sh: &Shared, lane: &Lane, gate: &Gate) {
         if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             return;
         }
-        if open && gate.spinning.load(Ordering::SeqCst) > 0 {
-            // Arrived while a caller spins: it is reading it.
+        if open && gate.callers_reading() {
+            // Arrived while a caller spins (or reads its own arrivals): it is reading it.
             continue;
         }
         let mut rd = lane.reader.lock().unwrap();

@@ -170,7 +170,19 @@ pub(crate) struct Shared {
     direct_busy: AtomicU32,
     /// Bytes received by direct landing so far (for tests and reports).
     direct_bytes: std::sync::atomic::AtomicU64,
+    /// An eventfd that wakes callers parked in `poll` on the lanes ([`Net::wait_reading`])
+    /// when another thread raises a word (a lane reader, a UCX handler), and how many are
+    /// parked so.
+    kick_fd: c_int,
+    pollers: AtomicU32,
+    /// [`Net::wait_reading`]'s spin: waits so far, and a credit that spins ending their
+    /// wait raise and spins in vain lower.
+    waits: AtomicU32,
+    spin_credit: AtomicU32,
 }
+
+/// The most credit spins that ended their wait can build up.
+const SPIN_CREDIT_MAX: u32 = 4;
 unsafe impl Send for Shared {}
 
 /// Windows of one region whose lane writes land elsewhere (see [`Net::set_direct`]).
@@ -203,6 +215,7 @@ impl Drop for Shared {
             }
             (u.worker_destroy)(self.worker);
             (u.cleanup)(self.ctx);
+            libc::close(self.kick_fd);
         }
     }
 }
@@ -217,6 +230,14 @@ impl Shared {
         if let Some(w) = self.slot(slot) {
             raise_word(w, value);
             wait::wake_if_waiting(w, unsafe { &*self.waiters });
+            self.kick();
+        }
+    }
+    /// Wakes callers parked in `poll` on the lanes, if any (after a word was raised).
+    fn kick(&self) {
+        if self.pollers.load(Ordering::SeqCst) > 0 {
+            let one = 1u64;
+            unsafe { libc::write(self.kick_fd, &one as *const u64 as *const c_void, 8) };
         }
     }
     fn progress(&self) -> u32 {
@@ -283,11 +304,13 @@ impl Shared {
                 let v = (n >> 32) << 32 | value as u64;
                 // The data has landed already: only the word and the doorbell are left.
                 unsafe { crate::mesh::post_mapped(region_addr as *mut u8, 0, std::ptr::null(), 0, index as usize, v) };
+                self.kick();
             }
             NOTE_WORD if index.checked_add(4).is_some_and(|e| e as usize <= region_len) && index.is_multiple_of(4) => {
                 let w = unsafe { &*((region_addr + index as usize) as *const AtomicU32) };
                 raise_word(w, value);
                 wait::wake_all(w);
+                self.kick();
             }
             _ => {}
         }
@@ -599,6 +622,10 @@ impl Net {
         if all.len() != size as usize {
             return Err(Error::Bootstrap(format!("address exchange returned {} of {size} ranks", all.len())));
         }
+        let kick_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if kick_fd < 0 {
+            return Err(Error::io("eventfd for the UCX backend", std::io::Error::last_os_error()));
+        }
         let shared = Arc::new(Shared {
             ucp: u,
             ctx,
@@ -625,6 +652,10 @@ impl Net {
             direct: Mutex::new(None),
             direct_busy: AtomicU32::new(0),
             direct_bytes: std::sync::atomic::AtomicU64::new(0),
+            kick_fd,
+            pollers: AtomicU32::new(0),
+            waits: AtomicU32::new(0),
+            spin_credit: AtomicU32::new(SPIN_CREDIT_MAX),
         });
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
@@ -825,6 +856,116 @@ impl Net {
             self.progress();
             ready(word.load(Ordering::Acquire))
         }, policy, what, &|| self.check_alive(), self.spin_hook())
+    }
+
+    /// How long [`Net::wait_reading`] spins before it parks: `spin` while spinning pays
+    /// (recent waits ended during their spin), else not at all but for every 32nd wait,
+    /// which tries again. Where ranks outnumber cores (simulated hosts) a spinning waiter
+    /// only delays the rank that would send it its message.
+    fn spin_budget(&self, spin: std::time::Duration) -> std::time::Duration {
+        let sh = &self.shared;
+        let probe = sh.waits.fetch_add(1, Ordering::Relaxed).is_multiple_of(32);
+        if sh.spin_credit.load(Ordering::Relaxed) > 0 || probe { spin } else { std::time::Duration::ZERO }
+    }
+
+    /// Records whether a spin of `spin` ended the wait.
+    fn spun(&self, spin: std::time::Duration, hit: bool) {
+        if spin.is_zero() {
+            return;
+        }
+        let c = &self.shared.spin_credit;
+        let v = c.load(Ordering::Relaxed);
+        c.store(if hit { (v + 1).min(SPIN_CREDIT_MAX) } else { v.saturating_sub(1) }, Ordering::Relaxed);
+    }
+
+    /// Whether [`Net::wait_reading`] can serve a wait: every peer is on another host and
+    /// written to over a TCP lane (`SCALEFREE_OWN_READS=0` turns it off).
+    pub fn can_read_own(&self) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_OWN_READS").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
+            && self.lanes.as_ref().is_some_and(|l| l.cover_all(self.shared.me))
+    }
+
+    /// Waits until `ready(word)` holds, reading the lanes in this thread: spin (driving
+    /// progress) for `policy.spin`, then park in `poll` on the lanes' sockets and an
+    /// eventfd that other threads raising a word write to, and read whatever arrives here.
+    /// The lanes' reader threads stand down meanwhile and for a moment after (the next
+    /// call's messages must not wake them), so a small message costs the receiver one
+    /// wake-up, not two (reader, then waiter). Only when [`Net::can_read_own`].
+    pub fn wait_reading(&self, word: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String,
+                        liveness: &dyn Fn() -> Result<()>) -> Result<u32> {
+        let v = word.load(Ordering::Acquire);
+        if ready(v) {
+            return Ok(v);
+        }
+        let lanes = self.lanes.as_ref().expect("checked by can_read_own");
+        let gate = lanes.gate();
+        wait::SpinHook::enter(gate);
+        struct Leave<'a>(&'a lanes::Gate);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.leave_leased();
+            }
+        }
+        let _leave = Leave(gate);
+        let start = std::time::Instant::now();
+        let spin = self.spin_budget(policy.spin);
+        loop {
+            // Each check is a few system calls: the clock is cheap beside them.
+            self.progress();
+            let v = word.load(Ordering::Acquire);
+            if ready(v) {
+                self.spun(spin, true);
+                return Ok(v);
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+        }
+        self.spun(spin, false);
+        let sh = &self.shared;
+        let mut fds: Vec<libc::pollfd> = lanes.fds().into_iter().chain([sh.kick_fd])
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        let kick = fds.len() - 1;
+        let mut last_check = std::time::Instant::now();
+        loop {
+            sh.pollers.fetch_add(1, Ordering::SeqCst);
+            let v = word.load(Ordering::SeqCst);
+            if ready(v) {
+                sh.pollers.fetch_sub(1, Ordering::SeqCst);
+                return Ok(v);
+            }
+            let ms = policy.check_interval.as_millis().clamp(1, i32::MAX as u128) as i32;
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            sh.pollers.fetch_sub(1, Ordering::SeqCst);
+            let kicked = fds[kick].revents & libc::POLLIN != 0;
+            let mut hung = false;
+            for (k, p) in fds.iter_mut().enumerate() {
+                if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 && k != kick {
+                    // A lane that closed or broke: reported by the liveness check, not
+                    // polled again (it would be readable for ever).
+                    p.fd = -1;
+                    hung = true;
+                }
+                p.revents = 0;
+            }
+            if kicked {
+                let mut count = 0u64;
+                unsafe { libc::read(sh.kick_fd, &mut count as *mut u64 as *mut c_void, 8) };
+            }
+            self.progress();
+            let v = word.load(Ordering::Acquire);
+            if ready(v) {
+                return Ok(v);
+            }
+            if hung || last_check.elapsed() >= policy.check_interval {
+                liveness()?;
+                last_check = std::time::Instant::now();
+            }
+            if start.elapsed() >= policy.timeout {
+                return Err(Error::Timeout { timeout: policy.timeout, waiting_for: what() });
+            }
+        }
     }
 
     /// For a waiter that drives progress while it spins: the lanes' reader threads stand
