@@ -27,7 +27,7 @@
 use std::sync::atomic::AtomicU32;
 
 use scalefree_transport::config::env_bytes;
-use scalefree_transport::wait::{publish, seq_reached, WaitPolicy};
+use scalefree_transport::wait::{publish, seq_reached};
 use scalefree_transport::{Channel, Device, Error, Region, RegionHandle, RemoteRegion, Result};
 
 use crate::reduce::{DType, ReduceOp};
@@ -408,13 +408,12 @@ impl Communicator {
     }
 
     /// Waits until `peer`'s message of the current call is in this rank's inbox; returns
-    /// its header. For latency-bound messages (a small call's): over the network this
-    /// thread reads the arrivals itself (`WaitPolicy::own_reads`).
+    /// its header. A latency-bound message (a small call's): from another host this thread
+    /// reads it itself (`Device::wait_from`).
     pub(crate) fn await_small(&self, peer: u32) -> Result<Header> {
-        let policy = WaitPolicy { own_reads: true, ..*self.dev.policy() };
         let (me, seq) = (self.rank, self.seq);
         let what = || format!("rank {peer} to start collective call #{seq}");
-        self.dev.wait_with(self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &policy, &what)?;
+        self.dev.wait_from(peer, self.flag(me, peer), self.waiters(me), |v| seq_reached(v, seq), &what)?;
         Ok(unsafe { std::ptr::read_volatile(self.inbox_ptr(peer) as *const Header) })
     }
 

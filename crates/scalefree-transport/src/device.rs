@@ -765,6 +765,24 @@ impl Device {
         self.wait_with(word, waiters, ready, &self.inner.policy, what)
     }
 
+    /// Waits on a word that only `peer`'s writes raise, for a latency-bound message (a
+    /// small call's): when `peer` is on another host behind a TCP lane, this thread reads
+    /// the arrivals itself and parks in `poll` on the lanes (see `Net::wait_reading`: one
+    /// thread wake-up per message instead of two); otherwise as [`Device::wait_word`].
+    pub fn wait_from(
+        &self,
+        peer: u32,
+        word: &AtomicU32,
+        waiters: &AtomicU32,
+        ready: impl FnMut(u32) -> bool,
+        what: &dyn Fn() -> String,
+    ) -> Result<u32> {
+        match &self.inner.net {
+            Some(net) if net.reads_own_from(peer) => net.wait_reading(word, ready, &self.inner.policy, what, &|| self.check_peers()),
+            _ => self.wait_word(word, waiters, ready, what),
+        }
+    }
+
     /// Waits on a word of this host with `policy`: over UCX, spinning drives the worker's
     /// progress (arrivals run their handlers) before parking.
     pub fn wait_with(
@@ -777,7 +795,6 @@ impl Device {
     ) -> Result<u32> {
         match &self.inner.net {
             None => wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers()),
-            Some(net) if policy.own_reads && net.can_read_own() => net.wait_reading(word, ready, policy, what, &|| self.check_peers()),
             Some(net) => wait::wait_until_hooked(word, waiters, |v| {
                 if ready(v) {
                     return true;

@@ -25,12 +25,6 @@ pub struct WaitPolicy {
     pub check_interval: Duration,
     /// Give up after this long with [`Error::Timeout`] (peers still alive but silent).
     pub timeout: Duration,
-    /// Over the network, when every peer is on another host behind a TCP lane: read
-    /// arrivals in the waiting thread and park in `poll` on the lanes' sockets, instead of
-    /// parking on the word and leaving arrivals to the lanes' reader threads (one thread
-    /// wake-up less per message). For latency-bound waits (small messages); bulk transfers
-    /// keep the reader threads, which read from several peers at once.
-    pub own_reads: bool,
 }
 
 impl WaitPolicy {
@@ -45,7 +39,6 @@ impl WaitPolicy {
             yield_for: Duration::from_micros(yield_us),
             check_interval: Duration::from_millis(50),
             timeout,
-            own_reads: false,
         }
     }
 }
@@ -294,7 +287,6 @@ mod tests {
             yield_for: Duration::ZERO,
             check_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(20),
-            own_reads: false,
         };
         let (w, c) = (word.clone(), waiters.clone());
         let t = std::thread::spawn(move || {
@@ -318,7 +310,6 @@ mod tests {
             yield_for: Duration::from_micros(100),
             check_interval: Duration::from_millis(10),
             timeout: Duration::from_millis(50),
-            own_reads: false,
         };
         let r = wait_until(&word, &waiters, |v| v == 1, &policy, &|| "nothing".into(), &|| Ok(()));
         assert!(matches!(r, Err(Error::Timeout { .. })));

@@ -324,12 +324,6 @@ impl Lanes {
         self.send_on.iter().any(|&b| b)
     }
 
-    /// Whether every peer but `me` is written to over a lane (all of them on other hosts),
-    /// so that everything a wait can expect arrives on the lanes' sockets.
-    pub fn cover_all(&self, me: u32) -> bool {
-        self.send_on.len() > 1 && self.send_on.iter().enumerate().all(|(r, &b)| b || r as u32 == me)
-    }
-
     /// The lanes' sockets, for a caller that polls them itself.
     pub fn fds(&self) -> Vec<std::os::fd::RawFd> {
         self.lanes.iter().flatten().map(|l| std::os::fd::AsRawFd::as_raw_fd(&l.stream)).collect()

@@ -878,12 +878,12 @@ impl Net {
         c.store(if hit { (v + 1).min(SPIN_CREDIT_MAX) } else { v.saturating_sub(1) }, Ordering::Relaxed);
     }
 
-    /// Whether [`Net::wait_reading`] can serve a wait: every peer is on another host and
-    /// written to over a TCP lane (`SCALEFREE_OWN_READS=0` turns it off).
-    pub fn can_read_own(&self) -> bool {
+    /// Whether [`Net::wait_reading`] can serve a wait for a word only `peer` raises: it
+    /// writes to this rank over a TCP lane (`SCALEFREE_OWN_READS=0` turns it off).
+    pub fn reads_own_from(&self, peer: u32) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_OWN_READS").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
-            && self.lanes.as_ref().is_some_and(|l| l.cover_all(self.shared.me))
+            && self.lanes.as_ref().is_some_and(|l| l.has(peer))
     }
 
     /// Waits until `ready(word)` holds, reading the lanes in this thread: spin (driving
@@ -891,14 +891,15 @@ impl Net {
     /// eventfd that other threads raising a word write to, and read whatever arrives here.
     /// The lanes' reader threads stand down meanwhile and for a moment after (the next
     /// call's messages must not wake them), so a small message costs the receiver one
-    /// wake-up, not two (reader, then waiter). Only when [`Net::can_read_own`].
+    /// wake-up, not two (reader, then waiter). Only for a word that arrivals over the lanes
+    /// raise ([`Net::reads_own_from`]): a peer on this host raises its words by futex.
     pub fn wait_reading(&self, word: &AtomicU32, mut ready: impl FnMut(u32) -> bool, policy: &WaitPolicy, what: &dyn Fn() -> String,
                         liveness: &dyn Fn() -> Result<()>) -> Result<u32> {
         let v = word.load(Ordering::Acquire);
         if ready(v) {
             return Ok(v);
         }
-        let lanes = self.lanes.as_ref().expect("checked by can_read_own");
+        let lanes = self.lanes.as_ref().expect("checked by reads_own_from");
         let gate = lanes.gate();
         wait::SpinHook::enter(gate);
         struct Leave<'a>(&'a lanes::Gate);
