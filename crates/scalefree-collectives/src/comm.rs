@@ -223,9 +223,10 @@ pub struct Communicator {
     pub(crate) landing: Option<crate::dense::net::Landing>,
     /// Per-peer send buffers of the header exchange over the network.
     pub(crate) post_bufs: Vec<Vec<u8>>,
-    /// One rank per host, in the whole job: small allreduces go by
-    /// `dense::doubling` unless `CommOptions::small_net` says otherwise.
-    all_remote: bool,
+    /// Who takes part in the recursive doubling of small allreduces between hosts (one
+    /// rank per host, or each host's first rank for the others on it), when they go so
+    /// (`CommOptions::small_net`); `None` on one host, or hosts of unequal rank counts.
+    pub(crate) small: Option<crate::dense::doubling::Layout>,
 }
 
 impl Communicator {
@@ -246,14 +247,14 @@ impl Communicator {
         hosts.sort_unstable();
         hosts.dedup();
         let all_remote = hosts.len() == size as usize && ctrls.iter().enumerate().all(|(r, c)| r as u32 == rank || c.mapped_ptr().is_none());
-        Ok(Communicator {
+        let mut c = Communicator {
             dev,
             opts,
             rank,
             size,
             seq: 0,
             net: ctrls.iter().any(|r| r.mapped_ptr().is_none()),
-            all_remote,
+            small: None,
             ctrl,
             ctrls,
             chans,
@@ -264,13 +265,24 @@ impl Communicator {
             peer_staging: (0..size).map(|_| None).collect(),
             landing: None,
             post_bufs: (0..size).map(|_| Vec::new()).collect(),
-        })
+        };
+        if size > 1 && c.opts.small_net == SmallNet::Doubling {
+            c.small = if all_remote {
+                Some(crate::dense::doubling::Layout::flat(size))
+            } else if c.net {
+                crate::dense::net::host_groups(&c).map(|(local, _)| crate::dense::doubling::Layout::by_host(&c, &local))
+            } else {
+                None
+            };
+        }
+        Ok(c)
     }
 
     /// Small allreduces go by recursive doubling (`dense::doubling`) rather than the
-    /// one-shot exchange: every peer is on another host and `small_net` allows it.
+    /// one-shot exchange: peers are on other hosts, on hosts of equal rank counts, and
+    /// `small_net` allows it.
     pub(crate) fn doubling(&self) -> bool {
-        self.all_remote && self.size > 1 && self.opts.small_net == SmallNet::Doubling
+        self.small.is_some()
     }
 
     /// Whether peers are reached over the network (UCX) rather than shared memory.

@@ -1,4 +1,8 @@
-//! Recursive-doubling allreduce for small messages between hosts (one rank per host).
+//! Recursive-doubling allreduce for small messages between hosts.
+//!
+//! With several ranks per host (equal counts), each host's first rank leads the others
+//! ([`Layout`]): they hand it their message over shared memory, it reduces them in rank
+//! order and takes part in the rounds below among leaders, then hands the result back.
 //!
 //! Over the network the one-shot exchange costs `N-1` messages per rank per call, and on a
 //! machine whose ranks outnumber its cores most of them find their receiver parked. Here
@@ -123,6 +127,49 @@ fn schedule(rank: u32, size: u32) -> (Option<u32>, Vec<u32>) {
     (fold, partners)
 }
 
+/// Who takes part in the doubling rounds, and how this rank joins them.
+///
+/// With one rank per host every rank is a member. With several ranks on each host (equal
+/// counts) each host's first rank (its *leader*) gathers the others' messages over shared
+/// memory, reduces them in rank order, takes part in the rounds between leaders, and hands
+/// the result (with the merged summary) back to them: `H log2 H` network messages per call
+/// between `H` hosts instead of `N (N - 1)` for the one-shot exchange.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    /// This rank's leader when it is not one itself: it hands its message up and waits.
+    leader: Option<u32>,
+    /// The ranks this leader gathers from and hands the result back to (in rank order).
+    below: Vec<u32>,
+    /// The ranks of the doubling rounds (for a rank under a leader: none).
+    members: Vec<u32>,
+}
+
+impl Layout {
+    /// Every rank a member (one rank per host).
+    pub(crate) fn flat(size: u32) -> Layout {
+        Layout { leader: None, below: Vec::new(), members: (0..size).collect() }
+    }
+
+    /// Each host's first rank leads the others on it; `local` are this rank's host's ranks
+    /// (ascending), and every host has as many.
+    pub(crate) fn by_host(c: &Communicator, local: &[u32]) -> Layout {
+        let dev = c.device();
+        let leader = local[0];
+        if c.rank != leader {
+            return Layout { leader: Some(leader), below: Vec::new(), members: Vec::new() };
+        }
+        // The first rank of each host, in rank order.
+        let mut seen = Vec::new();
+        let members = (0..c.size).filter(|&r| {
+            let h = dev.host_of(r);
+            let first = !seen.contains(&h);
+            seen.push(h);
+            first
+        }).collect();
+        Layout { leader: None, below: local[1..].to_vec(), members }
+    }
+}
+
 /// One call's state: who has been written to, and the sends in flight.
 struct Call<'a> {
     c: &'a mut Communicator,
@@ -203,38 +250,63 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut 
     let (me, size) = (c.rank, c.size);
     let nbytes = count * dtype.size_bytes();
     let mine = Key::of(&hdr);
-    let (fold, partners) = schedule(me, size);
+    let layout = c.small.clone().expect("checked by Communicator::doubling");
     let mut call = Call { written: vec![false; size as usize], sends: Vec::new(), hdr, c };
     let mut summary = Summary::one(me, mine);
-    // Folds in: an extra rank hands its data over and waits for the result.
-    if let Some(f) = fold.filter(|&f| f < me) {
-        unsafe { call.send(f, &summary, buf, nbytes)? };
-        let (s, data) = call.receive(f)?;
+    // Hands this rank's data to `to` and takes the result back (a rank under a host
+    // leader, or an extra member folded into another).
+    let hand_up = |call: &mut Call, to: u32, summary: Summary| -> Result<Summary> {
+        unsafe { call.send(to, &summary, buf, nbytes)? };
+        let (s, data) = call.receive(to)?;
         // Normally `s` covers every rank already; merging this rank again changes nothing.
-        summary = Summary::merge(summary, s);
+        let summary = Summary::merge(summary, s);
         if summary.agrees() && nbytes > 0 {
             let data = data.expect("an agreeing summary comes with data");
             unsafe { std::ptr::copy_nonoverlapping(data, buf, nbytes) };
         }
+        Ok(summary)
+    };
+    if let Some(l) = layout.leader {
+        let summary = hand_up(&mut call, l, summary)?;
         return call.finish(&summary);
     }
-    if let Some(f) = fold {
-        let (s, data) = call.receive(f)?;
-        summary = Summary::merge(summary, s);
-        if let (true, Some(d)) = (summary.agrees(), data) {
-            reduce_into(dtype, op, buf, d, count);
-        }
-    }
-    for &q in &partners {
-        unsafe { call.send(q, &summary, buf, nbytes)? };
+    // A host leader first gathers the other ranks of its host, in rank order.
+    for &q in &layout.below {
         let (s, data) = call.receive(q)?;
         summary = Summary::merge(summary, s);
         if let (true, Some(d)) = (summary.agrees(), data) {
             reduce_into(dtype, op, buf, d, count);
         }
     }
-    if let Some(f) = fold {
-        unsafe { call.send(f, &summary, buf, if summary.agrees() { nbytes } else { 0 })? };
+    // The rounds between members (ascending ranks, so a fold's direction is kept).
+    let idx = layout.members.iter().position(|&r| r == me).expect("a leader is a member") as u32;
+    let (fold, partners) = schedule(idx, layout.members.len() as u32);
+    let fold = fold.map(|i| layout.members[i as usize]);
+    if let Some(f) = fold.filter(|&f| f < me) {
+        summary = hand_up(&mut call, f, summary)?;
+    } else {
+        if let Some(f) = fold {
+            let (s, data) = call.receive(f)?;
+            summary = Summary::merge(summary, s);
+            if let (true, Some(d)) = (summary.agrees(), data) {
+                reduce_into(dtype, op, buf, d, count);
+            }
+        }
+        for q in partners.into_iter().map(|i| layout.members[i as usize]) {
+            unsafe { call.send(q, &summary, buf, nbytes)? };
+            let (s, data) = call.receive(q)?;
+            summary = Summary::merge(summary, s);
+            if let (true, Some(d)) = (summary.agrees(), data) {
+                reduce_into(dtype, op, buf, d, count);
+            }
+        }
+        if let Some(f) = fold {
+            unsafe { call.send(f, &summary, buf, if summary.agrees() { nbytes } else { 0 })? };
+        }
+    }
+    // And hands the result back down.
+    for &q in &layout.below {
+        unsafe { call.send(q, &summary, buf, if summary.agrees() { nbytes } else { 0 })? };
     }
     call.finish(&summary)
 }
