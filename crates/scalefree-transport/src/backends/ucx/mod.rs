@@ -180,10 +180,10 @@ pub(crate) struct Shared {
     waits: AtomicU32,
     spin_credit: AtomicU32,
 }
+unsafe impl Send for Shared {}
 
 /// The most credit spins that ended their wait can build up.
 const SPIN_CREDIT_MAX: u32 = 4;
-unsafe impl Send for Shared {}
 
 /// Windows of one region whose lane writes land elsewhere (see [`Net::set_direct`]).
 struct Direct {
