@@ -926,7 +926,7 @@ impl Net {
         self.spun(spin, false);
         let sh = &self.shared;
         let mut fds: Vec<libc::pollfd> = lanes.fds().into_iter().chain([sh.kick_fd])
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }).collect();
         let kick = fds.len() - 1;
         let mut last_check = std::time::Instant::now();
         loop {
@@ -940,13 +940,14 @@ impl Net {
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             sh.pollers.fetch_sub(1, Ordering::SeqCst);
             let kicked = fds[kick].revents & libc::POLLIN != 0;
-            let mut hung = false;
             for (k, p) in fds.iter_mut().enumerate() {
-                if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 && k != kick {
-                    // A lane that closed or broke: reported by the liveness check, not
-                    // polled again (it would be readable for ever).
+                if p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0 && k != kick {
+                    // A lane its peer closed (done with this job, or gone) or that broke: what
+                    // is left on it is read below, and then it is not polled again (it would
+                    // be readable for ever). A peer that is gone is the liveness check's to
+                    // report, at its usual pace: a peer that finished the job and left is no
+                    // error for a wait that does not need it.
                     p.fd = -1;
-                    hung = true;
                 }
                 p.revents = 0;
             }
@@ -959,7 +960,7 @@ impl Net {
             if ready(v) {
                 return Ok(v);
             }
-            if hung || last_check.elapsed() >= policy.check_interval {
+            if last_check.elapsed() >= policy.check_interval {
                 liveness()?;
                 last_check = std::time::Instant::now();
             }
