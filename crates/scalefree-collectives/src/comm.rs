@@ -168,6 +168,11 @@ impl Header {
         }
     }
 
+    /// The header as it travels (`#[repr(C)]`, no padding but `_pad`).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self as *const Header as *const u8, HEADER_BYTES) }
+    }
+
     /// An all-zero header (fields filled in by the caller).
     pub fn zeroed() -> Self {
         Header::new(Kind::Barrier, DType::U8, None, 0, 0, Algorithm::Auto)
@@ -222,11 +227,11 @@ pub struct Communicator {
     /// Landing region of `dense::net` (grown on demand).
     pub(crate) landing: Option<crate::dense::net::Landing>,
     /// Per-peer send buffers of the header exchange over the network.
-    pub(crate) post_bufs: Vec<Vec<u8>>,
+    post_bufs: Vec<Vec<u8>>,
     /// Who takes part in the recursive doubling of small allreduces between hosts (one
     /// rank per host, or each host's first rank for the others on it), when they go so
     /// (`CommOptions::small_net`); `None` on one host, or hosts of unequal rank counts.
-    pub(crate) small: Option<crate::dense::doubling::Layout>,
+    pub(crate) small: Option<std::sync::Arc<crate::dense::doubling::Layout>>,
 }
 
 impl Communicator {
@@ -273,7 +278,8 @@ impl Communicator {
                 crate::dense::net::host_groups(&c).map(|(local, _)| crate::dense::doubling::Layout::by_host(&c, &local))
             } else {
                 None
-            };
+            }
+            .map(std::sync::Arc::new);
         }
         Ok(c)
     }
@@ -351,21 +357,11 @@ impl Communicator {
         let mut sends = Vec::new();
         if self.net {
             // One write per peer: header and payload together, raising our flag there.
-            let mut bufs = std::mem::take(&mut self.post_bufs);
             for &p in &peers {
                 let (ptr, n) = payload(p);
-                let b = &mut bufs[p as usize];
-                b.clear();
-                b.extend_from_slice(unsafe { std::slice::from_raw_parts(&hdr as *const Header as *const u8, HEADER_BYTES) });
-                if n > 0 {
-                    b.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, n) });
-                }
-                let off = self.inbox_off(me, seq);
-                sends.push(unsafe {
-                    self.chans[p as usize].start_write_raise(b.as_ptr(), &self.ctrls[p as usize], off, b.len(), OFF_FLAGS + me as usize * 64, seq)?
-                });
+                let data = if n > 0 { unsafe { std::slice::from_raw_parts(ptr, n) } } else { &[][..] };
+                sends.push(unsafe { self.send_inbox(p, seq, &[hdr.as_bytes(), data])? });
             }
-            self.post_bufs = bufs;
         }
         for &p in peers.iter().filter(|_| !self.net) {
             let (ptr, n) = payload(p);
@@ -406,17 +402,27 @@ impl Communicator {
         self.seq
     }
 
-    /// Over the network: writes `msg` (a header and what follows it) into this rank's inbox
-    /// at `peer` for call `seq` and raises this rank's flag there.
+    /// Over the network: writes `parts` one after the other (a header and what follows it)
+    /// into this rank's inbox at `peer` for call `seq` and raises this rank's flag there, as
+    /// one write from `peer`'s send buffer.
     ///
     /// # Safety
-    /// `msg` must stay untouched until the returned completion is done.
-    pub(crate) unsafe fn send_inbox(&self, peer: u32, seq: u32, msg: &[u8]) -> Result<scalefree_transport::Completion> {
+    /// The completion of the previous `send_inbox` to `peer` must be done (its buffer is
+    /// reused), and this one's before the next.
+    pub(crate) unsafe fn send_inbox(&mut self, peer: u32, seq: u32, parts: &[&[u8]]) -> Result<scalefree_transport::Completion> {
+        let mut msg = std::mem::take(&mut self.post_bufs[peer as usize]);
+        msg.clear();
+        for p in parts {
+            msg.extend_from_slice(p);
+        }
         debug_assert!(msg.len() <= self.slot_bytes);
         let off = self.inbox_off(self.rank, seq);
-        unsafe {
+        let r = unsafe {
             self.chans[peer as usize].start_write_raise(msg.as_ptr(), &self.ctrls[peer as usize], off, msg.len(), OFF_FLAGS + self.rank as usize * 64, seq)
-        }
+        };
+        // Moving the vector back leaves its bytes where the write reads them.
+        self.post_bufs[peer as usize] = msg;
+        r
     }
 
     /// Waits until `peer`'s message of the current call is in this rank's inbox; returns

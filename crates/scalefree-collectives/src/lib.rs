@@ -6,8 +6,9 @@
 //!
 //! * [`Algorithm::OneShot`] — small messages: every rank writes its data into every peer's
 //!   inbox (one step), every rank reduces all contributions in rank order. Between hosts
-//!   with one rank each, the allreduce goes by recursive doubling instead
-//!   (`dense::doubling`: log2 N rounds of one message per rank).
+//!   the allreduce and the barrier go by recursive doubling instead (`dense::doubling`:
+//!   log2 H rounds of one message per host, through each host's first rank when hosts hold
+//!   several ranks).
 //! * [`Algorithm::Direct`] — large messages: reduce-scatter then allgather by one-sided
 //!   reads of each peer's buffer, pipelined in pieces with progress counters.
 //! * [`Algorithm::Ring`] — the pipelined ring: the same one-sided reads, but each rank only

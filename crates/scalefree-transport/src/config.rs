@@ -17,6 +17,11 @@ pub fn env_bytes(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| parse_bytes(&v)).unwrap_or(default)
 }
 
+/// A switch that is on unless environment variable `name` says `0`, `off` or `no`.
+pub fn env_switch(name: &str) -> bool {
+    !matches!(std::env::var(name).ok().as_deref().map(str::trim), Some("0" | "off" | "no"))
+}
+
 /// The network interface to use between hosts (`SCALEFREE_IFNAME`), if the user chose one.
 pub fn ifname() -> Option<String> {
     std::env::var("SCALEFREE_IFNAME").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())

@@ -183,17 +183,10 @@ impl Call<'_> {
     /// before the write completes).
     unsafe fn send(&mut self, peer: u32, summary: &Summary, data: *const u8, n: usize) -> Result<()> {
         let seq = self.c.seq;
-        let mut buf = std::mem::take(&mut self.c.post_bufs[peer as usize]);
-        buf.clear();
-        buf.extend_from_slice(unsafe { std::slice::from_raw_parts(&self.hdr as *const Header as *const u8, HEADER_BYTES) });
         let mut s = [0u8; SUMMARY_BYTES];
         unsafe { std::ptr::copy_nonoverlapping(summary as *const Summary as *const u8, s.as_mut_ptr(), std::mem::size_of::<Summary>()) };
-        buf.extend_from_slice(&s);
-        if n > 0 {
-            buf.extend_from_slice(unsafe { std::slice::from_raw_parts(data, n) });
-        }
-        let r = unsafe { self.c.send_inbox(peer, seq, &buf) };
-        self.c.post_bufs[peer as usize] = buf;
+        let data = if n > 0 { unsafe { std::slice::from_raw_parts(data, n) } } else { &[][..] };
+        let r = unsafe { self.c.send_inbox(peer, seq, &[self.hdr.as_bytes(), &s, data]) };
         self.sends.push(r?);
         self.written[peer as usize] = true;
         Ok(())

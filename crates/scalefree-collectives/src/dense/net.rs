@@ -63,7 +63,7 @@ fn words_len(n: usize) -> usize {
 /// Whether gathered pieces may land straight in the caller's buffer (see the module comment).
 fn direct_landing_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_DIRECT_LANDING").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
+    *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_DIRECT_LANDING"))
 }
 
 /// Direct landing in force until dropped (also when a call fails: the transport stops

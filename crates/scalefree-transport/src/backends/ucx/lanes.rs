@@ -140,9 +140,7 @@ impl crate::wait::SpinHook for Gate {
     fn leave(&self, parking: bool) {
         self.spinning.fetch_sub(1, Ordering::SeqCst);
         if parking {
-            self.lease_until.store(0, Ordering::SeqCst);
-            let _g = self.closed.lock().unwrap();
-            self.cv.notify_all();
+            self.call_back();
         }
     }
 }
@@ -173,10 +171,16 @@ impl Gate {
     /// a write to a peer that blocks writing to it would otherwise wait out the lease).
     fn end_lease(&self) {
         if self.lease_until.load(Ordering::SeqCst) != 0 {
-            self.lease_until.store(0, Ordering::SeqCst);
-            let _g = self.closed.lock().unwrap();
-            self.cv.notify_all();
+            self.call_back();
         }
+    }
+
+    /// Ends any lease and wakes the standing-down readers (they read the lanes again once
+    /// no caller spins).
+    fn call_back(&self) {
+        self.lease_until.store(0, Ordering::SeqCst);
+        let _g = self.closed.lock().unwrap();
+        self.cv.notify_all();
     }
 }
 

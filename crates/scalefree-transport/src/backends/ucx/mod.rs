@@ -882,7 +882,7 @@ impl Net {
     /// writes to this rank over a TCP lane (`SCALEFREE_OWN_READS=0` turns it off).
     pub fn reads_own_from(&self, peer: u32) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| !matches!(std::env::var("SCALEFREE_OWN_READS").ok().as_deref().map(str::trim), Some("0" | "off" | "no")))
+        *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_OWN_READS"))
             && self.lanes.as_ref().is_some_and(|l| l.has(peer))
     }
 
