@@ -767,6 +767,21 @@ class PeakRss:
             rec["peak_rss_bytes"], rec["rss_before_bytes"] = self.peak, self.start
 
 
+def timed_call(fn, cache: "PageCache | None" = None, rss: dict | None = None):
+    """One timed call of ``fn``: the page cache dropped first when ``cache`` says so
+    (``--cold``), the process's peak RSS over the call merged into ``rss``
+    (:meth:`PeakRss.merge_into`). Returns ``(seconds, fn())``."""
+    if cache is not None:
+        cache.drop()
+    with PeakRss() as m:
+        t = time.perf_counter()
+        out = fn()
+        seconds = time.perf_counter() - t
+    if rss is not None:
+        m.merge_into(rss)
+    return seconds, out
+
+
 def rss_cells(r: dict) -> list[str]:
     """The "peak RSS" and "+call" table cells of a record measured with :class:`PeakRss`."""
     if "peak_rss_bytes" not in r:

@@ -14,6 +14,7 @@ and numpy's BLAS (threadpoolctl).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -73,14 +74,8 @@ def run(args) -> int:
             c = np.zeros((n, n), dtype)  # touched, so no call pays the first-touch page faults
             for _ in range(args.warmup):
                 np.matmul(a, b, out=c)
-            times, rss = [], {}
-            for _ in range(args.repeat):
-                cache.drop()
-                with common.PeakRss() as m:
-                    t = time.perf_counter()
-                    np.matmul(a, b, out=c)
-                    times.append(time.perf_counter() - t)
-                m.merge_into(rss)
+            rss: dict = {}
+            times = [common.timed_call(lambda: np.matmul(a, b, out=c), cache, rss)[0] for _ in range(args.repeat)]
             st = common.Stats.of(times)
             records.append(common.make_record(bench=BENCH, impl="numpy", variant="in-memory", ranks=1, nbytes=data_bytes,
                                               dtype=args.dtype, stats=st, gbps=0.0, n_rows=n, gflops=flops / st.median_s / 1e9,
@@ -98,12 +93,7 @@ def run(args) -> int:
                     flash.gemm(A, B, C, runtime=rt)
                 times, peak, idle, rss = [], 0, [], {}
                 for _ in range(args.repeat):
-                    cache.drop()
-                    with common.PeakRss() as m:
-                        t = time.perf_counter()
-                        flash.gemm(A, B, C, runtime=rt, stats=stats)
-                        times.append(time.perf_counter() - t)
-                    m.merge_into(rss)
+                    times.append(common.timed_call(functools.partial(flash.gemm, A, B, C, runtime=rt, stats=stats), cache, rss)[0])
                     peak = max(peak, stats["peak_resident_bytes"])
                     idle.append(stats["compute_idle_seconds"])
                 got = C.to_numpy()

@@ -70,19 +70,9 @@ def _time(fn, repeat, cache=None, rss=None):
     """Times ``repeat`` calls after a warm-up; ``rss`` (a dict, emptied first) receives the
     largest peak RSS of a timed call (:class:`common.PeakRss`)."""
     fn()  # warm-up
-    times = []
     if rss is not None:
         rss.clear()
-    for _ in range(repeat):
-        if cache is not None:
-            cache.drop()
-        with common.PeakRss() as m:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        if rss is not None:
-            m.merge_into(rss)
-    return common.Stats.of(times)
+    return common.Stats.of([common.timed_call(fn, cache, rss)[0] for _ in range(repeat)])
 
 
 def _kos():

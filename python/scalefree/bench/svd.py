@@ -217,12 +217,8 @@ def run(args) -> int:
         rss = [{} for _ in rows]
         for _ in range(args.repeat):
             for i, (_, _, fn, info, _) in enumerate(rows):
-                cache.drop()
-                with common.PeakRss() as m:
-                    t = time.perf_counter()
-                    outs[i] = fn()
-                    times[i].append(time.perf_counter() - t)
-                m.merge_into(rss[i])
+                seconds, outs[i] = common.timed_call(fn, cache, rss[i])
+                times[i].append(seconds)
                 if info:
                     peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
         for i, (impl, variant, _, info, extra) in enumerate(rows):
