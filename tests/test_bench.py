@@ -262,7 +262,7 @@ def test_bench_allreduce_end_to_end(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "scalefree.cli", "bench", "allreduce", "-n", "2",
            "--sizes", "1K,64K", "--vs", "mpi", "--min-calls", "5", "--target-seconds", "0.02",
-           "--json", str(out)]
+           "--rounds", "2", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     records = json.loads(out.read_text())
@@ -273,11 +273,37 @@ def test_bench_allreduce_end_to_end(tmp_path):
         assert r["ranks"] == (1 if r["impl"] == "memcpy" else 2)
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"] and r["n"] >= 5
         assert r["gbps"] > 0 and math.isfinite(r["gbps"])
+        # Two interleaved rounds, pooled: both rounds' calls, each round's median kept.
+        if r["impl"] != "memcpy":
+            assert len(r["round_medians_s"]) == 2 and r["n"] >= 10
+            assert all(r["min_s"] <= m <= r["max_s"] for m in r["round_medians_s"])
     assert {r["variant"] for r in records if r["impl"] == "mpi"} <= {"openmpi", "mpich"}
     assert {r["variant"] for r in records if r["impl"] == "scalefree"} == {"auto"}
     # The table goes to stdout (one row per record), progress to stderr.
     assert p.stdout.count("\n") >= len(records) + 2
     assert "vs mpi" in p.stdout and "allreduce:" in p.stderr
+
+
+def test_rounds_pool_every_call_and_keep_each_rounds_median():
+    from scalefree.bench.allreduce import _pool
+
+    def rec(impl, times):
+        r = common.make_record(bench="allreduce", impl=impl, variant="", ranks=2, nbytes=1024,
+                               dtype="float32", stats=common.Stats.of(times), gbps=1.0)
+        r["_times"] = times
+        return r
+
+    rounds = [[rec("scalefree", [1.0, 2.0, 3.0]), rec("mpi", [5.0])], [rec("scalefree", [10.0, 11.0]), rec("mpi", [7.0, 9.0])]]
+    got = {r["impl"]: r for r in _pool(rounds)}
+    assert set(got) == {"scalefree", "mpi"}
+    sf = got["scalefree"]
+    assert (sf["median_s"], sf["min_s"], sf["max_s"], sf["n"]) == (3.0, 1.0, 11.0, 5)
+    assert sf["round_medians_s"] == [2.0, 10.5] and "_times" not in sf
+    assert sf["gbps"] == common.allreduce_busbw_gbps(1024, 2, 3.0)
+    assert got["mpi"]["median_s"] == 7.0 and got["mpi"]["round_medians_s"] == [5.0, 8.0]
+    # One round: the record as measured, nothing added.
+    one = _pool([[rec("mpi", [5.0, 6.0])]])
+    assert len(one) == 1 and "round_medians_s" not in one[0] and one[0]["median_s"] == 5.5
 
 
 @pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -67,6 +68,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "implementation, --per-host ranks on each (-n is then ignored)")
     p.add_argument("--per-host", type=arg(common.positive_int), default=1, metavar="P",
                    help="ranks per simulated host with --hosts")
+    p.add_argument("--rounds", type=arg(common.positive_int), default=1, metavar="R",
+                   help="run every implementation R times, interleaved (scalefree, the peers, "
+                   "scalefree, ...), and pool each point's calls: a slow spell of the machine "
+                   "then falls on every implementation alike (each round's median is kept in "
+                   "the record as round_medians_s)")
     p.add_argument("--straggler", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="before each timed call one seeded-random rank sleeps uniform(0, MS) ms")
     common.add_timing_args(p)
@@ -157,12 +163,17 @@ def run(args) -> int:
     if args.hosts:
         records += _run_hosts(args, peers, failures, notes)
     for n in ([] if args.hosts else args.ranks):
-        for placement in args.placement:
-            for algorithm in args.algorithm:
-                records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+        rounds = []
+        for _ in range(args.rounds):
+            got = []
+            for placement in args.placement:
+                for algorithm in args.algorithm:
+                    got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
                                       placement=placement)
-        for peer in peers:
-            records += _run_ranks(peer, n, args, failures, notes)
+            for peer in peers:
+                got += _run_ranks(peer, n, args, failures, notes)
+            rounds.append(got)
+        records += _pool(rounds)
 
     records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
     print(render_table(records, peers))
@@ -267,22 +278,56 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
     records = []
     for h in args.hosts:
         with simhosts.SimHosts(h) as sim:
-            if h > 1:
-                from .hosts import aggregate_tcp_gbps
+            n = h * args.per_host
+            rounds, floors = [], []
+            for r in range(args.rounds):
+                if args.rounds > 1:
+                    progress(f"allreduce: {h} hosts, round {r + 1} of {args.rounds}")
+                if h > 1:
+                    from .hosts import aggregate_tcp_gbps
 
-                floor = aggregate_tcp_gbps(sim)
+                    floors.append(aggregate_tcp_gbps(sim))
+                got = []
+                for algorithm in args.algorithm:
+                    got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                                      placement="plain", sim=sim)
+                for peer in peers:
+                    got += _run_ranks(peer, n, args, failures, notes, sim=sim)
+                rounds.append(got)
+            if floors:
+                floor = statistics.median(floors)
+                each = " / ".join(f"{f:.2f}" for f in floors)
                 notes.append(f"{h} hosts: aggregate TCP throughput with every host sending at once "
-                             f"{floor:.2f} GB/s ({floor / h:.2f} GB/s per host)")
+                             f"{floor:.2f} GB/s ({floor / h:.2f} GB/s per host)"
+                             + (f"; per round {each} GB/s" if len(floors) > 1 else ""))
                 records.append(common.make_record(
                     bench=BENCH, impl="tcp_aggregate", variant="", ranks=h, hosts=h, nbytes=0, dtype=args.dtype,
-                    stats=common.Stats.of([0.0]), gbps=floor))
-            n = h * args.per_host
-            for algorithm in args.algorithm:
-                records += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
-                                      placement="plain", sim=sim)
-            for peer in peers:
-                records += _run_ranks(peer, n, args, failures, notes, sim=sim)
+                    stats=common.Stats.of([0.0]), gbps=floor,
+                    **({"round_gbps": floors} if len(floors) > 1 else {})))
+            records += _pool(rounds)
     return records
+
+
+def _pool(rounds: list[list[dict]]) -> list[dict]:
+    """One record per point from the rounds' records (each holding its calls' times under
+    ``_times``): the statistics of every round's calls together; with several rounds, each
+    round's median as ``round_medians_s``."""
+    pooled: dict[tuple, list[dict]] = {}
+    for got in rounds:
+        for rec in got:
+            key = (rec["impl"], rec["variant"], rec["ranks"], rec["hosts"], rec["bytes"], rec["dtype"])
+            pooled.setdefault(key, []).append(rec)
+    out = []
+    for recs in pooled.values():
+        times = [t for rec in recs for t in rec["_times"]]
+        rec = {k: v for k, v in recs[0].items() if k != "_times"}
+        stats = common.Stats.of(times)
+        rec.update(median_s=stats.median_s, min_s=stats.min_s, max_s=stats.max_s, n=stats.n,
+                   gbps=common.allreduce_busbw_gbps(rec["bytes"], rec["ranks"], stats.median_s))
+        if len(rounds) > 1:
+            rec["round_medians_s"] = [r["median_s"] for r in recs]
+        out.append(rec)
+    return out
 
 
 def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim) -> list[str]:
@@ -343,6 +388,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
             straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
             **{k: v for k, v in merged.meta.items() if k.endswith("_s")},
         ))
+        records[-1]["_times"] = list(pt.times_s)
     for nbytes, why in merged.skipped:
         notes.append(f"{label}, {human_bytes(nbytes)}: not measured, {why}")
     if not outcome.ok or merged.problems or len(records) + len(merged.skipped) < len(args.sizes):
