@@ -307,6 +307,33 @@ def test_rounds_pool_every_call_and_keep_each_rounds_median():
 
 
 @pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None,
+                    reason="mpi4py or mpiexec missing (pip install '.[bench]')")
+@pytest.mark.parametrize("op", ["allgather", "broadcast"])
+def test_bench_other_collectives_end_to_end(tmp_path, op):
+    # Every implementation checks its result after timing (a wrong gather or broadcast fails
+    # the run); rows carry the op and its bus bandwidth.
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "scalefree.cli", "bench", "allreduce", "-n", "3", "--op", op,
+           "--sizes", "4,1K,100K", "--vs", "mpi", "--min-calls", "5", "--target-seconds", "0.02",
+           "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    records = [r for r in json.loads(out.read_text()) if r["impl"] != "memcpy"]
+    assert {(r["impl"], r["bytes"]) for r in records} == {(i, b) for i in ("scalefree", "mpi") for b in (4, 1024, 102400)}
+    for r in records:
+        assert r["op"] == op and r["ranks"] == 3
+        per = r["bytes"] * (2 if op == "allgather" else 1) / r["median_s"] / 1e9
+        assert r["gbps"] == pytest.approx(per)
+
+
+def test_bench_rejects_an_unknown_op():
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "allreduce", "--op", "alltoall"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "alltoall" in p.stderr
+
+
+@pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch missing (pip install '.[bench]')")
 def test_bench_allreduce_against_gloo_with_a_straggler(tmp_path):
     out = tmp_path / "out.json"

@@ -137,7 +137,7 @@ fn mismatched_paths_error_on_every_rank() {
     for (n, odd) in [(2u32, 1u32), (3, 2), (3, 1), (4, 3), (4, 2)] {
         run(n, move |c| {
             let me = c.rank();
-            for case in 0..4 {
+            for case in 0..5 {
                 let r = match case {
                     // small on `odd`, large (the header exchange, then pieces) on the others
                     0 => {
@@ -160,7 +160,12 @@ fn mismatched_paths_error_on_every_rank() {
                             unsafe { c.allreduce(v.as_mut_ptr() as *mut u8, 3, DType::F32, ReduceOp::Sum, Algorithm::Auto) }.map(|_| ())
                         }
                     }
-                    // an allgather (one-shot exchange) against a small allreduce
+                    // a broadcast from another root (small: by doubling between hosts)
+                    4 => {
+                        let mut v = vec![1f32; 6];
+                        unsafe { c.broadcast(v.as_mut_ptr() as *mut u8, 6, DType::F32, if me == odd { odd } else { 0 }, Algorithm::Auto) }
+                    }
+                    // an allgather against a small allreduce (between hosts both by doubling)
                     _ => {
                         let mut v = vec![1f32; 4 * n as usize];
                         if me == odd {

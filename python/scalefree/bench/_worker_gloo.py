@@ -1,6 +1,7 @@
 """One rank of ``scalefree bench allreduce`` for gloo (``torch.distributed``, started by
 the scalefree launcher, rank and size from ``SCALEFREE_RANK``/``SCALEFREE_WORLD_SIZE``):
-``dist.all_reduce`` of a ``torch.from_numpy`` view, in place."""
+``dist.all_reduce`` of a ``torch.from_numpy`` view, in place (``all_gather`` into views of
+the output rows, ``broadcast`` with ``--op``)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(cell, op=dist.ReduceOp.MAX)
         return float(cell[0])
 
-    def make_op(a):
+    def make_op(a, out):
         t = torch.from_numpy(a)
+        if args.op == "allgather":
+            parts = list(torch.from_numpy(out).unbind(0))
+            return lambda: dist.all_gather(parts, t)
+        if args.op == "broadcast":
+            return lambda: dist.broadcast(t, 0)
         all_reduce = dist.all_reduce
         return lambda: all_reduce(t)
 

@@ -1,5 +1,5 @@
 """One rank of ``scalefree bench allreduce`` for MPI (mpi4py under mpiexec):
-``comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)``."""
+``comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)`` (``Allgather``, ``Bcast`` with ``--op``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
             variant=_mpi_flavour(MPI.Get_library_version()),
             rank=comm.Get_rank(),
             world_size=comm.Get_size(),
-            make_op=lambda a: (lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)),
+            make_op=lambda a, out: _op(comm, MPI, args.op, a, out),
             barrier=comm.Barrier,
             allmax=lambda x: comm.allreduce(x, op=MPI.MAX),
             args=args,
@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         comm.Abort(1)
     return 0
+
+
+def _op(comm, MPI, op: str, a, out):
+    if op == "allgather":
+        return lambda: comm.Allgather(a, out)
+    if op == "broadcast":
+        return lambda: comm.Bcast(a, root=0)
+    return lambda: comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
 
 
 def _mpi_flavour(version: str) -> str:

@@ -1,5 +1,6 @@
 """One rank of ``scalefree bench allreduce`` for scalefree (started by the scalefree
-launcher): ``g.allreduce(a, algorithm=...)`` in place."""
+launcher): ``g.allreduce(a, algorithm=...)`` in place (``g.allgather``, ``g.broadcast``
+with ``--op``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         g.allreduce(cell, op="max")
         return float(cell[0])
 
-    def make_op(a):
+    def make_op(a, out):
+        if args.op == "allgather":
+            allgather = g.allgather
+            return lambda: allgather(a, out, algorithm)
+        if args.op == "broadcast":
+            broadcast = g.broadcast
+            return lambda: broadcast(a, 0, algorithm)
         allreduce = g.allreduce
         return lambda: allreduce(a, "sum", algorithm)
 

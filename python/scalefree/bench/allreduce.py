@@ -1,4 +1,5 @@
-"""``scalefree bench allreduce``: in-place sum allreduce of scalefree against MPI and gloo.
+"""``scalefree bench allreduce``: in-place sum allreduce of scalefree against MPI and gloo
+(and, with ``--op``, allgather or broadcast the same way).
 
 Every implementation runs the same rank-side procedure (:func:`run_rank`): for each size an
 array filled with ``rank + 1``, warm-up calls, then timed calls each preceded by the
@@ -28,6 +29,8 @@ PEERS = ("mpi", "gloo")
 PLACEMENTS = ("arena", "plain")
 ALGORITHMS = ("auto", "one_shot", "direct", "ring", "hierarchical")
 DTYPES = ("float32", "float64", "int32", "int64")
+# --op: what every implementation times. Sizes are per rank (allgather: each rank's part).
+OPS = ("allreduce", "allgather", "broadcast")
 DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
 # Table order within one size.
 _IMPL_ORDER = {"memcpy": 0, "scalefree": 1, "mpi": 2, "gloo": 3}
@@ -53,6 +56,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"peers to compare with ({', '.join(PEERS)}; 'none' for none); "
                    "memcpy is always measured")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="element type")
+    p.add_argument("--op", choices=OPS, default="allreduce",
+                   help="the collective every implementation times: allreduce (sum, in place), "
+                   "allgather (SIZE from each rank) or broadcast (from rank 0, in place); rows "
+                   "carry it as 'op', and busbw is the NCCL-tests bus bandwidth of that op")
     p.add_argument("--algorithm", type=arg(lambda s: common.parse_choice_list(s, ALGORITHMS, "algorithm")),
                    default="auto", metavar="ALG[,ALG...]",
                    help=f"scalefree algorithms to run, each its own rows ({', '.join(ALGORITHMS)})")
@@ -88,16 +95,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def worker_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     common.add_worker_args(p)
+    p.add_argument("--op", choices=OPS, default="allreduce")
     return p
+
+
+def busbw_gbps(op: str, nbytes: int, ranks: int, seconds: float) -> float:
+    """Bus bandwidth (NCCL-tests convention) of one call of ``op`` on ``nbytes`` per rank:
+    allreduce ``2(n-1)/n · bytes``, allgather ``(n-1) · bytes`` (what each rank receives),
+    broadcast ``bytes``, per second, in GB/s."""
+    if op == "allgather":
+        return nbytes * (ranks - 1) / seconds / 1e9
+    if op == "broadcast":
+        return nbytes / seconds / 1e9
+    return common.allreduce_busbw_gbps(nbytes, ranks, seconds)
 
 
 def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, barrier, allmax,
              args, refusals: tuple = (), **meta) -> None:
-    """The measurement every implementation makes, given its collectives: ``make_op(a)``
-    returns a callable doing one in-place sum allreduce of ``a``; ``barrier()``;
-    ``allmax(x)`` returns the maximum of the float ``x`` over ranks. ``refusals`` are the
-    exception types with which the implementation refuses a size on every rank alike (the
-    point is recorded as skipped). Raises ``RuntimeError`` if a result is wrong."""
+    """The measurement every implementation makes, given its collectives: ``make_op(a, out)``
+    returns a callable doing one call of ``args.op`` — an in-place sum allreduce of ``a``,
+    an allgather of ``a`` into ``out`` (``world_size`` rows), or an in-place broadcast of
+    ``a`` from rank 0 (``out`` is None but for allgather); ``barrier()``; ``allmax(x)``
+    returns the maximum of the float ``x`` over ranks. ``refusals`` are the exception types
+    with which the implementation refuses a size on every rank alike (the point is recorded
+    as skipped). Raises ``RuntimeError`` if a result is wrong."""
     import numpy as np
 
     dtype = np.dtype(args.dtype)
@@ -105,10 +126,12 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
     writer = common.RankResultsWriter(args.out_dir, rank, world_size, impl, variant, **meta)
     writer.flush()
     straggler = common.StragglerSchedule(args.straggler_ms, args.seed, world_size)
-    expected = world_size * (world_size + 1) // 2
+    what = args.op
+    expected = {"allreduce": world_size * (world_size + 1) // 2, "broadcast": 1}.get(what)
     for nbytes in sizes:
         a = np.full(nbytes // dtype.itemsize, rank + 1, dtype=dtype)  # written, so faulted in
-        op = make_op(a)
+        out = np.zeros((world_size, a.size), dtype=dtype) if what == "allgather" else None
+        op = make_op(a, out)
         try:
             point = common.time_point(
                 op, barrier, allmax, rank=rank, straggler=straggler, min_calls=args.min_calls,
@@ -123,13 +146,18 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
             del op, a
             continue
         a[...] = rank + 1
+        if out is not None:
+            out[...] = 0
         op()
-        lo, hi = a.min(), a.max()
-        if not (lo == expected and hi == expected):
+        got = a if out is None else out
+        want = np.full(got.shape, expected, dtype=dtype) if out is None else \
+            np.repeat(np.arange(1, world_size + 1, dtype=dtype)[:, None], a.size, axis=1)
+        if not np.array_equal(got, want):
+            bad = np.argwhere(got != want)[0] if got.size else ()
             raise RuntimeError(
-                f"{impl} allreduce gave a wrong result on rank {rank} of {world_size} for "
-                f"{human_bytes(nbytes)} of {dtype}: every element should be {expected}, "
-                f"found values in [{lo}, {hi}]"
+                f"{impl} {what} gave a wrong result on rank {rank} of {world_size} for "
+                f"{human_bytes(nbytes)} of {dtype}: element {tuple(int(i) for i in bad)} is "
+                f"{got[tuple(bad)]}, should be {want[tuple(bad)]}"
             )
         writer.add_point(nbytes, point)
         if rank == 0:
@@ -323,7 +351,7 @@ def _pool(rounds: list[list[dict]]) -> list[dict]:
         rec = {k: v for k, v in recs[0].items() if k != "_times"}
         stats = common.Stats.of(times)
         rec.update(median_s=stats.median_s, min_s=stats.min_s, max_s=stats.max_s, n=stats.n,
-                   gbps=common.allreduce_busbw_gbps(rec["bytes"], rec["ranks"], stats.median_s))
+                   gbps=busbw_gbps(rec.get("op", "allreduce"), rec["bytes"], rec["ranks"], stats.median_s))
         if len(rounds) > 1:
             rec["round_medians_s"] = [r["median_s"] for r in recs]
         out.append(rec)
@@ -353,8 +381,8 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
     label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks{where}"
     with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
         out_dir = Path(tmp)
-        argv = _worker(impl, common.worker_argv(args, args.sizes, out_dir), args, algorithm,
-                       algorithm + suffix, sim)
+        argv = _worker(impl, common.worker_argv(args, args.sizes, out_dir) + ["--op", args.op], args,
+                       algorithm, algorithm + suffix, sim)
         progress(f"allreduce: {label}")
         if sim is not None:
             from . import hosts as across
@@ -384,7 +412,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
         records.append(common.make_record(
             bench=BENCH, impl=impl, variant=merged.variant, ranks=n, nbytes=pt.nbytes,
             dtype=args.dtype, stats=stats, hosts=sim.n if sim is not None else 1,
-            gbps=common.allreduce_busbw_gbps(pt.nbytes, n, stats.median_s),
+            gbps=busbw_gbps(args.op, pt.nbytes, n, stats.median_s), op=args.op,
             straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
             **{k: v for k, v in merged.meta.items() if k.endswith("_s")},
         ))

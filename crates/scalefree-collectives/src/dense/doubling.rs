@@ -1,4 +1,5 @@
-//! Recursive-doubling allreduce for small messages between hosts.
+//! Recursive-doubling allreduce for small messages between hosts, and the small allgather,
+//! broadcast and reduce-scatter built on it.
 //!
 //! With several ranks per host (equal counts), each host's first rank leads the others
 //! ([`Layout`]): they hand it their message over shared memory, it reduces them in rank
@@ -24,6 +25,13 @@
 //! one-shot exchange; bytes per rank per round: header, summary and `n` bytes of data.
 //! Every rank computes bit-identical results: the two ranks of a pair reduce the same two
 //! operands (in either order; every supported op is commutative).
+//!
+//! Allgather and broadcast travel the same rounds with [`Combine::Or`]: each rank starts from
+//! a zeroed buffer holding only what it contributes (its slot; the root's data), and partial
+//! results merge by bitwise OR, which copies every slot exactly (any dtype, bit for bit)
+//! because no two ranks fill the same bytes. Reduce-scatter is the allreduce of the whole
+//! vector, each rank keeping its share: at these sizes a message costs its latency, not its
+//! bytes.
 
 use scalefree_transport::{Error, Result};
 
@@ -106,6 +114,42 @@ impl Summary {
     }
 }
 
+/// How two partial results combine.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Combine {
+    /// Elementwise reduction.
+    Reduce(DType, ReduceOp),
+    /// Bitwise OR of the bytes: for slots that one side has filled and the other left zero.
+    Or,
+}
+
+impl Combine {
+    /// `dst = dst ∘ src` over `nbytes` bytes.
+    ///
+    /// # Safety
+    /// Both valid for `nbytes` bytes (whole elements for `Reduce`), not overlapping.
+    unsafe fn apply(self, dst: *mut u8, src: *const u8, nbytes: usize) {
+        if nbytes == 0 {
+            return;
+        }
+        match self {
+            Combine::Reduce(dtype, op) => unsafe { reduce_into(dtype, op, dst, src, nbytes / dtype.size_bytes()) },
+            Combine::Or => {
+                let (d, s) = unsafe { (std::slice::from_raw_parts_mut(dst, nbytes), std::slice::from_raw_parts(src, nbytes)) };
+                let (d8, s8) = (d.chunks_exact_mut(8), s.chunks_exact(8));
+                let (dt, st) = (d8.len() * 8, s8.len() * 8);
+                for (a, b) in d8.zip(s8) {
+                    let v = u64::from_ne_bytes(a.try_into().unwrap()) | u64::from_ne_bytes(b.try_into().unwrap());
+                    a.copy_from_slice(&v.to_ne_bytes());
+                }
+                for (a, b) in d[dt..].iter_mut().zip(&s[st..]) {
+                    *a |= b;
+                }
+            }
+        }
+    }
+}
+
 /// Marks a header as the start of a doubling message (`Header::follows`).
 pub(crate) const FOLLOWS_SUMMARY: u32 = 0x5346_5244; // "SFRD"
 
@@ -142,12 +186,14 @@ pub(crate) struct Layout {
     below: Vec<u32>,
     /// The ranks of the doubling rounds (for a rank under a leader: none).
     members: Vec<u32>,
+    /// How many ranks take part in the rounds (every rank knows it).
+    rounds_of: u32,
 }
 
 impl Layout {
     /// Every rank a member (one rank per host).
     pub(crate) fn flat(size: u32) -> Layout {
-        Layout { leader: None, below: Vec::new(), members: (0..size).collect() }
+        Layout { leader: None, below: Vec::new(), members: (0..size).collect(), rounds_of: size }
     }
 
     /// Each host's first rank leads the others on it; `local` are this rank's host's ranks
@@ -155,18 +201,24 @@ impl Layout {
     pub(crate) fn by_host(c: &Communicator, local: &[u32]) -> Layout {
         let dev = c.device();
         let leader = local[0];
-        if c.rank != leader {
-            return Layout { leader: Some(leader), below: Vec::new(), members: Vec::new() };
-        }
         // The first rank of each host, in rank order.
         let mut seen = Vec::new();
-        let members = (0..c.size).filter(|&r| {
+        let members: Vec<u32> = (0..c.size).filter(|&r| {
             let h = dev.host_of(r);
             let first = !seen.contains(&h);
             seen.push(h);
             first
         }).collect();
-        Layout { leader: None, below: local[1..].to_vec(), members }
+        let rounds_of = members.len() as u32;
+        if c.rank != leader {
+            return Layout { leader: Some(leader), below: Vec::new(), members: Vec::new(), rounds_of };
+        }
+        Layout { leader: None, below: local[1..].to_vec(), members, rounds_of }
+    }
+
+    /// How many ranks (hosts' leaders, or every rank) take part in the rounds.
+    pub(crate) fn rounds_of(&self) -> u32 {
+        self.rounds_of
     }
 }
 
@@ -225,23 +277,19 @@ impl Call<'_> {
     }
 }
 
-/// Allreduce of `count` elements at `buf`, in place, by recursive doubling; starts the call
-/// itself (no `post` before it). With `count == 0` it is only the agreement on `hdr` (and a
-/// barrier: no rank returns before every rank has started the call).
+/// Combines the `nbytes` at `buf` of every rank, in place, by recursive doubling; starts the
+/// call itself (no `post` before it). With `nbytes == 0` it is only the agreement on `hdr`
+/// (and a barrier: no rank returns before every rank has started the call).
 ///
 /// # Safety
-/// `buf` valid for reads and writes of `count` elements of `dtype`.
-pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-    let reduce_into = |dtype, op, dst, src, count| {
-        if count > 0 {
-            unsafe { reduce_into(dtype, op, dst, src, count) }
-        }
-    };
+/// `buf` valid for reads and writes of `nbytes` bytes (whole elements for `Combine::Reduce`),
+/// and `nbytes` at most the inbox payload (`CommOptions::inline_bytes`).
+pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut u8, nbytes: usize, how: Combine) -> Result<()> {
+    let combine = |dst, src| unsafe { how.apply(dst, src, nbytes) };
     let seq = c.next_seq();
     hdr.seq = seq;
     hdr.follows = FOLLOWS_SUMMARY;
     let (me, size) = (c.rank, c.size);
-    let nbytes = count * dtype.size_bytes();
     let mine = Key::of(&hdr);
     let layout = c.small.clone().expect("checked by Communicator::doubling");
     let mut call = Call { written: vec![false; size as usize], sends: Vec::new(), hdr, c };
@@ -268,7 +316,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut 
         let (s, data) = call.receive(q)?;
         summary = Summary::merge(summary, s);
         if let (true, Some(d)) = (summary.agrees(), data) {
-            reduce_into(dtype, op, buf, d, count);
+            combine(buf, d);
         }
     }
     // The rounds between members (ascending ranks, so a fold's direction is kept).
@@ -282,7 +330,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut 
             let (s, data) = call.receive(f)?;
             summary = Summary::merge(summary, s);
             if let (true, Some(d)) = (summary.agrees(), data) {
-                reduce_into(dtype, op, buf, d, count);
+                combine(buf, d);
             }
         }
         for q in partners.into_iter().map(|i| layout.members[i as usize]) {
@@ -290,7 +338,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, mut hdr: Header, buf: *mut 
             let (s, data) = call.receive(q)?;
             summary = Summary::merge(summary, s);
             if let (true, Some(d)) = (summary.agrees(), data) {
-                reduce_into(dtype, op, buf, d, count);
+                combine(buf, d);
             }
         }
         if let Some(f) = fold {
@@ -353,6 +401,26 @@ mod tests {
                 codes[i] += 1;
             }
         }
+    }
+
+    #[test]
+    fn or_merges_disjoint_slots_bit_for_bit() {
+        // Slots of odd lengths around the 8-byte words, values that OR would garble if two
+        // sides filled the same bytes: each side's slots come through exactly.
+        for n in [0usize, 1, 7, 8, 9, 63, 1001] {
+            let full: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(37) | 0x81).collect();
+            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+            for i in 0..n {
+                if (i / 3) % 2 == 0 { a[i] = full[i] } else { b[i] = full[i] }
+            }
+            unsafe { Combine::Or.apply(a.as_mut_ptr(), b.as_ptr(), n) };
+            assert_eq!(a, full, "n {n}");
+        }
+        let mut x = [1.5f64, -0.0, f64::NAN];
+        let y = [0f64; 3];
+        unsafe { Combine::Or.apply(x.as_mut_ptr() as *mut u8, y.as_ptr() as *const u8, 24) };
+        assert_eq!(x[1].to_bits(), (-0.0f64).to_bits(), "the sign of zero survives");
+        assert!(x[2].is_nan() && x[0] == 1.5);
     }
 
     #[test]
