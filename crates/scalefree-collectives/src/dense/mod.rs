@@ -236,8 +236,8 @@ impl Communicator {
     /// messages carry the whole gathered buffer (zeros where not filled yet), so it pays only
     /// with more than two parties in the rounds and while that buffer stays small. Measured
     /// across 4 simulated hosts (docs/benchmarks.md): 8 B and 1 KiB per rank faster than the
-    /// one-shot exchange (160 / 185 µs against 208 / 215 µs), 8 KiB slower (258 against 230);
-    /// at 2 hosts the one-shot exchange's half-size messages win.
+    /// one-shot exchange (135 / 152 µs against 215 / 221 µs), 8 KiB (32 KiB gathered) slower
+    /// (258 against 230 µs); at 2 hosts the one-shot exchange's half-size messages win.
     fn small_allgather_doubles(&self, total: usize) -> bool {
         const MAX_GATHERED: usize = 8 << 10;
         self.small.as_ref().is_some_and(|l| l.rounds_of() > 2) && total <= MAX_GATHERED.min(self.opts.inline_bytes)
