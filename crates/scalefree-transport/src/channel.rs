@@ -176,6 +176,11 @@ impl Channel {
         Ok(Completion::done())
     }
 
+    /// Writes `n` bytes from `src` into `remote` at `remote_off`, then raises notification
+    /// `slot` to `value` at the peer once they have landed.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable for the call.
     pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;

@@ -196,20 +196,36 @@ fn wait_slow(
             return Ok(v);
         }
     }
-    // Phase 3: park, waking periodically to check that peers are alive.
+    // Phase 3: park on the futex.
     spinning.park();
-    let mut last_check = Instant::now();
-    loop {
+    park_until(start, policy, what, liveness, || {
         waiters.fetch_add(1, Ordering::SeqCst);
         let v = word.load(Ordering::SeqCst);
         if ready(v) {
             waiters.fetch_sub(1, Ordering::SeqCst);
-            return Ok(v);
+            return Some(v);
         }
         futex_wait(word, v, policy.check_interval);
         waiters.fetch_sub(1, Ordering::SeqCst);
         let v = word.load(Ordering::Acquire);
-        if ready(v) {
+        ready(v).then_some(v)
+    })
+}
+
+/// The parking phase of a wait that started at `start`: `park_once` sleeps at most
+/// `policy.check_interval` (registered as a sleeper, re-checking before it sleeps so no
+/// wake-up is lost) and returns the word's value once ready; meanwhile `liveness` runs every
+/// `check_interval` and the wait fails with [`Error::Timeout`] after `policy.timeout`.
+pub(crate) fn park_until(
+    start: Instant,
+    policy: &WaitPolicy,
+    what: &dyn Fn() -> String,
+    liveness: &dyn Fn() -> Result<()>,
+    mut park_once: impl FnMut() -> Option<u32>,
+) -> Result<u32> {
+    let mut last_check = Instant::now();
+    loop {
+        if let Some(v) = park_once() {
             return Ok(v);
         }
         if last_check.elapsed() >= policy.check_interval {

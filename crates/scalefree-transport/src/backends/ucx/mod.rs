@@ -928,13 +928,12 @@ impl Net {
         let mut fds: Vec<libc::pollfd> = lanes.fds().into_iter().chain([sh.kick_fd])
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }).collect();
         let kick = fds.len() - 1;
-        let mut last_check = std::time::Instant::now();
-        loop {
+        wait::park_until(start, policy, what, liveness, || {
             sh.pollers.fetch_add(1, Ordering::SeqCst);
             let v = word.load(Ordering::SeqCst);
             if ready(v) {
                 sh.pollers.fetch_sub(1, Ordering::SeqCst);
-                return Ok(v);
+                return Some(v);
             }
             let ms = policy.check_interval.as_millis().clamp(1, i32::MAX as u128) as i32;
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -957,17 +956,8 @@ impl Net {
             }
             self.progress();
             let v = word.load(Ordering::Acquire);
-            if ready(v) {
-                return Ok(v);
-            }
-            if last_check.elapsed() >= policy.check_interval {
-                liveness()?;
-                last_check = std::time::Instant::now();
-            }
-            if start.elapsed() >= policy.timeout {
-                return Err(Error::Timeout { timeout: policy.timeout, waiting_for: what() });
-            }
-        }
+            ready(v).then_some(v)
+        })
     }
 
     /// For a waiter that drives progress while it spins: the lanes' reader threads stand
@@ -1087,8 +1077,8 @@ impl Net {
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
         let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, token, timeout)?;
-        for r in 0..remote.len() {
-            if connect[r] {
+        for (r, &wanted) in connect.iter().enumerate() {
+            if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
                 l.use_for(r, setting == Some(true) || tcp_only);
             }
