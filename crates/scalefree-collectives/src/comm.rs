@@ -275,7 +275,7 @@ impl Communicator {
             c.small = if all_remote {
                 Some(crate::dense::doubling::Layout::flat(size))
             } else if c.net {
-                crate::dense::net::host_groups(&c).map(|(local, _)| crate::dense::doubling::Layout::by_host(&c, &local))
+                crate::dense::net::host_groups(&c).map(|g| crate::dense::doubling::Layout::by_host(rank, &g))
             } else {
                 None
             }

@@ -191,17 +191,7 @@ def run(args) -> int:
     if args.hosts:
         records += _run_hosts(args, peers, failures, notes)
     for n in ([] if args.hosts else args.ranks):
-        rounds = []
-        for _ in range(args.rounds):
-            got = []
-            for placement in args.placement:
-                for algorithm in args.algorithm:
-                    got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
-                                      placement=placement)
-            for peer in peers:
-                got += _run_ranks(peer, n, args, failures, notes)
-            rounds.append(got)
-        records += _pool(rounds)
+        records += _pool([_round(n, args, peers, failures, notes, args.placement) for _ in range(args.rounds)])
 
     records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
     print(render_table(records, peers))
@@ -315,13 +305,7 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
                     from .hosts import aggregate_tcp_gbps
 
                     floors.append(aggregate_tcp_gbps(sim))
-                got = []
-                for algorithm in args.algorithm:
-                    got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
-                                      placement="plain", sim=sim)
-                for peer in peers:
-                    got += _run_ranks(peer, n, args, failures, notes, sim=sim)
-                rounds.append(got)
+                rounds.append(_round(n, args, peers, failures, notes, ["plain"], sim=sim))
             if floors:
                 floor = statistics.median(floors)
                 each = " / ".join(f"{f:.2f}" for f in floors)
@@ -334,6 +318,19 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
                     **({"round_gbps": floors} if len(floors) > 1 else {})))
             records += _pool(rounds)
     return records
+
+
+def _round(n: int, args, peers: list[str], failures: list[str], notes: list[str],
+           placements: list[str], sim=None) -> list[dict]:
+    """One round: scalefree (each placement and algorithm), then every peer, on ``n`` ranks."""
+    got = []
+    for placement in placements:
+        for algorithm in args.algorithm:
+            got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                              placement=placement, sim=sim)
+    for peer in peers:
+        got += _run_ranks(peer, n, args, failures, notes, sim=sim)
+    return got
 
 
 def _pool(rounds: list[list[dict]]) -> list[dict]:

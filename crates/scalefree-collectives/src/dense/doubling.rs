@@ -136,15 +136,8 @@ impl Combine {
             Combine::Reduce(dtype, op) => unsafe { reduce_into(dtype, op, dst, src, nbytes / dtype.size_bytes()) },
             Combine::Or => {
                 let (d, s) = unsafe { (std::slice::from_raw_parts_mut(dst, nbytes), std::slice::from_raw_parts(src, nbytes)) };
-                let (d8, s8) = (d.chunks_exact_mut(8), s.chunks_exact(8));
-                let (dt, st) = (d8.len() * 8, s8.len() * 8);
-                for (a, b) in d8.zip(s8) {
-                    let v = u64::from_ne_bytes(a.try_into().unwrap()) | u64::from_ne_bytes(b.try_into().unwrap());
-                    a.copy_from_slice(&v.to_ne_bytes());
-                }
-                for (a, b) in d[dt..].iter_mut().zip(&s[st..]) {
-                    *a |= b;
-                }
+                // The compiler vectorizes this byte loop.
+                d.iter_mut().zip(s).for_each(|(a, b)| *a |= b);
             }
         }
     }
@@ -196,23 +189,17 @@ impl Layout {
         Layout { leader: None, below: Vec::new(), members: (0..size).collect(), rounds_of: size }
     }
 
-    /// Each host's first rank leads the others on it; `local` are this rank's host's ranks
-    /// (ascending), and every host has as many.
-    pub(crate) fn by_host(c: &Communicator, local: &[u32]) -> Layout {
-        let dev = c.device();
-        let leader = local[0];
-        // The first rank of each host, in rank order.
-        let mut seen = Vec::new();
-        let members: Vec<u32> = (0..c.size).filter(|&r| {
-            let h = dev.host_of(r);
-            let first = !seen.contains(&h);
-            seen.push(h);
-            first
-        }).collect();
-        let rounds_of = members.len() as u32;
-        if c.rank != leader {
-            return Layout { leader: Some(leader), below: Vec::new(), members: Vec::new(), rounds_of };
+    /// Each host's first rank leads the others on it. `(local, cross)` are this rank's
+    /// [`host_groups`](crate::dense::net::host_groups): its host's ranks, and the ranks of
+    /// its local index on every host (for a leader: the leaders).
+    pub(crate) fn by_host(me: u32, (local, cross): &(Vec<u32>, Vec<u32>)) -> Layout {
+        let rounds_of = cross.len() as u32;
+        if me != local[0] {
+            return Layout { leader: Some(local[0]), below: Vec::new(), members: Vec::new(), rounds_of };
         }
+        // In rank order (a fold's direction follows rank order).
+        let mut members = cross.clone();
+        members.sort_unstable();
         Layout { leader: None, below: local[1..].to_vec(), members, rounds_of }
     }
 

@@ -203,10 +203,7 @@ impl Communicator {
         let total = nbytes * self.size as usize;
         unsafe {
             if used == Algorithm::OneShot && self.small_allgather_doubles(total) {
-                // Between hosts: every slot zero but this rank's, merged by OR in log2 N rounds.
-                let mut all = vec![0u8; total];
-                std::ptr::copy_nonoverlapping(mine_in_out, all.as_mut_ptr().add(me * nbytes), nbytes);
-                doubling::allreduce(self, hdr, all.as_mut_ptr(), total, Combine::Or)?;
+                let all = self.gather_small(hdr, total, me * nbytes, std::slice::from_raw_parts(mine_in_out, nbytes))?;
                 std::ptr::copy_nonoverlapping(all.as_ptr(), out, total);
             } else if used == Algorithm::OneShot {
                 self.post(hdr, &|_| (mine_in_out, nbytes))?;
@@ -243,6 +240,15 @@ impl Communicator {
         self.small.as_ref().is_some_and(|l| l.rounds_of() > 2) && total <= MAX_GATHERED.min(self.opts.inline_bytes)
     }
 
+    /// Between hosts, by doubling: `total` bytes that are zero on every rank but for what each
+    /// contributes (`mine`, at `at`), merged by OR in log2 N rounds; returns the whole.
+    fn gather_small(&mut self, hdr: Header, total: usize, at: usize, mine: &[u8]) -> Result<Vec<u8>> {
+        let mut all = vec![0u8; total];
+        all[at..at + mine.len()].copy_from_slice(mine);
+        unsafe { doubling::allreduce(self, hdr, all.as_mut_ptr(), total, Combine::Or)? };
+        Ok(all)
+    }
+
     /// Broadcast `count` elements from `root`'s `buf` into every rank's `buf`.
     ///
     /// # Safety
@@ -260,13 +266,8 @@ impl Communicator {
         let is_root = self.rank == root;
         unsafe {
             if used == Algorithm::OneShot && self.doubling() {
-                // Between hosts: the root's data against everyone else's zeros, merged by OR
-                // in log2 N rounds.
-                let mut all = vec![0u8; nbytes];
-                if is_root {
-                    std::ptr::copy_nonoverlapping(buf, all.as_mut_ptr(), nbytes);
-                }
-                doubling::allreduce(self, hdr, all.as_mut_ptr(), nbytes, Combine::Or)?;
+                let mine: &[u8] = if is_root { std::slice::from_raw_parts(buf, nbytes) } else { &[] };
+                let all = self.gather_small(hdr, nbytes, 0, mine)?;
                 if !is_root {
                     std::ptr::copy_nonoverlapping(all.as_ptr(), buf, nbytes);
                 }
