@@ -323,13 +323,13 @@ impl Device {
 
     /// Direct landing over TCP lanes (see [`ucx::Net::set_direct`]): until
     /// [`Device::clear_direct`], lane writes into `region` that fall whole inside a window
-    /// `(offset, len, dst)` are received straight into `dst`, and store their note's value
-    /// `flag_delta` bytes after their note word. False (nothing set) without UCX.
+    /// are received straight into its `dst` (copied, or reduced into it), and store their
+    /// note's value `flag_delta` bytes after their note word. False (nothing set) without UCX.
     ///
     /// # Safety
-    /// Every window's `dst..dst+len` must stay writable, and untouched by anyone else,
-    /// until `clear_direct` returns.
-    pub unsafe fn set_direct(&self, region: &Region, windows: &[(usize, usize, *mut u8)], flag_delta: usize) -> bool {
+    /// Every window's `dst..dst+len` must stay valid, and untouched by anyone else, until
+    /// `clear_direct` returns.
+    pub unsafe fn set_direct(&self, region: &Region, windows: &[ucx::Window], flag_delta: usize) -> bool {
         match &self.inner.net {
             Some(net) => {
                 unsafe { net.set_direct(region.handle().key, windows, flag_delta) };

@@ -26,12 +26,20 @@
 //! copied as before. Writing into the caller's buffer early is safe: rank `q`'s reduced piece
 //! `k` exists only after `q` received this rank's piece `k` of the same bytes, so that source
 //! is no longer read. `SCALEFREE_DIRECT_LANDING=0` turns it off.
+//! **Reduction on arrival**: the first peer's pieces of this rank's chunk (area 0; area 2 in
+//! the hierarchical allreduce) are read off the lane in cache-sized parts and reduced into the
+//! caller's buffer at once (`Window::reduce`), so they never pass through the landing region
+//! (a write and a read of `n/N` bytes of memory fewer per rank); their flag words tell the
+//! owner the piece is reduced already. Only the first peer's: the owner reduces the others'
+//! after it, in peer order as before, so results stay bit-identical to reducing in that order.
+//! `SCALEFREE_REDUCE_ON_ARRIVAL=0` turns it off.
 //! Areas: 0 reduce-scatter, 1 allgather; the hierarchical allreduce adds 2 and 3 for its
 //! reduce-scatter and allgather between hosts.
 //! Reuse is safe without acknowledgements because every call starts with the all-to-all
 //! header exchange: no rank writes call `s+1`'s data before every rank entered call `s+1`,
 //! i.e. finished reading call `s`'s.
 
+use scalefree_transport::backends::ucx::{Reducer, Window};
 use scalefree_transport::{Completion, Region, RemoteRegion, Result};
 
 use crate::comm::Communicator;
@@ -66,13 +74,35 @@ fn direct_landing_on() -> bool {
     *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_DIRECT_LANDING"))
 }
 
+/// Whether a reduce-scatter piece from a single peer is reduced into the caller's buffer as
+/// it is read off the network (see the module comment).
+fn reduce_on_arrival_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_REDUCE_ON_ARRIVAL"))
+}
+
+/// A reduce-scatter area whose only sender's pieces are reduced into `dst` (this rank's
+/// share, `len` bytes) as they arrive.
+struct Reducing {
+    area: usize,
+    from: u32,
+    dst: *mut u8,
+    len: usize,
+    dtype: DType,
+    op: ReduceOp,
+}
+
 /// Direct landing in force until dropped (also when a call fails: the transport stops
 /// writing into the caller's buffer before the call returns).
-struct DirectLanding(scalefree_transport::Device);
+struct DirectLanding {
+    dev: scalefree_transport::Device,
+    /// Whether the reduce-scatter area reduces on arrival.
+    reduces: bool,
+}
 
 impl Drop for DirectLanding {
     fn drop(&mut self) {
-        self.0.clear_direct();
+        self.dev.clear_direct();
     }
 }
 
@@ -133,22 +163,31 @@ impl Communicator {
     }
 
     /// Asks for direct landing of what each sender `q` of `parts` `(q, at, len)` writes into
-    /// area `area`: straight to `buf + at`, `len` bytes. Must be called after [`Self::landing`]
-    /// for this call and before any peer can send those pieces.
+    /// area `area`: straight to `buf + at`, `len` bytes; and, with `reducing`, for reduction
+    /// on arrival of its single sender's pieces. Must be called after [`Self::landing`] for
+    /// this call; pieces a peer sent before it are landed (and copied, or reduced) as usual.
     ///
     /// # Safety
-    /// Each `buf + at .. + len` must stay writable and not be written by this rank until the
-    /// returned guard is dropped.
-    unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8) -> Option<DirectLanding> {
-        if !direct_landing_on() || parts.is_empty() {
-            return None;
-        }
+    /// Each `buf + at .. + len`, and `reducing`'s destination, must stay valid and not be
+    /// touched by this rank (but for reading a reduced piece) until the returned guard is
+    /// dropped.
+    unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8, reducing: Option<Reducing>) -> Option<DirectLanding> {
         let l = self.landing.as_ref().unwrap();
         let nr = self.size as usize;
-        let base = words_len(nr) + area * nr * l.chunk_cap;
-        let windows: Vec<(usize, usize, *mut u8)> =
-            parts.iter().map(|&(q, at, len)| (base + q as usize * l.chunk_cap, len, unsafe { buf.add(at) })).collect();
-        unsafe { self.dev.set_direct(&l.region, &windows, flags_delta(nr)) }.then(|| DirectLanding(self.dev.clone()))
+        let base = |area: usize, q: u32| words_len(nr) + area * nr * l.chunk_cap + q as usize * l.chunk_cap;
+        let mut windows: Vec<Window> = Vec::new();
+        if direct_landing_on() {
+            windows.extend(parts.iter().map(|&(q, at, len)| Window { offset: base(area, q), len, dst: unsafe { buf.add(at) }, reduce: None }));
+        }
+        let reduces = reducing.filter(|_| reduce_on_arrival_on()).map(|r| {
+            let (dtype, op, es) = (r.dtype, r.op, r.dtype.size_bytes());
+            let f: Reducer = std::sync::Arc::new(move |d, src, bytes| unsafe { reduce_into(dtype, op, d, src, bytes / es) });
+            windows.push(Window { offset: base(r.area, r.from), len: r.len, dst: r.dst, reduce: Some(f) });
+        }).is_some();
+        if windows.is_empty() {
+            return None;
+        }
+        unsafe { self.dev.set_direct(&l.region, &windows, flags_delta(nr)) }.then(|| DirectLanding { dev: self.dev.clone(), reduces })
     }
 
     /// Whether sender `s`'s piece `piece` of area `area` (landed already) was received
@@ -182,7 +221,10 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     let piece = c.net_piece_bytes();
     let peers: Vec<u32> = c.peers().collect();
     let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&q| (q, chunk(q).0 * es, (chunk(q).1 - chunk(q).0) * es)).collect();
-    let direct = unsafe { c.direct_landing(1, &parts, buf) };
+    let (a, b) = chunk(me);
+    let reducing = peers.first().map(|&q| Reducing { area: 0, from: q, dst: unsafe { buf.add(a * es) }, len: (b - a) * es, dtype, op });
+    let direct = unsafe { c.direct_landing(1, &parts, buf, reducing) };
+    let reduced = |c: &Communicator, q: u32, k: usize| direct.as_ref().is_some_and(|d| d.reduces) && c.landed_direct(0, q, k);
     // Reduce-scatter: every peer gets its chunk of our buffer.
     let mut sent = Vec::new();
     for &q in &peers {
@@ -195,8 +237,8 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
             sent.push(unsafe { c.send_piece(q, buf.add(a * es + off), len, 0, off, k)? });
         }
     }
-    // Reduce our chunk piece by piece as copies land; pass each reduced piece on at once.
-    let (a, b) = chunk(me);
+    // Reduce our chunk piece by piece as copies land (unless a piece was reduced as it
+    // arrived); pass each reduced piece on at once.
     let bytes = (b - a) * es;
     let (p, np) = pieces(bytes, piece, es);
     let mut forwarded = Vec::new();
@@ -207,7 +249,9 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         for &q in &peers {
             let seq = c.seq;
             c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            unsafe { reduce_into(dtype, op, dst, c.landed(0, q, off), len / es) };
+            if !reduced(c, q, k) {
+                unsafe { reduce_into(dtype, op, dst, c.landed(0, q, off), len / es) };
+            }
         }
         for &q in &peers {
             forwarded.push(unsafe { c.send_piece(q, dst, len, 1, off, k)? });
@@ -374,12 +418,15 @@ unsafe fn group_allreduce(
     };
     let piece = c.net_piece_bytes();
     let peers: Vec<(u32, u32)> = (1..g).map(|k| (me_idx + k) % g).map(|i| (i, group[i as usize])).collect();
+    let (x, y) = part(me_idx);
     let direct = if scatter_only {
         None
     } else {
         let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&(i, q)| (q, part(i).0 * es, (part(i).1 - part(i).0) * es)).collect();
-        unsafe { c.direct_landing(areas.1, &parts, buf) }
+        let reducing = peers.first().map(|&(_, q)| Reducing { area: areas.0, from: q, dst: unsafe { buf.add(x * es) }, len: (y - x) * es, dtype, op });
+        unsafe { c.direct_landing(areas.1, &parts, buf, reducing) }
     };
+    let reduced = |c: &Communicator, q: u32, k: usize| direct.as_ref().is_some_and(|d| d.reduces) && c.landed_direct(areas.0, q, k);
     let mut sent = Vec::new();
     for &(i, q) in &peers {
         let (x, y) = part(i);
@@ -390,7 +437,6 @@ unsafe fn group_allreduce(
             sent.push(unsafe { c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), areas.0, off, k)? });
         }
     }
-    let (x, y) = part(me_idx);
     let bytes = (y - x) * es;
     let (p, np) = pieces(bytes, piece, es);
     let mut forwarded = Vec::new();
@@ -401,7 +447,9 @@ unsafe fn group_allreduce(
         for &(_, q) in &peers {
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            unsafe { reduce_into(dtype, op, dst, c.landed(areas.0, q, off), len / es) };
+            if !reduced(c, q, k) {
+                unsafe { reduce_into(dtype, op, dst, c.landed(areas.0, q, off), len / es) };
+            }
         }
         if !scatter_only {
             for &(_, q) in &peers {

@@ -106,6 +106,8 @@ struct Reader {
     s: TcpStream,
     fd: std::os::fd::RawFd,
     scratch: Vec<u8>,
+    /// Where a reducing window's parts are read (see [`read_reducing`]).
+    part: Vec<u64>,
     /// The peer closed the lane, or it broke.
     done: bool,
 }
@@ -292,7 +294,7 @@ impl Lanes {
                 stream: s,
                 state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
                 cv: Condvar::new(),
-                reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), done: false }),
+                reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
             });
             let (l, shr, g) = (lane.clone(), sh.clone(), gate.clone());
             lanes.threads.push(
@@ -539,12 +541,15 @@ fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LE
             let n = f.len as usize;
             let target = sh.region_target(f.key, f.offset as usize, n);
             let direct = target.and_then(|_| sh.direct_target(f.key, f.offset as usize, n));
-            if let (Some((_, raddr, rlen)), Some((to, delta))) = (target, direct) {
+            if let (Some((_, raddr, rlen)), Some((to, delta, reduce))) = (target, direct) {
                 // Direct landing: into the caller's memory, then the flag, then the note.
-                let r = rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(to as *mut u8, n) });
+                let r = match &reduce {
+                    None => rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(to as *mut u8, n) }),
+                    Some(f) => read_reducing(rd, to, n, f),
+                };
                 sh.direct_busy.fetch_sub(1, Ordering::SeqCst);
                 r.map_err(|e| format!("its TCP lane broke mid-write: {e}"))?;
-                sh.direct_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                if reduce.is_some() { &sh.reduced_bytes } else { &sh.direct_bytes }.fetch_add(n as u64, Ordering::Relaxed);
                 let flag = (f.index as usize).checked_add(delta).filter(|&o| o + 4 <= rlen && o % 4 == 0);
                 if let (NOTE_WORD, Some(o)) = (f.note, flag) {
                     unsafe { &*((raddr + o) as *const std::sync::atomic::AtomicU32) }.store(f.value, Ordering::Release);
@@ -579,6 +584,27 @@ fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LE
         }
         k => Err(format!("its TCP lane sent an unknown frame kind {k}")),
     }
+}
+
+/// Bytes a reducing window reads off the lane at a time: small enough to stay in the core's
+/// cache between the kernel's copy and the reduction.
+const REDUCE_PART: usize = 64 << 10;
+
+/// Reads `n` bytes of a write in parts of [`REDUCE_PART`] and reduces each into `dst` at once.
+fn read_reducing(rd: &mut Reader, dst: usize, n: usize, f: &super::Reducer) -> std::io::Result<()> {
+    if rd.part.is_empty() {
+        // u64s: aligned for every element type.
+        rd.part = vec![0u64; REDUCE_PART / 8];
+    }
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(REDUCE_PART);
+        let part = unsafe { std::slice::from_raw_parts_mut(rd.part.as_mut_ptr() as *mut u8, k) };
+        rd.s.read_exact(part)?;
+        f((dst + done) as *mut u8, part.as_ptr(), k);
+        done += k;
+    }
+    Ok(())
 }
 
 /// The lane's reader thread: sleeps in `poll` until data arrives, then drains — unless a

@@ -168,8 +168,9 @@ pub(crate) struct Shared {
     direct: Mutex<Option<Direct>>,
     /// Lane readers writing into a direct window right now.
     direct_busy: AtomicU32,
-    /// Bytes received by direct landing so far (for tests and reports).
+    /// Bytes received by direct landing so far, copied and reduced (for tests and reports).
     direct_bytes: std::sync::atomic::AtomicU64,
+    reduced_bytes: std::sync::atomic::AtomicU64,
     /// An eventfd that wakes callers parked in `poll` on the lanes ([`Net::wait_reading`])
     /// when another thread raises a word (a lane reader, a UCX handler), and how many are
     /// parked so.
@@ -185,11 +186,24 @@ unsafe impl Send for Shared {}
 /// The most credit spins that ended their wait can build up.
 const SPIN_CREDIT_MAX: u32 = 4;
 
+/// Reduces `bytes` bytes at `src` into `dst` (`dst = dst op src`, element-wise): what a
+/// reducing window does with each part of a write as it is read off the lane.
+pub type Reducer = std::sync::Arc<dyn Fn(*mut u8, *const u8, usize) + Send + Sync>;
+
+/// A window of direct landing (see [`Net::set_direct`]): lane writes into `[offset, offset +
+/// len)` of the region go to `dst` instead, copied, or reduced into it by `reduce`.
+#[derive(Clone)]
+pub struct Window {
+    pub offset: usize,
+    pub len: usize,
+    pub dst: *mut u8,
+    pub reduce: Option<Reducer>,
+}
+
 /// Windows of one region whose lane writes land elsewhere (see [`Net::set_direct`]).
 struct Direct {
     key: u64,
-    /// (region offset, length, destination address).
-    windows: Vec<(usize, usize, usize)>,
+    windows: Vec<Window>,
     /// The flag word of a write's note word is this many bytes after it.
     flag_delta: usize,
 }
@@ -285,15 +299,16 @@ impl Shared {
         })
     }
     /// Where a lane write of `len` bytes at `offset` of region `key` lands instead of the
-    /// region, if it falls whole into a direct window: (destination, flag delta). The caller
-    /// holds `direct_busy` raised until the bytes are in (see [`Net::clear_direct`]).
-    fn direct_target(&self, key: u64, offset: usize, len: usize) -> Option<(usize, usize)> {
+    /// region, if it falls whole into a direct window: (destination, flag delta, the window's
+    /// reducer if it reduces). The caller holds `direct_busy` raised until the bytes are in
+    /// (see [`Net::clear_direct`]).
+    fn direct_target(&self, key: u64, offset: usize, len: usize) -> Option<(usize, usize, Option<Reducer>)> {
         let d = self.direct.lock().unwrap();
         let d = d.as_ref().filter(|d| d.key == key)?;
         let end = offset.checked_add(len)?;
-        let &(lo, _, dst) = d.windows.iter().find(|&&(lo, n, _)| offset >= lo && end <= lo + n)?;
+        let w = d.windows.iter().find(|w| offset >= w.offset && end <= w.offset + w.len)?;
         self.direct_busy.fetch_add(1, Ordering::SeqCst);
-        Some((dst + (offset - lo), d.flag_delta))
+        Some((w.dst as usize + (offset - w.offset), d.flag_delta, w.reduce.clone()))
     }
     fn raise(&self, region_addr: usize, region_len: usize, note: u64, index: u64, value: u32) {
         match note {
@@ -652,6 +667,7 @@ impl Net {
             direct: Mutex::new(None),
             direct_busy: AtomicU32::new(0),
             direct_bytes: std::sync::atomic::AtomicU64::new(0),
+            reduced_bytes: std::sync::atomic::AtomicU64::new(0),
             kick_fd,
             pollers: AtomicU32::new(0),
             waits: AtomicU32::new(0),
@@ -1088,19 +1104,19 @@ impl Net {
     }
 
     /// Direct landing: until [`Net::clear_direct`], bytes that peers write over TCP lanes
-    /// into region `key` at `[off, off + len)` of a window `(off, len, dst)` are received
-    /// straight into `dst..dst+len` instead (no copy out of the region afterwards). A write
-    /// that landed so also stores its note's value into the 32-bit word `flag_delta` bytes
-    /// after its note word (before raising the note), so the owner can tell, per write,
-    /// where its bytes are: writes over UCX, or not whole inside a window, land in the
-    /// region as always.
+    /// into region `key` that fall whole inside a window are received into the window's `dst`
+    /// instead: copied there, or, for a window with a reducer, read in cache-sized parts and
+    /// reduced into it part by part (the bytes never pass through the region, nor through
+    /// memory: the owner has nothing left to reduce). A write that landed so also stores its
+    /// note's value into the 32-bit word `flag_delta` bytes after its note word (before
+    /// raising the note), so the owner can tell, per write, where its bytes are: writes over
+    /// UCX, or not whole inside a window, land in the region as always.
     ///
     /// # Safety
-    /// Every `dst..dst+len` must stay writable, and untouched by anyone else, until
-    /// `clear_direct` returns.
-    pub unsafe fn set_direct(&self, key: u64, windows: &[(usize, usize, *mut u8)], flag_delta: usize) {
-        let windows = windows.iter().map(|&(o, n, d)| (o, n, d as usize)).collect();
-        *self.shared.direct.lock().unwrap() = Some(Direct { key, windows, flag_delta });
+    /// Every window's `dst..dst+len` must stay writable (and readable, for a reducing one),
+    /// and untouched by anyone else, until `clear_direct` returns.
+    pub unsafe fn set_direct(&self, key: u64, windows: &[Window], flag_delta: usize) {
+        *self.shared.direct.lock().unwrap() = Some(Direct { key, windows: windows.to_vec(), flag_delta });
     }
 
     /// Ends direct landing; returns once no lane reader writes into a window any more. A
@@ -1122,9 +1138,9 @@ impl Net {
         }
     }
 
-    /// Bytes received by direct landing since this device opened.
-    pub fn direct_landed_bytes(&self) -> u64 {
-        self.shared.direct_bytes.load(Ordering::Relaxed)
+    /// Bytes received by direct landing since this device opened: (copied, reduced).
+    pub fn direct_landed_bytes(&self) -> (u64, u64) {
+        (self.shared.direct_bytes.load(Ordering::Relaxed), self.shared.reduced_bytes.load(Ordering::Relaxed))
     }
 
     /// Whether bulk writes to some peer go over TCP lanes.
