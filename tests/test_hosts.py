@@ -495,13 +495,16 @@ g = scalefree.init(timeout=60)
 assert g.transport == "ucx" and g.size == 3, (g.transport, g.size)
 out = g.allreduce(np.full(1000, g.rank + 1.0, np.float32))
 assert (out == 6).all(), out[:4]
+# The bench's mpirun leaves ranks unbound: simulated hosts share the machine's cores, and
+# Open MPI's default (each host's rank on its core 0) would put every rank on one core.
+assert os.sched_getaffinity(0) == set(range(os.cpu_count())), os.sched_getaffinity(0)
 print("ok", g.rank, g.launcher, os.environ["SCALEFREE_MASTER_ADDR"], flush=True)
 """
 
 
 def test_mpirun_across_hosts_asks_mpi_for_the_rendezvous(can_simulate, tmp_path):
     """Under mpirun on 3 hosts, without SCALEFREE_MASTER_ADDR, the ranks learn rank 0's
-    address from MPI (mpi4py) and meet there."""
+    address from MPI (mpi4py) and meet there. The bench's launch leaves them unbound."""
     import importlib.util
     import os
 

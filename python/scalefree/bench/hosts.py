@@ -5,7 +5,11 @@ hosts for every implementation, ``per_host`` ranks on each.
 * MPI: ``mpiexec`` on host 0 with every host's address in ``--host`` and an
   ``plm_rsh_agent`` script that starts the remote daemons inside the right namespace;
   TCP between hosts (``btl tcp,self``) and ``mpi_yield_when_idle 1`` so that waiting ranks
-  do not busy-poll two shared cores.
+  do not busy-poll two shared cores; and ``--bind-to none``: by default Open MPI binds each
+  host's first rank to that host's core 0, and simulated hosts share one machine's cores, so
+  every rank of the job was bound to the same physical core (measured: 2 hosts × 1 MiB
+  allreduce 0.95 ms bound, 0.46 ms unbound; ``docs/benchmarks.md``). Real hosts each have
+  their own core 0: unbound is the fair stand-in.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def mpi_cmd(sim, per_host: int, agent: Path, argv: list[str]) -> list[str]:
     cmd = [common.find_mpiexec(), "--host", hosts, "-n", str(sim.n * per_host),
            "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self,vader" if per_host > 1 else "tcp,self",
            "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-           "--mca", "mpi_yield_when_idle", "1", "-x", "PATH"]
+           "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "-x", "PATH"]
     if per_host > common.usable_cores():
         cmd.append("--oversubscribe")
     return sim.command(0, cmd + argv)
