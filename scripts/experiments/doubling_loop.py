@@ -6,7 +6,10 @@ simulated hosts, Latest). Run as root from the repository root:
     python3 scripts/experiments/doubling_loop.py 4 --c MODE     # the C yardstick (doubling_c.c)
 
 Environment variables of the scalefree run (SCALEFREE_OWN_READS=0, SCALEFREE_SPIN_US, ...)
-pass through to the ranks."""
+pass through to the ranks. Each rank prints its median, the 5/20/35/50/65/80/95th percentiles
+("q", µs) and its threads' CPU ticks and context switches. LOOP_PIN=1 pins every thread of
+the rank on host i to core i % 2 (an experiment on thread placement, not something the
+library does)."""
 import argparse, json, os, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -14,7 +17,13 @@ sys.path.insert(0, os.path.join(HERE, "../../python"))
 
 RANK = r'''
 import os, sys, time, json, numpy as np, scalefree
+if os.environ.get("LOOP_PIN") == "1":
+    os.sched_setaffinity(0, {int(os.environ.get("SCALEFREE_NODE_RANK", os.environ.get("SCALEFREE_RANK", "0"))) % 2})
 g = scalefree.init()
+if os.environ.get("LOOP_PIN") == "1":
+    os.sched_setaffinity(0, {g.rank % 2})
+    for t in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(t), {g.rank % 2})
 a = np.ones(int(os.environ["LOOP_BYTES"]) // 4, dtype=np.float32)
 def threads():
     out = {}
@@ -44,7 +53,7 @@ for t, (name, ticks, vol, inv) in after.items():
     x = per.setdefault(k, [0, 0, 0])
     x[0] += ticks - b[1]; x[1] += vol - b[2]; x[2] += inv - b[3]
 print("LOOP " + json.dumps({"rank": g.rank, "median_us": float(np.median(ts)) * 1e6, "p10_us": float(np.percentile(ts, 10)) * 1e6,
-      "p90_us": float(np.percentile(ts, 90)) * 1e6, "threads (cpu ticks, voluntary, involuntary switches)": {k: v for k, v in per.items() if any(v)}}), flush=True)
+      "p90_us": float(np.percentile(ts, 90)) * 1e6, "q": [round(float(x)*1e6) for x in np.percentile(ts, [5,20,35,50,65,80,95])], "threads (cpu ticks, voluntary, involuntary switches)": {k: v for k, v in per.items() if any(v)}}), flush=True)
 g.close()
 '''
 
