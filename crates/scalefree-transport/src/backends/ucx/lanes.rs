@@ -37,7 +37,8 @@ const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
 /// Frames up to this size are written by the caller when the lane is idle (no hand-off to
 /// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
 const INLINE_MAX: usize = 1 << 20;
-/// Frames from this size on are bulk: sending one ends a reader lease (see [`Gate::end_lease`]).
+/// Frames from this size on are bulk: sending one ends a reader lease (see [`Gate::end_lease`])
+/// unless the caller writes it and the socket takes it at once (see [`keep_lease`]).
 const BULK_FRAME: usize = 64 << 10;
 
 /// Frame header, little-endian on the wire.
@@ -359,17 +360,24 @@ impl Lanes {
     unsafe fn send(&self, peer: u32, frame: Frame, src: *const u8) -> Result<Option<Request>> {
         let lane = self.lane(peer);
         let n = frame.len as usize;
-        if n >= BULK_FRAME {
-            self.gate.end_lease();
-        }
         let mut st = lane.state.lock().unwrap();
         if let Some(why) = &st.failed {
             return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });
         }
-        if st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX {
-            // Idle lane, small frame: written from here, in order behind everything sent.
+        let inline = st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX;
+        if n >= BULK_FRAME && !(inline && keep_lease()) {
+            self.gate.end_lease();
+        }
+        if inline {
+            // Idle lane, small frame: written from here, in order behind everything sent. A
+            // bulk frame keeps the readers' lease unless the socket cannot take it at once.
             let data = if n > 0 { unsafe { std::slice::from_raw_parts(src, n) } } else { &[][..] };
-            if let Err(e) = write_frame(&lane.stream, &frame, data) {
+            let on_block = || {
+                if n >= BULK_FRAME {
+                    self.gate.end_lease()
+                }
+            };
+            if let Err(e) = write_frame_or(&lane.stream, &frame, data, &on_block) {
                 let why = format!("TCP lane to rank {peer} failed: {e}");
                 st.failed = Some(why.clone());
                 return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
@@ -421,10 +429,60 @@ impl Drop for Lanes {
     }
 }
 
-/// Header and data in as few system calls as the socket allows (one `writev` when it has room).
-fn write_frame(mut s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<()> {
+/// Whether a bulk frame the caller writes keeps the readers' lease when the socket takes it
+/// at once (`SCALEFREE_BULK_KEEP_LEASE=0`: every bulk frame calls the readers back, as
+/// before). The caller then reads the peer's answer itself in its next wait instead of a
+/// reader thread woken for it: 2 simulated hosts × 1 MiB, 0.56–0.83 ms against 0.79–3.2 ms
+/// (`docs/benchmarks.md`).
+fn keep_lease() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_BULK_KEEP_LEASE"))
+}
+
+/// [`write_frame`], trying without blocking first: if the socket cannot take it all at once,
+/// `on_block` runs before the rest is written blocking.
+fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()) -> std::io::Result<()> {
     let hdr = frame.bytes();
-    let mut bufs = [std::io::IoSlice::new(&hdr), std::io::IoSlice::new(data)];
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    let mut sent = 0usize;
+    let total = FRAME_LEN + data.len();
+    while sent < total {
+        let (a, b): (&[u8], &[u8]) = if sent < FRAME_LEN { (&hdr[sent..], data) } else { (&data[sent - FRAME_LEN..], &[]) };
+        let mut iov = [libc::iovec { iov_base: a.as_ptr() as *mut libc::c_void, iov_len: a.len() },
+                       libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }];
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if r > 0 {
+            sent += r as usize;
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => {
+                on_block();
+                return if sent < FRAME_LEN {
+                    write_all_vectored(s, &hdr[sent..], data)
+                } else {
+                    write_all_vectored(s, &data[sent - FRAME_LEN..], &[])
+                };
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Header and data in as few system calls as the socket allows (one `writev` when it has room).
+fn write_frame(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<()> {
+    let hdr = frame.bytes();
+    write_all_vectored(s, &hdr, data)
+}
+
+fn write_all_vectored(mut s: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<()> {
+    let mut bufs = [std::io::IoSlice::new(a), std::io::IoSlice::new(b)];
     let mut bufs = &mut bufs[..];
     while !bufs.is_empty() {
         match s.write_vectored(bufs) {
