@@ -275,7 +275,7 @@ impl Group {
     }
 
     /// Bytes that peers' writes over TCP lanes reduced straight into callers' buffers as
-    /// they arrived (the reduce-scatter half with a single peer); 0 on shared memory.
+    /// they arrived (the first peer's reduce-scatter pieces); 0 on shared memory.
     fn _reduced_on_arrival_bytes(&self) -> u64 {
         self.device.net().map_or(0, |n| n.direct_landed_bytes().1)
     }

@@ -74,14 +74,14 @@ fn direct_landing_on() -> bool {
     *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_DIRECT_LANDING"))
 }
 
-/// Whether a reduce-scatter piece from a single peer is reduced into the caller's buffer as
-/// it is read off the network (see the module comment).
+/// Whether the first peer's reduce-scatter pieces are reduced into the caller's buffer as
+/// they are read off the network (see the module comment).
 fn reduce_on_arrival_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_REDUCE_ON_ARRIVAL"))
 }
 
-/// A reduce-scatter area whose only sender's pieces are reduced into `dst` (this rank's
+/// A reduce-scatter area whose pieces from rank `from` are reduced into `dst` (this rank's
 /// share, `len` bytes) as they arrive.
 struct Reducing {
     area: usize,
@@ -164,7 +164,7 @@ impl Communicator {
 
     /// Asks for direct landing of what each sender `q` of `parts` `(q, at, len)` writes into
     /// area `area`: straight to `buf + at`, `len` bytes; and, with `reducing`, for reduction
-    /// on arrival of its single sender's pieces. Must be called after [`Self::landing`] for
+    /// on arrival of one sender's pieces. Must be called after [`Self::landing`] for
     /// this call; pieces a peer sent before it are landed (and copied, or reduced) as usual.
     ///
     /// # Safety

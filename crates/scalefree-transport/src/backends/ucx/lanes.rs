@@ -458,6 +458,9 @@ fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()
             sent += r as usize;
             continue;
         }
+        if r == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
         let e = std::io::Error::last_os_error();
         match e.kind() {
             std::io::ErrorKind::Interrupted => continue,
