@@ -17,11 +17,8 @@ sys.path.insert(0, os.path.join(HERE, "../../python"))
 
 RANK = r'''
 import os, sys, time, json, numpy as np, scalefree
-if os.environ.get("LOOP_PIN") == "1":
-    os.sched_setaffinity(0, {int(os.environ.get("SCALEFREE_NODE_RANK", os.environ.get("SCALEFREE_RANK", "0"))) % 2})
 g = scalefree.init()
 if os.environ.get("LOOP_PIN") == "1":
-    os.sched_setaffinity(0, {g.rank % 2})
     for t in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(t), {g.rank % 2})
 a = np.ones(int(os.environ["LOOP_BYTES"]) // 4, dtype=np.float32)

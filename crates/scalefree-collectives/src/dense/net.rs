@@ -96,8 +96,8 @@ struct Reducing {
 /// writing into the caller's buffer before the call returns).
 struct DirectLanding {
     dev: scalefree_transport::Device,
-    /// Whether the reduce-scatter area reduces on arrival.
-    reduces: bool,
+    /// The reduce-scatter area that reduces on arrival, if one does.
+    reduces: Option<usize>,
 }
 
 impl Drop for DirectLanding {
@@ -183,11 +183,18 @@ impl Communicator {
             let (dtype, op, es) = (r.dtype, r.op, r.dtype.size_bytes());
             let f: Reducer = std::sync::Arc::new(move |d, src, bytes| unsafe { reduce_into(dtype, op, d, src, bytes / es) });
             windows.push(Window { offset: base(r.area, r.from), len: r.len, dst: r.dst, reduce: Some(f) });
-        }).is_some();
+            r.area
+        });
         if windows.is_empty() {
             return None;
         }
         unsafe { self.dev.set_direct(&l.region, &windows, flags_delta(nr)) }.then(|| DirectLanding { dev: self.dev.clone(), reduces })
+    }
+
+    /// Whether sender `s`'s reduce-scatter piece `piece` (landed already) was reduced as it
+    /// arrived, under `direct`: then there is nothing left to reduce.
+    fn reduced_on_arrival(&self, direct: &Option<DirectLanding>, s: u32, piece: usize) -> bool {
+        direct.as_ref().and_then(|d| d.reduces).is_some_and(|area| self.landed_direct(area, s, piece))
     }
 
     /// Whether sender `s`'s piece `piece` of area `area` (landed already) was received
@@ -224,7 +231,6 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     let (a, b) = chunk(me);
     let reducing = peers.first().map(|&q| Reducing { area: 0, from: q, dst: unsafe { buf.add(a * es) }, len: (b - a) * es, dtype, op });
     let direct = unsafe { c.direct_landing(1, &parts, buf, reducing) };
-    let reduced = |c: &Communicator, q: u32, k: usize| direct.as_ref().is_some_and(|d| d.reduces) && c.landed_direct(0, q, k);
     // Reduce-scatter: every peer gets its chunk of our buffer.
     let mut sent = Vec::new();
     for &q in &peers {
@@ -249,7 +255,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         for &q in &peers {
             let seq = c.seq;
             c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            if !reduced(c, q, k) {
+            if !c.reduced_on_arrival(&direct, q, k) {
                 unsafe { reduce_into(dtype, op, dst, c.landed(0, q, off), len / es) };
             }
         }
@@ -426,7 +432,6 @@ unsafe fn group_allreduce(
         let reducing = peers.first().map(|&(_, q)| Reducing { area: areas.0, from: q, dst: unsafe { buf.add(x * es) }, len: (y - x) * es, dtype, op });
         unsafe { c.direct_landing(areas.1, &parts, buf, reducing) }
     };
-    let reduced = |c: &Communicator, q: u32, k: usize| direct.as_ref().is_some_and(|d| d.reduces) && c.landed_direct(areas.0, q, k);
     let mut sent = Vec::new();
     for &(i, q) in &peers {
         let (x, y) = part(i);
@@ -447,7 +452,7 @@ unsafe fn group_allreduce(
         for &(_, q) in &peers {
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            if !reduced(c, q, k) {
+            if !c.reduced_on_arrival(&direct, q, k) {
                 unsafe { reduce_into(dtype, op, dst, c.landed(areas.0, q, off), len / es) };
             }
         }

@@ -466,11 +466,7 @@ fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()
             std::io::ErrorKind::Interrupted => continue,
             std::io::ErrorKind::WouldBlock => {
                 on_block();
-                return if sent < FRAME_LEN {
-                    write_all_vectored(s, &hdr[sent..], data)
-                } else {
-                    write_all_vectored(s, &data[sent - FRAME_LEN..], &[])
-                };
+                return write_all_vectored(s, a, b);
             }
             _ => return Err(e),
         }
