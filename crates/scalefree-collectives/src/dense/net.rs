@@ -214,73 +214,21 @@ fn wait_all(pending: Vec<Completion>) -> Result<()> {
     Ok(())
 }
 
-/// Allreduce of `count` elements at `buf` after the header exchange of this call.
+/// Allreduce of `count` elements at `buf` after the header exchange of this call: the
+/// group allreduce over every rank (rank `q` owns chunk `q`).
 ///
 /// # Safety
 /// `buf` valid for `count` elements of `dtype`.
 pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
     let es = dtype.size_bytes();
     let n = c.size;
-    let me = c.rank;
-    let chunk = |q: u32| chunk_bounds(count, n, q, ALIGN_ELEMS);
-    let cap = (0..n).map(|q| (chunk(q).1 - chunk(q).0) * es).max().unwrap_or(0);
+    let cap = (0..n).map(|q| {
+        let (a, b) = chunk_bounds(count, n, q, ALIGN_ELEMS);
+        (b - a) * es
+    }).max().unwrap_or(0);
     c.landing(cap)?;
-    let piece = c.net_piece_bytes();
-    let peers: Vec<u32> = c.peers().collect();
-    let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&q| (q, chunk(q).0 * es, (chunk(q).1 - chunk(q).0) * es)).collect();
-    let (a, b) = chunk(me);
-    let reducing = peers.first().map(|&q| Reducing { area: 0, from: q, dst: unsafe { buf.add(a * es) }, len: (b - a) * es, dtype, op });
-    let direct = unsafe { c.direct_landing(1, &parts, buf, reducing) };
-    // Reduce-scatter: every peer gets its chunk of our buffer.
-    let mut sent = Vec::new();
-    for &q in &peers {
-        let (a, b) = chunk(q);
-        let bytes = (b - a) * es;
-        let (p, np) = pieces(bytes, piece, es);
-        for k in 0..np {
-            let off = k * p;
-            let len = p.min(bytes - off);
-            sent.push(unsafe { c.send_piece(q, buf.add(a * es + off), len, 0, off, k)? });
-        }
-    }
-    // Reduce our chunk piece by piece as copies land (unless a piece was reduced as it
-    // arrived); pass each reduced piece on at once.
-    let bytes = (b - a) * es;
-    let (p, np) = pieces(bytes, piece, es);
-    let mut forwarded = Vec::new();
-    for k in 0..np {
-        let off = k * p;
-        let len = p.min(bytes - off);
-        let dst = unsafe { buf.add(a * es + off) };
-        for &q in &peers {
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            if !c.reduced_on_arrival(&direct, q, k) {
-                unsafe { reduce_into(dtype, op, dst, c.landed(0, q, off), len / es) };
-            }
-        }
-        for &q in &peers {
-            forwarded.push(unsafe { c.send_piece(q, dst, len, 1, off, k)? });
-        }
-    }
-    // Our buffer's other chunks are overwritten below: their sends must be done first.
-    wait_all(sent)?;
-    for &q in &peers {
-        let (qa, qb) = chunk(q);
-        let qbytes = (qb - qa) * es;
-        let (qp, qnp) = pieces(qbytes, piece, es);
-        for k in 0..qnp {
-            let off = k * qp;
-            let len = qp.min(qbytes - off);
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
-            if !(direct.is_some() && c.landed_direct(1, q, k)) {
-                unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qa * es + off), len) };
-            }
-        }
-    }
-    drop(direct);
-    wait_all(forwarded)
+    let all: Vec<u32> = (0..n).collect();
+    unsafe { group_allreduce(c, &all, buf, 0, count, dtype, op, (0, 1), false) }.map(|_| ())
 }
 
 /// Reduce-scatter of `count` elements at `input` into this rank's share at `out`.
@@ -401,7 +349,10 @@ pub(crate) fn host_groups(c: &Communicator) -> Option<(Vec<u32>, Vec<u32>)> {
 }
 
 /// Reduce-scatter (then, unless `scatter_only`, allgather) of elements `a..b` of `buf` among
-/// `group` (which holds this rank), through landing areas `areas` (reduce-scatter, allgather).
+/// `group` (which holds this rank), through landing areas `areas` (reduce-scatter, allgather),
+/// pipelined in pieces: every group member gets its part of our elements; we reduce each piece
+/// of our part as its copies land (unless it was reduced as it arrived) and pass it on at once.
+/// The landing region must hold the largest part already ([`Communicator::landing`]).
 /// Returns the bounds of this rank's share.
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_allreduce(
@@ -462,6 +413,7 @@ unsafe fn group_allreduce(
             }
         }
     }
+    // Our buffer's other parts are overwritten below: their sends must be done first.
     wait_all(sent)?;
     if scatter_only {
         return Ok((x, y));
