@@ -144,6 +144,29 @@ def test_ratios_are_peer_time_over_ours():
     assert "vs mpi" in table and "2.00x" in table and "0.50x" in table
 
 
+def test_share_of_the_tcp_floor_across_hosts():
+    def rec(impl, hosts, nbytes, median_s, gbps):
+        return common.make_record(bench="allreduce", impl=impl, variant="", ranks=hosts, hosts=hosts, nbytes=nbytes,
+                                  dtype="float32", stats=common.Stats(median_s, median_s, median_s, 5), gbps=gbps)
+    # 2 hosts: 4 GB/s together from 1 MiB buffers, 2 per host. A 1 MB allreduce sends 1 MB per
+    # host: 0.5 ms is the floor. From 64 MiB buffers 2 GB/s together; smaller sizes take the 1 MiB floor.
+    mib = 1 << 20
+    records = [rec("tcp_aggregate", 2, mib, 0.0, 4.0), rec("tcp_aggregate", 2, 64 * mib, 0.0, 2.0),
+               rec("scalefree", 2, 10**6, 1e-3, allreduce.busbw_gbps("allreduce", 10**6, 2, 1e-3)),
+               rec("mpi", 2, 10**6, 0.5e-3, allreduce.busbw_gbps("allreduce", 10**6, 2, 0.5e-3)),
+               rec("scalefree", 4, 10**6, 1e-3, 1.5),  # no floor measured for 4 hosts
+               rec("scalefree", 2, 64 * mib, 0.1, 0.5)]
+    allreduce.add_floor_share(records)
+    assert records[2]["of_floor"] == pytest.approx(0.5)
+    assert records[3]["of_floor"] == pytest.approx(1.0)
+    assert records[5]["of_floor"] == pytest.approx(0.5)
+    assert "of_floor" not in records[0] and "of_floor" not in records[4]
+    table = allreduce.render_table(records, ["mpi"])
+    assert "of TCP floor" in table and "50%" in table and "100%" in table
+    # Runs on one host have no such column.
+    assert "of TCP floor" not in allreduce.render_table([_rec("scalefree", 1.0)], ["mpi"])
+
+
 # --- the timed loop --------------------------------------------------------------------------
 
 

@@ -194,6 +194,7 @@ def run(args) -> int:
         records += _pool([_round(n, args, peers, failures, notes, args.placement) for _ in range(args.rounds)])
 
     records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
+    add_floor_share(records)
     print(render_table(records, peers))
     sys.stdout.flush()
     if args.json:
@@ -213,15 +214,35 @@ def run(args) -> int:
     return 1 if failures else 0
 
 
+#: The smallest buffer the TCP floor is measured with (sizes below it share its floor).
+FLOOR_MIN_BUFFER = 1 << 20
+
+
+def add_floor_share(records: list[dict]) -> None:
+    """Across simulated hosts with one rank per host: each record's bus bandwidth (what each
+    host sends per second) as a share of the TCP floor per host measured in the same run with
+    a buffer of the record's size (``of_floor``; 1.0 = every host sends as fast as bare TCP
+    with all hosts sending at once). A ratio ``R`` over a peer at share ``F`` needs ``R·F``
+    of the floor: above 1 it cannot be had over TCP on these hosts."""
+    floor = {(r["hosts"], r["bytes"]): r["gbps"] / r["hosts"] for r in records if r["impl"] == "tcp_aggregate" and r["gbps"] > 0}
+    for r in records:
+        key = (r["hosts"], max(r["bytes"], FLOOR_MIN_BUFFER))
+        if r["impl"] != "tcp_aggregate" and key in floor and r["ranks"] == r["hosts"] and r["bytes"] > 0:
+            r["of_floor"] = r["gbps"] / floor[key]
+
+
 def render_table(records: list[dict], peers: list[str]) -> str:
     ratios = common.peer_ratios(records, peers, match=("hosts", "ranks", "bytes", "dtype"))
+    floors = any("of_floor" in r for r in records)
     headers = ["hosts", "ranks", "size", "impl", "variant", "median", "min", "max", "n", "busbw GB/s"]
+    headers += ["of TCP floor"] if floors else []
     headers += [f"vs {p}" for p in peers]
     rows = []
     for r, rs in zip(records, ratios):
         row = [str(r["hosts"]), str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"],
                human_time(r["median_s"]), human_time(r["min_s"]), human_time(r["max_s"]),
                str(r["n"]), common.format_gbps(r["gbps"])]
+        row += [f"{r['of_floor']:.0%}" if "of_floor" in r else ""] if floors else []
         row += [f"{rs[p]:.2f}x" if p in rs else "" for p in peers]
         rows.append(row)
     return common.format_table(headers, rows, left_columns=5)
@@ -297,25 +318,27 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
     for h in args.hosts:
         with simhosts.SimHosts(h) as sim:
             n = h * args.per_host
-            rounds, floors = [], []
+            # The floor for each size's buffer (1 MiB for the smaller sizes), before every round.
+            buffers = sorted({max(b, FLOOR_MIN_BUFFER) for b in args.sizes}) if h > 1 else []
+            rounds, floors = [], {b: [] for b in buffers}
             for r in range(args.rounds):
                 if args.rounds > 1:
                     progress(f"allreduce: {h} hosts, round {r + 1} of {args.rounds}")
-                if h > 1:
+                for b in buffers:
                     from .hosts import aggregate_tcp_gbps
 
-                    floors.append(aggregate_tcp_gbps(sim))
+                    floors[b].append(aggregate_tcp_gbps(sim, buffer=b))
                 rounds.append(_round(n, args, peers, failures, notes, ["plain"], sim=sim))
-            if floors:
-                floor = statistics.median(floors)
-                each = " / ".join(f"{f:.2f}" for f in floors)
-                notes.append(f"{h} hosts: aggregate TCP throughput with every host sending at once "
-                             f"{floor:.2f} GB/s ({floor / h:.2f} GB/s per host)"
-                             + (f"; per round {each} GB/s" if len(floors) > 1 else ""))
+            for b, got in floors.items():
+                floor = statistics.median(got)
+                each = " / ".join(f"{f:.2f}" for f in got)
+                notes.append(f"{h} hosts: aggregate TCP throughput with every host sending at once from "
+                             f"{human_bytes(b)} buffers {floor:.2f} GB/s ({floor / h:.2f} GB/s per host)"
+                             + (f"; per round {each} GB/s" if len(got) > 1 else ""))
                 records.append(common.make_record(
-                    bench=BENCH, impl="tcp_aggregate", variant="", ranks=h, hosts=h, nbytes=0, dtype=args.dtype,
+                    bench=BENCH, impl="tcp_aggregate", variant="", ranks=h, hosts=h, nbytes=b, dtype=args.dtype,
                     stats=common.Stats.of([0.0]), gbps=floor,
-                    **({"round_gbps": floors} if len(floors) > 1 else {})))
+                    **({"round_gbps": got} if len(got) > 1 else {})))
             records += _pool(rounds)
     return records
 

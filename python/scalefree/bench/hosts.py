@@ -94,15 +94,22 @@ def run_all(cmds: list[list[str]], *, timeout_s: float, env_extra: dict | None =
     return common.JobOutcome(None if timed_out else rc, timed_out, tail, time.monotonic() - start)
 
 
-def aggregate_tcp_gbps(sim, seconds: float = 2.0) -> float:
+def aggregate_tcp_gbps(sim, seconds: float = 2.0, buffer: int = 1 << 20) -> float:
     """Total TCP throughput with every host sending to the next at once (the floor a
-    collective between these hosts cannot beat), in GB/s."""
+    collective between these hosts cannot beat), in GB/s. Each host sends from, and receives
+    into, a buffer of ``buffer`` bytes, 1 MiB at a time: a buffer larger than the caches costs
+    the kernel's copies memory traffic, as a collective on that many bytes pays."""
     port = common.free_port()
+    buffer = max(buffer, 1 << 20)
     server = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
               f"s.bind(('0.0.0.0', {port})); s.listen(); c,_=s.accept(); n=0\n"
-              "b=bytearray(1<<20)\nwhile True:\n    k=c.recv_into(b)\n    if not k: break\n    n+=k\nprint(n)\n")
-    client = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1], %d))\nb=bytes(1<<20); t=time.monotonic()\n"
-              "while time.monotonic()-t < %f: c.sendall(b)\nc.close()\n") % (port, seconds)
+              f"B={buffer}\nb=bytearray(B); m=memoryview(b); o=0\n"
+              "while True:\n    k=c.recv_into(m[o:o + (1 << 20)])\n    if not k: break\n"
+              "    n+=k; o=(o + k) % (B - (1 << 20) + 1)\nprint(n)\n")
+    client = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1], %d))\nB=%d\n"
+              "b=bytes(B); m=memoryview(b); o=0; t=time.monotonic()\n"
+              "while time.monotonic()-t < %f:\n    c.sendall(m[o:o + (1 << 20)]); o=(o + (1 << 20)) %% B\n"
+              "c.close()\n") % (port, buffer, seconds)
     servers = [subprocess.Popen(sim.command(i, [sys.executable, "-c", server]), stdout=subprocess.PIPE, text=True)
                for i in range(sim.n)]
     time.sleep(0.5)
