@@ -145,7 +145,10 @@ pub(crate) struct Header {
     /// What follows the header in the inbox: the payload as posted (0), or a summary and
     /// partial result of `dense::doubling` (`doubling::FOLLOWS_SUMMARY`).
     pub follows: u32,
-    _pad: [u8; HEADER_BYTES - 92],
+    /// How a large allreduce between hosts goes: 0 all-to-all, 1 by halving and doubling
+    /// (`dense::halving`; agreed like the algorithm, as it depends on each rank's settings).
+    pub halving: u32,
+    _pad: [u8; HEADER_BYTES - 96],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
@@ -164,7 +167,8 @@ impl Header {
             offset: 0,
             staging_bytes: 0,
             follows: 0,
-            _pad: [0; HEADER_BYTES - 92],
+            halving: 0,
+            _pad: [0; HEADER_BYTES - 96],
         }
     }
 
@@ -192,7 +196,7 @@ impl Header {
             s += &format!(" root={}", self.root);
         }
         if let Some(a) = Algorithm::from_u32(self.algo) {
-            s += &format!(" ({})", a.name());
+            s += &format!(" ({}{})", a.name(), if self.halving != 0 { ", by halving between hosts" } else { "" });
         }
         s
     }
@@ -384,7 +388,7 @@ impl Communicator {
         }
         // Everyone compares everyone, so every rank raises the same error.
         // `follows`: a rank that started this call by `dense::doubling` took another path.
-        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo, h.follows);
+        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo, h.follows, h.halving);
         if let Some(bad) = headers.iter().position(|h| key(h) != key(&headers[0])) {
             let (a, b) = (headers[0].describe(), headers[bad].describe());
             let why = if a == b { " (SCALEFREE_SMALL_NET differs between them)" } else { "" };

@@ -3,6 +3,7 @@
 
 pub mod direct;
 pub mod doubling;
+pub mod halving;
 pub mod net;
 pub mod one_shot;
 pub mod ring;
@@ -100,10 +101,12 @@ impl Communicator {
                     one_shot::allreduce(self, buf, count, dtype, op);
                 }
                 _ if self.net => {
-                    self.post(hdr, &|_| (std::ptr::null(), 0))?;
                     let groups = if used == Algorithm::Hierarchical { net::host_groups(self) } else { None };
+                    hdr.halving = (groups.is_none() && halving::suits(self.size, nbytes)) as u32;
+                    self.post(hdr, &|_| (std::ptr::null(), 0))?;
                     match groups {
                         Some(g) => net::hierarchical(self, &g, buf, count, dtype, op)?,
+                        None if hdr.halving != 0 => halving::allreduce(self, buf, count, dtype, op)?,
                         None => net::allreduce(self, buf, count, dtype, op)?,
                     }
                 }

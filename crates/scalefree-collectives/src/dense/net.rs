@@ -57,10 +57,10 @@ pub(crate) struct Landing {
 }
 
 /// Landing areas (see the module comment).
-const AREAS: usize = 4;
+pub(super) const AREAS: usize = 4;
 
 /// Bytes from a piece's word to its direct-landing flag.
-fn flags_delta(n: usize) -> usize {
+pub(super) fn flags_delta(n: usize) -> usize {
     AREAS * n * MAX_PIECES * 4
 }
 
@@ -69,14 +69,14 @@ fn words_len(n: usize) -> usize {
 }
 
 /// Whether gathered pieces may land straight in the caller's buffer (see the module comment).
-fn direct_landing_on() -> bool {
+pub(super) fn direct_landing_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_DIRECT_LANDING"))
 }
 
 /// Whether the first peer's reduce-scatter pieces are reduced into the caller's buffer as
 /// they are read off the network (see the module comment).
-fn reduce_on_arrival_on() -> bool {
+pub(super) fn reduce_on_arrival_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_REDUCE_ON_ARRIVAL"))
 }
@@ -92,12 +92,18 @@ struct Reducing {
     op: ReduceOp,
 }
 
+/// What a reducing window applies to each part that arrives.
+pub(super) fn reducer(dtype: DType, op: ReduceOp) -> Reducer {
+    let es = dtype.size_bytes();
+    std::sync::Arc::new(move |d, src, bytes| unsafe { reduce_into(dtype, op, d, src, bytes / es) })
+}
+
 /// Direct landing in force until dropped (also when a call fails: the transport stops
 /// writing into the caller's buffer before the call returns).
-struct DirectLanding {
-    dev: scalefree_transport::Device,
+pub(super) struct DirectLanding {
+    pub(super) dev: scalefree_transport::Device,
     /// The reduce-scatter area that reduces on arrival, if one does.
-    reduces: Option<usize>,
+    pub(super) reduces: Option<usize>,
 }
 
 impl Drop for DirectLanding {
@@ -107,7 +113,7 @@ impl Drop for DirectLanding {
 }
 
 /// How a chunk of `bytes` is cut into pieces: (piece bytes, number of pieces).
-fn pieces(bytes: usize, piece: usize, es: usize) -> (usize, usize) {
+pub(super) fn pieces(bytes: usize, piece: usize, es: usize) -> (usize, usize) {
     let group = es * ALIGN_ELEMS;
     let p = piece.max(bytes.div_ceil(MAX_PIECES)).div_ceil(group).max(1) * group;
     (p, bytes.div_ceil(p))
@@ -116,7 +122,7 @@ fn pieces(bytes: usize, piece: usize, es: usize) -> (usize, usize) {
 impl Communicator {
     /// Makes sure every rank's landing region holds chunks of `chunk_bytes`. Collective:
     /// every rank calls it with the same value (derived from the agreed header).
-    fn landing(&mut self, chunk_bytes: usize) -> Result<&Landing> {
+    pub(super) fn landing(&mut self, chunk_bytes: usize) -> Result<&Landing> {
         let n = self.size as usize;
         if self.landing.as_ref().is_none_or(|l| l.chunk_cap < chunk_bytes) {
             let cap = chunk_bytes.max(1 << 20).next_multiple_of(4096);
@@ -127,12 +133,12 @@ impl Communicator {
         Ok(self.landing.as_ref().unwrap())
     }
 
-    fn net_piece_bytes(&self) -> usize {
+    pub(super) fn net_piece_bytes(&self) -> usize {
         (self.opts.piece_bytes * 4).max(64 << 10)
     }
 
     /// Waits until word `off` of this rank's landing region reaches this call's sequence.
-    fn wait_landed(&self, off: usize, what: &dyn Fn() -> String) -> Result<()> {
+    pub(super) fn wait_landed(&self, off: usize, what: &dyn Fn() -> String) -> Result<()> {
         let l = self.landing.as_ref().unwrap();
         let w = unsafe { &*(l.region.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) };
         let seq = self.seq;
@@ -151,6 +157,37 @@ impl Communicator {
         unsafe { self.chans[q as usize].start_write_raise(src, &l.remotes[q as usize], dst, n, word, self.seq) }
     }
 
+    /// Offset in the landing region of area `area`'s first byte (each area holds `size`
+    /// chunks of the region's chunk capacity).
+    pub(super) fn area_base(&self, area: usize) -> usize {
+        let l = self.landing.as_ref().unwrap();
+        words_len(self.size as usize) + area * self.size as usize * l.chunk_cap
+    }
+
+    /// Sends `n` bytes at `src` into rank `q`'s landing area `area` at `at` bytes from the
+    /// area's start (not a per-sender slot: the caller keeps senders apart), raising word
+    /// (area, this rank, `piece`).
+    pub(super) unsafe fn send_at(&self, q: u32, src: *const u8, n: usize, area: usize, at: usize, piece: usize) -> Result<Completion> {
+        let l = self.landing.as_ref().unwrap();
+        let word = self.landed_word(area, self.rank, piece);
+        unsafe { self.chans[q as usize].start_write_raise(src, &l.remotes[q as usize], self.area_base(area) + at, n, word, self.seq) }
+    }
+
+    /// Local address of byte `at` of this rank's landing area `area`.
+    pub(super) fn landed_at(&self, area: usize, at: usize) -> *const u8 {
+        unsafe { self.landing.as_ref().unwrap().region.as_ptr().add(self.area_base(area) + at) }
+    }
+
+    /// Sets the direct-landing windows (see [`Self::direct_landing`]); `None` without lanes.
+    ///
+    /// # Safety
+    /// As [`scalefree_transport::Device::set_direct`].
+    pub(super) unsafe fn set_windows(&self, windows: &[Window], reduces: Option<usize>) -> Option<DirectLanding> {
+        let l = self.landing.as_ref().unwrap();
+        unsafe { self.dev.set_direct(&l.region, windows, flags_delta(self.size as usize)) }
+            .then(|| DirectLanding { dev: self.dev.clone(), reduces })
+    }
+
     /// Local address of sender `s`'s data in this rank's landing area `area` at `off`.
     fn landed(&self, area: usize, s: u32, off: usize) -> *const u8 {
         let l = self.landing.as_ref().unwrap();
@@ -158,7 +195,7 @@ impl Communicator {
         unsafe { l.region.as_ptr().add(words_len(nr) + area * nr * l.chunk_cap + s as usize * l.chunk_cap + off) }
     }
 
-    fn landed_word(&self, area: usize, s: u32, piece: usize) -> usize {
+    pub(super) fn landed_word(&self, area: usize, s: u32, piece: usize) -> usize {
         ((area * self.size as usize + s as usize) * MAX_PIECES + piece) * 4
     }
 
@@ -180,26 +217,24 @@ impl Communicator {
             windows.extend(parts.iter().map(|&(q, at, len)| Window { offset: base(area, q), len, dst: unsafe { buf.add(at) }, reduce: None }));
         }
         let reduces = reducing.filter(|_| reduce_on_arrival_on()).map(|r| {
-            let (dtype, op, es) = (r.dtype, r.op, r.dtype.size_bytes());
-            let f: Reducer = std::sync::Arc::new(move |d, src, bytes| unsafe { reduce_into(dtype, op, d, src, bytes / es) });
-            windows.push(Window { offset: base(r.area, r.from), len: r.len, dst: r.dst, reduce: Some(f) });
+            windows.push(Window { offset: base(r.area, r.from), len: r.len, dst: r.dst, reduce: Some(reducer(r.dtype, r.op)) });
             r.area
         });
         if windows.is_empty() {
             return None;
         }
-        unsafe { self.dev.set_direct(&l.region, &windows, flags_delta(nr)) }.then(|| DirectLanding { dev: self.dev.clone(), reduces })
+        unsafe { self.set_windows(&windows, reduces) }
     }
 
     /// Whether sender `s`'s reduce-scatter piece `piece` (landed already) was reduced as it
     /// arrived, under `direct`: then there is nothing left to reduce.
-    fn reduced_on_arrival(&self, direct: &Option<DirectLanding>, s: u32, piece: usize) -> bool {
+    pub(super) fn reduced_on_arrival(&self, direct: &Option<DirectLanding>, s: u32, piece: usize) -> bool {
         direct.as_ref().and_then(|d| d.reduces).is_some_and(|area| self.landed_direct(area, s, piece))
     }
 
     /// Whether sender `s`'s piece `piece` of area `area` (landed already) was received
     /// straight into the caller's buffer in this call.
-    fn landed_direct(&self, area: usize, s: u32, piece: usize) -> bool {
+    pub(super) fn landed_direct(&self, area: usize, s: u32, piece: usize) -> bool {
         let l = self.landing.as_ref().unwrap();
         let off = self.landed_word(area, s, piece) + flags_delta(self.size as usize);
         let w = unsafe { &*(l.region.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) };
@@ -207,7 +242,7 @@ impl Communicator {
     }
 }
 
-fn wait_all(pending: Vec<Completion>) -> Result<()> {
+pub(super) fn wait_all(pending: Vec<Completion>) -> Result<()> {
     for c in pending {
         c.wait()?;
     }
