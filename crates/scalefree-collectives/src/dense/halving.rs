@@ -61,6 +61,8 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     let piece = c.net_piece_bytes();
     let gather = direct_landing_on().then(|| Window { offset: c.area_base(1), len: count * es, dst: buf, reduce: None });
     let mut sent = Vec::new();
+    // Direct landing for the whole call; each step replaces the windows, dropping it ends them.
+    let mut direct = None;
 
     // Reduce-scatter by recursive halving.
     let (mut lo, mut hi) = (0u32, n);
@@ -75,7 +77,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         if reduce_on_arrival_on() {
             windows.push(Window { offset: c.area_base(0) + at, len: (kb - ka) * es, dst: unsafe { buf.add(ka * es) }, reduce: Some(reducer(dtype, op)) });
         }
-        let direct = unsafe { c.set_windows(&windows, Some(0)) };
+        unsafe { c.set_windows(&windows, Some(0), &mut direct) };
         let gbytes = (gb - ga) * es;
         let (gp, gnp) = pieces(gbytes, piece, es);
         for k in 0..gnp {
@@ -92,8 +94,6 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
                 unsafe { reduce_into(dtype, op, buf.add(ka * es + off), c.landed_at(0, at + off), kp.min(kbytes - off) / es) };
             }
         }
-        // The next step's window replaces this one; a guard dropped here would end all landing.
-        std::mem::forget(direct);
         at += (hi - lo) as usize / 2 * cap;
         (lo, hi) = keep;
         d /= 2;
@@ -101,7 +101,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     debug_assert_eq!((lo, hi), (me, me + 1));
 
     // Allgather by recursive doubling: swap what we hold with rank ^ d.
-    let direct = unsafe { c.set_windows(&gather.iter().cloned().collect::<Vec<_>>(), None) };
+    unsafe { c.set_windows(gather.as_slice(), None, &mut direct) };
     let mut d = 1;
     while d < n {
         let p = me ^ d;
@@ -128,7 +128,6 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         (lo, hi) = (lo.min(theirs.0), hi.max(theirs.1));
         d *= 2;
     }
-    // Ends direct landing (also the reduce-scatter's: each step's guard was forgotten).
     drop(direct);
     wait_all(sent)
 }

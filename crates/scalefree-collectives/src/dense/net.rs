@@ -178,14 +178,19 @@ impl Communicator {
         unsafe { self.landing.as_ref().unwrap().region.as_ptr().add(self.area_base(area) + at) }
     }
 
-    /// Sets the direct-landing windows (see [`Self::direct_landing`]); `None` without lanes.
+    /// Sets the direct-landing windows (see [`Self::direct_landing`]), replacing those of
+    /// `guard` if it holds some; `guard` ends them when dropped (`None` without lanes).
     ///
     /// # Safety
     /// As [`scalefree_transport::Device::set_direct`].
-    pub(super) unsafe fn set_windows(&self, windows: &[Window], reduces: Option<usize>) -> Option<DirectLanding> {
+    pub(super) unsafe fn set_windows(&self, windows: &[Window], reduces: Option<usize>, guard: &mut Option<DirectLanding>) {
         let l = self.landing.as_ref().unwrap();
-        unsafe { self.dev.set_direct(&l.region, windows, flags_delta(self.size as usize)) }
-            .then(|| DirectLanding { dev: self.dev.clone(), reduces })
+        if unsafe { self.dev.set_direct(&l.region, windows, flags_delta(self.size as usize)) } {
+            match guard {
+                Some(g) => g.reduces = reduces,
+                None => *guard = Some(DirectLanding { dev: self.dev.clone(), reduces }),
+            }
+        }
     }
 
     /// Local address of sender `s`'s data in this rank's landing area `area` at `off`.
@@ -223,7 +228,9 @@ impl Communicator {
         if windows.is_empty() {
             return None;
         }
-        unsafe { self.set_windows(&windows, reduces) }
+        let mut guard = None;
+        unsafe { self.set_windows(&windows, reduces, &mut guard) };
+        guard
     }
 
     /// Whether sender `s`'s reduce-scatter piece `piece` (landed already) was reduced as it
