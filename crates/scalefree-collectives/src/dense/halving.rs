@@ -109,10 +109,10 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         let theirs = if me & d == 0 { (hi, hi + len) } else { (lo - len, lo) };
         let (oa, ob) = span(lo, hi);
         let obytes = (ob - oa) * es;
-        let (op_, onp) = pieces(obytes, piece, es);
-        for k in 0..onp {
-            let off = k * op_;
-            sent.push(unsafe { c.send_at(p, buf.add(oa * es + off), op_.min(obytes - off), 1, oa * es + off, k)? });
+        let (sp, snp) = pieces(obytes, piece, es);
+        for k in 0..snp {
+            let off = k * sp;
+            sent.push(unsafe { c.send_at(p, buf.add(oa * es + off), sp.min(obytes - off), 1, oa * es + off, k)? });
         }
         let (ta, tb) = span(theirs.0, theirs.1);
         let tbytes = (tb - ta) * es;
