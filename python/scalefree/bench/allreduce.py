@@ -310,6 +310,8 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
     """Every implementation across each number of simulated hosts in ``args.hosts``."""
     from scalefree import simhosts
 
+    from .hosts import aggregate_tcp_gbps
+
     why = simhosts.available()
     if why:
         failures.append(f"--hosts: simulated hosts are not possible here: {why}")
@@ -325,8 +327,6 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
                 if args.rounds > 1:
                     progress(f"allreduce: {h} hosts, round {r + 1} of {args.rounds}")
                 for b in buffers:
-                    from .hosts import aggregate_tcp_gbps
-
                     floors[b].append(aggregate_tcp_gbps(sim, buffer=b))
                 rounds.append(_round(n, args, peers, failures, notes, ["plain"], sim=sim))
             for b, got in floors.items():

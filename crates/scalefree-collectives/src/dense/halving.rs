@@ -22,7 +22,7 @@ use scalefree_transport::backends::ucx::Window;
 use scalefree_transport::Result;
 
 use crate::comm::Communicator;
-use crate::dense::net::{direct_landing_on, pieces, reduce_on_arrival_on, reducer, wait_all};
+use crate::dense::net::{direct_landing_on, largest_chunk, pieces, reduce_on_arrival_on, reducer, wait_all};
 use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 use crate::reduce::{reduce_into, DType, ReduceOp};
 
@@ -56,7 +56,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
     debug_assert!(n.is_power_of_two());
     // Element bounds of chunks `lo..hi`.
     let span = |lo: u32, hi: u32| (chunk_bounds(count, n, lo, ALIGN_ELEMS).0, chunk_bounds(count, n, hi - 1, ALIGN_ELEMS).1);
-    let cap = (0..n).map(|q| span(q, q + 1)).map(|(a, b)| (b - a) * es).max().unwrap_or(0);
+    let cap = largest_chunk(count, n, es);
     c.landing(cap)?;
     let piece = c.net_piece_bytes();
     let gather = direct_landing_on().then(|| Window { offset: c.area_base(1), len: count * es, dst: buf, reduce: None });
@@ -78,12 +78,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
             windows.push(Window { offset: c.area_base(0) + at, len: (kb - ka) * es, dst: unsafe { buf.add(ka * es) }, reduce: Some(reducer(dtype, op)) });
         }
         unsafe { c.set_windows(&windows, Some(0), &mut direct) };
-        let gbytes = (gb - ga) * es;
-        let (gp, gnp) = pieces(gbytes, piece, es);
-        for k in 0..gnp {
-            let off = k * gp;
-            sent.push(unsafe { c.send_at(p, buf.add(ga * es + off), gp.min(gbytes - off), 0, at + off, k)? });
-        }
+        sent.extend(unsafe { c.send_pieces(p, buf.add(ga * es), (gb - ga) * es, 0, at, es)? });
         let kbytes = (kb - ka) * es;
         let (kp, knp) = pieces(kbytes, piece, es);
         for k in 0..knp {
@@ -108,12 +103,7 @@ pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize,
         let len = hi - lo;
         let theirs = if me & d == 0 { (hi, hi + len) } else { (lo - len, lo) };
         let (oa, ob) = span(lo, hi);
-        let obytes = (ob - oa) * es;
-        let (sp, snp) = pieces(obytes, piece, es);
-        for k in 0..snp {
-            let off = k * sp;
-            sent.push(unsafe { c.send_at(p, buf.add(oa * es + off), sp.min(obytes - off), 1, oa * es + off, k)? });
-        }
+        sent.extend(unsafe { c.send_pieces(p, buf.add(oa * es), (ob - oa) * es, 1, oa * es, es)? });
         let (ta, tb) = span(theirs.0, theirs.1);
         let tbytes = (tb - ta) * es;
         let (tp, tnp) = pieces(tbytes, piece, es);

@@ -57,10 +57,10 @@ pub(crate) struct Landing {
 }
 
 /// Landing areas (see the module comment).
-pub(super) const AREAS: usize = 4;
+const AREAS: usize = 4;
 
 /// Bytes from a piece's word to its direct-landing flag.
-pub(super) fn flags_delta(n: usize) -> usize {
+fn flags_delta(n: usize) -> usize {
     AREAS * n * MAX_PIECES * 4
 }
 
@@ -101,15 +101,20 @@ pub(super) fn reducer(dtype: DType, op: ReduceOp) -> Reducer {
 /// Direct landing in force until dropped (also when a call fails: the transport stops
 /// writing into the caller's buffer before the call returns).
 pub(super) struct DirectLanding {
-    pub(super) dev: scalefree_transport::Device,
+    dev: scalefree_transport::Device,
     /// The reduce-scatter area that reduces on arrival, if one does.
-    pub(super) reduces: Option<usize>,
+    reduces: Option<usize>,
 }
 
 impl Drop for DirectLanding {
     fn drop(&mut self) {
         self.dev.clear_direct();
     }
+}
+
+/// Bytes of the largest of the `n` chunks ([`chunk_bounds`]) of `count` elements of `es` bytes.
+pub(super) fn largest_chunk(count: usize, n: u32, es: usize) -> usize {
+    (0..n).map(|q| chunk_bounds(count, n, q, ALIGN_ELEMS)).map(|(a, b)| (b - a) * es).max().unwrap_or(0)
 }
 
 /// How a chunk of `bytes` is cut into pieces: (piece bytes, number of pieces).
@@ -146,15 +151,22 @@ impl Communicator {
         Ok(())
     }
 
-    /// Sends `n` bytes at `src` into rank `q`'s landing area `area` at `off`,
-    /// raising word (area, this rank, `piece`).
+    /// Sends `n` bytes at `src` into this rank's slot of rank `q`'s landing area `area` at
+    /// `off`, raising word (area, this rank, `piece`).
     unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {
-        let l = self.landing.as_ref().unwrap();
-        let nr = self.size as usize;
-        let me = self.rank as usize;
-        let dst = words_len(nr) + area * nr * l.chunk_cap + me * l.chunk_cap + off;
-        let word = ((area * nr + me) * MAX_PIECES + piece) * 4;
-        unsafe { self.chans[q as usize].start_write_raise(src, &l.remotes[q as usize], dst, n, word, self.seq) }
+        unsafe { self.send_at(q, src, n, area, self.slot(self.rank) + off, piece) }
+    }
+
+    /// Where sender `s`'s slot starts in a landing area.
+    fn slot(&self, s: u32) -> usize {
+        s as usize * self.landing.as_ref().unwrap().chunk_cap
+    }
+
+    /// Sends `bytes` at `src` to rank `q`'s landing area `area` from byte `at` on, in pieces
+    /// (piece `k` raising word (area, this rank, `k`)); returns their completions.
+    pub(super) unsafe fn send_pieces(&self, q: u32, src: *const u8, bytes: usize, area: usize, at: usize, es: usize) -> Result<Vec<Completion>> {
+        let (p, np) = pieces(bytes, self.net_piece_bytes(), es);
+        (0..np).map(|k| unsafe { self.send_at(q, src.add(k * p), p.min(bytes - k * p), area, at + k * p, k) }).collect()
     }
 
     /// Offset in the landing region of area `area`'s first byte (each area holds `size`
@@ -195,9 +207,7 @@ impl Communicator {
 
     /// Local address of sender `s`'s data in this rank's landing area `area` at `off`.
     fn landed(&self, area: usize, s: u32, off: usize) -> *const u8 {
-        let l = self.landing.as_ref().unwrap();
-        let nr = self.size as usize;
-        unsafe { l.region.as_ptr().add(words_len(nr) + area * nr * l.chunk_cap + s as usize * l.chunk_cap + off) }
+        self.landed_at(area, self.slot(s) + off)
     }
 
     pub(super) fn landed_word(&self, area: usize, s: u32, piece: usize) -> usize {
@@ -214,9 +224,7 @@ impl Communicator {
     /// touched by this rank (but for reading a reduced piece) until the returned guard is
     /// dropped.
     unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8, reducing: Option<Reducing>) -> Option<DirectLanding> {
-        let l = self.landing.as_ref().unwrap();
-        let nr = self.size as usize;
-        let base = |area: usize, q: u32| words_len(nr) + area * nr * l.chunk_cap + q as usize * l.chunk_cap;
+        let base = |area: usize, q: u32| self.area_base(area) + self.slot(q);
         let mut windows: Vec<Window> = Vec::new();
         if direct_landing_on() {
             windows.extend(parts.iter().map(|&(q, at, len)| Window { offset: base(area, q), len, dst: unsafe { buf.add(at) }, reduce: None }));
@@ -262,14 +270,8 @@ pub(super) fn wait_all(pending: Vec<Completion>) -> Result<()> {
 /// # Safety
 /// `buf` valid for `count` elements of `dtype`.
 pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-    let es = dtype.size_bytes();
-    let n = c.size;
-    let cap = (0..n).map(|q| {
-        let (a, b) = chunk_bounds(count, n, q, ALIGN_ELEMS);
-        (b - a) * es
-    }).max().unwrap_or(0);
-    c.landing(cap)?;
-    let all: Vec<u32> = (0..n).collect();
+    c.landing(largest_chunk(count, c.size, dtype.size_bytes()))?;
+    let all: Vec<u32> = (0..c.size).collect();
     unsafe { group_allreduce(c, &all, buf, 0, count, dtype, op, (0, 1), false) }.map(|_| ())
 }
 
@@ -289,12 +291,7 @@ pub(crate) unsafe fn reduce_scatter(c: &mut Communicator, input: *const u8, coun
     let mut sent = Vec::new();
     for &q in &peers {
         let (a, b) = share(q);
-        let bytes = (b - a) * es;
-        let (p, np) = pieces(bytes, piece, es);
-        for k in 0..np {
-            let off = k * p;
-            sent.push(unsafe { c.send_piece(q, input.add(a * es + off), p.min(bytes - off), 0, off, k)? });
-        }
+        sent.extend(unsafe { c.send_pieces(q, input.add(a * es), (b - a) * es, 0, c.slot(me), es)? });
     }
     let (a, b) = share(me);
     let bytes = (b - a) * es;
@@ -428,12 +425,7 @@ unsafe fn group_allreduce(
     let mut sent = Vec::new();
     for &(i, q) in &peers {
         let (x, y) = part(i);
-        let bytes = (y - x) * es;
-        let (p, np) = pieces(bytes, piece, es);
-        for k in 0..np {
-            let off = k * p;
-            sent.push(unsafe { c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), areas.0, off, k)? });
-        }
+        sent.extend(unsafe { c.send_pieces(q, buf.add(x * es), (y - x) * es, areas.0, c.slot(c.rank), es)? });
     }
     let bytes = (y - x) * es;
     let (p, np) = pieces(bytes, piece, es);
@@ -486,11 +478,7 @@ pub(crate) unsafe fn hierarchical(c: &mut Communicator, groups: &(Vec<u32>, Vec<
     let es = dtype.size_bytes();
     let (local, cross) = groups;
     let l = local.len() as u32;
-    let cap = (0..l).map(|i| {
-        let (x, y) = chunk_bounds(count, l, i, ALIGN_ELEMS);
-        (y - x) * es
-    }).max().unwrap_or(0);
-    c.landing(cap)?;
+    c.landing(largest_chunk(count, l, es))?;
     unsafe {
         // Within the host: this rank ends up owning [x, y), reduced over the host.
         let (x, y) = group_allreduce(c, local, buf, 0, count, dtype, op, (0, 1), true)?;
