@@ -21,7 +21,7 @@ class RankResult:
 
 
 def rank_env(rank: int, size: int, job_id: str, token: str, extra: dict | None = None) -> dict:
-    from scalefree.launcher import rank_environment
+    from scalefree.launch.launcher import rank_environment
 
     env = rank_environment(rank, size, job_id, token)
     env.update(extra or {})

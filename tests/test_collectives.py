@@ -112,7 +112,7 @@ def test_every_buffer_path(mode, n):
 
 def _ucx_or_skip():
     from scalefree.errors import UnsupportedError
-    from scalefree.ucx import info
+    from scalefree.launch.ucx import info
 
     try:
         return info()
@@ -150,3 +150,40 @@ assert g.transport == "ucx", g.transport"""
     assert all("checked" in r.stdout for r in res)
     res = run_ranks(n, OTHERS.replace("g = scalefree.init(timeout=60)", check), timeout=300, extra_env=env)
     assert all(r.stdout.strip().endswith("ok") for r in res)
+
+
+ALLTOALLV = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+
+def piece(s, d, k, width, dtype):
+    rng = np.random.default_rng([s, d, k])
+    m = int(rng.integers(0, 5)) * k  # some pieces empty
+    shape = (m,) if width == 0 else (m, width)
+    return rng.integers(-1 << 30, 1 << 30, size=shape).astype(dtype)
+
+for k in (0, 1, 7, 50001):
+    for width, dtype in ((0, np.int64), (2, np.uint32), (3, np.float64)):
+        pieces = [piece(me, d, k, width, dtype) for d in range(n)]
+        send = np.concatenate(pieces) if width == 0 else np.concatenate(pieces).reshape(-1, width)
+        got = g.alltoallv(send, [len(p) for p in pieces])
+        want = [piece(s, me, k, width, dtype) for s in range(n)]
+        want = np.concatenate(want) if width == 0 else np.concatenate(want).reshape(-1, width)
+        assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
+        assert np.array_equal(got, want), (k, width)
+try:
+    g.alltoallv(np.zeros(3), [1] * (n + 1))
+except scalefree.InvalidArgumentError as e:
+    assert "counts" in str(e)
+else:
+    raise AssertionError("bad counts accepted")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_alltoallv_delivers_every_piece_in_rank_order(n):
+    for r in run_ranks(n, ALLTOALLV):
+        assert r.returncode == 0, r.stderr
+        assert "ok" in r.stdout

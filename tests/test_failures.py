@@ -166,7 +166,7 @@ except KeyboardInterrupt:
 def test_killed_rank_over_ucx_is_peer_lost(n):
     """Over UCX the endpoint's error handler reports the dead peer (no pidfd across hosts)."""
     from scalefree.errors import UnsupportedError
-    from scalefree.ucx import info
+    from scalefree.launch.ucx import info
 
     try:
         info()

@@ -1,5 +1,5 @@
 """Across simulated hosts: network namespaces joined by a bridge, each with its own IPC and
-UTS namespace (see scalefree.simhosts), one or more ranks per host, UCX between hosts.
+UTS namespace (see scalefree.launch.simhosts), one or more ranks per host, UCX between hosts.
 Skipped with the reason where namespaces or UCX are not available."""
 
 import signal
@@ -12,7 +12,7 @@ import pytest
 
 from test_collectives import OTHERS, SWEEP
 
-simhosts = pytest.importorskip("scalefree.simhosts")
+simhosts = pytest.importorskip("scalefree.launch.simhosts")
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def can_simulate():
     if why:
         pytest.skip(f"simulated hosts are not possible here: {why}")
     from scalefree.errors import UnsupportedError
-    from scalefree.ucx import info
+    from scalefree.launch.ucx import info
 
     try:
         info()
@@ -326,7 +326,7 @@ def test_tensor_slots_across_hosts(can_simulate, nhosts):
             assert rc == 0 and out.strip().endswith("ok"), out[-2000:]
 
 
-MF = """import sys, scalefree, scalefree.mf as mf
+MF = """import sys, scalefree, scalefree.mf.model as mf
 g = scalefree.init(timeout=60)
 assert g.transport == "ucx", g.transport
 train, test = mf.split_ratings(sys.argv[1], 0.1, seed=0)
@@ -464,7 +464,7 @@ def test_parameter_server_across_hosts(can_simulate, tmp_path):
     import json
 
     out = tmp_path / "res"
-    argv = ["-m", "scalefree.apps.ps_train", "--ranks", "3", "--transport", "slots", "--hidden", "64", "64",
+    argv = ["-m", "scalefree.tensors.ps_train", "--ranks", "3", "--transport", "slots", "--hidden", "64", "64",
             "--steps", "30", "--lr", "0.1", "--out", str(out)]
     with simhosts.SimHosts(3) as h:
         procs = [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "3", "--node-rank", str(i),
@@ -525,7 +525,7 @@ def test_mpirun_across_hosts_asks_mpi_for_the_rendezvous(can_simulate, tmp_path)
 
 
 def test_picking_rank0s_address_for_mpi():
-    from scalefree._mpi_master import pick, spans_hosts_without_master
+    from scalefree.launch.mpi_master import pick, spans_hosts_without_master
 
     mine = [("docker0", "172.17.0.1", 16), ("eth0", "10.0.0.1", 24), ("ib0", "192.168.5.1", 24)]
     others = [[("eth0", "10.0.0.2", 24), ("ib0", "192.168.5.2", 24)], [("ib0", "192.168.5.3", 24)]]

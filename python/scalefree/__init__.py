@@ -14,6 +14,7 @@ import warnings
 
 from .errors import (
     BootstrapError,
+    DataError,
     InvalidArgumentError,
     MismatchError,
     PeerLostError,
@@ -29,6 +30,7 @@ __all__ = [
     "init",
     "Group",
     "BootstrapError",
+    "DataError",
     "InvalidArgumentError",
     "MismatchError",
     "PeerLostError",
@@ -42,7 +44,7 @@ _default_group = None
 
 
 def __getattr__(name):
-    # The native module is imported on first use, so `python -m scalefree.launcher`
+    # The native module is imported on first use, so `python -m scalefree.launch.launcher`
     # works without it.
     if name == "Group":
         from .group import Group
@@ -75,9 +77,9 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     global _default_group
     if _default_group is not None and not _default_group.closed:
         return _default_group
-    from ._mpi_master import from_mpi
+    from .launch.mpi_master import from_mpi
     from .group import Group
-    from .ucx import prepare
+    from .launch.ucx import prepare
 
     prepare()
     # Under mpirun across hosts, rank 0's address comes from MPI (mpi4py) when not given.

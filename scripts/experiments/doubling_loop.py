@@ -64,7 +64,7 @@ def main() -> int:
     p.add_argument("--barrier", action="store_true", help="a barrier before every timed call (as the bench does)")
     p.add_argument("--c", type=int, metavar="MODE", help="run the C yardstick instead (needs cc)")
     a = p.parse_args()
-    from scalefree import simhosts
+    from scalefree.launch import simhosts
     from scalefree.bench import common, hosts as across
     with simhosts.SimHosts(a.hosts) as sim, tempfile.TemporaryDirectory() as tmp:
         if a.c is not None:

@@ -3,7 +3,7 @@
 tcp_floor_methods.c; run as root (simulated hosts)."""
 import subprocess, sys, time
 sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), "../../python"))
-from scalefree.simhosts import SimHosts
+from scalefree.launch.simhosts import SimHosts
 def run(nh, ns, method, secs=2.0, blk=1<<20, sndbuf=0):
     with SimHosts(nh) as sim:
         port = 5000

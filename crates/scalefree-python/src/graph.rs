@@ -1,6 +1,6 @@
 //! `scalefree._native.PageRankCsr`: one rank's local PageRank matrix in compact ids (thin:
 //! the kernels are in `scalefree-collectives/src/sparse/pagerank.rs`, the algorithm in
-//! `python/scalefree/graph.py`).
+//! `python/scalefree/graph/pagerank.py`).
 
 use pyo3::prelude::*;
 use scalefree_collectives::sparse::pagerank::{csr_pattern, owned_update, spmv_step, Real};

@@ -1,4 +1,4 @@
-//! What UCX this process can load (`scalefree.ucx.info()`).
+//! What UCX this process can load (`scalefree.launch.ucx.info()`).
 
 use pyo3::prelude::*;
 

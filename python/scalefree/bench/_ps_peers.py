@@ -1,5 +1,5 @@
 """Parameter-server transports over the peers of ``scalefree bench ps`` (same interface as
-:class:`scalefree.ps.SlotTransport`): torch.distributed gloo send/recv into preallocated
+:class:`scalefree.tensors.ps.SlotTransport`): torch.distributed gloo send/recv into preallocated
 buffers. Server is rank 0."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=arg(lambda s: common.parse_int_list(s, "host count")), default=None,
                    metavar="H[,H...]",
                    help="run across H simulated hosts (network namespaces on one bridge, see "
-                   "scalefree.simhosts; needs root) instead of one host: the same hosts for every "
+                   "scalefree.launch.simhosts; needs root) instead of one host: the same hosts for every "
                    "implementation, --per-host ranks on each (-n is then ignored)")
     p.add_argument("--per-host", type=arg(common.positive_int), default=1, metavar="P",
                    help="ranks per simulated host with --hosts")
@@ -308,7 +308,7 @@ def _run_memcpy(args) -> list[dict]:
 
 def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) -> list[dict]:
     """Every implementation across each number of simulated hosts in ``args.hosts``."""
-    from scalefree import simhosts
+    from scalefree.launch import simhosts
 
     from .hosts import aggregate_tcp_gbps
 

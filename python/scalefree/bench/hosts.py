@@ -1,4 +1,4 @@
-"""Running benchmark jobs across simulated hosts (:mod:`scalefree.simhosts`): the same
+"""Running benchmark jobs across simulated hosts (:mod:`scalefree.launch.simhosts`): the same
 hosts for every implementation, ``per_host`` ranks on each.
 
 * scalefree and gloo: ``scalefree run --nnodes H --node-rank i ...`` on every host;

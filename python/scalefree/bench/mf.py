@@ -376,7 +376,7 @@ def _throughput(args) -> int:
 def run(args) -> int:
     if args.throughput:
         return _throughput(args)
-    from ..mf import split_ratings
+    from ..mf.model import split_ratings
 
     if args.vs == "dsgd-ps":
         return _vs_dsgd_ps(args)

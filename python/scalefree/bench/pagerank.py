@@ -5,7 +5,7 @@ Graphs: SNAP wiki-Vote from ``../shared/data`` and a seeded R-MAT power-law grap
 once by the driver, read by every rank). Ranks split the edges by the same seeded random
 edge partition. Rows, per graph and rank count:
 
-* ``scalefree/sparse`` — :class:`scalefree.graph.SparsePageRank`: each rank renumbers the
+* ``scalefree/sparse`` — :class:`scalefree.graph.pagerank.SparsePageRank`: each rank renumbers the
   vertices its edges touch into compact local ids, its vectors and SpMV are that size, and
   one sparse allreduce (configured once, reported as ``config_s``) moves the flow;
 * ``scalefree/dense`` — each rank's SpMV over the full-length vector and scalefree's dense
@@ -192,7 +192,8 @@ def worker(argv: list[str]) -> int:
     recs = []
     if args.impl == "scalefree":
         import scalefree
-        from scalefree.graph import SparsePageRank, gather_scores, partition_edges
+        from scalefree.graph.pagerank import SparsePageRank, gather_scores
+        from scalefree.graph.io import partition_edges
 
         g = scalefree.init()
         rank, size = g.rank, g.size
@@ -241,7 +242,7 @@ def worker(argv: list[str]) -> int:
     else:
         from mpi4py import MPI
 
-        from scalefree.graph import partition_edges
+        from scalefree.graph.io import partition_edges
 
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -291,7 +292,8 @@ def worker(argv: list[str]) -> int:
 
 
 def _load_graph(name: str, args) -> tuple[np.ndarray, np.ndarray, int, str]:
-    from scalefree.graph import read_edges, rmat_edges
+    from scalefree.graph.io import read_edges
+    from scalefree.graph.rmat import rmat_edges
 
     if name == "wiki-vote":
         path = args.wiki_vote or _default_wiki_vote()

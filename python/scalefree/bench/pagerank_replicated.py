@@ -76,7 +76,8 @@ def worker(argv: list[str]) -> int:
         me_rank = int(os.environ["SCALEFREE_RANK"])
         os.sched_setaffinity(0, {cores[(me_rank // a.pin_logical) % len(cores)]})
     import scalefree
-    from scalefree.graph import SparsePageRank, logical_rank, partition_edges
+    from scalefree.graph.pagerank import SparsePageRank, logical_rank
+    from scalefree.graph.io import partition_edges
 
     g = scalefree.init()
     z = np.load(a.edges)
@@ -105,7 +106,7 @@ def worker(argv: list[str]) -> int:
 
 def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | None:
     out.mkdir()
-    cmd = [sys.executable, "-m", "scalefree.launcher", "-n", str(ranks), "--allow-rank-failure",
+    cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(ranks), "--allow-rank-failure",
            "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
            "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
            "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
@@ -119,7 +120,7 @@ def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | 
 
 
 def run(args) -> int:
-    from scalefree.graph import rmat_edges
+    from scalefree.graph.rmat import rmat_edges
 
     from .pagerank import ScipyPageRank
 

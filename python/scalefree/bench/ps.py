@@ -1,5 +1,5 @@
 """``scalefree bench ps``: samples/s of the same fully connected net (1024 → 2048 → 2048 →
-2048 → 10, batch 32 per worker) trained with the parameter server of :mod:`scalefree.ps`
+2048 → 10, batch 32 per worker) trained with the parameter server of :mod:`scalefree.tensors.ps`
 (1 server + 2 workers) with no copies (``mapped``: workers read the server's double-buffered
 parameters in place, the server reads their gradients in place), over our static slots, and
 over torch.distributed gloo, over gRPC (unary calls, and 1 MiB streams), beside one
@@ -38,7 +38,7 @@ def add_parser(sub):
 def _train(transport: str, args, tmp: Path) -> list[dict]:
     out = str(tmp / transport)
     ranks = 1 if transport == "local" else args.ranks
-    argv = [sys.executable, "-m", "scalefree.apps.ps_train", "--ranks", str(args.ranks), "--steps", str(args.steps),
+    argv = [sys.executable, "-m", "scalefree.tensors.ps_train", "--ranks", str(args.ranks), "--steps", str(args.steps),
             "--transport", transport, "--out", out, "--hidden", *[str(h) for h in args.hidden]]
     env = {"SCALEFREE_PS_GLOO_PORT": str(common.free_port())}
     if transport == "local":

@@ -64,7 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=arg(lambda s: common.parse_int_list(s, "host count")), default=None,
                    metavar="H[,H...]",
                    help="run across H simulated hosts (network namespaces on one bridge, see "
-                        "scalefree.simhosts; needs root) instead of one host, --per-host ranks on each, "
+                        "scalefree.launch.simhosts; needs root) instead of one host, --per-host ranks on each, "
                         "the same hosts for every implementation; -n is then ignored")
     p.add_argument("--per-host", type=arg(common.positive_int), default=1, help="ranks per simulated host with --hosts")
     common.add_timing_args(p)
@@ -296,7 +296,7 @@ def run(args) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.hosts:
-            from scalefree import simhosts
+            from scalefree.launch import simhosts
 
             why = simhosts.available()
             if why:
@@ -317,7 +317,7 @@ def run(args) -> int:
 
 def run_sweep(args) -> int:
     """``--degrees sweep``: per rank count, one job timing every degree list and auto."""
-    from .. import sparse_plan
+    from ..sparse import plan as sparse_plan
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -350,7 +350,7 @@ def add_predictions(records: list[dict], nnz: int, dim: int, vb: int):
     """Adds to each reduce record the plan's prediction with its default costs
     (``predicted_s``), with the costs auto probed in the same job (``probed_s``), and with
     costs fitted to all these measurements (``fitted_s``); returns the fit."""
-    from .. import sparse_plan
+    from ..sparse import plan as sparse_plan
 
     reduce = [r for r in records if r["variant"] == "reduce" and r["degrees"]]
     feats = [sparse_plan.features([int(x) for x in r["degrees"].split("x")], nnz, dim, vb) for r in reduce]
@@ -389,7 +389,7 @@ def print_sweep(records: list[dict]) -> None:
     print(common.format_table(["ranks", "candidate", "degrees", "reduce", "calls", "vs best", "config", "vs best",
                                "plan default", "/meas", "plan probed", "/meas", "plan fitted", "/meas"],
                               rows, left_columns=3))
-    from .. import sparse_plan
+    from ..sparse import plan as sparse_plan
 
     def describe(c: dict) -> str:
         c = sparse_plan.Costs(**c)

@@ -63,7 +63,8 @@ def _perftest(sim, pt: list[str], test: str, size: int, iters: int, env: dict, p
 
 
 def run(args) -> int:
-    from scalefree import simhosts, ucx
+    from scalefree.launch import simhosts
+    from scalefree.launch import ucx
 
     why = simhosts.available()
     if why:

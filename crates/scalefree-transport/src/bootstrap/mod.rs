@@ -188,7 +188,7 @@ pub const DEFAULT_MASTER_PORT: u16 = 29517;
 /// rank 0 runs under Slurm's default block distribution), under torchrun its `MASTER_ADDR`
 /// (port `MASTER_PORT + 1`: torchrun's own store holds `MASTER_PORT`). Open MPI and MPICH do
 /// not say where rank 0 runs: pass `-x SCALEFREE_MASTER_ADDR=...` to `mpirun`, or let the
-/// Python front ask MPI (`scalefree/_mpi_master.py`, with mpi4py).
+/// Python front ask MPI (`scalefree/launch/mpi_master.py`, with mpi4py).
 fn master_from_env(launcher: Launcher, spans_hosts: bool) -> Result<Option<(String, u16)>> {
     let port_var = || -> Result<Option<u16>> {
         match var("SCALEFREE_MASTER_PORT") {

@@ -1,0 +1,69 @@
+"""The ``scalefree`` command. Each subcommand lives in its own module, imported lazily
+so that ``scalefree run`` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="scalefree",
+        description="scalefree: one-sided transport, collectives and out-of-core kernels.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    from ..launch import launcher
+
+    launcher.add_parser(sub)
+
+    from ..bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
+
+    from ..graph import pagerank_dense as pagerank
+
+    pagerank.add_parser(sub)
+
+    from ..tensors import ps_train
+
+    ps_train.add_parser(sub)
+
+    from ..sparse import plan as sparse_plan
+
+    sparse_plan.add_parser(sub)
+
+    from ..graph import pagerank as graph
+
+    graph.add_parser(sub)
+
+    from ..sgd import logreg as sgd
+
+    sgd.add_parser(sub)
+
+    from ..mf import model as mf
+
+    mf.add_parser(sub)
+
+    from ..launch import ucx
+
+    ucx.add_parser(sub)
+
+    from . import flash as flash_cli
+
+    flash_cli.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    rc = args.func(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""``scalefree flash``: out-of-core kernels from the command line.
+
+    scalefree flash svd docword.kos.txt.gz -k 100 --tol 1e-4 --memory 1G
+    scalefree flash gemm A.npy B.npy -o C.npy --memory 1G [--transpose-a] [--transpose-b]
+
+``svd`` opens DATA with ``flash.load`` (``.npz``, ``.mtx[.gz]``, ``docword*.txt[.gz]``,
+``.npy``), keeps it on flash, and prints the top-k singular values (largest first);
+``--out OUT.npz`` saves ``u``, ``s``, ``vt``.
+
+``gemm`` computes ``C = alpha op(A) op(B)`` on 2-D float32/float64 ``.npy`` files: A and B are
+used in place (their data is read straight from the files, never loaded whole), and C is
+written straight into the output ``.npy``, which appears at its path only once complete and
+synced (an interrupted run leaves nothing there). Shapes and dtypes are checked from the
+headers before any data is read or the output created.
+
+Both show progress on stderr (a bar on a terminal, a line every few seconds otherwise;
+``--quiet`` hides it) and end with an IO/compute summary: bytes read and written by the flash
+kernels, their GB/s, program-cache hit rate, time the compute threads waited, peak resident
+bytes against the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("flash", help="out-of-core kernels on matrices kept on flash (svd, gemm)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    flash_sub = p.add_subparsers(dest="flash_command", metavar="COMMAND")
+    flash_sub.required = True
+
+    def runtime_args(s):
+        s.add_argument("--memory", default=None,
+                       help="memory budget of the flash kernels, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G)")
+        s.add_argument("--threads", type=int, default=None, help="compute threads (default SCALEFREE_FLASH_THREADS or cores)")
+        s.add_argument("--dir", default=None, help="scratch directory (default SCALEFREE_FLASH_DIR or temp)")
+        s.add_argument("--quiet", action="store_true", help="no progress display")
+
+    s = flash_sub.add_parser("svd", help="top-k singular values of a matrix file, the matrix staying on flash")
+    s.add_argument("data", help="matrix file (.npz, .mtx[.gz], docword*.txt[.gz], .npy)")
+    s.add_argument("-k", type=int, default=6, help="number of singular values (default 6)")
+    s.add_argument("--tol", type=float, default=0.0, help="relative tolerance (default 0: machine precision)")
+    s.add_argument("--dtype", choices=("float32", "float64"), default=None, help="element type (default: the file's)")
+    s.add_argument("--out", default=None, metavar="OUT.npz", help="save u, s, vt")
+    runtime_args(s)
+    s.set_defaults(func=_svd)
+
+    g = flash_sub.add_parser("gemm", help="C = alpha op(A) op(B) on .npy files under a memory budget")
+    g.add_argument("a", metavar="A", help="2-D float32/float64 .npy file")
+    g.add_argument("b", metavar="B", help="2-D .npy file of the same dtype")
+    g.add_argument("-o", "--out", required=True, metavar="C", help="output .npy file (C order)")
+    g.add_argument("--transpose-a", action="store_true", help="use Aᵀ")
+    g.add_argument("--transpose-b", action="store_true", help="use Bᵀ")
+    g.add_argument("--alpha", type=float, default=1.0, help="scale of the product (default 1)")
+    g.add_argument("--blas", default="auto",
+                   help="block multiply: auto (numpy's BLAS), faer, or a CBLAS library path (default auto)")
+    runtime_args(g)
+    g.set_defaults(func=_gemm)
+    return p
+
+
+class _Progress:
+    """Polls a runtime's live counters from the main thread while ``work`` runs in another
+    (which releases the GIL), and draws them on stderr. Wakes every ``interval`` seconds; no
+    busy-waiting."""
+
+    def __init__(self, rt, label: str, show: bool, interval: float = 0.25):
+        self.rt, self.label, self.show, self.interval = rt, label, show, interval
+        self.tty = sys.stderr.isatty()
+        self.start = rt._rt.progress
+        self.t0 = time.perf_counter()
+        self.last_line = 0.0
+
+    def run(self, work):
+        result: dict = {}
+
+        def target():
+            try:
+                result["value"] = work()
+            except BaseException as e:  # re-raised in the caller's thread
+                result["error"] = e
+
+        thread = threading.Thread(target=target, name="scalefree-flash-work", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(self.interval)
+            if self.show:
+                self._draw(final=False)
+        if self.show:
+            self._draw(final=True)
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    def counters(self):
+        now = self.rt._rt.progress
+        return tuple(n - s for n, s in zip(now, self.start))
+
+    def _draw(self, final: bool):
+        added, done, read, written = self.counters()
+        elapsed = time.perf_counter() - self.t0
+        rate = (read + written) / elapsed / 1e9 if elapsed > 0 else 0.0
+        frac = done / added if added else 0.0
+        width = 24
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        line = (f"{self.label} [{bar}] {done}/{added} tasks, read {_gib(read)}, wrote {_gib(written)}, "
+                f"{rate:.2f} GB/s, {elapsed:.1f} s")
+        if self.tty:
+            print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
+        elif final or elapsed - self.last_line >= 5.0:
+            self.last_line = elapsed
+            print(line, file=sys.stderr, flush=True)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _summary(what: str, stats: dict, seconds: float, rt, extra: str = "", blas: bool = True) -> str:
+    read, written = stats.get("bytes_read", 0), stats.get("bytes_written", 0)
+    hits, misses = stats.get("cache_hits", 0), stats.get("cache_misses", 0)
+    hit_rate = hits / (hits + misses) if hits + misses else 0.0
+    gbps = (read + written) / seconds / 1e9 if seconds > 0 else 0.0
+    return (f"{what}: {seconds:.2f} s{extra}; read {read} bytes, wrote {written} bytes ({gbps:.2f} GB/s); "
+            f"cache hit rate {hit_rate:.1%} ({hits} hits, {misses} misses); compute idle "
+            f"{stats.get('compute_idle_seconds', 0.0):.2f} s; peak {stats.get('peak_resident_bytes', 0)} of "
+            f"{rt.memory_budget_bytes} bytes" + (f"; block BLAS {rt.blas or 'faer'}" if blas else ""))
+
+
+def _svd(args) -> int:
+    import numpy as np
+
+    from .. import flash
+    from ..errors import ScalefreeError
+
+    try:
+        rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
+        t0 = time.perf_counter()
+        a = flash.load(args.data, rt, dtype=args.dtype)
+        load_s = time.perf_counter() - t0
+        print(f"flash svd: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
+              file=sys.stderr)
+        stats: dict = {}
+        t0 = time.perf_counter()
+        progress = _Progress(rt, "flash svd", show=not args.quiet)
+        if args.out:
+            u, s, vt = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats))
+        else:
+            s = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats,
+                                                return_singular_vectors=False))
+        solve_s = time.perf_counter() - t0
+    except (ScalefreeError, ValueError, OSError) as e:
+        print(f"scalefree flash svd: {e}", file=sys.stderr)
+        return 2
+    order = np.argsort(s)[::-1]
+    for v in np.asarray(s)[order]:
+        print(f"{v:.10g}")
+    print(_summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts",
+                   stats, solve_s, rt, f" (flash kernels {stats['kernel_seconds']:.2f} s)", blas=False), file=sys.stderr)
+    if args.out:
+        np.savez(args.out, u=u[:, order], s=s[order], vt=vt[order])
+    return 0
+
+
+def _gemm(args) -> int:
+    import numpy as np
+
+    from .. import flash
+    from ..errors import ScalefreeError
+
+    try:
+        (a_shape, _, a_dt, _), (b_shape, _, b_dt, _) = flash.npy_header(args.a), flash.npy_header(args.b)
+        for path, shape, dt in ((args.a, a_shape, a_dt), (args.b, b_shape, b_dt)):
+            if len(shape) != 2:
+                raise ValueError(f"{path}: gemm takes 2-D matrices, the array has shape {shape}")
+            if dt not in (np.float32, np.float64) or not dt.isnative:
+                raise ValueError(f"{path}: gemm takes native float32/float64 arrays, not {dt}")
+        if a_dt != b_dt:
+            raise ValueError(f"{args.a} is {a_dt} but {args.b} is {b_dt}; convert one first")
+        m, k = (a_shape[1], a_shape[0]) if args.transpose_a else a_shape
+        k2, n = (b_shape[1], b_shape[0]) if args.transpose_b else b_shape
+        if k != k2:
+            raise ValueError(f"shape mismatch: op(A) is {m}x{k} ({args.a}: {a_shape[0]}x{a_shape[1]}"
+                             f"{', transposed' if args.transpose_a else ''}) but op(B) is {k2}x{n} "
+                             f"({args.b}: {b_shape[0]}x{b_shape[1]}{', transposed' if args.transpose_b else ''})")
+        for path in (args.a, args.b):
+            if os.path.exists(args.out) and os.path.samefile(path, args.out):
+                raise ValueError(f"the output {args.out} is also an input")
+        rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir, blas=args.blas)
+        A, B = flash.Matrix.open_npy(args.a, rt), flash.Matrix.open_npy(args.b, rt)
+        C = flash.Matrix.create_npy(args.out, (m, n), a_dt, rt)
+        print(f"flash gemm: C ({m}x{n}) = {args.alpha:g} {'A^T' if args.transpose_a else 'A'} "
+              f"{'B^T' if args.transpose_b else 'B'}, k = {k}, {a_dt}; budget {rt.memory_budget_bytes} bytes",
+              file=sys.stderr)
+        stats: dict = {}
+        t0 = time.perf_counter()
+        _Progress(rt, "flash gemm", show=not args.quiet).run(
+            lambda: flash.gemm(A, B, C, alpha=args.alpha, trans_a=args.transpose_a, trans_b=args.transpose_b,
+                               runtime=rt, stats=stats))
+        seconds = time.perf_counter() - t0
+        C.publish()
+    except (ScalefreeError, ValueError, OSError) as e:
+        print(f"scalefree flash gemm: {e}", file=sys.stderr)
+        return 2
+    gflops = 2.0 * m * n * k / seconds / 1e9 if seconds > 0 else 0.0
+    print(_summary(f"flash gemm: wrote {args.out}", stats, seconds, rt, f", {gflops:.1f} GFLOP/s"), file=sys.stderr)
+    return 0

@@ -1,0 +1,479 @@
+"""The flash runtime, matrices on flash and the out-of-core kernels (re-exported by
+:mod:`scalefree.flash`)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import _native
+from .._units import parse_bytes
+from ..errors import FlashIOError, InvalidArgumentError
+
+def _bytes(v) -> int | None:
+    return None if v is None else parse_bytes(v, "memory_budget")
+
+
+def numpy_blas_path() -> str | None:
+    """The shared library of the BLAS numpy uses (its bundled OpenBLAS), or None."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        for info in threadpool_info():
+            if info.get("user_api") == "blas" and info.get("filepath"):
+                return info["filepath"]
+    except ImportError:
+        pass
+    import glob
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    found = sorted(glob.glob(os.path.join(libs, "lib*openblas*.so*")))
+    return found[0] if found else None
+
+
+class Runtime:
+    """Scratch directory, IO threads, compute threads and the memory budget every flash
+    kernel stays within. Defaults: ``SCALEFREE_FLASH_MEMORY``, ``SCALEFREE_FLASH_THREADS``,
+    ``SCALEFREE_FLASH_DIR``.
+
+    ``blas``: the CBLAS library that multiplies gemm's dense blocks. ``"auto"`` (default):
+    ``SCALEFREE_FLASH_BLAS`` if set, else numpy's own BLAS (its OpenBLAS: the same kernels as
+    in-memory ``A @ B``), else faer; ``"faer"`` (or None): always faer; or a library path. The
+    library keeps its own thread count (threadpoolctl limits it)."""
+
+    def __init__(self, memory_budget=None, threads: int | None = None, dir=None, blas="auto"):
+        if blas == "auto":
+            blas = None if os.environ.get("SCALEFREE_FLASH_BLAS") else (numpy_blas_path() or "")
+        elif blas is None or blas == "faer":
+            blas = ""
+        self._rt = _native.FlashRuntime(_bytes(memory_budget), threads, dir, None if blas is None else os.fspath(blas))
+
+    @property
+    def blas(self) -> str | None:
+        """The CBLAS library gemm blocks go through, or None (faer)."""
+        path = self._rt.blas
+        return None if path is None else str(path)
+
+    @property
+    def blas_threads(self) -> int | None:
+        return self._rt.blas_threads
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._rt.memory_budget_bytes
+
+    @property
+    def threads(self) -> int:
+        return self._rt.threads
+
+    @property
+    def dir(self):
+        return self._rt.dir
+
+    def __repr__(self) -> str:
+        return (f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r}, "
+                f"blas={self.blas or 'faer'!r})")
+
+
+_default_runtime = None
+
+
+def default_runtime() -> Runtime:
+    global _default_runtime
+    if _default_runtime is None:
+        _default_runtime = Runtime()
+    return _default_runtime
+
+
+class Matrix:
+    """A dense float32/float64 matrix on flash (row- or column-major)."""
+
+    def __init__(self, native: _native.FlashMatrix):
+        self._m = native
+
+    @classmethod
+    def from_numpy(cls, a, runtime: Runtime | None = None) -> "Matrix":
+        a = np.asarray(a)
+        if a.ndim != 2:
+            raise InvalidArgumentError(f"a flash matrix is 2-D, got shape {a.shape}")
+        if a.dtype not in (np.float32, np.float64):
+            raise InvalidArgumentError(f"flash matrices hold float32 or float64, got {a.dtype}")
+        order = "F" if (a.flags.f_contiguous and not a.flags.c_contiguous) else "C"
+        a = np.asarray(a, order=order)
+        return cls(_native.FlashMatrix.from_array((runtime or default_runtime())._rt, a, a.shape[0], a.shape[1], order))
+
+    @classmethod
+    def zeros(cls, shape, dtype=np.float32, order: str = "C", runtime: Runtime | None = None) -> "Matrix":
+        rows, cols = shape
+        return cls(_native.FlashMatrix.scratch((runtime or default_runtime())._rt, rows, cols, np.dtype(dtype).name, order))
+
+    @classmethod
+    def open_npy(cls, path, runtime: Runtime | None = None, writable: bool = False) -> "Matrix":
+        """Maps the data of a 2-D float32/float64 ``.npy`` file in place (nothing is copied;
+        C or Fortran order). Only the header is read here."""
+        path = os.fspath(path)
+        shape, fortran, dtype, offset = npy_header(path)
+        if len(shape) != 2:
+            raise InvalidArgumentError(f"{path}: a flash matrix is 2-D, the array has shape {shape}")
+        if dtype not in (np.float32, np.float64) or not dtype.isnative:
+            raise InvalidArgumentError(f"{path}: flash matrices hold native float32 or float64, not {dtype}")
+        return cls(_native.FlashMatrix.map_file((runtime or default_runtime())._rt, path, offset, shape[0], shape[1],
+                                                dtype.name, "F" if fortran else "C", bool(writable)))
+
+    @classmethod
+    def create_npy(cls, path, shape, dtype=np.float32, runtime: Runtime | None = None) -> "Matrix":
+        """A new zero C-order ``.npy`` file that kernels write into directly. It appears at
+        ``path`` only after :meth:`publish` (synced, then renamed in one step), so an
+        interrupted run never leaves a partial file there."""
+        rows, cols = (int(x) for x in shape)
+        name = _float_name(dtype)
+        return cls(_native.FlashMatrix.create_atomic((runtime or default_runtime())._rt, os.fspath(path),
+                                                     npy_header_bytes((rows, cols), np.dtype(name)), rows, cols, name, "C"))
+
+    def publish(self) -> None:
+        """Makes a matrix from :meth:`create_npy` appear at its path (no-op otherwise)."""
+        self._m.publish()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._m.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._m.dtype)
+
+    def to_numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype, order=self._m.order)
+        self._m._read_into(out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"flash.Matrix(shape={self.shape}, dtype={self.dtype}, order={self._m.order!r})"
+
+
+class Csr:
+    """A CSR matrix on flash."""
+
+    def __init__(self, native: _native.FlashCsr):
+        self._m = native
+
+    @classmethod
+    def from_scipy(cls, s, runtime: Runtime | None = None) -> "Csr":
+        s = s.tocsr()
+        data = s.data if s.data.dtype in (np.float32, np.float64) else s.data.astype(np.float64)
+        if s.shape[1] > np.iinfo(np.uint32).max:
+            raise InvalidArgumentError("flash CSR matrices have fewer than 2**32 columns")
+        return cls(_native.FlashCsr.from_arrays(
+            (runtime or default_runtime())._rt, s.shape[0], s.shape[1],
+            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(s.indices, dtype=np.uint32),
+            np.ascontiguousarray(data)))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._m.shape
+
+    @classmethod
+    def from_matrix_market(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
+        """A Matrix Market ``coordinate`` file (plain or gzip; symmetric ones expanded).
+        Bad lines raise :class:`~scalefree.errors.FlashIOError` naming the file and line."""
+        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "mtx", _float_name(dtype)))
+
+    @classmethod
+    def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
+        """A UCI bag-of-words ``docword`` file (plain or gzip) as a documents x words matrix
+        of counts."""
+        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "docword", _float_name(dtype)))
+
+    @property
+    def nnz(self) -> int:
+        return self._m.nnz
+
+    def to_scipy(self):
+        """Reads the matrix back as a ``scipy.sparse.csr_matrix``."""
+        import scipy.sparse as sp
+
+        rows, cols = self.shape
+        indptr = np.empty(rows + 1, dtype=np.uint64)
+        indices = np.empty(self.nnz, dtype=np.uint32)
+        data = np.empty(self.nnz, dtype=self.dtype)
+        self._m._read_into(indptr, indices, data)
+        return sp.csr_matrix((data, indices.astype(np.int64), indptr.astype(np.int64)), shape=(rows, cols))
+
+    def __repr__(self) -> str:
+        return f"flash.Csr(shape={self.shape}, nnz={self.nnz}, dtype={self.dtype})"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._m.dtype)
+
+
+def npy_header(path):
+    """``(shape, fortran_order, dtype, data_offset)`` of a ``.npy`` file, from its header only;
+    a file shorter than its header says raises :class:`~scalefree.errors.FlashIOError`."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+            size = os.fstat(f.fileno()).st_size
+    except (ValueError, OSError) as e:
+        raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise FlashIOError(f"{path}: truncated .npy file ({size} bytes, its header describes {need})")
+    return shape, fortran, dtype, offset
+
+
+def npy_header_bytes(shape, dtype, fortran: bool = False, align: int = 4096) -> bytes:
+    """A version 1.0 ``.npy`` header padded with spaces to ``align`` bytes, so the data starts
+    on a sector boundary (direct IO writes it without read-modify-write of edge sectors)."""
+    d = np.lib.format.header_data_from_array_1_0(np.empty((0,), dtype=dtype))
+    text = repr({"descr": d["descr"], "fortran_order": bool(fortran), "shape": tuple(int(x) for x in shape)})
+    body = len(text) + 1  # + "\n"
+    total = -(-(10 + body) // align) * align
+    if total - 10 > 0xFFFF:
+        raise InvalidArgumentError(f"a .npy header for shape {tuple(shape)} is too long")
+    text = text + " " * (total - 10 - body) + "\n"
+    return b"\x93NUMPY\x01\x00" + (total - 10).to_bytes(2, "little") + text.encode("latin1")
+
+
+def _float_name(dtype) -> str:
+    d = np.dtype(dtype)
+    if d not in (np.float32, np.float64):
+        raise InvalidArgumentError(f"flash matrices hold float32 or float64, got {d}")
+    return d.name
+
+
+def load(path, runtime: Runtime | None = None, dtype=None):
+    """Opens a matrix file as a flash matrix, by its name: ``.npy`` → :class:`Matrix`;
+    ``.npz`` (``scipy.sparse.save_npz``) → :class:`Csr`; ``.mtx`` / ``.mtx.gz`` (Matrix
+    Market coordinate) → :class:`Csr`; ``docword*.txt`` / ``.txt.gz`` (UCI bag of words) →
+    :class:`Csr`. ``dtype`` (float32/float64) defaults to the file's, or float64 for text."""
+    path = os.fspath(path)
+    name = os.path.basename(path).lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    if name.endswith(".npy"):
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+        if a.ndim != 2:
+            raise InvalidArgumentError(f"{path}: a flash matrix is 2-D, the array has shape {a.shape}")
+        if dtype is not None or a.dtype not in (np.float32, np.float64):
+            a = a.astype(_float_name(dtype or np.float64))
+        return Matrix.from_numpy(a, runtime)
+    if name.endswith(".npz"):
+        import scipy.sparse as sp
+
+        try:
+            s = sp.load_npz(path)
+        except (ValueError, OSError, KeyError) as e:
+            raise FlashIOError(f"cannot read {path} as a scipy sparse .npz (scipy.sparse.save_npz): {e}") from e
+        if dtype is not None:
+            s = s.astype(_float_name(dtype))
+        return Csr.from_scipy(s, runtime)
+    if name.endswith(".mtx"):
+        return Csr.from_matrix_market(path, dtype or np.float64, runtime)
+    if name.endswith(".txt") and "docword" in name:
+        return Csr.from_docword(path, dtype or np.float64, runtime)
+    raise InvalidArgumentError(
+        f"{path}: unknown matrix file type (expected .npy, .npz, .mtx[.gz] or docword*.txt[.gz])")
+
+
+def _as_matrix(x, runtime) -> Matrix:
+    return x if isinstance(x, Matrix) else Matrix.from_numpy(x, runtime)
+
+
+def gemm(a, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+         trans_b: bool = False, runtime: Runtime | None = None, stats: dict | None = None) -> Matrix:
+    """``C := alpha op(A) op(B) + beta C`` out of core. ``a``, ``b``, ``c`` are flash
+    matrices or numpy arrays (copied to flash). Returns C as a flash :class:`Matrix`; pass
+    a dict as ``stats`` to receive the run's statistics (peak memory, bytes read/written)."""
+    rt = runtime or default_runtime()
+    A, B = _as_matrix(a, rt), _as_matrix(b, rt)
+    m = A.shape[1] if trans_a else A.shape[0]
+    n = B.shape[0] if trans_b else B.shape[1]
+    C = Matrix.zeros((m, n), A.dtype, runtime=rt) if c is None else _as_matrix(c, rt)
+    s = _native.flash_gemm(rt._rt, trans_a, trans_b, float(alpha), A._m, B._m, float(beta), C._m)
+    if stats is not None:
+        stats.update(s)
+    return C
+
+
+def csrgemv(a: Csr, x, *, transpose: bool = False, runtime: Runtime | None = None,
+            stats: dict | None = None) -> np.ndarray:
+    """``y = op(A) x`` with CSR ``A`` on flash and ``x`` in memory."""
+    rt = runtime or default_runtime()
+    x = np.ascontiguousarray(x, dtype=a.dtype)
+    rows, cols = a.shape
+    y = np.zeros(cols if transpose else rows, dtype=a.dtype)
+    s = _native.flash_csrgemv(rt._rt, transpose, a._m, x, y)
+    if stats is not None:
+        stats.update(s)
+    return y
+
+
+def csrmm(a: Csr, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_b: bool = False,
+          runtime: Runtime | None = None, stats: dict | None = None):
+    """``C := alpha A op(B) + beta C`` with CSR ``A`` on flash. ``b`` is a flash
+    :class:`Matrix` or a numpy array; ``c`` likewise (updated in place). Without ``c``, the
+    result is a flash :class:`Matrix` when ``b`` is one, else a numpy array."""
+    rt = runtime or default_runtime()
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrmm: A must be a flash.Csr (see Csr.from_scipy or flash.load)")
+
+    def operand(x, writable):
+        if isinstance(x, Matrix):
+            return x._m, (x.shape[0], x.shape[1], x._m.order)
+        if writable and not (isinstance(x, np.ndarray) and x.dtype == a.dtype and x.ndim == 2
+                             and (x.flags.c_contiguous or x.flags.f_contiguous)):
+            raise InvalidArgumentError(f"csrmm: C must be a contiguous 2-D {a.dtype} array or a flash.Matrix")
+        if not writable:
+            x = np.asarray(x, dtype=a.dtype)
+            if x.ndim != 2:
+                raise InvalidArgumentError(f"csrmm: B must be 2-D, got shape {x.shape}")
+            if not (x.flags.c_contiguous or x.flags.f_contiguous):
+                x = np.ascontiguousarray(x)
+        order = "C" if x.flags.c_contiguous else "F"
+        return x, (x.shape[0], x.shape[1], order)
+
+    b_obj, b_shape = operand(b, False)
+    n = b_shape[0] if trans_b else b_shape[1]
+    if c is None:
+        beta = 0.0
+        c = Matrix.zeros((a.shape[0], n), a.dtype, runtime=rt) if isinstance(b, Matrix) else np.zeros((a.shape[0], n), a.dtype)
+    c_obj, c_shape = operand(c, True)
+    s = _native.flash_csrmm(rt._rt, float(alpha), a._m, trans_b, b_obj, b_shape, float(beta), c_obj, c_shape)
+    if stats is not None:
+        stats.update(s)
+    return c
+
+
+def csrtmm(a: Csr, x, *, gram: bool = False, runtime: Runtime | None = None, stats: dict | None = None) -> np.ndarray:
+    """``Z = A^T X`` (``X`` ``rows x n``), or with ``gram=True`` ``Z = A^T A X`` (``X``
+    ``cols x n``), with CSR ``A`` on flash read once and without its transpose; ``X`` and the
+    returned ``Z`` (``cols x n``) are numpy arrays of A's dtype."""
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrtmm: A must be a flash.Csr")
+    rt = runtime or default_runtime()
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise InvalidArgumentError(f"csrtmm: X must be 2-D, got shape {x.shape}")
+    rows, cols = a.shape
+    want = cols if gram else rows
+    if x.shape[0] != want:
+        raise InvalidArgumentError(f"csrtmm: A is {rows}x{cols}, so X must have {want} rows "
+                                   f"({'A^T A X' if gram else 'A^T X'}), got shape {x.shape}")
+    x = np.ascontiguousarray(x, dtype=a.dtype)
+    z = np.empty((cols, x.shape[1]), dtype=a.dtype)
+    s = _native.flash_csrtmm(rt._rt, bool(gram), a._m, x, x.shape[1], z)
+    if stats is not None:
+        stats.update(s)
+    return z
+
+
+def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) -> np.ndarray:
+    """An in-memory scipy sparse matrix ``A`` times a dense block, on the runtime's compute
+    threads: ``product="gram"`` gives ``A^T A X`` in one pass over A (each row ``a_i`` adds
+    ``a_i^T (a_i X)``), ``"transpose"`` ``A^T X`` (both with one accumulator per thread, no
+    transpose of A formed), ``"times"`` ``A X`` (parallel over rows). Computed in A's dtype
+    (float32 or float64); ``X`` is converted to it. Returns a new C-contiguous array."""
+    return _csr_product(_csr_arrays(a), x, product, runtime or default_runtime())
+
+
+def _csr_arrays(a):
+    """``(shape, indptr int64, indices int32, data)`` of a float32/float64 scipy sparse
+    matrix, as ``csr_product`` passes them to the native kernel (convert once, reuse)."""
+    import scipy.sparse as sp
+
+    if not sp.issparse(a):
+        raise InvalidArgumentError("csr_product: A must be a scipy sparse matrix")
+    a = a.tocsr()
+    if a.dtype not in (np.float32, np.float64):
+        raise InvalidArgumentError(f"csr_product: A must be float32 or float64, got {a.dtype}")
+    if a.shape[1] > np.iinfo(np.int32).max:
+        raise InvalidArgumentError(f"csr_product: {a.shape[1]} columns do not fit 32-bit column indices")
+    return (tuple(a.shape), np.ascontiguousarray(a.indptr, dtype=np.int64),
+            np.ascontiguousarray(a.indices, dtype=np.int32), np.ascontiguousarray(a.data))
+
+
+def _csr_product(arrays, x, product, rt) -> np.ndarray:
+    (rows, cols), indptr, indices, data = arrays
+    if product not in ("gram", "transpose", "times"):
+        raise InvalidArgumentError(f"csr_product: product must be gram, transpose or times, got {product!r}")
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[:, None]
+    want = rows if product == "transpose" else cols
+    if x.ndim != 2 or x.shape[0] != want:
+        raise InvalidArgumentError(f"csr_product: A is {rows}x{cols}, so X for {product!r} must have {want} rows, "
+                                   f"got shape {x.shape}")
+    x = np.ascontiguousarray(x, dtype=data.dtype)
+    z = np.empty((rows if product == "times" else cols, x.shape[1]), dtype=data.dtype)
+    _native.memory_csr_product(rt._rt, product, rows, cols, indptr, indices, data, x, x.shape[1], z)
+    return z
+
+
+def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
+    """Sorts out of core, in IEEE total order (NaN last), within the runtime's budget.
+    ``x`` is a 1-D float32/float64 numpy array (returns a sorted copy; the data goes through
+    flash) or the path of a 1-D ``.npy`` file (sorted in place on disk; returns the path)."""
+    rt = runtime or default_runtime()
+    if isinstance(x, (str, os.PathLike)):
+        path = os.fspath(x)
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+        except (ValueError, OSError) as e:
+            raise FlashIOError(f"cannot read {path} as a .npy array: {e}") from e
+        if len(shape) != 1 or dtype not in (np.float32, np.float64) or not dtype.isnative:
+            raise InvalidArgumentError(f"{path}: sort takes a 1-D native float32/float64 array, got shape {shape} of {dtype}")
+        s = _native.flash_sort_file(rt._rt, path, offset, shape[0], dtype.name)
+        out = x
+    else:
+        out = np.array(x, dtype=None, copy=True, order="C")
+        if out.ndim != 1 or out.dtype not in (np.float32, np.float64):
+            raise InvalidArgumentError(f"sort takes a 1-D float32/float64 array, got shape {out.shape} of {out.dtype}")
+        s = _native.flash_sort_array(rt._rt, out)
+    if stats is not None:
+        stats.update(s)
+    return out
+
+
+def csrcsc(a: Csr, *, runtime: Runtime | None = None, stats: dict | None = None) -> Csr:
+    """The transpose of CSR ``A`` (its CSC form) as a new flash :class:`Csr`, computed out of
+    core within the budget; row indices come out ascending in each column."""
+    if not isinstance(a, Csr):
+        raise InvalidArgumentError("csrcsc: A must be a flash.Csr")
+    rt = runtime or default_runtime()
+    t, s = _native.flash_csrcsc(rt._rt, a._m)
+    if stats is not None:
+        stats.update(s)
+    return Csr(t)
+
+
+def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, seed: int = 0,
+           runtime: Runtime | None = None, stats: dict | None = None):
+    """Lloyd's k-means on the rows of ``x`` (a flash :class:`Matrix` or a numpy array, copied
+    to flash), streaming the points from flash each iteration within the budget. Starts from
+    ``k`` distinct rows picked by ``seed``; stops after ``max_iterations`` or when no center
+    moves more than ``tolerance``. Returns ``(centers, labels, inertia, iterations)``."""
+    rt = runtime or default_runtime()
+    X = _as_matrix(x, rt)
+    centers, labels, inertia, iterations, s = _native.flash_kmeans(
+        rt._rt, X._m, int(k), int(max_iterations), float(tolerance), int(seed))
+    if stats is not None:
+        stats.update(s)
+    centers = np.frombuffer(centers, dtype=X.dtype).reshape(int(k), X.shape[1]).copy()
+    return centers, np.frombuffer(labels, dtype=np.uint32).copy(), inertia, iterations
+

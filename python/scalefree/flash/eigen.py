@@ -1,0 +1,278 @@
+"""Restarted Block Krylov-Schur eigensolver for symmetric operators.
+
+    theta, X, info = block_krylov_schur(apply, n, k, which="LA", tol=1e-8)
+
+``apply(Q)`` maps an ``n x b`` float64 block to ``op @ Q`` (``op`` symmetric); it is the
+only access to the operator, so the operator may live anywhere (a flash matrix applied
+through ``flash.csrmm``, an in-memory product, a rank-one corrected one for PCA). The Krylov
+basis (``n x basis_size`` float64) lives in memory.
+
+The method (Stewart's Krylov-Schur, in block form):
+
+1. Start from an orthonormal block ``Q`` (``v0`` as its first column, the rest random).
+2. Expand: for each new block ``Q``, ``W = op Q``; orthogonalize ``W`` against the whole
+   basis ``[V, Q]`` twice (classical Gram-Schmidt with one full re-orthogonalization pass);
+   the projections fill the columns of ``H = V^T op V``; ``W = Q_next R`` by a thin SVD (a
+   rank-deficient ``W`` — an invariant subspace was found — is completed with random
+   directions orthogonal to the basis and a zero coupling). Then
+   ``op V = V H + Q_next R E^T`` with ``E`` the last ``b`` columns.
+3. Schur form of the projected matrix: ``H`` is symmetric, so its real Schur form is its
+   eigendecomposition ``H = Y diag(theta) Y^T``. The residual of Ritz pair
+   ``(theta_i, V y_i)`` is ``||R Y[-b:, i]||`` without touching the operator.
+4. Checked after every block once the basis has ``k + b`` columns (the small
+   eigendecomposition is cheap next to an operator call), so a loose tolerance stops early.
+   Converged when the ``k`` wanted Ritz pairs have ``residual_i <= tol * |theta_i|``,
+   where ``tol`` is at least a small multiple of the operator's precision times
+   ``max |theta|`` (``tol = 0`` means that precision).
+5. Else restart: keep the ``p`` wanted Ritz vectors (``p >= k``, about halfway between ``k``
+   and the basis size): ``V <- V Y[:, :p]``, ``H <- diag(theta[:p])``; the relation becomes
+   ``op V = V H + Q_next (R E^T Y[:, :p])`` — a Krylov decomposition with a full coupling row,
+   which the next expansion's full orthogonalization folds back into ``H``. Go to 2.
+
+Small problems (``n`` no larger than one basis plus a block) are solved densely: the
+operator is applied to the identity in blocks and ``numpy.linalg.eigh`` does the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, NoConvergenceError
+
+WHICH = ("LA", "SA", "LM")
+
+
+@dataclass
+class KrylovSchurInfo:
+    """What one solve did: ``restarts`` (Krylov-Schur restarts), ``operator_blocks`` (calls of
+    ``apply``), ``operator_columns`` (columns pushed through the operator), ``residuals`` (of
+    the returned pairs), ``dense`` (solved by the small dense path)."""
+
+    restarts: int = 0
+    operator_blocks: int = 0
+    operator_columns: int = 0
+    block_size: int = 0
+    basis_size: int = 0
+    dense: bool = False
+    residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+_blas_controller = None
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on one thread, for the solver's own dense work (skinny
+    products with the basis, LAPACK on one block and on the small projected matrix): threaded
+    OpenBLAS gains little on these memory-bound shapes and, on a busy machine, makes them
+    10-50x slower (its threads spin waiting for each other). The operator runs outside it.
+    Uses threadpoolctl when it is installed; otherwise a no-op."""
+    return _blas_threads(1)
+
+
+def _blas_threads(threads: int):
+    """A context in which BLAS runs on at most ``threads`` threads (see :func:`_one_blas_thread`)."""
+    global _blas_controller
+    if _blas_controller is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _blas_controller = False
+        else:
+            _blas_controller = ThreadpoolController()
+    if _blas_controller is False:
+        return contextlib.nullcontext()
+    return _blas_controller.limit(limits=max(1, int(threads)), user_api="blas")
+
+
+def _order(theta: np.ndarray, which: str) -> np.ndarray:
+    """Indices of ``theta``, most wanted first."""
+    if which == "LA":
+        return np.argsort(-theta, kind="stable")
+    if which == "SA":
+        return np.argsort(theta, kind="stable")
+    return np.argsort(-np.abs(theta), kind="stable")
+
+
+def _rng(random_state):
+    if isinstance(random_state, (np.random.Generator, np.random.RandomState)):
+        return random_state
+    return np.random.default_rng(random_state)
+
+
+def _standard_normal(rng, shape):
+    return rng.standard_normal(shape)
+
+
+def _orthonormal_complement(rng, basis: np.ndarray, columns: int, n: int) -> np.ndarray:
+    """``columns`` random orthonormal vectors orthogonal to ``basis`` (``n x j``, orthonormal)."""
+    out = np.empty((n, 0))
+    for _ in range(10):
+        z = _standard_normal(rng, (n, columns - out.shape[1]))
+        for _ in range(2):
+            if basis.shape[1]:
+                z -= basis @ (basis.T @ z)
+            if out.shape[1]:
+                z -= out @ (out.T @ z)
+        q, r = np.linalg.qr(z)
+        good = np.abs(np.diag(r)) > 1e-8 * np.sqrt(n)
+        out = np.hstack([out, q[:, good]])
+        if out.shape[1] == columns:
+            return out
+    raise InvalidArgumentError(f"cannot extend a basis of {basis.shape[1]} vectors in dimension {n} by {columns}")
+
+
+def _check_block(w, n, b):
+    w = np.asarray(w, dtype=np.float64)
+    if w.shape != (n, b):
+        raise InvalidArgumentError(f"the operator returned shape {w.shape} for a block of shape {(n, b)}")
+    return w
+
+
+def _dense(apply, n, k, which, block, info):
+    """Eigenpairs of a small operator from its full matrix, built ``block`` columns at a time."""
+    m = np.empty((n, n))
+    eye = np.eye(n)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        m[:, s:e] = _check_block(apply(eye[:, s:e]), n, e - s)
+        info.operator_blocks += 1
+        info.operator_columns += e - s
+    m = 0.5 * (m + m.T)
+    with _one_blas_thread():
+        theta, y = np.linalg.eigh(m)
+    pick = _order(theta, which)[:k]
+    info.dense = True
+    info.residuals = np.linalg.norm(m @ y[:, pick] - y[:, pick] * theta[pick], axis=0)
+    return theta[pick], y[:, pick]
+
+
+def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float = 0.0,
+                       block_size: int | None = None, basis_size: int | None = None,
+                       maxiter: int | None = None, v0=None, random_state=None,
+                       operator_eps: float = np.finfo(np.float64).eps):
+    """The ``k`` wanted eigenpairs of a symmetric ``n x n`` operator given by ``apply``.
+
+    ``which``: ``"LA"`` largest algebraic, ``"SA"`` smallest algebraic, ``"LM"`` largest
+    magnitude. ``tol``: relative residual ``||op x - theta x|| <= tol |theta|`` (0: the
+    operator's precision, ``operator_eps``, e.g. float32's when the operator computes in
+    float32). ``block_size`` (default ``min(k, 16)``, at least 2 when ``k > 1``) columns per
+    operator call; ``basis_size`` (default ``max(2 k + 2 b, 20)``) columns of the Krylov
+    basis before a restart; ``maxiter`` restarts (default ``max(100, 10 n / basis_size)``).
+    ``v0`` the first start vector.
+
+    Returns ``(theta, X, info)``: eigenvalues most wanted first, their orthonormal
+    eigenvectors as the columns of ``X`` (``n x k`` float64), and a :class:`KrylovSchurInfo`.
+    Raises :class:`NoConvergenceError` after ``maxiter`` restarts without ``k`` converged pairs.
+    """
+    n, k = int(n), int(k)
+    if n < 1:
+        raise InvalidArgumentError(f"the operator must have a positive dimension, got n={n}")
+    if not 1 <= k <= n:
+        raise InvalidArgumentError(f"k must be between 1 and n={n}, got k={k}")
+    if which not in WHICH:
+        raise InvalidArgumentError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
+    if not tol >= 0:
+        raise InvalidArgumentError(f"tol must be >= 0, got {tol}")
+    b = int(block_size) if block_size is not None else max(min(k, 16), min(2, k))
+    if b < 1:
+        raise InvalidArgumentError(f"block_size must be >= 1, got {b}")
+    m = int(basis_size) if basis_size is not None else max(2 * k + 2 * b, 20)
+    if m < k + b:
+        raise InvalidArgumentError(f"basis_size must be >= k + block_size = {k + b}, got {m}")
+    if maxiter is not None and maxiter < 1:
+        raise InvalidArgumentError(f"maxiter must be >= 1, got {maxiter}")
+    maxiter = int(maxiter) if maxiter is not None else max(100, 10 * n // m)
+    info = KrylovSchurInfo(block_size=b, basis_size=m)
+    if n <= m + b:
+        theta, x = _dense(apply, n, k, which, max(b, min(n, 64)), info)
+        return theta, x, info
+
+    rng = _rng(random_state)
+    q = _standard_normal(rng, (n, b))
+    if v0 is not None:
+        v0 = np.asarray(v0, dtype=np.float64).reshape(-1)
+        if v0.shape != (n,):
+            raise InvalidArgumentError(f"v0 must have {n} entries, got {v0.size}")
+        if np.any(v0):
+            q[:, 0] = v0
+    with _one_blas_thread():
+        q, _ = np.linalg.qr(q)
+    # Columns [0, j) of V are the basis; H[:j, :j] = V^T op V; q is the block being added.
+    V = np.empty((n, m + b))
+    H = np.zeros((m + b, m + b))
+    j = 0
+    eps = max(float(operator_eps), np.finfo(np.float64).eps)
+    restarts = 0
+    keep = min(m - b, max(k, (k + m - b) // 2 + 1))
+    while True:
+        # --- expand by one block ---
+        V[:, j:j + b] = q
+        w = _check_block(apply(q), n, b)
+        info.operator_blocks += 1
+        info.operator_columns += b
+        with _one_blas_thread():
+            q, r = _orthogonalize(V, H, j, b, w, rng)
+        j += b
+        full = j >= m
+        if j < k + b:
+            continue
+        with _one_blas_thread():
+            # --- Schur form of the projected matrix, residuals, convergence (every block
+            # once there are k + b columns: the eigh of H is cheap next to an operator call) ---
+            theta, y = np.linalg.eigh(0.5 * (H[:j, :j] + H[:j, :j].T))
+            order = _order(theta, which)
+            theta, y = theta[order], y[:, order]
+            res = np.linalg.norm(r @ y[j - b:j, :], axis=0)
+            floor = 64.0 * eps * np.abs(theta).max(initial=0.0)
+            ok = res[:k] <= np.maximum(tol * np.abs(theta[:k]), floor)
+            if ok.all() or (full and restarts >= maxiter):
+                x = V[:, :j] @ y[:, :k]
+                info.restarts = restarts
+                info.residuals = res[:k]
+                if not ok.all():
+                    good = np.flatnonzero(ok)
+                    raise NoConvergenceError(
+                        f"block Krylov-Schur: {good.size} of {k} eigenpairs converged after {restarts} restarts "
+                        f"({info.operator_columns} operator columns); raise maxiter or tol",
+                        theta[good], x[:, good])
+                return theta[:k], x, info
+            if not full:
+                continue
+            # --- Krylov-Schur restart: keep the wanted Ritz vectors, truncate the rest ---
+            restarts += 1
+            V[:, :keep] = V[:, :j] @ y[:, :keep]
+            H[:] = 0.0
+            H[np.arange(keep), np.arange(keep)] = theta[:keep]
+            j = keep
+            # q (the next block) is orthogonal to the kept vectors already; the coupling
+            # R E^T Y reappears in H through the full orthogonalization of the next expansion.
+
+
+def _orthogonalize(V, H, j, b, w, rng):
+    """Orthogonalizes ``w = op V[:, j:j+b]`` against ``V[:, :j+b]`` (twice), storing the
+    projections in ``H``; returns ``(q_next, r)`` with ``w = q_next r`` and ``q_next``
+    orthonormal and orthogonal to the basis (deflated directions replaced by random ones
+    with a zero row in ``r``)."""
+    n = V.shape[0]
+    basis = V[:, :j + b]
+    c = basis.T @ w
+    w -= basis @ c
+    c2 = basis.T @ w
+    w -= basis @ c2
+    c += c2
+    H[:j + b, j:j + b] = c
+    H[j:j + b, :j + b] = c.T
+    u, s, zt = np.linalg.svd(w, full_matrices=False)
+    scale = max(np.abs(H[:j + b, :j + b]).max(initial=0.0), 1e-300)
+    small = s <= 1e-12 * scale
+    r = s[:, None] * zt
+    if small.any():
+        r[small] = 0.0
+        u = u[:, ~small]
+        fresh = _orthonormal_complement(rng, np.hstack([basis, u]), int(small.sum()), n)
+        u = np.hstack([u, fresh])
+        r = np.vstack([r[~small], r[small]])
+    return u, r

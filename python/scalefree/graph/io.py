@@ -1,0 +1,460 @@
+"""Reading graphs: edge files in every format the graph commands take, and the edge
+partition of a multi-rank job."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+
+
+class EdgeListError(DataError):
+    """A line of an edge list that cannot be read (names the file and line)."""
+
+
+def read_edge_list(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reads a SNAP-style edge list (`#` comments, two integer ids per line, any
+    whitespace). Returns (src, dst, ids) with src/dst as compact 0-based indices into the
+    sorted array of original ids."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    raw = path.read_bytes()
+    lines = raw.splitlines()
+    keep = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(b"#")]
+    try:
+        flat = np.array(b" ".join(keep).split(), dtype=np.int64)
+        ok = flat.size == 2 * len(keep) and all(len(ln.split()) == 2 for ln in keep)
+    except ValueError:
+        ok = False
+    if not ok:
+        for no, ln in enumerate(lines, 1):
+            s = ln.strip()
+            if not s or s.startswith(b"#"):
+                continue
+            fields = s.split()
+            if len(fields) != 2:
+                raise EdgeListError(f"{path}:{no}: expected 2 fields (from to), found {len(fields)}: {s[:60]!r}")
+            for f in fields:
+                try:
+                    int(f)
+                except ValueError:
+                    raise EdgeListError(f"{path}:{no}: {f.decode(errors='replace')!r} is not an integer vertex id") from None
+        raise EdgeListError(f"{path}: could not parse")  # pragma: no cover
+    pairs = flat.reshape(-1, 2)
+    if (pairs < 0).any():
+        no = int(np.argmax((pairs < 0).any(axis=1)))
+        raise EdgeListError(f"{path}: edge {no + 1} has a negative vertex id")
+    ids, inverse = np.unique(pairs, return_inverse=True)
+    inverse = inverse.reshape(-1, 2)
+    return inverse[:, 0].copy(), inverse[:, 1].copy(), ids
+
+
+class GraphFormatError(DataError):
+    """An edge file that cannot be read (names the file and what is wrong)."""
+
+
+def read_edges(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An edge file → (src, dst, ids) with compact 0-based ids into the sorted ids that
+    occur; duplicate edges dropped (as a networkx DiGraph reads them). Formats, by name:
+    ``.npz`` (arrays ``src`` and ``dst``, or a scipy sparse matrix from ``save_npz``:
+    entry (i, j) is the edge i -> j, 0-based ids), ``.mtx`` / ``.mtx.gz`` (Matrix Market
+    coordinate: entry (i, j) is the edge i -> j, 1-based ids as written; symmetric files
+    give both directions), anything else a SNAP edge list (``#`` comments, tab or space,
+    ``.gz`` allowed)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        return compact_edges(*_read_npz(path))
+    if name.endswith(".mtx") or name.endswith(".mtx.gz"):
+        return compact_edges(*_read_mtx(path))
+    if path.suffix == ".gz":
+        import tempfile
+
+        with gzip.open(path, "rb") as f, tempfile.NamedTemporaryFile(suffix=path.stem) as tmp:
+            tmp.write(f.read())
+            tmp.flush()
+            src, dst, ids = read_edge_list(tmp.name)
+    else:
+        src, dst, ids = read_edge_list(path)
+    pairs = np.unique(np.stack([src, dst], axis=1), axis=0)
+    return pairs[:, 0].copy(), pairs[:, 1].copy(), ids
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        keys = set(z.files)
+        if {"src", "dst"} <= keys:
+            src, dst = np.asarray(z["src"]), np.asarray(z["dst"])
+            if src.shape != dst.shape or src.ndim != 1:
+                raise GraphFormatError(f"{path}: src and dst must be 1-D arrays of one length, "
+                                       f"got shapes {src.shape} and {dst.shape}")
+        elif "format" in keys:
+            fmt = z["format"].item()
+            fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+            if fmt == "coo":
+                src, dst = z["row"], z["col"]
+            elif fmt in ("csr", "csc"):
+                indptr, indices = z["indptr"], z["indices"]
+                major = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+                src, dst = (major, indices) if fmt == "csr" else (indices, major)
+            else:
+                raise GraphFormatError(f"{path}: scipy sparse format {fmt!r} is not supported (csr, csc, coo are)")
+        else:
+            raise GraphFormatError(f"{path}: expected arrays 'src' and 'dst' or a scipy sparse matrix "
+                                   f"(save_npz), found {sorted(keys)}")
+    for what, a in (("src", src), ("dst", dst)):
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise GraphFormatError(f"{path}: {what} must hold integer vertex ids, got {a.dtype}")
+        if a.size and a.min() < 0:
+            raise GraphFormatError(f"{path}: {what} has a negative vertex id")
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+def _read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt") as f:
+        header = f.readline().split()
+        if len(header) != 5 or header[0] != "%%MatrixMarket" or header[1].lower() != "matrix":
+            raise GraphFormatError(f"{path}:1: not a Matrix Market header (%%MatrixMarket matrix coordinate ...)")
+        fmt, field, symmetry = (h.lower() for h in header[2:])
+        if fmt != "coordinate":
+            raise GraphFormatError(f"{path}:1: only the coordinate format holds a graph, got {fmt!r}")
+        ncols = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}.get(field)
+        if ncols is None:
+            raise GraphFormatError(f"{path}:1: unknown field {field!r}")
+        if symmetry not in ("general", "symmetric", "skew-symmetric", "hermitian"):
+            raise GraphFormatError(f"{path}:1: unknown symmetry {symmetry!r}")
+        line_no = 1
+        for line in f:
+            line_no += 1
+            if line.strip() and not line.startswith("%"):
+                break
+        else:
+            raise GraphFormatError(f"{path}: no size line")
+        try:
+            rows, cols, nnz = (int(x) for x in line.split())
+        except ValueError:
+            raise GraphFormatError(f"{path}:{line_no}: expected 'rows cols entries', got {line.strip()[:60]!r}") from None
+        body = [ln for ln in f.read().splitlines() if ln.strip() and not ln.startswith("%")]
+    try:
+        flat = np.array(" ".join(body).split(), dtype=np.float64)
+    except ValueError:
+        raise GraphFormatError(f"{path}: an entry is not numeric") from None
+    if flat.size != nnz * ncols:
+        raise GraphFormatError(f"{path}: expected {nnz} entries of {ncols} fields, found {flat.size} fields")
+    e = flat.reshape(nnz, ncols)
+    src, dst = e[:, 0].astype(np.int64), e[:, 1].astype(np.int64)
+    if nnz and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
+        raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
+    if symmetry != "general":
+        off = src != dst
+        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
+    return src, dst
+
+
+def partition_edges(src, dst, rank: int, size: int, seed: int = 0):
+    """This rank's share of a seeded random edge partition."""
+    owner = np.random.default_rng(seed).integers(0, size, len(src))
+    m = owner == rank
+    return src[m], dst[m]
+
+
+def compact_ids(a, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` for ids in ``[0, n)``: by a marker array of
+    size ``n`` (linear time) when that is no larger than ``a`` itself, else by sorting."""
+    a = np.asarray(a, np.int64)
+    if 0 < n <= len(a):
+        mark = np.zeros(n, np.bool_)
+        mark[a] = True
+        u = np.flatnonzero(mark)
+        pos = np.empty(n, np.int64)
+        pos[u] = np.arange(len(u))
+        return u, pos[a]
+    u, inv = np.unique(a, return_inverse=True)
+    return u, inv.reshape(-1)
+
+
+def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst) of original ids → (src, dst, ids): duplicate edges dropped, edges sorted,
+    endpoints renumbered into the sorted ids that occur."""
+    src = np.asarray(src, np.int64)
+    dst = np.asarray(dst, np.int64)
+    ids, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    m = len(src)
+    key = np.unique(inv[:m].astype(np.int64) * max(1, len(ids)) + inv[m:])
+    return key // max(1, len(ids)), key % max(1, len(ids)), ids
+
+
+# ---------------------------------------------------------------------------------------
+# Partitioned input: each rank of a job reads only its share of the edges.
+
+
+def edge_parts(path) -> list[Path] | None:
+    """The part files of a directory or a glob pattern (sorted by name; hidden files and
+    ``_SUCCESS``-style markers skipped), or None when ``path`` names one file."""
+    import glob
+
+    s = str(path)
+    if any(c in s for c in "*?["):
+        parts = sorted(Path(p) for p in glob.glob(s) if Path(p).is_file())
+        if not parts:
+            raise FileNotFoundError(f"{s}: no file matches")
+    elif Path(s).is_dir():
+        parts = sorted(p for p in Path(s).iterdir() if p.is_file() and not p.name.startswith((".", "_")))
+        if not parts:
+            raise GraphFormatError(f"{s}: the directory holds no part files")
+    else:
+        return None
+    return parts
+
+
+def read_edge_share(path, rank: int = 0, size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
+    written (0-based; Matrix Market's 1-based ids are shifted down by one). Every edge of
+    the input is in exactly one rank's share; duplicates are kept (see
+    :func:`owner_dedup`).
+
+    How the share is cut, by input:
+
+    * a directory of part files or a glob: rank r reads the parts ``r, r + size, ...``
+      whole (sorted by name), each in any of the formats below;
+    * a text edge list (SNAP: ``#`` comments, two ids per line) or Matrix Market ``.mtx``:
+      the lines that start in the rank's ``1/size`` of the bytes, parsed in native code;
+    * ``.gz``: one gzip stream cannot be split, so every rank decompresses all of it and
+      parses only its chunks (the decompression is paid on every rank);
+    * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
+      matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
+      members and streamed from compressed ones.
+    """
+    path = Path(path)
+    parts = edge_parts(path)
+    if parts is not None:
+        got = [read_edge_share(p, 0, 1) for p in parts[rank::size]]
+        if not got:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate([s for s, _ in got]), np.concatenate([d for _, d in got])
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    name = path.name.lower()
+    if name.endswith(".npy"):
+        return _npy_share(path, rank, size)
+    if name.endswith(".npz"):
+        return _npz_share(path, rank, size)
+    if name.endswith(".mtx") or name.endswith(".mtx.gz"):
+        return _mtx_share(path, rank, size)
+    from .. import _native
+
+    return _native.read_edges_share(str(path), rank, size)
+
+
+def _check_ids(path, src, dst) -> tuple[np.ndarray, np.ndarray]:
+    for what, a in (("src", src), ("dst", dst)):
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise GraphFormatError(f"{path}: {what} must hold integer vertex ids, got {a.dtype}")
+        if a.size and a.min() < 0:
+            raise GraphFormatError(f"{path}: {what} has a negative vertex id")
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
+
+
+def _npy_share(path, rank, size):
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as e:
+        raise GraphFormatError(f"{path}: not a readable .npy file ({e})") from None
+    if a.ndim != 2 or a.shape[1] != 2:
+        raise GraphFormatError(f"{path}: an edge array must have shape (edges, 2), got {a.shape}")
+    lo, hi = len(a) * rank // size, len(a) * (rank + 1) // size
+    return _check_ids(path, np.array(a[lo:hi, 0]), np.array(a[lo:hi, 1]))
+
+
+def _npy_header(f, path, name) -> tuple[tuple, np.dtype]:
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except ValueError as e:
+        raise GraphFormatError(f"{path}: array {name!r} has no readable .npy header ({e})") from None
+    if fortran and len(shape) > 1:
+        raise GraphFormatError(f"{path}: array {name!r} is in Fortran order")
+    return shape, np.dtype(dtype)
+
+
+class _NpzMember:
+    """One 1-D array of an ``.npz``, read in slices: memory-mapped when the member is
+    stored uncompressed, else streamed (decompressing up to the slice's end)."""
+
+    def __init__(self, path, zf, name):
+        import zipfile
+
+        self.path, self.zf, self.name = path, zf, name
+        info = zf.getinfo(name + ".npy")
+        with zf.open(info) as f:
+            shape, dtype = _npy_header(f, path, name)
+            header = f.tell()
+        if len(shape) != 1:
+            raise GraphFormatError(f"{path}: array {name!r} must be 1-D, got shape {shape}")
+        self.info, self.shape, self.dtype = info, shape, np.dtype(dtype)
+        self.stored = info.compress_type == zipfile.ZIP_STORED
+        if self.stored:
+            # Data of a stored member starts after its local header, name and extra field.
+            with open(path, "rb") as raw:
+                raw.seek(info.header_offset)
+                local = raw.read(30)
+                n, m = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+            self.data_at = info.header_offset + 30 + n + m + header
+
+    def __len__(self):
+        return int(self.shape[0])
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        hi = max(lo, hi)
+        if self.stored:
+            mm = np.memmap(self.path, self.dtype, "r", offset=self.data_at, shape=self.shape) if len(self) else None
+            return np.array(mm[lo:hi]) if mm is not None else np.zeros(0, self.dtype)
+        item = self.dtype.itemsize
+        with self.zf.open(self.info) as f:
+            _npy_header(f, self.path, self.name)
+            skip = lo * item
+            while skip:
+                got = f.read(min(skip, 16 << 20))
+                if not got:
+                    raise GraphFormatError(f"{self.path}: array {self.name!r} is truncated")
+                skip -= len(got)
+            data = f.read((hi - lo) * item)
+        if len(data) != (hi - lo) * item:
+            raise GraphFormatError(f"{self.path}: array {self.name!r} is truncated")
+        return np.frombuffer(data, self.dtype).copy()
+
+
+def _npz_share(path, rank, size):
+    import zipfile
+
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise GraphFormatError(f"{path}: not a readable .npz file ({e})") from None
+    with zf:
+        keys = {n[:-4] for n in zf.namelist() if n.endswith(".npy")}
+
+        def member(name):
+            return _NpzMember(path, zf, name)
+
+        if {"src", "dst"} <= keys:
+            s, d = member("src"), member("dst")
+            if len(s) != len(d):
+                raise GraphFormatError(f"{path}: src and dst must be 1-D arrays of one length, got {len(s)} and {len(d)}")
+            lo, hi = len(s) * rank // size, len(s) * (rank + 1) // size
+            return _check_ids(path, s.slice(lo, hi), d.slice(lo, hi))
+        if "format" not in keys:
+            raise GraphFormatError(f"{path}: expected arrays 'src' and 'dst' or a scipy sparse matrix "
+                                   f"(save_npz), found {sorted(keys)}")
+        with np.load(path, allow_pickle=False) as z:
+            fmt = z["format"].item()
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        if fmt == "coo":
+            r, c = member("row"), member("col")
+            lo, hi = len(r) * rank // size, len(r) * (rank + 1) // size
+            return _check_ids(path, r.slice(lo, hi), c.slice(lo, hi))
+        if fmt not in ("csr", "csc"):
+            raise GraphFormatError(f"{path}: scipy sparse format {fmt!r} is not supported (csr, csc, coo are)")
+        indptr = member("indptr").slice(0, len(member("indptr"))).astype(np.int64)
+        ind = member("indices")
+        lo, hi = len(ind) * rank // size, len(ind) * (rank + 1) // size
+        minor = ind.slice(lo, hi)
+        first = int(np.searchsorted(indptr, lo, side="right")) - 1 if len(ind) else 0
+        last = int(np.searchsorted(indptr, hi, side="left")) if len(ind) else 0
+        rows = np.arange(first, max(first, last), dtype=np.int64)
+        counts = np.diff(np.clip(indptr[first:max(first, last) + 1], lo, hi))
+        major = np.repeat(rows, counts)
+        return _check_ids(path, major, minor) if fmt == "csr" else _check_ids(path, minor, major)
+
+
+def _mtx_header(path) -> tuple[int, str, int, int]:
+    """(byte offset of the body in the decompressed text, symmetry, rows, cols)."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as f:
+        first = f.readline()
+        header = first.decode(errors="replace").split()
+        if len(header) != 5 or header[0] != "%%MatrixMarket" or header[1].lower() != "matrix":
+            raise GraphFormatError(f"{path}:1: not a Matrix Market header (%%MatrixMarket matrix coordinate ...)")
+        fmt, field, symmetry = (h.lower() for h in header[2:])
+        if fmt != "coordinate":
+            raise GraphFormatError(f"{path}:1: only the coordinate format holds a graph, got {fmt!r}")
+        if field not in ("pattern", "real", "integer", "double", "complex"):
+            raise GraphFormatError(f"{path}:1: unknown field {field!r}")
+        if symmetry not in ("general", "symmetric", "skew-symmetric", "hermitian"):
+            raise GraphFormatError(f"{path}:1: unknown symmetry {symmetry!r}")
+        offset, line_no = len(first), 1
+        for line in f:
+            line_no += 1
+            offset += len(line)
+            if line.strip() and not line.startswith(b"%"):
+                break
+        else:
+            raise GraphFormatError(f"{path}: no size line")
+        try:
+            rows, cols, _ = (int(x) for x in line.split())
+        except ValueError:
+            raise GraphFormatError(f"{path}:{line_no}: expected 'rows cols entries', got "
+                                   f"{line.strip()[:60].decode(errors='replace')!r}") from None
+    return offset, symmetry, rows, cols
+
+
+def _mtx_share(path, rank, size):
+    from .. import _native
+
+    offset, symmetry, rows, cols = _mtx_header(path)
+    src, dst = _native.read_edges_share(str(path), rank, size, offset=offset, max_fields=4)
+    if len(src) and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
+        raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
+    src -= 1
+    dst -= 1
+    if symmetry != "general":
+        off = src != dst
+        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
+    return src, dst
+
+
+def edge_owner(src, dst, size: int) -> np.ndarray:
+    """The rank that owns each edge: a hash of (src, dst) modulo ``size`` (uint16 for a
+    linear-time stable sort by owner)."""
+    with np.errstate(over="ignore"):
+        h = (np.asarray(src).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.asarray(dst).astype(np.uint64)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    return (h % np.uint64(size)).astype(np.uint16)
+
+
+def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: int = 0):
+    """Collective: sends every edge to the rank that owns it (:func:`edge_owner`) and drops
+    the duplicates there. Returns this rank's distinct edges (src, dst), sorted, as uint32
+    when every id is below 2**32 (else int64). ``ranks``/``first``: the edges go to ranks
+    ``first .. first + ranks - 1`` (one replica set of a replicated job); default all."""
+    ranks = group.size if ranks is None else int(ranks)
+    idt = np.uint32 if n_ids <= 1 << 32 else np.int64
+    pairs = np.empty((len(src), 2), idt)
+    pairs[:, 0] = src
+    pairs[:, 1] = dst
+    del src, dst
+    owner = edge_owner(pairs[:, 0], pairs[:, 1], ranks)
+    order = np.argsort(owner, kind="stable")  # radix sort of uint16
+    counts = np.zeros(group.size, np.int64)
+    counts[first:first + ranks] = np.bincount(owner, minlength=ranks)
+    del owner
+    got = group.alltoallv(pairs[order], counts)
+    del pairs, order
+    if n_ids <= 1 << 32:
+        key = got[:, 0].astype(np.uint64) << np.uint64(32) | got[:, 1].astype(np.uint64)
+        del got
+        key = np.unique(key)
+        return (key >> np.uint64(32)).astype(np.uint32), (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    u = np.unique(got, axis=0)
+    return u[:, 0].copy(), u[:, 1].copy()

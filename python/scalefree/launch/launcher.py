@@ -1,0 +1,471 @@
+"""``scalefree run``: start N ranks of a command on this host (like torchrun, for one host).
+
+    scalefree run -n 4 [--timeout S] [--grace S] [--no-prefix] [--] python train.py args
+
+Each rank gets ``SCALEFREE_RANK``, ``SCALEFREE_WORLD_SIZE``, ``SCALEFREE_LOCAL_RANK``,
+``SCALEFREE_LOCAL_SIZE``, ``SCALEFREE_JOB_ID`` and ``SCALEFREE_JOB_TOKEN`` (fresh for every
+run) on top of the inherited environment, minus the rank variables of other launchers
+(mpirun, srun, torchrun). Each output line is prefixed with ``[rank] ``.
+
+The exit code is 0 when every rank exits 0, otherwise that of the first rank to fail
+(128+k for a rank killed by signal k). When a rank fails the others get ``--grace`` seconds
+to exit by themselves (the library makes them raise ``PeerLostError`` within about a
+second), then SIGTERM, then SIGKILL 2 s later. ``--timeout`` ends the job with exit code
+124. SIGINT, SIGTERM or SIGHUP to the launcher stop every rank (SIGTERM, SIGKILL 2 s later)
+and exit with 128 + the signal. Every rank leads its own process group, which is killed
+as a whole at the end, and dies with the launcher even if the launcher is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+#: Rank variables of other launchers; they must not leak into our ranks.
+FOREIGN_RANK_VARIABLES = (
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+)
+
+DEFAULT_MASTER_PORT = 29517  # the transport's default too
+EXIT_TIMEOUT = 124
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+TERM_TO_KILL_SECONDS = 2.0
+DEFAULT_GRACE_SECONDS = 5.0
+
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_POLL_SECONDS = 0.01
+_DRAIN_SECONDS = 5.0  # output of a process that escaped its group is not waited for longer
+_READ_BYTES = 1 << 16
+_PR_SET_PDEATHSIG = 1
+
+
+def new_job() -> tuple[str, str]:
+    """A fresh job id and secret token."""
+    return "sf-" + secrets.token_hex(6), secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Where this launcher's ranks sit in a job over several hosts (torchrun-style): host
+    ``node_rank`` of ``nnodes``, each running ``nproc_per_node`` ranks, meeting at
+    ``master_addr:master_port`` (rank 0's host)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def global_rank(self, local: int, per_node: int) -> int:
+        return self.node_rank * per_node + local
+
+
+def multi_host_job(nodes: Nodes) -> tuple[str, str]:
+    """Job id and token that every host of the job computes alike: from
+    ``SCALEFREE_JOB_ID``/``SCALEFREE_JOB_TOKEN`` when set (set the token to a shared secret
+    to keep other users' jobs out), else derived from the master address and the user id."""
+    where = f"{nodes.master_addr}:{nodes.master_port}"
+    job_id = os.environ.get("SCALEFREE_JOB_ID") or "sf-" + hashlib.sha256(where.encode()).hexdigest()[:12]
+    token = os.environ.get("SCALEFREE_JOB_TOKEN") or hashlib.sha256(f"{where}:{os.getuid()}:{job_id}".encode()).hexdigest()[:32]
+    return job_id, token
+
+
+def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None, *,
+                     local_rank: int | None = None, local_size: int | None = None, nodes: Nodes | None = None) -> dict:
+    """The environment of one rank: ``base`` (default ``os.environ``) without other
+    launchers' rank variables, plus the ``SCALEFREE_*`` ones."""
+    env = dict(os.environ if base is None else base)
+    for name in FOREIGN_RANK_VARIABLES:
+        env.pop(name, None)
+    env.update(
+        SCALEFREE_RANK=str(rank),
+        SCALEFREE_WORLD_SIZE=str(size),
+        SCALEFREE_LOCAL_RANK=str(rank if local_rank is None else local_rank),
+        SCALEFREE_LOCAL_SIZE=str(size if local_size is None else local_size),
+        SCALEFREE_JOB_ID=job_id,
+        SCALEFREE_JOB_TOKEN=token,
+    )
+    if nodes is not None and nodes.master_addr:
+        env["SCALEFREE_MASTER_ADDR"] = nodes.master_addr
+        env["SCALEFREE_MASTER_PORT"] = str(nodes.master_port or DEFAULT_MASTER_PORT)
+    return env
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+
+_output_lock = threading.Lock()  # one writer at a time, across both of our streams
+
+
+def _write(sink, data: bytes) -> None:
+    with _output_lock:
+        try:
+            sink.write(data)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # our own stream is gone (e.g. a closed pipe): keep draining the rank anyway
+
+
+def _say(message: str) -> None:
+    """A launcher message on stderr, never inside a rank's line."""
+    _write(_binary(sys.stderr), f"scalefree run: {message}\n".encode())
+
+
+class _TextSink:
+    """Writes bytes to a text stream that has no binary buffer (e.g. in a notebook)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data.decode(errors="replace"))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _binary(stream):
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else _TextSink(stream)
+
+
+def _pump(source, sink, prefix: bytes) -> None:
+    """Copies a rank's stream to ``sink`` whole lines at a time, each line prefixed.
+
+    A line ends at ``\\n`` or at a lone ``\\r`` (progress bars), so no other output lands
+    inside it. A last line without an end is written at EOF, with a newline when prefixed.
+    """
+    tail = b""
+    with source:
+        while chunk := source.read1(_READ_BYTES):
+            lines = (tail + chunk).splitlines(keepends=True)
+            # The last piece may be incomplete, or a "\r" whose "\n" is in the next chunk.
+            tail = b"" if lines[-1].endswith(b"\n") else lines.pop()
+            if lines:
+                _write(sink, b"".join(prefix + line for line in lines))
+    if tail:
+        _write(sink, prefix + tail + (b"\n" if prefix else b""))
+
+
+def _start_pump(source, sink, prefix: bytes) -> threading.Thread:
+    t = threading.Thread(target=_pump, args=(source, sink, prefix), name="scalefree-run-output", daemon=True)
+    t.start()
+    return t
+
+
+def _join(threads: list[threading.Thread], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+# ---------------------------------------------------------------------------------------
+# Processes
+
+
+def _die_with_launcher():
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the launcher dies
+    (Linux ``PR_SET_PDEATHSIG``); None where prctl does not exist. Everything is resolved
+    here in the parent, so the forked child only makes the call."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    launcher_pid = os.getpid()
+    kill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, kill, 0, 0, 0)
+        if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _exit_code(info) -> int:
+    """A shell-style exit code from ``os.waitid``'s result: 128+k for signal k."""
+    return info.si_status if info.si_code == os.CLD_EXITED else 128 + info.si_status
+
+
+def _describe(code: int) -> str:
+    with contextlib.suppress(ValueError):
+        if code > 128:
+            return f"code {code} ({signal.Signals(code - 128).name})"
+    return f"code {code}"
+
+
+class _Ranks:
+    """The rank processes of one job, each the leader of its own process group.
+
+    An exited rank is not reaped until :meth:`close`, so its pid, and the id of its
+    process group, cannot be reused by an unrelated process before we are done signalling.
+    """
+
+    def __init__(self, cmd: list[str], nprocs: int, env: dict | None, job_id: str, token: str, nodes: Nodes | None = None):
+        self.procs: list[subprocess.Popen] = []
+        self._codes: dict[int, int] = {}
+        preexec = _die_with_launcher()
+        nodes = nodes or Nodes()
+        self.first_rank = nodes.global_rank(0, nprocs)  # global rank of this host's first rank
+        try:
+            for local in range(nprocs):
+                self.procs.append(subprocess.Popen(
+                    cmd,
+                    env=rank_environment(nodes.global_rank(local, nprocs), nodes.nnodes * nprocs, job_id, token, env,
+                                         local_rank=local, local_size=nprocs, nodes=nodes),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                ))
+        except BaseException:
+            self.close()
+            raise
+
+    def exit_code(self, rank: int) -> int | None:
+        """The rank's exit code, or None while it runs."""
+        if rank not in self._codes:
+            info = os.waitid(os.P_PID, self.procs[rank].pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is None:
+                return None
+            self._codes[rank] = _exit_code(info)
+        return self._codes[rank]
+
+    def running(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if self.exit_code(r) is None]
+
+    def signal_groups(self, sig: int, ranks: list[int]) -> None:
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.procs[r].pid, sig)
+
+    def wait(self, seconds: float, interrupted: list[int] | None = None) -> None:
+        """Waits up to ``seconds`` for every rank to exit (less if a signal arrives)."""
+        deadline = time.monotonic() + seconds
+        while self.running() and time.monotonic() < deadline and not interrupted:
+            time.sleep(_POLL_SECONDS)
+
+    def stop(self, grace_seconds: float, interrupted: list[int] | None = None) -> None:
+        """Gives the ranks ``grace_seconds`` to exit, then SIGTERM, then SIGKILL."""
+        self.wait(grace_seconds, interrupted)
+        self.signal_groups(signal.SIGTERM, self.running())
+        self.wait(TERM_TO_KILL_SECONDS)
+        self.signal_groups(signal.SIGKILL, self.running())
+
+    def close(self) -> None:
+        """Kills whatever is left in every rank's process group and reaps the ranks."""
+        self.signal_groups(signal.SIGKILL, list(range(len(self.procs))))
+        for p in self.procs:
+            p.wait()
+
+
+@contextlib.contextmanager
+def _catch_stopping_signals(received: list[int]):
+    """Records SIGINT/SIGTERM/SIGHUP in ``received`` instead of dying (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in _STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int],
+               allow_rank_failure: bool = False) -> int:
+    """Waits for the job to end and stops it as needed; returns its exit code."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    reported: set[int] = set()
+    while True:
+        if received:
+            sig = signal.Signals(received[0])
+            _say(f"received {sig.name}; stopping all ranks")
+            ranks.stop(0.0)
+            return 128 + sig
+        codes = [ranks.exit_code(r) for r in range(len(ranks.procs))]
+        if allow_rank_failure:
+            for rank, code in enumerate(codes):
+                if code and rank not in reported:
+                    reported.add(rank)
+                    _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}; "
+                         "the others keep running (--allow-rank-failure)")
+            if all(code is not None for code in codes):
+                # Ranks that died by a signal are the tolerated failures; a rank that exited
+                # with an error code by itself fails the job, and so does losing every rank.
+                own = [c for c in codes if c and c <= 128]
+                return own[0] if own else (0 if any(c == 0 for c in codes) else next(c for c in codes if c))
+            codes = [0 if c else c for c in codes]
+        for rank, code in enumerate(codes):
+            if code:  # the first failure seen; ties within one poll go to the lowest rank
+                others = ranks.running()
+                _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                ranks.stop(grace, received)
+                return code
+        if all(code == 0 for code in codes) and not allow_rank_failure:
+            return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            _say(f"timeout after {timeout:g} s; stopping all ranks")
+            ranks.stop(0.0)
+            return EXIT_TIMEOUT
+        time.sleep(_POLL_SECONDS)
+
+
+def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
+           prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
+           allow_rank_failure: bool = False) -> int:
+    """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
+
+    ``nodes`` places them in a job over several hosts: run the same command on every host
+    with its own ``node_rank``; ranks meet at ``master_addr`` (rank 0's host) over TCP and
+    talk over UCX between hosts, shared memory within one.
+
+    ``timeout`` (seconds, default none) limits the whole job; ``grace`` (seconds) is how
+    long the other ranks may take to exit by themselves after one fails; ``prefix`` tags
+    each output line with ``[rank] ``; ``allow_rank_failure`` keeps the other ranks running
+    when one dies (for replicated collectives), the job then ending when all have exited,
+    with code 0 if some rank succeeded and every failed rank died by a signal; ``env`` replaces ``os.environ`` as the base of each
+    rank's environment. Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
+    command that cannot be started gives 127 (not found) or 126, with a message.
+    """
+    cmd = [os.fspath(c) for c in cmd]
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if not cmd:
+        raise ValueError("no command to run")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    if grace < 0:
+        raise ValueError(f"grace must not be negative, got {grace}")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    nodes = nodes or Nodes()
+    if nodes.nnodes > 1 and not nodes.master_addr:
+        raise ValueError("a job over several hosts needs master_addr (rank 0's host)")
+    if not 0 <= nodes.node_rank < nodes.nnodes:
+        raise ValueError(f"node_rank must be in [0, {nodes.nnodes}), got {nodes.node_rank}")
+    job_id, token = multi_host_job(nodes) if nodes.master_addr else new_job()
+    received: list[int] = []
+    with _catch_stopping_signals(received):
+        try:
+            ranks = _Ranks(cmd, nprocs, env, job_id, token, nodes)
+        except OSError as e:
+            _say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
+            return EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+        tag = (lambda r: f"[{nodes.global_rank(r, nprocs)}] ".encode()) if prefix else (lambda r: b"")
+        out, err = _binary(sys.stdout), _binary(sys.stderr)
+        pumps = []
+        for r, p in enumerate(ranks.procs):
+            pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
+        try:
+            return _supervise(ranks, timeout, grace, received, allow_rank_failure)
+        finally:
+            ranks.close()
+            _join(pumps, _DRAIN_SECONDS)
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+
+
+_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
+          "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P] [--] CMD ...")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _seconds(text: str, *, allow_zero: bool) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 <= s < float("inf")) or (s == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if allow_zero else 'positive'} number of seconds, got {text}")
+    return s
+
+
+def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("-n", "--nprocs", "--nproc-per-node", type=_at_least_one, default=None, metavar="N",
+                   help="number of ranks to start on this host (at least 1)")
+    hosts = p.add_argument_group("several hosts (run the same command on every host)")
+    hosts.add_argument("--nnodes", type=_at_least_one, default=1, metavar="H", help="number of hosts (default: 1)")
+    hosts.add_argument("--node-rank", type=int, default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
+    hosts.add_argument("--master-addr", default=os.environ.get("SCALEFREE_MASTER_ADDR"), metavar="ADDR",
+                       help="address of the host of rank 0 (node rank 0), where ranks meet "
+                            "(default: SCALEFREE_MASTER_ADDR)")
+    hosts.add_argument("--master-port", type=int, default=None, metavar="P",
+                       help=f"TCP port of the meeting point (default: SCALEFREE_MASTER_PORT or {DEFAULT_MASTER_PORT})")
+    p.add_argument("--timeout", type=functools.partial(_seconds, allow_zero=False), default=None, metavar="S",
+                   help="wall-clock limit for the whole job in seconds; exit code 124 when reached (default: none)")
+    p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
+                   metavar="S", help="seconds the other ranks get to exit by themselves after one fails, "
+                                     f"before SIGTERM (default: {DEFAULT_GRACE_SECONDS:g})")
+    p.add_argument("--no-prefix", action="store_true", help="pass output through without the [rank] prefix")
+    p.add_argument("--allow-rank-failure", action="store_true",
+                   help="keep the job running when a rank dies (replicated collectives, e.g. "
+                        "sparse_allreduce(replication=2)); exit 0 if some rank succeeded and every "
+                        "failed rank died by a signal")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments (after --)")
+    p.set_defaults(func=functools.partial(_run, p))
+    return p
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        parser.error("no command given: scalefree run -n N [--] CMD [ARGS...]")
+    if args.nprocs is None:
+        parser.error("the number of ranks is required: -n N (or --nproc-per-node N)")
+    if args.nnodes > 1 and not args.master_addr:
+        parser.error("--nnodes > 1 needs --master-addr (the address of node rank 0)")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    port = args.master_port or int(os.environ.get("SCALEFREE_MASTER_PORT") or DEFAULT_MASTER_PORT)
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port) if args.master_addr else None
+    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes,
+                  allow_rank_failure=args.allow_rank_failure)
+
+
+def add_parser(sub) -> None:
+    """Registers ``run`` on the ``scalefree`` command's subparsers."""
+    _configure(sub.add_parser("run", help="start N ranks of a command on this host", usage=_USAGE,
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scalefree.launch.launcher -n N [--] CMD ...``, the same as ``scalefree run``."""
+    parser = _configure(argparse.ArgumentParser(prog="scalefree run", usage=_USAGE, description=__doc__,
+                                                formatter_class=argparse.RawDescriptionHelpFormatter))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

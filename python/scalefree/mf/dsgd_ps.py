@@ -1,0 +1,116 @@
+"""``dsgd-ps`` mode: DSGD with a parameter server (the Rima paper's baseline, section II-C).
+
+Rank 0 is the parameter server and holds all of P and Q; ranks 1..w are workers (w = size − 1),
+and R is cut into w × w blocks. Every step the server picks a pattern of w interchangeable
+blocks (distinct row blocks, distinct column blocks): per iteration a random order of the w
+diagonals, and per step a random assignment of the pattern's blocks to workers, all from the
+shared seed. Each worker pulls its P block and Q block, runs SGD on its block of R, and pushes
+both back; an iteration is w steps and visits every block once.
+
+Pulls and pushes are static tensor slots (``scalefree.tensors.slots.static_slots``). A worker trains
+in the pull buffer itself, pushes from it and then releases it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..tensors import slots as tensors
+from ..errors import InvalidArgumentError
+from .blocks import FactorBlock, Partition, train_block
+
+
+def patterns(w: int, iterations: int, seed: int):
+    """Per step: (row block, column block) for each worker, the same on every rank."""
+    rng = np.random.default_rng([seed, 0x4453_4744])
+    for _ in range(iterations):
+        for off in rng.permutation(w):
+            rows = rng.permutation(w)
+            yield [(int(b), int((b + off) % w)) for b in rows]
+
+
+def train(group, train_ratings, opts: dict) -> dict:
+    """Runs on every rank of ``group`` (at least 2); rank 0 (the server) returns P, Q (dense
+    id order) and the accounting, workers their own accounting. ``opts`` as for rima (without
+    blocks_per_worker; the server evaluates on its own copy, nothing is gathered)."""
+    if group.size < 2:
+        raise InvalidArgumentError("dsgd-ps needs at least 2 ranks (rank 0 is the parameter server)")
+    w, r = group.size - 1, group.rank
+    k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
+    part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
+    psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
+    specs = []
+    for a in range(1, w + 1):
+        specs += [dict(name=f"pull_p{a}", src=0, dst=a, shape=(psize,), dtype="float32"),
+                  dict(name=f"pull_q{a}", src=0, dst=a, shape=(qsize,), dtype="float32"),
+                  dict(name=f"push_p{a}", src=a, dst=0, shape=(psize,), dtype="float32"),
+                  dict(name=f"push_q{a}", src=a, dst=0, shape=(qsize,), dtype="float32"),
+                  dict(name=f"st{a}", src=a, dst=0, shape=(3 + iters,), dtype="float64")]
+    slots = tensors.static_slots(group, specs)
+    group.barrier()
+    t0 = time.perf_counter()
+    if r == 0:
+        pb = {b: part.p_block(b).flat for b in range(w)}
+        qb = {b: part.q_block(b).flat for b in range(w)}
+        sent = 0
+        tick = opts.get("on_iteration")
+        evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+        evals, paused = [], 0.0
+        for step, pat in enumerate(patterns(w, iters, seed)):
+            if step > 0 and step % w == 0:
+                it = step // w
+                if every and evaluate is not None and it % every == 0:
+                    e0 = time.perf_counter()
+                    evals.append((it, evaluate(*part.dense_factors(pb, qb)), e0 - t0 - paused))
+                    paused += time.perf_counter() - e0
+                if tick is not None:
+                    tick(it)
+            for a, (ru, ri) in enumerate(pat, start=1):
+                slots[f"pull_p{a}"].send(pb[ru])
+                slots[f"pull_q{a}"].send(qb[ri])
+                sent += pb[ru].nbytes + qb[ri].nbytes
+            for a, (ru, ri) in enumerate(pat, start=1):
+                pb[ru][:] = slots[f"push_p{a}"].recv()
+                qb[ri][:] = slots[f"push_q{a}"].recv()
+                slots[f"push_p{a}"].release()
+                slots[f"push_q{a}"].release()
+        seconds = time.perf_counter() - t0 - paused
+        if tick is not None:
+            tick(iters)
+        stats = []
+        for a in range(1, w + 1):
+            stats.append(slots[f"st{a}"].recv().copy())
+            slots[f"st{a}"].release()
+        P, Q = part.dense_factors(pb, qb)
+        group.barrier()
+        st = np.array(stats)
+        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": sent, "evals": evals,
+                "train_mse": list(st[:, 3:].sum(axis=0) / part.n_ratings),
+                "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
+                "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "connections": 1}
+    rng = np.random.default_rng([seed, r, 0x53])
+    sent = recvd = 0
+    comm = 0.0
+    losses = np.zeros(iters)
+    pull_p, pull_q, push_p, push_q = (slots[f"{s}{r}"] for s in ("pull_p", "pull_q", "push_p", "push_q"))
+    for step, pat in enumerate(patterns(w, iters, seed)):
+        ru, ri = pat[r - 1]
+        c0 = time.perf_counter()
+        p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
+        q = FactorBlock(pull_q.recv(), part.irows(ri), part.irows_max, k)
+        c1 = time.perf_counter()
+        losses[step // w] += train_block(part, ru, ri, p, q, opts, rng)
+        c2 = time.perf_counter()
+        push_p.send(p.flat)
+        push_q.send(q.flat)
+        pull_p.release()
+        pull_q.release()
+        comm += (c1 - c0) + (time.perf_counter() - c2)
+        sent += p.flat.nbytes + q.flat.nbytes
+        recvd += p.flat.nbytes + q.flat.nbytes
+    seconds = time.perf_counter() - t0
+    slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses]))
+    group.barrier()
+    return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}

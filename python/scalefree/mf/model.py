@@ -1,0 +1,461 @@
+"""Matrix factorization R ≈ P Qᵀ by SGD (``scalefree mf``; the Rima paper, eqs. 3–7).
+
+``MatrixFactorization(k=40, mode="local").fit(data)`` trains on one machine with
+multi-threaded FPSGD-style block scheduling (the Rust crate ``scalefree-mf``). ``data`` is a
+rating file (MovieLens ``u.data`` / ``ratings.dat`` / ``ratings.csv``, LIBMF text, Matrix
+Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are kept as the
+user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
+
+The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
+``scalefree mf train DATA --mode rima -n 4``), each rank loading the same data:
+
+* ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
+  passed to the successor per step;
+* ``dsgd-ps`` (``mf/dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
+  both factor blocks every step.
+
+After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import _native
+from .._atomic import atomic_path
+from ..errors import InvalidArgumentError
+
+MODES = ("local", "rima", "dsgd-ps")
+
+
+def default_cache_dir() -> Path:
+    """Where parsed rating files are cached (``SCALEFREE_CACHE_DIR`` or ~/.cache/scalefree/mf)."""
+    env = os.environ.get("SCALEFREE_CACHE_DIR")
+    if env:
+        return Path(env) / "mf"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
+
+
+def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
+    """A rating file path or a (users, items, ratings) triple → native ratings."""
+    if isinstance(data, _native.MfRatings):
+        return data
+    from .stream import StreamedRatings
+
+    if isinstance(data, StreamedRatings):
+        return data  # read a chunk at a time by the rank that partitions it (rima with a budget)
+    if isinstance(data, (str, os.PathLike)):
+        return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
+    users, items, ratings = data
+    u = np.ascontiguousarray(users, dtype=np.int64)
+    i = np.ascontiguousarray(items, dtype=np.int64)
+    r = np.ascontiguousarray(ratings, dtype=np.float32)
+    if (u < 0).any() or (i < 0).any():
+        raise InvalidArgumentError("user and item ids must be non-negative")
+    return _native.MfRatings.from_bytes(u.tobytes(), i.tobytes(), r.tobytes())
+
+
+class _Bar:
+    """A one-line progress bar on stderr (silent when disabled)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.t0 = total, enabled, time.perf_counter()
+
+    def update(self, n: int, msg: str) -> None:
+        if not self.enabled:
+            return
+        w = 30
+        fill = int(w * n / max(self.total, 1))
+        el = time.perf_counter() - self.t0
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {n}/{self.total} {msg} {el:.1f}s")
+        sys.stderr.flush()
+        if n >= self.total:
+            sys.stderr.write("\n")
+
+
+class MatrixFactorization:
+    """SGD matrix factorization.
+
+    k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
+    schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
+    paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
+    init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
+    memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
+    the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
+    loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
+    Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
+    streamed too and no rank ever holds all ratings (``mf_stream``).
+    normalize (``local`` only): train on ratings divided by their standard deviation s, as
+    LIBMF does, so λ acts like λ·s on the raw ratings (predictions are scaled back).
+    """
+
+    def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
+                 iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
+                 blocks: int | None = None, init_max: float | None = None, seed: int = 0,
+                 memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None,
+                 normalize: bool = False):
+        if mode not in MODES:
+            raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
+        if normalize and mode != "local":
+            raise InvalidArgumentError(f"normalize is available in mode 'local' only, not {mode!r}")
+        self.normalize = bool(normalize)
+        if memory_budget is not None:
+            if mode != "rima":
+                raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
+                                           f"blocks to preload); mode {mode!r} keeps R in memory")
+            from .preload import parse_bytes
+
+            memory_budget = parse_bytes(memory_budget)
+        self.memory_budget, self.block_dir = memory_budget, block_dir
+        self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
+        self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
+        self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
+        self.blocks, self.init_max = blocks, init_max
+        self.history: list[dict] = []
+        self.rank = 0
+        self._model = None
+
+    def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1):
+        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
+        (0: after the last only; in rima the blocks are gathered on rank 0 for it).
+        ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+        from .stream import StreamedRatings
+
+        if isinstance(data, (str, os.PathLike)) and self.memory_budget is not None:
+            data = StreamedRatings(data, 0.0, self.seed)  # never loaded as a whole: streamed set-up
+        train = load_ratings(data)
+        test_r = None
+        if isinstance(train, StreamedRatings):
+            if test is not None and test is not train.test:
+                raise InvalidArgumentError("pass test as the second half of split_ratings_streamed(...) so ids agree")
+            test_r = None if test is None else train.test
+        elif test is not None:
+            test_r = test if isinstance(test, _native.MfRatings) else None
+            if test_r is None:
+                raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
+        if self.mode != "local":
+            return self._fit_ranks(train, test_r, progress, eval_every)
+        tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
+                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
+                               normalize=self.normalize)
+        bar = _Bar(self.iterations, progress)
+        self.history = []
+        elapsed = 0.0
+        for it in range(1, self.iterations + 1):
+            t0 = time.perf_counter()
+            mse = tr.epochs(1)
+            elapsed += time.perf_counter() - t0
+            rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
+            if test_r is not None and ((eval_every and it % eval_every == 0) or it == self.iterations):
+                rec["test_rmse"] = tr.rmse(test_r)
+            self.history.append(rec)
+            if on_iteration is not None:
+                on_iteration(rec)
+            bar.update(it, f"test_rmse={rec.get('test_rmse', float('nan')):.4f}")
+        self._model = tr.model()
+        return self
+
+    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0):
+        """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
+        import scalefree
+
+        from . import dsgd_ps as mf_dsgd_ps
+        from . import rima as mf_rima
+
+        t_fit = time.perf_counter()
+
+        if self.schedule not in ("adagrad", "constant"):
+            raise InvalidArgumentError(f"schedule must be 'adagrad' or 'constant', got {self.schedule!r}")
+        group = scalefree.init()
+        run = mf_rima.train if self.mode == "rima" else mf_dsgd_ps.train
+        w = group.size if self.mode == "rima" else group.size - 1
+        allowed = (2 * w, w) if self.mode == "rima" else (w,)
+        nb = allowed[0] if self.blocks is None else int(self.blocks)
+        if w >= 1 and nb not in allowed:
+            raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
+                                       f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
+        opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
+                    seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)),
+                    t_start=getattr(self, "_t_start", None) or t_fit)
+        if self.memory_budget is not None:
+            opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
+        bar = _Bar(self.iterations, progress and group.rank == 0)
+        opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
+        if test_r is not None and eval_every:
+            k = self.k
+            opts["eval_every"] = eval_every
+            opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
+        res = run(group, train, opts)
+        self.rank = group.rank
+        if group.rank != 0:
+            self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
+            return self
+        self._model = _model_of(train, self.k, res["p"], res["q"])
+        self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
+        for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
+            for rec, per_worker in zip(self.history, res.get(name, ())):
+                rec[name] = per_worker  # one value per worker
+        for name in ("memory_budget", "rating_bytes", "setup_peak_rss_bytes", "setup_seconds", "preload_read_seconds",
+                     "preload_loader_cpu_seconds", "preload_direct_io", "bytes_read"):
+            if name in res:
+                self.history[-1][name] = res[name]
+        for it, rmse, secs in res["evals"]:
+            self.history[it - 1].update(test_rmse=rmse, seconds=secs)
+        last = self.history[-1]
+        last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
+                    bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
+                    comm_seconds=res["comm_seconds"])
+        if test_r is not None:
+            last["test_rmse"] = self._model.rmse(_native_test(test_r))
+        return self
+
+    def _need(self):
+        if self._model is None:
+            raise InvalidArgumentError("model is not trained; call fit() or load() first")
+        return self._model
+
+    def predict(self, users, items) -> np.ndarray:
+        u = np.ascontiguousarray(users, dtype=np.int64)
+        i = np.ascontiguousarray(items, dtype=np.int64)
+        return np.frombuffer(self._need().predict(u.tobytes(), i.tobytes()), dtype=np.float32)
+
+    def rmse(self, ratings) -> float:
+        """RMSE on native ratings sharing the training id maps (the test half of a split)."""
+        return self._need().rmse(ratings)
+
+    def save(self, path) -> None:
+        """Write the model atomically (temp file + rename)."""
+        self._need().save(str(path))
+
+    @classmethod
+    def load(cls, path) -> "MatrixFactorization":
+        m = _native.MfModel.load(str(path))
+        obj = cls(k=m.k)
+        obj._model = m
+        return obj
+
+
+def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
+    """Seeded random split → (train, test) native ratings sharing id maps."""
+    return load_ratings(data).split(float(test_fraction), int(seed))
+
+
+def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
+    """The same split of a rating file (or rating cache) as :func:`split_ratings`, never
+    loaded as a whole: for ``mode="rima"`` with a ``memory_budget``, whose ranks then read it a
+    chunk at a time while cutting their blocks (``mf_stream``). The test half is in memory
+    on rank 0 after ``fit``."""
+    from .stream import split
+
+    return split(path, test_fraction, seed)
+
+
+def _model_of(train, k: int, p, q):
+    """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
+    from .stream import StreamedRatings
+
+    if isinstance(train, StreamedRatings):
+        return train.model(k, p, q)
+    return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
+
+
+def _native_test(test):
+    from .stream import StreamedTest
+
+    return test.ratings if isinstance(test, StreamedTest) else test
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _check_ranks(args) -> None:
+    n = args.ranks
+    if args.memory_budget is not None:
+        if args.mode != "rima":
+            raise SystemExit(f"scalefree mf train: --memory-budget is for --mode rima (got --mode {args.mode})")
+        from .preload import parse_bytes
+
+        try:
+            parse_bytes(args.memory_budget)
+        except InvalidArgumentError as e:
+            raise SystemExit(f"scalefree mf train: --memory-budget: {e}") from None
+    if n < 1:
+        raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
+    if args.normalize and args.mode != "local":
+        raise SystemExit(f"scalefree mf train: --normalize is for --mode local, not {args.mode}")
+    if args.mode == "local" and n > 1:
+        raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
+    if args.mode == "dsgd-ps" and n < 2:
+        raise SystemExit("scalefree mf train: --mode dsgd-ps needs -n 2 or more (rank 0 is the parameter server)")
+    b = args.blocks
+    if b is not None and args.mode == "rima" and b not in (n, 2 * n):
+        raise SystemExit(f"scalefree mf train: --mode rima -n {n} cuts R into {2 * n} x {2 * n} or {n} x {n} "
+                         f"blocks; --blocks {b} is neither")
+    if b is not None and args.mode == "dsgd-ps" and b != n - 1:
+        raise SystemExit(f"scalefree mf train: --mode dsgd-ps -n {n} cuts R into {n - 1} x {n - 1} blocks "
+                         f"(one per worker); --blocks {b} differs")
+
+
+def _launch(args) -> int:
+    _check_ranks(args)
+    if args.mode == "local":
+        return _train(args)
+    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        # Start the ranks, each running this command line; only rank 0 prints, so its lines
+        # (and its progress bar) go out untagged.
+        import subprocess
+
+        cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(args.ranks), "--no-prefix", "--",
+               sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
+        return subprocess.call(cmd)
+    from ..errors import DataError, OutOfBudgetError
+
+    try:
+        return _train_ranks(args)
+    except (OutOfBudgetError, InvalidArgumentError, DataError) as e:  # file and line in the message
+        raise SystemExit(f"scalefree mf train: {e}") from None
+
+
+def _train_ranks(args) -> int:
+    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. With ``--memory-budget`` the
+    ratings are never loaded as a whole (``mf_stream``)."""
+    t_start = time.perf_counter()
+    if args.memory_budget is not None:
+        train, test = split_ratings_streamed(args.data, args.test_fraction, args.seed)
+    else:
+        train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
+                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
+                                memory_budget=args.memory_budget, block_dir=args.block_dir)
+    model._t_start = t_start  # set-up time counts the loading too
+    model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
+    if model.rank != 0:
+        return 0
+    h = model.history
+    last = h[-1]
+    if args.json:
+        with atomic_path(args.json) as tmp, open(tmp, "w") as out:
+            for rec in h:
+                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
+    if args.plot:
+        _plot(h, args.plot)
+    if args.output:
+        model.save(args.output)
+    sent = last["bytes_sent"]
+    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
+          f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
+          f"({last['connections']} connections per worker): "
+          f"{args.iterations} iterations in {last['seconds']:.3f} s; "
+          f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
+          f"final test RMSE {last['test_rmse']:.4f}")
+    if "peak_rss_bytes" in last:
+        held = max(max(rec["rating_bytes_resident"]) for rec in h)
+        budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
+        print(f"rating blocks: {last['rating_bytes'] / 2**20:.1f} MiB in all; {budget}at most "
+              f"{held / 2**20:.1f} MiB held by a rank; peak RSS per rank while training "
+              f"{max(max(rec['peak_rss_bytes']) for rec in h) / 2**20:.0f} MiB "
+              f"(set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB, {max(last['setup_seconds']):.2f} s)")
+    return 0
+
+
+def _train(args) -> int:
+    train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
+                                iterations=args.iterations, schedule=args.schedule,
+                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
+    out = open(args.json, "w") if args.json else None
+    try:
+        def log(rec):
+            if out:
+                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
+                out.flush()
+        model.fit(train, test, progress=not args.quiet, on_iteration=log, eval_every=args.eval_every)
+    finally:
+        if out:
+            out.close()
+    h = model.history
+    if args.plot:
+        _plot(h, args.plot)
+    if args.output:
+        model.save(args.output)
+    rmse = h[-1].get("test_rmse", float("nan"))
+    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
+          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s; final test RMSE {rmse:.4f}")
+    return 0
+
+
+def _plot(history, path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("scalefree mf train: --plot needs matplotlib (pip install matplotlib)") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["iteration"], r["seconds"], r["test_rmse"]) for r in history if "test_rmse" in r]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    ax[0].plot([p[0] for p in pts], [p[2] for p in pts], marker="o")
+    ax[0].set_xlabel("iteration")
+    ax[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o")
+    ax[1].set_xlabel("seconds")
+    for a in ax:
+        a.set_ylabel("test RMSE")
+        a.grid(True, alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
+
+
+def _predict(args) -> int:
+    model = MatrixFactorization.load(args.model)
+    pairs = np.loadtxt(args.pairs, dtype=np.int64, ndmin=2, usecols=(0, 1),
+                       delimiter="," if str(args.pairs).endswith(".csv") else None)
+    pred = model.predict(pairs[:, 0], pairs[:, 1])
+    for (u, i), p in zip(pairs, pred):
+        print(f"{u} {i} {p:.4f}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("mf", help="matrix factorization by SGD (train, predict)",
+                       description="Matrix factorization by SGD.")
+    msub = p.add_subparsers(dest="mf_command", metavar="COMMAND")
+    msub.required = True
+    t = msub.add_parser("train", help="train on a rating file and report test RMSE on a held-out split")
+    t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok)")
+    t.add_argument("--mode", default="local", choices=MODES,
+                   help="local (threads), rima (ring of -n ranks) or dsgd-ps (rank 0 serves, -n − 1 workers)")
+    t.add_argument("-n", "--ranks", type=int, default=1, help="ranks for rima / dsgd-ps (started with the launcher)")
+    t.add_argument("-k", type=int, default=40, help="rank (default 40)")
+    t.add_argument("--eta", type=float, default=0.1, help="learning rate (default 0.1)")
+    t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
+    t.add_argument("--iterations", "-i", type=int, default=20)
+    t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
+    t.add_argument("--threads", "-t", type=int, default=None)
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--memory-budget", default=None, metavar="BYTES",
+                   help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
+                        "read ahead in pattern order (default: all in memory)")
+    t.add_argument("--block-dir", default=None,
+                   help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
+    t.add_argument("--normalize", action="store_true",
+                   help="local: train on ratings divided by their standard deviation, as LIBMF does")
+    t.add_argument("--test-fraction", type=float, default=0.1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
+    t.add_argument("--json", help="write one JSON line per iteration to this file")
+    t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
+    t.add_argument("--output", "-o", help="save the model here (atomic write)")
+    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    t.set_defaults(func=_launch)
+    pr = msub.add_parser("predict", help="predict ratings for `user item` pairs with a saved model")
+    pr.add_argument("model")
+    pr.add_argument("pairs", help="text file of `user item` lines (original ids)")
+    pr.set_defaults(func=_predict)

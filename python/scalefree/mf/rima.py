@@ -1,0 +1,303 @@
+"""``rima`` mode: ring-based model parallelism for MF (the Rima paper, section III).
+
+w ranks, R cut into w × w blocks. Rank r starts with user block P_r and item block Q_r
+(pattern₀ is the diagonal). After each step every rank sends one of its two factor blocks to
+its successor (r + 1 mod w) and receives the same kind from its predecessor — a one-step
+transformation of the pattern, so the blocks in use stay interchangeable (distinct rows and
+columns) and each rank has only two connections. Which kind moves (P or Q) is the direction;
+it is drawn from the shared seed, the same on every rank (direction randomness), once per
+iteration: an iteration is w steps in one direction, which visits every block of R exactly
+once. Each block visit samples its ratings in a fresh random order (intra-block randomness).
+At the end every rank sends its two blocks to rank 0, which assembles P and Q.
+
+Blocks move through static tensor slots (``scalefree.tensors.slots.static_slots``): one write into
+the receiver's buffer, which it copies and releases so the sender may send again.
+
+The whole pattern sequence follows from the seed (:func:`block_states`), so every rank knows
+in advance which R blocks it will train, in which order. With ``memory_budget`` the blocks stay
+on disk and a loader thread reads them in that order within the budget (``mf_preload``,
+section III-D); the training itself is the same, visit for visit. Given the ratings as
+``mf_stream.StreamedRatings`` (what the CLI passes with ``--memory-budget``), the set-up is
+streamed too: no rank ever holds all ratings (``mf_stream``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..tensors import slots as tensors
+from ..errors import InvalidArgumentError, OutOfBudgetError
+from . import preload as mf_preload
+from . import stream as mf_stream
+from .blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
+
+
+_NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
+
+
+def _account(it, pre, held, resident, rss, waited) -> None:
+    """Close iteration ``it``'s accounting: peak R bytes held in it, peak RSS so far, time
+    spent waiting for block reads in it."""
+    if pre is None:
+        resident[it] = held
+    else:
+        with pre._cond:
+            resident[it], pre.peak_resident = pre.peak_resident, pre.resident
+        waited[it] = pre.wait_seconds - waited[:it].sum()
+    rss[it] = mf_preload.peak_rss_bytes()
+
+
+def directions(iterations: int, seed: int) -> np.ndarray:
+    """Per iteration: 0 = pass Q blocks, 1 = pass P blocks (the same on every rank)."""
+    return np.random.default_rng([seed, 0x5249_4D41]).integers(0, 2, size=iterations)
+
+
+def block_states(V: int, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pattern sequence: ``(bp, bq)``, each (steps, V), the P and Q block virtual worker v
+    holds in each step. After every step but the last the moving side (the direction of the
+    next step's iteration) passes one virtual worker on: v takes the block of v − 1."""
+    total = len(dirs) * V
+    bp, bq = np.empty((total, V), np.int64), np.empty((total, V), np.int64)
+    cur = {"p": np.arange(V), "q": np.arange(V)}
+    for step in range(total):
+        bp[step], bq[step] = cur["p"], cur["q"]
+        if step + 1 < total:
+            side = "qp"[dirs[(step + 1) // V]]
+            cur[side] = np.roll(cur[side], 1)
+    return bp, bq
+
+
+def visit_order(c: int) -> list[int]:
+    """The order in which a rank trains its c block pairs in a step: the last pair first (its
+    moving block goes to the successor while the others train)."""
+    return [c - 1] + list(range(c - 1))
+
+
+def train(group, train_ratings, opts: dict) -> dict:
+    """Runs on every rank of ``group``; rank 0 returns P, Q (dense id order) and the
+    accounting, the others their own accounting. ``opts``: k, eta, lam, schedule, iterations,
+    seed, init_max, blocks_per_worker (1: w × w blocks; 2: 2w × 2w), on_iteration (called on
+    rank 0 with the number of iterations done), eval_every and evaluate (rank 0: ``evaluate(P,
+    Q)`` → test RMSE after every eval_every-th iteration; the blocks are gathered for it, and
+    that time and those bytes are not counted as training), memory_budget (bytes of R blocks
+    this rank may hold; the rest stay on disk, read ahead by a loader thread) and block_dir
+    (where the block file goes; default the temp directory)."""
+    w, r = group.size, group.rank
+    k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
+    c = int(opts.get("blocks_per_worker") or 1)
+    if c not in (1, 2):
+        raise InvalidArgumentError(f"rima: blocks_per_worker must be 1 or 2, got {c}")
+    V = c * w  # virtual workers: v = r·c + j is rank r's j-th block pair
+    dirs = directions(iters, seed)
+    bp, bq = block_states(V, dirs)
+    mine_j = [r * c + j for j in visit_order(c)]
+    sequence = (bp[:, mine_j] * V + bq[:, mine_j]).reshape(-1)  # this rank's blocks, in training order
+    budget = opts.get("memory_budget")
+    streamed = isinstance(train_ratings, mf_stream.StreamedRatings)
+    if streamed and budget is None:
+        raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
+                                   "load the ratings into memory for an in-memory run")
+    bfile = pre = None
+    try:
+        if budget is not None:
+            budget = mf_preload.parse_bytes(budget)
+            bfile = mf_preload.BlockFile(opts.get("block_dir"))
+            needed = set(int(b) for b in sequence)
+            check = lambda part: _check_budget(part, budget, w, c, V)  # noqa: E731
+            if streamed:
+                # Bounded memory: the ratings are read a chunk at a time, never all at once.
+                train_ratings.prepare(group)
+                part = mf_preload.outside_arena(lambda: train_ratings.partition(
+                    V, k, seed, opts.get("init_max"), needed=needed, spill_to=bfile, budget_check=check,
+                    collect_test=r == 0, chunk=mf_stream.chunk_ratings(budget),
+                    keep=([r * c + j for j in range(c)],) * 2))  # initial P/Q: this rank's blocks only
+            else:
+                part = mf_preload.outside_arena(lambda: Partition(
+                    train_ratings, V, k, seed, opts.get("init_max"),
+                    spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
+                check(part)
+            bfile.finish()
+            pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
+        else:
+            part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
+        return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget)
+    finally:
+        if pre is not None:
+            pre.close()
+        if bfile is not None:
+            bfile.close()
+
+
+def _check_budget(part, budget: int, w: int, c: int, V: int) -> None:
+    """The same on every rank: all fail together. Direct reads take whole 4 KiB pages, so a
+    block needs its padded size in the budget (counted padded whether or not this rank's file
+    system took O_DIRECT, so that every rank decides alike)."""
+    raw = int(part.counts.max()) * ENTRY_BYTES
+    biggest = -(-raw // mf_preload.ALIGN) * mf_preload.ALIGN
+    if biggest > budget:
+        more = (f"cut R into {2 * w} x {2 * w} blocks (--blocks {2 * w}), " if c == 1 else "") + \
+            "run more ranks (blocks shrink as 1/ranks²)"
+        raise OutOfBudgetError(
+            f"rima: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
+            f"the largest of the {V} x {V} blocks holds {int(part.counts.max())} ratings = "
+            f"{raw / 2**20:.2f} MiB ({raw} bytes), {biggest} bytes as whole 4 KiB pages (what direct IO reads); "
+            f"raise --memory-budget to at least that, "
+            f"or make the blocks smaller: {more}")
+
+
+def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
+    k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
+    pred = (r - 1) % w  # slot "{side}{r}" goes to the successor, "{side}{pred}" comes in
+    psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
+    specs = []
+    if w > 1:
+        # c + 1 slots per side and ring edge: a received block is trained where it landed and
+        # released when it has been passed on, c steps later, so the c blocks a rank holds and
+        # the one coming in each need a buffer.
+        for a in range(w):
+            for t in range(c + 1):
+                specs += [dict(name=f"p{a}_{t}", src=a, dst=(a + 1) % w, shape=(psize,), dtype="float32"),
+                          dict(name=f"q{a}_{t}", src=a, dst=(a + 1) % w, shape=(qsize,), dtype="float32")]
+        for a in range(1, w):
+            specs += [dict(name=f"gp{a}", src=a, dst=0, shape=(c, psize), dtype="float32"),
+                      dict(name=f"gq{a}", src=a, dst=0, shape=(c, qsize), dtype="float32"),
+                      dict(name=f"st{a}", src=a, dst=0, shape=(_NSTAT + 4 * iters,), dtype="float64")]
+    slots = tensors.static_slots(group, specs)
+    # Which block every virtual worker holds, tracked identically on every rank.
+    blk = {"p": bp[0], "q": bq[0]}
+    rows = {"p": (part.urows, part.urows_max), "q": (part.irows, part.irows_max)}
+    # Rank r's factor blocks: bufs[side][j] is the flat block virtual worker r·c + j uses —
+    # first its initial block, later the receive slot the block arrived in (trained in place,
+    # no copy); inslot[side][j] is that slot (None for an initial block), released once the
+    # block has been passed on.
+    bufs = {"p": [part.p_block(r * c + j).flat for j in range(c)],
+            "q": [part.q_block(r * c + j).flat for j in range(c)]}
+    inslot = {"p": [None] * c, "q": [None] * c}
+    nsent = {"p": 0, "q": 0}
+    part.drop_initial()  # every other block's initial factors reach this rank through the ring
+
+    def view(side: str, j: int) -> FactorBlock:
+        nrows, rmax = rows[side]
+        return FactorBlock(bufs[side][j], nrows(int(blk[side][r * c + j])), rmax, k)
+
+    def gather():
+        """Every rank's blocks to rank 0; there, P and Q in dense id order (else None)."""
+        mine_p, mine_q = np.stack(bufs["p"]), np.stack(bufs["q"])
+        if r != 0:
+            slots[f"gp{r}"].send(mine_p)
+            slots[f"gq{r}"].send(mine_q)
+            return None
+        pb = {int(blk["p"][j]): mine_p[j] for j in range(c)}
+        qb = {int(blk["q"][j]): mine_q[j] for j in range(c)}
+        for a in range(1, w):
+            gp, gq = slots[f"gp{a}"].recv(), slots[f"gq{a}"].recv()
+            for j in range(c):
+                pb[int(blk["p"][a * c + j])] = gp[j].copy()
+                qb[int(blk["q"][a * c + j])] = gq[j].copy()
+            slots[f"gp{a}"].release()
+            slots[f"gq{a}"].release()
+        return part.dense_factors(pb, qb)
+
+    rng = np.random.default_rng([seed, r, 0x53])
+    sent = recvd = 0
+    losses = np.zeros(iters)
+    # Per iteration: peak bytes of R blocks held, peak RSS so far, time waiting for a block read.
+    resident, rss, waited = np.zeros(iters), np.zeros(iters), np.zeros(iters)
+    held_r = part.resident_bytes()
+    setup_rss = mf_preload.peak_rss_bytes()
+    mf_preload.reset_peak_rss()
+    visit = 0
+    total = iters * V
+    evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+    evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
+    group.barrier()
+    t0 = time.perf_counter()
+    # Set-up: from the caller's start (opts["t_start"]: the CLI's, before loading the ratings) to now.
+    setup_s = t0 - opts.get("t_start", t0)
+    comm = paused = 0.0
+    tick = opts.get("on_iteration") if r == 0 else None
+    for step in range(total):
+        it = step // V
+        if step > 0 and step % V == 0:
+            _account(it - 1, pre, held_r, resident, rss, waited)
+            if every and it % every == 0:
+                # Test RMSE for the curve: gather the current blocks (not counted as training).
+                e0 = time.perf_counter()
+                pq = gather()
+                if pq is not None and evaluate is not None:
+                    evals.append((it, evaluate(*pq), e0 - t0 - paused))
+                paused += time.perf_counter() - e0
+            if tick is not None:
+                tick(it)
+        side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
+        fut = None
+        # The last pair first: its moving block goes to the successor while the others train.
+        for n, j in enumerate(visit_order(c)):
+            ent = None if pre is None else pre.get(visit)
+            losses[it] += train_block(part, int(blk["p"][r * c + j]), int(blk["q"][r * c + j]),
+                                      view("p", j), view("q", j), opts, rng, ent)
+            if pre is not None:
+                pre.release(visit)
+            visit += 1
+            if n == 0 and side is not None and w > 1:
+                out = bufs[side][c - 1]
+                fut = slots[f"{side}{r}_{nsent[side] % (c + 1)}"].send_async(out)
+                sent += out.nbytes
+        if side is None:
+            continue
+        c0 = time.perf_counter()
+        if fut is not None:
+            fut.result()
+        # One-step transformation: virtual worker v takes the block of v − 1.
+        blk = {"p": bp[step + 1], "q": bq[step + 1]}
+        if w == 1:
+            bufs[side] = [bufs[side][c - 1]] + bufs[side][:c - 1]
+        else:
+            if inslot[side][c - 1] is not None:
+                inslot[side][c - 1].release()  # passed on: the predecessor may refill it
+            slot = slots[f"{side}{pred}_{nsent[side] % (c + 1)}"]
+            nsent[side] += 1  # sends and receives per side advance together
+            buf = slot.recv()
+            bufs[side] = [buf] + bufs[side][:c - 1]
+            inslot[side] = [slot] + inslot[side][:c - 1]
+            recvd += buf.nbytes
+        comm += time.perf_counter() - c0
+    seconds = time.perf_counter() - t0 - paused
+    _account(iters - 1, pre, held_r, resident, rss, waited)
+    if tick is not None:
+        tick(iters)
+    g0 = time.perf_counter()
+    pq = gather()
+    if pre is not None:
+        pre.close()  # the loader has read everything; its CPU time is final
+    io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
+                                                     float(pre.blocks.direct)]
+    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited])
+    if r != 0:
+        slots[f"st{r}"].send(mine)
+        group.barrier()
+        return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}
+    stats = [mine]
+    for a in range(1, w):
+        stats.append(slots[f"st{a}"].recv().copy())
+        slots[f"st{a}"].release()
+    gather_s = time.perf_counter() - g0
+    group.barrier()
+    st = np.array(stats)
+    per_it = st[:, _NSTAT:].reshape(w, 4, iters)  # worker, (loss, resident, rss, wait), iteration
+    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "gather_seconds": gather_s, "evals": evals,
+            "train_mse": list(per_it[:, 0].sum(axis=0) / part.n_ratings),
+            "rating_bytes_resident": per_it[:, 1].T.astype(np.int64).tolist(),
+            "peak_rss_bytes": per_it[:, 2].T.astype(np.int64).tolist(),
+            "preload_wait_seconds": per_it[:, 3].T.tolist(),
+            "preload_read_seconds": [float(x) for x in st[:, 3]], "bytes_read": [int(x) for x in st[:, 4]],
+            "preload_loader_cpu_seconds": [float(x) for x in st[:, 5]],
+            "preload_direct_io": [bool(x) for x in st[:, 6]],  # read with O_DIRECT to the end
+            "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "setup_seconds": [float(x) for x in st[:, 8]],
+            "memory_budget": budget,
+            "rating_bytes": part.n_ratings * ENTRY_BYTES,
+            "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
+            "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,
+            "connections": 2 if w > 2 else (1 if w == 2 else 0), "directions": ["QP"[d] for d in dirs]}

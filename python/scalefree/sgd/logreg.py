@@ -1,0 +1,402 @@
+"""Mini-batch SGD for sparse logistic regression on the sparse allreduce, with a config per
+mini-batch (section III-B of the sparse allreduce paper):
+
+    scalefree sgd generate data.svm --rows 200000 --dim 1000000
+    scalefree sgd logreg data.svm -n 4 --vs sklearn
+
+Ranks split the rows by a seeded random row partition (a held-out test share is set aside
+first, the same on every rank). Every rank keeps a copy of the weights. Per step each rank
+takes a mini-batch of its rows, computes the log-loss gradient at the features the batch
+touches, and one ``config_reduce`` (indices and values together, a new pattern per batch)
+sums the gradients, the bias gradient and the number of rows over all ranks, returning
+them at this rank's features; the rank then steps on those features with the mean gradient ``G / B + alpha * w`` (B: rows
+in the global mini-batch), by AdaGrad (default) or plain SGD. A feature a rank did not touch
+in a step is not updated in its copy; at the end the copies are averaged (one dense
+allreduce) into the model that is evaluated.
+
+Data: svmlight/libsvm text (``label idx:value ...``, ``#`` comments; labels 0/1 or -1/+1;
+indices 1-based unless a 0 occurs, or as ``--zero-based`` says), or a seeded power-law
+data set with a planted model (:func:`generate`), written to disk in blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._atomic import atomic_path
+from ..errors import DataError
+
+
+class SvmlightError(DataError):
+    """A line of an svmlight file that cannot be read (names the file and line)."""
+
+
+@dataclass
+class SparseRows:
+    """Rows in CSR form: row ``i`` has ``indices[indptr[i]:indptr[i+1]]`` with ``data``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    labels: np.ndarray  # 0/1 as float64
+    dim: int
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    def take(self, rows) -> "SparseRows":
+        rows = np.asarray(rows, np.int64)
+        lo, hi = self.indptr[rows], self.indptr[rows + 1]
+        pos = _ranges(lo, hi)
+        indptr = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(hi - lo, out=indptr[1:])
+        return SparseRows(indptr, self.indices[pos], self.data[pos], self.labels[rows], self.dim)
+
+    def to_scipy(self):
+        import scipy.sparse as sp
+
+        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=(len(self), self.dim))
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(lo[i], hi[i])`` over i."""
+    n = hi - lo
+    total = int(n.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offs = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+    return offs + np.arange(total, dtype=np.int64)
+
+
+def read_svmlight(path, zero_based="auto", dim: int | None = None) -> SparseRows:
+    """Reads svmlight/libsvm text (``.gz`` allowed). Labels > 0 become 1, others 0 (so 0/1
+    and -1/+1 both work). ``zero_based``: True, False or "auto" (1-based unless an index 0
+    occurs). Raises :class:`SvmlightError` naming the file and line of a bad line."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    labels, indptr, idx, val = [], [0], [], []
+    with opener(path, "rt") as f:
+        for no, line in enumerate(f, 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            fields = line.split()
+            try:
+                labels.append(float(fields[0]))
+            except ValueError:
+                raise SvmlightError(f"{path}:{no}: label {fields[0]!r} is not a number") from None
+            for fv in fields[1:]:
+                if fv.startswith("qid:"):
+                    continue
+                k, sep, v = fv.partition(":")
+                try:
+                    if not sep:
+                        raise ValueError
+                    ki, vf = int(k), float(v)
+                except ValueError:
+                    raise SvmlightError(f"{path}:{no}: {fv!r} is not index:value") from None
+                if ki < 0:
+                    raise SvmlightError(f"{path}:{no}: negative feature index {ki}")
+                idx.append(ki)
+                val.append(vf)
+            indptr.append(len(idx))
+    indices = np.array(idx, np.int64)
+    if zero_based == "auto":
+        zero_based = bool(len(indices)) and indices.min() == 0
+    if not zero_based:
+        if len(indices) and indices.min() == 0:
+            raise SvmlightError(f"{path}: index 0 in a file read as 1-based")
+        indices = indices - 1
+    need = int(indices.max()) + 1 if len(indices) else 0
+    if dim is None:
+        dim = need
+    elif need > dim:
+        raise SvmlightError(f"{path}: feature index {need - 1} is past the dimension {dim}")
+    y = (np.array(labels, np.float64) > 0).astype(np.float64)
+    return SparseRows(np.array(indptr, np.int64), indices, np.array(val, np.float64), y, int(dim))
+
+
+def generate_rows(rows: int, dim: int, nnz: int = 20, zipf: float = 1.3, seed: int = 0, noise: float = 0.5,
+                  block: int = 65536):
+    """Yields ``SparseRows`` blocks of a seeded power-law data set with a planted model.
+    Every row has ``nnz`` distinct features drawn from Zipf(``zipf``) (feature ids scrambled
+    by a fixed permutation), values 1/sqrt(nnz); its label is 1 where ``x . w* + noise *
+    N(0, 1) > 0`` with planted weights ``w* ~ N(0, 1)``."""
+    if rows < 0 or dim < 1 or nnz < 1:
+        raise ValueError(f"need rows >= 0, dim >= 1, nnz >= 1 (got {rows}, {dim}, {nnz})")
+    nnz = min(nnz, dim)
+    w = planted_model(dim, seed)
+    perm = np.random.default_rng([seed, 2]).permutation(dim)
+    rng = np.random.default_rng([seed, 3])
+    done = 0
+    while done < rows:
+        m = min(block, rows - done)
+        cols = np.empty((m, nnz), np.int64)
+        # Distinct features per row: redraw the duplicates (few, since the tail is long).
+        cols[:] = (rng.zipf(zipf, (m, nnz)) - 1) % dim
+        for _ in range(20):
+            s = np.sort(cols, axis=1)
+            dup = np.zeros_like(cols, dtype=bool)
+            dup[:, 1:] = s[:, 1:] == s[:, :-1]
+            if not dup.any():
+                break
+            s[dup] = rng.integers(0, dim, int(dup.sum()))
+            cols = s
+        else:  # nnz close to dim: draw the rows still short of distinct features uniformly
+            s = np.sort(cols, axis=1)
+            for i in np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1)):
+                cols[i] = rng.choice(dim, nnz, replace=False)
+        cols = np.sort(perm[cols], axis=1)
+        data = np.full(m * nnz, 1.0 / np.sqrt(nnz))
+        margin = (w[cols] * (1.0 / np.sqrt(nnz))).sum(axis=1) + noise * rng.standard_normal(m)
+        yield SparseRows(np.arange(m + 1, dtype=np.int64) * nnz, cols.ravel(), data,
+                         (margin > 0).astype(np.float64), dim)
+        done += m
+
+
+def planted_model(dim: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([seed, 1]).standard_normal(dim)
+
+
+def write_svmlight(path, blocks, header: str = "") -> int:
+    """Writes ``SparseRows`` blocks as svmlight text (1-based indices, ``.gz`` compresses),
+    atomically (temporary file, then rename). Returns the rows written."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = 0
+    with atomic_path(path) as tmp, opener(tmp, "wt") as f:
+        if header:
+            f.write(f"# {header}\n")
+        for b in blocks:
+            lines = []
+            for i in range(len(b)):
+                lo, hi = b.indptr[i], b.indptr[i + 1]
+                feats = " ".join(f"{j + 1}:{v:.6g}" for j, v in zip(b.indices[lo:hi].tolist(), b.data[lo:hi].tolist()))
+                lines.append(f"{int(b.labels[i])} {feats}")
+            f.write("\n".join(lines) + ("\n" if lines else ""))
+            rows += len(b)
+    return rows
+
+
+def concat_rows(blocks, dim: int) -> SparseRows:
+    blocks = list(blocks)
+    if not blocks:
+        return SparseRows(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), dim)
+    indptr = [np.zeros(1, np.int64)]
+    base = 0
+    for b in blocks:
+        indptr.append(b.indptr[1:] + base)
+        base += int(b.indptr[-1])
+    return SparseRows(np.concatenate(indptr), np.concatenate([b.indices for b in blocks]),
+                      np.concatenate([b.data for b in blocks]), np.concatenate([b.labels for b in blocks]), dim)
+
+
+def split_rows(n: int, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows): a seeded random split, the same on every rank."""
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test fraction must be in [0, 1), got {test_fraction}")
+    perm = np.random.default_rng([seed, 4]).permutation(n)
+    k = int(round(n * test_fraction))
+    return np.sort(perm[k:]), np.sort(perm[:k])
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def predict(w: np.ndarray, bias: float, x: SparseRows) -> np.ndarray:
+    """Probability of label 1 for each row."""
+    rowid = np.repeat(np.arange(len(x)), np.diff(x.indptr))
+    margin = np.bincount(rowid, weights=x.data * w[x.indices], minlength=len(x)) + bias
+    return _sigmoid(margin)
+
+
+def accuracy(w: np.ndarray, bias: float, x: SparseRows) -> float:
+    if len(x) == 0:
+        return float("nan")
+    return float(((predict(w, bias, x) > 0.5) == (x.labels > 0.5)).mean())
+
+
+def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float = 0.5, alpha: float = 1e-6,
+          seed: int = 0, degrees="auto", progress: bool = False, optimizer: str = "adagrad"):
+    """Collective: mini-batch SGD of logistic regression over this rank's ``rows`` (every
+    rank must pass the same ``dim``). ``batch`` rows per rank per step. ``optimizer``:
+    "adagrad" (per-coordinate steps ``lr / sqrt(sum of squared gradients)``, suited to
+    features of very different frequencies) or "sgd" (plain steps ``lr``). Returns (weights,
+    bias, stats) with the weights averaged over the ranks' copies; stats has the steps,
+    the median seconds per step and the median config_reduce seconds."""
+    me, size = group.rank, group.size
+    dim = rows.dim
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {epochs}")
+    if optimizer not in ("adagrad", "sgd"):
+        raise ValueError(f'optimizer must be "adagrad" or "sgd", got {optimizer!r}')
+    chk = np.array([float(dim), -float(dim)])
+    group.allreduce(chk, op="max")
+    if chk[0] != -chk[1]:
+        raise ValueError(f"ranks disagree on the dimension (this rank: {dim})")
+    # Every rank makes the same number of steps: the largest share sets it.
+    steps_per_epoch = np.array([float(-(-len(rows) // batch))])
+    group.allreduce(steps_per_epoch, op="max")
+    steps_per_epoch = int(steps_per_epoch[0])
+    # Indices dim, dim+1 carry the bias gradient and the row count of the mini-batch.
+    sa = group.sparse_allreduce(dim + 2, degrees=degrees)
+    w = np.zeros(dim + 1)  # the last entry is the bias
+    h = np.zeros(dim + 1)  # AdaGrad: sums of squared gradients
+    rng = np.random.default_rng([seed, 5, me])
+    step_s, reduce_s = [], []
+    for epoch in range(epochs):
+        order = rng.permutation(len(rows))
+        for s in range(steps_per_epoch):
+            t0 = time.perf_counter()
+            mb = rows.take(order[s * batch:(s + 1) * batch])  # empty once this rank's share runs out
+            rowid = np.repeat(np.arange(len(mb)), np.diff(mb.indptr))
+            feats, inv = np.unique(mb.indices, return_inverse=True)
+            margin = np.bincount(rowid, weights=mb.data * w[mb.indices], minlength=len(mb)) + w[dim]
+            resid = _sigmoid(margin) - mb.labels
+            g = np.bincount(inv, weights=mb.data * resid[rowid], minlength=len(feats))
+            idx = np.concatenate([feats, [dim, dim + 1]])
+            vals = np.concatenate([g, [resid.sum(), float(len(mb))]])
+            t1 = time.perf_counter()
+            got = sa.config_reduce(idx, vals, idx)
+            reduce_s.append(time.perf_counter() - t1)
+            total = got[-1]
+            if total > 0:
+                at = idx[:-1]  # features and the bias
+                grad = got[:-1] / total
+                grad[:-1] += alpha * w[feats]
+                if optimizer == "adagrad":
+                    h[at] += grad * grad
+                    w[at] -= lr * grad / (np.sqrt(h[at]) + 1e-12)
+                else:
+                    w[at] -= lr * grad
+            step_s.append(time.perf_counter() - t0)
+        if progress and me == 0:
+            print(f"epoch {epoch + 1}: {steps_per_epoch} steps, {np.median(step_s) * 1e3:.2f} ms/step",
+                  file=sys.stderr, flush=True)
+    # The copies differ at the features a rank did not touch in some step: average them.
+    model = w
+    group.allreduce(model)
+    model /= size
+    stats = {"steps": steps_per_epoch * epochs,
+             "step_s": float(np.median(step_s)) if step_s else 0.0,
+             "config_reduce_s": float(np.median(reduce_s)) if reduce_s else 0.0}
+    return model[:-1], float(model[-1]), stats
+
+
+def sklearn_baseline(train_rows: SparseRows, test_rows: SparseRows, epochs: int, alpha: float, seed: int = 0):
+    """Accuracy of scikit-learn's SGDClassifier (log loss) on the same split, and its fit
+    time; None when scikit-learn is not installed."""
+    try:
+        from sklearn.linear_model import SGDClassifier
+    except ImportError:
+        return None
+    import warnings
+
+    clf = SGDClassifier(loss="log_loss", alpha=alpha, max_iter=max(1, epochs), tol=None, random_state=seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning at max_iter
+        clf.fit(train_rows.to_scipy(), train_rows.labels)
+    fit_s = time.perf_counter() - t0
+    acc = float(clf.score(test_rows.to_scipy(), test_rows.labels)) if len(test_rows) else float("nan")
+    return acc, fit_s
+
+
+def load(args) -> SparseRows:
+    if args.data == "synthetic":
+        return concat_rows(generate_rows(args.rows, args.dim, args.nnz, args.zipf, args.data_seed), args.dim)
+    zb = {"auto": "auto", "yes": True, "no": False}[args.zero_based]
+    return read_svmlight(args.data, zero_based=zb)
+
+
+def _logreg_cmd(args) -> int:
+    import scalefree
+
+    g = scalefree.init()
+    t0 = time.perf_counter()
+    data = load(args)
+    train_idx, test_idx = split_rows(len(data), args.test_fraction, args.seed)
+    owner = np.random.default_rng([args.seed, 6]).integers(0, g.size, len(train_idx))
+    mine = data.take(train_idx[owner == g.rank])
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    w, b, st = train(g, mine, args.epochs, args.batch, args.lr, args.alpha, args.seed, progress=args.progress,
+                     optimizer=args.optimizer)
+    fit_s = time.perf_counter() - t0
+    if g.rank == 0:
+        test = data.take(test_idx)
+        trn = data.take(train_idx)
+        print(f"{len(data)} rows ({len(train_idx)} train, {len(test_idx)} test), {data.dim} features, "
+              f"{g.size} ranks, batch {args.batch}/rank, {st['steps']} steps (load {load_s:.2f} s)")
+        print(f"scalefree: test accuracy {accuracy(w, b, test):.4f}, train accuracy {accuracy(w, b, trn):.4f}, "
+              f"fit {fit_s:.2f} s, {st['step_s'] * 1e3:.2f} ms/step "
+              f"(config_reduce {st['config_reduce_s'] * 1e3:.2f} ms)")
+        if "sklearn" in args.vs:
+            base = sklearn_baseline(trn, test, args.epochs, args.alpha, args.seed)
+            if base is None:
+                print("sklearn: skipped (scikit-learn is not installed)")
+            else:
+                print(f"sklearn SGDClassifier(log_loss): test accuracy {base[0]:.4f}, fit {base[1]:.2f} s")
+    return 0
+
+
+def _generate_cmd(args) -> int:
+    blocks = generate_rows(args.rows, args.dim, args.nnz, args.zipf, args.seed)
+    n = write_svmlight(args.out, blocks, header=f"power-law rows={args.rows} dim={args.dim} nnz={args.nnz} "
+                                                  f"zipf={args.zipf} seed={args.seed} (planted logistic model)")
+    print(f"wrote {n} rows to {args.out}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sgd", help="mini-batch SGD (sparse logistic regression) on the sparse allreduce",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = p.add_subparsers(dest="sgd_command", metavar="COMMAND")
+    s.required = True
+    q = s.add_parser("logreg", help="train and evaluate sparse logistic regression",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    q.add_argument("data", help="svmlight/libsvm file (.gz allowed), or 'synthetic' for the seeded generator")
+    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
+    q.add_argument("--epochs", type=int, default=5)
+    q.add_argument("--batch", type=int, default=256, help="rows per rank per step")
+    q.add_argument("--lr", type=float, default=0.5, help="learning rate (AdaGrad's base step for adagrad)")
+    q.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
+    q.add_argument("--alpha", type=float, default=1e-6, help="L2 regularization")
+    q.add_argument("--test-fraction", type=float, default=0.2)
+    q.add_argument("--seed", type=int, default=0, help="seed of the split, the partition and the shuffles")
+    q.add_argument("--zero-based", choices=["auto", "yes", "no"], default="auto", help="svmlight index base")
+    q.add_argument("--vs", default="sklearn", help="'sklearn' to compare with SGDClassifier, 'none' not to")
+    q.add_argument("--rows", type=int, default=100_000, help="synthetic: rows")
+    q.add_argument("--dim", type=int, default=1_000_000, help="synthetic: features")
+    q.add_argument("--nnz", type=int, default=20, help="synthetic: features per row")
+    q.add_argument("--zipf", type=float, default=1.3, help="synthetic: Zipf exponent of the features")
+    q.add_argument("--data-seed", type=int, default=0, help="synthetic: seed of the data and planted model")
+    q.add_argument("--progress", action="store_true")
+    q.set_defaults(func=_launch)
+    r = s.add_parser("generate", help="write a seeded power-law data set with a planted model (svmlight)",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    r.add_argument("out", help="output file (.gz compresses)")
+    r.add_argument("--rows", type=int, default=100_000)
+    r.add_argument("--dim", type=int, default=1_000_000)
+    r.add_argument("--nnz", type=int, default=20)
+    r.add_argument("--zipf", type=float, default=1.3)
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=_generate_cmd)
+
+
+def _launch(args) -> int:
+    from ..graph.pagerank import launch_or_run
+
+    return launch_or_run(args, _logreg_cmd)

@@ -1,0 +1,138 @@
+"""Sparse allreduce (Kylix) over a nested butterfly: config once per sparsity pattern,
+reduce many times. The collective is in Rust (``scalefree-collectives/src/sparse``); this
+wrapper checks shapes and allocates results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _native
+from ..errors import InvalidArgumentError
+
+_DTYPES = {"float32", "float64", "int32", "int64", "uint32", "uint64"}
+
+
+def _indices(a, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1:
+        raise InvalidArgumentError(f"{what} must be 1-D, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise InvalidArgumentError(f"{what} must hold integers, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _values(v, n: int, what: str) -> np.ndarray:
+    if not isinstance(v, np.ndarray):
+        raise InvalidArgumentError(f"{what}: expected a numpy array, got {type(v).__name__}")
+    if v.dtype.name not in _DTYPES:
+        raise InvalidArgumentError(f"{what} must be one of {sorted(_DTYPES)}, got {v.dtype}")
+    if v.ndim not in (1, 2):
+        raise InvalidArgumentError(f"{what} must have shape ({n},) or ({n}, width), got {v.shape}")
+    # A wrong row count is left to the native call, which raises it on every rank (a local
+    # raise here would leave the other ranks waiting in the collective).
+    return np.ascontiguousarray(v)
+
+
+class SparseAllreduce:
+    """``sa = group.sparse_allreduce(dim, op="sum", degrees="auto")``.
+
+    ``sa.config(out_indices, in_indices)`` saves the routing for one sparsity pattern
+    (collective); ``sa.reduce(out_values)`` then returns the op-reduction over all ranks of
+    the values at ``in_indices`` (in the caller's order; indices nobody contributed read as
+    the op's identity). ``sa.config_reduce(out_indices, out_values, in_indices)`` does
+    both in one pass. Indices are int64 in ``[0, dim)``, unsorted, duplicates combined
+    locally. Values: 1-D, or 2-D ``(n, width)`` with one row per index.
+    Ops: sum, max, min (any dtype), or (uint32/uint64).
+
+    ``replication=r`` runs the group's ``size`` ranks as ``size / r`` logical nodes: rank
+    ``p`` is replica ``p // (size / r)`` of logical node ``p % (size / r)``, and replicas
+    must pass the same indices and values. Every message goes to every replica of its
+    target and the first copy to arrive is used, so the reduce completes while one replica
+    of every logical node lives (run the job with ``scalefree run --allow-rank-failure``).
+    ``config`` needs every rank alive; one host only; each message must fit
+    ``SCALEFREE_REPLICA_SLOT`` bytes (default 32 MiB).
+
+    ``hash=False`` keeps the indices as the keys (no seeded hash): for callers whose
+    numbering already spreads heavy indices over the ranks' key ranges. A caller whose
+    indices are distinct and ascending then pays no permutation on either side: its
+    values are sent as they are and the result is written straight into its buffer.
+    """
+
+    def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
+                 hash: bool = True):
+        replication = int(replication)
+        if replication < 1 or group.size % replication:
+            raise InvalidArgumentError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
+        if int(dim) < 0:
+            raise InvalidArgumentError(f"dim must be >= 0, got {dim}")
+        if isinstance(degrees, str):
+            if degrees != "auto":
+                raise InvalidArgumentError(f'degrees must be "auto" or a list of ints, got {degrees!r}')
+            degrees = None
+        else:
+            degrees = [int(d) for d in degrees]
+        self.group = group
+        self.dim = int(dim)
+        self.op = op
+        self._n_out = self._n_in = None
+        self.replication = replication
+        self._seed = int(seed) if hash else None
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, self._seed, replication)
+        # "auto" on one host: the degrees come from the cost model of `sparse_plan` with the
+        # transport's probed costs, at the first config (the native fallback, used across
+        # hosts, keeps the first layer within each host).
+        self._auto = degrees is None and group.size // replication > 1 and group.transport == "shm"
+        self.plan = None
+
+    def _choose(self, n_out: int, n_in: int) -> None:
+        """Collective, first config with degrees="auto": agree on the largest index count,
+        probe the transport (once per process and group size), pick the cheapest degrees."""
+        if not self._auto:
+            return
+        from . import plan as sparse_plan
+
+        self._auto = False
+        nnz = int(self.group.allreduce(np.array([max(n_out, n_in)], np.int64), op="max")[0])
+        costs = sparse_plan.probe(self.group)
+        ranks = self.group.size // self.replication
+        self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, costs)
+        self._native = _native.SparseAllreduce(self.group, self.dim, self.op, list(self.plan["degrees"]), self._seed,
+                                               self.replication)
+
+    @property
+    def degrees(self) -> list[int]:
+        """Layer degrees in use (after the first config when "auto")."""
+        return self._native.degrees
+
+    def stats(self) -> list[dict]:
+        """Per layer of the last call: degree, bytes_sent, messages, max_packet, merge_s,
+        wait_s, out_keys, in_keys."""
+        return self._native.stats()
+
+    def config(self, out_indices, in_indices) -> None:
+        o = _indices(out_indices, "out_indices")
+        i = _indices(in_indices, "in_indices")
+        self._choose(len(o), len(i))
+        self._native.config(o, i)
+        self._n_out, self._n_in = len(o), len(i)
+
+    def reduce(self, out_values, out=None) -> np.ndarray:
+        if self._n_out is None:
+            raise InvalidArgumentError("sparse_allreduce.reduce called before config")
+        v = _values(out_values, self._n_out, "out_values")
+        width = 1 if v.ndim == 1 else v.shape[1]
+        if out is None:
+            out = np.empty((self._n_in,) + v.shape[1:], dtype=v.dtype)
+        self._native._reduce_into(v, out, v.dtype.name, width)
+        return out
+
+    def config_reduce(self, out_indices, out_values, in_indices) -> np.ndarray:
+        o = _indices(out_indices, "out_indices")
+        i = _indices(in_indices, "in_indices")
+        v = _values(out_values, len(o), "out_values")
+        width = 1 if v.ndim == 1 else v.shape[1]
+        out = np.empty((len(i),) + v.shape[1:], dtype=v.dtype)
+        self._choose(len(o), len(i))
+        self._native._config_reduce_into(o, v, i, out, v.dtype.name, width)
+        self._n_out, self._n_in = len(o), len(i)
+        return out

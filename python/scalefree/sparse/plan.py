@@ -1,0 +1,278 @@
+"""``scalefree sparse plan``: a cost model of the sparse allreduce's butterfly.
+
+For each candidate layer-degree list ``k1 x ... x kd`` (product = ranks) it predicts, per
+layer, the keys a node holds, the packet size per peer, and the time of one reduce
+(down and up), beside the allgather schemes and a dense allreduce. Model: each rank holds
+``nnz`` distinct keys spread uniformly over ``[0, dim)`` by the index hash; after a layer
+that has combined ``K`` ranks' data a node holds the union restricted to ``1/K`` of the
+space, ``(dim/K) * (1 - (1 - nnz/dim)^K)`` keys (the paper's section IV); a layer of degree
+``k`` costs ``(k - 1)`` messages of ``latency + packet / bandwidth`` each way. The union
+formula assumes independent uniform index sets — power-law sets overlap more, so the model
+overestimates the keys of lower layers (it is pessimistic for the butterfly).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DEFAULT_LATENCY_US = 5.0
+DEFAULT_BANDWIDTH_GBPS = 5.0
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("sparse", help="sparse allreduce tools (plan: cost model of layer degrees)")
+    s = p.add_subparsers(dest="sparse_command", metavar="COMMAND")
+    s.required = True
+    q = s.add_parser("plan", help="predicted packet sizes and times per degree configuration",
+                     description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    q.add_argument("--ranks", type=int, required=True)
+    q.add_argument("--nnz", type=float, required=True, help="distinct indices per rank")
+    q.add_argument("--dim", type=float, required=True, help="index space")
+    q.add_argument("--value-bytes", type=int, default=4, help="bytes per value (float32: 4)")
+    q.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US, help="per-message latency")
+    q.add_argument("--round-us", type=float, default=0.0,
+                   help="fixed cost per message round (a layer has two), on top of the messages")
+    q.add_argument("--fixed-us", type=float, default=0.0, help="fixed cost per reduce")
+    q.add_argument("--probe", action="store_true",
+                   help="use this machine's costs as degrees='auto' probes them (runs --ranks ranks here)")
+    q.add_argument("--bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS, help="per-rank bandwidth, GB/s")
+    q.add_argument("--top", type=int, default=12, help="configurations to print, best first")
+    q.set_defaults(func=run)
+    return p
+
+
+def factorizations(n: int, largest: int | None = None) -> list[tuple[int, ...]]:
+    """Every ordered list of degrees >= 2 whose product is n."""
+    if n == 1:
+        return [()]
+    out = []
+    for k in range(2, n + 1):
+        if n % k == 0:
+            for rest in factorizations(n // k):
+                out.append((k,) + rest)
+    return out
+
+
+def predict(degrees, ranks, nnz, dim, vb, lat_s, bw):
+    """Per layer (degree, keys before, packet bytes, seconds) and the total of one reduce."""
+    layers, total = [], 0.0
+    combined = 1
+    keys = nnz
+    for k in degrees:
+        packet = keys / k * vb
+        t = 2 * (k - 1) * (lat_s + packet / bw)
+        layers.append((k, keys, packet, t))
+        total += t
+        combined *= k
+        keys = dim / combined * (1 - (1 - min(nnz / dim, 1.0)) ** combined) if dim > 0 else 0.0
+    return layers, total
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Cost parameters of one reduce: ``fixed_s`` per call (argument checks, the agreement
+    allreduce), ``round_s`` per message round (a layer has two: down and up), ``msg_s``
+    per message a rank sends in a round, ``s_per_byte`` per byte sent (and merged), and
+    ``s_per_key`` per index of the caller (putting its values into hashed key order and
+    the results back into its order; the same for every degree list)."""
+
+    fixed_s: float = 0.0
+    round_s: float = 0.0
+    msg_s: float = DEFAULT_LATENCY_US * 1e-6
+    s_per_byte: float = 1 / (DEFAULT_BANDWIDTH_GBPS * 1e9)
+    s_per_key: float = 0.0
+
+    @property
+    def floor_bytes(self) -> float:
+        """The packet floor: bytes whose transfer costs as much as a message's and a
+        round's fixed cost (below it a packet costs about as much as an empty one)."""
+        return (self.round_s + self.msg_s) / self.s_per_byte if self.s_per_byte > 0 else float("inf")
+
+
+def predict_time(degrees, nnz, dim, vb, costs: Costs) -> float:
+    """Predicted seconds of one reduce (down and up) with layer degrees ``degrees``."""
+    layers, _ = predict(degrees, 0, nnz, dim, vb, 0.0, float("inf"))
+    t = costs.fixed_s + costs.s_per_key * nnz
+    for k, _, packet, _ in layers:
+        t += 2 * (costs.round_s + (k - 1) * (costs.msg_s + packet * costs.s_per_byte))
+    return t
+
+
+def choose(ranks: int, nnz: int, dim: int, vb: int, costs: Costs) -> dict:
+    """The cheapest degree list under the model (fewer layers on a tie within 2 %), with
+    every candidate's prediction."""
+    cands = [(predict_time(d, nnz, dim, vb, costs), d) for d in factorizations(ranks)]
+    best_t = min(t for t, _ in cands)
+    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
+    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
+            "costs": costs, "floor_bytes": costs.floor_bytes}
+
+
+_PROBED: dict = {}
+
+
+def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
+    """Measures :class:`Costs` of the sparse allreduce on ``group`` (collective; cached per
+    process and group size): the agreement allreduce alone (``fixed_s``), a reduce of one
+    key per rank over one layer of degree ``size`` and over two layers ``p x size/p``
+    (``round_s`` and ``msg_s`` from the difference), and one of ``keys`` float64 values per
+    rank (``s_per_byte``). Every rank gets the slowest rank's figures, so all choose alike.
+    The part of the large reduce outside its layers, less ``fixed_s``, gives ``s_per_key``.
+    ``SCALEFREE_SPARSE_COSTS=fixed_us,round_us,msg_us,gbps[,ns_per_key]`` sets them instead."""
+    import os
+    import statistics
+    import time
+
+    import numpy as np
+
+    n = group.size
+    env = os.environ.get("SCALEFREE_SPARSE_COSTS")
+    if env:
+        try:
+            v = [float(x) for x in env.split(",")]
+            if len(v) not in (4, 5) or v[3] <= 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"SCALEFREE_SPARSE_COSTS={env!r}: expected fixed_us,round_us,msg_us,gbps[,ns_per_key]") from None
+        return Costs(v[0] * 1e-6, v[1] * 1e-6, v[2] * 1e-6, 1 / (v[3] * 1e9), (v[4] if len(v) > 4 else 0.0) * 1e-9)
+    if n in _PROBED:
+        return _PROBED[n]
+    from .allreduce import SparseAllreduce
+
+    def med(f, local=None):
+        for _ in range(2):
+            f()
+        ts, ls = [], []
+        for _ in range(reps):
+            group.barrier()
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+            if local:
+                ls.append(ts[-1] - local())
+        return statistics.median(ts), (statistics.median(ls) if ls else 0.0)
+
+    def reduce_time(degrees, k):
+        # Distinct per rank and hashed as callers' indices are; 1/16 dense (stays sparse).
+        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
+        sa = SparseAllreduce(group, max(1, k * n * 16), degrees=degrees)
+        sa.config(idx, idx)
+        vals = np.ones(k, np.float64)
+        # The time outside the layers (merge and wait+read) is the caller-order work.
+        return med(lambda: sa.reduce(vals), lambda: sum(s["merge_s"] + s["wait_s"] for s in sa.stats()))
+
+    agree = np.zeros(6 * n, np.int64)
+    p = factorize(n)[-1] if n > 1 else 1
+    big, local = reduce_time([n], keys)
+    t = np.array([med(lambda: group.allreduce(agree))[0], reduce_time([n], 1)[0],
+                  reduce_time([p, n // p], 1)[0] if 1 < p < n else 0.0, big, local])
+    t = group.allreduce(t, op="max")
+    fixed, t1, t2, t3, local = (float(x) for x in t)
+    h1 = max(t1 - fixed, 0.0) / 2  # one round of n - 1 messages
+    if 1 < p < n:
+        h2 = max(t2 - fixed, 0.0) / 2  # two rounds of (p - 1) + (n/p - 1) messages
+        a1, a2 = n - 1, (p - 1) + (n // p - 1)
+        rnd = (a1 * h2 - a2 * h1) / (2 * a1 - a2)
+        rnd = min(max(rnd, 0.0), h1)
+        msg = (h1 - rnd) / a1
+    else:
+        rnd, msg = h1, 0.0
+    nbytes = 2 * (n - 1) * keys / n * 8
+    local = min(max(local - fixed, 0.0), max(t3 - t1, 0.0))
+    costs = Costs(fixed, rnd, msg, max(t3 - t1 - local, 1e-9) / nbytes if n > 1 else 0.0, local / keys)
+    _PROBED[n] = costs
+    return costs
+
+
+def factorize(n: int) -> list[int]:
+    """Prime factors of n, ascending."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def features(degrees, nnz, dim, vb) -> list[float]:
+    """The model's terms for one reduce: [1, rounds, messages, bytes] (one rank, down and
+    up), so that the predicted time is their dot product with [fixed, round, msg, per byte]."""
+    layers, _ = predict(degrees, 0, nnz, dim, vb, 0.0, float("inf"))
+    return [1.0, float(2 * len(layers)), float(sum(2 * (k - 1) for k, _, _, _ in layers)),
+            float(sum(2 * (k - 1) * pk for k, _, pk, _ in layers))]
+
+
+def fit(rows, measured_s) -> Costs:
+    """Least-squares :class:`Costs` (non-negative) for measured reduce times, ``rows`` being
+    :func:`features` of each measurement."""
+    import itertools
+
+    import numpy as np
+
+    a = np.asarray(rows, float)
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    a = a / scale
+    y = np.asarray(measured_s, float)
+    best = None
+    for r in range(1, 5):  # non-negative least squares by trying every subset of 4 columns
+        for cols in itertools.combinations(range(4), r):
+            if len(cols) > len(y):
+                continue
+            c, *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            if (c < 0).any():
+                continue
+            full = np.zeros(4)
+            full[list(cols)] = c
+            res = float(((a @ full - y) ** 2).sum())
+            if best is None or res < best[0] - 1e-18:
+                best = (res, full)
+    full = (best[1] if best else np.zeros(4)) / scale
+    return Costs(*(float(x) for x in full))
+
+
+def _probe_here(n: int) -> Costs:
+    """Runs the probe on ``n`` ranks of this host and returns its costs."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/costs.json"
+        code = ("import json, dataclasses, scalefree; from scalefree import sparse_plan; g = scalefree.init(); "
+                "c = sparse_plan.probe(g); g.rank == 0 and open(%r, 'w').write(json.dumps(dataclasses.asdict(c)))" % out)
+        rc = subprocess.call([sys.executable, "-m", "scalefree.launch.launcher", "-n", str(n), "--", sys.executable, "-c", code])
+        if rc != 0:
+            raise SystemExit(f"scalefree sparse plan --probe: the probe on {n} ranks failed (exit {rc})")
+        return Costs(**json.loads(open(out).read()))
+
+
+def run(args) -> int:
+    n, nnz, dim, vb = args.ranks, args.nnz, args.dim, args.value_bytes
+    if n < 1 or nnz < 0 or dim < 1:
+        raise SystemExit("scalefree sparse plan: --ranks >= 1, --nnz >= 0 and --dim >= 1 are required")
+    lat, bw = args.latency_us * 1e-6, args.bandwidth_gbps * 1e9
+    costs = Costs(args.fixed_us * 1e-6, args.round_us * 1e-6, lat, 1 / bw)
+    if args.probe:
+        costs = _probe_here(n)
+        lat, bw = costs.msg_s + costs.round_s, 1 / costs.s_per_byte
+    cands = sorted(((predict(d, n, nnz, dim, vb, lat, bw)[0], predict_time(d, nnz, dim, vb, costs), d)
+                    for d in factorizations(n)), key=lambda x: x[1])
+    print(f"ranks {n}, nnz {nnz:.0f}/rank, dim {dim:.0f}, {vb}-byte values; costs: fixed {costs.fixed_s * 1e6:.1f} µs, "
+          f"round {costs.round_s * 1e6:.1f} µs, message {costs.msg_s * 1e6:.1f} µs, {1e-9 / costs.s_per_byte:.3g} GB/s "
+          f"(packet floor {costs.floor_bytes / 1024:.1f} KiB)")
+    pick = choose(n, nnz, dim, vb, costs)["degrees"]
+    print(f"{'degrees':<16}{'reduce':>12}   per layer: degree keys->packet")
+    for layers, total, d in cands[: args.top]:
+        desc = "  ".join(f"{k}:{keys:.3g}->{pk / 1024:.1f}KiB" for k, keys, pk, _ in layers)
+        mark = "  <- auto" if list(d) == pick else ""
+        print(f"{'x'.join(map(str, d)) or '-':<16}{total * 1e3:>10.3f} ms   {desc}{mark}")
+    ag = (n - 1) * (lat + nnz * (8 + vb) / bw)
+    once = (n - 1) * (lat + nnz * vb / bw)
+    dense = 2 * (n - 1) * (lat + dim / n * vb / bw)
+    print(f"{'allgatherv':<16}{ag * 1e3:>10.3f} ms   (index, value) pairs from every rank, before the merge")
+    print(f"{'indices-once':<16}{once * 1e3:>10.3f} ms   values from every rank, before the merge")
+    print(f"{'dense':<16}{dense * 1e3:>10.3f} ms   ring allreduce of the dim-long vector")
+    return 0

@@ -1,0 +1,181 @@
+"""Data-parallel matrix factorization on the stale-synchronous allreduce (the SSP paper's
+"history of contributions" formulation, section 4).
+
+Every rank holds a random share of the training ratings and the same seeded initial model
+``(P, Q)``. Each iteration it computes a gradient step on its own ratings from the model it
+currently sees and contributes that *increment*; the SSP allreduce returns the sum of every
+increment so far (its own all in, others' at most ``slack`` iterations old), and the model is
+``initial + that sum``. With ``slack=0`` this is synchronous full-batch gradient descent; with
+a larger slack a rank that is delayed no longer holds the others back.
+
+    python -m scalefree.launch.launcher -n 2 -- python -m scalefree.ssp.mf u.data --slack 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def load_ratings(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user, item, rating) from a whitespace- or tab-separated ``user item rating ...`` file
+    (MovieLens ``u.data``); ids become dense 0-based indices."""
+    path = Path(path)
+    try:
+        raw = np.loadtxt(path, dtype=np.float64, usecols=(0, 1, 2), ndmin=2)
+    except (ValueError, IndexError) as e:
+        raise ValueError(f"{path}: not a 'user item rating' file: {e}") from None
+    if raw.shape[0] == 0:
+        raise ValueError(f"{path}: no ratings")
+    bad = ~np.isfinite(raw).all(axis=1) | (raw[:, :2] < 0).any(axis=1) | (raw[:, :2] != np.round(raw[:, :2])).any(axis=1)
+    if bad.any():
+        line = int(np.flatnonzero(bad)[0]) + 1
+        raise ValueError(f"{path}, line {line}: ids must be non-negative integers and the rating finite")
+    _, u = np.unique(raw[:, 0].astype(np.int64), return_inverse=True)
+    _, i = np.unique(raw[:, 1].astype(np.int64), return_inverse=True)
+    return u.astype(np.int64), i.astype(np.int64), raw[:, 2].astype(np.float32)
+
+
+class Partition:
+    """One rank's training ratings, as sparse matrices whose values are refilled with the
+    errors each iteration (so the gradient is two sparse-dense products)."""
+
+    def __init__(self, u, i, r, n_users, n_items, counts_u, counts_i):
+        import scipy.sparse as sp
+
+        order = np.lexsort((i, u))
+        self.u, self.i, self.r = u[order], i[order], r[order]
+        ones = np.ones(len(self.r), np.float32)
+        self.E = sp.csr_matrix((ones, (self.u, self.i)), shape=(n_users, n_items))
+        pos = sp.csr_matrix((np.arange(1, len(self.r) + 1, dtype=np.float64), (self.u, self.i)),
+                            shape=(n_users, n_items)).T.tocsr()
+        self.ET = pos.astype(np.float32)
+        self.to_t = (pos.data - 1).astype(np.int64)
+        self.cu = np.bincount(self.u, minlength=n_users).astype(np.float32)[:, None]
+        self.ci = np.bincount(self.i, minlength=n_items).astype(np.float32)[:, None]
+        self.norm_u = 1.0 / np.maximum(counts_u, 1).astype(np.float32)[:, None]
+        self.norm_i = 1.0 / np.maximum(counts_i, 1).astype(np.float32)[:, None]
+
+    def step(self, P, Q, mu, lam, eta):
+        """This rank's share of one gradient step, ``(dP, dQ)``: summed over ranks it is the
+        full-batch step on all ratings."""
+        e = self.r - mu - np.einsum("ij,ij->i", P[self.u], Q[self.i])
+        self.E.data = e
+        self.ET.data = e[self.to_t]
+        dP = (self.E @ Q - lam * self.cu * P) * (eta * self.norm_u)
+        dQ = (self.ET @ P - lam * self.ci * Q) * (eta * self.norm_i)
+        return dP, dQ
+
+
+def rmse(P, Q, mu, u, i, r) -> float:
+    if len(r) == 0:
+        return float("nan")
+    p = mu + np.einsum("ij,ij->i", P[u], Q[i])
+    return float(np.sqrt(np.mean((r - p) ** 2)))
+
+
+def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
+          variant: str = "sharded_async_thread", straggler_ms: float = 0.0, lam: float = 0.1,
+          eta: float = 0.5, seed: int = 0, test_fraction: float = 0.1, log=None) -> dict:
+    """Trains on every rank of ``group``; returns rank-local history
+    ``[(seconds, iteration, test_rmse), ...]`` (test RMSE of the model this rank sees) and the
+    exact final model's test RMSE after the flush."""
+    from ..bench.common import StragglerSchedule
+
+    u, i, r = load_ratings(path)
+    n_users, n_items = int(u.max()) + 1, int(i.max()) + 1
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(r))
+    n_test = int(len(r) * test_fraction)
+    test, train_ = perm[:n_test], perm[n_test:]
+    mu = float(r[train_].mean())
+    # Random rating partition over ranks (the same on every rank).
+    owner = np.random.default_rng(seed + 1).integers(0, group.size, len(train_))
+    mine = train_[owner == group.rank]
+    part = Partition(u[mine], i[mine], r[mine], n_users, n_items,
+                     np.bincount(u[train_], minlength=n_users), np.bincount(i[train_], minlength=n_items))
+    init_rng = np.random.default_rng(seed + 2)
+    P0 = ((init_rng.random((n_users, k), dtype=np.float32) - 0.5) * 0.2)
+    Q0 = ((init_rng.random((n_items, k), dtype=np.float32) - 0.5) * 0.2)
+    nP = P0.size
+    red = group.ssp_reduction(P0.size + Q0.size, "float32", variant=variant)
+    state = np.zeros(P0.size + Q0.size, np.float32)
+    contribution = np.empty_like(state)
+    delays = StragglerSchedule(straggler_ms, seed, group.size).delays_s(group.rank, iters)
+    tu, ti, tr = u[test], i[test], r[test]
+    history = []
+    group.barrier()
+    t0 = time.perf_counter()
+    for it in range(iters):
+        if delays[it]:
+            time.sleep(delays[it])
+        P = P0 + state[:nP].reshape(P0.shape)
+        Q = Q0 + state[nP:].reshape(Q0.shape)
+        dP, dQ = part.step(P, Q, mu, lam, eta)
+        contribution[:nP] = dP.ravel()
+        contribution[nP:] = dQ.ravel()
+        red.allreduce(contribution, slack=slack, out=state)
+        P = P0 + state[:nP].reshape(P0.shape)
+        Q = Q0 + state[nP:].reshape(Q0.shape)
+        history.append((time.perf_counter() - t0, it + 1, rmse(P, Q, mu, tu, ti, tr), red.age_diff))
+        if log:
+            log(history[-1])
+    loop_s = time.perf_counter() - t0
+    final = red.flush()
+    P = P0 + final[:nP].reshape(P0.shape)
+    Q = Q0 + final[nP:].reshape(Q0.shape)
+    out = {"history": history, "loop_s": loop_s, "final_rmse": rmse(P, Q, mu, tu, ti, tr),
+           "stats": {k2: v.tolist() for k2, v in red.stats().items()}}
+    red.close()
+    return out
+
+
+def app_parser(doc: str, k: int, iters: int, variant: str) -> argparse.ArgumentParser:
+    """The options every SSP training app takes."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data")
+    p.add_argument("-k", type=int, default=k)
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--slack", type=int, default=0)
+    p.add_argument("--variant", default=variant)
+    p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
+    return p
+
+
+def write_rank_result(out, rank: int, res: dict) -> None:
+    """Writes ``res`` to ``OUT.rank<r>.json`` atomically."""
+    if out:
+        path = Path(f"{out}.rank{rank}.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    p = app_parser(__doc__, k=32, iters=100, variant="sharded_async_thread")
+    p.add_argument("--lam", type=float, default=0.1)
+    p.add_argument("--eta", type=float, default=0.5)
+    args = p.parse_args(argv)
+    import scalefree
+
+    g = scalefree.init()
+    res = train(g, args.data, k=args.k, iters=args.iters, slack=args.slack, variant=args.variant,
+                straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
+    write_rank_result(args.out, g.rank, res)
+    if g.rank == 0:
+        h = res["history"]
+        print(f"slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE "
+              f"{h[-1][2]:.4f} (rank 0's view), {res['final_rmse']:.4f} after flush", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

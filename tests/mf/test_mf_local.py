@@ -1,0 +1,112 @@
+"""scalefree.mf.model ``local`` mode: kernel builds, thread counts, normalisation, the throughput bench."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scalefree.mf.model as mf
+from scalefree import _native
+from scalefree.bench.mf import synthetic_ratings
+from scalefree.errors import InvalidArgumentError
+
+ML100K = Path(__file__).resolve().parents[2] / "../shared/data/movielens-100k/u.data"
+
+
+def _available_isas():
+    out = []
+    for isa in ("avx512", "avx2", "portable"):
+        r = _native.MfRatings.from_bytes(np.zeros(1, np.int64).tobytes(), np.zeros(1, np.int64).tobytes(),
+                                         np.ones(1, np.float32).tobytes())
+        try:
+            _native.MfTrainer(r, k=4, threads=1, isa=isa)
+            out.append(isa)
+        except InvalidArgumentError:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def low_rank():
+    u, i, r = synthetic_ratings(400, 300, 40_000, seed=3)
+    return mf.split_ratings((u, i, r), 0.1, 0)
+
+
+def test_threads_and_kernel_builds_reach_the_same_rmse(low_rank):
+    train, test = low_rank
+    isas = _available_isas()
+    assert "portable" in isas
+    got = {}
+    for isa in isas:
+        for threads in (1, 2, 3):
+            t = _native.MfTrainer(train, k=40, threads=threads, isa=isa, lam=0.01)
+            assert t.isa == isa
+            t.epochs(15)
+            got[(isa, threads)] = t.rmse(test)
+    best = min(got.values())
+    assert best < 0.2, got  # noise is N(0, 0.1²)
+    assert all(v <= best * 1.05 for v in got.values()), got
+
+
+def test_default_isa_and_bad_isa(low_rank):
+    train, _ = low_rank
+    assert _native.MfTrainer(train, k=8).isa in _available_isas()
+    with pytest.raises(InvalidArgumentError, match="isa"):
+        _native.MfTrainer(train, k=8, isa="sse9")
+
+
+def test_normalize_scales_back(low_rank):
+    train, test = low_rank
+    std = float(np.std(np.frombuffer(train.triples()[2], np.float32)))
+    assert std < 0.5  # so normalising changes the effective λ a lot
+    a = _native.MfTrainer(train, k=16, threads=2, normalize=True)
+    mse = a.epochs(15)
+    rmse = a.rmse(test)
+    assert 0 < mse < 0.1 and rmse < 0.2
+    # the model (factors scaled back) predicts what the trainer evaluated
+    assert abs(a.model().rmse(test) - rmse) < 1e-5
+    m = mf.MatrixFactorization(k=16, iterations=15, normalize=True).fit(train, test)
+    assert m.history[-1]["test_rmse"] < 0.2
+    with pytest.raises(InvalidArgumentError, match="local"):
+        mf.MatrixFactorization(mode="rima", normalize=True)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="../shared/data/movielens-100k absent")
+def test_movielens_threads_agree():
+    train, test = mf.split_ratings(ML100K, 0.1, 0)
+    r = [mf.MatrixFactorization(k=40, iterations=10, threads=t).fit(train, test).history[-1]["test_rmse"]
+         for t in (1, 2, 3)]
+    # 1, 2, 3 threads cut R into 2x2, 4x4, 6x6 blocks and schedule them dynamically: the update
+    # order differs, the result must not by more than 2 %.
+    assert max(r) < 0.95 and max(r) < min(r) * 1.02, r
+
+
+def test_synthetic_ratings_are_distinct_and_seeded():
+    u, i, r = synthetic_ratings(50, 40, 1000, seed=1)
+    assert len(set(zip(u.tolist(), i.tolist()))) == 1000
+    assert u.max() < 50 and i.max() < 40 and np.isfinite(r).all()
+    u2, _, r2 = synthetic_ratings(50, 40, 1000, seed=1)
+    np.testing.assert_array_equal(u, u2)
+    np.testing.assert_array_equal(r, r2)
+
+
+def test_bench_throughput_runs(tmp_path):
+    out = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--throughput", "--vs", "none",
+                        "--iterations", "1", "--repeat", "1", "-k", "8", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["impl"], r["threads"]) for r in recs] == [("scalefree", 1), ("scalefree", 2)]
+    assert all(r["train"] == 1_000_000 and r["updates_per_s"] > 0 and r["test_rmse"] < 1 for r in recs)
+
+
+def test_cli_normalize_is_local_only(tmp_path):
+    f = tmp_path / "r.txt"
+    f.write_text("1 1 3\n1 2 4\n2 1 5\n")
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", "rima", "-n", "2",
+                        "--normalize"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--normalize is for --mode local" in p.stderr

@@ -1,0 +1,199 @@
+"""scalefree.mf.model multi-rank modes (rima, dsgd-ps) with real rank processes on MovieLens-100K:
+RMSE close to `local` at equal iterations, rima sends fewer bytes per worker than dsgd-ps,
+the block kernel binding, and the errors for bad -n / mode."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scalefree.mf.model as mf
+from scalefree import _native
+from scalefree.errors import InvalidArgumentError
+from scalefree.mf.blocks import Partition, train_block
+
+from ranks import collect, spawn_ranks
+
+# ../shared/data next to the checkout (or next to a folder holding it, for a worktree).
+_REPO = Path(__file__).resolve().parents[2]
+DATA = next((a / "shared/data" for a in _REPO.parents if (a / "shared/data").exists()), _REPO / "../shared/data")
+ML100K = DATA / "movielens-100k/u.data"
+ITERS = 20
+
+pytestmark = pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("mfcache")
+
+
+@pytest.fixture(autouse=True)
+def _cache(cache_dir, monkeypatch):
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(cache_dir))
+
+
+@pytest.fixture(scope="module")
+def local_rmse(cache_dir):
+    import os
+
+    os.environ["SCALEFREE_CACHE_DIR"] = str(cache_dir)
+    tr, te = mf.split_ratings(ML100K, 0.1, 0)
+    m = mf.MatrixFactorization(k=40, iterations=ITERS, threads=2).fit(tr, te)
+    return m.history[-1]["test_rmse"]
+
+
+_runs: dict = {}
+
+
+def _cli(mode: str, n: int, tmp_path: Path, extra=()) -> dict:
+    """`scalefree mf train --mode MODE -n N`; the last JSON record (rank 0's report)."""
+    if (mode, n, *extra) not in _runs:
+        out = tmp_path / f"{mode}{n}.jsonl"
+        p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", mode,
+                            "-n", str(n), "-i", str(ITERS), "--json", str(out), "-q", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert "final test RMSE" in p.stdout and "bytes sent per worker" in p.stdout
+        recs = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
+        _runs[(mode, n, *extra)] = recs[-1]
+    return _runs[(mode, n, *extra)]
+
+
+@pytest.mark.parametrize("mode,n", [("rima", 1), ("rima", 2), ("rima", 3), ("rima", 4),
+                                    ("dsgd-ps", 2), ("dsgd-ps", 3), ("dsgd-ps", 4)])
+def test_rmse_close_to_local(mode, n, tmp_path, local_rmse):
+    rec = _cli(mode, n, tmp_path)
+    workers = n if mode == "rima" else n - 1
+    assert rec["workers"] == workers and len(rec["bytes_sent"]) == workers
+    assert rec["blocks_per_side"] == (2 * n if mode == "rima" else n - 1)
+    assert rec["test_rmse"] < 0.95
+    assert abs(rec["test_rmse"] - local_rmse) / local_rmse < 0.02, (rec["test_rmse"], local_rmse)
+    assert rec["train_mse"] < 0.6
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_rima_with_w_by_w_blocks(n, tmp_path, local_rmse):
+    rec = _cli("rima", n, tmp_path, ("--blocks", str(n)))
+    assert rec["blocks_per_side"] == n
+    assert abs(rec["test_rmse"] - local_rmse) / local_rmse < 0.02, (rec["test_rmse"], local_rmse)
+
+
+def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
+    rima, ps = _cli("rima", 4, tmp_path), _cli("dsgd-ps", 4, tmp_path)
+    assert rima["connections"] == 2
+    assert max(rima["bytes_sent"]) < min(ps["bytes_sent"])
+    # Per iteration a rima worker sends one kind of block around the ring (≈ all of P or all
+    # of Q); a dsgd-ps worker pushes its P and Q blocks every step (≈ all of P and Q).
+    assert np.mean(rima["bytes_sent"]) < 0.75 * np.mean(ps["bytes_sent"])
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--mode", "dsgd-ps", "-n", "1"], "needs -n 2 or more"),
+    (["--mode", "rima", "-n", "0"], "-n must be at least 1"),
+    (["-n", "3"], "--mode local runs in one process"),
+    (["--mode", "ring", "-n", "2"], "invalid choice"),
+    (["--mode", "rima", "-n", "3", "--blocks", "5"], "--blocks 5 is neither"),
+    (["--mode", "dsgd-ps", "-n", "3", "--blocks", "3"], "--blocks 3 differs"),
+])
+def test_bad_ranks_or_mode(args, msg):
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "-q", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert msg in p.stderr
+
+
+def test_bad_mode_in_python():
+    with pytest.raises(InvalidArgumentError, match="ring"):
+        mf.MatrixFactorization(mode="ring")
+
+
+def test_python_api_on_three_rima_ranks(tmp_path, cache_dir):
+    """MatrixFactorization(mode="rima").fit on 3 real ranks: rank 0 holds a model that
+    predicts, saves and loads; the others report their bytes."""
+    code = f"""
+import sys
+import numpy as np
+import scalefree.mf.model as mf
+tr, te = mf.split_ratings({str(ML100K)!r}, 0.1, 0)
+m = mf.MatrixFactorization(k=16, mode="rima", iterations=5, seed=3).fit(tr, te)
+if m.rank == 0:
+    m.save({str(tmp_path / "m.bin")!r})
+    back = mf.MatrixFactorization.load({str(tmp_path / "m.bin")!r})
+    p = back.predict([1, 2, 10**9], [1, 2, 1])
+    assert p.shape == (3,) and np.isfinite(p).all()
+    print("rmse", m.history[-1]["test_rmse"], back.rmse(te))
+else:
+    print("sent", m.history[-1]["bytes_sent"])
+"""
+    res = collect(spawn_ranks(3, code, extra_env={"SCALEFREE_CACHE_DIR": str(cache_dir)}))
+    for r in res:
+        assert r.returncode == 0, r.stderr
+    a, b = (float(x) for x in res[0].stdout.split()[1:3])
+    assert a == pytest.approx(b, rel=1e-5) and a < 1.2
+    assert all(int(r.stdout.split()[1]) > 0 for r in res[1:])
+
+
+def test_partition_covers_every_rating_once():
+    tr, _ = mf.split_ratings(ML100K, 0.1, 0)
+    part = Partition(tr, 3, 8, 0)
+    assert sum(len(b) for b in part.blocks) == len(tr)
+    for b in range(9):
+        u, i = part.blocks[b][:, 0], part.blocks[b][:, 1]
+        assert (u >= 0).all() and (u < part.urows(b // 3)).all()
+        assert (i >= 0).all() and (i < part.irows(b % 3)).all()
+    with pytest.raises(InvalidArgumentError, match="cannot be cut"):
+        Partition(tr, 5000, 8, 0)
+
+
+def test_block_kernel_binding_checks_its_arguments():
+    tr, _ = mf.split_ratings(ML100K, 0.1, 0)
+    part = Partition(tr, 2, 8, 0)
+    p, q = part.p_block(0), part.q_block(1)
+    before = p.factors.copy()
+    loss = train_block(part, 0, 1, p, q, dict(eta=0.1, lam=0.05, schedule="adagrad"), np.random.default_rng(0))
+    assert loss > 0 and not np.array_equal(before, p.factors)
+    one = np.ones(1, np.float32)
+    with pytest.raises(InvalidArgumentError, match="outside p"):
+        _native.mf_sgd_block(np.array([10**6], np.int32), np.zeros(1, np.int32), one, p.factors, q.factors, p.acc, q.acc, 8)
+    with pytest.raises(InvalidArgumentError, match="int32"):
+        _native.mf_sgd_block(np.zeros(1, np.int64), np.zeros(1, np.int32), one, p.factors, q.factors, p.acc, q.acc, 8)
+    with pytest.raises(InvalidArgumentError, match="schedule"):
+        _native.mf_sgd_block(np.zeros(1, np.int32), np.zeros(1, np.int32), one, p.factors, q.factors, p.acc, q.acc, 8,
+                             schedule="adam")
+
+
+def test_bench_vs_dsgd_ps_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "dsgd-ps", "--ranks", "3",
+                        "--users", "2000", "--items", "1500", "--ratings", "30000", "--iterations", "3",
+                        "--repeat", "1", "-k", "8", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["impl"], r["blocks_per_side"], r["workers"]) for r in recs] == [("rima", 6, 3), ("rima", 3, 3),
+                                                                               ("dsgd-ps", 2, 2)]
+    assert all(np.isfinite(r["test_rmse"]) for r in recs)
+    assert recs[0]["bytes_sent_per_worker"] < recs[2]["bytes_sent_per_worker"]
+    assert "rima 6x6 / dsgd-ps" in p.stdout
+
+
+@pytest.mark.parametrize("mode,n", [("rima", 3), ("dsgd-ps", 3)])
+def test_rmse_curve_does_not_change_training(mode, n, tmp_path):
+    """--eval-every 5 gives test RMSE at 5, 10, 15, 20; gathering for it changes neither the
+    result nor the counted bytes (same seed: same run)."""
+    out = tmp_path / "c.jsonl"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", mode, "-n", str(n),
+                        "-i", str(ITERS), "--eval-every", "5", "--json", str(out), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    curve = [(r["iteration"], r["test_rmse"]) for r in recs if "test_rmse" in r]
+    assert [it for it, _ in curve] == [5, 10, 15, 20]
+    assert curve[0][1] > curve[-1][1]
+    plain = _cli(mode, n, tmp_path)
+    assert recs[-1]["test_rmse"] == pytest.approx(plain["test_rmse"], rel=1e-6)
+    assert recs[-1]["bytes_sent"] == plain["bytes_sent"]

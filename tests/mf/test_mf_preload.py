@@ -1,0 +1,453 @@
+"""Rima with a memory budget (``mf_preload``): the R blocks stay in an anonymous block file and a
+loader thread reads them ahead in pattern order. Checked: the preloader hands back every block
+intact in order with at most ``budget`` bytes held; budgeted training is the same run as in
+memory (same seed: identical losses and RMSE) with a budget below the data; a budget smaller
+than one block is refused with the block size; no block file is left behind, even after
+``kill -9``."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scalefree.mf.model as mf
+from scalefree.errors import InvalidArgumentError, OutOfBudgetError
+from scalefree.mf.blocks import ENTRY_BYTES
+from scalefree.mf.preload import BlockFile, Preloader, parse_bytes
+from scalefree.mf.rima import block_states, directions
+
+_REPO = Path(__file__).resolve().parents[2]
+DATA = next((a / "shared/data" for a in _REPO.parents if (a / "shared/data").exists()), _REPO / "../shared/data")
+ML100K = DATA / "movielens-100k/u.data"
+ITERS = 4
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mfcache"))
+
+
+def _blocks(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 2**32, size=(n, 3), dtype=np.uint32) for n in sizes]
+
+
+def _file(tmp_path, blocks, direct=True):
+    bf = BlockFile(tmp_path, direct=direct)
+    for b, ent in enumerate(blocks):
+        bf.append(b, ent)
+    bf.finish()
+    return bf
+
+
+def _fdflags(fd):
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return int(next(line for line in f if line.startswith("flags:")).split()[1], 8)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("budget_blocks", [1, 1.5, 3, 100])
+def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budget_blocks, direct):
+    sizes = [0, 1, 7, 500, 333, 64, 500, 2, 499, 341, 342]
+    blocks = _blocks(sizes)
+    bf = _file(tmp_path, blocks, direct)
+    if direct and not bf.direct:
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    rng = np.random.default_rng(1)
+    seq = [int(x) for x in rng.integers(0, len(sizes), 200)] + [3, 3, 6, 6, 0, 9, 10, 1, 1]
+    budget = int(budget_blocks * bf.span(3))  # the largest block, padded to whole pages when direct
+    pre = Preloader(bf, seq, budget)
+    try:
+        for n, b in enumerate(seq):
+            got = pre.get(n)
+            assert got.shape == (sizes[b], 3)
+            assert np.array_equal(got, blocks[b]), (n, b)
+            if direct and sizes[b]:
+                assert got.ctypes.data % 4096 == 0  # direct reads land on page boundaries
+            assert pre.resident <= budget
+            got[:] = 0  # the trainer shuffles in place; the next visit must read it afresh
+            pre.release(n)
+        assert 0 < pre.peak_resident <= budget
+        assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES  # ratings, not padding
+        assert bf.direct == direct and bf.direct_fallback is None
+        with pytest.raises(InvalidArgumentError, match="in order"):
+            pre.release(0)
+    finally:
+        pre.close()
+        bf.close()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
+    """Visits whose blocks follow each other in the file (and fit behind each other in the
+    arena) are one read; empty blocks, repeats and the wrap of the ring break a run."""
+    sizes = [5, 341, 342, 0, 1, 7, 2, 400]
+    blocks = _blocks(sizes, seed=8)
+    bf = _file(tmp_path, blocks, direct)
+    seq = [0, 1, 2, 3, 4, 5, 6, 7, 7, 1, 2, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]
+    try:
+        for budget in (10**7, bf.span(7) + bf.span(2), max(bf.span(b) for b in range(len(sizes)))):
+            pre = Preloader(bf, seq, budget)
+            try:
+                for n, b in enumerate(seq):
+                    got = pre.get(n)
+                    assert np.array_equal(got, blocks[b]), (budget, n, b)
+                    assert pre.resident <= budget
+                    got[:] = 7
+                    pre.release(n)
+                assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES
+                nonempty = sum(1 for b in seq if sizes[b])
+                # Block 3 is empty: 2 and 4 are neighbours in the file. The arena is the file's
+                # size at most, so the ring's wrap cuts some runs.
+                assert pre.reads <= nonempty
+                if budget == 10**7:
+                    assert pre.reads <= nonempty // 2
+            finally:
+                pre.close()
+    finally:
+        bf.close()
+
+
+def test_direct_layout_is_page_aligned_with_zero_padding(tmp_path):
+    """Odd block sizes (0 and 1 rating, one short of and one past a page): every block starts
+    on a 4 KiB boundary, takes whole pages in the arena, the gaps read as zeros and the read
+    descriptor is O_DIRECT."""
+    sizes = [0, 1, 341, 342, 0, 1, 1000, 2]  # 341 × 12 = 4092 bytes, 342 × 12 = 4104
+    blocks = _blocks(sizes, seed=3)
+    bf = _file(tmp_path, blocks)
+    try:
+        if not bf.direct:
+            pytest.skip(f"{tmp_path} does not take O_DIRECT")
+        assert _fdflags(bf.dfd) & os.O_DIRECT and not _fdflags(bf.fd) & os.O_DIRECT
+        raw = os.pread(bf.fd, bf.size + 10, 0)
+        assert len(raw) == bf.size and bf.size % 4096 == 0
+        end = 0
+        for b, n in enumerate(sizes):
+            off, m = bf.index[b]
+            assert m == n and off % 4096 == 0 and off == end
+            assert bf.span(b) == -(-n * ENTRY_BYTES // 4096) * 4096
+            assert raw[off:off + n * ENTRY_BYTES] == blocks[b].tobytes()
+            assert not any(raw[off + n * ENTRY_BYTES:off + bf.span(b)])  # zero padding
+            end = off + bf.span(b)
+        assert end == bf.size
+        assert [bf.span(b) for b in range(len(sizes))] == [0, 4096, 4096, 8192, 0, 4096, 12288, 4096]
+    finally:
+        bf.close()
+
+
+def test_buffered_layout_is_packed(tmp_path):
+    sizes = [0, 1, 341, 342, 2]
+    blocks = _blocks(sizes, seed=4)
+    bf = _file(tmp_path, blocks, direct=False)
+    assert not bf.direct and bf.align == 1
+    assert bf.size == sum(sizes) * ENTRY_BYTES
+    assert [bf.span(b) for b in range(len(sizes))] == [n * ENTRY_BYTES for n in sizes]
+    assert os.pread(bf.fd, bf.size, 0) == b"".join(x.tobytes() for x in blocks)
+    bf.close()
+
+
+def _run_all(bf, blocks, seq, budget):
+    pre = Preloader(bf, seq, budget)
+    try:
+        for n, b in enumerate(seq):
+            assert np.array_equal(pre.get(n), blocks[b]), (n, b)
+            assert pre.resident <= budget
+            pre.release(n)
+    finally:
+        pre.close()
+
+
+def test_o_direct_refused_at_open_falls_back_to_buffered(tmp_path, monkeypatch):
+    """A file system that refuses O_DIRECT (EINVAL, e.g. tmpfs): packed layout, reads through
+    the page cache, same blocks."""
+    real_open = os.open
+
+    def no_direct(path, flags, *a, **kw):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    sizes = [3, 0, 1, 400, 17]
+    blocks = _blocks(sizes, seed=5)
+    bf = _file(tmp_path, blocks)
+    try:
+        assert not bf.direct and bf.align == 1 and bf.size == sum(sizes) * ENTRY_BYTES
+        _run_all(bf, blocks, [3, 0, 1, 2, 4, 3, 3], 400 * ENTRY_BYTES)
+    finally:
+        bf.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_o_direct_refused_at_read_falls_back_to_buffered(tmp_path, monkeypatch):
+    """Opened with O_DIRECT but the first read is refused (EINVAL): that block and all later
+    ones are read through the page cache from the same (aligned) layout."""
+    sizes = [3, 0, 1, 400, 17, 342]
+    blocks = _blocks(sizes, seed=6)
+    bf = _file(tmp_path, blocks)
+    if not bf.direct:
+        bf.close()
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    dfd, real = bf.dfd, os.preadv
+    calls = []
+
+    def refuse(fd, bufs, off, *a):
+        calls.append(fd)
+        if fd == dfd:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off, *a)
+
+    monkeypatch.setattr(os, "preadv", refuse)
+    try:
+        _run_all(bf, blocks, [3, 0, 1, 2, 4, 5, 3, 5], bf.span(3) + bf.span(5))
+        assert not bf.direct and "O_DIRECT read refused" in bf.direct_fallback
+        assert calls.count(dfd) == 1  # tried once, then buffered
+    finally:
+        bf.close()
+
+
+def test_block_file_on_tmpfs(monkeypatch):
+    """On /dev/shm (tmpfs: O_DIRECT refused on older kernels, accepted on newer) the blocks
+    come back intact whichever path is taken."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    sizes = [5, 0, 1, 341, 700]
+    blocks = _blocks(sizes, seed=7)
+    bf = _file("/dev/shm", blocks)
+    try:
+        _run_all(bf, blocks, [4, 3, 2, 1, 0, 4, 4], max(bf.span(b) for b in range(len(sizes))))
+    finally:
+        bf.close()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_preloader_refuses_a_block_bigger_than_the_budget(tmp_path, direct):
+    bf = BlockFile(tmp_path, direct=direct)
+    bf.append(0, _blocks([100])[0])
+    if direct and not bf.direct:
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    if bf.direct:
+        # 1200 bytes of ratings, but a direct read takes a whole 4 KiB page.
+        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\) \(4096 bytes as read.*at least 4096 bytes"):
+            Preloader(bf, [0], 4095)
+        Preloader(bf, [0], 4096).close()
+    else:
+        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\); raise the budget to at least 1200 bytes"):
+            Preloader(bf, [0], 1199)
+        Preloader(bf, [0], 1200).close()
+    bf.close()
+
+
+def test_block_file_has_no_name(tmp_path):
+    bf = BlockFile(tmp_path)
+    bf.append(0, _blocks([10])[0])
+    assert os.listdir(tmp_path) == []
+    assert os.readlink(f"/proc/self/fd/{bf.fd}").endswith("(deleted)")
+    bf.close()
+
+
+def test_no_block_file_left_after_kill_9(tmp_path):
+    code = (f"from scalefree.mf.preload import BlockFile\nimport numpy as np, time\n"
+            f"bf = BlockFile({str(tmp_path)!r}); bf.append(0, np.ones((1000, 3), np.uint32)); bf.finish()\n"
+            f"print(bf.fd, flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        fd = p.stdout.readline().strip()
+        link = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+        assert link.startswith(str(tmp_path)) and link.endswith("(deleted)")
+        assert os.listdir(tmp_path) == []
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("text,n", [("64M", 64 << 20), ("1.5k", 1536), ("4096", 4096), (300, 300), ("2 GiB", 2 << 30)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "-1", "0", "12Q", "lots"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(InvalidArgumentError):
+        parse_bytes(text)
+
+
+def test_memory_budget_only_for_rima():
+    with pytest.raises(InvalidArgumentError, match="for mode 'rima'"):
+        mf.MatrixFactorization(mode="local", memory_budget="1M")
+    with pytest.raises(InvalidArgumentError, match="64Q"):
+        mf.MatrixFactorization(mode="rima", memory_budget="64Q")
+
+
+@pytest.mark.parametrize("V,iters", [(1, 3), (2, 2), (6, 3), (8, 5)])
+def test_block_states_visit_every_block_once_per_iteration(V, iters):
+    """The predefined pattern sequence: every step's pattern is interchangeable (distinct row and
+    column blocks) and each iteration covers all V² blocks."""
+    bp, bq = block_states(V, directions(iters, 7))
+    for it in range(iters):
+        seen = set()
+        for s in range(it * V, (it + 1) * V):
+            assert sorted(bp[s]) == list(range(V)) and sorted(bq[s]) == list(range(V))
+            seen |= set(zip(bp[s].tolist(), bq[s].tolist()))
+        assert len(seen) == V * V
+
+
+def _train(n, tmp_path, tag, extra=()):
+    out = tmp_path / f"{tag}.jsonl"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", str(n), "-k", "8", "-i", str(ITERS), "--eval-every", "2", "--json", str(out), "-q",
+                        *extra], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()], p.stdout
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+@pytest.mark.parametrize("n,blocks", [(1, None), (2, None), (3, None), (3, 3)])
+def test_budgeted_training_is_the_in_memory_run(n, blocks, tmp_path):
+    """Same seed, budget well below the rating data: identical per-iteration losses, test RMSE
+    curve and bytes sent; every rank's resident rating bytes within the budget; block dir
+    empty afterwards."""
+    b = () if blocks is None else ("--blocks", str(blocks))
+    mem, _ = _train(n, tmp_path, "mem", b)
+    data = mem[-1]["rating_bytes"]
+    V = mem[-1]["blocks_per_side"]
+    budget = int(data * 1.5 / V**2)  # room for about 1.5 blocks: 4 % – 38 % of R
+    bdir = tmp_path / "blocks"
+    bdir.mkdir()
+    disk, out = _train(n, tmp_path, "disk", (*b, "--memory-budget", str(budget), "--block-dir", str(bdir)))
+    assert [r["train_mse"] for r in disk] == [r["train_mse"] for r in mem]
+    assert [r.get("test_rmse") for r in disk] == [r.get("test_rmse") for r in mem]
+    assert disk[-1]["bytes_sent"] == mem[-1]["bytes_sent"]
+    assert disk[-1]["memory_budget"] == budget
+    for r in mem:
+        assert r["rating_bytes_resident"] == [data] * n  # in memory every rank holds all of R
+    for r in disk:
+        assert all(0 < x <= budget for x in r["rating_bytes_resident"]), r
+        assert all(x > 0 for x in r["peak_rss_bytes"])
+    # Each rank read what it trained: 1/n of R per iteration.
+    assert sum(disk[-1]["bytes_read"]) == data * ITERS
+    assert len(disk[-1]["preload_loader_cpu_seconds"]) == n
+    assert "budget" in out and "peak RSS" in out
+    assert os.listdir(bdir) == []
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+@pytest.mark.parametrize("blocks,hint", [("3", "--blocks 6"), ("6", "more ranks")])
+def test_budget_smaller_than_a_block_is_refused(blocks, hint, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", "3", "--blocks", blocks, "-i", "1", "-q", "--memory-budget", "10K",
+                        "--block-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "smaller than one R block" in p.stderr and "bytes)" in p.stderr and hint in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+def test_missing_block_dir_is_a_clear_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", "2", "-i", "1", "-q", "--memory-budget", "1M", "--block-dir", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "block directory" in p.stderr and "does not exist" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_cli_rejects_budget_for_other_modes():
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "dsgd-ps",
+                        "-n", "2", "--memory-budget", "1M"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--memory-budget is for --mode rima" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", "2", "--memory-budget", "lots"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--memory-budget" in p.stderr and "lots" in p.stderr
+
+
+def test_python_api_single_rank_budget(tmp_path):
+    """memory_budget through MatrixFactorization (one rank, in this process) gives the in-memory model."""
+    if not ML100K.exists():
+        pytest.skip("MovieLens-100K not in ../shared/data")
+    tr, te = mf.split_ratings(ML100K, 0.1, 0)
+    a = mf.MatrixFactorization(k=8, mode="rima", iterations=2, seed=5).fit(tr, te)
+    b = mf.MatrixFactorization(k=8, mode="rima", iterations=2, seed=5, memory_budget=len(tr) * ENTRY_BYTES // 3,
+                               block_dir=tmp_path).fit(tr, te)
+    assert a.history[-1]["test_rmse"] == b.history[-1]["test_rmse"]
+    assert np.array_equal(a.predict([1, 2, 3], [4, 5, 6]), b.predict([1, 2, 3], [4, 5, 6]))
+    assert max(b.history[-1]["rating_bytes_resident"]) <= len(tr) * ENTRY_BYTES // 3
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "memory-budget", "--ranks", "2",
+                        "--users", "1500", "--items", "1200", "--ratings", "20000", "--iterations", "2",
+                        "--repeat", "1", "-k", "8", "--budget-fraction", "0.3", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    mem, bud = json.loads(out.read_text())
+    assert (mem["variant"], bud["variant"]) == ("memory", "budget")
+    assert bud["memory_budget"] == int(0.3 * mem["rating_bytes"])
+    assert mem["rating_bytes_resident_max"] == mem["rating_bytes"]
+    assert 0 < bud["rating_bytes_resident_max"] <= bud["memory_budget"]
+    assert bud["test_rmse"] == mem["test_rmse"] and np.isfinite(mem["test_rmse"])
+    assert "x in-memory, RMSE identical" in p.stdout
+
+
+@pytest.mark.parametrize("n,seed", [(0, 1), (1, 2), (7, None), (1001, 3)])
+def test_entries_binding_matches_the_block_binding(n, seed):
+    """mf_sgd_entries (packed records, shuffled in place) does what mf_sgd_block does on the
+    records in the order they end up in; the shuffle is a permutation fixed by the seed."""
+    from scalefree import _native
+
+    rng = np.random.default_rng(n)
+    k, rows_p, rows_q = 8, 13, 11
+    ent = np.empty((n, 3), np.uint32)
+    ent[:, 0] = rng.integers(0, rows_p, n)
+    ent[:, 1] = rng.integers(0, rows_q, n)
+    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    p0 = rng.random((rows_p, k), dtype=np.float32)
+    q0 = rng.random((rows_q, k), dtype=np.float32)
+    a = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
+    b = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
+    before = ent.copy()
+    la = _native.mf_sgd_entries(ent, *a, k, shuffle_seed=seed)
+    if seed is None or n < 2:
+        assert np.array_equal(ent, before)
+    else:
+        assert not np.array_equal(ent, before)
+        assert sorted(map(tuple, ent.tolist())) == sorted(map(tuple, before.tolist()))
+        again = before.copy()
+        _native.mf_sgd_entries(again, p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32),
+                               k, shuffle_seed=seed)
+        assert np.array_equal(again, ent)
+    u, i, r = (np.ascontiguousarray(ent[:, 0]).view(np.int32), np.ascontiguousarray(ent[:, 1]).view(np.int32),
+               np.ascontiguousarray(ent[:, 2]).view(np.float32))
+    lb = _native.mf_sgd_block(u, i, r, *b, k)
+    assert la == lb
+    for x, y in zip(a, b):
+        assert np.array_equal(x, y)
+
+
+def test_entries_binding_checks_its_arguments():
+    from scalefree import _native
+
+    p, q = np.zeros((4, 2), np.float32), np.zeros((3, 2), np.float32)
+    pg, qg = np.ones(4, np.float32), np.ones(3, np.float32)
+    with pytest.raises(InvalidArgumentError, match="outside p"):
+        _native.mf_sgd_entries(np.array([[4, 0, 0]], np.uint32), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="uint32 records"):
+        _native.mf_sgd_entries(np.zeros((1, 3), np.int64), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="uint32 records"):
+        _native.mf_sgd_entries(np.zeros(4, np.uint32), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        ro = np.zeros((1, 3), np.uint32)
+        ro.flags.writeable = False
+        _native.mf_sgd_entries(ro, p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="schedule"):
+        _native.mf_sgd_entries(np.zeros((1, 3), np.uint32), p, q, pg, qg, 2, schedule="adam")
