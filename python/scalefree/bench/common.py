@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .._atomic import atomic_path
+from .._rss import reset_peak_rss, status_bytes
 
 # ---------------------------------------------------------------------------------------
 # Sizes and units
@@ -738,28 +739,12 @@ class PeakRss:
         self.start: int | None = None
         self.peak: int | None = None
 
-    @staticmethod
-    def _status(field: str) -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith(field + ":"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return None
-
     def __enter__(self) -> "PeakRss":
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self.start = self._status("VmRSS")
-        except OSError:
-            self.start = None
+        self.start = status_bytes("VmRSS") if reset_peak_rss() else None
         return self
 
     def __exit__(self, *exc) -> None:
-        self.peak = self._status("VmHWM") if self.start is not None else None
+        self.peak = status_bytes("VmHWM") if self.start is not None else None
 
     def merge_into(self, rec: dict) -> None:
         """Keeps the largest peak (and the start it grew from) of several calls in ``rec``."""

@@ -1,6 +1,7 @@
 """Graph analytics on the sparse allreduce: ``scalefree graph pagerank EDGES -n 4 --top 20``.
 
-Ranks split the edges by a seeded random edge partition. Each rank renumbers the vertices
+Each rank reads its share of the edge file and sends every edge to the rank that owns it
+(a hash of the edge), which drops duplicates. Each rank renumbers the vertices
 its edges touch into compact local ids, so its vectors and its SpMV have the size of what
 it touches, not of the graph; per iteration one sparse allreduce (configured once) sums the
 rank flow each rank produced for its edge targets and returns it for its edge sources and
@@ -17,31 +18,37 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path
-from .io import partition_edges, read_edges
+from .io import owner_dedup, read_edge_share
 from .rmat import _rmat_cmd
 
 
-def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Collective: (out-degree of every vertex, its key, the vertex of each degree rank,
-    number of keys) for the sparse
+    number of keys, number of vertices on an edge) for the sparse
     allreduce without hashing. Vertices are ranked by falling total degree over all ranks
     (``g``), and ``key = (g % size) * B + g // size`` with ``B = ceil(n / size)``: the
     layer ranges of the butterfly (contiguous key ranges) each receive every size-th
     vertex in degree order, so the hubs spread over the ranks as a hash would spread them,
     while each rank's keys, sorted, stay close to degree order (hub entries together, which
     keeps its SpMV's gathers in cache). Key range ``[r * B, r * B + count)`` is the
-    vertices rank r owns. With ``replication`` r, ranks are r replicas of ``size / r``
+    vertices rank r owns. Ids without an edge rank last (``order[nv:]``). Keys are uint32
+    when they fit. With ``replication`` r, ranks are r replicas of ``size / r``
     logical nodes holding the same edges."""
     size = group.size // replication
     deg = np.concatenate([np.bincount(src, minlength=n), np.bincount(dst, minlength=n)]).astype(np.float64)
     if group.size > 1 and len(deg):
         group.allreduce(deg)
         deg /= replication
-    order = np.argsort(-(deg[:n] + deg[n:]), kind="stable")
-    g = np.empty(n, np.int64)
-    g[order] = np.arange(n, dtype=np.int64)
+    total = deg[:n] + deg[n:]
+    nv = int(np.count_nonzero(total))
+    order = np.argsort(-total, kind="stable")
+    del total
     width = -(-n // size)
-    return deg[:n], (g % size) * width + g // size, order, size * width
+    kt = np.uint32 if size * width + 1 < 1 << 32 else np.int64
+    key = np.empty(n, kt)
+    g = np.arange(n, dtype=kt)
+    key[order] = (g % kt(size)) * kt(width) + g // kt(size)
+    return deg[:n], key, order, size * width, nv
 
 
 class SparsePageRank:
@@ -66,19 +73,23 @@ class SparsePageRank:
     the L1 change travels through a second replicated sparse allreduce)."""
 
     def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto", dtype="float64",
-                 replication: int = 1):
+                 replication: int = 1, isolated: bool = True):
         from .. import _native
 
         me, size = logical_rank(group, replication)
         self.replication = int(replication)
         dtype = np.dtype(dtype)
         self.group, self.n, self.damping, self.dtype = group, int(n), float(damping), dtype
-        src = np.asarray(src, np.int64)
-        dst = np.asarray(dst, np.int64)
-        outdeg, key, order, nkeys = vertex_keys(group, src, dst, self.n, self.replication)
+        src, dst = np.asarray(src), np.asarray(dst)
+        if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
+            raise ValueError(f"SparsePageRank: src and dst must hold integer ids, got {src.dtype} and {dst.dtype}")
+        outdeg, key, order, nkeys, nv = vertex_keys(group, src, dst, self.n, self.replication)
+        if not isolated:
+            # Ids without an edge are not vertices: the graph has the nv that have one.
+            self.n = nv
         width = nkeys // size
         flow_key = nkeys  # one key past the vertices: the rank's total flow
-        self.owned = order[me::size].astype(np.int64)
+        self.owned = order[me:self.n:size].astype(np.int64) if not isolated else order[me::size].astype(np.int64)
         n_own = len(self.owned)
         own_lo_key = me * width
         sk, dk = key[src], key[dst]
@@ -212,11 +223,55 @@ def _parse_fail(text: str | None) -> tuple[int, int] | None:
     return r, it
 
 
+def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
+    sends every edge to the rank that owns it and drops duplicates there
+    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
+    ids stay as written. No rank holds more than its share of the edges. With
+    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    me, m = logical_rank(group, replication)
+    t0 = time.perf_counter()
+    src, dst = read_edge_share(path, me, m)
+    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1, len(src)], np.int64)
+    top[0] = group.allreduce(top[:1].copy(), op="max")[0]
+    n_ids = int(top[0])
+    if progress and group.rank == 0:
+        print(f"read {len(src)} edges of rank 0's share in {time.perf_counter() - t0:.2f} s", file=sys.stderr,
+              flush=True)
+    first = (group.rank // m) * m
+    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    return src, dst, n_ids, edges
+
+
+def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Collective: the ``k`` best (vertex, score) pairs over all ranks on rank 0 (None
+    elsewhere), best first, ties by vertex id; each rank sends only its own best ``k``."""
+    k = max(0, int(k))
+    scores = np.asarray(scores, np.float64)
+    best = np.lexsort((owned, -scores))[:k] if len(scores) else np.zeros(0, np.int64)
+    ids = np.full(k, -1, np.int64)
+    vals = np.full(k, -np.inf)
+    ids[: len(best)] = np.asarray(owned)[best]
+    vals[: len(best)] = scores[best]
+    all_ids = group.allgather(ids).reshape(-1)
+    all_vals = group.allgather(vals).reshape(-1)
+    if group.rank != 0:
+        return None
+    keep = all_ids >= 0
+    all_ids, all_vals = all_ids[keep], all_vals[keep]
+    order = np.lexsort((all_ids, -all_vals))[:k]
+    return all_ids[order], all_vals[order]
+
+
 def _pagerank_cmd(args) -> int:
+    import json
     import os
     import signal
 
     import scalefree
+
+    from .._rss import peak_rss_bytes
 
     g = scalefree.init()
     rep = args.replication
@@ -224,39 +279,56 @@ def _pagerank_cmd(args) -> int:
         raise SystemExit(f"scalefree graph pagerank: --replication {rep} must divide the rank count {g.size}")
     fail = _parse_fail(args.fail_rank)
     t0 = time.perf_counter()
-    src, dst, ids = read_edges(args.edges)
-    n = len(ids)
-    me, m = logical_rank(g, rep)
-    s, d = partition_edges(src, dst, me, m, args.seed)
+    s, d, n_ids, edges = load_graph(g, args.edges, rep, args.progress)
+    if edges == 0:
+        raise SystemExit(f"scalefree graph pagerank: {args.edges}: the graph has no edges")
     load_s = time.perf_counter() - t0
-    pr = SparsePageRank(g, s, d, n, args.damping, "auto", args.dtype, rep)
+    t1 = time.perf_counter()
+    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
+    del s, d
+    n = pr.n
+    me, m = logical_rank(g, rep)
     gather = None
     if rep > 1:
         # Replicated: the gather is configured now, while every rank is alive; after the
         # iterations it runs on whichever replicas survive. Every replica of logical node
-        # 0 receives all n scores and prints them.
-        gather = g.sparse_allreduce(n, replication=rep)
-        gather.config(pr.owned, np.arange(n, dtype=np.int64) if me == 0 else np.zeros(0, np.int64))
+        # 0 receives every id's score and prints the best.
+        gather = g.sparse_allreduce(n_ids, replication=rep)
+        gather.config(pr.owned, np.arange(n_ids, dtype=np.int64) if me == 0 else np.zeros(0, np.int64))
+    setup_s = time.perf_counter() - t1
 
     def before(it):
         if fail and g.rank == fail[0] and it == fail[1]:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
 
+    t2 = time.perf_counter()
     it, per_it = iterate(pr, args.tol, args.max_iter, args.progress, before)
+    iterate_s = time.perf_counter() - t2
     if gather is not None:
         got = gather.reduce(pr.scores.astype(np.float64))
-        allr = got if me == 0 else None
+        best = None
+        if me == 0:
+            v = np.lexsort((np.arange(n_ids), -got))[: args.top]
+            best = (v, got[v])
     else:
-        allr = gather_scores(g, pr.owned, pr.scores, n)
+        best = top_scores(g, pr.owned, pr.scores, args.top)
     if args.save_scores:
         _save_scores(args.save_scores, g.rank, pr.owned, pr.scores)
-    if allr is not None:
+    rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
+    if best is not None:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        top = np.argsort(-allr, kind="stable")[: args.top]
-        print(f"{n} vertices, {len(src)} edges, {g.size} ranks{who}, {it} iterations, "
-              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s)", flush=True)
-        for v in top:
-            print(f"{ids[v]}\t{allr[v]:.10g}")
+        print(f"{n} vertices, {edges} edges, {g.size} ranks{who}, {it} iterations, "
+              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
+        for v, x in zip(*best):
+            print(f"{v}\t{x:.10g}")
+        if args.json and g.rank == 0:
+            rec = {"vertices": n, "edges": edges, "ranks": g.size, "iterations": it, "load_s": load_s,
+                   "setup_s": setup_s, "iterate_s": iterate_s, "per_iteration_s": per_it,
+                   "end_to_end_s": time.perf_counter() - t0,
+                   "peak_rss_bytes": None if rss is None else rss.tolist(),
+                   "top": [[int(v), float(x)] for v, x in zip(*best)]}
+            with atomic_path(Path(args.json)) as tmp:
+                Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
     return 0
 
 
@@ -272,13 +344,13 @@ def add_parser(sub) -> None:
     q.add_argument("--damping", type=float, default=0.85)
     q.add_argument("--tol", type=float, default=1e-10, help="stop when the L1 change is below this")
     q.add_argument("--max-iter", type=int, default=200)
-    q.add_argument("--seed", type=int, default=0, help="seed of the random edge partition")
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration")
     q.add_argument("--dtype", default="float64", choices=["float64", "float32"],
                    help="value type of the scores and messages (float32: half the memory traffic, ~1e-7 relative; use --tol 1e-6 or looser)")
     q.add_argument("--replication", type=int, default=1,
                    help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
                         "correct scores while one replica of every node lives (started with --allow-rank-failure)")
+    q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here (rank 0)")
     q.add_argument("--save-scores", metavar="DIR",
                    help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
@@ -286,9 +358,11 @@ def add_parser(sub) -> None:
     q.set_defaults(func=_launch)
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph as an edge list",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("out", help="output edge list (.gz compresses)")
+    r.add_argument("out", help="output: .npz (src, dst arrays), .gz (compressed edge list), a directory with "
+                               "--parts, else a SNAP edge list")
     r.add_argument("--scale", type=int, default=16, help="2**scale vertex ids")
     r.add_argument("--edges", type=int, default=1 << 20)
+    r.add_argument("--parts", type=int, default=0, help="write a directory of this many text parts")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_rmat_cmd)

@@ -53,24 +53,71 @@ def rmat_edges(scale: int, edges: int, seed: int = 0, block: int = 1 << 20):
     return compact_edges(src, dst)
 
 
-def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20, progress: bool = True) -> None:
-    """Writes a seeded R-MAT edge list (SNAP text, ``.gz`` compresses) in blocks, atomically
-    (temporary file, then rename); the edges of :func:`rmat_blocks`."""
+def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20, progress: bool = True,
+               parts: int = 0) -> None:
+    """Writes the edges of :func:`rmat_blocks` atomically (temporary file, then rename).
+
+    By the name of ``path``: ``.npz`` holds arrays ``src`` and ``dst`` (int32 while ids fit,
+    uncompressed, so readers map slices of it); ``.gz`` a compressed SNAP edge list;
+    anything else a SNAP edge list. With ``parts`` N > 0, ``path`` is a directory that
+    receives N text parts ``part-00000`` ... (as Spark and Hadoop write them), the edges
+    in N consecutive runs."""
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with atomic_path(path) as tmp, opener(tmp, "wb") as f:
-        f.write(f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode())
-        done = 0
-        for s, d in rmat_blocks(scale, edges, seed, block):
-            pairs = np.stack([s, d], axis=1)
-            f.write("\n".join(f"{x}\t{y}" for x, y in pairs.tolist()).encode() + b"\n")
-            done += len(s)
-            if progress:
-                print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
+    header = f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode()
+    blocks = rmat_blocks(scale, edges, seed, block)
+    done = 0
+
+    def tick(m):
+        nonlocal done
+        done += m
+        if progress:
+            print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
+
+    if parts:
+        path.mkdir(parents=True, exist_ok=True)
+        bounds = [edges * i // parts for i in range(parts + 1)]
+        pending = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        for i in range(parts):
+            with atomic_path(path / f"part-{i:05d}") as tmp, open(tmp, "wb") as f:
+                f.write(header)
+                want = bounds[i + 1] - bounds[i]
+                while want:
+                    if not len(pending[0]):
+                        pending = next(blocks)
+                    m = min(want, len(pending[0]))
+                    f.write(_edge_lines(pending[0][:m], pending[1][:m]))
+                    pending = (pending[0][m:], pending[1][m:])
+                    want -= m
+                    tick(m)
+    elif path.name.lower().endswith(".npz"):
+        dt = np.int32 if scale <= 31 else np.int64
+        got = []
+        for s, d in blocks:
+            got.append((s.astype(dt), d.astype(dt)))
+            tick(len(s))
+        src = np.concatenate([s for s, _ in got]) if got else np.zeros(0, dt)
+        dst = np.concatenate([d for _, d in got]) if got else np.zeros(0, dt)
+        del got
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, src=src, dst=dst)
+    else:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with atomic_path(path) as tmp, opener(tmp, "wb") as f:
+            f.write(header)
+            for s, d in blocks:
+                f.write(_edge_lines(s, d))
+                tick(len(s))
     if progress:
         print(file=sys.stderr)
 
 
+def _edge_lines(src, dst) -> bytes:
+    """``src<TAB>dst`` lines."""
+    if not len(src):
+        return b""
+    return ("\n".join(map("%d\t%d".__mod__, zip(src.tolist(), dst.tolist()))) + "\n").encode()
+
+
 def _rmat_cmd(args) -> int:
-    write_rmat(args.out, args.scale, args.edges, args.seed, progress=not args.quiet)
+    write_rmat(args.out, args.scale, args.edges, args.seed, progress=not args.quiet, parts=args.parts)
     return 0

@@ -60,30 +60,6 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB ({n} bytes)"
 
 
-def peak_rss_bytes() -> int:
-    """This process's resident-set high-water mark (VmHWM; since the last :func:`reset_peak_rss`)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def reset_peak_rss() -> bool:
-    """Restart the high-water mark from the current RSS (Linux ≥ 4.0); False where not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def outside_arena(fn):
     """``fn()`` on a helper thread, so the arrays it allocates come from the C allocator
     rather than the rank's registered arena (numpy's allocator is per thread context), and what

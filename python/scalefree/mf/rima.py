@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from ..tensors import slots as tensors
+from .._rss import peak_rss_bytes, reset_peak_rss
 from ..errors import InvalidArgumentError, OutOfBudgetError
 from . import preload as mf_preload
 from . import stream as mf_stream
@@ -46,7 +47,7 @@ def _account(it, pre, held, resident, rss, waited) -> None:
         with pre._cond:
             resident[it], pre.peak_resident = pre.peak_resident, pre.resident
         waited[it] = pre.wait_seconds - waited[:it].sum()
-    rss[it] = mf_preload.peak_rss_bytes()
+    rss[it] = peak_rss_bytes()
 
 
 def directions(iterations: int, seed: int) -> np.ndarray:
@@ -206,8 +207,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     # Per iteration: peak bytes of R blocks held, peak RSS so far, time waiting for a block read.
     resident, rss, waited = np.zeros(iters), np.zeros(iters), np.zeros(iters)
     held_r = part.resident_bytes()
-    setup_rss = mf_preload.peak_rss_bytes()
-    mf_preload.reset_peak_rss()
+    setup_rss = peak_rss_bytes()
+    reset_peak_rss()
     visit = 0
     total = iters * V
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
