@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use scalefree_transport::Error;
 
-fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
+pub(crate) fn raise(py: Python<'_>, class: &str, msg: String) -> PyErr {
     let made = py
         .import("scalefree.errors")
         .and_then(|m| m.getattr(class))

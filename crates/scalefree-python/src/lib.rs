@@ -11,6 +11,7 @@ mod group;
 mod ssp;
 mod tensors;
 mod graph;
+mod io;
 mod sparse;
 mod mf;
 mod ucx;
@@ -55,6 +56,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_split_test_indices, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_path, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_is_cache, m)?)?;
+    m.add_class::<io::PyShareArray>()?;
+    m.add_function(pyo3::wrap_pyfunction!(io::read_edges_share, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::read_svmlight_share, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::read_ratings_share, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

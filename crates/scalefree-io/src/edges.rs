@@ -1,0 +1,188 @@
+//! Edge lists: SNAP style, two non-negative integer vertex ids per line (`from to`),
+//! separated by spaces or tabs; optionally more fields after them, which are counted but not
+//! read (Matrix Market bodies: `row col [value...]`). Blank lines and lines whose first
+//! non-blank byte is `#` or `%` are skipped; CRLF line ends are fine. A Matrix Market file
+//! read from offset 0 has its banner and size line skipped.
+//!
+//! The common line (`digits blanks digits`, ids of at most 18 digits) is parsed in one pass
+//! over its bytes without allocating; every other line goes through a careful second parse
+//! that accepts what is valid (`+7`, long runs of leading zeros, extra fields) and words
+//! the error otherwise.
+
+use std::path::Path;
+
+use crate::error::{BadLine, ReadError, Result};
+use crate::line::{is_blank, is_blank_line, is_comment, line_at, not_text, quote};
+use crate::matrix_market::MatrixMarket;
+use crate::number::{parse_id, IdError};
+use crate::share::{self, Format, Part};
+use crate::ReadOptions;
+
+/// The largest vertex id: 2^62 - 1 (larger ids are an error).
+pub const MAX_VERTEX_ID: u64 = (1 << 62) - 1;
+
+/// How many fields a line may have: `min_fields..=max_fields`, both at least 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EdgeOptions {
+    pub min_fields: usize,
+    pub max_fields: usize,
+}
+
+impl Default for EdgeOptions {
+    fn default() -> Self {
+        EdgeOptions { min_fields: 2, max_fields: 2 }
+    }
+}
+
+/// One rank's edges, in file order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edges {
+    pub src: Vec<i64>,
+    pub dst: Vec<i64>,
+}
+
+struct EdgeFormat {
+    options: EdgeOptions,
+    mm: MatrixMarket,
+    out: Edges,
+}
+
+/// Up to 18 ASCII digits at `i` (so the value is below 2^62 without a check), and their end.
+#[inline(always)]
+fn short_id(s: &[u8], i: usize) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    let mut j = i;
+    while j < s.len() {
+        let d = s[j].wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v.wrapping_mul(10).wrapping_add(d as u64);
+        j += 1;
+    }
+    if j == i || j - i > 18 {
+        None
+    } else {
+        Some((v, j))
+    }
+}
+
+/// The common line at `i`: `[blanks] id blanks id [blanks] [\r] (\n | end)`; the two ids and
+/// the start of the next line, or None for anything else.
+#[inline(always)]
+fn two_ids(s: &[u8], mut i: usize) -> Option<(u64, u64, usize)> {
+    let n = s.len();
+    while i < n && is_blank(s[i]) {
+        i += 1;
+    }
+    let (a, j) = short_id(s, i)?;
+    i = j;
+    if i >= n || !is_blank(s[i]) {
+        return None;
+    }
+    while i < n && is_blank(s[i]) {
+        i += 1;
+    }
+    let (b, j) = short_id(s, i)?;
+    i = j;
+    while i < n && is_blank(s[i]) {
+        i += 1;
+    }
+    if i < n && s[i] == b'\r' {
+        i += 1;
+    }
+    if i >= n {
+        Some((a, b, n))
+    } else if s[i] == b'\n' {
+        Some((a, b, i + 1))
+    } else {
+        None
+    }
+}
+
+fn vertex_id(tok: &[u8]) -> std::result::Result<u64, String> {
+    parse_id(tok, MAX_VERTEX_ID).map_err(|e| match e {
+        IdError::NotInteger => format!("{} is not an integer vertex id", quote(tok)),
+        IdError::Negative => format!("negative vertex id {}", quote(tok)),
+        IdError::TooLarge => format!("vertex id {} is too large (at most 2^62 - 1)", quote(tok)),
+    })
+}
+
+impl EdgeFormat {
+    /// Any line (without its line end) the fast path did not take.
+    fn careful_line(&mut self, line: &[u8]) -> std::result::Result<(), String> {
+        if is_blank_line(line) || is_comment(line) {
+            return Ok(());
+        }
+        if let Some(why) = not_text(line) {
+            return Err(why);
+        }
+        let mut fields = line.split(|&b| is_blank(b)).filter(|t| !t.is_empty());
+        let found = fields.clone().count();
+        let EdgeOptions { min_fields, max_fields } = self.options;
+        if found < min_fields || found > max_fields {
+            let want = if min_fields == max_fields { min_fields.to_string() } else { format!("{min_fields} to {max_fields}") };
+            let names = if max_fields == 2 { "from to" } else { "from to, then fields not read" };
+            return Err(format!("expected {want} fields ({names}), found {found}: {}", quote(line)));
+        }
+        let (a, b) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
+        let (a, b) = (vertex_id(a)?, vertex_id(b)?);
+        self.out.src.push(a as i64);
+        self.out.dst.push(b as i64);
+        Ok(())
+    }
+}
+
+impl Format for EdgeFormat {
+    const NOUN: &'static str = "edges";
+
+    fn is_body(&mut self, line: &[u8], at_file_start: bool) -> std::result::Result<bool, String> {
+        if at_file_start {
+            if let Ok(t) = std::str::from_utf8(line) {
+                if self.mm.banner(t.trim(), true, "edges")? {
+                    return Ok(false);
+                }
+            }
+        }
+        if is_blank_line(line) || is_comment(line) {
+            return Ok(false);
+        }
+        match std::str::from_utf8(line) {
+            Ok(t) => Ok(!self.mm.size_line(t.trim())?),
+            Err(_) => Ok(true), // the owner of the line words the error
+        }
+    }
+
+    fn parse(&mut self, s: &[u8]) -> std::result::Result<(), BadLine> {
+        // About 16 bytes per edge line; the vectors grow past this when lines are shorter.
+        self.out.src.reserve(s.len() / 16);
+        self.out.dst.reserve(s.len() / 16);
+        let fast = self.options.min_fields == 2;
+        let mut i = 0;
+        while i < s.len() {
+            if fast {
+                if let Some((a, b, next)) = two_ids(s, i) {
+                    self.out.src.push(a as i64);
+                    self.out.dst.push(b as i64);
+                    i = next;
+                    continue;
+                }
+            }
+            let (line, next) = line_at(s, i);
+            self.careful_line(line).map_err(|msg| BadLine::new(i, msg))?;
+            i = next;
+        }
+        Ok(())
+    }
+}
+
+/// Reads rank `part.rank`'s share of the edge list `path` (plain or gzip).
+pub fn read_edges_share(path: &Path, part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<Edges> {
+    let EdgeOptions { min_fields, max_fields } = *edge_options;
+    if min_fields < 2 || max_fields < min_fields {
+        return Err(ReadError::InvalidArgument(format!("need 2 <= min_fields <= max_fields, got {min_fields} and {max_fields}")));
+    }
+    let mut f = EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), out: Edges::default() };
+    share::read(path, part, options, &mut f)?;
+    Ok(f.out)
+}

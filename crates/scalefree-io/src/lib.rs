@@ -1,0 +1,55 @@
+//! Partitioned input readers: rank `r` of `P` reads and parses only its share of an input
+//! file, and the shares of all ranks together hold every data line exactly once, in file order.
+//!
+//! - [`share`]: the split of a plain text file. The body `[lo, len)` is cut at the nominal
+//!   byte offsets `lo + (r * (len - lo)) / P`; a rank takes the lines whose first byte lies in
+//!   its nominal range, so its real range runs from the first line start at or after its
+//!   nominal start to the first line start at or after its nominal end. The file is
+//!   memory-mapped and a rank touches only its range (plus the rest of its last line).
+//! - [`gz`]: a gzip stream cannot be split, so every rank decompresses the whole stream, cut
+//!   into chunks of about [`ReadOptions::gzip_chunk_bytes`] at line ends, and parses only the
+//!   chunks `i` with `i % P == r`. Memory per rank is one chunk plus its share; the
+//!   decompression is done by every rank (P times the CPU of one reader).
+//! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
+//!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
+//!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too).
+//!
+//! Every file has a prologue — the lines before its first data line (comments, a Matrix
+//! Market banner and size line, a CSV header) — which every rank reads, so that every rank
+//! agrees on where the body starts and an empty file is an error on every rank. Errors name
+//! the file and its absolute 1-based line (`PATH:LINE: problem`); the line number is only
+//! computed on the error path.
+
+pub mod edges;
+pub mod error;
+pub mod gz;
+mod line;
+mod matrix_market;
+pub mod number;
+pub mod ratings;
+pub mod share;
+pub mod svmlight;
+
+pub use edges::{read_edges_share, EdgeOptions, Edges};
+pub use error::{ReadError, Result};
+pub use ratings::{read_ratings_share, RatingShare, RatingSyntax};
+pub use share::Part;
+pub use svmlight::{read_svmlight_share, SvmlightShare};
+
+/// Options that every reader takes. All ranks of a job must pass the same values (they
+/// decide where the shares of a gzip file are cut).
+#[derive(Clone, Debug)]
+pub struct ReadOptions {
+    /// Decompressed bytes per chunk of a gzip file (chunks are cut at the last line end
+    /// within this many bytes, or after the first line end past it for longer lines).
+    pub gzip_chunk_bytes: usize,
+}
+
+/// Default of [`ReadOptions::gzip_chunk_bytes`]: 4 MiB.
+pub const DEFAULT_GZIP_CHUNK_BYTES: usize = 4 << 20;
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions { gzip_chunk_bytes: DEFAULT_GZIP_CHUNK_BYTES }
+    }
+}

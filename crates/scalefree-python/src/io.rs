@@ -1,0 +1,122 @@
+//! `scalefree._native.read_edges_share`, `read_svmlight_share`, `read_ratings_share`: thin
+//! wrappers over `scalefree-io` (rank `rank` of `size` reads and parses only its share of a
+//! file). The arrays are numpy views of the vectors the reader filled (no copy), read with
+//! the GIL released. Bad data raises `scalefree.errors.DataError` (a `ValueError`) with a
+//! one-line `PATH:LINE: problem`; a missing file `FileNotFoundError`; bad arguments
+//! `InvalidArgumentError`.
+
+use std::ffi::c_int;
+use std::path::PathBuf;
+
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use scalefree_io::{EdgeOptions, Part, ReadError, ReadOptions, DEFAULT_GZIP_CHUNK_BYTES};
+
+use crate::errors::raise;
+
+fn io_err(py: Python<'_>, e: ReadError) -> PyErr {
+    match e {
+        ReadError::Io { path, source } => {
+            let Some(code) = source.raw_os_error() else { return PyOSError::new_err(format!("{}: {source}", path.display())) };
+            let text = source.to_string();
+            let strerror = text.split(" (os error").next().unwrap_or(&text).to_string();
+            let args = (code, strerror, path.display().to_string());
+            if source.kind() == std::io::ErrorKind::NotFound {
+                PyFileNotFoundError::new_err(args)
+            } else {
+                PyOSError::new_err(args)
+            }
+        }
+        ReadError::InvalidArgument(_) => raise(py, "InvalidArgumentError", e.to_string()),
+        ReadError::Parse { .. } | ReadError::Format { .. } => raise(py, "DataError", e.to_string()),
+    }
+}
+
+/// A vector a reader filled, handed to numpy through the buffer protocol.
+#[pyclass(name = "ShareArray", module = "scalefree._native")]
+pub struct PyShareArray {
+    bytes: Owned,
+}
+
+enum Owned {
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+impl Owned {
+    fn ptr_len(&self) -> (*mut u8, usize) {
+        match self {
+            Owned::I64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+            Owned::F64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+            Owned::F32(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+        }
+    }
+    fn dtype(&self) -> &'static str {
+        match self {
+            Owned::I64(_) => "int64",
+            Owned::F64(_) => "float64",
+            Owned::F32(_) => "float32",
+        }
+    }
+}
+
+#[pymethods]
+impl PyShareArray {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let (ptr, len) = slf.borrow().bytes.ptr_len();
+        // SAFETY: the vector lives as long as this object, which the view keeps alive, and
+        // is never resized.
+        unsafe { crate::buffer::export(slf.as_any(), view, ptr, len, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// A numpy array viewing `v` (no copy).
+fn array(py: Python<'_>, v: Owned) -> PyResult<Bound<'_, PyAny>> {
+    let dtype = v.dtype();
+    let owner = Bound::new(py, PyShareArray { bytes: v })?;
+    py.import("numpy")?.call_method1("frombuffer", (owner, dtype))
+}
+
+type Arr<'py> = Bound<'py, PyAny>;
+
+/// `(src, dst)`, int64, in file order: rank `rank` of `size`'s share of an edge list.
+#[pyfunction]
+#[pyo3(signature = (path, rank, size, offset=0, min_fields=2, max_fields=2, gzip_chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES))]
+#[allow(clippy::too_many_arguments)]
+pub fn read_edges_share<'py>(py: Python<'py>, path: PathBuf, rank: usize, size: usize, offset: u64, min_fields: usize, max_fields: usize, gzip_chunk_bytes: usize) -> PyResult<(Arr<'py>, Arr<'py>)> {
+    let o = ReadOptions { gzip_chunk_bytes };
+    let eo = EdgeOptions { min_fields, max_fields };
+    let e = py
+        .detach(|| Part::new(rank, size, offset).and_then(|part| scalefree_io::read_edges_share(&path, part, &eo, &o)))
+        .map_err(|e| io_err(py, e))?;
+    Ok((array(py, Owned::I64(e.src))?, array(py, Owned::I64(e.dst))?))
+}
+
+/// `(labels float64, indptr int64 (rows + 1, from 0), indices int64 as written, values
+/// float64)`: rank `rank` of `size`'s share of an svmlight file; indices above `max_index`
+/// are an error.
+#[pyfunction]
+#[pyo3(signature = (path, rank, size, max_index, offset=0, gzip_chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES))]
+pub fn read_svmlight_share<'py>(py: Python<'py>, path: PathBuf, rank: usize, size: usize, max_index: u64, offset: u64, gzip_chunk_bytes: usize) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>, Arr<'py>)> {
+    let o = ReadOptions { gzip_chunk_bytes };
+    let s = py
+        .detach(|| Part::new(rank, size, offset).and_then(|part| scalefree_io::read_svmlight_share(&path, part, max_index, &o)))
+        .map_err(|e| io_err(py, e))?;
+    Ok((array(py, Owned::F64(s.labels))?, array(py, Owned::I64(s.indptr))?, array(py, Owned::I64(s.indices))?, array(py, Owned::F64(s.values))?))
+}
+
+/// `(user int64, item int64, rating float32)` with the ids as written: rank `rank` of
+/// `size`'s share of a rating file (the formats of `scalefree.mf`).
+#[pyfunction]
+#[pyo3(signature = (path, rank, size, offset=0, gzip_chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES))]
+pub fn read_ratings_share<'py>(py: Python<'py>, path: PathBuf, rank: usize, size: usize, offset: u64, gzip_chunk_bytes: usize) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
+    let o = ReadOptions { gzip_chunk_bytes };
+    let r = py
+        .detach(|| Part::new(rank, size, offset).and_then(|part| scalefree_io::read_ratings_share(&path, part, &o)))
+        .map_err(|e| io_err(py, e))?;
+    Ok((array(py, Owned::I64(r.users))?, array(py, Owned::I64(r.items))?, array(py, Owned::F32(r.ratings))?))
+}
