@@ -1,12 +1,136 @@
-//! `scalefree._native.PageRankCsr`: one rank's local PageRank matrix in compact ids (thin:
-//! the kernels are in `scalefree-collectives/src/sparse/pagerank.rs`, the algorithm in
-//! `python/scalefree/graph/pagerank.py`).
+//! `scalefree._native.PageRankCsr` (one rank's local PageRank matrix in compact ids) and
+//! the set-up kernels of a partitioned graph load: `owner_partition`, `sort_dedup_pairs`,
+//! `degree_counts`, `PageRankCsr.from_edges`. Thin: the kernels are in `scalefree-graph`
+//! (`pagerank.rs`, `edges.rs`, `local.rs`), the algorithms in `python/scalefree/graph/`.
+//! Arrays come in through the buffer protocol (contiguous, no copy) and go out as numpy
+//! views of the vectors the kernels filled (no copy); the work runs with the GIL released.
 
 use pyo3::prelude::*;
-use scalefree_collectives::sparse::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::edges;
+use scalefree_graph::local::{local_csr, LocalCsr};
+use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
 
 use crate::buffer::Buf;
 use crate::errors::invalid;
+use crate::io::{array, Owned};
+
+/// Vertex ids of an integer buffer: uint32, int64 or uint64 (no copy).
+enum Ids<'a> {
+    U32(&'a [u32]),
+    I64(&'a [i64]),
+    U64(&'a [u64]),
+}
+
+impl Ids<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Ids::U32(v) => v.len(),
+            Ids::I64(v) => v.len(),
+            Ids::U64(v) => v.len(),
+        }
+    }
+    fn dtype(&self) -> &'static str {
+        match self {
+            Ids::U32(_) => "uint32",
+            Ids::I64(_) => "int64",
+            Ids::U64(_) => "uint64",
+        }
+    }
+}
+
+fn ids<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<Ids<'a>> {
+    let f = b.format.trim_start_matches(['@', '=', '<']);
+    let (p, n) = (b.ptr(), b.count());
+    // SAFETY (all three): the buffer is contiguous, aligned to its item size (checked by
+    // `Buf::get`) and holds `n` items of the matched type while `b` lives.
+    let empty = b.len_bytes() == 0;
+    Ok(match (f, b.itemsize()) {
+        ("I" | "L", 4) => Ids::U32(if empty { &[] } else { unsafe { std::slice::from_raw_parts(p as *const u32, n) } }),
+        ("q" | "l", 8) => Ids::I64(if empty { &[] } else { unsafe { std::slice::from_raw_parts(p as *const i64, n) } }),
+        ("Q" | "L", 8) => Ids::U64(if empty { &[] } else { unsafe { std::slice::from_raw_parts(p as *const u64, n) } }),
+        _ => return Err(invalid(py, format!("{what} must hold uint32, int64 or uint64 ids, got buffer format {:?}", b.format))),
+    })
+}
+
+/// A numpy array of shape `(n, 2)` viewing interleaved pairs.
+fn pairs_array<'py>(py: Python<'py>, v: Owned) -> PyResult<Bound<'py, PyAny>> {
+    array(py, v)?.call_method1("reshape", ((-1i64, 2i64),))
+}
+
+/// `(pairs, counts)`: the edges grouped by owner rank (hash of the edge modulo `size`, the
+/// same as `scalefree.graph.io.edge_owner`), stably; `pairs` is an `(edges, 2)` array of
+/// `dtype` (`"uint32"`, `"int64"` or `"uint64"`; ids that do not fit raise), `counts`
+/// int64 edges per owner (`size` entries).
+#[pyfunction]
+#[pyo3(signature = (src, dst, size, dtype="uint32"))]
+pub fn owner_partition<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>, size: usize, dtype: &str) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let (sb, db) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?);
+    let (s, d) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?);
+    if s.len() != d.len() {
+        return Err(invalid(py, format!("owner_partition: src holds {} ids but dst {}", s.len(), d.len())));
+    }
+    fn go<I: scalefree_graph::Id>(s: &[I], d: &[I], size: usize, dtype: &str) -> Result<(Owned, Vec<u64>), String> {
+        Ok(match dtype {
+            "uint32" => {
+                let (p, c) = edges::owner_partition_as::<I, u32>(s, d, size)?;
+                (Owned::U32(p), c)
+            }
+            "int64" => {
+                let (p, c) = edges::owner_partition_as::<I, i64>(s, d, size)?;
+                (Owned::I64(p), c)
+            }
+            "uint64" => {
+                let (p, c) = edges::owner_partition_as::<I, u64>(s, d, size)?;
+                (Owned::U64(p), c)
+            }
+            _ => return Err(format!("owner_partition: dtype must be uint32, int64 or uint64, got {dtype:?}")),
+        })
+    }
+    let (pairs, counts) = match (s, d) {
+        (Ids::U32(s), Ids::U32(d)) => py.detach(|| go(s, d, size, dtype)),
+        (Ids::I64(s), Ids::I64(d)) => py.detach(|| go(s, d, size, dtype)),
+        (Ids::U64(s), Ids::U64(d)) => py.detach(|| go(s, d, size, dtype)),
+        (a, b) if a.len() == 0 && b.len() == 0 => py.detach(|| go::<u32>(&[], &[], size, dtype)),
+        (a, b) => return Err(invalid(py, format!("owner_partition: src and dst must have the same dtype, got {} and {}", a.dtype(), b.dtype()))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop((sb, db));
+    let counts: Vec<i64> = counts.into_iter().map(|c| c as i64).collect();
+    Ok((pairs_array(py, pairs)?, array(py, Owned::I64(counts))?))
+}
+
+/// `(src, dst)`: the distinct edges of `pairs` (an `(edges, 2)` or interleaved 1-D array of
+/// uint32, int64 or uint64 ids), sorted by (src, dst), in the input's dtype.
+#[pyfunction]
+pub fn sort_dedup_pairs<'py>(py: Python<'py>, pairs: Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let pb = Buf::get(&pairs, false, "pairs")?;
+    let (s, d) = match ids(py, &pb, "pairs")? {
+        Ids::U32(p) => py.detach(|| edges::sort_dedup_pairs_as(p).map(|(s, d)| (Owned::U32(s), Owned::U32(d)))),
+        Ids::I64(p) => py.detach(|| edges::sort_dedup_pairs_as(p).map(|(s, d)| (Owned::I64(s), Owned::I64(d)))),
+        Ids::U64(p) => py.detach(|| edges::sort_dedup_pairs_as(p).map(|(s, d)| (Owned::U64(s), Owned::U64(d)))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop(pb);
+    Ok((array(py, s)?, array(py, d)?))
+}
+
+/// float64 array of `2 n`: the out-degree (count in `src`) of every id below `n`, then its
+/// in-degree (count in `dst`); what `vertex_keys` allreduces.
+#[pyfunction]
+pub fn degree_counts<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+    let (sb, db) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?);
+    let (s, d) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?);
+    let deg = match (s, d) {
+        (Ids::U32(s), Ids::U32(d)) => py.detach(|| edges::degree_counts(s, d, n)),
+        (Ids::I64(s), Ids::I64(d)) => py.detach(|| edges::degree_counts(s, d, n)),
+        (Ids::U64(s), Ids::U64(d)) => py.detach(|| edges::degree_counts(s, d, n)),
+        (a, b) if a.len() == 0 && b.len() == 0 => Ok(vec![0.0; 2 * n]),
+        (a, b) => return Err(invalid(py, format!("degree_counts: src and dst must have the same dtype and length, got {} {} and {} {}", a.len(), a.dtype(), b.len(), b.dtype()))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop((sb, db));
+    array(py, Owned::F64(deg))
+}
 
 fn u32s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u32]> {
     let f = b.format.trim_start_matches(['@', '=', '<']);
@@ -44,6 +168,19 @@ pub struct PyPageRankCsr {
     x64: Vec<f64>,
 }
 
+impl PyPageRankCsr {
+    fn of_parts(indptr: Vec<u64>, cols: Vec<u32>, ncols: usize, f32: bool) -> Self {
+        PyPageRankCsr {
+            indptr,
+            cols,
+            ncols,
+            f32,
+            x32: if f32 { vec![0.0; ncols] } else { Vec::new() },
+            x64: if f32 { Vec::new() } else { vec![0.0; ncols] },
+        }
+    }
+}
+
 #[pymethods]
 impl PyPageRankCsr {
     /// `rows`, `cols`: uint32 slots of every edge (target row, source column).
@@ -58,14 +195,43 @@ impl PyPageRankCsr {
         let cb = Buf::get(&cols, false, "cols")?;
         let (r, c) = (u32s(py, &rb, "rows")?, u32s(py, &cb, "cols")?);
         let (indptr, cols) = py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))?;
-        Ok(PyPageRankCsr {
-            indptr,
-            cols,
-            ncols,
-            f32,
-            x32: if f32 { vec![0.0; ncols] } else { Vec::new() },
-            x64: if f32 { Vec::new() } else { vec![0.0; ncols] },
-        })
+        Ok(Self::of_parts(indptr, cols, ncols, f32))
+    }
+
+    /// `(csr, out_keys, in_keys)` straight from this rank's distinct edges (global ids
+    /// `src`, `dst`: uint32, int64 or uint64, the same dtype), the uint32 `key` of every id,
+    /// the flow key (above every vertex key) and the owned key range `[own_lo_key,
+    /// own_lo_key + n_own)`: `out_keys` (int64) = sorted distinct keys of `dst` plus
+    /// `flow_key`, `in_keys` (int64) = sorted distinct keys of `src`, the owned range and
+    /// `flow_key`; the matrix has rows = slot of `key[dst]` in `out_keys` (`len(out_keys) -
+    /// 1` rows), columns = slot of `key[src]` in `in_keys`. The same matrix as
+    /// `PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype)` over those slots.
+    /// The slot of `own_lo_key` is `np.searchsorted(in_keys, own_lo_key)`.
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn from_edges<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>, key: Bound<'py, PyAny>, flow_key: u32, own_lo_key: u32, n_own: usize, dtype: &str) -> PyResult<(Self, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let f32 = match dtype {
+            "float32" => true,
+            "float64" => false,
+            _ => return Err(invalid(py, format!("PageRankCsr.from_edges: dtype must be float32 or float64, got {dtype:?}"))),
+        };
+        let (sb, db, kb) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?, Buf::get(&key, false, "key")?);
+        let (s, d, k) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?, u32s(py, &kb, "key")?);
+        let built: Result<LocalCsr, String> = match (s, d) {
+            (Ids::U32(s), Ids::U32(d)) => py.detach(|| local_csr(s, d, k, flow_key, own_lo_key, n_own)),
+            (Ids::I64(s), Ids::I64(d)) => py.detach(|| local_csr(s, d, k, flow_key, own_lo_key, n_own)),
+            (Ids::U64(s), Ids::U64(d)) => py.detach(|| local_csr(s, d, k, flow_key, own_lo_key, n_own)),
+            (a, b) if a.len() == 0 && b.len() == 0 => py.detach(|| local_csr::<u32>(&[], &[], k, flow_key, own_lo_key, n_own)),
+            (a, b) => return Err(invalid(py, format!("PageRankCsr.from_edges: src and dst must have the same dtype and length, got {} {} and {} {}", a.len(), a.dtype(), b.len(), b.dtype()))),
+        };
+        let l = built.map_err(|e| invalid(py, e))?;
+        drop((sb, db, kb));
+        if l.in_keys.len() > u32::MAX as usize {
+            return Err(invalid(py, "PageRankCsr.from_edges: a rank touches 2**32 or more vertices (slots are uint32)"));
+        }
+        let ncols = l.in_keys.len();
+        let csr = Self::of_parts(l.indptr, l.cols, ncols, f32);
+        Ok((csr, array(py, Owned::I64(l.out_keys))?, array(py, Owned::I64(l.in_keys))?))
     }
 
     #[getter]

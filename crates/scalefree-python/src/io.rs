@@ -33,14 +33,16 @@ fn io_err(py: Python<'_>, e: ReadError) -> PyErr {
     }
 }
 
-/// A vector a reader filled, handed to numpy through the buffer protocol.
+/// A vector a reader (or a graph kernel) filled, handed to numpy through the buffer protocol.
 #[pyclass(name = "ShareArray", module = "scalefree._native")]
 pub struct PyShareArray {
     bytes: Owned,
 }
 
-enum Owned {
+pub(crate) enum Owned {
     I64(Vec<i64>),
+    U64(Vec<u64>),
+    U32(Vec<u32>),
     F64(Vec<f64>),
     F32(Vec<f32>),
 }
@@ -49,6 +51,8 @@ impl Owned {
     fn ptr_len(&self) -> (*mut u8, usize) {
         match self {
             Owned::I64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+            Owned::U64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+            Owned::U32(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
             Owned::F64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
             Owned::F32(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
         }
@@ -56,6 +60,8 @@ impl Owned {
     fn dtype(&self) -> &'static str {
         match self {
             Owned::I64(_) => "int64",
+            Owned::U64(_) => "uint64",
+            Owned::U32(_) => "uint32",
             Owned::F64(_) => "float64",
             Owned::F32(_) => "float32",
         }
@@ -75,7 +81,7 @@ impl PyShareArray {
 }
 
 /// A numpy array viewing `v` (no copy).
-fn array(py: Python<'_>, v: Owned) -> PyResult<Bound<'_, PyAny>> {
+pub(crate) fn array(py: Python<'_>, v: Owned) -> PyResult<Bound<'_, PyAny>> {
     let dtype = v.dtype();
     let owner = Bound::new(py, PyShareArray { bytes: v })?;
     py.import("numpy")?.call_method1("frombuffer", (owner, dtype))

@@ -37,6 +37,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
     m.add_class::<graph::PyPageRankCsr>()?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::owner_partition, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_pairs, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::degree_counts, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;

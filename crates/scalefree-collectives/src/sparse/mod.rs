@@ -13,7 +13,6 @@ pub mod butterfly;
 pub mod hash;
 pub mod kernels;
 pub mod merge;
-pub mod pagerank;
 pub mod partition;
 pub mod plan;
 pub mod replica;

@@ -1,0 +1,62 @@
+//! Graph kernels, single-threaded (in a multi-rank job every rank shares the cores with the
+//! others, so CPU work per rank is what counts):
+//!
+//! - [`edges`]: the set-up of a partitioned load: every edge to the rank that owns it (a
+//!   hash of the edge; one counting sort) and, there, the edges sorted with duplicates
+//!   dropped (an LSD radix sort of packed keys).
+//! - [`local`]: a rank's local PageRank state from its distinct edges in one pass: the
+//!   compact out/in key sets and the CSR the SpMV runs on.
+//! - [`pagerank`]: the per-iteration kernels (the value-free CSR SpMV, the owned update).
+//!
+//! The algorithms around them are in `python/scalefree/graph/` (`io.py`, `pagerank.py`).
+
+pub mod edges;
+pub mod local;
+pub mod pagerank;
+
+/// Vertex id types the kernels take: unsigned 32- or 64-bit ids, or int64 as numpy
+/// writes them (non-negative; a negative id reads as its two's-complement u64).
+pub trait Id: Copy + Ord + Default + Send + Sync + 'static {
+    /// The id as u64 (what the edge hash and the range checks see).
+    fn u64(self) -> u64;
+    /// The id from a u64 that the caller checked fits.
+    fn of_u64(x: u64) -> Self;
+    /// The largest id the type holds, as u64.
+    const MAX_U64: u64;
+}
+
+impl Id for u32 {
+    #[inline(always)]
+    fn u64(self) -> u64 {
+        self as u64
+    }
+    #[inline(always)]
+    fn of_u64(x: u64) -> Self {
+        x as u32
+    }
+    const MAX_U64: u64 = u32::MAX as u64;
+}
+
+impl Id for u64 {
+    #[inline(always)]
+    fn u64(self) -> u64 {
+        self
+    }
+    #[inline(always)]
+    fn of_u64(x: u64) -> Self {
+        x
+    }
+    const MAX_U64: u64 = u64::MAX;
+}
+
+impl Id for i64 {
+    #[inline(always)]
+    fn u64(self) -> u64 {
+        self as u64
+    }
+    #[inline(always)]
+    fn of_u64(x: u64) -> Self {
+        x as i64
+    }
+    const MAX_U64: u64 = i64::MAX as u64;
+}
