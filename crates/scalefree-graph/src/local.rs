@@ -35,6 +35,22 @@ pub struct LocalCsr {
     pub own_lo: usize,
 }
 
+/// How far ahead (in edges) the passes over the edges prefetch what they gather.
+const PREFETCH_AHEAD: usize = 32;
+/// How far ahead (in sources) the scatter prefetches a run's rows and write fronts.
+const PREFETCH_RUNS: usize = 8;
+
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    // A hint only: any address may be prefetched.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// A set of keys as a bitmap with the number of keys before every 64-bit word: marking and
 /// "slot of key k" (its rank in the set) touch one bit and one counter, so the tables of a
 /// 4M-key space (512 KiB + 256 KiB) stay in L2 where a slot table would take 16 MiB.
@@ -105,6 +121,9 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     let mut sorted = true;
     let mut prev = 0u64;
     for (e, ((&s, &d), r)) in src.iter().zip(dst).zip(rows.iter_mut()).enumerate() {
+        if let Some(&ahead) = dst.get(e + PREFETCH_AHEAD) {
+            prefetch(key.as_ptr().wrapping_add(ahead.u64() as usize));
+        }
         let (s, d) = (s.u64(), d.u64());
         if s >= nids || d >= nids {
             return Err(format!("local_csr: edge {e} ({s}, {d}) has an id >= len(key) = {nids}"));
@@ -128,12 +147,17 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     let (nrows, ncols) = (out_keys.len() - 1, in_keys.len());
     let col_of = |s: I| ins.rank(key[s.u64() as usize] as usize);
     // Pass 2: target keys to rows, counted per row.
-    let mut indptr = vec![0u64; nrows + 1];
     for r in rows.iter_mut() {
         *r = outs.rank(*r as usize);
-        indptr[*r as usize + 1] += 1;
     }
     drop(outs);
+    let mut indptr = vec![0u64; nrows + 1];
+    for (e, &r) in rows.iter().enumerate() {
+        if let Some(&ahead) = rows.get(e + PREFETCH_AHEAD) {
+            prefetch(indptr.as_ptr().wrapping_add(ahead as usize + 1));
+        }
+        indptr[r as usize + 1] += 1;
+    }
     for i in 0..nrows {
         indptr[i + 1] += indptr[i];
     }
@@ -164,6 +188,15 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     let mut next: Vec<u64> = indptr[..nrows].to_vec();
     let mut cols = vec![0u32; ne];
     for (c, &(a, b)) in run_of_col.iter().enumerate() {
+        // The rows of a run a few columns ahead, then their write fronts.
+        if let Some(&(a2, _)) = run_of_col.get(c + 2 * PREFETCH_RUNS) {
+            prefetch(rows.as_ptr().wrapping_add(a2));
+        }
+        if let Some(&(a1, b1)) = run_of_col.get(c + PREFETCH_RUNS) {
+            for &r in &rows[a1..b1] {
+                prefetch(next.as_ptr().wrapping_add(r as usize));
+            }
+        }
         for &r in &rows[a..b] {
             let p = &mut next[r as usize];
             cols[*p as usize] = c as u32;
