@@ -7,7 +7,7 @@
 //! the same function as `scalefree.graph.io.edge_owner` (numpy), so ranks that mix the two
 //! agree, and every id width gives the same owner for the same edge.
 
-use crate::Id;
+use crate::{prefetch, Id};
 
 const MIX_SRC: u64 = 0x9E37_79B9_7F4A_7C15; // 2^64 / golden ratio, odd
 const MIX_EDGE: u64 = 0xBF58_476D_1CE4_E5B9; // the first multiplier of splitmix64's finalizer
@@ -214,6 +214,10 @@ fn count_degrees<I: Id, C: Copy + Default + std::ops::AddAssign>(src: &[I], dst:
     let mut deg = vec![C::default(); 2 * n];
     let (out, inn) = deg.split_at_mut(n);
     for (e, (&s, &d)) in src.iter().zip(dst).enumerate() {
+        if let (Some(&s2), Some(&d2)) = (src.get(e + 32), dst.get(e + 32)) {
+            prefetch(out.as_ptr().wrapping_add(s2.u64() as usize));
+            prefetch(inn.as_ptr().wrapping_add(d2.u64() as usize));
+        }
         let (s, d) = (s.u64(), d.u64());
         if s.max(d) >= n as u64 {
             return Err(format!("degree_counts: edge {e} ({s}, {d}) has an id >= n = {n}"));

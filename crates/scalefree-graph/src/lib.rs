@@ -60,3 +60,16 @@ impl Id for i64 {
     }
     const MAX_U64: u64 = i64::MAX as u64;
 }
+
+/// Prefetches the cache line at `p` (a hint only: any address may be prefetched, nothing
+/// is dereferenced).
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint that never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -16,7 +16,7 @@
 //! every row's columns ascending with one scatter; otherwise two counting passes.
 
 use crate::pagerank::csr_pattern;
-use crate::Id;
+use crate::{prefetch, Id};
 
 /// The out and in key sets and the CSR of a rank's edges (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,17 +39,6 @@ pub struct LocalCsr {
 const PREFETCH_AHEAD: usize = 32;
 /// How far ahead (in sources) the scatter prefetches a run's rows and write fronts.
 const PREFETCH_RUNS: usize = 8;
-
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    // A hint only: any address may be prefetched.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// A set of keys as a bitmap with the number of keys before every 64-bit word: marking and
 /// "slot of key k" (its rank in the set) touch one bit and one counter, so the tables of a
