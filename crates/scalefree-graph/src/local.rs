@@ -66,7 +66,8 @@ impl RankBitmap {
 
     /// Fills the counters; returns the keys in the set, ascending.
     fn finish(&mut self) -> Vec<i64> {
-        let mut keys = Vec::new();
+        let total: usize = self.bits.iter().map(|w| w.count_ones() as usize).sum();
+        let mut keys = Vec::with_capacity(total);
         self.before = Vec::with_capacity(self.bits.len());
         for (w, &word) in self.bits.iter().enumerate() {
             self.before.push(keys.len() as u32);
@@ -154,7 +155,9 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     // visiting the runs by column and placing each edge at its row's front puts every
     // row's columns in ascending order. (Two ids with one key would make two runs one
     // column: then, as for unsorted sources, the two counting passes of `csr_pattern`.)
-    let mut run_of_col = if sorted { vec![(0usize, 0usize); ncols] } else { Vec::new() };
+    // (Runs as u32 edge numbers; more than 2^32 edges take the general path.)
+    sorted &= ne < u32::MAX as usize;
+    let mut run_of_col = if sorted { vec![(0u32, 0u32); ncols] } else { Vec::new() };
     let mut a = 0usize;
     while sorted && a < ne {
         let s = src[a];
@@ -166,7 +169,7 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
         if run.1 > run.0 {
             sorted = false;
         }
-        *run = (a, b);
+        *run = (a as u32, b as u32);
         a = b;
     }
     if !sorted {
@@ -174,15 +177,16 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
         let (indptr, cols) = csr_pattern(&rows, &cols, nrows, ncols)?;
         return Ok(LocalCsr { out_keys, in_keys, indptr, cols, own_lo });
     }
-    let mut next: Vec<u64> = indptr[..nrows].to_vec();
+    let mut next: Vec<u32> = indptr[..nrows].iter().map(|&p| p as u32).collect();
     let mut cols = vec![0u32; ne];
     for (c, &(a, b)) in run_of_col.iter().enumerate() {
+        let (a, b) = (a as usize, b as usize);
         // The rows of a run a few columns ahead, then their write fronts.
         if let Some(&(a2, _)) = run_of_col.get(c + 2 * PREFETCH_RUNS) {
-            prefetch(rows.as_ptr().wrapping_add(a2));
+            prefetch(rows.as_ptr().wrapping_add(a2 as usize));
         }
         if let Some(&(a1, b1)) = run_of_col.get(c + PREFETCH_RUNS) {
-            for &r in &rows[a1..b1] {
+            for &r in &rows[a1 as usize..b1 as usize] {
                 prefetch(next.as_ptr().wrapping_add(r as usize));
             }
         }
