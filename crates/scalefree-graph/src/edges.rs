@@ -70,12 +70,21 @@ pub fn owner_partition_as<I: Id, O: Id>(src: &[I], dst: &[I], size: usize) -> Re
         return Err(format!("owner_partition: size must be in 1..2^32, got {size}"));
     }
     let fm = FastMod::new(size as u64);
+    let owner = |s: u64, d: u64| fm.rem(edge_hash(s, d)) as usize;
     let mut counts = vec![0u64; size];
     let mut top = 0u64;
+    // Up to 256 owners the count pass keeps every edge's owner (a byte) for the scatter
+    // pass, which then reads one byte instead of hashing again.
+    let keep = size <= 256;
+    let mut owners: Vec<u8> = Vec::with_capacity(if keep { src.len() } else { 0 });
     for (&s, &d) in src.iter().zip(dst) {
         let (s, d) = (s.u64(), d.u64());
         top = top.max(s.max(d));
-        counts[fm.rem(edge_hash(s, d)) as usize] += 1;
+        let o = owner(s, d);
+        counts[o] += 1;
+        if keep {
+            owners.push(o as u8);
+        }
     }
     if top > O::MAX_U64 {
         return Err(format!("owner_partition: id {top} does not fit the output id type (ids up to {})", O::MAX_U64));
@@ -87,12 +96,21 @@ pub fn owner_partition_as<I: Id, O: Id>(src: &[I], dst: &[I], size: usize) -> Re
         at += 2 * c as usize;
     }
     let mut out = vec![O::default(); 2 * src.len()];
-    for (&s, &d) in src.iter().zip(dst) {
-        let (s, d) = (s.u64(), d.u64());
-        let p = &mut next[fm.rem(edge_hash(s, d)) as usize];
+    let mut place = |o: usize, s: u64, d: u64| {
+        let p = &mut next[o];
         out[*p] = O::of_u64(s);
         out[*p + 1] = O::of_u64(d);
         *p += 2;
+    };
+    if keep {
+        for ((&s, &d), &o) in src.iter().zip(dst).zip(&owners) {
+            place(o as usize, s.u64(), d.u64());
+        }
+    } else {
+        for (&s, &d) in src.iter().zip(dst) {
+            let (s, d) = (s.u64(), d.u64());
+            place(owner(s, d), s, d);
+        }
     }
     Ok((out, counts))
 }
@@ -297,7 +315,7 @@ mod tests {
     fn owner_partition_matches_a_reference() {
         let mut r = Rng(2);
         for &n in SIZES {
-            for size in [1usize, 2, 3, 5, 64] {
+            for size in [1usize, 2, 3, 5, 64, 256, 257, 1000] {
                 let top = if n % 2 == 0 { 1 << 22 } else { 40 };
                 let src: Vec<u32> = (0..n).map(|_| r.below(top) as u32).collect();
                 let dst: Vec<u32> = (0..n).map(|_| r.below(top) as u32).collect();
