@@ -40,7 +40,7 @@ impl FastMod {
     }
 
     #[inline(always)]
-    pub fn rem(self, a: u64) -> u64 {
+    pub fn remainder(self, a: u64) -> u64 {
         let low = self.m.wrapping_mul(a as u128);
         let d = self.d as u128;
         let bottom = ((low as u64 as u128) * d) >> 64;
@@ -53,7 +53,7 @@ impl FastMod {
 /// tests).
 pub fn edge_owners<I: Id>(src: &[I], dst: &[I], size: usize) -> Vec<u32> {
     let fm = FastMod::new(size as u64);
-    src.iter().zip(dst).map(|(&s, &d)| fm.rem(edge_hash(s.u64(), d.u64())) as u32).collect()
+    src.iter().zip(dst).map(|(&s, &d)| fm.remainder(edge_hash(s.u64(), d.u64())) as u32).collect()
 }
 
 /// Groups the edges `(src[e], dst[e])` by owner rank (see the module docs), stably: returns
@@ -70,7 +70,7 @@ pub fn owner_partition_as<I: Id, O: Id>(src: &[I], dst: &[I], size: usize) -> Re
         return Err(format!("owner_partition: size must be in 1..2^32, got {size}"));
     }
     let fm = FastMod::new(size as u64);
-    let owner = |s: u64, d: u64| fm.rem(edge_hash(s, d)) as usize;
+    let owner = |s: u64, d: u64| fm.remainder(edge_hash(s, d)) as usize;
     let mut counts = vec![0u64; size];
     let mut top = 0u64;
     // Up to 256 owners the count pass keeps every edge's owner (a byte) for the scatter
@@ -181,7 +181,7 @@ pub fn radix_sort_u64(keys: &mut Vec<u64>) {
 ///
 /// Errors: an odd number of ids.
 pub fn sort_dedup_pairs_as<I: Id>(pairs: &[I]) -> Result<(Vec<I>, Vec<I>), String> {
-    if pairs.len() % 2 != 0 {
+    if !pairs.len().is_multiple_of(2) {
         return Err(format!("sort_dedup_pairs: {} ids is not a whole number of (src, dst) pairs", pairs.len()));
     }
     let (mut any_s, mut any_d) = (0u64, 0u64);
@@ -272,7 +272,7 @@ mod tests {
             let fm = FastMod::new(d);
             let edge = [0u64, 1, d - 1, d, d + 1, u64::MAX, u64::MAX - 1, u64::MAX / d * d, 1 << 63, (1 << 32) - 1];
             for a in edge.into_iter().chain((0..20_000).map(|_| r.next())) {
-                assert_eq!(fm.rem(a), a % d, "{a} % {d}");
+                assert_eq!(fm.remainder(a), a % d, "{a} % {d}");
             }
         }
     }
@@ -300,11 +300,11 @@ mod tests {
     fn reference_partition(src: &[u64], dst: &[u64], size: usize) -> (Vec<u64>, Vec<u64>) {
         let mut out = Vec::new();
         let mut counts = vec![0u64; size];
-        for o in 0..size {
+        for (o, count) in counts.iter_mut().enumerate() {
             for (&s, &d) in src.iter().zip(dst) {
                 if (edge_hash(s, d) % size as u64) as usize == o {
                     out.extend([s, d]);
-                    counts[o] += 1;
+                    *count += 1;
                 }
             }
         }

@@ -11,8 +11,8 @@
 //!
 //! Bitmaps over the key space with a count per word (`O(keys)` memory and time, small
 //! enough to stay in cache) give every key its slot; then linear passes over the edges:
-//! no sort. When the sources come sorted (as [`crate::edges::sort_dedup_pairs`]
-//! leaves them) each source is one run of edges, and visiting the runs in key order places
+//! no sort. When each source's edges are contiguous (sorted, as
+//! [`crate::edges::sort_dedup_pairs`] leaves them) each source is one run of edges, and visiting the runs in key order places
 //! every row's columns ascending with one scatter; otherwise two counting passes.
 
 use crate::pagerank::csr_pattern;
@@ -103,13 +103,10 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     let ne = src.len();
     let nkeys = flow_key as usize + 1;
     let nids = key.len() as u64;
-    // Pass 1: mark the keys; keep the target keys (turned into rows below); see whether
-    // the sources are sorted.
+    // Pass 1: mark the keys; keep the target keys (turned into rows below).
     let mut outs = RankBitmap::new(nkeys);
     let mut ins = RankBitmap::new(nkeys);
     let mut rows = vec![0u32; ne];
-    let mut sorted = true;
-    let mut prev = 0u64;
     for (e, ((&s, &d), r)) in src.iter().zip(dst).zip(rows.iter_mut()).enumerate() {
         if let Some(&ahead) = dst.get(e + PREFETCH_AHEAD) {
             prefetch(key.as_ptr().wrapping_add(ahead.u64() as usize));
@@ -122,8 +119,6 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
         if ks >= flow_key || kd >= flow_key {
             return Err(format!("local_csr: edge {e} ({s}, {d}) has key {} not below flow_key {flow_key}", ks.max(kd)));
         }
-        sorted &= s >= prev;
-        prev = s;
         outs.set(kd as usize);
         ins.set(ks as usize);
         *r = kd;
@@ -151,15 +146,15 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
     for i in 0..nrows {
         indptr[i + 1] += indptr[i];
     }
-    // Sorted sources: each source's edges are one run, its column the source's slot;
-    // visiting the runs by column and placing each edge at its row's front puts every
-    // row's columns in ascending order. (Two ids with one key would make two runs one
-    // column: then, as for unsorted sources, the two counting passes of `csr_pattern`.)
-    // (Runs as u32 edge numbers; more than 2^32 edges take the general path.)
-    sorted &= ne < u32::MAX as usize;
-    let mut run_of_col = if sorted { vec![(0u32, 0u32); ncols] } else { Vec::new() };
+    // Grouped sources (sorted, as `sort_dedup_pairs` leaves them): each source's edges are
+    // one run, its column the source's slot; visiting the runs by column and placing each
+    // edge at its row's front puts every row's columns in ascending order. When a column
+    // meets a second run (sources not grouped, or two ids with one key), the two counting
+    // passes of `csr_pattern` instead. Runs are u32 edge numbers: more edges, general path.
+    let mut grouped = ne < u32::MAX as usize;
+    let mut run_of_col = if grouped { vec![(0u32, 0u32); ncols] } else { Vec::new() };
     let mut a = 0usize;
-    while sorted && a < ne {
+    while grouped && a < ne {
         let s = src[a];
         let mut b = a + 1;
         while b < ne && src[b] == s {
@@ -167,12 +162,12 @@ pub fn local_csr<I: Id>(src: &[I], dst: &[I], key: &[u32], flow_key: u32, own_lo
         }
         let run = &mut run_of_col[col_of(s) as usize];
         if run.1 > run.0 {
-            sorted = false;
+            grouped = false;
         }
         *run = (a as u32, b as u32);
         a = b;
     }
-    if !sorted {
+    if !grouped {
         let cols: Vec<u32> = src.iter().map(|&s| col_of(s)).collect();
         let (indptr, cols) = csr_pattern(&rows, &cols, nrows, ncols)?;
         return Ok(LocalCsr { out_keys, in_keys, indptr, cols, own_lo });
