@@ -151,6 +151,12 @@ def main() -> None:
     t_nat, got = best(lambda: _native.degree_counts(s, d, n), a.repeat)
     assert np.array_equal(got, want)
     row("degree counts (vertex_keys bincounts)", t_np, t_nat)
+    deg = got
+    total = deg[:n] + deg[n:]
+    t_np, want = best(lambda: np.argsort(-total, kind="stable"), a.repeat)
+    t_nat, got = best(lambda: _native.degree_order(total), a.repeat)
+    assert np.array_equal(got, want)
+    row("degree order (vertex_keys argsort)", t_np, t_nat)
     t_vk, (outdeg, key, order, nkeys, _) = best(lambda: vertex_keys(OneRank(a.ranks), s, d, n), 1)
     CPU.pop()
     print(f"  vertex_keys (numpy, all of it, no allreduce): {t_vk:.3f} s")

@@ -98,6 +98,19 @@ def test_degree_counts_matches_bincount(n):
         _native.degree_counts(np.array([0, 5], np.uint32), np.array([0, 0], np.uint32), 5)
 
 
+@pytest.mark.parametrize("n", SIZES + [300_000])
+def test_degree_order_matches_stable_argsort(n):
+    rng = np.random.default_rng(n)
+    total = (rng.integers(0, 8, n) * rng.integers(0, 1 << 12, n)).astype(np.float64)
+    np.testing.assert_array_equal(_native.degree_order(total), np.argsort(-total, kind="stable"))
+    if n:
+        total[n // 2] = 0.5  # not a count: the comparison sort
+        total[0] = 2.0**40
+        np.testing.assert_array_equal(_native.degree_order(total), np.argsort(-total, kind="stable"))
+    with pytest.raises(InvalidArgumentError):
+        _native.degree_order(np.ones(3, np.float32))
+
+
 class _OneRank:
     """vertex_keys' view of a group whose degree allreduce is this rank's own counts."""
 

@@ -246,6 +246,28 @@ fn count_degrees<I: Id, C: Copy + Default + std::ops::AddAssign>(src: &[I], dst:
     Ok(deg)
 }
 
+/// Every id ordered by falling `total` (degree), ties by id: the same order as numpy's
+/// `np.argsort(-total, kind="stable")`. Integral totals in `0..2^32` (what summed edge
+/// counts are) with fewer than 2^32 ids sort as packed keys `(!total) << 32 | id` with
+/// [`radix_sort_u64`]; anything else (fractions, negatives, NaN) with a comparison sort.
+pub fn degree_order(total: &[f64]) -> Vec<i64> {
+    let n = total.len();
+    let integral = n < u32::MAX as usize && total.iter().all(|&t| (0.0..4_294_967_296.0).contains(&t) && t.fract() == 0.0);
+    if integral {
+        let mut keys: Vec<u64> = total.iter().enumerate().map(|(i, &t)| (!(t as u32) as u64) << 32 | i as u64).collect();
+        radix_sort_u64(&mut keys);
+        return keys.iter().map(|&k| (k & 0xFFFF_FFFF) as i64).collect();
+    }
+    let mut order: Vec<i64> = (0..n as i64).collect();
+    // NaN sorts last among equals as numpy puts it (after every number, ties by id).
+    let fall = |a: f64, b: f64| match (a.is_nan(), b.is_nan()) {
+        (false, false) => b.partial_cmp(&a).unwrap(),
+        (x, y) => x.cmp(&y),
+    };
+    order.sort_by(|&i, &j| fall(total[i as usize], total[j as usize]).then(i.cmp(&j)));
+    order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +422,33 @@ mod tests {
         assert_eq!(s.len(), 15);
         assert_eq!((s[0], d[0], s[14], d[14]), (0, 0, 2, 4));
         assert!(sort_dedup_pairs(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn degree_order_matches_a_stable_sort() {
+        let mut r = Rng(6);
+        for &n in SIZES {
+            let ints: Vec<f64> = (0..n)
+                .map(|_| {
+                    let bits = r.below(20);
+                    (r.below(8) * r.below(1 << bits)) as f64
+                })
+                .collect();
+            let mut fracs = ints.clone();
+            if n > 0 {
+                fracs[n / 2] += 0.5;
+            }
+            let mut big = ints.clone();
+            if n > 1 {
+                big[1] = 1e12;
+            }
+            for t in [&ints, &fracs, &big] {
+                let mut want: Vec<i64> = (0..n as i64).collect();
+                want.sort_by(|&i, &j| t[j as usize].partial_cmp(&t[i as usize]).unwrap());
+                assert_eq!(degree_order(t), want, "n {n}");
+            }
+        }
+        assert_eq!(degree_order(&[1.0, f64::NAN, 3.0, 1.0, -2.0]), vec![2, 0, 3, 4, 1]);
     }
 
     #[test]

@@ -114,6 +114,22 @@ pub fn sort_dedup_pairs<'py>(py: Python<'py>, pairs: Bound<'py, PyAny>) -> PyRes
     Ok((array(py, s)?, array(py, d)?))
 }
 
+/// int64 array: every id by falling `total` (float64, one per id), ties by id; the order
+/// of `np.argsort(-total, kind="stable")`.
+#[pyfunction]
+pub fn degree_order<'py>(py: Python<'py>, total: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let tb = Buf::get(&total, false, "total")?;
+    let f = tb.format.trim_start_matches(['@', '=', '<']);
+    if tb.len_bytes() > 0 && (f != "d" || tb.itemsize() != 8) {
+        return Err(invalid(py, format!("degree_order: total must be float64, got buffer format {:?}", tb.format)));
+    }
+    // SAFETY: contiguous, aligned float64 buffer of `count()` items, held while `tb` lives.
+    let t: &[f64] = if tb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(tb.ptr() as *const f64, tb.count()) } };
+    let order = py.detach(|| edges::degree_order(t));
+    drop(tb);
+    array(py, Owned::I64(order))
+}
+
 /// float64 array of `2 n`: the out-degree (count in `src`) of every id below `n`, then its
 /// in-degree (count in `dst`); what `vertex_keys` allreduces.
 #[pyfunction]
