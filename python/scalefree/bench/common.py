@@ -591,9 +591,14 @@ def run_job(cmd: Sequence[str], *, timeout_s: float, env_extra: dict | None = No
             tail_lines: int = 30) -> JobOutcome:
     """Runs ``cmd`` in its own process group, forwarding its stdout and stderr to our stderr
     (stdout is kept for the table) and keeping the last lines for error reports. After
-    ``timeout_s`` the whole group is terminated (then killed)."""
+    ``timeout_s`` the whole group is terminated (then killed). ``env_extra`` values of None
+    unset the variable."""
     env = dict(os.environ)
-    env.update(env_extra or {})
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     env["PYTHONUNBUFFERED"] = "1"
     start = time.monotonic()
     proc = subprocess.Popen(

@@ -433,6 +433,18 @@ def edge_owner(src, dst, size: int) -> np.ndarray:
     return (h % np.uint64(size)).astype(np.uint16)
 
 
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a``, sorted (sorts ``a`` in place; numpy's ``unique`` hashes
+    first, several times slower on large integer arrays)."""
+    a.sort()
+    if len(a) < 2:
+        return a
+    keep = np.empty(len(a), np.bool_)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: int = 0):
     """Collective: sends every edge to the rank that owns it (:func:`edge_owner`) and drops
     the duplicates there. Returns this rank's distinct edges (src, dst), sorted, as uint32
@@ -454,7 +466,7 @@ def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: in
     if n_ids <= 1 << 32:
         key = got[:, 0].astype(np.uint64) << np.uint64(32) | got[:, 1].astype(np.uint64)
         del got
-        key = np.unique(key)
+        key = _sorted_unique(key)
         return (key >> np.uint64(32)).astype(np.uint32), (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     u = np.unique(got, axis=0)
     return u[:, 0].copy(), u[:, 1].copy()

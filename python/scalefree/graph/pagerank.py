@@ -332,6 +332,12 @@ def _pagerank_cmd(args) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    from .._units import parse_bytes
+
+    return parse_bytes(text, "count")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter)")
     s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
@@ -361,7 +367,7 @@ def add_parser(sub) -> None:
     r.add_argument("out", help="output: .npz (src, dst arrays), .gz (compressed edge list), a directory with "
                                "--parts, else a SNAP edge list")
     r.add_argument("--scale", type=int, default=16, help="2**scale vertex ids")
-    r.add_argument("--edges", type=int, default=1 << 20)
+    r.add_argument("--edges", type=_count, default="1M", help="edges to generate (K, M, G: binary multiples)")
     r.add_argument("--parts", type=int, default=0, help="write a directory of this many text parts")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true")
