@@ -228,3 +228,21 @@ def test_bad_arguments(tmp_path):
         _native.read_edges_share(p, 2, 2)
     with pytest.raises(ValueError, match="min_fields"):
         _native.read_edges_share(p, 0, 1, min_fields=3, max_fields=2)
+
+
+def test_svmlight_matches_the_python_reader(tmp_path):
+    """Differential: the syntax `scalefree.sgd.read_svmlight` accepts, read the same way."""
+    sgd = pytest.importorskip("scalefree.sgd")
+    text = ("+1 qid:3 1:0.5 7:-2 # comment 9:9\n\n# only a comment\n-1\t3:1e-3   12:+4.\r\n"
+            "0 1_0:2_5 -0:.5 2:1E2\n2.5 qid:x 4:-7\n")
+    text += "".join(f"{k % 3 - 1} {k}:{k / 8} {k + 1}:{-k}\n" for k in range(300))
+    p = _write(tmp_path / "d.svm", text)
+    ref = sgd.read_svmlight(p, zero_based=True)
+    for size in range(1, 6):
+        parts = [_native.read_svmlight_share(p, r, size, 2**31) for r in range(size)]
+        labels = np.concatenate([l for l, _, _, _ in parts])
+        assert np.array_equal((labels > 0).astype(np.float64), ref.labels)
+        assert np.array_equal(np.concatenate([ix for _, _, ix, _ in parts]), ref.indices)
+        assert np.array_equal(np.concatenate([v for _, _, _, v in parts]), ref.data)
+        counts = np.concatenate([np.diff(ip) for _, ip, _, _ in parts])
+        assert np.array_equal(counts, np.diff(ref.indptr))
