@@ -76,7 +76,8 @@ def worker(argv: list[str]) -> int:
         me_rank = int(os.environ["SCALEFREE_RANK"])
         os.sched_setaffinity(0, {cores[(me_rank // a.pin_logical) % len(cores)]})
     import scalefree
-    from scalefree.graph.pagerank import SparsePageRank, logical_rank
+    from scalefree.graph.io import logical_rank
+    from scalefree.graph.pagerank import SparsePageRank
     from scalefree.graph.io import partition_edges
 
     g = scalefree.init()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -470,3 +472,34 @@ def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: in
         return (key >> np.uint64(32)).astype(np.uint32), (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     u = np.unique(got, axis=0)
     return u[:, 0].copy(), u[:, 1].copy()
+
+
+def logical_rank(group, replication: int = 1) -> tuple[int, int]:
+    """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
+    replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
+    replication = int(replication)
+    if replication < 1 or group.size % replication:
+        raise ValueError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
+    m = group.size // replication
+    return group.rank % m, m
+
+
+def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
+    sends every edge to the rank that owns it and drops duplicates there
+    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
+    ids stay as written. No rank holds more than its share of the edges. With
+    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    me, m = logical_rank(group, replication)
+    t0 = time.perf_counter()
+    src, dst = read_edge_share(path, me, m)
+    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1, len(src)], np.int64)
+    top[0] = group.allreduce(top[:1].copy(), op="max")[0]
+    n_ids = int(top[0])
+    if progress and group.rank == 0:
+        print(f"read {len(src)} edges of rank 0's share in {time.perf_counter() - t0:.2f} s", file=sys.stderr,
+              flush=True)
+    first = (group.rank // m) * m
+    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    return src, dst, n_ids, edges

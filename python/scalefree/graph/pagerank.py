@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path
-from .io import owner_dedup, read_edge_share
+from .io import load_graph, logical_rank
 from .rmat import _rmat_cmd
 
 
@@ -159,16 +159,6 @@ class SparsePageRank:
         return float(self._scal[0])
 
 
-def logical_rank(group, replication: int = 1) -> tuple[int, int]:
-    """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
-    replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
-    replication = int(replication)
-    if replication < 1 or group.size % replication:
-        raise ValueError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
-    m = group.size // replication
-    return group.rank % m, m
-
-
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
              degrees="auto", progress: bool = False, dtype="float64", replication: int = 1):
     """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
@@ -221,27 +211,6 @@ def _parse_fail(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise SystemExit(f"scalefree graph pagerank: --fail-rank expects RANK:ITERATION, got {text!r}") from None
     return r, it
-
-
-def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
-    sends every edge to the rank that owns it and drops duplicates there
-    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
-    ids stay as written. No rank holds more than its share of the edges. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
-    me, m = logical_rank(group, replication)
-    t0 = time.perf_counter()
-    src, dst = read_edge_share(path, me, m)
-    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1, len(src)], np.int64)
-    top[0] = group.allreduce(top[:1].copy(), op="max")[0]
-    n_ids = int(top[0])
-    if progress and group.rank == 0:
-        print(f"read {len(src)} edges of rank 0's share in {time.perf_counter() - t0:.2f} s", file=sys.stderr,
-              flush=True)
-    first = (group.rank // m) * m
-    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
-    edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
-    return src, dst, n_ids, edges
 
 
 def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | None:
