@@ -26,7 +26,6 @@ within ``h`` hops (``N(0) = n``); the effective diameter is the smallest ``h`` w
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -181,54 +180,3 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         if progress and me == 0:
             print(f"hop {hop:3d}  N(h) {count:.6g}  vertices changed {changed_all}", file=sys.stderr, flush=True)
     return nf, enc, float(np.median(times)) if times else 0.0
-
-
-def _diameter_cmd(args) -> int:
-    import scalefree
-
-    from .io import load_graph
-
-    g = scalefree.init()
-    t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, progress=args.progress)
-    if edges == 0:
-        raise SystemExit(f"scalefree graph diameter: {args.edges}: the graph has no edges")
-    if args.undirected:
-        s, d = np.concatenate([s, d]), np.concatenate([d, s])
-        edges *= 2
-    load_s = time.perf_counter() - t0
-    nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=args.progress, isolated=False)
-    if g.rank == 0:
-        h, hi = effective_diameter(nf, args.fraction)
-        what = "exact" if enc.method == "exact" else f"Flajolet-Martin, {enc.k} bitstrings"
-        print(f"{int(round(nf[0]))} vertices, {edges} edges{' (both directions)' if args.undirected else ''}, "
-              f"{g.size} ranks, {what}; {per_hop * 1e3:.2f} ms/hop (load {load_s:.2f} s)")
-        print(f"effective diameter ({args.fraction:g}): {h} (interpolated {hi:.3f}); "
-              f"diameter {'' if enc.method == 'exact' else 'estimate '}{len(nf) - 1}")
-        print("hop\tN(h)")
-        for i, v in enumerate(nf):
-            print(f"{i}\t{v:.6g}" if enc.method == "fm" else f"{i}\t{int(round(v))}")
-    return 0
-
-
-def add_parser(sub) -> None:
-    q = sub.add_parser("diameter", help="HADI effective diameter and neighbourhood function",
-                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
-    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
-    q.add_argument("--method", choices=["auto", "exact", "fm"], default="auto",
-                   help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertices)")
-    q.add_argument("-k", type=int, default=32, help="Flajolet-Martin bitstrings per vertex")
-    q.add_argument("--fraction", type=float, default=0.9, help="share of reachable pairs for the effective diameter")
-    q.add_argument("--max-hops", type=int, default=256)
-    q.add_argument("--undirected", action="store_true", help="follow edges both ways")
-    q.add_argument("--fm-seed", type=int, default=0, help="seed of the Flajolet-Martin hash")
-    q.add_argument("--progress", action="store_true", help="print N(h) per hop")
-    q.set_defaults(func=_launch)
-
-
-def _launch(args) -> int:
-    from .pagerank import launch_or_run
-
-    return launch_or_run(args, _diameter_cmd)

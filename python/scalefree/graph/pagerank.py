@@ -10,16 +10,12 @@ for the vertices it owns (``v % size == rank``), which it uses for the convergen
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_path
-from .io import load_graph, logical_rank
-from .rmat import _rmat_cmd
+from .io import logical_rank
 
 
 def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -195,24 +191,6 @@ def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
     return out if group.rank == 0 else None
 
 
-def _save_scores(directory, rank: int, owned, scores) -> None:
-    """``DIR/scores.rank{rank}.npz`` (owned vertex ids, their scores), written atomically."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    with atomic_path(d / f"scores.rank{rank}.npz") as tmp:
-        np.savez(tmp, owned=np.asarray(owned, np.int64), scores=np.asarray(scores, np.float64))
-
-
-def _parse_fail(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        r, it = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise SystemExit(f"scalefree graph pagerank: --fail-rank expects RANK:ITERATION, got {text!r}") from None
-    return r, it
-
-
 def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Collective: the ``k`` best (vertex, score) pairs over all ranks on rank 0 (None
     elsewhere), best first, ties by vertex id; each rank sends only its own best ``k``."""
@@ -231,135 +209,3 @@ def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | 
     all_ids, all_vals = all_ids[keep], all_vals[keep]
     order = np.lexsort((all_ids, -all_vals))[:k]
     return all_ids[order], all_vals[order]
-
-
-def _pagerank_cmd(args) -> int:
-    import json
-    import os
-    import signal
-
-    import scalefree
-
-    from .._rss import peak_rss_bytes
-
-    g = scalefree.init()
-    rep = args.replication
-    if rep < 1 or g.size % rep:
-        raise SystemExit(f"scalefree graph pagerank: --replication {rep} must divide the rank count {g.size}")
-    fail = _parse_fail(args.fail_rank)
-    t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, rep, args.progress)
-    if edges == 0:
-        raise SystemExit(f"scalefree graph pagerank: {args.edges}: the graph has no edges")
-    load_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
-    del s, d
-    n = pr.n
-    me, m = logical_rank(g, rep)
-    gather = None
-    if rep > 1:
-        # Replicated: the gather is configured now, while every rank is alive; after the
-        # iterations it runs on whichever replicas survive. Every replica of logical node
-        # 0 receives every id's score and prints the best.
-        gather = g.sparse_allreduce(n_ids, replication=rep)
-        gather.config(pr.owned, np.arange(n_ids, dtype=np.int64) if me == 0 else np.zeros(0, np.int64))
-    setup_s = time.perf_counter() - t1
-
-    def before(it):
-        if fail and g.rank == fail[0] and it == fail[1]:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
-
-    t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, args.progress, before)
-    iterate_s = time.perf_counter() - t2
-    if gather is not None:
-        got = gather.reduce(pr.scores.astype(np.float64))
-        best = None
-        if me == 0:
-            v = np.lexsort((np.arange(n_ids), -got))[: args.top]
-            best = (v, got[v])
-    else:
-        best = top_scores(g, pr.owned, pr.scores, args.top)
-    if args.save_scores:
-        _save_scores(args.save_scores, g.rank, pr.owned, pr.scores)
-    rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
-    if best is not None:
-        who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        print(f"{n} vertices, {edges} edges, {g.size} ranks{who}, {it} iterations, "
-              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
-        for v, x in zip(*best):
-            print(f"{v}\t{x:.10g}")
-        if args.json and g.rank == 0:
-            rec = {"vertices": n, "edges": edges, "ranks": g.size, "iterations": it, "load_s": load_s,
-                   "setup_s": setup_s, "iterate_s": iterate_s, "per_iteration_s": per_it,
-                   "end_to_end_s": time.perf_counter() - t0,
-                   "peak_rss_bytes": None if rss is None else rss.tolist(),
-                   "top": [[int(v), float(x)] for v, x in zip(*best)]}
-            with atomic_path(Path(args.json)) as tmp:
-                Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
-    return 0
-
-
-def _count(text: str) -> int:
-    from .._units import parse_bytes
-
-    return parse_bytes(text, "count")
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter)")
-    s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
-    s.required = True
-    q = s.add_parser("pagerank", help="PageRank of an edge list over the sparse allreduce",
-                     description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
-    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
-    q.add_argument("--top", type=int, default=20)
-    q.add_argument("--damping", type=float, default=0.85)
-    q.add_argument("--tol", type=float, default=1e-10, help="stop when the L1 change is below this")
-    q.add_argument("--max-iter", type=int, default=200)
-    q.add_argument("--progress", action="store_true", help="print the L1 change per iteration")
-    q.add_argument("--dtype", default="float64", choices=["float64", "float32"],
-                   help="value type of the scores and messages (float32: half the memory traffic, ~1e-7 relative; use --tol 1e-6 or looser)")
-    q.add_argument("--replication", type=int, default=1,
-                   help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
-                        "correct scores while one replica of every node lives (started with --allow-rank-failure)")
-    q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here (rank 0)")
-    q.add_argument("--save-scores", metavar="DIR",
-                   help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
-    q.add_argument("--fail-rank", metavar="RANK:ITERATION",
-                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication)")
-    q.set_defaults(func=_launch)
-    r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph as an edge list",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("out", help="output: .npz (src, dst arrays), .gz (compressed edge list), a directory with "
-                               "--parts, else a SNAP edge list")
-    r.add_argument("--scale", type=int, default=16, help="2**scale vertex ids")
-    r.add_argument("--edges", type=_count, default="1M", help="edges to generate (K, M, G: binary multiples)")
-    r.add_argument("--parts", type=int, default=0, help="write a directory of this many text parts")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--quiet", action="store_true")
-    r.set_defaults(func=_rmat_cmd)
-    from . import hadi
-
-    hadi.add_parser(s)
-
-
-def launch_or_run(args, run) -> int:
-    """With ``-n`` > 1 outside a job, starts the ranks with the launcher (each runs this
-    same command line); inside one, or with one rank, calls ``run(args)``."""
-    import os
-    import subprocess
-
-    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        argv = [a for a in sys.argv[1:]]
-        keep = ["--allow-rank-failure"] if getattr(args, "replication", 1) > 1 else []
-        cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(args.ranks), *keep, "--",
-               sys.executable, "-m", "scalefree.cli", *argv]
-        return subprocess.call(cmd)
-    return run(args)
-
-
-def _launch(args) -> int:
-    return launch_or_run(args, _pagerank_cmd)
