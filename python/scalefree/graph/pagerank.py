@@ -18,33 +18,74 @@ import numpy as np
 from .io import logical_rank
 
 
-def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Collective: (out-degree of every vertex, its key, the vertex of each degree rank,
-    number of keys, number of vertices on an edge) for the sparse
-    allreduce without hashing. Vertices are ranked by falling total degree over all ranks
-    (``g``), and ``key = (g % size) * B + g // size`` with ``B = ceil(n / size)``: the
-    layer ranges of the butterfly (contiguous key ranges) each receive every size-th
-    vertex in degree order, so the hubs spread over the ranks as a hash would spread them,
-    while each rank's keys, sorted, stay close to degree order (hub entries together, which
-    keeps its SpMV's gathers in cache). Key range ``[r * B, r * B + count)`` is the
-    vertices rank r owns. Ids without an edge rank last (``order[nv:]``). Keys are uint32
-    when they fit. With ``replication`` r, ranks are r replicas of ``size / r``
-    logical nodes holding the same edges."""
-    size = group.size // replication
-    deg = np.concatenate([np.bincount(src, minlength=n), np.bincount(dst, minlength=n)]).astype(np.float64)
-    if group.size > 1 and len(deg):
-        group.allreduce(deg)
-        deg /= replication
-    total = deg[:n] + deg[n:]
-    nv = int(np.count_nonzero(total))
-    order = np.argsort(-total, kind="stable")
-    del total
-    width = -(-n // size)
-    kt = np.uint32 if size * width + 1 < 1 << 32 else np.int64
-    key = np.empty(n, kt)
-    g = np.arange(n, dtype=kt)
-    key[order] = (g % kt(size)) * kt(width) + g // kt(size)
-    return deg[:n], key, order, size * width, nv
+def vertex_owner(ids, size: int) -> np.ndarray:
+    """The rank that owns each vertex id: a seeded hash of the id modulo ``size``."""
+    with np.errstate(over="ignore"):
+        h = np.asarray(ids).astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
+        h ^= h >> np.uint64(32)
+        h *= np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(29)
+    return (h % np.uint64(size)).astype(np.uint16)
+
+
+def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = True):
+    """Collective: numbers the vertices for the sparse allreduce without hashing, touching
+    only what this rank holds (memory O(its edges + the ids they touch)).
+
+    Each vertex has an owner (:func:`vertex_owner`), which learns its vertices from the
+    ranks that touch them (an ``alltoallv`` of their distinct ids; with ``isolated`` every
+    id in ``[0, n)`` is a vertex). One sparse allreduce sums the out- and in-degrees of
+    every touched and owned vertex. Owner ``r`` numbers its vertices by falling total degree
+    into keys ``[r * B, r * B + count)`` (``B`` the largest count), so the hubs spread over
+    the ranks as the hash spreads them and each rank's keys, sorted, stay close to degree
+    order (hub entries together, which keeps its SpMV's gathers in cache); a second sparse
+    allreduce hands every rank the keys of the vertices it touches.
+
+    Returns a dict: ``ids`` (the distinct ids of ``src``/``dst``, sorted), ``src``/``dst``
+    (the edges as indices into ``ids``), ``key`` and ``outdeg`` of each of ``ids``,
+    ``owned`` (this rank's vertices in key order), ``owned_outdeg``, ``width`` (``B``),
+    ``nkeys`` and ``vertices`` (the graph's vertex count). With ``replication`` r, ranks
+    are r replicas of ``size / r`` logical nodes holding the same edges."""
+    from .io import compact_ids
+
+    me, size = logical_rank(group, replication)
+    m = len(src)
+    ids, inv = compact_ids(np.concatenate([np.asarray(src, np.int64), np.asarray(dst, np.int64)]), n)
+    s_loc, d_loc = inv[:m], inv[m:]
+    del inv
+    if isolated:
+        cand = np.arange(n, dtype=np.int64)
+        owned = cand[vertex_owner(cand, size) == me]
+        del cand
+    else:
+        own = vertex_owner(ids, size)
+        order = np.argsort(own, kind="stable")
+        counts = np.zeros(group.size, np.int64)
+        first = (group.rank // size) * size
+        counts[first:first + size] = np.bincount(own, minlength=size)
+        got = group.alltoallv(ids[order], counts)
+        del own, order
+        from .io import _sorted_unique
+
+        owned = _sorted_unique(got)
+    local = np.zeros((len(ids), 2))
+    local[:, 0] = np.bincount(s_loc, minlength=len(ids))
+    local[:, 1] = np.bincount(d_loc, minlength=len(ids))
+    degs = group.sparse_allreduce(max(n, 1), replication=replication)
+    deg = degs.config_reduce(ids, local, np.concatenate([ids, owned]))
+    del local  # (replicated: the first replica's sums are used, not the sum over replicas)
+    outdeg, owned_deg = deg[: len(ids), 0], deg[len(ids):]
+    by_degree = np.lexsort((owned, -(owned_deg[:, 0] + owned_deg[:, 1])))
+    owned, owned_outdeg = owned[by_degree], owned_deg[by_degree, 0]
+    tot = group.allreduce(np.array([len(owned), -len(owned)], np.int64), op="max")
+    width = int(tot[0])
+    vertices = int(group.allreduce(np.array([len(owned)], np.int64))[0]) // replication
+    nkeys = size * width
+    kt = np.uint32 if nkeys + 1 < 1 << 32 else np.int64
+    keys = group.sparse_allreduce(max(n, 1), op="max", replication=replication)
+    key = keys.config_reduce(owned, me * width + np.arange(len(owned), dtype=np.int64), ids).astype(kt)
+    return {"ids": ids, "src": s_loc, "dst": d_loc, "key": key, "outdeg": outdeg, "owned": owned,
+            "owned_outdeg": owned_outdeg, "width": width, "nkeys": nkeys, "vertices": vertices}
 
 
 class SparsePageRank:
@@ -79,47 +120,51 @@ class SparsePageRank:
         src, dst = np.asarray(src), np.asarray(dst)
         if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
             raise ValueError(f"SparsePageRank: src and dst must hold integer ids, got {src.dtype} and {dst.dtype}")
-        outdeg, key, order, nkeys, nv = vertex_keys(group, src, dst, self.n, self.replication)
+        vk = vertex_keys(group, src, dst, self.n, self.replication, isolated)
         if not isolated:
-            # Ids without an edge are not vertices: the graph has the nv that have one.
-            self.n = nv
-        width = nkeys // size
+            # Ids without an edge are not vertices: the graph has those that have one.
+            self.n = vk["vertices"]
+        key, width, nkeys = vk["key"], vk["width"], vk["nkeys"]
         flow_key = nkeys  # one key past the vertices: the rank's total flow
-        self.owned = order[me:self.n:size].astype(np.int64) if not isolated else order[me::size].astype(np.int64)
+        self.owned = vk["owned"]
         n_own = len(self.owned)
         own_lo_key = me * width
-        sk, dk = key[src], key[dst]
-        # Compact slots in key order (a marker pass over the key space, linear time).
-        mark = np.zeros(nkeys + 1, np.bool_)
-        mark[dk] = True
-        mark[flow_key] = True
-        out_keys = np.flatnonzero(mark)
-        mark[:] = False
-        mark[sk] = True
-        mark[own_lo_key: own_lo_key + n_own] = True
-        mark[flow_key] = True
-        in_keys = np.flatnonzero(mark)
-        del mark
+        # Out slots: the keys of the edge targets, sorted; in slots: the keys of the edge
+        # sources and of the owned vertices, sorted; the flow key last in both.
+        used = np.zeros(len(key), np.bool_)
+        used[vk["dst"]] = True
+        t_out = np.flatnonzero(used)
+        o = np.argsort(key[t_out], kind="stable")
+        out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
+        slot = np.empty(len(key), np.uint32)
+        slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
+        rows = slot[vk["dst"]]
+        used[:] = False
+        used[vk["src"]] = True
+        t_in = np.flatnonzero(used)
+        del used
+        own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
+        from .io import _sorted_unique
+
+        in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError("SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32)")
-        slot = np.empty(nkeys + 1, np.uint32)
-        slot[out_keys] = np.arange(len(out_keys), dtype=np.uint32)
-        rows = slot[dk]
-        slot[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
-        cols = slot[sk]
-        self.own_lo = int(slot[own_lo_key]) if n_own else 0
-        del slot, sk, dk
+        src_slots = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
+        slot[t_in] = src_slots
+        cols = slot[vk["src"]]
+        del slot
+        self.own_lo = int(np.searchsorted(in_keys, own_lo_key)) if n_own else 0
         self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
         del rows, cols
         # 1 / out-degree of the vertex behind every in slot; 0 for vertices without out
         # edges and for the flow slot, which keeps them out of the product.
-        k = in_keys[:-1]
-        v = order[(k % max(width, 1)) * size + k // max(width, 1)] if len(k) else np.zeros(0, np.int64)
         d = np.zeros(len(in_keys))
-        d[:-1] = outdeg[v]
+        d[src_slots] = vk["outdeg"][t_in]
+        d[self.own_lo:self.own_lo + n_own] = vk["owned_outdeg"]
         inv = np.zeros(len(in_keys))
         np.divide(1.0, d, out=inv, where=d > 0)
         self.inv_deg = inv.astype(dtype)
+        del vk
         self.n_local = len(in_keys) - 1
         self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False, replication=self.replication)
         self.sa.config(out_keys, in_keys)
