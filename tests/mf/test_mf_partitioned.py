@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalefree.mf.shares import test_mask
+from scalefree.mf.shares import in_test_set
 
 from ranks import collect, spawn_ranks
 
@@ -22,10 +22,12 @@ TEXT_LINE = "{} {} {}\n"
 
 
 def _write(path: Path, n: int, users: int, items: int, seed: int, header: str = "") -> None:
-    """n ratings of a rank-2 model plus noise on sparse ids, as text (``u i r`` lines)."""
+    """n ratings of a rank-2 model plus noise on sparse ids, as text (``u i r`` lines); mildly
+    skewed user degrees (weights 1/(rank + 30)), so blocks hold similar numbers of ratings."""
     rng = np.random.default_rng(seed)
     a, b = rng.normal(0, 1, (users, 2)), rng.normal(0, 1, (items, 2))
-    u = rng.zipf(1.6, n) % users
+    w = 1 / (np.arange(users) + 30.0)
+    u = rng.choice(users, n, p=w / w.sum())
     i = rng.integers(0, items, n)
     r = np.clip(np.round(3 + (a[u] * b[i]).sum(1) + rng.normal(0, 0.3, n)), 1, 5)
     with open(path, "w") as f:
@@ -104,7 +106,7 @@ def test_every_rating_used_once_and_the_split_does_not_depend_on_the_ranks(data,
     assert all(int(d["n_train"]) == sum(train.values()) and int(d["n_test"]) == sum(test.values()) for d in ranks)
     # The split is a function of (user, item, seed) only: the same test set for any number of ranks.
     keys = np.array([k for k in want.elements()])
-    in_test = test_mask(keys[:, 0].astype(np.int64), keys[:, 1].astype(np.int64), 0.2, 7)
+    in_test = in_test_set(keys[:, 0].astype(np.int64), keys[:, 1].astype(np.int64), 0.2, 7)
     assert test == _triples(keys[in_test, 0].astype(np.int64), keys[in_test, 1].astype(np.int64), keys[in_test, 2])
     assert 0.17 < sum(test.values()) / sum(want.values()) < 0.23
     # Each rank read about 1/n of the lines.
@@ -116,14 +118,14 @@ def test_hash_split_is_seeded_and_near_the_fraction():
     rng = np.random.default_rng(0)
     u, i = rng.integers(0, 10**12, 200_000), rng.integers(0, 10**6, 200_000)
     for frac in (0.0, 0.1, 0.5):
-        m = test_mask(u, i, frac, 3)
+        m = in_test_set(u, i, frac, 3)
         assert abs(m.mean() - frac) < 0.005
-    assert not np.array_equal(test_mask(u, i, 0.1, 3), test_mask(u, i, 0.1, 4))
-    assert np.array_equal(test_mask(u[:10], i[:10], 0.1, 3), test_mask(u, i, 0.1, 3)[:10])
+    assert not np.array_equal(in_test_set(u, i, 0.1, 3), in_test_set(u, i, 0.1, 4))
+    assert np.array_equal(in_test_set(u[:10], i[:10], 0.1, 3), in_test_set(u, i, 0.1, 3)[:10])
 
 
 def _cli(data: Path, mode: str, n: int, tmp_path: Path, extra=(), iters: int = 3, timeout: float = 300):
-    out = tmp_path / f"{mode}{n}{'-'.join(extra)}.jsonl"
+    out = tmp_path / f"{mode}{n}-{len(list(tmp_path.glob('*.jsonl')))}.jsonl"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(data), "--mode", mode, "-n", str(n),
                         "-k", "8", "-i", str(iters), "--json", str(out), "-q", *extra],
                        capture_output=True, text=True, timeout=timeout)

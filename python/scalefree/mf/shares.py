@@ -9,7 +9,7 @@ budget.
    memory budget the share is read in pieces (the share's byte range cut again, each piece a
    round of steps 2–4), so a rank holds one piece at a time.
 2. **Split.** A rating is a test rating iff ``splitmix64(splitmix64(user + splitmix64(seed)) ^
-   item) >> 11 < test_fraction · 2⁵³`` (:func:`test_mask`): decided per rating from its raw ids
+   item) >> 11 < test_fraction · 2⁵³`` (:func:`in_test_set`): decided per rating from its raw ids
    and the seed, so the split is the same whatever the number of ranks, and a user–item pair
    rated twice is on one side only. About ``test_fraction`` of the ratings; not the split of
    ``split_ratings`` (a seeded permutation of the whole file).
@@ -25,8 +25,9 @@ budget.
    DSGD; only factor blocks move); in ``rima`` a rank trains the blocks its virtual workers meet
    in the pattern sequence — a block row and a block column each — which is (2V − 1)/V² of R per
    virtual worker, about 2/w of R per rank (3/4 at 2 ranks, 7/16 at 4, 15/64 at 8).
-5. **Blocks.** A rank sorts what it received by block (stable: in order of the sending rank)
-   and puts each block in the order of a permutation seeded by (seed, block). The blocks stay in
+5. **Blocks.** A rank sorts what it received by (block, user row, item row, rating) — an order
+   that does not depend on which rank read what, or in how many pieces — and puts each block in
+   the order of a permutation seeded by (seed, block). The blocks stay in
    memory, or, with a budget, go to the rank's block file (``mf_preload``) a block at a time,
    from a spill file of the pieces received.
 
@@ -69,7 +70,7 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def test_mask(users: np.ndarray, items: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+def in_test_set(users: np.ndarray, items: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
     """True for the ratings the split puts into the test set (see the module doc, step 2)."""
     s = _mix64(np.array([int(seed) & (2**64 - 1)], np.uint64))
     with np.errstate(over="ignore"):
@@ -286,7 +287,7 @@ class ShareRatings:
                         u, i, r = cached
                     else:
                         u, i, r = src.read(j)  # read once already: no error this time
-                    tm = test_mask(u, i, self.test_fraction, self.seed)
+                    tm = in_test_set(u, i, self.test_fraction, self.seed)
                     cu, ci = np.searchsorted(uids, u), np.searchsorted(iids, i)
                     del u, i
                     tests.append((cu[tm].astype(np.int32), ci[tm].astype(np.int32), r[tm]))
@@ -341,7 +342,8 @@ class ShareRatings:
                 if spill is None:
                     got = np.concatenate(received) if len(received) != 1 else received[0]
                     received.clear()
-                    order = np.argsort(got[:, 0], kind="stable")
+                    # Canonical order (block, user row, item row, rating), whatever came from where.
+                    order = np.lexsort((got[:, 3], got[:, 2], got[:, 1], got[:, 0]))
                     bounds = np.searchsorted(got[order, 0], np.arange(nblocks + 1))
                     for b in mine:
                         sel = order[bounds[b]:bounds[b + 1]]
@@ -358,6 +360,7 @@ class ShareRatings:
                         for off, c in runs[b]:
                             _pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
                             at += c
+                        ent = ent[np.lexsort((ent[:, 2], ent[:, 1], ent[:, 0]))]  # canonical order
                         perm = np.random.default_rng([seed, 0x424C4B, int(b)]).permutation(have)
                         spill_to.append(int(b), (ent[perm[j:j + _PIECE]] for j in range(0, have, _PIECE)))
                         del ent, perm
@@ -446,7 +449,7 @@ def split(path, test_fraction: float = 0.1, seed: int = 0) -> tuple[ShareRatings
 
 def piece_bytes_for(budget: int | None) -> int | None:
     """Input bytes read per piece under a memory budget (text: ~5 bytes of set-up memory per
-    input byte, so budget / 8, at least 256 KiB); None: the whole share at once."""
+    input byte, so budget / 8, at least 64 KiB); None: the whole share at once."""
     if budget is None:
         return None
-    return max(256 << 10, int(budget) // 8)
+    return max(64 << 10, int(budget) // 8)
