@@ -108,6 +108,34 @@ def _agree(group, err: BaseException | None) -> None:
     raise ShareFailedElsewhere(first, bytes(got[first, :-1]).rstrip(b"\0").decode(errors="replace"))
 
 
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (sort and compare: faster here than ``np.unique``'s hashing)."""
+    a = np.sort(a)
+    return a[np.concatenate(([True], a[1:] != a[:-1]))] if len(a) else a
+
+
+def canonical_order(block: np.ndarray, urow: np.ndarray, irow: np.ndarray, rbits: np.ndarray,
+                    widths: tuple[int, int, int]) -> np.ndarray:
+    """The permutation sorting records by (block, user row, item row, rating bits): one argsort
+    of a packed 64-bit key when ``widths`` (bits of each) fit, then the rare records with equal
+    (block, user row, item row) — a pair rated twice — sorted by rating; else a lexsort."""
+    if sum(widths) > 64:
+        return np.lexsort((rbits, irow, urow, block))
+    key = (block.astype(np.uint64) << np.uint64(widths[1] + widths[2])) | \
+        (urow.astype(np.uint64) << np.uint64(widths[2])) | irow.astype(np.uint64)
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    same = ks[1:] == ks[:-1]
+    if same.any():
+        tie = np.zeros(len(ks), bool)
+        tie[1:] |= same
+        tie[:-1] |= same
+        at = np.flatnonzero(tie)
+        sub = order[at]
+        order[at] = sub[np.lexsort((rbits[sub], key[sub]))]
+    return order
+
+
 def _owner(ids: np.ndarray, size: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         return (_mix64(ids.astype(np.uint64) ^ np.uint64(0x4F574E)) % np.uint64(size)).astype(np.int64)
@@ -250,7 +278,7 @@ class ShareRatings:
             elif err is not None:
                 break
             read += len(u)
-            du, di = np.union1d(du, u), np.union1d(di, i)
+            du, di = _distinct(np.concatenate((du, u))), _distinct(np.concatenate((di, i)))
             if pieces == 1:
                 cached = (u, i, r)  # one piece: kept for pass 2 instead of read twice
             del u, i, r
@@ -276,6 +304,7 @@ class ShareRatings:
             irow = (part.ipos - part.istart[iblk]).astype(np.uint32)
             ublk = ublk.astype(np.int64) * nb
             counts = np.zeros(nblocks, np.int64)
+            widths = tuple(max(1, int(x).bit_length()) for x in (nblocks - 1, np.diff(part.ustart).max(), np.diff(part.istart).max()))
             received = []  # in memory: the pieces received; with a block file: (block, offset, n) runs
             runs: list[list[tuple[int, int]]] = [[] for _ in range(nblocks)]
             spill = None if spill_to is None else tempfile.TemporaryFile(prefix="scalefree-mf-spill-",
@@ -343,7 +372,7 @@ class ShareRatings:
                     got = np.concatenate(received) if len(received) != 1 else received[0]
                     received.clear()
                     # Canonical order (block, user row, item row, rating), whatever came from where.
-                    order = np.lexsort((got[:, 3], got[:, 2], got[:, 1], got[:, 0]))
+                    order = canonical_order(got[:, 0], got[:, 1], got[:, 2], got[:, 3], widths)
                     bounds = np.searchsorted(got[order, 0], np.arange(nblocks + 1))
                     for b in mine:
                         sel = order[bounds[b]:bounds[b + 1]]
@@ -360,7 +389,9 @@ class ShareRatings:
                         for off, c in runs[b]:
                             _pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
                             at += c
-                        ent = ent[np.lexsort((ent[:, 2], ent[:, 1], ent[:, 0]))]  # canonical order
+                        b0 = np.full(len(ent), b, np.uint32)
+                        ent = ent[canonical_order(b0, ent[:, 0], ent[:, 1], ent[:, 2], widths)]  # canonical
+                        del b0
                         perm = np.random.default_rng([seed, 0x424C4B, int(b)]).permutation(have)
                         spill_to.append(int(b), (ent[perm[j:j + _PIECE]] for j in range(0, have, _PIECE)))
                         del ent, perm
