@@ -7,7 +7,9 @@ Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are
 user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
 
 The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
-``scalefree mf train DATA --mode rima -n 4``), each rank loading the same data:
+``scalefree mf train DATA --mode rima -n 4``). Given native ratings (``split_ratings``) every
+rank holds all of them; given a file path or ``split_ratings_partitioned`` (what the CLI uses)
+each rank reads only its share and keeps only the blocks it trains (``mf_shares``):
 
 * ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
   passed to the successor per step;
