@@ -7,7 +7,9 @@ Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are
 user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
 
 The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
-``scalefree mf train DATA --mode rima -n 4``), each rank loading the same data:
+``scalefree mf train DATA --mode rima -n 4``). Given native ratings (``split_ratings``) every
+rank holds all of them; given a file path or ``split_ratings_partitioned`` (what the CLI uses)
+each rank reads only its share and keeps only the blocks it trains (``mf_shares``):
 
 * ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
   passed to the successor per step;
@@ -46,10 +48,11 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     """A rating file path or a (users, items, ratings) triple → native ratings."""
     if isinstance(data, _native.MfRatings):
         return data
+    from .shares import ShareRatings
     from .stream import StreamedRatings
 
-    if isinstance(data, StreamedRatings):
-        return data  # read a chunk at a time by the rank that partitions it (rima with a budget)
+    if isinstance(data, (StreamedRatings, ShareRatings)):
+        return data  # read by the ranks as they partition it (mf_stream, mf_shares)
     if isinstance(data, (str, os.PathLike)):
         return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
     users, items, ratings = data
@@ -125,13 +128,18 @@ class MatrixFactorization:
         """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
         (0: after the last only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+        from .shares import ShareRatings
         from .stream import StreamedRatings
 
-        if isinstance(data, (str, os.PathLike)) and self.memory_budget is not None:
-            data = StreamedRatings(data, 0.0, self.seed)  # never loaded as a whole: streamed set-up
+        if isinstance(data, (str, os.PathLike)) and self.mode != "local":
+            data = ShareRatings(data, 0.0, self.seed)  # every rank reads its share (mf_shares)
         train = load_ratings(data)
         test_r = None
-        if isinstance(train, StreamedRatings):
+        if isinstance(train, ShareRatings):
+            if test is not None and test is not train.test:
+                raise InvalidArgumentError("pass test as the second half of split_ratings_partitioned(...)")
+            test_r = None if test is None else train.test
+        elif isinstance(train, StreamedRatings):
             if test is not None and test is not train.test:
                 raise InvalidArgumentError("pass test as the second half of split_ratings_streamed(...) so ids agree")
             test_r = None if test is None else train.test
@@ -165,7 +173,9 @@ class MatrixFactorization:
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
+        from .._rss import peak_rss_bytes
         from . import dsgd_ps as mf_dsgd_ps
+        from .shares import ShareRatings
         from . import rima as mf_rima
 
         t_fit = time.perf_counter()
@@ -187,12 +197,21 @@ class MatrixFactorization:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
+        shared = isinstance(train, ShareRatings)
         if test_r is not None and eval_every:
             k = self.k
             opts["eval_every"] = eval_every
-            opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
+            if shared:  # every rank scores its own test share (collective)
+                opts["evaluate"] = lambda p, q: train.test_rmse(group, p, q)
+                opts["evaluate_collective"] = True
+            else:
+                opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
         res = run(group, train, opts)
         self.rank = group.rank
+        final_rmse = None
+        if shared and test_r is not None:
+            final_rmse = train.test_rmse(group, res.get("p"), res.get("q"))
+        end_rss = group.allgather(np.array([peak_rss_bytes()], np.int64))[:, 0] if shared else None
         if group.rank != 0:
             self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
             return self
@@ -211,7 +230,12 @@ class MatrixFactorization:
         last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
                     comm_seconds=res["comm_seconds"])
-        if test_r is not None:
+        if shared:
+            last.update(train.stats)
+            last["peak_rss_bytes_end"] = [int(x) for x in end_rss]  # per rank, set-up and training
+            if test_r is not None:
+                last["test_rmse"] = final_rmse
+        elif test_r is not None:
             last["test_rmse"] = self._model.rmse(_native_test(test_r))
         return self
 
@@ -256,11 +280,23 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     return split(path, test_fraction, seed)
 
 
+def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
+    """``(train, test)`` of a rating file for ``mode="rima"`` / ``"dsgd-ps"``, read by the ranks
+    in ``fit``, each rank only its share of the file; the split is a seeded hash of (user, item),
+    the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
+    without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
+    over the ranks."""
+    from .shares import split
+
+    return split(path, test_fraction, seed)
+
+
 def _model_of(train, k: int, p, q):
     """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
+    from .shares import ShareRatings
     from .stream import StreamedRatings
 
-    if isinstance(train, StreamedRatings):
+    if isinstance(train, (StreamedRatings, ShareRatings)):
         return train.model(k, p, q)
     return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
 
@@ -315,21 +351,21 @@ def _launch(args) -> int:
                sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
         return subprocess.call(cmd)
     from ..errors import DataError, OutOfBudgetError
+    from .shares import ShareFailedElsewhere
 
     try:
         return _train_ranks(args)
+    except ShareFailedElsewhere:
+        raise SystemExit(1) from None  # the rank whose share was bad says why
     except (OutOfBudgetError, InvalidArgumentError, DataError) as e:  # file and line in the message
         raise SystemExit(f"scalefree mf train: {e}") from None
 
 
 def _train_ranks(args) -> int:
-    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. With ``--memory-budget`` the
-    ratings are never loaded as a whole (``mf_stream``)."""
+    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. Every rank reads only its share
+    of the file and no rank holds all ratings, with or without ``--memory-budget`` (``mf_shares``)."""
     t_start = time.perf_counter()
-    if args.memory_budget is not None:
-        train, test = split_ratings_streamed(args.data, args.test_fraction, args.seed)
-    else:
-        train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    train, test = split_ratings_partitioned(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
