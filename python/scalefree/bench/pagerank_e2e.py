@@ -15,7 +15,6 @@ reported.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile

@@ -14,7 +14,6 @@ survivors' scores from scipy's after the same number of iterations.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess

@@ -42,7 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sgd.add_parser(sub)
 
-    from ..mf import model as mf
+    from . import mf
 
     mf.add_parser(sub)
 
