@@ -1,5 +1,6 @@
 """Type stubs of the Rust extension (crates/scalefree-python)."""
 
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -60,3 +61,14 @@ class Channel:
     def write_notify(self, local: Region, local_offset: int, remote: RemoteRegion, remote_offset: int, nbytes: int,
                      slot: int, value: int) -> Completion: ...
     def notify(self, slot: int, value: int) -> None: ...
+
+# Partitioned readers (crates/scalefree-io): rank `rank` of `size` reads and parses only its
+# share of the file (plain: a byte range cut at line starts; gzip: chunks i % size == rank of
+# the decompressed stream, which every rank decompresses). Bad data raises
+# scalefree.errors.DataError "PATH:LINE: problem"; a missing file FileNotFoundError.
+def read_edges_share(path: str | os.PathLike, rank: int, size: int, offset: int = 0, min_fields: int = 2,
+                     max_fields: int = 2, gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray]: ...
+def read_svmlight_share(path: str | os.PathLike, rank: int, size: int, max_index: int, offset: int = 0,
+                        gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+def read_ratings_share(path: str | os.PathLike, rank: int, size: int, offset: int = 0,
+                       gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...

@@ -1,4 +1,5 @@
-"""Byte sizes as users write them: 65536, 64K, 1.5M, 1G, 256MiB."""
+"""Byte sizes as users write them (65536, 64K, 1.5M, 1G, 256MiB) and as we print them: the one
+parser and the one formatter."""
 
 from __future__ import annotations
 
@@ -20,3 +21,20 @@ def parse_bytes(value, what: str = "size") -> int:
     if n < 0:
         raise InvalidArgumentError(f"{what} {value!r} is negative")
     return n
+
+
+def parse_positive_bytes(value, what: str = "size") -> int:
+    """:func:`parse_bytes`, and at least one byte."""
+    n = parse_bytes(value, what)
+    if n <= 0:
+        raise InvalidArgumentError(f"{what} {value!r} must be at least one byte")
+    return n
+
+
+def human_bytes(nbytes: int) -> str:
+    """``1024`` -> ``"1 KiB"``, ``1536`` -> ``"1.5 KiB"``, ``100`` -> ``"100 B"``."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            v = nbytes / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{nbytes} B"

@@ -29,7 +29,7 @@ def test_parse_size(text, nbytes):
     assert common.parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1X", "1.5K", "-1", "0", "K", "1 K B", "1e6"])
+@pytest.mark.parametrize("text", ["", "abc", "1X", "-1", "0", "K", "1 K B", "0.0001K"])
 def test_parse_size_rejects_bad_input(text):
     with pytest.raises(ValueError, match="bad size"):
         common.parse_size(text)

@@ -1,11 +1,12 @@
-"""The main job: PageRank over the dense allreduce, against a one-process reference."""
+"""The main job: PageRank of wiki-Vote over the sparse and the dense allreduce, against a
+one-process reference."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ranks import run_ranks
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "wiki-vote" / "wiki-Vote.txt"
 
@@ -29,11 +30,14 @@ def reference(path, damping=0.85, tol=1e-10):
 
 
 @pytest.mark.skipif(not DATA.exists(), reason=f"{DATA} is absent (../shared/data not beside the project)")
-@pytest.mark.parametrize("n", [1, 3])
-def test_pagerank_on_wiki_vote_matches_reference(n, tmp_path):
+@pytest.mark.parametrize("collective,n", [("dense", 1), ("dense", 3), ("sparse", 2)])
+def test_pagerank_on_wiki_vote_matches_reference(collective, n, tmp_path):
     out = tmp_path / "scores.tsv"
-    run_ranks(n, f"from scalefree.graph.pagerank_dense import run, _parser\nimport argparse\n"
-                 f"run(_parser(argparse.ArgumentParser()).parse_args([{str(DATA)!r}, '--quiet', '--output', {str(out)!r}]))")
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "graph", "pagerank", str(DATA), "-n", str(n),
+                        "--collective", collective, "-o", str(out), "--top", "3"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[1].startswith("4037\t"), p.stdout
     got = np.loadtxt(out)
     ids, want = reference(DATA)
     np.testing.assert_array_equal(got[:, 0].astype(np.int64), ids)

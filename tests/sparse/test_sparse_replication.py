@@ -53,7 +53,8 @@ def test_replicated_matches_dense_reference(n, r):
 
 PAGERANK = f"TESTS_DIR = {TESTS_DIR!r}\n" + r"""
 import os, signal, sys, numpy as np, scalefree
-from scalefree.graph.pagerank import SparsePageRank, logical_rank
+from scalefree.graph.io import logical_rank
+from scalefree.graph.pagerank import SparsePageRank
 from scalefree.graph.io import partition_edges
 from scalefree.graph.rmat import rmat_edges
 g = scalefree.init(timeout=60)

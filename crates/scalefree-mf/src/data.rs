@@ -11,6 +11,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 
+use scalefree_io::ratings::{RatingLine, RatingSyntax};
+
 use crate::error::{MfError, Result};
 use crate::rng::Rng;
 
@@ -115,13 +117,6 @@ impl Builder {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Sep {
-    Whitespace,
-    Comma,
-    DoubleColon,
-}
-
 fn open(path: &Path) -> Result<Box<dyn BufRead>> {
     let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
     let mut magic = [0u8; 2];
@@ -133,17 +128,6 @@ fn open(path: &Path) -> Result<Box<dyn BufRead>> {
     } else {
         Ok(Box::new(BufReader::with_capacity(1 << 20, f)))
     }
-}
-
-fn parse_id(tok: &str, what: &str, path: &Path, line: usize) -> Result<u64> {
-    let err = |msg: String| MfError::Parse { path: path.to_path_buf(), line, msg };
-    if tok.starts_with('-') {
-        return Err(err(format!("negative {what} id {tok:?}")));
-    }
-    tok.parse::<u64>().map_err(|e| match e.kind() {
-        std::num::IntErrorKind::PosOverflow => err(format!("{what} id {tok:?} overflows 64 bits")),
-        _ => err(format!("{what} id {tok:?} is not a non-negative integer")),
-    })
 }
 
 /// Read a rating file in any supported format (see the module doc), or a rating cache
@@ -186,10 +170,9 @@ pub fn parse_ratings(path: &Path, mut push: impl FnMut(u64, u64, f32) -> Result<
     let mut count = 0usize;
     let mut line = String::new();
     let mut lineno = 0usize;
-    let mut sep: Option<Sep> = None;
-    let mut mm = false;
-    let mut mm_size_seen = false;
-    let mut expect_nnz: Option<u64> = None;
+    // The line syntax is the one of the partitioned reader (`scalefree-io`), so both accept
+    // the same files.
+    let mut syntax = RatingSyntax::new(u64::MAX);
     loop {
         line.clear();
         let n = rd.read_line(&mut line).map_err(|e| MfError::io(path, e))?;
@@ -197,67 +180,18 @@ pub fn parse_ratings(path: &Path, mut push: impl FnMut(u64, u64, f32) -> Result<
             break;
         }
         lineno += 1;
-        let t = line.trim();
-        if lineno == 1 && t.starts_with("%%MatrixMarket") {
-            let low = t.to_ascii_lowercase();
-            if !low.contains("coordinate") {
-                return Err(MfError::Parse { path: path.into(), line: 1, msg: "only Matrix Market coordinate files hold ratings".into() });
+        match syntax.line(&line, lineno == 1).map_err(|msg| MfError::Parse { path: path.into(), line: lineno, msg })? {
+            RatingLine::Skip => {}
+            RatingLine::Rating { user, item, rating } => {
+                push(user, item, rating)?;
+                count += 1;
             }
-            mm = true;
-            continue;
         }
-        if t.is_empty() || t.starts_with('#') || t.starts_with('%') {
-            continue;
-        }
-        if mm && !mm_size_seen {
-            mm_size_seen = true;
-            let f: Vec<&str> = t.split_whitespace().collect();
-            if f.len() != 3 {
-                return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("expected the Matrix Market size line `rows cols nnz`, got {t:?}") });
-            }
-            expect_nnz = f[2].parse().ok();
-            continue;
-        }
-        let s = *sep.get_or_insert(if t.contains("::") {
-            Sep::DoubleColon
-        } else if t.contains(',') {
-            Sep::Comma
-        } else {
-            Sep::Whitespace
-        });
-        let mut fields: [&str; 3] = [""; 3];
-        let mut nf = 0;
-        let toks: Box<dyn Iterator<Item = &str>> = match s {
-            Sep::DoubleColon => Box::new(t.split("::")),
-            Sep::Comma => Box::new(t.split(',')),
-            Sep::Whitespace => Box::new(t.split_whitespace()),
-        };
-        for x in toks {
-            if nf < 3 {
-                fields[nf] = x.trim();
-            }
-            nf += 1;
-        }
-        // A CSV header: first data line whose first field is not numeric.
-        if s == Sep::Comma && count == 0 && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
-            continue;
-        }
-        if nf < 3 {
-            return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("expected `user item rating`, got {t:?}") });
-        }
-        let u = parse_id(fields[0], "user", path, lineno)?;
-        let i = parse_id(fields[1], "item", path, lineno)?;
-        let r: f32 = fields[2].parse().map_err(|_| MfError::Parse { path: path.into(), line: lineno, msg: format!("rating {:?} is not a number", fields[2]) })?;
-        if !r.is_finite() {
-            return Err(MfError::Parse { path: path.into(), line: lineno, msg: format!("rating {:?} is not finite", fields[2]) });
-        }
-        push(u, i, r)?;
-        count += 1;
     }
     if count == 0 {
         return Err(MfError::Format { path: path.into(), msg: "no ratings (empty file)".into() });
     }
-    if let Some(nnz) = expect_nnz {
+    if let Some(nnz) = syntax.declared_entries() {
         if nnz != count as u64 {
             return Err(MfError::Format { path: path.into(), msg: format!("Matrix Market header says {nnz} entries, file has {count}") });
         }

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -35,27 +34,19 @@ from typing import Callable, Iterable, Sequence
 
 from .._atomic import atomic_path
 from .._rss import reset_peak_rss, status_bytes
+from .._units import human_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
 
 # ---------------------------------------------------------------------------------------
 # Sizes and units
 
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
 def parse_size(text: str) -> int:
-    """Bytes from ``"4096"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary units; ``KiB``/``KB`` also
-    accepted, both meaning 1024). Raises ``ValueError`` on anything else or on zero."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(
-            f"bad size {text!r}: expected a whole number of bytes with an optional binary "
-            f"suffix K, M, G or T (e.g. 4096, 1K, 64M, 1G)"
-        )
-    nbytes = int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
-    if nbytes <= 0:
-        raise ValueError(f"bad size {text!r}: must be at least one byte")
-    return nbytes
+    """Bytes from ``"4096"``, ``"1K"``, ``"64M"``, ``"1.5G"`` (binary units, the one rule of
+    :func:`scalefree._units.parse_bytes`). Raises ``ValueError`` on anything else or on zero."""
+    try:
+        return parse_positive_bytes(str(text), "size")
+    except ValueError:
+        raise ValueError(f"bad size {text!r}: expected a number of bytes with an optional binary "
+                         f"suffix K, M, G or T (e.g. 4096, 1K, 64M, 1G)") from None
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -129,15 +120,6 @@ def _float(text: str) -> float:
     if not math.isfinite(v):
         raise ValueError(f"bad value {text!r}: must be finite")
     return v
-
-
-def human_bytes(nbytes: int) -> str:
-    """``1024`` -> ``"1 KiB"``, ``1536`` -> ``"1.5 KiB"``, ``100`` -> ``"100 B"``."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            v = nbytes / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
-    return f"{nbytes} B"
 
 
 def human_time(seconds: float) -> str:
@@ -591,9 +573,14 @@ def run_job(cmd: Sequence[str], *, timeout_s: float, env_extra: dict | None = No
             tail_lines: int = 30) -> JobOutcome:
     """Runs ``cmd`` in its own process group, forwarding its stdout and stderr to our stderr
     (stdout is kept for the table) and keeping the last lines for error reports. After
-    ``timeout_s`` the whole group is terminated (then killed)."""
+    ``timeout_s`` the whole group is terminated (then killed). ``env_extra`` values of None
+    unset the variable."""
     env = dict(os.environ)
-    env.update(env_extra or {})
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     env["PYTHONUNBUFFERED"] = "1"
     start = time.monotonic()
     proc = subprocess.Popen(

@@ -68,6 +68,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="iterations of the correctness check against scipy")
     p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, PEERS, "peer")), default="mpi,scipy", metavar="PEER[,PEER...]",
                    help="peers: mpi, scipy ('none' for none)")
+    from . import pagerank_e2e
+
+    pagerank_e2e.add_args(p)
     common.add_timing_args(p)
     common.add_output_args(p)
     p.set_defaults(func=run)
@@ -322,6 +325,10 @@ def _scipy_point(args, src, dst, n: int, graph: str) -> tuple[dict, np.ndarray]:
 
 
 def run(args) -> int:
+    if args.from_file:
+        from . import pagerank_e2e
+
+        return pagerank_e2e.run(args)
     records: list[dict] = []
     peers = list(args.vs)
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,6 @@ survivors' scores from scipy's after the same number of iterations.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -76,7 +75,8 @@ def worker(argv: list[str]) -> int:
         me_rank = int(os.environ["SCALEFREE_RANK"])
         os.sched_setaffinity(0, {cores[(me_rank // a.pin_logical) % len(cores)]})
     import scalefree
-    from scalefree.graph.pagerank import SparsePageRank, logical_rank
+    from scalefree.graph.io import logical_rank
+    from scalefree.graph.pagerank import SparsePageRank
     from scalefree.graph.io import partition_edges
 
     g = scalefree.init()

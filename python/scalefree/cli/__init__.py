@@ -8,10 +8,13 @@ import sys
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     p = argparse.ArgumentParser(
         prog="scalefree",
         description="scalefree: one-sided transport, collectives and out-of-core kernels.",
     )
+    p.add_argument("--version", action="version", version=f"scalefree {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -23,10 +26,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
 
-    from ..graph import pagerank_dense as pagerank
-
-    pagerank.add_parser(sub)
-
     from ..tensors import ps_train
 
     ps_train.add_parser(sub)
@@ -35,15 +34,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sparse_plan.add_parser(sub)
 
-    from ..graph import pagerank as graph
+    from . import graph
 
     graph.add_parser(sub)
 
-    from ..sgd import logreg as sgd
+    from . import sgd
 
     sgd.add_parser(sub)
 
-    from ..mf import model as mf
+    from . import mf
 
     mf.add_parser(sub)
 
@@ -58,11 +57,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .common import run_guarded
+
     argv = sys.argv[1:] if argv is None else argv
     parser = _build_parser()
     args = parser.parse_args(argv)
-    rc = args.func(args)
-    return int(rc or 0)
+    # The command's name as the user typed it: "scalefree graph pagerank".
+    words = [args.command] + [getattr(args, k) for k in sorted(vars(args)) if k.endswith("_command") and getattr(args, k)]
+    return run_guarded("scalefree " + " ".join(words), args.func, args)
 
 
 if __name__ == "__main__":

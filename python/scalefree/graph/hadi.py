@@ -4,7 +4,8 @@
 Every vertex ``v`` carries a bitstring ``b_h(v)`` that stands for the set of vertices it
 reaches in at most ``h`` hops along the edges; one hop is ``b_{h+1}(v) = b_h(v) | OR over
 edges v->u of b_h(u)`` (eq. 3 of the sparse allreduce paper: a matrix-vector product where
-OR replaces the sum). Ranks split the edges by a seeded random edge partition; each rank
+OR replaces the sum). Each rank reads its share of the edge file (edges go to the rank that owns them, which drops
+duplicates; ids stay as written); each rank
 ORs the bitstrings of its edge targets into its edge sources, and one OR sparse allreduce
 (configured once) combines the partial results and hands every rank the bitstrings of its
 edge targets and of the vertices it owns (``v % size == rank``) for the next hop.
@@ -25,7 +26,6 @@ within ``h`` hops (``N(0) = n``); the effective diameter is the smallest ``h`` w
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -118,10 +118,12 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
 
 
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
-         degrees="auto", progress: bool = False):
+         degrees="auto", progress: bool = False, isolated: bool = True):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
-    list on every rank), up to the hop after which no set grew (or ``max_hops``)."""
+    list on every rank), up to the hop after which no set grew (or ``max_hops``).
+    ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
+    one more sparse allreduce finds them)."""
     me, size = group.rank, group.size
     enc = Encoding(method, n, k, seed)
     src = np.asarray(src, np.int64)
@@ -135,6 +137,11 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
     owned = np.arange(me, n, size, dtype=np.int64)
+    if not isolated:
+        # Which of my ids lie on an edge: every rank marks the ids it touches.
+        touched = np.union1d(usrc, udst)
+        present = group.sparse_allreduce(n, op="max", degrees=degrees)
+        owned = owned[present.config_reduce(touched, np.ones(len(touched), np.uint32), owned) > 0]
     sa = group.sparse_allreduce(n, op="or", degrees=degrees)
     # Out: partial ORs at this rank's edge sources, and the owned vertices' own strings.
     # In: the strings of this rank's edge targets (next hop) and of the owned vertices.
@@ -173,52 +180,3 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         if progress and me == 0:
             print(f"hop {hop:3d}  N(h) {count:.6g}  vertices changed {changed_all}", file=sys.stderr, flush=True)
     return nf, enc, float(np.median(times)) if times else 0.0
-
-
-def _diameter_cmd(args) -> int:
-    import scalefree
-    from .io import partition_edges, read_edges
-
-    g = scalefree.init()
-    t0 = time.perf_counter()
-    src, dst, ids = read_edges(args.edges)
-    if args.undirected:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-    s, d = partition_edges(src, dst, g.rank, g.size, args.seed)
-    load_s = time.perf_counter() - t0
-    nf, enc, per_hop = hadi(g, s, d, len(ids), args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=args.progress)
-    if g.rank == 0:
-        h, hi = effective_diameter(nf, args.fraction)
-        what = "exact" if enc.method == "exact" else f"Flajolet-Martin, {enc.k} bitstrings"
-        print(f"{len(ids)} vertices, {len(src)} edges{' (both directions)' if args.undirected else ''}, "
-              f"{g.size} ranks, {what}; {per_hop * 1e3:.2f} ms/hop (load {load_s:.2f} s)")
-        print(f"effective diameter ({args.fraction:g}): {h} (interpolated {hi:.3f}); "
-              f"diameter {'' if enc.method == 'exact' else 'estimate '}{len(nf) - 1}")
-        print("hop\tN(h)")
-        for i, v in enumerate(nf):
-            print(f"{i}\t{v:.6g}" if enc.method == "fm" else f"{i}\t{int(round(v))}")
-    return 0
-
-
-def add_parser(sub) -> None:
-    q = sub.add_parser("diameter", help="HADI effective diameter and neighbourhood function",
-                       description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
-    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
-    q.add_argument("--method", choices=["auto", "exact", "fm"], default="auto",
-                   help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertices)")
-    q.add_argument("-k", type=int, default=32, help="Flajolet-Martin bitstrings per vertex")
-    q.add_argument("--fraction", type=float, default=0.9, help="share of reachable pairs for the effective diameter")
-    q.add_argument("--max-hops", type=int, default=256)
-    q.add_argument("--undirected", action="store_true", help="follow edges both ways")
-    q.add_argument("--seed", type=int, default=0, help="seed of the random edge partition")
-    q.add_argument("--fm-seed", type=int, default=0, help="seed of the Flajolet-Martin hash")
-    q.add_argument("--progress", action="store_true", help="print N(h) per hop")
-    q.set_defaults(func=_launch)
-
-
-def _launch(args) -> int:
-    from .pagerank import launch_or_run
-
-    return launch_or_run(args, _diameter_cmd)

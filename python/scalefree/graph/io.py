@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +198,14 @@ def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # Partitioned input: each rank of a job reads only its share of the edges.
 
 
+def share_bytes(path, rank: int = 0, size: int = 1) -> int:
+    """About how many bytes of ``path`` rank reads (its parts, or its share of one file)."""
+    parts = edge_parts(path)
+    if parts is None:
+        return os.path.getsize(path) // size
+    return sum(os.path.getsize(p) for p in parts[rank::size])
+
+
 def edge_parts(path) -> list[Path] | None:
     """The part files of a directory or a glob pattern (sorted by name; hidden files and
     ``_SUCCESS``-style markers skipped), or None when ``path`` names one file."""
@@ -215,7 +225,7 @@ def edge_parts(path) -> list[Path] | None:
     return parts
 
 
-def read_edge_share(path, rank: int = 0, size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
     written (0-based; Matrix Market's 1-based ids are shifted down by one). Every edge of
     the input is in exactly one rank's share; duplicates are kept (see
@@ -232,26 +242,57 @@ def read_edge_share(path, rank: int = 0, size: int = 1) -> tuple[np.ndarray, np.
     * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
       matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
       members and streamed from compressed ones.
+
+    ``progress(nbytes)``, if given, is called as the bytes of the share are read.
     """
     path = Path(path)
     parts = edge_parts(path)
     if parts is not None:
-        got = [read_edge_share(p, 0, 1) for p in parts[rank::size]]
+        got = [read_edge_share(p, 0, 1, progress) for p in parts[rank::size]]
         if not got:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate([s for s, _ in got]), np.concatenate([d for _, d in got])
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     name = path.name.lower()
-    if name.endswith(".npy"):
-        return _npy_share(path, rank, size)
-    if name.endswith(".npz"):
-        return _npz_share(path, rank, size)
-    if name.endswith(".mtx") or name.endswith(".mtx.gz"):
-        return _mtx_share(path, rank, size)
+    if name.endswith((".npy", ".npz", ".mtx", ".mtx.gz")):
+        read = _npy_share if name.endswith(".npy") else _npz_share if name.endswith(".npz") else _mtx_share
+        got = read(path, rank, size)
+        if progress is not None:
+            progress(os.path.getsize(path) // size)
+        return got
+    return _text_share(path, rank, size, progress=progress)
+
+
+# A share of a plain text file larger than this is read in pieces, so progress can be shown.
+_PIECE_BYTES = 64 << 20
+
+
+def _text_share(path, rank, size, offset: int = 0, max_fields: int = 2, progress=None):
+    """Rank's share of a text edge file, parsed natively. Share ``r`` of ``P`` is exactly
+    shares ``r*k .. r*k+k-1`` of ``P*k`` (the same nominal cuts), so a large share is read
+    in ``k`` pieces with ``progress(bytes)`` called after each; gzip is one piece."""
     from .. import _native
 
-    return _native.read_edges_share(str(path), rank, size)
+    total = max(0, os.path.getsize(path) - offset)
+    mine = total // size
+    gz = _is_gzip(path)
+    k = 1 if gz or progress is None else max(1, -(-mine // _PIECE_BYTES))
+    if k == 1:
+        got = _native.read_edges_share(str(path), rank, size, offset=offset, max_fields=max_fields)
+        if progress is not None:
+            progress(mine)
+        return got
+    parts = []
+    for j in range(k):
+        parts.append(_native.read_edges_share(str(path), rank * k + j, size * k, offset=offset, max_fields=max_fields))
+        progress(mine // k)
+    return np.concatenate([s for s, _ in parts]), np.concatenate([d for _, d in parts])
+
+
+def _is_gzip(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _check_ids(path, src, dst) -> tuple[np.ndarray, np.ndarray]:
@@ -409,10 +450,8 @@ def _mtx_header(path) -> tuple[int, str, int, int]:
 
 
 def _mtx_share(path, rank, size):
-    from .. import _native
-
     offset, symmetry, rows, cols = _mtx_header(path)
-    src, dst = _native.read_edges_share(str(path), rank, size, offset=offset, max_fields=4)
+    src, dst = _text_share(path, rank, size, offset=offset, max_fields=4)
     if len(src) and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
         raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
     src -= 1
@@ -431,6 +470,18 @@ def edge_owner(src, dst, size: int) -> np.ndarray:
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(31)
     return (h % np.uint64(size)).astype(np.uint16)
+
+
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a``, sorted (sorts ``a`` in place; numpy's ``unique`` hashes
+    first, several times slower on large integer arrays)."""
+    a.sort()
+    if len(a) < 2:
+        return a
+    keep = np.empty(len(a), np.bool_)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
 def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: int = 0):
@@ -454,7 +505,52 @@ def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: in
     if n_ids <= 1 << 32:
         key = got[:, 0].astype(np.uint64) << np.uint64(32) | got[:, 1].astype(np.uint64)
         del got
-        key = np.unique(key)
+        key = _sorted_unique(key)
         return (key >> np.uint64(32)).astype(np.uint32), (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     u = np.unique(got, axis=0)
     return u[:, 0].copy(), u[:, 1].copy()
+
+
+def logical_rank(group, replication: int = 1) -> tuple[int, int]:
+    """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
+    replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
+    replication = int(replication)
+    if replication < 1 or group.size % replication:
+        raise ValueError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
+    m = group.size // replication
+    return group.rank % m, m
+
+
+def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
+    sends every edge to the rank that owns it and drops duplicates there
+    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
+    ids stay as written. No rank holds more than its share of the edges. With
+    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    me, m = logical_rank(group, replication)
+    t0 = time.perf_counter()
+    bar = None
+    if progress and group.rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=share_bytes(path, me, m), unit="B", unit_scale=True, file=sys.stderr, leave=False,
+                   desc="reading rank 0's share")
+    try:
+        src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update)
+    finally:
+        if bar is not None:
+            bar.close()
+    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1], np.int64)
+    n_ids = int(group.allreduce(top, op="max")[0])
+    if progress and group.rank == 0:
+        dt = time.perf_counter() - t0
+        print(f"read {len(src)} edges (rank 0's share, {share_bytes(path, me, m) / 1e6:.0f} MB) in {dt:.2f} s",
+              file=sys.stderr, flush=True)
+    first = (group.rank // m) * m
+    t1 = time.perf_counter()
+    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    if progress and group.rank == 0:
+        print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "
+              f"{time.perf_counter() - t1:.2f} s", file=sys.stderr, flush=True)
+    return src, dst, n_ids, edges

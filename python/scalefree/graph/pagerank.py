@@ -10,45 +10,82 @@ for the vertices it owns (``v % size == rank``), which it uses for the convergen
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_path
-from .io import owner_dedup, read_edge_share
-from .rmat import _rmat_cmd
+from .io import logical_rank
 
 
-def vertex_keys(group, src, dst, n: int, replication: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Collective: (out-degree of every vertex, its key, the vertex of each degree rank,
-    number of keys, number of vertices on an edge) for the sparse
-    allreduce without hashing. Vertices are ranked by falling total degree over all ranks
-    (``g``), and ``key = (g % size) * B + g // size`` with ``B = ceil(n / size)``: the
-    layer ranges of the butterfly (contiguous key ranges) each receive every size-th
-    vertex in degree order, so the hubs spread over the ranks as a hash would spread them,
-    while each rank's keys, sorted, stay close to degree order (hub entries together, which
-    keeps its SpMV's gathers in cache). Key range ``[r * B, r * B + count)`` is the
-    vertices rank r owns. Ids without an edge rank last (``order[nv:]``). Keys are uint32
-    when they fit. With ``replication`` r, ranks are r replicas of ``size / r``
-    logical nodes holding the same edges."""
-    size = group.size // replication
-    deg = np.concatenate([np.bincount(src, minlength=n), np.bincount(dst, minlength=n)]).astype(np.float64)
-    if group.size > 1 and len(deg):
-        group.allreduce(deg)
-        deg /= replication
-    total = deg[:n] + deg[n:]
-    nv = int(np.count_nonzero(total))
-    order = np.argsort(-total, kind="stable")
-    del total
-    width = -(-n // size)
-    kt = np.uint32 if size * width + 1 < 1 << 32 else np.int64
-    key = np.empty(n, kt)
-    g = np.arange(n, dtype=kt)
-    key[order] = (g % kt(size)) * kt(width) + g // kt(size)
-    return deg[:n], key, order, size * width, nv
+def vertex_owner(ids, size: int) -> np.ndarray:
+    """The rank that owns each vertex id: a seeded hash of the id modulo ``size``."""
+    with np.errstate(over="ignore"):
+        h = np.asarray(ids).astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
+        h ^= h >> np.uint64(32)
+        h *= np.uint64(0x9E3779B97F4A7C15)
+        h ^= h >> np.uint64(29)
+    return (h % np.uint64(size)).astype(np.uint16)
+
+
+def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = True):
+    """Collective: numbers the vertices for the sparse allreduce without hashing, touching
+    only what this rank holds (memory O(its edges + the ids they touch)).
+
+    Each vertex has an owner (:func:`vertex_owner`), which learns its vertices from the
+    ranks that touch them (an ``alltoallv`` of their distinct ids; with ``isolated`` every
+    id in ``[0, n)`` is a vertex). One sparse allreduce sums the out- and in-degrees of
+    every touched and owned vertex. Owner ``r`` numbers its vertices by falling total degree
+    into keys ``[r * B, r * B + count)`` (``B`` the largest count), so the hubs spread over
+    the ranks as the hash spreads them and each rank's keys, sorted, stay close to degree
+    order (hub entries together, which keeps its SpMV's gathers in cache); a second sparse
+    allreduce hands every rank the keys of the vertices it touches.
+
+    Returns a dict: ``ids`` (the distinct ids of ``src``/``dst``, sorted), ``src``/``dst``
+    (the edges as indices into ``ids``), ``key`` and ``outdeg`` of each of ``ids``,
+    ``owned`` (this rank's vertices in key order), ``owned_outdeg``, ``width`` (``B``),
+    ``nkeys`` and ``vertices`` (the graph's vertex count). With ``replication`` r, ranks
+    are r replicas of ``size / r`` logical nodes holding the same edges."""
+    from .io import compact_ids
+
+    me, size = logical_rank(group, replication)
+    m = len(src)
+    ids, inv = compact_ids(np.concatenate([np.asarray(src, np.int64), np.asarray(dst, np.int64)]), n)
+    s_loc, d_loc = inv[:m], inv[m:]
+    del inv
+    if isolated:
+        cand = np.arange(n, dtype=np.int64)
+        owned = cand[vertex_owner(cand, size) == me]
+        del cand
+    else:
+        own = vertex_owner(ids, size)
+        order = np.argsort(own, kind="stable")
+        counts = np.zeros(group.size, np.int64)
+        first = (group.rank // size) * size
+        counts[first:first + size] = np.bincount(own, minlength=size)
+        got = group.alltoallv(ids[order], counts)
+        del own, order
+        from .io import _sorted_unique
+
+        owned = _sorted_unique(got)
+    local = np.zeros((len(ids), 2))
+    local[:, 0] = np.bincount(s_loc, minlength=len(ids))
+    local[:, 1] = np.bincount(d_loc, minlength=len(ids))
+    degs = group.sparse_allreduce(max(n, 1), replication=replication)
+    deg = degs.config_reduce(ids, local, np.concatenate([ids, owned]))
+    del local  # (replicated: the first replica's sums are used, not the sum over replicas)
+    outdeg, owned_deg = deg[: len(ids), 0], deg[len(ids):]
+    by_degree = np.lexsort((owned, -(owned_deg[:, 0] + owned_deg[:, 1])))
+    owned, owned_outdeg = owned[by_degree], owned_deg[by_degree, 0]
+    tot = group.allreduce(np.array([len(owned), -len(owned)], np.int64), op="max")
+    width = int(tot[0])
+    vertices = int(group.allreduce(np.array([len(owned)], np.int64))[0]) // replication
+    nkeys = size * width
+    kt = np.uint32 if nkeys + 1 < 1 << 32 else np.int64
+    keys = group.sparse_allreduce(max(n, 1), op="max", replication=replication)
+    key = keys.config_reduce(owned, me * width + np.arange(len(owned), dtype=np.int64), ids).astype(kt)
+    return {"ids": ids, "src": s_loc, "dst": d_loc, "key": key, "outdeg": outdeg, "owned": owned,
+            "owned_outdeg": owned_outdeg, "width": width, "nkeys": nkeys, "vertices": vertices}
 
 
 class SparsePageRank:
@@ -83,47 +120,51 @@ class SparsePageRank:
         src, dst = np.asarray(src), np.asarray(dst)
         if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
             raise ValueError(f"SparsePageRank: src and dst must hold integer ids, got {src.dtype} and {dst.dtype}")
-        outdeg, key, order, nkeys, nv = vertex_keys(group, src, dst, self.n, self.replication)
+        vk = vertex_keys(group, src, dst, self.n, self.replication, isolated)
         if not isolated:
-            # Ids without an edge are not vertices: the graph has the nv that have one.
-            self.n = nv
-        width = nkeys // size
+            # Ids without an edge are not vertices: the graph has those that have one.
+            self.n = vk["vertices"]
+        key, width, nkeys = vk["key"], vk["width"], vk["nkeys"]
         flow_key = nkeys  # one key past the vertices: the rank's total flow
-        self.owned = order[me:self.n:size].astype(np.int64) if not isolated else order[me::size].astype(np.int64)
+        self.owned = vk["owned"]
         n_own = len(self.owned)
         own_lo_key = me * width
-        sk, dk = key[src], key[dst]
-        # Compact slots in key order (a marker pass over the key space, linear time).
-        mark = np.zeros(nkeys + 1, np.bool_)
-        mark[dk] = True
-        mark[flow_key] = True
-        out_keys = np.flatnonzero(mark)
-        mark[:] = False
-        mark[sk] = True
-        mark[own_lo_key: own_lo_key + n_own] = True
-        mark[flow_key] = True
-        in_keys = np.flatnonzero(mark)
-        del mark
+        # Out slots: the keys of the edge targets, sorted; in slots: the keys of the edge
+        # sources and of the owned vertices, sorted; the flow key last in both.
+        used = np.zeros(len(key), np.bool_)
+        used[vk["dst"]] = True
+        t_out = np.flatnonzero(used)
+        o = np.argsort(key[t_out], kind="stable")
+        out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
+        slot = np.empty(len(key), np.uint32)
+        slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
+        rows = slot[vk["dst"]]
+        used[:] = False
+        used[vk["src"]] = True
+        t_in = np.flatnonzero(used)
+        del used
+        own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
+        from .io import _sorted_unique
+
+        in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError("SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32)")
-        slot = np.empty(nkeys + 1, np.uint32)
-        slot[out_keys] = np.arange(len(out_keys), dtype=np.uint32)
-        rows = slot[dk]
-        slot[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
-        cols = slot[sk]
-        self.own_lo = int(slot[own_lo_key]) if n_own else 0
-        del slot, sk, dk
+        src_slots = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
+        slot[t_in] = src_slots
+        cols = slot[vk["src"]]
+        del slot
+        self.own_lo = int(np.searchsorted(in_keys, own_lo_key)) if n_own else 0
         self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
         del rows, cols
         # 1 / out-degree of the vertex behind every in slot; 0 for vertices without out
         # edges and for the flow slot, which keeps them out of the product.
-        k = in_keys[:-1]
-        v = order[(k % max(width, 1)) * size + k // max(width, 1)] if len(k) else np.zeros(0, np.int64)
         d = np.zeros(len(in_keys))
-        d[:-1] = outdeg[v]
+        d[src_slots] = vk["outdeg"][t_in]
+        d[self.own_lo:self.own_lo + n_own] = vk["owned_outdeg"]
         inv = np.zeros(len(in_keys))
         np.divide(1.0, d, out=inv, where=d > 0)
         self.inv_deg = inv.astype(dtype)
+        del vk
         self.n_local = len(in_keys) - 1
         self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False, replication=self.replication)
         self.sa.config(out_keys, in_keys)
@@ -157,16 +198,6 @@ class SparsePageRank:
             self.group.allreduce(self._scal)
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
-
-
-def logical_rank(group, replication: int = 1) -> tuple[int, int]:
-    """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
-    replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
-    replication = int(replication)
-    if replication < 1 or group.size % replication:
-        raise ValueError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
-    m = group.size // replication
-    return group.rank % m, m
 
 
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
@@ -205,45 +236,6 @@ def gather_scores(group, owned, scores, n: int) -> np.ndarray | None:
     return out if group.rank == 0 else None
 
 
-def _save_scores(directory, rank: int, owned, scores) -> None:
-    """``DIR/scores.rank{rank}.npz`` (owned vertex ids, their scores), written atomically."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    with atomic_path(d / f"scores.rank{rank}.npz") as tmp:
-        np.savez(tmp, owned=np.asarray(owned, np.int64), scores=np.asarray(scores, np.float64))
-
-
-def _parse_fail(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        r, it = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise SystemExit(f"scalefree graph pagerank: --fail-rank expects RANK:ITERATION, got {text!r}") from None
-    return r, it
-
-
-def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
-    sends every edge to the rank that owns it and drops duplicates there
-    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
-    ids stay as written. No rank holds more than its share of the edges. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
-    me, m = logical_rank(group, replication)
-    t0 = time.perf_counter()
-    src, dst = read_edge_share(path, me, m)
-    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1, len(src)], np.int64)
-    top[0] = group.allreduce(top[:1].copy(), op="max")[0]
-    n_ids = int(top[0])
-    if progress and group.rank == 0:
-        print(f"read {len(src)} edges of rank 0's share in {time.perf_counter() - t0:.2f} s", file=sys.stderr,
-              flush=True)
-    first = (group.rank // m) * m
-    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
-    edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
-    return src, dst, n_ids, edges
-
-
 def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Collective: the ``k`` best (vertex, score) pairs over all ranks on rank 0 (None
     elsewhere), best first, ties by vertex id; each rank sends only its own best ``k``."""
@@ -262,129 +254,3 @@ def top_scores(group, owned, scores, k: int) -> tuple[np.ndarray, np.ndarray] | 
     all_ids, all_vals = all_ids[keep], all_vals[keep]
     order = np.lexsort((all_ids, -all_vals))[:k]
     return all_ids[order], all_vals[order]
-
-
-def _pagerank_cmd(args) -> int:
-    import json
-    import os
-    import signal
-
-    import scalefree
-
-    from .._rss import peak_rss_bytes
-
-    g = scalefree.init()
-    rep = args.replication
-    if rep < 1 or g.size % rep:
-        raise SystemExit(f"scalefree graph pagerank: --replication {rep} must divide the rank count {g.size}")
-    fail = _parse_fail(args.fail_rank)
-    t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, rep, args.progress)
-    if edges == 0:
-        raise SystemExit(f"scalefree graph pagerank: {args.edges}: the graph has no edges")
-    load_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
-    del s, d
-    n = pr.n
-    me, m = logical_rank(g, rep)
-    gather = None
-    if rep > 1:
-        # Replicated: the gather is configured now, while every rank is alive; after the
-        # iterations it runs on whichever replicas survive. Every replica of logical node
-        # 0 receives every id's score and prints the best.
-        gather = g.sparse_allreduce(n_ids, replication=rep)
-        gather.config(pr.owned, np.arange(n_ids, dtype=np.int64) if me == 0 else np.zeros(0, np.int64))
-    setup_s = time.perf_counter() - t1
-
-    def before(it):
-        if fail and g.rank == fail[0] and it == fail[1]:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
-
-    t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, args.progress, before)
-    iterate_s = time.perf_counter() - t2
-    if gather is not None:
-        got = gather.reduce(pr.scores.astype(np.float64))
-        best = None
-        if me == 0:
-            v = np.lexsort((np.arange(n_ids), -got))[: args.top]
-            best = (v, got[v])
-    else:
-        best = top_scores(g, pr.owned, pr.scores, args.top)
-    if args.save_scores:
-        _save_scores(args.save_scores, g.rank, pr.owned, pr.scores)
-    rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
-    if best is not None:
-        who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        print(f"{n} vertices, {edges} edges, {g.size} ranks{who}, {it} iterations, "
-              f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
-        for v, x in zip(*best):
-            print(f"{v}\t{x:.10g}")
-        if args.json and g.rank == 0:
-            rec = {"vertices": n, "edges": edges, "ranks": g.size, "iterations": it, "load_s": load_s,
-                   "setup_s": setup_s, "iterate_s": iterate_s, "per_iteration_s": per_it,
-                   "end_to_end_s": time.perf_counter() - t0,
-                   "peak_rss_bytes": None if rss is None else rss.tolist(),
-                   "top": [[int(v), float(x)] for v, x in zip(*best)]}
-            with atomic_path(Path(args.json)) as tmp:
-                Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
-    return 0
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter)")
-    s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
-    s.required = True
-    q = s.add_parser("pagerank", help="PageRank of an edge list over the sparse allreduce",
-                     description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("edges", help="edge file: SNAP edge list (# comments, .gz allowed), Matrix Market .mtx[.gz] or .npz")
-    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
-    q.add_argument("--top", type=int, default=20)
-    q.add_argument("--damping", type=float, default=0.85)
-    q.add_argument("--tol", type=float, default=1e-10, help="stop when the L1 change is below this")
-    q.add_argument("--max-iter", type=int, default=200)
-    q.add_argument("--progress", action="store_true", help="print the L1 change per iteration")
-    q.add_argument("--dtype", default="float64", choices=["float64", "float32"],
-                   help="value type of the scores and messages (float32: half the memory traffic, ~1e-7 relative; use --tol 1e-6 or looser)")
-    q.add_argument("--replication", type=int, default=1,
-                   help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
-                        "correct scores while one replica of every node lives (started with --allow-rank-failure)")
-    q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here (rank 0)")
-    q.add_argument("--save-scores", metavar="DIR",
-                   help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
-    q.add_argument("--fail-rank", metavar="RANK:ITERATION",
-                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication)")
-    q.set_defaults(func=_launch)
-    r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph as an edge list",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("out", help="output: .npz (src, dst arrays), .gz (compressed edge list), a directory with "
-                               "--parts, else a SNAP edge list")
-    r.add_argument("--scale", type=int, default=16, help="2**scale vertex ids")
-    r.add_argument("--edges", type=int, default=1 << 20)
-    r.add_argument("--parts", type=int, default=0, help="write a directory of this many text parts")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--quiet", action="store_true")
-    r.set_defaults(func=_rmat_cmd)
-    from . import hadi
-
-    hadi.add_parser(s)
-
-
-def launch_or_run(args, run) -> int:
-    """With ``-n`` > 1 outside a job, starts the ranks with the launcher (each runs this
-    same command line); inside one, or with one rank, calls ``run(args)``."""
-    import os
-    import subprocess
-
-    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        argv = [a for a in sys.argv[1:]]
-        keep = ["--allow-rank-failure"] if getattr(args, "replication", 1) > 1 else []
-        cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(args.ranks), *keep, "--",
-               sys.executable, "-m", "scalefree.cli", *argv]
-        return subprocess.call(cmd)
-    return run(args)
-
-
-def _launch(args) -> int:
-    return launch_or_run(args, _pagerank_cmd)

@@ -116,8 +116,3 @@ def _edge_lines(src, dst) -> bytes:
     if not len(src):
         return b""
     return ("\n".join(map("%d\t%d".__mod__, zip(src.tolist(), dst.tolist()))) + "\n").encode()
-
-
-def _rmat_cmd(args) -> int:
-    write_rmat(args.out, args.scale, args.edges, args.seed, progress=not args.quiet, parts=args.parts)
-    return 0

@@ -290,7 +290,7 @@ def _catch_stopping_signals(received: list[int]):
 
 
 def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int],
-               allow_rank_failure: bool = False) -> int:
+               allow_rank_failure: bool = False, quiet_exits: tuple = ()) -> int:
     """Waits for the job to end and stops it as needed; returns its exit code."""
     deadline = None if timeout is None else time.monotonic() + timeout
     reported: set[int] = set()
@@ -316,7 +316,8 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
         for rank, code in enumerate(codes):
             if code:  # the first failure seen; ties within one poll go to the lowest rank
                 others = ranks.running()
-                _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                if code not in quiet_exits:
+                    _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
                 ranks.stop(grace, received)
                 return code
         if all(code == 0 for code in codes) and not allow_rank_failure:
@@ -330,7 +331,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
 
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
            prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
-           allow_rank_failure: bool = False) -> int:
+           allow_rank_failure: bool = False, quiet_exits: tuple = ()) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
 
     ``nodes`` places them in a job over several hosts: run the same command on every host
@@ -342,7 +343,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     each output line with ``[rank] ``; ``allow_rank_failure`` keeps the other ranks running
     when one dies (for replicated collectives), the job then ending when all have exited,
     with code 0 if some rank succeeded and every failed rank died by a signal; ``env`` replaces ``os.environ`` as the base of each
-    rank's environment. Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
+    rank's environment; exit codes in ``quiet_exits`` are not announced (the rank reported
+    its own failure). Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
     command that cannot be started gives 127 (not found) or 126, with a message.
     """
     cmd = [os.fspath(c) for c in cmd]
@@ -375,7 +377,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         for r, p in enumerate(ranks.procs):
             pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
         try:
-            return _supervise(ranks, timeout, grace, received, allow_rank_failure)
+            return _supervise(ranks, timeout, grace, received, allow_rank_failure, quiet_exits)
         finally:
             ranks.close()
             _join(pumps, _DRAIN_SECONDS)

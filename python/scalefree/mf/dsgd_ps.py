@@ -3,8 +3,9 @@
 Rank 0 is the parameter server and holds all of P and Q; ranks 1..w are workers (w = size − 1),
 and R is cut into w × w blocks. Every step the server picks a pattern of w interchangeable
 blocks (distinct row blocks, distinct column blocks): per iteration a random order of the w
-diagonals, and per step a random assignment of the pattern's blocks to workers, all from the
-shared seed. Each worker pulls its P block and Q block, runs SGD on its block of R, and pushes
+diagonals, from the shared seed; worker a always trains block row a − 1, so its ratings stay
+with it (given a rating file as ``mf_shares.ShareRatings``, each worker receives only its block
+row and the server no ratings). Each worker pulls its P block and Q block, runs SGD on its block of R, and pushes
 both back; an iteration is w steps and visits every block once.
 
 Pulls and pushes are static tensor slots (``scalefree.tensors.slots.static_slots``). A worker trains
@@ -20,15 +21,27 @@ import numpy as np
 from ..tensors import slots as tensors
 from ..errors import InvalidArgumentError
 from .blocks import FactorBlock, Partition, train_block
+from .preload import outside_arena
+from .shares import ShareRatings
 
 
 def patterns(w: int, iterations: int, seed: int):
-    """Per step: (row block, column block) for each worker, the same on every rank."""
+    """Per step: (row block, column block) for each worker, the same on every rank. Worker a
+    always trains block row a − 1 (its ratings stay put, as in DSGD); the column block is the
+    step's diagonal, the diagonals in a random order per iteration."""
     rng = np.random.default_rng([seed, 0x4453_4744])
     for _ in range(iterations):
         for off in rng.permutation(w):
-            rows = rng.permutation(w)
-            yield [(int(b), int((b + off) % w)) for b in rows]
+            yield [(b, int((b + off) % w)) for b in range(w)]
+
+
+def trained_blocks(w: int) -> np.ndarray:
+    """(w + 1, w²) bool: the R blocks each rank trains — none on the server, block row a − 1 on
+    worker a."""
+    out = np.zeros((w + 1, w * w), bool)
+    for a in range(1, w + 1):
+        out[a, (a - 1) * w:a * w] = True
+    return out
 
 
 def train(group, train_ratings, opts: dict) -> dict:
@@ -39,7 +52,12 @@ def train(group, train_ratings, opts: dict) -> dict:
         raise InvalidArgumentError("dsgd-ps needs at least 2 ranks (rank 0 is the parameter server)")
     w, r = group.size - 1, group.rank
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
-    part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
+    if isinstance(train_ratings, ShareRatings):
+        keep = None if r == 0 else ([], [])  # initial factors: the server's
+        part = outside_arena(lambda: train_ratings.partition(group, w, k, seed, opts.get("init_max"),
+                                                             trains=trained_blocks(w), keep=keep))
+    else:
+        part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     specs = []
     for a in range(1, w + 1):
@@ -95,7 +113,11 @@ def train(group, train_ratings, opts: dict) -> dict:
     comm = 0.0
     losses = np.zeros(iters)
     pull_p, pull_q, push_p, push_q = (slots[f"{s}{r}"] for s in ("pull_p", "pull_q", "push_p", "push_q"))
+    evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+    collective = evaluate is not None and every and opts.get("evaluate_collective")
     for step, pat in enumerate(patterns(w, iters, seed)):
+        if collective and step > 0 and step % w == 0 and (step // w) % every == 0:
+            evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
         ru, ri = pat[r - 1]
         c0 = time.perf_counter()
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)

@@ -7,7 +7,9 @@ Market, gzip of each) or a ``(users, items, ratings)`` triple of arrays. Ids are
 user gave them; ``predict`` answers in those ids (unknown ids get the training mean).
 
 The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
-``scalefree mf train DATA --mode rima -n 4``), each rank loading the same data:
+``scalefree mf train DATA --mode rima -n 4``). Given native ratings (``split_ratings``) every
+rank holds all of them; given a file path or ``split_ratings_partitioned`` (what the CLI uses)
+each rank reads only its share and keeps only the blocks it trains (``mf_shares``):
 
 * ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
   passed to the successor per step;
@@ -19,7 +21,6 @@ After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
-from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 
 MODES = ("local", "rima", "dsgd-ps")
@@ -46,10 +46,11 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     """A rating file path or a (users, items, ratings) triple → native ratings."""
     if isinstance(data, _native.MfRatings):
         return data
+    from .shares import ShareRatings
     from .stream import StreamedRatings
 
-    if isinstance(data, StreamedRatings):
-        return data  # read a chunk at a time by the rank that partitions it (rima with a budget)
+    if isinstance(data, (StreamedRatings, ShareRatings)):
+        return data  # read by the ranks as they partition it (mf_stream, mf_shares)
     if isinstance(data, (str, os.PathLike)):
         return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
     users, items, ratings = data
@@ -125,13 +126,18 @@ class MatrixFactorization:
         """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
         (0: after the last only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+        from .shares import ShareRatings
         from .stream import StreamedRatings
 
-        if isinstance(data, (str, os.PathLike)) and self.memory_budget is not None:
-            data = StreamedRatings(data, 0.0, self.seed)  # never loaded as a whole: streamed set-up
+        if isinstance(data, (str, os.PathLike)) and self.mode != "local":
+            data = ShareRatings(data, 0.0, self.seed)  # every rank reads its share (mf_shares)
         train = load_ratings(data)
         test_r = None
-        if isinstance(train, StreamedRatings):
+        if isinstance(train, ShareRatings):
+            if test is not None and test is not train.test:
+                raise InvalidArgumentError("pass test as the second half of split_ratings_partitioned(...)")
+            test_r = None if test is None else train.test
+        elif isinstance(train, StreamedRatings):
             if test is not None and test is not train.test:
                 raise InvalidArgumentError("pass test as the second half of split_ratings_streamed(...) so ids agree")
             test_r = None if test is None else train.test
@@ -165,7 +171,9 @@ class MatrixFactorization:
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
+        from .._rss import peak_rss_bytes
         from . import dsgd_ps as mf_dsgd_ps
+        from .shares import ShareRatings
         from . import rima as mf_rima
 
         t_fit = time.perf_counter()
@@ -187,12 +195,21 @@ class MatrixFactorization:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
+        shared = isinstance(train, ShareRatings)
         if test_r is not None and eval_every:
             k = self.k
             opts["eval_every"] = eval_every
-            opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
+            if shared:  # every rank scores its own test share (collective)
+                opts["evaluate"] = lambda p, q: train.test_rmse(group, p, q)
+                opts["evaluate_collective"] = True
+            else:
+                opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
         res = run(group, train, opts)
         self.rank = group.rank
+        final_rmse = None
+        if shared and test_r is not None:
+            final_rmse = train.test_rmse(group, res.get("p"), res.get("q"))
+        end_rss = group.allgather(np.array([peak_rss_bytes()], np.int64))[:, 0] if shared else None
         if group.rank != 0:
             self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
             return self
@@ -211,7 +228,12 @@ class MatrixFactorization:
         last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
                     comm_seconds=res["comm_seconds"])
-        if test_r is not None:
+        if shared:
+            last.update(train.stats)
+            last["peak_rss_bytes_end"] = [int(x) for x in end_rss]  # per rank, set-up and training
+            if test_r is not None:
+                last["test_rmse"] = final_rmse
+        elif test_r is not None:
             last["test_rmse"] = self._model.rmse(_native_test(test_r))
         return self
 
@@ -256,11 +278,23 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     return split(path, test_fraction, seed)
 
 
+def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
+    """``(train, test)`` of a rating file for ``mode="rima"`` / ``"dsgd-ps"``, read by the ranks
+    in ``fit``, each rank only its share of the file; the split is a seeded hash of (user, item),
+    the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
+    without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
+    over the ranks."""
+    from .shares import split
+
+    return split(path, test_fraction, seed)
+
+
 def _model_of(train, k: int, p, q):
     """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
+    from .shares import ShareRatings
     from .stream import StreamedRatings
 
-    if isinstance(train, StreamedRatings):
+    if isinstance(train, (StreamedRatings, ShareRatings)):
         return train.model(k, p, q)
     return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
 
@@ -269,193 +303,3 @@ def _native_test(test):
     from .stream import StreamedTest
 
     return test.ratings if isinstance(test, StreamedTest) else test
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def _check_ranks(args) -> None:
-    n = args.ranks
-    if args.memory_budget is not None:
-        if args.mode != "rima":
-            raise SystemExit(f"scalefree mf train: --memory-budget is for --mode rima (got --mode {args.mode})")
-        from .preload import parse_bytes
-
-        try:
-            parse_bytes(args.memory_budget)
-        except InvalidArgumentError as e:
-            raise SystemExit(f"scalefree mf train: --memory-budget: {e}") from None
-    if n < 1:
-        raise SystemExit(f"scalefree mf train: -n must be at least 1, got {n}")
-    if args.normalize and args.mode != "local":
-        raise SystemExit(f"scalefree mf train: --normalize is for --mode local, not {args.mode}")
-    if args.mode == "local" and n > 1:
-        raise SystemExit("scalefree mf train: --mode local runs in one process; -n is for --mode rima or dsgd-ps")
-    if args.mode == "dsgd-ps" and n < 2:
-        raise SystemExit("scalefree mf train: --mode dsgd-ps needs -n 2 or more (rank 0 is the parameter server)")
-    b = args.blocks
-    if b is not None and args.mode == "rima" and b not in (n, 2 * n):
-        raise SystemExit(f"scalefree mf train: --mode rima -n {n} cuts R into {2 * n} x {2 * n} or {n} x {n} "
-                         f"blocks; --blocks {b} is neither")
-    if b is not None and args.mode == "dsgd-ps" and b != n - 1:
-        raise SystemExit(f"scalefree mf train: --mode dsgd-ps -n {n} cuts R into {n - 1} x {n - 1} blocks "
-                         f"(one per worker); --blocks {b} differs")
-
-
-def _launch(args) -> int:
-    _check_ranks(args)
-    if args.mode == "local":
-        return _train(args)
-    if args.ranks > 1 and "SCALEFREE_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
-        # Start the ranks, each running this command line; only rank 0 prints, so its lines
-        # (and its progress bar) go out untagged.
-        import subprocess
-
-        cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(args.ranks), "--no-prefix", "--",
-               sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
-        return subprocess.call(cmd)
-    from ..errors import DataError, OutOfBudgetError
-
-    try:
-        return _train_ranks(args)
-    except (OutOfBudgetError, InvalidArgumentError, DataError) as e:  # file and line in the message
-        raise SystemExit(f"scalefree mf train: {e}") from None
-
-
-def _train_ranks(args) -> int:
-    """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. With ``--memory-budget`` the
-    ratings are never loaded as a whole (``mf_stream``)."""
-    t_start = time.perf_counter()
-    if args.memory_budget is not None:
-        train, test = split_ratings_streamed(args.data, args.test_fraction, args.seed)
-    else:
-        train, test = split_ratings(args.data, args.test_fraction, args.seed)
-    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
-                                iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
-                                memory_budget=args.memory_budget, block_dir=args.block_dir)
-    model._t_start = t_start  # set-up time counts the loading too
-    model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
-    if model.rank != 0:
-        return 0
-    h = model.history
-    last = h[-1]
-    if args.json:
-        with atomic_path(args.json) as tmp, open(tmp, "w") as out:
-            for rec in h:
-                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
-    if args.plot:
-        _plot(h, args.plot)
-    if args.output:
-        model.save(args.output)
-    sent = last["bytes_sent"]
-    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
-          f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
-          f"({last['connections']} connections per worker): "
-          f"{args.iterations} iterations in {last['seconds']:.3f} s; "
-          f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
-          f"final test RMSE {last['test_rmse']:.4f}")
-    if "peak_rss_bytes" in last:
-        held = max(max(rec["rating_bytes_resident"]) for rec in h)
-        budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
-        print(f"rating blocks: {last['rating_bytes'] / 2**20:.1f} MiB in all; {budget}at most "
-              f"{held / 2**20:.1f} MiB held by a rank; peak RSS per rank while training "
-              f"{max(max(rec['peak_rss_bytes']) for rec in h) / 2**20:.0f} MiB "
-              f"(set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB, {max(last['setup_seconds']):.2f} s)")
-    return 0
-
-
-def _train(args) -> int:
-    train, test = split_ratings(args.data, args.test_fraction, args.seed)
-    model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
-                                iterations=args.iterations, schedule=args.schedule,
-                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
-    out = open(args.json, "w") if args.json else None
-    try:
-        def log(rec):
-            if out:
-                out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
-                out.flush()
-        model.fit(train, test, progress=not args.quiet, on_iteration=log, eval_every=args.eval_every)
-    finally:
-        if out:
-            out.close()
-    h = model.history
-    if args.plot:
-        _plot(h, args.plot)
-    if args.output:
-        model.save(args.output)
-    rmse = h[-1].get("test_rmse", float("nan"))
-    print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
-          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s; final test RMSE {rmse:.4f}")
-    return 0
-
-
-def _plot(history, path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("scalefree mf train: --plot needs matplotlib (pip install matplotlib)") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = [(r["iteration"], r["seconds"], r["test_rmse"]) for r in history if "test_rmse" in r]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    ax[0].plot([p[0] for p in pts], [p[2] for p in pts], marker="o")
-    ax[0].set_xlabel("iteration")
-    ax[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o")
-    ax[1].set_xlabel("seconds")
-    for a in ax:
-        a.set_ylabel("test RMSE")
-        a.grid(True, alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100)
-
-
-def _predict(args) -> int:
-    model = MatrixFactorization.load(args.model)
-    pairs = np.loadtxt(args.pairs, dtype=np.int64, ndmin=2, usecols=(0, 1),
-                       delimiter="," if str(args.pairs).endswith(".csv") else None)
-    pred = model.predict(pairs[:, 0], pairs[:, 1])
-    for (u, i), p in zip(pairs, pred):
-        print(f"{u} {i} {p:.4f}")
-    return 0
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("mf", help="matrix factorization by SGD (train, predict)",
-                       description="Matrix factorization by SGD.")
-    msub = p.add_subparsers(dest="mf_command", metavar="COMMAND")
-    msub.required = True
-    t = msub.add_parser("train", help="train on a rating file and report test RMSE on a held-out split")
-    t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok)")
-    t.add_argument("--mode", default="local", choices=MODES,
-                   help="local (threads), rima (ring of -n ranks) or dsgd-ps (rank 0 serves, -n − 1 workers)")
-    t.add_argument("-n", "--ranks", type=int, default=1, help="ranks for rima / dsgd-ps (started with the launcher)")
-    t.add_argument("-k", type=int, default=40, help="rank (default 40)")
-    t.add_argument("--eta", type=float, default=0.1, help="learning rate (default 0.1)")
-    t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
-    t.add_argument("--iterations", "-i", type=int, default=20)
-    t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
-    t.add_argument("--threads", "-t", type=int, default=None)
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
-    t.add_argument("--memory-budget", default=None, metavar="BYTES",
-                   help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
-                        "read ahead in pattern order (default: all in memory)")
-    t.add_argument("--block-dir", default=None,
-                   help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
-    t.add_argument("--normalize", action="store_true",
-                   help="local: train on ratings divided by their standard deviation, as LIBMF does")
-    t.add_argument("--test-fraction", type=float, default=0.1)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
-    t.add_argument("--json", help="write one JSON line per iteration to this file")
-    t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
-    t.add_argument("--output", "-o", help="save the model here (atomic write)")
-    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    t.set_defaults(func=_launch)
-    pr = msub.add_parser("predict", help="predict ratings for `user item` pairs with a saved model")
-    pr.add_argument("model")
-    pr.add_argument("pairs", help="text file of `user item` lines (original ids)")
-    pr.set_defaults(func=_predict)

@@ -28,36 +28,24 @@ from __future__ import annotations
 import collections
 import errno
 import os
-import re
 import tempfile
 import threading
 import time
 
 import numpy as np
 
+from .._units import human_bytes, parse_positive_bytes
 from ..errors import InvalidArgumentError, OutOfBudgetError
 from .blocks import ENTRY_BYTES
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
-
 
 def parse_bytes(text) -> int:
-    """``"64M"``, ``"1.5G"``, ``"4096"``, an int → bytes (K/M/G/T are powers of 1024)."""
-    if isinstance(text, (int, np.integer)):
-        n = int(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).upper() not in _UNITS:
-            raise InvalidArgumentError(f"memory budget {text!r} is not a size like 64M, 1.5G or 4096")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if n <= 0:
-        raise InvalidArgumentError(f"memory budget must be positive, got {text!r}")
-    return n
+    """A memory budget: ``"64M"``, ``"1.5G"``, ``"4096"`` or an int, at least one byte."""
+    return parse_positive_bytes(text, "memory budget")
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB ({n} bytes)"
+    return f"{human_bytes(n)} ({n} bytes)"
 
 
 def outside_arena(fn):

@@ -31,6 +31,7 @@ from ..tensors import slots as tensors
 from .._rss import peak_rss_bytes, reset_peak_rss
 from ..errors import InvalidArgumentError, OutOfBudgetError
 from . import preload as mf_preload
+from . import shares as mf_shares
 from . import stream as mf_stream
 from .blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 
@@ -70,6 +71,17 @@ def block_states(V: int, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return bp, bq
 
 
+def trained_blocks(w: int, c: int, bp: np.ndarray, bq: np.ndarray) -> np.ndarray:
+    """(w, V²) bool: which R blocks each rank trains at some step of the pattern sequence — the
+    block row and block column of each of its virtual workers (about 2/w of R)."""
+    V = c * w
+    out = np.zeros((w, V * V), bool)
+    for d in range(w):
+        js = [d * c + j for j in range(c)]
+        out[d, np.unique(bp[:, js] * V + bq[:, js])] = True
+    return out
+
+
 def visit_order(c: int) -> list[int]:
     """The order in which a rank trains its c block pairs in a step: the last pair first (its
     moving block goes to the successor while the others train)."""
@@ -101,8 +113,27 @@ def train(group, train_ratings, opts: dict) -> dict:
         raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
                                    "load the ratings into memory for an in-memory run")
     bfile = pre = None
+    shared = isinstance(train_ratings, mf_shares.ShareRatings)
+    if shared:
+        trains = trained_blocks(w, c, bp, bq)
+        keep = ([r * c + j for j in range(c)],) * 2  # initial P/Q: this rank's blocks only
     try:
-        if budget is not None:
+        if shared:
+            # Every rank reads its share of the file; the ratings of each block go to the ranks
+            # that train it (mf_shares), in memory or into this rank's block file.
+            if budget is not None:
+                budget = mf_preload.parse_bytes(budget)
+                bfile = mf_preload.BlockFile(opts.get("block_dir"))
+                part = mf_preload.outside_arena(lambda: train_ratings.partition(
+                    group, V, k, seed, opts.get("init_max"), trains=trains, keep=keep, spill_to=bfile,
+                    budget_check=lambda part: _check_budget(part, budget, w, c, V),
+                    piece_bytes=mf_shares.piece_bytes_for(budget)))
+                bfile.finish()
+                pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
+            else:
+                part = mf_preload.outside_arena(lambda: train_ratings.partition(
+                    group, V, k, seed, opts.get("init_max"), trains=trains, keep=keep))
+        elif budget is not None:
             budget = mf_preload.parse_bytes(budget)
             bfile = mf_preload.BlockFile(opts.get("block_dir"))
             needed = set(int(b) for b in sequence)
@@ -212,6 +243,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     visit = 0
     total = iters * V
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
+    collective = bool(opts.get("evaluate_collective"))
     evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
     t0 = time.perf_counter()
@@ -227,8 +259,11 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
                 # Test RMSE for the curve: gather the current blocks (not counted as training).
                 e0 = time.perf_counter()
                 pq = gather()
-                if pq is not None and evaluate is not None:
-                    evals.append((it, evaluate(*pq), e0 - t0 - paused))
+                if evaluate is not None and (pq is not None or collective):
+                    # Collective evaluation (mf_shares): every rank scores its test share.
+                    rmse = evaluate(*(pq if pq is not None else (None, None)))
+                    if pq is not None:
+                        evals.append((it, rmse, e0 - t0 - paused))
                 paused += time.perf_counter() - e0
             if tick is not None:
                 tick(it)

@@ -4,8 +4,9 @@ mini-batch (section III-B of the sparse allreduce paper):
     scalefree sgd generate data.svm --rows 200000 --dim 1000000
     scalefree sgd logreg data.svm -n 4 --vs sklearn
 
-Ranks split the rows by a seeded random row partition (a held-out test share is set aside
-first, the same on every rank). Every rank keeps a copy of the weights. Per step each rank
+Each rank reads only its share of the file (``--test FILE`` too); without a test file, a row
+is held out when a seeded hash of its contents says so (the same split at any rank count).
+Every rank keeps a copy of the weights. Per step each rank
 takes a mini-batch of its rows, computes the log-loss gradient at the features the batch
 touches, and one ``config_reduce`` (indices and values together, a new pattern per batch)
 sums the gradients, the bias gradient and the number of rows over all ranks, returning
@@ -21,7 +22,6 @@ data set with a planted model (:func:`generate`), written to disk in blocks.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import sys
 import time
@@ -75,54 +75,99 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return offs + np.arange(total, dtype=np.int64)
 
 
-def read_svmlight(path, zero_based="auto", dim: int | None = None) -> SparseRows:
-    """Reads svmlight/libsvm text (``.gz`` allowed). Labels > 0 become 1, others 0 (so 0/1
-    and -1/+1 both work). ``zero_based``: True, False or "auto" (1-based unless an index 0
-    occurs). Raises :class:`SvmlightError` naming the file and line of a bad line."""
+MAX_FEATURES = 1 << 31
+"""Feature indices are bounded before anything is allocated: every rank keeps a dense weight
+vector of the dimension, so an index of 2**40 in a file is an error, not 8 TiB."""
+
+
+def read_svmlight_share(path, rank: int = 0, size: int = 1, max_index: int = MAX_FEATURES - 1):
+    """Rank's share of an svmlight/libsvm file (the lines that start in its ``1/size`` of
+    the bytes, parsed in native code; ``.gz`` decompressed by every rank, each parsing its
+    chunks): ``(labels, indptr, indices as written, values)``. Raises
+    :class:`SvmlightError` naming the file and line (NaN/inf values, an index past
+    ``max_index``, binary data, an empty file)."""
+    from .. import _native
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    labels, indptr, idx, val = [], [0], [], []
-    with opener(path, "rt") as f:
-        for no, line in enumerate(f, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            fields = line.split()
-            try:
-                labels.append(float(fields[0]))
-            except ValueError:
-                raise SvmlightError(f"{path}:{no}: label {fields[0]!r} is not a number") from None
-            for fv in fields[1:]:
-                if fv.startswith("qid:"):
-                    continue
-                k, sep, v = fv.partition(":")
-                try:
-                    if not sep:
-                        raise ValueError
-                    ki, vf = int(k), float(v)
-                except ValueError:
-                    raise SvmlightError(f"{path}:{no}: {fv!r} is not index:value") from None
-                if ki < 0:
-                    raise SvmlightError(f"{path}:{no}: negative feature index {ki}")
-                idx.append(ki)
-                val.append(vf)
-            indptr.append(len(idx))
-    indices = np.array(idx, np.int64)
-    if zero_based == "auto":
-        zero_based = bool(len(indices)) and indices.min() == 0
+    try:
+        return _native.read_svmlight_share(str(path), rank, size, max_index)
+    except DataError as e:
+        raise SvmlightError(str(e)) from None
+
+
+def _rows(path, labels, indptr, indices, values, zero_based: bool, dim: int) -> SparseRows:
     if not zero_based:
-        if len(indices) and indices.min() == 0:
-            raise SvmlightError(f"{path}: index 0 in a file read as 1-based")
         indices = indices - 1
-    need = int(indices.max()) + 1 if len(indices) else 0
+    y = (labels > 0).astype(np.float64)
+    return SparseRows(np.asarray(indptr, np.int64), np.asarray(indices, np.int64), np.asarray(values, np.float64),
+                      y, int(dim))
+
+
+def read_svmlight(path, zero_based="auto", dim: int | None = None) -> SparseRows:
+    """Reads svmlight/libsvm text (``.gz`` allowed) in one process. Labels > 0 become 1,
+    others 0 (so 0/1 and -1/+1 both work). ``zero_based``: True, False or "auto" (1-based
+    unless an index 0 occurs). Raises :class:`SvmlightError` naming the file and line of a
+    bad line. :func:`load_rows` reads a share per rank instead."""
+    labels, indptr, indices, values = read_svmlight_share(path)
+    lo = int(indices.min()) if len(indices) else 1
+    hi = int(indices.max()) if len(indices) else -1
+    zb = (lo == 0) if zero_based == "auto" else bool(zero_based)
+    if not zb and lo == 0:
+        raise SvmlightError(f"{path}: index 0 in a file read as 1-based")
+    need = hi + (1 if zb else 0) if len(indices) else 0
     if dim is None:
         dim = need
     elif need > dim:
         raise SvmlightError(f"{path}: feature index {need - 1} is past the dimension {dim}")
-    y = (np.array(labels, np.float64) > 0).astype(np.float64)
-    return SparseRows(np.array(indptr, np.int64), indices, np.array(val, np.float64), y, int(dim))
+    return _rows(path, labels, indptr, indices, values, zb, dim)
+
+
+def load_rows(group, path, zero_based="auto", dim: int | None = None) -> SparseRows:
+    """Collective: this rank's share of an svmlight file (:func:`read_svmlight_share`) as
+    rows, with the index base and the dimension agreed by every rank (the largest index
+    over all ranks sets the dimension). No rank reads more than its share."""
+    labels, indptr, indices, values = read_svmlight_share(path, group.rank, group.size)
+    ext = np.array([-(int(indices.min()) if len(indices) else MAX_FEATURES), int(indices.max()) if len(indices) else -1],
+                   np.int64)
+    group.allreduce(ext, op="max")
+    lo, hi = -int(ext[0]), int(ext[1])
+    zb = (lo == 0) if zero_based == "auto" else bool(zero_based)
+    if not zb and lo == 0:
+        raise SvmlightError(f"{path}: index 0 in a file read as 1-based")
+    need = hi + (1 if zb else 0) if hi >= 0 else 0
+    if dim is None:
+        dim = need
+    elif need > dim:
+        raise SvmlightError(f"{path}: feature index {need - 1} is past the dimension {dim}")
+    return _rows(path, labels, indptr, indices, values, zb, dim)
+
+
+def row_hash(rows: SparseRows, seed: int = 0) -> np.ndarray:
+    """A seeded 64-bit hash of each row's label, indices and values: the train/test split
+    by it is the same whatever the rank count or the order the ranks read the rows in."""
+    with np.errstate(over="ignore"):
+        h = rows.indices.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        h ^= rows.data.view(np.uint64) if rows.data.dtype == np.float64 else rows.data.astype(np.float64).view(np.uint64)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(29)
+        cs = np.zeros(len(h) + 1, np.uint64)
+        np.cumsum(h, out=cs[1:])
+        r = cs[rows.indptr[1:]] - cs[rows.indptr[:-1]]
+        r += rows.labels.astype(np.uint64) * np.uint64(0x94D049BB133111EB) + np.uint64(seed & 0xFFFFFFFF)
+        r *= np.uint64(0xD6E8FEB86659FD93)
+        r ^= r >> np.uint64(32)
+    return r
+
+
+def hash_split(rows: SparseRows, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows) of this rank's rows: a row is in the test set when its
+    :func:`row_hash` falls in the lowest ``test_fraction`` of the hash range."""
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test fraction must be in [0, 1), got {test_fraction}")
+    test = (row_hash(rows, seed) >> np.uint64(11)).astype(np.float64) * 2.0**-53 < test_fraction
+    return np.flatnonzero(~test), np.flatnonzero(test)
 
 
 def generate_rows(rows: int, dim: int, nnz: int = 20, zipf: float = 1.3, seed: int = 0, noise: float = 0.5,
@@ -314,89 +359,13 @@ def sklearn_baseline(train_rows: SparseRows, test_rows: SparseRows, epochs: int,
     return acc, fit_s
 
 
-def load(args) -> SparseRows:
-    if args.data == "synthetic":
-        return concat_rows(generate_rows(args.rows, args.dim, args.nnz, args.zipf, args.data_seed), args.dim)
-    zb = {"auto": "auto", "yes": True, "no": False}[args.zero_based]
-    return read_svmlight(args.data, zero_based=zb)
-
-
-def _logreg_cmd(args) -> int:
-    import scalefree
-
-    g = scalefree.init()
-    t0 = time.perf_counter()
-    data = load(args)
-    train_idx, test_idx = split_rows(len(data), args.test_fraction, args.seed)
-    owner = np.random.default_rng([args.seed, 6]).integers(0, g.size, len(train_idx))
-    mine = data.take(train_idx[owner == g.rank])
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    w, b, st = train(g, mine, args.epochs, args.batch, args.lr, args.alpha, args.seed, progress=args.progress,
-                     optimizer=args.optimizer)
-    fit_s = time.perf_counter() - t0
-    if g.rank == 0:
-        test = data.take(test_idx)
-        trn = data.take(train_idx)
-        print(f"{len(data)} rows ({len(train_idx)} train, {len(test_idx)} test), {data.dim} features, "
-              f"{g.size} ranks, batch {args.batch}/rank, {st['steps']} steps (load {load_s:.2f} s)")
-        print(f"scalefree: test accuracy {accuracy(w, b, test):.4f}, train accuracy {accuracy(w, b, trn):.4f}, "
-              f"fit {fit_s:.2f} s, {st['step_s'] * 1e3:.2f} ms/step "
-              f"(config_reduce {st['config_reduce_s'] * 1e3:.2f} ms)")
-        if "sklearn" in args.vs:
-            base = sklearn_baseline(trn, test, args.epochs, args.alpha, args.seed)
-            if base is None:
-                print("sklearn: skipped (scikit-learn is not installed)")
-            else:
-                print(f"sklearn SGDClassifier(log_loss): test accuracy {base[0]:.4f}, fit {base[1]:.2f} s")
-    return 0
-
-
-def _generate_cmd(args) -> int:
-    blocks = generate_rows(args.rows, args.dim, args.nnz, args.zipf, args.seed)
-    n = write_svmlight(args.out, blocks, header=f"power-law rows={args.rows} dim={args.dim} nnz={args.nnz} "
-                                                  f"zipf={args.zipf} seed={args.seed} (planted logistic model)")
-    print(f"wrote {n} rows to {args.out}", file=sys.stderr)
-    return 0
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("sgd", help="mini-batch SGD (sparse logistic regression) on the sparse allreduce",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s = p.add_subparsers(dest="sgd_command", metavar="COMMAND")
-    s.required = True
-    q = s.add_parser("logreg", help="train and evaluate sparse logistic regression",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("data", help="svmlight/libsvm file (.gz allowed), or 'synthetic' for the seeded generator")
-    q.add_argument("-n", "--ranks", type=int, default=1, help="ranks to run (via scalefree run)")
-    q.add_argument("--epochs", type=int, default=5)
-    q.add_argument("--batch", type=int, default=256, help="rows per rank per step")
-    q.add_argument("--lr", type=float, default=0.5, help="learning rate (AdaGrad's base step for adagrad)")
-    q.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
-    q.add_argument("--alpha", type=float, default=1e-6, help="L2 regularization")
-    q.add_argument("--test-fraction", type=float, default=0.2)
-    q.add_argument("--seed", type=int, default=0, help="seed of the split, the partition and the shuffles")
-    q.add_argument("--zero-based", choices=["auto", "yes", "no"], default="auto", help="svmlight index base")
-    q.add_argument("--vs", default="sklearn", help="'sklearn' to compare with SGDClassifier, 'none' not to")
-    q.add_argument("--rows", type=int, default=100_000, help="synthetic: rows")
-    q.add_argument("--dim", type=int, default=1_000_000, help="synthetic: features")
-    q.add_argument("--nnz", type=int, default=20, help="synthetic: features per row")
-    q.add_argument("--zipf", type=float, default=1.3, help="synthetic: Zipf exponent of the features")
-    q.add_argument("--data-seed", type=int, default=0, help="synthetic: seed of the data and planted model")
-    q.add_argument("--progress", action="store_true")
-    q.set_defaults(func=_launch)
-    r = s.add_parser("generate", help="write a seeded power-law data set with a planted model (svmlight)",
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("out", help="output file (.gz compresses)")
-    r.add_argument("--rows", type=int, default=100_000)
-    r.add_argument("--dim", type=int, default=1_000_000)
-    r.add_argument("--nnz", type=int, default=20)
-    r.add_argument("--zipf", type=float, default=1.3)
-    r.add_argument("--seed", type=int, default=0)
-    r.set_defaults(func=_generate_cmd)
-
-
-def _launch(args) -> int:
-    from ..graph.pagerank import launch_or_run
-
-    return launch_or_run(args, _logreg_cmd)
+def local_rows(group, data, zero_based="auto", *, rows: int = 0, dim: int = 0, nnz: int = 20, zipf: float = 1.3,
+               data_seed: int = 0) -> SparseRows:
+    """Collective: this rank's rows of ``data`` — an svmlight file (:func:`load_rows`: its
+    share of the bytes) or ``"synthetic"`` (the generator's blocks ``rank, rank + size,
+    ...``; every rank runs the generator, keeping only its blocks)."""
+    if data == "synthetic":
+        mine = [b for i, b in enumerate(generate_rows(rows, dim, nnz, zipf, data_seed))
+                if i % group.size == group.rank]
+        return concat_rows(mine, dim)
+    return load_rows(group, data, zero_based)

@@ -1,0 +1,168 @@
+"""What every ``scalefree`` command shares: one error path, one way to start its ranks, and
+the argument types that bound values before anything runs.
+
+Errors: a command's failure is one line, ``scalefree CMD: error: MESSAGE``, on stderr, with
+exit code 2 for bad arguments and bad input (a reader names the file and line) and 1 for
+failures at run time. In a multi-rank job the first rank that fails prints it; ranks that
+fail only because that peer left (:class:`~scalefree.PeerLostError`) stay quiet, and the
+launcher stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+# Set by relaunch() for the ranks it starts: they print their own errors, and a peer's loss
+# after another rank's error is not news.
+_REPORTS = "SCALEFREE_CLI_RANKS"
+
+# (rank, size) variables of every launcher scalefree.init() honours.
+_LAUNCHERS = (("SCALEFREE_RANK", "SCALEFREE_WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+              ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE"))
+
+
+def inside_job() -> bool:
+    """True when a launcher (scalefree run, mpirun, mpiexec, srun, torchrun) started this
+    process as one rank of a job."""
+    return any(os.environ.get(r) is not None and os.environ.get(s) is not None for r, s in _LAUNCHERS)
+
+
+def relaunch(args, run, ranks: int, *, allow_rank_failure: bool = False, prefix: bool = False) -> int:
+    """Runs ``run(args)`` as this command's rank: with ``ranks`` > 1 outside a job, starts
+    ``ranks`` ranks on this host, each running this same command line (output untagged
+    unless ``prefix``: commands print from one rank); inside a job, or with one rank, runs
+    here."""
+    if ranks > 1 and not inside_job():
+        from ..launch.launcher import launch
+
+        cmd = [sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
+        env = dict(os.environ)
+        env[_REPORTS] = "1"
+        return launch(cmd, ranks, prefix=prefix, env=env, allow_rank_failure=allow_rank_failure,
+                      quiet_exits=(EXIT_FAILURE, EXIT_USAGE))
+    return run(args)
+
+
+def error_code(e: BaseException) -> int | None:
+    """The exit code of a failure: 2 for bad input and arguments, 1 at run time, None for a
+    peer lost after another rank already reported (stay quiet)."""
+    from ..errors import DataError, InvalidArgumentError, MismatchError, PeerLostError
+
+    if isinstance(e, PeerLostError) and os.environ.get(_REPORTS):
+        return None
+    if isinstance(e, (DataError, InvalidArgumentError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                      PermissionError, UnicodeDecodeError)) and not isinstance(e, MismatchError):
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
+def message(e: BaseException) -> str:
+    """One line for an exception: ours name the file and line themselves; the OS's name the
+    path."""
+    if isinstance(e, OSError) and e.filename is not None and not isinstance(e, ConnectionError):
+        what = {FileNotFoundError: "no such file or directory", IsADirectoryError: "is a directory",
+                NotADirectoryError: "not a directory", PermissionError: "permission denied"}.get(type(e))
+        return f"{e.filename}: {what or e.strerror or e}"
+    text = str(e).strip() or type(e).__name__
+    return " ".join(text.split("\n")[0].split()) if "\n" in text else text
+
+
+def run_guarded(prog: str, fn, args) -> int:
+    """``fn(args)`` with the one error path: exceptions become one line and an exit code."""
+    try:
+        rc = fn(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # A reader closed the pipe (`| head`): stop quietly, and keep Python's exit-time
+        # flush from raising again.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - the CLI's one error path
+        code = error_code(e)
+        if code is None:
+            return EXIT_FAILURE
+        print(f"{prog}: error: {message(e)}", file=sys.stderr, flush=True)
+        if os.environ.get("SCALEFREE_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        return code
+    return int(rc or 0)
+
+
+def fail(prog: str, text: str, code: int = EXIT_USAGE):
+    """Stops the command with one line (bad input or arguments: code 2)."""
+    print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+# Argument types: values are bounded when the command line is read, before ranks start.
+
+
+def count(minimum: int = 1):
+    """An int at least ``minimum``; K, M, G suffixes (binary) allowed."""
+
+    def parse(text: str) -> int:
+        from .._units import parse_bytes
+
+        try:
+            n = parse_bytes(text, "count")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        return n
+
+    return parse
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False):
+    """A finite float within bounds (open or closed at each end)."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = x == x and abs(x) != float("inf")
+        if low is not None:
+            ok = ok and (x > low if low_open else x >= low)
+        if high is not None:
+            ok = ok and (x < high if high_open else x <= high)
+        if not ok:
+            lo = "" if low is None else f"{'(' if low_open else '['}{low:g}"
+            hi = "" if high is None else f"{high:g}{')' if high_open else ']'}"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {lo or '(-inf'}, {hi or 'inf)'}, got {text}")
+        return x
+
+    return parse
+
+
+def add_ranks(p, default: int = 1) -> None:
+    """``-n/--ranks`` the same way in every command."""
+    p.add_argument("-n", "--ranks", type=count(1), default=default,
+                   help="ranks to start on this host (inside mpirun, srun or torchrun: theirs)")
+
+
+def add_quiet(p) -> None:
+    """``-q/--quiet``: no progress (shown by default when stderr is a terminal)."""
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+
+def show_progress(args) -> bool:
+    """Progress on stderr: asked for with --progress, else when stderr is a terminal and not
+    --quiet."""
+    if getattr(args, "progress", False):
+        return True
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()
