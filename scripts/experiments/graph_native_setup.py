@@ -17,7 +17,6 @@ import numpy as np
 
 from scalefree import _native
 from scalefree.graph.io import edge_owner
-from scalefree.graph.pagerank import vertex_keys
 from scalefree.graph.rmat import rmat_blocks
 
 
@@ -38,14 +37,16 @@ def best(fn, repeat):
     return w, out
 
 
-class OneRank:
-    rank = 0
-
-    def __init__(self, size):
-        self.size = size
-
-    def allreduce(self, x, op="sum"):
-        return x
+def degree_keys(total, size):
+    """Keys as vertex_keys hands them out: ids by falling degree, every size-th to one of
+    the size key ranges. Returns (key uint32, order, nkeys)."""
+    n = len(total)
+    order = np.argsort(-total, kind="stable")
+    width = -(-n // size)
+    g = np.arange(n, dtype=np.uint32)
+    key = np.empty(n, np.uint32)
+    key[order] = (g % np.uint32(size)) * np.uint32(width) + g // np.uint32(size)
+    return key, order, size * width
 
 
 def numpy_partition(src, dst, size):
@@ -157,10 +158,7 @@ def main() -> None:
     t_nat, got = best(lambda: _native.degree_order(total), a.repeat)
     assert np.array_equal(got, want)
     row("degree order (vertex_keys argsort)", t_np, t_nat)
-    t_vk, (outdeg, key, order, nkeys, _) = best(lambda: vertex_keys(OneRank(a.ranks), s, d, n), 1)
-    CPU.pop()
-    print(f"  vertex_keys (numpy, all of it, no allreduce): {t_vk:.3f} s")
-
+    key, order, nkeys = degree_keys(total, a.ranks)
     width = nkeys // a.ranks
     n_own = len(order[0::a.ranks])
     t_np, (csr0, ok0, ik0) = best(lambda: numpy_local(s, d, key, nkeys, 0, n_own), a.repeat)

@@ -8,7 +8,6 @@ import pytest
 from scalefree import _native
 from scalefree.errors import InvalidArgumentError
 from scalefree.graph.io import edge_owner
-from scalefree.graph.pagerank import vertex_keys
 
 SIZES = [0, 1, 2, 7, 1001, 50_000]
 
@@ -111,16 +110,16 @@ def test_degree_order_matches_stable_argsort(n):
         _native.degree_order(np.ones(3, np.float32))
 
 
-class _OneRank:
-    """vertex_keys' view of a group whose degree allreduce is this rank's own counts."""
-
-    rank = 0
-
-    def __init__(self, size):
-        self.size = size
-
-    def allreduce(self, x, op="sum"):
-        return x
+def degree_keys(src, dst, n, size):
+    """Keys as vertex_keys hands them out: ids by falling degree, every size-th to one of
+    the size key ranges [r * width, r * width + count). Returns (key uint32, order, nkeys)."""
+    total = np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)
+    order = np.argsort(-total, kind="stable")
+    width = -(-n // size)
+    g = np.arange(n, dtype=np.uint32)
+    key = np.empty(n, np.uint32)
+    key[order] = (g % np.uint32(size)) * np.uint32(width) + g // np.uint32(size)
+    return key, order, size * width
 
 
 def _numpy_local(src, dst, key, flow_key, own_lo_key, n_own, nkeys):
@@ -152,8 +151,7 @@ def test_from_edges_matches_numpy(n_edges, size, dedup):
     src, dst = _edges(rng, n_edges, n, np.uint32)
     if dedup:
         src, dst = _native.sort_dedup_pairs(np.stack([src, dst], 1))
-    _, key, order, nkeys, _ = vertex_keys(_OneRank(size), src, dst, n)
-    assert key.dtype == np.uint32
+    key, order, nkeys = degree_keys(src, dst, n, size)
     width = nkeys // size
     for me in range(size):
         n_own = len(order[me::size])
