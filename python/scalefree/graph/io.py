@@ -484,31 +484,27 @@ def _sorted_unique(a: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
-def owner_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: int = 0):
+def owner_dedup(group, edges: list, n_ids: int, ranks: int | None = None, first: int = 0):
     """Collective: sends every edge to the rank that owns it (:func:`edge_owner`) and drops
-    the duplicates there. Returns this rank's distinct edges (src, dst), sorted, as uint32
-    when every id is below 2**32 (else int64). ``ranks``/``first``: the edges go to ranks
+    the duplicates there. ``edges`` is ``[src, dst]`` (this rank's edges, one integer dtype);
+    the list is emptied as the arrays are consumed, so their memory goes back before the
+    exchange lands. Returns this rank's distinct edges (src, dst), sorted, as uint32 when
+    every id is below 2**32 (else int64). ``ranks``/``first``: the edges go to ranks
     ``first .. first + ranks - 1`` (one replica set of a replicated job); default all."""
+    from .. import _native
+
     ranks = group.size if ranks is None else int(ranks)
-    idt = np.uint32 if n_ids <= 1 << 32 else np.int64
-    pairs = np.empty((len(src), 2), idt)
-    pairs[:, 0] = src
-    pairs[:, 1] = dst
+    src, dst = (np.ascontiguousarray(a) for a in edges)
+    edges.clear()
+    if src.dtype != dst.dtype or src.dtype.kind not in "iu":
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    pairs, cnt = _native.owner_partition(src, dst, ranks, "uint32" if n_ids <= 1 << 32 else "int64")
     del src, dst
-    owner = edge_owner(pairs[:, 0], pairs[:, 1], ranks)
-    order = np.argsort(owner, kind="stable")  # radix sort of uint16
     counts = np.zeros(group.size, np.int64)
-    counts[first:first + ranks] = np.bincount(owner, minlength=ranks)
-    del owner
-    got = group.alltoallv(pairs[order], counts)
-    del pairs, order
-    if n_ids <= 1 << 32:
-        key = got[:, 0].astype(np.uint64) << np.uint64(32) | got[:, 1].astype(np.uint64)
-        del got
-        key = _sorted_unique(key)
-        return (key >> np.uint64(32)).astype(np.uint32), (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    u = np.unique(got, axis=0)
-    return u[:, 0].copy(), u[:, 1].copy()
+    counts[first:first + ranks] = cnt
+    got = group.alltoallv(pairs, counts)
+    del pairs
+    return _native.sort_dedup_pairs(got)
 
 
 def logical_rank(group, replication: int = 1) -> tuple[int, int]:
@@ -548,7 +544,9 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
               file=sys.stderr, flush=True)
     first = (group.rank // m) * m
     t1 = time.perf_counter()
-    src, dst = owner_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    edges = [src, dst]
+    del src, dst
+    src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
     if progress and group.rank == 0:
         print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "

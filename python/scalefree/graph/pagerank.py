@@ -68,9 +68,11 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
         from .io import _sorted_unique
 
         owned = _sorted_unique(got)
-    local = np.zeros((len(ids), 2))
-    local[:, 0] = np.bincount(s_loc, minlength=len(ids))
-    local[:, 1] = np.bincount(d_loc, minlength=len(ids))
+    from .. import _native
+
+    counts = _native.degree_counts(s_loc, d_loc, len(ids))
+    local = np.stack([counts[: len(ids)], counts[len(ids):]], axis=1)
+    del counts
     degs = group.sparse_allreduce(max(n, 1), replication=replication)
     deg = degs.config_reduce(ids, local, np.concatenate([ids, owned]))
     del local  # (replicated: the first replica's sums are used, not the sum over replicas)
@@ -86,6 +88,28 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
     key = keys.config_reduce(owned, me * width + np.arange(len(owned), dtype=np.int64), ids).astype(kt)
     return {"ids": ids, "src": s_loc, "dst": d_loc, "key": key, "outdeg": outdeg, "owned": owned,
             "owned_outdeg": owned_outdeg, "width": width, "nkeys": nkeys, "vertices": vertices}
+
+
+def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
+    """(out keys, in keys, CSR rows, CSR columns) of the rank's edges by sorting the keys it
+    touches (memory O(its edges and touched vertices)); the native ``from_edges`` does the
+    same with bitmaps over the key space."""
+    from .io import _sorted_unique
+
+    used = np.zeros(len(key), np.bool_)
+    used[vk["dst"]] = True
+    t_out = np.flatnonzero(used)
+    del used
+    o = np.argsort(key[t_out], kind="stable")
+    out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
+    slot = np.empty(len(key), np.uint32)
+    slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
+    rows = slot[vk["dst"]]
+    own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
+    in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
+    slot[t_in] = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
+    cols = slot[vk["src"]]
+    return out_keys, in_keys, rows, cols
 
 
 class SparsePageRank:
@@ -132,30 +156,21 @@ class SparsePageRank:
         # Out slots: the keys of the edge targets, sorted; in slots: the keys of the edge
         # sources and of the owned vertices, sorted; the flow key last in both.
         used = np.zeros(len(key), np.bool_)
-        used[vk["dst"]] = True
-        t_out = np.flatnonzero(used)
-        o = np.argsort(key[t_out], kind="stable")
-        out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
-        slot = np.empty(len(key), np.uint32)
-        slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
-        rows = slot[vk["dst"]]
-        used[:] = False
         used[vk["src"]] = True
         t_in = np.flatnonzero(used)
         del used
-        own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
-        from .io import _sorted_unique
-
-        in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
+        if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
+            # Native: two bitmaps over the key space (no larger than the rank's edges here).
+            self.csr, out_keys, in_keys = _native.PageRankCsr.from_edges(
+                vk["src"], vk["dst"], key, flow_key, own_lo_key, n_own, dtype.name)
+        else:
+            out_keys, in_keys, rows, cols = _local_slots(vk, key, t_in, own_lo_key, n_own, flow_key)
+            self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
+            del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError("SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32)")
-        src_slots = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
-        slot[t_in] = src_slots
-        cols = slot[vk["src"]]
-        del slot
+        src_slots = np.searchsorted(in_keys, key[t_in])
         self.own_lo = int(np.searchsorted(in_keys, own_lo_key)) if n_own else 0
-        self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
-        del rows, cols
         # 1 / out-degree of the vertex behind every in slot; 0 for vertices without out
         # edges and for the flow slot, which keeps them out of the product.
         d = np.zeros(len(in_keys))
