@@ -39,7 +39,9 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
     into keys ``[r * B, r * B + count)`` (``B`` the largest count), so the hubs spread over
     the ranks as the hash spreads them and each rank's keys, sorted, stay close to degree
     order (hub entries together, which keeps its SpMV's gathers in cache); a second sparse
-    allreduce hands every rank the keys of the vertices it touches.
+    allreduce hands every rank the keys of the vertices it touches. When the id space is no
+    larger than a rank's share of the edge endpoints, dense allreduces over it do the same
+    faster (arrays over the id space then cost no more than the rank's edges).
 
     Returns a dict: ``ids`` (the distinct ids of ``src``/``dst``, sorted), ``src``/``dst``
     (the edges as indices into ``ids``), ``key`` and ``outdeg`` of each of ``ids``,
@@ -53,6 +55,64 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
     ids, inv = compact_ids(np.concatenate([np.asarray(src, np.int64), np.asarray(dst, np.int64)]), n)
     s_loc, d_loc = inv[:m], inv[m:]
     del inv
+
+    edges_all = int(group.allreduce(np.array([m], np.int64))[0]) // replication
+    if n <= 2 * (edges_all // size) + 1:
+        # The id space is no larger than a rank's share of the edge endpoints: arrays over it
+        # cost no more memory than the rank's edges, and a dense allreduce is the fastest
+        # way to sum degrees and spread keys. (The same choice on every rank.)
+        outdeg, owned, owned_outdeg, owned_total, key_of = _dense_degrees(group, src, dst, n, size, me, replication,
+                                                                         isolated)
+    else:
+        outdeg, owned, owned_outdeg, owned_total = _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication,
+                                                                   isolated)
+        key_of = None
+    by_degree = np.lexsort((owned, -owned_total))
+    owned, owned_outdeg = owned[by_degree], owned_outdeg[by_degree]
+    width = int(group.allreduce(np.array([len(owned)], np.int64), op="max")[0])
+    vertices = int(group.allreduce(np.array([len(owned)], np.int64))[0]) // replication
+    nkeys = size * width
+    kt = np.uint32 if nkeys + 1 < 1 << 32 else np.int64
+    mine = me * width + np.arange(len(owned), dtype=np.int64)
+    if key_of is not None:
+        key_of[owned] = mine
+        group.allreduce(key_of, op="max")
+        key = key_of[ids].astype(kt)
+        del key_of
+    else:
+        keys = group.sparse_allreduce(max(n, 1), op="max", replication=replication)
+        key = keys.config_reduce(owned, mine, ids).astype(kt)
+    if len(outdeg) != len(ids):
+        outdeg = outdeg[ids]
+    return {"ids": ids, "src": s_loc, "dst": d_loc, "key": key, "outdeg": outdeg, "owned": owned,
+            "owned_outdeg": owned_outdeg, "width": width, "nkeys": nkeys, "vertices": vertices}
+
+
+def _dense_degrees(group, src, dst, n, size, me, replication, isolated):
+    """Degrees and owned vertices by dense allreduces over the id space (see vertex_keys)."""
+    from .. import _native
+
+    src, dst = np.asarray(src), np.asarray(dst)
+    if src.dtype != dst.dtype:
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    deg = _native.degree_counts(np.ascontiguousarray(src), np.ascontiguousarray(dst), n)
+    group.allreduce(deg)
+    if replication > 1:
+        deg /= replication  # every replica added the same edges
+    total = deg[:n] + deg[n:]
+    cand = np.arange(n, dtype=np.int64) if isolated else np.flatnonzero(total > 0)
+    owned = cand[vertex_owner(cand, size) == me]
+    del cand
+    key_of = np.full(n, -1, np.int64)
+    return deg[:n], owned, deg[:n][owned], total[owned], key_of
+
+
+def _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication, isolated):
+    """Degrees and owned vertices through the sparse allreduce, O(touched ids) per rank
+    (see vertex_keys). Returns the out-degrees of ``ids`` too."""
+    from .. import _native
+    from .io import _sorted_unique
+
     if isolated:
         cand = np.arange(n, dtype=np.int64)
         owned = cand[vertex_owner(cand, size) == me]
@@ -65,29 +125,15 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
         counts[first:first + size] = np.bincount(own, minlength=size)
         got = group.alltoallv(ids[order], counts)
         del own, order
-        from .io import _sorted_unique
-
         owned = _sorted_unique(got)
-    from .. import _native
-
     counts = _native.degree_counts(s_loc, d_loc, len(ids))
     local = np.stack([counts[: len(ids)], counts[len(ids):]], axis=1)
     del counts
     degs = group.sparse_allreduce(max(n, 1), replication=replication)
     deg = degs.config_reduce(ids, local, np.concatenate([ids, owned]))
     del local  # (replicated: the first replica's sums are used, not the sum over replicas)
-    outdeg, owned_deg = deg[: len(ids), 0], deg[len(ids):]
-    by_degree = np.lexsort((owned, -(owned_deg[:, 0] + owned_deg[:, 1])))
-    owned, owned_outdeg = owned[by_degree], owned_deg[by_degree, 0]
-    tot = group.allreduce(np.array([len(owned), -len(owned)], np.int64), op="max")
-    width = int(tot[0])
-    vertices = int(group.allreduce(np.array([len(owned)], np.int64))[0]) // replication
-    nkeys = size * width
-    kt = np.uint32 if nkeys + 1 < 1 << 32 else np.int64
-    keys = group.sparse_allreduce(max(n, 1), op="max", replication=replication)
-    key = keys.config_reduce(owned, me * width + np.arange(len(owned), dtype=np.int64), ids).astype(kt)
-    return {"ids": ids, "src": s_loc, "dst": d_loc, "key": key, "outdeg": outdeg, "owned": owned,
-            "owned_outdeg": owned_outdeg, "width": width, "nkeys": nkeys, "vertices": vertices}
+    owned_deg = deg[len(ids):]
+    return deg[: len(ids), 0], owned, owned_deg[:, 0], owned_deg[:, 0] + owned_deg[:, 1]
 
 
 def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
@@ -169,7 +215,13 @@ class SparsePageRank:
             del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError("SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32)")
-        src_slots = np.searchsorted(in_keys, key[t_in])
+        if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
+            at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
+            at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
+            src_slots = at[key[t_in]]
+            del at
+        else:
+            src_slots = np.searchsorted(in_keys, key[t_in])
         self.own_lo = int(np.searchsorted(in_keys, own_lo_key)) if n_own else 0
         # 1 / out-degree of the vertex behind every in slot; 0 for vertices without out
         # edges and for the flow slot, which keeps them out of the product.
