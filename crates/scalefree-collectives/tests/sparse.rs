@@ -138,7 +138,8 @@ fn check(case: Case) {
         }
         let mut sa = SparseAllreduce::new(dim, op, degrees.map(|d| d.to_vec()), n as usize, hash.then_some(seed), 1).unwrap();
         sa.config(c, &out_idx, &in_idx).unwrap_or_else(|e| panic!("{case:?}: rank {me} config: {e}"));
-        let one_layer = degrees.is_none_or(|d| d.len() == 1);
+        let one_layer = sa.degrees().len() == 1;
+        assert!(degrees.is_none_or(|d| d.len() != 1) || one_layer);
         let off = std::env::var("SCALEFREE_SPARSE_DIRECT").is_ok_and(|v| v == "0");
         assert_eq!(sa.direct(), n > 1 && one_layer && !off, "{case:?}: direct path chosen wrongly");
         let es = dt.size_bytes();
