@@ -79,6 +79,8 @@ pub(crate) struct Direct {
     /// Every rank's payload of the current call, and every member's accumulator.
     words: Vec<u64>,
     peer_accs: Vec<Option<RemoteRegion>>,
+    /// Members whose accumulator this rank has yet to read (kept between calls).
+    pending: Vec<usize>,
 }
 
 fn read_u32s(p: *const u8, at: usize, n: usize) -> impl ExactSizeIterator<Item = usize> {
@@ -207,6 +209,7 @@ impl Direct {
             copy: None,
             words: Vec::new(),
             peer_accs: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -352,40 +355,50 @@ impl Direct {
         }
         compute_ns += tc.elapsed().as_nanos() as u64;
         c.publish_progress(1);
-        // Up: what I requested, from every member's accumulator once complete. My own part
-        // waits too when my result overlaps my values (peers may still be reading them).
+        // Up: what I requested, from every member's accumulator once complete, taking
+        // members in the order they finish (a descheduled one does not hold up the rest).
+        // My own part comes first, unless my result overlaps my values (peers may still
+        // be reading them): then it waits for every member like the rest.
         let out = in_vals.as_mut_ptr();
         let overlaps = (out as usize) < vals.as_ptr() as usize + vals.len() && (vals.as_ptr() as usize) < out as usize + in_vals.len();
-        for i in 0..k {
-            let j = (self.digit + i) % k;
-            let q = self.members[j] as usize;
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.clear();
+        pending.extend((1..k).map(|i| (self.digit + i) % k));
+        let mut own_done = false;
+        loop {
+            let j = if !own_done && !overlaps {
+                self.digit
+            } else if let Some(at) = pending.iter().position(|&j| c.progress_reached(self.members[j], 1)) {
+                pending.swap_remove(at)
+            } else if let Some(&j) = pending.first() {
+                let tw = Instant::now();
+                c.wait_progress(self.members[j], 1)?;
+                st.wait_ns += tw.elapsed().as_nanos() as u64;
+                continue;
+            } else if !own_done {
+                self.digit
+            } else {
+                break;
+            };
             let pull = &self.pulls[j];
-            let accq = if q == me {
-                if overlaps {
-                    for qq in self.members.iter().filter(|&&qq| qq as usize != me) {
-                        let tw = Instant::now();
-                        c.wait_progress(*qq, 1)?;
-                        st.wait_ns += tw.elapsed().as_nanos() as u64;
-                    }
-                }
+            let accq = if j == self.digit {
+                own_done = true;
                 accp as *const u8
             } else {
-                // Every member, even one this rank requests nothing from: it may still be
-                // reading this rank's values until its accumulator is complete.
-                let tw = Instant::now();
-                c.wait_progress(q as u32, 1)?;
-                st.wait_ns += tw.elapsed().as_nanos() as u64;
+                // Every member is waited for, even one this rank requests nothing from:
+                // it may still be reading this rank's values until its accumulator is complete.
                 if pull.out_rows.is_empty() {
                     continue;
                 }
+                let q = self.members[j];
                 let remote = accs[j].as_ref().expect("attached above");
-                let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported(format!("rank {q}'s accumulator is not mapped here")))?;
-                p as *const u8
+                remote.mapped_ptr().ok_or_else(|| Error::Unsupported(format!("rank {q}'s accumulator is not mapped here")))? as *const u8
             };
             let tc = Instant::now();
             unsafe { copy_rows(dt, out, &pull.out_rows, accq, &pull.owner_rows, w) };
             compute_ns += tc.elapsed().as_nanos() as u64;
         }
+        self.pending = pending;
         st.degree = k;
         st.bytes_sent = ((self.rows_read_down + self.rows_read_up) * rb) as u64;
         st.messages = self.messages;
