@@ -265,3 +265,54 @@ def test_sparse_unhashed_in_key_order(n):
     caller's buffer, result written into it); the same answers as the dense reference."""
     res = run_ranks(n, UNHASHED, timeout=120)
     assert "checked" in res[0].stdout
+
+
+DIRECT = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+checked = 0
+# Sizes 0 / 1 / odd / large (the large values lie in the arena and are read in place, the
+# small ones are copied into key order), hashed and not, 1-D and 2-D, and a result that
+# overwrites the values (out=values).
+for nnz in (0, 1, 777, 150_001):
+    for hash_ in (True, False):
+        for dt, width in (("float32", 1), ("float64", 1), ("int64", 2), ("uint32", 1)):
+            dim = 3 * 150_001 + 7
+            outs, vals, ins = [], [], []
+            for r in range(n):
+                rng = np.random.default_rng([nnz, r, 5])
+                o = rng.permutation(dim)[:nnz].astype(np.int64) if r % 2 == 0 or nnz < 2 else np.sort(rng.choice(dim, nnz))
+                shape = (len(o),) if width == 1 else (len(o), width)
+                outs.append(o)
+                vals.append(rng.integers(0, 1000, shape).astype(dt))
+                ins.append(o.copy() if r % 3 == 0 else rng.integers(0, dim, nnz // 2 + 1))
+            dense = np.zeros((dim,) + vals[0].shape[1:], dtype=dt)
+            for r in range(n):
+                np.add.at(dense, outs[r], vals[r])
+            sa = g.sparse_allreduce(dim, hash=hash_)
+            sa.config(outs[me], ins[me])
+            for rep in range(3):
+                v = vals[me] * (rep + 1)
+                got = sa.reduce(v)
+                np.testing.assert_array_equal(got, dense[ins[me]] * (rep + 1), err_msg=f"{nnz} {hash_} {dt} {width} rep {rep}")
+                checked += 1
+            if me % 3 == 0:
+                # In place: the result written over the values peers read.
+                v = vals[me].copy()
+                got = sa.reduce(v, out=v)
+            else:
+                got = sa.reduce(vals[me])
+            np.testing.assert_array_equal(got, dense[ins[me]], err_msg=f"in place {nnz} {hash_} {dt}")
+print("checked", checked)
+"""
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_sparse_direct_reduce(n, arena):
+    """The reduce after config of a one-layer butterfly (values pulled by saved maps, read
+    in place from the arena or from a key-ordered copy) equals the numpy reference, repeated
+    and with the result written over the values."""
+    res = run_ranks(n, DIRECT, timeout=240, extra_env={"SCALEFREE_ARENA": arena})
+    assert "checked" in res[0].stdout
