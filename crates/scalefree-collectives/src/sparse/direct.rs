@@ -46,32 +46,42 @@ const PAYLOAD_WORDS: usize = AGREED + 1 + RegionHandle::BYTES.div_ceil(8);
 
 /// What this rank pulls from one member (by its digit in the layer).
 struct Pull {
-    /// Down: rows of this rank's accumulator that the member's slice lands in.
+    /// Down: rows of this rank's accumulator that rows of the member's slice land in.
     acc_rows: RowMap,
     /// Down: where those rows are in the member's caller buffer (None: the member has
     /// duplicate indices and always sends a key-ordered copy).
     caller_rows: Option<RowMap>,
-    /// Down: the same rows in the member's key-ordered copy (a run).
+    /// Down: the same rows in the member's key-ordered copy.
     copy_rows: RowMap,
     /// Up: positions in this rank's result and the member's accumulator rows they read.
     out_rows: RowMap,
     owner_rows: RowMap,
 }
 
+/// An answer of the config round: the key is private to the asking rank (it alone
+/// contributes it and no other rank requests it), so the asker reads it from its own values
+/// (low bits: the key's place in the asker's slice for this owner) and nothing moves.
+const PRIVATE: u32 = 1 << 31;
+
 /// The saved plan of the direct reduce (built by `config` on one host, one layer).
 pub(crate) struct Direct {
     members: Vec<u32>,
     digit: usize,
     pulls: Vec<Pull>,
-    /// Rows of this rank's accumulator: its reduced keys, then the identity row.
+    /// Keys private to this rank, read from its own values: result positions, and where
+    /// the values are in the caller's buffer (None: duplicate indices) and in key order.
+    local_out: RowMap,
+    local_caller: Option<RowMap>,
+    local_key: RowMap,
+    /// Rows of this rank's accumulator: the reduced keys some other rank takes part in,
+    /// then the identity row.
     acc_rows: usize,
     /// This rank's caller values into key order (when they cannot be read in place).
     key_src: Option<Vec<usize>>,
     key_perm: Vec<usize>,
     keys_out: usize,
-    /// Rows other ranks read from this rank per call (down, up) and their messages.
-    rows_read_down: usize,
-    rows_read_up: usize,
+    /// Rows this rank reads from other ranks per call (down and up), and messages.
+    rows_read: usize,
     messages: u64,
     max_rows: usize,
     acc: Option<Region>,
@@ -89,10 +99,13 @@ fn read_u32s(p: *const u8, at: usize, n: usize) -> impl ExactSizeIterator<Item =
 
 impl Direct {
     /// Collective (one round): composes this rank's maps of the one-layer butterfly with its
-    /// members'. Each member `j` sends this rank, for the keys of its slice in this rank's
-    /// range, where they sit in its caller buffer (`out_src`), and, for the keys this rank
-    /// requested in its own range, which row of its accumulator holds them (its in-map of
-    /// this rank through its `bottom` map).
+    /// members'. As the owner of a key range, this rank first sorts its reduced keys: a key
+    /// that one member alone contributes and no other member requests is private to that
+    /// member (it never moves); a key nobody requests is dropped; the others get a row of
+    /// the accumulator, in key order. Then each member `j` sends this rank, for the keys of
+    /// its slice in this rank's range, where they sit in its caller buffer (`out_src`), and,
+    /// for the keys this rank requested in `j`'s range, the accumulator row holding each
+    /// (the identity row for keys nobody contributed) or `PRIVATE` with its place.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn build(
         c: &mut Communicator,
@@ -112,9 +125,43 @@ impl Direct {
     ) -> Result<Direct> {
         let k = members.len();
         let nl = c.size() as usize;
-        let identity_row = out_after;
-        // Message to member j: [has_src, slice start, n_src, n_up] as u32, then the caller
-        // positions of my keys in j's range, then j's requested keys' rows of my accumulator.
+        const NOBODY: u32 = u32::MAX;
+        const SEVERAL: u32 = u32::MAX - 1;
+        // Per reduced key of my range: its contributor (or several) and that contributor's
+        // place for it, and its requester (or several, or nobody).
+        let mut contributor = vec![NOBODY; out_after];
+        let mut place = vec![0u32; out_after];
+        for (j, m) in out_maps.iter().enumerate() {
+            for (t, &r) in m.iter().enumerate() {
+                contributor[r] = if contributor[r] == NOBODY { j as u32 } else { SEVERAL };
+                place[r] = t as u32;
+            }
+        }
+        let mut requester = vec![NOBODY; out_after];
+        for (j, m) in in_maps.iter().enumerate() {
+            for &u in m {
+                let r = bottom[u];
+                if r != crate::sparse::kernels::NONE {
+                    requester[r] = if requester[r] == NOBODY || requester[r] == j as u32 { j as u32 } else { SEVERAL };
+                }
+            }
+        }
+        // `SCALEFREE_SPARSE_PRIVATE=0`: every key goes through its owner (for comparison).
+        let keep_private = std::env::var("SCALEFREE_SPARSE_PRIVATE").map_or(true, |v| v.trim() != "0");
+        let private = |r: usize| keep_private && contributor[r] < SEVERAL && (requester[r] == NOBODY || requester[r] == contributor[r]);
+        // Accumulator rows: requested, not private.
+        let mut row = vec![u32::MAX; out_after];
+        let mut acc_rows = 0usize;
+        for r in 0..out_after {
+            if requester[r] != NOBODY && !private(r) {
+                row[r] = acc_rows as u32;
+                acc_rows += 1;
+            }
+        }
+        let identity_row = acc_rows as u32;
+        // Message to member j: [has_src, start, n_src, n_up] as u32 (start: where my slice
+        // for j begins in my key order), then the caller positions of my keys in j's range,
+        // then j's requested keys' rows of my accumulator.
         let mut metas = vec![[0u64; 4]; nl];
         let mut words = 0usize;
         for j in 0..k {
@@ -134,18 +181,24 @@ impl Direct {
                     *d = s as u32;
                 }
             }
-            for (d, &r) in buf[at + 4 + n_src..at + 4 + n_src + n_up].iter_mut().zip(&in_maps[j]) {
-                let b = bottom[r];
-                *d = if b == crate::sparse::kernels::NONE { identity_row as u32 } else { b as u32 };
+            for (d, &u) in buf[at + 4 + n_src..at + 4 + n_src + n_up].iter_mut().zip(&in_maps[j]) {
+                let r = bottom[u];
+                *d = if r == crate::sparse::kernels::NONE {
+                    identity_row
+                } else if private(r) {
+                    debug_assert_eq!(contributor[r], j as u32);
+                    PRIVATE | place[r]
+                } else {
+                    row[r]
+                };
             }
         }
-        let mut pulls = Vec::with_capacity(k);
-        let mut owner_of_slot: Vec<(usize, RowMap)> = Vec::with_capacity(k);
+        let mut answers: Vec<Option<Vec<u32>>> = (0..k).map(|_| None).collect();
+        let mut by_j: Vec<Option<Pull>> = (0..k).map(|_| None).collect();
         let mut st = LayerStats::default();
         unsafe {
             round(c, None, dim, TAG, members, digit, buf.as_ptr() as *const u8, buf.len() * 4, &metas, &mut st, scratch, &mut |j, m, fetch| {
-                let nb = m[3] as usize;
-                let p = fetch(m[0] as usize, nb)?;
+                let p = fetch(m[0] as usize, m[3] as usize)?;
                 let head: Vec<usize> = read_u32s(p, 0, 4).collect();
                 let (has_src, start, n_src, n_up) = (head[0] != 0, head[1], head[2], head[3]);
                 let n_rows = out_maps[j].len();
@@ -155,54 +208,63 @@ impl Direct {
                         in_split[j + 1] - in_split[j]
                     )));
                 }
-                pulls.push((j, has_src.then(|| RowMap::from_positions(read_u32s(p, 4, n_src))), start, n_rows));
-                owner_of_slot.push((j, RowMap::from_positions(read_u32s(p, 4 + n_src, n_up))));
+                // The rows of j's slice that go through my accumulator.
+                let kept: Vec<usize> = (0..n_rows).filter(|&t| row[out_maps[j][t]] != u32::MAX).collect();
+                let caller = has_src.then(|| {
+                    let all: Vec<usize> = read_u32s(p, 4, n_src).collect();
+                    RowMap::from_positions(kept.iter().map(|&t| all[t]))
+                });
+                by_j[j] = Some(Pull {
+                    acc_rows: RowMap::from_positions(kept.iter().map(|&t| row[out_maps[j][t]] as usize)),
+                    caller_rows: caller,
+                    copy_rows: RowMap::from_positions(kept.iter().map(|&t| start + t)),
+                    out_rows: RowMap::Contig { start: 0, len: 0 },
+                    owner_rows: RowMap::Contig { start: 0, len: 0 },
+                });
+                answers[j] = Some(read_u32s(p, 4 + n_src, n_up).map(|a| a as u32).collect());
                 Ok(())
             })?;
         }
-        // Up: for each caller position, its owner and the owner's row.
-        let mut answers: Vec<Option<RowMap>> = (0..k).map(|_| None).collect();
-        for (j, r) in owner_of_slot {
-            answers[j] = Some(r);
-        }
+        drop((contributor, place, requester, row));
+        // Up: each caller position's owner and the owner's row, or a private key's place in
+        // my own values.
         let mut out_pos: Vec<Vec<usize>> = vec![Vec::new(); k];
         let mut owner_pos: Vec<Vec<usize>> = vec![Vec::new(); k];
+        let (mut local_out, mut local_key) = (Vec::new(), Vec::new());
         for (p, &slot) in in_pos.iter().enumerate() {
             let j = in_split.partition_point(|&b| b <= slot) - 1;
-            let ans = answers[j].as_ref().unwrap();
-            let i = slot - in_split[j];
-            out_pos[j].push(p);
-            owner_pos[j].push(match ans {
-                RowMap::Contig { start, .. } => start + i,
-                RowMap::Idx(v) => v[i] as usize,
-            });
+            let a = answers[j].as_ref().expect("every member answered")[slot - in_split[j]];
+            if a & PRIVATE != 0 {
+                local_out.push(p);
+                local_key.push(out_split[j] + (a & !PRIVATE) as usize);
+            } else {
+                out_pos[j].push(p);
+                owner_pos[j].push(a as usize);
+            }
         }
-        let mut by_j: Vec<Option<Pull>> = (0..k).map(|_| None).collect();
-        for (j, caller_rows, start, n_rows) in pulls {
-            by_j[j] = Some(Pull {
-                acc_rows: RowMap::from_positions(out_maps[j].iter().copied()),
-                caller_rows,
-                copy_rows: RowMap::Contig { start, len: n_rows },
-                out_rows: RowMap::from_positions(std::mem::take(&mut out_pos[j]).into_iter()),
-                owner_rows: RowMap::from_positions(std::mem::take(&mut owner_pos[j]).into_iter()),
-            });
+        let mut pulls = Vec::with_capacity(k);
+        for (j, pull) in by_j.into_iter().enumerate() {
+            let mut pull = pull.expect("every member answered");
+            pull.out_rows = RowMap::from_positions(std::mem::take(&mut out_pos[j]).into_iter());
+            pull.owner_rows = RowMap::from_positions(std::mem::take(&mut owner_pos[j]).into_iter());
+            pulls.push(pull);
         }
-        let pulls: Vec<Pull> = by_j.into_iter().map(|p| p.expect("every member answered")).collect();
-        let others = (0..k).filter(|&j| j != digit);
-        let rows_read_down = others.clone().map(|j| out_split[j + 1] - out_split[j]).sum();
-        let rows_read_up = others.clone().map(|j| in_maps[j].len()).sum();
-        let messages = others.clone().map(|j| (out_split[j + 1] > out_split[j]) as u64 + (!in_maps[j].is_empty()) as u64).sum();
-        let max_rows = others.map(|j| (out_split[j + 1] - out_split[j]).max(in_maps[j].len())).max().unwrap_or(0);
+        let others = || (0..k).filter(|&j| j != digit);
+        let rows_read = others().map(|j| pulls[j].acc_rows.len() + pulls[j].out_rows.len()).sum();
+        let messages = others().map(|j| (!pulls[j].acc_rows.is_empty()) as u64 + (!pulls[j].out_rows.is_empty()) as u64).sum();
+        let max_rows = others().map(|j| pulls[j].acc_rows.len().max(pulls[j].out_rows.len())).max().unwrap_or(0);
         Ok(Direct {
             members: members.to_vec(),
             digit,
             pulls,
-            acc_rows: out_after + 1,
+            local_caller: out_src.map(|s| RowMap::from_positions(local_key.iter().map(|&t| s[t]))),
+            local_out: RowMap::from_positions(local_out.into_iter()),
+            local_key: RowMap::from_positions(local_key.into_iter()),
+            acc_rows: acc_rows + 1,
             key_src: out_src.map(|s| s.to_vec()),
             key_perm: out_perm.to_vec(),
             keys_out: *out_split.last().unwrap_or(&0),
-            rows_read_down,
-            rows_read_up,
+            rows_read,
             messages,
             max_rows,
             acc: None,
@@ -396,11 +458,18 @@ impl Direct {
             };
             let tc = Instant::now();
             unsafe { copy_rows(dt, out, &pull.out_rows, accq, &pull.owner_rows, w) };
+            if j == self.digit && !self.local_out.is_empty() {
+                // Keys private to this rank: straight from its own values.
+                match &self.local_caller {
+                    Some(rows) => unsafe { copy_rows(dt, out, &self.local_out, vals.as_ptr(), rows, w) },
+                    None => unsafe { copy_rows(dt, out, &self.local_out, src, &self.local_key, w) },
+                }
+            }
             compute_ns += tc.elapsed().as_nanos() as u64;
         }
         self.pending = pending;
         st.degree = k;
-        st.bytes_sent = ((self.rows_read_down + self.rows_read_up) * rb) as u64;
+        st.bytes_sent = (self.rows_read * rb) as u64;
         st.messages = self.messages;
         st.max_packet = (self.max_rows * rb) as u64;
         st.merge_ns = compute_ns + (tp - t0).as_nanos() as u64;
