@@ -2,7 +2,10 @@
 //! picks on one host): values only, pulled by saved maps, two synchronisations per call.
 //!
 //! `config` composes every map of the general path into one pair per member (see
-//! [`Direct::build`]), so a reduce is:
+//! [`Direct::build`]). There the owner of each key range also finds the keys that one rank
+//! alone contributes and no other rank requests: those are private to that rank, which
+//! reads their results from its own values, and nothing of them moves (in a power-law
+//! workload most of the tail is private). A reduce is then:
 //!
 //! 1. one header exchange with every rank (the call's agreement rides in it: op, dtype,
 //!    width and every rank's input check, so bad input raises on every rank before any data
@@ -16,7 +19,7 @@
 //!    `acc[acc_rows[i]] op= values_j[caller_rows[i]]`; then it raises its progress word;
 //! 3. up: for every member, once its accumulator is complete, this rank copies what it
 //!    requested from it straight into the caller's result: `out[out_rows[i]] =
-//!    acc_j[owner_rows[i]]`.
+//!    acc_j[owner_rows[i]]`; and its private keys from its own values.
 //!
 //! No key is compared, nothing is allocated once warm, and no value is copied other than
 //! by these two passes (plus the key-ordered copy when the values cannot be read in place).
