@@ -222,6 +222,28 @@ def test_bench_sparse_smoke(tmp_path):
     assert all(r["median_s"] > 0 for r in recs)
 
 
+def test_bench_sparse_mpi_peers_smoke(tmp_path):
+    """The MPI peers run and agree (each worker checks indices-once against allgatherv +
+    merge and exits non-zero if they differ)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    from scalefree.bench import common
+
+    if common.find_mpiexec() is None:
+        pytest.skip("no mpiexec")
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "sparse", "-n", "3", "--dim", "20000",
+                    "--nnz", "700", "--vs", "mpi", "--min-calls", "2", "--target-seconds", "0.01",
+                    "--warmup", "1", "--json", str(out)], check=True, capture_output=True, text=True, timeout=300)
+    recs = json.loads(out.read_text())
+    assert {(r["impl"], r["variant"]) for r in recs} >= {("scalefree", "reduce"), ("mpi", "indices-once"),
+                                                         ("mpi", "allgatherv"), ("mpi", "dense")}
+    assert all(r["median_s"] > 0 for r in recs)
+
+
 UNHASHED = r"""
 import numpy as np, scalefree
 g = scalefree.init(timeout=60)
@@ -316,3 +338,50 @@ def test_sparse_direct_reduce(n, arena):
     and with the result written over the values."""
     res = run_ranks(n, DIRECT, timeout=240, extra_env={"SCALEFREE_ARENA": arena})
     assert "checked" in res[0].stdout
+
+
+INDICES_ONCE = r"""
+import numpy as np, sys
+from mpi4py import MPI
+from scalefree.bench.sparse import IndicesOnce
+comm = MPI.COMM_WORLD
+me, n = comm.Get_rank(), comm.Get_size()
+for nnz in (0, 1, 5, 1001):
+    dim = 3 * nnz + 2
+    outs, vals, ins = [], [], []
+    for r in range(n):
+        rng = np.random.default_rng([nnz, r])
+        outs.append(rng.permutation(dim)[:nnz].astype(np.int64))
+        vals.append(rng.integers(0, 100, nnz).astype(np.float32))
+        ins.append(rng.integers(0, dim, nnz + 3).astype(np.int64))   # repeats, misses
+    dense = np.zeros(dim, np.float64)
+    for r in range(n):
+        np.add.at(dense, outs[r], vals[r])
+    plan = IndicesOnce.config(comm, MPI, outs[me], ins[me])
+    for kernel in ("csr", "bincount"):
+        if kernel == "bincount":
+            plan.matrix = None
+        np.testing.assert_array_equal(plan.reduce(vals[me]), dense[ins[me]].astype(np.float32), err_msg=f"{nnz} {kernel}")
+print("checked")
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_bench_indices_once_peer_matches_reference(n, tmp_path):
+    """The bench's lean indices-once MPI peer (both kernels) against numpy, with repeated and
+    unmatched requested indices."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    from scalefree.bench import common
+
+    mpiexec = common.find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "io.py"
+    script.write_text(INDICES_ONCE)
+    res = subprocess.run(common.mpiexec_cmd(mpiexec, n, [sys.executable, str(script)]), capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, **common.mpi_env()})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checked" in res.stdout
