@@ -43,11 +43,11 @@ fn rnd(state: &mut u64) -> u64 {
 /// Indices of rank `r`: `n` of them in `[0, dim)`, skewed to small ids, with duplicates
 /// when `dups`, ascending when `sorted` (distinct then).
 fn indices(seed: u64, r: u32, n: usize, dim: u64, dups: bool, sorted: bool) -> Vec<i64> {
-    let mut s = seed ^ (r as u64 + 1) * 0x9e37_79b9;
+    let mut s = seed ^ ((r as u64 + 1) * 0x9e37_79b9);
     let mut v: Vec<i64> = (0..n)
         .map(|_| {
             let a = rnd(&mut s) % dim;
-            (if rnd(&mut s) % 2 == 0 { a % (dim / 8 + 1) } else { a }) as i64
+            (if rnd(&mut s).is_multiple_of(2) { a % (dim / 8 + 1) } else { a }) as i64
         })
         .collect();
     if !dups || sorted {
