@@ -32,7 +32,10 @@ use crate::Algorithm;
 #[derive(Clone, Debug, Default)]
 pub struct LayerStats {
     pub degree: usize,
-    /// Bytes this rank sent to other ranks (read by them) in this layer.
+    /// Bytes this rank sent to other ranks (read by them) in this layer. The direct
+    /// reduce (`sparse::direct`), where each rank pulls, counts the bytes this rank read
+    /// from other ranks instead (and messages likewise): what its peers decide to pull from
+    /// it is theirs to know.
     pub bytes_sent: u64,
     /// Non-empty messages this rank sent to other ranks.
     pub messages: u64,
