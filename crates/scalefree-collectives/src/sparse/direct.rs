@@ -21,8 +21,9 @@
 //!    requested from it straight into the caller's result: `out[out_rows[i]] =
 //!    acc_j[owner_rows[i]]`; and its private keys from its own values.
 //!
-//! No key is compared, nothing is allocated once warm, and no value is copied other than
-//! by these two passes (plus the key-ordered copy when the values cannot be read in place).
+//! No key is compared, no buffer is allocated once warm (the header exchange keeps a few
+//! small vectors), and no value is copied other than by these two passes (plus the
+//! key-ordered copy when the values cannot be read in place).
 //! Safety of the buffers without a closing barrier: a rank leaves the call only after every
 //! member's accumulator is complete, i.e. after every member has read its values; and it
 //! writes its accumulator again only after the next call's header exchange, i.e. after
