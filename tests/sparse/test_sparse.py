@@ -222,6 +222,28 @@ def test_bench_sparse_smoke(tmp_path):
     assert all(r["median_s"] > 0 for r in recs)
 
 
+def test_bench_sparse_mpi_peers_smoke(tmp_path):
+    """The MPI peers run and agree (each worker checks indices-once against allgatherv +
+    merge and exits non-zero if they differ)."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    from scalefree.bench import common
+
+    if common.find_mpiexec() is None:
+        pytest.skip("no mpiexec")
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "sparse", "-n", "3", "--dim", "20000",
+                    "--nnz", "700", "--vs", "mpi", "--min-calls", "2", "--target-seconds", "0.01",
+                    "--warmup", "1", "--json", str(out)], check=True, capture_output=True, text=True, timeout=300)
+    recs = json.loads(out.read_text())
+    assert {(r["impl"], r["variant"]) for r in recs} >= {("scalefree", "reduce"), ("mpi", "indices-once"),
+                                                         ("mpi", "allgatherv"), ("mpi", "dense")}
+    assert all(r["median_s"] > 0 for r in recs)
+
+
 UNHASHED = r"""
 import numpy as np, scalefree
 g = scalefree.init(timeout=60)
@@ -265,3 +287,101 @@ def test_sparse_unhashed_in_key_order(n):
     caller's buffer, result written into it); the same answers as the dense reference."""
     res = run_ranks(n, UNHASHED, timeout=120)
     assert "checked" in res[0].stdout
+
+
+DIRECT = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+checked = 0
+# Sizes 0 / 1 / odd / large (the large values lie in the arena and are read in place, the
+# small ones are copied into key order), hashed and not, 1-D and 2-D, and a result that
+# overwrites the values (out=values).
+for nnz in (0, 1, 777, 150_001):
+    for hash_ in (True, False):
+        for dt, width in (("float32", 1), ("float64", 1), ("int64", 2), ("uint32", 1)):
+            dim = 3 * 150_001 + 7
+            outs, vals, ins = [], [], []
+            for r in range(n):
+                rng = np.random.default_rng([nnz, r, 5])
+                o = rng.permutation(dim)[:nnz].astype(np.int64) if r % 2 == 0 or nnz < 2 else np.sort(rng.choice(dim, nnz))
+                shape = (len(o),) if width == 1 else (len(o), width)
+                outs.append(o)
+                vals.append(rng.integers(0, 1000, shape).astype(dt))
+                ins.append(o.copy() if r % 3 == 0 else rng.integers(0, dim, nnz // 2 + 1))
+            dense = np.zeros((dim,) + vals[0].shape[1:], dtype=dt)
+            for r in range(n):
+                np.add.at(dense, outs[r], vals[r])
+            sa = g.sparse_allreduce(dim, hash=hash_)
+            sa.config(outs[me], ins[me])
+            for rep in range(3):
+                v = vals[me] * (rep + 1)
+                got = sa.reduce(v)
+                np.testing.assert_array_equal(got, dense[ins[me]] * (rep + 1), err_msg=f"{nnz} {hash_} {dt} {width} rep {rep}")
+                checked += 1
+            if me % 3 == 0:
+                # In place: the result written over the values peers read.
+                v = vals[me].copy()
+                got = sa.reduce(v, out=v)
+            else:
+                got = sa.reduce(vals[me])
+            np.testing.assert_array_equal(got, dense[ins[me]], err_msg=f"in place {nnz} {hash_} {dt}")
+print("checked", checked)
+"""
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_sparse_direct_reduce(n, arena):
+    """The reduce after config of a one-layer butterfly (values pulled by saved maps, read
+    in place from the arena or from a key-ordered copy) equals the numpy reference, repeated
+    and with the result written over the values."""
+    res = run_ranks(n, DIRECT, timeout=240, extra_env={"SCALEFREE_ARENA": arena})
+    assert "checked" in res[0].stdout
+
+
+INDICES_ONCE = r"""
+import numpy as np, sys
+from mpi4py import MPI
+from scalefree.bench.sparse import IndicesOnce
+comm = MPI.COMM_WORLD
+me, n = comm.Get_rank(), comm.Get_size()
+for nnz in (0, 1, 5, 1001):
+    dim = 3 * nnz + 2
+    outs, vals, ins = [], [], []
+    for r in range(n):
+        rng = np.random.default_rng([nnz, r])
+        outs.append(rng.permutation(dim)[:nnz].astype(np.int64))
+        vals.append(rng.integers(0, 100, nnz).astype(np.float32))
+        ins.append(rng.integers(0, dim, nnz + 3).astype(np.int64))   # repeats, misses
+    dense = np.zeros(dim, np.float64)
+    for r in range(n):
+        np.add.at(dense, outs[r], vals[r])
+    plan = IndicesOnce.config(comm, MPI, outs[me], ins[me])
+    for kernel in ("csr", "bincount"):
+        if kernel == "bincount":
+            plan.matrix = None
+        np.testing.assert_array_equal(plan.reduce(vals[me]), dense[ins[me]].astype(np.float32), err_msg=f"{nnz} {kernel}")
+print("checked")
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_bench_indices_once_peer_matches_reference(n, tmp_path):
+    """The bench's lean indices-once MPI peer (both kernels) against numpy, with repeated and
+    unmatched requested indices."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    from scalefree.bench import common
+
+    mpiexec = common.find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "io.py"
+    script.write_text(INDICES_ONCE)
+    res = subprocess.run(common.mpiexec_cmd(mpiexec, n, [sys.executable, str(script)]), capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, **common.mpi_env()})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checked" in res.stdout

@@ -593,6 +593,12 @@ impl Communicator {
         publish(self.progress(me), self.waiters(me), self.progress_tag(count));
     }
 
+    /// Whether rank `q` has published at least `count` pieces in this call (no wait).
+    pub(crate) fn progress_reached(&self, q: u32, count: u32) -> bool {
+        let v = self.progress(q).load(std::sync::atomic::Ordering::Acquire);
+        (v & 0xff00_0000) == (self.seq & 0xff) << 24 && (v & 0x00ff_ffff) >= count
+    }
+
     /// Waits until rank `q` has published at least `count` pieces in this call.
     pub(crate) fn wait_progress(&self, q: u32, count: u32) -> Result<u32> {
         let tag_hi = (self.seq & 0xff) << 24;

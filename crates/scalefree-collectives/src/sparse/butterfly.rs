@@ -20,6 +20,7 @@ use scalefree_transport::{Error, Result};
 
 use crate::comm::{Communicator, Header, Kind};
 use crate::reduce::{DType, ReduceOp};
+use crate::sparse::direct::Direct;
 use crate::sparse::hash::IndexHash;
 use crate::sparse::kernels::{fill_identity, gather, scatter, SDType, SOp, NONE};
 use crate::sparse::merge::tree_merge;
@@ -31,7 +32,10 @@ use crate::Algorithm;
 #[derive(Clone, Debug, Default)]
 pub struct LayerStats {
     pub degree: usize,
-    /// Bytes this rank sent to other ranks (read by them) in this layer.
+    /// Bytes this rank sent to other ranks (read by them) in this layer. The direct
+    /// reduce (`sparse::direct`), where each rank pulls, counts the bytes this rank read
+    /// from other ranks instead (and messages likewise): what its peers decide to pull from
+    /// it is theirs to know.
     pub bytes_sent: u64,
     /// Non-empty messages this rank sent to other ranks.
     pub messages: u64,
@@ -104,6 +108,9 @@ pub struct SparseAllreduce {
     /// Replicas per logical node (1: none); with more, rounds go through `mbox`.
     replication: usize,
     mbox: Option<Mailbox>,
+    /// The reduce after config of a one-layer butterfly on shared memory (see
+    /// [`crate::sparse::direct`]); None where the general path runs.
+    direct: Option<Direct>,
 }
 
 /// Metadata slot sent inline to each peer: byte offset in the exposed buffer and counts.
@@ -211,6 +218,7 @@ impl SparseAllreduce {
             pool: Pool::default(),
             replication,
             mbox: None,
+            direct: None,
         })
     }
 
@@ -228,6 +236,11 @@ impl SparseAllreduce {
     }
     pub fn configured(&self) -> bool {
         self.configured
+    }
+    /// Whether reduce runs the direct path (one layer on shared memory, see
+    /// [`crate::sparse::direct`]) rather than the general one.
+    pub fn direct(&self) -> bool {
+        self.direct.is_some()
     }
 
     /// Logical nodes and this rank's logical node (the ranks themselves without replication).
@@ -335,6 +348,7 @@ impl SparseAllreduce {
         self.out_perm = out_perm;
         self.in_pos = in_pos;
         self.layers.clear();
+        self.direct = None;
         self.configured = false;
         let (nl, me) = self.logical(c);
         let mut cur_vals = vals.map(|(v, dt, w)| {
@@ -614,6 +628,35 @@ impl SparseAllreduce {
         self.agree(c, 1, err, 0, 0)?;
         self.choose_degrees(c, out_idx.len().max(in_idx.len()))?;
         self.config_down(c, out_idx, None, in_idx)?;
+        self.build_direct(c)
+    }
+
+    /// After `config_down`: the direct reduce's maps when the butterfly is one layer on
+    /// shared memory (`SCALEFREE_SPARSE_DIRECT=0` keeps the general path). Collective; every
+    /// rank decides alike (the conditions are properties of the job and the plan).
+    fn build_direct(&mut self, c: &mut Communicator) -> Result<()> {
+        let off = std::env::var("SCALEFREE_SPARSE_DIRECT").is_ok_and(|v| v.trim() == "0");
+        if off || self.layers.len() != 1 || c.is_networked() || self.mbox.is_some() || self.replication != 1 {
+            return Ok(());
+        }
+        let l = &self.layers[0];
+        let d = Direct::build(
+            c,
+            self.dim,
+            &l.members,
+            l.digit,
+            &l.out_split,
+            &l.out_maps,
+            l.out_after,
+            &l.in_split,
+            &l.in_maps,
+            &self.bottom,
+            self.out_src.as_deref(),
+            &self.out_perm,
+            &self.in_pos,
+            &mut self.pool.scratch,
+        )?;
+        self.direct = Some(d);
         Ok(())
     }
 
@@ -627,6 +670,13 @@ impl SparseAllreduce {
                 .or_else(|| self.check_values("in_values", in_vals.len(), self.n_in, dt, w))
                 .or_else(|| self.op.check(dt).err().map(|e| e.to_string()))
         };
+        if let Some(d) = self.direct.as_mut() {
+            if self.stats.len() != 1 {
+                self.stats = vec![LayerStats::default()];
+            }
+            self.stats[0] = LayerStats { out_keys: self.bottom_out as u64, in_keys: self.bottom.len() as u64, dense: self.layers[0].dense, ..LayerStats::default() };
+            return d.reduce(c, self.dim, self.op, err, out_vals, in_vals, dt, w, &mut self.stats[0]);
+        }
         if self.replication > 1 {
             // Replicated: no group-wide check (it would wait for dead ranks); a rank with
             // bad input raises here, and its peers fail once all of its replicas are gone.
@@ -653,7 +703,8 @@ impl SparseAllreduce {
         self.agree(c, 3, err, dt as i64, w as i64)?;
         self.choose_degrees(c, out_idx.len().max(in_idx.len()))?;
         let reduced = self.config_down(c, out_idx, Some((out_vals, dt, w)), in_idx)?.unwrap();
-        self.up(c, &reduced, dt, w, in_vals)
+        self.up(c, &reduced, dt, w, in_vals)?;
+        self.build_direct(c)
     }
 }
 
@@ -674,7 +725,7 @@ fn host_block(dev: &scalefree_transport::Device) -> Option<usize> {
 /// # Safety
 /// `send` valid for `send_bytes` and untouched until the round returns.
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-unsafe fn round(
+pub(crate) unsafe fn round(
     c: &mut Communicator,
     mbox: Option<&mut Mailbox>,
     dim: u64,

@@ -10,6 +10,7 @@
 //! Layer degrees come from [`plan`]; the collective itself is in [`butterfly`].
 
 pub mod butterfly;
+pub mod direct;
 pub mod hash;
 pub mod kernels;
 pub mod merge;
