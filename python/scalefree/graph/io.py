@@ -183,6 +183,26 @@ def compact_ids(a, n: int) -> tuple[np.ndarray, np.ndarray]:
     return u, inv.reshape(-1)
 
 
+def local_ids(src, dst, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, src, dst): the distinct ids of the edges, sorted, and the edges as indices into
+    them (uint32 while they fit). By a marker array over ``[0, n)`` when that is no larger
+    than the edges' endpoints (linear time), else by sorting (memory O(edges))."""
+    src, dst = np.asarray(src), np.asarray(dst)
+    m = len(src)
+    if 0 < n <= 2 * m:
+        mark = np.zeros(n, np.bool_)
+        mark[src] = True
+        mark[dst] = True
+        ids = np.flatnonzero(mark)
+        del mark
+        pos = np.empty(n, np.uint32 if len(ids) < 1 << 32 else np.int64)
+        pos[ids] = np.arange(len(ids), dtype=pos.dtype)
+        return ids, pos[src], pos[dst]
+    ids = _sorted_unique(np.concatenate([src.astype(np.int64), dst.astype(np.int64)]))
+    it = np.uint32 if len(ids) < 1 << 32 else np.int64
+    return ids, np.searchsorted(ids, src).astype(it), np.searchsorted(ids, dst).astype(it)
+
+
 def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst) of original ids → (src, dst, ids): duplicate edges dropped, edges sorted,
     endpoints renumbered into the sorted ids that occur."""

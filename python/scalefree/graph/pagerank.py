@@ -48,13 +48,11 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
     ``owned`` (this rank's vertices in key order), ``owned_outdeg``, ``width`` (``B``),
     ``nkeys`` and ``vertices`` (the graph's vertex count). With ``replication`` r, ranks
     are r replicas of ``size / r`` logical nodes holding the same edges."""
-    from .io import compact_ids
+    from .io import local_ids
 
     me, size = logical_rank(group, replication)
     m = len(src)
-    ids, inv = compact_ids(np.concatenate([np.asarray(src, np.int64), np.asarray(dst, np.int64)]), n)
-    s_loc, d_loc = inv[:m], inv[m:]
-    del inv
+    ids, s_loc, d_loc = local_ids(src, dst, n)
 
     edges_all = int(group.allreduce(np.array([m], np.int64))[0]) // replication
     if n <= 2 * (edges_all // size) + 1:
