@@ -469,3 +469,65 @@ mod tests {
         assert!(degree_counts(&[0u32, 3], &[1, 1], 3).unwrap_err().contains("edge 1"));
     }
 }
+
+/// The distinct ids of the edges, sorted, and the edges as indices into them (`u32`), by a
+/// marker over `[0, n)`: one pass to mark, one to number, one to map. For callers whose id
+/// space is no larger than the edges' endpoints (then the marker costs no more than the
+/// edges); others sort. Errors name an id `>= n` or more than `u32::MAX` distinct ids.
+pub fn local_ids<I: Id>(src: &[I], dst: &[I], n: usize) -> Result<(Vec<u64>, Vec<u32>, Vec<u32>), String> {
+    if src.len() != dst.len() {
+        return Err(format!("local_ids: {} source ids but {} target ids", src.len(), dst.len()));
+    }
+    // pos[v] = u32::MAX while unseen; after numbering, v's index among the distinct ids.
+    let mut pos = vec![u32::MAX; n];
+    for (e, (&s, &d)) in src.iter().zip(dst).enumerate() {
+        let (s, d) = (s.u64(), d.u64());
+        if s.max(d) >= n as u64 {
+            return Err(format!("local_ids: edge {e} ({s}, {d}) has an id >= n = {n}"));
+        }
+        pos[s as usize] = 0;
+        pos[d as usize] = 0;
+    }
+    let mut ids = Vec::new();
+    for (v, p) in pos.iter_mut().enumerate() {
+        if *p == 0 {
+            if ids.len() >= u32::MAX as usize {
+                return Err("local_ids: 2**32 or more distinct ids".into());
+            }
+            *p = ids.len() as u32;
+            ids.push(v as u64);
+        }
+    }
+    let map = |a: &[I]| a.iter().map(|&x| pos[x.u64() as usize]).collect::<Vec<u32>>();
+    Ok((ids, map(src), map(dst)))
+}
+
+#[cfg(test)]
+mod local_ids_tests {
+    use super::local_ids;
+
+    #[test]
+    fn matches_a_sorted_reference() {
+        for (m, n, seed) in [(0usize, 5usize, 1u64), (1, 1, 2), (7, 20, 3), (5000, 300, 4)] {
+            let mut x = seed;
+            let mut next = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % n as u64) as u32
+            };
+            let src: Vec<u32> = (0..m).map(|_| next()).collect();
+            let dst: Vec<u32> = (0..m).map(|_| next()).collect();
+            let (ids, s, d) = local_ids(&src, &dst, n).unwrap();
+            let mut want: Vec<u64> = src.iter().chain(&dst).map(|&v| v as u64).collect();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(ids, want);
+            for e in 0..m {
+                assert_eq!(ids[s[e] as usize], src[e] as u64);
+                assert_eq!(ids[d[e] as usize], dst[e] as u64);
+            }
+        }
+        assert!(local_ids(&[3u32], &[0u32], 3).unwrap_err().contains(">= n"));
+    }
+}

@@ -148,6 +148,27 @@ pub fn degree_counts<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'p
     array(py, Owned::F64(deg))
 }
 
+/// `(ids, src, dst)`: the distinct ids of the edges (int64, sorted) and the edges as uint32
+/// indices into them, by a marker over `[0, n)` (for id spaces no larger than the edges'
+/// endpoints; `scalefree.graph.io.local_ids` sorts otherwise).
+#[pyfunction]
+pub fn local_ids<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>, n: usize) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let (sb, db) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?);
+    let (s, d) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?);
+    let got = match (s, d) {
+        (Ids::U32(s), Ids::U32(d)) => py.detach(|| edges::local_ids(s, d, n)),
+        (Ids::I64(s), Ids::I64(d)) => py.detach(|| edges::local_ids(s, d, n)),
+        (Ids::U64(s), Ids::U64(d)) => py.detach(|| edges::local_ids(s, d, n)),
+        (a, b) if a.len() == 0 && b.len() == 0 => Ok((Vec::new(), Vec::new(), Vec::new())),
+        (a, b) => return Err(invalid(py, format!("local_ids: src and dst must have the same dtype and length, got {} {} and {} {}", a.len(), a.dtype(), b.len(), b.dtype()))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop((sb, db));
+    let (i, s, d) = got;
+    let i: Vec<i64> = i.into_iter().map(|v| v as i64).collect();
+    Ok((array(py, Owned::I64(i))?, array(py, Owned::U32(s))?, array(py, Owned::U32(d))?))
+}
+
 fn u32s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u32]> {
     let f = b.format.trim_start_matches(['@', '=', '<']);
     if b.len_bytes() > 0 && (b.itemsize() != 4 || !matches!(f, "I" | "L")) {

@@ -190,14 +190,11 @@ def local_ids(src, dst, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     src, dst = np.asarray(src), np.asarray(dst)
     m = len(src)
     if 0 < n <= 2 * m:
-        mark = np.zeros(n, np.bool_)
-        mark[src] = True
-        mark[dst] = True
-        ids = np.flatnonzero(mark)
-        del mark
-        pos = np.empty(n, np.uint32 if len(ids) < 1 << 32 else np.int64)
-        pos[ids] = np.arange(len(ids), dtype=pos.dtype)
-        return ids, pos[src], pos[dst]
+        from .. import _native
+
+        if src.dtype != dst.dtype or src.dtype not in (np.uint32, np.int64, np.uint64):
+            src, dst = src.astype(np.int64), dst.astype(np.int64)
+        return _native.local_ids(np.ascontiguousarray(src), np.ascontiguousarray(dst), n)
     ids = _sorted_unique(np.concatenate([src.astype(np.int64), dst.astype(np.int64)]))
     it = np.uint32 if len(ids) < 1 << 32 else np.int64
     return ids, np.searchsorted(ids, src).astype(it), np.searchsorted(ids, dst).astype(it)
