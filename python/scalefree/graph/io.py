@@ -515,6 +515,12 @@ def owner_dedup(group, edges: list, n_ids: int, ranks: int | None = None, first:
     edges.clear()
     if src.dtype != dst.dtype or src.dtype.kind not in "iu":
         src, dst = src.astype(np.int64), dst.astype(np.int64)
+    if ranks == 1 and group.size == 1:  # one owner: no hash, no exchange
+        pairs = np.empty((len(src), 2), np.uint32 if n_ids <= 1 << 32 else np.int64)
+        pairs[:, 0] = src
+        pairs[:, 1] = dst
+        del src, dst
+        return _native.sort_dedup_pairs(pairs)
     pairs, cnt = _native.owner_partition(src, dst, ranks, "uint32" if n_ids <= 1 << 32 else "int64")
     del src, dst
     counts = np.zeros(group.size, np.int64)
