@@ -72,6 +72,29 @@ def message(e: BaseException) -> str:
     return " ".join(text.split("\n")[0].split()) if "\n" in text else text
 
 
+_REPORTER: list = []
+
+
+def _first_to_report() -> bool:
+    """In a job started by :func:`relaunch`, True for the first rank of this host that fails
+    (it binds an abstract socket named after the job, which vanishes with the process, so
+    nothing is left behind even after a crash); the others stay quiet, since several ranks
+    often meet the same bad input (an empty file). Elsewhere always True."""
+    import errno
+    import socket
+
+    job = os.environ.get("SCALEFREE_JOB_ID")
+    if not job or not os.environ.get(_REPORTS) or not sys.platform.startswith("linux"):
+        return True
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind("\0scalefree-report-" + job)
+    except OSError as e:
+        return e.errno != errno.EADDRINUSE
+    _REPORTER.append(s)  # held until exit
+    return True
+
+
 def run_guarded(prog: str, fn, args) -> int:
     """``fn(args)`` with the one error path: exceptions become one line and an exit code."""
     try:
@@ -92,7 +115,8 @@ def run_guarded(prog: str, fn, args) -> int:
         code = error_code(e)
         if code is None:
             return EXIT_FAILURE
-        print(f"{prog}: error: {message(e)}", file=sys.stderr, flush=True)
+        if _first_to_report():
+            print(f"{prog}: error: {message(e)}", file=sys.stderr, flush=True)
         if os.environ.get("SCALEFREE_TRACEBACK"):
             import traceback
 
