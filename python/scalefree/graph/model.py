@@ -46,6 +46,7 @@ class RmatShape:
     a: float = 0.57
     b: float = 0.19
     c: float = 0.19
+    spread: int = 1  # ids multiplied by this (an id space larger than 2**scale, same degrees)
 
     @property
     def d(self) -> float:
@@ -53,7 +54,7 @@ class RmatShape:
 
     @property
     def ids(self) -> int:
-        return 1 << self.scale
+        return (1 << self.scale) * self.spread
 
     def _groups(self, k: int, out: bool):
         """(multiplicity, presence probability) of the possible out- (or in-) edges of a
@@ -101,7 +102,8 @@ class RmatShape:
         return self.touched(1)
 
     def describe(self) -> str:
-        return (f"R-MAT scale {self.scale} ({self.ids} ids), {self.generated:.4g} generated edges, "
+        return (f"R-MAT scale {self.scale} ({self.ids} ids{f', spread x{self.spread}' if self.spread > 1 else ''}), "
+                f"{self.generated:.4g} generated edges, "
                 f"(a, b, c) = ({self.a}, {self.b}, {self.c}), expected degrees in closed form")
 
 
@@ -204,17 +206,23 @@ class Constants:
     partition_s_per_edge: float = 14.4e-9  # _native.owner_partition (0.23 s / 16M)
     dedup_s_per_edge: float = 25.0e-9  # _native.sort_dedup_pairs (0.40 s / 16M)
     exchange_local_s_per_edge: float = 21.5e-9  # alltoallv copies, fresh pages, the rest
-    setup_s_per_edge: float = 80.0e-9  # compaction, degree counts, from_edges, glue
-    setup_s_per_id: float = 40.0e-9  # dense path: arrays over the id space
-    setup_s_per_touched: float = 150.0e-9  # sparse path: sorting and two sparse allreduces' local work
+    # compaction, degree counts, from_edges, glue; by set-up path (the sparse one sorts)
+    setup_s_per_edge: dict = field(default_factory=lambda: {"dense": 90e-9, "sparse": 150e-9})
+    setup_s_per_id: float = 25.0e-9  # dense path: arrays over the id space
+    setup_s_per_touched: float = 100.0e-9  # sparse path: owner exchange of ids, two sparse allreduces' local work
     iteration_s_per_edge: float = 1.85e-9  # SpMV, per distinct edge of the rank
     iteration_s_per_touched: float = 5.0e-9  # vectors over the rank's slots
-    reduce_s_per_key: float = 3.0e-9  # the sparse reduce's local work per key
+    # The sparse reduce on one host, as ``scalefree.sparse.plan.probe`` measured it here at 2
+    # and 4 ranks: (fixed_s, round_s, msg_s, s_per_byte, s_per_key). The 2-rank figures (one
+    # rank per core) are the CPU part of a reduce across hosts too, added to the network's.
+    probed: dict = field(default_factory=lambda: {
+        2: (0.66e-6, 2.95e-6, 0.0, 1.30e-11, 1.39e-10),
+        4: (1.80e-3, 0.0, 0.0, 3.01e-9, 0.0)})
     # Memory per rank: a baseline, bytes per edge read (input share), per distinct edge,
     # per id of the id space (dense set-up path), per touched vertex.
     base_bytes: float = 120e6
     bytes_per_read_edge: dict = field(default_factory=lambda: {"npz": 0.0, "text": 0.0})
-    bytes_per_edge: float = 52.0
+    bytes_per_edge: dict = field(default_factory=lambda: {"dense": 52.0, "sparse": 80.0})
     bytes_per_id: float = 40.0
     bytes_per_touched: float = 100.0
     value_bytes: int = 8  # float64 scores
@@ -225,6 +233,24 @@ class Constants:
 
 def _log2(n: float) -> float:
     return math.log2(n) if n > 1 else 0.0
+
+
+def reduce_costs(cluster: Cluster, k: Constants):
+    """:class:`~scalefree.sparse.plan.Costs` of the sparse reduce on ``cluster``: on one host
+    the probed figures for its rank count (else the 2-rank ones, CPU terms times the
+    oversubscription); across hosts the 2-rank CPU figures plus the network's latency per
+    message and round and its bandwidth (the host's link shared by its ranks) per byte."""
+    from ..sparse.plan import Costs
+
+    p, over = cluster.ranks, cluster.oversubscription
+    if cluster.hosts == 1 and p in k.probed:
+        return Costs(*k.probed[p])
+    fixed, rnd, msg, per_byte, per_key = k.probed[2]
+    if cluster.hosts == 1:
+        return Costs(fixed, rnd, msg, per_byte * over, per_key * over)
+    lat = cluster.latency_us * 1e-6
+    return Costs(fixed + 2 * _log2(p) * lat, rnd + lat, msg + lat,
+                 per_byte * over + cluster.ranks_per_host / (cluster.net_gbps * 1e9), per_key * over)
 
 
 def dense_setup(ids: float, edges: float, ranks: int) -> bool:
@@ -240,7 +266,7 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
     (distinct) per rank, ``touched``, ``touched_out``, ``touched_in``, ``read_s``,
     ``exchange_s``, ``load_s``, ``setup_s``, ``setup_path``, ``iteration_s`` (with
     ``spmv_s`` and ``reduce_s``), ``reduce_degrees``, ``peak_bytes``."""
-    from ..sparse.plan import Costs, choose
+    from ..sparse.plan import choose, predict_time
 
     k = k or Constants()
     if fmt not in INPUT_BYTES_PER_EDGE:
@@ -268,15 +294,13 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
     exchange = over * e_read * (k.partition_s_per_edge + k.dedup_s_per_edge + k.exchange_local_s_per_edge) + wire
     # 3. set-up
     dense = dense_setup(ids, shape.edges, p)
-    costs = Costs(fixed_s=2 * _log2(p) * lat, round_s=lat if h > 1 else 0.0, msg_s=lat if h > 1 else 0.0,
-                  s_per_byte=1 / net if h > 1 else 0.0, s_per_key=k.reduce_s_per_key * over)
+    costs = reduce_costs(cluster, k)
     keys = shape.vertices * 1.0  # nkeys: owners' widths x P ~ the vertices
     plan = choose(p, t_out, keys, k.value_bytes, costs)
-    from ..sparse.plan import predict_time
-
     reduce_s = predict_time(plan["degrees"], t_out, keys, k.value_bytes, costs) if p > 1 else 0.0
     config_s = predict_time(plan["degrees"], t_out, keys, 8 + k.value_bytes, costs) if p > 1 else 0.0
-    local = over * (e * k.setup_s_per_edge)
+    path = "dense" if dense else "sparse"
+    local = over * (e * k.setup_s_per_edge[path])
     if dense:
         setup = local + over * ids * k.setup_s_per_id + allreduce_s(24 * ids) + config_s
     else:
@@ -286,9 +310,9 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
     spmv = over * (e * k.iteration_s_per_edge + (t_in + t_out) * k.iteration_s_per_touched)
     iteration = spmv + reduce_s + (2 * _log2(h) * lat if h > 1 else 0.0)
     # memory
-    peak = (k.base_bytes + k.bytes_per_read_edge[fmt] * e_read + k.bytes_per_edge * e
+    peak = (k.base_bytes + k.bytes_per_read_edge[fmt] * e_read + k.bytes_per_edge[path] * e
             + (k.bytes_per_id * ids if dense else 0.0) + k.bytes_per_touched * t)
     return {"ranks": p, "hosts": h, "edges_read": e_read, "edges": e, "touched": t, "touched_out": t_out,
             "touched_in": t_in, "read_s": read, "exchange_s": exchange, "load_s": read + exchange,
-            "setup_s": setup, "setup_path": "dense" if dense else "sparse", "iteration_s": iteration,
+            "setup_s": setup, "setup_path": path, "iteration_s": iteration,
             "spmv_s": spmv, "reduce_s": reduce_s, "reduce_degrees": plan["degrees"], "peak_bytes": peak}

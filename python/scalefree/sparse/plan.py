@@ -259,7 +259,7 @@ def _probe_here(n: int) -> Costs:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/costs.json"
-        code = ("import json, dataclasses, scalefree; from scalefree import sparse_plan; g = scalefree.init(); "
+        code = ("import json, dataclasses, scalefree; from scalefree.sparse import plan as sparse_plan; g = scalefree.init(); "
                 "c = sparse_plan.probe(g); g.rank == 0 and open(%r, 'w').write(json.dumps(dataclasses.asdict(c)))" % out)
         rc = subprocess.call([sys.executable, "-m", "scalefree.launch.launcher", "-n", str(n), "--", sys.executable, "-c", code])
         if rc != 0:
@@ -327,6 +327,8 @@ def run_check(args) -> int:
     worst = 0.0
     for run in runs:
         shape = _shape(args, run["generated"], run["ids"])
+        if run.get("spread", 1) > 1 and not args.degrees:
+            shape = model.RmatShape(run["scale"], float(run["generated"]), spread=run["spread"])
         c = model.Cluster(1, run["ranks"], run.get("cores", args.cores), args.net_gbps, args.latency_us)
         r = model.predict(shape, c, run["format"])
         pairs = [("read s", r["read_s"], run.get("read_s")), ("exchange s", r["exchange_s"], run.get("exchange_s")),
