@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from scalefree.graph import model
 from scalefree.graph.io import edge_owner
 from scalefree.graph.rmat import rmat_blocks
@@ -70,7 +69,7 @@ def test_touched_matches_brute_force_under_the_edge_hash(graph, ranks):
 
 def test_touched_is_not_the_naive_guesses(graph):
     # Neither every vertex nor 2E/P endpoints: the model must sit strictly between.
-    scale, m, s, d, hist = graph
+    _, _, s, _, hist = graph
     for p in (4, 16):
         t = hist.touched(p)
         assert t < 0.9 * hist.vertices and t < 0.9 * 2 * len(s) / p
@@ -161,6 +160,18 @@ def test_cli_degrees_file_and_check():
     assert "copies" in out
     out = _cli("--pagerank", "--check", str(CHECK))
     runs = json.loads(CHECK.read_text())
-    assert len([line for line in out.splitlines() if "set-up s" in line]) == len(runs)
+    rows = [line for line in out.splitlines() if line.split() and line.split()[1:2] and line.split()[1].isdigit()]
+    assert len(rows) == len(runs) and all(row.count("%") == 6 for row in rows)
+    assert all("+0%" in row for row in rows if "(calibration)" in row)  # calibration rows fit exactly
     worst = float(out.strip().splitlines()[-1].split()[-1].rstrip("%"))
     assert math.isfinite(worst) and worst < 100  # the committed check stays within a factor of 2
+
+
+def test_default_constants_are_the_calibration_of_the_committed_runs():
+    got = model.calibrate(json.loads(CHECK.read_text()))
+    k = model.Constants()
+    for name in ("read_s_per_edge", "setup_s_per_edge", "bytes_per_edge"):
+        for key, v in getattr(k, name).items():
+            assert getattr(got, name)[key] == pytest.approx(v, rel=0.01), (name, key)
+    for name in ("dedup_s_per_edge", "exchange_local_s_per_edge", "iteration_s_per_edge"):
+        assert getattr(got, name) == pytest.approx(getattr(k, name), rel=0.01), name

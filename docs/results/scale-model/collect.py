@@ -20,10 +20,10 @@ def stages(log: Path) -> dict:
     out = {}
     if log.exists():
         text = log.read_text()
-        m = re.search(r"^code: (.*)$", text, re.M)
+        m = re.search(r"^code: (.*)$", text, re.MULTILINE)
         if m:
-            out["code"] = m.group(1)
-        m = re.search(r"^read \d+ edges .* in ([\d.]+) s", text, re.M)
+            out["code"] = re.sub(r" exit \d+$", "", m.group(1))
+        m = re.search(r"^read \d+ edges .* in ([\d.]+) s", text, re.MULTILINE)
         if m:
             out["read_s"] = float(m.group(1))
         m = re.search(r"distinct edges in ([\d.]+) s", text)

@@ -94,8 +94,11 @@ class RmatShape:
     @property
     def edges(self) -> float:
         """Expected distinct edges."""
-        return float(sum(_comb(self.scale, k) * (lambda m, q: (m * q).sum())(*self._groups(k, True))
-                         for k in range(self.scale + 1)))
+        total = 0.0
+        for k in range(self.scale + 1):
+            m, q = self._groups(k, True)
+            total += _comb(self.scale, k) * float((m * q).sum())
+        return total
 
     @property
     def vertices(self) -> float:
@@ -129,7 +132,7 @@ class HistogramShape:
 
     @property
     def ids(self) -> int:
-        return int(round(self.ids_ref * self.copies))
+        return round(self.ids_ref * self.copies)
 
     @property
     def generated(self) -> float:
@@ -148,7 +151,7 @@ class HistogramShape:
         deg, cnt = h[:, 0].astype(float), h[:, 1].astype(float)
         return float((cnt * -np.expm1(deg * _log1m(np.full(len(deg), 1.0 / ranks)))).sum()) * self.copies
 
-    def scaled_to(self, generated: float) -> "HistogramShape":
+    def scaled_to(self, generated: float) -> HistogramShape:
         return replace(self, copies=generated / self.generated_ref)
 
     def describe(self) -> str:
@@ -179,7 +182,7 @@ class Cluster:
 
     hosts: int
     ranks_per_host: int = 1
-    cores_per_host: int = 2
+    cores_per_host: float = 2
     net_gbps: float = 12.5
     latency_us: float = 5.0
     storage_gbps: float = math.inf
@@ -202,16 +205,17 @@ class Constants:
     """Single-core costs (seconds per item) and memory (bytes per item); defaults calibrated
     on this repository's 2-core machine, see docs/scale-model.md."""
 
-    read_s_per_edge: dict = field(default_factory=lambda: {"npz": 20.6e-9, "text": 57.2e-9})
+    # Defaults: calibrate(docs/results/scale-model/check.json) (the test keeps them in step).
+    read_s_per_edge: dict = field(default_factory=lambda: {"npz": 26.4e-9, "text": 48.9e-9})
     partition_s_per_edge: float = 14.4e-9  # _native.owner_partition (0.23 s / 16M)
-    dedup_s_per_edge: float = 25.0e-9  # _native.sort_dedup_pairs (0.40 s / 16M)
-    exchange_local_s_per_edge: float = 21.5e-9  # alltoallv copies, fresh pages, the rest
+    dedup_s_per_edge: float = 53.8e-9  # one rank: the sort-dedup and its conversions (kernel alone: 25)
+    exchange_local_s_per_edge: float = 28.4e-9  # P > 1: the alltoallv's copies, fresh pages, the rest
     # compaction, degree counts, from_edges, glue; by set-up path (the sparse one sorts)
-    setup_s_per_edge: dict = field(default_factory=lambda: {"dense": 90e-9, "sparse": 150e-9})
+    setup_s_per_edge: dict = field(default_factory=lambda: {"dense": 69.6e-9, "sparse": 586e-9})
     setup_s_per_id: float = 25.0e-9  # dense path: arrays over the id space
-    setup_s_per_touched: float = 100.0e-9  # sparse path: owner exchange of ids, two sparse allreduces' local work
-    iteration_s_per_edge: float = 1.85e-9  # SpMV, per distinct edge of the rank
-    iteration_s_per_touched: float = 5.0e-9  # vectors over the rank's slots
+    setup_s_per_touched: float = 700.0e-9  # sparse path: the two config_reduce calls (profiled at 1 and 2 ranks)
+    iteration_s_per_edge: float = 2.51e-9  # SpMV, per distinct edge of the rank
+    iteration_s_per_touched: float = 2.0e-9  # vectors over the rank's slots
     # The sparse reduce on one host, as ``scalefree.sparse.plan.probe`` measured it here at 2
     # and 4 ranks: (fixed_s, round_s, msg_s, s_per_byte, s_per_key). The 2-rank figures (one
     # rank per core) are the CPU part of a reduce across hosts too, added to the network's.
@@ -220,9 +224,9 @@ class Constants:
         4: (1.80e-3, 0.0, 0.0, 3.01e-9, 0.0)})
     # Memory per rank: a baseline, bytes per edge read (input share), per distinct edge,
     # per id of the id space (dense set-up path), per touched vertex.
-    base_bytes: float = 120e6
+    base_bytes: float = 55e6  # graph pagerank of a 100k-edge graph: 52-58 MB per rank
     bytes_per_read_edge: dict = field(default_factory=lambda: {"npz": 0.0, "text": 0.0})
-    bytes_per_edge: dict = field(default_factory=lambda: {"dense": 52.0, "sparse": 80.0})
+    bytes_per_edge: dict = field(default_factory=lambda: {"dense": 34.7, "sparse": 47.2})
     bytes_per_id: float = 40.0
     bytes_per_touched: float = 100.0
     value_bytes: int = 8  # float64 scores
@@ -291,7 +295,10 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
                r * e_read * INPUT_BYTES_PER_EDGE[fmt] / (cluster.storage_gbps * 1e9))
     # 2. owner exchange: partition, alltoallv of 8-byte pairs, radix sort-dedup
     wire = 8 * e_read * leave_host / net + (p - 1) * lat if h > 1 else 0.0
-    exchange = over * e_read * (k.partition_s_per_edge + k.dedup_s_per_edge + k.exchange_local_s_per_edge) + wire
+    if p == 1:  # owner_dedup on one rank: the sort-dedup alone
+        exchange = over * e_read * k.dedup_s_per_edge
+    else:
+        exchange = over * e_read * (k.partition_s_per_edge + k.dedup_s_per_edge + k.exchange_local_s_per_edge) + wire
     # 3. set-up
     dense = dense_setup(ids, shape.edges, p)
     costs = reduce_costs(cluster, k)
@@ -316,3 +323,57 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
             "touched_in": t_in, "read_s": read, "exchange_s": exchange, "load_s": read + exchange,
             "setup_s": setup, "setup_path": path, "iteration_s": iteration,
             "spmv_s": spmv, "reduce_s": reduce_s, "reduce_degrees": plan["degrees"], "peak_bytes": peak}
+
+
+def run_shape(run: dict):
+    """The :class:`RmatShape` of a measured run's record (``scale``, ``generated``,
+    ``spread``; see docs/results/scale-model/collect.py)."""
+    return RmatShape(int(run["scale"]), float(run["generated"]), spread=int(run.get("spread", 1)))
+
+
+def calibrate(runs: list, k: Constants | None = None) -> Constants:
+    """Constants from measured ``scalefree graph pagerank`` runs (medians; the records of
+    docs/results/scale-model/collect.py). From the 1-rank runs, per edge: the read (per
+    format), the sort-dedup (one rank exchanges nothing), the set-up per path (less the
+    per-id term on the dense path, the per-touched term on the sparse one), the SpMV (less
+    the per-slot term) and the bytes (per path, less the baseline, id and touched terms;
+    text's extra bytes per edge read over npz's). From the 2-rank runs: the exchange's local
+    part beyond the kernels (partition, the alltoallv's copies). The per-id, per-touched,
+    per-slot, partition and memory per-id/per-touched constants of ``k`` are kept (kernel
+    timings, profiles and code reading). The rest of the runs are the check."""
+    k = k or Constants()
+    read, setup, nbytes = dict(k.read_s_per_edge), dict(k.setup_s_per_edge), dict(k.bytes_per_edge)
+    read_bytes = dict(k.bytes_per_read_edge)
+    dedup, it, local = [], [], []
+    peak_npz = None
+    for r in sorted(runs, key=lambda r: r["ranks"]):
+        shape = run_shape(r)
+        p = r["ranks"]
+        e_read, e, n = shape.generated / p, shape.edges / p, float(shape.ids)
+        t = shape.touched(p)
+        path = "dense" if dense_setup(n, shape.edges, p) else "sparse"
+        if p == 1 and r.get("spread", 1) == 1:
+            if "read_s" in r:
+                read[r["format"]] = r["read_s"] / e_read
+            if "exchange_s" in r:
+                dedup.append(r["exchange_s"] / e_read)
+        if p == 1 and r["format"] == "npz":
+            setup[path] = (r["setup_s"] - (k.setup_s_per_id * n if path == "dense" else k.setup_s_per_touched * t)) / e
+            slots = shape.touched(1, "out") + t + shape.touched(1, "in")  # in slots (sources, owned), out slots
+            it.append((r["per_iteration_s"] - slots * k.iteration_s_per_touched) / e)
+            rest = r["peak_rss_bytes"] - k.base_bytes - (k.bytes_per_id * n if path == "dense" else 0.0) \
+                - k.bytes_per_touched * t
+            nbytes[path] = rest / e
+            if path == "dense":
+                peak_npz = r["peak_rss_bytes"]
+        if p == 1 and r["format"] == "text" and peak_npz is not None and r.get("spread", 1) == 1:
+            read_bytes["text"] = max(0.0, (r["peak_rss_bytes"] - peak_npz) / e_read)
+    d = float(np.median(dedup)) if dedup else k.dedup_s_per_edge
+    for r in runs:
+        if r["ranks"] == 2 and r.get("spread", 1) == 1 and "exchange_s" in r:
+            e_read = run_shape(r).generated / 2
+            local.append(r["exchange_s"] / e_read - k.partition_s_per_edge - d)
+    return replace(k, read_s_per_edge=read, setup_s_per_edge=setup, bytes_per_edge=nbytes,
+                   bytes_per_read_edge=read_bytes, dedup_s_per_edge=d,
+                   exchange_local_s_per_edge=max(0.0, float(np.median(local))) if local else k.exchange_local_s_per_edge,
+                   iteration_s_per_edge=float(np.median(it)) if it else k.iteration_s_per_edge)
