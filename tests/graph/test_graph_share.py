@@ -98,10 +98,10 @@ def test_part_directory_and_glob_round_robin(tmp_path):
     assert len(s0) == (90 - 0) + (250 - 90)  # parts 1 and 3
 
 
-def test_mtx_shares_are_zero_based_and_symmetric_files_mirror(tmp_path):
+def test_mtx_shares_keep_ids_as_written_and_symmetric_files_mirror(tmp_path):
     f = tmp_path / "g.mtx"
     f.write_text("%%MatrixMarket matrix coordinate pattern symmetric\n% c\n5 5 4\n2 1\n3 1\n4 4\n5 2\n")
-    want = ([1, 2, 3, 4, 0, 0, 1], [0, 0, 3, 1, 1, 2, 4])
+    want = ([2, 3, 4, 5, 1, 1, 2], [1, 1, 4, 2, 2, 3, 5])
     for p in range(1, 5):
         got = shares(f, p)
         assert same_multiset(got, (np.array(want[0]), np.array(want[1]))), p

@@ -20,40 +20,20 @@ class EdgeListError(DataError):
 
 def read_edge_list(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads a SNAP-style edge list (`#` comments, two integer ids per line, any
-    whitespace). Returns (src, dst, ids) with src/dst as compact 0-based indices into the
-    sorted array of original ids."""
+    whitespace) in one process, duplicates kept. Returns (src, dst, ids) with src/dst as
+    compact 0-based indices into the sorted array of original ids. Raises
+    :class:`EdgeListError` naming the file and line of a bad line."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    raw = path.read_bytes()
-    lines = raw.splitlines()
-    keep = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(b"#")]
     try:
-        flat = np.array(b" ".join(keep).split(), dtype=np.int64)
-        ok = flat.size == 2 * len(keep) and all(len(ln.split()) == 2 for ln in keep)
-    except ValueError:
-        ok = False
-    if not ok:
-        for no, ln in enumerate(lines, 1):
-            s = ln.strip()
-            if not s or s.startswith(b"#"):
-                continue
-            fields = s.split()
-            if len(fields) != 2:
-                raise EdgeListError(f"{path}:{no}: expected 2 fields (from to), found {len(fields)}: {s[:60]!r}")
-            for f in fields:
-                try:
-                    int(f)
-                except ValueError:
-                    raise EdgeListError(f"{path}:{no}: {f.decode(errors='replace')!r} is not an integer vertex id") from None
-        raise EdgeListError(f"{path}: could not parse")  # pragma: no cover
-    pairs = flat.reshape(-1, 2)
-    if (pairs < 0).any():
-        no = int(np.argmax((pairs < 0).any(axis=1)))
-        raise EdgeListError(f"{path}: edge {no + 1} has a negative vertex id")
-    ids, inverse = np.unique(pairs, return_inverse=True)
-    inverse = inverse.reshape(-1, 2)
-    return inverse[:, 0].copy(), inverse[:, 1].copy(), ids
+        src, dst = _text_share(path, 0, 1)
+    except EdgeListError:
+        raise
+    except DataError as e:
+        raise EdgeListError(str(e)) from None
+    ids, inverse = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    return inverse[: len(src)].copy(), inverse[len(src):].copy(), ids
 
 
 class GraphFormatError(DataError):
@@ -61,104 +41,11 @@ class GraphFormatError(DataError):
 
 
 def read_edges(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An edge file → (src, dst, ids) with compact 0-based ids into the sorted ids that
-    occur; duplicate edges dropped (as a networkx DiGraph reads them). Formats, by name:
-    ``.npz`` (arrays ``src`` and ``dst``, or a scipy sparse matrix from ``save_npz``:
-    entry (i, j) is the edge i -> j, 0-based ids), ``.mtx`` / ``.mtx.gz`` (Matrix Market
-    coordinate: entry (i, j) is the edge i -> j, 1-based ids as written; symmetric files
-    give both directions), anything else a SNAP edge list (``#`` comments, tab or space,
-    ``.gz`` allowed)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    name = path.name.lower()
-    if name.endswith(".npz"):
-        return compact_edges(*_read_npz(path))
-    if name.endswith(".mtx") or name.endswith(".mtx.gz"):
-        return compact_edges(*_read_mtx(path))
-    if path.suffix == ".gz":
-        import tempfile
-
-        with gzip.open(path, "rb") as f, tempfile.NamedTemporaryFile(suffix=path.stem) as tmp:
-            tmp.write(f.read())
-            tmp.flush()
-            src, dst, ids = read_edge_list(tmp.name)
-    else:
-        src, dst, ids = read_edge_list(path)
-    pairs = np.unique(np.stack([src, dst], axis=1), axis=0)
-    return pairs[:, 0].copy(), pairs[:, 1].copy(), ids
-
-
-def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        keys = set(z.files)
-        if {"src", "dst"} <= keys:
-            src, dst = np.asarray(z["src"]), np.asarray(z["dst"])
-            if src.shape != dst.shape or src.ndim != 1:
-                raise GraphFormatError(f"{path}: src and dst must be 1-D arrays of one length, "
-                                       f"got shapes {src.shape} and {dst.shape}")
-        elif "format" in keys:
-            fmt = z["format"].item()
-            fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
-            if fmt == "coo":
-                src, dst = z["row"], z["col"]
-            elif fmt in ("csr", "csc"):
-                indptr, indices = z["indptr"], z["indices"]
-                major = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-                src, dst = (major, indices) if fmt == "csr" else (indices, major)
-            else:
-                raise GraphFormatError(f"{path}: scipy sparse format {fmt!r} is not supported (csr, csc, coo are)")
-        else:
-            raise GraphFormatError(f"{path}: expected arrays 'src' and 'dst' or a scipy sparse matrix "
-                                   f"(save_npz), found {sorted(keys)}")
-    for what, a in (("src", src), ("dst", dst)):
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise GraphFormatError(f"{path}: {what} must hold integer vertex ids, got {a.dtype}")
-        if a.size and a.min() < 0:
-            raise GraphFormatError(f"{path}: {what} has a negative vertex id")
-    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
-
-
-def _read_mtx(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rt") as f:
-        header = f.readline().split()
-        if len(header) != 5 or header[0] != "%%MatrixMarket" or header[1].lower() != "matrix":
-            raise GraphFormatError(f"{path}:1: not a Matrix Market header (%%MatrixMarket matrix coordinate ...)")
-        fmt, field, symmetry = (h.lower() for h in header[2:])
-        if fmt != "coordinate":
-            raise GraphFormatError(f"{path}:1: only the coordinate format holds a graph, got {fmt!r}")
-        ncols = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}.get(field)
-        if ncols is None:
-            raise GraphFormatError(f"{path}:1: unknown field {field!r}")
-        if symmetry not in ("general", "symmetric", "skew-symmetric", "hermitian"):
-            raise GraphFormatError(f"{path}:1: unknown symmetry {symmetry!r}")
-        line_no = 1
-        for line in f:
-            line_no += 1
-            if line.strip() and not line.startswith("%"):
-                break
-        else:
-            raise GraphFormatError(f"{path}: no size line")
-        try:
-            rows, cols, nnz = (int(x) for x in line.split())
-        except ValueError:
-            raise GraphFormatError(f"{path}:{line_no}: expected 'rows cols entries', got {line.strip()[:60]!r}") from None
-        body = [ln for ln in f.read().splitlines() if ln.strip() and not ln.startswith("%")]
-    try:
-        flat = np.array(" ".join(body).split(), dtype=np.float64)
-    except ValueError:
-        raise GraphFormatError(f"{path}: an entry is not numeric") from None
-    if flat.size != nnz * ncols:
-        raise GraphFormatError(f"{path}: expected {nnz} entries of {ncols} fields, found {flat.size} fields")
-    e = flat.reshape(nnz, ncols)
-    src, dst = e[:, 0].astype(np.int64), e[:, 1].astype(np.int64)
-    if nnz and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
-        raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
-    if symmetry != "general":
-        off = src != dst
-        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
-    return src, dst
+    """An edge file, whole, in one process → (src, dst, ids) with compact 0-based ids into the
+    sorted ids that occur; duplicate edges dropped (as a networkx DiGraph reads them). Any
+    form :func:`read_edge_share` reads; multi-rank
+    jobs read shares instead (:func:`load_graph`)."""
+    return compact_edges(*read_edge_share(path, 0, 1))
 
 
 def partition_edges(src, dst, rank: int, size: int, seed: int = 0):
@@ -244,7 +131,7 @@ def edge_parts(path) -> list[Path] | None:
 
 def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
-    written (0-based; Matrix Market's 1-based ids are shifted down by one). Every edge of
+    written (Matrix Market's are 1-based). Every edge of
     the input is in exactly one rank's share; duplicates are kept (see
     :func:`owner_dedup`).
 
@@ -435,8 +322,8 @@ def _npz_share(path, rank, size):
         return _check_ids(path, major, minor) if fmt == "csr" else _check_ids(path, minor, major)
 
 
-def _mtx_header(path) -> tuple[int, str, int, int]:
-    """(byte offset of the body in the decompressed text, symmetry, rows, cols)."""
+def _mtx_header(path) -> tuple[int, str, int, int, int]:
+    """(byte offset of the body in the decompressed text, symmetry, rows, cols, entries)."""
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     with opener(path, "rb") as f:
         first = f.readline()
@@ -459,20 +346,23 @@ def _mtx_header(path) -> tuple[int, str, int, int]:
         else:
             raise GraphFormatError(f"{path}: no size line")
         try:
-            rows, cols, _ = (int(x) for x in line.split())
+            rows, cols, nnz = (int(x) for x in line.split())
         except ValueError:
             raise GraphFormatError(f"{path}:{line_no}: expected 'rows cols entries', got "
                                    f"{line.strip()[:60].decode(errors='replace')!r}") from None
-    return offset, symmetry, rows, cols
+    return offset, symmetry, rows, cols, nnz
 
 
 def _mtx_share(path, rank, size):
-    offset, symmetry, rows, cols = _mtx_header(path)
+    """Rank's share of a Matrix Market coordinate file: entry (i, j) is the edge i -> j, ids
+    1-based as written; symmetric files give both directions. Read whole (one rank), the
+    entry count of the size line is checked too."""
+    offset, symmetry, rows, cols, nnz = _mtx_header(path)
     src, dst = _text_share(path, rank, size, offset=offset, max_fields=4)
+    if size == 1 and len(src) != nnz:
+        raise GraphFormatError(f"{path}: expected {nnz} entries (the size line), found {len(src)}")
     if len(src) and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
         raise GraphFormatError(f"{path}: an entry lies outside the {rows} x {cols} matrix (ids are 1-based)")
-    src -= 1
-    dst -= 1
     if symmetry != "general":
         off = src != dst
         src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
