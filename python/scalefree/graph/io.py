@@ -32,8 +32,8 @@ def read_edge_list(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.
         raise
     except DataError as e:
         raise EdgeListError(str(e)) from None
-    ids, inverse = np.unique(np.concatenate([src, dst]), return_inverse=True)
-    return inverse[: len(src)].copy(), inverse[len(src):].copy(), ids
+    ids, s, d = local_ids(src, dst, int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
+    return s.astype(np.int64), d.astype(np.int64), ids
 
 
 class GraphFormatError(DataError):
@@ -92,10 +92,10 @@ def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     endpoints renumbered into the sorted ids that occur."""
     src = np.asarray(src, np.int64)
     dst = np.asarray(dst, np.int64)
-    ids, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
-    m = len(src)
-    key = np.unique(inv[:m].astype(np.int64) * max(1, len(ids)) + inv[m:])
-    return key // max(1, len(ids)), key % max(1, len(ids)), ids
+    ids, s, d = local_ids(src, dst, int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
+    w = max(1, len(ids))
+    key = _sorted_unique(s.astype(np.int64) * w + d)
+    return key // w, key % w, ids
 
 
 # ---------------------------------------------------------------------------------------
@@ -439,10 +439,11 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
+    mine = share_bytes(path, me, m) if progress and group.rank == 0 else 0
     if progress and group.rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=share_bytes(path, me, m), unit="B", unit_scale=True, file=sys.stderr, leave=False,
+        bar = tqdm(total=mine, unit="B", unit_scale=True, file=sys.stderr, leave=False,
                    desc="reading rank 0's share")
     try:
         src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update)
@@ -453,7 +454,7 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
     n_ids = int(group.allreduce(top, op="max")[0])
     if progress and group.rank == 0:
         dt = time.perf_counter() - t0
-        print(f"read {len(src)} edges (rank 0's share, {share_bytes(path, me, m) / 1e6:.0f} MB) in {dt:.2f} s",
+        print(f"read {len(src)} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
               file=sys.stderr, flush=True)
     first = (group.rank // m) * m
     t1 = time.perf_counter()
