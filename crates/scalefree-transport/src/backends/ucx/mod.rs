@@ -1080,7 +1080,7 @@ impl Net {
     /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
-    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, timeout: std::time::Duration,
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
         let setting = lanes::setting();
         let listener = match setting {
@@ -1092,7 +1092,7 @@ impl Net {
         let addrs: Vec<Option<std::net::SocketAddr>> = all.iter().map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok())).collect();
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, token, timeout)?;
+        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, &lanes::lane_key(token, job_id), timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
