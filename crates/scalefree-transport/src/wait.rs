@@ -26,17 +26,18 @@ pub struct WaitPolicy {
     /// Give up after this long with [`Error::Timeout`] (peers still alive but silent).
     pub timeout: Duration,
     /// Warn on stderr after this long without progress (`SCALEFREE_PEER_TIMEOUT`, default
-    /// [`DEFAULT_PEER_TIMEOUT`]; zero: never), and again each time the wait doubles.
+    /// [`DEFAULT_PEER_TIMEOUT`]; zero: never), and again each time the wait doubles. (A peer
+    /// on another host silent this long counts as lost: see the UCX backend's heartbeats.)
     pub peer_timeout: Duration,
 }
 
 /// How long a wait lasts before it warns that a live peer makes no progress.
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `SCALEFREE_PEER_TIMEOUT` in seconds (fractions allowed; 0 turns the warning off).
+/// `SCALEFREE_PEER_TIMEOUT` in seconds (fractions allowed; positive).
 pub fn peer_timeout_from_env() -> Duration {
     std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0).map(Duration::from_secs_f64).unwrap_or(DEFAULT_PEER_TIMEOUT)
+        .filter(|s| s.is_finite() && *s > 0.0).map(Duration::from_secs_f64).unwrap_or(DEFAULT_PEER_TIMEOUT)
 }
 
 /// This process's rank and the host name of every rank, for the warnings of waits.

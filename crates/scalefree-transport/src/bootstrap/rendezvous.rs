@@ -402,8 +402,9 @@ impl Rendezvous {
     }
 }
 
-/// Listens on `host:port` (the master address), or on every interface when `host` is not
-/// an address of this machine.
+/// Listens on `host:port` (the master address: the interface the other hosts reach), or,
+/// when `host` is not an address of this machine (behind NAT, say), on every interface,
+/// with a warning (only ranks that prove the job's secret get in either way).
 fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
     let mut last = None;
     let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(|e| Error::io(format!("resolve {host}:{port}"), e))?.collect();
@@ -413,8 +414,15 @@ fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
             Err(e) => last = Some(e),
         }
     }
-    if let Ok(l) = TcpListener::bind(("0.0.0.0", port)) {
-        return Ok(l);
+    let not_local = matches!(&last, Some(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable);
+    if not_local {
+        if let Ok(l) = TcpListener::bind(("0.0.0.0", port)) {
+            eprintln!(
+                "scalefree: warning: the master address {host} is not an address of this host: \
+                 the rendezvous listens on every interface (port {port})"
+            );
+            return Ok(l);
+        }
     }
     Err(match last {
         Some(e) if e.kind() == std::io::ErrorKind::AddrInUse => bs(format!(

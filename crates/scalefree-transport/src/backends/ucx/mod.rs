@@ -1224,10 +1224,9 @@ fn progress_loop(sh: &Shared, efd: c_int) {
 }
 
 /// Silence after which a peer on another host counts as lost (`SCALEFREE_PEER_TIMEOUT`
-/// seconds, default 30).
+/// seconds, default 30; on one host the same silence from a live peer is a warning).
 fn peer_timeout() -> std::time::Duration {
-    let s = std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(30.0);
-    std::time::Duration::from_secs_f64(s)
+    crate::wait::peer_timeout_from_env()
 }
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
