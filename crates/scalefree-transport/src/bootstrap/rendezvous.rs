@@ -784,6 +784,16 @@ mod tests {
         let (reply, _) = recv_frame(&mut s).unwrap();
         let reply = String::from_utf8_lossy(&reply).into_owned();
         assert!(reply.contains("runs scalefree 0.0.1 but rank 0 runs"), "{reply}");
+        // A joiner that skips checking rank 0's tag and answers with a made-up one.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let hello = hello_bytes(1, 2, &[9u8; 32]);
+        send_frame(&mut s, &hello, None).unwrap();
+        let (challenge, _) = recv_frame(&mut s).unwrap();
+        assert_eq!(challenge.len(), 64);
+        send_frame(&mut s, &[0u8; 32], None).unwrap();
+        let (reply, _) = recv_frame(&mut s).unwrap();
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        assert!(reply.contains("REFUSED: rank 1 presented the wrong job token"), "{reply}");
         let host_err = host.join().unwrap();
         assert!(matches!(host_err, Some(Error::Timeout { .. })), "{host_err:?}");
     }
