@@ -22,7 +22,6 @@ bytes against the budget.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -151,7 +150,7 @@ def _svd(args) -> int:
     import numpy as np
 
     from .. import flash
-    from .._atomic import atomic_path
+    from .._atomic import atomic_path, write_json
     from ..errors import ScalefreeError
 
     try:
@@ -185,8 +184,7 @@ def _svd(args) -> int:
         doc = {"data": args.data, "k": args.k, "singular_values": [float(v) for v in np.asarray(s)[order]],
                "load_seconds": load_s, "seconds": solve_s, "memory_budget_bytes": rt.memory_budget_bytes,
                **{key: v for key, v in stats.items() if isinstance(v, (int, float, str))}}
-        with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(args.json, doc)
     return 0
 
 
