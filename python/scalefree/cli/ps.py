@@ -208,7 +208,7 @@ def cli_train(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="scalefree-ps-") as tmp:
         out = str(Path(tmp) / "res")
-        argv = [sys.executable, "-m", "scalefree.tensors.ps_train", "--ranks", str(args.ranks), "--data", args.data,
+        argv = [sys.executable, "-m", "scalefree.cli.ps", "--ranks", str(args.ranks), "--data", args.data,
                 "--steps", str(args.steps), "--batch", str(args.batch), "--lr", repr(args.lr),
                 "--transport", args.transport, "--seed", str(args.seed), "--out", out,
                 "--hidden", *[str(h) for h in args.hidden]]
