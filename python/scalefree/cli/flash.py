@@ -77,10 +77,8 @@ class _Progress:
 
     def __init__(self, rt, label: str, show: bool, interval: float = 0.25):
         self.rt, self.label, self.show, self.interval = rt, label, show, interval
-        self.tty = sys.stderr.isatty()
         self.start = rt._rt.progress
         self.t0 = time.perf_counter()
-        self.last_line = 0.0
         self.bar = None
 
     def run(self, work):
@@ -94,10 +92,10 @@ class _Progress:
 
         thread = threading.Thread(target=target, name="scalefree-flash-work", daemon=True)
         thread.start()
-        if self.show and self.tty:
-            from tqdm import tqdm
+        if self.show:
+            from .._progress import bar
 
-            self.bar = tqdm(total=0, desc=self.label, unit=" tasks", file=sys.stderr, leave=True)
+            self.bar = bar(0, self.label, " tasks", every=5.0)
         try:
             while thread.is_alive():
                 thread.join(self.interval)
@@ -120,15 +118,10 @@ class _Progress:
         added, done, read, written = self.counters()
         elapsed = time.perf_counter() - self.t0
         rate = (read + written) / elapsed / 1e9 if elapsed > 0 else 0.0
-        io = f"read {_gib(read)}, wrote {_gib(written)}, {rate:.2f} GB/s"
-        if self.bar is not None:
-            self.bar.total = added
-            self.bar.n = done
-            self.bar.set_postfix_str(io, refresh=False)
-            self.bar.refresh()
-        elif final or elapsed - self.last_line >= 5.0:
-            self.last_line = elapsed
-            print(f"{self.label}: {done}/{added} tasks, {io}, {elapsed:.1f} s", file=sys.stderr, flush=True)
+        self.bar.total = added
+        self.bar.n = done
+        self.bar.set_postfix_str(f"read {_gib(read)}, wrote {_gib(written)}, {rate:.2f} GB/s", refresh=False)
+        self.bar.refresh()
 
 
 def _gib(n: int) -> str:
