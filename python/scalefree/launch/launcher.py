@@ -96,8 +96,15 @@ def read_token_file(path) -> str:
     with open(path, encoding="utf-8") as f:
         token = f.readline().strip()
     if not token:
-        raise ValueError(f"token file {path} is empty")
+        raise _bad(f"token file {path} is empty")
     return token
+
+
+def _bad(message: str) -> ValueError:
+    """A bad argument: ``scalefree run`` reports it in one line with exit code 2."""
+    from ..errors import InvalidArgumentError
+
+    return InvalidArgumentError(message)
 
 
 def job_secret(token_file=None, env=None) -> str | None:
@@ -417,7 +424,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     if nodes.master_addr:
         job_id, token = multi_host_job(nodes, token or job_secret(env=env))
         if token is None:
-            raise ValueError(NO_SECRET)
+            raise _bad(NO_SECRET)
     else:
         job_id, token = new_job()
     received: list[int] = []
@@ -528,19 +535,14 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
     printed; a missing secret on another host is a one-line error."""
     import shlex
 
-    from ..cli.common import fail
-
-    try:
-        secret = job_secret(args.token_file)
-    except (OSError, ValueError) as e:
-        fail("scalefree run", str(e) if not isinstance(e, FileNotFoundError) else f"{e.filename}: no such file")
+    secret = job_secret(args.token_file)  # a bad file: PermissionError, InvalidArgumentError (exit 2)
     if secret:
         return secret
     if args.insecure_no_token:
         _say(f"warning: --insecure-no-token: anyone who can reach {nodes.master_addr}:{nodes.master_port} can join this job")
         return insecure_token(nodes)
     if nodes.node_rank != 0:
-        fail("scalefree run", NO_SECRET)
+        raise _bad(NO_SECRET)
     secret = secrets.token_hex(16)
     argv = ["scalefree", "run", "--nnodes", str(nodes.nnodes), "--node-rank", "I", "--nproc-per-node", str(args.nprocs),
             "--master-addr", nodes.master_addr, "--master-port", str(nodes.master_port)]
