@@ -266,6 +266,10 @@ impl Rendezvous {
         let key = Key::derive(&job.token, "scalefree rendezvous", &job.job_id);
         let mut delay = Duration::from_millis(1);
         let mut last = String::new();
+        // Set when rank 0 dropped a connection that had reached it: tried again (rank 0 drops
+        // a rank that was too slow to answer, e.g. descheduled for a second), unless rank 0
+        // is gone (then this is the error, at once).
+        let mut dropped: Option<String> = None;
         loop {
             if !last.is_empty() {
                 if Instant::now() >= deadline {
@@ -277,6 +281,9 @@ impl Rendezvous {
             let mut s = match connect() {
                 Ok(s) => s,
                 Err(e) => {
+                    if let Some(why) = dropped {
+                        return Err(bs(why));
+                    }
                     last = e;
                     continue;
                 }
@@ -285,16 +292,17 @@ impl Rendezvous {
             s.set_timeout(Some(left));
             let mine = nonce()?;
             let hello = hello_bytes(job.rank, job.size, &mine);
-            // A connection rank 0 dropped before answering (it was busy past the deadline
-            // for a hello, or restarting) is tried again; a refusal is final.
-            if send_frame(&mut *s, &hello, None).is_err() {
-                last = "rank 0 closed the connection".into();
+            let closed = |e: &dyn std::fmt::Display| {
+                format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)
+            };
+            if let Err(e) = send_frame(&mut *s, &hello, None) {
+                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
                 continue;
             }
             let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
                 Ok((b, _)) => b,
                 Err(e) => {
-                    last = format!("rank 0 closed the connection: {e}");
+                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
                     continue;
                 }
             };
@@ -307,10 +315,18 @@ impl Rendezvous {
                      (set the same SCALEFREE_JOB_TOKEN on every host), or not this job's rank 0"
                 )));
             };
-            send_frame(&mut *s, &tag, None).map_err(|e| bs(format!("rank 0 closed the rendezvous {what}: {e}")))?;
+            if let Err(e) = send_frame(&mut *s, &tag, None) {
+                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                continue;
+            }
             s.set_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
-            let (reply, _) = recv_frame_max(&mut *s, MAX_HELLO)
-                .map_err(|e| bs(format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)))?;
+            let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
+                Ok((b, _)) => b,
+                Err(e) => {
+                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                    continue;
+                }
+            };
             if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
                 return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
             }

@@ -794,12 +794,12 @@ mod tests {
 
     /// An acceptor on a port of its own admitting ranks above 0 with `key`; returns its port
     /// and what it admitted.
-    fn acceptor(key: Key) -> (u16, std::thread::JoinHandle<Option<u32>>) {
+    fn acceptor(key: Key, within: Duration) -> (u16, std::thread::JoinHandle<Option<u32>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let h = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
-            accept_handshake(&mut s, &key, 0, &|r| r == 1, Instant::now() + Duration::from_secs(5))
+            accept_handshake(&mut s, &key, 0, &|r| r == 1, Instant::now() + within)
         });
         (port, h)
     }
@@ -807,23 +807,27 @@ mod tests {
     #[test]
     fn lanes_admit_only_ranks_that_know_the_job_key() {
         let key = lane_key("tok", "job");
-        let (port, h) = acceptor(key.clone());
+        let (port, h) = acceptor(key.clone(), Duration::from_secs(20));
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         dial_handshake(&mut s, &key, 1, 0).unwrap();
         assert_eq!(h.join().unwrap(), Some(1));
         // Another job's key, or another token: neither side accepts the other.
         for other in [lane_key("tok", "job2"), lane_key("tok2", "job"), lane_key("", "job")] {
-            let (port, h) = acceptor(key.clone());
+            let (port, h) = acceptor(key.clone(), Duration::from_secs(20));
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             assert!(dial_handshake(&mut s, &other, 1, 0).is_err());
+            drop(s);
             assert_eq!(h.join().unwrap(), None);
         }
-        // The old FNV hello (16 bytes) and silence: refused once the deadline passes.
-        let (port, h) = acceptor(key.clone());
+        // The old FNV hello (16 bytes), then nothing: refused once the deadline passes.
+        let (port, h) = acceptor(key.clone(), Duration::from_millis(500));
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.write_all(&[0u8; 16]).unwrap();
+        let t0 = Instant::now();
         assert_eq!(h.join().unwrap(), None);
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        drop(s);
     }
 
     #[test]
