@@ -272,3 +272,73 @@ def test_bench_rendezvous_runs(tmp_path):
     assert [r["silent"] for r in records] == [0, 3]
     # Generous: a join takes well under a second here; 3 silent connections must not add seconds.
     assert all(r["median_s"] < 30 and r["peak_rss_rank1"] > 0 for r in records), records
+
+
+def _proxy(to_port: int):
+    """A TCP proxy on a port of its own to 127.0.0.1:`to_port` for one connection; returns
+    (port, thread, record) where record gets the bytes each way."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    record = {"up": bytearray(), "down": bytearray()}
+
+    def pump(a, b, key):
+        try:
+            while data := a.recv(65536):
+                record[key] += data
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def serve():
+        listener.settimeout(60)
+        client, _ = listener.accept()
+        server = socket.create_connection(("127.0.0.1", to_port))
+        t = threading.Thread(target=pump, args=(server, client, "down"), daemon=True)
+        t.start()
+        pump(client, server, "up")
+        t.join(30)
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread, record
+
+
+def test_the_token_does_not_cross_the_wire_in_a_real_job():
+    """Host 1's rank reaches rank 0 through a proxy that records every byte: the job runs,
+    and neither direction carries the secret (nor half of it)."""
+    secret = secrets.token_hex(16)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port0 = s.getsockname()[1]
+    via, thread, record = _proxy(port0)
+    env = clean_env(SCALEFREE_JOB_TOKEN=secret, SCALEFREE_JOB_ID="sf-proxied")
+    code = JOIN.replace("bootstrap_timeout=90", "bootstrap_timeout=60")
+
+    def start(node, port):
+        return subprocess.Popen(CLI + ["--nnodes", "2", "--node-rank", str(node), "-n", "1", "--master-addr", "127.0.0.1",
+                                       "--master-port", str(port), "--", sys.executable, "-c", code],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = [start(0, port0)]
+    deadline = time.monotonic() + 60
+    while True:  # rank 0 listens before host 1 starts (the proxy forwards one connection)
+        try:
+            socket.create_connection(("127.0.0.1", port0), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 does not listen"
+            time.sleep(0.05)
+    procs.append(start(1, via))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    thread.join(30)
+    assert all(p.returncode == 0 for p in procs) and "ok 0" in outs[0] and "ok 1" in outs[1], outs
+    up, down = bytes(record["up"]), bytes(record["down"])
+    assert up.startswith(b"\x37\x00\x00\x00\x00\x00\x00\x00SCLFREE4") and len(down) > 64, (up[:32], len(down))
+    for data in (up, down):
+        for piece in (secret, secret[:16], secret[16:]):
+            assert piece.encode() not in data
