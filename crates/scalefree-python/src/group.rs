@@ -230,9 +230,9 @@ impl Group {
     }
 
     /// Collective: a stale-synchronous reduction of `count` elements (see `scalefree.ssp`).
-    #[pyo3(signature = (count, dtype="float32", op="sum", variant="sharded_async_thread"))]
-    fn _ssp_reduction(&self, py: Python<'_>, count: usize, dtype: &str, op: &str, variant: &str) -> PyResult<crate::ssp::PySspReduction> {
-        crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant)
+    #[pyo3(signature = (count, dtype="float32", op="sum", variant="sharded_async_thread", push_order="cyclic"))]
+    fn _ssp_reduction(&self, py: Python<'_>, count: usize, dtype: &str, op: &str, variant: &str, push_order: &str) -> PyResult<crate::ssp::PySspReduction> {
+        crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant, push_order)
     }
 
     /// Collective: static tensor slots from (src, dst, nbytes) specs; this rank's end of
