@@ -114,6 +114,14 @@ class Group(_native.Group):
             raise InvalidArgumentError(f"count must be >= 0, got {count}")
         return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant, push_order))
 
+    def traffic(self) -> np.ndarray:
+        """What this rank's channels moved to each peer since the group started: an int64
+        array of shape ``(size, 3)``, one row per peer rank: bytes written into it, bytes
+        read from it, one-sided operations issued to it (see ``docs/transport.md``). Counted
+        in the transport where each write, post, notification or read is issued; take two
+        snapshots and subtract to measure a stretch of code."""
+        return np.array(self._traffic(), dtype=np.int64).reshape(self.size, 3)
+
     def tensor_slots(self, specs):
         """Collective: static zero-copy tensor slots (see :func:`scalefree.tensors.slots.static_slots`)."""
         from .tensors.slots import static_slots

@@ -268,6 +268,12 @@ impl Group {
         }
     }
 
+    /// What this rank's channels moved to each peer so far: one (bytes written, bytes read,
+    /// operations) triple per peer rank, counted where the operations are issued.
+    fn _traffic(&self) -> Vec<(u64, u64, u64)> {
+        self.device.traffic().into_iter().map(|t| (t.bytes_written, t.bytes_read, t.operations)).collect()
+    }
+
     /// Bytes that peers' writes delivered straight into callers' buffers over TCP lanes
     /// (direct landing of gathered pieces); 0 on shared memory.
     fn _direct_landed_bytes(&self) -> u64 {

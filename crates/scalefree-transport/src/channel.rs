@@ -112,9 +112,11 @@ impl Channel {
             unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
             return Ok(Completion::done());
         }
-        let c = self.write(local, local_off, remote, remote_off, n)?;
-        self.notify(slot, value)?;
-        Ok(c)
+        local.check_range(local_off, n, "write source")?;
+        check_range(remote.len(), remote_off, n, "write target")?;
+        self.check_owner(remote)?;
+        unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
+        Ok(Completion::done())
     }
 
     /// Delivers notification `value` (non-zero) into the peer's `slot`.
@@ -123,6 +125,11 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
+        self.dev.inner.traffic.wrote(self.peer, 0);
+        self.raw_notify(slot, value)
+    }
+
+    fn raw_notify(&self, slot: usize, value: u32) -> Result<()> {
         if let Some(net) = self.dev.net().filter(|_| !self.dev.is_local(self.peer)) {
             return net.notify(self.peer, slot as u32, value, self.dev.policy());
         }
@@ -144,6 +151,7 @@ impl Channel {
         Device::check_slot(slot)?;
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;
+            self.dev.inner.traffic.wrote(self.peer, n);
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value))? };
             return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
         }
@@ -165,13 +173,15 @@ impl Channel {
             return Err(Error::InvalidArgument(format!("notification word offset {word_off} is not 4-byte aligned")));
         }
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            self.dev.inner.traffic.wrote(self.peer, n);
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Word(word_off as u64, value))? };
             return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
         }
         let Some(base) = remote.mapped_ptr() else {
             return Err(Error::Unsupported("start_write_raise needs a mapped or UCX region".into()));
         };
-        unsafe { self.write_from(src, remote, remote_off, n)? };
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n)? };
         wait::raise(unsafe { &*(base.add(word_off) as *const std::sync::atomic::AtomicU32) }, value);
         Ok(Completion::done())
     }
@@ -184,10 +194,12 @@ impl Channel {
     pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;
+            self.dev.inner.traffic.wrote(self.peer, n);
             return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value), self.dev.policy()) };
         }
-        unsafe { self.write_from(src, remote, remote_off, n)? };
-        self.notify(slot, value)
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n)? };
+        self.raw_notify(slot, value)
     }
 
     /// Raw write for collectives: no bounds checks beyond the remote region's.
@@ -195,6 +207,15 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable.
     pub unsafe fn write_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n) }
+    }
+
+    /// [`Channel::write_from`] without counting it (the caller counted the operation).
+    unsafe fn raw_write(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -223,6 +244,7 @@ impl Channel {
         if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
             return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
         }
+        self.dev.inner.traffic.wrote(self.peer, n);
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Post(word_off as u64, value))? };
             return match r {
@@ -243,6 +265,7 @@ impl Channel {
         if n == 0 {
             return Ok(());
         }
+        self.dev.inner.traffic.read(self.peer, n);
         if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
             return unsafe { net.get(rk, remote_off, dst, n, self.dev.policy()) };
         }
