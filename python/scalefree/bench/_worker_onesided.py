@@ -5,7 +5,10 @@ notification once it has seen it, so every round's time covers the data landing:
 * ``blocking``: ``Channel.write(...)`` (the blocking form) ``window`` times in a row;
 * ``posted-serial``: ``start_write(...).wait()`` ``window`` times in a row (the posted path,
   one at a time);
-* ``posted``: ``window`` ``start_write`` calls outstanding at once, then all waited for.
+* ``posted``: ``window`` ``start_write`` calls outstanding at once, then all waited for;
+* with ``--compute-ms``, also ``blocking+compute`` (the blocking writes, then a fixed amount
+  of numpy work calibrated to about that long) and ``posted+compute`` (post the writes, do
+  the same work, then wait for them): what posting buys when the caller has work to do.
 
 Writes one JSON object to ``--out`` (rank 0)."""
 
@@ -23,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, required=True)
     p.add_argument("--window", type=int, required=True)
     p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--compute-ms", type=float, default=0.0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import scalefree
@@ -54,10 +58,39 @@ def main(argv: list[str] | None = None) -> int:
         for c in done:
             c.wait()
 
-    out = {"transport": g.transport, "ucx_transports": g._ucx_transports(other), "size": n, "window": w, "modes": {}}
+    work = np.ones(1 << 20, np.float64)
+    reps = 0
+    if args.compute_ms > 0:
+        # Calibrate: numpy passes over 8 MiB taking about --compute-ms on this rank.
+        t = time.perf_counter()
+        k = 0
+        while time.perf_counter() - t < 0.2:
+            work.sum()
+            k += 1
+        reps = max(1, int(k * args.compute_ms / 200))
+
+    def compute():
+        for _ in range(reps):
+            work.sum()
+
+    def blocking_compute():
+        blocking()
+        compute()
+
+    def posted_compute():
+        done = [ch.start_write(src, i * n, remote, i * n, n) for i in range(w)]
+        compute()
+        for c in done:
+            c.wait()
+
+    out = {"transport": g.transport, "ucx_transports": g._ucx_transports(other), "size": n, "window": w, "modes": {},
+           "compute_reps": reps}
     seq = 0
     for rep in range(2):  # the first pass warms up, the second is measured
-        for name, fn in (("blocking", blocking), ("posted-serial", posted_serial), ("posted", posted)):
+        ways = [("blocking", blocking), ("posted-serial", posted_serial), ("posted", posted)]
+        if reps:
+            ways += [("blocking+compute", blocking_compute), ("posted+compute", posted_compute)]
+        for name, fn in ways:
             times = []
             for _ in range(args.rounds):
                 seq += 1

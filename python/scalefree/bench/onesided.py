@@ -7,7 +7,8 @@ landing at the peer. Three ways: ``blocking`` (``Channel.write`` ``window`` time
 row), ``posted-serial`` (``start_write(...).wait()`` in a row: the posted path without
 overlap) and ``posted`` (``window`` ``start_write`` outstanding, then all waited for). The
 table gives the median round, the throughput and the ratio of ``posted`` to each of the
-others.
+others. With ``--compute-ms`` each round also runs with about that much numpy work beside the
+writes (``blocking+compute``: after them; ``posted+compute``: while they are in flight).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def add_parser(sub):
     p.add_argument("--size", type=arg(common.parse_size), default=common.parse_size("1M"), help="bytes per write")
     p.add_argument("--window", type=arg(common.positive_int), default=8, help="writes per round")
     p.add_argument("--rounds", type=arg(common.positive_int), default=50, help="timed rounds per way")
+    p.add_argument("--compute-ms", type=arg(common.non_negative_float), default=0.0,
+                   help="also time the writes with about this much numpy work beside them (0: not)")
     p.add_argument("--timeout", type=arg(common.positive_float), default=600.0)
     p.add_argument("--json", metavar="OUT", help="write the records as JSON")
     p.set_defaults(func=run)
@@ -49,7 +52,8 @@ def run(args) -> int:
         progress(f"onesided: {args.window} x {human_bytes(args.size)} writes per round, {args.rounds} rounds, "
                  "across 2 simulated hosts")
         argv = [sys.executable, "-m", "scalefree.bench._worker_onesided", "--size", str(args.size),
-                "--window", str(args.window), "--rounds", str(args.rounds), "--out", str(out)]
+                "--window", str(args.window), "--rounds", str(args.rounds), "--compute-ms", repr(args.compute_ms),
+                "--out", str(out)]
         outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, common.free_port(), argv), timeout_s=args.timeout)
         if outcome.returncode != 0 or not out.exists():
             print("scalefree bench onesided: the run failed:\n" + "\n".join(outcome.tail), file=sys.stderr)
@@ -71,9 +75,9 @@ def run(args) -> int:
 
 def render(records: list[dict]) -> str:
     by = {r["variant"]: r for r in records}
-    posted = by.get("posted")
     rows = []
     for r in records:
+        posted = by.get("posted+compute" if r["variant"].endswith("+compute") else "posted")
         ratio = f"{r['median_s'] / posted['median_s']:.2f}x" if posted and r is not posted else ""
         rows.append([r["variant"], f"{r['window']} x {human_bytes(r['write_bytes'])}", common.human_time(r["median_s"]),
                      f"{r['gbps']:.2f}", ratio])
