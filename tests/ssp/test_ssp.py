@@ -14,8 +14,8 @@ CHECK = r"""
 import random, sys, time
 import numpy as np, scalefree
 variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-order = sys.argv[4] if len(sys.argv) > 4 else "cyclic"
 g = scalefree.init(timeout=60)
+order = sys.argv[4] if len(sys.argv) > 4 else "cyclic"
 n, me = g.size, g.rank
 rng = random.Random(me)
 count = 4 * n + 1001
