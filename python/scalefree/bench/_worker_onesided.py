@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                 out["modes"][name] = times
     if g.rank == 1:
         assert (np.frombuffer(dst, np.uint8) == 7).all(), "the written bytes did not land"
-    g.barrier()
+    from scalefree._rss import peak_rss_bytes
+
+    out["peak_rss_bytes"] = [int(x) for x in g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)]
     if g.rank == 0:
         with open(args.out, "w") as f:
             json.dump(out, f)

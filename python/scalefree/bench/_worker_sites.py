@@ -64,14 +64,16 @@ def main(argv: list[str] | None = None) -> int:
                 ps_rows.append({"copied": ps.stats()["bytes_copied"] - before, "send_s": time.perf_counter() - t})
             with open(args.out + ".ps", "w") as f:
                 json.dump(ps_rows, f)
-    g.barrier()
+    from scalefree._rss import peak_rss_bytes
+
+    rss = [int(x) for x in g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)]
     if g.rank == 0:
         if ps is not None:
             with open(args.out + ".ps") as f:
                 for row, ps_row in zip(rows, json.load(f)):
                     row["ps"] = ps_row
         with open(args.out, "w") as f:
-            json.dump({"rows": rows, "traced_sites": tensors.traced_allocation_sites(),
+            json.dump({"rows": rows, "traced_sites": tensors.traced_allocation_sites(), "peak_rss_bytes": rss,
                        "arena": scalefree._arena_min is not None}, f)
     return 0
 

@@ -65,7 +65,8 @@ def run(args) -> int:
         st = common.Stats.of(times)
         records.append(common.make_record(bench=BENCH, impl="scalefree", variant=mode, ranks=2, hosts=2, nbytes=total,
                                           dtype="u8", stats=st, gbps=total / st.median_s / 1e9, window=args.window,
-                                          write_bytes=args.size, transports=res["ucx_transports"]))
+                                          write_bytes=args.size, transports=res["ucx_transports"],
+                                          peak_rss_bytes=res.get("peak_rss_bytes")))
     print(render(records))
     if args.json:
         common.write_json(args.json, records)
@@ -81,4 +82,8 @@ def render(records: list[dict]) -> str:
         ratio = f"{r['median_s'] / posted['median_s']:.2f}x" if posted and r is not posted else ""
         rows.append([r["variant"], f"{r['window']} x {human_bytes(r['write_bytes'])}", common.human_time(r["median_s"]),
                      f"{r['gbps']:.2f}", ratio])
-    return common.format_table(["way", "per round", "median round", "GB/s", "posted is faster by"], rows, left_columns=2)
+    rss = next((r["peak_rss_bytes"] for r in records if r.get("peak_rss_bytes")), None)
+    table = common.format_table(["way", "per round", "median round", "GB/s", "posted is faster by"], rows, left_columns=2)
+    if rss:
+        table += "\npeak RSS per rank: " + ", ".join(human_bytes(x) for x in rss)
+    return table

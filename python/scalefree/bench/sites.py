@@ -56,7 +56,7 @@ def run(args) -> int:
                                 "iters": len(its), "copied_first": its[0]["copied"],
                                 "copied_later": sum(r["copied"] for r in its[1:]),
                                 "median_send_s": statistics.median(later) if later else 0.0,
-                                "traced_sites": res["traced_sites"]})
+                                "traced_sites": res["traced_sites"], "peak_rss_bytes": res.get("peak_rss_bytes")})
     print(render(records))
     if args.json:
         common.write_json(args.json, records)
@@ -68,6 +68,7 @@ def run(args) -> int:
 
 def render(records: list[dict]) -> str:
     rows = [[human_bytes(r["bytes"]), r["way"], "on" if r["arena"] else "off", str(r["copied_first"]),
-             str(r["copied_later"]), human_time(r["median_send_s"]), str(r["traced_sites"])] for r in records]
+             str(r["copied_later"]), human_time(r["median_send_s"]), str(r["traced_sites"]),
+             " / ".join(human_bytes(x) for x in r.get("peak_rss_bytes") or [])] for r in records]
     return common.format_table(["gradient", "way", "arena/tracing", "copied it. 1", "copied it. 2..",
-                                "median send (it. 2..)", "sites traced"], rows, left_columns=3)
+                                "median send (it. 2..)", "sites traced", "peak RSS rank 0 / 1"], rows, left_columns=3)
