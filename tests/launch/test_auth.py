@@ -261,7 +261,7 @@ def test_a_stopped_rank_is_named_in_a_warning():
 
 
 def test_bench_rendezvous_runs(tmp_path):
-    """`scalefree bench rendezvous` (its numbers are in docs/benchmarks.md) measures a join."""
+    """`scalefree bench rendezvous` (its numbers are in docs/benchmarks/launch.md) measures a join."""
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "rendezvous", "--silent", "0,3", "--repeats", "1",
                         "--json", str(out)], env=clean_env(), capture_output=True, text=True, timeout=180)
