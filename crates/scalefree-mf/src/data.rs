@@ -90,6 +90,52 @@ impl Ratings {
     }
 }
 
+/// What [`Ratings::align_to`] found: ids of the other set that the base never saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unseen {
+    pub users: usize,
+    pub items: usize,
+    /// Ratings with an unseen user or item (answered with the training mean).
+    pub ratings: usize,
+}
+
+impl Ratings {
+    /// These ratings renumbered into `base`'s id maps (original ids compared, so two files
+    /// loaded separately line up): the result's `user_ids` / `item_ids` start with `base`'s,
+    /// followed by the ids `base` never saw (dense ids ≥ `base.n_users()` / `n_items()`, which
+    /// models answer with the training mean).
+    pub fn align_to(&self, base: &Ratings) -> (Ratings, Unseen) {
+        fn remap(ids: &[u64], base: &[u64], dense: &[u32]) -> (Vec<u32>, Vec<u64>, usize) {
+            let index: HashMap<u64, u32> = base.iter().enumerate().map(|(n, &x)| (x, n as u32)).collect();
+            let mut out_ids = base.to_vec();
+            let mut extra: HashMap<u64, u32> = HashMap::new();
+            let table: Vec<u32> = ids
+                .iter()
+                .map(|&x| match index.get(&x) {
+                    Some(&d) => d,
+                    None => *extra.entry(x).or_insert_with(|| {
+                        out_ids.push(x);
+                        (out_ids.len() - 1) as u32
+                    }),
+                })
+                .collect();
+            let n = extra.len();
+            (dense.iter().map(|&d| table[d as usize]).collect(), out_ids, n)
+        }
+        let (users, user_ids, nu) = remap(&self.user_ids, &base.user_ids, &self.users);
+        let (items, item_ids, ni) = remap(&self.item_ids, &base.item_ids, &self.items);
+        let (bm, bn) = (base.n_users() as u32, base.n_items() as u32);
+        let ratings = users.iter().zip(&items).filter(|&(&u, &i)| u >= bm || i >= bn).count();
+        (Ratings { users, items, values: self.values.clone(), user_ids, item_ids }, Unseen { users: nu, items: ni, ratings })
+    }
+
+    /// True when these ratings number users and items as `base` does (their id maps start
+    /// with `base`'s), so dense ids mean the same in both.
+    pub fn shares_ids_with(&self, user_ids: &[u64], item_ids: &[u64]) -> bool {
+        self.user_ids.len() >= user_ids.len() && self.item_ids.len() >= item_ids.len() && self.user_ids[..user_ids.len()] == *user_ids && self.item_ids[..item_ids.len()] == *item_ids
+    }
+}
+
 #[derive(Default)]
 struct Builder {
     umap: HashMap<u64, u32>,

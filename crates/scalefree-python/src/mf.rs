@@ -81,6 +81,17 @@ impl PyMfRatings {
         let (a, b) = self.r.split(test_fraction, seed).map_err(|e| mf_err(py, e))?;
         Ok((PyMfRatings { r: a }, PyMfRatings { r: b }))
     }
+    /// These ratings renumbered into `base`'s id maps (ids compared as given, so two files
+    /// loaded separately line up) → (aligned ratings, (unseen users, unseen items, ratings
+    /// with an unseen id)).
+    fn align_to(&self, py: Python<'_>, base: &PyMfRatings) -> (Self, (usize, usize, usize)) {
+        let (r, u) = py.detach(|| self.r.align_to(&base.r));
+        (PyMfRatings { r }, (u.users, u.items, u.ratings))
+    }
+    /// Whether these ratings number users and items as `base` does.
+    fn shares_ids_with(&self, base: &PyMfRatings) -> bool {
+        self.r.shares_ids_with(&base.r.user_ids, &base.r.item_ids)
+    }
     fn __len__(&self) -> usize {
         self.r.len()
     }
@@ -120,7 +131,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=false))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -187,8 +198,14 @@ impl PyMfModel {
         let b: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
         Ok(PyBytes::new(py, &b))
     }
-    fn rmse(&self, r: &PyMfRatings) -> f64 {
-        self.m.rmse(&r.r)
+    fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
+        self.m.rmse(&r.r).map_err(|e| mf_err(py, e))
+    }
+    /// 1 per pair (uint8 bytes) whose user and item both had ratings in training.
+    fn known<'py>(&self, py: Python<'py>, users: &[u8], items: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let (u, i) = (u64s(users), u64s(items));
+        let out = py.detach(|| self.m.known(&u, &i)).map_err(|e| mf_err(py, e))?;
+        Ok(PyBytes::new(py, &out.iter().map(|&b| b as u8).collect::<Vec<u8>>()))
     }
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| self.m.save(&path)).map_err(|e| mf_err(py, e))
