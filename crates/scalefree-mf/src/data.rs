@@ -211,14 +211,38 @@ pub fn is_cache(path: &Path) -> Result<bool> {
 /// rating to `push` as (user id, item id, rating) in file order; returns how many there were.
 /// Errors name the file and line; an empty file and a Matrix Market entry count that does not
 /// match are errors too.
-pub fn parse_ratings(path: &Path, mut push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+pub fn parse_ratings(path: &Path, push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+    parse_lines(path, RatingSyntax::new(u64::MAX), push)
+}
+
+/// The (user, item, rating) lines of a file for prediction: every format [`parse_ratings`]
+/// reads, and also `user item` lines without a rating (NaN). A file that mixes lines with and
+/// without ratings is an error naming the first line that differs.
+pub fn read_pairs(path: &Path) -> Result<(Vec<u64>, Vec<u64>, Vec<f32>)> {
+    let (mut us, mut is, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    parse_lines(path, RatingSyntax::new(u64::MAX).with_pairs(), |u, i, r| {
+        if let Some(&first) = vs.first() {
+            let first: f32 = first;
+            if first.is_nan() != r.is_nan() {
+                return Err(MfError::Format { path: path.into(), msg: format!("rating {} {} a rating where the first line {}", vs.len() + 1, if r.is_nan() { "lacks" } else { "has" }, if r.is_nan() { "has one" } else { "has none" }) });
+            }
+        }
+        us.push(u);
+        is.push(i);
+        vs.push(r);
+        Ok(())
+    })?;
+    Ok((us, is, vs))
+}
+
+fn parse_lines(path: &Path, syntax: RatingSyntax, mut push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+    let mut syntax = syntax;
     let mut rd = open(path)?;
     let mut count = 0usize;
     let mut line = String::new();
     let mut lineno = 0usize;
     // The line syntax is the one of the partitioned reader (`scalefree-io`), so both accept
     // the same files.
-    let mut syntax = RatingSyntax::new(u64::MAX);
     loop {
         line.clear();
         let n = rd.read_line(&mut line).map_err(|e| MfError::io(path, e))?;

@@ -56,6 +56,8 @@ struct Sched {
     row_busy: Vec<bool>,
     col_busy: Vec<bool>,
     counts: Vec<u32>,
+    /// No count is below this (the lowest count when the pass started).
+    floor: u32,
     remaining: usize,
     /// Σ e² of the pass so far, and each finished pass's mean.
     loss: f64,
@@ -169,6 +171,9 @@ impl LocalTrainer {
         for b in 0..nb * nb {
             let blk = &mut entries[starts[b]..starts[b + 1]];
             rng.shuffle(blk);
+            if std::env::var("SCALEFREE_MF_ORDER").as_deref() == Ok("random") {
+                continue;
+            }
             if m > n {
                 blk.sort_by_key(|e| e.u);
             } else {
@@ -246,7 +251,9 @@ impl LocalTrainer {
             return Vec::new();
         }
         let nb = self.nb;
-        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts: std::mem::take(&mut self.counts), remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
+        let counts = std::mem::take(&mut self.counts);
+        let floor = counts.iter().copied().min().unwrap_or(0);
+        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts, floor, remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
         let barrier = Barrier::new(self.threads);
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
         let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
@@ -275,19 +282,26 @@ impl LocalTrainer {
                             s.loss += loss;
                             break;
                         }
-                        let (mut best, mut best_c, mut ties) = (usize::MAX, u32::MAX, 0usize);
-                        for bi in 0..nb * nb {
-                            if s.row_busy[bi / nb] || s.col_busy[bi % nb] {
-                                continue;
-                            }
-                            let c = s.counts[bi];
-                            if c < best_c {
-                                (best, best_c, ties) = (bi, c, 1);
-                            } else if c == best_c {
-                                ties += 1;
-                                if rng.below(ties) == 0 {
-                                    best = bi;
+                        // The free block updated least often, searched from a random start: no
+                        // count is below `floor` (counts only grow), so a free block at `floor`
+                        // ends the search — a few probes instead of nb² while the pass has
+                        // many blocks left.
+                        let total = nb * nb;
+                        let (mut best, mut best_c) = (usize::MAX, u32::MAX);
+                        let mut bi = rng.below(total);
+                        for _ in 0..total {
+                            if !(s.row_busy[bi / nb] || s.col_busy[bi % nb]) {
+                                let c = s.counts[bi];
+                                if c < best_c {
+                                    (best, best_c) = (bi, c);
+                                    if c <= s.floor {
+                                        break;
+                                    }
                                 }
+                            }
+                            bi += 1;
+                            if bi == total {
+                                bi = 0;
                             }
                         }
                         // nb > threads guarantees a free block; the guard keeps a bug from hanging.
@@ -309,6 +323,7 @@ impl LocalTrainer {
                     let l = std::mem::take(&mut s.loss);
                     s.done.push(l / n_ratings);
                     s.remaining = nb * nb;
+                    s.floor = s.counts.iter().copied().min().unwrap_or(0);
                 }
                 barrier.wait();
             }

@@ -184,6 +184,16 @@ impl PyMfTrainer {
     }
 }
 
+/// A file of `user item [rating]` lines (every rating-file format, gzip ok) → (int64 users,
+/// int64 items, float32 ratings; NaN where the file has none) as bytes.
+#[pyfunction]
+pub fn mf_read_pairs<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let (u, i, v) = py.detach(|| data::read_pairs(&path)).map_err(|e| mf_err(py, e))?;
+    let b64 = |x: &[u64]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let vb: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Ok((PyBytes::new(py, &b64(&u)), PyBytes::new(py, &b64(&i)), PyBytes::new(py, &vb)))
+}
+
 #[pyclass(name = "MfModel", module = "scalefree._native")]
 pub struct PyMfModel {
     m: Model,
@@ -246,6 +256,16 @@ impl PyMfModel {
         let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
         let m = Model { k, p: f(p), q: f(q), user_ids, item_ids, mean, known_u: known_u.iter().map(|&x| x != 0).collect(), known_i: known_i.iter().map(|&x| x != 0).collect() };
         Ok(PyMfModel { m })
+    }
+    /// (p, q float32 bytes, user_ids, item_ids int64 bytes, mean, known_u, known_i uint8 bytes):
+    /// what `from_parts` takes (fold-in builds a grown model from them).
+    #[allow(clippy::type_complexity)]
+    fn parts<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, f32, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+        let f = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let g = |x: &[u64]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let b = |x: &[bool]| -> Vec<u8> { x.iter().map(|&v| v as u8).collect() };
+        let m = &self.m;
+        (PyBytes::new(py, &f(&m.p)), PyBytes::new(py, &f(&m.q)), PyBytes::new(py, &g(&m.user_ids)), PyBytes::new(py, &g(&m.item_ids)), m.mean, PyBytes::new(py, &b(&m.known_u)), PyBytes::new(py, &b(&m.known_i)))
     }
     #[getter]
     fn k(&self) -> usize {
