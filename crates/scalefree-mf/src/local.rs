@@ -171,9 +171,6 @@ impl LocalTrainer {
         for b in 0..nb * nb {
             let blk = &mut entries[starts[b]..starts[b + 1]];
             rng.shuffle(blk);
-            if std::env::var("SCALEFREE_MF_ORDER").as_deref() == Ok("random") {
-                continue;
-            }
             if m > n {
                 blk.sort_by_key(|e| e.u);
             } else {

@@ -107,14 +107,22 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
         loss += (e * e) as f64;
         let ev = _mm256_set1_ps(e);
         if SPLIT {
+            // The four accumulators [pg_slow, pg_fast, qg_slow, qg_fast] in one register
+            // (each row's pair is contiguous): one sqrt and one division give all four steps.
             // SAFETY: accumulators 2u, 2u + 1, 2i, 2i + 1: in bounds and ours.
             let (pg, qg) = unsafe { (f.pg.add(2 * u), f.qg.add(2 * i)) };
-            let (sp0, sq0, sp1, sq1) = unsafe { (prm.eta / (*pg).sqrt(), prm.eta / (*qg).sqrt(), prm.eta / (*pg.add(1)).sqrt(), prm.eta / (*qg.add(1)).sqrt()) };
+            let g = unsafe { _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd(pg as *const f64), qg as *const f64)) };
+            let st = _mm_div_ps(_mm_set1_ps(prm.eta), _mm_sqrt_ps(g));
+            let hi = _mm_movehl_ps(st, st);
+            let steps = [
+                (_mm256_broadcastss_ps(st), _mm256_broadcastss_ps(hi)),
+                (_mm256_broadcastss_ps(_mm_movehdup_ps(st)), _mm256_broadcastss_ps(_mm_movehdup_ps(hi))),
+            ];
             let mut ap = [_mm256_setzero_ps(); 2];
             let mut aq = [_mm256_setzero_ps(); 2];
             for j in 0..upto {
                 let s = (j > 0) as usize;
-                let (spv, sqv) = if s == 0 { (_mm256_set1_ps(sp0), _mm256_set1_ps(sq0)) } else { (_mm256_set1_ps(sp1), _mm256_set1_ps(sq1)) };
+                let (spv, sqv) = steps[s];
                 let gp = _mm256_fmsub_ps(lam, p[j], _mm256_mul_ps(ev, q[j]));
                 let gq = _mm256_fmsub_ps(lam, q[j], _mm256_mul_ps(ev, p[j]));
                 ap[s] = _mm256_fmadd_ps(gp, gp, ap[s]);
@@ -125,14 +133,15 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
                     _mm256_storeu_ps(qp.add(8 * j), _mm256_fnmadd_ps(sqv, gq, q[j]));
                 }
             }
+            // [Σ gp² slow, Σ gp² fast, Σ gq² slow, Σ gq² fast] by three horizontal adds; the
+            // fast sums are zero in a slow-only pass, leaving those accumulators unchanged.
+            let z = _mm256_hadd_ps(_mm256_hadd_ps(ap[0], ap[1]), _mm256_hadd_ps(aq[0], aq[1]));
+            let sums = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z));
+            let g = _mm_fmadd_ps(sums, _mm_setr_ps(rs, rf, rs, rf), g);
             // SAFETY: as above.
             unsafe {
-                *pg += hsum256(ap[0]) * rs;
-                *qg += hsum256(aq[0]) * rs;
-                if upto > 1 {
-                    *pg.add(1) += hsum256(ap[1]) * rf;
-                    *qg.add(1) += hsum256(aq[1]) * rf;
-                }
+                _mm_store_sd(pg as *mut f64, _mm_castps_pd(g));
+                _mm_storeh_pd(qg as *mut f64, _mm_castps_pd(g));
             }
             continue;
         }

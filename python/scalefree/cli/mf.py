@@ -232,7 +232,7 @@ def add_parser(sub) -> None:
     t.add_argument("--iterations", "-i", type=int, default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=int, default=None, help="local: threads (default: all cores this process may use)")
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
                    help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
                         "read ahead in pattern order (default: all in memory)")

@@ -97,7 +97,7 @@ class MatrixFactorization:
 
     k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
-    paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
+    paper's plain SGD); threads: worker threads; blocks: blocks per side (local: default max(20, 2·threads + 1));
     init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
     memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
     the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
