@@ -145,9 +145,19 @@ print(json.dumps({"load_s": t_load, "setup_s": t_setup, "train_s": t_train, "fir
 """
 
 
-def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int, str]:
-    """Runs ``cmd`` and reaps it with wait4: (wall seconds, the child's peak RSS bytes, stdout)."""
+_GNU_TIME = "/usr/bin/time"
+
+
+def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int | None, str]:
+    """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout). The peak comes from
+    GNU time (``/usr/bin/time -f %M``; None where it is absent): a child spawned straight from
+    this process would report this process's peak (Linux keeps ru_maxrss across exec). The
+    wall time includes GNU time's own start (~1 ms), the same for both sides."""
     import tempfile as _tf
+
+    use_time = os.access(_GNU_TIME, os.X_OK)
+    if use_time:
+        cmd = [_GNU_TIME, "-f", "SCALEFREE_MAXRSS_KB %M", *cmd]
 
     with _tf.TemporaryFile("w+") as out, _tf.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
@@ -165,9 +175,14 @@ def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int, str]:
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
+        errs = err.read()
         if p.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd[:2])} ... failed ({p.returncode}): {err.read().strip()[-500:]}")
-        return wall, ru.ru_maxrss * 1024, out.read()
+            raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}): {errs.strip()[-500:]}")
+        rss = None
+        for line in errs.splitlines():
+            if line.startswith("SCALEFREE_MAXRSS_KB "):
+                rss = int(line.split()[1]) * 1024
+        return wall, rss, out.read()
 
 
 def _write_split_files(f: Path, seed: int, d: Path) -> tuple[Path, Path, int, int]:
@@ -199,7 +214,7 @@ def _libmf_official(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
         for t in (1, n):
             w, r, _ = _wall_rss([*base, "-t", str(t), "--quiet", str(tr), str(model)])
             walls[t].append(w)
-            rss = max(rss, r)
+            rss = max(rss, r or 0)
             if t == n:
                 _, _, out = _wall_rss([predict_bin, "-e", "0", str(te), str(model), str(d / "libmf.pred")])
                 rmses.append(float(out.strip().split("=")[-1]))
@@ -219,7 +234,7 @@ def _ours_files(args, tr: Path, te: Path, lam: float) -> dict:
     for _ in range(args.repeat):
         _, r, out = _wall_rss([sys.executable, "-c", _OURS_FILES_CHILD, str(tr), str(te), json.dumps(a)])
         runs.append(json.loads(out.strip().splitlines()[-1]))
-        rss = max(rss, r)
+        rss = max(rss, r or 0)
     med = sorted(runs, key=lambda x: x["train_s"])[len(runs) // 2]
     med["final_rmse"] = float(np.median([x["final_rmse"] for x in runs]))
     return {**med, "train_s_all": [x["train_s"] for x in runs], "rmse_all": [x["final_rmse"] for x in runs],
