@@ -71,20 +71,16 @@ def default_threads() -> int:
 
 
 class _Bar:
-    """A tqdm progress bar with ETA on stderr, drawn only when enabled and stderr is a terminal
-    (no carriage-return frames in a log file)."""
+    """Iteration progress on stderr (:func:`scalefree._progress.bar`: tqdm with ETA on a
+    terminal, nothing in a log file)."""
 
     def __init__(self, total: int, enabled: bool):
-        self.done = 0
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
+        from .._progress import bar
 
-            self.bar = tqdm(total=total, unit="it", file=sys.stderr, dynamic_ncols=True, leave=True)
+        self.done = 0
+        self.bar = bar(total, "mf", " it", show=enabled and sys.stderr.isatty())
 
     def update(self, n: int, msg: str) -> None:
-        if self.bar is None:
-            return
         self.bar.set_postfix_str(msg, refresh=False)
         self.bar.update(n - self.done)
         self.done = n
