@@ -22,5 +22,5 @@ mod simd_x86;
 pub use data::Ratings;
 pub use error::MfError;
 pub use kernel::{Isa, Schedule, SgdParams};
-pub use local::{LocalOptions, LocalTrainer};
+pub use local::{LocalOptions, LocalTrainer, TrainerState};
 pub use model::Model;

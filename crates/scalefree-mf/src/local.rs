@@ -88,6 +88,16 @@ impl Rows {
     }
 }
 
+/// A [`LocalTrainer`]'s mutable state (see [`LocalTrainer::state`]).
+pub struct TrainerState {
+    pub p: Vec<f32>,
+    pub q: Vec<f32>,
+    pub pg: Vec<f32>,
+    pub qg: Vec<f32>,
+    pub counts: Vec<u32>,
+    pub epochs: u64,
+}
+
 pub struct LocalTrainer {
     prm: SgdParams,
     isa: Isa,
@@ -372,6 +382,35 @@ impl LocalTrainer {
             hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
         Ok((total / r.len() as f64).sqrt() * scale as f64)
+    }
+
+    /// Everything a later run needs to continue exactly (a checkpoint): the padded factor
+    /// rows P and Q, the AdaGrad accumulators, the per-block run counts of the scheduler and
+    /// the epochs done (each epoch's thread RNGs derive from the seed and this count).
+    pub fn state(&self) -> TrainerState {
+        TrainerState {
+            p: self.p.as_slice().to_vec(),
+            q: self.q.as_slice().to_vec(),
+            pg: self.pg.clone(),
+            qg: self.qg.clone(),
+            counts: self.counts.clone(),
+            epochs: self.epochs,
+        }
+    }
+
+    /// Restores a [`LocalTrainer::state`] of a trainer built from the same ratings and options.
+    pub fn set_state(&mut self, s: TrainerState) -> Result<()> {
+        let same = s.p.len() == self.p.len && s.q.len() == self.q.len && s.pg.len() == self.pg.len() && s.qg.len() == self.qg.len() && s.counts.len() == self.nb * self.nb;
+        if !same {
+            return Err(MfError::InvalidArgument("checkpoint state does not match this trainer's sizes (other data, k, blocks or schedule)".into()));
+        }
+        self.p.as_mut_slice().copy_from_slice(&s.p);
+        self.q.as_mut_slice().copy_from_slice(&s.q);
+        self.pg = s.pg;
+        self.qg = s.qg;
+        self.counts = s.counts;
+        self.epochs = s.epochs;
+        Ok(())
     }
 
     pub fn model(&self) -> Model {

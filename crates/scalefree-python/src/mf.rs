@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use scalefree_collectives::DType;
 use scalefree_mf::kernel::{sgd_block, Entry, Factors, SgdParams};
-use scalefree_mf::{data, Isa, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule};
+use scalefree_mf::{data, Isa, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule, TrainerState};
 
 use crate::buffer::Buf;
 
@@ -172,6 +172,23 @@ impl PyMfTrainer {
     }
     fn model(&self) -> PyMfModel {
         PyMfModel { m: self.t.model() }
+    }
+    /// The state a checkpoint needs: (p, q, pg, qg as float32 bytes, block counts as uint32
+    /// bytes, epochs done).
+    #[allow(clippy::type_complexity)]
+    fn state<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, u64) {
+        let s = self.t.state();
+        let f = |v: &[f32]| PyBytes::new(py, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let c: Vec<u8> = s.counts.iter().flat_map(|x| x.to_le_bytes()).collect();
+        (f(&s.p), f(&s.q), f(&s.pg), f(&s.qg), PyBytes::new(py, &c), s.epochs)
+    }
+    /// Restores a `state()` of a trainer built from the same ratings and options.
+    #[allow(clippy::too_many_arguments)]
+    fn set_state(&mut self, py: Python<'_>, p: &[u8], q: &[u8], pg: &[u8], qg: &[u8], counts: &[u8], epochs: u64) -> PyResult<()> {
+        let f = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<f32>>();
+        let counts = counts.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let s = TrainerState { p: f(p), q: f(q), pg: f(pg), qg: f(qg), counts, epochs };
+        self.t.set_state(s).map_err(|e| mf_err(py, e))
     }
     #[getter]
     fn n_ratings(&self) -> usize {

@@ -36,6 +36,10 @@ def _check_ranks(args) -> None:
             fail(PROG, f"--memory-budget: {e}")
     if n < 1:
         fail(PROG, f"-n must be at least 1, got {n}")
+    if (args.resume or args.checkpoint_every or args.stop_after is not None) and not args.checkpoint:
+        fail(PROG, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
+    if args.checkpoint_every < 0 or (args.stop_after is not None and args.stop_after < 1):
+        fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.normalize and args.mode != "local":
         fail(PROG, f"--normalize is for --mode local, not {args.mode}")
     if (args.validation_fraction or args.patience is not None) and args.mode != "local":
@@ -53,6 +57,11 @@ def _check_ranks(args) -> None:
         fail(PROG, f"--mode rima -n {n} cuts R into {2 * n} x {2 * n} or {n} x {n} blocks; --blocks {b} is neither")
     if b is not None and args.mode == "dsgd-ps" and b != n - 1:
         fail(PROG, f"--mode dsgd-ps -n {n} cuts R into {n - 1} x {n - 1} blocks (one per worker); --blocks {b} differs")
+
+
+def _ckpt_args(args) -> dict:
+    return dict(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+                stop_after=args.stop_after)
 
 
 def _launch(args) -> int:
@@ -80,7 +89,7 @@ def _train_ranks(args) -> int:
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
     model._t_start = t_start  # set-up time counts the loading too
-    model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every)
+    model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args))
     if model.rank != 0:
         return 0
     h = model.history
@@ -127,7 +136,7 @@ def _train(args) -> int:
                 out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
                 out.flush()
         model.fit(train, test, progress=show_progress(args), on_iteration=log, eval_every=args.eval_every,
-                  validation_fraction=args.validation_fraction, patience=args.patience)
+                  validation_fraction=args.validation_fraction, patience=args.patience, **_ckpt_args(args))
     finally:
         if out:
             out.close()
@@ -250,6 +259,15 @@ def add_parser(sub) -> None:
     t.add_argument("--patience", type=int, default=None,
                    help="local, with --validation-fraction: stop after this many iterations without a better "
                         "validation RMSE and keep the best iteration's model")
+    t.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="write the training state here atomically every --checkpoint-every iterations and at the "
+                        "end (rima, dsgd-ps: one file per rank, PATH.rankR-of-N)")
+    t.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="with --checkpoint: every N iterations (default 0: at the end only)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (same data and hyperparameters; --iterations may grow)")
+    t.add_argument("--stop-after", type=int, default=None, metavar="N",
+                   help="with --checkpoint: end after N iterations in all, with a checkpoint (a job in slices)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
     t.add_argument("--json", help="write one JSON line per iteration to this file")

@@ -60,6 +60,34 @@ def train(group, train_ratings, opts: dict) -> dict:
     else:
         part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
+    # Checkpoints (mf/checkpoint.py): one file per rank; the server's holds all of P and Q, a
+    # worker's its SGD RNG state and losses. Every rank stops and saves at the same boundaries.
+    ck = opts.get("checkpoint")
+    start_it, resumed = 0, None
+    if ck is not None and ck["resume"]:
+        from . import checkpoint as mf_ckpt
+
+        resumed = mf_ckpt.load(mf_ckpt.rank_path(ck["path"], r, group.size), {**ck["expect"], "rank": r, "ranks": group.size})
+        start_it = min(int(resumed[0]["iteration"]), iters)
+    stop_at = iters
+    if ck is not None and ck["stop_after"] is not None and start_it < iters:
+        stop_at = min(iters, max(int(ck["stop_after"]), start_it + 1))
+
+    def save_checkpoint(done: int, meta: dict, arrays: dict) -> None:
+        from . import checkpoint as mf_ckpt
+
+        mf_ckpt.save(mf_ckpt.rank_path(ck["path"], r, group.size),
+                     {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta}, arrays)
+
+    def boundary(step: int) -> tuple[int, bool, bool]:
+        """At an iteration boundary: (iterations done, whether to save, whether to stop)."""
+        if step == start_it * w or step % w:
+            return 0, False, False
+        it = step // w
+        save = ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0))
+        return it, save, it == stop_at
+
+    steps = list(patterns(w, iters, seed))[start_it * w:]
     specs = []
     for a in range(1, w + 1):
         specs += [dict(name=f"pull_p{a}", src=0, dst=a, shape=(psize,), dtype="float32"),
@@ -78,7 +106,24 @@ def train(group, train_ratings, opts: dict) -> dict:
         tick = opts.get("on_iteration")
         evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
         evals, paused = [], 0.0
-        for step, pat in enumerate(patterns(w, iters, seed)):
+        if resumed is not None:
+            for b in range(w):
+                pb[b][:] = resumed[1]["p"][b]
+                qb[b][:] = resumed[1]["q"][b]
+            evals = [tuple(e) for e in resumed[0].get("evals", [])]
+
+        def save(done):
+            save_checkpoint(done, {"evals": [list(e) for e in evals]},
+                            {"p": np.stack([pb[b] for b in range(w)]), "q": np.stack([qb[b] for b in range(w)])})
+
+        done = iters
+        for step, pat in enumerate(steps, start=start_it * w):
+            it, do_save, stop = boundary(step)
+            if do_save:
+                save(it)
+            if stop:
+                done = it
+                break
             if step > 0 and step % w == 0:
                 it = step // w
                 if every and evaluate is not None and it % every == 0:
@@ -99,9 +144,11 @@ def train(group, train_ratings, opts: dict) -> dict:
                 slots[f"push_p{a}"].release()
                 slots[f"push_q{a}"].release()
         seconds = time.perf_counter() - t0 - paused
+        if ck is not None and done == iters and start_it < iters:
+            save(iters)
         moved = [meter.moved()]
         if tick is not None:
-            tick(iters)
+            tick(done)
         stats = []
         for a in range(1, w + 1):
             stats.append(slots[f"st{a}"].recv().copy())
@@ -111,7 +158,8 @@ def train(group, train_ratings, opts: dict) -> dict:
         st = np.array(stats)
         moved += [row.reshape(w + 1, 3).astype(np.int64) for row in st[:, 3 + iters:]]
         traffic = summarize(np.stack(moved))  # rank 0 (the server), then the workers
-        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": traffic["bytes_sent"][0],
+        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "iterations_done": done, "start_iteration": start_it,
+                "server_bytes_sent": traffic["bytes_sent"][0],
                 "server_connections": traffic["connections"][0], "evals": evals,
                 "train_mse": list(st[:, 3:3 + iters].sum(axis=0) / part.n_ratings),
                 # Measured at the transport: per worker (ranks 1..w).
@@ -128,7 +176,22 @@ def train(group, train_ratings, opts: dict) -> dict:
     pull_p, pull_q, push_p, push_q = (slots[f"{s}{r}"] for s in ("pull_p", "pull_q", "push_p", "push_q"))
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
     collective = evaluate is not None and every and opts.get("evaluate_collective")
-    for step, pat in enumerate(patterns(w, iters, seed)):
+    if resumed is not None:
+        rng.bit_generator.state = resumed[0]["rng"]
+        n = min(len(resumed[1]["losses"]), iters)
+        losses[:n] = resumed[1]["losses"][:n]
+
+    def save(done):
+        save_checkpoint(done, {"rng": rng.bit_generator.state}, {"losses": losses[:done]})
+
+    done = iters
+    for step, pat in enumerate(steps, start=start_it * w):
+        it, do_save, stop = boundary(step)
+        if do_save:
+            save(it)
+        if stop:
+            done = it
+            break
         if collective and step > 0 and step % w == 0 and (step // w) % every == 0:
             meter.pause()
             evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
@@ -148,6 +211,8 @@ def train(group, train_ratings, opts: dict) -> dict:
         sent += p.flat.nbytes + q.flat.nbytes
         recvd += p.flat.nbytes + q.flat.nbytes
     seconds = time.perf_counter() - t0
+    if ck is not None and done == iters and start_it < iters:
+        save(iters)
     moved = meter.moved()
     slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses, moved.ravel()]))
     group.barrier()

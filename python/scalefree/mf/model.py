@@ -171,7 +171,8 @@ class MatrixFactorization:
                 "mae": float(np.mean(np.abs(err))) if n else float("nan"), "unknown": int(n - known.sum())}
 
     def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1,
-            validation_fraction: float = 0.0, patience: int | None = None):
+            validation_fraction: float = 0.0, patience: int | None = None, checkpoint=None,
+            checkpoint_every: int = 0, resume: bool = False, stop_after: int | None = None):
         """Train on ``data``; ``test`` (a rating file, a (users, items, ratings) triple or native
         ratings; ids matched to the training ids, unseen ids counted in ``test_unseen`` and
         answered with the mean) is evaluated every ``eval_every`` epochs (0: after the last
@@ -180,7 +181,20 @@ class MatrixFactorization:
         ``local`` only: ``validation_fraction`` holds a seeded share of the training ratings out
         as a validation set (RMSE in ``valid_rmse`` after every epoch); with ``patience`` the
         training stops once that many epochs in a row did not improve it, and the model is
-        the best epoch's."""
+        the best epoch's.
+        ``checkpoint`` (a path): the training state is written there atomically every
+        ``checkpoint_every`` iterations (0: only at the end) and at the end (``mf/checkpoint.py``;
+        in ``rima`` one file per rank beside it). ``resume=True`` continues from that checkpoint,
+        which must come from the same data and hyperparameters (``iterations`` may differ): the
+        result equals an uninterrupted run's (exactly in ``local`` with one thread).
+        ``stop_after``: end after that many iterations in all, with a checkpoint (a job cut into
+        time slices; the model is the one reached so far)."""
+        if (resume or checkpoint_every or stop_after) and checkpoint is None:
+            raise InvalidArgumentError("resume, checkpoint_every and stop_after need a checkpoint path")
+        if checkpoint_every < 0 or (stop_after is not None and stop_after < 1):
+            raise InvalidArgumentError("checkpoint_every must be >= 0 and stop_after >= 1")
+        ckpt = None if checkpoint is None else {"path": checkpoint, "every": int(checkpoint_every),
+                                                "resume": bool(resume), "stop_after": stop_after}
         from .shares import ShareRatings
         from .stream import StreamedRatings
 
@@ -206,7 +220,15 @@ class MatrixFactorization:
             else:
                 self.test_unseen = None
         if self.mode != "local":
-            return self._fit_ranks(train, test_r, progress, eval_every)
+            return self._fit_ranks(train, test_r, progress, eval_every, ckpt)
+        expect = None
+        if ckpt is not None:
+            from . import checkpoint as mf_ckpt
+
+            expect = {"mode": "local", "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
+                      "blocks": self.blocks or max(20, 2 * self.threads + 1), "seed": self.seed,
+                      "init_max": self.init_max, "normalize": self.normalize,
+                      "validation_fraction": float(validation_fraction), "data": mf_ckpt.fingerprint(*train.triples())}
         valid = None
         if validation_fraction:
             if not 0 < validation_fraction < 1:
@@ -217,12 +239,41 @@ class MatrixFactorization:
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
                                threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
                                normalize=self.normalize)
-        bar = _Bar(self.iterations, progress)
         self.history = []
         elapsed = 0.0
         best, best_model, stale = float("inf"), None, 0
         self.stopped_at = None
-        for it in range(1, self.iterations + 1):
+        start = 0
+        if ckpt is not None and ckpt["resume"]:
+            meta, a = mf_ckpt.load(ckpt["path"], expect)
+            tr.set_state(*(a[n].tobytes() for n in ("p", "q", "pg", "qg", "counts")), int(meta["iteration"]))
+            start, self.history, best, stale = int(meta["iteration"]), meta["history"], meta["best"], meta["stale"]
+            elapsed = self.history[-1]["seconds"] if self.history else 0.0
+            if "best_p" in a:
+                best_model = _native.MfModel.from_parts(self.k, *(a[n].tobytes() for n in (
+                    "best_p", "best_q", "best_user_ids", "best_item_ids")), float(meta["best_mean"]),
+                    *(a[n].tobytes() for n in ("best_known_u", "best_known_i")))
+            if start >= self.iterations or meta.get("stopped_at"):
+                self.stopped_at = meta.get("stopped_at")
+                self._model = best_model if best_model is not None else tr.model()
+                return self
+
+        def save_checkpoint(it):
+            p, q, pg, qg, counts, _ = tr.state()
+            arrays = {n: np.frombuffer(b, np.uint8) for n, b in zip(("p", "q", "pg", "qg", "counts"), (p, q, pg, qg, counts))}
+            meta = {**expect, "iteration": it, "history": self.history, "best": best, "stale": stale,
+                    "stopped_at": self.stopped_at}
+            if best_model is not None:
+                bp, bq, bu, bi, mean, ku, ki = best_model.parts()
+                arrays.update({f"best_{n}": np.frombuffer(b, np.uint8) for n, b in zip(
+                    ("p", "q", "user_ids", "item_ids", "known_u", "known_i"), (bp, bq, bu, bi, ku, ki))})
+                meta["best_mean"] = float(mean)
+            mf_ckpt.save(ckpt["path"], meta, arrays)
+
+        bar = _Bar(self.iterations, progress)
+        if start:
+            bar.update(start, "resumed")
+        for it in range(start + 1, self.iterations + 1):
             t0 = time.perf_counter()
             mse = tr.epochs(1)
             elapsed += time.perf_counter() - t0
@@ -242,14 +293,17 @@ class MatrixFactorization:
             self.history.append(rec)
             if on_iteration is not None:
                 on_iteration(rec)
-            bar.update(self.iterations if last else it,
+            stop = ckpt is not None and ckpt["stop_after"] is not None and it >= ckpt["stop_after"]
+            if ckpt is not None and (last or stop or (ckpt["every"] and it % ckpt["every"] == 0)):
+                save_checkpoint(it)
+            bar.update(self.iterations if last or stop else it,
                        f"test_rmse={rec['test_rmse']:.4f}" if "test_rmse" in rec else f"train_mse={mse:.4f}")
-            if last:
+            if last or stop:
                 break
         self._model = best_model if best_model is not None else tr.model()
         return self
 
-    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0):
+    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
@@ -275,6 +329,17 @@ class MatrixFactorization:
                     t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
+        if ckpt is not None:
+            from . import checkpoint as mf_ckpt
+
+            if isinstance(train, _native.MfRatings):
+                data = mf_ckpt.fingerprint(*train.triples())
+            else:  # read by the ranks in shares: the file's name and size and the split
+                data = (f"{Path(train.path).name}:{os.path.getsize(train.path)}:"
+                        f"{getattr(train, 'test_fraction', '')}:{getattr(train, 'seed', '')}")
+            expect = {"mode": self.mode, "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
+                      "blocks": nb, "seed": self.seed, "init_max": self.init_max, "data": data}
+            opts["checkpoint"] = {**ckpt, "expect": expect}
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
         shared = isinstance(train, ShareRatings)
@@ -296,7 +361,8 @@ class MatrixFactorization:
             self.history = [{"rank": group.rank, "bytes_sent": res["bytes_sent"], "seconds": res["seconds"]}]
             return self
         self._model = _model_of(train, self.k, res["p"], res["q"])
-        self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"])]
+        done = res.get("iterations_done", self.iterations)
+        self.history = [{"iteration": it + 1, "train_mse": mse} for it, mse in enumerate(res["train_mse"][:done])]
         for name in ("rating_bytes_resident", "peak_rss_bytes", "preload_wait_seconds"):
             for rec, per_worker in zip(self.history, res.get(name, ())):
                 rec[name] = per_worker  # one value per worker

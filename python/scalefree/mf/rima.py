@@ -115,6 +115,13 @@ def train(group, train_ratings, opts: dict) -> dict:
         raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
                                    "load the ratings into memory for an in-memory run")
     bfile = pre = None
+    ck = opts.get("checkpoint")
+    resumed = None
+    if ck is not None and ck["resume"]:
+        from . import checkpoint as mf_ckpt
+
+        resumed = mf_ckpt.load(mf_ckpt.rank_path(ck["path"], r, w), {**ck["expect"], "rank": r, "ranks": w})
+    skip = 0 if resumed is None else int(resumed[0]["iteration"]) * V * c  # visits already done
     shared = isinstance(train_ratings, mf_shares.ShareRatings)
     if shared:
         trains = trained_blocks(w, c, bp, bq)
@@ -131,7 +138,7 @@ def train(group, train_ratings, opts: dict) -> dict:
                     budget_check=lambda part: _check_budget(part, budget, w, c, V),
                     piece_bytes=mf_shares.piece_bytes_for(budget)))
                 bfile.finish()
-                pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
+                pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget)
             else:
                 part = mf_preload.outside_arena(lambda: train_ratings.partition(
                     group, V, k, seed, opts.get("init_max"), trains=trains, keep=keep))
@@ -153,10 +160,10 @@ def train(group, train_ratings, opts: dict) -> dict:
                     spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
                 check(part)
             bfile.finish()
-            pre = mf_preload.Preloader(bfile, [int(b) for b in sequence], budget)
+            pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget)
         else:
             part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
-        return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget)
+        return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed)
     finally:
         if pre is not None:
             pre.close()
@@ -181,7 +188,7 @@ def _check_budget(part, budget: int, w: int, c: int, V: int) -> None:
             f"or make the blocks smaller: {more}")
 
 
-def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
+def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=None) -> dict:
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
     pred = (r - 1) % w  # slot "{side}{r}" goes to the successor, "{side}{pred}" comes in
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
@@ -244,9 +251,38 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     reset_peak_rss()
     visit = 0
     total = iters * V
+    evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
+    ck = opts.get("checkpoint")
+    start_it = 0
+    if resumed is not None:
+        # Continue at the iteration boundary of the checkpoint: this rank's blocks, its SGD RNG
+        # and losses; which blocks it holds follows from the pattern sequence.
+        meta, a = resumed
+        start_it = min(int(meta["iteration"]), iters)
+        blk = {"p": bp[start_it * V] if start_it < iters else bp[-1], "q": bq[start_it * V] if start_it < iters else bq[-1]}
+        for j in range(c):
+            bufs["p"][j][:] = a["p"][j]
+            bufs["q"][j][:] = a["q"][j]
+        rng.bit_generator.state = meta["rng"]
+        n = min(len(a["losses"]), iters)
+        losses[:n] = a["losses"][:n]
+        evals.extend(tuple(e) for e in meta.get("evals", []))
+        visit = start_it * V * c
+    skip = visit  # the preloader's sequence starts here
+    stop_at = iters
+    if ck is not None and ck["stop_after"] is not None:
+        stop_at = min(iters, max(int(ck["stop_after"]), start_it + 1))
+
+    def save_checkpoint(done: int) -> None:
+        from . import checkpoint as mf_ckpt
+
+        meta = {**ck["expect"], "rank": r, "ranks": w, "iteration": done, "rng": rng.bit_generator.state,
+                "evals": [list(e) for e in evals]}
+        mf_ckpt.save(mf_ckpt.rank_path(ck["path"], r, w), meta,
+                     {"p": np.stack(bufs["p"]), "q": np.stack(bufs["q"]), "losses": losses[:done]})
+
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
     collective = bool(opts.get("evaluate_collective"))
-    evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
     # Bytes and connections as the transport counts them, from here to the final gather
     # (evaluation left out).
@@ -256,9 +292,14 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     setup_s = t0 - opts.get("t_start", t0)
     comm = paused = 0.0
     tick = opts.get("on_iteration") if r == 0 else None
-    for step in range(total):
+    step = start_it * V
+    for step in range(start_it * V, total):
         it = step // V
-        if step > 0 and step % V == 0:
+        if step > start_it * V and step % V == 0:
+            if ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0)):
+                save_checkpoint(it)
+            if it == stop_at:
+                break
             _account(it - 1, pre, held_r, resident, rss, waited)
             if every and it % every == 0:
                 # Test RMSE for the curve: gather the current blocks (not counted as training).
@@ -278,11 +319,11 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         fut = None
         # The last pair first: its moving block goes to the successor while the others train.
         for n, j in enumerate(visit_order(c)):
-            ent = None if pre is None else pre.get(visit)
+            ent = None if pre is None else pre.get(visit - skip)
             losses[it] += train_block(part, int(blk["p"][r * c + j]), int(blk["q"][r * c + j]),
                                       view("p", j), view("q", j), opts, rng, ent)
             if pre is not None:
-                pre.release(visit)
+                pre.release(visit - skip)
             visit += 1
             if n == 0 and side is not None and w > 1:
                 out = bufs[side][c - 1]
@@ -308,9 +349,12 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0 - paused
-    _account(iters - 1, pre, held_r, resident, rss, waited)
+    done = stop_at if start_it * V < total else iters
+    if ck is not None and done == iters and start_it < iters:
+        save_checkpoint(iters)  # the end state
+    _account(max(done - 1, 0), pre, held_r, resident, rss, waited)
     if tick is not None:
-        tick(iters)
+        tick(done)
     g0 = time.perf_counter()
     pq = gather()
     moved = meter.moved()
@@ -333,7 +377,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     st = np.array(stats)
     per_it = st[:, _NSTAT:_NSTAT + 4 * iters].reshape(w, 4, iters)  # worker, (loss, resident, rss, wait), iteration
     traffic = summarize(st[:, _NSTAT + 4 * iters:].reshape(w, w, 3).astype(np.int64))
-    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "gather_seconds": gather_s, "evals": evals,
+    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "iterations_done": done, "start_iteration": start_it, "gather_seconds": gather_s, "evals": evals,
             "train_mse": list(per_it[:, 0].sum(axis=0) / part.n_ratings),
             "rating_bytes_resident": per_it[:, 1].T.astype(np.int64).tolist(),
             "peak_rss_bytes": per_it[:, 2].T.astype(np.int64).tolist(),

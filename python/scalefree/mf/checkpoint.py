@@ -1,0 +1,71 @@
+"""Checkpoints of an MF training run (``fit(..., checkpoint=PATH, checkpoint_every=N, resume=True)``).
+
+A checkpoint is one ``.npz`` archive written through :func:`scalefree._atomic.atomic_path`
+(temporary file beside the target, renamed onto it), so a killed job leaves the previous
+checkpoint whole. It holds a JSON ``meta`` record — the hyperparameters and a fingerprint of the
+training data, checked on resume (a mismatch is an :class:`InvalidArgumentError`) — plus the
+arrays of the mode's state:
+
+* ``local``: the trainer's padded P and Q rows, the AdaGrad accumulators, the block
+  scheduler's run counts and the epochs done (each epoch's thread RNGs derive from the seed
+  and that count), the history so far and, with ``patience``, the best model;
+* ``rima``: **one file per rank** (``PATH.rank{r}-of-{w}.npz``... see :func:`rank_path`): the
+  factor blocks (with their AdaGrad accumulators) the rank holds at the iteration boundary, its
+  SGD RNG state and its losses so far; the pattern position follows from the iteration count.
+  Every rank writes its own file, so nothing is gathered for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .._atomic import atomic_path
+from ..errors import InvalidArgumentError
+
+VERSION = 1
+
+
+def rank_path(path, rank: int, size: int) -> Path:
+    """Rank ``rank``'s file of a ``size``-rank job's checkpoint ``path``."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.rank{rank}-of-{size}")
+
+
+def fingerprint(*arrays: bytes) -> str:
+    """A short hash of the training data (ids and ratings as bytes)."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(len(a).to_bytes(8, "little"))
+        h.update(a)
+    return h.hexdigest()
+
+
+def save(path, meta: dict, arrays: dict) -> None:
+    """Writes ``meta`` and ``arrays`` to ``path`` atomically."""
+    doc = {"version": VERSION, **meta}
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, meta=np.frombuffer(json.dumps(doc).encode(), np.uint8), **arrays)
+
+
+def load(path, expect: dict) -> tuple[dict, dict]:
+    """Reads a checkpoint and checks that its ``meta`` agrees with ``expect`` on every key of
+    ``expect``; returns ``(meta, arrays)``."""
+    path = Path(path)
+    if not path.exists():
+        raise InvalidArgumentError(f"checkpoint {path} does not exist (nothing to resume)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+        meta = json.loads(arrays.pop("meta").tobytes().decode())
+    except (OSError, ValueError, KeyError) as e:
+        raise InvalidArgumentError(f"checkpoint {path} is not a scalefree MF checkpoint ({e})") from None
+    if meta.get("version") != VERSION:
+        raise InvalidArgumentError(f"checkpoint {path} has version {meta.get('version')}, this build reads {VERSION}")
+    bad = [f"{k} {meta.get(k)!r} (now {v!r})" for k, v in expect.items() if meta.get(k) != v]
+    if bad:
+        raise InvalidArgumentError(f"checkpoint {path} does not match this run: it has {'; '.join(bad)}")
+    return meta, arrays
