@@ -106,7 +106,7 @@ def _train_ranks(args) -> int:
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
           f"({max(last['connections'], default=0)} connections per worker at most, measured): "
-          f"{args.iterations} iterations in {last['seconds']:.3f} s; "
+          f"{len(h)} iterations in {last['seconds']:.3f} s; "
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
     if "peak_rss_bytes" in last:
@@ -147,7 +147,7 @@ def _train(args) -> int:
         model.save(args.output)
     rmse = h[-1].get("test_rmse", float("nan"))
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
-          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
+          f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
     if model.stopped_at:
         best = min(r["valid_rmse"] for r in h)

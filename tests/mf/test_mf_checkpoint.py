@@ -1,0 +1,105 @@
+"""scalefree.mf.checkpoint: atomic checkpoints, ``--resume`` and ``--stop-after`` in every mode.
+A run stopped after a checkpoint and resumed ends where an uninterrupted run with the same seed
+ends (exactly: local with one thread, and rima / dsgd-ps, whose ranks train in a fixed order)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import scalefree.mf.model as mf
+from scalefree.bench.mf import synthetic_ratings
+from scalefree.errors import InvalidArgumentError
+
+ML100K = Path(__file__).resolve().parents[2] / "../shared/data/movielens-100k/u.data"
+
+
+@pytest.fixture(scope="module")
+def data():
+    u, i, r = synthetic_ratings(300, 200, 20_000, seed=3)
+    return mf.split_ratings((u, i, r), 0.1, 0)
+
+
+def _factors(m):
+    p, q, *_ = m._model.parts()
+    return np.frombuffer(p, np.float32), np.frombuffer(q, np.float32)
+
+
+def test_local_resume_equals_an_uninterrupted_run(data, tmp_path):
+    tr, te = data
+    make = lambda: mf.MatrixFactorization(k=8, iterations=6, threads=1, seed=5)  # noqa: E731
+    full = make().fit(tr, te)
+    ck = tmp_path / "ck"
+    part = make().fit(tr, te, checkpoint=ck, checkpoint_every=2, stop_after=3)
+    assert len(part.history) == 3 and ck.exists()
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temp file left
+    back = make().fit(tr, te, checkpoint=ck, resume=True)
+    for a, b in zip(_factors(full), _factors(back)):
+        np.testing.assert_array_equal(a, b)
+    assert [h["train_mse"] for h in back.history] == [h["train_mse"] for h in full.history]
+    assert back.history[-1]["test_rmse"] == full.history[-1]["test_rmse"]
+    # More iterations than the checkpoint's run: continues.
+    longer = mf.MatrixFactorization(k=8, iterations=8, threads=1, seed=5).fit(tr, te, checkpoint=ck, resume=True)
+    assert len(longer.history) == 8
+
+
+def test_local_resume_with_early_stopping(data, tmp_path):
+    tr, te = data
+    make = lambda: mf.MatrixFactorization(k=8, iterations=15, threads=1, lam=0.0)  # noqa: E731
+    kw = dict(validation_fraction=0.2, patience=2)
+    full = make().fit(tr, te, **kw)
+    make().fit(tr, te, **kw, checkpoint=tmp_path / "ck", stop_after=2)
+    back = make().fit(tr, te, **kw, checkpoint=tmp_path / "ck", resume=True)
+    assert full.stopped_at and back.stopped_at == full.stopped_at
+    for a, b in zip(_factors(full), _factors(back)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mismatched_or_missing_checkpoint_is_refused(data, tmp_path):
+    tr, te = data
+    ck = tmp_path / "ck"
+    mf.MatrixFactorization(k=8, iterations=2, threads=1).fit(tr, te, checkpoint=ck)
+    with pytest.raises(InvalidArgumentError, match="k 8 .now 9"):
+        mf.MatrixFactorization(k=9, iterations=2, threads=1).fit(tr, te, checkpoint=ck, resume=True)
+    with pytest.raises(InvalidArgumentError, match="data"):
+        mf.MatrixFactorization(k=8, iterations=2, threads=1).fit(te, checkpoint=ck, resume=True)
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        mf.MatrixFactorization(k=8, iterations=2, threads=1).fit(tr, checkpoint=tmp_path / "no", resume=True)
+    with pytest.raises(InvalidArgumentError, match="need a checkpoint"):
+        mf.MatrixFactorization(k=8, iterations=2, threads=1).fit(tr, resume=True)
+
+
+def _train(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "-q", "-k", "16",
+                           "-i", "6", "--seed", "1", *args], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+
+
+def _rmse(p) -> float:
+    assert p.returncode == 0, p.stderr
+    return float(re.search(r"final test RMSE (\S+)", p.stdout).group(1))
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+@pytest.mark.parametrize("mode,n", [("rima", 2), ("dsgd-ps", 3)])
+def test_ranks_stopped_and_resumed_reach_the_uninterrupted_rmse(mode, n, tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path / "cache"))
+    run = ("--mode", mode, "-n", str(n))
+    full = _rmse(_train(tmp_path, *run))
+    ck = str(tmp_path / "ck")
+    stopped = _train(tmp_path, *run, "--checkpoint", ck, "--checkpoint-every", "2", "--stop-after", "3")
+    assert "3 iterations" in stopped.stdout and _rmse(stopped) != full
+    assert sorted(f.name for f in tmp_path.glob("ck*")) == [f"ck.rank{r}-of-{n}" for r in range(n)]  # one per rank
+    assert _rmse(_train(tmp_path, *run, "--checkpoint", ck, "--resume")) == pytest.approx(full, abs=1e-4)
+    bad = _train(tmp_path, *run, "-k", "8", "--checkpoint", ck, "--resume")
+    assert bad.returncode == 2 and "does not match this run: it has k 16 (now 8)" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_cli_resume_needs_a_checkpoint(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", "x.csv", "--resume"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "need --checkpoint" in p.stderr
