@@ -103,3 +103,23 @@ def test_cli_resume_needs_a_checkpoint(tmp_path):
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", "x.csv", "--resume"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "need --checkpoint" in p.stderr
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+@pytest.mark.parametrize("mode,n", [("rima", 2), ("dsgd-ps", 3)])
+def test_ranks_stop_early_on_a_validation_split(mode, n, tmp_path, monkeypatch):
+    """λ small enough to overfit: the validation RMSE turns up, every rank stops at the same
+    iteration, and rank 0 keeps the best iteration's model."""
+    import json
+
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path / "cache"))
+    p = _train(tmp_path, "--mode", mode, "-n", str(n), "-i", "40", "--lam", "0.01", "--validation-fraction", "0.1",
+               "--patience", "2", "--json", str(tmp_path / "h.jsonl"))
+    final = _rmse(p)
+    stop = int(re.search(r"early stop after iteration (\d+)", p.stdout).group(1))
+    recs = [json.loads(line) for line in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert len(recs) == stop < 40
+    v = [r["valid_rmse"] for r in recs]
+    best = int(np.argmin(v))
+    assert best == stop - 3 and min(v[best + 1:]) >= v[best]  # two iterations without improvement
+    assert final == pytest.approx(recs[best]["test_rmse"], abs=1e-4)  # the best iteration's model

@@ -42,8 +42,8 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.normalize and args.mode != "local":
         fail(PROG, f"--normalize is for --mode local, not {args.mode}")
-    if (args.validation_fraction or args.patience is not None) and args.mode != "local":
-        fail(PROG, f"--validation-fraction / --patience are for --mode local so far, not {args.mode}")
+    if args.patience is not None and args.checkpoint and args.mode != "local":
+        fail(PROG, f"--checkpoint with --patience is for --mode local so far, not {args.mode}")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
     if args.test is not None and args.mode != "local":
@@ -89,7 +89,8 @@ def _train_ranks(args) -> int:
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
     model._t_start = t_start  # set-up time counts the loading too
-    model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args))
+    model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args),
+              validation_fraction=args.validation_fraction, patience=args.patience)
     if model.rank != 0:
         return 0
     h = model.history
@@ -109,6 +110,7 @@ def _train_ranks(args) -> int:
           f"{len(h)} iterations in {last['seconds']:.3f} s; "
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
+    _report_early_stop(model, args)
     if "peak_rss_bytes" in last:
         held = max(max(rec["rating_bytes_resident"]) for rec in h)
         budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
@@ -117,6 +119,13 @@ def _train_ranks(args) -> int:
               f"{max(max(rec['peak_rss_bytes']) for rec in h) / 2**20:.0f} MiB "
               f"(set-up {max(last['setup_peak_rss_bytes']) / 2**20:.0f} MiB, {max(last['setup_seconds']):.2f} s)")
     return 0
+
+
+def _report_early_stop(model, args) -> None:
+    if model.stopped_at:
+        best = min(r["valid_rmse"] for r in model.history if "valid_rmse" in r)
+        print(f"early stop after iteration {model.stopped_at}: validation RMSE did not improve for {args.patience} "
+              f"iterations (best {best:.4f}); the model is the best iteration's")
 
 
 def _train(args) -> int:
@@ -149,10 +158,7 @@ def _train(args) -> int:
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
-    if model.stopped_at:
-        best = min(r["valid_rmse"] for r in h)
-        print(f"early stop after iteration {model.stopped_at}: validation RMSE did not improve for {args.patience} "
-              f"iterations (best {best:.4f}); the model is the best iteration's")
+    _report_early_stop(model, args)
     if model.test_unseen and model.test_unseen["ratings"]:
         u = model.test_unseen
         print(f"{PROG}: warning: {u['ratings']} test ratings have ids unseen in training ({u['users']} users, "
@@ -255,9 +261,10 @@ def add_parser(sub) -> None:
                         "get the training mean) instead of a --test-fraction split (like LIBMF's -p)")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--validation-fraction", type=float, default=0.0,
-                   help="local: hold this share of the training ratings out as a validation set (RMSE per iteration)")
+                   help="hold this share of the training ratings out as a validation set (RMSE per iteration; rima, "
+                        "dsgd-ps: a seeded hash of (user, item), each rank keeps the share it read)")
     t.add_argument("--patience", type=int, default=None,
-                   help="local, with --validation-fraction: stop after this many iterations without a better "
+                   help="with --validation-fraction: stop after this many iterations without a better "
                         "validation RMSE and keep the best iteration's model")
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write the training state here atomically every --checkpoint-every iterations and at the "

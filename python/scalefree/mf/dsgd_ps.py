@@ -22,6 +22,7 @@ from .._traffic import Meter, summarize
 from ..tensors import slots as tensors
 from ..errors import InvalidArgumentError
 from .blocks import FactorBlock, Partition, train_block
+from .rima import EarlyStop
 from .preload import outside_arena
 from .shares import ShareRatings
 
@@ -88,6 +89,8 @@ def train(group, train_ratings, opts: dict) -> dict:
         return it, save, it == stop_at
 
     steps = list(patterns(w, iters, seed))[start_it * w:]
+    validate = opts.get("validate")  # collective: validation RMSE, the same on every rank
+    early = EarlyStop(opts.get("patience"))
     specs = []
     for a in range(1, w + 1):
         specs += [dict(name=f"pull_p{a}", src=0, dst=a, shape=(psize,), dtype="float32"),
@@ -132,6 +135,16 @@ def train(group, train_ratings, opts: dict) -> dict:
                     evals.append((it, evaluate(*part.dense_factors(pb, qb)), e0 - t0 - paused))
                     meter.resume()
                     paused += time.perf_counter() - e0
+                if validate is not None and step > start_it * w:
+                    e0 = time.perf_counter()
+                    meter.pause()
+                    pq = part.dense_factors(pb, qb)
+                    halt = early.update(it, validate(*pq), pq)
+                    meter.resume()
+                    paused += time.perf_counter() - e0
+                    if halt:
+                        done = it
+                        break
                 if tick is not None:
                     tick(it)
             for a, (ru, ri) in enumerate(pat, start=1):
@@ -154,12 +167,17 @@ def train(group, train_ratings, opts: dict) -> dict:
             stats.append(slots[f"st{a}"].recv().copy())
             slots[f"st{a}"].release()
         P, Q = part.dense_factors(pb, qb)
+        if validate is not None:
+            if not early.stopped_at:
+                early.update(done, validate(P, Q), (P, Q))
+            if early.best_pq is not None:
+                P, Q = early.best_pq  # the best iteration's model
         group.barrier()
         st = np.array(stats)
         moved += [row.reshape(w + 1, 3).astype(np.int64) for row in st[:, 3 + iters:]]
         traffic = summarize(np.stack(moved))  # rank 0 (the server), then the workers
         return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "iterations_done": done, "start_iteration": start_it,
-                "server_bytes_sent": traffic["bytes_sent"][0],
+                "valid_rmse": early.history, "stopped_at": early.stopped_at, "server_bytes_sent": traffic["bytes_sent"][0],
                 "server_connections": traffic["connections"][0], "evals": evals,
                 "train_mse": list(st[:, 3:3 + iters].sum(axis=0) / part.n_ratings),
                 # Measured at the transport: per worker (ranks 1..w).
@@ -196,6 +214,13 @@ def train(group, train_ratings, opts: dict) -> dict:
             meter.pause()
             evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
             meter.resume()
+        if validate is not None and step > start_it * w and step % w == 0:
+            meter.pause()
+            halt = early.update(step // w, validate(None, None), None)
+            meter.resume()
+            if halt:
+                done = step // w
+                break
         ru, ri = pat[r - 1]
         c0 = time.perf_counter()
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
@@ -213,6 +238,8 @@ def train(group, train_ratings, opts: dict) -> dict:
     seconds = time.perf_counter() - t0
     if ck is not None and done == iters and start_it < iters:
         save(iters)
+    if validate is not None and not early.stopped_at:
+        early.update(done, validate(None, None), None)
     moved = meter.moved()
     slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses, moved.ravel()]))
     group.barrier()

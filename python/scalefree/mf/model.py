@@ -220,7 +220,7 @@ class MatrixFactorization:
             else:
                 self.test_unseen = None
         if self.mode != "local":
-            return self._fit_ranks(train, test_r, progress, eval_every, ckpt)
+            return self._fit_ranks(train, test_r, progress, eval_every, ckpt, validation_fraction, patience)
         expect = None
         if ckpt is not None:
             from . import checkpoint as mf_ckpt
@@ -303,7 +303,8 @@ class MatrixFactorization:
         self._model = best_model if best_model is not None else tr.model()
         return self
 
-    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None):
+    def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None,
+                   validation_fraction: float = 0.0, patience: int | None = None):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
         import scalefree
 
@@ -329,6 +330,19 @@ class MatrixFactorization:
                     t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
+        shared = isinstance(train, ShareRatings)
+        self.stopped_at = None
+        if validation_fraction or patience is not None:
+            if not 0 < validation_fraction < 1 or (patience is not None and patience < 1):
+                raise InvalidArgumentError("validation_fraction must be in (0, 1) and patience at least 1")
+            if not shared:
+                raise InvalidArgumentError(f"a validation split in mode {self.mode!r} needs the ratings as a file "
+                                           f"(a path or split_ratings_partitioned), read in shares by the ranks")
+            if patience is not None and ckpt is not None:
+                raise InvalidArgumentError(f"checkpoints with patience are for mode 'local' so far, not {self.mode!r}")
+            train.valid_fraction = float(validation_fraction)
+            opts["validate"] = lambda p, q: train.valid_rmse(group, p, q)  # collective, same on every rank
+            opts["patience"] = patience
         if ckpt is not None:
             from . import checkpoint as mf_ckpt
 
@@ -342,7 +356,6 @@ class MatrixFactorization:
             opts["checkpoint"] = {**ckpt, "expect": expect}
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")
-        shared = isinstance(train, ShareRatings)
         if test_r is not None and eval_every:
             k = self.k
             opts["eval_every"] = eval_every
@@ -370,6 +383,9 @@ class MatrixFactorization:
                      "preload_loader_cpu_seconds", "preload_direct_io", "bytes_read"):
             if name in res:
                 self.history[-1][name] = res[name]
+        for it, v in res.get("valid_rmse", ()):
+            self.history[it - 1]["valid_rmse"] = v
+        self.stopped_at = res.get("stopped_at")
         for it, rmse, secs in res["evals"]:
             self.history[it - 1].update(test_rmse=rmse, seconds=secs)
         last = self.history[-1]

@@ -90,6 +90,30 @@ def visit_order(c: int) -> list[int]:
     return [c - 1] + list(range(c - 1))
 
 
+class EarlyStop:
+    """Patience on the validation RMSE (the same on every rank, so every rank decides alike);
+    rank 0 keeps a copy of the best iteration's P and Q."""
+
+    def __init__(self, patience):
+        self.patience = patience
+        self.best, self.stale, self.best_pq, self.stopped_at = float("inf"), 0, None, None
+        self.history = []  # (iteration, validation RMSE)
+
+    def update(self, it: int, v: float, pq) -> bool:
+        """Records iteration ``it``'s validation RMSE; true when training should stop."""
+        self.history.append((it, v))
+        if v < self.best:
+            self.best, self.stale = v, 0
+            if pq is not None and self.patience is not None:
+                self.best_pq = (pq[0].copy(), pq[1].copy())
+        else:
+            self.stale += 1
+        if self.patience is not None and self.stale >= self.patience:
+            self.stopped_at = it
+            return True
+        return False
+
+
 def train(group, train_ratings, opts: dict) -> dict:
     """Runs on every rank of ``group``; rank 0 returns P, Q (dense id order) and the
     accounting, the others their own accounting. ``opts``: k, eta, lam, schedule, iterations,
@@ -283,6 +307,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
 
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
     collective = bool(opts.get("evaluate_collective"))
+    validate = opts.get("validate")  # collective: validation RMSE, the same on every rank
+    early = EarlyStop(opts.get("patience"))
     group.barrier()
     # Bytes and connections as the transport counts them, from here to the final gather
     # (evaluation left out).
@@ -301,18 +327,22 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
             if it == stop_at:
                 break
             _account(it - 1, pre, held_r, resident, rss, waited)
-            if every and it % every == 0:
-                # Test RMSE for the curve: gather the current blocks (not counted as training).
+            if (every and it % every == 0) or validate is not None:
+                # Test RMSE for the curve, validation RMSE for early stopping: gather the current
+                # blocks (not counted as training).
                 e0 = time.perf_counter()
                 meter.pause()
                 pq = gather()
-                if evaluate is not None and (pq is not None or collective):
+                if every and it % every == 0 and evaluate is not None and (pq is not None or collective):
                     # Collective evaluation (mf_shares): every rank scores its test share.
                     rmse = evaluate(*(pq if pq is not None else (None, None)))
                     if pq is not None:
                         evals.append((it, rmse, e0 - t0 - paused))
+                halt = validate is not None and early.update(it, validate(*(pq if pq is not None else (None, None))), pq)
                 meter.resume()
                 paused += time.perf_counter() - e0
+                if halt:
+                    break  # the same decision on every rank (the validation RMSE is allreduced)
             if tick is not None:
                 tick(it)
         side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
@@ -349,7 +379,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0 - paused
-    done = stop_at if start_it * V < total else iters
+    done = early.stopped_at or (stop_at if start_it * V < total else iters)
     if ck is not None and done == iters and start_it < iters:
         save_checkpoint(iters)  # the end state
     _account(max(done - 1, 0), pre, held_r, resident, rss, waited)
@@ -357,6 +387,10 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
         tick(done)
     g0 = time.perf_counter()
     pq = gather()
+    if validate is not None:
+        if not early.stopped_at:
+            early.update(done, validate(*(pq if pq is not None else (None, None))), pq)
+        pq = early.best_pq if early.best_pq is not None else pq  # rank 0: the best iteration's model
     moved = meter.moved()
     if pre is not None:
         pre.close()  # the loader has read everything; its CPU time is final
@@ -377,7 +411,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     st = np.array(stats)
     per_it = st[:, _NSTAT:_NSTAT + 4 * iters].reshape(w, 4, iters)  # worker, (loss, resident, rss, wait), iteration
     traffic = summarize(st[:, _NSTAT + 4 * iters:].reshape(w, w, 3).astype(np.int64))
-    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "iterations_done": done, "start_iteration": start_it, "gather_seconds": gather_s, "evals": evals,
+    return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "iterations_done": done, "start_iteration": start_it,
+            "valid_rmse": early.history, "stopped_at": early.stopped_at, "gather_seconds": gather_s, "evals": evals,
             "train_mse": list(per_it[:, 0].sum(axis=0) / part.n_ratings),
             "rating_bytes_resident": per_it[:, 1].T.astype(np.int64).tolist(),
             "peak_rss_bytes": per_it[:, 2].T.astype(np.int64).tolist(),

@@ -238,6 +238,10 @@ class ShareRatings:
         self.mean = 0.0
         self.stats = None  # rank 0: per rank, what it read, kept and received (:meth:`partition`)
         self._test = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+        # A validation share of the training ratings (early stopping, set by ``fit``): a second
+        # seeded hash of (user, item), seed + 1; kept like the test share, by the rank that read it.
+        self.valid_fraction = 0.0
+        self._valid = self._test
 
     def __len__(self) -> int:
         return self.n_train
@@ -293,6 +297,7 @@ class ShareRatings:
         state = dict(sent=0, received=0, test=0, train=0, sum=0.0, rounds=0)
         seen_u, seen_i = np.zeros(m, np.int64), np.zeros(n, np.int64)
         tests = []
+        valids = []
 
         def build(part: Partition, rng) -> int:
             if part.nb != nb:
@@ -318,12 +323,18 @@ class ShareRatings:
                         u, i, r = src.read(j)  # read once already: no error this time
                     tm = in_test_set(u, i, self.test_fraction, self.seed)
                     cu, ci = np.searchsorted(uids, u), np.searchsorted(iids, i)
+                    cu_raw_u, cu_raw_i = u, i
                     del u, i
                     tests.append((cu[tm].astype(np.int32), ci[tm].astype(np.int32), r[tm]))
                     state["test"] += int(tm.sum())
                     keep_ = ~tm
+                    if self.valid_fraction:
+                        vm = keep_ & in_test_set(cu_raw_u, cu_raw_i, self.valid_fraction, self.seed + 1)
+                        valids.append((cu[vm].astype(np.int32), ci[vm].astype(np.int32), r[vm]))
+                        keep_ &= ~vm
+                        del vm
                     cu, ci, r = cu[keep_], ci[keep_], r[keep_]
-                    del tm, keep_
+                    del tm, keep_, cu_raw_u, cu_raw_i
                     state["train"] += len(r)
                     state["sum"] += float(r.astype(np.float64).sum())
                     seen_u[:] += np.bincount(cu, minlength=m)
@@ -407,6 +418,9 @@ class ShareRatings:
         if tests:
             self._test = tuple(np.concatenate([t[c] for t in tests]) for c in range(3))
         tests.clear()
+        if valids:
+            self._valid = tuple(np.concatenate([t[c] for t in valids]) for c in range(3))
+        valids.clear()
         group.allreduce(seen_u)
         group.allreduce(seen_i)
         self.known_u, self.known_i = seen_u > 0, seen_i > 0
@@ -433,6 +447,13 @@ class ShareRatings:
         """Collective: the RMSE of factors ``p``, ``q`` (dense id order, given on rank 0) over
         the whole test set; each rank scores its own test share. Unknown users or items are
         predicted as the training mean (as ``MfModel.rmse`` does)."""
+        return self._rmse(group, p, q, self._test)
+
+    def valid_rmse(self, group, p: np.ndarray | None, q: np.ndarray | None) -> float:
+        """Collective: as :meth:`test_rmse` over the validation share; the same value on every rank."""
+        return self._rmse(group, p, q, self._valid)
+
+    def _rmse(self, group, p, q, triple) -> float:
         k = None
         if group.rank == 0:
             k = p.shape[1]
@@ -447,7 +468,7 @@ class ShareRatings:
         if group.size > 1:
             group.broadcast(p, root=0)
             group.broadcast(q, root=0)
-        tu, ti, tr = self._test
+        tu, ti, tr = triple
         mean = np.float32(self.mean)
         sse = 0.0
         for a in range(0, len(tr), _EVAL_ROWS):
