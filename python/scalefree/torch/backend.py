@@ -20,12 +20,14 @@ A peer that dies makes every rank's pending and later operations raise
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
 import secrets
 import socket
 import threading
+import weakref
 from datetime import timedelta
 
 import numpy as np
@@ -242,6 +244,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d])
         self._p2p_workers: dict = {}
         self._p2p_lock = threading.Lock()
+        self._closed = False
+        _live.add(self)
 
     # -- plumbing ------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -261,6 +265,9 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         return self._submit(fn, value).get_future()
 
     def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._worker.stop()
         for w in self._p2p_workers.values():
             w.stop()
@@ -585,6 +592,20 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                 s.finish()
 
         return self._p2p_worker(("recv", src)).submit(run, list(tensors))
+
+
+# Groups still open at interpreter exit are shut down first (their threads stopped, the
+# transport closed), also when a script ends without destroy_process_group().
+_live: "weakref.WeakSet[ProcessGroupScalefree]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for pg in list(_live):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
 
 
 def create_backend(store, rank: int, size: int, timeout: timedelta):
