@@ -10,8 +10,11 @@ SSP averaging, sparse embedding gradients).
 
 from __future__ import annotations
 
+from ._env import fill_torch_env
 from .backend import BACKEND_NAME, ProcessGroupScalefree, Work, create_backend, register
 
 register()
+# Under scalefree run, mpirun or srun (not torchrun), torch's env:// variables come from theirs.
+fill_torch_env()
 
 __all__ = ["BACKEND_NAME", "ProcessGroupScalefree", "Work", "create_backend", "register"]

@@ -10,8 +10,6 @@ process group to be a scalefree one (the default group after
 ``init_process_group("scalefree")``).
 """
 
-from __future__ import annotations
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -29,7 +27,7 @@ def _pg(process_group) -> ProcessGroupScalefree:
 
 # --- bfloat16 on the wire ---------------------------------------------------------------------
 
-def bf16(process_group, bucket) -> torch.futures.Future:
+def bf16(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: averages the bucket with bfloat16 on the wire and float32 arithmetic,
     the counterpart of DDP's ``bf16_compress_hook`` / ``fp16_compress_hook``.
 
@@ -102,7 +100,7 @@ def ssp(slack: int = 4, variant: str = "sharded_async_thread") -> SspState:
     return SspState(slack, variant)
 
 
-def ssp_hook(state: SspState, bucket) -> torch.futures.Future:
+def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: bounded-staleness gradient averaging (see :class:`SspState`)."""
     pg = _pg(None)
     buf = bucket.buffer()
@@ -139,7 +137,7 @@ def sparse(process_group=None) -> SparseState:
     return SparseState()
 
 
-def sparse_hook(state: SparseState, bucket) -> torch.futures.Future:
+def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook for sparse gradients (``nn.Embedding(sparse=True)``): the union of the
     rows any rank touched is agreed with one allgather of row counts and one of the row
     indices; every rank's rows then go through scalefree's sparse allreduce (a nested
