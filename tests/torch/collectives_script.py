@@ -152,6 +152,30 @@ for dtype in [torch.int64, torch.bfloat16, torch.float32]:
             else torch.randint(-50, 50, (back.numel(),), generator=g).to(dtype))
     same(f"send/recv {dtype}", back, want)
 
+# DDP on the scalefree group with the sparse hook for nn.Embedding(sparse=True) gradients,
+# against DDP's own sparse path on gloo: the same weights after a few SGD steps.
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from scalefree.torch import hooks  # noqa: E402
+
+states = []
+for pg, hook in [(sf, True), (gl, False)]:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Embedding(1000, 8, sparse=True), nn.Flatten(), nn.Linear(24, 1))
+    ddp = DDP(model, process_group=pg)
+    if hook:
+        ddp.register_comm_hook(hooks.sparse(sf), hooks.sparse_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        opt.zero_grad()
+        ddp(torch.randint(0, 1000, (4, 3), generator=g)).sum().backward()
+        opt.step()
+    states.append(model.state_dict())
+for k in states[1]:
+    same(f"DDP sparse hook {k}", states[0][k], states[1][k])
+
 dist.barrier(group=sf)
 if failures:
     print("\n".join(failures), file=sys.stderr)

@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             wall0 = time.perf_counter()
         t = time.perf_counter()
         if sched is not None:
-            who, ms = sched.straggler(step)
+            who, seconds = sched.straggler(step)
             if who == rank:
-                time.sleep(ms / 1000)
+                time.sleep(seconds)
         xb = x_mine[step * args.batch:(step + 1) * args.batch]
         yb = y_mine[step * args.batch:(step + 1) * args.batch]
         opt.zero_grad(set_to_none=False)

@@ -137,7 +137,8 @@ class Work(dist.distributed_c10d.Work):
 class _Worker:
     """One thread running a group's operations in call order."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, inline: bool = False):
+        self._inline = inline
         self._q: queue.Queue = queue.Queue()
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -145,7 +146,10 @@ class _Worker:
 
     def submit(self, fn, result) -> Work:
         fut: Future = Future()
-        self._q.put((fn, result, fut))
+        if self._inline:
+            self._one(fn, result, fut)
+        else:
+            self._q.put((fn, result, fut))
         return Work(fut)
 
     def _run(self) -> None:
@@ -153,20 +157,22 @@ class _Worker:
             item = self._q.get()
             if item is None:
                 return
-            fn, result, fut = item
-            if self._failed is not None:
-                fut.set_exception(self._failed)
-                continue
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 - every later op fails the same way
-                err = _translate(e)
-                # A lost peer or a transport failure leaves the group unusable: fail later ops too.
-                if isinstance(err, dist.DistBackendError):
-                    self._failed = err
-                fut.set_exception(err)
-                continue
-            fut.set_result(result)
+            self._one(*item)
+
+    def _one(self, fn, result, fut) -> None:
+        if self._failed is not None:
+            fut.set_exception(self._failed)
+            return
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - every later op fails the same way
+            err = _translate(e)
+            # A lost peer or a transport failure leaves the group unusable: fail later ops too.
+            if isinstance(err, dist.DistBackendError):
+                self._failed = err
+            fut.set_exception(err)
+            return
+        fut.set_result(result)
 
     def stop(self) -> None:
         self._q.put(None)
@@ -236,7 +242,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta | None = None):
         super().__init__(rank, size)
         self._g = _join(store, rank, size, timeout)
-        self._worker = _Worker(f"scalefree-pg-{rank}")
+        # SCALEFREE_TORCH_INLINE=1 runs collectives on the calling thread (no overlap with
+        # compute; for comparison).
+        inline = os.environ.get("SCALEFREE_TORCH_INLINE", "0").strip() not in ("", "0")
+        self._worker = _Worker(f"scalefree-pg-{rank}", inline=inline)
         # Dynamic channels between every ordered pair of ranks for send/recv (collective, so
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels

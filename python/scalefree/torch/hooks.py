@@ -66,11 +66,12 @@ class SspState:
     (on every rank) adds what was still in flight, so that with plain SGD every rank ends on
     the same weights as synchronous DDP would after the same gradients."""
 
-    def __init__(self, slack: int, variant: str = "sharded_async_thread"):
+    def __init__(self, slack: int, variant: str = "sharded_async_thread", process_group=None):
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
         self.slack = int(slack)
         self.variant = variant
+        self.process_group = process_group
         self._red: dict = {}  # (bucket index, numel) -> [reduction, last running sum]
         self._size = 1
 
@@ -95,14 +96,15 @@ class SspState:
         return missing
 
 
-def ssp(slack: int = 4, variant: str = "sharded_async_thread") -> SspState:
-    """The state for :func:`ssp_hook` with the given slack (steps a peer may lag)."""
-    return SspState(slack, variant)
+def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=None) -> SspState:
+    """The state for :func:`ssp_hook` with the given slack (steps a peer may lag), on
+    ``process_group`` (the default group when None)."""
+    return SspState(slack, variant, process_group)
 
 
 def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: bounded-staleness gradient averaging (see :class:`SspState`)."""
-    pg = _pg(None)
+    pg = _pg(state.process_group)
     buf = bucket.buffer()
     key = (bucket.index(), buf.numel())
     g = pg.group
@@ -127,14 +129,15 @@ class SparseState:
     made at the first sparse bucket of that size. Dense buckets are averaged with the
     backend's allreduce."""
 
-    def __init__(self):
+    def __init__(self, process_group=None):
+        self.process_group = process_group
         self._sa: dict = {}
         self.last_seconds = 0.0  # the last sparse exchange, wall time (for the bench)
 
 
 def sparse(process_group=None) -> SparseState:
-    """The state for :func:`sparse_hook`."""
-    return SparseState()
+    """The state for :func:`sparse_hook` (the default group when ``process_group`` is None)."""
+    return SparseState(process_group)
 
 
 def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor]:
@@ -146,7 +149,7 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
     rank. Dense buckets are averaged with the ordinary allreduce."""
     import time
 
-    pg = _pg(None)
+    pg = _pg(state.process_group)
     buf = bucket.buffer()
     n, g = pg.size(), pg.group
     if not buf.is_sparse:
@@ -193,7 +196,7 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
 
 
 def register(ddp, name: str):
-    """Registers a hook by name on a DDP module: ``"bf16"``, ``"ssp:SLACK"`` or ``"sparse"``;
+    """Registers a hook by name on a DDP module: ``"bf16"``, ``"ssp:SLACK[:VARIANT]"`` or ``"sparse"``;
     returns its state."""
     if name == "bf16":
         ddp.register_comm_hook(None, bf16)
@@ -203,7 +206,8 @@ def register(ddp, name: str):
         ddp.register_comm_hook(state, sparse_hook)
         return state
     if name.startswith("ssp:"):
-        state = ssp(int(name.split(":", 1)[1]))
+        parts = name.split(":")  # ssp:SLACK[:VARIANT]
+        state = ssp(int(parts[1]), *parts[2:3])
         ddp.register_comm_hook(state, ssp_hook)
         return state
     raise ValueError(f"unknown hook {name!r} (bf16, ssp:SLACK, sparse)")
