@@ -108,6 +108,8 @@ pub(crate) struct DeviceInner {
     /// Called from parked waits (every check interval): lets the embedding runtime stop a
     /// wait, e.g. Python on Ctrl-C.
     interrupt_check: Mutex<Option<InterruptCheck>>,
+    /// What this rank's channels moved to and from each peer.
+    pub(crate) traffic: crate::traffic::Traffic,
 }
 
 /// See [`Device::set_interrupt_check`].
@@ -206,6 +208,7 @@ impl Device {
             peers.push(PeerInfo { pid, ctrl: map, watch, cma });
         }
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
+        let job_size = job.size as usize;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 net: None,
@@ -219,6 +222,7 @@ impl Device {
                 attached: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
                 interrupt_check: Mutex::new(None),
+                traffic: crate::traffic::Traffic::new(job_size),
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
@@ -287,6 +291,7 @@ impl Device {
             // would keep (measured on 4 simulated hosts: 1 MiB allreduce 3.7 -> 1.9 ms).
             policy.yield_for = Duration::ZERO;
         }
+        let job_size = job.size as usize;
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 net: Some(net),
@@ -300,6 +305,7 @@ impl Device {
                 attached: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
                 interrupt_check: Mutex::new(None),
+                traffic: crate::traffic::Traffic::new(job_size),
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
         })
@@ -708,6 +714,12 @@ impl Device {
     }
 
     /// A channel to `peer` (may be this rank itself).
+    /// What this rank's channels moved to and from each peer so far (index = peer rank;
+    /// see [`crate::traffic`]).
+    pub fn traffic(&self) -> Vec<crate::traffic::PeerTraffic> {
+        self.inner.traffic.snapshot()
+    }
+
     pub fn channel(&self, peer: u32) -> Result<Channel> {
         if peer >= self.size() {
             return Err(Error::InvalidArgument(format!("no rank {peer} in a job of {}", self.size())));

@@ -17,6 +17,7 @@ pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod region;
+pub mod traffic;
 pub mod wait;
 
 pub use bootstrap::{JobInfo, Launcher};
@@ -25,3 +26,4 @@ pub use channel::{Channel, Completion};
 pub use device::{Device, DeviceOptions, Transport, NOTIFY_SLOTS};
 pub use error::{Error, Result};
 pub use region::{Region, RegionHandle, RegionKind, RemoteRegion};
+pub use traffic::PeerTraffic;

@@ -1007,6 +1007,36 @@ impl Net {
         })
     }
 
+    /// [`Net::put`] without waiting: over a TCP lane, a queued lane write; else
+    /// `ucp_put_nbx`. `src` must stay untouched until the returned request (if any)
+    /// completes.
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until then.
+    pub unsafe fn start_put(&self, src: *const u8, remote: &RemoteKey, key: u64, off: usize, n: usize) -> Result<Option<Request>> {
+        if self.lanes.as_ref().is_some_and(|l| l.has(remote.peer)) {
+            return unsafe { self.start_write_notify(remote.peer, src, n, key, off, Note::None) };
+        }
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.start(remote.peer, "ucp_put_nbx", &mut |p| unsafe {
+            (u.put_nbx)(ep, src as *const c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
+    /// [`Net::get`] without waiting: `dst` holds the bytes once the returned request (if
+    /// any) completes.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must stay writable (and unread) until then.
+    pub unsafe fn start_get(&self, remote: &RemoteKey, off: usize, dst: *mut u8, n: usize) -> Result<Option<Request>> {
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.start(remote.peer, "ucp_get_nbx", &mut |p| unsafe {
+            (u.get_nbx)(ep, dst as *mut c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
     /// Waits until every operation issued to `peer` has completed at the peer.
     pub fn flush(&self, peer: u32) -> Result<()> {
         let ep = self.ep(peer)?;
