@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
+# (tests/ is on sys.path, so this folder alone would look like a namespace package "torch".)
+_spec = importlib.util.find_spec("torch")
+HAVE_TORCH = _spec is not None and _spec.origin not in (None, "namespace")
 
 
 def pytest_collection_modifyitems(config, items):
