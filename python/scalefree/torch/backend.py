@@ -212,9 +212,16 @@ def _join(store, rank: int, size: int, timeout: timedelta):
         "SCALEFREE_JOB_ID": info["job_id"],
         "SCALEFREE_JOB_TOKEN": info["token"],
     }
-    if len(local) < size and not os.environ.get("SCALEFREE_MASTER_ADDR"):
+    if len(local) == size:
+        # One host: the local socket (whatever address a launcher set for its own group).
+        env["SCALEFREE_MASTER_ADDR"] = env["SCALEFREE_MASTER_PORT"] = ""
+    else:
+        # Across hosts: rank 0's address and a port of its own (not that of a group made by
+        # scalefree.init() in the same job). The job's secret above travels through torch's
+        # store, which is as open as the store itself.
         if rank == 0:
-            addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(host)
+            addr = (os.environ.get("SCALEFREE_MASTER_ADDR") or os.environ.get("MASTER_ADDR")
+                    or socket.gethostbyname(host))
             with socket.socket() as s:  # a free port on rank 0's host for the transport's rendezvous
                 s.bind(("", 0))
                 port = s.getsockname()[1]
