@@ -20,7 +20,7 @@ def test_scalefree_run(tmp_path):
     script.write_text(CODE)
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    p = subprocess.run([sys.executable, "-m", "scalefree.launch.launcher", "-n", "2", "--", sys.executable,
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "2", "--", sys.executable,
                         str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert sorted(line for line in p.stdout.splitlines() if " ok " in line) == ["[0] ok 0 2 2.0", "[1] ok 1 2 2.0"]
