@@ -98,8 +98,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--docs", type=count(1), required=True, help="documents")
     c.add_argument("--words", type=count(2), required=True, help="vocabulary size")
     c.add_argument("--topics", type=count(1), required=True, help="topics")
-    c.add_argument("--alpha", type=number(0, low_open=True), default=0.05,
-                   help="Dirichlet parameter of the documents' topic weights (default 0.05)")
+    c.add_argument("--alpha", type=number(0, low_open=True), default=None,
+                   help="Dirichlet parameter of the documents' topic weights (default 1/topics)")
     c.add_argument("--beta", type=number(0, low_open=True), default=0.01,
                    help="Dirichlet parameter of the topics' word weights (default 0.01)")
     c.add_argument("--length", type=number(0, low_open=True), default=100.0, help="mean document length (default 100)")
@@ -125,6 +125,7 @@ def _topics(args) -> int:
     from .. import flash
     from .._atomic import atomic_path
     from ..errors import DataError, FlashIOError, InvalidArgumentError
+    from ..flash.topics import _check_k as check_k
 
     truth = None
     if args.truth:
@@ -142,6 +143,7 @@ def _topics(args) -> int:
     if not isinstance(a, flash.Csr):
         raise InvalidArgumentError(f"{args.data}: topics takes a sparse matrix of counts (docword, .npz, .mtx)")
     load_s = time.perf_counter() - t_start
+    check_k(args.k, a.shape)
     print(f"flash topics: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
           file=sys.stderr)
     if truth is not None and truth.shape != (a.shape[1], args.k):

@@ -40,13 +40,17 @@ def planted_topics(words: int, k: int, beta: float = 0.01, seed: int = 0) -> np.
     return np.ascontiguousarray(m / m.sum(axis=0, keepdims=True))
 
 
-def write_corpus(path, topic_word: np.ndarray, docs: int, *, alpha: float = 0.05, mean_length: float = 100.0,
+def write_corpus(path, topic_word: np.ndarray, docs: int, *, alpha: float | None = None, mean_length: float = 100.0,
                  seed: int = 0, chunk: int = 20000, progress=None) -> int:
     """Writes ``docs`` documents drawn from ``topic_word`` (``words x k``) to the docword file
-    ``path``; returns the number of entries (distinct document-word pairs)."""
+    ``path``; returns the number of entries (distinct document-word pairs). ``alpha``: the
+    Dirichlet parameter of each document's topic weights (default ``1/k``: the weights sum to
+    one draw's worth, so most documents have a dominant topic)."""
     from .._atomic import atomic_path
 
     words, k = topic_word.shape
+    if alpha is None:
+        alpha = 1.0 / k
     if docs < 1:
         raise InvalidArgumentError(f"a corpus needs at least 1 document, got {docs}")
     if not alpha > 0 or not mean_length > 0:

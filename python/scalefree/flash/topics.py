@@ -25,8 +25,9 @@ paper's section 5.4:
    (clusters without catchwords: the cluster's mean). Columns sum to 1.
 
 ``sample`` < 1 runs steps 2 to 4 on that fraction of the documents (drawn by ``seed``), as
-the paper does for large corpora; every document is then assigned to its nearest
-original-space center in one more pass. Passes that touch every document read A in row
+the paper does for large corpora. Steps 2 to 4 leave out documents with no thresholded word.
+Every document is then assigned to its nearest original-space center in one more pass
+(documents with no thresholded word: the center their frequencies align with best). Passes that touch every document read A in row
 blocks of at most a quarter of the budget; the in-memory state is ``O((docs + words) k)``
 (the projection, the labels, the centers), not the matrix.
 """
@@ -161,8 +162,9 @@ def _thresholds(rows_a: _Rows, q: int):
     return lengths, last, zeta
 
 
-def _threshold_block(block, lengths, last, root_zeta):
-    """The rows of ``B`` of one row block of A (scipy CSR, float64)."""
+def _threshold_block(block, lengths, last, root_zeta, unit=False):
+    """The rows of ``B`` of one row block of A (scipy CSR, float64); ``unit``: each non-empty
+    row scaled to norm 1."""
     import scipy.sparse as sp
 
     rows, _, bins = _freq_bins(block, lengths)
@@ -170,7 +172,11 @@ def _threshold_block(block, lengths, last, root_zeta):
     indptr = np.zeros(block.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows[keep], minlength=block.shape[0]), out=indptr[1:])
     cols = block.indices[keep]
-    return sp.csr_matrix((root_zeta[cols], cols, indptr), shape=block.shape)
+    b = sp.csr_matrix((root_zeta[cols], cols, indptr), shape=block.shape)
+    if unit:
+        norms = np.sqrt(np.asarray(b.multiply(b).sum(axis=1)).ravel())
+        b = sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ b
+    return b.tocsr()
 
 
 class _CsrWriter:
@@ -237,17 +243,27 @@ def _sq_dist_argmin(x, centers, x_sq=None):
 
 
 def _kmeans_pp(x, k, rng):
-    """k-means++ seeding of the rows of dense ``x`` (Arthur and Vassilvitskii)."""
+    """Greedy k-means++ seeding of the rows of dense ``x`` (Arthur and Vassilvitskii): each
+    new center is the best of ``2 + log k`` candidates drawn proportionally to the squared
+    distance to the centers so far (the one that lowers the potential most)."""
     n = x.shape[0]
     x_sq = np.einsum("ij,ij->i", x, x)
+    trials = 2 + int(np.log(k))
     centers = np.empty((k, x.shape[1]))
     centers[0] = x[rng.integers(n)]
     d = np.maximum(x_sq - 2.0 * (x @ centers[0]) + centers[0] @ centers[0], 0.0)
     for c in range(1, k):
         total = d.sum()
-        i = int(rng.choice(n, p=d / total)) if total > 0 else int(rng.integers(n))
-        centers[c] = x[i]
-        d = np.minimum(d, np.maximum(x_sq - 2.0 * (x @ centers[c]) + centers[c] @ centers[c], 0.0))
+        if total > 0:
+            cand = np.searchsorted(np.cumsum(d), rng.random(trials) * total)
+            cand = np.minimum(cand, n - 1)
+        else:
+            cand = rng.integers(n, size=trials)
+        dc = np.maximum(x_sq[None, :] - 2.0 * (x[cand] @ x.T) + x_sq[cand][:, None], 0.0)  # trials x n
+        new = np.minimum(d[None, :], dc)
+        best = int(np.argmin(new.sum(axis=1)))
+        centers[c] = x[cand[best]]
+        d = new[best]
     return centers
 
 
@@ -316,7 +332,7 @@ def _check_k(k, shape):
 
 
 def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, kmeans_iterations: int = 30,
-           kmeans_inits: int = 3, lloyd_iterations: int = 15, runtime=None, progress=None) -> Topics:
+           kmeans_inits: int = 3, lloyd_iterations: int = 15, unit_rows: bool = True, runtime=None, progress=None) -> Topics:
     """ISLE's topic model of the documents x words count matrix ``A`` with ``k`` topics
     (steps in the module docstring). ``A``: a :class:`flash.Csr` (stays on flash), or a
     scipy sparse matrix (in memory; copied to flash first when larger than the budget).
@@ -362,10 +378,13 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     writer = _CsrWriter(words, dtype, on_flash, rt.dir)
     row_sq = []
     for lo, hi, block in rows_a:
-        b = _threshold_block(block, lengths[lo:hi], last, root_zeta)
+        b = _threshold_block(block, lengths[lo:hi], last, root_zeta, unit_rows)
+        # Documents without a thresholded word carry no signal for the clustering (they would
+        # gather at the origin as one junk cluster): steps 2-4 leave them out.
+        use = np.flatnonzero(np.diff(b.indptr) > 0)
         if picked is not None:
-            sel = picked[(picked >= lo) & (picked < hi)] - lo
-            b = b[sel]
+            use = np.intersect1d(use, picked[(picked >= lo) & (picked < hi)] - lo, assume_unique=True)
+        b = b[use]
         row_sq.append(np.asarray(b.multiply(b).sum(axis=1)).ravel())
         writer.append(b)
     B = writer.finish(rt)
@@ -373,9 +392,12 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     row_sq = np.concatenate(row_sq)
     kept = int(np.isfinite(zeta).sum())
     seconds["threshold"] = time.perf_counter() - t
-    say(f"1/5 threshold: {kept} of {words} words kept (in >= {q} documents' top frequencies), B has {B.nnz} "
-        f"entries{' on flash' if isinstance(B, flash.Csr) else ' in memory'}"
-        + (f" ({len(picked)} sampled documents)" if picked is not None else "") + f", {seconds['threshold']:.2f} s")
+    say(f"1/5 threshold: {kept} of {words} words kept (in >= {q} documents' top frequencies), B has {B.shape[0]} "
+        f"documents" + (f" (of {len(picked)} sampled)" if picked is not None else f" (of {docs})")
+        + f", {B.nnz} entries{' on flash' if isinstance(B, flash.Csr) else ' in memory'}, {seconds['threshold']:.2f} s")
+    if B.shape[0] <= k:
+        raise InvalidArgumentError(f"topics: only {B.shape[0]} documents keep a word after thresholding, "
+                                   f"too few for k={k} topics")
     if kept < k:
         raise InvalidArgumentError(f"topics: only {kept} words pass the thresholds, fewer than k={k} "
                                    f"(too few documents for {k} topics?)")
@@ -418,19 +440,25 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # documents and the topics. Passes over A in row blocks.
     t = time.perf_counter()
     c_sq = np.einsum("ij,ij->i", centers, centers)
-    all_labels = np.empty(docs, dtype=np.int64) if picked is not None else labels
+    all_labels = np.empty(docs, dtype=np.int64)
     g = np.zeros((words, k))
+    clustered = np.zeros(k)
     for lo, hi, block in rows_a:
-        if picked is not None:
-            b = _threshold_block(block, lengths[lo:hi], last, root_zeta)
-            bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
-            d = bsq[:, None] - 2.0 * np.asarray(b @ centers.T) + c_sq[None, :]
-            all_labels[lo:hi] = np.argmin(d, axis=1)
+        b = _threshold_block(block, lengths[lo:hi], last, root_zeta, unit_rows)
+        bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
+        d = bsq[:, None] - 2.0 * np.asarray(b @ centers.T) + c_sq[None, :]
+        lab = np.argmin(d, axis=1)
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
-        onehot = sp.csr_matrix((np.ones(hi - lo), all_labels[lo:hi], np.arange(hi - lo + 1)), shape=(hi - lo, k))
-        g += np.asarray((freq.T @ onehot).todense())
-    sizes = np.bincount(all_labels, minlength=k).astype(np.float64)
-    g /= np.maximum(sizes, 1.0)[None, :]
+        empty = np.flatnonzero(bsq == 0)
+        if len(empty):  # no thresholded word: the center its frequencies align with best
+            lab[empty] = np.argmax(np.asarray(freq[empty] @ centers.T), axis=1)
+        all_labels[lo:hi] = lab
+        full = np.flatnonzero(bsq > 0)
+        lab_full = lab[full]
+        onehot = sp.csr_matrix((np.ones(len(full)), lab_full, np.arange(len(full) + 1)), shape=(len(full), k))
+        g += np.asarray((freq[full].T @ onehot).todense())
+        clustered += np.bincount(lab_full, minlength=k)
+    g /= np.maximum(clustered, 1.0)[None, :]
     # Catchwords: frequent enough to be thresholded in, and rho times more frequent in their
     # cluster than in any other.
     if k > 1:
