@@ -13,7 +13,9 @@ held-out part. Every row is timed from that file on disk: load plus fit. Rows:
 ``scalefree/flash-<f>`` (``flash.load`` + ``flash.topics`` with a budget of ``f`` times the
 matrix's flash CSR bytes: the matrix is streamed from flash), ``scalefree/memory`` (budget 4x
 the matrix: loaded once and applied in memory), ``sklearn-lda/online`` (the same loader,
-then ``LatentDirichletAllocation(k, learning_method="online", max_iter=--lda-passes)``),
+then ``LatentDirichletAllocation(k, learning_method="online", max_iter=--lda-passes, n_jobs=1)``:
+its BLAS has ``--threads``; ``n_jobs=2`` took 2.2x longer on KOS, a process pool per
+mini-batch),
 ``sklearn-nmf`` (``NMF(k)`` on the counts, scikit-learn's defaults). Quality: the mean over
 topics of the UMass coherence of each topic's top 10 words (Mimno et al.: ``sum_{m>l}
 log((D(w_m, w_l) + 1) / D(w_l))``, D = document frequencies) on the held-out documents
@@ -56,8 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=1, help="timed calls per row")
     p.add_argument("--skip-kos", action="store_true", help="only the planted corpus")
     p.add_argument("--skip-nmf", action="store_true", help="no NMF row")
-    p.add_argument("--planted", default=None, metavar="DOCS,WORDS,K",
-                   help="also a planted corpus of DOCS documents, WORDS words and K topics")
+    p.add_argument("--planted", default=None, metavar="DOCS,WORDS,K|FILE",
+                   help="also a planted corpus of DOCS documents, WORDS words and K topics (written first, "
+                        "untimed), or a docword FILE written by `scalefree flash corpus` (its .topics.npy beside it)")
     p.add_argument("--planted-length", type=common.argparse_type(common.positive_float), default=100.0,
                    help="planted documents' mean length (default 100)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
@@ -205,7 +208,7 @@ def _kos(args, tmp: Path, cache, blas) -> list[dict]:
         a = _load_counts(train_path, tmp)
         with threadpool_limits(args.threads):
             m = LatentDirichletAllocation(n_components=k, learning_method="online", max_iter=args.lda_passes,
-                                          random_state=0, n_jobs=args.threads)
+                                          random_state=0, n_jobs=1)
             m.fit(a)
         return m
 
@@ -230,18 +233,29 @@ def _kos(args, tmp: Path, cache, blas) -> list[dict]:
 def _planted(args, tmp: Path, cache, blas) -> list[dict]:
     from .. import flash
 
-    try:
-        docs, words, k = (int(x) for x in args.planted.split(","))
-    except ValueError:
-        raise SystemExit(f"topics: --planted takes DOCS,WORDS,K, got {args.planted!r}") from None
-    path = tmp / "docword.planted.txt"
-    t = time.perf_counter()
-    truth = flash.planted_topics(words, k, seed=0)
-    nnz = flash.write_corpus(path, truth, docs, mean_length=args.planted_length, seed=0)
+    given = Path(args.planted)
+    if given.exists():  # a corpus written by `scalefree flash corpus`, its topics beside it
+        from ..cli.flash import _truth_path
+
+        path = given
+        truth = np.load(_truth_path(str(given)), allow_pickle=False)
+        words, k = truth.shape
+        with open(path) as f:
+            docs, _, nnz = (int(f.readline()) for _ in range(3))
+        common.progress(f"topics: {path} ({docs} documents, {nnz} entries), topics {_truth_path(str(given))}")
+    else:
+        try:
+            docs, words, k = (int(x) for x in args.planted.split(","))
+        except ValueError:
+            raise SystemExit(f"topics: --planted takes DOCS,WORDS,K or a corpus file, got {args.planted!r}") from None
+        path = tmp / "docword.planted.txt"
+        t = time.perf_counter()
+        truth = flash.planted_topics(words, k, seed=0)
+        nnz = flash.write_corpus(path, truth, docs, mean_length=args.planted_length, seed=0)
+        common.progress(f"topics: planted corpus written in {time.perf_counter() - t:.1f} s")
     csr_bytes = nnz * 8 + (docs + 1) * 8
     name = f"planted {docs}x{words} k={k}"
-    common.progress(f"topics: {name}: {nnz} entries ({common.human_bytes(csr_bytes)} as float32 flash CSR), "
-                    f"written in {time.perf_counter() - t:.1f} s")
+    common.progress(f"topics: {name}: {nnz} entries ({common.human_bytes(csr_bytes)} as float32 flash CSR)")
     out = []
     for variant, budget in ((f"flash-{args.budget_fraction:g}", max(1 << 16, int(csr_bytes * args.budget_fraction))),
                             ("memory", 4 * csr_bytes + (64 << 20))):

@@ -249,7 +249,7 @@ def _kmeans_pp(x, k, rng):
     n = x.shape[0]
     x_sq = np.einsum("ij,ij->i", x, x)
     trials = 2 + int(np.log(k))
-    centers = np.empty((k, x.shape[1]))
+    centers = np.empty((k, x.shape[1]), dtype=x.dtype)
     centers[0] = x[rng.integers(n)]
     d = np.maximum(x_sq - 2.0 * (x @ centers[0]) + centers[0] @ centers[0], 0.0)
     for c in range(1, k):
@@ -331,8 +331,8 @@ def _check_k(k, shape):
     return int(k)
 
 
-def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, kmeans_iterations: int = 30,
-           kmeans_inits: int = 3, lloyd_iterations: int = 15, unit_rows: bool = True, runtime=None, progress=None) -> Topics:
+def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, kmeans_iterations: int = 20,
+           kmeans_inits: int = 2, lloyd_iterations: int = 15, unit_rows: bool = True, runtime=None, progress=None) -> Topics:
     """ISLE's topic model of the documents x words count matrix ``A`` with ``k`` topics
     (steps in the module docstring). ``A``: a :class:`flash.Csr` (stays on flash), or a
     scipy sparse matrix (in memory; copied to flash first when larger than the budget).
@@ -360,6 +360,8 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     docs, words = shape
     budget = rt.memory_budget_bytes
     on_flash = isinstance(A, flash.Csr) and _csr_flash_bytes_of(A) > budget
+    if isinstance(A, flash.Csr) and not on_flash:  # the budget holds A: read it once
+        A = A.to_scipy()
     rows_a = _Rows(A, max(1 << 16, budget // 4))
     rng = np.random.default_rng(seed)
     seconds: dict = {}
@@ -406,7 +408,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     t = time.perf_counter()
     svd_stats: dict = {}
     u, s, vt = svds(B, k=k, tol=tol, runtime=rt, random_state=seed, stats=svd_stats)
-    proj = u * s[None, :]  # B v, the documents in the top-k right singular space
+    proj = (u * s[None, :]).astype(np.float32)  # B v, the documents in the top-k right singular space
     seconds["svd"] = time.perf_counter() - t
     say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
         f"{svd_stats.get('restarts', 0)} restarts, B {'on flash' if svd_stats.get('on_flash') else 'in memory'}), "
