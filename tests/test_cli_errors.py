@@ -13,6 +13,12 @@ FORMATS = {
               "huge": "1 2\n3 99999999999999999999999\n"},
     "svm": {"good": "1 1:1\n0 2:1\n1 3:1\n", "header": "# label features\n", "truncated": "1 1:1\n0 2",
             "nan": "1 1:1\n0 2:nan\n", "huge": "1 1:1\n0 1099511627776:1\n"},
+    "docword": {"good": "3\n4\n3\n1 1 2\n2 3 1\n3 4 5\n", "header": "3\n4\n3\n", "truncated": "3\n4\n3\n1 1 2\n2 3",
+                "nan": "3\n4\n3\n1 1 2\n2 3 nan\n3 4 5\n", "huge": "3\n4\n3\n1 1 2\n2 99999999999999 1\n3 4 5\n"},
+    "mtx": {"good": "%%MatrixMarket matrix coordinate real general\n3 4 2\n1 1 2\n3 4 5\n",
+            "header": "%%MatrixMarket matrix coordinate real general\n", "truncated": "%%MatrixMarket matrix coordinate real general\n3 4 2\n1 1 2\n3",
+            "nan": "%%MatrixMarket matrix coordinate real general\n3 4 2\n1 1 nan\n3 4 5\n",
+            "huge": "%%MatrixMarket matrix coordinate real general\n3 4 2\n1 1 2\n3 99999999999999 5\n"},
     "ratings": {"good": "1,2,3.5\n2,3,4\n3,1,2\n", "header": "user,item,rating\n", "truncated": "1,2,3.5\n2,3\n",
                 "nan": "1,2,3.5\n2,3,nan\n", "huge": "1,2,3.5\n2,99999999999999999999999,4\n"},
 }
@@ -23,13 +29,18 @@ COMMANDS = [
     ("graph pagerank", "edges", ["-n", "3"]),
     ("sgd logreg", "svm", ["-n", "2"]),
     ("mf train", "ratings", ["--mode", "rima", "-n", "2"]),
+    ("flash svd", "docword", ["-k", "1"]),
+    ("flash svd", "mtx", ["-k", "1"]),
 ]
+# How a format is recognised by its file name (the flash readers go by the name).
+NAMES = {"docword": ("docword.", ".txt"), "mtx": ("", ".mtx")}
 
 CASES = ["missing", "empty", "header", "truncated", "garbage", "nan", "huge", "corrupt-gz"]
 
 
 def make(tmp_path, fmt, case):
-    p = tmp_path / f"{case}.{'txt.gz' if case == 'corrupt-gz' else 'txt'}"
+    prefix, suffix = NAMES.get(fmt, ("", ".txt"))
+    p = tmp_path / f"{prefix}{case}{suffix}{'.gz' if case == 'corrupt-gz' else ''}"
     if case == "missing":
         return p
     if case == "empty":
@@ -45,7 +56,7 @@ def make(tmp_path, fmt, case):
     return p
 
 
-@pytest.mark.parametrize("command,fmt,extra", COMMANDS, ids=[f"{c} {' '.join(e)}".strip() for c, _, e in COMMANDS])
+@pytest.mark.parametrize("command,fmt,extra", COMMANDS, ids=[f"{c} {f} {' '.join(e)}" for c, f, e in COMMANDS])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, command, fmt, extra):
     bad = []
     for case in CASES:

@@ -464,7 +464,7 @@ def test_parameter_server_across_hosts(can_simulate, tmp_path):
     import json
 
     out = tmp_path / "res"
-    argv = ["-m", "scalefree.tensors.ps_train", "--ranks", "3", "--transport", "slots", "--hidden", "64", "64",
+    argv = ["-m", "scalefree.cli.ps", "--ranks", "3", "--transport", "slots", "--hidden", "64", "64",
             "--steps", "30", "--lr", "0.1", "--out", str(out)]
     with simhosts.SimHosts(3) as h:
         procs = [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "3", "--node-rank", str(i),

@@ -21,3 +21,11 @@ def atomic_path(path):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_json(path, doc) -> None:
+    """Writes ``doc`` as indented JSON to ``path``, atomically (a command's ``--json``)."""
+    import json
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")

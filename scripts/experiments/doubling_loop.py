@@ -1,5 +1,5 @@
 """Small allreduces in a loop across simulated hosts, per-call medians and per-thread
-context switches per rank: the experiment behind "own reads" (docs/benchmarks.md, across
+context switches per rank: the experiment behind "own reads" (the git history of docs/benchmarks.md, across
 simulated hosts, Latest). Run as root from the repository root:
 
     python3 scripts/experiments/doubling_loop.py HOSTS [--per-host P] [--bytes B] [--calls N] [--barrier]

@@ -1,4 +1,4 @@
-/* TCP floor by send method, between simulated hosts (docs/benchmarks.md, "Across simulated
+/* TCP floor by send method, between simulated hosts (the git history of docs/benchmarks.md, "Across simulated
  * hosts", questioning the floor). Build: gcc -O2 -pthread -o /tmp/hb/fl tcp_floor_methods.c;
  * run through tcp_floor_methods.py. rx PORT NSTREAMS | tx IP PORT NSTREAMS write|splice|zc SECONDS [BLOCK] */
 #define _GNU_SOURCE

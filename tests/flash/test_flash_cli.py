@@ -42,7 +42,7 @@ def test_cli_gemm_matches_numpy(tmp_path, m, n, k, trans_a, trans_b, fortran, dt
     np.testing.assert_allclose(c, want, rtol=tol, atol=tol * k)
     # The IO/compute summary.
     assert "cache hit rate" in p.stderr and "GB/s" in p.stderr and "bytes_read" not in p.stderr
-    assert "flash gemm [" in p.stderr  # progress
+    assert "flash gemm: " in p.stderr and " tasks, read " in p.stderr  # progress: a line (not a terminal)
 
 
 def test_cli_gemm_errors_before_any_io(tmp_path):

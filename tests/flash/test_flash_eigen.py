@@ -476,6 +476,19 @@ def test_cli_flash_svd(tmp_path):
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "120"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
+    assert "scalefree flash svd: error: svds: k must be" in p.stderr
+    # -o with a name without a suffix is written as named; --json has the values and times.
+    out2, js = tmp_path / "usv", tmp_path / "svd.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "3", "-q",
+                        "-o", str(out2), "--json", str(js)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert out2.exists() and not list(tmp_path.glob(".*tmp*"))
+    np.testing.assert_allclose(np.load(out2)["s"], want[:3], rtol=1e-9)
+    import json
+
+    doc = json.loads(js.read_text())
+    np.testing.assert_allclose(doc["singular_values"], want[:3], rtol=1e-9)
+    assert doc["seconds"] > 0 and doc["k"] == 3 and "bytes_read" in doc
 
 
 def test_svds_block_size_default_on_flash_and_in_memory(tmp_path, monkeypatch):

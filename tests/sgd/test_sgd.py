@@ -147,11 +147,19 @@ def test_cli_logreg_on_svmlight(tmp_path):
 
     p = tmp_path / "d.svm"
     write_svmlight(p, generate_rows(3000, 800, nnz=10, seed=5))
-    out = subprocess.run([sys.executable, "-m", "scalefree.cli", "sgd", "logreg", str(p), "-n", "2", "--vs", "sklearn"],
-                         capture_output=True, text=True, timeout=180)
+    model, rec = tmp_path / "model", tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "scalefree.cli", "sgd", "logreg", str(p), "-n", "2", "--vs", "sklearn",
+                          "-o", str(model), "--json", str(rec)], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "scalefree: test accuracy 0." in out.stdout
     assert "sklearn" in out.stdout  # either its accuracy or the line saying it was skipped
+    import json
+
+    doc = json.loads(rec.read_text())
+    assert doc["ranks"] == 2 and doc["rows"] == 3000 and len(doc["peak_rss_bytes"]) == 2
+    assert f"test accuracy {doc['test_accuracy']:.4f}" in out.stdout
+    m = np.load(model)  # written as named, no ".npz" added
+    assert m["w"].shape == (doc["features"],) and np.isfinite(m["w"]).all() and np.isfinite(m["b"])
 
 
 def test_bad_arguments():

@@ -13,15 +13,15 @@ pytest.importorskip("scipy")
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data/movielens-100k is not beside the project")
 
 
-def _launch(n, module, *args, timeout=300):
-    cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(n), "--", sys.executable, "-m", module, *args]
+def _launch(n, model, *args, timeout=300):
+    cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(n), "--", sys.executable, "-m", "scalefree.bench._worker_ssp_mf", model, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 @needs_data
 @pytest.mark.parametrize("slack", [0, 3])
 def test_sgd_mf_converges_and_flush_agrees_with_slack_zero(tmp_path, slack):
-    p = _launch(2, "scalefree.ssp.mf", str(DATA), "--slack", str(slack), "--iters", "40",
+    p = _launch(2, "sgd", str(DATA), "--slack", str(slack), "--iters", "40",
                 "--straggler", "5", "--out", str(tmp_path / "h"))
     assert p.returncode == 0, p.stdout + p.stderr
     res = [json.loads((tmp_path / f"h.rank{r}.json").read_text()) for r in range(2)]
@@ -35,11 +35,11 @@ def test_sgd_mf_converges_and_flush_agrees_with_slack_zero(tmp_path, slack):
 
 @needs_data
 def test_bpmf_runs_on_a_consistent_variant_and_refuses_others(tmp_path):
-    p = _launch(2, "scalefree.ssp.bpmf", str(DATA), "--slack", "1", "--iters", "12")
+    p = _launch(2, "bpmf", str(DATA), "--slack", "1", "--iters", "12")
     assert p.returncode == 0, p.stdout + p.stderr
     rmse = float(p.stdout.split("test RMSE")[1].split()[0])
     assert rmse < 1.0, p.stdout
-    p = _launch(1, "scalefree.ssp.bpmf", str(DATA), "--variant", "sharded_async", "--iters", "2")
+    p = _launch(1, "bpmf", str(DATA), "--variant", "sharded_async", "--iters", "2")
     assert p.returncode != 0 and "consistent" in p.stderr
 
 

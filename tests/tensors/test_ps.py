@@ -29,7 +29,7 @@ def test_ps_learns_and_reports(tmp_path):
 def test_ps_matches_one_process_on_the_same_global_batches():
     # Workers average their half-batch gradients: the update equals the one-process update
     # on the whole global batch, so the weights after each step agree to rounding.
-    from scalefree.tensors import ps_train
+    from scalefree.cli import ps as ps_train
 
     xtr, ytr, _, _, n_in, n_out = ps_train.load_data("synthetic", 0, n=2048)
     sizes = ps_train.fcn_sizes(n_in, n_out, hidden=(32,))

@@ -28,7 +28,7 @@ def parse(argv):
 def main(argv=None) -> int:
     import numpy as np
 
-    from .common import StragglerSchedule
+    from ..ssp.straggler import StragglerSchedule
 
     args = parse(argv)
     if args.impl == "mpi":

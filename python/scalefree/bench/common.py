@@ -18,14 +18,13 @@ import gc
 import json
 import math
 import os
-import random
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 from .._atomic import atomic_path
 from .._rss import reset_peak_rss, status_bytes
 from .._units import human_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
+from ..ssp.straggler import StragglerSchedule  # noqa: F401  (the benches' schedule, re-exported)
 
 # ---------------------------------------------------------------------------------------
 # Sizes and units
@@ -202,34 +202,6 @@ def make_record(
 
 # ---------------------------------------------------------------------------------------
 # The timed loop of one rank
-
-
-class StragglerSchedule:
-    """Which rank sleeps how long before timed call ``i``: drawn from ``Random(seed, i)``, so
-    every rank (and every implementation) computes the same schedule without talking."""
-
-    def __init__(self, max_ms: float, seed: int, world_size: int):
-        if max_ms < 0:
-            raise ValueError(f"straggler delay must be >= 0 ms, got {max_ms}")
-        self.max_ms = float(max_ms)
-        self.seed = int(seed)
-        self.world_size = int(world_size)
-
-    def straggler(self, call_index: int) -> tuple[int, float]:
-        """(rank, seconds) of the straggler before call ``call_index``."""
-        rng = random.Random(self.seed * 1_000_003 + call_index)
-        rank = rng.randrange(self.world_size)
-        return rank, rng.uniform(0.0, self.max_ms) / 1e3
-
-    def delays_s(self, rank: int, calls: int) -> list[float]:
-        """This rank's sleep before each of ``calls`` calls (0 where another rank straggles)."""
-        if self.max_ms <= 0:
-            return [0.0] * calls
-        out = []
-        for i in range(calls):
-            r, d = self.straggler(i)
-            out.append(d if r == rank else 0.0)
-        return out
 
 
 @dataclass

@@ -8,7 +8,7 @@ hosts for every implementation, ``per_host`` ranks on each.
   do not busy-poll two shared cores; and ``--bind-to none``: by default Open MPI binds each
   host's first rank to that host's core 0, and simulated hosts share one machine's cores, so
   every rank of the job was bound to the same physical core (measured: 2 hosts × 1 MiB
-  allreduce 0.95 ms bound, 0.46 ms unbound; ``docs/benchmarks.md``). Real hosts each have
+  allreduce 0.95 ms bound, 0.46 ms unbound; ``docs/benchmarks/collectives.md``). Real hosts each have
   their own core 0: unbound is the fair stand-in.
 """
 

@@ -38,7 +38,7 @@ def add_parser(sub):
 def _train(transport: str, args, tmp: Path) -> list[dict]:
     out = str(tmp / transport)
     ranks = 1 if transport == "local" else args.ranks
-    argv = [sys.executable, "-m", "scalefree.tensors.ps_train", "--ranks", str(args.ranks), "--steps", str(args.steps),
+    argv = [sys.executable, "-m", "scalefree.cli.ps", "--ranks", str(args.ranks), "--steps", str(args.steps),
             "--transport", transport, "--out", out, "--hidden", *[str(h) for h in args.hidden]]
     env = {"SCALEFREE_PS_GLOO_PORT": str(common.free_port())}
     if transport == "local":

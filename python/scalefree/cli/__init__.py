@@ -11,8 +11,8 @@ import sys
 _COMMANDS = (
     ("run", "launcher", "..launch", "start N ranks of a command on this host"),
     ("bench", "cli", "..bench", "benchmark scalefree against its peers (MPI, gloo, ...)"),
-    ("ps", "ps_train", "..tensors", "parameter-server training over zero-copy tensor slots"),
-    ("sparse", "plan", "..sparse", "sparse allreduce tools (plan: cost model of layer degrees)"),
+    ("ps", "ps", ".", "parameter-server training over zero-copy tensor slots"),
+    ("sparse", "sparse", ".", "sparse allreduce tools (plan: cost model of layer degrees)"),
     ("graph", "graph", ".", "graph analytics on the sparse allreduce (pagerank, diameter, rmat)"),
     ("sgd", "sgd", ".", "mini-batch SGD (sparse logistic regression) on the sparse allreduce"),
     ("mf", "mf", ".", "matrix factorization by SGD (train, predict)"),

@@ -29,7 +29,7 @@ synced (an interrupted run leaves nothing there). Shapes and dtypes are checked 
 headers before any data is read or the output created.
 
 Both show progress on stderr (a bar on a terminal, a line every few seconds otherwise;
-``--quiet`` hides it) and end with an IO/compute summary: bytes read and written by the flash
+``-q/--quiet`` hides it) and end with an IO/compute summary: bytes read and written by the flash
 kernels, their GB/s, program-cache hit rate, time the compute threads waited, peak resident
 bytes against the budget.
 """
@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 
-from .common import count, number
+from .common import add_quiet, count, fail, message, number
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -54,26 +54,29 @@ def add_parser(sub) -> argparse.ArgumentParser:
     def runtime_args(s):
         s.add_argument("--memory", default=None,
                        help="memory budget of the flash kernels, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G)")
-        s.add_argument("--threads", type=int, default=None, help="compute threads (default SCALEFREE_FLASH_THREADS or cores)")
+        s.add_argument("--threads", type=count(1), default=None,
+                       help="compute threads (default SCALEFREE_FLASH_THREADS or cores)")
         s.add_argument("--dir", default=None, help="scratch directory (default SCALEFREE_FLASH_DIR or temp)")
-        s.add_argument("--quiet", action="store_true", help="no progress display")
+        add_quiet(s)
 
     s = flash_sub.add_parser("svd", help="top-k singular values of a matrix file, the matrix staying on flash")
     s.add_argument("data", help="matrix file (.npz, .mtx[.gz], docword*.txt[.gz], .npy)")
-    s.add_argument("-k", type=int, default=6, help="number of singular values (default 6)")
-    s.add_argument("--tol", type=float, default=0.0, help="relative tolerance (default 0: machine precision)")
+    s.add_argument("-k", type=count(1), default=6, help="number of singular values (default 6)")
+    s.add_argument("--tol", type=number(0), default=0.0, help="relative tolerance (default 0: machine precision)")
     s.add_argument("--dtype", choices=("float32", "float64"), default=None, help="element type (default: the file's)")
-    s.add_argument("--out", default=None, metavar="OUT.npz", help="save u, s, vt")
+    s.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
+                   help="save u, s, vt (written atomically)")
+    s.add_argument("--json", metavar="FILE", help="write the singular values, times and IO counters as JSON")
     runtime_args(s)
     s.set_defaults(func=_svd)
 
     g = flash_sub.add_parser("gemm", help="C = alpha op(A) op(B) on .npy files under a memory budget")
     g.add_argument("a", metavar="A", help="2-D float32/float64 .npy file")
     g.add_argument("b", metavar="B", help="2-D .npy file of the same dtype")
-    g.add_argument("-o", "--out", required=True, metavar="C", help="output .npy file (C order)")
+    g.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="C", help="output .npy file (C order)")
     g.add_argument("--transpose-a", action="store_true", help="use Aᵀ")
     g.add_argument("--transpose-b", action="store_true", help="use Bᵀ")
-    g.add_argument("--alpha", type=float, default=1.0, help="scale of the product (default 1)")
+    g.add_argument("--alpha", type=number(), default=1.0, help="scale of the product (default 1)")
     g.add_argument("--blas", default="auto",
                    help="block multiply: auto (numpy's BLAS), faer, or a CBLAS library path (default auto)")
     runtime_args(g)
@@ -89,7 +92,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--top", type=count(1), default=10, help="top words per topic printed and in --json (default 10)")
     t.add_argument("--vocab", default=None, help="vocab file (one word a line) to print words instead of ids")
     t.add_argument("--json", default=None, metavar="OUT", help="write top_words, seconds and the run's counters")
-    t.add_argument("--out", default=None, metavar="OUT.npz", help="save topic_word (words x K) and labels")
+    t.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
+                   help="save topic_word (words x K) and labels (written atomically)")
     t.add_argument("--truth", default=None, metavar="TOPICS.npy", help="true topic matrix: print the recovery error")
     runtime_args(t)
     t.set_defaults(func=_topics)
@@ -104,10 +108,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="Dirichlet parameter of the topics' word weights (default 0.01)")
     c.add_argument("--length", type=number(0, low_open=True), default=100.0, help="mean document length (default 100)")
     c.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    c.add_argument("-o", "--out", required=True, metavar="DOCWORD", help="output docword file (plain text)")
+    c.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="DOCWORD",
+                   help="output docword file (plain text, written atomically)")
     c.add_argument("--truth", default=None, metavar="TOPICS.npy",
                    help="where to save the topic matrix (default: OUT with .topics.npy)")
-    c.add_argument("--quiet", action="store_true", help="no progress display")
+    add_quiet(c)
     c.set_defaults(func=_corpus)
     return p
 
@@ -118,12 +123,10 @@ def _truth_path(out: str) -> str:
 
 
 def _topics(args) -> int:
-    import json
-
     import numpy as np
 
     from .. import flash
-    from .._atomic import atomic_path
+    from .._atomic import atomic_path, write_json
     from ..errors import DataError, FlashIOError, InvalidArgumentError
     from ..flash.topics import _check_k as check_k
 
@@ -182,11 +185,10 @@ def _topics(args) -> int:
                    st, seconds, rt, f" (load {load_s:.2f} s, flash kernels {st['kernel_seconds']:.2f} s)", blas=False),
           file=sys.stderr)
     if args.json:
-        with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(args.json, record)
     if args.out:
         with atomic_path(args.out) as tmp:
-            with open(tmp, "wb") as f:
+            with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
                 np.savez(f, topic_word=model.topic_word, labels=model.labels)
     return 0
 
@@ -221,15 +223,15 @@ def _corpus(args) -> int:
 
 class _Progress:
     """Polls a runtime's live counters from the main thread while ``work`` runs in another
-    (which releases the GIL), and draws them on stderr. Wakes every ``interval`` seconds; no
-    busy-waiting."""
+    (which releases the GIL), and shows them on stderr: a tqdm bar of tasks on a terminal, a
+    line every few seconds otherwise (logs get no carriage-return frames). Wakes every
+    ``interval`` seconds; no busy-waiting."""
 
     def __init__(self, rt, label: str, show: bool, interval: float = 0.25):
         self.rt, self.label, self.show, self.interval = rt, label, show, interval
-        self.tty = sys.stderr.isatty()
         self.start = rt._rt.progress
         self.t0 = time.perf_counter()
-        self.last_line = 0.0
+        self.bar = None
 
     def run(self, work):
         result: dict = {}
@@ -242,12 +244,20 @@ class _Progress:
 
         thread = threading.Thread(target=target, name="scalefree-flash-work", daemon=True)
         thread.start()
-        while thread.is_alive():
-            thread.join(self.interval)
-            if self.show:
-                self._draw(final=False)
         if self.show:
-            self._draw(final=True)
+            from .._progress import bar
+
+            self.bar = bar(0, self.label, " tasks", every=5.0)
+        try:
+            while thread.is_alive():
+                thread.join(self.interval)
+                if self.show:
+                    self._draw(final=False)
+            if self.show:
+                self._draw(final=True)
+        finally:
+            if self.bar is not None:
+                self.bar.close()
         if "error" in result:
             raise result["error"]
         return result["value"]
@@ -260,16 +270,10 @@ class _Progress:
         added, done, read, written = self.counters()
         elapsed = time.perf_counter() - self.t0
         rate = (read + written) / elapsed / 1e9 if elapsed > 0 else 0.0
-        frac = done / added if added else 0.0
-        width = 24
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        line = (f"{self.label} [{bar}] {done}/{added} tasks, read {_gib(read)}, wrote {_gib(written)}, "
-                f"{rate:.2f} GB/s, {elapsed:.1f} s")
-        if self.tty:
-            print("\r" + line, end="\n" if final else "", file=sys.stderr, flush=True)
-        elif final or elapsed - self.last_line >= 5.0:
-            self.last_line = elapsed
-            print(line, file=sys.stderr, flush=True)
+        self.bar.total = added
+        self.bar.n = done
+        self.bar.set_postfix_str(f"read {_gib(read)}, wrote {_gib(written)}, {rate:.2f} GB/s", refresh=False)
+        self.bar.refresh()
 
 
 def _gib(n: int) -> str:
@@ -291,6 +295,7 @@ def _svd(args) -> int:
     import numpy as np
 
     from .. import flash
+    from .._atomic import atomic_path, write_json
     from ..errors import ScalefreeError
 
     try:
@@ -310,15 +315,21 @@ def _svd(args) -> int:
                                                 return_singular_vectors=False))
         solve_s = time.perf_counter() - t0
     except (ScalefreeError, ValueError, OSError) as e:
-        print(f"scalefree flash svd: {e}", file=sys.stderr)
-        return 2
+        fail("scalefree flash svd", message(e))
     order = np.argsort(s)[::-1]
     for v in np.asarray(s)[order]:
         print(f"{v:.10g}")
     print(_summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts",
                    stats, solve_s, rt, f" (flash kernels {stats['kernel_seconds']:.2f} s)", blas=False), file=sys.stderr)
     if args.out:
-        np.savez(args.out, u=u[:, order], s=s[order], vt=vt[order])
+        with atomic_path(args.out) as tmp:
+            with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
+                np.savez(f, u=u[:, order], s=s[order], vt=vt[order])
+    if args.json:
+        doc = {"data": args.data, "k": args.k, "singular_values": [float(v) for v in np.asarray(s)[order]],
+               "load_seconds": load_s, "seconds": solve_s, "memory_budget_bytes": rt.memory_budget_bytes,
+               **{key: v for key, v in stats.items() if isinstance(v, (int, float, str))}}
+        write_json(args.json, doc)
     return 0
 
 
@@ -360,8 +371,7 @@ def _gemm(args) -> int:
         seconds = time.perf_counter() - t0
         C.publish()
     except (ScalefreeError, ValueError, OSError) as e:
-        print(f"scalefree flash gemm: {e}", file=sys.stderr)
-        return 2
+        fail("scalefree flash gemm", message(e))
     gflops = 2.0 * m * n * k / seconds / 1e9 if seconds > 0 else 0.0
     print(_summary(f"flash gemm: wrote {args.out}", stats, seconds, rt, f", {gflops:.1f} GFLOP/s"), file=sys.stderr)
     return 0

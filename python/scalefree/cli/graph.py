@@ -14,7 +14,6 @@ of part files or a glob. Every rank reads only its share of it (see
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_path
+from .._atomic import atomic_path, write_json
 from .common import add_quiet, add_ranks, count, fail, number, relaunch, show_progress
 
 EDGES_HELP = ("edge file: SNAP edge list (.gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
@@ -155,8 +154,7 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
                "top": [[int(v), float(x)] for v, x in zip(*best)]}
-        with atomic_path(Path(args.json)) as tmp:
-            Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
+        write_json(args.json, rec)
 
 
 def _pagerank_dense(args, g, s, d, n_ids, edges, t0, load_s) -> int:
@@ -215,8 +213,7 @@ def _diameter(args) -> int:
             rec = {"vertices": int(round(nf[0])), "edges": int(edges), "ranks": g.size, "method": enc.method,
                    "effective_diameter": h, "effective_diameter_interpolated": hi, "neighbourhood": list(nf),
                    "load_s": load_s, "per_hop_s": per_hop}
-            with atomic_path(Path(args.json)) as tmp:
-                Path(tmp).write_text(json.dumps(rec, indent=1) + "\n")
+            write_json(args.json, rec)
     return 0
 
 

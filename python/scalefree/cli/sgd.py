@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .._atomic import atomic_path, write_json
+from .._rss import peak_rss_bytes
 from ..errors import DataError
 from ..sgd.logreg import (
     concat_rows,
@@ -62,6 +64,10 @@ def _logreg_cmd(args) -> int:
         return float(((predict(w, b, x) > 0.5) == (x.labels > 0.5)).sum()) if len(x) else 0.0
 
     right = g.allreduce(np.array([hits(test_rows), hits(train_rows)]))
+    rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)
+    if g.rank == 0 and args.output:
+        with atomic_path(args.output) as tmp, open(tmp, "wb") as f:  # a file object: no ".npz" added
+            np.savez(f, w=np.asarray(w), b=np.asarray(b))
     if g.rank == 0:
         test_acc = right[0] / counts[1] if counts[1] else None
         print(f"{int(counts.sum())} rows ({counts[0]} train, {counts[1]} test), {train_rows.dim} features, "
@@ -69,6 +75,13 @@ def _logreg_cmd(args) -> int:
         print(f"scalefree: test accuracy {'n/a' if test_acc is None else f'{test_acc:.4f}'}, "
               f"train accuracy {right[1] / counts[0]:.4f}, fit {fit_s:.2f} s, {st['step_s'] * 1e3:.2f} ms/step "
               f"(config_reduce {st['config_reduce_s'] * 1e3:.2f} ms)")
+        if args.json:
+            write_json(args.json, {
+                "rows": int(counts.sum()), "train_rows": int(counts[0]), "test_rows": int(counts[1]),
+                "features": int(train_rows.dim), "ranks": g.size, "batch": args.batch, "epochs": args.epochs,
+                "steps": int(st["steps"]), "test_accuracy": test_acc, "train_accuracy": float(right[1] / counts[0]),
+                "load_s": load_s, "fit_s": fit_s, "step_s": float(st["step_s"]),
+                "peak_rss_bytes": [int(x) for x in rss]})
         if "sklearn" in args.vs:
             _sklearn_row(args, zb)
     return 0
@@ -129,6 +142,8 @@ def add_parser(sub) -> None:
     q.add_argument("--nnz", type=count(1), default=20, help="synthetic: features per row")
     q.add_argument("--zipf", type=number(1, low_open=True), default=1.3, help="synthetic: Zipf exponent of the features")
     q.add_argument("--data-seed", type=int, default=0, help="synthetic: seed of the data and planted model")
+    q.add_argument("-o", "--output", metavar="MODEL.npz", help="save the weights w and bias b (written atomically)")
+    q.add_argument("--json", metavar="OUT", help="write accuracies, times and peak RSS per rank here")
     q.add_argument("--progress", action="store_true", help="per-epoch progress (also when not a terminal)")
     add_quiet(q)
     q.set_defaults(func=_launch)

@@ -441,10 +441,9 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
     bar = None
     mine = share_bytes(path, me, m) if progress and group.rank == 0 else 0
     if progress and group.rank == 0:
-        from tqdm import tqdm
+        from .._progress import bar as progress_bar
 
-        bar = tqdm(total=mine, unit="B", unit_scale=True, file=sys.stderr, leave=False,
-                   desc="reading rank 0's share")
+        bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
     try:
         src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update)
     finally:

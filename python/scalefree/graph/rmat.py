@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,13 +64,12 @@ def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20
     path = Path(path)
     header = f"# R-MAT scale={scale} edges={edges} seed={seed} (a,b,c)=(0.57,0.19,0.19)\n".encode()
     blocks = rmat_blocks(scale, edges, seed, block)
-    done = 0
+    from .._progress import bar as progress_bar
+
+    bar = progress_bar(edges, "R-MAT", " edges", show=progress, unit_scale=True)
 
     def tick(m):
-        nonlocal done
-        done += m
-        if progress:
-            print(f"\rR-MAT: {done}/{edges} edges", end="", file=sys.stderr, flush=True)
+        bar.update(m)
 
     if parts:
         path.mkdir(parents=True, exist_ok=True)
@@ -107,8 +105,7 @@ def write_rmat(path, scale: int, edges: int, seed: int = 0, block: int = 1 << 20
             for s, d in blocks:
                 f.write(_edge_lines(s, d))
                 tick(len(s))
-    if progress:
-        print(file=sys.stderr)
+    bar.close()
 
 
 def _edge_lines(src, dst) -> bytes:

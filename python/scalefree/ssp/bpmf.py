@@ -16,12 +16,11 @@ meaningless mixed from two iterations), so BPMF uses a consistent variant (``sha
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 
-from .mf import app_parser, load_ratings, write_rank_result
+from .mf import load_ratings
 
 
 def _sample_normal_wishart(rng, X_sum, XX_sum, n, k, beta0=2.0):
@@ -63,7 +62,7 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
           test_fraction: float = 0.1) -> dict:
     import scipy.sparse as sp
 
-    from ..bench.common import StragglerSchedule
+    from .straggler import StragglerSchedule
 
     if variant not in ("sharded", "sharded_thread"):
         raise ValueError(f"BPMF needs a consistent SSP variant (sharded or sharded_thread), not {variant!r}")
@@ -148,24 +147,3 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
     red_L.close()
     red_R.close()
     return {"history": history, "loop_s": loop_s}
-
-
-def main(argv=None) -> int:
-    args = app_parser(__doc__, k=10, iters=40, variant="sharded_thread").parse_args(argv)
-    import scalefree
-
-    g = scalefree.init()
-    res = train(g, args.data, k=args.k, iters=args.iters, slack=args.slack, variant=args.variant,
-                straggler_ms=args.straggler, seed=args.seed)
-    write_rank_result(args.out, g.rank, res)
-    # Test RMSE over every rank's users (a dense allreduce, after the timed loop).
-    last = np.array([res["history"][-1][2], res["history"][-1][3]], np.float64)
-    g.allreduce(last)
-    if g.rank == 0:
-        print(f"slack {args.slack}: {args.iters} iterations in {res['loop_s']:.2f} s, "
-              f"test RMSE {np.sqrt(last[0] / max(last[1], 1)):.4f}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

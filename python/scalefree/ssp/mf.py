@@ -8,15 +8,11 @@ increment so far (its own all in, others' at most ``slack`` iterations old), and
 ``initial + that sum``. With ``slack=0`` this is synchronous full-batch gradient descent; with
 a larger slack a rank that is delayed no longer holds the others back.
 
-    python -m scalefree.launch.launcher -n 2 -- python -m scalefree.ssp.mf u.data --slack 4
+    scalefree run -n 2 -- python -m scalefree.bench._worker_ssp_mf sgd u.data --slack 4
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -86,7 +82,7 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     """Trains on every rank of ``group``; returns rank-local history
     ``[(seconds, iteration, test_rmse), ...]`` (test RMSE of the model this rank sees) and the
     exact final model's test RMSE after the flush."""
-    from ..bench.common import StragglerSchedule
+    from .straggler import StragglerSchedule
 
     u, i, r = load_ratings(path)
     n_users, n_items = int(u.max()) + 1, int(i.max()) + 1
@@ -134,48 +130,3 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
            "stats": {k2: v.tolist() for k2, v in red.stats().items()}}
     red.close()
     return out
-
-
-def app_parser(doc: str, k: int, iters: int, variant: str) -> argparse.ArgumentParser:
-    """The options every SSP training app takes."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("data")
-    p.add_argument("-k", type=int, default=k)
-    p.add_argument("--iters", type=int, default=iters)
-    p.add_argument("--slack", type=int, default=0)
-    p.add_argument("--variant", default=variant)
-    p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
-    return p
-
-
-def write_rank_result(out, rank: int, res: dict) -> None:
-    """Writes ``res`` to ``OUT.rank<r>.json`` atomically."""
-    if out:
-        path = Path(f"{out}.rank{rank}.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        os.replace(tmp, path)
-
-
-def main(argv=None) -> int:
-    p = app_parser(__doc__, k=32, iters=100, variant="sharded_async_thread")
-    p.add_argument("--lam", type=float, default=0.1)
-    p.add_argument("--eta", type=float, default=0.5)
-    args = p.parse_args(argv)
-    import scalefree
-
-    g = scalefree.init()
-    res = train(g, args.data, k=args.k, iters=args.iters, slack=args.slack, variant=args.variant,
-                straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
-    write_rank_result(args.out, g.rank, res)
-    if g.rank == 0:
-        h = res["history"]
-        print(f"slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE "
-              f"{h[-1][2]:.4f} (rank 0's view), {res['final_rmse']:.4f} after flush", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,7 +28,7 @@ use crate::reduce::{reduce_into, DType, ReduceOp};
 
 /// Allreduces of `SCALEFREE_NET_HALVING_MIN ..= SCALEFREE_NET_HALVING_MAX` bytes (512 KiB and
 /// 4 MiB by default; a maximum of 0 turns it off) go by halving and doubling when the rank
-/// count allows. Measured on 4 simulated hosts (`docs/benchmarks.md`): 8–12 % faster at
+/// count allows. Measured on 4 simulated hosts (A/B in the git history of `docs/benchmarks.md`): 8–12 % faster at
 /// 1 MiB, even at 512 KiB to 4 MiB and at 16 MiB, about 8 % slower at 256 KiB, where the
 /// extra steps' waits cost more than the fewer flows save.
 fn window() -> (usize, usize) {

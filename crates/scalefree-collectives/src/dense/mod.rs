@@ -235,7 +235,7 @@ impl Communicator {
     /// Whether a small allgather of `total` bytes in all goes by doubling between hosts: its
     /// messages carry the whole gathered buffer (zeros where not filled yet), so it pays only
     /// with more than two parties in the rounds and while that buffer stays small. Measured
-    /// across 4 simulated hosts (docs/benchmarks.md): 8 B and 1 KiB per rank faster than the
+    /// across 4 simulated hosts (docs/benchmarks.md before its split, in git history): 8 B and 1 KiB per rank faster than the
     /// one-shot exchange (135 / 152 µs against 215 / 221 µs), 8 KiB (32 KiB gathered) slower
     /// (258 against 230 µs); at 2 hosts the one-shot exchange's half-size messages win.
     fn small_allgather_doubles(&self, total: usize) -> bool {

@@ -71,6 +71,15 @@ fn parse<V: std::str::FromStr>(lines: &Lines, field: Option<&str>, what: &str) -
     text.parse().map_err(|_| lines.error(format!("cannot read {what} from {text:?}")))
 }
 
+/// A value that must be finite (a NaN or an infinity would poison every result silently).
+fn finite(lines: &Lines, field: Option<&str>, what: &str) -> Result<f64> {
+    let v: f64 = parse(lines, field, what)?;
+    if !v.is_finite() {
+        return Err(lines.error(format!("{what} {v} is not finite")));
+    }
+    Ok(v)
+}
+
 /// A 1-based index checked against its bound, returned 0-based.
 fn index(lines: &Lines, field: Option<&str>, what: &str, bound: usize) -> Result<usize> {
     let i: usize = parse(lines, field, what)?;
@@ -163,7 +172,7 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
         let mut f = line.split_whitespace();
         let r = index(&lines, f.next(), "row", rows)?;
         let c = index(&lines, f.next(), "column", cols)?;
-        let v: f64 = if pattern { 1.0 } else { parse(&lines, f.next(), "the value")? };
+        let v: f64 = if pattern { 1.0 } else { finite(&lines, f.next(), "the value")? };
         if f.next().is_some() {
             return Err(lines.error(format!("too many fields in {line:?}")));
         }
@@ -207,7 +216,7 @@ pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
         let mut f = line.split_whitespace();
         let r = index(&lines, f.next(), "docID", rows)?;
         let c = index(&lines, f.next(), "wordID", cols)?;
-        let v: f64 = parse(&lines, f.next(), "the count")?;
+        let v: f64 = finite(&lines, f.next(), "the count")?;
         if f.next().is_some() {
             return Err(lines.error(format!("too many fields in {line:?} (expected docID wordID count)")));
         }
@@ -278,6 +287,8 @@ mod tests {
             ("f.txt", "2\n3\n2\n1 1 4\n1 4 1\n", "line 5: wordID 4 is outside 1..=3"),
             ("g.txt", "2\n3\n1\n1 1 4\n2 2 2\n", "line 5: more entries than the NNZ = 1"),
             ("h.txt", "2\n", "missing the vocabulary size W"),
+            ("i.txt", "2\n3\n2\n1 1 4\n2 2 nan\n", "line 5: the count NaN is not finite"),
+            ("j.mtx", "%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 inf\n", "line 3: the value inf is not finite"),
         ];
         for (name, text, want) in cases {
             let p = write(&d, name, text);

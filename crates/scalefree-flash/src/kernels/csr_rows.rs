@@ -98,7 +98,7 @@ fn accumulate<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], b: &OpDense
 /// `indices`/`values`) times `op(B)`: `out(r) := alpha * A(r) op(B) + beta * out(r)`,
 /// parallel over rows on the current rayon pool. `beta == 0` does not read `out`. (Cutting a
 /// wide `op(B)` into column tiles that stay cached was measured slower on a power-law A
-/// times a 100K x 256 B: the hot B rows stay cached anyway; see docs/benchmarks.md.)
+/// times a 100K x 256 B: the hot B rows stay cached anyway; see the git history of docs/benchmarks.md.)
 ///
 /// # Safety
 /// `out` must address `indptr.len() - 1` rows of `b.cols` valid elements that nobody else

@@ -1,7 +1,7 @@
 //! TCP lanes: bulk writes between hosts over plain sockets where UCX would carry them over
 //! TCP anyway.
 //!
-//! Measured between simulated hosts on this machine (`docs/benchmarks.md`, "Across simulated
+//! Measured between simulated hosts on this machine (`docs/benchmarks/collectives.md`, "Across simulated
 //! hosts"): UCX's `tcp` transport moves 0.8–1.3 GB/s per direction when both sides send at
 //! once (its receive path copies every fragment out of its own buffers, and eager messages
 //! once more when they are reassembled), while kernel TCP between the same namespaces moves
@@ -433,7 +433,7 @@ impl Drop for Lanes {
 /// at once (`SCALEFREE_BULK_KEEP_LEASE=0`: every bulk frame calls the readers back, as
 /// before). The caller then reads the peer's answer itself in its next wait instead of a
 /// reader thread woken for it: 2 simulated hosts × 1 MiB, 0.56–0.83 ms against 0.79–3.2 ms
-/// (`docs/benchmarks.md`).
+/// (A/B in the git history of `docs/benchmarks.md`).
 fn keep_lease() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_BULK_KEEP_LEASE"))
