@@ -235,14 +235,12 @@ def _planted(args, tmp: Path, cache, blas) -> list[dict]:
 
     given = Path(args.planted)
     if given.exists():  # a corpus written by `scalefree flash corpus`, its topics beside it
-        from ..cli.flash import _truth_path
-
         path = given
-        truth = np.load(_truth_path(str(given)), allow_pickle=False)
+        truth = np.load(flash.truth_path(given), allow_pickle=False)
         words, k = truth.shape
         with open(path) as f:
             docs, _, nnz = (int(f.readline()) for _ in range(3))
-        common.progress(f"topics: {path} ({docs} documents, {nnz} entries), topics {_truth_path(str(given))}")
+        common.progress(f"topics: {path} ({docs} documents, {nnz} entries), topics {flash.truth_path(given)}")
     else:
         try:
             docs, words, k = (int(x) for x in args.planted.split(","))

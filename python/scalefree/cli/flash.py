@@ -117,11 +117,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _truth_path(out: str) -> str:
-    base = out[:-4] if out.endswith(".txt") else out
-    return base + ".topics.npy"
-
-
 def _topics(args) -> int:
     import numpy as np
 
@@ -199,7 +194,7 @@ def _corpus(args) -> int:
     from .. import flash
     from .._atomic import atomic_path
 
-    truth_path = args.truth or _truth_path(args.out)
+    truth_path = args.truth or flash.truth_path(args.out)
     t0 = time.perf_counter()
     m = flash.planted_topics(args.words, args.topics, beta=args.beta, seed=args.seed)
     last = [0.0]

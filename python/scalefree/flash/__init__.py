@@ -39,9 +39,9 @@ from .core import (
 from .eigen import KrylovSchurInfo, block_krylov_schur
 from .svd import PCA, pca, svds
 from .topics import Topics, topics
-from .corpus import planted_topics, recovery_error, write_corpus
+from .corpus import planted_topics, recovery_error, truth_path, write_corpus
 
 __all__ = ["Csr", "KrylovSchurInfo", "Matrix", "PCA", "Runtime", "block_krylov_schur", "csr_product", "csrcsc",
            "csrgemv", "csrmm", "csrtmm", "default_runtime", "gemm", "kmeans", "load", "npy_header",
            "npy_header_bytes", "numpy_blas_path", "pca", "planted_topics", "recovery_error", "sort", "svds", "Topics",
-           "topics", "write_corpus"]
+           "topics", "truth_path", "write_corpus"]

@@ -29,6 +29,13 @@ from ..errors import InvalidArgumentError
 _NNZ_WIDTH = 20
 
 
+def truth_path(corpus) -> str:
+    """Where ``scalefree flash corpus`` saves a corpus's topic matrix: its name with
+    ``.topics.npy`` for ``.txt``."""
+    corpus = os.fspath(corpus)
+    return (corpus[:-4] if corpus.endswith(".txt") else corpus) + ".topics.npy"
+
+
 def planted_topics(words: int, k: int, beta: float = 0.01, seed: int = 0) -> np.ndarray:
     """``words x k`` topic matrix, each column a Dirichlet(``beta``) draw."""
     if words < 2 or k < 1:
