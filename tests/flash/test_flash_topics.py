@@ -134,3 +134,22 @@ def test_cli_topics_bad_input_is_one_line(tmp_path):
     p = run_cli("topics", small, "-k", 5, "--dir", tmp_path)
     assert p.returncode == 2 and p.stderr.strip().startswith("scalefree flash topics: error:")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("rows,block_bytes", [(0, 64), (1, 64), (37, 64), (37, 10_000), (200, 300)])
+def test_row_blocks_of_a_flash_csr_match_scipy(tmp_path, rows, block_bytes):
+    from scalefree.flash.topics import _Rows
+
+    rng = np.random.default_rng(rows)
+    s = sp.random(rows, 23, density=0.3, random_state=rng, format="lil", dtype=np.float32)
+    s[rows // 2:rows // 2 + 3] = 0  # empty rows
+    s = s.tocsr()
+    s.eliminate_zeros()
+    a = flash.Csr.from_scipy(s, flash.Runtime(dir=tmp_path))
+    seen = []
+    for lo, hi, block in _Rows(a, block_bytes):
+        assert block.shape == (hi - lo, 23)
+        assert block.nnz * 8 <= block_bytes or hi - lo == 1
+        seen.append(block)
+    got = sp.vstack(seen, format="csr") if seen else sp.csr_matrix((0, 23))
+    assert got.shape == s.shape and (got != s.astype(np.float64)).nnz == 0
