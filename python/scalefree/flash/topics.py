@@ -322,6 +322,18 @@ def _lloyd_sparse(op, row_sq, labels, k, iterations, tol):
 # ---------------------------------------------------------------------------------------
 
 
+def _catchwords(g, thresholded):
+    """Catchwords (words x clusters, bool) from the clusters' mean word frequencies ``g``:
+    thresholded words at least ``rho`` times more frequent in their cluster than in any other."""
+    c = g.shape[1]
+    if c > 1:
+        top2 = np.partition(g, c - 2, axis=1)[:, c - 2:]
+        runner_up = np.where(g >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
+    else:
+        runner_up = np.zeros_like(g)
+    return (g >= _RHO * runner_up) & (g > 0) & thresholded
+
+
 def _check_k(k, shape):
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise InvalidArgumentError(f"topics: k must be an integer, got {k!r}")
@@ -332,7 +344,7 @@ def _check_k(k, shape):
 
 
 def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, kmeans_iterations: int = 20,
-           kmeans_inits: int = 2, lloyd_iterations: int = 15, unit_rows: bool = True, runtime=None, progress=None) -> Topics:
+           kmeans_inits: int = 2, lloyd_iterations: int = 15, unit_rows: bool = True, extra_clusters=None, runtime=None, progress=None) -> Topics:
     """ISLE's topic model of the documents x words count matrix ``A`` with ``k`` topics
     (steps in the module docstring). ``A``: a :class:`flash.Csr` (stays on flash), or a
     scipy sparse matrix (in memory; copied to flash first when larger than the budget).
@@ -370,6 +382,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # 1. Thresholds and B (only the sampled rows when sampling).
     t = time.perf_counter()
     w0 = 1.0 / k
+    kk = k + (max(1, math.ceil(k / 10)) if extra_clusters is None else int(extra_clusters))
     q = max(1, math.ceil(w0 * docs / 2))
     lengths, last, zeta = _thresholds(rows_a, q)
     if np.any(lengths < 0) or np.any(~np.isfinite(lengths)):
@@ -400,6 +413,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     if B.shape[0] <= k:
         raise InvalidArgumentError(f"topics: only {B.shape[0]} documents keep a word after thresholding, "
                                    f"too few for k={k} topics")
+    kk = min(kk, B.shape[0] - 1)
     if kept < k:
         raise InvalidArgumentError(f"topics: only {kept} words pass the thresholds, fewer than k={k} "
                                    f"(too few documents for {k} topics?)")
@@ -418,19 +432,19 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     t = time.perf_counter()
     best = None
     for _ in range(kmeans_inits):
-        run = _lloyd_dense(proj, _kmeans_pp(proj, k, rng), kmeans_iterations)
+        run = _lloyd_dense(proj, _kmeans_pp(proj, kk, rng), kmeans_iterations)
         if best is None or run[2] < best[2]:
             best = run
     labels = best[0]
     del proj, u
     seconds["kmeans_projected"] = time.perf_counter() - t
-    say(f"3/5 k-means++ and k-means on the {k}-dim projection (best of {kmeans_inits} seedings), "
+    say(f"3/5 k-means++ and k-means ({kk} clusters) on the {k}-dim projection (best of {kmeans_inits} seedings), "
         f"{seconds['kmeans_projected']:.2f} s")
 
     # 4. Lloyd in the original space, seeded by step 3.
     t = time.perf_counter()
     op = _operator(B, rt)
-    labels, centers, iters = _lloyd_sparse(op, row_sq, labels, k, lloyd_iterations, 1e-3)
+    labels, centers, iters = _lloyd_sparse(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
     seconds["kmeans_original"] = time.perf_counter() - t
     say(f"4/5 k-means on B seeded by step 3: {iters} iterations, {seconds['kmeans_original']:.2f} s")
     lloyd = {key: getattr(op, key, 0) for key in ("bytes_read", "bytes_written", "peak_resident_bytes", "cache_hits",
@@ -443,8 +457,8 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     t = time.perf_counter()
     c_sq = np.einsum("ij,ij->i", centers, centers)
     all_labels = np.empty(docs, dtype=np.int64)
-    g = np.zeros((words, k))
-    clustered = np.zeros(k)
+    g = np.zeros((words, kk))
+    clustered = np.zeros(kk)
     for lo, hi, block in rows_a:
         b = _threshold_block(block, lengths[lo:hi], last, root_zeta, unit_rows)
         bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
@@ -457,18 +471,20 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         all_labels[lo:hi] = lab
         full = np.flatnonzero(bsq > 0)
         lab_full = lab[full]
-        onehot = sp.csr_matrix((np.ones(len(full)), lab_full, np.arange(len(full) + 1)), shape=(len(full), k))
+        onehot = sp.csr_matrix((np.ones(len(full)), lab_full, np.arange(len(full) + 1)), shape=(len(full), kk))
         g += np.asarray((freq[full].T @ onehot).todense())
-        clustered += np.bincount(lab_full, minlength=k)
+        clustered += np.bincount(lab_full, minlength=kk)
     g /= np.maximum(clustered, 1.0)[None, :]
-    # Catchwords: frequent enough to be thresholded in, and rho times more frequent in their
-    # cluster than in any other.
-    if k > 1:
-        top2 = np.partition(g, k - 2, axis=1)[:, k - 2:]
-        runner_up = np.where(g >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
-    else:
-        runner_up = np.zeros_like(g)
-    catch = (g >= _RHO * runner_up) & (g > 0) & np.isfinite(zeta)[:, None]
+    thresholded = np.isfinite(zeta)[:, None]
+    if kk > k:
+        # The k clusters with the most catchwords are the topics: a cluster of documents with
+        # no dominant topic, or one topic split in two, has few.
+        keep = np.sort(np.lexsort((-clustered, -_catchwords(g, thresholded).sum(axis=0)))[:k])
+        new_index = np.full(kk, -1, dtype=np.int64)
+        new_index[keep] = np.arange(k)
+        g, centers, c_sq = g[:, keep], centers[keep], c_sq[keep]
+        all_labels = new_index[all_labels]
+    catch = _catchwords(g, thresholded)
     n_catch = catch.sum(axis=0)
     r = max(1, math.ceil(_EPS0 * w0 * docs / 2))
     best_score = np.full((r, k), -np.inf)
@@ -476,6 +492,15 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     catch_f = catch.astype(np.float64)
     for lo, hi, block in rows_a:
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
+        lost = np.flatnonzero(all_labels[lo:hi] < 0)
+        if len(lost):  # documents of a dropped cluster: the nearest kept center
+            b = _threshold_block(block[lost], lengths[lo:hi][lost], last, root_zeta, unit_rows)
+            bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
+            lab = np.argmin(bsq[:, None] - 2.0 * np.asarray(b @ centers.T) + c_sq[None, :], axis=1)
+            empty = np.flatnonzero(bsq == 0)
+            if len(empty):
+                lab[empty] = np.argmax(np.asarray(freq[lost[empty]] @ centers.T), axis=1)
+            all_labels[lo + lost] = lab
         score = np.asarray(freq @ catch_f)  # rows x k
         allscore = np.vstack([best_score, score])
         alldoc = np.vstack([best_doc, np.broadcast_to(np.arange(lo, hi)[:, None], score.shape)])
