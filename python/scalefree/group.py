@@ -103,14 +103,24 @@ class Group(_native.Group):
         return out[:shape[0] * row].view(send.dtype).reshape(shape)
 
     def ssp_reduction(self, count: int, dtype="float32", op: str = "sum",
-                      variant: str = "sharded_async_thread"):
+                      variant: str = "sharded_async_thread", push_order: str = "cyclic"):
         """Collective: sets up a stale-synchronous reduction of ``count`` elements (see
-        :mod:`scalefree.ssp.reduction`). Several may be live at once."""
+        :mod:`scalefree.ssp.reduction`). Several may be live at once. ``push_order``
+        (sharded variants): ``"cyclic"`` (rank r pushes to shard r+1 first) or ``"fixed"``
+        (every rank starts at shard 0)."""
         from .ssp.reduction import SspReduction
 
         if int(count) < 0:
             raise InvalidArgumentError(f"count must be >= 0, got {count}")
-        return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant))
+        return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant, push_order))
+
+    def traffic(self) -> np.ndarray:
+        """What this rank's channels moved to each peer since the group started: an int64
+        array of shape ``(size, 3)``, one row per peer rank: bytes written into it, bytes
+        read from it, one-sided operations issued to it (see ``docs/transport.md``). Counted
+        in the transport where each write, post, notification or read is issued; take two
+        snapshots and subtract to measure a stretch of code."""
+        return np.array(self._traffic(), dtype=np.int64).reshape(self.size, 3)
 
     def tensor_slots(self, specs):
         """Collective: static zero-copy tensor slots (see :func:`scalefree.tensors.slots.static_slots`)."""

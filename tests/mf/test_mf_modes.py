@@ -85,11 +85,11 @@ def test_rima_with_w_by_w_blocks(n, tmp_path, local_rmse):
 
 def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
     rima, ps = _cli("rima", 4, tmp_path), _cli("dsgd-ps", 4, tmp_path)
-    assert rima["connections"] == 2
-    assert max(rima["bytes_sent"]) < min(ps["bytes_sent"])
+    assert rima["connections"] == [3, 2, 3, 2]  # the ring's two, plus rank 0 for the gather
+    assert max(rima["block_bytes_sent"]) < min(ps["bytes_sent"])
     # Per iteration a rima worker sends one kind of block around the ring (≈ all of P or all
     # of Q); a dsgd-ps worker pushes its P and Q blocks every step (≈ all of P and Q).
-    assert np.mean(rima["bytes_sent"]) < 0.75 * np.mean(ps["bytes_sent"])
+    assert np.mean(rima["block_bytes_sent"]) < 0.75 * np.mean(ps["bytes_sent"])
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -197,3 +197,53 @@ def test_rmse_curve_does_not_change_training(mode, n, tmp_path):
     plain = _cli(mode, n, tmp_path)
     assert recs[-1]["test_rmse"] == pytest.approx(plain["test_rmse"], rel=1e-6)
     assert recs[-1]["bytes_sent"] == plain["bytes_sent"]
+
+
+def test_reports_count_bytes_and_connections_at_the_transport(cache_dir):
+    """The bytes and connections in the MF reports are what the transport counted (training
+    steps and the final gather): on every rank they match the transport's own counters
+    around fit() less what fit() moves outside training (the stats sent to rank 0, the
+    barriers); rima's ring plus the gather gives ranks 0 and 2 of 4 three peers."""
+    code = f"""
+import json, numpy as np, scalefree
+import scalefree.mf.model as mf
+g = scalefree.init()
+tr, _ = mf.split_ratings({str(ML100K)!r}, 0.1, 0)
+out = {{}}
+for mode in ("rima", "dsgd-ps"):
+    g.barrier()
+    t0 = g.traffic()
+    g.barrier()
+    barrier = (g.traffic() - t0)[:, 0].sum()
+    t0 = g.traffic()
+    m = mf.MatrixFactorization(k=8, mode=mode, iterations=3, seed=1).fit(tr)
+    window = int((g.traffic() - t0)[:, 0].sum())
+    out[mode] = dict(window=window, barrier=int(barrier), last=m.history[-1] if m.rank == 0 else None)
+print(json.dumps(out))
+"""
+    res = collect(spawn_ranks(4, code, extra_env={"SCALEFREE_CACHE_DIR": str(cache_dir)}), timeout=180)
+    for r in res:
+        assert r.returncode == 0, r.stderr
+    outs = [json.loads(r.stdout.strip().splitlines()[-1]) for r in res]
+    rima, ps = outs[0]["rima"]["last"], outs[0]["dsgd-ps"]["last"]
+    # rima: the ring (predecessor, successor) and the gather to rank 0.
+    assert rima["connected_to"] == [[1, 2, 3], [0, 2], [0, 1, 3], [0, 2]]
+    assert rima["connections"] == [3, 2, 3, 2]
+    gather = [s - b for s, b in zip(rima["bytes_sent"], rima["block_bytes_sent"])]
+    assert gather[0] == 0 and gather[1] > 0 and gather[1] == gather[2] == gather[3]
+    # dsgd-ps: every worker talks to the server only.
+    assert ps["connected_to"] == [[0], [0], [0]] and ps["connections"] == [1, 1, 1]
+    assert ps["server_connections"] == 3
+    assert ps["bytes_sent"] == ps["block_bytes_sent"]
+    iters, w = 3, 4
+    stats = {"rima": (9 + 4 * iters + 3 * w) * 8, "dsgd-ps": (3 + iters + 3 * w) * 8}
+    for mode, rep in (("rima", rima), ("dsgd-ps", ps)):
+        sent = rep["bytes_sent"] if mode == "rima" else [None] + rep["bytes_sent"]
+        for r in range(4):
+            o = outs[r][mode]
+            if sent[r] is None:  # the server: what it sent is reported once
+                sent_r = rep["server_bytes_sent"]
+            else:
+                sent_r = sent[r]
+            extra = (stats[mode] if r != 0 else 0) + 2 * o["barrier"]
+            assert o["window"] == sent_r + extra, (mode, r, o, sent_r)

@@ -385,3 +385,36 @@ def test_bench_indices_once_peer_matches_reference(n, tmp_path):
                          timeout=120, env={**__import__("os").environ, **common.mpi_env()})
     assert res.returncode == 0, res.stdout + res.stderr
     assert "checked" in res.stdout
+
+
+WIDE_IDS = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+dim = 1 << 40
+# Ids past 2^32 (and one at the top of the space); each rank's own draw, the same seeds everywhere.
+def ids(r):
+    rng = np.random.default_rng([7, r])
+    base = np.array([1 << 32, (1 << 33) + 5, (1 << 39) + 12345, dim - 1], np.int64)
+    return np.concatenate([base, (1 << 32) + rng.integers(0, 1 << 36, 500)]).astype(np.int64)
+def vals(r):
+    return np.random.default_rng([8, r]).integers(0, 1000, len(ids(r))).astype(np.float64)
+want_ids = np.unique(np.concatenate([ids(r) for r in range(n)]))
+ref = {int(i): 0.0 for i in want_ids}
+for r in range(n):
+    for i, v in zip(ids(r), vals(r)):
+        ref[int(i)] += v
+ins = want_ids[(np.arange(len(want_ids)) + me) % 3 == 0]
+for degrees in ("auto", [n]):
+    sa = g.sparse_allreduce(dim, op="sum", degrees=degrees)
+    sa.config(ids(me), ins)
+    got = sa.reduce(vals(me))
+    np.testing.assert_array_equal(got, np.array([ref[int(i)] for i in ins]))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_sparse_ids_past_2_to_the_32(n):
+    res = run_ranks(n, WIDE_IDS, timeout=120)
+    assert all(r.stdout.strip().endswith("ok") for r in res)

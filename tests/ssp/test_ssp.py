@@ -15,10 +15,12 @@ import random, sys, time
 import numpy as np, scalefree
 variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 g = scalefree.init(timeout=60)
+order = sys.argv[4] if len(sys.argv) > 4 else "cyclic"
 n, me = g.size, g.rank
 rng = random.Random(me)
 count = 4 * n + 1001
-red = g.ssp_reduction(count, dtype, variant=variant)
+red = g.ssp_reduction(count, dtype, variant=variant, push_order=order)
+assert red.push_order == order
 calls = 30
 payload = lambda r, t: ((np.arange(count) * 7 + r * 13 + t * 5) % 11).astype(dtype)
 for t in range(1, calls + 1):
@@ -57,6 +59,15 @@ def test_every_variant_bounded_and_conserving(n, variant):
             assert r.returncode == 0 and "ok" in r.stdout, f"rank {r.rank} ({variant}, slack {slack}):\n{r.stderr[-3000:]}"
 
 
+@pytest.mark.parametrize("variant", ["sharded", "sharded_async_thread"])
+def test_fixed_push_order_bounded_and_conserving(variant):
+    """The fixed order (every rank pushes to shard 0 first) that the cyclic default is
+    measured against gives the same guarantees."""
+    res = collect(spawn_ranks(3, CHECK, args=[variant, "3", "int64", "fixed"]), timeout=120)
+    for r in res:
+        assert r.returncode == 0 and "ok" in r.stdout, f"rank {r.rank} ({variant}, fixed):\n{r.stderr[-3000:]}"
+
+
 def test_bad_input_is_an_error():
     res = run_ranks(2, r"""
 import numpy as np, scalefree
@@ -77,6 +88,12 @@ try:
     g.ssp_reduction(5, "float32", variant="nope")
 except scalefree.InvalidArgumentError as e:
     assert "sharded_async_thread" in str(e)
+try:
+    g.ssp_reduction(5, "float32", push_order="nope")
+except scalefree.InvalidArgumentError as e:
+    assert "cyclic or fixed" in str(e)
+else:
+    raise SystemExit("no error")
 # ranks disagree on the size
 try:
     g.ssp_reduction(7 + g.rank, "float32")

@@ -199,3 +199,42 @@ print("ok", flush=True)
 """, timeout=60)
     for r in res:
         assert "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_allocation_sites_traced_without_names():
+    """A training loop with no site names: gradients below the arena threshold are copied
+    once; the channel traces where they were allocated, and from the second iteration on
+    numpy allocates them in registered memory, so nothing is copied."""
+    res = run_ranks(2, r"""
+import numpy as np, scalefree
+from scalefree import tensors
+g = scalefree.init(timeout=60)
+c = tensors.dynamic_channels(g, [(0, 1)])[(0, 1)]
+w = np.linspace(-1, 1, 4096, dtype=np.float32)       # 16 KiB: below the 64 KiB arena threshold
+
+def gradient(w, it):
+    return np.tanh(w * (it + 1)) * 0.5                # a new 16 KiB array every call
+
+for it in range(4):
+    if g.rank == 0:
+        before = c.stats()["bytes_copied"]
+        grad = gradient(w, it)
+        c.send(grad)
+        bias = np.full(2048, it, np.float64)          # 16 KiB, another site
+        c.send(bias)
+        copied = c.stats()["bytes_copied"] - before
+        assert copied == (2 * 16384 if it == 0 else 0), (it, copied)
+    else:
+        np.testing.assert_allclose(c.recv(), np.tanh(w * (it + 1)) * 0.5, rtol=1e-6)
+        assert (c.recv() == it).all()
+if g.rank == 0:
+    assert tensors.traced_allocation_sites() == 2 and tensors.traced_sites() == set()
+    small = np.ones(16, np.float32)                   # below 4 KiB: never traced
+    c.send(small)
+    assert c.stats()["bytes_copied"] == 2 * 16384 + 64
+else:
+    assert c.recv().sum() == 16
+print("ok", flush=True)
+""", timeout=60)
+    for r in res:
+        assert "ok" in r.stdout, r.stderr[-3000:]

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use scalefree_collectives::ssp::{SspReduction, Variant};
+use scalefree_collectives::ssp::{PushOrder, SspReduction, Variant};
 use scalefree_collectives::{DType, ReduceOp};
 use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
 
@@ -57,11 +57,13 @@ fn as_bytes_mut(v: &mut [i64]) -> &mut [u8] {
 /// Element `j` counts the contributions of rank `j % n`; each call adds 1 there (so every
 /// shard holds a counter for every rank) and a pseudo-random payload that the final total
 /// must match exactly.
-fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, calls: u64, slack: u64, delay_us: u64) {
+#[allow(clippy::too_many_arguments)]
+fn run_case(seed: u64, n: u32, variant: Variant, order: PushOrder, reps: usize, count: usize, calls: u64, slack: u64, delay_us: u64) {
     devices(n, move |dev| {
         let me = dev.rank();
         let mut rng = Rng(seed * 7919 + me as u64 * 104_729 + 1);
-        let mut red = SspReduction::new(&dev, count, DType::I64, ReduceOp::Sum, variant).unwrap();
+        let mut red = SspReduction::with_order(&dev, count, DType::I64, ReduceOp::Sum, variant, order).unwrap();
+        assert_eq!(red.push_order(), order);
         let mut out = vec![0i64; count];
         let payload = |r: u32, t: u64, j: usize| ((r as i64 + 1) * 1_000_003 + t as i64 * 7_919 + j as i64 * 31) % 1013;
         for t in 1..=calls {
@@ -112,7 +114,9 @@ fn run_case(seed: u64, n: u32, variant: Variant, reps: usize, count: usize, call
 fn slack_zero_is_exact_every_variant_every_size() {
     for n in 1..=5u32 {
         for v in Variant::ALL {
-            run_case(n as u64, n, v, 2, 2 * n as usize + 37, 12, 0, 0);
+            for order in [PushOrder::Cyclic, PushOrder::Fixed] {
+                run_case(n as u64, n, v, order, 2, 2 * n as usize + 37, 12, 0, 0);
+            }
         }
     }
 }
@@ -129,7 +133,8 @@ fn randomized_runs_conserve_every_contribution() {
         let calls = 1 + rng.below(25);
         let slack = [0, 1, 2, 4, 8, 255][rng.below(6) as usize];
         let delay = [0, 50, 500][rng.below(3) as usize];
-        run_case(1000 + i as u64, n, v, reps, count, calls, slack, delay);
+        let order = [PushOrder::Cyclic, PushOrder::Fixed][rng.below(2) as usize];
+        run_case(1000 + i as u64, n, v, order, reps, count, calls, slack, delay);
     }
 }
 
@@ -168,5 +173,27 @@ fn mismatched_arguments_are_an_error() {
         let e = SspReduction::new(&dev, count, DType::F32, ReduceOp::Sum, Variant::Sharded).err().expect("mismatch");
         assert!(e.to_string().contains("disagree"), "{e}");
     });
+    devices(2, |dev| {
+        let order = if dev.rank() == 0 { PushOrder::Cyclic } else { PushOrder::Fixed };
+        let e = SspReduction::with_order(&dev, 10, DType::F32, ReduceOp::Sum, Variant::Sharded, order).err().expect("mismatch");
+        assert!(e.to_string().contains("push"), "{e}");
+    });
+}
+
+#[test]
+fn cyclic_push_order_starts_at_the_next_rank() {
+    assert_eq!(PushOrder::Cyclic.sequence(0, 4), vec![1, 2, 3, 0]);
+    assert_eq!(PushOrder::Cyclic.sequence(3, 4), vec![0, 1, 2, 3]);
+    assert_eq!(PushOrder::Cyclic.sequence(1, 3), vec![2, 0, 1]);
+    assert_eq!(PushOrder::Cyclic.sequence(0, 1), vec![0]);
+    assert_eq!(PushOrder::Fixed.sequence(2, 4), vec![0, 1, 2, 3]);
+    // At any step i, the p ranks push to p different shards.
+    for p in 1..=7 {
+        for i in 0..p {
+            let mut hit: Vec<usize> = (0..p).map(|r| PushOrder::Cyclic.sequence(r, p)[i]).collect();
+            hit.sort();
+            assert_eq!(hit, (0..p).collect::<Vec<_>>());
+        }
+    }
 }
 

@@ -4,8 +4,18 @@
 //!
 //! Small arrays and everything that does not fit go to the C allocator as before. Each
 //! array remembers the handler that allocated it, so uninstalling is always safe.
+//!
+//! Allocation-site tracing (the RDMA tensor paper, §3.4): an array below `min_bytes` (and
+//! at least [`SITE_MIN`] bytes) allocated from Python code remembers its *site*, a key made
+//! of the innermost two Python frames outside numpy (code object and instruction). When
+//! such an array is sent through a staging copy ([`mark_site`], called by the tensor
+//! channels), its site is traced, and every later allocation from that site comes from the
+//! arena: sending it then copies nothing, with no site named in user code.
 
-use std::ffi::{c_void, CStr};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+
+use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
@@ -34,14 +44,148 @@ struct Ctx {
     min_bytes: usize,
 }
 
+/// Smallest allocation whose site is remembered (smaller tensors cost little to stage).
+pub const SITE_MIN: usize = 4096;
+
+/// What the tracing knows: traced sites, the site of every live small allocation, and
+/// which code objects belong to numpy (skipped when making a key).
+struct Sites {
+    traced: HashSet<u64>,
+    /// Start address -> (length, site) of live allocations below the arena threshold.
+    live: BTreeMap<usize, (usize, u64)>,
+    numpy_code: HashMap<usize, bool>,
+}
+
+static SITES: Mutex<Option<Sites>> = Mutex::new(None);
+
+fn with_sites<T>(f: impl FnOnce(&mut Sites) -> T) -> T {
+    let mut g = SITES.lock().unwrap_or_else(|p| p.into_inner());
+    let s = g.get_or_insert_with(|| Sites { traced: HashSet::new(), live: BTreeMap::new(), numpy_code: HashMap::new() });
+    f(s)
+}
+
+/// Whether a code object is numpy's own (its file is under a `numpy` package directory).
+unsafe fn is_numpy_code(code: *mut ffi::PyObject) -> bool {
+    let name = unsafe { ffi::PyObject_GetAttrString(code, c"co_filename".as_ptr()) };
+    if name.is_null() {
+        unsafe { ffi::PyErr_Clear() };
+        return false;
+    }
+    let mut len: ffi::Py_ssize_t = 0;
+    let p = unsafe { ffi::PyUnicode_AsUTF8AndSize(name, &mut len) };
+    let r = if p.is_null() {
+        unsafe { ffi::PyErr_Clear() };
+        false
+    } else {
+        let f = unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) };
+        f.windows(7).any(|w| w == b"/numpy/")
+    };
+    unsafe { ffi::Py_DECREF(name) };
+    r
+}
+
+/// Whether `code` is numpy's, cached per code object. No lock is held while Python runs
+/// (it may collect garbage, and freeing an array takes the lock).
+unsafe fn numpy_code(code: *mut ffi::PyObject) -> bool {
+    if let Some(v) = with_sites(|s| s.numpy_code.get(&(code as usize)).copied()) {
+        return v;
+    }
+    let v = unsafe { is_numpy_code(code) };
+    with_sites(|s| s.numpy_code.insert(code as usize, v));
+    v
+}
+
+/// The calling site: the innermost two Python frames outside numpy (code object and last
+/// instruction of each), hashed; None without a Python frame or the GIL.
+unsafe fn site_key() -> Option<u64> {
+    if unsafe { pyo3::ffi::PyGILState_Check() } != 1 {
+        return None;
+    }
+    let mut frame = unsafe { ffi::PyEval_GetFrame() };
+    if frame.is_null() {
+        return None;
+    }
+    unsafe { ffi::Py_INCREF(frame as *mut ffi::PyObject) };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut taken = 0;
+    let mut depth = 0;
+    while !frame.is_null() && taken < 2 && depth < 32 {
+        let code = unsafe { ffi::PyFrame_GetCode(frame) } as *mut ffi::PyObject;
+        let lasti: c_int = unsafe { ffi::PyFrame_GetLasti(frame) };
+        let numpy = unsafe { numpy_code(code) };
+        if !numpy {
+            for v in [code as usize as u64, lasti as u64] {
+                h = (h ^ v).wrapping_mul(0x0100_0000_01b3);
+            }
+            taken += 1;
+        }
+        unsafe { ffi::Py_DECREF(code) };
+        let back = unsafe { ffi::PyFrame_GetBack(frame) };
+        unsafe { ffi::Py_DECREF(frame as *mut ffi::PyObject) };
+        frame = back;
+        depth += 1;
+    }
+    if !frame.is_null() {
+        unsafe { ffi::Py_DECREF(frame as *mut ffi::PyObject) };
+    }
+    (taken > 0).then_some(h)
+}
+
+/// A small allocation: from the arena when its site is traced, else from the C allocator
+/// (remembering its site). `zero`: calloc semantics.
+unsafe fn small_alloc(c: &Ctx, size: usize, zero: bool) -> *mut c_void {
+    let site = if size >= SITE_MIN { unsafe { site_key() }.map(|k| (k, with_sites(|s| s.traced.contains(&k)))) } else { None };
+    if let Some((_, true)) = site {
+        if let Some(b) = c.arena.alloc(size) {
+            if zero && !b.zeroed {
+                unsafe { std::ptr::write_bytes(b.ptr, 0, size) };
+            }
+            return b.ptr as *mut c_void;
+        }
+    }
+    let p = unsafe { if zero { libc::calloc(size, 1) } else { libc::malloc(size) } };
+    if let (Some((k, _)), false) = (site, p.is_null()) {
+        with_sites(|s| s.live.insert(p as usize, (size, k)));
+    }
+    p
+}
+
+fn forget(ptr: *mut c_void) {
+    if !ptr.is_null() {
+        with_sites(|s| s.live.remove(&(ptr as usize)));
+    }
+}
+
+/// Traces the allocation site of the live small allocation holding `ptr`, if it has one
+/// (the tensor channels call it when they had to stage an array). True if a site was
+/// traced.
+pub fn mark_site(ptr: usize) -> bool {
+    with_sites(|s| {
+        let hit = s.live.range(..=ptr).next_back().filter(|(start, (len, _))| ptr < **start + (*len).max(1)).map(|(_, (_, k))| *k);
+        match hit {
+            Some(k) => {
+                s.traced.insert(k);
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+/// How many allocation sites are traced.
+pub fn traced_sites() -> usize {
+    with_sites(|s| s.traced.len())
+}
+
 unsafe extern "C" fn sf_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
     let c = unsafe { &*(ctx as *const Ctx) };
     if size >= c.min_bytes {
         if let Some(b) = c.arena.alloc(size) {
             return b.ptr as *mut c_void;
         }
+        return unsafe { libc::malloc(size) };
     }
-    unsafe { libc::malloc(size) }
+    unsafe { small_alloc(c, size, false) }
 }
 
 unsafe extern "C" fn sf_calloc(ctx: *mut c_void, n: usize, elsize: usize) -> *mut c_void {
@@ -54,8 +198,9 @@ unsafe extern "C" fn sf_calloc(ctx: *mut c_void, n: usize, elsize: usize) -> *mu
             }
             return b.ptr as *mut c_void;
         }
+        return unsafe { libc::calloc(n, elsize) };
     }
-    unsafe { libc::calloc(n, elsize) }
+    unsafe { small_alloc(c, size, true) }
 }
 
 unsafe extern "C" fn sf_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize) -> *mut c_void {
@@ -64,6 +209,7 @@ unsafe extern "C" fn sf_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
         return unsafe { sf_malloc(ctx, size) };
     }
     if !c.arena.contains(ptr as *const u8) {
+        forget(ptr);
         return unsafe { libc::realloc(ptr, size) };
     }
     let region_end = c.arena.region().as_ptr() as usize + c.arena.region().len();
@@ -78,11 +224,14 @@ unsafe extern "C" fn sf_realloc(ctx: *mut c_void, ptr: *mut c_void, size: usize)
     new
 }
 
-unsafe extern "C" fn sf_free(ctx: *mut c_void, ptr: *mut c_void, _size: usize) {
+unsafe extern "C" fn sf_free(ctx: *mut c_void, ptr: *mut c_void, size: usize) {
     let c = unsafe { &*(ctx as *const Ctx) };
     if c.arena.contains(ptr as *const u8) {
         c.arena.free(ptr as *mut u8);
     } else {
+        if size >= SITE_MIN {
+            forget(ptr);
+        }
         unsafe { libc::free(ptr) };
     }
 }
@@ -154,4 +303,16 @@ pub fn install(py: Python<'_>, arena: Arc<Arena>, min_bytes: usize) -> PyResult<
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     }
     Ok(())
+}
+
+/// Traces the allocation site of the array whose data starts at `ptr` (see [`mark_site`]).
+#[pyfunction]
+pub fn _trace_site(ptr: usize) -> bool {
+    mark_site(ptr)
+}
+
+/// How many allocation sites are traced in this process.
+#[pyfunction]
+pub fn _traced_site_count() -> usize {
+    traced_sites()
 }

@@ -202,22 +202,51 @@ pub struct PyChannel {
     ch: Channel,
 }
 
-/// The completion of a one-sided operation.
+/// The completion of a one-sided operation: `test()` / `done()` poll it, `wait(timeout)` /
+/// `result(timeout)` block (without the interpreter lock), `await completion` waits in an
+/// asyncio loop. Any number may be in flight at once.
 #[pyclass(name = "Completion", module = "scalefree._native")]
 pub struct PyCompletion {
-    inner: Option<Completion>,
+    inner: std::sync::Arc<Completion>,
+}
+
+impl PyCompletion {
+    fn new(c: Completion) -> Self {
+        PyCompletion { inner: std::sync::Arc::new(c) }
+    }
 }
 
 #[pymethods]
 impl PyCompletion {
+    /// True once the operation's local buffer may be reused (a read: the bytes are here).
     fn test(&self) -> bool {
-        self.inner.as_ref().map(|c| c.test()).unwrap_or(true)
+        self.inner.test()
     }
-    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
-        match self.inner.take() {
-            Some(c) => c.wait().py_err(py),
-            None => Ok(()),
-        }
+    /// `test()`, as `concurrent.futures.Future.done`.
+    fn done(&self) -> bool {
+        self.inner.test()
+    }
+    /// Blocks until the operation has completed (at most `timeout` seconds: then
+    /// `TimeoutError`, and the operation stays in flight). Raises if it failed.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let t = timeout_of(py, timeout)?;
+        let c = self.inner.clone();
+        py.detach(move || c.wait_for(t)).py_err(py)
+    }
+    /// `wait(timeout)`, returning None (as `concurrent.futures.Future.result`).
+    #[pyo3(signature = (timeout=None))]
+    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.wait(py, timeout)
+    }
+    /// `await completion` in an asyncio loop: done at once if it already is, else waited
+    /// for in the loop's default executor (the loop keeps running).
+    fn __await__<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("scalefree._completion")?.getattr("wait_async")?.call1((slf,))?.call_method0("__await__")
+    }
+    fn __repr__(&self) -> String {
+        format!("Completion(done: {})", self.inner.test())
     }
 }
 
@@ -231,13 +260,13 @@ impl PyChannel {
     /// Copies `nbytes` from `local[local_offset:]` into the peer's `remote[remote_offset:]`.
     fn write(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
         let c = self.ch.write(&local.region, local_offset, &remote.remote, remote_offset, nbytes).py_err(py)?;
-        Ok(PyCompletion { inner: Some(c) })
+        Ok(PyCompletion::new(c))
     }
 
     /// Copies `nbytes` from the peer's `remote[remote_offset:]` into `local[local_offset:]`.
     fn read(&self, py: Python<'_>, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, local: PyRef<'_, PyRegion>, local_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
         let c = self.ch.read(&remote.remote, remote_offset, &local.region, local_offset, nbytes).py_err(py)?;
-        Ok(PyCompletion { inner: Some(c) })
+        Ok(PyCompletion::new(c))
     }
 
     /// `write`, then notification `value` (non-zero) in the peer's `slot`; the peer sees the
@@ -245,7 +274,30 @@ impl PyChannel {
     #[allow(clippy::too_many_arguments)]
     fn write_notify(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize, slot: usize, value: u32) -> PyResult<PyCompletion> {
         let c = self.ch.write_notify(&local.region, local_offset, &remote.remote, remote_offset, nbytes, slot, value).py_err(py)?;
-        Ok(PyCompletion { inner: Some(c) })
+        Ok(PyCompletion::new(c))
+    }
+
+    /// Posts a copy of `nbytes` from `local[local_offset:]` into the peer's
+    /// `remote[remote_offset:]` and returns its `Completion` at once; leave those bytes of
+    /// `local` unchanged until it is done.
+    fn start_write(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
+        let c = self.ch.start_write(&local.region, local_offset, &remote.remote, remote_offset, nbytes).py_err(py)?;
+        Ok(PyCompletion::new(c))
+    }
+
+    /// Posts a copy of `nbytes` of the peer's `remote[remote_offset:]` into
+    /// `local[local_offset:]`; the bytes are there once the returned `Completion` is done.
+    fn start_read(&self, py: Python<'_>, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, local: PyRef<'_, PyRegion>, local_offset: usize, nbytes: usize) -> PyResult<PyCompletion> {
+        let c = self.ch.start_read(&remote.remote, remote_offset, &local.region, local_offset, nbytes).py_err(py)?;
+        Ok(PyCompletion::new(c))
+    }
+
+    /// `start_write`, then notification `value` (non-zero) in the peer's `slot`; the peer
+    /// sees the data before the notification.
+    #[allow(clippy::too_many_arguments)]
+    fn start_write_notify(&self, py: Python<'_>, local: PyRef<'_, PyRegion>, local_offset: usize, remote: PyRef<'_, PyRemoteRegion>, remote_offset: usize, nbytes: usize, slot: usize, value: u32) -> PyResult<PyCompletion> {
+        let c = self.ch.start_write_notify(&local.region, local_offset, &remote.remote, remote_offset, nbytes, slot, value).py_err(py)?;
+        Ok(PyCompletion::new(c))
     }
 
     /// Delivers notification `value` (non-zero) into the peer's `slot`.

@@ -230,9 +230,9 @@ impl Group {
     }
 
     /// Collective: a stale-synchronous reduction of `count` elements (see `scalefree.ssp`).
-    #[pyo3(signature = (count, dtype="float32", op="sum", variant="sharded_async_thread"))]
-    fn _ssp_reduction(&self, py: Python<'_>, count: usize, dtype: &str, op: &str, variant: &str) -> PyResult<crate::ssp::PySspReduction> {
-        crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant)
+    #[pyo3(signature = (count, dtype="float32", op="sum", variant="sharded_async_thread", push_order="cyclic"))]
+    fn _ssp_reduction(&self, py: Python<'_>, count: usize, dtype: &str, op: &str, variant: &str, push_order: &str) -> PyResult<crate::ssp::PySspReduction> {
+        crate::ssp::PySspReduction::create(py, &self.device, count, dtype, op, variant, push_order)
     }
 
     /// Collective: static tensor slots from (src, dst, nbytes) specs; this rank's end of
@@ -266,6 +266,12 @@ impl Group {
             None => Ok(Vec::new()),
             Some(net) => net.transports(peer).py_err(py),
         }
+    }
+
+    /// What this rank's channels moved to each peer so far: one (bytes written, bytes read,
+    /// operations) triple per peer rank, counted where the operations are issued.
+    fn _traffic(&self) -> Vec<(u64, u64, u64)> {
+        self.device.traffic().into_iter().map(|t| (t.bytes_written, t.bytes_read, t.operations)).collect()
     }
 
     /// Bytes that peers' writes delivered straight into callers' buffers over TCP lanes

@@ -34,6 +34,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(ucx::ucx_library, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(arena::_trace_site, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(arena::_traced_site_count, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
     m.add_class::<graph::PyPageRankCsr>()?;

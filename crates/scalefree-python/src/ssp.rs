@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use scalefree_collectives::ssp::{SspReduction, Variant};
+use scalefree_collectives::ssp::{PushOrder, SspReduction, Variant};
 use scalefree_collectives::{DType, ReduceOp};
 use scalefree_transport::Device;
 
@@ -35,21 +35,25 @@ pub struct PySspReduction {
     op: String,
     #[pyo3(get)]
     variant: String,
+    #[pyo3(get)]
+    push_order: String,
 }
 
 impl PySspReduction {
-    pub fn create(py: Python<'_>, dev: &Device, count: usize, dtype: &str, op: &str, variant: &str) -> PyResult<Self> {
+    pub fn create(py: Python<'_>, dev: &Device, count: usize, dtype: &str, op: &str, variant: &str, push_order: &str) -> PyResult<Self> {
         let d = parse_dtype(py, dtype)?;
         let o = ReduceOp::parse(op).py_err(py)?;
         let v = Variant::parse(variant).py_err(py)?;
+        let po = PushOrder::parse(push_order).py_err(py)?;
         let dev = dev.clone();
-        let red = py.detach(move || SspReduction::new(&dev, count, d, o, v)).py_err(py)?;
+        let red = py.detach(move || SspReduction::with_order(&dev, count, d, o, v, po)).py_err(py)?;
         Ok(PySspReduction {
             inner: Arc::new(Mutex::new(Some(red))),
             count,
             dtype: d.name().to_string(),
             op: o.name().to_string(),
             variant: v.name().to_string(),
+            push_order: po.name().to_string(),
         })
     }
 

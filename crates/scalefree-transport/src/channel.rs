@@ -1,9 +1,21 @@
 //! A channel to one peer: one-sided writes and reads between regions, and notifications.
 //!
-//! On the shared-memory backend a copy completes before the call returns (a memcpy into
-//! the peer's mapping, or one `process_vm_writev`/`readv` for process memory), so the
-//! returned [`Completion`] is already complete; the shape is the asynchronous one so that
-//! code written against it also fits a backend that completes later (UCX).
+//! Two forms of each operation:
+//!
+//! * `start_write`, `start_read`, `start_write_notify` post the operation and return a
+//!   [`Completion`] at once; test or wait on it later, with any number in flight. Over UCX
+//!   the operation runs while the caller goes on (a TCP lane's writer thread, or UCX's own
+//!   progress); on shared memory a copy completes before the call returns (a memcpy into
+//!   the peer's mapping, or one `process_vm_writev`/`readv`), so its completion is
+//!   already done.
+//! * `write`, `read`, `write_notify` are the blocking conveniences: they return once the
+//!   operation has completed (the returned completion is done).
+//!
+//! Ordering (also in `docs/transport.md`): a completion tells that the operation's *local*
+//! buffer may be reused (a read: that the bytes are here). Operations in flight to one peer
+//! are not ordered with each other: two writes to overlapping bytes land in either order.
+//! A notification (`write_notify`'s, or `notify`) is seen by the peer only after the data
+//! of its own write and of every write to that peer that completed before it was issued.
 
 use std::sync::atomic::Ordering;
 
@@ -19,6 +31,8 @@ use crate::wait;
 pub struct Completion {
     /// An operation still in flight over UCX, and the device that drives its progress.
     pending: Option<(Device, crate::backends::ucx::Request)>,
+    /// The local region the operation reads or writes, kept alive until it completes.
+    keep: Option<Region>,
 }
 
 impl std::fmt::Debug for Completion {
@@ -29,7 +43,13 @@ impl std::fmt::Debug for Completion {
 
 impl Completion {
     pub(crate) fn done() -> Self {
-        Completion { pending: None }
+        Completion { pending: None, keep: None }
+    }
+    fn pending(dev: &Device, r: Option<crate::backends::ucx::Request>, keep: Option<Region>) -> Self {
+        match r {
+            None => Completion::done(),
+            Some(r) => Completion { pending: Some((dev.clone(), r)), keep },
+        }
     }
     /// True once the operation's buffers may be reused.
     pub fn test(&self) -> bool {
@@ -45,9 +65,38 @@ impl Completion {
     }
     /// Blocks until the operation has completed.
     pub fn wait(self) -> Result<()> {
+        self.wait_for(None)
+    }
+    /// Blocks until the operation has completed, at most `timeout` (then
+    /// [`Error::Timeout`]; the operation stays in flight).
+    pub fn wait_for(&self, timeout: Option<std::time::Duration>) -> Result<()> {
         match &self.pending {
             None => Ok(()),
-            Some((dev, r)) => dev.net().expect("a pending completion belongs to a UCX device").wait_request(r, dev.policy()),
+            Some((dev, r)) => {
+                let mut policy = *dev.policy();
+                if let Some(t) = timeout {
+                    policy.timeout = t;
+                }
+                dev.net().expect("a pending completion belongs to a UCX device").wait_request(r, &policy)
+            }
+        }
+    }
+    /// Whether this operation still holds the local region it was posted with.
+    pub fn holds_region(&self) -> bool {
+        self.keep.is_some()
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        // Dropped unfinished: the bytes may still move from or into the region; keep it
+        // (and the request) until they have (a dropped completion is waited for).
+        if let Some((dev, r)) = self.pending.take() {
+            if !r.test() {
+                if let Some(net) = dev.net() {
+                    let _ = net.wait_request(&r, dev.policy());
+                }
+            }
         }
     }
 }
@@ -112,8 +161,68 @@ impl Channel {
             unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
             return Ok(Completion::done());
         }
-        let c = self.write(local, local_off, remote, remote_off, n)?;
-        self.notify(slot, value)?;
+        local.check_range(local_off, n, "write source")?;
+        check_range(remote.len(), remote_off, n, "write target")?;
+        self.check_owner(remote)?;
+        unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
+        Ok(Completion::done())
+    }
+
+    /// Posts a copy of `n` bytes from `local[local_off..]` into the peer's
+    /// `remote[remote_off..]` and returns at once; `local` must stay unchanged there until
+    /// the completion is done (the completion keeps the region alive).
+    pub fn start_write(&self, local: &Region, local_off: usize, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<Completion> {
+        local.check_range(local_off, n, "write source")?;
+        check_range(remote.len(), remote_off, n, "write target")?;
+        self.check_owner(remote)?;
+        if n == 0 {
+            return Ok(Completion::done());
+        }
+        let src = unsafe { local.as_ptr().add(local_off) };
+        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
+            self.dev.inner.traffic.wrote(self.peer, n);
+            let r = unsafe { net.start_put(src, rk, remote.handle.key, remote_off, n)? };
+            return Ok(Completion::pending(&self.dev, r, Some(local.clone())));
+        }
+        unsafe { self.write_from(src, remote, remote_off, n)? };
+        Ok(Completion::done())
+    }
+
+    /// Posts a copy of `n` bytes of the peer's `remote[remote_off..]` into
+    /// `local[local_off..]` and returns at once; the bytes are there once the completion
+    /// is done (do not read or write them before).
+    pub fn start_read(&self, remote: &RemoteRegion, remote_off: usize, local: &Region, local_off: usize, n: usize) -> Result<Completion> {
+        local.check_range(local_off, n, "read target")?;
+        check_range(remote.len(), remote_off, n, "read source")?;
+        self.check_owner(remote)?;
+        if n == 0 {
+            return Ok(Completion::done());
+        }
+        let dst = unsafe { local.as_ptr().add(local_off) };
+        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
+            self.dev.inner.traffic.read(self.peer, n);
+            let r = unsafe { net.start_get(rk, remote_off, dst, n)? };
+            return Ok(Completion::pending(&self.dev, r, Some(local.clone())));
+        }
+        unsafe { self.read_into(remote, remote_off, dst, n)? };
+        Ok(Completion::done())
+    }
+
+    /// [`Channel::start_write`], then notification `value` (non-zero) in the peer's `slot`:
+    /// the peer sees the data before the notification.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_write_notify(&self, local: &Region, local_off: usize, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<Completion> {
+        Device::check_slot(slot)?;
+        if value == 0 {
+            return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
+        }
+        local.check_range(local_off, n, "write source")?;
+        check_range(remote.len(), remote_off, n, "write target")?;
+        self.check_owner(remote)?;
+        let mut c = unsafe { self.start_write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
+        if c.pending.is_some() {
+            c.keep = Some(local.clone());
+        }
         Ok(c)
     }
 
@@ -123,6 +232,11 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
+        self.dev.inner.traffic.wrote(self.peer, 0);
+        self.raw_notify(slot, value)
+    }
+
+    fn raw_notify(&self, slot: usize, value: u32) -> Result<()> {
         if let Some(net) = self.dev.net().filter(|_| !self.dev.is_local(self.peer)) {
             return net.notify(self.peer, slot as u32, value, self.dev.policy());
         }
@@ -144,8 +258,9 @@ impl Channel {
         Device::check_slot(slot)?;
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;
+            self.dev.inner.traffic.wrote(self.peer, n);
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value))? };
-            return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
+            return Ok(Completion::pending(&self.dev, r, None));
         }
         unsafe { self.write_notify_from(src, remote, remote_off, n, slot, value)? };
         Ok(Completion::done())
@@ -165,13 +280,15 @@ impl Channel {
             return Err(Error::InvalidArgument(format!("notification word offset {word_off} is not 4-byte aligned")));
         }
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
+            self.dev.inner.traffic.wrote(self.peer, n);
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Word(word_off as u64, value))? };
-            return Ok(Completion { pending: r.map(|r| (self.dev.clone(), r)) });
+            return Ok(Completion::pending(&self.dev, r, None));
         }
         let Some(base) = remote.mapped_ptr() else {
             return Err(Error::Unsupported("start_write_raise needs a mapped or UCX region".into()));
         };
-        unsafe { self.write_from(src, remote, remote_off, n)? };
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n)? };
         wait::raise(unsafe { &*(base.add(word_off) as *const std::sync::atomic::AtomicU32) }, value);
         Ok(Completion::done())
     }
@@ -184,10 +301,12 @@ impl Channel {
     pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             check_range(remote.len(), remote_off, n, "write target")?;
+            self.dev.inner.traffic.wrote(self.peer, n);
             return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value), self.dev.policy()) };
         }
-        unsafe { self.write_from(src, remote, remote_off, n)? };
-        self.notify(slot, value)
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n)? };
+        self.raw_notify(slot, value)
     }
 
     /// Raw write for collectives: no bounds checks beyond the remote region's.
@@ -195,6 +314,15 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable.
     pub unsafe fn write_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.dev.inner.traffic.wrote(self.peer, n);
+        unsafe { self.raw_write(src, remote, remote_off, n) }
+    }
+
+    /// [`Channel::write_from`] without counting it (the caller counted the operation).
+    unsafe fn raw_write(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
@@ -223,6 +351,7 @@ impl Channel {
         if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
             return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
         }
+        self.dev.inner.traffic.wrote(self.peer, n);
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Post(word_off as u64, value))? };
             return match r {
@@ -243,6 +372,7 @@ impl Channel {
         if n == 0 {
             return Ok(());
         }
+        self.dev.inner.traffic.read(self.peer, n);
         if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
             return unsafe { net.get(rk, remote_off, dst, n, self.dev.policy()) };
         }

@@ -9,6 +9,7 @@
 //! launcher's environment and assembles the ranks of a job.
 
 pub mod arena;
+pub mod auth;
 pub mod backends;
 pub mod bootstrap;
 pub mod channel;
@@ -17,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod region;
+pub mod traffic;
 pub mod wait;
 
 pub use bootstrap::{JobInfo, Launcher};
@@ -25,3 +27,4 @@ pub use channel::{Channel, Completion};
 pub use device::{Device, DeviceOptions, Transport, NOTIFY_SLOTS};
 pub use error::{Error, Result};
 pub use region::{Region, RegionHandle, RegionKind, RemoteRegion};
+pub use traffic::PeerTraffic;

@@ -20,7 +20,8 @@ def parse(argv):
     p.add_argument("--bytes", type=int, required=True)
     p.add_argument("--calls", type=int, required=True)
     p.add_argument("--delays", required=True, help="comma-separated max straggler delays (ms)")
-    p.add_argument("--configs", required=True, help="variant:slack,... ('dense:0' = allreduce)")
+    p.add_argument("--configs", required=True,
+                   help="variant:slack[:push_order],... ('dense:0' = allreduce)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -52,8 +53,9 @@ def main(argv=None) -> int:
             delays = sched.delays_s(rank, args.calls)
             totals = [sum(sched.delays_s(r, args.calls)) for r in range(size)]
             for cfg in args.configs.split(","):
-                variant, slack = cfg.split(":")
+                variant, slack, *rest = cfg.split(":")
                 slack = int(slack)
+                order = rest[0] if rest else "cyclic"
                 red = None
                 if args.impl == "mpi":
                     op = lambda: comm.Allreduce(c, out, op=MPI.SUM)  # noqa: E731
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
                         np.copyto(out, c)
                         g.allreduce(out)
                 else:
-                    red = g.ssp_reduction(count, "float32", variant=variant)
+                    red = g.ssp_reduction(count, "float32", variant=variant, push_order=order)
                     op = lambda: red.allreduce(c, slack=slack, out=out)  # noqa: E731
                 op_warm = 3 if red is None else 0   # an SSP warm-up call would be a contribution
                 for _ in range(op_warm):
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
                     op()
                     times.append(time.perf_counter() - t1)
                 wall = time.perf_counter() - t0
-                row = {"variant": variant, "slack": slack, "delay_ms": delay_ms, "wall_s": wall,
+                row = {"variant": variant, "push_order": order, "slack": slack, "delay_ms": delay_ms, "wall_s": wall,
                        "times_s": times, "my_delay_s": sum(delays), "bound_s": max(totals)}
                 if red is not None:
                     t2 = time.perf_counter()
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
                 tmp.write_text(json.dumps({"rank": rank, "size": size, "rows": results}))
                 os.replace(tmp, path)
                 if rank == 0:
-                    print(f"  {args.impl} n={size} {variant} slack {slack} delay {delay_ms:g} ms: "
+                    print(f"  {args.impl} n={size} {variant} ({order}) slack {slack} delay {delay_ms:g} ms: "
                           f"wall {wall:.3f} s", file=sys.stderr, flush=True)
     except BaseException:
         traceback.print_exc()

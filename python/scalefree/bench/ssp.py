@@ -48,6 +48,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--variant", type=arg(lambda s: common.parse_choice_list(s, VARIANTS, "variant")),
                    default="sharded_async_thread,sharded_thread,sharded,hypercube", metavar="V[,V...]",
                    help=f"SSP variants ({', '.join(VARIANTS)})")
+    p.add_argument("--push-order", type=arg(lambda s: common.parse_choice_list(s, ("cyclic", "fixed"), "push order")),
+                   default="cyclic", metavar="ORDER[,ORDER...]",
+                   help="sharded variants' push order: cyclic (rank r starts at shard r+1), fixed (0..p-1)")
     p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, ("mpi", "dense"), "peer")),
                    default="mpi,dense", metavar="PEER[,PEER...]",
                    help="baselines: mpi (MPI_Allreduce via mpi4py), dense (our allreduce)")
@@ -73,7 +76,8 @@ def run(args) -> int:
              f"slacks {args.slack}, variants {args.variant}, {common.usable_cores()} cores")
     records, failures, metrics = [], [], []
     for n in args.ranks:
-        jobs = [("scalefree", [f"{v}:{s}" for v in args.variant for s in args.slack]
+        jobs = [("scalefree", [f"{v}:{s}:{o}" for v in args.variant for s in args.slack
+                               for o in (("cyclic",) if v == "hypercube" else args.push_order)]
                  + (["dense:0"] if "dense" in peers else []))]
         if "mpi" in peers:
             jobs.append(("mpi", ["allreduce:0"]))
@@ -143,7 +147,9 @@ def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
     row0 = rows[0]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     variant = row0["variant"] if impl == "scalefree" else "allreduce"
+    order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube") else ""
     rec = common.make_record(
+        push_order=order,
         bench=BENCH, impl=impl, variant=variant, ranks=n, nbytes=args.size, dtype="float32",
         stats=stats, gbps=0.0,
         slack=int(row0["slack"]), delay_ms=float(row0["delay_ms"]), calls=args.calls,
@@ -160,17 +166,17 @@ def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["ranks", "delay", "impl", "variant", "slack", "loop wall", "bound", "ideal", "in coll",
+    headers = ["ranks", "delay", "impl", "variant", "order", "slack", "loop wall", "bound", "ideal", "in coll",
                "waiting", "age diff", "wall vs mpi", "coll vs mpi", "per call vs dense"]
     mpi = {(r["ranks"], r["delay_ms"]): r for r in records if r["impl"] == "mpi"}
     dense = {(r["ranks"], r["delay_ms"]): r for r in records if r["variant"] == "dense"}
     rows = []
     for r in sorted(records, key=lambda r: (r["ranks"], -r["delay_ms"], r["impl"] != "mpi",
-                                            r["variant"], r["slack"])):
+                                            r["variant"], r["slack"], r.get("push_order", ""))):
         key = (r["ranks"], r["delay_ms"])
         m, d = mpi.get(key), dense.get(key)
         rows.append([
-            str(r["ranks"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"],
+            str(r["ranks"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"], r.get("push_order", ""),
             "" if r["impl"] == "mpi" or r["variant"] == "dense" else str(r["slack"]),
             f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['ideal_s']:.3f} s", f"{r['coll_s']:.3f} s",
             f"{r['wait_s']:.3f} s", f"{r['age_diff_mean']:.2f}",
@@ -178,7 +184,7 @@ def render_table(records: list[dict]) -> str:
             f"{m['coll_s'] / r['coll_s']:.2f}x" if m and r["coll_s"] > 0 else "",
             f"{r['coll_s'] / d['coll_s']:.2f}" if d and r["delay_ms"] == 0 and d["coll_s"] > 0 else "",
         ])
-    return common.format_table(headers, rows, left_columns=5)
+    return common.format_table(headers, rows, left_columns=6)
 
 
 def plot(records: list[dict], path: Path) -> None:

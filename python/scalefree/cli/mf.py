@@ -86,7 +86,7 @@ def _train_ranks(args) -> int:
     sent = last["bytes_sent"]
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
-          f"({last['connections']} connections per worker): "
+          f"({max(last['connections'], default=0)} connections per worker at most, measured): "
           f"{args.iterations} iterations in {last['seconds']:.3f} s; "
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from .._traffic import Meter, summarize
 from ..tensors import slots as tensors
 from ..errors import InvalidArgumentError
 from .blocks import FactorBlock, Partition, train_block
@@ -65,9 +66,10 @@ def train(group, train_ratings, opts: dict) -> dict:
                   dict(name=f"pull_q{a}", src=0, dst=a, shape=(qsize,), dtype="float32"),
                   dict(name=f"push_p{a}", src=a, dst=0, shape=(psize,), dtype="float32"),
                   dict(name=f"push_q{a}", src=a, dst=0, shape=(qsize,), dtype="float32"),
-                  dict(name=f"st{a}", src=a, dst=0, shape=(3 + iters,), dtype="float64")]
+                  dict(name=f"st{a}", src=a, dst=0, shape=(3 + iters + 3 * (w + 1),), dtype="float64")]
     slots = tensors.static_slots(group, specs)
     group.barrier()
+    meter = Meter(group)  # bytes and connections as the transport counts them (evaluation left out)
     t0 = time.perf_counter()
     if r == 0:
         pb = {b: part.p_block(b).flat for b in range(w)}
@@ -81,7 +83,9 @@ def train(group, train_ratings, opts: dict) -> dict:
                 it = step // w
                 if every and evaluate is not None and it % every == 0:
                     e0 = time.perf_counter()
+                    meter.pause()
                     evals.append((it, evaluate(*part.dense_factors(pb, qb)), e0 - t0 - paused))
+                    meter.resume()
                     paused += time.perf_counter() - e0
                 if tick is not None:
                     tick(it)
@@ -95,6 +99,7 @@ def train(group, train_ratings, opts: dict) -> dict:
                 slots[f"push_p{a}"].release()
                 slots[f"push_q{a}"].release()
         seconds = time.perf_counter() - t0 - paused
+        moved = [meter.moved()]
         if tick is not None:
             tick(iters)
         stats = []
@@ -104,10 +109,18 @@ def train(group, train_ratings, opts: dict) -> dict:
         P, Q = part.dense_factors(pb, qb)
         group.barrier()
         st = np.array(stats)
-        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": sent, "evals": evals,
-                "train_mse": list(st[:, 3:].sum(axis=0) / part.n_ratings),
-                "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
-                "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "connections": 1}
+        moved += [row.reshape(w + 1, 3).astype(np.int64) for row in st[:, 3 + iters:]]
+        traffic = summarize(np.stack(moved))  # rank 0 (the server), then the workers
+        return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "server_bytes_sent": traffic["bytes_sent"][0],
+                "server_connections": traffic["connections"][0], "evals": evals,
+                "train_mse": list(st[:, 3:3 + iters].sum(axis=0) / part.n_ratings),
+                # Measured at the transport: per worker (ranks 1..w).
+                "bytes_sent": traffic["bytes_sent"][1:], "bytes_received": traffic["bytes_received"][1:],
+                "connections": traffic["connections"][1:], "connected_to": traffic["peers"][1:],
+                "operations": traffic["operations"][1:],
+                # What the steps handed to the slots (the blocks alone).
+                "block_bytes_sent": [int(x) for x in st[:, 0]], "block_bytes_received": [int(x) for x in st[:, 1]],
+                "comm_seconds": [float(x) for x in st[:, 2]], "workers": w}
     rng = np.random.default_rng([seed, r, 0x53])
     sent = recvd = 0
     comm = 0.0
@@ -117,7 +130,9 @@ def train(group, train_ratings, opts: dict) -> dict:
     collective = evaluate is not None and every and opts.get("evaluate_collective")
     for step, pat in enumerate(patterns(w, iters, seed)):
         if collective and step > 0 and step % w == 0 and (step // w) % every == 0:
+            meter.pause()
             evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
+            meter.resume()
         ru, ri = pat[r - 1]
         c0 = time.perf_counter()
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
@@ -133,6 +148,7 @@ def train(group, train_ratings, opts: dict) -> dict:
         sent += p.flat.nbytes + q.flat.nbytes
         recvd += p.flat.nbytes + q.flat.nbytes
     seconds = time.perf_counter() - t0
-    slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses]))
+    moved = meter.moved()
+    slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses, moved.ravel()]))
     group.barrier()
-    return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}
+    return {"rank": r, "bytes_sent": int(moved[:, 0].sum()), "bytes_received": recvd, "seconds": seconds}

@@ -228,6 +228,11 @@ class MatrixFactorization:
         last.update(seconds=res["seconds"], workers=res["workers"], blocks_per_side=res.get("blocks_per_side", res["workers"]), connections=res["connections"],
                     bytes_sent=res["bytes_sent"], bytes_received=res["bytes_received"],
                     comm_seconds=res["comm_seconds"])
+        # Measured at the transport (scalefree._traffic); the blocks alone as the steps sent them.
+        for name in ("connected_to", "operations", "block_bytes_sent", "block_bytes_received", "server_bytes_sent",
+                     "server_connections"):
+            if name in res:
+                last[name] = res[name]
         if shared:
             last.update(train.stats)
             last["peak_rss_bytes_end"] = [int(x) for x in end_rss]  # per rank, set-up and training

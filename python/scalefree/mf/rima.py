@@ -4,7 +4,8 @@ w ranks, R cut into w × w blocks. Rank r starts with user block P_r and item bl
 (pattern₀ is the diagonal). After each step every rank sends one of its two factor blocks to
 its successor (r + 1 mod w) and receives the same kind from its predecessor — a one-step
 transformation of the pattern, so the blocks in use stay interchangeable (distinct rows and
-columns) and each rank has only two connections. Which kind moves (P or Q) is the direction;
+columns) and each rank has only two ring connections (plus rank 0 for the final gather; the
+reports count bytes and connections at the transport, see ``scalefree._traffic``). Which kind moves (P or Q) is the direction;
 it is drawn from the shared seed, the same on every rank (direction randomness), once per
 iteration: an iteration is w steps in one direction, which visits every block of R exactly
 once. Each block visit samples its ratings in a fresh random order (intra-block randomness).
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..tensors import slots as tensors
 from .._rss import peak_rss_bytes, reset_peak_rss
+from .._traffic import Meter, summarize
 from ..errors import InvalidArgumentError, OutOfBudgetError
 from . import preload as mf_preload
 from . import shares as mf_shares
@@ -195,7 +197,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         for a in range(1, w):
             specs += [dict(name=f"gp{a}", src=a, dst=0, shape=(c, psize), dtype="float32"),
                       dict(name=f"gq{a}", src=a, dst=0, shape=(c, qsize), dtype="float32"),
-                      dict(name=f"st{a}", src=a, dst=0, shape=(_NSTAT + 4 * iters,), dtype="float64")]
+                      dict(name=f"st{a}", src=a, dst=0, shape=(_NSTAT + 4 * iters + 3 * w,), dtype="float64")]
     slots = tensors.static_slots(group, specs)
     # Which block every virtual worker holds, tracked identically on every rank.
     blk = {"p": bp[0], "q": bq[0]}
@@ -246,6 +248,9 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     collective = bool(opts.get("evaluate_collective"))
     evals = []  # (iteration, test RMSE, training seconds so far) on rank 0
     group.barrier()
+    # Bytes and connections as the transport counts them, from here to the final gather
+    # (evaluation left out).
+    meter = Meter(group)
     t0 = time.perf_counter()
     # Set-up: from the caller's start (opts["t_start"]: the CLI's, before loading the ratings) to now.
     setup_s = t0 - opts.get("t_start", t0)
@@ -258,12 +263,14 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             if every and it % every == 0:
                 # Test RMSE for the curve: gather the current blocks (not counted as training).
                 e0 = time.perf_counter()
+                meter.pause()
                 pq = gather()
                 if evaluate is not None and (pq is not None or collective):
                     # Collective evaluation (mf_shares): every rank scores its test share.
                     rmse = evaluate(*(pq if pq is not None else (None, None)))
                     if pq is not None:
                         evals.append((it, rmse, e0 - t0 - paused))
+                meter.resume()
                 paused += time.perf_counter() - e0
             if tick is not None:
                 tick(it)
@@ -306,15 +313,17 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
         tick(iters)
     g0 = time.perf_counter()
     pq = gather()
+    moved = meter.moved()
     if pre is not None:
         pre.close()  # the loader has read everything; its CPU time is final
     io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
                                                      float(pre.blocks.direct)]
-    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited])
+    mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited,
+                           moved.ravel()])
     if r != 0:
         slots[f"st{r}"].send(mine)
         group.barrier()
-        return {"rank": r, "bytes_sent": sent, "bytes_received": recvd, "seconds": seconds}
+        return {"rank": r, "bytes_sent": int(moved[:, 0].sum()), "bytes_received": recvd, "seconds": seconds}
     stats = [mine]
     for a in range(1, w):
         stats.append(slots[f"st{a}"].recv().copy())
@@ -322,7 +331,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
     gather_s = time.perf_counter() - g0
     group.barrier()
     st = np.array(stats)
-    per_it = st[:, _NSTAT:].reshape(w, 4, iters)  # worker, (loss, resident, rss, wait), iteration
+    per_it = st[:, _NSTAT:_NSTAT + 4 * iters].reshape(w, 4, iters)  # worker, (loss, resident, rss, wait), iteration
+    traffic = summarize(st[:, _NSTAT + 4 * iters:].reshape(w, w, 3).astype(np.int64))
     return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "gather_seconds": gather_s, "evals": evals,
             "train_mse": list(per_it[:, 0].sum(axis=0) / part.n_ratings),
             "rating_bytes_resident": per_it[:, 1].T.astype(np.int64).tolist(),
@@ -334,6 +344,11 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget) -> dict:
             "setup_peak_rss_bytes": [int(x) for x in st[:, 7]], "setup_seconds": [float(x) for x in st[:, 8]],
             "memory_budget": budget,
             "rating_bytes": part.n_ratings * ENTRY_BYTES,
-            "bytes_sent": [int(x) for x in st[:, 0]], "bytes_received": [int(x) for x in st[:, 1]],
+            # Measured at the transport (training steps and the final gather): per worker.
+            "bytes_sent": traffic["bytes_sent"], "bytes_received": traffic["bytes_received"],
+            "connections": traffic["connections"], "connected_to": traffic["peers"],
+            "operations": traffic["operations"],
+            # What the ring steps handed to the slots (the blocks alone, no gather).
+            "block_bytes_sent": [int(x) for x in st[:, 0]], "block_bytes_received": [int(x) for x in st[:, 1]],
             "comm_seconds": [float(x) for x in st[:, 2]], "workers": w, "blocks_per_side": V,
-            "connections": 2 if w > 2 else (1 if w == 2 else 0), "directions": ["QP"[d] for d in dirs]}
+            "directions": ["QP"[d] for d in dirs]}

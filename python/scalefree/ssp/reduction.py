@@ -16,6 +16,10 @@ Variants (``variant=``): ``hypercube``; ``sharded`` (every shard of a result hol
 set of contributions, as BPMF needs); ``sharded_async`` (each shard as fresh as it can be);
 and ``sharded_thread`` / ``sharded_async_thread`` (the default), whose shard of the
 parameter server runs on a background thread so updates are applied while you compute.
+
+Push order (``push_order=``, sharded variants): ``cyclic`` (the default; rank r pushes to
+shard r+1 first, mod p, and ends with its own, so no shard is hit by every rank at once)
+or ``fixed`` (every rank starts at shard 0; kept to measure against).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class SspReduction:
         self.dtype = np.dtype(native.dtype)
         self.op = native.op
         self.variant = native.variant
+        self.push_order = native.push_order
         self.last: CallStats | None = None
 
     def _check(self, a, what: str) -> np.ndarray:

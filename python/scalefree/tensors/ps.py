@@ -192,6 +192,7 @@ class MappedTransport:
         self.ps = ps
         self.me = group.rank
         self.names, self.workers = ps.names, ps.workers
+        self._copied = self._zero_copy = self._sent = 0
         dev = group.device
         nb = {k: int(np.prod(ps.shapes[k], dtype=np.int64)) * ps.dtypes[k].itemsize for k in ps.names}
         self.off = {}
@@ -288,6 +289,10 @@ class MappedTransport:
         buf = self._view(self.region, self.me, name, self.step, True)
         if not np.shares_memory(buf, arr):
             buf[...] = arr  # not computed in place: one copy
+            self._copied += buf.nbytes
+        else:
+            self._zero_copy += buf.nbytes
+        self._sent += 1
         self.one[0] = self.step
         self.slots[f"d/{name}/{self.me}"].send(self.one)
 
@@ -298,7 +303,9 @@ class MappedTransport:
         pass
 
     def stats(self):
-        return {"bytes_zero_copy": 0, "bytes_copied": 0, "transfers": 0}
+        """Gradients pushed: computed in the shared buffer (``grad_buffers()``: zero copy)
+        or copied into it."""
+        return {"bytes_zero_copy": self._zero_copy, "bytes_copied": self._copied, "transfers": self._sent}
 
 
 class TorchParams:

@@ -155,14 +155,34 @@ def static_slots(group, specs) -> dict[str, StaticSlot]:
     return {p[0]: StaticSlot(nat, p[0], p[3], p[4]) for p, nat in zip(parsed, natives) if nat is not None}
 
 
-# Allocation-site tracing (§3.4): sites (tensor names) whose tensors were sent from
-# unregistered memory; `empty(site=...)` allocates those from the arena from then on.
+# Allocation-site tracing (§3.4). Automatic: numpy arrays of 4 KiB up to the arena
+# threshold remember where in Python code they were allocated (the arena's allocator keys
+# the site on the innermost two frames outside numpy); a channel that has to stage such an
+# array traces its site, and later allocations from that site come from the arena, so the
+# next send copies nothing, with no site named in user code. By name: `send(site=...)`
+# records a name, and `empty(site=...)` allocates from the arena for a recorded name.
 _traced_sites: set = set()
 
 
 def traced_sites() -> set:
-    """Allocation sites (tensor names) seen sending unregistered memory so far."""
+    """Allocation sites named with ``send(site=...)`` that were seen sending unregistered
+    memory so far."""
     return set(_traced_sites)
+
+
+def traced_allocation_sites() -> int:
+    """How many allocation sites were traced automatically in this process (each turned
+    into arena allocations from then on)."""
+    from .. import _native
+
+    return _native._traced_site_count()
+
+
+def _trace(a: np.ndarray) -> bool:
+    """Traces the allocation site of the array ``a`` was staged from (if it has one)."""
+    from .. import _native
+
+    return a.size > 0 and _native._trace_site(a.ctypes.data)
 
 
 def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
@@ -188,16 +208,20 @@ class DynamicChannel:
     def send(self, tensor, wait: bool = True, site: str | None = None, timeout: float | None = None) -> None:
         """Sends ``tensor`` (any shape, a dtype of the table). With ``wait`` (the default),
         returns once the receiver pulled it, so the tensor may be changed right away;
-        otherwise it must stay unchanged until ``wait_sent()``. ``site`` names where it was
-        allocated, for tracing."""
+        otherwise it must stay unchanged until ``wait_sent()``. A tensor that had to be
+        copied (not in registered memory) traces its allocation site: numpy arrays allocated
+        there later come from registered memory. ``site`` also records a name for
+        :func:`empty`."""
         a = _as_array(tensor, "send")
         code = _CODE.get(a.dtype)
         if code is None:
             raise InvalidArgumentError(f"send: dtype {a.dtype} is not supported ({', '.join(_DTYPES)})")
         staged = self._native.send(a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8),
                                    list(a.shape), code, a.dtype.itemsize, wait, timeout)
-        if staged and site is not None:
-            _traced_sites.add(site)
+        if staged:
+            _trace(a)
+            if site is not None:
+                _traced_sites.add(site)
 
     def wait_sent(self, timeout: float | None = None) -> None:
         self._native.wait_sent(timeout)

@@ -71,6 +71,41 @@ impl Variant {
     }
 }
 
+/// In which order a worker of the sharded variants pushes to the shards (and a shard
+/// delivers to the workers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PushOrder {
+    /// Rank `r` starts at shard `r + 1` (mod p) and ends with its own: no shard is hit by
+    /// every rank at once (the SSP paper's push order; the default).
+    Cyclic = 1,
+    /// Every rank goes 0..p-1, so all ranks hit shard 0 first (kept to measure against).
+    Fixed = 2,
+}
+
+impl PushOrder {
+    pub fn name(self) -> &'static str {
+        match self {
+            PushOrder::Cyclic => "cyclic",
+            PushOrder::Fixed => "fixed",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "cyclic" => Ok(PushOrder::Cyclic),
+            "fixed" => Ok(PushOrder::Fixed),
+            _ => Err(Error::InvalidArgument(format!("unknown SSP push order {s:?}: expected cyclic or fixed"))),
+        }
+    }
+    /// The peers `me` visits, in order, out of `p`.
+    pub fn sequence(self, me: usize, p: usize) -> Vec<usize> {
+        match self {
+            PushOrder::Cyclic => (1..=p).map(|i| (me + i) % p).collect(),
+            PushOrder::Fixed => (0..p).collect(),
+        }
+    }
+}
+
 /// What one call did, for the metrics the bench harness plots.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CallStats {
@@ -92,6 +127,7 @@ pub struct SspReduction {
     dtype: DType,
     op: ReduceOp,
     variant: Variant,
+    order: PushOrder,
     clock: u64,
     flushed: bool,
     stats: Vec<CallStats>,
@@ -103,8 +139,13 @@ enum Engine {
 }
 
 impl SspReduction {
-    /// Collective: every rank of `dev` calls it with the same arguments.
+    /// Collective: every rank of `dev` calls it with the same arguments (cyclic push order).
     pub fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant) -> Result<Self> {
+        Self::with_order(dev, count, dtype, op, variant, PushOrder::Cyclic)
+    }
+
+    /// [`SspReduction::new`] with the sharded variants' push order chosen.
+    pub fn with_order(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant, order: PushOrder) -> Result<Self> {
         if dtype == DType::U8 {
             return Err(Error::InvalidArgument("uint8 buffers cannot be reduced".into()));
         }
@@ -113,6 +154,7 @@ impl SspReduction {
         mine.extend_from_slice(&(dtype as u32).to_le_bytes());
         mine.extend_from_slice(&(op as u32).to_le_bytes());
         mine.extend_from_slice(&(variant as u32).to_le_bytes());
+        mine.extend_from_slice(&(order as u32).to_le_bytes());
         let all = dev.exchange_bytes(&mine)?;
         for (r, theirs) in all.iter().enumerate() {
             if *theirs != mine {
@@ -121,17 +163,18 @@ impl SspReduction {
                 let o = ReduceOp::from_u32(u32::from_le_bytes(theirs[12..16].try_into().unwrap())).map_or("?", |o| o.name());
                 let v = u32::from_le_bytes(theirs[16..20].try_into().unwrap());
                 let v = Variant::ALL.iter().find(|x| **x as u32 == v).map_or("?", |x| x.name());
+                let po = if u32::from_le_bytes(theirs[20..24].try_into().unwrap()) == PushOrder::Fixed as u32 { "fixed" } else { "cyclic" };
                 return Err(Error::Mismatch(format!(
-                    "ssp_reduction: rank {} asked for {} x {} {} ({}), rank {r} for {c} x {d} {o} ({v})",
-                    dev.rank(), count, dtype.name(), op.name(), variant.name()
+                    "ssp_reduction: rank {} asked for {} x {} {} ({}, {} push), rank {r} for {c} x {d} {o} ({v}, {po} push)",
+                    dev.rank(), count, dtype.name(), op.name(), variant.name(), order.name()
                 )));
             }
         }
         let engine = match variant {
             Variant::Hypercube => Engine::Hypercube(hypercube::Hypercube::new(dev, count, dtype, op)?),
-            _ => Engine::Sharded(sharded::Sharded::new(dev, count, dtype, op, variant)?),
+            _ => Engine::Sharded(sharded::Sharded::new(dev, count, dtype, op, variant, order)?),
         };
-        Ok(SspReduction { engine, count, dtype, op, variant, clock: 0, flushed: false, stats: Vec::new() })
+        Ok(SspReduction { engine, count, dtype, op, variant, order, clock: 0, flushed: false, stats: Vec::new() })
     }
 
     pub fn count(&self) -> usize {
@@ -145,6 +188,9 @@ impl SspReduction {
     }
     pub fn variant(&self) -> Variant {
         self.variant
+    }
+    pub fn push_order(&self) -> PushOrder {
+        self.order
     }
     /// Calls made so far.
     pub fn clock(&self) -> u64 {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use scalefree_transport::{Device, Error, Result};
 
-use super::{fill_identity, Buf, Kind, Mesh, Variant, FINAL, MESH_HEADER};
+use super::{fill_identity, Buf, Kind, Mesh, PushOrder, Variant, FINAL, MESH_HEADER};
 use crate::dense::share_bounds;
 use crate::reduce::{DType, ReduceOp};
 
@@ -125,6 +125,9 @@ struct Shared {
     geo: Geo,
     kind: Kind,
     async_: bool,
+    /// The peers this rank pushes to (as a worker) and delivers to (as a shard), in order:
+    /// cyclic starts at the next rank, so no shard or worker is hit by every rank at once.
+    order: Vec<usize>,
     /// Set by the shard once it delivered a state holding every worker's final push to
     /// every worker.
     shard_done: AtomicBool,
@@ -280,7 +283,7 @@ impl Shard {
         sh.mesh.u32_at(me, nb + BUF_FLAGS).store(if age == FINAL { FLAG_FINAL } else { 0 }, Ordering::Relaxed);
         self.delivered.iter_mut().for_each(|d| *d = round + 1);
         sh.mesh.u64_at(me, sh.geo.published(me)).store(round + 1, Ordering::Release);
-        for w in 0..p {
+        for &w in &sh.order {
             if sh.views(w) {
                 unsafe { sh.post_view(w, base.add(nb), sh.geo.len(me), round + 1) }?;
             } else {
@@ -317,7 +320,7 @@ impl Shard {
             self.last_age = age;
             self.owed.iter_mut().for_each(|o| *o = true);
         }
-        for w in 0..p {
+        for &w in &sh.order {
             if self.owed[w] && sh.mesh.u64_at(me, Geo::ack(w)).load(Ordering::Acquire) == self.delivered[w] {
                 self.deliver(w)?;
                 self.owed[w] = false;
@@ -419,7 +422,8 @@ impl Worker {
             let all = (0..p).all(|s| self.missed_empty[s] && self.credit(s));
             vec![all; p]
         };
-        for (s, direct) in direct.into_iter().enumerate() {
+        for &s in &self.sh.clone().order {
+            let direct = direct[s];
             let (lo, hi) = self.sh.geo.shard[s];
             if direct {
                 self.push(s, Some(contribution[lo..hi].as_ptr()))?;
@@ -523,8 +527,9 @@ impl Worker {
         let p = self.sh.geo.p;
         let me = self.sh.mesh.me;
         let mut did = false;
-        if self.sh.async_ {
-            for s in 0..p {
+        let sh = self.sh.clone();
+        if sh.async_ {
+            for &s in &sh.order {
                 if self.take_view(s) {
                     // The view now in use is the other buffer: the shard may fill this one.
                     // A final delivery is the shard's last (its rank may be gone already).
@@ -554,7 +559,7 @@ impl Worker {
             let credit = (0..p).all(|s| self.credit(s));
             let want = self.missed_empty.iter().any(|e| !e) || (self.flushing && self.age() != FINAL);
             if credit && want {
-                for s in 0..p {
+                for &s in &sh.order {
                     self.push(s, None)?;
                 }
                 did = true;
@@ -606,7 +611,7 @@ pub(crate) struct Sharded {
 }
 
 impl Sharded {
-    pub(crate) fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant) -> Result<Self> {
+    pub(crate) fn new(dev: &Device, count: usize, dtype: DType, op: ReduceOp, variant: Variant, order: PushOrder) -> Result<Self> {
         let p = dev.size() as usize;
         let geo = Geo::new(p, count, dtype.size_bytes());
         let mesh = Mesh::new_posting(dev, geo.region_len(dev.rank() as usize))?;
@@ -616,6 +621,7 @@ impl Sharded {
             geo,
             kind: Kind { dtype, op },
             async_,
+            order: order.sequence(dev.rank() as usize, p),
             shard_done: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             in_call: AtomicBool::new(false),

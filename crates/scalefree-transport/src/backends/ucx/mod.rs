@@ -1007,6 +1007,36 @@ impl Net {
         })
     }
 
+    /// [`Net::put`] without waiting: over a TCP lane, a queued lane write; else
+    /// `ucp_put_nbx`. `src` must stay untouched until the returned request (if any)
+    /// completes.
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until then.
+    pub unsafe fn start_put(&self, src: *const u8, remote: &RemoteKey, key: u64, off: usize, n: usize) -> Result<Option<Request>> {
+        if self.lanes.as_ref().is_some_and(|l| l.has(remote.peer)) {
+            return unsafe { self.start_write_notify(remote.peer, src, n, key, off, Note::None) };
+        }
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.start(remote.peer, "ucp_put_nbx", &mut |p| unsafe {
+            (u.put_nbx)(ep, src as *const c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
+    /// [`Net::get`] without waiting: `dst` holds the bytes once the returned request (if
+    /// any) completes.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must stay writable (and unread) until then.
+    pub unsafe fn start_get(&self, remote: &RemoteKey, off: usize, dst: *mut u8, n: usize) -> Result<Option<Request>> {
+        let ep = self.ep(remote.peer)?;
+        let u = self.shared.ucp;
+        self.start(remote.peer, "ucp_get_nbx", &mut |p| unsafe {
+            (u.get_nbx)(ep, dst as *mut c_void, n, remote.addr + off as u64, remote.rkey, p)
+        })
+    }
+
     /// Waits until every operation issued to `peer` has completed at the peer.
     pub fn flush(&self, peer: u32) -> Result<()> {
         let ep = self.ep(peer)?;
@@ -1080,7 +1110,7 @@ impl Net {
     /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
-    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, timeout: std::time::Duration,
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
         let setting = lanes::setting();
         let listener = match setting {
@@ -1092,7 +1122,7 @@ impl Net {
         let addrs: Vec<Option<std::net::SocketAddr>> = all.iter().map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok())).collect();
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, token, timeout)?;
+        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, &lanes::lane_key(token, job_id), timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
@@ -1224,10 +1254,9 @@ fn progress_loop(sh: &Shared, efd: c_int) {
 }
 
 /// Silence after which a peer on another host counts as lost (`SCALEFREE_PEER_TIMEOUT`
-/// seconds, default 30).
+/// seconds, default 30; on one host the same silence from a live peer is a warning).
 fn peer_timeout() -> std::time::Duration {
-    let s = std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(30.0);
-    std::time::Duration::from_secs_f64(s)
+    crate::wait::peer_timeout_from_env()
 }
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
