@@ -92,7 +92,8 @@ def test_ranks_stopped_and_resumed_reach_the_uninterrupted_rmse(mode, n, tmp_pat
     ck = str(tmp_path / "ck")
     stopped = _train(tmp_path, *run, "--checkpoint", ck, "--checkpoint-every", "2", "--stop-after", "3")
     assert "3 iterations" in stopped.stdout and _rmse(stopped) != full
-    assert sorted(f.name for f in tmp_path.glob("ck*")) == [f"ck.rank{r}-of-{n}" for r in range(n)]  # one per rank
+    assert sorted(f.name for f in tmp_path.glob("ck*")) == sorted(  # one per rank, and the one before
+        f"ck.rank{r}-of-{n}{prev}" for r in range(n) for prev in ("", ".prev"))
     assert _rmse(_train(tmp_path, *run, "--checkpoint", ck, "--resume")) == pytest.approx(full, abs=1e-4)
     bad = _train(tmp_path, *run, "-k", "8", "--checkpoint", ck, "--resume")
     assert bad.returncode == 2 and "does not match this run: it has k 16 (now 8)" in bad.stderr
@@ -123,3 +124,29 @@ def test_ranks_stop_early_on_a_validation_split(mode, n, tmp_path, monkeypatch):
     best = int(np.argmin(v))
     assert best == stop - 3 and min(v[best + 1:]) >= v[best]  # two iterations without improvement
     assert final == pytest.approx(recs[best]["test_rmse"], abs=1e-4)  # the best iteration's model
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+def test_killed_rima_job_resumes_to_the_uninterrupted_rmse(tmp_path, monkeypatch):
+    """SIGKILL to every rank once checkpoints exist (wherever the ranks are then, even between
+    two ranks' writes), then --resume: the same final RMSE as an uninterrupted run."""
+    import os
+    import signal
+    import time
+
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path / "cache"))
+    run = ("--mode", "rima", "-n", "2", "-i", "60")
+    full = _rmse(_train(tmp_path, *run))
+    ck = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "-q", "-k", "16", "--seed", "1", *run,
+           "--checkpoint", str(ck), "--checkpoint-every", "1"]
+    job = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while job.poll() is None and time.monotonic() < deadline:
+        if all((tmp_path / f"ck.rank{r}-of-2").exists() for r in range(2)):
+            os.killpg(job.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    job.wait(timeout=60)
+    assert _rmse(_train(tmp_path, *run, "--checkpoint", str(ck), "--resume")) == pytest.approx(full, abs=1e-4)

@@ -9,16 +9,25 @@ arrays of the mode's state:
 * ``local``: the trainer's padded P and Q rows, the AdaGrad accumulators, the block
   scheduler's run counts and the epochs done (each epoch's thread RNGs derive from the seed
   and that count), the history so far and, with ``patience``, the best model;
-* ``rima``: **one file per rank** (``PATH.rank{r}-of-{w}.npz``... see :func:`rank_path`): the
-  factor blocks (with their AdaGrad accumulators) the rank holds at the iteration boundary, its
-  SGD RNG state and its losses so far; the pattern position follows from the iteration count.
-  Every rank writes its own file, so nothing is gathered for a checkpoint.
+* ``rima``: **one file per rank**, ``PATH.rank{r}-of-{w}`` (:func:`rank_path`): the factor
+  blocks (with their AdaGrad accumulators) the rank holds at the iteration boundary, its SGD
+  RNG state and its losses so far; which blocks it holds follows from the iteration count and
+  the seed. Nothing is gathered for a checkpoint.
+* ``dsgd-ps``: one file per rank too: the server's holds all of P and Q (it has them between
+  steps), a worker's its SGD RNG state and losses.
+
+Every rank saves (and, with ``stop_after``, stops) at the same iteration boundaries. A job
+killed while its ranks write may leave them one checkpoint apart (the ring and the server keep
+the ranks within one iteration of each other), so each rank keeps its previous file too
+(``...rank{r}-of-{w}.prev``) and on resume the ranks agree on the newest iteration all of them
+have (:func:`load_rank`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +78,38 @@ def load(path, expect: dict) -> tuple[dict, dict]:
     if bad:
         raise InvalidArgumentError(f"checkpoint {path} does not match this run: it has {'; '.join(bad)}")
     return meta, arrays
+
+
+def save_rank(path, rank: int, size: int, meta: dict, arrays: dict) -> None:
+    """Rank ``rank``'s checkpoint; its previous one is kept as ``.prev``."""
+    p = rank_path(path, rank, size)
+    if p.exists():
+        os.replace(p, p.with_name(p.name + ".prev"))
+    save(p, meta, arrays)
+
+
+def load_rank(group, path, expect: dict) -> tuple[dict, dict]:
+    """Collective: this rank's part of the newest checkpoint every rank of ``group`` has (its
+    latest file or the one before). An error on any rank is raised on every rank."""
+    from .shares import _agree
+
+    p = rank_path(path, group.rank, group.size)
+    have, err = {}, None
+    try:
+        for f in (p, p.with_name(p.name + ".prev")):
+            if f.exists() or f == p:
+                try:
+                    meta, arrays = load(f, expect)
+                except InvalidArgumentError:
+                    if f == p and p.with_name(p.name + ".prev").exists() and not p.exists():
+                        continue  # killed between keeping the previous file and writing the new one
+                    raise
+                have[int(meta["iteration"])] = (meta, arrays)
+    except InvalidArgumentError as e:
+        err = e
+    _agree(group, err)
+    newest = group.allgather(np.array([max(have)], np.int64))[:, 0]
+    agreed = int(newest.min())
+    _agree(group, None if agreed in have else InvalidArgumentError(
+        f"checkpoint {p} holds iterations {sorted(have)}, not iteration {agreed} that every rank has"))
+    return have[agreed]

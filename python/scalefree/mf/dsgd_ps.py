@@ -68,7 +68,7 @@ def train(group, train_ratings, opts: dict) -> dict:
     if ck is not None and ck["resume"]:
         from . import checkpoint as mf_ckpt
 
-        resumed = mf_ckpt.load(mf_ckpt.rank_path(ck["path"], r, group.size), {**ck["expect"], "rank": r, "ranks": group.size})
+        resumed = mf_ckpt.load_rank(group, ck["path"], {**ck["expect"], "rank": r, "ranks": group.size})
         start_it = min(int(resumed[0]["iteration"]), iters)
     stop_at = iters
     if ck is not None and ck["stop_after"] is not None and start_it < iters:
@@ -77,8 +77,8 @@ def train(group, train_ratings, opts: dict) -> dict:
     def save_checkpoint(done: int, meta: dict, arrays: dict) -> None:
         from . import checkpoint as mf_ckpt
 
-        mf_ckpt.save(mf_ckpt.rank_path(ck["path"], r, group.size),
-                     {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta}, arrays)
+        mf_ckpt.save_rank(ck["path"], r, group.size,
+                          {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta}, arrays)
 
     def boundary(step: int) -> tuple[int, bool, bool]:
         """At an iteration boundary: (iterations done, whether to save, whether to stop)."""

@@ -178,8 +178,9 @@ class MatrixFactorization:
         answered with the mean) is evaluated every ``eval_every`` epochs (0: after the last
         only; in rima the blocks are gathered on rank 0 for it).
         ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds).
-        ``local`` only: ``validation_fraction`` holds a seeded share of the training ratings out
-        as a validation set (RMSE in ``valid_rmse`` after every epoch); with ``patience`` the
+        ``validation_fraction`` holds a seeded share of the training ratings out as a
+        validation set (RMSE in ``valid_rmse`` after every epoch; ``rima`` / ``dsgd-ps``: given
+        the ratings as a file, each rank keeps the share it read); with ``patience`` the
         training stops once that many epochs in a row did not improve it, and the model is
         the best epoch's.
         ``checkpoint`` (a path): the training state is written there atomically every

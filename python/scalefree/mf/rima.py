@@ -144,7 +144,7 @@ def train(group, train_ratings, opts: dict) -> dict:
     if ck is not None and ck["resume"]:
         from . import checkpoint as mf_ckpt
 
-        resumed = mf_ckpt.load(mf_ckpt.rank_path(ck["path"], r, w), {**ck["expect"], "rank": r, "ranks": w})
+        resumed = mf_ckpt.load_rank(group, ck["path"], {**ck["expect"], "rank": r, "ranks": w})
     skip = 0 if resumed is None else int(resumed[0]["iteration"]) * V * c  # visits already done
     shared = isinstance(train_ratings, mf_shares.ShareRatings)
     if shared:
@@ -302,7 +302,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
 
         meta = {**ck["expect"], "rank": r, "ranks": w, "iteration": done, "rng": rng.bit_generator.state,
                 "evals": [list(e) for e in evals]}
-        mf_ckpt.save(mf_ckpt.rank_path(ck["path"], r, w), meta,
+        mf_ckpt.save_rank(ck["path"], r, w, meta,
                      {"p": np.stack(bufs["p"]), "q": np.stack(bufs["q"]), "losses": losses[:done]})
 
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
