@@ -124,6 +124,13 @@ def test_ranks_stop_early_on_a_validation_split(mode, n, tmp_path, monkeypatch):
     best = int(np.argmin(v))
     assert best == stop - 3 and min(v[best + 1:]) >= v[best]  # two iterations without improvement
     assert final == pytest.approx(recs[best]["test_rmse"], abs=1e-4)  # the best iteration's model
+    # Stopped one iteration before the early stop, then resumed: the same stop, the same model.
+    args = ("--mode", mode, "-n", str(n), "-i", "40", "--lam", "0.01", "--validation-fraction", "0.1", "--patience", "2",
+            "--checkpoint", str(tmp_path / "ck"))
+    cut = _train(tmp_path, *args, "--stop-after", str(stop - 1))
+    assert _rmse(cut) and "early stop" not in cut.stdout
+    back = _train(tmp_path, *args, "--resume")
+    assert _rmse(back) == pytest.approx(final, abs=1e-4) and f"early stop after iteration {stop}:" in back.stdout
 
 
 @pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")

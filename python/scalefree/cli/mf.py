@@ -42,8 +42,6 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.normalize and args.mode != "local":
         fail(PROG, f"--normalize is for --mode local, not {args.mode}")
-    if args.patience is not None and args.checkpoint and args.mode != "local":
-        fail(PROG, f"--checkpoint with --patience is for --mode local so far, not {args.mode}")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
     if args.test is not None and args.mode != "local":

@@ -77,8 +77,10 @@ def train(group, train_ratings, opts: dict) -> dict:
     def save_checkpoint(done: int, meta: dict, arrays: dict) -> None:
         from . import checkpoint as mf_ckpt
 
+        em, ea = early.state()
         mf_ckpt.save_rank(ck["path"], r, group.size,
-                          {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta}, arrays)
+                          {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta, **em},
+                          {**arrays, **ea})
 
     def boundary(step: int) -> tuple[int, bool, bool]:
         """At an iteration boundary: (iterations done, whether to save, whether to stop)."""
@@ -91,6 +93,8 @@ def train(group, train_ratings, opts: dict) -> dict:
     steps = list(patterns(w, iters, seed))[start_it * w:]
     validate = opts.get("validate")  # collective: validation RMSE, the same on every rank
     early = EarlyStop(opts.get("patience"))
+    if resumed is not None:
+        early.restore(*resumed)
     specs = []
     for a in range(1, w + 1):
         specs += [dict(name=f"pull_p{a}", src=0, dst=a, shape=(psize,), dtype="float32"),
@@ -122,11 +126,6 @@ def train(group, train_ratings, opts: dict) -> dict:
         done = iters
         for step, pat in enumerate(steps, start=start_it * w):
             it, do_save, stop = boundary(step)
-            if do_save:
-                save(it)
-            if stop:
-                done = it
-                break
             if step > 0 and step % w == 0:
                 it = step // w
                 if every and evaluate is not None and it % every == 0:
@@ -145,8 +144,14 @@ def train(group, train_ratings, opts: dict) -> dict:
                     if halt:
                         done = it
                         break
-                if tick is not None:
-                    tick(it)
+            # After the iteration's validation, so that the checkpoint holds it.
+            if do_save:
+                save(it)
+            if stop:
+                done = it
+                break
+            if step > 0 and step % w == 0 and tick is not None:
+                tick(step // w)
             for a, (ru, ri) in enumerate(pat, start=1):
                 slots[f"pull_p{a}"].send(pb[ru])
                 slots[f"pull_q{a}"].send(qb[ri])
@@ -168,7 +173,7 @@ def train(group, train_ratings, opts: dict) -> dict:
             slots[f"st{a}"].release()
         P, Q = part.dense_factors(pb, qb)
         if validate is not None:
-            if not early.stopped_at:
+            if early.due(done):
                 early.update(done, validate(P, Q), (P, Q))
             if early.best_pq is not None:
                 P, Q = early.best_pq  # the best iteration's model
@@ -205,11 +210,6 @@ def train(group, train_ratings, opts: dict) -> dict:
     done = iters
     for step, pat in enumerate(steps, start=start_it * w):
         it, do_save, stop = boundary(step)
-        if do_save:
-            save(it)
-        if stop:
-            done = it
-            break
         if collective and step > 0 and step % w == 0 and (step // w) % every == 0:
             meter.pause()
             evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
@@ -221,6 +221,11 @@ def train(group, train_ratings, opts: dict) -> dict:
             if halt:
                 done = step // w
                 break
+        if do_save:
+            save(it)
+        if stop:
+            done = it
+            break
         ru, ri = pat[r - 1]
         c0 = time.perf_counter()
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
@@ -238,9 +243,9 @@ def train(group, train_ratings, opts: dict) -> dict:
     seconds = time.perf_counter() - t0
     if ck is not None and done == iters and start_it < iters:
         save(iters)
-    if validate is not None and not early.stopped_at:
-        early.update(done, validate(None, None), None)
     moved = meter.moved()
     slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses, moved.ravel()]))
+    if validate is not None and early.due(done):
+        early.update(done, validate(None, None), None)  # with the server's, after it has the stats
     group.barrier()
     return {"rank": r, "bytes_sent": int(moved[:, 0].sum()), "bytes_received": recvd, "seconds": seconds}

@@ -339,8 +339,6 @@ class MatrixFactorization:
             if not shared:
                 raise InvalidArgumentError(f"a validation split in mode {self.mode!r} needs the ratings as a file "
                                            f"(a path or split_ratings_partitioned), read in shares by the ranks")
-            if patience is not None and ckpt is not None:
-                raise InvalidArgumentError(f"checkpoints with patience are for mode 'local' so far, not {self.mode!r}")
             train.valid_fraction = float(validation_fraction)
             opts["validate"] = lambda p, q: train.valid_rmse(group, p, q)  # collective, same on every rank
             opts["patience"] = patience
@@ -353,7 +351,8 @@ class MatrixFactorization:
                 data = (f"{Path(train.path).name}:{os.path.getsize(train.path)}:"
                         f"{getattr(train, 'test_fraction', '')}:{getattr(train, 'seed', '')}")
             expect = {"mode": self.mode, "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
-                      "blocks": nb, "seed": self.seed, "init_max": self.init_max, "data": data}
+                      "blocks": nb, "seed": self.seed, "init_max": self.init_max, "data": data,
+                      "validation_fraction": float(validation_fraction)}
             opts["checkpoint"] = {**ckpt, "expect": expect}
         bar = _Bar(self.iterations, progress and group.rank == 0)
         opts["on_iteration"] = lambda done: bar.update(done, f"{self.mode}, {w} workers")

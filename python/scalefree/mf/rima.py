@@ -99,6 +99,22 @@ class EarlyStop:
         self.best, self.stale, self.best_pq, self.stopped_at = float("inf"), 0, None, None
         self.history = []  # (iteration, validation RMSE)
 
+    def state(self) -> tuple[dict, dict]:
+        """For a checkpoint: (meta, arrays); the best model's factors on rank 0."""
+        arrays = {} if self.best_pq is None else {"best_p": self.best_pq[0], "best_q": self.best_pq[1]}
+        return {"early": {"best": self.best, "stale": self.stale, "history": self.history}}, arrays
+
+    def restore(self, meta: dict, arrays: dict) -> None:
+        e = meta.get("early")
+        if e is not None:
+            self.best, self.stale, self.history = e["best"], e["stale"], [tuple(h) for h in e["history"]]
+        if "best_p" in arrays:
+            self.best_pq = (arrays["best_p"], arrays["best_q"])
+
+    def due(self, done: int) -> bool:
+        """Whether the last iteration run (``done``) still needs its validation RMSE."""
+        return not self.stopped_at and (not self.history or self.history[-1][0] != done)
+
     def update(self, it: int, v: float, pq) -> bool:
         """Records iteration ``it``'s validation RMSE; true when training should stop."""
         self.history.append((it, v))
@@ -300,15 +316,18 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     def save_checkpoint(done: int) -> None:
         from . import checkpoint as mf_ckpt
 
+        em, ea = early.state()
         meta = {**ck["expect"], "rank": r, "ranks": w, "iteration": done, "rng": rng.bit_generator.state,
-                "evals": [list(e) for e in evals]}
+                "evals": [list(e) for e in evals], **em}
         mf_ckpt.save_rank(ck["path"], r, w, meta,
-                     {"p": np.stack(bufs["p"]), "q": np.stack(bufs["q"]), "losses": losses[:done]})
+                          {"p": np.stack(bufs["p"]), "q": np.stack(bufs["q"]), "losses": losses[:done], **ea})
 
     evaluate, every = opts.get("evaluate"), int(opts.get("eval_every") or 0)
     collective = bool(opts.get("evaluate_collective"))
     validate = opts.get("validate")  # collective: validation RMSE, the same on every rank
     early = EarlyStop(opts.get("patience"))
+    if resumed is not None:
+        early.restore(*resumed)
     group.barrier()
     # Bytes and connections as the transport counts them, from here to the final gather
     # (evaluation left out).
@@ -322,10 +341,6 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     for step in range(start_it * V, total):
         it = step // V
         if step > start_it * V and step % V == 0:
-            if ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0)):
-                save_checkpoint(it)
-            if it == stop_at:
-                break
             _account(it - 1, pre, held_r, resident, rss, waited)
             if (every and it % every == 0) or validate is not None:
                 # Test RMSE for the curve, validation RMSE for early stopping: gather the current
@@ -343,6 +358,11 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
                 paused += time.perf_counter() - e0
                 if halt:
                     break  # the same decision on every rank (the validation RMSE is allreduced)
+            # After the iteration's validation, so that the checkpoint holds it.
+            if ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0)):
+                save_checkpoint(it)
+            if it == stop_at:
+                break
             if tick is not None:
                 tick(it)
         side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
@@ -388,7 +408,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     g0 = time.perf_counter()
     pq = gather()
     if validate is not None:
-        if not early.stopped_at:
+        if early.due(done):
             early.update(done, validate(*(pq if pq is not None else (None, None))), pq)
         pq = early.best_pq if early.best_pq is not None else pq  # rank 0: the best iteration's model
     moved = meter.moved()
