@@ -12,7 +12,8 @@ directory):
   Two exceptions: the ``pip install ... &&`` part of the main job is not run (CI installed
   the package already; the ``scalefree ...`` part is), and the test-suite command is not run
   (this test is part of it). The lines with ``--node-rank`` (one per host) are started
-  together on this machine, with ``--master-addr 127.0.0.1`` and a free ``--master-port``.
+  together on this machine, with ``--master-addr 127.0.0.1``, a free ``--master-port`` and
+  the shared ``SCALEFREE_JOB_TOKEN`` the prose asks for.
 
 ``python`` and ``scalefree`` resolve to this interpreter and its scripts. Inline ``code``
 in the prose names flags and options and is not run.
@@ -20,6 +21,7 @@ in the prose names flags and options and is not run.
 
 import os
 import re
+import secrets
 import shlex
 import socket
 import subprocess
@@ -133,6 +135,7 @@ def test_readme_block_runs(lang, text, workdir):
             _run(argv, cwd, env)
     if hosts:
         port = str(_free_port())
+        env = {**env, "SCALEFREE_JOB_TOKEN": secrets.token_hex(16)}
         procs = []
         for argv in hosts:
             a = list(argv)

@@ -44,7 +44,7 @@ _default_group = None
 
 
 def __getattr__(name):
-    # The native module is imported on first use, so `python -m scalefree.launch.launcher`
+    # The native module is imported on first use, so `scalefree run`
     # works without it.
     if name == "Group":
         from .group import Group

@@ -1,4 +1,4 @@
-"""`scalefree run` (scalefree.launch.launcher) with real processes: rank environment, prefixed
+"""`scalefree run` (scalefree.cli.run over scalefree.launch.launcher) with real processes: rank environment, prefixed
 output, exit codes, stopping a failed or timed-out job, signals, and no leftover processes.
 
 Ranks coordinate through files in a temporary directory instead of sleeps, so no test
@@ -27,7 +27,7 @@ else:
 
 from scalefree.launch import launcher  # noqa: E402
 
-RUN = [sys.executable, "-m", "scalefree.launch.launcher"]
+RUN = [sys.executable, "-m", "scalefree.cli", "run"]
 
 # Prelude of every rank script: its rank, and helpers to meet the test through files.
 PRELUDE = """\
@@ -326,8 +326,10 @@ def test_launch_returns_the_exit_code_and_uses_the_given_environment(capfd):
 
 
 def test_run_is_a_subcommand_whose_func_returns_the_exit_code():
+    from scalefree.cli import run as run_command
+
     parser = argparse.ArgumentParser(prog="scalefree")
-    launcher.add_parser(parser.add_subparsers(dest="command"))
+    run_command.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["run", "-n", "2", "--", sys.executable, "-c", "raise SystemExit(6)"])
     assert args.func(args) == 6
 

@@ -53,12 +53,20 @@ pub struct RatingSyntax {
     sep: Option<Sep>,
     seen_rating: bool,
     max_id: u64,
+    /// Accept `user item` lines without a rating (returned with a NaN rating).
+    pairs: bool,
 }
 
 impl RatingSyntax {
     /// `max_id`: the largest id accepted (`u64::MAX`, or `i64::MAX` for int64 output).
     pub fn new(max_id: u64) -> Self {
-        RatingSyntax { mm: MatrixMarket::default(), sep: None, seen_rating: false, max_id }
+        RatingSyntax { mm: MatrixMarket::default(), sep: None, seen_rating: false, max_id, pairs: false }
+    }
+
+    /// Also accept `user item` lines (for prediction input); their rating is NaN.
+    pub fn with_pairs(mut self) -> Self {
+        self.pairs = true;
+        self
     }
 
     /// The entry count of a Matrix Market size line, once read.
@@ -103,6 +111,12 @@ impl RatingSyntax {
         // A CSV header: a data line before the first rating whose first field is not numeric.
         if sep == Sep::Comma && !self.seen_rating && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
             return Ok(RatingLine::Skip);
+        }
+        if nf == 2 && self.pairs {
+            let user = self.id(fields[0], "user")?;
+            let item = self.id(fields[1], "item")?;
+            self.seen_rating = true;
+            return Ok(RatingLine::Rating { user, item, rating: f32::NAN });
         }
         if nf < 3 {
             return Err(format!("expected `user item rating`, got {t:?}"));

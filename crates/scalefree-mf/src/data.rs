@@ -90,6 +90,52 @@ impl Ratings {
     }
 }
 
+/// What [`Ratings::align_to`] found: ids of the other set that the base never saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unseen {
+    pub users: usize,
+    pub items: usize,
+    /// Ratings with an unseen user or item (answered with the training mean).
+    pub ratings: usize,
+}
+
+impl Ratings {
+    /// These ratings renumbered into `base`'s id maps (original ids compared, so two files
+    /// loaded separately line up): the result's `user_ids` / `item_ids` start with `base`'s,
+    /// followed by the ids `base` never saw (dense ids ≥ `base.n_users()` / `n_items()`, which
+    /// models answer with the training mean).
+    pub fn align_to(&self, base: &Ratings) -> (Ratings, Unseen) {
+        fn remap(ids: &[u64], base: &[u64], dense: &[u32]) -> (Vec<u32>, Vec<u64>, usize) {
+            let index: HashMap<u64, u32> = base.iter().enumerate().map(|(n, &x)| (x, n as u32)).collect();
+            let mut out_ids = base.to_vec();
+            let mut extra: HashMap<u64, u32> = HashMap::new();
+            let table: Vec<u32> = ids
+                .iter()
+                .map(|&x| match index.get(&x) {
+                    Some(&d) => d,
+                    None => *extra.entry(x).or_insert_with(|| {
+                        out_ids.push(x);
+                        (out_ids.len() - 1) as u32
+                    }),
+                })
+                .collect();
+            let n = extra.len();
+            (dense.iter().map(|&d| table[d as usize]).collect(), out_ids, n)
+        }
+        let (users, user_ids, nu) = remap(&self.user_ids, &base.user_ids, &self.users);
+        let (items, item_ids, ni) = remap(&self.item_ids, &base.item_ids, &self.items);
+        let (bm, bn) = (base.n_users() as u32, base.n_items() as u32);
+        let ratings = users.iter().zip(&items).filter(|&(&u, &i)| u >= bm || i >= bn).count();
+        (Ratings { users, items, values: self.values.clone(), user_ids, item_ids }, Unseen { users: nu, items: ni, ratings })
+    }
+
+    /// True when these ratings number users and items as `base` does (their id maps start
+    /// with `base`'s), so dense ids mean the same in both.
+    pub fn shares_ids_with(&self, user_ids: &[u64], item_ids: &[u64]) -> bool {
+        self.user_ids.len() >= user_ids.len() && self.item_ids.len() >= item_ids.len() && self.user_ids[..user_ids.len()] == *user_ids && self.item_ids[..item_ids.len()] == *item_ids
+    }
+}
+
 #[derive(Default)]
 struct Builder {
     umap: HashMap<u64, u32>,
@@ -165,14 +211,38 @@ pub fn is_cache(path: &Path) -> Result<bool> {
 /// rating to `push` as (user id, item id, rating) in file order; returns how many there were.
 /// Errors name the file and line; an empty file and a Matrix Market entry count that does not
 /// match are errors too.
-pub fn parse_ratings(path: &Path, mut push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+pub fn parse_ratings(path: &Path, push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+    parse_lines(path, RatingSyntax::new(u64::MAX), push)
+}
+
+/// The (user, item, rating) lines of a file for prediction: every format [`parse_ratings`]
+/// reads, and also `user item` lines without a rating (NaN). A file that mixes lines with and
+/// without ratings is an error naming the first line that differs.
+pub fn read_pairs(path: &Path) -> Result<(Vec<u64>, Vec<u64>, Vec<f32>)> {
+    let (mut us, mut is, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    parse_lines(path, RatingSyntax::new(u64::MAX).with_pairs(), |u, i, r| {
+        if let Some(&first) = vs.first() {
+            let first: f32 = first;
+            if first.is_nan() != r.is_nan() {
+                return Err(MfError::Format { path: path.into(), msg: format!("rating {} {} a rating where the first line {}", vs.len() + 1, if r.is_nan() { "lacks" } else { "has" }, if r.is_nan() { "has one" } else { "has none" }) });
+            }
+        }
+        us.push(u);
+        is.push(i);
+        vs.push(r);
+        Ok(())
+    })?;
+    Ok((us, is, vs))
+}
+
+fn parse_lines(path: &Path, syntax: RatingSyntax, mut push: impl FnMut(u64, u64, f32) -> Result<()>) -> Result<usize> {
+    let mut syntax = syntax;
     let mut rd = open(path)?;
     let mut count = 0usize;
     let mut line = String::new();
     let mut lineno = 0usize;
     // The line syntax is the one of the partitioned reader (`scalefree-io`), so both accept
     // the same files.
-    let mut syntax = RatingSyntax::new(u64::MAX);
     loop {
         line.clear();
         let n = rd.read_line(&mut line).map_err(|e| MfError::io(path, e))?;

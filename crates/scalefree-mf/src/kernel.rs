@@ -1,9 +1,13 @@
 //! The SGD update for one rating r_ij (eqs. 3–7 of the Rima paper):
 //! e = r − p·q;  p ← p + η(e q − λ p);  q ← q + η(e p − λ q)  (the factor 2 is folded into η).
 //!
-//! Two step-size rules: `Constant` is the paper's strawman SGD; `Adagrad` scales η per row of
-//! P and per row of Q by 1/√G, with G the running sum of mean squared gradients (the rule
-//! LIBMF uses), which converges in far fewer iterations without tuning η.
+//! Three step-size rules: `Constant` is the paper's strawman SGD; `Adagrad` scales η per row of
+//! P and per row of Q by 1/√G, with G the running sum of mean squared gradients, which
+//! converges in far fewer iterations without tuning η. `AdagradSplit` is LIBMF's form of it:
+//! two accumulators per row, one for the first [`SLOW`] lanes and one for the rest (the
+//! accumulator arrays hold 2 floats per row), each adding its own lanes' mean squared
+//! gradient; with `slow_only` only the first [`SLOW`] lanes are updated (LIBMF does this in
+//! its first pass, which lets the leading lanes settle before the others start).
 //!
 //! Three builds of the block loop, picked at run time ([`Isa::best`]): AVX-512 and AVX2+FMA
 //! kernels written with `std::arch` intrinsics (`simd_x86.rs`), which keep a row of P and a row
@@ -16,6 +20,23 @@
 pub enum Schedule {
     Constant,
     Adagrad,
+    /// LIBMF's split AdaGrad: accumulators `pg[2u]` (lanes `0..SLOW`) and `pg[2u + 1]` (the
+    /// others, normalised by `padded_k(k) − SLOW`); `slow_only` updates lanes `0..SLOW` only.
+    AdagradSplit { slow_only: bool },
+}
+
+/// The lanes with their own AdaGrad accumulator in [`Schedule::AdagradSplit`] (one AVX
+/// register, as in LIBMF's AVX build).
+pub const SLOW: usize = 8;
+
+impl Schedule {
+    /// Accumulator floats per row of P or Q.
+    pub fn acc_per_row(self) -> usize {
+        match self {
+            Schedule::AdagradSplit { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -140,9 +161,31 @@ unsafe fn block_strided(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize)
                 *pg += gp / k as f32;
                 *qg += gq / k as f32;
             }
+            Schedule::AdagradSplit { slow_only } => {
+                // SAFETY: as above, for the two accumulators of each row.
+                let (pg, qg) = unsafe { (std::slice::from_raw_parts_mut(f.pg.add(2 * u), 2), std::slice::from_raw_parts_mut(f.qg.add(2 * i), 2)) };
+                let s = SLOW.min(k);
+                let (ps, pf) = p.split_at_mut(s);
+                let (qs, qf) = q.split_at_mut(s);
+                let (gp, gq) = update_ada(ps, qs, e, prm.eta / pg[0].sqrt(), prm.eta / qg[0].sqrt(), prm.lambda);
+                let (gp1, gq1) = if slow_only { (0.0, 0.0) } else { update_ada(pf, qf, e, prm.eta / pg[1].sqrt(), prm.eta / qg[1].sqrt(), prm.lambda) };
+                let (rs, rf) = split_norms(k);
+                pg[0] += gp * rs;
+                qg[0] += gq * rs;
+                pg[1] += gp1 * rf;
+                qg[1] += gq1 * rf;
+            }
         }
     }
     loss
+}
+
+/// The factors LIBMF scales the two accumulators' sums of squares by: 1/SLOW and
+/// 1/(padded_k − SLOW) (0 when there are no fast lanes).
+#[inline(always)]
+pub(crate) fn split_norms(k: usize) -> (f32, f32) {
+    let w = padded_k(k);
+    (1.0 / SLOW as f32, if w > SLOW { 1.0 / (w - SLOW) as f32 } else { 0.0 })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -246,12 +289,14 @@ pub unsafe fn sgd_block(block: &[Entry], f: Factors, prm: &SgdParams) -> f64 {
 /// other thread touches those rows during the call.
 pub unsafe fn sgd_block_ld(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, isa: Isa) -> f64 {
     assert!(ld >= padded_k(prm.k), "row stride {ld} is below padded_k({}) = {}", prm.k, padded_k(prm.k));
-    let ada = prm.schedule == Schedule::Adagrad;
+    let ada = prm.schedule != Schedule::Constant;
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the ISA was checked available; rows are padded as required; contract forwarded.
         let done = unsafe {
             match isa {
+                // The split rule's 8-lane halves map onto the AVX2 build.
+                Isa::Avx512 | Isa::Avx2 if matches!(prm.schedule, Schedule::AdagradSplit { .. }) && Isa::Avx2.available() => crate::simd_x86::dispatch_avx2(block, f, prm, ld, ada),
                 Isa::Avx512 if isa.available() => crate::simd_x86::dispatch_avx512(block, f, prm, ld, ada),
                 Isa::Avx2 if isa.available() => crate::simd_x86::dispatch_avx2(block, f, prm, ld, ada),
                 _ => None,
@@ -270,6 +315,7 @@ pub unsafe fn sgd_block_ld(block: &[Entry], f: Factors, prm: &SgdParams, ld: usi
 pub fn sgd_block_scalar(block: &[Entry], p: &mut [f32], q: &mut [f32], pg: &mut [f32], qg: &mut [f32], prm: &SgdParams) -> f64 {
     let k = prm.k;
     let mut loss = 0f64;
+    let (rs, rf) = split_norms(k);
     for en in block {
         let (u, i) = (en.u as usize, en.i as usize);
         let mut dot = 0f32;
@@ -278,24 +324,48 @@ pub fn sgd_block_scalar(block: &[Entry], p: &mut [f32], q: &mut [f32], pg: &mut 
         }
         let e = en.r - dot;
         loss += (e * e) as f64;
-        let (mut gp2, mut gq2) = (0f32, 0f32);
-        for d in 0..k {
-            let (po, qo) = (p[u * k + d], q[i * k + d]);
-            gp2 += (prm.lambda * po - e * qo).powi(2);
-            gq2 += (prm.lambda * qo - e * po).powi(2);
-        }
-        let (sp, sq) = match prm.schedule {
-            Schedule::Constant => (prm.eta, prm.eta),
-            Schedule::Adagrad => (prm.eta / pg[u].sqrt(), prm.eta / qg[i].sqrt()),
+        // Per lane: which accumulator (0 or 1) and whether the lane is updated.
+        let (split, slow_only) = match prm.schedule {
+            Schedule::AdagradSplit { slow_only } => (true, slow_only),
+            _ => (false, false),
         };
+        let slot = |d: usize| if split && d >= SLOW { 1 } else { 0 };
+        let mut g2 = [[0f32; 2]; 2];
         for d in 0..k {
             let (po, qo) = (p[u * k + d], q[i * k + d]);
+            g2[0][slot(d)] += (prm.lambda * po - e * qo).powi(2);
+            g2[1][slot(d)] += (prm.lambda * qo - e * po).powi(2);
+        }
+        let steps = |d: usize| -> (f32, f32) {
+            match prm.schedule {
+                Schedule::Constant => (prm.eta, prm.eta),
+                Schedule::Adagrad => (prm.eta / pg[u].sqrt(), prm.eta / qg[i].sqrt()),
+                Schedule::AdagradSplit { .. } => (prm.eta / pg[2 * u + slot(d)].sqrt(), prm.eta / qg[2 * i + slot(d)].sqrt()),
+            }
+        };
+        let st: Vec<(f32, f32)> = (0..k).map(steps).collect();
+        for d in 0..k {
+            if slow_only && d >= SLOW {
+                continue;
+            }
+            let (po, qo) = (p[u * k + d], q[i * k + d]);
+            let (sp, sq) = st[d];
             p[u * k + d] = po + sp * (e * qo - prm.lambda * po);
             q[i * k + d] = qo + sq * (e * po - prm.lambda * qo);
         }
-        if prm.schedule == Schedule::Adagrad {
-            pg[u] += gp2 / k as f32;
-            qg[i] += gq2 / k as f32;
+        match prm.schedule {
+            Schedule::Constant => {}
+            Schedule::Adagrad => {
+                pg[u] += g2[0][0] / k as f32;
+                qg[i] += g2[1][0] / k as f32;
+            }
+            Schedule::AdagradSplit { slow_only } => {
+                let fast = if slow_only { 0.0 } else { 1.0 };
+                pg[2 * u] += g2[0][0] * rs;
+                qg[2 * i] += g2[1][0] * rs;
+                pg[2 * u + 1] += g2[0][1] * rf * fast;
+                qg[2 * i + 1] += g2[1][1] * rf * fast;
+            }
         }
     }
     loss
@@ -312,7 +382,9 @@ pub fn sq_error(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q
 pub fn sq_error_ld(entries: impl Iterator<Item = (usize, usize, f32)>, p: &[f32], q: &[f32], k: usize, ld: usize, known_u: &[bool], known_i: &[bool], mean: f32) -> f64 {
     entries
         .map(|(u, i, r)| {
-            let pred = if known_u[u] && known_i[i] { dot8(&p[u * ld..u * ld + k], &q[i * ld..i * ld + k]) } else { mean };
+            // Ids past the known arrays (seen only outside training) get the mean too.
+            let known = known_u.get(u).copied().unwrap_or(false) && known_i.get(i).copied().unwrap_or(false);
+            let pred = if known { dot8(&p[u * ld..u * ld + k], &q[i * ld..i * ld + k]) } else { mean };
             let e = r - pred;
             (e * e) as f64
         })

@@ -1,7 +1,8 @@
 //! `local` mode: one process, several threads, FPSGD-style block scheduling.
 //!
-//! R is cut into `nb × nb` blocks (default 2t × 2t for t threads) after a random permutation
-//! of users and items, so blocks hold similar numbers of ratings. A thread asks the scheduler
+//! R is cut into `nb × nb` blocks (default max(20, 2t + 1) per side for t threads, LIBMF's
+//! `nr_bins`) after a random permutation of users and items, so blocks hold similar numbers
+//! of ratings. A thread asks the scheduler
 //! for a block whose row block and column block are both free, preferring the block updated
 //! least often (ties broken at random); the blocks running at once therefore touch disjoint
 //! rows of P and Q and need no locks. With nb ≥ t + 1 a free block always exists, so nobody
@@ -12,7 +13,8 @@
 //! Layout: users and items are renumbered by the seeded permutation, so a block row is a
 //! contiguous range of rows of P (and of the AdaGrad accumulators), a block column one of Q:
 //! two threads never write to the same cache line except at a range's ends. The ratings of all blocks sit in one array of 12-byte entries (u32 user, u32 item,
-//! f32 rating), block after block, each block in a seeded random order. P and Q rows are
+//! f32 rating), block after block, each block sorted by user when there are more users than
+//! items and by item otherwise (LIBMF's order; consecutive updates then share a row). P and Q rows are
 //! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
 //! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
 
@@ -31,21 +33,22 @@ pub struct LocalOptions {
     pub lambda: f32,
     pub schedule: Schedule,
     pub threads: usize,
-    /// Blocks per side; default 2 × threads.
+    /// Blocks per side; default max(20, 2 × threads + 1) (LIBMF's).
     pub blocks: Option<usize>,
     pub seed: u64,
     /// Factors start uniform in [0, init_max]; default 1/√k (LIBMF's scale).
     pub init_max: Option<f32>,
     /// Kernel build; default [`Isa::best`].
     pub isa: Option<Isa>,
-    /// Train on ratings divided by their standard deviation s (LIBMF does this), so λ acts
-    /// as λ·s would on the raw ratings; predictions are scaled back. Default off.
+    /// Train on ratings divided by their standard deviation s with λ divided by s, as LIBMF
+    /// does: the same objective on the raw ratings, better conditioned steps; predictions
+    /// are scaled back. Default on.
     pub normalize: bool,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: false }
+        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: true }
     }
 }
 
@@ -53,6 +56,8 @@ struct Sched {
     row_busy: Vec<bool>,
     col_busy: Vec<bool>,
     counts: Vec<u32>,
+    /// No count is below this (the lowest count when the pass started).
+    floor: u32,
     remaining: usize,
     /// Σ e² of the pass so far, and each finished pass's mean.
     loss: f64,
@@ -124,7 +129,7 @@ impl LocalTrainer {
         if train.is_empty() {
             return Err(MfError::InvalidArgument("no training ratings".into()));
         }
-        let nb = o.blocks.unwrap_or(2 * o.threads).max(1);
+        let nb = o.blocks.unwrap_or((2 * o.threads + 1).max(20)).max(1);
         if nb < o.threads + 1 && o.threads > 1 {
             return Err(MfError::InvalidArgument(format!("blocks per side ({nb}) must exceed threads ({})", o.threads)));
         }
@@ -161,10 +166,23 @@ impl LocalTrainer {
             known_u[u as usize] = true;
             known_i[i as usize] = true;
         }
+        // LIBMF's order inside a block: by user when users outnumber items, else by item
+        // (after the seeded shuffle, so ties keep a seeded order).
         for b in 0..nb * nb {
-            rng.shuffle(&mut entries[starts[b]..starts[b + 1]]);
+            let blk = &mut entries[starts[b]..starts[b + 1]];
+            rng.shuffle(blk);
+            if m > n {
+                blk.sort_by_key(|e| e.u);
+            } else {
+                blk.sort_by_key(|e| e.i);
+            }
         }
         let mean = train.mean() as f32;
+        // `adagrad` in local mode is LIBMF's split rule (see `Schedule::AdagradSplit`).
+        let schedule = match o.schedule {
+            Schedule::Adagrad => Schedule::AdagradSplit { slow_only: false },
+            s => s,
+        };
         let init_max = o.init_max.unwrap_or(1.0 / (k as f32).sqrt());
         let ld = padded_k(k);
         let mut init = |rows: usize| {
@@ -179,7 +197,8 @@ impl LocalTrainer {
         let p = init(m);
         let q = init(n);
         Ok(LocalTrainer {
-            prm: SgdParams { k, eta: o.eta, lambda: o.lambda, schedule: o.schedule },
+            // λ in the units of the scaled ratings (LIBMF: lambda_p2 /= scale).
+            prm: SgdParams { k, eta: o.eta, lambda: o.lambda / scale, schedule },
             isa: o.isa.filter(|i| i.available()).unwrap_or_else(Isa::best),
             ld,
             threads: o.threads,
@@ -189,8 +208,8 @@ impl LocalTrainer {
             starts,
             p,
             q,
-            pg: vec![1.0; m],
-            qg: vec![1.0; n],
+            pg: vec![1.0; m * schedule.acc_per_row()],
+            qg: vec![1.0; n * schedule.acc_per_row()],
             user_ids: train.user_ids.clone(),
             item_ids: train.item_ids.clone(),
             mean,
@@ -229,7 +248,9 @@ impl LocalTrainer {
             return Vec::new();
         }
         let nb = self.nb;
-        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts: std::mem::take(&mut self.counts), remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
+        let counts = std::mem::take(&mut self.counts);
+        let floor = counts.iter().copied().min().unwrap_or(0);
+        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts, floor, remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
         let barrier = Barrier::new(self.threads);
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
         let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
@@ -238,6 +259,12 @@ impl LocalTrainer {
         let work = |tid: usize| {
             for e in 0..n as u64 {
                 let mut rng = Rng::new(seed.wrapping_mul(0x100_0000).wrapping_add((first + e) * 1000 + tid as u64));
+                // LIBMF updates only the first SLOW lanes in its first pass.
+                let prm_e = match prm.schedule {
+                    Schedule::AdagradSplit { .. } => SgdParams { schedule: Schedule::AdagradSplit { slow_only: first + e == 0 }, ..*prm },
+                    _ => *prm,
+                };
+                let prm = &prm_e;
                 let mut loss = 0f64;
                 let mut held: Option<usize> = None;
                 loop {
@@ -252,19 +279,26 @@ impl LocalTrainer {
                             s.loss += loss;
                             break;
                         }
-                        let (mut best, mut best_c, mut ties) = (usize::MAX, u32::MAX, 0usize);
-                        for bi in 0..nb * nb {
-                            if s.row_busy[bi / nb] || s.col_busy[bi % nb] {
-                                continue;
-                            }
-                            let c = s.counts[bi];
-                            if c < best_c {
-                                (best, best_c, ties) = (bi, c, 1);
-                            } else if c == best_c {
-                                ties += 1;
-                                if rng.below(ties) == 0 {
-                                    best = bi;
+                        // The free block updated least often, searched from a random start: no
+                        // count is below `floor` (counts only grow), so a free block at `floor`
+                        // ends the search — a few probes instead of nb² while the pass has
+                        // many blocks left.
+                        let total = nb * nb;
+                        let (mut best, mut best_c) = (usize::MAX, u32::MAX);
+                        let mut bi = rng.below(total);
+                        for _ in 0..total {
+                            if !(s.row_busy[bi / nb] || s.col_busy[bi % nb]) {
+                                let c = s.counts[bi];
+                                if c < best_c {
+                                    (best, best_c) = (bi, c);
+                                    if c <= s.floor {
+                                        break;
+                                    }
                                 }
+                            }
+                            bi += 1;
+                            if bi == total {
+                                bi = 0;
                             }
                         }
                         // nb > threads guarantees a free block; the guard keeps a bug from hanging.
@@ -286,6 +320,7 @@ impl LocalTrainer {
                     let l = std::mem::take(&mut s.loss);
                     s.done.push(l / n_ratings);
                     s.remaining = nb * nb;
+                    s.floor = s.counts.iter().copied().min().unwrap_or(0);
                 }
                 barrier.wait();
             }
@@ -308,8 +343,8 @@ impl LocalTrainer {
 
     /// RMSE on ratings sharing the training id maps (e.g. the test half of `Ratings::split`).
     pub fn rmse(&self, r: &Ratings) -> Result<f64> {
-        if r.n_users() > self.user_ids.len() || r.n_items() > self.item_ids.len() {
-            return Err(MfError::InvalidArgument("ratings do not share the training id maps".into()));
+        if !r.shares_ids_with(&self.user_ids, &self.item_ids) {
+            return Err(MfError::InvalidArgument("ratings do not share the training id maps (numbered separately: align them to the training set first)".into()));
         }
         if r.is_empty() {
             return Ok(f64::NAN);
@@ -327,7 +362,9 @@ impl LocalTrainer {
                     sc.spawn(move || {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
-                        let it = (lo..hi).map(|n| (ur[r.users[n] as usize] as usize, ir[r.items[n] as usize] as usize, r.values[n] / scale));
+                        // Ids past the training maps (unseen in training) map past the rows: the mean.
+                        let row = |map: &[u32], d: u32| map.get(d as usize).map_or(usize::MAX, |&x| x as usize);
+                        let it = (lo..hi).map(|n| (row(ur, r.users[n]), row(ir, r.items[n]), r.values[n] / scale));
                         sq_error_ld(it, p, q, k, ld, ku, ki, mean)
                     })
                 })

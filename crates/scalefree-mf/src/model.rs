@@ -50,13 +50,28 @@ impl Model {
             .collect())
     }
 
-    /// RMSE on ratings whose dense ids share this model's id maps (e.g. the test half of a split).
-    pub fn rmse(&self, r: &Ratings) -> f64 {
+    /// Whether each pair's user and item both had ratings in training (the others get `mean`).
+    pub fn known(&self, users: &[u64], items: &[u64]) -> Result<Vec<bool>> {
+        if users.len() != items.len() {
+            return Err(MfError::InvalidArgument(format!("{} users but {} items", users.len(), items.len())));
+        }
+        let um: HashMap<u64, usize> = self.user_ids.iter().enumerate().map(|(n, &u)| (u, n)).collect();
+        let im: HashMap<u64, usize> = self.item_ids.iter().enumerate().map(|(n, &i)| (i, n)).collect();
+        Ok(users.iter().zip(items).map(|(u, i)| matches!((um.get(u), im.get(i)), (Some(&u), Some(&i)) if self.known_u[u] && self.known_i[i])).collect())
+    }
+
+    /// RMSE on ratings whose dense ids share this model's id maps (e.g. the test half of a split,
+    /// or a set aligned with [`Ratings::align_to`]); ids past the maps get the mean. Ratings
+    /// numbered otherwise are an error, never a wrong number.
+    pub fn rmse(&self, r: &Ratings) -> Result<f64> {
+        if !r.shares_ids_with(&self.user_ids, &self.item_ids) {
+            return Err(MfError::InvalidArgument("ratings do not share the model's id maps (numbered separately: align them first)".into()));
+        }
         if r.is_empty() {
-            return f64::NAN;
+            return Ok(f64::NAN);
         }
         let it = r.users.iter().zip(&r.items).zip(&r.values).map(|((&u, &i), &v)| (u as usize, i as usize, v));
-        (sq_error(it, &self.p, &self.q, self.k, &self.known_u, &self.known_i, self.mean) / r.len() as f64).sqrt()
+        Ok((sq_error(it, &self.p, &self.q, self.k, &self.known_u, &self.known_i, self.mean) / r.len() as f64).sqrt())
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernel::{Entry, Factors, SgdParams};
+use crate::kernel::{split_norms, Entry, Factors, Schedule, SgdParams};
 
 /// How many ratings ahead the rows are prefetched.
 const AHEAD: usize = 6;
@@ -65,9 +65,13 @@ fn hsum256(v: __m256) -> f32 {
 /// `ld ≥ 8N`; no other thread touches these rows during the call.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn block_avx2<const N: usize, const ADA: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
+pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
     let lam = _mm256_set1_ps(prm.lambda);
     let inv_k = 1.0 / prm.k as f32;
+    // SPLIT (LIBMF's rule): chunk 0 has accumulator 2u, chunks 1.. accumulator 2u + 1.
+    let slow_only = matches!(prm.schedule, Schedule::AdagradSplit { slow_only: true });
+    let (rs, rf) = split_norms(prm.k);
+    let upto = if SPLIT && slow_only { 1 } else { N };
     let row_bytes = N * 32;
     let mut loss = 0f64;
     for (n, en) in block.iter().enumerate() {
@@ -102,6 +106,45 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool>(block: &[Entry], f: Fa
         let e = en.r - hsum256(_mm256_add_ps(d0, d1));
         loss += (e * e) as f64;
         let ev = _mm256_set1_ps(e);
+        if SPLIT {
+            // The four accumulators [pg_slow, pg_fast, qg_slow, qg_fast] in one register
+            // (each row's pair is contiguous): one sqrt and one division give all four steps.
+            // SAFETY: accumulators 2u, 2u + 1, 2i, 2i + 1: in bounds and ours.
+            let (pg, qg) = unsafe { (f.pg.add(2 * u), f.qg.add(2 * i)) };
+            let g = unsafe { _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd(pg as *const f64), qg as *const f64)) };
+            let st = _mm_div_ps(_mm_set1_ps(prm.eta), _mm_sqrt_ps(g));
+            let hi = _mm_movehl_ps(st, st);
+            let steps = [
+                (_mm256_broadcastss_ps(st), _mm256_broadcastss_ps(hi)),
+                (_mm256_broadcastss_ps(_mm_movehdup_ps(st)), _mm256_broadcastss_ps(_mm_movehdup_ps(hi))),
+            ];
+            let mut ap = [_mm256_setzero_ps(); 2];
+            let mut aq = [_mm256_setzero_ps(); 2];
+            for j in 0..upto {
+                let s = (j > 0) as usize;
+                let (spv, sqv) = steps[s];
+                let gp = _mm256_fmsub_ps(lam, p[j], _mm256_mul_ps(ev, q[j]));
+                let gq = _mm256_fmsub_ps(lam, q[j], _mm256_mul_ps(ev, p[j]));
+                ap[s] = _mm256_fmadd_ps(gp, gp, ap[s]);
+                aq[s] = _mm256_fmadd_ps(gq, gq, aq[s]);
+                // SAFETY: as for the loads.
+                unsafe {
+                    _mm256_storeu_ps(pp.add(8 * j), _mm256_fnmadd_ps(spv, gp, p[j]));
+                    _mm256_storeu_ps(qp.add(8 * j), _mm256_fnmadd_ps(sqv, gq, q[j]));
+                }
+            }
+            // [Σ gp² slow, Σ gp² fast, Σ gq² slow, Σ gq² fast] by three horizontal adds; the
+            // fast sums are zero in a slow-only pass, leaving those accumulators unchanged.
+            let z = _mm256_hadd_ps(_mm256_hadd_ps(ap[0], ap[1]), _mm256_hadd_ps(aq[0], aq[1]));
+            let sums = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z));
+            let g = _mm_fmadd_ps(sums, _mm_setr_ps(rs, rf, rs, rf), g);
+            // SAFETY: as above.
+            unsafe {
+                _mm_store_sd(pg as *mut f64, _mm_castps_pd(g));
+                _mm_storeh_pd(qg as *mut f64, _mm_castps_pd(g));
+            }
+            continue;
+        }
         // SAFETY: accumulator rows u and i, in bounds and ours.
         let (sp, sq) = unsafe { step_sizes::<ADA>(f, prm, u, i) };
         let (spv, sqv) = (_mm256_set1_ps(sp), _mm256_set1_ps(sq));
@@ -206,13 +249,15 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
 /// As [`block_avx2`] with `w = k` rounded up to 8.
 pub unsafe fn dispatch_avx2(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, ada: bool) -> Option<f64> {
     let w = prm.k.div_ceil(8) * 8;
+    let split = matches!(prm.schedule, Schedule::AdagradSplit { .. });
     macro_rules! go {
         ($($n:literal)*) => {
-            match (w / 8, ada) {
+            match (w / 8, ada, split) {
                 $(
                     // SAFETY: forwarded contract; N = w / 8.
-                    ($n, true) => Some(unsafe { block_avx2::<$n, true>(block, f, prm, ld) }),
-                    ($n, false) => Some(unsafe { block_avx2::<$n, false>(block, f, prm, ld) }),
+                    ($n, _, true) => Some(unsafe { block_avx2::<$n, true, true>(block, f, prm, ld) }),
+                    ($n, true, false) => Some(unsafe { block_avx2::<$n, true, false>(block, f, prm, ld) }),
+                    ($n, false, false) => Some(unsafe { block_avx2::<$n, false, false>(block, f, prm, ld) }),
                 )*
                 _ => None,
             }

@@ -57,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<mf::PyMfTrainer>()?;
     m.add_class::<mf::PyMfModel>()?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_sgd_block, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(mf::mf_read_pairs, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_sgd_entries, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_write_cache, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_header, m)?)?;

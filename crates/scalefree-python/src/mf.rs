@@ -81,6 +81,17 @@ impl PyMfRatings {
         let (a, b) = self.r.split(test_fraction, seed).map_err(|e| mf_err(py, e))?;
         Ok((PyMfRatings { r: a }, PyMfRatings { r: b }))
     }
+    /// These ratings renumbered into `base`'s id maps (ids compared as given, so two files
+    /// loaded separately line up) → (aligned ratings, (unseen users, unseen items, ratings
+    /// with an unseen id)).
+    fn align_to(&self, py: Python<'_>, base: &PyMfRatings) -> (Self, (usize, usize, usize)) {
+        let (r, u) = py.detach(|| self.r.align_to(&base.r));
+        (PyMfRatings { r }, (u.users, u.items, u.ratings))
+    }
+    /// Whether these ratings number users and items as `base` does.
+    fn shares_ids_with(&self, base: &PyMfRatings) -> bool {
+        self.r.shares_ids_with(&base.r.user_ids, &base.r.item_ids)
+    }
     fn __len__(&self) -> usize {
         self.r.len()
     }
@@ -120,7 +131,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=false))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -173,6 +184,16 @@ impl PyMfTrainer {
     }
 }
 
+/// A file of `user item [rating]` lines (every rating-file format, gzip ok) → (int64 users,
+/// int64 items, float32 ratings; NaN where the file has none) as bytes.
+#[pyfunction]
+pub fn mf_read_pairs<'py>(py: Python<'py>, path: PathBuf) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let (u, i, v) = py.detach(|| data::read_pairs(&path)).map_err(|e| mf_err(py, e))?;
+    let b64 = |x: &[u64]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let vb: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    Ok((PyBytes::new(py, &b64(&u)), PyBytes::new(py, &b64(&i)), PyBytes::new(py, &vb)))
+}
+
 #[pyclass(name = "MfModel", module = "scalefree._native")]
 pub struct PyMfModel {
     m: Model,
@@ -187,8 +208,14 @@ impl PyMfModel {
         let b: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
         Ok(PyBytes::new(py, &b))
     }
-    fn rmse(&self, r: &PyMfRatings) -> f64 {
-        self.m.rmse(&r.r)
+    fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
+        self.m.rmse(&r.r).map_err(|e| mf_err(py, e))
+    }
+    /// 1 per pair (uint8 bytes) whose user and item both had ratings in training.
+    fn known<'py>(&self, py: Python<'py>, users: &[u8], items: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let (u, i) = (u64s(users), u64s(items));
+        let out = py.detach(|| self.m.known(&u, &i)).map_err(|e| mf_err(py, e))?;
+        Ok(PyBytes::new(py, &out.iter().map(|&b| b as u8).collect::<Vec<u8>>()))
     }
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         py.detach(|| self.m.save(&path)).map_err(|e| mf_err(py, e))
@@ -229,6 +256,16 @@ impl PyMfModel {
         let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
         let m = Model { k, p: f(p), q: f(q), user_ids, item_ids, mean, known_u: known_u.iter().map(|&x| x != 0).collect(), known_i: known_i.iter().map(|&x| x != 0).collect() };
         Ok(PyMfModel { m })
+    }
+    /// (p, q float32 bytes, user_ids, item_ids int64 bytes, mean, known_u, known_i uint8 bytes):
+    /// what `from_parts` takes (fold-in builds a grown model from them).
+    #[allow(clippy::type_complexity)]
+    fn parts<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>, f32, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+        let f = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let g = |x: &[u64]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let b = |x: &[bool]| -> Vec<u8> { x.iter().map(|&v| v as u8).collect() };
+        let m = &self.m;
+        (PyBytes::new(py, &f(&m.p)), PyBytes::new(py, &f(&m.q)), PyBytes::new(py, &g(&m.user_ids)), PyBytes::new(py, &g(&m.item_ids)), m.mean, PyBytes::new(py, &b(&m.known_u)), PyBytes::new(py, &b(&m.known_i)))
     }
     #[getter]
     fn k(&self) -> usize {

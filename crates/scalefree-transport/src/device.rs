@@ -144,6 +144,7 @@ impl Device {
             )));
         }
         let rv = Rendezvous::join(&job, opts.bootstrap_timeout)?;
+        crate::wait::set_peer_hosts(job.rank, rv.host_names().to_vec());
         let hosts = host_map(&job, &rv, opts.transport);
         let several_hosts = hosts.iter().any(|&h| h != hosts[0]);
         let use_ucx = match opts.transport {
@@ -257,7 +258,7 @@ impl Device {
             })?
         };
         let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
-        net.open_lanes(ip, &remote, &job.token, opts.bootstrap_timeout, &mut |b| {
+        net.open_lanes(ip, &remote, &job.token, &job.job_id, opts.bootstrap_timeout, &mut |b| {
             Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
         })?;
         let mut peers = Vec::with_capacity(items.len());

@@ -10,6 +10,7 @@
 //! launcher's environment and assembles the ranks of a job.
 
 pub mod arena;
+pub mod auth;
 pub mod backends;
 pub mod bootstrap;
 pub mod channel;

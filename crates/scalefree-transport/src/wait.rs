@@ -25,6 +25,53 @@ pub struct WaitPolicy {
     pub check_interval: Duration,
     /// Give up after this long with [`Error::Timeout`] (peers still alive but silent).
     pub timeout: Duration,
+    /// Warn on stderr after this long without progress (`SCALEFREE_PEER_TIMEOUT`, default
+    /// [`DEFAULT_PEER_TIMEOUT`]; zero: never), and again each time the wait doubles. (A peer
+    /// on another host silent this long counts as lost: see the UCX backend's heartbeats.)
+    pub peer_timeout: Duration,
+}
+
+/// How long a wait lasts before it warns that a live peer makes no progress.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `SCALEFREE_PEER_TIMEOUT` in seconds (fractions allowed; positive).
+pub fn peer_timeout_from_env() -> Duration {
+    std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0).map(Duration::from_secs_f64).unwrap_or(DEFAULT_PEER_TIMEOUT)
+}
+
+/// This process's rank and the host name of every rank, for the warnings of waits.
+static PEER_HOSTS: std::sync::Mutex<Option<(u32, Vec<String>)>> = std::sync::Mutex::new(None);
+
+/// Tells the warnings of waits who this rank is and where every rank runs.
+pub fn set_peer_hosts(me: u32, hosts: Vec<String>) {
+    *PEER_HOSTS.lock().unwrap_or_else(|e| e.into_inner()) = Some((me, hosts));
+}
+
+/// The warning of a wait for `what` that has lasted `waited` (see [`WaitPolicy::peer_timeout`]).
+fn silent_peer_warning(what: &str, waited: Duration, timeout: Duration) -> String {
+    let guard = PEER_HOSTS.lock().unwrap_or_else(|e| e.into_inner());
+    let me = guard.as_ref().map(|(m, _)| format!("rank {m}")).unwrap_or_else(|| "this rank".into());
+    // The rank the wait names ("rank 3's piece ..."), and its host.
+    let peer = what.split("rank ").skip(1).find_map(|t| {
+        let digits: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse::<u32>().ok()
+    });
+    let who = match peer {
+        Some(p) => {
+            let host = guard.as_ref().and_then(|(_, h)| h.get(p as usize)).filter(|h| !h.is_empty());
+            match host {
+                Some(h) => format!("rank {p} (host {h})"),
+                None => format!("rank {p}"),
+            }
+        }
+        None => "a peer".into(),
+    };
+    format!(
+        "scalefree: warning: {me} has waited {:.0} s for {what}: {who} is alive but has made no progress for {:.0} s \
+         (stopped, in a debugger, or much slower?); the wait fails after SCALEFREE_TIMEOUT={:.0} s",
+        waited.as_secs_f64(), waited.as_secs_f64(), timeout.as_secs_f64()
+    )
 }
 
 impl WaitPolicy {
@@ -39,6 +86,7 @@ impl WaitPolicy {
             yield_for: Duration::from_micros(yield_us),
             check_interval: Duration::from_millis(50),
             timeout,
+            peer_timeout: peer_timeout_from_env(),
         }
     }
 }
@@ -224,6 +272,7 @@ pub(crate) fn park_until(
     mut park_once: impl FnMut() -> Option<u32>,
 ) -> Result<u32> {
     let mut last_check = Instant::now();
+    let mut warn_at = policy.peer_timeout;
     loop {
         if let Some(v) = park_once() {
             return Ok(v);
@@ -231,6 +280,12 @@ pub(crate) fn park_until(
         if last_check.elapsed() >= policy.check_interval {
             liveness()?;
             last_check = Instant::now();
+            // Every peer is alive (or liveness would have failed): say who we wait for.
+            let waited = start.elapsed();
+            if !warn_at.is_zero() && waited >= warn_at && waited < policy.timeout {
+                eprintln!("{}", silent_peer_warning(&what(), waited, policy.timeout));
+                warn_at = waited * 2;
+            }
         }
         if start.elapsed() >= policy.timeout {
             return Err(Error::Timeout {
@@ -303,6 +358,7 @@ mod tests {
             yield_for: Duration::ZERO,
             check_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(20),
+            peer_timeout: Duration::ZERO,
         };
         let (w, c) = (word.clone(), waiters.clone());
         let t = std::thread::spawn(move || {
@@ -326,8 +382,19 @@ mod tests {
             yield_for: Duration::from_micros(100),
             check_interval: Duration::from_millis(10),
             timeout: Duration::from_millis(50),
+            peer_timeout: Duration::ZERO,
         };
         let r = wait_until(&word, &waiters, |v| v == 1, &policy, &|| "nothing".into(), &|| Ok(()));
         assert!(matches!(r, Err(Error::Timeout { .. })));
+    }
+
+    #[test]
+    fn the_warning_names_the_silent_rank_and_its_host() {
+        set_peer_hosts(0, vec!["h0".into(), "h1".into(), "node7".into()]);
+        let w = silent_peer_warning("rank 2's piece 0 of allreduce call #4", Duration::from_secs(31), Duration::from_secs(1800));
+        assert!(w.contains("rank 0 has waited 31 s for rank 2's piece") && w.contains("rank 2 (host node7)"), "{w}");
+        assert!(w.contains("no progress for 31 s") && w.contains("SCALEFREE_TIMEOUT=1800"), "{w}");
+        let w = silent_peer_warning("a notification in slot 3", Duration::from_secs(5), Duration::from_secs(9));
+        assert!(w.contains("a peer is alive"), "{w}");
     }
 }

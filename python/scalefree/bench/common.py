@@ -480,7 +480,7 @@ def find_mpiexec() -> str | None:
 
 def launcher_cmd(world_size: int, argv: Sequence[str]) -> list[str]:
     """Starts ``argv`` as ``world_size`` ranks with the scalefree launcher."""
-    return [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(world_size), "--", *argv]
+    return [sys.executable, "-m", "scalefree.cli", "run", "-n", str(world_size), "--", *argv]
 
 
 def mpiexec_cmd(mpiexec: str, world_size: int, argv: Sequence[str]) -> list[str]:

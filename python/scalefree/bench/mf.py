@@ -12,6 +12,29 @@ iterations and threads; LIBMF runs in a child process (its ctypes wrapper prints
 and must not share our threads). Reported: fit time (median of --repeat), test RMSE, and
 rating updates per second. LIBMF predicts through its own factors (P[u]·Q[i]; the training mean for ids it never saw).
 
+``scalefree bench mf --vs libmf --libmf-bin DIR``: against LIBMF's official command-line tools
+(``mf-train`` / ``mf-predict`` built from its source, e.g. ``make`` with ``-DUSEAVX``), from
+files on disk: each data set is split once (seeded, 90/10) into a training and a test file in
+LIBMF's text format (``u i r``, dense 0-based ids); both sides read those two files. For each λ
+in ``--lams`` (default 0.05,0.1), with the same k, η, iterations and threads:
+LIBMF's training time is (wall time of ``mf-train -t N`` − wall time of ``mf-train -t 1``)·N/(N−1)
+(median of --repeat pairs), its test RMSE ``mf-predict``'s on the model of ``-t N`` (median over
+the repeats; ours likewise: with 2 threads neither is bit-for-bit repeatable), and its
+per-iteration test RMSE comes from an untimed ``-p TEST`` run. Ours runs in a child process:
+load both files, align the test ids to the training ids, build the trainer, then one epoch and
+N − 1 epochs timed apart; its training time is the same formula, (time of epochs 2..N)·N/(N−1)
+(the time of all N epochs is in the JSON too); the per-epoch test RMSE comes from a second,
+untimed trainer with the same seed. Reported: training seconds, ratio,
+test RMSE at N iterations, the iteration and training time at which ours first reaches LIBMF's
+N-iteration RMSE, end-to-end seconds (process start to model) and peak RSS of each process.
+
+``scalefree bench mf --vs fold-in``: a seeded 10 % of the users of each rating file are new:
+half of each new user's ratings (seeded) are folded into a model trained without them
+(``model.fold_in``: a ridge solve per user against the fixed item factors), the other half is
+the test set. Reported: test RMSE of the folded-in users, of a model retrained on everything
+but the test half (same hyperparameters, seed and threads), and of the training mean (what
+the model answers before fold-in); fold-in seconds per user and retraining seconds.
+
 ``scalefree bench mf --throughput``: rating updates per second per iteration (training
 only, after set-up) on a seeded 6,040 × 3,700 matrix with 1 M training ratings (MovieLens-1M's
 shape), on 1 and 2 threads, ours and LIBMF side by side. Ours times the epochs directly
@@ -83,6 +106,225 @@ for _ in range(a["repeat"]):
 print(json.dumps({"per_iter": per_iter, "setup": setup, "rmse": rmse}))
 """
 
+_OURS_FILES_CHILD = r"""
+import sys, json, time
+t_start = time.perf_counter()
+from scalefree import _native
+from scalefree.mf.model import load_ratings
+a = json.loads(sys.argv[3])
+t0 = time.perf_counter()
+train = load_ratings(sys.argv[1], cache=False)
+test, unseen = load_ratings(sys.argv[2], cache=False).align_to(train)
+t_load = time.perf_counter() - t0
+t0 = time.perf_counter()
+tr = _native.MfTrainer(train, k=a["k"], eta=a["eta"], lam=a["lam"], threads=a["threads"], seed=a["seed"])
+t_setup = time.perf_counter() - t0
+# Timed as LIBMF's --quiet runs, no evaluation in between; the same formula as LIBMF's
+# (t_N - t_1)·N/(N-1): the epochs after the first, scaled to N (the first epoch, slow-only and
+# cold, is reported apart).
+n = a["iterations"]
+t0 = time.perf_counter()
+tr.epochs(1)
+t_first = time.perf_counter() - t0
+t0 = time.perf_counter()
+tr.epochs(n - 1)
+t_rest = time.perf_counter() - t0
+t_train = t_rest * n / (n - 1)
+final = tr.rmse(test)
+t_end = time.perf_counter() - t_start
+# Untimed for the total, like LIBMF's -p run: the test RMSE after every epoch, with each
+# epoch's own time (one epochs(1) call each, so slightly above the timed run's).
+tr = _native.MfTrainer(train, k=a["k"], eta=a["eta"], lam=a["lam"], threads=a["threads"], seed=a["seed"])
+cum, curve, times = 0.0, [], []
+for it in range(a["iterations"]):
+    t0 = time.perf_counter(); tr.epochs(1); cum += time.perf_counter() - t0
+    times.append(cum); curve.append(tr.rmse(test))
+print(json.dumps({"load_s": t_load, "setup_s": t_setup, "train_s": t_train, "first_epoch_s": t_first,
+                  "all_epochs_s": t_first + t_rest, "final_rmse": final, "cum_s": times,
+                  "rmse": curve, "unseen": unseen, "isa": tr.isa, "end_to_end_s": t_end}))
+"""
+
+
+_GNU_TIME = "/usr/bin/time"
+
+
+def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int | None, str]:
+    """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout). The peak comes from
+    GNU time (``/usr/bin/time -f %M``; None where it is absent): a child spawned straight from
+    this process would report this process's peak (Linux keeps ru_maxrss across exec). The
+    wall time includes GNU time's own start (~1 ms), the same for both sides."""
+    import tempfile as _tf
+
+    use_time = os.access(_GNU_TIME, os.X_OK)
+    if use_time:
+        cmd = [_GNU_TIME, "-f", "SCALEFREE_MAXRSS_KB %M", *cmd]
+
+    with _tf.TemporaryFile("w+") as out, _tf.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        deadline = t0 + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                raise SystemExit(f"{cmd[0]} timed out after {timeout:.0f} s")
+            time.sleep(0.0005)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        errs = err.read()
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}): {errs.strip()[-500:]}")
+        rss = None
+        for line in errs.splitlines():
+            if line.startswith("SCALEFREE_MAXRSS_KB "):
+                rss = int(line.split()[1]) * 1024
+        return wall, rss, out.read()
+
+
+def _write_split_files(f: Path, seed: int, d: Path) -> tuple[Path, Path, int, int]:
+    """The seeded 90/10 split of ``f`` as two LIBMF text files (dense 0-based ids over both)."""
+    from ..mf.model import split_ratings
+
+    train, test = split_ratings(f, 0.1, seed)
+    tr, te = _dense(train, test)
+    paths = []
+    for name, a in (("train", tr), ("test", te)):
+        path = d / f"{f.parent.name}.{name}.txt"
+        np.savetxt(path, a, fmt=["%d", "%d", "%g"])
+        paths.append(path)
+    return paths[0], paths[1], len(tr), len(te)
+
+
+def _libmf_official(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
+    """LIBMF's mf-train / mf-predict on the split files (see the module doc)."""
+    bin_dir = Path(args.libmf_bin)
+    train_bin, predict_bin = str(bin_dir / "mf-train"), str(bin_dir / "mf-predict")
+    model = d / "libmf.model"
+    base = [train_bin, "-f", "0", "-k", str(args.k), "-l1", "0", "-l2", repr(lam), "-r", repr(args.eta),
+            "-s", str(args.threads)]
+    n = args.iterations
+    walls = {1: [], n: []}
+    rss = 0
+    rmses = []
+    for _ in range(args.repeat):
+        for t in (1, n):
+            w, r, _ = _wall_rss([*base, "-t", str(t), "--quiet", str(tr), str(model)])
+            walls[t].append(w)
+            rss = max(rss, r or 0)
+            if t == n:
+                _, _, out = _wall_rss([predict_bin, "-e", "0", str(te), str(model), str(d / "libmf.pred")])
+                rmses.append(float(out.strip().split("=")[-1]))
+    # Untimed: the per-iteration test RMSE (its -p evaluates after every iteration).
+    _, _, out = _wall_rss([*base, "-t", str(n), "-p", str(te), str(tr), str(model)])
+    curve = [float(line.split()[2]) for line in out.splitlines() if line.strip()[:1].isdigit()]
+    pairs = [(b - a) * n / (n - 1) for a, b in zip(walls[1], walls[n])]
+    return {"train_s": float(np.median(pairs)), "train_s_all": pairs, "wall_1": walls[1], "wall_n": walls[n],
+            "end_to_end_s": float(np.median(walls[n])), "rmse": float(np.median(rmses)), "rmse_all": rmses,
+            "curve": curve, "peak_rss_bytes": rss}
+
+
+def _ours_files(args, tr: Path, te: Path, lam: float) -> dict:
+    a = {"k": args.k, "eta": args.eta, "lam": lam, "threads": args.threads, "seed": args.seed,
+         "iterations": args.iterations}
+    runs, rss = [], 0
+    for _ in range(args.repeat):
+        _, r, out = _wall_rss([sys.executable, "-c", _OURS_FILES_CHILD, str(tr), str(te), json.dumps(a)])
+        runs.append(json.loads(out.strip().splitlines()[-1]))
+        rss = max(rss, r or 0)
+    med = sorted(runs, key=lambda x: x["train_s"])[len(runs) // 2]
+    med["final_rmse"] = float(np.median([x["final_rmse"] for x in runs]))
+    return {**med, "train_s_all": [x["train_s"] for x in runs], "rmse_all": [x["final_rmse"] for x in runs],
+            "peak_rss_bytes": rss}
+
+
+def _vs_libmf_official(args) -> int:
+    files = [Path(f) for f in args.data] if args.data else _default_data()
+    lams = [float(x) for x in str(args.lams).split(",")]
+    records, rows = [], []
+    with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as dd:
+        d = Path(dd)
+        for f in files:
+            tr, te, n_tr, n_te = _write_split_files(f, args.seed, d)
+            for lam in lams:
+                common.progress(f"{f.parent.name}: λ={lam}: LIBMF mf-train ({args.repeat} x (-t 1, -t {args.iterations})) ...")
+                lib = _libmf_official(args, tr, te, lam, d)
+                common.progress(f"{f.parent.name}: λ={lam}: scalefree ({args.repeat} runs) ...")
+                ours = _ours_files(args, tr, te, lam)
+                target = lib["rmse"]
+                reach = next((n for n, r in enumerate(ours["rmse"], 1) if r <= target), None)
+                t_reach = ours["cum_s"][reach - 1] if reach else None
+                speed = lib["train_s"] / ours["train_s"]
+                rec = {"bench": BENCH, "vs": "libmf-official", "data": f.parent.name + "/" + f.name,
+                       "train": n_tr, "test": n_te, "k": args.k, "lam": lam, "eta": args.eta,
+                       "iterations": args.iterations, "threads": args.threads, "seed": args.seed,
+                       "libmf": lib, "scalefree": ours,
+                       "test_rmse": {"scalefree": ours["final_rmse"], "libmf": target},
+                       "train_s": {"scalefree": ours["train_s"], "libmf": lib["train_s"]},
+                       "speedup_train": speed,
+                       "scalefree_iterations_to_libmf_rmse": reach,
+                       "scalefree_seconds_to_libmf_rmse": t_reach,
+                       "time_to_libmf_rmse_ratio": (lib["train_s"] / t_reach) if t_reach else None}
+                records.append(rec)
+                rows.append([f.parent.name, f"{lam:g}", f"{target:.4f}", f"{ours['final_rmse']:.4f}",
+                             f"{lib['train_s'] * 1e3:.1f}", f"{ours['train_s'] * 1e3:.1f}", f"{speed:.2f}x",
+                             f"{reach or '-'}", f"{(lib['train_s'] / t_reach) if t_reach else float('nan'):.2f}x",
+                             f"{lib['end_to_end_s']:.3f}", f"{ours['end_to_end_s']:.3f}",
+                             f"{lib['peak_rss_bytes'] / 2**20:.0f}", f"{ours['peak_rss_bytes'] / 2**20:.0f}"])
+    print(common.format_table(["data", "λ", "LIBMF RMSE", "ours RMSE", "LIBMF train ms", "ours train ms",
+                               "speed-up", "ours it. to LIBMF RMSE", "time-to-RMSE ratio", "LIBMF e2e s",
+                               "ours e2e s", "LIBMF RSS MiB", "ours RSS MiB"], rows, left_columns=2))
+    if getattr(args, "json", None):
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
+def _vs_fold_in(args) -> int:
+    from ..mf.model import MatrixFactorization, load_ratings
+
+    files = [Path(f) for f in args.data] if args.data else _default_data()
+    records, rows = [], []
+    for f in files:
+        r = load_ratings(f, cache=False)
+        u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
+        rng = np.random.default_rng(args.seed)
+        users = np.unique(u)
+        new = np.isin(u, rng.choice(users, size=max(1, len(users) // 10), replace=False))
+        ev = new & (rng.random(len(u)) < 0.5)
+        fold = new & ~ev
+        kw = dict(k=args.k, eta=args.eta, lam=args.lam, iterations=args.iterations, threads=args.threads,
+                  seed=args.seed)
+        rmse = lambda m: float(np.sqrt(np.mean((m.predict(u[ev], i[ev]).astype(np.float64) - v[ev]) ** 2)))
+        common.progress(f"{f.parent.name}: training without the new users ...")
+        base = MatrixFactorization(**kw).fit((u[~new], i[~new], v[~new]))
+        before = rmse(base)
+        t0 = time.perf_counter()
+        stats = base.fold_in((u[fold], i[fold], v[fold]))
+        t_fold = time.perf_counter() - t0
+        folded = rmse(base)
+        common.progress(f"{f.parent.name}: retraining with the new users' fold-in halves ...")
+        t0 = time.perf_counter()
+        again = MatrixFactorization(**kw).fit((u[~ev], i[~ev], v[~ev]))
+        t_re = time.perf_counter() - t0
+        retrained = rmse(again)
+        rec = {"bench": BENCH, "vs": "fold-in", "data": f.parent.name + "/" + f.name, "new_users": stats["rows"],
+               "fold_ratings": int(fold.sum()), "test_ratings": int(ev.sum()), "k": args.k, "lam": args.lam,
+               "iterations": args.iterations, "threads": args.threads, "rmse_fold_in": folded,
+               "rmse_retrained": retrained, "rmse_mean": before, "fold_in_s": t_fold,
+               "fold_in_s_per_user": t_fold / max(stats["rows"], 1), "retrain_s": t_re}
+        records.append(rec)
+        rows.append([f.parent.name, str(stats["rows"]), str(int(ev.sum())), f"{folded:.4f}", f"{retrained:.4f}",
+                     f"{before:.4f}", f"{rec['fold_in_s_per_user'] * 1e6:.0f}", f"{t_re:.3f}"])
+    print(common.format_table(["data", "new users", "test ratings", "RMSE fold-in", "RMSE retrained",
+                               "RMSE mean", "fold-in us/user", "retrain s"], rows, left_columns=2))
+    if getattr(args, "json", None):
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
 # MovieLens-1M's shape for --throughput: users x items, training ratings.
 _ML1M_SHAPE = (6040, 3700, 1_000_000)
 
@@ -90,7 +332,7 @@ _ML1M_SHAPE = (6040, 3700, 1_000_000)
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(BENCH, help="matrix factorization (local mode) vs LIBMF",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "none"))
+    p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "fold-in", "none"))
     p.add_argument("--budget-fraction", type=float, default=0.25,
                    help="--vs memory-budget: budget per rank as a fraction of the rating data (default 0.25)")
     p.add_argument("--ranks", type=int, default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
@@ -109,6 +351,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--normalize", choices=("on", "off"), default="on",
                    help="ours trains on ratings divided by their standard deviation, as LIBMF always does, so λ "
                         "means the same for both (default on)")
+    p.add_argument("--libmf-bin", type=Path, default=None,
+                   help="--vs libmf: directory of LIBMF's official mf-train and mf-predict (built from its "
+                        "source); both sides then read the same split files from disk")
+    p.add_argument("--lams", default="0.05,0.1", help="--libmf-bin: the λ values to run (default 0.05,0.1)")
     p.add_argument("--libmf-so", type=Path, default=None,
                    help="also run LIBMF from this shared library (e.g. built from the libmf sdist's sources "
                         "with -O3 -march=native -DUSEAVX), as impl 'libmf-src'")
@@ -382,6 +628,10 @@ def run(args) -> int:
         return _vs_dsgd_ps(args)
     if args.vs == "memory-budget":
         return _vs_memory_budget(args)
+    if args.vs == "fold-in":
+        return _vs_fold_in(args)
+    if args.vs == "libmf" and args.libmf_bin:
+        return _vs_libmf_official(args)
     files = [Path(f) for f in args.data] if args.data else _default_data()
     records, rows = [], []
     for f in files:

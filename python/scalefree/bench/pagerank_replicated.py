@@ -106,7 +106,7 @@ def worker(argv: list[str]) -> int:
 
 def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | None:
     out.mkdir()
-    cmd = [sys.executable, "-m", "scalefree.launch.launcher", "-n", str(ranks), "--allow-rank-failure",
+    cmd = [sys.executable, "-m", "scalefree.cli", "run", "-n", str(ranks), "--allow-rank-failure",
            "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
            "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
            "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,

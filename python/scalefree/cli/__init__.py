@@ -9,7 +9,7 @@ import sys
 
 # (command, module that registers it, package of that module, one line for `scalefree --help`)
 _COMMANDS = (
-    ("run", "launcher", "..launch", "start N ranks of a command on this host"),
+    ("run", "run", ".", "start N ranks of a command on this host"),
     ("bench", "cli", "..bench", "benchmark scalefree against its peers (MPI, gloo, ...)"),
     ("ps", "ps", ".", "parameter-server training over zero-copy tensor slots"),
     ("sparse", "sparse", ".", "sparse allreduce tools (plan: cost model of layer degrees)"),

@@ -1,12 +1,16 @@
 """``scalefree mf``: matrix factorization by SGD (``train``, ``predict``).
 
     scalefree mf train ratings.csv                      # one machine, threads
+    scalefree mf train train.txt --test test.txt -o m   # an explicit test file (LIBMF's -p)
     scalefree mf train ratings.csv --mode rima -n 4     # a ring of 4 ranks
+    scalefree mf predict m test.txt -o pred.txt         # predictions; RMSE / MAE when rated
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -14,7 +18,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
-from .common import EXIT_USAGE, fail, relaunch
+from .common import EXIT_USAGE, fail, relaunch, show_progress
 
 PROG = "scalefree mf train"
 
@@ -34,6 +38,12 @@ def _check_ranks(args) -> None:
         fail(PROG, f"-n must be at least 1, got {n}")
     if args.normalize and args.mode != "local":
         fail(PROG, f"--normalize is for --mode local, not {args.mode}")
+    if (args.validation_fraction or args.patience is not None) and args.mode != "local":
+        fail(PROG, f"--validation-fraction / --patience are for --mode local so far, not {args.mode}")
+    if args.patience is not None and not args.validation_fraction:
+        fail(PROG, "--patience needs --validation-fraction")
+    if args.test is not None and args.mode != "local":
+        fail(PROG, f"--test is for --mode local so far (--mode {args.mode} splits with --test-fraction)")
     if args.mode == "local" and n > 1:
         fail(PROG, "--mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -70,7 +80,7 @@ def _train_ranks(args) -> int:
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir)
     model._t_start = t_start  # set-up time counts the loading too
-    model.fit(train, test, progress=not args.quiet, eval_every=args.eval_every)
+    model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every)
     if model.rank != 0:
         return 0
     h = model.history
@@ -101,7 +111,12 @@ def _train_ranks(args) -> int:
 
 
 def _train(args) -> int:
-    train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    if args.test is not None:
+        from ..mf.model import load_ratings
+
+        train, test = load_ratings(args.data), load_ratings(args.test)
+    else:
+        train, test = split_ratings(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
                                 threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
@@ -111,7 +126,8 @@ def _train(args) -> int:
             if out:
                 out.write(json.dumps({**rec, "mode": args.mode, "k": args.k}) + "\n")
                 out.flush()
-        model.fit(train, test, progress=not args.quiet, on_iteration=log, eval_every=args.eval_every)
+        model.fit(train, test, progress=show_progress(args), on_iteration=log, eval_every=args.eval_every,
+                  validation_fraction=args.validation_fraction, patience=args.patience)
     finally:
         if out:
             out.close()
@@ -122,7 +138,16 @@ def _train(args) -> int:
         model.save(args.output)
     rmse = h[-1].get("test_rmse", float("nan"))
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
-          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s; final test RMSE {rmse:.4f}")
+          f"{args.iterations} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
+          f"final test RMSE {rmse:.4f}")
+    if model.stopped_at:
+        best = min(r["valid_rmse"] for r in h)
+        print(f"early stop after iteration {model.stopped_at}: validation RMSE did not improve for {args.patience} "
+              f"iterations (best {best:.4f}); the model is the best iteration's")
+    if model.test_unseen and model.test_unseen["ratings"]:
+        u = model.test_unseen
+        print(f"{PROG}: warning: {u['ratings']} test ratings have ids unseen in training ({u['users']} users, "
+              f"{u['items']} items); they are predicted as the training mean", file=sys.stderr)
     return 0
 
 
@@ -150,12 +175,44 @@ def _plot(history, path) -> None:
 
 
 def _predict(args) -> int:
+    """Predictions for every `user item [rating]` line of FILE (any format train reads), to -o
+    or stdout; RMSE and MAE when the lines carry ratings; a warning counts unknown ids."""
+    from .. import _native
+
     model = MatrixFactorization.load(args.model)
-    pairs = np.loadtxt(args.pairs, dtype=np.int64, ndmin=2, usecols=(0, 1),
-                       delimiter="," if str(args.pairs).endswith(".csv") else None)
-    pred = model.predict(pairs[:, 0], pairs[:, 1])
-    for (u, i), p in zip(pairs, pred):
-        print(f"{u} {i} {p:.4f}")
+    u, i, v = (np.frombuffer(b, dt) for b, dt in
+               zip(_native.mf_read_pairs(str(args.pairs)), (np.int64, np.int64, np.float32)))
+    pred = model.predict(u, i)
+    known = np.frombuffer(model._need().known(u.tobytes(), i.tobytes()), np.uint8).astype(bool)
+    lines = "".join(f"{a} {b} {p:.4f}\n" for a, b, p in zip(u.tolist(), i.tolist(), pred.tolist()))
+    if args.output:
+        with atomic_path(args.output) as tmp, open(tmp, "w") as out:
+            out.write(lines)
+    else:
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+    unknown = int((~known).sum())
+    if unknown:
+        print(f"scalefree mf predict: warning: {unknown} of {len(u)} pairs have a user or item unseen in "
+              f"training; predicted as the training mean", file=sys.stderr)
+    if len(v) and not np.isnan(v[0]):
+        err = pred.astype(np.float64) - v
+        msg = f"{len(v)} ratings: RMSE {np.sqrt(np.mean(err ** 2)):.4f}, MAE {np.mean(np.abs(err)):.4f}"
+        print(msg, file=sys.stdout if args.output else sys.stderr)
+    return 0
+
+
+def _fold_in(args) -> int:
+    """New users (or items) of FILE folded into MODEL by ridge solves; the grown model to -o."""
+    model = MatrixFactorization.load(args.model)
+    t0 = time.perf_counter()
+    stats = model.fold_in(args.data, side=args.side, lam=args.lam)
+    secs = time.perf_counter() - t0
+    model.save(args.output)
+    per = secs / max(stats["rows"], 1)
+    print(f"folded in {stats['rows']} {args.side}s ({stats['new_rows']} new) from {stats['ratings_used']} ratings "
+          f"({stats['ratings_ignored']} on unknown ids ignored) in {secs:.3f} s ({per * 1e6:.0f} us per {args.side}); "
+          f"model written to {args.output}")
     return 0
 
 
@@ -174,24 +231,44 @@ def add_parser(sub) -> None:
     t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
     t.add_argument("--iterations", "-i", type=int, default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
-    t.add_argument("--threads", "-t", type=int, default=None)
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default 2×threads; rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--threads", "-t", type=int, default=None, help="local: threads (default: all cores this process may use)")
+    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
                    help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
                         "read ahead in pattern order (default: all in memory)")
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
-    t.add_argument("--normalize", action="store_true",
-                   help="local: train on ratings divided by their standard deviation, as LIBMF does")
+    t.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="local: train on ratings divided by their standard deviation with λ divided by it, as "
+                        "LIBMF does (default on in local mode)")
+    t.add_argument("--test", default=None, metavar="FILE",
+                   help="local: evaluate on this rating file (ids matched to the training file's; unseen ids "
+                        "get the training mean) instead of a --test-fraction split (like LIBMF's -p)")
     t.add_argument("--test-fraction", type=float, default=0.1)
+    t.add_argument("--validation-fraction", type=float, default=0.0,
+                   help="local: hold this share of the training ratings out as a validation set (RMSE per iteration)")
+    t.add_argument("--patience", type=int, default=None,
+                   help="local, with --validation-fraction: stop after this many iterations without a better "
+                        "validation RMSE and keep the best iteration's model")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
     t.add_argument("--json", help="write one JSON line per iteration to this file")
     t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
     t.add_argument("--output", "-o", help="save the model here (atomic write)")
-    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar (drawn only on a terminal)")
     t.set_defaults(func=_launch)
-    pr = msub.add_parser("predict", help="predict ratings for `user item` pairs with a saved model")
+    pr = msub.add_parser("predict", help="predict ratings for `user item [rating]` lines with a saved model")
     pr.add_argument("model")
-    pr.add_argument("pairs", help="text file of `user item` lines (original ids)")
+    pr.add_argument("pairs", metavar="FILE",
+                    help="`user item [rating]` lines (original ids; every format train reads, headers and gzip ok)")
+    pr.add_argument("--output", "-o", default=None, help="write `user item prediction` lines here (atomic); "
+                    "default stdout")
     pr.set_defaults(func=_predict)
+    fi = msub.add_parser("fold-in", help="add factors for new users (or items) of a rating file without retraining")
+    fi.add_argument("model")
+    fi.add_argument("data", metavar="FILE", help="ratings of the new users (items); every format train reads")
+    fi.add_argument("--side", choices=("user", "item"), default="user", help="which side to fold in (default user)")
+    fi.add_argument("--lam", "--lambda", type=float, default=0.05, help="ridge λ per rating (default 0.05, "
+                    "as train's)")
+    fi.add_argument("--output", "-o", required=True, help="write the grown model here (atomic)")
+    fi.set_defaults(func=_fold_in)

@@ -214,7 +214,7 @@ def cli_train(args) -> int:
                 "--hidden", *[str(h) for h in args.hidden]]
         # One BLAS thread per rank: the ranks share the cores.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        rc = subprocess.call([sys.executable, "-m", "scalefree.launch.launcher", "-n", str(args.ranks), "--", *argv], env=env)
+        rc = subprocess.call([sys.executable, "-m", "scalefree.cli", "run", "-n", str(args.ranks), "--", *argv], env=env)
         if rc:
             return rc
         res = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(args.ranks)]

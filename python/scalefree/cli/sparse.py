@@ -67,7 +67,7 @@ def _probe_here(n: int) -> Costs:
         out = f"{tmp}/costs.json"
         code = ("import json, dataclasses, scalefree; from scalefree.sparse import plan as sparse_plan; g = scalefree.init(); "
                 "c = sparse_plan.probe(g); g.rank == 0 and open(%r, 'w').write(json.dumps(dataclasses.asdict(c)))" % out)
-        rc = subprocess.call([sys.executable, "-m", "scalefree.launch.launcher", "-n", str(n), "--", sys.executable, "-c", code])
+        rc = subprocess.call([sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-c", code])
         if rc != 0:
             raise SystemExit(f"scalefree sparse plan --probe: the probe on {n} ranks failed (exit {rc})")
         return Costs(**json.loads(open(out).read()))

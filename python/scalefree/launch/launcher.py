@@ -18,10 +18,8 @@ as a whole at the end, and dies with the launcher even if the launcher is SIGKIL
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
-import functools
 import hashlib
 import os
 import secrets
@@ -74,14 +72,71 @@ class Nodes:
         return self.node_rank * per_node + local
 
 
-def multi_host_job(nodes: Nodes) -> tuple[str, str]:
-    """Job id and token that every host of the job computes alike: from
-    ``SCALEFREE_JOB_ID``/``SCALEFREE_JOB_TOKEN`` when set (set the token to a shared secret
-    to keep other users' jobs out), else derived from the master address and the user id."""
+#: Why a job across hosts cannot start without a secret (the transport says the same).
+NO_SECRET = ("a job across hosts needs a secret shared by its hosts, so that nobody else can join it: "
+             "set SCALEFREE_JOB_TOKEN on every host to the value host 0 printed (or to your own "
+             "`openssl rand -hex 16`), or pass --token-file PATH (a file only you can read, e.g. in your "
+             "home on a shared file system); on a closed network, --insecure-no-token (see docs/security.md)")
+
+
+def read_token_file(path) -> str:
+    """The first line of a token file, refused (``PermissionError``/``ValueError``) when its
+    group or others may read or write it, when another user owns it, or when it is empty."""
+    import stat
+
+    path = os.fspath(path)
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise PermissionError(f"token file {path} has mode {stat.S_IMODE(st.st_mode):o}: others may read it; "
+                              f"`chmod 600 {path}`")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"token file {path} belongs to another user")
+    with open(path, encoding="utf-8") as f:
+        token = f.readline().strip()
+    if not token:
+        raise _bad(f"token file {path} is empty")
+    return token
+
+
+def _bad(message: str) -> ValueError:
+    """A bad argument: ``scalefree run`` reports it in one line with exit code 2."""
+    from ..errors import InvalidArgumentError
+
+    return InvalidArgumentError(message)
+
+
+def job_secret(token_file=None, env=None) -> str | None:
+    """The job's shared secret: ``token_file``, else ``SCALEFREE_JOB_TOKEN``, else the file
+    named by ``SCALEFREE_JOB_TOKEN_FILE``; None when none is given."""
+    env = os.environ if env is None else env
+    if token_file:
+        return read_token_file(token_file)
+    if env.get("SCALEFREE_JOB_TOKEN"):
+        return env["SCALEFREE_JOB_TOKEN"]
+    if env.get("SCALEFREE_JOB_TOKEN_FILE"):
+        return read_token_file(env["SCALEFREE_JOB_TOKEN_FILE"])
+    return None
+
+
+def insecure_token(nodes: Nodes) -> str:
+    """The token of a job run with ``--insecure-no-token``: what anybody can compute from
+    the master address (only for closed networks)."""
+    where = f"{nodes.master_addr}:{nodes.master_port}"
+    return "insecure:" + hashlib.sha256(f"{where}:{os.getuid()}".encode()).hexdigest()[:32]
+
+
+def multi_host_job(nodes: Nodes, secret: str | None = None) -> tuple[str, str | None]:
+    """Job id and token of a job with a master address. The id is the same on every host
+    (``SCALEFREE_JOB_ID``, else derived from the master address) and is no secret. The
+    token is ``secret`` (see :func:`job_secret`); a job on one host makes a fresh one; a job
+    across hosts without one gets None (the caller decides: refuse, or make one on host 0)."""
     where = f"{nodes.master_addr}:{nodes.master_port}"
     job_id = os.environ.get("SCALEFREE_JOB_ID") or "sf-" + hashlib.sha256(where.encode()).hexdigest()[:12]
-    token = os.environ.get("SCALEFREE_JOB_TOKEN") or hashlib.sha256(f"{where}:{os.getuid()}:{job_id}".encode()).hexdigest()[:32]
-    return job_id, token
+    if secret:
+        return job_id, secret
+    if nodes.nnodes == 1:
+        return job_id, secrets.token_hex(16)
+    return job_id, None
 
 
 def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None, *,
@@ -331,7 +386,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
 
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
            prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
-           allow_rank_failure: bool = False, quiet_exits: tuple = ()) -> int:
+           allow_rank_failure: bool = False, quiet_exits: tuple = (), token: str | None = None) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
 
     ``nodes`` places them in a job over several hosts: run the same command on every host
@@ -344,7 +399,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     when one dies (for replicated collectives), the job then ending when all have exited,
     with code 0 if some rank succeeded and every failed rank died by a signal; ``env`` replaces ``os.environ`` as the base of each
     rank's environment; exit codes in ``quiet_exits`` are not announced (the rank reported
-    its own failure). Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
+    its own failure). ``token`` is the secret every host of a job across hosts shares
+    (default: :func:`job_secret`; a job across hosts without one is refused with ``ValueError``). Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
     command that cannot be started gives 127 (not found) or 126, with a message.
     """
     cmd = [os.fspath(c) for c in cmd]
@@ -363,7 +419,12 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         raise ValueError("a job over several hosts needs master_addr (rank 0's host)")
     if not 0 <= nodes.node_rank < nodes.nnodes:
         raise ValueError(f"node_rank must be in [0, {nodes.nnodes}), got {nodes.node_rank}")
-    job_id, token = multi_host_job(nodes) if nodes.master_addr else new_job()
+    if nodes.master_addr:
+        job_id, token = multi_host_job(nodes, token or job_secret(env=env))
+        if token is None:
+            raise _bad(NO_SECRET)
+    else:
+        job_id, token = new_job()
     received: list[int] = []
     with _catch_stopping_signals(received):
         try:
@@ -381,93 +442,3 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         finally:
             ranks.close()
             _join(pumps, _DRAIN_SECONDS)
-
-
-# ---------------------------------------------------------------------------------------
-# Command line
-
-
-_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
-          "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P] [--] CMD ...")
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
-def _seconds(text: str, *, allow_zero: bool) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (0 <= s < float("inf")) or (s == 0 and not allow_zero):
-        raise argparse.ArgumentTypeError(f"must be a {'non-negative' if allow_zero else 'positive'} number of seconds, got {text}")
-    return s
-
-
-def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("-n", "--nprocs", "--nproc-per-node", type=_at_least_one, default=None, metavar="N",
-                   help="number of ranks to start on this host (at least 1)")
-    hosts = p.add_argument_group("several hosts (run the same command on every host)")
-    hosts.add_argument("--nnodes", type=_at_least_one, default=1, metavar="H", help="number of hosts (default: 1)")
-    hosts.add_argument("--node-rank", type=int, default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
-    hosts.add_argument("--master-addr", default=os.environ.get("SCALEFREE_MASTER_ADDR"), metavar="ADDR",
-                       help="address of the host of rank 0 (node rank 0), where ranks meet "
-                            "(default: SCALEFREE_MASTER_ADDR)")
-    hosts.add_argument("--master-port", type=int, default=None, metavar="P",
-                       help=f"TCP port of the meeting point (default: SCALEFREE_MASTER_PORT or {DEFAULT_MASTER_PORT})")
-    p.add_argument("--timeout", type=functools.partial(_seconds, allow_zero=False), default=None, metavar="S",
-                   help="wall-clock limit for the whole job in seconds; exit code 124 when reached (default: none)")
-    p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
-                   metavar="S", help="seconds the other ranks get to exit by themselves after one fails, "
-                                     f"before SIGTERM (default: {DEFAULT_GRACE_SECONDS:g})")
-    p.add_argument("--no-prefix", action="store_true", help="pass output through without the [rank] prefix")
-    p.add_argument("--allow-rank-failure", action="store_true",
-                   help="keep the job running when a rank dies (replicated collectives, e.g. "
-                        "sparse_allreduce(replication=2)); exit 0 if some rank succeeded and every "
-                        "failed rank died by a signal")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments (after --)")
-    p.set_defaults(func=functools.partial(_run, p))
-    return p
-
-
-def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd[:1] == ["--"]:
-        cmd = cmd[1:]
-    if not cmd:
-        parser.error("no command given: scalefree run -n N [--] CMD [ARGS...]")
-    if args.nprocs is None:
-        parser.error("the number of ranks is required: -n N (or --nproc-per-node N)")
-    if args.nnodes > 1 and not args.master_addr:
-        parser.error("--nnodes > 1 needs --master-addr (the address of node rank 0)")
-    if not 0 <= args.node_rank < args.nnodes:
-        parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
-    port = args.master_port or int(os.environ.get("SCALEFREE_MASTER_PORT") or DEFAULT_MASTER_PORT)
-    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port) if args.master_addr else None
-    return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes,
-                  allow_rank_failure=args.allow_rank_failure)
-
-
-def add_parser(sub) -> None:
-    """Registers ``run`` on the ``scalefree`` command's subparsers."""
-    _configure(sub.add_parser("run", help="start N ranks of a command on this host", usage=_USAGE,
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m scalefree.launch.launcher -n N [--] CMD ...``, the same as ``scalefree run``."""
-    parser = _configure(argparse.ArgumentParser(prog="scalefree run", usage=_USAGE, description=__doc__,
-                                                formatter_class=argparse.RawDescriptionHelpFormatter))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,6 +9,10 @@ talk through shared memory, and a multi-host test would pass falsely.
     with SimHosts(2) as hosts:
         procs = [hosts.popen(i, ["python", "-c", "..."]) for i in range(2)]
 
+The hosts share a job secret, as a cluster's hosts share a home directory: a file readable
+by its owner only, named to every command by ``SCALEFREE_JOB_TOKEN_FILE`` unless the command's
+environment names a secret itself (``SimHosts(n, secret=False)``: none).
+
 Everything is removed on exit, also when the body raises; namespaces left by a run that was
 killed are removed by the next run (their names carry the owner's pid). Needs root (or
 CAP_SYS_ADMIN + CAP_NET_ADMIN) and ``ip``/``unshare``; :func:`available` says why not.
@@ -64,11 +68,13 @@ def remove_stale() -> None:
 class SimHosts:
     """``n`` simulated hosts with addresses ``10.77.S.1 .. 10.77.S.n``."""
 
-    def __init__(self, n: int, *, mtu: int | None = None):
+    def __init__(self, n: int, *, mtu: int | None = None, secret: bool = True):
         if n < 1:
             raise ValueError("at least one host")
         self.n = n
         self.mtu = mtu
+        self.secret = secret
+        self.token_file: str | None = None  # made on enter when ``secret``
         self.tag = f"{_PREFIX}{os.getpid()}x{int(time.time() * 1000) % 100000}"
         self.subnet = 20 + (os.getpid() + int(time.time())) % 200
         self.hub = f"{self.tag}hub"
@@ -83,6 +89,15 @@ class SimHosts:
 
     def __enter__(self) -> "SimHosts":
         remove_stale()
+        if self.secret:
+            import secrets
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="scalefree-simhosts-")  # mode 700
+            self.token_file = os.path.join(folder, "token")
+            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(16) + "\n")
         try:
             _run("ip", "netns", "add", self.hub)
             self._made.append(self.hub)
@@ -111,8 +126,11 @@ class SimHosts:
 
     def command(self, i: int, argv: list[str]) -> list[str]:
         """``argv`` wrapped to run on host ``i`` (own network, IPC and UTS namespaces)."""
+        secret = ""
+        if self.token_file:
+            secret = f'[ -n "$SCALEFREE_JOB_TOKEN$SCALEFREE_JOB_TOKEN_FILE" ] || export SCALEFREE_JOB_TOKEN_FILE={self.token_file}; '
         return ["ip", "netns", "exec", self.name(i), "unshare", "--ipc", "--uts", "--",
-                "sh", "-c", f'hostname {self.name(i)} && exec "$@"', "sh", *argv]
+                "sh", "-c", f'{secret}hostname {self.name(i)} && exec "$@"', "sh", *argv]
 
     def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
         """Starts ``argv`` on host ``i`` in a process group of its own (killed on close)."""
@@ -140,6 +158,9 @@ class SimHosts:
         for ns in reversed(self._made):
             _run("ip", "netns", "del", ns, check=False)
         self._made.clear()
+        if self.token_file:
+            shutil.rmtree(os.path.dirname(self.token_file), ignore_errors=True)
+            self.token_file = None
 
 
 def leftovers() -> list[str]:

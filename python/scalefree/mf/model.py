@@ -62,22 +62,30 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     return _native.MfRatings.from_bytes(u.tobytes(), i.tobytes(), r.tobytes())
 
 
+def default_threads() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 class _Bar:
-    """A one-line progress bar on stderr (silent when disabled)."""
+    """Iteration progress on stderr (:func:`scalefree._progress.bar`: tqdm with ETA on a
+    terminal, nothing in a log file)."""
 
     def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.t0 = total, enabled, time.perf_counter()
+        from .._progress import bar
+
+        self.done = 0
+        self.bar = bar(total, "mf", " it", show=enabled and sys.stderr.isatty())
 
     def update(self, n: int, msg: str) -> None:
-        if not self.enabled:
-            return
-        w = 30
-        fill = int(w * n / max(self.total, 1))
-        el = time.perf_counter() - self.t0
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {n}/{self.total} {msg} {el:.1f}s")
-        sys.stderr.flush()
-        if n >= self.total:
-            sys.stderr.write("\n")
+        self.bar.set_postfix_str(msg, refresh=False)
+        self.bar.update(n - self.done)
+        self.done = n
+        if n >= self.bar.total:
+            self.bar.close()
 
 
 class MatrixFactorization:
@@ -85,27 +93,31 @@ class MatrixFactorization:
 
     k: rank; eta: learning rate; lam: L2 regularisation λ; iterations: epochs;
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
-    paper's plain SGD); threads: worker threads; blocks: blocks per side (default 2·threads);
+    paper's plain SGD); threads: worker threads; blocks: blocks per side (local: default max(20, 2·threads + 1));
     init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
     memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
     the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
     loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
     Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
     streamed too and no rank ever holds all ratings (``mf_stream``).
-    normalize (``local`` only): train on ratings divided by their standard deviation s, as
-    LIBMF does, so λ acts like λ·s on the raw ratings (predictions are scaled back).
+    normalize (``local`` only, default on there): train on ratings divided by their standard
+    deviation s with λ divided by s, as LIBMF does (the same objective on the raw ratings;
+    predictions are scaled back). In ``local`` mode ``adagrad`` is LIBMF's rule: two AdaGrad
+    accumulators per row (the first 8 lanes and the rest) and a first pass over the first 8
+    lanes only; blocks default to max(20, 2·threads + 1) per side, sorted as LIBMF sorts them.
+    threads: default all cores this process may use (``os.sched_getaffinity``).
     """
 
     def __init__(self, k: int = 40, mode: str = "local", *, eta: float = 0.1, lam: float = 0.05,
                  iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
                  blocks: int | None = None, init_max: float | None = None, seed: int = 0,
                  memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None,
-                 normalize: bool = False):
+                 normalize: bool | None = None):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
         if normalize and mode != "local":
             raise InvalidArgumentError(f"normalize is available in mode 'local' only, not {mode!r}")
-        self.normalize = bool(normalize)
+        self.normalize = (mode == "local") if normalize is None else bool(normalize)
         if memory_budget is not None:
             if mode != "rima":
                 raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
@@ -116,16 +128,59 @@ class MatrixFactorization:
         self.memory_budget, self.block_dir = memory_budget, block_dir
         self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
         self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
-        self.threads = int(threads) if threads else min(2, os.cpu_count() or 1)
+        self.threads = int(threads) if threads else default_threads()
         self.blocks, self.init_max = blocks, init_max
         self.history: list[dict] = []
         self.rank = 0
         self._model = None
+        self.test_unseen: dict | None = None
 
-    def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1):
-        """Train on ``data``; ``test`` (same forms) is evaluated every ``eval_every`` epochs
-        (0: after the last only; in rima the blocks are gathered on rank 0 for it).
-        ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds)."""
+    _PARAMS = ("k", "mode", "eta", "lam", "iterations", "schedule", "threads", "blocks", "init_max", "seed",
+               "memory_budget", "block_dir", "normalize")
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor's arguments (scikit-learn style)."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def set_params(self, **params) -> "MatrixFactorization":
+        """Changes constructor arguments (checked as the constructor checks them)."""
+        bad = sorted(set(params) - set(self._PARAMS))
+        if bad:
+            raise InvalidArgumentError(f"unknown parameter(s) {', '.join(bad)}; have {', '.join(self._PARAMS)}")
+        merged = {**self.get_params(), **params}
+        if "mode" in params and "normalize" not in params:
+            merged["normalize"] = None  # the new mode's default
+        self.__init__(**merged)
+        return self
+
+    def score(self, data) -> float:
+        """Negative RMSE on ``data`` (a rating file, a (users, items, ratings) triple or native
+        ratings), its ids mapped through the model's; higher is better (scikit-learn style)."""
+        return -self.evaluate(data)["rmse"]
+
+    def evaluate(self, data) -> dict:
+        """RMSE, MAE, count and unseen-id counts of the model's predictions on ``data`` (same
+        forms as ``fit``'s), matched by the original ids."""
+        r = load_ratings(data, cache=False) if not isinstance(data, _native.MfRatings) else data
+        u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
+        pred = self.predict(u, i)
+        known = np.frombuffer(self._need().known(u.tobytes(), i.tobytes()), np.uint8)
+        err = pred.astype(np.float64) - v
+        n = len(v)
+        return {"n": n, "rmse": float(np.sqrt(np.mean(err ** 2))) if n else float("nan"),
+                "mae": float(np.mean(np.abs(err))) if n else float("nan"), "unknown": int(n - known.sum())}
+
+    def fit(self, data, test=None, *, progress: bool = False, on_iteration=None, eval_every: int = 1,
+            validation_fraction: float = 0.0, patience: int | None = None):
+        """Train on ``data``; ``test`` (a rating file, a (users, items, ratings) triple or native
+        ratings; ids matched to the training ids, unseen ids counted in ``test_unseen`` and
+        answered with the mean) is evaluated every ``eval_every`` epochs (0: after the last
+        only; in rima the blocks are gathered on rank 0 for it).
+        ``on_iteration(record)`` gets each history record (iteration, train_mse, test_rmse, seconds).
+        ``local`` only: ``validation_fraction`` holds a seeded share of the training ratings out
+        as a validation set (RMSE in ``valid_rmse`` after every epoch); with ``patience`` the
+        training stops once that many epochs in a row did not improve it, and the model is
+        the best epoch's."""
         from .shares import ShareRatings
         from .stream import StreamedRatings
 
@@ -142,29 +197,56 @@ class MatrixFactorization:
                 raise InvalidArgumentError("pass test as the second half of split_ratings_streamed(...) so ids agree")
             test_r = None if test is None else train.test
         elif test is not None:
-            test_r = test if isinstance(test, _native.MfRatings) else None
-            if test_r is None:
-                raise InvalidArgumentError("pass test as the second half of split_ratings(...) so ids agree")
+            # Any form (path, triple, native ratings): mapped through the training ids, so two
+            # separately numbered sets never mix; ids unseen in training get the mean.
+            test_r = test if isinstance(test, _native.MfRatings) else load_ratings(test)
+            if not test_r.shares_ids_with(train):
+                test_r, (uu, ui, ur) = test_r.align_to(train)
+                self.test_unseen = {"users": uu, "items": ui, "ratings": ur}
+            else:
+                self.test_unseen = None
         if self.mode != "local":
             return self._fit_ranks(train, test_r, progress, eval_every)
+        valid = None
+        if validation_fraction:
+            if not 0 < validation_fraction < 1:
+                raise InvalidArgumentError(f"validation_fraction must be in (0, 1), got {validation_fraction}")
+            train, valid = train.split(float(validation_fraction), self.seed + 1)
+        if patience is not None and (valid is None or patience < 1):
+            raise InvalidArgumentError("patience needs a validation_fraction and must be at least 1")
         tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
                                threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
                                normalize=self.normalize)
         bar = _Bar(self.iterations, progress)
         self.history = []
         elapsed = 0.0
+        best, best_model, stale = float("inf"), None, 0
+        self.stopped_at = None
         for it in range(1, self.iterations + 1):
             t0 = time.perf_counter()
             mse = tr.epochs(1)
             elapsed += time.perf_counter() - t0
             rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
-            if test_r is not None and ((eval_every and it % eval_every == 0) or it == self.iterations):
-                rec["test_rmse"] = tr.rmse(test_r)
+            last = it == self.iterations
+            if valid is not None:
+                rec["valid_rmse"] = v = tr.rmse(valid)
+                if v < best:
+                    best, stale = v, 0
+                    best_model = tr.model() if patience is not None else None
+                else:
+                    stale += 1
+                if patience is not None and stale >= patience:
+                    last, self.stopped_at = True, it
+            if test_r is not None and ((eval_every and it % eval_every == 0) or last):
+                rec["test_rmse"] = tr.rmse(test_r) if best_model is None or not last else best_model.rmse(test_r)
             self.history.append(rec)
             if on_iteration is not None:
                 on_iteration(rec)
-            bar.update(it, f"test_rmse={rec.get('test_rmse', float('nan')):.4f}")
-        self._model = tr.model()
+            bar.update(self.iterations if last else it,
+                       f"test_rmse={rec['test_rmse']:.4f}" if "test_rmse" in rec else f"train_mse={mse:.4f}")
+            if last:
+                break
+        self._model = best_model if best_model is not None else tr.model()
         return self
 
     def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0):
@@ -255,6 +337,19 @@ class MatrixFactorization:
     def rmse(self, ratings) -> float:
         """RMSE on native ratings sharing the training id maps (the test half of a split)."""
         return self._need().rmse(ratings)
+
+    def fold_in(self, data, side: str = "user", lam: float | None = None) -> dict:
+        """Adds factors for the users (``side="item"``: items) that ``data`` rates (a rating
+        file, a (users, items, ratings) triple or native ratings) without retraining: each row
+        is a ridge solve against the fixed other side (``mf/fold_in.py``); λ defaults to this
+        model's ``lam``. Rows already in the model are solved again from ``data`` alone.
+        Returns counts (rows, new rows, ratings used / ignored)."""
+        from .fold_in import fold_in
+
+        r = data if isinstance(data, _native.MfRatings) else load_ratings(data, cache=False)
+        u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
+        self._model, stats = fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
+        return stats
 
     def save(self, path) -> None:
         """Write the model atomically (temp file + rename)."""

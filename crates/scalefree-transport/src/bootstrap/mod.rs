@@ -124,8 +124,7 @@ impl JobInfo {
                     let id = var("SCALEFREE_JOB_ID").ok_or_else(|| {
                         Error::Bootstrap("SCALEFREE_RANK is set but SCALEFREE_JOB_ID is not".into())
                     })?;
-                    let token = var("SCALEFREE_JOB_TOKEN").unwrap_or_default();
-                    (id, token)
+                    (id, String::new())
                 }
                 Launcher::OpenMpi => {
                     let id = var("PMIX_NAMESPACE")
@@ -155,7 +154,10 @@ impl JobInfo {
                 }
                 Launcher::Single => unreachable!(),
             };
-            let master = master_from_env(launcher, local_size < size)?;
+            // A job on one host meets on the local socket (same user only), whatever address
+            // the environment names; only the launchers that say so (scalefree run) use TCP
+            // on one host.
+            let master = if launcher != Launcher::Scalefree && local_size == size { None } else { master_from_env(launcher, local_size < size)? };
             if local_size < size && master.is_none() {
                 return Err(Error::Bootstrap(format!(
                     "the job spans hosts ({local_size} of {size} ranks on this one) but no rendezvous address is known: \
@@ -164,9 +166,21 @@ impl JobInfo {
                      or launch with `scalefree run --nnodes ... --master-addr ...`"
                 )));
             }
-            let token = match var("SCALEFREE_JOB_TOKEN") {
-                Some(t) if launcher != Launcher::Scalefree => t,
-                _ => token,
+            let secret = job_secret()?;
+            let token = match (secret, master.is_some()) {
+                (Some(t), _) => t,
+                // The local socket admits only this user's processes, and the launcher's
+                // token (its job id and our parent's pid) keeps their other jobs apart.
+                (None, false) => token,
+                (None, true) if insecure_no_token() => {
+                    eprintln!(
+                        "scalefree: warning: rank {rank} joins a job across hosts without a secret \
+                         (SCALEFREE_INSECURE_NO_TOKEN): anyone who can reach {}:{} can join it",
+                        master.as_ref().unwrap().0, master.as_ref().unwrap().1
+                    );
+                    format!("insecure:{job_id}")
+                }
+                (None, true) => return Err(Error::Bootstrap(NO_SECRET.into())),
             };
             return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token, launcher, master });
         }
@@ -178,6 +192,49 @@ impl JobInfo {
     pub fn single_host(&self) -> bool {
         self.local_size == self.size
     }
+}
+
+/// Why a job across hosts cannot start without a secret.
+pub const NO_SECRET: &str = "a job across hosts needs a secret shared by its hosts, so that nobody else can join it: \
+set SCALEFREE_JOB_TOKEN to the same random value on every host (e.g. `export SCALEFREE_JOB_TOKEN=$(openssl rand -hex 16)` \
+before srun, or `mpirun -x SCALEFREE_JOB_TOKEN`), or SCALEFREE_JOB_TOKEN_FILE to a file only you can read; \
+on a closed network, SCALEFREE_INSECURE_NO_TOKEN=1 (see docs/security.md)";
+
+fn insecure_no_token() -> bool {
+    matches!(var("SCALEFREE_INSECURE_NO_TOKEN").as_deref().map(str::trim), Some("1") | Some("yes") | Some("true"))
+}
+
+/// The job's secret: `SCALEFREE_JOB_TOKEN`, else the first line of `SCALEFREE_JOB_TOKEN_FILE`
+/// (a file nobody but its owner may read or write), else none.
+pub fn job_secret() -> Result<Option<String>> {
+    if let Some(t) = var("SCALEFREE_JOB_TOKEN") {
+        return Ok(Some(t));
+    }
+    let Some(path) = var("SCALEFREE_JOB_TOKEN_FILE") else { return Ok(None) };
+    Ok(Some(read_token_file(std::path::Path::new(&path))?))
+}
+
+/// Reads a token file: refused when its group or others may read or write it, or when it
+/// belongs to another user, or when it holds no token.
+pub fn read_token_file(path: &std::path::Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| Error::Bootstrap(format!("token file {shown}: {e}")))?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(Error::Bootstrap(format!(
+            "token file {shown} has mode {:o}: others may read it; `chmod 600 {shown}`",
+            meta.mode() & 0o777
+        )));
+    }
+    if meta.uid() != unsafe { libc::getuid() } {
+        return Err(Error::Bootstrap(format!("token file {shown} belongs to another user")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Bootstrap(format!("token file {shown}: {e}")))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.is_empty() {
+        return Err(Error::Bootstrap(format!("token file {shown} is empty")));
+    }
+    Ok(token)
 }
 
 /// Default port of the TCP rendezvous.

@@ -18,9 +18,12 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::JobInfo;
+use crate::auth::{self, nonce, Key};
 use crate::error::{Error, Result};
 
 /// One rank's contribution to an exchange: bytes and an optional descriptor.
@@ -32,6 +35,7 @@ pub struct Item {
 /// A connection of the rendezvous: a Unix or a TCP stream.
 trait Conn: Read + Write + AsRawFd + Send {
     fn set_timeout(&self, t: Option<Duration>);
+    fn set_write_timeout(&self, t: Option<Duration>);
     fn is_tcp(&self) -> bool;
     /// This end's IP address (TCP only).
     fn local_ip(&self) -> Option<std::net::IpAddr> {
@@ -42,6 +46,9 @@ impl Conn for UnixStream {
     fn set_timeout(&self, t: Option<Duration>) {
         self.set_read_timeout(t).ok();
     }
+    fn set_write_timeout(&self, t: Option<Duration>) {
+        UnixStream::set_write_timeout(self, t).ok();
+    }
     fn is_tcp(&self) -> bool {
         false
     }
@@ -49,6 +56,9 @@ impl Conn for UnixStream {
 impl Conn for TcpStream {
     fn set_timeout(&self, t: Option<Duration>) {
         self.set_read_timeout(t).ok();
+    }
+    fn set_write_timeout(&self, t: Option<Duration>) {
+        TcpStream::set_write_timeout(self, t).ok();
     }
     fn is_tcp(&self) -> bool {
         true
@@ -67,9 +77,18 @@ pub struct Rendezvous {
     timeout: Duration,
     /// Host index of every rank.
     hosts: Vec<u32>,
+    /// Host name of every rank.
+    host_names: Vec<String>,
 }
 
-const MAGIC: &[u8; 8] = b"SCLFREE3";
+const MAGIC: &[u8; 8] = b"SCLFREE4";
+/// The longest hello (and answer) the hub reads; anything longer is refused unread.
+pub const MAX_HELLO: usize = 512;
+/// How long a connection may take to say hello and answer the challenge.
+pub const HELLO_DEADLINE: Duration = Duration::from_secs(1);
+/// Connections being admitted at once; more are dropped at once.
+const MAX_PENDING: usize = 1024;
+const WELCOME: &[u8] = b"WELCOME";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn bs(msg: impl Into<String>) -> Error {
@@ -95,7 +114,7 @@ impl Rendezvous {
     /// Joins the job. Blocks until every rank has arrived or `timeout` passes.
     pub fn join(job: &JobInfo, timeout: Duration) -> Result<Self> {
         if job.size == 1 {
-            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout, hosts: vec![0] });
+            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout, hosts: vec![0], host_names: Vec::new() });
         }
         let mut rv = match &job.master {
             Some((host, port)) => {
@@ -163,6 +182,7 @@ impl Rendezvous {
         // Which ranks share a host.
         let ids = rv.exchange(host_identity().as_bytes(), None)?;
         let mut seen: Vec<Vec<u8>> = Vec::new();
+        rv.host_names = ids.iter().map(|it| String::from_utf8_lossy(it.bytes.rsplit(|&b| b == b'|').next().unwrap_or_default()).into_owned()).collect();
         rv.hosts = ids
             .into_iter()
             .map(|it| match seen.iter().position(|s| *s == it.bytes) {
@@ -185,34 +205,43 @@ impl Rendezvous {
     ) -> Result<Self> {
         nonblocking(true);
         let deadline = Instant::now() + timeout;
+        let key = Arc::new(Key::derive(&job.token, "scalefree rendezvous", &job.job_id));
         let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
         let mut joined = 1u32;
+        // Every connection is admitted (hello, challenge, answer) on a thread of its own,
+        // within HELLO_DEADLINE: a silent or slow stranger holds up nobody.
+        let (tx, rx) = mpsc::channel::<(u32, Box<dyn Conn>)>();
+        let pending = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
         while joined < job.size {
-            match accept()? {
-                Some(mut s) => {
-                    set_blocking(s.as_raw_fd());
-                    s.set_timeout(Some(Duration::from_secs(5)));
-                    let Ok((hello, _)) = recv_frame(&mut *s) else { continue };
-                    let refusal = match parse_hello(&hello, &job.token) {
-                        Err(why) => Some(why),
-                        Ok((_, size, _)) if size != job.size => {
-                            Some(format!("rank 0 runs a job of {} ranks, this rank was told {size}", job.size))
-                        }
-                        Ok((rank, _, _)) if rank == 0 || rank >= job.size || conns[rank as usize].is_some() => {
-                            Some(format!("rank {rank} is already taken or out of range"))
-                        }
-                        Ok(_) => None,
-                    };
-                    if let Some(msg) = refusal {
-                        let _ = send_frame(&mut *s, format!("REFUSED: {msg}").as_bytes(), None);
+            // Take every connection waiting in the backlog.
+            while let Some(s) = accept()? {
+                if pending.load(Ordering::SeqCst) >= MAX_PENDING {
+                    continue; // dropped: more half-open connections than any job has ranks
+                }
+                pending.fetch_add(1, Ordering::SeqCst);
+                let (key, tx, p, refused, size) = (key.clone(), tx.clone(), pending.clone(), refused.clone(), job.size);
+                let spawned = std::thread::Builder::new().name("sf-admit".into()).stack_size(64 << 10).spawn(move || {
+                    if let Some(ok) = admit(s, &key, size, &refused) {
+                        let _ = tx.send(ok);
+                    }
+                    p.fetch_sub(1, Ordering::SeqCst);
+                });
+                if spawned.is_err() {
+                    pending.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok((rank, mut s)) => {
+                    if conns[rank as usize].is_some() {
+                        let _ = send_frame(&mut *s, format!("REFUSED: rank {rank} is already taken").as_bytes(), None);
                         continue;
                     }
-                    let (rank, _, _) = parse_hello(&hello, &job.token).unwrap();
                     s.set_timeout(Some(timeout));
                     conns[rank as usize] = Some(s);
                     joined += 1;
                 }
-                None => {
+                Err(_) => {
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> =
                             (1..job.size).filter(|r| conns[*r as usize].is_none()).collect();
@@ -221,50 +250,94 @@ impl Rendezvous {
                             waiting_for: format!("ranks {missing:?} to join rendezvous {what}"),
                         });
                     }
-                    std::thread::sleep(Duration::from_millis(2));
                 }
             }
         }
         nonblocking(false);
-        // Welcome everybody (proves we know the token too).
-        let welcome = hello_bytes(&job.token, 0, job.size);
+        // Everybody is here: welcome them.
         for s in conns.iter_mut().flatten() {
-            send_frame(&mut **s, &welcome, None)?;
+            send_frame(&mut **s, WELCOME, None)?;
         }
-        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new() })
+        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new() })
     }
 
     fn guest(job: &JobInfo, what: &str, timeout: Duration, connect: &mut dyn FnMut() -> std::result::Result<Box<dyn Conn>, String>) -> Result<Self> {
         let deadline = Instant::now() + timeout;
+        let key = Key::derive(&job.token, "scalefree rendezvous", &job.job_id);
         let mut delay = Duration::from_millis(1);
-        let mut s = loop {
-            match connect() {
-                Ok(s) => break s,
-                Err(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Timeout {
-                            timeout,
-                            waiting_for: format!("rank 0 to open rendezvous {what} ({e})"),
-                        });
-                    }
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_millis(50));
+        let mut last = String::new();
+        // Set when rank 0 dropped a connection that had reached it: tried again (rank 0 drops
+        // a rank that was too slow to answer, e.g. descheduled for a second), unless rank 0
+        // is gone (then this is the error, at once).
+        let mut dropped: Option<String> = None;
+        loop {
+            if !last.is_empty() {
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout { timeout, waiting_for: format!("rank 0 to open rendezvous {what} ({last})") });
                 }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_millis(50));
             }
-        };
-        s.set_timeout(Some(timeout));
-        send_frame(&mut *s, &hello_bytes(&job.token, job.rank, job.size), None)?;
-        let (reply, _) = recv_frame(&mut *s)
-            .map_err(|e| bs(format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)))?;
-        if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
-            return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
+            let mut s = match connect() {
+                Ok(s) => s,
+                Err(e) => {
+                    if let Some(why) = dropped {
+                        return Err(bs(why));
+                    }
+                    last = e;
+                    continue;
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            s.set_timeout(Some(left));
+            let mine = nonce()?;
+            let hello = hello_bytes(job.rank, job.size, &mine);
+            let closed = |e: &dyn std::fmt::Display| {
+                format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)
+            };
+            if let Err(e) = send_frame(&mut *s, &hello, None) {
+                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                continue;
+            }
+            let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
+                Ok((b, _)) => b,
+                Err(e) => {
+                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                    continue;
+                }
+            };
+            if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
+                return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
+            }
+            let Some(tag) = auth::answer(&key, &hello, &mine, &reply) else {
+                return Err(bs(format!(
+                    "rank 0 at {what} could not prove it knows this job's secret: wrong job token here or there \
+                     (set the same SCALEFREE_JOB_TOKEN on every host), or not this job's rank 0"
+                )));
+            };
+            if let Err(e) = send_frame(&mut *s, &tag, None) {
+                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                continue;
+            }
+            s.set_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
+            let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
+                Ok((b, _)) => b,
+                Err(e) => {
+                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+                    continue;
+                }
+            };
+            if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
+                return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
+            }
+            if reply != WELCOME {
+                return Err(bs(format!("rank 0 at {what} sent no welcome")));
+            }
+            s.set_timeout(Some(timeout));
+            let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
+            conns[0] = Some(s);
+            return Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new() });
         }
-        if parse_hello(&reply, &job.token).map(|(r, _, _)| r).ok() != Some(0) {
-            return Err(bs("the rendezvous host does not know this job's token"));
-        }
-        let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
-        conns[0] = Some(s);
-        Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new() })
     }
 
     pub fn rank(&self) -> u32 {
@@ -278,6 +351,10 @@ impl Rendezvous {
     /// of their lowest rank.
     pub fn host_of(&self, rank: u32) -> u32 {
         self.hosts[rank as usize]
+    }
+    /// Host name of every rank (empty for a job of one).
+    pub fn host_names(&self) -> &[String] {
+        &self.host_names
     }
     /// Host index of every rank.
     pub fn hosts(&self) -> &[u32] {
@@ -341,8 +418,9 @@ impl Rendezvous {
     }
 }
 
-/// Listens on `host:port` (the master address), or on every interface when `host` is not
-/// an address of this machine.
+/// Listens on `host:port` (the master address: the interface the other hosts reach), or,
+/// when `host` is not an address of this machine (behind NAT, say), on every interface,
+/// with a warning (only ranks that prove the job's secret get in either way).
 fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
     let mut last = None;
     let addrs: Vec<_> = (host, port).to_socket_addrs().map_err(|e| Error::io(format!("resolve {host}:{port}"), e))?.collect();
@@ -352,8 +430,15 @@ fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
             Err(e) => last = Some(e),
         }
     }
-    if let Ok(l) = TcpListener::bind(("0.0.0.0", port)) {
-        return Ok(l);
+    let not_local = matches!(&last, Some(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable);
+    if not_local {
+        if let Ok(l) = TcpListener::bind(("0.0.0.0", port)) {
+            eprintln!(
+                "scalefree: warning: the master address {host} is not an address of this host: \
+                 the rendezvous listens on every interface (port {port})"
+            );
+            return Ok(l);
+        }
     }
     Err(match last {
         Some(e) if e.kind() == std::io::ErrorKind::AddrInUse => bs(format!(
@@ -377,18 +462,18 @@ fn lost(rank: u32, e: Error) -> Error {
     Error::Bootstrap(format!("lost rank {rank} during set-up: {e}"))
 }
 
-fn hello_bytes(token: &str, rank: u32, size: u32) -> Vec<u8> {
+fn hello_bytes(rank: u32, size: u32, nonce: &auth::Nonce) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
     v.extend_from_slice(&rank.to_le_bytes());
     v.extend_from_slice(&size.to_le_bytes());
     v.extend_from_slice(&(VERSION.len() as u16).to_le_bytes());
     v.extend_from_slice(VERSION.as_bytes());
-    v.extend_from_slice(token.as_bytes());
+    v.extend_from_slice(nonce);
     v
 }
 
-/// (rank, world size, version) from a hello, or why it is refused.
-fn parse_hello(b: &[u8], token: &str) -> std::result::Result<(u32, u32, String), String> {
+/// (rank, world size, initiator nonce) from a hello, or why it is refused.
+fn parse_hello(b: &[u8]) -> std::result::Result<(u32, u32, auth::Nonce), String> {
     if b.len() < 18 || &b[..8] != MAGIC {
         return Err("not a scalefree rendezvous message (another program, or a scalefree too old)".into());
     }
@@ -402,10 +487,80 @@ fn parse_hello(b: &[u8], token: &str) -> std::result::Result<(u32, u32, String),
     if version != VERSION {
         return Err(format!("rank {rank} runs scalefree {version} but rank 0 runs {VERSION}"));
     }
-    if &b[18 + vlen..] != token.as_bytes() {
-        return Err(format!("rank {rank} presented the wrong job token (a rank of another job?)"));
+    let nonce: auth::Nonce = b[18 + vlen..].try_into().map_err(|_| "a hello without a nonce".to_string())?;
+    Ok((rank, size, nonce))
+}
+
+/// Admits one connection to the hub within [`HELLO_DEADLINE`]: reads its hello (at most
+/// [`MAX_HELLO`] bytes, checked before anything is allocated), proves this job's secret to it
+/// and checks its proof. Returns its rank, or `None` (after telling it why, when it is
+/// worth telling) for anybody else.
+fn admit(mut s: Box<dyn Conn>, key: &Key, size: u32, refused: &AtomicUsize) -> Option<(u32, Box<dyn Conn>)> {
+    let deadline = Instant::now() + HELLO_DEADLINE;
+    set_blocking(s.as_raw_fd());
+    s.set_write_timeout(Some(HELLO_DEADLINE));
+    let refuse = |s: &mut Box<dyn Conn>, why: String| {
+        if refused.fetch_add(1, Ordering::SeqCst) < 3 {
+            eprintln!("scalefree: rank 0 refused a connection to the rendezvous: {why}");
+        }
+        let _ = send_frame(&mut **s, format!("REFUSED: {why}").as_bytes(), None);
+        None
+    };
+    let hello = match read_frame_by(&mut *s, MAX_HELLO, deadline) {
+        Ok(b) => b,
+        Err(why) => {
+            return if why.starts_with("a hello of") { refuse(&mut s, why) } else { None };
+        }
+    };
+    let (rank, their_size, theirs) = match parse_hello(&hello) {
+        Ok(h) => h,
+        Err(why) => return refuse(&mut s, why),
+    };
+    let challenge = auth::challenge(key, &hello, &theirs).ok()?;
+    send_frame(&mut *s, &challenge, None).ok()?;
+    let answer = read_frame_by(&mut *s, MAX_HELLO, deadline).ok()?;
+    if !auth::accept(key, &hello, &theirs, &challenge, &answer) {
+        return refuse(&mut s, format!("rank {rank} presented the wrong job token (a rank of another job?)"));
     }
-    Ok((rank, size, version))
+    if their_size != size {
+        return refuse(&mut s, format!("rank 0 runs a job of {size} ranks, this rank was told {their_size}"));
+    }
+    if rank == 0 || rank >= size {
+        return refuse(&mut s, format!("rank {rank} is out of range"));
+    }
+    s.set_write_timeout(None);
+    Some((rank, s))
+}
+
+/// Reads one frame (no descriptor) of at most `max` bytes, all of it before `deadline`.
+fn read_frame_by(s: &mut dyn Conn, max: usize, deadline: Instant) -> std::result::Result<Vec<u8>, String> {
+    let mut hdr = [0u8; 8];
+    read_by(s, &mut hdr, deadline)?;
+    let len = u32::from_le_bytes(hdr[..4].try_into().unwrap()) as usize;
+    if len > max {
+        return Err(format!("a hello of {len} bytes (at most {max} are read)"));
+    }
+    let mut payload = vec![0u8; len];
+    read_by(s, &mut payload, deadline)?;
+    Ok(payload)
+}
+
+/// `read_exact` that gives up at `deadline`, however slowly the bytes trickle in.
+fn read_by(s: &mut dyn Conn, mut buf: &mut [u8], deadline: Instant) -> std::result::Result<(), String> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("too slow".into());
+        }
+        s.set_timeout(Some(left));
+        match s.read(buf) {
+            Ok(0) => return Err("closed".into()),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
 }
 
 fn same_user(s: &UnixStream) -> bool {
@@ -466,6 +621,11 @@ fn send_frame(s: &mut dyn Conn, payload: &[u8], fd: Option<RawFd>) -> Result<()>
 }
 
 fn recv_frame(s: &mut dyn Conn) -> Result<(Vec<u8>, Option<OwnedFd>)> {
+    recv_frame_max(s, usize::MAX)
+}
+
+/// [`recv_frame`], refusing a frame longer than `max` before allocating it.
+fn recv_frame_max(s: &mut dyn Conn, max: usize) -> Result<(Vec<u8>, Option<OwnedFd>)> {
     let mut hdr = [0u8; 8];
     let mut iov = libc::iovec {
         iov_base: hdr.as_mut_ptr() as *mut libc::c_void,
@@ -506,6 +666,9 @@ fn recv_frame(s: &mut dyn Conn) -> Result<(Vec<u8>, Option<OwnedFd>)> {
         s.read_exact(&mut hdr[n..]).map_err(|e| Error::io("recv", e))?;
     }
     let len = u32::from_le_bytes(hdr[..4].try_into().unwrap()) as usize;
+    if len > max {
+        return Err(bs(format!("a message of {len} bytes where at most {max} were expected")));
+    }
     let mut payload = vec![0u8; len];
     s.read_exact(&mut payload).map_err(|e| Error::io("recv", e))?;
     Ok((payload, fd))
@@ -620,6 +783,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         let e = Rendezvous::join(&tcp_job(1, 2, port, "wrong"), Duration::from_secs(2)).err().expect("refused");
         assert!(e.to_string().contains("wrong job token"), "{e}");
+        // No secret at all, or one derived from what everybody knows: refused alike.
+        for t in ["", "slurm:4242.0", "tcp"] {
+            let e = Rendezvous::join(&tcp_job(1, 2, port, t), Duration::from_secs(2)).err().expect("refused");
+            assert!(e.to_string().contains("wrong job token"), "{e}");
+        }
         // A hello from another scalefree version.
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let mut hello = MAGIC.to_vec();
@@ -627,12 +795,125 @@ mod tests {
         hello.extend_from_slice(&2u32.to_le_bytes());
         hello.extend_from_slice(&5u16.to_le_bytes());
         hello.extend_from_slice(b"0.0.1");
-        hello.extend_from_slice(b"right");
+        hello.extend_from_slice(&[7u8; 32]);
         send_frame(&mut s, &hello, None).unwrap();
         let (reply, _) = recv_frame(&mut s).unwrap();
         let reply = String::from_utf8_lossy(&reply).into_owned();
         assert!(reply.contains("runs scalefree 0.0.1 but rank 0 runs"), "{reply}");
+        // A joiner that skips checking rank 0's tag and answers with a made-up one.
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let hello = hello_bytes(1, 2, &[9u8; 32]);
+        send_frame(&mut s, &hello, None).unwrap();
+        let (challenge, _) = recv_frame(&mut s).unwrap();
+        assert_eq!(challenge.len(), 64);
+        send_frame(&mut s, &[0u8; 32], None).unwrap();
+        let (reply, _) = recv_frame(&mut s).unwrap();
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        assert!(reply.contains("REFUSED: rank 1 presented the wrong job token"), "{reply}");
         let host_err = host.join().unwrap();
         assert!(matches!(host_err, Some(Error::Timeout { .. })), "{host_err:?}");
+    }
+
+    /// Rank 0 of a 2-rank TCP job on a free port, started in a thread; returns the port.
+    fn tcp_host(token: &'static str, timeout: Duration) -> (u16, std::thread::JoinHandle<Result<Rendezvous>>) {
+        let port = free_port();
+        let h = std::thread::spawn(move || Rendezvous::join(&tcp_job(0, 2, port, token), timeout));
+        // Until it listens.
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "rank 0 does not listen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (port, h)
+    }
+
+    #[test]
+    fn fifty_silent_connections_do_not_delay_a_join() {
+        let (port, host) = tcp_host("s", Duration::from_secs(60));
+        let silent: Vec<TcpStream> = (0..50).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+        // One that trickles a byte every 0.3 s, forever.
+        let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if slow.write_all(&[0]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let t0 = Instant::now();
+        let mut rv = Rendezvous::join(&tcp_job(1, 2, port, "s"), Duration::from_secs(60)).unwrap();
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(2), "the join took {took:?} behind 50 silent connections");
+        let mut host = host.join().unwrap().unwrap();
+        let h = std::thread::spawn(move || host.exchange(b"a", None).map(|v| v.len()));
+        assert_eq!(rv.exchange(b"b", None).unwrap().len(), 2);
+        assert_eq!(h.join().unwrap().unwrap(), 2);
+        drop(silent);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn an_oversized_hello_is_refused_unread() {
+        let (port, host) = tcp_host("s", Duration::from_secs(30));
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        // Claims 4 GiB - 1 and sends none of it.
+        s.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (reply, _) = recv_frame(&mut s).unwrap();
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        assert!(reply.starts_with("REFUSED: a hello of 4294967295 bytes"), "{reply}");
+        // The real rank still joins.
+        Rendezvous::join(&tcp_job(1, 2, port, "s"), Duration::from_secs(20)).unwrap();
+        host.join().unwrap().unwrap();
+    }
+
+    /// Forwards one connection from a port of its own to `to`, recording what the
+    /// connecting side sends and what it receives.
+    fn proxy(to: u16) -> (u16, std::thread::JoinHandle<(Vec<u8>, Vec<u8>)>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let h = std::thread::spawn(move || {
+            let (client, _) = l.accept().unwrap();
+            let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+            let pump = |mut a: TcpStream, mut b: TcpStream| {
+                std::thread::spawn(move || {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    a.set_read_timeout(Some(Duration::from_secs(3))).ok();
+                    while let Ok(n) = a.read(&mut buf) {
+                        if n == 0 || b.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                    }
+                    seen
+                })
+            };
+            let up = pump(client.try_clone().unwrap(), server.try_clone().unwrap());
+            let down = pump(server, client);
+            (up.join().unwrap(), down.join().unwrap())
+        });
+        (port, h)
+    }
+
+    #[test]
+    fn the_token_never_crosses_the_wire() {
+        const TOKEN: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        let (port, host) = tcp_host(TOKEN, Duration::from_secs(30));
+        let (via, recorded) = proxy(port);
+        let mut rv = Rendezvous::join(&tcp_job(1, 2, via, TOKEN), Duration::from_secs(20)).unwrap();
+        let mut host = host.join().unwrap().unwrap();
+        let h = std::thread::spawn(move || host.exchange(b"x", None).map(|_| ()));
+        rv.exchange(b"y", None).unwrap();
+        h.join().unwrap().unwrap();
+        drop(rv);
+        let (sent, received) = recorded.join().unwrap();
+        assert!(sent.len() > 40 && received.len() > 40, "{} {}", sent.len(), received.len());
+        for bytes in [&sent, &received] {
+            assert!(!bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()), "the token crossed the wire");
+            // Nor half of it, nor the key derived from it.
+            assert!(!bytes.windows(16).any(|w| w == &TOKEN.as_bytes()[..16]));
+        }
     }
 }

@@ -1087,7 +1087,7 @@ impl Net {
     /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
-    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, timeout: std::time::Duration,
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
         let setting = lanes::setting();
         let listener = match setting {
@@ -1099,7 +1099,7 @@ impl Net {
         let addrs: Vec<Option<std::net::SocketAddr>> = all.iter().map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok())).collect();
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, token, timeout)?;
+        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, &lanes::lane_key(token, job_id), timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
@@ -1231,10 +1231,9 @@ fn progress_loop(sh: &Shared, efd: c_int) {
 }
 
 /// Silence after which a peer on another host counts as lost (`SCALEFREE_PEER_TIMEOUT`
-/// seconds, default 30).
+/// seconds, default 30; on one host the same silence from a live peer is a warning).
 fn peer_timeout() -> std::time::Duration {
-    let s = std::env::var("SCALEFREE_PEER_TIMEOUT").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| *s > 0.0).unwrap_or(30.0);
-    std::time::Duration::from_secs_f64(s)
+    crate::wait::peer_timeout_from_env()
 }
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
