@@ -88,3 +88,15 @@ def test_library_modules_hold_no_argparse():
                or isinstance(n, ast.ImportFrom) and n.module == "argparse" for n in ast.walk(tree)):
             offenders.append(module)
     assert not offenders, f"argparse in library modules: {offenders}"
+
+
+def test_no_merge_conflict_markers_left():
+    repo = ROOT.parents[1]
+    left = []
+    for pattern in ("python/**/*.py", "tests/**/*.py", "crates/**/*.rs", "docs/**/*.md", "*.md", "*.toml", ".ci/*", "scripts/*"):
+        for path in repo.glob(pattern):
+            if path.is_file():
+                text = path.read_text(errors="replace")
+                if any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in text.splitlines()):
+                    left.append(str(path.relative_to(repo)))
+    assert not left, f"merge conflict markers in {left}"

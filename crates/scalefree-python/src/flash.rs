@@ -344,6 +344,54 @@ impl PyFlashCsr {
         Ok(())
     }
 
+    /// Reads rows `start .. start + indptr.len() - 1`: `indptr` (uint64, absolute offsets into
+    /// the matrix's entries) first, then entries `indptr[0] .. indptr[-1]` into `indices`
+    /// (uint32) and `data` (dtype), whose lengths must be that many entries.
+    fn _read_rows(&self, py: Python<'_>, start: u64, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<()> {
+        let ip = Buf::get(&indptr, true, "indptr")?;
+        let ix = Buf::get(&indices, true, "indices")?;
+        let dv = Buf::get(&data, true, "data")?;
+        if ip.itemsize() != 8 || ix.itemsize() != 4 || ip.count() == 0 {
+            return Err(invalid(py, "FlashCsr._read_rows: indptr must be a non-empty uint64 array and indices uint32"));
+        }
+        let ip_s = unsafe { std::slice::from_raw_parts_mut(ip.ptr() as *mut u64, ip.count()) };
+        let ix_s = unsafe { std::slice::from_raw_parts_mut(ix.ptr() as *mut u32, ix.count()) };
+        let (dv_ptr, dv_bytes) = (dv.ptr() as usize, dv.len_bytes());
+        fn go<T: scalefree_flash::Real>(m: &FlashCsrMatrix<T>, start: u64, ip: &mut [u64], ix: &mut [u32], dv_ptr: usize, dv_bytes: usize) -> Result<(), FlashError> {
+            if start + ip.len() as u64 > m.rows() as u64 + 1 {
+                return Err(FlashError::invalid(format!("rows {start}..{} of a {}-row matrix", start + ip.len() as u64 - 1, m.rows())));
+            }
+            m.indptr().read(start, ip)?;
+            let (lo, hi) = (ip[0], ip[ip.len() - 1]);
+            let n = (hi - lo) as usize;
+            if ix.len() != n || dv_bytes != n * std::mem::size_of::<T>() {
+                return Err(FlashError::invalid(format!("FlashCsr._read_rows: the rows hold {n} entries, the output arrays do not")));
+            }
+            m.indices().read(lo, ix)?;
+            let v = unsafe { std::slice::from_raw_parts_mut(dv_ptr as *mut T, n) };
+            m.values().read(lo, v)
+        }
+        match &self.m {
+            AnyCsr::F32(m) => py.detach(|| go(m, start, ip_s, ix_s, dv_ptr, dv_bytes)),
+            AnyCsr::F64(m) => py.detach(|| go(m, start, ip_s, ix_s, dv_ptr, dv_bytes)),
+        }
+        .map_err(|e| flash_err(py, e))
+    }
+
+    /// Entry offsets `indptr[start .. start + out.len()]` (uint64).
+    fn _read_indptr(&self, py: Python<'_>, start: u64, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let ip = Buf::get(&out, true, "out")?;
+        if ip.itemsize() != 8 {
+            return Err(invalid(py, "FlashCsr._read_indptr: out must be uint64"));
+        }
+        let ip_s = unsafe { std::slice::from_raw_parts_mut(ip.ptr() as *mut u64, ip.count()) };
+        match &self.m {
+            AnyCsr::F32(m) => py.detach(|| m.indptr().read(start, ip_s)),
+            AnyCsr::F64(m) => py.detach(|| m.indptr().read(start, ip_s)),
+        }
+        .map_err(|e| flash_err(py, e))
+    }
+
     #[getter]
     fn shape(&self) -> (usize, usize) {
         match &self.m {

@@ -2,6 +2,21 @@
 
     scalefree flash svd docword.kos.txt.gz -k 100 --tol 1e-4 --memory 1G
     scalefree flash gemm A.npy B.npy -o C.npy --memory 1G [--transpose-a] [--transpose-b]
+    scalefree flash topics docword.kos.txt.gz -k 20 --memory 1M --json OUT.json [--sample 0.1]
+    scalefree flash corpus --docs 100000 --words 50000 --topics 100 -o docword.planted.txt
+
+``topics`` runs ISLE's SVD-based topic model (``flash.topics``: thresholding, block
+Krylov-Schur SVD, k-means++ and k-means on the projection, k-means on the thresholded
+documents, catchword-based topics) with the document-word counts of a docword (or any
+sparse file ``flash.load`` opens) on flash; prints each topic's top words (``TOPIC: id:weight
+...``, 1-based word ids, or the words of ``--vocab``), writes ``--json OUT`` (``top_words``:
+K lists of 1-based word ids, best first; ``seconds``; the per-step times and IO counters),
+``--out OUT.npz`` (``topic_word`` words x K, ``labels`` per document), and with ``--truth
+TOPICS.npy`` the recovery error (L1 per topic after Hungarian matching).
+
+``corpus`` writes a planted-topic corpus (LDA's generative process: Dirichlet(beta) topics,
+Dirichlet(alpha) document weights, Poisson lengths) as a docword file, streamed, and its
+topic matrix as ``.npy`` (``--truth``, default OUT's name with ``.topics.npy``).
 
 ``svd`` opens DATA with ``flash.load`` (``.npz``, ``.mtx[.gz]``, ``docword*.txt[.gz]``,
 ``.npy``), keeps it on flash, and prints the top-k singular values (largest first);
@@ -31,7 +46,7 @@ from .common import add_quiet, count, fail, message, number
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("flash", help="out-of-core kernels on matrices kept on flash (svd, gemm)",
+    p = sub.add_parser("flash", help="out-of-core kernels on matrices kept on flash (svd, gemm, topics, corpus)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     flash_sub = p.add_subparsers(dest="flash_command", metavar="COMMAND")
     flash_sub.required = True
@@ -66,7 +81,139 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="block multiply: auto (numpy's BLAS), faer, or a CBLAS library path (default auto)")
     runtime_args(g)
     g.set_defaults(func=_gemm)
+
+    t = flash_sub.add_parser("topics", help="ISLE topic model of a docword file, the counts staying on flash")
+    t.add_argument("data", metavar="DOCWORD", help="docword*.txt[.gz] (or .npz, .mtx[.gz]): documents x words counts")
+    t.add_argument("-k", type=count(2), required=True, help="number of topics")
+    t.add_argument("--sample", type=number(0, 1, low_open=True), default=1.0,
+                   help="fraction of documents for the SVD and the k-means steps (default 1)")
+    t.add_argument("--tol", type=number(0), default=1e-4, help="the SVD's relative tolerance (default 1e-4)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the sampling and k-means++ (default 0)")
+    t.add_argument("--top", type=count(1), default=10, help="top words per topic printed and in --json (default 10)")
+    t.add_argument("--vocab", default=None, help="vocab file (one word a line) to print words instead of ids")
+    t.add_argument("--json", default=None, metavar="OUT", help="write top_words, seconds and the run's counters")
+    t.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
+                   help="save topic_word (words x K) and labels (written atomically)")
+    t.add_argument("--truth", default=None, metavar="TOPICS.npy", help="true topic matrix: print the recovery error")
+    runtime_args(t)
+    t.set_defaults(func=_topics)
+
+    c = flash_sub.add_parser("corpus", help="write a planted-topic (LDA) corpus as a docword file")
+    c.add_argument("--docs", type=count(1), required=True, help="documents")
+    c.add_argument("--words", type=count(2), required=True, help="vocabulary size")
+    c.add_argument("--topics", type=count(1), required=True, help="topics")
+    c.add_argument("--alpha", type=number(0, low_open=True), default=None,
+                   help="Dirichlet parameter of the documents' topic weights (default 1/topics)")
+    c.add_argument("--beta", type=number(0, low_open=True), default=0.01,
+                   help="Dirichlet parameter of the topics' word weights (default 0.01)")
+    c.add_argument("--length", type=number(0, low_open=True), default=100.0, help="mean document length (default 100)")
+    c.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    c.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="DOCWORD",
+                   help="output docword file (plain text, written atomically)")
+    c.add_argument("--truth", default=None, metavar="TOPICS.npy",
+                   help="where to save the topic matrix (default: OUT with .topics.npy)")
+    add_quiet(c)
+    c.set_defaults(func=_corpus)
     return p
+
+
+def _topics(args) -> int:
+    import numpy as np
+
+    from .. import flash
+    from .._atomic import atomic_path, write_json
+    from ..errors import DataError, FlashIOError, InvalidArgumentError
+    from ..flash.topics import _check_k as check_k
+
+    truth = None
+    if args.truth:
+        truth = np.load(args.truth, allow_pickle=False)
+    vocab = None
+    if args.vocab:
+        with open(args.vocab, encoding="utf-8") as f:
+            vocab = [line.strip() for line in f]
+    rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
+    t_start = time.perf_counter()
+    try:
+        a = flash.load(args.data, rt, dtype=np.float32)
+    except FlashIOError as e:  # a bad line of the input: bad input, exit 2
+        raise DataError(str(e)) from e
+    if not isinstance(a, flash.Csr):
+        raise InvalidArgumentError(f"{args.data}: topics takes a sparse matrix of counts (docword, .npz, .mtx)")
+    load_s = time.perf_counter() - t_start
+    check_k(args.k, a.shape)
+    print(f"flash topics: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
+          file=sys.stderr)
+    if truth is not None and truth.shape != (a.shape[1], args.k):
+        raise InvalidArgumentError(f"{args.truth}: the topic matrix has shape {truth.shape}, expected "
+                                   f"({a.shape[1]}, {args.k}) (words x K)")
+    if vocab is not None and len(vocab) < a.shape[1]:
+        raise InvalidArgumentError(f"{args.vocab}: {len(vocab)} words, but {args.data} has {a.shape[1]}")
+
+    def say(line):
+        if not args.quiet:
+            print(f"flash topics: {line}", file=sys.stderr, flush=True)
+
+    progress = _Progress(rt, "flash topics", show=not args.quiet)
+    model = progress.run(lambda: flash.topics(a, args.k, sample=args.sample, seed=args.seed, tol=args.tol,
+                                              runtime=rt, progress=say))
+    seconds = time.perf_counter() - t_start
+    top = model.top_words(args.top)
+    for l in range(args.k):
+        ids = top[l]
+        weights = model.topic_word[ids, l]
+        names = [vocab[i] if vocab else str(i + 1) for i in ids]
+        print(f"{l + 1}: " + " ".join(f"{n}:{w:.4f}" for n, w in zip(names, weights)))
+    record = {"top_words": [[int(i) + 1 for i in row] for row in top], "seconds": seconds,
+              "load_seconds": load_s, "steps": model.seconds, "docs": a.shape[0], "words": a.shape[1], "k": args.k,
+              "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes,
+              "topic_sizes": np.bincount(model.labels, minlength=args.k).tolist(),
+              **{key: v for key, v in model.stats.items()}}
+    if truth is not None:
+        mean, worst, _ = flash.recovery_error(model.topic_word, truth)
+        record.update(recovery_l1_mean=mean, recovery_l1_max=worst)
+        print(f"flash topics: recovery error (L1 per topic, matched): mean {mean:.4f}, max {worst:.4f}",
+              file=sys.stderr)
+    st = model.stats
+    print(_summary(f"flash topics: k={args.k}, {st['svd_operator_columns']} SVD operator columns, "
+                   f"{st['lloyd_iterations']} k-means iterations on B, {st['row_passes']} row-block passes over A",
+                   st, seconds, rt, f" (load {load_s:.2f} s, flash kernels {st['kernel_seconds']:.2f} s)", blas=False),
+          file=sys.stderr)
+    if args.json:
+        write_json(args.json, record)
+    if args.out:
+        with atomic_path(args.out) as tmp:
+            with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
+                np.savez(f, topic_word=model.topic_word, labels=model.labels)
+    return 0
+
+
+def _corpus(args) -> int:
+    import numpy as np
+
+    from .. import flash
+    from .._atomic import atomic_path
+
+    truth_path = args.truth or flash.truth_path(args.out)
+    t0 = time.perf_counter()
+    m = flash.planted_topics(args.words, args.topics, beta=args.beta, seed=args.seed)
+    last = [0.0]
+
+    def progress(done, total, nnz):
+        now = time.perf_counter() - t0
+        if not args.quiet and (done == total or now - last[0] >= 5.0):
+            last[0] = now
+            print(f"flash corpus: {done}/{total} documents, {nnz} entries, {now:.1f} s", file=sys.stderr, flush=True)
+
+    nnz = flash.write_corpus(args.out, m, args.docs, alpha=args.alpha, mean_length=args.length, seed=args.seed,
+                             progress=progress)
+    with atomic_path(truth_path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, m)
+    print(f"flash corpus: wrote {args.out} ({args.docs} documents x {args.words} words, {nnz} entries) and "
+          f"{truth_path} (the {args.words} x {args.topics} topic matrix) in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    return 0
 
 
 class _Progress:

@@ -12,6 +12,10 @@
 
 ``svds`` (``scipy.sparse.linalg.svds``'s arguments and return convention) and ``pca`` run
 the block Krylov-Schur eigensolver of :mod:`scalefree.flash.eigen` with the matrix on flash.
+
+``topics`` is ISLE's SVD-based topic model on those kernels (:mod:`scalefree.flash.topics`);
+``planted_topics``, ``write_corpus`` and ``recovery_error`` make planted-topic corpora and
+score a model against them (:mod:`scalefree.flash.corpus`).
 """
 
 from .core import (
@@ -34,7 +38,10 @@ from .core import (
 )
 from .eigen import KrylovSchurInfo, block_krylov_schur
 from .svd import PCA, pca, svds
+from .topics import Topics, topics
+from .corpus import planted_topics, recovery_error, truth_path, write_corpus
 
 __all__ = ["Csr", "KrylovSchurInfo", "Matrix", "PCA", "Runtime", "block_krylov_schur", "csr_product", "csrcsc",
            "csrgemv", "csrmm", "csrtmm", "default_runtime", "gemm", "kmeans", "load", "npy_header",
-           "npy_header_bytes", "numpy_blas_path", "pca", "sort", "svds"]
+           "npy_header_bytes", "numpy_blas_path", "pca", "planted_topics", "recovery_error", "sort", "svds", "Topics",
+           "topics", "truth_path", "write_corpus"]

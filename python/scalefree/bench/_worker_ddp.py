@@ -1,0 +1,116 @@
+"""One rank of ``scalefree bench ddp``, started by torchrun: a plain DDP training loop whose
+backend (and optional comm hook) is the only thing that changes between implementations.
+
+Loads its share of the inputs from the .npy file the bench wrote (load time reported), runs
+``--warmup`` untimed and ``--steps`` timed steps (forward, backward with DDP's bucketed
+allreduce, SGD step), optionally sleeping a seeded-random straggler delay before each step,
+and writes ``rank{R}.json`` to ``--out-dir``: per-step seconds, losses, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--backend", required=True)
+    p.add_argument("--hook", default="none", help="none, bf16, ssp:SLACK")
+    p.add_argument("--data", type=Path, required=True, help="inputs .npy (steps*ranks*batch rows)")
+    p.add_argument("--labels", type=Path, required=True)
+    p.add_argument("--widths", required=True, help="layer widths, e.g. 4096,4096,4096,4096,10")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--delay-ms", type=float, default=0.0, help="straggler: one random rank sleeps U(0, MS) per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--out-dir", type=Path, required=True)
+    args = p.parse_args(argv)
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .._rss import peak_rss_bytes
+    from .common import StragglerSchedule
+
+    torch.set_num_threads(1)
+    if args.backend == "scalefree":
+        import scalefree.torch  # noqa: F401
+    t0 = time.perf_counter()
+    dist.init_process_group(args.backend)
+    init_s = time.perf_counter() - t0
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    t0 = time.perf_counter()
+    x_all = np.load(args.data, mmap_mode="r")
+    y_all = np.load(args.labels, mmap_mode="r")
+    total = args.warmup + args.steps
+    rows = slice(rank * total * args.batch, (rank + 1) * total * args.batch)
+    x_mine = torch.from_numpy(np.ascontiguousarray(x_all[rows]))
+    y_mine = torch.from_numpy(np.ascontiguousarray(y_all[rows]).astype(np.int64))
+    load_s = time.perf_counter() - t0
+
+    widths = [int(w) for w in args.widths.split(",")]
+    torch.manual_seed(args.seed)
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+    hook_state = None
+    if args.hook != "none":
+        from scalefree.torch import hooks
+
+        hook_state = hooks.register(ddp, args.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    sched = StragglerSchedule(args.delay_ms, args.seed, size) if args.delay_ms > 0 else None
+    times, losses = [], []
+    dist.barrier()
+    for step in range(total):
+        if step == args.warmup:
+            dist.barrier()
+            wall0 = time.perf_counter()
+        t = time.perf_counter()
+        if sched is not None:
+            who, seconds = sched.straggler(step)
+            if who == rank:
+                time.sleep(seconds)
+        xb = x_mine[step * args.batch:(step + 1) * args.batch]
+        yb = y_mine[step * args.batch:(step + 1) * args.batch]
+        opt.zero_grad(set_to_none=False)
+        loss = nn.functional.cross_entropy(ddp(xb), yb)
+        loss.backward()
+        opt.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t)
+            losses.append(float(loss))
+    wall_s = time.perf_counter() - wall0
+    if hook_state is not None and hasattr(hook_state, "finish"):
+        hook_state.finish()  # collective: deliver the contributions still in flight
+    # Loss on held-out rows (after every rank's training rows).
+    held = slice(size * total * args.batch, size * total * args.batch + 4 * args.batch)
+    with torch.no_grad():
+        xh = torch.from_numpy(np.ascontiguousarray(x_all[held]))
+        yh = torch.from_numpy(np.ascontiguousarray(y_all[held]).astype(np.int64))
+        heldout = float(nn.functional.cross_entropy(model(xh), yh)) if len(xh) else float("nan")
+    dist.barrier()
+    dist.destroy_process_group()
+    doc = {"rank": rank, "size": size, "backend": args.backend, "hook": args.hook, "init_s": init_s,
+           "load_s": load_s, "times_s": times, "losses": losses, "wall_s": wall_s, "heldout_loss": heldout,
+           "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters())}
+    (args.out_dir / f"rank{rank}.json").write_text(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""``scalefree bench ddp``: PyTorch DistributedDataParallel with the ``"scalefree"`` backend
+against gloo, in one run, on the same script, model, data and ranks (started by torchrun).
+
+The default is the issue's model: a 50M-parameter MLP 4096 -> 4096 -> 4096 -> 4096 -> 10,
+batch 16 per rank, 2 ranks with one thread each, DDP's default 25 MB buckets, SGD. The data
+(a learnable synthetic classification set, plus held-out rows) is written to a .npy file
+first; every rank loads its share from it (load time in the JSON). The table shows the
+median ms per timed step (slowest rank per step), steps per second, the mean training loss
+of the timed steps, the held-out loss after training, peak RSS per rank, and the ratio
+gloo / this row (> 1: faster than gloo).
+
+``--hook`` adds rows with DDP communication hooks on the scalefree backend
+(:mod:`scalefree.torch.hooks`): ``bf16`` (bfloat16 on the wire) and ``ssp:SLACK``
+(bounded-staleness averaging). ``--delay MS`` makes one seeded-random rank sleep
+uniform(0, MS) ms before each step (the same schedule for every row), and adds a
+``scalefree`` sync row as the baseline of the hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from . import common
+from .common import progress
+
+BENCH = "ddp"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("ddp", help="torch DDP step time: the scalefree backend vs gloo",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__)
+    arg = common.argparse_type
+    p.add_argument("-n", "--ranks", type=arg(lambda s: common.parse_int_list(s, "rank count")), default="2",
+                   metavar="N[,N...]")
+    p.add_argument("--widths", default="4096,4096,4096,4096,10", help="MLP layer widths")
+    p.add_argument("--batch", type=arg(common.positive_int), default=16, help="rows per rank per step")
+    p.add_argument("--steps", type=arg(common.positive_int), default=20, help="timed steps")
+    p.add_argument("--warmup", type=arg(common.positive_int), default=3, help="untimed steps first")
+    p.add_argument("--backends", type=arg(lambda s: common.parse_choice_list(s, ("gloo", "scalefree"), "backend")),
+                   default="gloo,scalefree", metavar="B[,B...]")
+    p.add_argument("--hook", type=arg(lambda s: [h for h in s.split(",") if h]), default="",
+                   metavar="H[,H...]", help="extra scalefree rows with comm hooks: bf16, ssp:SLACK")
+    p.add_argument("--delay", type=arg(common.non_negative_float), default=0.0, metavar="MS",
+                   help="straggler: one seeded-random rank sleeps uniform(0, MS) ms before each step")
+    p.add_argument("--bucket-mb", type=arg(common.positive_float), default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=arg(common.positive_float), default=900.0)
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _write_data(tmp: Path, n: int, args) -> tuple[Path, Path]:
+    import numpy as np
+
+    widths = [int(w) for w in args.widths.split(",")]
+    rows = n * (args.warmup + args.steps) * args.batch + 4 * args.batch  # + held-out rows
+    rng = np.random.default_rng(args.seed)
+    x = rng.standard_normal((rows, widths[0]), dtype=np.float32)
+    teacher = rng.standard_normal((widths[0], widths[-1]), dtype=np.float32)
+    y = np.argmax(x @ teacher, axis=1).astype(np.int32)
+    xp, yp = tmp / "x.npy", tmp / "y.npy"
+    np.save(xp, x)
+    np.save(yp, y)
+    return xp, yp
+
+
+def run(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        progress("bench ddp: torch is not installed (pip install torch)")
+        return 2
+    configs = [(b, "none") for b in args.backends]
+    for h in args.hook:
+        if h != "bf16" and not h.startswith("ssp:"):
+            progress(f"bench ddp: unknown hook {h!r} (bf16, ssp:SLACK)")
+            return 2
+        configs.append(("scalefree", h))
+    progress(f"ddp: widths {args.widths}, batch {args.batch}/rank, ranks {args.ranks}, {args.steps} timed steps, "
+             f"delay {args.delay:g} ms, rows {configs}, {common.usable_cores()} cores")
+    records, failures = [], []
+    for n in args.ranks:
+        with tempfile.TemporaryDirectory(prefix="scalefree-bench-ddp-") as tmp:
+            xp, yp = _write_data(Path(tmp), n, args)
+            for backend, hook in configs:
+                out = Path(tmp) / f"{backend}-{hook.replace(':', '_')}"
+                out.mkdir()
+                argv = ["--backend", backend, "--hook", hook, "--data", str(xp), "--labels", str(yp),
+                        "--widths", args.widths, "--batch", str(args.batch), "--steps", str(args.steps),
+                        "--warmup", str(args.warmup), "--delay-ms", str(args.delay), "--seed", str(args.seed),
+                        "--bucket-mb", str(args.bucket_mb), "--out-dir", str(out)]
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
+                       "--master-addr", "127.0.0.1", "--master-port", str(common.free_port()),
+                       "-m", "scalefree.bench._worker_ddp", *argv]
+                label = backend if hook == "none" else f"{backend}+{hook}"
+                progress(f"ddp: {label} on {n} ranks")
+                res = common.run_job(cmd, timeout_s=args.timeout, env_extra={"OMP_NUM_THREADS": "1"})
+                docs = [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)
+                        if (out / f"rank{r}.json").exists()]
+                if not res.ok or len(docs) != n:
+                    failures.append(f"{label} on {n} ranks: {res.describe()}")
+                    continue
+                records.append(_record(backend, hook, n, args, docs))
+    _add_ratios(records)
+    print(render_table(records))
+    sys.stdout.flush()
+    if args.json:
+        common.write_json(args.json, records)
+        progress(f"ddp: wrote {len(records)} records to {args.json}")
+    for f in failures:
+        progress(f"ddp: FAILED {f}")
+    return 1 if failures else 0
+
+
+def _record(backend: str, hook: str, n: int, args, docs: list[dict]) -> dict:
+    per_step = [max(ts) for ts in zip(*(d["times_s"] for d in docs))]
+    wall = max(d["wall_s"] for d in docs)
+    losses = [statistics.mean(ls) for ls in zip(*(d["losses"] for d in docs))]
+    return common.make_record(
+        bench=BENCH, impl=backend, variant=hook, ranks=n, nbytes=4 * docs[0]["params"], dtype="float32",
+        stats=common.Stats.of(per_step), gbps=0.0, widths=args.widths, batch=args.batch,
+        steps=args.steps, steps_per_s=args.steps / wall, wall_s=wall, delay_ms=float(args.delay),
+        mean_loss=statistics.mean(losses), last_loss=losses[-1],
+        heldout_loss=statistics.mean(d["heldout_loss"] for d in docs),
+        init_s=max(d["init_s"] for d in docs), load_s=max(d["load_s"] for d in docs),
+        peak_rss_bytes=max(d["peak_rss_bytes"] for d in docs), params=docs[0]["params"])
+
+
+def _add_ratios(records: list[dict]) -> None:
+    for r in records:
+        same = [g for g in records if g["ranks"] == r["ranks"]]
+        gloo = next((g for g in same if g["impl"] == "gloo"), None)
+        sync = next((g for g in same if g["impl"] == "scalefree" and g["variant"] == "none"), None)
+        if gloo is not None:
+            r["vs_gloo"] = common.ratio(gloo["median_s"], r["median_s"])
+            r["steps_per_s_vs_gloo"] = r["steps_per_s"] / gloo["steps_per_s"]
+        if sync is not None:
+            r["steps_per_s_vs_sync"] = r["steps_per_s"] / sync["steps_per_s"]
+
+
+def render_table(records: list[dict]) -> str:
+    headers = ["ranks", "backend", "hook", "ms/step", "steps/s", "x gloo", "x sync", "mean loss",
+               "held-out loss", "peak RSS/rank", "init s"]
+    rows = []
+    for r in records:
+        rows.append([str(r["ranks"]), r["impl"], r["variant"], f"{r['median_s'] * 1e3:.1f}",
+                     f"{r['steps_per_s']:.2f}", f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "",
+                     f"{r['steps_per_s_vs_sync']:.2f}" if "steps_per_s_vs_sync" in r else "",
+                     f"{r['mean_loss']:.4f}", f"{r['heldout_loss']:.4f}", common.human_bytes(r["peak_rss_bytes"]),
+                     f"{r['init_s']:.2f}"])
+    return common.format_table(headers, rows)

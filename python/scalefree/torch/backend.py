@@ -1,0 +1,636 @@
+"""The ``"scalefree"`` backend of ``torch.distributed``: a ``ProcessGroup`` for CPU tensors
+over scalefree's one-sided transport.
+
+Every collective runs on one worker thread per group, in the order it was called, and
+returns a :class:`Work` backed by a ``torch.futures.Future``: DDP overlaps its bucket
+allreduces with the backward pass as with gloo. Contiguous tensors go to the transport
+through ``tensor.numpy()`` (their own memory, no copy: peers read it with one
+cross-memory-attach copy); others through a contiguous staging copy. bfloat16 and float16
+move as 16-bit words and reduce in float32 (sum, avg, min, max, product); bool as bytes.
+
+The group joins through the store torch passes: rank 0 makes a job id and token and puts
+them in the store, every rank puts its host name there, and the transport's own connection
+set-up (local ranks over a Unix socket, other hosts through rank 0's TCP address, also
+published in the store) uses them. Rank and size are the ones torch passes, so it works the
+same under torchrun, ``scalefree run``, mpirun, srun or ``mp.spawn``.
+
+A peer that dies makes every rank's pending and later operations raise
+``torch.distributed.DistBackendError`` naming the lost rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import secrets
+import socket
+import threading
+import weakref
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..errors import ScalefreeError
+
+BACKEND_NAME = "scalefree"
+
+_REDUCE_OPS = {}
+
+
+def _op_name(op) -> str:
+    """torch's ReduceOp (or its RedOpType) -> scalefree's op name ("avg" is sum then divide)."""
+    if not _REDUCE_OPS:
+        R = dist.ReduceOp
+        _REDUCE_OPS.update({R.SUM: "sum", R.AVG: "avg", R.MIN: "min", R.MAX: "max", R.PRODUCT: "prod"})
+    for k, v in _REDUCE_OPS.items():
+        if op == k:
+            return v
+    raise ValueError(f"scalefree backend: unsupported reduce op {op}")
+
+
+# Dtypes the native reductions handle as they are; the others are widened for the reduction.
+_NATIVE_REDUCE = {torch.float32, torch.float64, torch.int32, torch.int64}
+_WIDEN = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.int8: torch.int32,
+          torch.uint8: torch.int32, torch.int16: torch.int32, torch.bool: torch.int32}
+# How dtypes without a numpy twin move (same width, bits unchanged).
+_MOVE_AS = {torch.bfloat16: torch.int16}
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor's memory (no copy), 1-D."""
+    t = t.detach()
+    if t.dtype in _MOVE_AS:
+        t = t.view(_MOVE_AS[t.dtype])
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.reshape(-1).numpy()
+
+
+def _check_cpu(t: torch.Tensor, what: str) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(f"scalefree backend: {what} must be a CPU tensor, got device {t.device}")
+    if t.is_sparse:
+        raise ValueError(f"scalefree backend: {what} must be dense (use scalefree.torch.hooks.sparse for "
+                         "sparse gradients)")
+
+
+class _Staged:
+    """A contiguous tensor for the transport; ``finish()`` copies a result back when the
+    caller's tensor was not contiguous (the common case needs no copy at all)."""
+
+    def __init__(self, t: torch.Tensor, dtype=None):
+        self.orig = t
+        want = dtype or t.dtype
+        if t.is_contiguous() and want == t.dtype:
+            self.t = t
+        else:
+            self.t = t.detach().to(want).contiguous()
+
+    def finish(self) -> None:
+        if self.t is not self.orig:
+            with torch.no_grad():
+                self.orig.copy_(self.t)
+
+
+class Work(dist.distributed_c10d.Work):
+    """A pending operation; completes on the group's worker thread."""
+
+    def __init__(self, fut: Future):
+        super().__init__()
+        self._fut = fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+            return True
+        except Exception:
+            return False
+
+    def exception(self):
+        try:
+            self._fut.value()
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            return e
+        return None
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def result(self):
+        return self._fut.value()
+
+
+class _Worker:
+    """One thread running a group's operations in call order."""
+
+    def __init__(self, name: str, inline: bool = False):
+        self._inline = inline
+        self._q: queue.Queue = queue.Queue()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, result) -> Work:
+        fut: Future = Future()
+        if self._inline:
+            self._one(fn, result, fut)
+        else:
+            self._q.put((fn, result, fut))
+        return Work(fut)
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            self._one(*item)
+
+    def _one(self, fn, result, fut) -> None:
+        if self._failed is not None:
+            fut.set_exception(self._failed)
+            return
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - every later op fails the same way
+            err = _translate(e)
+            # A lost peer or a transport failure leaves the group unusable: fail later ops too.
+            if isinstance(err, dist.DistBackendError):
+                self._failed = err
+            fut.set_exception(err)
+            return
+        fut.set_result(result)
+
+    def stop(self) -> None:
+        self._q.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+
+def _translate(e: BaseException) -> BaseException:
+    """scalefree's transport errors as torch's DistBackendError (the message kept)."""
+    if isinstance(e, ScalefreeError) and not isinstance(e, ValueError):
+        err = dist.DistBackendError(f"scalefree: {e}")
+        err.__cause__ = e
+        return err
+    return e
+
+
+def _join(store, rank: int, size: int, timeout: timedelta):
+    """The scalefree group of torch's (store, rank, size): agree on a job id, token, local
+    ranks and (across hosts) rank 0's address through the store, then start the transport."""
+    from ..group import Group
+    from ..launch.ucx import prepare
+
+    prepare()
+    host = socket.gethostname()
+    if rank == 0:
+        info = {"job_id": "torch-" + secrets.token_hex(8), "token": secrets.token_hex(16)}
+        store.set("scalefree/job", json.dumps(info))
+    store.set(f"scalefree/host/{rank}", host)
+    info = json.loads(store.get("scalefree/job").decode())
+    hosts = [store.get(f"scalefree/host/{r}").decode() for r in range(size)]
+    local = [r for r in range(size) if hosts[r] == host]
+    env = {
+        "SCALEFREE_RANK": str(rank),
+        "SCALEFREE_WORLD_SIZE": str(size),
+        "SCALEFREE_LOCAL_RANK": str(local.index(rank)),
+        "SCALEFREE_LOCAL_SIZE": str(len(local)),
+        "SCALEFREE_JOB_ID": info["job_id"],
+        "SCALEFREE_JOB_TOKEN": info["token"],
+    }
+    if len(local) == size:
+        # One host: the local socket (whatever address a launcher set for its own group).
+        env["SCALEFREE_MASTER_ADDR"] = env["SCALEFREE_MASTER_PORT"] = ""
+    else:
+        # Across hosts: rank 0's address and a port of its own (not that of a group made by
+        # scalefree.init() in the same job). The job's secret above travels through torch's
+        # store, which is as open as the store itself.
+        if rank == 0:
+            addr = (os.environ.get("SCALEFREE_MASTER_ADDR") or os.environ.get("MASTER_ADDR")
+                    or socket.gethostbyname(host))
+            with socket.socket() as s:  # a free port on rank 0's host for the transport's rendezvous
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            store.set("scalefree/master", f"{addr}:{port}")
+        addr, port = store.get("scalefree/master").decode().rsplit(":", 1)
+        env["SCALEFREE_MASTER_ADDR"], env["SCALEFREE_MASTER_PORT"] = addr, port
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        seconds = timeout.total_seconds() if timeout is not None else None
+        return Group(timeout=seconds if seconds and seconds > 0 else None)
+    except ScalefreeError as e:
+        raise _translate(e) from e
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class ProcessGroupScalefree(dist.ProcessGroup):
+    """torch's ProcessGroup interface over a scalefree group (CPU tensors)."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta | None = None):
+        super().__init__(rank, size)
+        self._g = _join(store, rank, size, timeout)
+        # SCALEFREE_TORCH_INLINE=1 runs collectives on the calling thread (no overlap with
+        # compute; for comparison).
+        inline = os.environ.get("SCALEFREE_TORCH_INLINE", "0").strip() not in ("", "0")
+        self._worker = _Worker(f"scalefree-pg-{rank}", inline=inline)
+        # Dynamic channels between every ordered pair of ranks for send/recv (collective, so
+        # made here, where every rank is).
+        from ..tensors.slots import dynamic_channels
+
+        self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d])
+        self._p2p_workers: dict = {}
+        self._p2p_lock = threading.Lock()
+        self._closed = False
+        _live.add(self)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def group(self):
+        """The underlying :class:`scalefree.Group`."""
+        return self._g
+
+    def _submit(self, fn, result) -> Work:
+        return self._worker.submit(fn, result)
+
+    def run_async(self, fn, value) -> Future:
+        """Runs ``fn()`` on the group's worker thread, after the operations already called;
+        the future's value is ``value`` (for DDP comm hooks)."""
+        return self._submit(fn, value).get_future()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.stop()
+        for w in self._p2p_workers.values():
+            w.stop()
+        self._g.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    # -- collectives ---------------------------------------------------------------------------
+    def _reduce_into(self, t: torch.Tensor, op: str) -> None:
+        """Allreduce of one contiguous tensor, in place."""
+        if t.numel() == 0:
+            return
+        native_op = "sum" if op == "avg" else op
+        if t.dtype in _NATIVE_REDUCE:
+            self._g.allreduce(_as_numpy(t), native_op)
+        else:
+            wide = _WIDEN.get(t.dtype)
+            if wide is None:
+                raise ValueError(f"scalefree backend: cannot reduce dtype {t.dtype}")
+            w = t.to(wide)
+            self._g.allreduce(_as_numpy(w), native_op)
+            t.copy_(w)
+        if op == "avg":
+            if t.is_floating_point():
+                t.div_(self.size())
+            else:
+                t.copy_(torch.div(t, self.size(), rounding_mode="floor"))
+
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        for t in tensors:
+            _check_cpu(t, "allreduce input")
+        staged = [_Staged(t) for t in tensors]
+
+        def run():
+            for s in staged:
+                self._reduce_into(s.t, op)
+                s.finish()
+
+        return self._submit(run, list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            _check_cpu(t, "broadcast tensor")
+        staged = [_Staged(t) for t in tensors]
+
+        def run():
+            for s in staged:
+                if s.t.numel():
+                    self._g.broadcast(_as_numpy(s.t), root)
+                s.finish()
+
+        return self._submit(run, list(tensors))
+
+    def _allgather_flat(self, inp: torch.Tensor, out: torch.Tensor) -> None:
+        """Every rank's ``inp`` into contiguous ``out`` (size * inp.numel() elements, rank order)."""
+        if inp.numel() == 0:
+            return
+        self._g._allgather_into(_as_numpy(inp), _as_numpy(out))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        for t in input_tensors:
+            _check_cpu(t, "allgather input")
+        jobs = []
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != self.size():
+                raise ValueError(f"scalefree backend: allgather needs {self.size()} output tensors, got {len(outs)}")
+            jobs.append((outs, inp.detach().contiguous()))
+
+        def run():
+            for outs, inp in jobs:
+                flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+                self._allgather_flat(inp, flat)
+                with torch.no_grad():
+                    for r, o in enumerate(outs):
+                        o.copy_(flat[r].view(o.shape))
+
+        return self._submit(run, list(output_tensors))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output, input, opts=None):
+        _check_cpu(input, "allgather input")
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(f"scalefree backend: all_gather_into_tensor output must hold {self.size()} x "
+                             f"{input.numel()} elements, has {output.numel()}")
+        if output.dtype != input.dtype:
+            raise ValueError("scalefree backend: all_gather_into_tensor output and input dtypes differ")
+        out = _Staged(output)
+        inp = input.detach().contiguous()
+
+        def run():
+            self._allgather_flat(inp, out.t)
+            out.finish()
+
+        return self._submit(run, output)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self._submit(lambda: None, [])
+
+    def _reduce_scatter_flat(self, inp: torch.Tensor, out: torch.Tensor, op: str) -> None:
+        """Reduces contiguous ``inp`` (size equal shares) and leaves this rank's share in ``out``."""
+        if out.numel() == 0:
+            return
+        native_op = "sum" if op == "avg" else op
+        if inp.dtype in _NATIVE_REDUCE:
+            self._g._reduce_scatter_into(_as_numpy(inp), _as_numpy(out), native_op)
+            res = out
+        else:
+            wide = _WIDEN.get(inp.dtype)
+            if wide is None:
+                raise ValueError(f"scalefree backend: cannot reduce dtype {inp.dtype}")
+            res = torch.empty(out.shape, dtype=wide)
+            self._g._reduce_scatter_into(_as_numpy(inp.to(wide)), _as_numpy(res), native_op)
+        if op == "avg":
+            if res.is_floating_point():
+                res.div_(self.size())
+            else:
+                res.copy_(torch.div(res, self.size(), rounding_mode="floor"))
+        if res is not out:
+            out.copy_(res)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _check_cpu(input, "reduce_scatter input")
+        if input.numel() != output.numel() * self.size():
+            raise ValueError(f"scalefree backend: reduce_scatter_tensor input must hold {self.size()} x "
+                             f"{output.numel()} elements, has {input.numel()}")
+        out = _Staged(output)
+        inp = input.detach().contiguous()
+
+        def run():
+            self._reduce_scatter_flat(inp, out.t, op)
+            out.finish()
+
+        return self._submit(run, output)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else self._submit(lambda: None, [])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        jobs = []
+        for out, ins in zip(output_tensors, input_tensors):
+            if len(ins) != self.size():
+                raise ValueError(f"scalefree backend: reduce_scatter needs {self.size()} inputs, got {len(ins)}")
+            if any(i.numel() != out.numel() for i in ins):
+                raise ValueError("scalefree backend: reduce_scatter inputs must match the output's size")
+            flat = torch.cat([i.detach().reshape(-1) for i in ins])
+            jobs.append((_Staged(out), flat))
+
+        def run():
+            for out, flat in jobs:
+                self._reduce_scatter_flat(flat, out.t.view(-1), op)
+                out.finish()
+
+        return self._submit(run, list(output_tensors))
+
+    def reduce(self, tensors, opts=None):
+        # Allreduce, kept on the root only (others' tensors are left as they were).
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        root = opts.rootRank if opts is not None else 0
+        staged = [(_Staged(t), t.detach().clone()) for t in tensors]
+
+        def run():
+            for s, scratch in staged:
+                self._reduce_into(scratch, op)
+                if self.rank() == root:
+                    with torch.no_grad():
+                        s.orig.copy_(scratch)
+
+        return self._submit(run, list(tensors))
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _check_cpu(input, "all_to_all input")
+        n = self.size()
+        rows_in = input.shape[0] if input.dim() else 1
+        if not input_split_sizes:
+            if rows_in % n:
+                raise ValueError(f"scalefree backend: all_to_all_single input of {rows_in} rows does not split "
+                                 f"evenly over {n} ranks")
+            input_split_sizes = [rows_in // n] * n
+        if len(input_split_sizes) != n or sum(input_split_sizes) != rows_in:
+            raise ValueError(f"scalefree backend: input_split_sizes {list(input_split_sizes)} do not cover "
+                             f"{rows_in} rows over {n} ranks")
+        row = int(input[0].numel()) if input.dim() and rows_in else 1
+        inp = input.detach().contiguous()
+        out = _Staged(output)
+
+        def run():
+            send = _as_numpy(inp).view(np.uint8).reshape(rows_in, -1) if rows_in else \
+                np.empty((0, row * input.element_size()), np.uint8)
+            got = self._g.alltoallv(send, np.asarray(input_split_sizes, np.int64))
+            dst = _as_numpy(out.t).view(np.uint8)
+            if got.size != dst.size:
+                raise ValueError(f"scalefree backend: all_to_all_single received {got.size} bytes, "
+                                 f"the output holds {dst.size}")
+            dst[:] = got.reshape(-1)
+            out.finish()
+
+        return self._submit(run, output)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self.size()
+        ins = [t.detach().contiguous() for t in input_tensors]
+        outs = list(output_tensors)
+        if len(ins) != n or len(outs) != n:
+            raise ValueError(f"scalefree backend: all_to_all needs {n} input and output tensors")
+
+        def run():
+            send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+            counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
+            got = self._g.alltoallv(send, counts)
+            # What arrives from rank r has the size of output r.
+            at = 0
+            with torch.no_grad():
+                for o in outs:
+                    nb = o.numel() * o.element_size()
+                    piece = torch.from_numpy(got[at:at + nb].copy())
+                    o.copy_(piece.view(o.dtype if o.dtype not in _MOVE_AS else _MOVE_AS[o.dtype]).view(o.dtype)
+                            .view(o.shape))
+                    at += nb
+
+        return self._submit(run, outs)
+
+    # torch >= 2.10 calls these names (the tensor forms of the collectives above).
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        # Everyone gathers; the root keeps the result.
+        root = opts.rootRank if opts is not None else 0
+        inp = input_tensors[0].detach().contiguous()
+        outs = output_tensors[0] if output_tensors else []
+
+        def run():
+            flat = torch.empty((self.size(),) + tuple(inp.shape), dtype=inp.dtype)
+            self._allgather_flat(inp, flat)
+            if self.rank() == root:
+                with torch.no_grad():
+                    for r, o in enumerate(outs):
+                        o.copy_(flat[r].view(o.shape))
+
+        return self._submit(run, list(output_tensors))
+
+    def gather_single(self, output, input, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        inp = input.detach().contiguous()
+
+        def run():
+            flat = torch.empty((self.size() * inp.numel(),), dtype=inp.dtype)
+            self._allgather_flat(inp, flat)
+            if self.rank() == root:
+                with torch.no_grad():
+                    output.copy_(flat.view(output.shape))
+
+        return self._submit(run, output)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        # The root sends piece r to rank r (an all-to-all in which only the root sends).
+        root = opts.rootRank if opts is not None else 0
+        out = output_tensors[0]
+        ins = [t.detach().contiguous() for t in input_tensors[0]] if self.rank() == root else []
+
+        def run():
+            n = self.size()
+            if self.rank() == root:
+                send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+                counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
+            else:
+                send, counts = np.empty(0, np.uint8), np.zeros(n, np.int64)
+            got = self._g.alltoallv(send, counts)
+            dst = _Staged(out)
+            _as_numpy(dst.t).view(np.uint8)[:] = got
+            dst.finish()
+
+        return self._submit(run, list(output_tensors))
+
+    def barrier(self, opts=None):
+        return self._submit(self._g.barrier, [])
+
+    # -- point to point ----------------------------------------------------------------------------
+    def _p2p_worker(self, key) -> _Worker:
+        with self._p2p_lock:
+            w = self._p2p_workers.get(key)
+            if w is None:
+                w = self._p2p_workers[key] = _Worker(f"scalefree-p2p-{key}")
+            return w
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        ch = self._p2p[(self.rank(), dst)]
+        payload = [_as_numpy(t.detach().contiguous()) for t in tensors]
+        return self._p2p_worker(("send", dst)).submit(lambda: [ch.send(a) for a in payload] and None, list(tensors))
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        ch = self._p2p[(src, self.rank())]
+        staged = [_Staged(t) for t in tensors]
+
+        def run():
+            for s in staged:
+                ch.recv(out=_as_numpy(s.t))
+                s.finish()
+
+        return self._p2p_worker(("recv", src)).submit(run, list(tensors))
+
+
+# Groups still open at interpreter exit are shut down first (their threads stopped, the
+# transport closed), also when a script ends without destroy_process_group().
+_live: "weakref.WeakSet[ProcessGroupScalefree]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for pg in list(_live):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+
+
+def create_backend(store, rank: int, size: int, timeout: timedelta):
+    """The creator ``torch.distributed.Backend.register_backend`` calls."""
+    return ProcessGroupScalefree(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the ``"scalefree"`` backend with torch.distributed (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_backend, devices=["cpu"])

@@ -1,0 +1,213 @@
+"""DDP communication hooks on the scalefree backend.
+
+    from scalefree.torch import hooks
+    ddp.register_comm_hook(None, hooks.bf16)                  # bfloat16 on the wire
+    state = hooks.ssp(slack=4); ddp.register_comm_hook(state, hooks.ssp_hook)
+    ... train ...; state.finish(ddp)                           # deliver what is still in flight
+
+:func:`register` does either from a name (``"bf16"``, ``"ssp:4"``). The hooks need the
+process group to be a scalefree one (the default group after
+``init_process_group("scalefree")``).
+"""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .backend import ProcessGroupScalefree
+
+
+def _pg(process_group) -> ProcessGroupScalefree:
+    pg = process_group if process_group is not None else dist.group.WORLD
+    if not isinstance(pg, ProcessGroupScalefree):
+        raise TypeError("scalefree.torch.hooks need a process group of the \"scalefree\" backend, got "
+                        f"{type(pg).__name__}")
+    return pg
+
+
+# --- bfloat16 on the wire ---------------------------------------------------------------------
+
+def bf16(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: averages the bucket with bfloat16 on the wire and float32 arithmetic,
+    the counterpart of DDP's ``bf16_compress_hook`` / ``fp16_compress_hook``.
+
+    Each rank rounds its gradients to bfloat16 once, sends share ``j`` to rank ``j``
+    (all-to-all), sums the shares it receives in float32, rounds the average to bfloat16,
+    and everyone gathers the averaged shares: half the bytes of a float32 allreduce, and
+    only two roundings (no bfloat16 accumulation)."""
+    pg = _pg(process_group)
+    buf = bucket.buffer()
+    n, rank, g = pg.size(), pg.rank(), pg.group
+
+    def run():
+        if n == 1 or buf.numel() == 0:
+            return
+        share = -(-buf.numel() // n)
+        wire = torch.zeros(share * n, dtype=torch.bfloat16)
+        wire[:buf.numel()] = buf
+        got = g.alltoallv(wire.view(torch.int16).numpy(), np.full(n, share, np.int64))
+        mine = torch.from_numpy(got).view(torch.bfloat16).view(n, share).float().sum(0).div_(n)
+        out = torch.empty(share * n, dtype=torch.bfloat16)
+        g._allgather_into(mine.to(torch.bfloat16).view(torch.int16).numpy(), out.view(torch.int16).numpy())
+        buf.copy_(out[:buf.numel()])
+
+    return pg.run_async(run, buf)
+
+
+# --- bounded staleness (SSP) ------------------------------------------------------------------
+
+class SspState:
+    """The state of :func:`ssp_hook`: one stale-synchronous reduction per DDP bucket.
+
+    Each step, a bucket's gradients are added to the running sum over ranks and steps; the
+    gradient applied is this rank's change of that sum since its last step, divided by the
+    number of ranks. Other ranks' contributions may arrive up to ``slack`` steps late (never
+    lost, never counted twice); this rank's own are always in. ``finish(ddp)`` after training
+    (on every rank) adds what was still in flight, so that with plain SGD every rank ends on
+    the same weights as synchronous DDP would after the same gradients."""
+
+    def __init__(self, slack: int, variant: str = "sharded_async_thread", process_group=None):
+        if slack < 0:
+            raise ValueError(f"slack must be >= 0, got {slack}")
+        self.slack = int(slack)
+        self.variant = variant
+        self.process_group = process_group
+        self._red: dict = {}  # (bucket index, numel) -> [reduction, last running sum]
+        self._size = 1
+
+    def _reduction(self, g, key, numel: int):
+        entry = self._red.get(key)
+        fresh = entry is None
+        if fresh:
+            red = g.ssp_reduction(numel, "float32", "sum", self.variant)
+            entry = self._red[key] = [red, np.zeros(numel, np.float32)]
+        return entry, fresh
+
+    def finish(self) -> list:
+        """Flushes every reduction (collective: every rank calls it) and returns, per bucket
+        key ``(index, numel)``, the averaged gradient still missing on this rank (what the
+        peers' last contributions add), for a last optimizer step if wanted."""
+        missing = []
+        for key in sorted(self._red):
+            red, last = self._red[key]
+            total = red.flush()
+            missing.append((key, (total - last) / self._size))
+            last[:] = total
+        return missing
+
+
+def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=None) -> SspState:
+    """The state for :func:`ssp_hook` with the given slack (steps a peer may lag), on
+    ``process_group`` (the default group when None)."""
+    return SspState(slack, variant, process_group)
+
+
+def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: bounded-staleness gradient averaging (see :class:`SspState`)."""
+    pg = _pg(state.process_group)
+    buf = bucket.buffer()
+    key = (bucket.index(), buf.numel())
+    g = pg.group
+
+    def run():
+        state._size = pg.size()
+        (red, last), fresh = state._reduction(g, key, buf.numel())
+        contrib = buf.detach().float().numpy()
+        # The first step of a bucket layout is exact (DDP may rebuild its buckets after it).
+        total = red.allreduce(contrib, slack=0 if fresh else state.slack)
+        delta = (total - last) / pg.size()
+        last[:] = total
+        buf.copy_(torch.from_numpy(delta))
+
+    return pg.run_async(run, buf)
+
+
+# --- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------------
+
+class SparseState:
+    """The state of :func:`sparse_hook`: one sparse allreduce per embedding (by row count),
+    made at the first sparse bucket of that size. Dense buckets are averaged with the
+    backend's allreduce."""
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self._sa: dict = {}
+        self.last_seconds = 0.0  # the last sparse exchange, wall time (for the bench)
+
+
+def sparse(process_group=None) -> SparseState:
+    """The state for :func:`sparse_hook` (the default group when ``process_group`` is None)."""
+    return SparseState(process_group)
+
+
+def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook for sparse gradients (``nn.Embedding(sparse=True)``): the union of the
+    rows any rank touched is agreed with one allgather of row counts and one of the row
+    indices; every rank's rows then go through scalefree's sparse allreduce (a nested
+    butterfly: each row's sum is formed once and routed to the ranks that need it), and the
+    result is the averaged gradient as a sparse tensor on that union, the same on every
+    rank. Dense buckets are averaged with the ordinary allreduce."""
+    import time
+
+    pg = _pg(state.process_group)
+    buf = bucket.buffer()
+    n, g = pg.size(), pg.group
+    if not buf.is_sparse:
+        def run_dense():
+            pg._reduce_into(buf, "avg")
+
+        return pg.run_async(run_dense, buf)
+    fut = torch.futures.Future()
+
+    def run_sparse():
+        t0 = time.perf_counter()
+        grad = buf.coalesce()
+        rows = grad.indices()[0].contiguous()
+        vals = grad.values().reshape(rows.numel(), -1).float().contiguous()
+        dim = grad.shape[0]
+        counts = g.allgather(np.array([rows.numel()], np.int64)).reshape(-1)
+        width = int(counts.max()) if counts.size else 0
+        padded = np.full(max(width, 1), -1, np.int64)
+        padded[:rows.numel()] = rows.numpy()
+        every = g.allgather(padded)
+        union = np.unique(every[every >= 0])
+        sa = state._sa.get(dim)
+        if sa is None:
+            sa = state._sa[dim] = g.sparse_allreduce(dim)
+        summed = sa.config_reduce(rows.numpy(), vals.numpy(), union)
+        summed /= n
+        out = torch.sparse_coo_tensor(torch.from_numpy(union).unsqueeze(0),
+                                      torch.from_numpy(summed).to(buf.dtype).reshape((len(union),) + tuple(buf.shape[1:])),
+                                      buf.shape).coalesce()
+        state.last_seconds = time.perf_counter() - t0
+        fut.set_result(out)
+
+    inner = pg.run_async(run_sparse, None)
+
+    def forward_error(f):
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
+            if not fut.done():
+                fut.set_exception(e)
+
+    inner.add_done_callback(forward_error)
+    return fut
+
+
+def register(ddp, name: str):
+    """Registers a hook by name on a DDP module: ``"bf16"``, ``"ssp:SLACK[:VARIANT]"`` or ``"sparse"``;
+    returns its state."""
+    if name == "bf16":
+        ddp.register_comm_hook(None, bf16)
+        return None
+    if name == "sparse":
+        state = sparse()
+        ddp.register_comm_hook(state, sparse_hook)
+        return state
+    if name.startswith("ssp:"):
+        parts = name.split(":")  # ssp:SLACK[:VARIANT]
+        state = ssp(int(parts[1]), *parts[2:3])
+        ddp.register_comm_hook(state, ssp_hook)
+        return state
+    raise ValueError(f"unknown hook {name!r} (bf16, ssp:SLACK, sparse)")

@@ -1,0 +1,34 @@
+"""`scalefree bench ddp`: ratios and table from per-rank documents (no torch needed)."""
+
+from scalefree.bench import ddp
+from scalefree.bench.cli import add_parser
+
+
+class _Args:
+    widths, batch, steps, delay = "8,4,2", 2, 3, 0.0
+
+
+def _docs(step_s, n=2):
+    return [{"times_s": [step_s * (1 + r / 10)] * 3, "wall_s": 3 * step_s * 1.2, "losses": [1.0, 0.9, 0.8],
+             "heldout_loss": 0.85, "init_s": 0.1, "load_s": 0.01, "peak_rss_bytes": 1 << 20, "params": 46}
+            for r in range(n)]
+
+
+def test_records_take_the_slowest_rank_and_ratios_are_gloo_over_ours():
+    recs = [ddp._record("gloo", "none", 2, _Args, _docs(0.4)), ddp._record("scalefree", "none", 2, _Args, _docs(0.2)),
+            ddp._record("scalefree", "ssp:4", 2, _Args, _docs(0.1))]
+    ddp._add_ratios(recs)
+    assert abs(recs[0]["median_s"] - 0.44) < 1e-12  # rank 1 is 10 % slower
+    assert abs(recs[1]["vs_gloo"] - 2.0) < 1e-12
+    assert abs(recs[2]["steps_per_s_vs_sync"] - 2.0) < 1e-12
+    table = ddp.render_table(recs)
+    assert "ssp:4" in table and "2.00" in table
+
+
+def test_cli_parses_the_documented_command():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    args = p.parse_args(["bench", "ddp", "--steps", "20", "--warmup", "3", "--hook", "bf16,ssp:16"])
+    assert args.steps == 20 and args.hook == ["bf16", "ssp:16"] and args.backends == ["gloo", "scalefree"]

@@ -1,0 +1,46 @@
+"""Starts N real rank processes with torch's env:// variables (what torchrun sets)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_env(rank: int, size: int, port: int, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    for k in list(env):  # no launcher variables from an outer job
+        if k.startswith(("SCALEFREE_", "OMPI_", "PMI_", "SLURM_")):
+            del env[k]
+    env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    env.update(extra or {})
+    return env
+
+
+def run_torch_ranks(n: int, argv: list[str], timeout: float = 120.0, extra: dict | None = None,
+                    check: bool = True) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable] + argv, env=torch_env(r, n, port, extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(n)]
+    out = []
+    for r, p in enumerate(procs):
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            o, e = p.communicate()
+            raise AssertionError(f"rank {r} hung past {timeout}s; stderr:\n{e[-4000:]}")
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
+    if check:
+        for r, c in enumerate(out):
+            assert c.returncode == 0, f"rank {r} exited {c.returncode}:\n{c.stderr[-4000:]}"
+    return out
