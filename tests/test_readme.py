@@ -67,7 +67,10 @@ def workdir(tmp_path):
     (tmp_path / "shared").symlink_to(SHARED)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # A script, not a symlink: a symlink in another directory would lose a virtualenv
+    # (Python finds pyvenv.cfg beside the path it was started by).
+    (bin_dir / "python").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    (bin_dir / "python").chmod(0o755)
     cwd = tmp_path / "work"
     cwd.mkdir()
     env = dict(os.environ)
