@@ -1,20 +1,9 @@
-"""``scalefree run``: start N ranks of a command on this host (like torchrun, for one host).
-
-    scalefree run -n 4 [--timeout S] [--grace S] [--no-prefix] [--] python train.py args
-
-Each rank gets ``SCALEFREE_RANK``, ``SCALEFREE_WORLD_SIZE``, ``SCALEFREE_LOCAL_RANK``,
-``SCALEFREE_LOCAL_SIZE``, ``SCALEFREE_JOB_ID`` and ``SCALEFREE_JOB_TOKEN`` (fresh for every
-run) on top of the inherited environment, minus the rank variables of other launchers
-(mpirun, srun, torchrun). Each output line is prefixed with ``[rank] ``.
-
-The exit code is 0 when every rank exits 0, otherwise that of the first rank to fail
-(128+k for a rank killed by signal k). When a rank fails the others get ``--grace`` seconds
-to exit by themselves (the library makes them raise ``PeerLostError`` within about a
-second), then SIGTERM, then SIGKILL 2 s later. ``--timeout`` ends the job with exit code
-124. SIGINT, SIGTERM or SIGHUP to the launcher stop every rank (SIGTERM, SIGKILL 2 s later)
-and exit with 128 + the signal. Every rank leads its own process group, which is killed
-as a whole at the end, and dies with the launcher even if the launcher is SIGKILLed.
-"""
+"""The launcher behind ``scalefree run`` (its command line: :mod:`scalefree.cli.run`): starts
+N ranks of a command on this host with their ``SCALEFREE_*`` environment, pumps their output
+with a ``[rank]`` prefix, supervises them (a failed rank stops the others after a grace
+period; signals to the launcher stop every rank; every rank dies with the launcher) and
+returns the job's exit code. :func:`launch` is the entry point; :func:`job_secret` and
+:func:`multi_host_job` decide the secret of a job across hosts (``docs/security.md``)."""
 
 from __future__ import annotations
 
