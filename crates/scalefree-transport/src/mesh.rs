@@ -183,14 +183,15 @@ impl Mesh {
                 return true;
             }
             // Over the network, a waiter that spins runs arrived messages itself.
-            let backend = self.dev.backend();
-            if eager && backend.drives_progress() {
-                backend.progress();
-                return bell.load(Ordering::Acquire) != seen;
+            match self.dev.net() {
+                Some(net) if eager => {
+                    net.progress();
+                    bell.load(Ordering::Acquire) != seen
+                }
+                _ => false,
             }
-            false
         };
-        let hook = if eager { self.dev.backend().spin_hook() } else { None };
+        let hook = self.dev.net().filter(|_| eager).and_then(|n| n.spin_hook());
         wait::wait_until_hooked(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
             extra()?;
             if interruptible {
