@@ -271,7 +271,7 @@ def _vs_libmf_official(args) -> int:
                 records.append(rec)
                 rows.append([f.parent.name, f"{lam:g}", f"{target:.4f}", f"{ours['final_rmse']:.4f}",
                              f"{lib['train_s'] * 1e3:.1f}", f"{ours['train_s'] * 1e3:.1f}", f"{speed:.2f}x",
-                             f"{reach or '-'}", f"{(lib['train_s'] / t_reach) if t_reach else float('nan'):.2f}x",
+                             f"{reach or '-'}", f"{lib['train_s'] / t_reach:.2f}x" if t_reach else "not reached",
                              f"{lib['end_to_end_s']:.3f}", f"{ours['end_to_end_s']:.3f}",
                              f"{lib['peak_rss_bytes'] / 2**20:.0f}", f"{ours['peak_rss_bytes'] / 2**20:.0f}"])
     print(common.format_table(["data", "λ", "LIBMF RMSE", "ours RMSE", "LIBMF train ms", "ours train ms",
