@@ -247,9 +247,9 @@ class _Progress:
             while thread.is_alive():
                 thread.join(self.interval)
                 if self.show:
-                    self._draw(final=False)
+                    self._draw()
             if self.show:
-                self._draw(final=True)
+                self._draw()
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -261,7 +261,7 @@ class _Progress:
         now = self.rt._rt.progress
         return tuple(n - s for n, s in zip(now, self.start))
 
-    def _draw(self, final: bool):
+    def _draw(self):
         added, done, read, written = self.counters()
         elapsed = time.perf_counter() - self.t0
         rate = (read + written) / elapsed / 1e9 if elapsed > 0 else 0.0

@@ -252,10 +252,10 @@ def _rank_main(args) -> int:
     res = train(args)
     rank = int(os.environ.get("SCALEFREE_RANK", "0")) if args.transport != "local" else 0
     if args.out:
-        path = Path(f"{args.out}.rank{rank}.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        os.replace(tmp, path)
+        from .._atomic import atomic_path
+
+        with atomic_path(f"{args.out}.rank{rank}.json") as tmp:
+            tmp.write_text(json.dumps(res))
     if args.transport == "local" and not args.out:
         h = res["history"]
         print(f"local: {args.steps} steps x batch {args.batch * max(1, args.ranks - 1)} in {res['seconds']:.2f} s: "
