@@ -122,8 +122,6 @@ def _timed(fn, repeat, cache):
 
 
 def run(args) -> int:
-    from .. import flash
-
     blas = common.numpy_blas(BENCH)
     cache = common.PageCache(args.cold, BENCH)
     records = []

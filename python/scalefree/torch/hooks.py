@@ -37,7 +37,7 @@ def bf16(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
     only two roundings (no bfloat16 accumulation)."""
     pg = _pg(process_group)
     buf = bucket.buffer()
-    n, rank, g = pg.size(), pg.rank(), pg.group
+    n, g = pg.size(), pg.group
 
     def run():
         if n == 1 or buf.numel() == 0:
