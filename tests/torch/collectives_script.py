@@ -159,22 +159,27 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from scalefree.torch import hooks  # noqa: E402
 
+# Both ways of the hook (allgather, sparse allreduce); ranks touch different numbers of rows.
 states = []
-for pg, hook in [(sf, True), (gl, False)]:
+for pg, method in [(sf, "allgather"), (sf, "sparse_allreduce"), (gl, None)]:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Embedding(1000, 8, sparse=True), nn.Flatten(), nn.Linear(24, 1))
     ddp = DDP(model, process_group=pg)
-    if hook:
-        ddp.register_comm_hook(hooks.sparse(sf), hooks.sparse_hook)
+    if method:
+        state = hooks.sparse(sf, method=method)
+        ddp.register_comm_hook(state, hooks.sparse_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    for _ in range(3):
+    for step in range(3):
         opt.zero_grad()
-        ddp(torch.randint(0, 1000, (4, 3), generator=g)).sum().backward()
+        ddp(torch.randint(0, 1000, (2 + 3 * rank, 3), generator=g)).sum().backward()
         opt.step()
+        if method:
+            assert state.last_method == method, state.last_method
     states.append(model.state_dict())
-for k in states[1]:
-    same(f"DDP sparse hook {k}", states[0][k], states[1][k])
+for s in states[:2]:
+    for k in states[2]:
+        same(f"DDP sparse hook {k}", s[k], states[2][k])
 
 dist.barrier(group=sf)
 if failures:
