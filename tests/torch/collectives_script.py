@@ -181,6 +181,40 @@ for s in states[:2]:
     for k in states[2]:
         same(f"DDP sparse hook {k}", s[k], states[2][k])
 
+# FSDP on CPU, both kinds (fully_shard on a DeviceMesh of the group; FullyShardedDataParallel),
+# against the same training on gloo: the same losses and the same local shards.
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+for kind in ["fully_shard", "FullyShardedDataParallel"]:
+    runs = []
+    for pg in [sf, gl]:
+        torch.manual_seed(7)
+        model = nn.Sequential(nn.Linear(33, 64), nn.ReLU(), nn.Linear(64, 5))
+        if kind == "fully_shard":
+            mesh = DeviceMesh.from_group(pg, "cpu")
+            for m in model[::2]:
+                fully_shard(m, mesh=mesh)
+            wrapped = fully_shard(model, mesh=mesh)
+        else:
+            wrapped = FSDP(model, process_group=pg, device_id=torch.device("cpu"))
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(rank)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(wrapped(torch.randn(8, 33, generator=g)),
+                                               torch.randint(0, 5, (8,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        shards = [getattr(q, "_local_tensor", q).detach().clone() for q in wrapped.parameters()]
+        runs.append((torch.stack(losses), shards))
+    same(f"{kind} losses", runs[0][0], runs[1][0])
+    for i, (a, b) in enumerate(zip(runs[0][1], runs[1][1])):
+        same(f"{kind} shard {i}", a, b)
+
 dist.barrier(group=sf)
 if failures:
     print("\n".join(failures), file=sys.stderr)

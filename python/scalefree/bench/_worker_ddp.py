@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--model", choices=("mlp", "embedding"), default="mlp")
+    p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
+                   help="fsdp: FSDP2's fully_shard on every Linear and the model (MLP only)")
     p.add_argument("--emb-rows", type=int, default=10_000_000)
     p.add_argument("--emb-dim", type=int, default=64)
     args = p.parse_args(argv)
@@ -95,7 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in zip(widths[:-1], widths[1:]):
             layers += [nn.Linear(a, b), nn.ReLU()]
         model = nn.Sequential(*layers[:-1])
-        ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+        if args.wrap == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (size,))
+            for m in model:
+                if isinstance(m, nn.Linear):
+                    fully_shard(m, mesh=mesh)
+            ddp = fully_shard(model, mesh=mesh)
+        else:
+            ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
         hook_state = None
         if args.hook != "none":
             from scalefree.torch import hooks
@@ -135,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         xh = torch.from_numpy(np.ascontiguousarray(x_all[held]))
         yh = torch.from_numpy(np.ascontiguousarray(y_all[held]).astype(y_mine.numpy().dtype))
-        heldout = float(_loss(nn, model, xh, yh, args.model)) if len(xh) else float("nan")
+        heldout = float(_loss(nn, ddp if args.wrap == "fsdp" else model, xh, yh, args.model)) if len(xh) else float("nan")
     dist.barrier()
     dist.destroy_process_group()
     doc = {"rank": rank, "size": size, "backend": args.backend, "hook": args.hook, "init_s": init_s,
            "load_s": load_s, "times_s": times, "losses": losses, "wall_s": wall_s, "heldout_loss": heldout,
-           "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters()),
+           "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters()),  # global sizes (DTensor too)
            "exchange_s": exchange.per_step if exchange is not None else []}
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(doc))
     return 0

@@ -15,6 +15,9 @@ gloo / this row (> 1: faster than gloo).
 uniform(0, MS) ms before each step (the same schedule for every row), and adds a
 ``scalefree`` sync row as the baseline of the hooks.
 
+``--wrap fsdp`` shards the MLP with FSDP2 (``fully_shard`` on every Linear and on the
+model, a 1-D DeviceMesh over the ranks) instead of DDP.
+
 ``--model embedding`` trains an ``nn.Embedding(--emb-rows, --emb-dim)`` (default 10M x 64)
 with a linear head; each rank's step looks up ``--touched`` of the rows (distinct ids,
 default 1 %). Rows ``none`` keep the table dense (DDP's dense allreduce of the whole
@@ -56,6 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--delay", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="straggler: one seeded-random rank sleeps uniform(0, MS) ms before each step")
     p.add_argument("--bucket-mb", type=arg(common.positive_float), default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
+                   help="fsdp: FSDP2 (fully_shard on every Linear and the model) instead of DDP; MLP only")
     p.add_argument("--model", choices=("mlp", "embedding"), default="mlp",
                    help="the MLP of --widths, or an embedding table (--emb-rows x --emb-dim)")
     p.add_argument("--emb-rows", type=arg(common.positive_int), default=10_000_000)
@@ -114,6 +119,9 @@ def run(args) -> int:
         progress("bench ddp: torch is not installed (pip install torch)")
         return 2
     configs = [(b, "none") for b in args.backends]
+    if args.wrap == "fsdp" and (args.model != "mlp" or args.hook):
+        progress("bench ddp: --wrap fsdp takes the MLP and no --hook")
+        return 2
     if args.model == "embedding":
         args.batch = 1  # one row of ids per step
         for h in args.hook:
@@ -141,7 +149,7 @@ def run(args) -> int:
                         "--widths", args.widths, "--batch", str(args.batch), "--steps", str(args.steps),
                         "--warmup", str(args.warmup), "--delay-ms", str(args.delay), "--seed", str(args.seed),
                         "--bucket-mb", str(args.bucket_mb), "--out-dir", str(out), "--model", args.model,
-                        "--emb-rows", str(args.emb_rows), "--emb-dim", str(args.emb_dim)]
+                        "--emb-rows", str(args.emb_rows), "--emb-dim", str(args.emb_dim), "--wrap", args.wrap]
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                        "--master-addr", "127.0.0.1", "--master-port", str(common.free_port()),
                        "-m", "scalefree.bench._worker_ddp", *argv]
@@ -177,6 +185,7 @@ def _record(backend: str, hook: str, n: int, args, docs: list[dict]) -> dict:
         heldout_loss=statistics.mean(d["heldout_loss"] for d in docs),
         init_s=max(d["init_s"] for d in docs), load_s=max(d["load_s"] for d in docs),
         peak_rss_bytes=max(d["peak_rss_bytes"] for d in docs), params=docs[0]["params"], model=args.model,
+        wrap=args.wrap,
         **_exchange(docs, args))
 
 

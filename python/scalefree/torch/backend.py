@@ -267,6 +267,25 @@ class ProcessGroupScalefree(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # torch keeps a group's name in its backends; a Python ProcessGroup has none, so the name
+    # torch gives the group is kept here (DeviceMesh, and so FSDP2, looks groups up by it).
+    def _set_group_name(self, name) -> None:
+        self._sf_group_name = name
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_sf_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc) -> None:
+        self._sf_group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_sf_group_desc", "")
+
     @property
     def group(self):
         """The underlying :class:`scalefree.Group`."""
