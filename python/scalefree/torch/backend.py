@@ -257,7 +257,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
 
-        self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d])
+        self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d],
+                                     trace_torch=False)  # no dispatch mode under the training loop
         self._p2p_workers: dict = {}
         self._p2p_lock = threading.Lock()
         self._closed = False
