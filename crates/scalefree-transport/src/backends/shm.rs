@@ -230,48 +230,6 @@ impl PidWatch {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn memfd_maps_twice_to_same_memory() {
-        let fd = create_memfd("test", 8192).unwrap();
-        let a = map_shared(fd.as_raw_fd(), 8192, true).unwrap();
-        let b = map_shared(fd.as_raw_fd(), 8192, false).unwrap();
-        unsafe { *a.as_ptr().add(4000) = 42 };
-        assert_eq!(unsafe { *b.as_ptr().add(4000) }, 42);
-        assert!(fd_label(fd.as_raw_fd()).contains("scalefree-test"));
-        assert_eq!(fd_len(fd.as_raw_fd()).unwrap(), 8192);
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
-        assert_eq!(st.st_mode & 0o777, 0o600);
-    }
-
-    #[test]
-    fn cma_reads_own_memory() {
-        let src: Vec<u8> = (0..10_000).map(|i| i as u8).collect();
-        let mut dst = vec![0u8; 10_000];
-        let pid = std::process::id();
-        if !cma_permitted(pid, src.as_ptr() as usize) {
-            eprintln!("CMA not permitted here; skipping");
-            return;
-        }
-        cma_read(pid, src.as_ptr() as usize, dst.as_mut_ptr(), src.len()).unwrap();
-        assert_eq!(src, dst);
-    }
-
-    #[test]
-    fn pidwatch_sees_exit() {
-        let mut child = std::process::Command::new("sleep").arg("0.1").spawn().unwrap();
-        let w = PidWatch::new(child.id());
-        assert!(w.alive());
-        let _ = child.wait();
-        // After reaping the pid may be reused, but the pidfd still reports the exit.
-        assert!(!w.alive());
-    }
-}
-
 /// The shared-memory backend: every peer's region is mapped here (a memfd) or reached by
 /// cross-memory attach (ordinary process memory); notifications are stores into the peer's
 /// mapped control segment and a futex wake. Copies complete before the call returns.
@@ -379,5 +337,47 @@ impl Backend for Shm {
     fn wait_request(&self, _req: &Request, _policy: &WaitPolicy) -> Result<()> {
         // Shared-memory copies complete before they return: no request is ever made here.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memfd_maps_twice_to_same_memory() {
+        let fd = create_memfd("test", 8192).unwrap();
+        let a = map_shared(fd.as_raw_fd(), 8192, true).unwrap();
+        let b = map_shared(fd.as_raw_fd(), 8192, false).unwrap();
+        unsafe { *a.as_ptr().add(4000) = 42 };
+        assert_eq!(unsafe { *b.as_ptr().add(4000) }, 42);
+        assert!(fd_label(fd.as_raw_fd()).contains("scalefree-test"));
+        assert_eq!(fd_len(fd.as_raw_fd()).unwrap(), 8192);
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        assert_eq!(st.st_mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn cma_reads_own_memory() {
+        let src: Vec<u8> = (0..10_000).map(|i| i as u8).collect();
+        let mut dst = vec![0u8; 10_000];
+        let pid = std::process::id();
+        if !cma_permitted(pid, src.as_ptr() as usize) {
+            eprintln!("CMA not permitted here; skipping");
+            return;
+        }
+        cma_read(pid, src.as_ptr() as usize, dst.as_mut_ptr(), src.len()).unwrap();
+        assert_eq!(src, dst);
+    }
+
+    #[test]
+    fn pidwatch_sees_exit() {
+        let mut child = std::process::Command::new("sleep").arg("0.1").spawn().unwrap();
+        let w = PidWatch::new(child.id());
+        assert!(w.alive());
+        let _ = child.wait();
+        // After reaping the pid may be reused, but the pidfd still reports the exit.
+        assert!(!w.alive());
     }
 }
