@@ -182,9 +182,8 @@ def activate() -> bool:
     from torch.utils._python_dispatch import _push_mode
 
     global _skip_dirs
-    import scalefree
-
-    _skip_dirs = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(scalefree.__file__) + os.sep)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # scalefree/
+    _skip_dirs = (os.path.dirname(torch.__file__) + os.sep, package + os.sep)
     _push_mode(_mode_class()())
     _active.on = True
     return True
