@@ -72,21 +72,30 @@ impl Ratings {
         if !(0.0..1.0).contains(&test_fraction) {
             return Err(MfError::InvalidArgument(format!("test fraction must be in [0, 1), got {test_fraction}")));
         }
-        let mut idx: Vec<u32> = (0..self.len() as u32).collect();
+        // u32 positions while they fit (half the memory), u64 past 2^32 ratings.
+        if crate::stream::positions_fit_u32(self.len()) {
+            Ok(self.split_as::<u32>(test_fraction, seed))
+        } else {
+            Ok(self.split_as::<u64>(test_fraction, seed))
+        }
+    }
+
+    fn split_as<P: crate::stream::Position>(&self, test_fraction: f64, seed: u64) -> (Ratings, Ratings) {
+        let mut idx: Vec<P> = (0..self.len()).map(P::of).collect();
         Rng::new(seed).shuffle(&mut idx);
         let n_test = (self.len() as f64 * test_fraction).round() as usize;
-        let pick = |ix: &[u32]| {
+        let pick = |ix: &[P]| {
             let mut ix = ix.to_vec();
             ix.sort_unstable();
             Ratings {
-                users: ix.iter().map(|&n| self.users[n as usize]).collect(),
-                items: ix.iter().map(|&n| self.items[n as usize]).collect(),
-                values: ix.iter().map(|&n| self.values[n as usize]).collect(),
+                users: ix.iter().map(|&n| self.users[n.at()]).collect(),
+                items: ix.iter().map(|&n| self.items[n.at()]).collect(),
+                values: ix.iter().map(|&n| self.values[n.at()]).collect(),
                 user_ids: self.user_ids.clone(),
                 item_ids: self.item_ids.clone(),
             }
         };
-        Ok((pick(&idx[n_test..]), pick(&idx[..n_test])))
+        (pick(&idx[n_test..]), pick(&idx[..n_test]))
     }
 }
 
