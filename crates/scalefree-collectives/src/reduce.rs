@@ -335,6 +335,26 @@ mod tests {
     }
 
     #[test]
+    fn uint8_reduces_like_numpy() {
+        // Wrapping sum and product, unsigned min/max, identities 0 / 1 / 255 / 0.
+        let a = [250u8, 3, 7, 0];
+        let b = [10u8, 200, 7, 255];
+        for (op, want) in [(ReduceOp::Sum, [4u8, 203, 14, 255]), (ReduceOp::Prod, [196, 88, 49, 0]), (ReduceOp::Min, [10, 3, 7, 0]), (ReduceOp::Max, [250, 200, 7, 255])] {
+            let mut d = [0u8; 4];
+            unsafe { reduce3(DType::U8, op, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), 4) };
+            assert_eq!(d, want, "{op:?}");
+            let mut d = [0u8; 4];
+            unsafe { reduce4(DType::U8, op, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), a.as_ptr(), 4) };
+            let mut w = want;
+            unsafe { reduce3(DType::U8, op, w.as_mut_ptr(), want.as_ptr(), a.as_ptr(), 4) };
+            assert_eq!(d, w, "{op:?}");
+            let mut id = [9u8; 2];
+            fill_identity(DType::U8, op, &mut id);
+            assert_eq!(id[0], match op { ReduceOp::Sum => 0, ReduceOp::Prod => 1, ReduceOp::Min => 255, ReduceOp::Max => 0 });
+        }
+    }
+
+    #[test]
     fn parse_ops() {
         assert_eq!(ReduceOp::parse("min").unwrap(), ReduceOp::Min);
         assert!(ReduceOp::parse("avg").is_err());
