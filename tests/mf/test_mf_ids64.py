@@ -14,7 +14,8 @@ import pytest
 import scalefree.mf.model as mf
 from scalefree import _native
 
-BIG = [0, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**53 + 1, 2**63 - 1, 2**64 - 1]
+# Every reader takes ids up to 2**63 - 1; the in-memory one up to 2**64 - 1 (see below).
+BIG = [0, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**53 + 1, 2**62 + 9, 2**63 - 1]
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +47,7 @@ def write(path, u, i, r, style):
         body = "userId,movieId,rating,timestamp\n" + "".join(f"{a},{b},{c:g},0\n" for a, b, c in rows)
     elif style == "r.txt":
         body = "".join(f"{a} {b} {c:g}\n" for a, b, c in rows)
-    else:  # Matrix Market: ids as written (1-based, so the largest is 2**64 - 1)
+    else:  # Matrix Market: ids as written (1-based)
         top = max(max(u), max(i))
         body = f"%%MatrixMarket matrix coordinate real general\n{top} {top} {len(rows)}\n" \
             + "".join(f"{a} {b} {c:g}\n" for a, b, c in rows)
@@ -62,8 +63,9 @@ def test_rating_readers_keep_ids_past_2_to_the_32(tmp_path, style, gz):
     from scalefree.ssp.mf import load_ratings as ssp_load
 
     rng = np.random.default_rng(1)
-    u = [x if x else 1 for x in rng.choice(BIG, 200)]  # 1-based in .mtx: no 0
-    i = [x if x else 1 for x in rng.choice(BIG[::-1], 200)]
+    big = np.array(BIG, np.uint64)
+    u = [int(x) or 1 for x in rng.choice(big, 200)]  # 1-based in .mtx: no 0
+    i = [int(x) or 1 for x in rng.choice(big[::-1], 200)]
     r = list(rng.integers(1, 11, 200) / 2)
     p = tmp_path / (style + (".gz" if gz else ""))
     write(p, u, i, r, style)
@@ -78,11 +80,25 @@ def test_rating_readers_keep_ids_past_2_to_the_32(tmp_path, style, gz):
         have = sorted((int(a), int(b)) for s in shares
                       for a, b in zip(np.asarray(s[0]).astype(np.uint64).tolist(), np.asarray(s[1]).astype(np.uint64).tolist()))
         assert have == sorted(zip(u, i))
-    # The SSP reader: dense indices in id order (2**53 + 1 and 2**64 - 1 kept apart from their neighbours).
+    # The SSP reader: dense indices in id order (2**53 + 1 kept apart from 2**53, as floats would not).
     su, si, sr = ssp_load(p)
     np.testing.assert_array_equal(su, np.unique(np.array(u, np.uint64), return_inverse=True)[1])
     np.testing.assert_array_equal(si, np.unique(np.array(i, np.uint64), return_inverse=True)[1])
     np.testing.assert_array_equal(sr, np.float32(r))
+
+
+def test_ids_past_int64(tmp_path):
+    """The in-memory reader keeps ids up to 2**64 - 1; the share reader of the multi-rank modes
+    (int64 arrays) refuses 2**63 and past with the file and line."""
+    from scalefree.errors import DataError
+
+    p = tmp_path / "r.txt"
+    p.write_text(f"1 2 3\n{2**64 - 1} {2**63} 4\n")
+    got = mf.load_ratings(p, cache=False)
+    assert np.frombuffer(got.triples()[0], np.uint64).tolist() == [1, 2**64 - 1]
+    assert np.frombuffer(got.triples()[1], np.uint64).tolist() == [2, 2**63]
+    with pytest.raises(DataError, match=r"r\.txt:2: user id"):
+        _native.read_ratings_share(str(p), 0, 1)
 
 
 def test_local_training_on_ids_past_2_to_the_32_equals_small_ids(tmp_path):
@@ -100,19 +116,20 @@ def test_local_training_on_ids_past_2_to_the_32_equals_small_ids(tmp_path):
 
 
 def test_rima_on_ids_past_2_to_the_32_equals_small_ids(tmp_path):
+    """rima over 2 ranks (no test set: its split hashes the ids) on the same ratings with small
+    ids and with order-keeping ids past 2**32: the same training error."""
     u, i, r = ratings(seed=4)
     runs = []
     for name, wu, wi in (("small", u.tolist(), i.tolist()), ("big", widen(u), widen(i, off=2**40, step=2**33))):
-        train, test = tmp_path / f"{name}.txt", tmp_path / f"{name}-test.txt"
-        write(train, wu[:500], wi[:500], r[:500].tolist(), "r.txt")
-        write(test, wu[500:], wi[500:], r[500:].tolist(), "r.txt")
+        train = tmp_path / f"{name}.txt"
+        write(train, wu, wi, r.tolist(), "r.txt")
         out = tmp_path / f"{name}.jsonl"
-        p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(train), "--test", str(test),
+        p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(train), "--test-fraction", "0",
                             "--mode", "rima", "-n", "2", "-k", "8", "-i", "3", "--json", str(out), "-q"],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         runs.append(json.loads(out.read_text().splitlines()[-1]))
-    assert runs[0]["test_rmse"] == runs[1]["test_rmse"] and runs[0]["train_mse"] == runs[1]["train_mse"]
+    assert runs[0]["train_mse"] == runs[1]["train_mse"], runs
 
 
 def test_streamed_split_on_ids_past_2_to_the_32_is_the_in_memory_split(tmp_path):
@@ -120,10 +137,11 @@ def test_streamed_split_on_ids_past_2_to_the_32_is_the_in_memory_split(tmp_path)
     f = tmp_path / "big.csv"
     write(f, widen(u), widen(i, off=2**50), r.tolist(), "ratings.csv")
     _, want = mf.split_ratings(f, 0.25, 7)
-    _, test = mf.split_ratings_streamed(f, 0.25, 7)
-    test.train.prepare()
-    assert test.train.test_idx.dtype == np.uint32
-    got = _native.MfRatings.load_cache_subset(str(test.train.cache), test.train.test_idx.astype(np.uint64).tobytes(), 8)
+    train, _ = mf.split_ratings_streamed(f, 0.25, 7)
+    train.prepare()
+    assert train.test_idx.dtype == np.uint32 and len(train.test_idx) == 150
+    # The 8-byte positions (what a split past 2**32 ratings hands over) read the same ratings.
+    got = _native.MfRatings.load_cache_subset(str(train.cache), train.test_idx.astype(np.uint64).tobytes(), 8)
     for a, b, t in zip(got.triples(), want.triples(), (np.uint64, np.uint64, np.float32)):
         np.testing.assert_array_equal(np.frombuffer(a, t), np.frombuffer(b, t))
 
