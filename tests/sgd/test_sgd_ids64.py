@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-BIG = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**53 + 1, 2**63 - 1]
+BIG = np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**53 + 1, 2**63 - 1], np.int64)
 
 
 def svm_rows(seed=0, n=120):
@@ -70,4 +70,4 @@ def test_logreg_refuses_a_feature_index_past_its_bound(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("scalefree sgd: error:") and "d.svm:2" in lines[0], out.stderr
+    assert len(lines) == 1 and lines[0].startswith("scalefree sgd logreg: error:") and "d.svm:2" in lines[0], out.stderr
