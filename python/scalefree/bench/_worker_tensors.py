@@ -1,7 +1,8 @@
 """Both ranks of one ``scalefree bench tensors`` implementation: ping-pong of a preallocated
 buffer between rank 0 and rank 1 (one-way time = round trip / 2), or, for gRPC, a call
 carrying the buffer with an empty reply. Rank 0 writes ``<out>`` (JSON: size -> times, or for
-ours size -> {times, peak_rss_bytes per rank}; ours check every received byte after timing)."""
+ours size -> {times, peak_rss_bytes per rank}; ours check every byte received in one more,
+untimed, round trip)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,6 @@ def run_scalefree(args, sizes):
     res = {}
     for n in sizes:
         reps = _reps(n, args.target_seconds, args.min_reps)
-        last = {}  # what this rank received last: checked after the timing
         if args.impl == "static":
             slots = tensors.static_slots(g, [dict(name="ping", src=0, dst=1, shape=(n,), dtype="uint8"),
                                              dict(name="pong", src=1, dst=0, shape=(n,), dtype="uint8")])
@@ -52,12 +52,12 @@ def run_scalefree(args, sizes):
             if me == 0:
                 def rt():
                     slots["ping"].send(src)
-                    last["got"] = slots["pong"].recv()
+                    return slots["pong"].recv()
             else:
                 def rt():
                     a = slots["ping"].recv()
                     slots["pong"].send(a)
-                    last["got"] = a
+                    return a
         else:
             chans = tensors.dynamic_channels(g, [(0, 1), (1, 0)])
             if args.impl == "copy":
@@ -70,21 +70,21 @@ def run_scalefree(args, sizes):
             if me == 0:
                 def rt():
                     chans[(0, 1)].send(src)
-                    last["got"] = chans[(1, 0)].recv()
+                    return chans[(1, 0)].recv()
             else:
                 def rt():
                     a = chans[(0, 1)].recv()
                     chans[(1, 0)].send(a if args.impl != "copy" else src)
-                    last["got"] = a
+                    return a
         g.barrier()
         times = [t / 2 for t in _time(rt, reps)]
         g.barrier()
-        got = last["got"]
+        got = rt()  # one more round trip, untimed: what this rank receives is checked
         bad = first_mismatch(np.asarray(got), 7) if len(got) == n else -1
         if bad is not None:
             raise RuntimeError(f"{args.impl}: rank {me} received a wrong buffer of {n} B: "
                                + (f"{len(got)} B" if bad == -1 else f"byte {bad} is {got[bad]}, should be 7"))
-        del last, got
+        del got
         rss = [int(x) for x in g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)]
         if me == 0:
             res[n] = {"times": times, "peak_rss_bytes": rss}
