@@ -61,7 +61,7 @@ impl Ratings {
             if !r.is_finite() {
                 return Err(MfError::InvalidArgument(format!("rating {n} is not finite ({r})")));
             }
-            b.push(u, i, r);
+            b.push(u, i, r)?;
         }
         Ok(b.finish())
     }
@@ -152,20 +152,28 @@ struct Builder {
     r: Ratings,
 }
 
+/// The dense id of `id` in `map` / `ids` (the next one when it is new): 32-bit (4 bytes per
+/// rating, the cache format), so more than 2^32 distinct users or items are an error, not a
+/// silent wrap.
+pub(crate) fn dense_id(map: &mut HashMap<u64, u32>, ids: &mut Vec<u64>, id: u64, what: &str) -> Result<u32> {
+    if let Some(&d) = map.get(&id) {
+        return Ok(d);
+    }
+    let d = u32::try_from(ids.len()).map_err(|_| MfError::InvalidArgument(format!("more than 2^32 distinct {what}s (dense {what} ids are 32-bit)")))?;
+    ids.push(id);
+    map.insert(id, d);
+    Ok(d)
+}
+
 impl Builder {
-    fn push(&mut self, u: u64, i: u64, v: f32) {
+    fn push(&mut self, u: u64, i: u64, v: f32) -> Result<()> {
         let r = &mut self.r;
-        let du = *self.umap.entry(u).or_insert_with(|| {
-            r.user_ids.push(u);
-            (r.user_ids.len() - 1) as u32
-        });
-        let di = *self.imap.entry(i).or_insert_with(|| {
-            r.item_ids.push(i);
-            (r.item_ids.len() - 1) as u32
-        });
+        let du = dense_id(&mut self.umap, &mut r.user_ids, u, "user")?;
+        let di = dense_id(&mut self.imap, &mut r.item_ids, i, "item")?;
         r.users.push(du);
         r.items.push(di);
         r.values.push(v);
+        Ok(())
     }
     fn finish(self) -> Ratings {
         self.r
@@ -193,10 +201,7 @@ pub fn read_ratings(path: &Path) -> Result<Ratings> {
         return decode(&bytes, path);
     }
     let mut b = Builder::default();
-    parse_ratings(path, |u, i, r| {
-        b.push(u, i, r);
-        Ok(())
-    })?;
+    parse_ratings(path, |u, i, r| b.push(u, i, r))?;
     Ok(b.finish())
 }
 

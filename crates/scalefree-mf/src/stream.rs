@@ -236,14 +236,8 @@ pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
     let (mut umap, mut imap) = (HashMap::<u64, u32>::new(), HashMap::<u64, u32>::new());
     let (mut user_ids, mut item_ids) = (Vec::<u64>::new(), Vec::<u64>::new());
     let n = parse_ratings(path, |u, i, r| {
-        let du = *umap.entry(u).or_insert_with(|| {
-            user_ids.push(u);
-            (user_ids.len() - 1) as u32
-        });
-        let di = *imap.entry(i).or_insert_with(|| {
-            item_ids.push(i);
-            (item_ids.len() - 1) as u32
-        });
+        let du = crate::data::dense_id(&mut umap, &mut user_ids, u, "user")?;
+        let di = crate::data::dense_id(&mut imap, &mut item_ids, i, "item")?;
         wu.write_all(&du.to_le_bytes()).map_err(|e| MfError::io(&cu, e))?;
         wi.write_all(&di.to_le_bytes()).map_err(|e| MfError::io(&ci, e))?;
         wv.write_all(&r.to_le_bytes()).map_err(|e| MfError::io(&cv, e))
