@@ -346,6 +346,17 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable; `remote` must be a mesh region.
     pub unsafe fn write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<()> {
+        unsafe { self.start_write_post(src, remote, remote_off, n, word_off, value)? }.wait()
+    }
+
+    /// [`Channel::write_post`] that returns at once: `src` must stay untouched until the
+    /// completion is done (to a mapped peer it already is). Testing the completion never
+    /// fails because some other peer is lost (for collectives that survive losses).
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the completion is done; `remote` must be a
+    /// mesh region.
+    pub unsafe fn start_write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<Completion> {
         check_range(remote.len(), remote_off, n, "write target")?;
         check_range(remote.len(), word_off, 8, "posted word")?;
         if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
@@ -354,14 +365,11 @@ impl Channel {
         self.dev.inner.traffic.wrote(self.peer, n);
         if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
             let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Post(word_off as u64, value))? };
-            return match r {
-                None => Ok(()),
-                Some(r) => net.wait_request(&r, self.dev.policy()),
-            };
+            return Ok(Completion::pending(&self.dev, r, None));
         }
         let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported("mesh post to a peer whose region is not mapped".into()))?;
         unsafe { crate::mesh::post_mapped(p, remote_off, src, n, word_off, value) };
-        Ok(())
+        Ok(Completion::done())
     }
 
     /// Raw read for collectives.
