@@ -653,3 +653,21 @@ def test_sparse_auto_probes_across_hosts(can_simulate, nhosts, per_host):
     with simhosts.SimHosts(nhosts) as h:
         for rc, out in launch_all(h, per_host, PROBED.replace("{per_host}", str(per_host))):
             assert rc == 0 and out.count("checked") == per_host, out[-3000:]
+
+
+def test_bench_pagerank_replicated_across_hosts(can_simulate, tmp_path):
+    """`bench pagerank-replicated --hosts 2 --kill-host 1`: host 1 (replica 1 of both logical
+    nodes) is killed; the rows have the survivors and scipy's scores (no timing asserted)."""
+    import json
+
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "pagerank-replicated", "--logical", "2",
+                        "--replication", "2", "--hosts", "2", "--kill-host", "1", "--kill-at", "3", "--iters", "8",
+                        "--rmat-scale", "10", "--rmat-edges", "8K", "--dtype", "float64", "--variants",
+                        "unreplicated,replicated-kill", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {r["variant"]: r for r in json.loads(out.read_text())}
+    assert set(recs) == {"unreplicated", "r=2"}
+    assert recs["r=2"]["killed_ranks"] == [2, 3] and recs["r=2"]["survivors"] == 2
+    assert all(r["hosts"] == 2 and r["max_abs_err"] < 1e-12 for r in recs.values())

@@ -124,8 +124,8 @@ def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: list[int]) -> d
 
         with simhosts.SimHosts(args.hosts) as sim:
             cmds = hosts.scalefree_cmds(sim, ranks // args.hosts, common.free_port(), argv)
-            cmds = [c[:c.index("--")] + ["--allow-rank-failure", "--timeout", str(args.timeout)] + c[c.index("--"):]
-                    for c in cmds]
+            at = [c.index("--nproc-per-node") + 2 for c in cmds]  # among `scalefree run`'s options
+            cmds = [c[:i] + ["--allow-rank-failure", "--timeout", str(args.timeout)] + c[i:] for c, i in zip(cmds, at)]
             outcome = hosts.run_all(cmds, timeout_s=args.timeout + 30)
         # The launcher of a killed host fails; the job is good when every other rank wrote.
         rc = 0 if outcome.returncode is not None and len(list(out.glob("rank*.npz"))) == ranks - len(kill) else 1
