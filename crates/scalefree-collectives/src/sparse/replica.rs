@@ -92,6 +92,9 @@ struct Push {
     last_sent: Vec<[u64; 2]>,
     /// Logical nodes read from in the current round (acknowledged at its end).
     read_from: Vec<u32>,
+    /// Staging buffers of writes given up on (to a peer that died): never freed while this
+    /// mailbox lives, in case the transport still reads one.
+    abandoned: Vec<Vec<u64>>,
 }
 
 // The raw pointers are mappings owned by `_own` / `_peers`, which move with the struct.
@@ -129,7 +132,7 @@ impl Mailbox {
         }
         let push = if across {
             let chans = (0..n).map(|p| dev.channel(p)).collect::<Result<Vec<_>>>()?;
-            Some(Push { head: push_head, chans, tick: 0, stage: Vec::new(), last_sent: vec![[0; 2]; n as usize], read_from: Vec::new() })
+            Some(Push { head: push_head, chans, tick: 0, stage: Vec::new(), last_sent: vec![[0; 2]; n as usize], read_from: Vec::new(), abandoned: Vec::new() })
         } else {
             None
         };
@@ -325,7 +328,14 @@ impl Mailbox {
                     drop(posts.swap_remove(i));
                 } else if !self.alive(dst) {
                     let (_, c) = posts.swap_remove(i);
-                    let _ = c.wait_for(Some(std::time::Duration::from_secs(5)));
+                    if !c.test() {
+                        // Its failing connection ends it; until then it may still read the
+                        // staging buffer, so that buffer is kept and a new one used.
+                        let p = self.push.as_mut().unwrap();
+                        let old = std::mem::take(&mut p.stage);
+                        p.abandoned.push(old);
+                    }
+                    drop(c); // does not wait: the peer is lost
                 } else {
                     i += 1;
                 }
