@@ -293,7 +293,8 @@ impl Mailbox {
     /// network meanwhile; `liveness` errors once what the wait needs is gone.
     fn wait_own(&self, what: &dyn Fn() -> String, ready: &dyn Fn() -> bool, liveness: &dyn Fn() -> Result<()>) -> Result<()> {
         let dev = &self.dev;
-        let net = dev.net();
+        let backend = dev.backend();
+        let drives = backend.drives_progress();
         loop {
             let bell = self.word(self.me, OFF_BELL);
             let seen = bell.load(Ordering::SeqCst);
@@ -304,14 +305,11 @@ impl Mailbox {
                 if v != seen || ready() {
                     return true;
                 }
-                match net {
-                    Some(n) => {
-                        n.progress();
-                        ready()
-                    }
-                    None => false,
+                if drives {
+                    backend.progress();
                 }
-            }, dev.policy(), what, liveness, net.and_then(|n| n.spin_hook()))?;
+                drives && ready()
+            }, dev.policy(), what, liveness, backend.spin_hook())?;
         }
     }
 
