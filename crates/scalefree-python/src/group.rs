@@ -259,6 +259,13 @@ impl Group {
         self.device.transport_name()
     }
 
+    /// The host index of every rank (ranks of one host share it; numbered in the order of
+    /// their lowest rank).
+    #[getter]
+    fn _hosts(&self) -> Vec<u32> {
+        (0..self.device.size()).map(|r| self.device.host_of(r)).collect()
+    }
+
     /// The UCX transports (`name/device`, e.g. `tcp/eth0`) of the endpoint to `peer`;
     /// empty on shared memory.
     fn _ucx_transports(&self, py: Python<'_>, peer: u32) -> PyResult<Vec<String>> {

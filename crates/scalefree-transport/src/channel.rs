@@ -280,13 +280,25 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable; `remote` must be a mesh region.
     pub unsafe fn write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<()> {
+        unsafe { self.start_write_post(src, remote, remote_off, n, word_off, value)? }.wait()
+    }
+
+    /// [`Channel::write_post`] that returns at once: `src` must stay untouched until the
+    /// completion is done (to a mapped peer it already is). Testing the completion never
+    /// fails because some other peer is lost (for collectives that survive losses).
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the completion is done; `remote` must be a
+    /// mesh region.
+    pub unsafe fn start_write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<Completion> {
         check_range(remote.len(), remote_off, n, "write target")?;
         check_range(remote.len(), word_off, 8, "posted word")?;
         if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
             return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
         }
         self.dev.inner.traffic.wrote(self.peer, n);
-        unsafe { self.dev.backend().write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Post(word_off as u64, value)) }
+        let r = unsafe { self.dev.backend().start_write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Post(word_off as u64, value))? };
+        Ok(Completion::pending(&self.dev, r, None))
     }
 
     /// Raw read for collectives.

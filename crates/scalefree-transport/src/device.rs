@@ -434,11 +434,13 @@ impl Device {
         Ok(())
     }
 
-    /// Whether the process of `rank` (on this host) is still running; true for this rank
-    /// and for ranks whose liveness this device does not watch. For callers that survive
-    /// a peer's death (replicated collectives), unlike [`Device::check_alive`].
+    /// Whether the process of `rank` is still running: on this host, its process is; on
+    /// another, UCX has not found it lost (see [`ucx::Net::is_lost`]). True for this rank.
+    /// For callers that survive a peer's death (replicated collectives), unlike
+    /// [`Device::check_alive`].
     pub fn rank_alive(&self, rank: u32) -> bool {
         self.inner.peers.get(rank as usize).and_then(|p| p.watch.as_ref()).is_none_or(|w| w.alive())
+            && (rank == self.rank() || !self.backend().is_lost(rank))
     }
 
     /// Turns an OS error from touching `rank`'s memory into `PeerLost` when it is gone.

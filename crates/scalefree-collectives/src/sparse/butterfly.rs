@@ -858,6 +858,6 @@ unsafe fn replicated_round(
             Ok(unsafe { p.add(off - base) })
         })?;
     }
-    mb.end(t);
+    mb.end(t)?;
     Ok(())
 }

@@ -120,6 +120,10 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Tells the backend (and through it, peers on other hosts) that `rank` is lost.
     fn note_lost(&self, _rank: u32, _why: String) {}
+    /// Whether the backend learnt that `rank` is lost (for callers that survive a loss).
+    fn is_lost(&self, _rank: u32) -> bool {
+        false
+    }
 
     /// Makes `ptr..ptr+len` reachable by key; `None` when mapping it is enough.
     fn register(&self, _ptr: *mut u8, _len: usize, _key: u64) -> Result<Option<Registration>> {

@@ -57,6 +57,9 @@ impl Backend for Ucx {
     fn note_lost(&self, rank: u32, why: String) {
         self.net.note_lost(rank, why)
     }
+    fn is_lost(&self, rank: u32) -> bool {
+        self.net.is_lost(rank)
+    }
     fn register(&self, ptr: *mut u8, len: usize, key: u64) -> Result<Option<Registration>> {
         self.net.register(ptr, len, key).map(Some)
     }

@@ -721,6 +721,12 @@ impl Net {
         }
     }
 
+    /// Whether `peer` is known lost (its endpoint or lane failed, it fell silent, or a peer
+    /// said so).
+    pub fn is_lost(&self, peer: u32) -> bool {
+        self.shared.lost.get(peer as usize).is_some_and(|l| l.lock().unwrap().is_some())
+    }
+
     /// Records `peer` (on this host) as lost and tells the peers on other hosts.
     pub fn note_lost(&self, peer: u32, why: String) {
         self.shared.mark_lost(peer as usize, why);
