@@ -5,7 +5,9 @@
 //! The region is a sparse memfd mapped once by every peer at start-up; pages are only
 //! backed when touched. Blocks are page-aligned, best-fit from coalescing free lists, with a
 //! bump pointer over fresh (zero) memory. Freed blocks stay resident for reuse (no page
-//! faults) up to `cache_bytes`; beyond that their pages are returned to the kernel.
+//! faults) up to `cache_bytes`, or up to the largest block handed out when that is bigger (so
+//! a buffer reallocated at the same size every step never faults its pages in again; the
+//! process already held that much); beyond that their pages are returned to the kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -49,6 +51,9 @@ struct State {
     top: usize,
     /// Resident bytes in free ranges.
     cached_bytes: usize,
+    /// The largest block handed out so far: the cache may hold that much even when it is
+    /// above `cache_bytes`.
+    largest_block: usize,
     /// Length of every block handed out, by offset.
     allocated: BTreeMap<usize, usize>,
     /// After `fork`, the child stops allocating here (the parent owns the arena).
@@ -140,6 +145,7 @@ impl Arena {
                 st.put(off + len, Free { len: flen - len, resident: f.resident - used_resident });
             }
             st.allocated.insert(off, len);
+            st.largest_block = st.largest_block.max(len);
             return Some(Block { ptr: (self.base + off) as *mut u8, len, zeroed: false });
         }
         if st.top + len > self.capacity {
@@ -148,6 +154,7 @@ impl Arena {
         let off = st.top;
         st.top += len;
         st.allocated.insert(off, len);
+        st.largest_block = st.largest_block.max(len);
         Some(Block { ptr: (self.base + off) as *mut u8, len, zeroed: true })
     }
 
@@ -176,9 +183,15 @@ impl Arena {
         let Some(len) = st.allocated.remove(&off) else { return };
         st.cached_bytes += len;
         st.insert_free(off, Free { len, resident: len });
-        if st.cached_bytes > self.cache_bytes {
+        if st.cached_bytes > self.cache_limit(&st) {
             self.release(&mut st);
         }
+    }
+
+    /// Freed bytes that may stay resident: `cache_bytes`, or the largest block handed out
+    /// when that is bigger.
+    fn cache_limit(&self, st: &State) -> usize {
+        self.cache_bytes.max(st.largest_block)
     }
 
     /// Returns the pages of resident free ranges to the kernel until under the cache limit.
@@ -190,7 +203,7 @@ impl Arena {
         // Largest ranges first: fewest system calls for the most memory.
         let ranges: Vec<(usize, usize)> = st.free_by_len.iter().rev().map(|&(l, o)| (o, l)).collect();
         for (off, len) in ranges {
-            if st.cached_bytes <= self.cache_bytes / 2 {
+            if st.cached_bytes <= self.cache_limit(st) / 2 {
                 break;
             }
             let f = st.free_by_off[&off];
@@ -298,13 +311,29 @@ mod tests {
     fn over_the_cache_pages_are_returned_and_read_zero() {
         let a = arena(1 << 30, 1 << 20);
         let b = a.alloc(4 << 20).unwrap();
+        let b2 = a.alloc(4 << 20).unwrap();
         unsafe { std::ptr::write_bytes(b.ptr, 7, b.len) };
+        unsafe { std::ptr::write_bytes(b2.ptr, 7, b2.len) };
         a.free(b.ptr);
-        // Returned to the kernel and back to bump space: zero again.
+        a.free(b2.ptr);
+        // 8 MiB freed is past both the cache and the largest block (4 MiB): returned to the
+        // kernel and back to bump space, zero again.
         let c = a.alloc(4 << 20).unwrap();
         assert!(c.zeroed, "released top range should be fresh");
         let s = unsafe { std::slice::from_raw_parts(c.ptr, c.len) };
         assert!(s.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn one_block_bigger_than_the_cache_stays_resident_for_its_next_use() {
+        let a = arena(1 << 30, 1 << 20);
+        let b = a.alloc(4 << 20).unwrap();
+        unsafe { std::ptr::write_bytes(b.ptr, 7, b.len) };
+        a.free(b.ptr);
+        // The process held 4 MiB already: reallocating the same size faults nothing in.
+        let c = a.alloc(4 << 20).unwrap();
+        assert_eq!(c.ptr, b.ptr);
+        assert!(!c.zeroed);
     }
 
     #[test]
