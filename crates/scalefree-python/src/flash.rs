@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    csr_gram_in_memory, csrmm_in_memory, read_docword, read_matrix_market, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, docword_to_flash, read_docword, read_matrix_market, DOCWORD_CHUNK_ENTRIES, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -302,7 +302,8 @@ impl PyFlashCsr {
         fn load<T: scalefree_flash::Real>(path: &std::path::Path, kind: &str, dir: &std::path::Path, opts: &scalefree_flash::FileOptions) -> Result<FlashCsrMatrix<T>, FlashError> {
             let m: CsrMatrix<T> = match kind {
                 "mtx" => read_matrix_market(path)?,
-                "docword" => read_docword(path)?,
+                // streamed to flash, bounded memory
+                "docword" => return docword_to_flash(path, dir, opts, DOCWORD_CHUNK_ENTRIES),
                 k => return Err(FlashError::invalid(format!("unknown text matrix kind {k:?} (mtx or docword)"))),
             };
             FlashCsrMatrix::from_csr(dir, m.view(), opts)
