@@ -292,6 +292,64 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
     assert "vs perftest" in r.stdout
 
 
+# The loop of `bench ucx` under stress: rounds of one-sided traffic both ways (a put then a
+# notification, a write_notify back, each checked by its receiver), an allgather whose
+# values every rank checks, and a loop end that the ranks agree on through an allgather.
+# Each rank's stop condition is a clock that advances at every read (rank 1's passes its
+# deadline at read LAST + 1, rank 0's never), so every rank must end after round LAST + 1.
+# A loop that also reads it in its own condition after the collective decision, as the
+# bench's `while r < 5 or (time.perf_counter() < deadline ...)` did, reads it twice a round:
+# with LAST odd, rank 1's passing read is such a second read, rank 1 leaves alone and rank 0
+# waits for it in its next round (an error here; in the bench, a hang).
+AGREED_ROUNDS = """
+import numpy as np, scalefree
+from scalefree.bench.common import agreed_rounds
+g = scalefree.init(timeout=20)
+assert g.transport == "ucx" and g.size == 2, (g.transport, g.size)
+dev, me, other = g.device, g.rank, 1 - g.rank
+src, dst = dev.alloc_region(4096), dev.alloc_region(4096)
+h = np.frombuffer(dst.handle, np.uint8)
+hs = np.asarray(g.allgather(h)).reshape(-1)
+remote = dev.attach(bytes(hs[other * len(h):(other + 1) * len(h)]))
+ch = dev.channel(other)
+mine, theirs = np.frombuffer(src, np.int64), np.frombuffer(dst, np.int64)
+reads = 0
+
+def stop():
+    global reads
+    reads += 1
+    return me == 1 and reads > LAST
+
+def any_rank(flag):
+    return bool(np.asarray(g.allgather(np.array([flag], np.int32))).any())
+
+last = 0
+for r in agreed_rounds(any_rank, stop, min_rounds=5, max_rounds=10 * LAST):
+    last = r
+    if me == 0:
+        mine[:] = 2 * r
+        ch.write(src, 0, remote, 0, 4096).wait()
+        ch.notify(1, r)
+        assert dev.wait(2) == r and (theirs[:1 + r % 512] == 2 * r + 1).all(), r
+    else:
+        assert dev.wait(1) == r and (theirs == 2 * r).all(), r
+        mine[:] = 2 * r + 1
+        ch.write_notify(src, 0, remote, 0, 8 * (1 + r % 512), 2, r).wait()
+    got = np.asarray(g.allgather(np.array([r, me, 3 * r + me], np.int64))).reshape(-1).tolist()
+    assert got == [r, 0, 3 * r, r, 1, 3 * r + 1], (r, got)
+assert last == LAST + 1, last
+g.barrier()
+print("ok", last)
+"""
+
+
+def test_loop_end_agreed_across_hosts(can_simulate):
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, AGREED_ROUNDS.replace("LAST", "801"), timeout=120):
+            assert rc == 0, out[-3000:]
+            assert "ok 802" in out, out[-2000:]
+
+
 SLOTS = """import numpy as np, scalefree
 from scalefree import tensors
 g = scalefree.init(timeout=60)
