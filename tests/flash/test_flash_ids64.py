@@ -1,6 +1,6 @@
-"""Column ids past 32 bits in flash CSR matrices (issue 28): a small matrix in a huge id space
-keeps its used columns' ids once (``Csr.col_ids``) and 32-bit positions per entry; nothing is
-allocated per id of the space."""
+"""Column ids past 32 bits in flash CSR matrices and docword files (issue 28): a small matrix
+in a huge id space keeps its used columns' ids once (``Csr.col_ids``) and 32-bit positions per
+entry; nothing is allocated per id of the space."""
 
 import numpy as np
 import pytest
@@ -72,3 +72,15 @@ def test_transpose_has_a_row_per_used_column(rt):
     # back again: the maps swap back, and the ids come out as they went in
     back = flash.csrcsc(T, runtime=rt).to_scipy()
     assert back.shape == a.shape and (back != a).nnz == 0
+
+
+def test_docword_with_a_vocabulary_past_32_bits(rt, tmp_path):
+    w = 2**40
+    path = tmp_path / "docword.wide.txt"
+    path.write_text(f"3\n{w}\n4\n1 {2**32 + 2} 2\n1 4 1\n3 {w} 5\n3 4 1\n")
+    A = flash.load(path, rt)
+    assert A.shape == (3, w) and A.compact_shape == (3, 3)
+    assert A.col_ids.tolist() == [3, 2**32 + 1, w - 1]
+    want = sp.csr_matrix(([1.0, 2.0, 1.0, 5.0], ([0, 0, 2, 2], [3, 2**32 + 1, 3, w - 1])), shape=(3, w))
+    got = A.to_scipy()
+    assert got.shape == want.shape and (got != want).nnz == 0

@@ -214,8 +214,13 @@ class Csr:
         """A UCI bag-of-words ``docword`` file (plain or gzip) as a documents x words matrix
         of counts, streamed to flash with bounded memory (one document and a 64 Ki-entry
         chunk at a time, plus 8 bytes per document) when its documents come in ascending
-        order, as UCI files do; other files are read in memory first."""
-        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "docword", _float_name(dtype)))
+        order, as UCI files do; other files are read in memory first. A vocabulary of 2**32
+        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based)."""
+        m, word_ids, words = _native.FlashCsr.from_docword_file((runtime or default_runtime())._rt, os.fspath(path),
+                                                                _float_name(dtype))
+        if word_ids is None:
+            return cls(m)
+        return cls(m, col_ids=np.array(word_ids, dtype=np.uint64), shape=(m.shape[0], words))
 
     @property
     def nnz(self) -> int:

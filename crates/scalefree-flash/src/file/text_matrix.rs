@@ -195,7 +195,7 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
 /// NNZ, then `docID wordID count` lines, 1-based — into a D x W CSR matrix of counts.
 pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
     let mut lines = Lines::open(path)?;
-    let (rows, cols, nnz) = docword_header(&mut lines)?;
+    let (rows, cols, nnz) = docword_header(&mut lines, false)?;
     let mut triplets = Vec::with_capacity(nnz.min(1 << 28));
     while let Some(line) = lines.next_line()? {
         if line.is_empty() {
@@ -218,7 +218,7 @@ pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
 pub const DOCWORD_CHUNK_ENTRIES: usize = 1 << 16;
 
 /// Reads the three header lines of a docword file: (D, W, NNZ).
-fn docword_header(lines: &mut Lines) -> Result<(usize, usize, usize)> {
+fn docword_header(lines: &mut Lines, wide_ok: bool) -> Result<(usize, usize, usize)> {
     let mut header = [0usize; 3];
     for (h, what) in header.iter_mut().zip(["the document count D", "the vocabulary size W", "the entry count NNZ"]) {
         let Some(line) = lines.next_line()? else { return Err(lines.end_error(format!("missing {what}"))) };
@@ -229,7 +229,7 @@ fn docword_header(lines: &mut Lines) -> Result<(usize, usize, usize)> {
         }
     }
     let [rows, cols, nnz] = header;
-    check_dims(lines, rows, cols)?;
+    check_dims(lines, rows, if wide_ok { 0 } else { cols })?;
     Ok((rows, cols, nnz))
 }
 
@@ -245,6 +245,17 @@ fn docword_entry(lines: &Lines, line: &str, rows: usize, cols: usize) -> Result<
     Ok((r, c, v))
 }
 
+/// A docword file on flash: the matrix and, for a vocabulary of 2^32 words or more, the
+/// sorted ids of the words that occur (the matrix's columns are positions in it).
+pub struct FlashDocword<T> {
+    /// Documents x used words (or x W when `word_ids` is None).
+    pub matrix: FlashCsrMatrix<T>,
+    /// The 0-based id of each column, when the vocabulary needs more than 32 bits.
+    pub word_ids: Option<Vec<u64>>,
+    /// The vocabulary size W of the header.
+    pub words: usize,
+}
+
 /// Streams a UCI docword file straight to a flash CSR matrix in `dir`, with bounded memory:
 /// the row starts (8 bytes per document), the entries of the current document, and one
 /// chunk of `chunk_entries` entries (rounded up to a multiple of 1024) on their way to flash.
@@ -252,18 +263,42 @@ fn docword_entry(lines: &Lines, line: &str, rows: usize, cols: usize) -> Result<
 ///
 /// Needs the entries grouped by document in ascending docID order, as UCI files are; a file
 /// whose docIDs go back is read again by [`read_docword`] (in memory, 16 bytes per entry).
-pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<FlashCsrMatrix<T>> {
+/// A vocabulary W of 2^32 words or more is read twice: first the ids of the words that
+/// occur (memory per used word, not per id), then the entries as positions among them.
+pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<FlashDocword<T>> {
     match stream_docword(path, dir, options, chunk_entries)? {
-        Some(m) => Ok(m),
-        None => FlashCsrMatrix::from_csr(dir, read_docword::<T>(path)?.view(), options),
+        Some(d) => Ok(d),
+        None => {
+            let m = read_docword::<T>(path)?;
+            let words = m.cols;
+            Ok(FlashDocword { matrix: FlashCsrMatrix::from_csr(dir, m.view(), options)?, word_ids: None, words })
+        }
     }
 }
 
+/// The sorted 0-based ids of the words that occur in a docword file (its first pass when
+/// W needs more than 32 bits).
+fn docword_word_ids(path: &Path) -> Result<Vec<u64>> {
+    let mut lines = Lines::open(path)?;
+    let (rows, cols, _) = docword_header(&mut lines, true)?;
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(line) = lines.next_line()? {
+        if !line.is_empty() {
+            ids.insert(docword_entry(&lines, &line, rows, cols)?.1 as u64);
+        }
+    }
+    if ids.len() > u32::MAX as usize + 1 {
+        return Err(lines.end_error(format!("{} distinct words: more than 2^32 used words", ids.len())));
+    }
+    Ok(ids.into_iter().collect())
+}
+
 /// [`docword_to_flash`]'s stream, or None when a docID goes back.
-fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<Option<FlashCsrMatrix<T>>> {
+fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<Option<FlashDocword<T>>> {
     let chunk = chunk_entries.max(1).div_ceil(1024) * 1024;
     let mut lines = Lines::open(path)?;
-    let (rows, cols, nnz) = docword_header(&mut lines)?;
+    let (rows, cols, nnz) = docword_header(&mut lines, true)?;
+    let word_ids = if cols > u32::MAX as usize { Some(docword_word_ids(path)?) } else { None };
     // NNZ is an upper bound of the stored entries (duplicates merge); checked as lines come.
     let indices = FlashPtr::<u32>::scratch(dir, nnz as u64, options)?;
     let values = FlashPtr::<T>::scratch(dir, nnz as u64, options)?;
@@ -311,11 +346,18 @@ fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk
         seen += 1;
         if r != current {
             if r < current {
+                if word_ids.is_some() {
+                    return Err(lines.error(format!("docID {} after {}: a file with 2^32 or more words must list its documents in ascending order", r + 1, current + 1)));
+                }
                 return Ok(None);
             }
             finish_row(&mut row, current, &mut buf_i, &mut buf_v, &mut written, &mut indptr)?;
             current = r;
         }
+        let c = match &word_ids {
+            Some(ids) => ids.binary_search(&(c as u64)).expect("every word was seen by the first pass"),
+            None => c,
+        };
         row.push((c as u32, v));
     }
     if seen != nnz {
@@ -332,7 +374,9 @@ fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk
     }
     debug_assert_eq!(indptr[rows], stored);
     let indptr = FlashPtr::from_slice(dir, &indptr, options)?;
-    FlashCsrMatrix::from_parts(rows, cols, indptr, indices.slice(0..stored)?, values.slice(0..stored)?).map(Some)
+    let stored_cols = word_ids.as_ref().map_or(cols, Vec::len);
+    let matrix = FlashCsrMatrix::from_parts(rows, stored_cols, indptr, indices.slice(0..stored)?, values.slice(0..stored)?)?;
+    Ok(Some(FlashDocword { matrix, word_ids, words: cols }))
 }
 
 #[cfg(test)]
@@ -454,7 +498,7 @@ mod tests {
         assert!(want.values.len() > 3 * 1024);
         let o = FileOptions::default();
         for chunk in [1, 1024, 4096, 1 << 20] {
-            let got = docword_to_flash::<f32>(&p, &d, &o, chunk).unwrap();
+            let got = docword_to_flash::<f32>(&p, &d, &o, chunk).unwrap().matrix;
             assert!(stream_docword::<f32>(&p, &d, &o, chunk).unwrap().is_some(), "streamed, not the fallback");
             assert_eq!(got.to_csr().unwrap(), want, "chunk {chunk}");
             got.validate().unwrap();
@@ -462,19 +506,42 @@ mod tests {
         // docIDs going back: not streamable, read in memory instead, same result
         let p = write(&d, "docword.u.txt", "3\n4\n4\n3 1 2\n1 2 3\n1 4 1\n3 2 5\n");
         assert!(stream_docword::<f64>(&p, &d, &o, 1024).unwrap().is_none());
-        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().to_csr().unwrap(), read_docword::<f64>(&p).unwrap());
+        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.to_csr().unwrap(), read_docword::<f64>(&p).unwrap());
         // empty corpus, and the errors of the in-memory reader
         let p = write(&d, "docword.e.txt", "0\n0\n0\n");
-        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().nnz(), 0);
+        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.nnz(), 0);
         for (name, text, want) in [
             ("f.txt", "2\n3\n2\n1 1 4\n1 4 1\n", "line 5: wordID 4 is outside 1..=3"),
             ("g.txt", "2\n3\n1\n1 1 4\n2 2 2\n", "line 5: more entries than the NNZ = 1"),
             ("k.txt", "2\n3\n3\n1 1 4\n2 2 2\n", "2 entries but line 3 announced NNZ = 3"),
         ] {
             let p = write(&d, name, text);
-            let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap_err().to_string();
+            let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
             assert!(msg.contains(name) && msg.contains(want), "{name}: {msg}");
         }
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn docword_with_word_ids_past_32_bits() {
+        let d = tmp("wide");
+        let o = FileOptions::default();
+        let w = 1u64 << 40;
+        let text = format!("3\n{w}\n5\n1 {} 2\n1 4 1\n1 {} 3\n3 {w} 5\n3 4 1\n", (1u64 << 32) + 2, (1u64 << 32) + 2);
+        let p = write(&d, "docword.w.txt", &text);
+        let got = docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap();
+        assert_eq!(got.words, w as usize);
+        assert_eq!(got.word_ids, Some(vec![3, 1 << 32 | 1, w - 1]));
+        let m = got.matrix.to_csr().unwrap();
+        assert_eq!((m.rows, m.cols), (3, 3));
+        assert_eq!(m.indptr, vec![0, 2, 2, 4]);
+        assert_eq!(m.indices, vec![0, 1, 0, 2]);
+        assert_eq!(m.values, vec![1.0, 5.0, 1.0, 5.0]);
+        let p = write(&d, "docword.wu.txt", &format!("3\n{w}\n2\n3 1 1\n1 1 1\n"));
+        let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
+        assert!(msg.contains("line 5") && msg.contains("ascending"), "{msg}");
+        // the in-memory reader still names its limit
+        assert!(read_docword::<f64>(&p).unwrap_err().to_string().contains("2^32 - 1"));
         std::fs::remove_dir_all(d).unwrap();
     }
 }
