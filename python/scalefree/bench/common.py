@@ -404,6 +404,20 @@ class RankResultsWriter:
         os.replace(tmp, self.path)
 
 
+def first_mismatch(a, value) -> int | None:
+    """The flat index of the first element of ``a`` that is not ``value``, or None; compared a
+    chunk at a time, so checking 2**31 and more elements allocates no array of their size."""
+    import numpy as np
+
+    flat = a.reshape(-1)
+    step = 1 << 24
+    for lo in range(0, flat.size, step):
+        bad = np.flatnonzero(flat[lo:lo + step] != value)
+        if len(bad):
+            return lo + int(bad[0])
+    return None
+
+
 @dataclass
 class MergedPoint:
     nbytes: int
@@ -469,6 +483,8 @@ def merge_rank_results(out_dir: Path, world_size: int) -> MergedRun:
             break
         times = [max(ts) for ts in zip(*(p["times_s"] for p in per_rank))]
         extra = {k: v for k, v in per_rank[0].items() if k not in ("bytes", "times_s", "first_call_s")}
+        if all("peak_rss_bytes" in p for p in per_rank):  # per rank, in rank order
+            extra["peak_rss_bytes"] = [p["peak_rss_bytes"] for p in per_rank]
         points.append(MergedPoint(nbytes, times, max(p["first_call_s"] for p in per_rank), extra))
     return MergedRun(first["impl"], first.get("variant", ""), world_size, meta, points, problems, skipped)
 
