@@ -175,6 +175,58 @@ def test_load_docword(rt, tmp_path):
         assert flash.csrgemv(K, x, runtime=rt).sum() == pytest.approx(467714)
 
 
+DOCWORD_RSS_SCRIPT = r"""
+import sys
+from scalefree import flash
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+path, d = sys.argv[1], sys.argv[2]
+rt = flash.Runtime(memory_budget="4M", threads=2, dir=d)
+flash.load(path, rt)  # warm-up: thread pools, the native module's buffers
+open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the current RSS
+base = status("VmRSS")
+m = flash.load(path, rt)
+print(status("VmHWM") - base, m.nnz)
+"""
+
+
+def test_load_docword_streams_with_bounded_memory(tmp_path):
+    """A docword file of 2M entries (in memory as triplets and CSR: >= 50 MB) loads with the
+    process's resident memory growing by a few MiB: one chunk and the row starts at a time.
+    The result equals scipy's COO -> CSR of the same entries (duplicates summed)."""
+    import os
+    import subprocess
+    import sys
+
+    import scipy.sparse as sp
+
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux /proc/self/clear_refs")
+    rng = np.random.default_rng(0)
+    docs, words, per_doc = 20_000, 5000, 100
+    r = np.repeat(np.arange(docs), per_doc)
+    c = rng.integers(0, words, r.size)  # unsorted within a document, some repeated
+    v = rng.integers(1, 9, r.size)
+    path = tmp_path / "docword.big.txt"
+    with open(path, "w") as f:
+        f.write(f"{docs + 1}\n{words}\n{r.size}\n")
+        np.savetxt(f, np.stack([r + 1, c + 1, v], axis=1), fmt="%d")
+    p = subprocess.run([sys.executable, "-c", DOCWORD_RSS_SCRIPT, str(path), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    grown, nnz = map(int, p.stdout.split())
+    want = sp.coo_matrix((v.astype(float), (r, c)), shape=(docs + 1, words)).tocsr()
+    want.sum_duplicates()
+    assert nnz == want.nnz
+    assert grown <= 16 << 20, f"RSS grew by {grown >> 20} MiB loading {r.size} entries"
+    got = flash.load(path, flash.Runtime(memory_budget="4M", threads=2, dir=tmp_path)).to_scipy()
+    assert got.shape == want.shape and (got != want).nnz == 0
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, 2, 1001, 100_003])
 def test_sort_matches_numpy(rt, dtype, n):

@@ -153,25 +153,55 @@ class Matrix:
 
 
 class Csr:
-    """A CSR matrix on flash."""
+    """A CSR matrix on flash.
 
-    def __init__(self, native: _native.FlashCsr):
+    Ids past 32 bits: the stored column indices are 32-bit positions into ``col_ids`` when the
+    matrix has one — the sorted global ids (uint64) of the columns that hold entries. A matrix
+    with a column id of 2**32 or more, or more than 2**32 columns, gets one from
+    :meth:`from_scipy`; its ``shape`` is the whole id space, ``compact_shape`` what is stored
+    (``len(col_ids)`` columns), and nothing is allocated per id of the space. Likewise
+    ``row_ids`` (the transpose of such a matrix, :func:`csrcsc`, has one). The kernels work on
+    the compact matrix: dense operands have a row per stored column (``col_ids`` order);
+    ``to_scipy`` maps the ids back (int64 indices)."""
+
+    def __init__(self, native: _native.FlashCsr, col_ids=None, row_ids=None, shape=None):
         self._m = native
+        self.col_ids = None if col_ids is None else np.asarray(col_ids, dtype=np.uint64)
+        self.row_ids = None if row_ids is None else np.asarray(row_ids, dtype=np.uint64)
+        self._shape = tuple(int(x) for x in shape) if shape is not None else None
 
     @classmethod
     def from_scipy(cls, s, runtime: Runtime | None = None) -> "Csr":
         s = s.tocsr()
         data = s.data if s.data.dtype in (np.float32, np.float64) else s.data.astype(np.float64)
-        if s.shape[1] > np.iinfo(np.uint32).max:
-            raise InvalidArgumentError("flash CSR matrices have fewer than 2**32 columns")
-        return cls(_native.FlashCsr.from_arrays(
-            (runtime or default_runtime())._rt, s.shape[0], s.shape[1],
-            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(s.indices, dtype=np.uint32),
-            np.ascontiguousarray(data)))
+        rt = (runtime or default_runtime())._rt
+        rows, cols = (int(x) for x in s.shape)
+        indices = s.indices
+        col_ids = None
+        if cols > 1 << 32:
+            # a sparse id space: store the used columns' ids once, positions in the indices
+            col_ids, indices = np.unique(indices.astype(np.uint64), return_inverse=True)
+            if len(col_ids) > 1 << 32:
+                raise InvalidArgumentError(f"{len(col_ids)} distinct columns: more than 2**32 used columns")
+        m = _native.FlashCsr.from_arrays(
+            rt, rows, cols if col_ids is None else len(col_ids),
+            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(indices, dtype=np.uint32),
+            np.ascontiguousarray(data))
+        return cls(m, col_ids=col_ids, shape=(rows, cols))
 
     @property
     def shape(self) -> tuple[int, int]:
+        """The id space: ``(rows, cols)`` including ids that hold no entry."""
+        return self._shape if self._shape is not None else self._m.shape
+
+    @property
+    def compact_shape(self) -> tuple[int, int]:
+        """The stored shape: ``len(row_ids)`` / ``len(col_ids)`` where the matrix has them."""
         return self._m.shape
+
+    def compact(self) -> "Csr":
+        """The same stored matrix without the id maps (shape :attr:`compact_shape`)."""
+        return Csr(self._m)
 
     @classmethod
     def from_matrix_market(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
@@ -182,26 +212,41 @@ class Csr:
     @classmethod
     def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
         """A UCI bag-of-words ``docword`` file (plain or gzip) as a documents x words matrix
-        of counts."""
-        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "docword", _float_name(dtype)))
+        of counts, streamed to flash with bounded memory (one document and a 64 Ki-entry
+        chunk at a time, plus 8 bytes per document) when its documents come in ascending
+        order, as UCI files do; other files are read in memory first. A vocabulary of 2**32
+        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based)."""
+        m, word_ids, words = _native.FlashCsr.from_docword_file((runtime or default_runtime())._rt, os.fspath(path),
+                                                                _float_name(dtype))
+        if word_ids is None:
+            return cls(m)
+        return cls(m, col_ids=np.array(word_ids, dtype=np.uint64), shape=(m.shape[0], words))
 
     @property
     def nnz(self) -> int:
         return self._m.nnz
 
     def to_scipy(self):
-        """Reads the matrix back as a ``scipy.sparse.csr_matrix``."""
+        """Reads the matrix back as a ``scipy.sparse.csr_matrix`` of :attr:`shape` (the ids
+        mapped back; a matrix with ``row_ids`` needs its row count to fit memory)."""
         import scipy.sparse as sp
 
-        rows, cols = self.shape
+        rows, cols = self._m.shape
         indptr = np.empty(rows + 1, dtype=np.uint64)
         indices = np.empty(self.nnz, dtype=np.uint32)
         data = np.empty(self.nnz, dtype=self.dtype)
         self._m._read_into(indptr, indices, data)
-        return sp.csr_matrix((data, indices.astype(np.int64), indptr.astype(np.int64)), shape=(rows, cols))
+        indices = indices.astype(np.int64) if self.col_ids is None else self.col_ids[indices].astype(np.int64)
+        indptr = indptr.astype(np.int64)
+        if self.row_ids is not None:
+            full = np.zeros(self.shape[0] + 1, dtype=np.int64)
+            full[self.row_ids.astype(np.int64) + 1] = np.diff(indptr)
+            indptr = np.cumsum(full)
+        return sp.csr_matrix((data, indices, indptr), shape=self.shape)
 
     def __repr__(self) -> str:
-        return f"flash.Csr(shape={self.shape}, nnz={self.nnz}, dtype={self.dtype})"
+        maps = "" if self._shape is None else f", compact_shape={self.compact_shape}"
+        return f"flash.Csr(shape={self.shape}{maps}, nnz={self.nnz}, dtype={self.dtype})"
 
     @property
     def dtype(self) -> np.dtype:
@@ -309,7 +354,7 @@ def csrgemv(a: Csr, x, *, transpose: bool = False, runtime: Runtime | None = Non
     """``y = op(A) x`` with CSR ``A`` on flash and ``x`` in memory."""
     rt = runtime or default_runtime()
     x = np.ascontiguousarray(x, dtype=a.dtype)
-    rows, cols = a.shape
+    rows, cols = a.compact_shape
     y = np.zeros(cols if transpose else rows, dtype=a.dtype)
     s = _native.flash_csrgemv(rt._rt, transpose, a._m, x, y)
     if stats is not None:
@@ -345,7 +390,8 @@ def csrmm(a: Csr, b, c=None, *, alpha: float = 1.0, beta: float = 0.0, trans_b: 
     n = b_shape[0] if trans_b else b_shape[1]
     if c is None:
         beta = 0.0
-        c = Matrix.zeros((a.shape[0], n), a.dtype, runtime=rt) if isinstance(b, Matrix) else np.zeros((a.shape[0], n), a.dtype)
+        m = a.compact_shape[0]
+        c = Matrix.zeros((m, n), a.dtype, runtime=rt) if isinstance(b, Matrix) else np.zeros((m, n), a.dtype)
     c_obj, c_shape = operand(c, True)
     s = _native.flash_csrmm(rt._rt, float(alpha), a._m, trans_b, b_obj, b_shape, float(beta), c_obj, c_shape)
     if stats is not None:
@@ -365,7 +411,7 @@ def csrtmm(a: Csr, x, *, gram: bool = False, runtime: Runtime | None = None, sta
         x = x[:, None]
     if x.ndim != 2:
         raise InvalidArgumentError(f"csrtmm: X must be 2-D, got shape {x.shape}")
-    rows, cols = a.shape
+    rows, cols = a.compact_shape
     want = cols if gram else rows
     if x.shape[0] != want:
         raise InvalidArgumentError(f"csrtmm: A is {rows}x{cols}, so X must have {want} rows "
@@ -452,14 +498,17 @@ def sort(x, *, runtime: Runtime | None = None, stats: dict | None = None):
 
 def csrcsc(a: Csr, *, runtime: Runtime | None = None, stats: dict | None = None) -> Csr:
     """The transpose of CSR ``A`` (its CSC form) as a new flash :class:`Csr`, computed out of
-    core within the budget; row indices come out ascending in each column."""
+    core within the budget; row indices come out ascending in each column. A matrix with id
+    maps (:class:`Csr`) gives one with the maps swapped: Aᵀ has a row per used column of A."""
     if not isinstance(a, Csr):
         raise InvalidArgumentError("csrcsc: A must be a flash.Csr")
     rt = runtime or default_runtime()
     t, s = _native.flash_csrcsc(rt._rt, a._m)
     if stats is not None:
         stats.update(s)
-    return Csr(t)
+    if a._shape is None:
+        return Csr(t)
+    return Csr(t, col_ids=a.row_ids, row_ids=a.col_ids, shape=a.shape[::-1])
 
 
 def kmeans(x, k: int, *, max_iterations: int = 100, tolerance: float = 1e-4, seed: int = 0,

@@ -195,6 +195,9 @@ def _operator(a, rt):
     from scipy.sparse.linalg import LinearOperator
 
     if isinstance(a, flash.Csr):
+        if a.col_ids is not None or a.row_ids is not None:
+            raise InvalidArgumentError(f"svds: A has id maps (shape {a.shape}); pass A.compact() "
+                                       f"({a.compact_shape}) and map the vectors back by A.row_ids / A.col_ids")
         if _csr_flash_bytes(a) <= rt.memory_budget_bytes:
             return _Loaded(a, np.dtype(a.dtype), rt)
         return _FlashCsr(a, rt)

@@ -356,6 +356,8 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
 
     rt = runtime or flash.default_runtime()
     say = progress or (lambda line: None)
+    if isinstance(A, flash.Csr) and (A.col_ids is not None or A.row_ids is not None):
+        raise InvalidArgumentError(f"topics: A has id maps (shape {A.shape}); pass A.compact() and map word ids by A.col_ids")
     if not isinstance(A, flash.Csr):
         if not sp.issparse(A):
             raise InvalidArgumentError("topics: A must be a flash.Csr or a scipy sparse matrix of counts")

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::element::Real;
 use crate::error::{FlashError, Result};
 use crate::sparse::CsrMatrix;
+use super::{FileOptions, FlashCsrMatrix, FlashPtr};
 
 /// Line-numbered reader over a plain or gzip file.
 struct Lines {
@@ -194,17 +195,7 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
 /// NNZ, then `docID wordID count` lines, 1-based — into a D x W CSR matrix of counts.
 pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
     let mut lines = Lines::open(path)?;
-    let mut header = [0usize; 3];
-    for (h, what) in header.iter_mut().zip(["the document count D", "the vocabulary size W", "the entry count NNZ"]) {
-        let Some(line) = lines.next_line()? else { return Err(lines.end_error(format!("missing {what}"))) };
-        let mut f = line.split_whitespace();
-        *h = parse(&lines, f.next(), what)?;
-        if f.next().is_some() {
-            return Err(lines.error(format!("expected only {what}, got {line:?}")));
-        }
-    }
-    let [rows, cols, nnz] = header;
-    check_dims(&lines, rows, cols)?;
+    let (rows, cols, nnz) = docword_header(&mut lines, false)?;
     let mut triplets = Vec::with_capacity(nnz.min(1 << 28));
     while let Some(line) = lines.next_line()? {
         if line.is_empty() {
@@ -213,19 +204,179 @@ pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
         if triplets.len() == nnz {
             return Err(lines.error(format!("more entries than the NNZ = {nnz} of line 3")));
         }
-        let mut f = line.split_whitespace();
-        let r = index(&lines, f.next(), "docID", rows)?;
-        let c = index(&lines, f.next(), "wordID", cols)?;
-        let v: f64 = finite(&lines, f.next(), "the count")?;
-        if f.next().is_some() {
-            return Err(lines.error(format!("too many fields in {line:?} (expected docID wordID count)")));
-        }
+        let (r, c, v) = docword_entry(&lines, &line, rows, cols)?;
         triplets.push((r as u32, c as u32, v));
     }
     if triplets.len() != nnz {
         return Err(lines.end_error(format!("{} entries but line 3 announced NNZ = {nnz}", triplets.len())));
     }
     Ok(triplets_to_csr(rows, cols, triplets))
+}
+
+/// Entries per write of [`docword_to_flash`] (a multiple of 1024, so that every write but
+/// the last starts on a 4096-byte boundary of the arrays: whole-sector direct writes).
+pub const DOCWORD_CHUNK_ENTRIES: usize = 1 << 16;
+
+/// Reads the three header lines of a docword file: (D, W, NNZ).
+fn docword_header(lines: &mut Lines, wide_ok: bool) -> Result<(usize, usize, usize)> {
+    let mut header = [0usize; 3];
+    for (h, what) in header.iter_mut().zip(["the document count D", "the vocabulary size W", "the entry count NNZ"]) {
+        let Some(line) = lines.next_line()? else { return Err(lines.end_error(format!("missing {what}"))) };
+        let mut f = line.split_whitespace();
+        *h = parse(lines, f.next(), what)?;
+        if f.next().is_some() {
+            return Err(lines.error(format!("expected only {what}, got {line:?}")));
+        }
+    }
+    let [rows, cols, nnz] = header;
+    check_dims(lines, rows, if wide_ok { 0 } else { cols })?;
+    Ok((rows, cols, nnz))
+}
+
+/// One `docID wordID count` line, 0-based ids.
+fn docword_entry(lines: &Lines, line: &str, rows: usize, cols: usize) -> Result<(usize, usize, f64)> {
+    let mut f = line.split_whitespace();
+    let r = index(lines, f.next(), "docID", rows)?;
+    let c = index(lines, f.next(), "wordID", cols)?;
+    let v: f64 = finite(lines, f.next(), "the count")?;
+    if f.next().is_some() {
+        return Err(lines.error(format!("too many fields in {line:?} (expected docID wordID count)")));
+    }
+    Ok((r, c, v))
+}
+
+/// A docword file on flash: the matrix and, for a vocabulary of 2^32 words or more, the
+/// sorted ids of the words that occur (the matrix's columns are positions in it).
+pub struct FlashDocword<T> {
+    /// Documents x used words (or x W when `word_ids` is None).
+    pub matrix: FlashCsrMatrix<T>,
+    /// The 0-based id of each column, when the vocabulary needs more than 32 bits.
+    pub word_ids: Option<Vec<u64>>,
+    /// The vocabulary size W of the header.
+    pub words: usize,
+}
+
+/// Streams a UCI docword file straight to a flash CSR matrix in `dir`, with bounded memory:
+/// the row starts (8 bytes per document), the entries of the current document, and one
+/// chunk of `chunk_entries` entries (rounded up to a multiple of 1024) on their way to flash.
+/// The result equals [`read_docword`]'s (each document's words sorted, duplicates summed).
+///
+/// Needs the entries grouped by document in ascending docID order, as UCI files are; a file
+/// whose docIDs go back is read again by [`read_docword`] (in memory, 16 bytes per entry).
+/// A vocabulary W of 2^32 words or more is read twice: first the ids of the words that
+/// occur (memory per used word, not per id), then the entries as positions among them.
+pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<FlashDocword<T>> {
+    match stream_docword(path, dir, options, chunk_entries)? {
+        Some(d) => Ok(d),
+        None => {
+            let m = read_docword::<T>(path)?;
+            let words = m.cols;
+            Ok(FlashDocword { matrix: FlashCsrMatrix::from_csr(dir, m.view(), options)?, word_ids: None, words })
+        }
+    }
+}
+
+/// The sorted 0-based ids of the words that occur in a docword file (its first pass when
+/// W needs more than 32 bits).
+fn docword_word_ids(path: &Path) -> Result<Vec<u64>> {
+    let mut lines = Lines::open(path)?;
+    let (rows, cols, _) = docword_header(&mut lines, true)?;
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(line) = lines.next_line()? {
+        if !line.is_empty() {
+            ids.insert(docword_entry(&lines, &line, rows, cols)?.1 as u64);
+        }
+    }
+    if ids.len() > u32::MAX as usize + 1 {
+        return Err(lines.end_error(format!("{} distinct words: more than 2^32 used words", ids.len())));
+    }
+    Ok(ids.into_iter().collect())
+}
+
+/// [`docword_to_flash`]'s stream, or None when a docID goes back.
+fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<Option<FlashDocword<T>>> {
+    let chunk = chunk_entries.max(1).div_ceil(1024) * 1024;
+    let mut lines = Lines::open(path)?;
+    let (rows, cols, nnz) = docword_header(&mut lines, true)?;
+    let word_ids = if cols > u32::MAX as usize { Some(docword_word_ids(path)?) } else { None };
+    // NNZ is an upper bound of the stored entries (duplicates merge); checked as lines come.
+    let indices = FlashPtr::<u32>::scratch(dir, nnz as u64, options)?;
+    let values = FlashPtr::<T>::scratch(dir, nnz as u64, options)?;
+    let mut indptr = vec![0u64; rows + 1];
+    let (mut buf_i, mut buf_v): (Vec<u32>, Vec<T>) = (Vec::with_capacity(chunk), Vec::with_capacity(chunk));
+    let mut written = 0u64; // entries already on flash
+    let mut row: Vec<(u32, f64)> = Vec::new(); // the current document's (word, count)
+    let mut current = 0usize; // the current document
+    let mut seen = 0usize; // entry lines read
+    // Sorts the current document, sums duplicates, appends it to the chunk and writes every
+    // full chunk out.
+    let finish_row = |row: &mut Vec<(u32, f64)>, r: usize, buf_i: &mut Vec<u32>, buf_v: &mut Vec<T>, written: &mut u64, indptr: &mut [u64]| -> Result<()> {
+        row.sort_by_key(|&(c, _)| c);
+        row.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
+            }
+            same
+        });
+        for &(c, v) in row.iter() {
+            buf_i.push(c);
+            buf_v.push(T::from_f64(v));
+            if buf_i.len() == chunk {
+                indices.write(*written, buf_i)?;
+                values.write(*written, buf_v)?;
+                *written += chunk as u64;
+                buf_i.clear();
+                buf_v.clear();
+            }
+        }
+        let count = row.len() as u64;
+        indptr[r + 1] = count;
+        row.clear();
+        Ok(())
+    };
+    while let Some(line) = lines.next_line()? {
+        if line.is_empty() {
+            continue;
+        }
+        if seen == nnz {
+            return Err(lines.error(format!("more entries than the NNZ = {nnz} of line 3")));
+        }
+        let (r, c, v) = docword_entry(&lines, &line, rows, cols)?;
+        seen += 1;
+        if r != current {
+            if r < current {
+                if word_ids.is_some() {
+                    return Err(lines.error(format!("docID {} after {}: a file with 2^32 or more words must list its documents in ascending order", r + 1, current + 1)));
+                }
+                return Ok(None);
+            }
+            finish_row(&mut row, current, &mut buf_i, &mut buf_v, &mut written, &mut indptr)?;
+            current = r;
+        }
+        let c = match &word_ids {
+            Some(ids) => ids.binary_search(&(c as u64)).expect("every word was seen by the first pass"),
+            None => c,
+        };
+        row.push((c as u32, v));
+    }
+    if seen != nnz {
+        return Err(lines.end_error(format!("{seen} entries but line 3 announced NNZ = {nnz}")));
+    }
+    if rows > 0 {
+        finish_row(&mut row, current, &mut buf_i, &mut buf_v, &mut written, &mut indptr)?;
+    }
+    indices.write(written, &buf_i)?;
+    values.write(written, &buf_v)?;
+    let stored = written + buf_i.len() as u64;
+    for r in 0..rows {
+        indptr[r + 1] += indptr[r];
+    }
+    debug_assert_eq!(indptr[rows], stored);
+    let indptr = FlashPtr::from_slice(dir, &indptr, options)?;
+    let stored_cols = word_ids.as_ref().map_or(cols, Vec::len);
+    let matrix = FlashCsrMatrix::from_parts(rows, stored_cols, indptr, indices.slice(0..stored)?, values.slice(0..stored)?)?;
+    Ok(Some(FlashDocword { matrix, word_ids, words: cols }))
 }
 
 #[cfg(test)]
@@ -315,6 +466,82 @@ mod tests {
         enc.write_all(text.as_bytes()).unwrap();
         enc.finish().unwrap();
         assert_eq!(read_docword::<f32>(&gz).unwrap(), m);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn docword_streams_to_flash_across_chunks() {
+        let d = tmp("stream");
+        // 900 documents (some empty, one word repeated within a document), ~6000 entries
+        // written in chunks of 1024: the flash matrix equals the in-memory reader's.
+        let mut text = String::new();
+        let mut entries = Vec::new();
+        for doc in 1..=900usize {
+            if doc % 7 == 0 {
+                continue;
+            }
+            for k in 0..(doc * 13 % 11) {
+                let word = (doc * 31 + k * 17) % 50 + 1;
+                entries.push(format!("{doc} {word} {}", k + 1));
+                if k == 3 {
+                    entries.push(format!("{doc} {word} 2"));
+                }
+            }
+        }
+        text.push_str(&format!("902\n50\n{}\n", entries.len()));
+        for e in &entries {
+            text.push_str(e);
+            text.push('\n');
+        }
+        let p = write(&d, "docword.s.txt", &text);
+        let want = read_docword::<f32>(&p).unwrap();
+        assert!(want.values.len() > 3 * 1024);
+        let o = FileOptions::default();
+        for chunk in [1, 1024, 4096, 1 << 20] {
+            let got = docword_to_flash::<f32>(&p, &d, &o, chunk).unwrap().matrix;
+            assert!(stream_docword::<f32>(&p, &d, &o, chunk).unwrap().is_some(), "streamed, not the fallback");
+            assert_eq!(got.to_csr().unwrap(), want, "chunk {chunk}");
+            got.validate().unwrap();
+        }
+        // docIDs going back: not streamable, read in memory instead, same result
+        let p = write(&d, "docword.u.txt", "3\n4\n4\n3 1 2\n1 2 3\n1 4 1\n3 2 5\n");
+        assert!(stream_docword::<f64>(&p, &d, &o, 1024).unwrap().is_none());
+        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.to_csr().unwrap(), read_docword::<f64>(&p).unwrap());
+        // empty corpus, and the errors of the in-memory reader
+        let p = write(&d, "docword.e.txt", "0\n0\n0\n");
+        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.nnz(), 0);
+        for (name, text, want) in [
+            ("f.txt", "2\n3\n2\n1 1 4\n1 4 1\n", "line 5: wordID 4 is outside 1..=3"),
+            ("g.txt", "2\n3\n1\n1 1 4\n2 2 2\n", "line 5: more entries than the NNZ = 1"),
+            ("k.txt", "2\n3\n3\n1 1 4\n2 2 2\n", "2 entries but line 3 announced NNZ = 3"),
+        ] {
+            let p = write(&d, name, text);
+            let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
+            assert!(msg.contains(name) && msg.contains(want), "{name}: {msg}");
+        }
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn docword_with_word_ids_past_32_bits() {
+        let d = tmp("wide");
+        let o = FileOptions::default();
+        let w = 1u64 << 40;
+        let text = format!("3\n{w}\n5\n1 {} 2\n1 4 1\n1 {} 3\n3 {w} 5\n3 4 1\n", (1u64 << 32) + 2, (1u64 << 32) + 2);
+        let p = write(&d, "docword.w.txt", &text);
+        let got = docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap();
+        assert_eq!(got.words, w as usize);
+        assert_eq!(got.word_ids, Some(vec![3, 1 << 32 | 1, w - 1]));
+        let m = got.matrix.to_csr().unwrap();
+        assert_eq!((m.rows, m.cols), (3, 3));
+        assert_eq!(m.indptr, vec![0, 2, 2, 4]);
+        assert_eq!(m.indices, vec![0, 1, 0, 2]);
+        assert_eq!(m.values, vec![1.0, 5.0, 1.0, 5.0]);
+        let p = write(&d, "docword.wu.txt", &format!("3\n{w}\n2\n3 1 1\n1 1 1\n"));
+        let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
+        assert!(msg.contains("line 5") && msg.contains("ascending"), "{msg}");
+        // the in-memory reader still names its limit
+        assert!(read_docword::<f64>(&p).unwrap_err().to_string().contains("2^32 - 1"));
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -106,15 +106,24 @@ pub fn csrcsc_in_memory<T: Real>(a: CsrRef<'_, T>) -> Result<CsrMatrix<T>> {
 
 /// The transpose of a valid `a` into `t_indptr` (cols + 1), `t_indices` and `t_values` (nnz).
 fn transpose_into<T: Real>(a: CsrRef<'_, T>, t_indptr: &mut [u64], t_indices: &mut [u32], t_values: &mut [T]) {
+    let (parts, mut places) = column_places(a.indptr, a.indices, a.cols, t_indptr);
+    scatter(a, &parts, &mut places, t_indices, t_values);
+}
+
+/// The counting pass of the transpose, from the column indices alone (the values may still
+/// be on their way): cuts A's rows into pieces, counts each piece's entries per column, fills
+/// `t_indptr` and returns the pieces and, per piece, the place of its first entry of each
+/// column.
+fn column_places(indptr: &[u64], indices: &[u32], cols: usize, t_indptr: &mut [u64]) -> (Vec<(usize, usize)>, Vec<Vec<u64>>) {
     use rayon::prelude::*;
-    let (cols, nnz) = (a.cols, a.nnz());
-    let parts = balanced_parts(a.indptr, in_memory_parts(nnz as u64, rayon::current_num_threads()));
+    let nnz = indices.len();
+    let parts = balanced_parts(indptr, in_memory_parts(nnz as u64, rayon::current_num_threads()));
     // counts[p][c], then turned into the place of piece p's first entry of column c
     let mut counts: Vec<Vec<u64>> = parts
         .par_iter()
         .map(|&(r0, r1)| {
             let mut h = vec![0u64; cols];
-            for &c in &a.indices[a.indptr[r0] as usize..a.indptr[r1] as usize] {
+            for &c in &indices[indptr[r0] as usize..indptr[r1] as usize] {
                 h[c as usize] += 1;
             }
             h
@@ -130,8 +139,14 @@ fn transpose_into<T: Real>(a: CsrRef<'_, T>, t_indptr: &mut [u64], t_indices: &m
         }
         t_indptr[c + 1] = at;
     }
+    (parts, counts)
+}
+
+/// The placing pass: each piece writes its entries at its places, in row order.
+fn scatter<T: Real>(a: CsrRef<'_, T>, parts: &[(usize, usize)], places: &mut [Vec<u64>], t_indices: &mut [u32], t_values: &mut [T]) {
+    use rayon::prelude::*;
     let (out_i, out_v) = (SharedOut(t_indices.as_mut_ptr()), SharedOut(t_values.as_mut_ptr()));
-    parts.par_iter().zip(counts.par_iter_mut()).for_each(|(&(r0, r1), next)| {
+    parts.par_iter().zip(places.par_iter_mut()).for_each(|(&(r0, r1), next)| {
         let (out_i, out_v) = (out_i, out_v);
         for r in r0..r1 {
             for e in a.indptr[r] as usize..a.indptr[r + 1] as usize {
@@ -160,21 +175,22 @@ fn csrcsc_direct<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>, indptr: Vec<
     let t_indptr = FlashPtr::<u64>::scratch(dir, cols as u64 + 1, &fo)?;
     let t_indices = FlashPtr::<u32>::scratch(dir, nnz, &fo)?;
     let t_values = FlashPtr::<T>::scratch(dir, nnz, &fo)?;
+    // Overlapped: the column counts (and Aᵀ's row starts, written at once) from the indices
+    // while the values are still being read; Aᵀ's indices and values written together.
     let (r1, ind) = read_ind.wait();
-    let (r2, val) = read_val.wait();
     r1?;
+    let indices = cast_slice::<u32>(ind.as_slice());
+    let mut o_ptr = AlignedBuf::zeroed((cols + 1) * 8);
+    let (parts, mut places) = runtime.install(|| column_places(&indptr, indices, cols, cast_slice_mut::<u64>(o_ptr.as_mut_slice())));
+    let write_ptr = io.submit(IoDirection::Write, t_indptr.access(0, cols as u64 + 1)?, o_ptr);
+    let (r2, val) = read_val.wait();
     r2?;
-    let mut out = [AlignedBuf::zeroed((cols + 1) * 8), AlignedBuf::zeroed((nnz * 4) as usize), AlignedBuf::zeroed((nnz * size) as usize)];
-    let csr = CsrRef { rows, cols, indptr: &indptr, indices: cast_slice::<u32>(ind.as_slice()), values: cast_slice::<T>(val.as_slice()) };
-    {
-        let [o_ptr, o_ind, o_val] = &mut out;
-        let (o_ptr, o_ind, o_val) = (cast_slice_mut::<u64>(o_ptr.as_mut_slice()), cast_slice_mut::<u32>(o_ind.as_mut_slice()), cast_slice_mut::<T>(o_val.as_mut_slice()));
-        runtime.install(|| transpose_into(csr, o_ptr, o_ind, o_val));
-    }
-    drop((ind, val));
-    let [o_ptr, o_ind, o_val] = out;
+    let (mut o_ind, mut o_val) = (AlignedBuf::zeroed((nnz * 4) as usize), AlignedBuf::zeroed((nnz * size) as usize));
+    let csr = CsrRef { rows, cols, indptr: &indptr, indices, values: cast_slice::<T>(val.as_slice()) };
+    runtime.install(|| scatter(csr, &parts, &mut places, cast_slice_mut::<u32>(o_ind.as_mut_slice()), cast_slice_mut::<T>(o_val.as_mut_slice())));
+    drop((ind, val, places));
     let writes = [
-        io.submit(IoDirection::Write, t_indptr.access(0, cols as u64 + 1)?, o_ptr),
+        write_ptr,
         io.submit(IoDirection::Write, t_indices.access(0, nnz)?, o_ind),
         io.submit(IoDirection::Write, t_values.access(0, nnz)?, o_val),
     ];
