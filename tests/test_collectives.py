@@ -187,3 +187,31 @@ def test_alltoallv_delivers_every_piece_in_rank_order(n):
     for r in run_ranks(n, ALLTOALLV):
         assert r.returncode == 0, r.stderr
         assert "ok" in r.stdout
+
+
+UINT8 = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+me, n = g.rank, g.size
+OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+def part(r, size):
+    return np.random.default_rng([99, r, size]).integers(0, 256, size).astype(np.uint8)
+for size in [0, 1, 7, 12345, 1 << 20]:
+    for op, f in OPS.items():
+        want = part(0, size)
+        for r in range(1, n):
+            want = f(want, part(r, size))  # numpy's uint8: sum and product wrap
+        for algo in ["auto", "one_shot", "direct", "ring"]:
+            if algo == "one_shot" and size > 256 * 1024:
+                continue
+            a = part(me, size)
+            assert g.allreduce(a, op=op, algorithm=algo) is a
+            np.testing.assert_array_equal(a, want, err_msg=f"{size} {op} {algo}")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_uint8_allreduce_wraps_like_numpy(n):
+    res = run_ranks(n, UINT8, timeout=120)
+    assert all(r.stdout.strip().endswith("ok") for r in res)

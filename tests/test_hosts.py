@@ -292,6 +292,64 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
     assert "vs perftest" in r.stdout
 
 
+# The loop of `bench ucx` under stress: rounds of one-sided traffic both ways (a put then a
+# notification, a write_notify back, each checked by its receiver), an allgather whose
+# values every rank checks, and a loop end that the ranks agree on through an allgather.
+# Each rank's stop condition is a clock that advances at every read (rank 1's passes its
+# deadline at read LAST + 1, rank 0's never), so every rank must end after round LAST + 1.
+# A loop that also reads it in its own condition after the collective decision, as the
+# bench's `while r < 5 or (time.perf_counter() < deadline ...)` did, reads it twice a round:
+# with LAST odd, rank 1's passing read is such a second read, rank 1 leaves alone and rank 0
+# waits for it in its next round (an error here; in the bench, a hang).
+AGREED_ROUNDS = """
+import numpy as np, scalefree
+from scalefree.bench.common import agreed_rounds
+g = scalefree.init(timeout=20)
+assert g.transport == "ucx" and g.size == 2, (g.transport, g.size)
+dev, me, other = g.device, g.rank, 1 - g.rank
+src, dst = dev.alloc_region(4096), dev.alloc_region(4096)
+h = np.frombuffer(dst.handle, np.uint8)
+hs = np.asarray(g.allgather(h)).reshape(-1)
+remote = dev.attach(bytes(hs[other * len(h):(other + 1) * len(h)]))
+ch = dev.channel(other)
+mine, theirs = np.frombuffer(src, np.int64), np.frombuffer(dst, np.int64)
+reads = 0
+
+def stop():
+    global reads
+    reads += 1
+    return me == 1 and reads > LAST
+
+def any_rank(flag):
+    return bool(np.asarray(g.allgather(np.array([flag], np.int32))).any())
+
+last = 0
+for r in agreed_rounds(any_rank, stop, min_rounds=5, max_rounds=10 * LAST):
+    last = r
+    if me == 0:
+        mine[:] = 2 * r
+        ch.write(src, 0, remote, 0, 4096).wait()
+        ch.notify(1, r)
+        assert dev.wait(2) == r and (theirs[:1 + r % 512] == 2 * r + 1).all(), r
+    else:
+        assert dev.wait(1) == r and (theirs == 2 * r).all(), r
+        mine[:] = 2 * r + 1
+        ch.write_notify(src, 0, remote, 0, 8 * (1 + r % 512), 2, r).wait()
+    got = np.asarray(g.allgather(np.array([r, me, 3 * r + me], np.int64))).reshape(-1).tolist()
+    assert got == [r, 0, 3 * r, r, 1, 3 * r + 1], (r, got)
+assert last == LAST + 1, last
+g.barrier()
+print("ok", last)
+"""
+
+
+def test_loop_end_agreed_across_hosts(can_simulate):
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, AGREED_ROUNDS.replace("LAST", "801"), timeout=120):
+            assert rc == 0, out[-3000:]
+            assert "ok 802" in out, out[-2000:]
+
+
 SLOTS = """import numpy as np, scalefree
 from scalefree import tensors
 g = scalefree.init(timeout=60)
@@ -557,3 +615,117 @@ def test_sparse_bench_across_hosts(can_simulate, tmp_path):
     assert {(r["impl"], r["variant"], r["hosts"], r["ranks"]) for r in recs} == {
         ("scalefree", v, 2, 4) for v in ("config", "reduce", "config_reduce")}, recs
     assert "on 2 hosts, rank 0's layers" in p.stdout
+
+
+REPLICATED_PAGERANK = r"""
+import os, signal, sys, numpy as np, scalefree
+from scalefree.graph.io import logical_rank, partition_edges
+from scalefree.graph.pagerank import SparsePageRank
+from scalefree.graph.rmat import rmat_edges
+g = scalefree.init(timeout=60)
+R, kill, out = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",") if x], sys.argv[3]
+assert g.transport == ("ucx" if R > 1 else "shm"), g.transport
+me, M = logical_rank(g, R)
+src, dst, ids = rmat_edges(11, 30000, seed=3)
+s, d = partition_edges(src, dst, me, M)
+pr = SparsePageRank(g, s, d, len(ids), replication=R, degrees=[2, 2])
+for it in range(25):
+    if g.rank in kill and it == 6:  # a fixed iteration: the host's ranks go at once
+        os.kill(os.getpid(), signal.SIGKILL)
+    pr.step()
+np.savez(f"{out}.rank{g.rank}.npz", owned=pr.owned, scores=pr.scores)
+print("ok", g.rank, flush=True)
+"""
+
+
+def test_replicated_pagerank_survives_a_killed_host(can_simulate, tmp_path):
+    """r = 2 on 4 simulated hosts x 2 ranks (4 logical nodes, replica 0 of nodes 2 and 3 on
+    host 1): host 1's ranks are SIGKILLed at iteration 6 of 25; every survivor on the other
+    hosts finishes with the scores of an unreplicated run on 4 ranks."""
+    from ranks import collect, spawn_ranks
+
+    res = collect(spawn_ranks(4, REPLICATED_PAGERANK, args=["1", "", str(tmp_path / "plain")]), 120)
+    assert all(x.returncode == 0 for x in res), [x.stderr[-2000:] for x in res]
+    plain = {}
+    for r in range(4):
+        z = np.load(tmp_path / f"plain.rank{r}.npz")
+        plain.update(zip(z["owned"].tolist(), z["scores"].tolist()))
+    with simhosts.SimHosts(4) as h:
+        procs = [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "4", "--node-rank", str(i),
+                             "--nproc-per-node", "2", "--master-addr", h.ip(0), "--allow-rank-failure", "--",
+                             sys.executable, "-c", REPLICATED_PAGERANK, "2", "2,3", str(tmp_path / "rep")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=180)[0])
+            except subprocess.TimeoutExpired:
+                h.close()
+                raise AssertionError("a host's ranks hung after host 1 was killed")
+    assert procs[1].returncode != 0, outs[1][-2000:]
+    for i in (0, 2, 3):
+        assert procs[i].returncode == 0 and outs[i].count("ok ") == 2, outs[i][-3000:]
+    survivors = [0, 1, 4, 5, 6, 7]
+    for r in survivors:
+        z = np.load(tmp_path / f"rep.rank{r}.npz")
+        want = np.array([plain[int(v)] for v in z["owned"]])
+        np.testing.assert_allclose(z["scores"], want, rtol=0, atol=1e-12, err_msg=f"rank {r}")
+    assert not (tmp_path / "rep.rank2.npz").exists() and not (tmp_path / "rep.rank3.npz").exists()
+
+
+PROBED = r"""
+import math, numpy as np, scalefree
+g = scalefree.init(timeout=60)
+assert g.transport == "ucx", g.transport
+P = {per_host}
+dim = 100000
+rng = np.random.default_rng(g.rank)
+o = rng.integers(0, dim, 4000)
+vals = rng.random(len(o))
+i = np.arange(g.rank, dim, 7)
+sa = g.sparse_allreduce(dim, degrees="auto")
+got = sa.config_reduce(o, vals, i)
+d, plan = sa.degrees, sa.plan
+assert plan is not None and plan["degrees"] == d, (plan, d)
+assert math.prod(d) == g.size, d
+# The hosts are combined first: some prefix of the layers is exactly one host.
+assert P == 1 or P in [math.prod(d[:k]) for k in range(len(d) + 1)], d
+c = plan["costs"]  # probed across hosts, not the defaults
+assert c.s_per_byte > 0 and c.round_s + c.msg_s > 0 and c != type(c)(), c
+if P > 1:
+    assert plan["local_costs"].round_s + plan["local_costs"].msg_s > 0, plan
+dense = np.zeros(dim)
+np.add.at(dense, o, vals)
+dense = g.allreduce(dense)
+np.testing.assert_allclose(got, dense[i], rtol=1e-12)
+np.testing.assert_allclose(sa.reduce(vals), dense[i], rtol=1e-12)
+print("checked", d, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nhosts,per_host", [(4, 1), (2, 2)])
+def test_sparse_auto_probes_across_hosts(can_simulate, nhosts, per_host):
+    """`degrees="auto"` across hosts probes the costs over UCX and the TCP lanes (the host
+    layers on their own) and picks a plan from them: its degrees multiply to the group,
+    combine each host first, and the reduce matches the dense reference."""
+    with simhosts.SimHosts(nhosts) as h:
+        for rc, out in launch_all(h, per_host, PROBED.replace("{per_host}", str(per_host))):
+            assert rc == 0 and out.count("checked") == per_host, out[-3000:]
+
+
+def test_bench_pagerank_replicated_across_hosts(can_simulate, tmp_path):
+    """`bench pagerank-replicated --hosts 2 --kill-host 1`: host 1 (replica 1 of both logical
+    nodes) is killed; the rows have the survivors and scipy's scores (no timing asserted)."""
+    import json
+
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "pagerank-replicated", "--logical", "2",
+                        "--replication", "2", "--hosts", "2", "--kill-host", "1", "--kill-at", "3", "--iters", "8",
+                        "--rmat-scale", "10", "--rmat-edges", "8K", "--dtype", "float64", "--variants",
+                        "unreplicated,replicated-kill", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    recs = {r["variant"]: r for r in json.loads(out.read_text())}
+    assert set(recs) == {"unreplicated", "r=2"}
+    assert recs["r=2"]["killed_ranks"] == [2, 3] and recs["r=2"]["survivors"] == 2
+    assert all(r["hosts"] == 2 and r["max_abs_err"] < 1e-12 for r in recs.values())

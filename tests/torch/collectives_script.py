@@ -159,22 +159,61 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from scalefree.torch import hooks  # noqa: E402
 
+# Both ways of the hook (allgather, sparse allreduce); ranks touch different numbers of rows.
 states = []
-for pg, hook in [(sf, True), (gl, False)]:
+for pg, method in [(sf, "allgather"), (sf, "sparse_allreduce"), (gl, None)]:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Embedding(1000, 8, sparse=True), nn.Flatten(), nn.Linear(24, 1))
     ddp = DDP(model, process_group=pg)
-    if hook:
-        ddp.register_comm_hook(hooks.sparse(sf), hooks.sparse_hook)
+    if method:
+        state = hooks.sparse(sf, method=method)
+        ddp.register_comm_hook(state, hooks.sparse_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    for _ in range(3):
+    for step in range(3):
         opt.zero_grad()
-        ddp(torch.randint(0, 1000, (4, 3), generator=g)).sum().backward()
+        ddp(torch.randint(0, 1000, (2 + 3 * rank, 3), generator=g)).sum().backward()
         opt.step()
+        if method:
+            assert state.last_method == method, state.last_method
     states.append(model.state_dict())
-for k in states[1]:
-    same(f"DDP sparse hook {k}", states[0][k], states[1][k])
+for s in states[:2]:
+    for k in states[2]:
+        same(f"DDP sparse hook {k}", s[k], states[2][k])
+
+# FSDP on CPU, both kinds (fully_shard on a DeviceMesh of the group; FullyShardedDataParallel),
+# against the same training on gloo: the same losses and the same local shards.
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+for kind in ["fully_shard", "FullyShardedDataParallel"]:
+    runs = []
+    for pg in [sf, gl]:
+        torch.manual_seed(7)
+        model = nn.Sequential(nn.Linear(33, 64), nn.ReLU(), nn.Linear(64, 5))
+        if kind == "fully_shard":
+            mesh = DeviceMesh.from_group(pg, "cpu")
+            for m in model[::2]:
+                fully_shard(m, mesh=mesh)
+            wrapped = fully_shard(model, mesh=mesh)
+        else:
+            wrapped = FSDP(model, process_group=pg, device_id=torch.device("cpu"))
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(rank)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(wrapped(torch.randn(8, 33, generator=g)),
+                                               torch.randint(0, 5, (8,), generator=g))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        shards = [getattr(q, "_local_tensor", q).detach().clone() for q in wrapped.parameters()]
+        runs.append((torch.stack(losses), shards))
+    same(f"{kind} losses", runs[0][0], runs[1][0])
+    for i, (a, b) in enumerate(zip(runs[0][1], runs[1][1])):
+        same(f"{kind} shard {i}", a, b)
 
 dist.barrier(group=sf)
 if failures:

@@ -13,7 +13,8 @@ pub enum DType {
     F64 = 2,
     I32 = 3,
     I64 = 4,
-    /// Raw bytes: only for data movement (broadcast, allgather), never reduced.
+    /// uint8, and raw bytes: any other dtype moves (broadcast, allgather) as bytes. Reduced
+    /// as uint8 (wrapping sum and product, as numpy does).
     U8 = 5,
 }
 
@@ -147,6 +148,7 @@ float_elem!(f32);
 float_elem!(f64);
 int_elem!(i32);
 int_elem!(i64);
+int_elem!(u8);
 
 #[inline(always)]
 fn apply3<T: Elem>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
@@ -200,7 +202,7 @@ pub unsafe fn reduce3(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b:
             DType::F64 => typed::<f64>(op, dst, a, b, n),
             DType::I32 => typed::<i32>(op, dst, a, b, n),
             DType::I64 => typed::<i64>(op, dst, a, b, n),
-            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+            DType::U8 => typed::<u8>(op, dst, a, b, n),
         }
     }
 }
@@ -261,7 +263,7 @@ pub unsafe fn reduce4_into(dtype: DType, op: ReduceOp, dst: *mut u8, b: *const u
             DType::F64 => typed4_into::<f64>(op, dst, b, c, n),
             DType::I32 => typed4_into::<i32>(op, dst, b, c, n),
             DType::I64 => typed4_into::<i64>(op, dst, b, c, n),
-            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+            DType::U8 => typed4_into::<u8>(op, dst, b, c, n),
         }
     }
 }
@@ -280,7 +282,7 @@ pub unsafe fn reduce4(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b:
             DType::F64 => typed4::<f64>(op, dst, a, b, c, n),
             DType::I32 => typed4::<i32>(op, dst, a, b, c, n),
             DType::I64 => typed4::<i64>(op, dst, a, b, c, n),
-            DType::U8 => panic!("uint8 buffers cannot be reduced"),
+            DType::U8 => typed4::<u8>(op, dst, a, b, c, n),
         }
     }
 }
@@ -299,7 +301,7 @@ pub fn fill_identity(dtype: DType, op: ReduceOp, buf: &mut [u8]) {
         DType::F64 => fill_typed::<f64>(op, buf),
         DType::I32 => fill_typed::<i32>(op, buf),
         DType::I64 => fill_typed::<i64>(op, buf),
-        DType::U8 => panic!("uint8 buffers cannot be reduced"),
+        DType::U8 => fill_typed::<u8>(op, buf),
     }
 }
 
@@ -330,6 +332,26 @@ mod tests {
         let mut p = vec![3i32, -2];
         unsafe { reduce_into(DType::I32, ReduceOp::Prod, p.as_mut_ptr() as *mut u8, y.as_ptr() as *const u8, 0) };
         assert_eq!(p, vec![3, -2]);
+    }
+
+    #[test]
+    fn uint8_reduces_like_numpy() {
+        // Wrapping sum and product, unsigned min/max, identities 0 / 1 / 255 / 0.
+        let a = [250u8, 3, 7, 0];
+        let b = [10u8, 200, 7, 255];
+        for (op, want) in [(ReduceOp::Sum, [4u8, 203, 14, 255]), (ReduceOp::Prod, [196, 88, 49, 0]), (ReduceOp::Min, [10, 3, 7, 0]), (ReduceOp::Max, [250, 200, 7, 255])] {
+            let mut d = [0u8; 4];
+            unsafe { reduce3(DType::U8, op, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), 4) };
+            assert_eq!(d, want, "{op:?}");
+            let mut d = [0u8; 4];
+            unsafe { reduce4(DType::U8, op, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), a.as_ptr(), 4) };
+            let mut w = want;
+            unsafe { reduce3(DType::U8, op, w.as_mut_ptr(), want.as_ptr(), a.as_ptr(), 4) };
+            assert_eq!(d, w, "{op:?}");
+            let mut id = [9u8; 2];
+            fill_identity(DType::U8, op, &mut id);
+            assert_eq!(id[0], match op { ReduceOp::Sum => 0, ReduceOp::Prod => 1, ReduceOp::Min => 255, ReduceOp::Max => 0 });
+        }
     }
 
     #[test]

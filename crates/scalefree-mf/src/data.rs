@@ -61,7 +61,7 @@ impl Ratings {
             if !r.is_finite() {
                 return Err(MfError::InvalidArgument(format!("rating {n} is not finite ({r})")));
             }
-            b.push(u, i, r);
+            b.push(u, i, r)?;
         }
         Ok(b.finish())
     }
@@ -72,21 +72,30 @@ impl Ratings {
         if !(0.0..1.0).contains(&test_fraction) {
             return Err(MfError::InvalidArgument(format!("test fraction must be in [0, 1), got {test_fraction}")));
         }
-        let mut idx: Vec<u32> = (0..self.len() as u32).collect();
+        // u32 positions while they fit (half the memory), u64 past 2^32 ratings.
+        if crate::stream::positions_fit_u32(self.len()) {
+            Ok(self.split_as::<u32>(test_fraction, seed))
+        } else {
+            Ok(self.split_as::<u64>(test_fraction, seed))
+        }
+    }
+
+    fn split_as<P: crate::stream::Position>(&self, test_fraction: f64, seed: u64) -> (Ratings, Ratings) {
+        let mut idx: Vec<P> = (0..self.len()).map(P::of).collect();
         Rng::new(seed).shuffle(&mut idx);
         let n_test = (self.len() as f64 * test_fraction).round() as usize;
-        let pick = |ix: &[u32]| {
+        let pick = |ix: &[P]| {
             let mut ix = ix.to_vec();
             ix.sort_unstable();
             Ratings {
-                users: ix.iter().map(|&n| self.users[n as usize]).collect(),
-                items: ix.iter().map(|&n| self.items[n as usize]).collect(),
-                values: ix.iter().map(|&n| self.values[n as usize]).collect(),
+                users: ix.iter().map(|&n| self.users[n.at()]).collect(),
+                items: ix.iter().map(|&n| self.items[n.at()]).collect(),
+                values: ix.iter().map(|&n| self.values[n.at()]).collect(),
                 user_ids: self.user_ids.clone(),
                 item_ids: self.item_ids.clone(),
             }
         };
-        Ok((pick(&idx[n_test..]), pick(&idx[..n_test])))
+        (pick(&idx[n_test..]), pick(&idx[..n_test]))
     }
 }
 
@@ -143,20 +152,28 @@ struct Builder {
     r: Ratings,
 }
 
+/// The dense id of `id` in `map` / `ids` (the next one when it is new): 32-bit (4 bytes per
+/// rating, the cache format), so more than 2^32 distinct users or items are an error, not a
+/// silent wrap.
+pub(crate) fn dense_id(map: &mut HashMap<u64, u32>, ids: &mut Vec<u64>, id: u64, what: &str) -> Result<u32> {
+    if let Some(&d) = map.get(&id) {
+        return Ok(d);
+    }
+    let d = u32::try_from(ids.len()).map_err(|_| MfError::InvalidArgument(format!("more than 2^32 distinct {what}s (dense {what} ids are 32-bit)")))?;
+    ids.push(id);
+    map.insert(id, d);
+    Ok(d)
+}
+
 impl Builder {
-    fn push(&mut self, u: u64, i: u64, v: f32) {
+    fn push(&mut self, u: u64, i: u64, v: f32) -> Result<()> {
         let r = &mut self.r;
-        let du = *self.umap.entry(u).or_insert_with(|| {
-            r.user_ids.push(u);
-            (r.user_ids.len() - 1) as u32
-        });
-        let di = *self.imap.entry(i).or_insert_with(|| {
-            r.item_ids.push(i);
-            (r.item_ids.len() - 1) as u32
-        });
+        let du = dense_id(&mut self.umap, &mut r.user_ids, u, "user")?;
+        let di = dense_id(&mut self.imap, &mut r.item_ids, i, "item")?;
         r.users.push(du);
         r.items.push(di);
         r.values.push(v);
+        Ok(())
     }
     fn finish(self) -> Ratings {
         self.r
@@ -184,10 +201,7 @@ pub fn read_ratings(path: &Path) -> Result<Ratings> {
         return decode(&bytes, path);
     }
     let mut b = Builder::default();
-    parse_ratings(path, |u, i, r| {
-        b.push(u, i, r);
-        Ok(())
-    })?;
+    parse_ratings(path, |u, i, r| b.push(u, i, r))?;
     Ok(b.finish())
 }
 

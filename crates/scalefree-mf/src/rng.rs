@@ -30,8 +30,19 @@ impl Rng {
     }
     pub fn shuffle<T>(&mut self, v: &mut [T]) {
         for i in (1..v.len()).rev() {
-            let j = if i < u32::MAX as usize { self.below(i + 1) } else { (self.next_u64() % (i as u64 + 1)) as usize };
+            let j = self.swap_index(i);
             v.swap(i, j);
+        }
+    }
+    /// The position step `i` of [`Rng::shuffle`] swaps with, uniform in [0, i]: the 32-bit
+    /// multiply-shift below 2^32 − 1 (what every split so far drew), a full 64-bit draw
+    /// modulo i + 1 past it (the multiply-shift reaches only 2^32 values).
+    #[inline]
+    pub fn swap_index(&mut self, i: usize) -> usize {
+        if i < u32::MAX as usize {
+            self.below(i + 1)
+        } else {
+            (self.next_u64() % (i as u64 + 1)) as usize
         }
     }
 }

@@ -30,14 +30,53 @@ use crate::data::{parse_ratings, CACHE_MAGIC};
 use crate::error::{MfError, Result};
 use crate::rng::Rng;
 
+/// A rating position as [`split_test_indices`] returns it and [`read_cache_subset`] takes
+/// it: `u32` (half the memory) while every position fits, `u64` past 2^32 ratings.
+pub trait Position: Copy + Ord + std::hash::Hash + Send + Sync + 'static {
+    const MAX: u64;
+    fn of(x: usize) -> Self;
+    fn at(self) -> usize;
+}
+
+impl Position for u32 {
+    const MAX: u64 = u32::MAX as u64;
+    #[inline(always)]
+    fn of(x: usize) -> Self {
+        x as u32
+    }
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+
+impl Position for u64 {
+    const MAX: u64 = u64::MAX;
+    #[inline(always)]
+    fn of(x: usize) -> Self {
+        x as u64
+    }
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as usize
+    }
+}
+
+/// Whether the positions of `n` ratings fit a `u32` (else [`split_test_indices`] on `n`
+/// needs `u64`): the one rule the bindings and Python use to pick the width.
+pub fn positions_fit_u32(n: usize) -> bool {
+    n as u64 <= u32::MAX as u64 + 1
+}
+
 /// The test-set rating indices of `Ratings::split(test_fraction, seed)` on `n` ratings,
-/// ascending (the order the split keeps them in).
-pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec<u32>> {
+/// ascending (the order the split keeps them in), as `P` (an error names the width when a
+/// position of `n` ratings does not fit it).
+pub fn split_test_indices<P: Position>(n: usize, test_fraction: f64, seed: u64) -> Result<Vec<P>> {
     if !(0.0..1.0).contains(&test_fraction) {
         return Err(MfError::InvalidArgument(format!("test fraction must be in [0, 1), got {test_fraction}")));
     }
-    if n > u32::MAX as usize {
-        return Err(MfError::InvalidArgument(format!("{n} ratings: at most {} can be split", u32::MAX)));
+    if n > 0 && (n - 1) as u64 > P::MAX {
+        return Err(MfError::InvalidArgument(format!("{n} ratings: positions past {} need 64-bit indices", P::MAX)));
     }
     let n_test = ((n as f64 * test_fraction).round() as usize).min(n);
     if n_test == 0 {
@@ -45,24 +84,25 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
     }
     // The questions in passes of at most PASS test positions: each pass walks the steps from its
     // first question on, with a map of at most PASS entries (small: cache-friendly, and the
-    // memory is O(PASS) plus the answers rather than a map of every test position).
+    // memory is O(PASS) plus the answers rather than a map of every test position). Group
+    // numbers stay below PASS, so they are u32 whatever n is.
     const PASS: usize = 1 << 18;
-    let draw = |i: usize| -> u32 {
-        // Step i uses draw n − 1 − i.
-        Rng::after(seed, (n - 1 - i) as u64).below(i + 1) as u32
+    let draw = |i: usize| -> P {
+        // Step i uses draw n − 1 − i, the rule of `Rng::shuffle`.
+        P::of(Rng::after(seed, (n - 1 - i) as u64).swap_index(i))
     };
-    let mut out: Vec<u32> = Vec::with_capacity(n_test);
-    let mut waiting: HashMap<u32, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(PASS.min(n_test), Default::default());
+    let mut out: Vec<P> = Vec::with_capacity(n_test);
+    let mut waiting: HashMap<P, u32, BuildHasherDefault<MulHash>> = HashMap::with_capacity_and_hasher(PASS.min(n_test), Default::default());
     let mut group_of: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
-    let mut answer: Vec<u32> = Vec::with_capacity(PASS.min(n_test));
+    let mut answer: Vec<P> = Vec::with_capacity(PASS.min(n_test));
     for a in (0..n_test).step_by(PASS) {
         let b = (a + PASS).min(n_test);
         waiting.clear();
         group_of.clear();
         // waiting[position] = group; group_of[p − a] = the group answering test position p.
         let mut groups = 0u32;
-        let mut ask = |waiting: &mut HashMap<u32, u32, BuildHasherDefault<MulHash>>, p: usize, group_of: &mut Vec<u32>| {
-            let q = if p == 0 { 0 } else { draw(p) };
+        let mut ask = |waiting: &mut HashMap<P, u32, BuildHasherDefault<MulHash>>, p: usize, group_of: &mut Vec<u32>| {
+            let q = if p == 0 { P::of(0) } else { draw(p) };
             let g = *waiting.entry(q).or_insert_with(|| {
                 groups += 1;
                 groups - 1
@@ -75,10 +115,10 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
                 ask(&mut waiting, i - 1, &mut group_of);
             }
             let j = draw(i);
-            if j as usize != i {
+            if j.at() != i {
                 if let Some(g) = waiting.remove(&j) {
                     // Step i swapped into j: the answer is what position i held before step i.
-                    waiting.insert(i as u32, g);
+                    waiting.insert(P::of(i), g);
                 }
             }
         }
@@ -87,7 +127,7 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
             ask(&mut waiting, p, &mut group_of);
         }
         answer.clear();
-        answer.resize(groups as usize, 0);
+        answer.resize(groups as usize, P::of(0));
         for (&q, &g) in waiting.iter() {
             answer[g as usize] = q;
         }
@@ -99,10 +139,10 @@ pub fn split_test_indices(n: usize, test_fraction: f64, seed: u64) -> Result<Vec
 
 /// The ratings at `indices` (ascending) of the rating cache `path`, with its id maps: the test
 /// set of a streamed split, read a column chunk at a time (memory: the result and one chunk).
-pub fn read_cache_subset(path: &Path, indices: &[u32]) -> Result<crate::Ratings> {
+pub fn read_cache_subset<P: Position>(path: &Path, indices: &[P]) -> Result<crate::Ratings> {
     let info = cache_header(path)?;
     let (n, nu, ni) = (info.ratings as usize, info.users as usize, info.items as usize);
-    if indices.windows(2).any(|w| w[0] >= w[1]) || indices.last().is_some_and(|&x| x as usize >= n) {
+    if indices.windows(2).any(|w| w[0] >= w[1]) || indices.last().is_some_and(|&x| x.at() >= n) {
         return Err(MfError::InvalidArgument(format!("indices must be ascending and below {n}")));
     }
     let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
@@ -124,8 +164,8 @@ pub fn read_cache_subset(path: &Path, indices: &[u32]) -> Result<crate::Ratings>
         for s in (0..n).step_by(CHUNK) {
             let c = CHUNK.min(n - s);
             f.read_exact(&mut buf[..c * 4]).map_err(|e| MfError::io(path, e))?;
-            while at < indices.len() && (indices[at] as usize) < s + c {
-                let o = (indices[at] as usize - s) * 4;
+            while at < indices.len() && indices[at].at() < s + c {
+                let o = (indices[at].at() - s) * 4;
                 col.push(u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()));
                 at += 1;
             }
@@ -139,7 +179,7 @@ pub fn read_cache_subset(path: &Path, indices: &[u32]) -> Result<crate::Ratings>
     Ok(crate::Ratings { users, items, values, user_ids, item_ids })
 }
 
-/// A multiplicative hash for the u32 positions of [`split_test_indices`] (they are random
+/// A multiplicative hash for the positions of [`split_test_indices`] (they are random
 /// already; SipHash's protection against chosen keys is not needed, its cost is).
 #[derive(Default)]
 struct MulHash(u64);
@@ -155,6 +195,9 @@ impl Hasher for MulHash {
     }
     fn write_u32(&mut self, x: u32) {
         self.0 = (x as u64 ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (x ^ self.0).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -193,14 +236,8 @@ pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
     let (mut umap, mut imap) = (HashMap::<u64, u32>::new(), HashMap::<u64, u32>::new());
     let (mut user_ids, mut item_ids) = (Vec::<u64>::new(), Vec::<u64>::new());
     let n = parse_ratings(path, |u, i, r| {
-        let du = *umap.entry(u).or_insert_with(|| {
-            user_ids.push(u);
-            (user_ids.len() - 1) as u32
-        });
-        let di = *imap.entry(i).or_insert_with(|| {
-            item_ids.push(i);
-            (item_ids.len() - 1) as u32
-        });
+        let du = crate::data::dense_id(&mut umap, &mut user_ids, u, "user")?;
+        let di = crate::data::dense_id(&mut imap, &mut item_ids, i, "item")?;
         wu.write_all(&du.to_le_bytes()).map_err(|e| MfError::io(&cu, e))?;
         wi.write_all(&di.to_le_bytes()).map_err(|e| MfError::io(&ci, e))?;
         wv.write_all(&r.to_le_bytes()).map_err(|e| MfError::io(&cv, e))
@@ -276,8 +313,10 @@ mod tests {
             for frac in [0.0, 0.1, 0.25, 0.5, 0.6, 0.9, 0.99] {
                 for seed in [0u64, 1, 42] {
                     let (_, test) = r.split(frac, seed).unwrap();
-                    let got = split_test_indices(n, frac, seed).unwrap();
+                    let got = split_test_indices::<u32>(n, frac, seed).unwrap();
                     assert_eq!(got, positions(&r, &test), "n={n} frac={frac} seed={seed}");
+                    let wide = split_test_indices::<u64>(n, frac, seed).unwrap();
+                    assert_eq!(wide, got.iter().map(|&x| x as u64).collect::<Vec<_>>());
                 }
             }
         }
@@ -292,13 +331,43 @@ mod tests {
         let r = Ratings::from_triples(&ids, &ids, &values).unwrap();
         let (_, test) = r.split(0.6, 9).unwrap();
         let want: Vec<u32> = test.values.iter().map(|&v| v as u32).collect();
-        assert_eq!(split_test_indices(n, 0.6, 9).unwrap(), want);
+        assert_eq!(split_test_indices::<u32>(n, 0.6, 9).unwrap(), want);
     }
 
     #[test]
     fn split_indices_reject_a_bad_fraction() {
-        assert!(split_test_indices(10, 1.0, 0).is_err());
-        assert!(split_test_indices(10, -0.1, 0).is_err());
+        assert!(split_test_indices::<u32>(10, 1.0, 0).is_err());
+        assert!(split_test_indices::<u32>(10, -0.1, 0).is_err());
+    }
+
+    #[test]
+    fn split_indices_past_2_pow_32_need_u64() {
+        // 2^32 ratings: positions up to 2^32 − 1 still fit u32; one more does not.
+        assert!(positions_fit_u32(1 << 32) && !positions_fit_u32((1 << 32) + 1));
+        assert!(split_test_indices::<u32>(1 << 32, 0.0, 1).unwrap().is_empty());
+        let e = split_test_indices::<u32>((1 << 32) + 1, 0.0, 1).unwrap_err().to_string();
+        assert!(e.contains("64-bit"), "{e}");
+        assert!(split_test_indices::<u64>((1 << 40) + 3, 0.0, 1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn swap_steps_past_2_pow_32_reach_every_position() {
+        // The multiply-shift reaches 2^32 values only: past it the step draws 64 bits, so
+        // positions above u32::MAX are swapped in (and the split's draw is the shuffle's).
+        let i = (1usize << 40) + 5;
+        let js: Vec<usize> = (0..64).map(|t| Rng::after(7, t).swap_index(i)).collect();
+        assert!(js.iter().all(|&j| j <= i));
+        assert!(js.iter().filter(|&&j| j > u32::MAX as usize).count() > 32);
+        let mut a = Rng::new(3);
+        let mut v: Vec<u32> = (0..50).collect();
+        a.shuffle(&mut v);
+        let mut w: Vec<u32> = (0..50).collect();
+        let mut b = Rng::new(3);
+        for i in (1..50).rev() {
+            let j = b.swap_index(i);
+            w.swap(i, j);
+        }
+        assert_eq!(v, w);
     }
 
     #[test]
@@ -324,9 +393,13 @@ mod tests {
         assert_eq!(sub.users, idx.iter().map(|&x| want.users[x as usize]).collect::<Vec<_>>());
         assert_eq!(sub.items, idx.iter().map(|&x| want.items[x as usize]).collect::<Vec<_>>());
         assert_eq!(sub.values, idx.iter().map(|&x| want.values[x as usize]).collect::<Vec<_>>());
-        assert!(read_cache_subset(&out, &[3, 2]).is_err());
-        assert!(read_cache_subset(&out, &[5000]).is_err());
-        assert_eq!(read_cache_subset(&out, &[]).unwrap().len(), 0);
+        assert!(read_cache_subset(&out, &[3u32, 2]).is_err());
+        assert!(read_cache_subset(&out, &[5000u32]).is_err());
+        assert_eq!(read_cache_subset::<u32>(&out, &[]).unwrap().len(), 0);
+        let wide: Vec<u64> = idx.iter().map(|&x| x as u64).collect();
+        let sub64 = read_cache_subset(&out, &wide).unwrap();
+        assert_eq!((sub64.users, sub64.items, sub64.values), (sub.users.clone(), sub.items.clone(), sub.values.clone()));
+        assert!(read_cache_subset(&out, &[1u64 << 33]).is_err());
         // A cache is itself a rating file for the loaders.
         assert_eq!(read_ratings(&out).unwrap(), want);
         assert_eq!(load(&out, Some(&dir.join("cache"))).unwrap(), want);

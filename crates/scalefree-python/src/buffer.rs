@@ -65,9 +65,9 @@ impl Buf {
     /// The element type for a reduction, or a clear error naming the dtype.
     pub fn reducible(&self, py: Python<'_>, what: &str) -> PyResult<DType> {
         match self.dtype {
-            Some(d) if d != DType::U8 => Ok(d),
-            _ => Err(invalid(py, format!(
-                "{what}: unsupported dtype (buffer format {:?}, {} bytes); reductions support float32, float64, int32, int64",
+            Some(d) => Ok(d),
+            None => Err(invalid(py, format!(
+                "{what}: unsupported dtype (buffer format {:?}, {} bytes); reductions support float32, float64, int32, int64, uint8",
                 self.format, self.itemsize()
             ))),
         }
@@ -100,6 +100,7 @@ fn dtype_of(format: &str, itemsize: usize) -> Option<DType> {
         ("d", 8) => Some(DType::F64),
         ("i" | "l" | "q", 4) => Some(DType::I32),
         ("i" | "l" | "q", 8) => Some(DType::I64),
+        ("B", 1) => Some(DType::U8),
         _ => None,
     }
 }

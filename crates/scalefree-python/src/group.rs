@@ -259,6 +259,13 @@ impl Group {
         self.device.transport_name()
     }
 
+    /// The host index of every rank (ranks of one host share it; numbered in the order of
+    /// their lowest rank).
+    #[getter]
+    fn _hosts(&self) -> Vec<u32> {
+        (0..self.device.size()).map(|r| self.device.host_of(r)).collect()
+    }
+
     /// The UCX transports (`name/device`, e.g. `tcp/eth0`) of the endpoint to `peer`;
     /// empty on shared memory.
     fn _ucx_transports(&self, py: Python<'_>, peer: u32) -> PyResult<Vec<String>> {
@@ -277,13 +284,13 @@ impl Group {
     /// Bytes that peers' writes delivered straight into callers' buffers over TCP lanes
     /// (direct landing of gathered pieces); 0 on shared memory.
     fn _direct_landed_bytes(&self) -> u64 {
-        self.device.net().map_or(0, |n| n.direct_landed_bytes().0)
+        self.device.direct_landing().map_or(0, |d| d.landed_bytes().0)
     }
 
     /// Bytes that peers' writes over TCP lanes reduced straight into callers' buffers as
     /// they arrived (the first peer's reduce-scatter pieces); 0 on shared memory.
     fn _reduced_on_arrival_bytes(&self) -> u64 {
-        self.device.net().map_or(0, |n| n.direct_landed_bytes().1)
+        self.device.direct_landing().map_or(0, |d| d.landed_bytes().1)
     }
 
     #[getter]

@@ -69,13 +69,24 @@ impl PyMfRatings {
         }
         Ok(PyMfRatings { r: Ratings { users, items, values, user_ids, item_ids } })
     }
-    /// The ratings at `indices` (ascending uint32 bytes) of the rating cache `path`, with its
-    /// id maps, read a column chunk at a time (the test set of a streamed split).
+    /// The ratings at `indices` (ascending positions, little-endian words of `itemsize` 4 or
+    /// 8 bytes: what `mf_split_test_indices` returns) of the rating cache `path`, with its id
+    /// maps, read a column chunk at a time (the test set of a streamed split).
     #[staticmethod]
-    fn load_cache_subset(py: Python<'_>, path: PathBuf, indices: &[u8]) -> PyResult<Self> {
-        let idx: Vec<u32> = indices.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-        let r = py.detach(|| scalefree_mf::stream::read_cache_subset(&path, &idx)).map_err(|e| mf_err(py, e))?;
-        Ok(PyMfRatings { r })
+    #[pyo3(signature = (path, indices, itemsize = 4))]
+    fn load_cache_subset(py: Python<'_>, path: PathBuf, indices: &[u8], itemsize: usize) -> PyResult<Self> {
+        let r = match itemsize {
+            4 => {
+                let idx: Vec<u32> = indices.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+                py.detach(|| scalefree_mf::stream::read_cache_subset(&path, &idx))
+            }
+            8 => {
+                let idx: Vec<u64> = indices.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+                py.detach(|| scalefree_mf::stream::read_cache_subset(&path, &idx))
+            }
+            _ => return Err(pyo3::exceptions::PyValueError::new_err(format!("load_cache_subset: itemsize must be 4 or 8, got {itemsize}"))),
+        };
+        Ok(PyMfRatings { r: r.map_err(|e| mf_err(py, e))? })
     }
     fn split(&self, py: Python<'_>, test_fraction: f64, seed: u64) -> PyResult<(Self, Self)> {
         let (a, b) = self.r.split(test_fraction, seed).map_err(|e| mf_err(py, e))?;
@@ -486,12 +497,19 @@ pub fn mf_cache_header(py: Python<'_>, path: PathBuf) -> PyResult<(u64, u64, u64
     Ok((i.ratings, i.users, i.items))
 }
 
-/// The test-set indices (ascending, uint32 bytes) of `MfRatings.split(test_fraction, seed)`
-/// on `n` ratings, in O(test set) memory.
+/// The test-set indices (ascending) of `MfRatings.split(test_fraction, seed)` on `n`
+/// ratings, in O(test set) memory: little-endian uint32 bytes while every position of `n`
+/// ratings fits 32 bits (n ≤ 2^32), uint64 bytes past that.
 #[pyfunction]
 pub fn mf_split_test_indices<'py>(py: Python<'py>, n: usize, test_fraction: f64, seed: u64) -> PyResult<Bound<'py, PyBytes>> {
-    let v = py.detach(|| scalefree_mf::stream::split_test_indices(n, test_fraction, seed)).map_err(|e| mf_err(py, e))?;
-    let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    use scalefree_mf::stream::{positions_fit_u32, split_test_indices};
+    let b: Vec<u8> = if positions_fit_u32(n) {
+        let v = py.detach(|| split_test_indices::<u32>(n, test_fraction, seed)).map_err(|e| mf_err(py, e))?;
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    } else {
+        let v = py.detach(|| split_test_indices::<u64>(n, test_fraction, seed)).map_err(|e| mf_err(py, e))?;
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
     Ok(PyBytes::new(py, &b))
 }
 

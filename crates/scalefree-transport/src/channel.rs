@@ -17,20 +17,16 @@
 //! A notification (`write_notify`'s, or `notify`) is seen by the peer only after the data
 //! of its own write and of every write to that peer that completed before it was issued.
 
-use std::sync::atomic::Ordering;
-
-use crate::backends::shm;
-use crate::backends::ucx::Note;
+use crate::backends::{Note, Request};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::region::{check_range, Region, RemoteRegion};
-use crate::wait;
 
 /// The completion of a one-sided operation.
 #[must_use = "wait on the completion before reusing the buffer"]
 pub struct Completion {
-    /// An operation still in flight over UCX, and the device that drives its progress.
-    pending: Option<(Device, crate::backends::ucx::Request)>,
+    /// An operation still in flight (a backend's request), and the device that drives its progress.
+    pending: Option<(Device, Request)>,
     /// The local region the operation reads or writes, kept alive until it completes.
     keep: Option<Region>,
 }
@@ -45,7 +41,7 @@ impl Completion {
     pub(crate) fn done() -> Self {
         Completion { pending: None, keep: None }
     }
-    fn pending(dev: &Device, r: Option<crate::backends::ucx::Request>, keep: Option<Region>) -> Self {
+    fn pending(dev: &Device, r: Option<Request>, keep: Option<Region>) -> Self {
         match r {
             None => Completion::done(),
             Some(r) => Completion { pending: Some((dev.clone(), r)), keep },
@@ -56,9 +52,7 @@ impl Completion {
         match &self.pending {
             None => true,
             Some((dev, r)) => {
-                if let Some(net) = dev.net() {
-                    net.progress();
-                }
+                dev.backend().progress();
                 r.test()
             }
         }
@@ -77,7 +71,7 @@ impl Completion {
                 if let Some(t) = timeout {
                     policy.timeout = t;
                 }
-                dev.net().expect("a pending completion belongs to a UCX device").wait_request(r, &policy)
+                dev.backend().wait_request(r, &policy)
             }
         }
     }
@@ -93,9 +87,7 @@ impl Drop for Completion {
         // (and the request) until they have (a dropped completion is waited for).
         if let Some((dev, r)) = self.pending.take() {
             if !r.test() {
-                if let Some(net) = dev.net() {
-                    let _ = net.wait_request(&r, dev.policy());
-                }
+                let _ = dev.backend().wait_request(&r, dev.policy());
             }
         }
     }
@@ -154,13 +146,6 @@ impl Channel {
         if value == 0 {
             return Err(Error::InvalidArgument("a notification value must be non-zero".into()));
         }
-        if remote.rkey.is_some() {
-            local.check_range(local_off, n, "write source")?;
-            check_range(remote.len(), remote_off, n, "write target")?;
-            self.check_owner(remote)?;
-            unsafe { self.write_notify_from(local.as_ptr().add(local_off), remote, remote_off, n, slot, value)? };
-            return Ok(Completion::done());
-        }
         local.check_range(local_off, n, "write source")?;
         check_range(remote.len(), remote_off, n, "write target")?;
         self.check_owner(remote)?;
@@ -179,13 +164,9 @@ impl Channel {
             return Ok(Completion::done());
         }
         let src = unsafe { local.as_ptr().add(local_off) };
-        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
-            self.dev.inner.traffic.wrote(self.peer, n);
-            let r = unsafe { net.start_put(src, rk, remote.handle.key, remote_off, n)? };
-            return Ok(Completion::pending(&self.dev, r, Some(local.clone())));
-        }
-        unsafe { self.write_from(src, remote, remote_off, n)? };
-        Ok(Completion::done())
+        self.dev.inner.traffic.wrote(self.peer, n);
+        let r = unsafe { self.dev.backend().start_write(&self.dev, self.peer, src, remote, remote_off, n)? };
+        Ok(Completion::pending(&self.dev, r, Some(local.clone())))
     }
 
     /// Posts a copy of `n` bytes of the peer's `remote[remote_off..]` into
@@ -199,13 +180,9 @@ impl Channel {
             return Ok(Completion::done());
         }
         let dst = unsafe { local.as_ptr().add(local_off) };
-        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
-            self.dev.inner.traffic.read(self.peer, n);
-            let r = unsafe { net.start_get(rk, remote_off, dst, n)? };
-            return Ok(Completion::pending(&self.dev, r, Some(local.clone())));
-        }
-        unsafe { self.read_into(remote, remote_off, dst, n)? };
-        Ok(Completion::done())
+        self.dev.inner.traffic.read(self.peer, n);
+        let r = unsafe { self.dev.backend().start_read(&self.dev, self.peer, remote, remote_off, dst, n)? };
+        Ok(Completion::pending(&self.dev, r, Some(local.clone())))
     }
 
     /// [`Channel::start_write`], then notification `value` (non-zero) in the peer's `slot`:
@@ -237,18 +214,9 @@ impl Channel {
     }
 
     fn raw_notify(&self, slot: usize, value: u32) -> Result<()> {
-        if let Some(net) = self.dev.net().filter(|_| !self.dev.is_local(self.peer)) {
-            return net.notify(self.peer, slot as u32, value, self.dev.policy());
-        }
-        wait::publish(self.dev.slot_of(self.peer, slot), self.dev.waiters_of(self.peer), value);
-        Ok(())
+        self.dev.backend().notify(&self.dev, self.peer, slot as u32, value)
     }
 
-    /// Raw `write_notify` for collectives: data and notification `value` (raising `slot`,
-    /// sequence-ordered) arrive together; the peer sees the data first.
-    ///
-    /// # Safety
-    /// `src..src+n` must be readable.
     /// [`Channel::write_notify_from`] that returns at once: `src` must stay untouched until
     /// the completion is done (on shared memory it already is).
     ///
@@ -256,14 +224,9 @@ impl Channel {
     /// `src..src+n` must stay readable until the completion is done.
     pub unsafe fn start_write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<Completion> {
         Device::check_slot(slot)?;
-        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
-            check_range(remote.len(), remote_off, n, "write target")?;
-            self.dev.inner.traffic.wrote(self.peer, n);
-            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value))? };
-            return Ok(Completion::pending(&self.dev, r, None));
-        }
-        unsafe { self.write_notify_from(src, remote, remote_off, n, slot, value)? };
-        Ok(Completion::done())
+        self.dev.inner.traffic.wrote(self.peer, n);
+        let r = unsafe { self.dev.backend().start_write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Slot(slot as u32, value))? };
+        Ok(Completion::pending(&self.dev, r, None))
     }
 
     /// Writes `n` bytes from `src` into the peer's `remote[remote_off..]`, then raises the
@@ -279,18 +242,12 @@ impl Channel {
         if !word_off.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!("notification word offset {word_off} is not 4-byte aligned")));
         }
-        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
-            self.dev.inner.traffic.wrote(self.peer, n);
-            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Word(word_off as u64, value))? };
-            return Ok(Completion::pending(&self.dev, r, None));
+        if remote.rkey.is_none() && remote.mapped_ptr().is_none() {
+            return Err(Error::Unsupported("start_write_raise needs a mapped or keyed region".into()));
         }
-        let Some(base) = remote.mapped_ptr() else {
-            return Err(Error::Unsupported("start_write_raise needs a mapped or UCX region".into()));
-        };
         self.dev.inner.traffic.wrote(self.peer, n);
-        unsafe { self.raw_write(src, remote, remote_off, n)? };
-        wait::raise(unsafe { &*(base.add(word_off) as *const std::sync::atomic::AtomicU32) }, value);
-        Ok(Completion::done())
+        let r = unsafe { self.dev.backend().start_write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Word(word_off as u64, value))? };
+        Ok(Completion::pending(&self.dev, r, None))
     }
 
     /// Writes `n` bytes from `src` into `remote` at `remote_off`, then raises notification
@@ -299,14 +256,8 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable for the call.
     pub unsafe fn write_notify_from(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, slot: usize, value: u32) -> Result<()> {
-        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
-            check_range(remote.len(), remote_off, n, "write target")?;
-            self.dev.inner.traffic.wrote(self.peer, n);
-            return unsafe { net.write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Slot(slot as u32, value), self.dev.policy()) };
-        }
         self.dev.inner.traffic.wrote(self.peer, n);
-        unsafe { self.raw_write(src, remote, remote_off, n)? };
-        self.raw_notify(slot, value)
+        unsafe { self.dev.backend().write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Slot(slot as u32, value)) }
     }
 
     /// Raw write for collectives: no bounds checks beyond the remote region's.
@@ -318,24 +269,7 @@ impl Channel {
             return Ok(());
         }
         self.dev.inner.traffic.wrote(self.peer, n);
-        unsafe { self.raw_write(src, remote, remote_off, n) }
-    }
-
-    /// [`Channel::write_from`] without counting it (the caller counted the operation).
-    unsafe fn raw_write(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
-            return unsafe { net.put(src, rk, remote_off, n, self.dev.policy()) };
-        }
-        match remote.mapped_ptr() {
-            Some(p) => unsafe { std::ptr::copy_nonoverlapping(src, p.add(remote_off), n) },
-            None => shm::cma_write(remote.handle.pid, remote.handle.addr as usize + remote_off, src, n)
-                .map_err(|e| self.dev.peer_error(self.peer, "process_vm_writev", e))?,
-        }
-        std::sync::atomic::fence(Ordering::Release);
-        Ok(())
+        unsafe { self.dev.backend().write(&self.dev, self.peer, src, remote, remote_off, n) }
     }
 
     /// Mesh post (see [`crate::mesh::Mesh::post`]) to this channel's peer: `n` bytes from
@@ -346,22 +280,25 @@ impl Channel {
     /// # Safety
     /// `src..src+n` must be readable; `remote` must be a mesh region.
     pub unsafe fn write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<()> {
+        unsafe { self.start_write_post(src, remote, remote_off, n, word_off, value)? }.wait()
+    }
+
+    /// [`Channel::write_post`] that returns at once: `src` must stay untouched until the
+    /// completion is done (to a mapped peer it already is). Testing the completion never
+    /// fails because some other peer is lost (for collectives that survive losses).
+    ///
+    /// # Safety
+    /// `src..src+n` must stay readable until the completion is done; `remote` must be a
+    /// mesh region.
+    pub unsafe fn start_write_post(&self, src: *const u8, remote: &RemoteRegion, remote_off: usize, n: usize, word_off: usize, value: u64) -> Result<Completion> {
         check_range(remote.len(), remote_off, n, "write target")?;
         check_range(remote.len(), word_off, 8, "posted word")?;
         if remote.len() < crate::mesh::MESH_HEADER || !word_off.is_multiple_of(8) {
             return Err(Error::InvalidArgument("a post goes to an aligned word of a mesh region".into()));
         }
         self.dev.inner.traffic.wrote(self.peer, n);
-        if let (Some(net), Some(_)) = (self.dev.net(), &remote.rkey) {
-            let r = unsafe { net.start_write_notify(self.peer, src, n, remote.handle.key, remote_off, Note::Post(word_off as u64, value))? };
-            return match r {
-                None => Ok(()),
-                Some(r) => net.wait_request(&r, self.dev.policy()),
-            };
-        }
-        let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported("mesh post to a peer whose region is not mapped".into()))?;
-        unsafe { crate::mesh::post_mapped(p, remote_off, src, n, word_off, value) };
-        Ok(())
+        let r = unsafe { self.dev.backend().start_write_notify(&self.dev, self.peer, src, remote, remote_off, n, Note::Post(word_off as u64, value))? };
+        Ok(Completion::pending(&self.dev, r, None))
     }
 
     /// Raw read for collectives.
@@ -373,15 +310,6 @@ impl Channel {
             return Ok(());
         }
         self.dev.inner.traffic.read(self.peer, n);
-        if let (Some(net), Some(rk)) = (self.dev.net(), &remote.rkey) {
-            return unsafe { net.get(rk, remote_off, dst, n, self.dev.policy()) };
-        }
-        std::sync::atomic::fence(Ordering::Acquire);
-        match remote.mapped_ptr() {
-            Some(p) => unsafe { std::ptr::copy_nonoverlapping(p.add(remote_off), dst, n) },
-            None => shm::cma_read(remote.handle.pid, remote.handle.addr as usize + remote_off, dst, n)
-                .map_err(|e| self.dev.peer_error(self.peer, "process_vm_readv", e))?,
-        }
-        Ok(())
+        unsafe { self.dev.backend().read(&self.dev, self.peer, remote, remote_off, dst, n) }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backends::shm::{self, Mapping, PidWatch};
-use crate::backends::ucx;
+use crate::backends::{ucx, Backend, DirectLanding, Window};
 use crate::bootstrap::rendezvous::Rendezvous;
 use crate::bootstrap::JobInfo;
 use crate::channel::Channel;
@@ -89,9 +89,9 @@ pub(crate) struct PeerInfo {
 }
 
 pub(crate) struct DeviceInner {
-    /// The UCX endpoints when peers are reached over UCX (dropped first: it stops the
-    /// progress thread, which writes into our control segment).
-    pub(crate) net: Option<ucx::Net>,
+    /// How bytes reach peers: [`shm::Shm`] or [`ucx::Ucx`] (dropped first: UCX's progress
+    /// thread writes into our control segment).
+    pub(crate) backend: Box<dyn Backend>,
     /// Host index of every rank.
     hosts: Vec<u32>,
     /// Remote keys of peers' UCX regions seen in `exchange_regions`, for `attach`.
@@ -212,7 +212,7 @@ impl Device {
         let job_size = job.size as usize;
         Ok(Device {
             inner: Arc::new(DeviceInner {
-                net: None,
+                backend: Box::new(shm::Shm),
                 hosts: vec![0; job.size as usize],
                 rkeys: Mutex::new(HashMap::new()),
                 job,
@@ -295,7 +295,7 @@ impl Device {
         let job_size = job.size as usize;
         Ok(Device {
             inner: Arc::new(DeviceInner {
-                net: Some(net),
+                backend: Box::new(ucx::Ucx { net }),
                 hosts,
                 rkeys: Mutex::new(HashMap::new()),
                 job,
@@ -323,39 +323,51 @@ impl Device {
         self.inner.peers[rank as usize].ctrl.is_some()
     }
 
-    /// The UCX endpoints, when peers are reached over UCX.
-    pub fn net(&self) -> Option<&ucx::Net> {
-        self.inner.net.as_ref()
+    /// The backend that carries this device's traffic.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.inner.backend
     }
 
-    /// Direct landing over TCP lanes (see [`ucx::Net::set_direct`]): until
-    /// [`Device::clear_direct`], lane writes into `region` that fall whole inside a window
-    /// are received straight into its `dst` (copied, or reduced into it), and store their
-    /// note's value `flag_delta` bytes after their note word. False (nothing set) without UCX.
+    /// The UCX endpoints, when this device's backend is UCX: for UCX-specific diagnostics
+    /// (its transports, lanes). Everything else goes through [`Device::backend`].
+    pub fn net(&self) -> Option<&ucx::Net> {
+        self.inner.backend.as_any().downcast_ref::<ucx::Ucx>().map(|u| &u.net)
+    }
+
+    /// The backend's direct-landing capability, if it has one.
+    pub fn direct_landing(&self) -> Option<&dyn DirectLanding> {
+        self.inner.backend.direct_landing()
+    }
+
+    /// Direct landing (see [`DirectLanding::set`]): until [`Device::clear_direct`], writes
+    /// into `region` that arrive through this rank's own reader and fall whole inside a
+    /// window are received straight into its `dst` (copied, or reduced into it), and store
+    /// their note's value `flag_delta` bytes after their note word. False (nothing set)
+    /// when the backend cannot.
     ///
     /// # Safety
     /// Every window's `dst..dst+len` must stay valid, and untouched by anyone else, until
     /// `clear_direct` returns.
-    pub unsafe fn set_direct(&self, region: &Region, windows: &[ucx::Window], flag_delta: usize) -> bool {
-        match &self.inner.net {
-            Some(net) => {
-                unsafe { net.set_direct(region.handle().key, windows, flag_delta) };
+    pub unsafe fn set_direct(&self, region: &Region, windows: &[Window], flag_delta: usize) -> bool {
+        match self.direct_landing() {
+            Some(d) => {
+                unsafe { d.set(region.handle().key, windows, flag_delta) };
                 true
             }
             None => false,
         }
     }
 
-    /// Ends direct landing: once it returns, no lane writes into a window any more.
+    /// Ends direct landing: once it returns, no arriving write touches a window any more.
     pub fn clear_direct(&self) {
-        if let Some(net) = &self.inner.net {
-            net.clear_direct(self.inner.policy.timeout);
+        if let Some(d) = self.direct_landing() {
+            d.clear(self.inner.policy.timeout);
         }
     }
 
     /// `"shm"` or `"ucx"`: the backend that carries this device's traffic.
     pub fn transport_name(&self) -> &'static str {
-        if self.inner.net.is_some() { "ucx" } else { "shm" }
+        self.inner.backend.name()
     }
 
     /// A device from the launcher's environment (`scalefree run`, mpirun, srun, torchrun).
@@ -405,16 +417,12 @@ impl Device {
     /// Errors with [`Error::PeerLost`] if any peer process has exited (no interrupt check:
     /// for background threads).
     pub fn check_alive(&self) -> Result<()> {
-        if let Some(net) = &self.inner.net {
-            net.check_alive()?;
-        }
+        self.inner.backend.check_alive()?;
         for (r, p) in self.inner.peers.iter().enumerate() {
             if let Some(w) = &p.watch {
                 if !w.alive() {
-                    if let Some(net) = &self.inner.net {
-                        // Ranks on other hosts hear it from here (and report it first).
-                        net.note_lost(r as u32, format!("the process (pid {}) exited", p.pid));
-                    }
+                    // Ranks on other hosts hear it from here (and report it first).
+                    self.inner.backend.note_lost(r as u32, format!("the process (pid {}) exited", p.pid));
                     return Err(Error::PeerLost {
                         rank: r as u32,
                         pid: p.pid,
@@ -426,11 +434,13 @@ impl Device {
         Ok(())
     }
 
-    /// Whether the process of `rank` (on this host) is still running; true for this rank
-    /// and for ranks whose liveness this device does not watch. For callers that survive
-    /// a peer's death (replicated collectives), unlike [`Device::check_alive`].
+    /// Whether the process of `rank` is still running: on this host, its process is; on
+    /// another, UCX has not found it lost (see [`ucx::Net::is_lost`]). True for this rank.
+    /// For callers that survive a peer's death (replicated collectives), unlike
+    /// [`Device::check_alive`].
     pub fn rank_alive(&self, rank: u32) -> bool {
         self.inner.peers.get(rank as usize).and_then(|p| p.watch.as_ref()).is_none_or(|w| w.alive())
+            && (rank == self.rank() || !self.backend().is_lost(rank))
     }
 
     /// Turns an OS error from touching `rank`'s memory into `PeerLost` when it is gone.
@@ -458,10 +468,7 @@ impl Device {
         let key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
         let fd = shm::create_memfd(&format!("r{}-{key:016x}", self.rank()), nbytes)?;
         let map = if sparse { shm::map_sparse(fd.as_raw_fd(), nbytes)? } else { shm::map_shared(fd.as_raw_fd(), nbytes, true)? };
-        let reg = match &self.inner.net {
-            Some(net) => Some(net.register(map.as_ptr(), nbytes, key)?),
-            None => None,
-        };
+        let reg = self.inner.backend.register(map.as_ptr(), nbytes, key)?;
         let handle = RegionHandle {
             owner: self.rank(),
             pid: std::process::id(),
@@ -499,13 +506,12 @@ impl Device {
     /// `ptr..ptr+len` must stay valid while the region (or a peer's use of its handle) lives.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region> {
         let mut handle = self.process_handle(ptr, len);
-        let reg = match &self.inner.net {
-            Some(net) => {
-                handle.key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
-                handle.kind = RegionKind::Ucx;
-                Some(net.register(ptr, len, handle.key)?)
-            }
-            None => None,
+        let reg = if self.inner.backend.keyed() {
+            handle.key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
+            handle.kind = RegionKind::Ucx;
+            self.inner.backend.register(ptr, len, handle.key)?
+        } else {
+            None
         };
         Ok(Region { inner: Arc::new(RegionInner { reg, backing: Backing::Process { ptr }, handle }) })
     }
@@ -589,7 +595,7 @@ impl Device {
         }
         let h = RegionHandle::from_bytes(&bytes[..RegionHandle::BYTES])?;
         let rkey = &bytes[RegionHandle::BYTES..];
-        if let (Some(net), RegionKind::Ucx) = (&self.inner.net, h.kind) {
+        if let (true, RegionKind::Ucx) = (self.inner.backend.keyed(), h.kind) {
             if h.owner < self.size() && !self.is_local(h.owner) {
                 if h.pid != self.pid_of(h.owner) && self.pid_of(h.owner) != 0 {
                     return Err(Error::InvalidArgument(format!(
@@ -599,7 +605,7 @@ impl Device {
                 if rkey.is_empty() {
                     return self.attach(&h);
                 }
-                let rk = net.remote_key(h.owner, h.addr, rkey)?;
+                let rk = self.inner.backend.remote_key(h.owner, h.addr, rkey)?;
                 let mut cache = self.inner.rkeys.lock().unwrap();
                 cache.retain(|_, w| w.strong_count() > 0);
                 cache.insert((h.owner, h.key), Arc::downgrade(&rk));
@@ -627,7 +633,7 @@ impl Device {
     /// Descriptors travel over the bootstrap socket, so this works without `/proc` access.
     pub fn exchange_regions(&self, region: &Region) -> Result<Vec<RemoteRegion>> {
         let h = region.handle();
-        if let Some(net) = &self.inner.net {
+        if self.inner.backend.keyed() {
             // Handle and packed remote key travel together.
             let Some(reg) = &region.inner.reg else {
                 return Err(Error::InvalidArgument("exchange_regions needs a region of this device".into()));
@@ -657,7 +663,7 @@ impl Device {
                     out.push(RemoteRegion { handle: ph, map: Some(m), rkey: None });
                     continue;
                 }
-                let rk = net.remote_key(ph.owner, ph.addr, &b[RegionHandle::BYTES..])?;
+                let rk = self.inner.backend.remote_key(ph.owner, ph.addr, &b[RegionHandle::BYTES..])?;
                 let mut cache = self.inner.rkeys.lock().unwrap();
                 cache.retain(|_, w| w.strong_count() > 0);
                 cache.insert((ph.owner, ph.key), Arc::downgrade(&rk));
@@ -690,7 +696,7 @@ impl Device {
     /// allocated from it are addressable by all ranks without copies. Keep the returned
     /// remote regions alive as long as peers' arena buffers may be used.
     pub fn create_arena(&self, opts: &crate::arena::ArenaOptions) -> Result<(Arc<crate::arena::Arena>, Vec<RemoteRegion>)> {
-        if self.inner.net.is_some() {
+        if self.inner.backend.keyed() {
             return Err(Error::Unsupported("the registered arena is for shared memory; over UCX buffers are staged".into()));
         }
         // Every rank learns whether every rank could reserve its arena, so that a failure on
@@ -760,9 +766,7 @@ impl Device {
     /// Consumes and returns the notification in `slot`, if there is one.
     pub fn test(&self, slot: usize) -> Result<Option<u32>> {
         Self::check_slot(slot)?;
-        if let Some(net) = &self.inner.net {
-            net.progress();
-        }
+        self.inner.backend.progress();
         let v = self.slot_of(self.rank(), slot).swap(0, Ordering::AcqRel);
         Ok((v != 0).then_some(v))
     }
@@ -790,10 +794,12 @@ impl Device {
         ready: impl FnMut(u32) -> bool,
         what: &dyn Fn() -> String,
     ) -> Result<u32> {
-        match &self.inner.net {
-            Some(net) if net.reads_own_from(peer) => net.wait_reading(word, ready, &self.inner.policy, what, &|| self.check_peers()),
-            _ => self.wait_word(word, waiters, ready, what),
+        let b = &*self.inner.backend;
+        if b.reads_own_from(peer) {
+            let mut ready = ready;
+            return b.wait_reading(word, &mut ready, &self.inner.policy, what, &|| self.check_peers());
         }
+        self.wait_word(word, waiters, ready, what)
     }
 
     /// Waits on a word of this host with `policy`: over UCX, spinning drives the worker's
@@ -806,16 +812,17 @@ impl Device {
         policy: &WaitPolicy,
         what: &dyn Fn() -> String,
     ) -> Result<u32> {
-        match &self.inner.net {
-            None => wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers()),
-            Some(net) => wait::wait_until_hooked(word, waiters, |v| {
-                if ready(v) {
-                    return true;
-                }
-                net.progress();
-                ready(word.load(Ordering::Acquire))
-            }, policy, what, &|| self.check_peers(), net.spin_hook()),
+        let b = &*self.inner.backend;
+        if !b.drives_progress() {
+            return wait::wait_until(word, waiters, ready, policy, what, &|| self.check_peers());
         }
+        wait::wait_until_hooked(word, waiters, |v| {
+            if ready(v) {
+                return true;
+            }
+            b.progress();
+            ready(word.load(Ordering::Acquire))
+        }, policy, what, &|| self.check_peers(), b.spin_hook())
     }
 
     /// This rank's notification slot `slot` (a word that peers' notifications raise).

@@ -5,7 +5,8 @@
 //! * [`Region`] / [`RegionHandle`] / [`RemoteRegion`] — registered memory and how peers name it.
 //! * [`Channel`] — `write`, `read`, `write_notify` to one peer, returning a [`Completion`].
 //!
-//! Backends: `shm` (one host: memfd regions, cross-memory attach). Bootstrap reads the
+//! Backends implement [`Backend`]: `shm` (one host: memfd regions, cross-memory attach) and
+//! `ucx` (several hosts); capabilities such as [`DirectLanding`] are optional. Bootstrap reads the
 //! launcher's environment and assembles the ranks of a job.
 
 pub mod arena;
@@ -23,6 +24,7 @@ pub mod wait;
 
 pub use bootstrap::{JobInfo, Launcher};
 pub use arena::{Arena, ArenaOptions, Block};
+pub use backends::{Backend, DirectLanding, Reducer, Window};
 pub use channel::{Channel, Completion};
 pub use device::{Device, DeviceOptions, Transport, NOTIFY_SLOTS};
 pub use error::{Error, Result};

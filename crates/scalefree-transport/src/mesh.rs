@@ -183,15 +183,14 @@ impl Mesh {
                 return true;
             }
             // Over the network, a waiter that spins runs arrived messages itself.
-            match self.dev.net() {
-                Some(net) if eager => {
-                    net.progress();
-                    bell.load(Ordering::Acquire) != seen
-                }
-                _ => false,
+            let backend = self.dev.backend();
+            if eager && backend.drives_progress() {
+                backend.progress();
+                return bell.load(Ordering::Acquire) != seen;
             }
+            false
         };
-        let hook = self.dev.net().filter(|_| eager).and_then(|n| n.spin_hook());
+        let hook = if eager { self.dev.backend().spin_hook() } else { None };
         wait::wait_until_hooked(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
             extra()?;
             if interruptible {

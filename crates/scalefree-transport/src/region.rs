@@ -83,8 +83,8 @@ pub(crate) enum Backing {
 }
 
 pub(crate) struct RegionInner {
-    /// UCX registration (dropped before the memory it covers).
-    pub(crate) reg: Option<crate::backends::ucx::Registration>,
+    /// The backend's registration, when it reaches memory by key (dropped before the memory it covers).
+    pub(crate) reg: Option<crate::backends::Registration>,
     pub(crate) backing: Backing,
     pub(crate) handle: RegionHandle,
 }
@@ -165,8 +165,8 @@ pub(crate) fn check_range(len: usize, off: usize, n: usize, what: &str) -> Resul
 pub struct RemoteRegion {
     pub handle: RegionHandle,
     pub(crate) map: Option<Arc<Mapping>>,
-    /// The unpacked remote key, for a peer's region reached over UCX.
-    pub(crate) rkey: Option<Arc<crate::backends::ucx::RemoteKey>>,
+    /// The unpacked remote key, for a peer's region reached by key (over the network).
+    pub(crate) rkey: Option<Arc<crate::backends::RemoteKey>>,
 }
 
 impl std::fmt::Debug for RemoteRegion {

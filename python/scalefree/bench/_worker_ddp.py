@@ -5,6 +5,14 @@ Loads its share of the inputs from the .npy file the bench wrote (load time repo
 ``--warmup`` untimed and ``--steps`` timed steps (forward, backward with DDP's bucketed
 allreduce, SGD step), optionally sleeping a seeded-random straggler delay before each step,
 and writes ``rank{R}.json`` to ``--out-dir``: per-step seconds, losses, peak RSS.
+
+``--model embedding``: an ``nn.Embedding(ROWS, DIM)`` and a linear head regressing a target
+per looked-up row; each step's batch is a set of distinct row ids from the file (the data
+file holds ids, the labels file targets). Hook ``none`` keeps the table dense (DDP's dense
+gradient allreduce); hook ``sparse`` makes it ``sparse=True``: on gloo DDP's own sparse
+allreduce, on scalefree :func:`scalefree.torch.hooks.sparse_hook`. Every gradient exchange
+is timed per step (first bucket handed to the hook to the last bucket's result, through a
+wrapper around the hook: torch's ``allreduce_hook``, DDP's default, when there is none).
 """
 
 from __future__ import annotations
@@ -31,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--out-dir", type=Path, required=True)
+    p.add_argument("--model", choices=("mlp", "embedding"), default="mlp")
+    p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
+                   help="fsdp: FSDP2's fully_shard on every Linear and the model (MLP only)")
+    p.add_argument("--emb-rows", type=int, default=10_000_000)
+    p.add_argument("--emb-dim", type=int, default=64)
     args = p.parse_args(argv)
 
     import numpy as np
@@ -56,21 +69,50 @@ def main(argv: list[str] | None = None) -> int:
     total = args.warmup + args.steps
     rows = slice(rank * total * args.batch, (rank + 1) * total * args.batch)
     x_mine = torch.from_numpy(np.ascontiguousarray(x_all[rows]))
-    y_mine = torch.from_numpy(np.ascontiguousarray(y_all[rows]).astype(np.int64))
+    y_mine = torch.from_numpy(np.ascontiguousarray(y_all[rows]).astype(np.float32 if args.model == "embedding"
+                                                                          else np.int64))
     load_s = time.perf_counter() - t0
 
-    widths = [int(w) for w in args.widths.split(",")]
     torch.manual_seed(args.seed)
-    layers = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
-    hook_state = None
-    if args.hook != "none":
-        from scalefree.torch import hooks
+    exchange = None
+    if args.model == "embedding":
+        sparse = args.hook == "sparse"
+        model = nn.Sequential(nn.Embedding(args.emb_rows, args.emb_dim, sparse=sparse), nn.Linear(args.emb_dim, 1))
+        # The dense peer at its best: gradients are views of DDP's buckets (no copy into them).
+        ddp = DDP(model, bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=not sparse)
+        exchange = _ExchangeTimer()
+        hook_state = None
+        if args.backend == "scalefree" and sparse:
+            from scalefree.torch import hooks
 
-        hook_state = hooks.register(ddp, args.hook)
+            hook_state = hooks.sparse()
+            exchange.wrap(ddp, hook_state, hooks.sparse_hook)
+        else:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            exchange.wrap(ddp, None, allreduce_hook)
+    else:
+        widths = [int(w) for w in args.widths.split(",")]
+        layers = []
+        for a, b in zip(widths[:-1], widths[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        model = nn.Sequential(*layers[:-1])
+        if args.wrap == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (size,))
+            for m in model:
+                if isinstance(m, nn.Linear):
+                    fully_shard(m, mesh=mesh)
+            ddp = fully_shard(model, mesh=mesh)
+        else:
+            ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+        hook_state = None
+        if args.hook != "none":
+            from scalefree.torch import hooks
+
+            hook_state = hooks.register(ddp, args.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     sched = StragglerSchedule(args.delay_ms, args.seed, size) if args.delay_ms > 0 else None
     times, losses = [], []
@@ -87,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         xb = x_mine[step * args.batch:(step + 1) * args.batch]
         yb = y_mine[step * args.batch:(step + 1) * args.batch]
         opt.zero_grad(set_to_none=False)
-        loss = nn.functional.cross_entropy(ddp(xb), yb)
+        loss = _loss(nn, ddp, xb, yb, args.model)
         loss.backward()
         opt.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - t)
-            losses.append(float(loss))
+            losses.append(loss.item())
+            if exchange is not None:
+                exchange.end_step()
+        elif exchange is not None:
+            exchange.reset()
     wall_s = time.perf_counter() - wall0
     if hook_state is not None and hasattr(hook_state, "finish"):
         hook_state.finish()  # collective: deliver the contributions still in flight
@@ -100,15 +146,62 @@ def main(argv: list[str] | None = None) -> int:
     held = slice(size * total * args.batch, size * total * args.batch + 4 * args.batch)
     with torch.no_grad():
         xh = torch.from_numpy(np.ascontiguousarray(x_all[held]))
-        yh = torch.from_numpy(np.ascontiguousarray(y_all[held]).astype(np.int64))
-        heldout = float(nn.functional.cross_entropy(model(xh), yh)) if len(xh) else float("nan")
+        yh = torch.from_numpy(np.ascontiguousarray(y_all[held]).astype(y_mine.numpy().dtype))
+        heldout = float(_loss(nn, ddp if args.wrap == "fsdp" else model, xh, yh, args.model)) if len(xh) else float("nan")
     dist.barrier()
     dist.destroy_process_group()
     doc = {"rank": rank, "size": size, "backend": args.backend, "hook": args.hook, "init_s": init_s,
            "load_s": load_s, "times_s": times, "losses": losses, "wall_s": wall_s, "heldout_loss": heldout,
-           "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters())}
+           "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters()),  # global sizes (DTensor too)
+           "exchange_s": exchange.per_step if exchange is not None else []}
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(doc))
     return 0
+
+
+def _loss(nn, model, xb, yb, kind: str):
+    if kind == "embedding":  # xb: row ids, yb: a target per id
+        return nn.functional.mse_loss(model(xb.reshape(-1)).reshape(-1), yb.reshape(-1))
+    return nn.functional.cross_entropy(model(xb), yb)
+
+
+class _ExchangeTimer:
+    """Wraps a DDP comm hook and keeps, per step, the wall time from the first bucket handed
+    to the hook to the last bucket's result."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self._start = self._end = None
+        self.per_step: list[float] = []
+
+    def wrap(self, ddp, state, hook) -> None:
+        def timed(st, bucket):
+            t0 = time.perf_counter()
+            with self._lock:
+                if self._start is None:
+                    self._start = t0
+            fut = hook(st, bucket)
+
+            def done(f):
+                t1 = time.perf_counter()
+                with self._lock:
+                    self._end = t1 if self._end is None else max(self._end, t1)
+                return f.value()
+
+            return fut.then(done)
+
+        ddp.register_comm_hook(state, timed)
+
+    def end_step(self) -> None:
+        with self._lock:
+            if self._start is not None and self._end is not None:
+                self.per_step.append(self._end - self._start)
+            self._start = self._end = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._start = self._end = None
 
 
 if __name__ == "__main__":

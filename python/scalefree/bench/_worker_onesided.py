@@ -8,7 +8,11 @@ notification once it has seen it, so every round's time covers the data landing:
 * ``posted``: ``window`` ``start_write`` calls outstanding at once, then all waited for;
 * with ``--compute-ms``, also ``blocking+compute`` (the blocking writes, then a fixed amount
   of numpy work calibrated to about that long) and ``posted+compute`` (post the writes, do
-  the same work, then wait for them): what posting buys when the caller has work to do.
+  the same work, then wait for them): what posting buys when the caller has work to do;
+* ``raw-tcp``: the wire floor in the same run: the same bytes per round over one plain TCP
+  socket between the two ranks (``sendall`` of each block, the receiver reads them all and
+  answers with one byte), and ``raw-tcp-x{window}`` over ``window`` sockets at once (one
+  sender thread each): what the link between the hosts carries without scalefree.
 
 Writes one JSON object to ``--out`` (rank 0)."""
 
@@ -58,6 +62,27 @@ def main(argv: list[str] | None = None) -> int:
         for c in done:
             c.wait()
 
+    socks = _raw_sockets(g, w)
+    buf = np.frombuffer(src, np.uint8)
+    sink = np.empty(n * w, np.uint8)
+
+    def raw_tcp():
+        if g.rank == 0:
+            for i in range(w):
+                socks[0].sendall(buf[i * n:(i + 1) * n])
+        else:
+            _recv_all(socks[0], sink)
+        _ack(socks[0], g.rank)
+
+    pool = __import__("concurrent.futures").futures.ThreadPoolExecutor(w)
+
+    def raw_tcp_parallel():
+        if g.rank == 0:
+            list(pool.map(lambda i: socks[i].sendall(buf[i * n:(i + 1) * n]), range(w)))
+        else:
+            list(pool.map(lambda i: _recv_all(socks[i], sink[i * n:(i + 1) * n]), range(w)))
+        _ack(socks[0], g.rank)
+
     work = np.ones(1 << 20, np.float64)
     reps = 0
     if args.compute_ms > 0:
@@ -106,6 +131,18 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(time.perf_counter() - t)
             if rep == 1:
                 out["modes"][name] = times
+        for name, fn in [("raw-tcp", raw_tcp), (f"raw-tcp-x{w}", raw_tcp_parallel)]:
+            times = []
+            for _ in range(args.rounds):
+                g.barrier()
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            if rep == 1:
+                out["modes"][name] = times
+    pool.shutdown()
+    for s in socks:
+        s.close()
     if g.rank == 1:
         assert (np.frombuffer(dst, np.uint8) == 7).all(), "the written bytes did not land"
     from scalefree._rss import peak_rss_bytes
@@ -115,6 +152,59 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as f:
             json.dump(out, f)
     return 0
+
+
+def _raw_sockets(g, k: int) -> list:
+    """``k`` plain TCP connections between the two ranks (rank 0 listens on its host's
+    address, the rendezvous address; rank 1 connects), with Nagle off."""
+    import os
+    import socket
+
+    port = np.zeros(1, np.int64)
+    if g.rank == 0:
+        lst = socket.create_server(("0.0.0.0", 0))
+        port[0] = lst.getsockname()[1]
+    port = int(g.allreduce(port, op="max")[0])
+    if g.rank == 0:
+        socks = [lst.accept()[0] for _ in range(k)]
+        lst.close()
+        # Accepted in arrival order: the peer sends each socket's index first.
+        order = [int.from_bytes(_recv_exact(s, 4), "little") for s in socks]
+        socks = [s for _, s in sorted(zip(order, socks))]
+    else:
+        socks = []
+        for i in range(k):
+            s = socket.create_connection((os.environ["SCALEFREE_MASTER_ADDR"], port), timeout=60)
+            s.sendall(i.to_bytes(4, "little"))
+            socks.append(s)
+    for s in socks:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(120)
+    return socks
+
+
+def _recv_exact(s, n: int) -> bytes:
+    b = bytearray(n)
+    _recv_all(s, np.frombuffer(b, np.uint8))
+    return bytes(b)
+
+
+def _recv_all(s, out) -> None:
+    view = memoryview(out).cast("B")
+    got = 0
+    while got < len(view):
+        k = s.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the peer closed the raw TCP socket")
+        got += k
+
+
+def _ack(s, rank: int) -> None:
+    """The receiver answers the round with one byte; the sender waits for it."""
+    if rank == 0:
+        _recv_exact(s, 1)
+    else:
+        s.sendall(b"k")
 
 
 if __name__ == "__main__":

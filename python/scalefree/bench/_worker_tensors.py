@@ -1,6 +1,8 @@
 """Both ranks of one ``scalefree bench tensors`` implementation: ping-pong of a preallocated
 buffer between rank 0 and rank 1 (one-way time = round trip / 2), or, for gRPC, a call
-carrying the buffer with an empty reply. Rank 0 writes ``<out>`` (JSON: size -> times)."""
+carrying the buffer with an empty reply. Rank 0 writes ``<out>`` (JSON: size -> times, or for
+ours size -> {times, peak_rss_bytes per rank}; ours check every byte received in one more,
+untimed, round trip)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ def _time(fn, reps: int, warmup: int = 3) -> list[float]:
 def run_scalefree(args, sizes):
     import scalefree
     from scalefree import tensors
+    from scalefree._rss import peak_rss_bytes
+
+    from .common import first_mismatch
 
     g = scalefree.init()
     me = g.rank
@@ -43,15 +48,16 @@ def run_scalefree(args, sizes):
         if args.impl == "static":
             slots = tensors.static_slots(g, [dict(name="ping", src=0, dst=1, shape=(n,), dtype="uint8"),
                                              dict(name="pong", src=1, dst=0, shape=(n,), dtype="uint8")])
-            src = np.full(n, 7, np.uint8)
+            src = np.full(n, 7, np.uint8) if me == 0 else None  # rank 1 sends back what it got
             if me == 0:
                 def rt():
                     slots["ping"].send(src)
-                    slots["pong"].recv()
+                    return slots["pong"].recv()
             else:
                 def rt():
                     a = slots["ping"].recv()
                     slots["pong"].send(a)
+                    return a
         else:
             chans = tensors.dynamic_channels(g, [(0, 1), (1, 0)])
             if args.impl == "copy":
@@ -64,17 +70,26 @@ def run_scalefree(args, sizes):
             if me == 0:
                 def rt():
                     chans[(0, 1)].send(src)
-                    chans[(1, 0)].recv()
+                    return chans[(1, 0)].recv()
             else:
                 def rt():
                     a = chans[(0, 1)].recv()
                     chans[(1, 0)].send(a if args.impl != "copy" else src)
+                    return a
         g.barrier()
         times = [t / 2 for t in _time(rt, reps)]
         g.barrier()
+        got = rt()  # one more round trip, untimed: what this rank receives is checked
+        bad = first_mismatch(np.asarray(got), 7) if len(got) == n else -1
+        if bad is not None:
+            raise RuntimeError(f"{args.impl}: rank {me} received a wrong buffer of {n} B: "
+                               + (f"{len(got)} B" if bad == -1 else f"byte {bad} is {got[bad]}, should be 7"))
+        del got
+        rss = [int(x) for x in g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)]
         if me == 0:
-            res[n] = times
-            print(f"  {args.impl} {n} B: median {np.median(times) * 1e6:.1f} us", file=sys.stderr, flush=True)
+            res[n] = {"times": times, "peak_rss_bytes": rss}
+            print(f"  {args.impl} {n} B: median {np.median(times) * 1e6:.1f} us, checked, "
+                  f"peak RSS per rank {[f'{x / 2**30:.2f} GiB' for x in rss]}", file=sys.stderr, flush=True)
     return me, res
 
 

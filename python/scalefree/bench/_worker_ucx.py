@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from . import common
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
@@ -39,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     other = 1 - g.rank
     remote = dev.attach(bytes(hs[other * len(h):(other + 1) * len(h)]))
     ch = dev.channel(other)
+
+    def any_rank(flag: bool) -> bool:
+        return bool(np.asarray(g.allgather(np.array([flag], np.int32))).any())
+
     out = {"transport": g.transport, "ucx_transports": g._ucx_transports(other), "put": [], "lat": {}}
     for size in sizes:
         # Enough puts per round for ~20 ms, enough rounds for the target time.
@@ -46,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         reps = min(reps, 10000)
         rounds = []
         deadline = time.perf_counter() + args.target_seconds
-        r = 0
-        while r < 5 or (time.perf_counter() < deadline and r < 1000):
-            r += 1
+        # At least 5 rounds, then until any rank's deadline has passed (all ranks agree).
+        for r in common.agreed_rounds(any_rank, lambda: time.perf_counter() >= deadline, min_rounds=5, max_rounds=1000):
             g.barrier()
             t = time.perf_counter()
             if g.rank == 0:
@@ -58,9 +63,6 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 dev.wait(1)
             rounds.append((time.perf_counter() - t) / reps)
-            deadline_hit = g.allgather(np.array([time.perf_counter() >= deadline], np.int32))
-            if r >= 5 and np.asarray(deadline_hit).any():
-                break
         if g.rank == 0:
             out["put"].append({"bytes": size, "reps": reps, "times_s": rounds})
     # Latency: 8-byte write_notify ping-pong.

@@ -28,7 +28,7 @@ BENCH = "allreduce"
 PEERS = ("mpi", "gloo")
 PLACEMENTS = ("arena", "plain")
 ALGORITHMS = ("auto", "one_shot", "direct", "ring", "hierarchical")
-DTYPES = ("float32", "float64", "int32", "int64")
+DTYPES = ("float32", "float64", "int32", "int64", "uint8")
 # --op: what every implementation times. Sizes are per rank (allgather: each rank's part).
 OPS = ("allreduce", "allgather", "broadcast")
 DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
@@ -121,6 +121,8 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
     as skipped). Raises ``RuntimeError`` if a result is wrong."""
     import numpy as np
 
+    from .._rss import peak_rss_bytes
+
     dtype = np.dtype(args.dtype)
     sizes = [int(s) for s in args.sizes.split(",")]
     writer = common.RankResultsWriter(args.out_dir, rank, world_size, impl, variant, **meta)
@@ -149,22 +151,27 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
         if out is not None:
             out[...] = 0
         op()
-        got = a if out is None else out
-        want = np.full(got.shape, expected, dtype=dtype) if out is None else \
-            np.repeat(np.arange(1, world_size + 1, dtype=dtype)[:, None], a.size, axis=1)
-        if not np.array_equal(got, want):
-            bad = np.argwhere(got != want)[0] if got.size else ()
-            raise RuntimeError(
-                f"{impl} {what} gave a wrong result on rank {rank} of {world_size} for "
-                f"{human_bytes(nbytes)} of {dtype}: element {tuple(int(i) for i in bad)} is "
-                f"{got[tuple(bad)]}, should be {want[tuple(bad)]}"
-            )
-        writer.add_point(nbytes, point)
+        _check(impl, what, a if out is None else out, expected, rank, world_size, nbytes)
+        writer.add_point(nbytes, point, peak_rss_bytes=peak_rss_bytes())
         if rank == 0:
             s = common.Stats.of(point.times_s)
             progress(f"  {impl}{'/' + variant if variant else ''} n={world_size} "
                      f"{human_bytes(nbytes)}: {point.calls} calls, rank-0 median {human_time(s.median_s)}")
         del op, a
+
+
+def _check(impl: str, what: str, got, expected, rank: int, world_size: int, nbytes: int) -> None:
+    """Raises ``RuntimeError`` naming the first wrong element of ``got``: every element
+    ``expected`` (allreduce, broadcast), or row ``r`` all ``r + 1`` (allgather)."""
+    rows = got.reshape(1, -1) if expected is not None else got
+    for r in range(rows.shape[0]):
+        want = expected if expected is not None else r + 1
+        i = common.first_mismatch(rows[r], want)
+        if i is not None:
+            at = (i,) if expected is not None else (r, i)
+            raise RuntimeError(
+                f"{impl} {what} gave a wrong result on rank {rank} of {world_size} for "
+                f"{human_bytes(nbytes)} of {got.dtype}: element {at} is {rows[r][i]}, should be {want}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,7 +256,7 @@ def render_table(records: list[dict], peers: list[str]) -> str:
 
 
 def _itemsize(dtype: str) -> int:
-    return {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
+    return {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1}[dtype]
 
 
 _PEER_HINTS = {
@@ -435,6 +442,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
             gbps=busbw_gbps(args.op, pt.nbytes, n, stats.median_s), op=args.op,
             straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
             **{k: v for k, v in merged.meta.items() if k.endswith("_s")},
+            **({"peak_rss_bytes": pt.extra["peak_rss_bytes"]} if "peak_rss_bytes" in pt.extra else {}),
         ))
         records[-1]["_times"] = list(pt.times_s)
     for nbytes, why in merged.skipped:

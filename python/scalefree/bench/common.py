@@ -211,6 +211,28 @@ class TimedPoint:
     calls: int
 
 
+def agreed_rounds(any_rank: Callable[[bool], bool], stop: Callable[[], bool], *, min_rounds: int = 1,
+                  max_rounds: int | None = None) -> Iterable[int]:
+    """Round numbers 1, 2, ... of a loop that every rank leaves after the same round: after
+    each round the ranks combine ``stop()`` (read once, after the round's body) with
+    ``any_rank`` (a collective: true on every rank when it is true on any), and all end
+    together once it is true, from round ``min_rounds`` on (and after ``max_rounds``).
+
+    Only the combined answer decides. A rank that also trusted its own reading (a loop
+    condition like ``time.perf_counter() < deadline``, read again after the collective)
+    would leave a round before a peer whose clock had not passed its deadline yet, and that
+    peer would wait in its next round for ever."""
+    r = 0
+    while True:
+        r += 1
+        yield r
+        if max_rounds is not None and r >= max_rounds:
+            return
+        wanted = any_rank(bool(stop()))
+        if r >= min_rounds and wanted:
+            return
+
+
 def calls_for(per_call_s: float, min_calls: int, target_seconds: float, max_calls: int) -> int:
     """How many timed calls fill ``target_seconds`` at ``per_call_s`` each, within
     ``[min_calls, max(min_calls, max_calls)]``."""
@@ -382,6 +404,20 @@ class RankResultsWriter:
         os.replace(tmp, self.path)
 
 
+def first_mismatch(a, value) -> int | None:
+    """The flat index of the first element of ``a`` that is not ``value``, or None; compared a
+    chunk at a time, so checking 2**31 and more elements allocates no array of their size."""
+    import numpy as np
+
+    flat = a.reshape(-1)
+    step = 1 << 24
+    for lo in range(0, flat.size, step):
+        bad = np.flatnonzero(flat[lo:lo + step] != value)
+        if len(bad):
+            return lo + int(bad[0])
+    return None
+
+
 @dataclass
 class MergedPoint:
     nbytes: int
@@ -447,6 +483,8 @@ def merge_rank_results(out_dir: Path, world_size: int) -> MergedRun:
             break
         times = [max(ts) for ts in zip(*(p["times_s"] for p in per_rank))]
         extra = {k: v for k, v in per_rank[0].items() if k not in ("bytes", "times_s", "first_call_s")}
+        if all("peak_rss_bytes" in p for p in per_rank):  # per rank, in rank order
+            extra["peak_rss_bytes"] = [p["peak_rss_bytes"] for p in per_rank]
         points.append(MergedPoint(nbytes, times, max(p["first_call_s"] for p in per_rank), extra))
     return MergedRun(first["impl"], first.get("variant", ""), world_size, meta, points, problems, skipped)
 

@@ -14,6 +14,17 @@ gloo / this row (> 1: faster than gloo).
 (bounded-staleness averaging). ``--delay MS`` makes one seeded-random rank sleep
 uniform(0, MS) ms before each step (the same schedule for every row), and adds a
 ``scalefree`` sync row as the baseline of the hooks.
+
+``--wrap fsdp`` shards the MLP with FSDP2 (``fully_shard`` on every Linear and on the
+model, a 1-D DeviceMesh over the ranks) instead of DDP.
+
+``--model embedding`` trains an ``nn.Embedding(--emb-rows, --emb-dim)`` (default 10M x 64)
+with a linear head; each rank's step looks up ``--touched`` of the rows (distinct ids,
+default 1 %). Rows ``none`` keep the table dense (DDP's dense allreduce of the whole
+gradient); ``--hook sparse`` adds rows with ``sparse=True``: gloo with DDP's own sparse
+allreduce and scalefree with :func:`scalefree.torch.hooks.sparse_hook`. The table adds the
+gradient exchange per step (median; first bucket handed to the comm hook to the last
+bucket's result) and its ratio to gloo's dense exchange.
 """
 
 from __future__ import annotations
@@ -48,6 +59,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--delay", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="straggler: one seeded-random rank sleeps uniform(0, MS) ms before each step")
     p.add_argument("--bucket-mb", type=arg(common.positive_float), default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
+                   help="fsdp: FSDP2 (fully_shard on every Linear and the model) instead of DDP; MLP only")
+    p.add_argument("--model", choices=("mlp", "embedding"), default="mlp",
+                   help="the MLP of --widths, or an embedding table (--emb-rows x --emb-dim)")
+    p.add_argument("--emb-rows", type=arg(common.positive_int), default=10_000_000)
+    p.add_argument("--emb-dim", type=arg(common.positive_int), default=64)
+    p.add_argument("--touched", type=arg(common.positive_float), default=0.01,
+                   help="embedding: fraction of the rows each rank looks up per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=arg(common.positive_float), default=900.0)
     common.add_output_args(p)
@@ -57,6 +76,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _write_data(tmp: Path, n: int, args) -> tuple[Path, Path]:
     import numpy as np
+
+    if args.model == "embedding":
+        return _write_ids(tmp, n, args)
 
     widths = [int(w) for w in args.widths.split(",")]
     rows = n * (args.warmup + args.steps) * args.batch + 4 * args.batch  # + held-out rows
@@ -70,6 +92,26 @@ def _write_data(tmp: Path, n: int, args) -> tuple[Path, Path]:
     return xp, yp
 
 
+def _write_ids(tmp: Path, n: int, args) -> tuple[Path, Path]:
+    """Embedding data: one row of ``touched * emb_rows`` distinct ids per rank and step (plus
+    4 held-out rows), and a target per id (a fixed random function of the id)."""
+    import numpy as np
+
+    k = max(1, int(round(args.touched * args.emb_rows)))
+    if k > args.emb_rows:
+        raise ValueError(f"--touched {args.touched} looks up more than the {args.emb_rows} rows")
+    steps = n * (args.warmup + args.steps) + 4
+    rng = np.random.default_rng(args.seed)
+    ids = np.empty((steps, k), np.int64)
+    for s in range(steps):
+        ids[s] = rng.choice(args.emb_rows, k, replace=False)
+    y = (np.sin(ids * 0.001) + 0.1 * (ids % 7)).astype(np.float32)
+    xp, yp = tmp / "ids.npy", tmp / "y.npy"
+    np.save(xp, ids)
+    np.save(yp, y)
+    return xp, yp
+
+
 def run(args) -> int:
     try:
         import torch  # noqa: F401
@@ -77,12 +119,24 @@ def run(args) -> int:
         progress("bench ddp: torch is not installed (pip install torch)")
         return 2
     configs = [(b, "none") for b in args.backends]
-    for h in args.hook:
+    if args.wrap == "fsdp" and (args.model != "mlp" or args.hook):
+        progress("bench ddp: --wrap fsdp takes the MLP and no --hook")
+        return 2
+    if args.model == "embedding":
+        args.batch = 1  # one row of ids per step
+        for h in args.hook:
+            if h != "sparse":
+                progress(f"bench ddp: --model embedding takes --hook sparse only, got {h!r}")
+                return 2
+            configs += [(b, "sparse") for b in args.backends]
+    for h in args.hook if args.model == "mlp" else []:
         if h != "bf16" and not h.startswith("ssp:"):
-            progress(f"bench ddp: unknown hook {h!r} (bf16, ssp:SLACK)")
+            progress(f"bench ddp: unknown hook {h!r} (bf16, ssp:SLACK; sparse with --model embedding)")
             return 2
         configs.append(("scalefree", h))
-    progress(f"ddp: widths {args.widths}, batch {args.batch}/rank, ranks {args.ranks}, {args.steps} timed steps, "
+    model = (f"embedding {args.emb_rows} x {args.emb_dim}, touched {args.touched:g}/rank/step"
+             if args.model == "embedding" else f"widths {args.widths}")
+    progress(f"ddp: {model}, batch {args.batch}/rank, ranks {args.ranks}, {args.steps} timed steps, "
              f"delay {args.delay:g} ms, rows {configs}, {common.usable_cores()} cores")
     records, failures = [], []
     for n in args.ranks:
@@ -94,7 +148,8 @@ def run(args) -> int:
                 argv = ["--backend", backend, "--hook", hook, "--data", str(xp), "--labels", str(yp),
                         "--widths", args.widths, "--batch", str(args.batch), "--steps", str(args.steps),
                         "--warmup", str(args.warmup), "--delay-ms", str(args.delay), "--seed", str(args.seed),
-                        "--bucket-mb", str(args.bucket_mb), "--out-dir", str(out)]
+                        "--bucket-mb", str(args.bucket_mb), "--out-dir", str(out), "--model", args.model,
+                        "--emb-rows", str(args.emb_rows), "--emb-dim", str(args.emb_dim), "--wrap", args.wrap]
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                        "--master-addr", "127.0.0.1", "--master-port", str(common.free_port()),
                        "-m", "scalefree.bench._worker_ddp", *argv]
@@ -129,7 +184,18 @@ def _record(backend: str, hook: str, n: int, args, docs: list[dict]) -> dict:
         mean_loss=statistics.mean(losses), last_loss=losses[-1],
         heldout_loss=statistics.mean(d["heldout_loss"] for d in docs),
         init_s=max(d["init_s"] for d in docs), load_s=max(d["load_s"] for d in docs),
-        peak_rss_bytes=max(d["peak_rss_bytes"] for d in docs), params=docs[0]["params"])
+        peak_rss_bytes=max(d["peak_rss_bytes"] for d in docs), params=docs[0]["params"], model=args.model,
+        wrap=args.wrap,
+        **_exchange(docs, args))
+
+
+def _exchange(docs: list[dict], args) -> dict:
+    """The embedding rows' gradient exchange per step (slowest rank per step)."""
+    if args.model != "embedding":
+        return {}
+    per_step = [max(ts) for ts in zip(*(d["exchange_s"] for d in docs))]
+    return {"exchange_median_s": statistics.median(per_step), "exchange_s": per_step,
+            "emb_rows": args.emb_rows, "emb_dim": args.emb_dim, "touched": args.touched}
 
 
 def _add_ratios(records: list[dict]) -> None:
@@ -140,18 +206,28 @@ def _add_ratios(records: list[dict]) -> None:
         if gloo is not None:
             r["vs_gloo"] = common.ratio(gloo["median_s"], r["median_s"])
             r["steps_per_s_vs_gloo"] = r["steps_per_s"] / gloo["steps_per_s"]
+        dense = next((g for g in same if g["impl"] == "gloo" and g["variant"] == "none"
+                      and "exchange_median_s" in g), None)
+        if dense is not None and "exchange_median_s" in r:
+            r["exchange_vs_gloo_dense"] = common.ratio(dense["exchange_median_s"], r["exchange_median_s"])
         if sync is not None:
             r["steps_per_s_vs_sync"] = r["steps_per_s"] / sync["steps_per_s"]
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["ranks", "backend", "hook", "ms/step", "steps/s", "x gloo", "x sync", "mean loss",
-               "held-out loss", "peak RSS/rank", "init s"]
+    exch = any("exchange_median_s" in r for r in records)
+    headers = ["ranks", "backend", "hook", "ms/step", "steps/s", "x gloo", "x sync"]
+    headers += ["exchange ms", "exch x gloo dense"] if exch else []
+    headers += ["mean loss", "held-out loss", "peak RSS/rank", "init s"]
     rows = []
     for r in records:
-        rows.append([str(r["ranks"]), r["impl"], r["variant"], f"{r['median_s'] * 1e3:.1f}",
-                     f"{r['steps_per_s']:.2f}", f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "",
-                     f"{r['steps_per_s_vs_sync']:.2f}" if "steps_per_s_vs_sync" in r else "",
-                     f"{r['mean_loss']:.4f}", f"{r['heldout_loss']:.4f}", common.human_bytes(r["peak_rss_bytes"]),
-                     f"{r['init_s']:.2f}"])
+        row = [str(r["ranks"]), r["impl"], r["variant"], f"{r['median_s'] * 1e3:.1f}",
+               f"{r['steps_per_s']:.2f}", f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "",
+               f"{r['steps_per_s_vs_sync']:.2f}" if "steps_per_s_vs_sync" in r else ""]
+        if exch:
+            row += [f"{r['exchange_median_s'] * 1e3:.1f}" if "exchange_median_s" in r else "",
+                    f"{r['exchange_vs_gloo_dense']:.2f}" if "exchange_vs_gloo_dense" in r else ""]
+        row += [f"{r['mean_loss']:.4f}", f"{r['heldout_loss']:.4f}", common.human_bytes(r["peak_rss_bytes"]),
+                f"{r['init_s']:.2f}"]
+        rows.append(row)
     return common.format_table(headers, rows)

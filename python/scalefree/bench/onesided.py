@@ -7,7 +7,9 @@ landing at the peer. Three ways: ``blocking`` (``Channel.write`` ``window`` time
 row), ``posted-serial`` (``start_write(...).wait()`` in a row: the posted path without
 overlap) and ``posted`` (``window`` ``start_write`` outstanding, then all waited for). The
 table gives the median round, the throughput and the ratio of ``posted`` to each of the
-others. With ``--compute-ms`` each round also runs with about that much numpy work beside the
+others. ``raw-tcp`` (one plain socket) and ``raw-tcp-xW`` (``window`` sockets) move the same
+bytes per round with the same one-byte answer, without scalefree: the wire floor of the link
+between the two hosts, measured in the same run. With ``--compute-ms`` each round also runs with about that much numpy work beside the
 writes (``blocking+compute``: after them; ``posted+compute``: while they are in flight).
 """
 
@@ -76,14 +78,16 @@ def run(args) -> int:
 
 def render(records: list[dict]) -> str:
     by = {r["variant"]: r for r in records}
+    floor = by.get("raw-tcp")
     rows = []
     for r in records:
         posted = by.get("posted+compute" if r["variant"].endswith("+compute") else "posted")
         ratio = f"{r['median_s'] / posted['median_s']:.2f}x" if posted and r is not posted else ""
         rows.append([r["variant"], f"{r['window']} x {human_bytes(r['write_bytes'])}", common.human_time(r["median_s"]),
-                     f"{r['gbps']:.2f}", ratio])
+                     f"{r['gbps']:.2f}", ratio, f"{r['median_s'] / floor['median_s']:.2f}x" if floor else ""])
     rss = next((r["peak_rss_bytes"] for r in records if r.get("peak_rss_bytes")), None)
-    table = common.format_table(["way", "per round", "median round", "GB/s", "posted is faster by"], rows, left_columns=2)
+    table = common.format_table(["way", "per round", "median round", "GB/s", "posted is faster by", "of raw-tcp's time"],
+                                rows, left_columns=2)
     if rss:
         table += "\npeak RSS per rank: " + ", ".join(human_bytes(x) for x in rss)
     return table

@@ -38,6 +38,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--replication", type=arg(common.positive_int), default=2, help="replicas per logical node")
     p.add_argument("--kill-rank", type=int, default=5, help="rank that SIGKILLs itself (-1: none)")
     p.add_argument("--kill-at", type=int, default=10, help="iteration at which it does")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="run every job across this many simulated hosts (network namespaces, UCX and TCP lanes "
+                        "between them; the ranks split evenly); 0: one host, shared memory")
+    p.add_argument("--kill-host", type=int, default=-1,
+                   help="with --hosts: every rank of this simulated host SIGKILLs itself at --kill-at "
+                        "(instead of --kill-rank)")
     p.add_argument("--iters", type=arg(common.positive_int), default=30)
     p.add_argument("--rmat-scale", type=arg(common.positive_int), default=20)
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
@@ -61,7 +67,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--edges", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--replication", type=int, required=True)
-    p.add_argument("--kill-rank", type=int, required=True)
+    p.add_argument("--kill-rank", required=True, help="ranks that kill themselves, comma-separated")
     p.add_argument("--kill-at", type=int, required=True)
     p.add_argument("--iters", type=int, required=True)
     p.add_argument("--dtype", required=True)
@@ -85,10 +91,11 @@ def worker(argv: list[str]) -> int:
     me, m = logical_rank(g, a.replication)
     src, dst = partition_edges(z["src"], z["dst"], me, m)
     pr = SparsePageRank(g, src, dst, n, replication=a.replication, dtype=a.dtype)
+    kill = {int(x) for x in a.kill_rank.split(",") if x and int(x) >= 0}
     g.barrier()  # the last group-wide call: everyone is alive until here
     times, comm, cpu = [], [], []
     for it in range(a.iters):
-        if g.rank == a.kill_rank and it == a.kill_at:
+        if g.rank in kill and it == a.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -104,14 +111,27 @@ def worker(argv: list[str]) -> int:
     return 0
 
 
-def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: int) -> dict | None:
+def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: list[int]) -> dict | None:
     out.mkdir()
-    cmd = [sys.executable, "-m", "scalefree.cli", "run", "-n", str(ranks), "--allow-rank-failure",
-           "--timeout", str(args.timeout), "--", sys.executable, "-m", "scalefree.bench.pagerank_replicated",
-           "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", str(kill),
-           "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
-           "--pin-logical", str(args.logical if args.pin else 0)]
-    rc = subprocess.call(cmd)
+    argv = [sys.executable, "-m", "scalefree.bench.pagerank_replicated",
+            "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", ",".join(map(str, kill)),
+            "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
+            "--pin-logical", str(args.logical if args.pin else 0)]
+    if args.hosts:
+        from scalefree.launch import simhosts
+
+        from . import hosts
+
+        with simhosts.SimHosts(args.hosts) as sim:
+            cmds = hosts.scalefree_cmds(sim, ranks // args.hosts, common.free_port(), argv)
+            at = [c.index("--nproc-per-node") + 2 for c in cmds]  # among `scalefree run`'s options
+            cmds = [c[:i] + ["--allow-rank-failure", "--timeout", str(args.timeout)] + c[i:] for c, i in zip(cmds, at)]
+            outcome = hosts.run_all(cmds, timeout_s=args.timeout + 30)
+        # The launcher of a killed host fails; the job is good when every other rank wrote.
+        rc = 0 if outcome.returncode is not None and len(list(out.glob("rank*.npz"))) == ranks - len(kill) else 1
+    else:
+        rc = subprocess.call([sys.executable, "-m", "scalefree.cli", "run", "-n", str(ranks), "--allow-rank-failure",
+                              "--timeout", str(args.timeout), "--", *argv])
     files = sorted(out.glob("rank*.npz"))
     if rc != 0 or not files:
         progress(f"pagerank-replicated: job on {ranks} ranks failed (exit {rc})")
@@ -125,6 +145,18 @@ def run(args) -> int:
     from .pagerank import ScipyPageRank
 
     m, r = args.logical, args.replication
+    if args.hosts < 0 or (args.hosts and (m * r) % args.hosts):
+        print(f"scalefree bench pagerank-replicated: --hosts {args.hosts} does not divide {m * r} ranks", file=sys.stderr)
+        return 2
+    if args.kill_host >= 0:
+        if not 0 <= args.kill_host < args.hosts:
+            print("scalefree bench pagerank-replicated: --kill-host needs --hosts above it", file=sys.stderr)
+            return 2
+        per = m * r // args.hosts
+        killed = list(range(args.kill_host * per, (args.kill_host + 1) * per))
+    else:
+        killed = [args.kill_rank] if args.kill_rank >= 0 else []
+    where = f", across {args.hosts} simulated hosts" if args.hosts else ""
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         progress(f"pagerank-replicated: R-MAT scale {args.rmat_scale}, {args.rmat_edges} edges")
@@ -138,20 +170,20 @@ def run(args) -> int:
         ref_max = float(np.abs(ref.scores).max())
         graph = f"rmat-s{args.rmat_scale}-e{args.rmat_edges}"
         del src, dst
-        jobs = {"unreplicated": (m, 1, -1, "unreplicated"),
-                "unreplicated-wide": (m * r, 1, -1, f"unreplicated {m * r}"),
-                "replicated": (m * r, r, -1, f"r={r} no kill"),
-                "replicated-kill": (m * r, r, args.kill_rank, f"r={r}")}
+        jobs = {"unreplicated": (m, 1, [], "unreplicated"),
+                "unreplicated-wide": (m * r, 1, [], f"unreplicated {m * r}"),
+                "replicated": (m * r, r, [], f"r={r} no kill"),
+                "replicated-kill": (m * r, r, killed, f"r={r}")}
         for job in args.variants:
             ranks, rr, kill, variant = jobs[job]
-            killed = f", rank {kill} killed at iteration {args.kill_at}" if kill >= 0 else ""
-            progress(f"pagerank-replicated: {variant} on {ranks} ranks{killed}")
+            said = f", ranks {kill} killed at iteration {args.kill_at}" if kill else ""
+            progress(f"pagerank-replicated: {variant} on {ranks} ranks{where}{said}")
             res = _job(args, edges, Path(tmp) / job, ranks, rr, kill)
             if res is None:
                 continue
             med = max(float(np.median(v["times"])) for v in res.values())
-            after = max(float(np.median(v["times"][args.kill_at:])) for v in res.values()) if kill >= 0 else med
-            tail = slice(args.kill_at, None) if kill >= 0 else slice(None)
+            after = max(float(np.median(v["times"][args.kill_at:])) for v in res.values()) if kill else med
+            tail = slice(args.kill_at, None) if kill else slice(None)
             # Per survivor, medians over the iterations counted in "after kill": its time in
             # the collectives, and the CPU time of the whole job per iteration (every
             # survivor's CPU seconds summed: the work the machine's cores had to do).
@@ -161,13 +193,14 @@ def run(args) -> int:
             st = common.Stats.of(np.max([v["times"] for v in res.values()], axis=0))
             records.append(common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=ranks, nbytes=8 * n,
                                               dtype=args.dtype, stats=st, gbps=0.0, graph=graph, vertices=n,
-                                              replication=rr, killed_rank=kill, survivors=len(res),
+                                              replication=rr, killed_rank=kill[0] if len(kill) == 1 else (kill or -1),
+                                              killed_ranks=kill, hosts=args.hosts or 1, survivors=len(res),
                                               median_iter_s=med, after_kill_s=after, max_abs_err=err,
                                               comm_s=comm, cpu_s_per_iter=cpu_sum, cores=common.usable_cores()))
     base = next((x for x in records if x["replication"] == 1 and x["ranks"] == m), None)
     rows = []
     for x in records:
-        rows.append([x["graph"], str(x["ranks"]), x["variant"], str(x["killed_rank"]) if x["killed_rank"] >= 0 else "-",
+        rows.append([x["graph"], str(x["ranks"]), x["variant"], ",".join(map(str, x["killed_ranks"])) or "-",
                      str(x["survivors"]), human_time(x["median_iter_s"]), human_time(x["after_kill_s"]),
                      f"{x['after_kill_s'] / base['median_iter_s']:.2f}x" if base else "",
                      human_time(x["comm_s"]), human_time(x["after_kill_s"] - x["comm_s"]),

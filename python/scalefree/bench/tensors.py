@@ -99,10 +99,12 @@ def run(args) -> int:
             except RuntimeError as e:
                 failures.append(str(e))
                 continue
-            for n, ts in res.items():
+            for n, got in res.items():
+                # ours: {times, peak_rss_bytes (per rank)}; the peers: the times
+                ts, extra = (got["times"], {"peak_rss_bytes": got["peak_rss_bytes"]}) if isinstance(got, dict) else (got, {})
                 st = common.Stats.of(ts)
                 records.append(common.make_record(bench=BENCH, impl=impl, variant=variant, ranks=2, nbytes=n,
-                                                  dtype="uint8", stats=st, gbps=common.copy_gbps(n, st.median_s)))
+                                                  dtype="uint8", stats=st, gbps=common.copy_gbps(n, st.median_s), **extra))
     progress("tensors: memcpy")
     for n, ts in _memcpy(args.sizes, args.target_seconds).items():
         st = common.Stats.of(ts)

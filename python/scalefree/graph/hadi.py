@@ -33,6 +33,7 @@ import numpy as np
 
 FM_CORRECTION = 0.77351
 EXACT_AUTO_MAX = 16384
+EXACT_MAX = 1 << 24  # 2 MiB of bits per vertex
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -73,6 +74,9 @@ class Encoding:
             method = "exact" if n <= EXACT_AUTO_MAX else "fm"
         if method not in ("exact", "fm"):
             raise ValueError(f'method must be "auto", "exact" or "fm", got {method!r}')
+        if method == "exact" and n > EXACT_MAX:
+            raise ValueError(f"exact bitsets take a bit per id of the id space per vertex: {n} ids is too many "
+                             f"(at most {EXACT_MAX}); use the Flajolet-Martin method")
         if k < 1:
             raise ValueError(f"the number of FM bitstrings must be >= 1, got {k}")
         self.method, self.n, self.k, self.seed = method, int(n), int(k), int(seed)
@@ -123,7 +127,9 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``).
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
-    one more sparse allreduce finds them)."""
+    one alltoallv finds them), and memory is O(this rank's edges) whatever ``n`` is, so ids
+    may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
+    ``[0, n)`` is a vertex: O(n / size) per rank)."""
     me, size = group.rank, group.size
     enc = Encoding(method, n, k, seed)
     src = np.asarray(src, np.int64)
@@ -136,12 +142,17 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
 
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
-    owned = np.arange(me, n, size, dtype=np.int64)
-    if not isolated:
-        # Which of my ids lie on an edge: every rank marks the ids it touches.
+    if isolated:
+        owned = np.arange(me, n, size, dtype=np.int64)
+    else:
+        # The ids on an edge that I own: every rank sends the ids it touches to their owners
+        # (memory O(touched ids), whatever the id space: ids past 2**32 in a sparse space).
         touched = np.union1d(usrc, udst)
-        present = group.sparse_allreduce(n, op="max", degrees=degrees)
-        owned = owned[present.config_reduce(touched, np.ones(len(touched), np.uint32), owned) > 0]
+        dest = touched % size
+        order = np.argsort(dest, kind="stable")
+        got = group.alltoallv(touched[order], np.bincount(dest, minlength=size))
+        owned = np.unique(got)
+        del touched, dest, order, got
     sa = group.sparse_allreduce(n, op="or", degrees=degrees)
     # Out: partial ORs at this rank's edge sources, and the owned vertices' own strings.
     # In: the strings of this rank's edge targets (next hop) and of the owned vertices.

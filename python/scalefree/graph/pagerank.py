@@ -134,6 +134,11 @@ def _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication, isolated
     return deg[: len(ids), 0], owned, owned_deg[:, 0], owned_deg[:, 0] + owned_deg[:, 1]
 
 
+# A rank's slots are uint32 (4 bytes per edge in its CSR): bounded by the vertices one rank
+# touches, which more ranks make smaller; the global ids and keys are 64-bit.
+_TOO_MANY_SLOTS = "SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32); use more ranks"
+
+
 def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     """(out keys, in keys, CSR rows, CSR columns) of the rank's edges by sorting the keys it
     touches (memory O(its edges and touched vertices)); the native ``from_edges`` does the
@@ -144,6 +149,8 @@ def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     used[vk["dst"]] = True
     t_out = np.flatnonzero(used)
     del used
+    if len(t_out) + 1 >= 2**32:  # checked before a uint32 slot could wrap
+        raise ValueError(_TOO_MANY_SLOTS)
     o = np.argsort(key[t_out], kind="stable")
     out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
     slot = np.empty(len(key), np.uint32)
@@ -151,6 +158,8 @@ def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     rows = slot[vk["dst"]]
     own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
     in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
+    if len(in_keys) >= 2**32:
+        raise ValueError(_TOO_MANY_SLOTS)
     slot[t_in] = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
     cols = slot[vk["src"]]
     return out_keys, in_keys, rows, cols
@@ -212,7 +221,7 @@ class SparsePageRank:
             self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
             del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
-            raise ValueError("SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32)")
+            raise ValueError(_TOO_MANY_SLOTS)
         if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)

@@ -138,9 +138,15 @@ class StreamedRatings:
                 group.barrier()
                 self._ensure_cache(cache)  # a rank on another host: its own cache
         self._n, self.n_users, self.n_items = (int(x) for x in _native.mf_cache_header(str(cache)))
-        self.test_idx = np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed), np.uint32)
+        self.test_idx = self._test_indices()
         self._n_test = len(self.test_idx)
         self.cache = cache
+
+    def _test_indices(self) -> np.ndarray:
+        """The split's test positions, ascending: uint32 while every position of the ratings
+        fits (at most 2**32 ratings), uint64 past that (the width the native split returns)."""
+        dt = np.uint32 if self._n <= 1 << 32 else np.uint64
+        return np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed), dt)
 
     def _ids(self, fd: int) -> tuple[np.ndarray, np.ndarray]:
         u = np.empty(self.n_users, "<u8")
@@ -160,8 +166,7 @@ class StreamedRatings:
         if self.cache is None:
             self.prepare()
         if len(self.test_idx) != self._n_test:  # dropped after an earlier partition: once more
-            self.test_idx = np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed),
-                                          np.uint32)
+            self.test_idx = self._test_indices()
         return Partition.streamed(self.n_users, self.n_items, nb, k, seed, init_max,
                                   lambda part, rng: self._build(part, rng, set(int(b) for b in needed), spill_to,
                                                                 budget_check, collect_test, int(chunk)),
@@ -259,7 +264,7 @@ class StreamedRatings:
         self._n_test, self.test_idx = len(test), np.zeros(0, np.uint32)  # the indices have served
         if collect_test:
             # The test set straight from the cache, a column chunk at a time, in Rust.
-            self.test.ratings = _native.MfRatings.load_cache_subset(str(self.cache), test.tobytes())
+            self.test.ratings = _native.MfRatings.load_cache_subset(str(self.cache), test.tobytes(), test.itemsize)
             self._known_u, self._known_i = known_u, known_i
             self._mean = float(total[-1]) / n_train if n_train else 0.0
         return n_train

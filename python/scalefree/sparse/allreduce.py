@@ -49,8 +49,10 @@ class SparseAllreduce:
     must pass the same indices and values. Every message goes to every replica of its
     target and the first copy to arrive is used, so the reduce completes while one replica
     of every logical node lives (run the job with ``scalefree run --allow-rank-failure``).
-    ``config`` needs every rank alive; one host only; each message must fit
-    ``SCALEFREE_REPLICA_SLOT`` bytes (default 32 MiB).
+    ``config`` needs every rank alive; each message must fit ``SCALEFREE_REPLICA_SLOT`` bytes
+    (default 32 MiB). Across hosts every message is pushed to every live replica of its
+    target (over UCX or the TCP lanes); a host that dies takes its ranks with it, and the
+    others carry on while one replica of every logical node lives.
 
     ``hash=False`` keeps the indices as the keys (no seeded hash): for callers whose
     numbering already spreads heavy indices over the ranks' key ranges. A caller whose
@@ -78,10 +80,13 @@ class SparseAllreduce:
         self.replication = replication
         self._seed = int(seed) if hash else None
         self._native = _native.SparseAllreduce(group, self.dim, op, degrees, self._seed, replication)
-        # "auto" on one host: the degrees come from the cost model of `sparse_plan` with the
-        # transport's probed costs, at the first config (the native fallback, used across
-        # hosts, keeps the first layer within each host).
-        self._auto = degrees is None and group.size // replication > 1 and group.transport == "shm"
+        # "auto": the degrees come from the cost model of `sparse_plan` with the transport's
+        # probed costs, at the first config: on one host over shared memory; across hosts
+        # (unreplicated) over UCX and the TCP lanes, with costs of their own for the layers
+        # within a host. The native fallback (replicated across hosts) keeps the first
+        # layer within each host.
+        self._auto = degrees is None and group.size // replication > 1 and (
+            group.transport == "shm" or replication == 1)
         self.plan = None
 
     def _choose(self, n_out: int, n_in: int) -> None:
@@ -93,9 +98,13 @@ class SparseAllreduce:
 
         self._auto = False
         nnz = int(self.group.allreduce(np.array([max(n_out, n_in)], np.int64), op="max")[0])
-        costs = sparse_plan.probe(self.group)
         ranks = self.group.size // self.replication
-        self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, costs)
+        p = sparse_plan.host_block(self.group._hosts) if self.group.transport != "shm" else None
+        if p is not None and p > 1:
+            local, net = sparse_plan.probe_hosts(self.group, p)
+            self.plan = sparse_plan.choose_hosts(p, ranks // p, nnz, self.dim, 8, local, net)
+        else:  # one kind of link between every pair of ranks (or hosts of uneven sizes)
+            self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, sparse_plan.probe(self.group))
         self._native = _native.SparseAllreduce(self.group, self.dim, self.op, list(self.plan["degrees"]), self._seed,
                                                self.replication)
 

@@ -162,6 +162,115 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
     return costs
 
 
+def host_block(hosts) -> int | None:
+    """Ranks per host when every host holds the same number ``p`` of consecutive ranks (the
+    launchers' numbering) and there are several hosts; else None."""
+    n = len(hosts)
+    p = next((r for r in range(n) if hosts[r] != hosts[0]), n)
+    blocked = all(hosts[r] == r // p for r in range(n))  # hosts are numbered by lowest rank
+    return p if p < n and n % p == 0 and blocked else None
+
+
+def _split(h1: float, h2: float, a1: int, a2: int) -> tuple[float, float]:
+    """(round, message) costs from one round of ``a1`` messages taking ``h1`` and two rounds
+    of ``a2`` messages in all taking ``h2``."""
+    rnd = (a1 * h2 - a2 * h1) / (2 * a1 - a2)
+    rnd = min(max(rnd, 0.0), h1)
+    return rnd, (h1 - rnd) / a1
+
+
+def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]:
+    """:func:`probe` for a group of ``size / p`` hosts of ``p`` ranks each: (local, net)
+    costs, every layer timed by itself (the per-layer ``wait_s + merge_s`` of
+    ``sparse_allreduce.stats()``). Layers ``p x H`` (the host, then across the ``H`` hosts)
+    at one key and at ``keys`` keys per rank give each kind's per-round and per-byte costs;
+    ``q x p/q x H`` and ``p x q x H/q`` (when ``p`` or ``H`` has a factor ``q``) split a
+    round's cost into a fixed part and one per message, as :func:`probe` does. Across hosts
+    that is UCX or the TCP lanes, as the reduce itself goes. Collective; cached per process
+    and group size."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    n = group.size
+    key = (n, p)
+    if key in _PROBED:
+        return _PROBED[key]
+    from .allreduce import SparseAllreduce
+
+    hosts = n // p
+
+    def layers(degrees, k):
+        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
+        sa = SparseAllreduce(group, max(1, k * n * 16), degrees=degrees)
+        sa.config(idx, idx)
+        vals = np.ones(k, np.float64)
+        rows = []
+        for i in range(2 + reps):
+            group.barrier()
+            t0 = time.perf_counter()
+            sa.reduce(vals)
+            total = time.perf_counter() - t0
+            if i >= 2:
+                rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
+        return [statistics.median(c) for c in zip(*rows)]
+
+    agree = np.zeros(6 * n, np.int64)
+    ts = []
+    for _ in range(2 + reps):
+        group.barrier()
+        t0 = time.perf_counter()
+        group.allreduce(agree)
+        ts.append(time.perf_counter() - t0)
+    fixed = statistics.median(ts[2:])
+    one = layers([p, hosts], 1)
+    big = layers([p, hosts], keys)
+    qp = factorize(p)[0] if len(factorize(p)) > 1 else None
+    qh = factorize(hosts)[0] if len(factorize(hosts)) > 1 else None
+    split_l = layers([qp, p // qp, hosts], 1) if qp else None
+    split_n = layers([p, qh, hosts // qh], 1) if qh else None
+    # Slowest rank's figures everywhere, so every rank chooses alike.
+    flat = one + big + (split_l or []) + (split_n or []) + [fixed]
+    flat = [float(x) for x in group.allreduce(np.array(flat), op="max")]
+    one, big = flat[0:3], flat[3:6]
+    rest = flat[6:-1]
+    fixed = flat[-1]
+    if split_l:
+        split_l, rest = rest[:4], rest[4:]
+    if split_n:
+        split_n = rest[:4]
+    h_l, h_n = one[1] / 2, one[2] / 2  # one round of p - 1 (host) / H - 1 (across) messages
+    rl, ml = _split(h_l, (split_l[1] + split_l[2]) / 2, p - 1, (qp - 1) + (p // qp - 1)) if split_l else (h_l, 0.0)
+    rn, mn = _split(h_n, (split_n[2] + split_n[3]) / 2, hosts - 1, (qh - 1) + (hosts // qh - 1)) if split_n else (h_n, 0.0)
+    bytes_l = 2 * (p - 1) * keys / p * 8
+    bytes_n = 2 * (hosts - 1) * keys / hosts * 8
+    local = Costs(0.0, rl, ml, max(big[1] - one[1], 1e-12) / bytes_l, 0.0)
+    net = Costs(fixed, rn, mn, max(big[2] - one[2], 1e-12) / bytes_n, 0.0)
+    _PROBED[key] = (local, net)
+    return local, net
+
+
+def choose_hosts(p: int, hosts: int, nnz: int, dim: int, vb: int, local: Costs, net: Costs) -> dict:
+    """:func:`choose` for ``hosts`` hosts of ``p`` ranks: the layers first combine each host
+    (a factorization of ``p``, with the ``local`` costs), then cross the hosts (one of
+    ``hosts``, with the ``net`` costs), so only host-merged data crosses the network."""
+    cands = []
+    for lf in factorizations(p):
+        for nf in factorizations(hosts):
+            d = lf + nf
+            layers, _ = predict(d, 0, nnz, dim, vb, 0.0, float("inf"))
+            t = net.fixed_s
+            for i, (k, _, packet, _) in enumerate(layers):
+                c = local if i < len(lf) else net
+                t += 2 * (c.round_s + (k - 1) * (c.msg_s + packet * c.s_per_byte))
+            cands.append((t, d))
+    best_t = min(t for t, _ in cands)
+    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
+    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
+            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
+
+
 def factorize(n: int) -> list[int]:
     """Prime factors of n, ascending."""
     out, p = [], 2

@@ -20,22 +20,22 @@ import numpy as np
 
 
 def load_ratings(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(user, item, rating) from a whitespace- or tab-separated ``user item rating ...`` file
-    (MovieLens ``u.data``); ids become dense 0-based indices."""
+    """(user, item, rating) from a rating file (every format of the mf reader: MovieLens
+    ``u.data``, ``ratings.dat``, ``ratings.csv``, ``user item rating`` text, ``.mtx``; ``.gz``
+    ok); ids (any up to 2**64 - 1, read as integers) become dense 0-based indices. A bad line
+    is a ``DataError`` (a ``ValueError``) naming the file and line."""
+    from .. import _native
+
     path = Path(path)
-    try:
-        raw = np.loadtxt(path, dtype=np.float64, usecols=(0, 1, 2), ndmin=2)
-    except (ValueError, IndexError) as e:
-        raise ValueError(f"{path}: not a 'user item rating' file: {e}") from None
-    if raw.shape[0] == 0:
+    ub, ib, rb = _native.mf_read_pairs(str(path))
+    users, items, r = np.frombuffer(ub, np.uint64), np.frombuffer(ib, np.uint64), np.frombuffer(rb, np.float32)
+    if len(r) == 0:
         raise ValueError(f"{path}: no ratings")
-    bad = ~np.isfinite(raw).all(axis=1) | (raw[:, :2] < 0).any(axis=1) | (raw[:, :2] != np.round(raw[:, :2])).any(axis=1)
-    if bad.any():
-        line = int(np.flatnonzero(bad)[0]) + 1
-        raise ValueError(f"{path}, line {line}: ids must be non-negative integers and the rating finite")
-    _, u = np.unique(raw[:, 0].astype(np.int64), return_inverse=True)
-    _, i = np.unique(raw[:, 1].astype(np.int64), return_inverse=True)
-    return u.astype(np.int64), i.astype(np.int64), raw[:, 2].astype(np.float32)
+    if np.isnan(r[0]):
+        raise ValueError(f"{path}:1: a 'user item rating' line has no rating")
+    _, u = np.unique(users, return_inverse=True)
+    _, i = np.unique(items, return_inverse=True)
+    return u.astype(np.int64), i.astype(np.int64), r.copy()
 
 
 class Partition:

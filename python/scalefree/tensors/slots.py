@@ -99,7 +99,13 @@ class StaticSlot:
         a = _as_array(tensor, f"slot {self.name!r}")
         if a.shape != self.shape or a.dtype != self.dtype:
             raise InvalidArgumentError(f"slot {self.name!r} carries {self.shape} {self.dtype}, got {a.shape} {a.dtype}")
+        is_torch = a is not tensor and not isinstance(tensor, np.generic)
+        before = self._native.stats()[1] if is_torch else 0
         self._native.send(a, timeout)
+        if is_torch and self._native.stats()[1] > before:  # staged: trace the tensor's site
+            from . import torch_sites
+
+            torch_sites.note_staged(tensor)
 
     def recv(self, timeout: float | None = None) -> np.ndarray:
         """Releases the previous message, waits for the next and returns the buffer holding
@@ -139,9 +145,24 @@ class StaticSlot:
         return f"StaticSlot({self.name!r}, {self.src}->{self.dst}, {self.shape} {self.dtype}, {role})"
 
 
-def static_slots(group, specs) -> dict[str, StaticSlot]:
+def _torch_sites() -> None:
+    """Allocation-site tracing for torch tensors in this thread, if torch is in use (see
+    :mod:`.torch_sites`)."""
+    import sys
+
+    if "torch" in sys.modules:
+        from . import torch_sites
+
+        torch_sites.activate()
+
+
+def static_slots(group, specs, *, trace_torch: bool = True) -> dict[str, StaticSlot]:
     """Collective: sets up static slots from ``specs`` (dicts with name, src, dst, shape,
-    dtype; the same list on every rank). Returns this rank's ends by name."""
+    dtype; the same list on every rank). Returns this rank's ends by name. With torch
+    imported, ``trace_torch`` turns on the allocation-site tracing of torch tensors in the
+    calling thread (:mod:`scalefree.tensors.torch_sites`)."""
+    if trace_torch:
+        _torch_sites()
     parsed = []
     names = set()
     for s in specs:
@@ -219,7 +240,12 @@ class DynamicChannel:
         staged = self._native.send(a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8),
                                    list(a.shape), code, a.dtype.itemsize, wait, timeout)
         if staged:
-            _trace(a)
+            if a is not tensor and not isinstance(tensor, np.generic):  # a torch tensor
+                from . import torch_sites
+
+                torch_sites.note_staged(tensor)
+            else:
+                _trace(a)
             if site is not None:
                 _traced_sites.add(site)
 
@@ -255,9 +281,11 @@ class DynamicChannel:
         return {"bytes_zero_copy": z, "bytes_copied": c, "transfers": n}
 
 
-def dynamic_channels(group, pairs) -> dict[tuple[int, int], DynamicChannel]:
+def dynamic_channels(group, pairs, *, trace_torch: bool = True) -> dict[tuple[int, int], DynamicChannel]:
     """Collective: dynamic channels for ``(src, dst)`` pairs (the same list on every rank);
-    returns this rank's ends keyed by pair."""
+    returns this rank's ends keyed by pair. ``trace_torch``: as for :func:`static_slots`."""
+    if trace_torch:
+        _torch_sites()
     pairs = [(int(s), int(d)) for s, d in pairs]
     natives = group._dynamic_channels(pairs)
     return {p: DynamicChannel(n) for p, n in zip(pairs, natives) if n is not None}

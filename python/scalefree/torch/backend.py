@@ -257,7 +257,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
 
-        self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d])
+        self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d],
+                                     trace_torch=False)  # no dispatch mode under the training loop
         self._p2p_workers: dict = {}
         self._p2p_lock = threading.Lock()
         self._closed = False
@@ -266,6 +267,25 @@ class ProcessGroupScalefree(dist.ProcessGroup):
     # -- plumbing ------------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch keeps a group's name in its backends; a Python ProcessGroup has none, so the name
+    # torch gives the group is kept here (DeviceMesh, and so FSDP2, looks groups up by it).
+    def _set_group_name(self, name) -> None:
+        self._sf_group_name = name
+
+    @property
+    def group_name(self):
+        name = getattr(self, "_sf_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc) -> None:
+        self._sf_group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_sf_group_desc", "")
 
     @property
     def group(self):

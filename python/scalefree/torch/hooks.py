@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .backend import ProcessGroupScalefree
+from .backend import _MOVE_AS, ProcessGroupScalefree, _as_numpy
 
 
 def _pg(process_group) -> ProcessGroupScalefree:
@@ -125,28 +125,53 @@ def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
 # --- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------------
 
 class SparseState:
-    """The state of :func:`sparse_hook`: one sparse allreduce per embedding (by row count),
-    made at the first sparse bucket of that size. Dense buckets are averaged with the
+    """The state of :func:`sparse_hook`. ``method``: ``"auto"`` (the default), ``"allgather"``
+    or ``"sparse_allreduce"`` (see :func:`sparse_hook`). Dense buckets are averaged with the
     backend's allreduce."""
 
-    def __init__(self, process_group=None):
+    METHODS = ("auto", "allgather", "sparse_allreduce")
+
+    def __init__(self, process_group=None, method: str = "auto"):
+        if method not in self.METHODS:
+            raise ValueError(f"sparse hook: method must be one of {', '.join(self.METHODS)}, got {method!r}")
         self.process_group = process_group
-        self._sa: dict = {}
-        self.last_seconds = 0.0  # the last sparse exchange, wall time (for the bench)
+        self.method = method
+        self._sa: dict = {}  # row count -> scalefree SparseAllreduce, made at first use
+        self.last_method = ""  # what the last sparse exchange used
+        self.last_seconds = 0.0  # the last sparse exchange, wall time on the worker thread
 
 
-def sparse(process_group=None) -> SparseState:
+def sparse(process_group=None, method: str = "auto") -> SparseState:
     """The state for :func:`sparse_hook` (the default group when ``process_group`` is None)."""
-    return SparseState(process_group)
+    return SparseState(process_group, method)
+
+
+def _gather_padded(g, a: np.ndarray, width: int) -> np.ndarray:
+    """Every rank's ``a`` (rows, ...) padded to ``width`` rows, in rank order:
+    ``(size * width, ...)``. No copy of ``a`` when it has ``width`` rows already."""
+    if a.shape[0] != width:
+        pad = np.zeros((width,) + a.shape[1:], a.dtype)
+        pad[:a.shape[0]] = a
+        a = pad
+    out = np.empty((g.size * width,) + a.shape[1:], a.dtype)
+    g._allgather_into(a.reshape(-1), out.reshape(-1))
+    return out
 
 
 def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook for sparse gradients (``nn.Embedding(sparse=True)``): the union of the
-    rows any rank touched is agreed with one allgather of row counts and one of the row
-    indices; every rank's rows then go through scalefree's sparse allreduce (a nested
-    butterfly: each row's sum is formed once and routed to the ranks that need it), and the
-    result is the averaged gradient as a sparse tensor on that union, the same on every
-    rank. Dense buckets are averaged with the ordinary allreduce."""
+    """DDP comm hook for sparse gradients (``nn.Embedding(sparse=True)``): the averaged
+    gradient as a coalesced sparse tensor on the union of the rows any rank touched, the
+    same on every rank (what DDP's own sparse allreduce on gloo gives).
+
+    The row counts and the row indices are gathered first (8 bytes a row). Then the rows'
+    values travel one of two ways, the same on every rank: all of them to everyone (one
+    allgather; torch's coalesce sums the rows that several ranks touched), or through
+    scalefree's sparse allreduce (a nested butterfly: each row's sum is formed once and
+    routed to the ranks that need it). Everyone must end up with every row of the union, so
+    the allgather receives fewer bytes unless ranks share many rows: ``"auto"`` takes it
+    when the rows the other ranks send are at most twice the union's share of the rows
+    a rank receives from the butterfly (always at 2 ranks). Dense buckets are averaged with
+    the ordinary allreduce."""
     import time
 
     pg = _pg(state.process_group)
@@ -161,24 +186,57 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
 
     def run_sparse():
         t0 = time.perf_counter()
-        grad = buf.coalesce()
+        grad = buf if buf.is_coalesced() else buf.coalesce()
         rows = grad.indices()[0].contiguous()
-        vals = grad.values().reshape(rows.numel(), -1).float().contiguous()
-        dim = grad.shape[0]
+        vals = grad.values().contiguous()
+        row_shape = tuple(buf.shape[1:])
+        dim = buf.shape[0]
         counts = g.allgather(np.array([rows.numel()], np.int64)).reshape(-1)
-        width = int(counts.max()) if counts.size else 0
-        padded = np.full(max(width, 1), -1, np.int64)
-        padded[:rows.numel()] = rows.numpy()
-        every = g.allgather(padded)
-        union = np.unique(every[every >= 0])
-        sa = state._sa.get(dim)
-        if sa is None:
-            sa = state._sa[dim] = g.sparse_allreduce(dim)
-        summed = sa.config_reduce(rows.numpy(), vals.numpy(), union)
-        summed /= n
-        out = torch.sparse_coo_tensor(torch.from_numpy(union).unsqueeze(0),
-                                      torch.from_numpy(summed).to(buf.dtype).reshape((len(union),) + tuple(buf.shape[1:])),
-                                      buf.shape).coalesce()
+        width = int(counts.max())
+        if width == 0:  # no rank touched a row
+            state.last_method, state.last_seconds = "none", time.perf_counter() - t0
+            fut.set_result(torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
+                                                   torch.zeros((0,) + row_shape, dtype=buf.dtype), buf.shape))
+            return
+        every = _gather_padded(g, rows.numpy(), width)
+        valid = every if bool((counts == width).all()) else \
+            np.concatenate([every[r * width:r * width + int(c)] for r, c in enumerate(counts)])
+        method = state.method
+        union = None
+        if method == "auto":
+            if n <= 2:
+                method = "allgather"
+            else:
+                union = np.unique(valid)
+                received = int(counts.sum()) - int(counts.min())
+                method = "allgather" if received <= 2 * len(union) * (n - 1) / n else "sparse_allreduce"
+        if method == "allgather":
+            # Values as they are (bfloat16/float16 as 16-bit words), padded to the widest rank.
+            moved = _as_numpy(vals).reshape(rows.numel(), -1) if vals.numel() else \
+                np.empty((0, max(1, int(np.prod(row_shape)))), _as_numpy(vals[:0]).dtype)
+            allv = torch.from_numpy(_gather_padded(g, moved, width))
+            if vals.dtype in _MOVE_AS:
+                allv = allv.view(vals.dtype)
+            allv = allv.view((n * width,) + row_shape)
+            idx = torch.from_numpy(every)
+            if not bool((counts == width).all()):
+                keep = torch.cat([torch.arange(r * width, r * width + int(c)) for r, c in enumerate(counts)])
+                idx, allv = idx[keep], allv[keep]
+            out = torch.sparse_coo_tensor(idx.unsqueeze(0), allv, buf.shape, check_invariants=False).coalesce()
+            out.values().div_(n)
+        else:
+            if union is None:
+                union = np.unique(valid)
+            sa = state._sa.get(dim)
+            if sa is None:
+                sa = state._sa[dim] = g.sparse_allreduce(dim)
+            flat = vals.reshape(rows.numel(), -1).float().contiguous()
+            summed = sa.config_reduce(rows.numpy(), flat.numpy(), union)
+            summed /= n
+            out = torch.sparse_coo_tensor(torch.from_numpy(union).unsqueeze(0),
+                                          torch.from_numpy(summed).to(buf.dtype).reshape((len(union),) + row_shape),
+                                          buf.shape, is_coalesced=True, check_invariants=False)
+        state.last_method = method
         state.last_seconds = time.perf_counter() - t0
         fut.set_result(out)
 
@@ -196,13 +254,13 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
 
 
 def register(ddp, name: str):
-    """Registers a hook by name on a DDP module: ``"bf16"``, ``"ssp:SLACK[:VARIANT]"`` or ``"sparse"``;
+    """Registers a hook by name on a DDP module: ``"bf16"``, ``"ssp:SLACK[:VARIANT]"`` or ``"sparse[:METHOD]"``;
     returns its state."""
     if name == "bf16":
         ddp.register_comm_hook(None, bf16)
         return None
-    if name == "sparse":
-        state = sparse()
+    if name == "sparse" or name.startswith("sparse:"):
+        state = sparse(method=name.split(":", 1)[1] if ":" in name else "auto")
         ddp.register_comm_hook(state, sparse_hook)
         return state
     if name.startswith("ssp:"):

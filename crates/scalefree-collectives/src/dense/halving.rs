@@ -18,7 +18,7 @@
 //! Only the current step's partner is reduced on arrival (its window is set per step), so a
 //! partner that runs ahead lands its next step in the region, reduced once this step is done.
 
-use scalefree_transport::backends::ucx::Window;
+use scalefree_transport::Window;
 use scalefree_transport::Result;
 
 use crate::comm::Communicator;

@@ -38,13 +38,6 @@ pub(crate) fn chunk_bounds(count: usize, n: u32, i: u32, align: usize) -> (usize
     (f(i), f(i + 1))
 }
 
-fn reducible(dtype: DType) -> Result<()> {
-    if dtype == DType::U8 {
-        return Err(Error::InvalidArgument("uint8 buffers cannot be reduced; use float32, float64, int32 or int64".into()));
-    }
-    Ok(())
-}
-
 impl Communicator {
     fn pick(&self, requested: Algorithm, nbytes: usize) -> Result<Algorithm> {
         Ok(match requested {
@@ -77,7 +70,6 @@ impl Communicator {
     /// `buf` must be valid for reads and writes of `count` elements of `dtype`, aligned to
     /// the element size, and not touched by anyone else during the call.
     pub unsafe fn allreduce(&mut self, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, algo: Algorithm) -> Result<Algorithm> {
-        reducible(dtype)?;
         let nbytes = count * dtype.size_bytes();
         let used = self.pick(algo, nbytes)?;
         if self.size == 1 {
@@ -142,7 +134,6 @@ impl Communicator {
     /// # Safety
     /// `input` valid for `count` elements, `out` for the share, not overlapping.
     pub unsafe fn reduce_scatter(&mut self, input: *const u8, count: usize, out: *mut u8, dtype: DType, op: ReduceOp, algo: Algorithm) -> Result<()> {
-        reducible(dtype)?;
         let es = dtype.size_bytes();
         let (lo, hi) = share_bounds(count, self.size, self.rank);
         if self.size == 1 {

@@ -39,7 +39,7 @@
 //! header exchange: no rank writes call `s+1`'s data before every rank entered call `s+1`,
 //! i.e. finished reading call `s`'s.
 
-use scalefree_transport::backends::ucx::{Reducer, Window};
+use scalefree_transport::{Reducer, Window};
 use scalefree_transport::{Completion, Region, RemoteRegion, Result};
 
 use crate::comm::Communicator;

@@ -640,6 +640,17 @@ impl SparseAllreduce {
             return Ok(());
         }
         let l = &self.layers[0];
+        // The direct maps hold 31-bit row positions (the SIMD kernels gather by signed 32-bit
+        // offsets): with 2^31 rows or more on any rank every rank keeps the general path, whose
+        // maps are 64-bit (agreed, since the choice must be alike everywhere).
+        let rows = self.n_out.max(self.n_in).max(l.out_after).max(self.bottom.len()).max(self.in_pos.len());
+        let mut big = [(rows >= i32::MAX as usize) as i64];
+        if c.size() > 1 {
+            unsafe { c.allreduce(big.as_mut_ptr() as *mut u8, 1, DType::I64, ReduceOp::Max, Algorithm::Auto)? };
+        }
+        if big[0] != 0 {
+            return Ok(());
+        }
         let d = Direct::build(
             c,
             self.dim,
@@ -847,6 +858,6 @@ unsafe fn replicated_round(
             Ok(unsafe { p.add(off - base) })
         })?;
     }
-    mb.end(t);
+    mb.end(t)?;
     Ok(())
 }

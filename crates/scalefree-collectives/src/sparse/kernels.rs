@@ -264,7 +264,8 @@ pub enum RowMap {
 }
 
 impl RowMap {
-    /// From positions, stored as a run when they are consecutive. Panics past `u32`.
+    /// From positions, stored as a run when they are consecutive. Panics at 2^31 − 1 and past
+    /// (callers keep such row counts off this path: `Butterfly::build_direct`).
     pub fn from_positions(pos: impl ExactSizeIterator<Item = usize>) -> RowMap {
         let mut v = Vec::with_capacity(pos.len());
         let mut contig = true;

@@ -11,7 +11,13 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 
+use std::sync::atomic::Ordering;
+
+use crate::backends::{Backend, Note, Request};
+use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::region::RemoteRegion;
+use crate::wait::WaitPolicy;
 
 /// A shared mapping of a memfd. Unmapped on drop.
 #[derive(Debug)]
@@ -221,6 +227,116 @@ impl PidWatch {
                 }
             }
         }
+    }
+}
+
+/// The shared-memory backend: every peer's region is mapped here (a memfd) or reached by
+/// cross-memory attach (ordinary process memory); notifications are stores into the peer's
+/// mapped control segment and a futex wake. Copies complete before the call returns.
+pub struct Shm;
+
+impl Shm {
+    /// `n` bytes from `src` into `remote[off..]` through the mapping, else by
+    /// `process_vm_writev`; then a release fence.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    pub(crate) unsafe fn copy_to(dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize) -> Result<()> {
+        match remote.mapped_ptr() {
+            Some(p) => unsafe { std::ptr::copy_nonoverlapping(src, p.add(off), n) },
+            None => cma_write(remote.handle.pid, remote.handle.addr as usize + off, src, n)
+                .map_err(|e| dev.peer_error(peer, "process_vm_writev", e))?,
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// `n` bytes of `remote[off..]` into `dst`, after an acquire fence.
+    ///
+    /// # Safety
+    /// `dst..dst+n` must be writable and not overlap the source.
+    pub(crate) unsafe fn copy_from(dev: &Device, peer: u32, remote: &RemoteRegion, off: usize, dst: *mut u8, n: usize) -> Result<()> {
+        std::sync::atomic::fence(Ordering::Acquire);
+        match remote.mapped_ptr() {
+            Some(p) => unsafe { std::ptr::copy_nonoverlapping(p.add(off), dst, n) },
+            None => cma_read(remote.handle.pid, remote.handle.addr as usize + off, dst, n)
+                .map_err(|e| dev.peer_error(peer, "process_vm_readv", e))?,
+        }
+        Ok(())
+    }
+
+    /// Raises `peer`'s slot in its mapped control segment.
+    pub(crate) fn publish(dev: &Device, peer: u32, slot: u32, value: u32) {
+        crate::wait::publish(dev.slot_of(peer, slot as usize), dev.waiters_of(peer), value);
+    }
+
+    /// Write then note, through memory.
+    ///
+    /// # Safety
+    /// `src..src+n` must be readable.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn write_then_note(dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize, note: Note,
+                                         notify: impl FnOnce(u32, u32) -> Result<()>) -> Result<()> {
+        match note {
+            Note::None => {
+                if n > 0 {
+                    unsafe { Self::copy_to(dev, peer, src, remote, off, n)? };
+                }
+                Ok(())
+            }
+            Note::Slot(slot, value) => {
+                if n > 0 {
+                    unsafe { Self::copy_to(dev, peer, src, remote, off, n)? };
+                }
+                notify(slot, value)
+            }
+            Note::Word(word_off, value) => {
+                let Some(base) = remote.mapped_ptr() else {
+                    return Err(Error::Unsupported("a raised word needs a mapped region or a keyed one".into()));
+                };
+                if n > 0 {
+                    unsafe { Self::copy_to(dev, peer, src, remote, off, n)? };
+                }
+                crate::wait::raise(unsafe { &*(base.add(word_off as usize) as *const std::sync::atomic::AtomicU32) }, value);
+                Ok(())
+            }
+            Note::Post(word_off, value) => {
+                let p = remote.mapped_ptr().ok_or_else(|| Error::Unsupported("mesh post to a peer whose region is not mapped".into()))?;
+                unsafe { crate::mesh::post_mapped(p, off, src, n, word_off as usize, value) };
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Backend for Shm {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    unsafe fn write(&self, dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize) -> Result<()> {
+        unsafe { Self::copy_to(dev, peer, src, remote, off, n) }
+    }
+    unsafe fn read(&self, dev: &Device, peer: u32, remote: &RemoteRegion, off: usize, dst: *mut u8, n: usize) -> Result<()> {
+        unsafe { Self::copy_from(dev, peer, remote, off, dst, n) }
+    }
+    fn notify(&self, dev: &Device, peer: u32, slot: u32, value: u32) -> Result<()> {
+        Self::publish(dev, peer, slot, value);
+        Ok(())
+    }
+    unsafe fn write_notify(&self, dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize, note: Note) -> Result<()> {
+        unsafe {
+            Self::write_then_note(dev, peer, src, remote, off, n, note, |slot, value| {
+                Self::publish(dev, peer, slot, value);
+                Ok(())
+            })
+        }
+    }
+    fn wait_request(&self, _req: &Request, _policy: &WaitPolicy) -> Result<()> {
+        // Shared-memory copies complete before they return: no request is ever made here.
+        Ok(())
     }
 }
 

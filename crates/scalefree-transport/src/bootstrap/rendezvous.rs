@@ -288,56 +288,56 @@ impl Rendezvous {
                     continue;
                 }
             };
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            s.set_timeout(Some(left));
-            let mine = nonce()?;
-            let hello = hello_bytes(job.rank, job.size, &mine);
-            let closed = |e: &dyn std::fmt::Display| {
-                format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank)
-            };
-            if let Err(e) = send_frame(&mut *s, &hello, None) {
-                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
+            if let Err(e) = Self::handshake(&mut *s, job, &key, what, deadline)? {
+                let closed = format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank);
+                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed));
                 continue;
-            }
-            let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
-                Ok((b, _)) => b,
-                Err(e) => {
-                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
-                    continue;
-                }
-            };
-            if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
-                return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
-            }
-            let Some(tag) = auth::answer(&key, &hello, &mine, &reply) else {
-                return Err(bs(format!(
-                    "rank 0 at {what} could not prove it knows this job's secret: wrong job token here or there \
-                     (set the same SCALEFREE_JOB_TOKEN on every host), or not this job's rank 0"
-                )));
-            };
-            if let Err(e) = send_frame(&mut *s, &tag, None) {
-                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
-                continue;
-            }
-            s.set_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
-            let reply = match recv_frame_max(&mut *s, MAX_HELLO) {
-                Ok((b, _)) => b,
-                Err(e) => {
-                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed(&e)));
-                    continue;
-                }
-            };
-            if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
-                return Err(bs(format!("rank 0 refused rank {}: {}", job.rank, String::from_utf8_lossy(why))));
-            }
-            if reply != WELCOME {
-                return Err(bs(format!("rank 0 at {what} sent no welcome")));
             }
             s.set_timeout(Some(timeout));
             let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
             conns[0] = Some(s);
             return Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new() });
         }
+    }
+
+    /// A guest's handshake on a fresh connection to rank 0: hello, rank 0's challenge, our
+    /// answer, its welcome. `Ok(Err(e))`: rank 0 closed the connection on the way (`e`, the
+    /// failed send or receive); errors are final (refused, or not this job's rank 0).
+    fn handshake(s: &mut dyn Conn, job: &JobInfo, key: &Key, what: &str, deadline: Instant) -> Result<Result<()>> {
+        let mine = nonce()?;
+        let hello = hello_bytes(job.rank, job.size, &mine);
+        let challenge = match Self::ask(s, &hello, job.rank, deadline)? {
+            Ok(reply) => reply,
+            Err(e) => return Ok(Err(e)),
+        };
+        let Some(tag) = auth::answer(key, &hello, &mine, &challenge) else {
+            return Err(bs(format!(
+                "rank 0 at {what} could not prove it knows this job's secret: wrong job token here or there \
+                 (set the same SCALEFREE_JOB_TOKEN on every host), or not this job's rank 0"
+            )));
+        };
+        let welcome = match Self::ask(s, &tag, job.rank, deadline)? {
+            Ok(reply) => reply,
+            Err(e) => return Ok(Err(e)),
+        };
+        if welcome != WELCOME {
+            return Err(bs(format!("rank 0 at {what} sent no welcome")));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Sends `msg` to rank 0 and reads its reply by `deadline`. `Ok(Err(e))`: the send or the
+    /// receive failed (rank 0 closed the connection); an error when rank 0 refused rank `me`.
+    fn ask(s: &mut dyn Conn, msg: &[u8], me: u32, deadline: Instant) -> Result<Result<Vec<u8>>> {
+        s.set_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
+        let reply = match send_frame(s, msg, None).and_then(|()| recv_frame_max(s, MAX_HELLO)) {
+            Ok((b, _)) => b,
+            Err(e) => return Ok(Err(e)),
+        };
+        if let Some(why) = reply.strip_prefix(b"REFUSED: ") {
+            return Err(bs(format!("rank 0 refused rank {me}: {}", String::from_utf8_lossy(why))));
+        }
+        Ok(Ok(reply))
     }
 
     pub fn rank(&self) -> u32 {

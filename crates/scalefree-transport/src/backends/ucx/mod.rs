@@ -16,8 +16,12 @@
 //! file descriptor (`ucp_worker_arm` + `poll`) and runs the handlers when traffic arrives, so
 //! nobody busy-polls the network without bound.
 
+mod backend;
 pub mod ffi;
 pub(crate) mod lanes;
+
+pub use backend::Ucx;
+pub use crate::backends::{Note, Reducer, Window};
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -58,19 +62,6 @@ const NOTE_WORD: u64 = 2;
 /// Mesh post: store a 64-bit value (high half in the note's upper 32 bits) at `index`, then
 /// ring the region's mesh bell (see [`crate::mesh`]).
 const NOTE_POST: u64 = 3;
-
-/// What a write raises at the target once its data has landed.
-#[derive(Clone, Copy, Debug)]
-pub enum Note {
-    None,
-    /// The device's notification slot `.0` becomes at least `.1` (sequence order).
-    Slot(u32, u32),
-    /// The 32-bit word at byte offset `.0` of the same region becomes at least `.1`.
-    Word(u64, u32),
-    /// The 64-bit word at byte offset `.0` of the same region (a mesh region) becomes `.1`,
-    /// then the region's doorbell rings.
-    Post(u64, u64),
-}
 
 /// Header of a notification active message.
 #[repr(C)]
@@ -185,20 +176,6 @@ unsafe impl Send for Shared {}
 
 /// The most credit spins that ended their wait can build up.
 const SPIN_CREDIT_MAX: u32 = 4;
-
-/// Reduces `bytes` bytes at `src` into `dst` (`dst = dst op src`, element-wise): what a
-/// reducing window does with each part of a write as it is read off the lane.
-pub type Reducer = std::sync::Arc<dyn Fn(*mut u8, *const u8, usize) + Send + Sync>;
-
-/// A window of direct landing (see [`Net::set_direct`]): lane writes into `[offset, offset +
-/// len)` of the region go to `dst` instead, copied, or reduced into it by `reduce`.
-#[derive(Clone)]
-pub struct Window {
-    pub offset: usize,
-    pub len: usize,
-    pub dst: *mut u8,
-    pub reduce: Option<Reducer>,
-}
 
 /// Windows of one region whose lane writes land elsewhere (see [`Net::set_direct`]).
 struct Direct {
@@ -742,6 +719,12 @@ impl Net {
             Some(first) => Err(self.lost_report(first, "")),
             None => Ok(()),
         }
+    }
+
+    /// Whether `peer` is known lost (its endpoint or lane failed, it fell silent, or a peer
+    /// said so).
+    pub fn is_lost(&self, peer: u32) -> bool {
+        self.shared.lost.get(peer as usize).is_some_and(|l| l.lock().unwrap().is_some())
     }
 
     /// Records `peer` (on this host) as lost and tells the peers on other hosts.
