@@ -456,3 +456,50 @@ def test_entries_binding_checks_its_arguments():
         _native.mf_sgd_entries(ro, p, q, pg, qg, 2)
     with pytest.raises(InvalidArgumentError, match="schedule"):
         _native.mf_sgd_entries(np.zeros((1, 3), np.uint32), p, q, pg, qg, 2, schedule="adam")
+
+
+def _split_adagrad_reference(ent, p, q, pg, qg, k, eta, lam, scale, slow_only):
+    """LIBMF's split AdaGrad in plain numpy: accumulators 2u (lanes 0..8) and 2u + 1 (the rest),
+    each adding its lanes' mean squared gradient; ratings divided by ``scale``."""
+    w = -(-k // 8) * 8
+    parts = [(slice(0, 8), 0, 8)] + ([] if slow_only or w <= 8 else [(slice(8, k), 1, w - 8)])
+    loss = 0.0
+    for u, i, bits in ent:
+        r = np.float32(np.uint32(bits).view(np.float32)) / np.float32(scale)
+        e = r - p[u] @ q[i]
+        loss += float(e) ** 2
+        po, qo = p[u].copy(), q[i].copy()
+        for sl, a, width in parts:
+            gp, gq = lam * po[sl] - e * qo[sl], lam * qo[sl] - e * po[sl]
+            p[u, sl] = po[sl] - eta / np.sqrt(pg[2 * u + a]) * gp
+            q[i, sl] = qo[sl] - eta / np.sqrt(qg[2 * i + a]) * gq
+            pg[2 * u + a] += (gp @ gp) / width
+            qg[2 * i + a] += (gq @ gq) / width
+    return loss
+
+
+@pytest.mark.parametrize("schedule", ["adagrad-split", "adagrad-split-slow"])
+def test_split_adagrad_entries_match_a_numpy_reference(schedule):
+    from scalefree import _native
+
+    rng = np.random.default_rng(4)
+    k, rows_p, rows_q, n = 16, 7, 5, 61
+    ent = np.empty((n, 3), np.uint32)
+    ent[:, 0], ent[:, 1] = rng.integers(0, rows_p, n), rng.integers(0, rows_q, n)
+    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    p0 = rng.uniform(0, 0.25, (rows_p, k)).astype(np.float32)
+    q0 = rng.uniform(0, 0.25, (rows_q, k)).astype(np.float32)
+    pg0 = np.ones(2 * rows_p, np.float32)
+    qg0 = np.ones(2 * rows_q, np.float32)
+    want = [a.astype(np.float64) for a in (p0, q0, pg0, qg0)]
+    lw = _split_adagrad_reference(ent, *want, k, 0.1, 0.05, 1.3, schedule.endswith("slow"))
+    got = [a.copy() for a in (p0, q0, pg0, qg0)]
+    lg = _native.mf_sgd_entries(ent.copy(), *got, k, eta=0.1, lam=0.05, schedule=schedule, scale=1.3)
+    assert lg == pytest.approx(lw, rel=1e-4)
+    for g, w_ in zip(got, want):
+        np.testing.assert_allclose(g, w_, rtol=1e-4, atol=1e-5)
+    if schedule.endswith("slow"):
+        np.testing.assert_array_equal(got[0][:, 8:], p0[:, 8:])  # the fast lanes do not move
+    with pytest.raises(InvalidArgumentError, match="2 accumulator"):
+        _native.mf_sgd_entries(ent.copy(), p0.copy(), q0.copy(), np.ones(rows_p, np.float32),
+                               np.ones(rows_q, np.float32), k, schedule=schedule)

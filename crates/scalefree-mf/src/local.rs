@@ -2,12 +2,15 @@
 //!
 //! R is cut into `nb × nb` blocks (default max(20, 2t + 1) per side for t threads, LIBMF's
 //! `nr_bins`) after a random permutation of users and items, so blocks hold similar numbers
-//! of ratings. A thread asks the scheduler
-//! for a block whose row block and column block are both free, preferring the block updated
-//! least often (ties broken at random); the blocks running at once therefore touch disjoint
-//! rows of P and Q and need no locks. With nb ≥ t + 1 a free block always exists, so nobody
-//! waits. One epoch is nb² block runs — every rating is seen about once. The scheduler's
-//! lock is taken once per block (thousands of ratings), never per update; the kernel itself
+//! of ratings. Every epoch runs each block once, in a random order drawn from the seed and
+//! the epoch number (LIBMF draws a random priority per block and round): a thread takes the
+//! next block of that order whose row block and column block are both free, so the blocks
+//! running at once touch disjoint rows of P and Q and need no locks. There is no barrier
+//! between epochs: a thread that finds the epoch's blocks all handed out starts on the next
+//! epoch's while the others finish theirs (as LIBMF's threads do); only at an epoch's tail,
+//! when every block left shares a row or column block with a running one, does a thread
+//! wait. The scheduler's lock is taken once per block (hundreds to thousands of ratings),
+//! never per update; the kernel itself
 //! uses no locks or atomics.
 //!
 //! Layout: users and items are renumbered by the seeded permutation, so a block row is a
@@ -18,7 +21,7 @@
 //! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
 //! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
 
-use std::sync::{Barrier, Mutex};
+use std::sync::{Condvar, Mutex};
 
 use crate::error::{MfError, Result};
 use crate::kernel::{padded_k, sgd_block_ld, sq_error_ld, Entry, Factors, Isa, Schedule, SgdParams};
@@ -56,12 +59,12 @@ struct Sched {
     row_busy: Vec<bool>,
     col_busy: Vec<bool>,
     counts: Vec<u32>,
-    /// No count is below this (the lowest count when the pass started).
-    floor: u32,
-    remaining: usize,
-    /// Σ e² of the pass so far, and each finished pass's mean.
-    loss: f64,
-    done: Vec<f64>,
+    /// The blocks of pass `pass` not handed out yet, in the pass's random order.
+    pending: Vec<u32>,
+    /// The pass (0-based within this call) whose blocks are being handed out.
+    pass: usize,
+    /// Σ e² of each pass of this call.
+    loss: Vec<f64>,
 }
 
 /// `rows × ld` floats starting on a 64-byte boundary.
@@ -251,104 +254,107 @@ impl LocalTrainer {
         self.run_epochs(1)[0]
     }
 
-    /// `n` passes on one set of threads (a barrier between passes); returns each pass's mean
-    /// squared error seen during the pass.
+    /// The order in which pass `epoch` (counted from the first pass ever) hands out its
+    /// blocks: a random permutation of the nb² blocks from the seed and the pass number.
+    fn pass_order(&self, epoch: u64) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..(self.nb * self.nb) as u32).collect();
+        Rng::new(self.seed.wrapping_mul(0x100_0000).wrapping_add(epoch.wrapping_mul(1000))).shuffle(&mut v);
+        v.reverse(); // handed out from the end
+        v
+    }
+
+    /// `n` passes on one set of threads; returns each pass's mean squared error seen during
+    /// the pass.
+    ///
+    /// Each pass runs every block once, in a random order (LIBMF's scheduler draws a random
+    /// priority per block and round): a thread takes the next block of that order whose row
+    /// and column blocks are free. No barrier between passes: once a pass has handed out its
+    /// last block, threads go on with the next pass's blocks (still only free ones) while the
+    /// others finish theirs, as LIBMF's threads do.
     pub fn run_epochs(&mut self, n: usize) -> Vec<f64> {
         if n == 0 {
             return Vec::new();
         }
         let nb = self.nb;
-        let counts = std::mem::take(&mut self.counts);
-        let floor = counts.iter().copied().min().unwrap_or(0);
-        let sched = Mutex::new(Sched { row_busy: vec![false; nb], col_busy: vec![false; nb], counts, floor, remaining: nb * nb, loss: 0.0, done: Vec::with_capacity(n) });
-        let barrier = Barrier::new(self.threads);
+        let first = self.epochs;
+        let sched = Mutex::new(Sched {
+            row_busy: vec![false; nb],
+            col_busy: vec![false; nb],
+            counts: std::mem::take(&mut self.counts),
+            pending: self.pass_order(first),
+            pass: 0,
+            loss: vec![0.0; n],
+        });
+        let freed = Condvar::new();
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
         let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
         let n_ratings = self.n as f64 / (self.scale as f64).powi(2);
-        let (seed, first) = (self.seed, self.epochs);
-        let work = |tid: usize| {
-            for e in 0..n as u64 {
-                let mut rng = Rng::new(seed.wrapping_mul(0x100_0000).wrapping_add((first + e) * 1000 + tid as u64));
+        let this = &*self;
+        let work = || {
+            let mut held: Option<(usize, usize, f64)> = None; // (block, pass, Σ e²)
+            loop {
+                let (b, pass) = {
+                    let mut s = sched.lock().unwrap();
+                    if let Some((h, pass, l)) = held.take() {
+                        s.row_busy[h / nb] = false;
+                        s.col_busy[h % nb] = false;
+                        s.counts[h] += 1;
+                        s.loss[pass] += l;
+                        freed.notify_all();
+                    }
+                    loop {
+                        if s.pending.is_empty() {
+                            if s.pass + 1 == n {
+                                break None;
+                            }
+                            s.pass += 1;
+                            s.pending = this.pass_order(first + s.pass as u64);
+                        }
+                        // The next block of the order whose row and column blocks are free.
+                        let free = s.pending.iter().rposition(|&c| !(s.row_busy[c as usize / nb] || s.col_busy[c as usize % nb]));
+                        match free {
+                            Some(at) => {
+                                let c = s.pending.remove(at) as usize;
+                                s.row_busy[c / nb] = true;
+                                s.col_busy[c % nb] = true;
+                                break Some((c, s.pass));
+                            }
+                            // Only blocks sharing a row or column with running ones are left in
+                            // this pass: wait for one of those to finish.
+                            None => s = freed.wait(s).unwrap(),
+                        }
+                    }
+                }
+                .map_or((usize::MAX, 0), |x| x);
+                if b == usize::MAX {
+                    return;
+                }
                 // LIBMF updates only the first SLOW lanes in its first pass.
-                let prm_e = match prm.schedule {
-                    Schedule::AdagradSplit { .. } => SgdParams { schedule: Schedule::AdagradSplit { slow_only: first + e == 0 }, ..*prm },
+                let prm_b = match prm.schedule {
+                    Schedule::AdagradSplit { .. } => SgdParams { schedule: Schedule::AdagradSplit { slow_only: first + pass as u64 == 0 }, ..*prm },
                     _ => *prm,
                 };
-                let prm = &prm_e;
-                let mut loss = 0f64;
-                let mut held: Option<usize> = None;
-                loop {
-                    let b = {
-                        let mut s = sched.lock().unwrap();
-                        if let Some(h) = held.take() {
-                            s.row_busy[h / nb] = false;
-                            s.col_busy[h % nb] = false;
-                            s.counts[h] += 1;
-                        }
-                        if s.remaining == 0 {
-                            s.loss += loss;
-                            break;
-                        }
-                        // The free block updated least often, searched from a random start: no
-                        // count is below `floor` (counts only grow), so a free block at `floor`
-                        // ends the search — a few probes instead of nb² while the pass has
-                        // many blocks left.
-                        let total = nb * nb;
-                        let (mut best, mut best_c) = (usize::MAX, u32::MAX);
-                        let mut bi = rng.below(total);
-                        for _ in 0..total {
-                            if !(s.row_busy[bi / nb] || s.col_busy[bi % nb]) {
-                                let c = s.counts[bi];
-                                if c < best_c {
-                                    (best, best_c) = (bi, c);
-                                    if c <= s.floor {
-                                        break;
-                                    }
-                                }
-                            }
-                            bi += 1;
-                            if bi == total {
-                                bi = 0;
-                            }
-                        }
-                        // nb > threads guarantees a free block; the guard keeps a bug from hanging.
-                        assert!(best != usize::MAX, "no free block (nb={nb})");
-                        s.remaining -= 1;
-                        s.row_busy[best / nb] = true;
-                        s.col_busy[best % nb] = true;
-                        best
-                    };
-                    held = Some(b);
-                    // SAFETY: block b's rows and columns are marked busy, so no other thread
-                    // touches the rows of P/Q (and their accumulators) it indexes; ids are dense;
-                    // rows are ld = padded_k(k) floats with zero padding.
-                    loss += unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, prm, ld, isa) };
-                }
-                // Every thread has released its last block; one of them closes the pass.
-                if barrier.wait().is_leader() {
-                    let mut s = sched.lock().unwrap();
-                    let l = std::mem::take(&mut s.loss);
-                    s.done.push(l / n_ratings);
-                    s.remaining = nb * nb;
-                    s.floor = s.counts.iter().copied().min().unwrap_or(0);
-                }
-                barrier.wait();
+                // SAFETY: block b's rows and columns are marked busy, so no other thread
+                // touches the rows of P/Q (and their accumulators) it indexes; ids are dense;
+                // rows are ld = padded_k(k) floats with zero padding.
+                let l = unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, &prm_b, ld, isa) };
+                held = Some((b, pass, l));
             }
         };
         if self.threads == 1 {
-            work(0);
+            work();
         } else {
             std::thread::scope(|sc| {
-                for t in 1..self.threads {
-                    sc.spawn(move || work(t));
+                for _ in 1..self.threads {
+                    sc.spawn(work);
                 }
-                work(0);
+                work();
             });
         }
         let s = sched.into_inner().unwrap();
         self.counts = s.counts;
         self.epochs += n as u64;
-        s.done
+        s.loss.iter().map(|l| l / n_ratings).collect()
     }
 
     /// RMSE on ratings sharing the training id maps (e.g. the test half of `Ratings::split`).

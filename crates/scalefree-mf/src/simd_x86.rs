@@ -72,6 +72,9 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
     let slow_only = matches!(prm.schedule, Schedule::AdagradSplit { slow_only: true });
     let (rs, rf) = split_norms(prm.k);
     let upto = if SPLIT && slow_only { 1 } else { N };
+    // In a slow-only pass the fast lanes do not move and their accumulators get nothing.
+    let rf_eff = if slow_only { 0.0 } else { rf };
+    let norms = _mm_setr_ps(rs, rf_eff, rs, rf_eff);
     let row_bytes = N * 32;
     let mut loss = 0f64;
     for (n, en) in block.iter().enumerate() {
@@ -94,6 +97,74 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
                 q[j] = _mm256_loadu_ps(qp.add(8 * j));
             }
         }
+        if SPLIT {
+            // LIBMF's rule. The squared gradient norms per accumulator follow from the old rows
+            // alone: with gp = λp − e q and gq = λq − e p over the lanes of one accumulator,
+            // Σgp² = λ²·p·p − 2λe·p·q + e²·q·q (and p, q swapped for Σgq²). The three dot
+            // products per accumulator are summed next to p·q, before e is known, so the next
+            // rating of the same item or user waits only for a few FMAs, not for a reduction
+            // of the new gradients.
+            let ds = _mm256_mul_ps(p[0], q[0]);
+            let (pps, qqs) = (_mm256_mul_ps(p[0], p[0]), _mm256_mul_ps(q[0], q[0]));
+            let (mut df0, mut df1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut ppf, mut qqf) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for j in 1..N {
+                if j % 2 == 1 {
+                    df1 = _mm256_fmadd_ps(p[j], q[j], df1);
+                } else {
+                    df0 = _mm256_fmadd_ps(p[j], q[j], df0);
+                }
+                ppf = _mm256_fmadd_ps(p[j], p[j], ppf);
+                qqf = _mm256_fmadd_ps(q[j], q[j], qqf);
+            }
+            let df = _mm256_add_ps(df0, df1);
+            let e = en.r - hsum256(_mm256_add_ps(ds, df));
+            loss += (e * e) as f64;
+            // [ds, df, pp_s, pp_f] and [qq_s, qq_f, qq_s, qq_f].
+            let h4 = _mm256_hadd_ps(_mm256_hadd_ps(ds, df), _mm256_hadd_ps(pps, ppf));
+            let h5 = _mm256_hadd_ps(qqs, qqf);
+            let h5 = _mm256_hadd_ps(h5, h5);
+            let s1 = _mm_add_ps(_mm256_castps256_ps128(h4), _mm256_extractf128_ps::<1>(h4));
+            let s2 = _mm_add_ps(_mm256_castps256_ps128(h5), _mm256_extractf128_ps::<1>(h5));
+            let a = _mm_shuffle_ps::<0b01_00_11_10>(s1, s2); // [pp_s, pp_f, qq_s, qq_f]
+            let b = _mm_movelh_ps(s1, s1); // [ds, df, ds, df]
+            let c = _mm_shuffle_ps::<0b11_10_01_00>(s2, s1); // [qq_s, qq_f, pp_s, pp_f]
+            let sums = _mm_fmadd_ps(_mm_set1_ps(e * e), c, _mm_fmadd_ps(_mm_set1_ps(-2.0 * prm.lambda * e), b, _mm_mul_ps(_mm_set1_ps(prm.lambda * prm.lambda), a)));
+            // Rounding can leave a tiny negative sum where the gradient is ~0.
+            let sums = _mm_max_ps(sums, _mm_setzero_ps());
+            // The four accumulators [pg_slow, pg_fast, qg_slow, qg_fast] in one register
+            // (each row's pair is contiguous): one sqrt and one division give all four steps.
+            // SAFETY: accumulators 2u, 2u + 1, 2i, 2i + 1: in bounds and ours.
+            let (pg, qg) = unsafe { (f.pg.add(2 * u), f.qg.add(2 * i)) };
+            let g = unsafe { _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd(pg as *const f64), qg as *const f64)) };
+            let st = _mm_div_ps(_mm_set1_ps(prm.eta), _mm_sqrt_ps(g));
+            let gn = _mm_fmadd_ps(sums, norms, g);
+            // SAFETY: as above.
+            unsafe {
+                _mm_store_sd(pg as *mut f64, _mm_castps_pd(gn));
+                _mm_storeh_pd(qg as *mut f64, _mm_castps_pd(gn));
+            }
+            // p − s(λp − e q) = (1 − sλ)p + (s e)q: per accumulator the two factors
+            // [1 − sλ] and [s e] for [p slow, p fast, q slow, q fast], one FMA and one multiply
+            // per chunk and side.
+            let keep = _mm_fnmadd_ps(st, _mm_set1_ps(prm.lambda), _mm_set1_ps(1.0));
+            let pull = _mm_mul_ps(st, _mm_set1_ps(e));
+            let bc = |v: __m128| {
+                let hi = _mm_movehl_ps(v, v);
+                [(_mm256_broadcastss_ps(v), _mm256_broadcastss_ps(hi)), (_mm256_broadcastss_ps(_mm_movehdup_ps(v)), _mm256_broadcastss_ps(_mm_movehdup_ps(hi)))]
+            };
+            let (kv, pv) = (bc(keep), bc(pull));
+            for j in 0..upto {
+                let s = (j > 0) as usize;
+                let ((kp, kq), (ep, eq)) = (kv[s], pv[s]);
+                // SAFETY: as for the loads.
+                unsafe {
+                    _mm256_storeu_ps(pp.add(8 * j), _mm256_fmadd_ps(kp, p[j], _mm256_mul_ps(ep, q[j])));
+                    _mm256_storeu_ps(qp.add(8 * j), _mm256_fmadd_ps(kq, q[j], _mm256_mul_ps(eq, p[j])));
+                }
+            }
+            continue;
+        }
         let mut d0 = _mm256_mul_ps(p[0], q[0]);
         let mut d1 = _mm256_setzero_ps();
         for j in 1..N {
@@ -106,45 +177,6 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
         let e = en.r - hsum256(_mm256_add_ps(d0, d1));
         loss += (e * e) as f64;
         let ev = _mm256_set1_ps(e);
-        if SPLIT {
-            // The four accumulators [pg_slow, pg_fast, qg_slow, qg_fast] in one register
-            // (each row's pair is contiguous): one sqrt and one division give all four steps.
-            // SAFETY: accumulators 2u, 2u + 1, 2i, 2i + 1: in bounds and ours.
-            let (pg, qg) = unsafe { (f.pg.add(2 * u), f.qg.add(2 * i)) };
-            let g = unsafe { _mm_castpd_ps(_mm_loadh_pd(_mm_load_sd(pg as *const f64), qg as *const f64)) };
-            let st = _mm_div_ps(_mm_set1_ps(prm.eta), _mm_sqrt_ps(g));
-            let hi = _mm_movehl_ps(st, st);
-            let steps = [
-                (_mm256_broadcastss_ps(st), _mm256_broadcastss_ps(hi)),
-                (_mm256_broadcastss_ps(_mm_movehdup_ps(st)), _mm256_broadcastss_ps(_mm_movehdup_ps(hi))),
-            ];
-            let mut ap = [_mm256_setzero_ps(); 2];
-            let mut aq = [_mm256_setzero_ps(); 2];
-            for j in 0..upto {
-                let s = (j > 0) as usize;
-                let (spv, sqv) = steps[s];
-                let gp = _mm256_fmsub_ps(lam, p[j], _mm256_mul_ps(ev, q[j]));
-                let gq = _mm256_fmsub_ps(lam, q[j], _mm256_mul_ps(ev, p[j]));
-                ap[s] = _mm256_fmadd_ps(gp, gp, ap[s]);
-                aq[s] = _mm256_fmadd_ps(gq, gq, aq[s]);
-                // SAFETY: as for the loads.
-                unsafe {
-                    _mm256_storeu_ps(pp.add(8 * j), _mm256_fnmadd_ps(spv, gp, p[j]));
-                    _mm256_storeu_ps(qp.add(8 * j), _mm256_fnmadd_ps(sqv, gq, q[j]));
-                }
-            }
-            // [Σ gp² slow, Σ gp² fast, Σ gq² slow, Σ gq² fast] by three horizontal adds; the
-            // fast sums are zero in a slow-only pass, leaving those accumulators unchanged.
-            let z = _mm256_hadd_ps(_mm256_hadd_ps(ap[0], ap[1]), _mm256_hadd_ps(aq[0], aq[1]));
-            let sums = _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps::<1>(z));
-            let g = _mm_fmadd_ps(sums, _mm_setr_ps(rs, rf, rs, rf), g);
-            // SAFETY: as above.
-            unsafe {
-                _mm_store_sd(pg as *mut f64, _mm_castps_pd(g));
-                _mm_storeh_pd(qg as *mut f64, _mm_castps_pd(g));
-            }
-            continue;
-        }
         // SAFETY: accumulator rows u and i, in bounds and ours.
         let (sp, sq) = unsafe { step_sizes::<ADA>(f, prm, u, i) };
         let (spv, sqv) = (_mm256_set1_ps(sp), _mm256_set1_ps(sq));

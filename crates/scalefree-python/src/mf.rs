@@ -314,7 +314,10 @@ fn sgd_params(bad: &dyn Fn(String) -> PyErr, k: usize, eta: f32, lam: f32, sched
     let schedule = match schedule {
         "adagrad" => Schedule::Adagrad,
         "constant" => Schedule::Constant,
-        s => return Err(bad(format!("schedule must be 'adagrad' or 'constant', got {s:?}"))),
+        // LIBMF's split rule (two accumulators per row), all lanes or the first pass's first 8.
+        "adagrad-split" => Schedule::AdagradSplit { slow_only: false },
+        "adagrad-split-slow" => Schedule::AdagradSplit { slow_only: true },
+        s => return Err(bad(format!("schedule must be 'adagrad', 'adagrad-split', 'adagrad-split-slow' or 'constant', got {s:?}"))),
     };
     if k == 0 || !(eta > 0.0 && eta.is_finite() && lam >= 0.0 && lam.is_finite()) {
         return Err(bad(format!("need k >= 1, eta > 0, lam >= 0; got {k}, {eta}, {lam}")));
@@ -332,6 +335,7 @@ fn factor_bufs(
     q: &Bound<'_, PyAny>,
     pg: &Bound<'_, PyAny>,
     qg: &Bound<'_, PyAny>,
+    acc_per_row: usize,
 ) -> PyResult<([Buf; 4], usize, usize)> {
     let bufs = [Buf::get(p, true, "p")?, Buf::get(q, true, "q")?, Buf::get(pg, true, "pg")?, Buf::get(qg, true, "qg")?];
     for (b, w) in bufs.iter().zip(["p", "q", "pg", "qg"]) {
@@ -344,8 +348,8 @@ fn factor_bufs(
         return Err(bad(format!("p and q must hold whole rows of k = {k}")));
     }
     let (prows, qrows) = (pb.count() / k, qb.count() / k);
-    if pgb.count() < prows || qgb.count() < qrows {
-        return Err(bad("pg and qg need one accumulator per row of p and q".into()));
+    if pgb.count() < prows * acc_per_row || qgb.count() < qrows * acc_per_row {
+        return Err(bad(format!("pg and qg need {acc_per_row} accumulator(s) per row of p and q for this schedule")));
     }
     Ok((bufs, prows, qrows))
 }
@@ -389,7 +393,7 @@ pub fn mf_sgd_block(
     want(&ub, DType::I32, "users")?;
     want(&ib, DType::I32, "items")?;
     want(&rb, DType::F32, "ratings")?;
-    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg)?;
+    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg, prm.schedule.acc_per_row())?;
     let n = rb.count();
     if ub.count() != n || ib.count() != n {
         return Err(bad(format!("users, items and ratings differ in length ({}, {}, {n})", ub.count(), ib.count())));
@@ -418,14 +422,16 @@ pub fn mf_sgd_block(
     Ok(py.detach(move || unsafe { sgd_block(&block, f, &prm) }))
 }
 
-/// `scalefree._native.mf_sgd_entries(entries, p, q, pg, qg, k, eta, lam, schedule, shuffle_seed)`:
+/// `scalefree._native.mf_sgd_entries(entries, p, q, pg, qg, k, eta, lam, schedule, shuffle_seed, scale)`:
 /// [`mf_sgd_block`] over one block held as packed records — `entries` is a writable, contiguous
 /// array of 4-byte elements (numpy uint32, shape (n, 3)): user row, item row, rating (float32
 /// bits). With `shuffle_seed` the records are first put in a fresh random order in place
 /// (Fisher–Yates, SplitMix64 from that seed), so a block read from disk (or copied into a scratch
-/// buffer) is trained without another copy of it. Returns Σ e² seen before each update.
+/// buffer) is trained without another copy of it. With `scale` ≠ 1 the ratings are divided by it
+/// in place first (normalised training); the Σ e² is then in those units. Returns Σ e² seen
+/// before each update.
 #[pyfunction]
-#[pyo3(signature = (entries, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad", shuffle_seed=None))]
+#[pyo3(signature = (entries, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad", shuffle_seed=None, scale=1.0))]
 #[allow(clippy::too_many_arguments)]
 pub fn mf_sgd_entries(
     py: Python<'_>,
@@ -439,6 +445,7 @@ pub fn mf_sgd_entries(
     lam: f32,
     schedule: &str,
     shuffle_seed: Option<u64>,
+    scale: f32,
 ) -> PyResult<f64> {
     let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
     let prm = sgd_params(&bad, k, eta, lam, schedule)?;
@@ -450,7 +457,7 @@ pub fn mf_sgd_entries(
             eb.len_bytes()
         )));
     }
-    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg)?;
+    let (fb, prows, qrows) = factor_bufs(&bad, k, p, q, pg, qg, prm.schedule.acc_per_row())?;
     let n = eb.len_bytes() / 12;
     // SAFETY: Entry is repr(C) {u32, u32, f32} (12 bytes, 4-aligned) and the buffer is 4-aligned
     // (checked by Buf::get), writable and held until the end of this function.
@@ -462,6 +469,12 @@ pub fn mf_sgd_entries(
     py.detach(move || {
         if let Some(seed) = shuffle_seed {
             scalefree_mf::rng::Rng::new(seed).shuffle(block);
+        }
+        if scale != 1.0 {
+            // Normalised training (LIBMF's): the ratings divided by their standard deviation.
+            for e in block.iter_mut() {
+                e.r /= scale;
+            }
         }
         // SAFETY: every id was checked against the rows of p/q (and pg/qg have at least as
         // many); the caller must not hand the same memory to two concurrent calls.

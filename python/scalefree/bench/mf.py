@@ -27,6 +27,10 @@ N − 1 epochs timed apart; its training time is the same formula, (time of epoc
 untimed trainer with the same seed. Reported: training seconds, ratio,
 test RMSE at N iterations, the iteration and training time at which ours first reaches LIBMF's
 N-iteration RMSE, end-to-end seconds (process start to model) and peak RSS of each process.
+LIBMF's initialisation and block layout come from a fixed seed, so its RMSE on one split file
+is one draw: ``--draws N`` also reports the mean test RMSE (± standard error) over N draws of
+each side — LIBMF on copies of the split with users and items renumbered by a seeded
+permutation, ours on the same copies with seeds 0..N−1.
 
 ``scalefree bench mf --vs fold-in``: a seeded 10 % of the users of each rating file are new:
 half of each new user's ratings (seeded) are folded into a model trained without them
@@ -145,6 +149,60 @@ print(json.dumps({"load_s": t_load, "setup_s": t_setup, "train_s": t_train, "fir
 """
 
 
+_OURS_DRAW_CHILD = r"""
+import sys, json
+from scalefree import _native
+from scalefree.mf.model import load_ratings
+a = json.loads(sys.argv[3])
+train = load_ratings(sys.argv[1], cache=False)
+test, _ = load_ratings(sys.argv[2], cache=False).align_to(train)
+tr = _native.MfTrainer(train, k=a["k"], eta=a["eta"], lam=a["lam"], threads=a["threads"], seed=a["seed"])
+tr.epochs(a["iterations"])
+print(json.dumps({"rmse": tr.rmse(test)}))
+"""
+
+
+def _relabelled(tr: Path, te: Path, draw: int, d: Path) -> tuple[Path, Path]:
+    """The split files with users and items renumbered by a seeded permutation (and the
+    training lines shuffled): the same ratings, a different draw of LIBMF's fixed-seed
+    initialisation and block layout (it has no seed option)."""
+    rng = np.random.default_rng([draw, 0x4C49424D])
+    a, b = np.loadtxt(tr, ndmin=2), np.loadtxt(te, ndmin=2)
+    m = int(max(a[:, 0].max(), b[:, 0].max())) + 1
+    n = int(max(a[:, 1].max(), b[:, 1].max())) + 1
+    pu, pi = rng.permutation(m), rng.permutation(n)
+    out = []
+    for name, x in (("train", a[rng.permutation(len(a))]), ("test", b)):
+        x = x.copy()
+        x[:, 0], x[:, 1] = pu[x[:, 0].astype(np.int64)], pi[x[:, 1].astype(np.int64)]
+        path = d / f"draw.{name}.txt"
+        np.savetxt(path, x, fmt=["%d", "%d", "%g"])
+        out.append(path)
+    return out[0], out[1]
+
+
+def _draws(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
+    """Test RMSE at ``--iterations`` over ``--draws`` random draws of each side's
+    initialisation: LIBMF on relabelled copies of the split (draw j), ours on the same copy
+    with seed j."""
+    bin_dir = Path(args.libmf_bin)
+    lib, ours = [], []
+    for j in range(args.draws):
+        rtr, rte = _relabelled(tr, te, j, d)
+        model = d / "draw.model"
+        _wall_rss([str(bin_dir / "mf-train"), "-f", "0", "-k", str(args.k), "-l1", "0", "-l2", repr(lam),
+                   "-r", repr(args.eta), "-s", str(args.threads), "-t", str(args.iterations), "--quiet",
+                   str(rtr), str(model)])
+        _, _, out = _wall_rss([str(bin_dir / "mf-predict"), "-e", "0", str(rte), str(model), str(d / "draw.pred")])
+        lib.append(float(out.strip().split("=")[-1]))
+        a = {"k": args.k, "eta": args.eta, "lam": lam, "threads": args.threads, "seed": j, "iterations": args.iterations}
+        _, _, out = _wall_rss([sys.executable, "-c", _OURS_DRAW_CHILD, str(rtr), str(rte), json.dumps(a)])
+        ours.append(json.loads(out.strip().splitlines()[-1])["rmse"])
+    se = lambda x: float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")  # noqa: E731
+    return {"libmf": lib, "scalefree": ours, "libmf_mean": float(np.mean(lib)), "scalefree_mean": float(np.mean(ours)),
+            "libmf_se": se(lib), "scalefree_se": se(ours)}
+
+
 _GNU_TIME = "/usr/bin/time"
 
 
@@ -254,6 +312,10 @@ def _vs_libmf_official(args) -> int:
                 lib = _libmf_official(args, tr, te, lam, d)
                 common.progress(f"{f.parent.name}: λ={lam}: scalefree ({args.repeat} runs) ...")
                 ours = _ours_files(args, tr, te, lam)
+                draws = None
+                if args.draws:
+                    common.progress(f"{f.parent.name}: λ={lam}: {args.draws} draws of each side's initialisation ...")
+                    draws = _draws(args, tr, te, lam, d)
                 target = lib["rmse"]
                 reach = next((n for n, r in enumerate(ours["rmse"], 1) if r <= target), None)
                 t_reach = ours["cum_s"][reach - 1] if reach else None
@@ -267,16 +329,21 @@ def _vs_libmf_official(args) -> int:
                        "speedup_train": speed,
                        "scalefree_iterations_to_libmf_rmse": reach,
                        "scalefree_seconds_to_libmf_rmse": t_reach,
-                       "time_to_libmf_rmse_ratio": (lib["train_s"] / t_reach) if t_reach else None}
+                       "time_to_libmf_rmse_ratio": (lib["train_s"] / t_reach) if t_reach else None,
+                       "draws": draws}
                 records.append(rec)
                 rows.append([f.parent.name, f"{lam:g}", f"{target:.4f}", f"{ours['final_rmse']:.4f}",
                              f"{lib['train_s'] * 1e3:.1f}", f"{ours['train_s'] * 1e3:.1f}", f"{speed:.2f}x",
                              f"{reach or '-'}", f"{lib['train_s'] / t_reach:.2f}x" if t_reach else "not reached",
                              f"{lib['end_to_end_s']:.3f}", f"{ours['end_to_end_s']:.3f}",
-                             f"{lib['peak_rss_bytes'] / 2**20:.0f}", f"{ours['peak_rss_bytes'] / 2**20:.0f}"])
+                             f"{lib['peak_rss_bytes'] / 2**20:.0f}", f"{ours['peak_rss_bytes'] / 2**20:.0f}"]
+                            + ([f"{draws['libmf_mean']:.4f}±{draws['libmf_se']:.4f}",
+                                f"{draws['scalefree_mean']:.4f}±{draws['scalefree_se']:.4f}"] if draws else []))
     print(common.format_table(["data", "λ", "LIBMF RMSE", "ours RMSE", "LIBMF train ms", "ours train ms",
                                "speed-up", "ours it. to LIBMF RMSE", "time-to-RMSE ratio", "LIBMF e2e s",
-                               "ours e2e s", "LIBMF RSS MiB", "ours RSS MiB"], rows, left_columns=2))
+                               "ours e2e s", "LIBMF RSS MiB", "ours RSS MiB"]
+                              + ([f"LIBMF RMSE, {args.draws} draws", f"ours RMSE, {args.draws} draws"] if args.draws else []),
+                              rows, left_columns=2))
     if getattr(args, "json", None):
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0
@@ -347,6 +414,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--draws", type=int, default=0,
+                   help="--libmf-bin: also the test RMSE over this many draws of each side's initialisation "
+                        "(LIBMF on relabelled copies of the split, ours with seeds 0..N-1): mean ± standard error")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--normalize", choices=("on", "off"), default="on",
                    help="ours trains on ratings divided by their standard deviation, as LIBMF always does, so λ "

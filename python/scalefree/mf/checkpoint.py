@@ -113,3 +113,27 @@ def load_rank(group, path, expect: dict) -> tuple[dict, dict]:
     _agree(group, None if agreed in have else InvalidArgumentError(
         f"checkpoint {p} holds iterations {sorted(have)}, not iteration {agreed} that every rank has"))
     return have[agreed]
+
+
+class Plan:
+    """When a multi-rank run (``rima``, ``dsgd-ps``) saves and stops, the same on every rank:
+    ``ck`` is the run's checkpoint options (None: no checkpoints) with keys ``every``,
+    ``stop_after`` and ``resume``; the run continues from iteration ``start`` of ``iters``."""
+
+    def __init__(self, ck: dict | None, start: int, iters: int):
+        self.ck, self.start, self.iters = ck, start, iters
+        self.stop_at = iters
+        if ck is not None and ck["stop_after"] is not None and start < iters:
+            self.stop_at = min(iters, max(int(ck["stop_after"]), start + 1))
+
+    def boundary(self, it: int, save) -> bool:
+        """At the boundary after iteration ``it`` (after its validation, so that the file holds
+        it): calls ``save(it)`` when a checkpoint is due; true when the run stops here."""
+        if self.ck is not None and (it == self.stop_at or (self.ck["every"] and it % self.ck["every"] == 0)):
+            save(it)
+        return it == self.stop_at
+
+    def finish(self, done: int, save) -> None:
+        """After the loop: the end state of a run that trained to the last iteration."""
+        if self.ck is not None and done == self.iters and self.start < self.iters:
+            save(self.iters)

@@ -22,6 +22,7 @@ from .._traffic import Meter, summarize
 from ..tensors import slots as tensors
 from ..errors import InvalidArgumentError
 from .blocks import FactorBlock, Partition, train_block
+from .checkpoint import Plan
 from .rima import EarlyStop
 from .preload import outside_arena
 from .shares import ShareRatings
@@ -70,9 +71,7 @@ def train(group, train_ratings, opts: dict) -> dict:
 
         resumed = mf_ckpt.load_rank(group, ck["path"], {**ck["expect"], "rank": r, "ranks": group.size})
         start_it = min(int(resumed[0]["iteration"]), iters)
-    stop_at = iters
-    if ck is not None and ck["stop_after"] is not None and start_it < iters:
-        stop_at = min(iters, max(int(ck["stop_after"]), start_it + 1))
+    plan = Plan(ck, start_it, iters)
 
     def save_checkpoint(done: int, meta: dict, arrays: dict) -> None:
         from . import checkpoint as mf_ckpt
@@ -82,13 +81,10 @@ def train(group, train_ratings, opts: dict) -> dict:
                           {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta, **em},
                           {**arrays, **ea})
 
-    def boundary(step: int) -> tuple[int, bool, bool]:
-        """At an iteration boundary: (iterations done, whether to save, whether to stop)."""
-        if step == start_it * w or step % w:
-            return 0, False, False
-        it = step // w
-        save = ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0))
-        return it, save, it == stop_at
+    def boundary(step: int, save) -> bool:
+        """Whether the run stops at this step: at an iteration boundary after the start, the
+        plan's checkpoint and stop (after the iteration's validation)."""
+        return step > start_it * w and step % w == 0 and plan.boundary(step // w, save)
 
     steps = list(patterns(w, iters, seed))[start_it * w:]
     validate = opts.get("validate")  # collective: validation RMSE, the same on every rank
@@ -125,7 +121,6 @@ def train(group, train_ratings, opts: dict) -> dict:
 
         done = iters
         for step, pat in enumerate(steps, start=start_it * w):
-            it, do_save, stop = boundary(step)
             if step > 0 and step % w == 0:
                 it = step // w
                 if every and evaluate is not None and it % every == 0:
@@ -144,11 +139,8 @@ def train(group, train_ratings, opts: dict) -> dict:
                     if halt:
                         done = it
                         break
-            # After the iteration's validation, so that the checkpoint holds it.
-            if do_save:
-                save(it)
-            if stop:
-                done = it
+            if boundary(step, save):
+                done = step // w
                 break
             if step > 0 and step % w == 0 and tick is not None:
                 tick(step // w)
@@ -162,8 +154,7 @@ def train(group, train_ratings, opts: dict) -> dict:
                 slots[f"push_p{a}"].release()
                 slots[f"push_q{a}"].release()
         seconds = time.perf_counter() - t0 - paused
-        if ck is not None and done == iters and start_it < iters:
-            save(iters)
+        plan.finish(done, save)
         moved = [meter.moved()]
         if tick is not None:
             tick(done)
@@ -209,7 +200,6 @@ def train(group, train_ratings, opts: dict) -> dict:
 
     done = iters
     for step, pat in enumerate(steps, start=start_it * w):
-        it, do_save, stop = boundary(step)
         if collective and step > 0 and step % w == 0 and (step // w) % every == 0:
             meter.pause()
             evaluate(None, None)  # the server's evaluation is collective: score this rank's test share
@@ -221,10 +211,8 @@ def train(group, train_ratings, opts: dict) -> dict:
             if halt:
                 done = step // w
                 break
-        if do_save:
-            save(it)
-        if stop:
-            done = it
+        if boundary(step, save):
+            done = step // w
             break
         ru, ri = pat[r - 1]
         c0 = time.perf_counter()
@@ -241,8 +229,7 @@ def train(group, train_ratings, opts: dict) -> dict:
         sent += p.flat.nbytes + q.flat.nbytes
         recvd += p.flat.nbytes + q.flat.nbytes
     seconds = time.perf_counter() - t0
-    if ck is not None and done == iters and start_it < iters:
-        save(iters)
+    plan.finish(done, save)
     moved = meter.moved()
     slots[f"st{r}"].send(np.concatenate([[sent, recvd, comm], losses, moved.ravel()]))
     if validate is not None and early.due(done):

@@ -36,6 +36,7 @@ from . import preload as mf_preload
 from . import shares as mf_shares
 from . import stream as mf_stream
 from .blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
+from .checkpoint import Plan
 
 
 _NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
@@ -309,9 +310,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
         evals.extend(tuple(e) for e in meta.get("evals", []))
         visit = start_it * V * c
     skip = visit  # the preloader's sequence starts here
-    stop_at = iters
-    if ck is not None and ck["stop_after"] is not None:
-        stop_at = min(iters, max(int(ck["stop_after"]), start_it + 1))
+    plan = Plan(ck, start_it, iters)
 
     def save_checkpoint(done: int) -> None:
         from . import checkpoint as mf_ckpt
@@ -358,10 +357,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
                 paused += time.perf_counter() - e0
                 if halt:
                     break  # the same decision on every rank (the validation RMSE is allreduced)
-            # After the iteration's validation, so that the checkpoint holds it.
-            if ck is not None and (it == stop_at or (ck["every"] and it % ck["every"] == 0)):
-                save_checkpoint(it)
-            if it == stop_at:
+            if plan.boundary(it, save_checkpoint):
                 break
             if tick is not None:
                 tick(it)
@@ -399,9 +395,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
             recvd += buf.nbytes
         comm += time.perf_counter() - c0
     seconds = time.perf_counter() - t0 - paused
-    done = early.stopped_at or (stop_at if start_it * V < total else iters)
-    if ck is not None and done == iters and start_it < iters:
-        save_checkpoint(iters)  # the end state
+    done = early.stopped_at or (plan.stop_at if start_it * V < total else iters)
+    plan.finish(done, save_checkpoint)  # the end state
     _account(max(done - 1, 0), pre, held_r, resident, rss, waited)
     if tick is not None:
         tick(done)
