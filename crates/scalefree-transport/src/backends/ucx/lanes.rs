@@ -34,6 +34,13 @@ use crate::error::{Error, Result};
 
 const KIND_WRITE: u32 = 1;
 const KIND_NOTIFY: u32 = 2;
+/// A fence (see [`Stripe`]): `index` is its number. On an extra stream it marks that every
+/// write sent on that stream before it has been read; on the first stream, that the frames
+/// after it wait until every extra stream has delivered that fence.
+const KIND_FENCE: u32 = 3;
+/// Posted writes without a note from this size on are striped over a peer's streams (when
+/// `SCALEFREE_TCP_LANE_STREAMS` > 1).
+const STRIPE_MIN: usize = 256 << 10;
 const HELLO_MAGIC: u32 = 0x5346_4c4e; // "SFLN"
 /// Frames up to this size are written by the caller when the lane is idle (no hand-off to
 /// the writer thread: at 1 MiB allreduce that hand-off cost more than the overlap it buys).
@@ -101,6 +108,42 @@ struct Lane {
     state: Mutex<State>,
     cv: Condvar,
     reader: Mutex<Reader>,
+    /// Which of the peer's streams this is (0: the first, which carries every frame but
+    /// striped writes).
+    index: usize,
+    /// The extra streams to this peer (on the first stream only; empty with one stream).
+    extra: Vec<Arc<Lane>>,
+    /// Where striped writes go next, and whether a fence is owed (first stream only).
+    stripe: Mutex<Stripe>,
+    /// The fences the extra streams delivered (shared by all of a peer's streams).
+    fences: Arc<Fences>,
+}
+
+/// Striping (`SCALEFREE_TCP_LANE_STREAMS` = N > 1): a peer pair has N sockets, each with its
+/// own writer and reader thread. Posted writes without a note of at least [`STRIPE_MIN`]
+/// bytes go round-robin to the N streams (queued, so they progress in parallel); every other
+/// frame goes on the first stream. Before the first such frame after a striped write, a
+/// fence numbered F is queued on every extra stream and on the first one: the first
+/// stream's reader reads on past it only once every extra stream's reader has read its
+/// fence F, so a note or notification is still raised after every earlier write landed.
+/// Posted writes to one peer may land in any order among themselves.
+#[derive(Default)]
+struct Stripe {
+    next: usize,
+    dirty: bool,
+    fence: u64,
+}
+
+/// The highest fence read on each extra stream of a peer (index 0 unused); `u64::MAX` once
+/// the stream closed or broke.
+struct Fences {
+    seen: Mutex<Vec<u64>>,
+    cv: Condvar,
+}
+
+/// The number of sockets per peer pair (`SCALEFREE_TCP_LANE_STREAMS`, 1..=8, default 1).
+fn streams() -> usize {
+    std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(1).clamp(1, 8)
 }
 
 /// The receiving side of a lane.
@@ -317,18 +360,19 @@ impl Lanes {
     /// listening address. Every lane proves both ends know the job's key (`lane_key`).
     pub fn open(sh: &Arc<Shared>, listener: Listener, addrs: &[Option<SocketAddr>], connect: &[bool], key: &Key, timeout: Duration) -> Result<Lanes> {
         let me = sh.me as usize;
-        let mut streams: Vec<Option<TcpStream>> = (0..addrs.len()).map(|_| None).collect();
+        let nstreams = streams();
+        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..addrs.len()).map(|_| (0..nstreams).map(|_| None).collect()).collect();
         // Accept (and admit, each on a thread of its own) while this rank dials its own.
-        let want = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).count();
+        let want = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).count() * nstreams;
         let deadline = std::time::Instant::now() + timeout;
         let acceptor = {
             let key = key.clone();
             let connect = connect.to_vec();
             let l = listener.listener;
-            std::thread::Builder::new().name(format!("sf-lane-accept-{me}")).spawn(move || -> Result<Vec<(u32, TcpStream)>> {
+            std::thread::Builder::new().name(format!("sf-lane-accept-{me}")).spawn(move || -> Result<Vec<(u32, usize, TcpStream)>> {
                 l.set_nonblocking(true).ok();
-                let (tx, rx) = std::sync::mpsc::channel::<(u32, TcpStream)>();
-                let mut got: Vec<(u32, TcpStream)> = Vec::new();
+                let (tx, rx) = std::sync::mpsc::channel::<(u32, usize, TcpStream)>();
+                let mut got: Vec<(u32, usize, TcpStream)> = Vec::new();
                 let mut refused = 0;
                 while got.len() < want {
                     loop {
@@ -339,8 +383,16 @@ impl Lanes {
                                 let _ = std::thread::Builder::new().name("sf-lane-admit".into()).stack_size(64 << 10).spawn(move || {
                                     let ok = accept_handshake(&mut s, &key, me as u32, &|r| (r as usize) > me && (r as usize) < connect.len() && connect[r as usize],
                                                               std::time::Instant::now() + LANE_HELLO_DEADLINE);
+                                    // Then which of the dialler's streams this is.
+                                    let mut idx = [0u8; 4];
+                                    let stream = ok.and_then(|_| {
+                                        s.set_read_timeout(Some(LANE_HELLO_DEADLINE)).ok()?;
+                                        s.read_exact(&mut idx).ok()?;
+                                        s.set_read_timeout(None).ok()?;
+                                        Some(u32::from_le_bytes(idx) as usize).filter(|&i| i < nstreams)
+                                    });
                                     // u32::MAX: refused.
-                                    let _ = tx.send((ok.unwrap_or(u32::MAX), s));
+                                    let _ = tx.send((if stream.is_some() { ok.unwrap_or(u32::MAX) } else { u32::MAX }, stream.unwrap_or(0), s));
                                 });
                             }
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -349,16 +401,16 @@ impl Lanes {
                         }
                     }
                     match rx.recv_timeout(Duration::from_millis(1)) {
-                        Ok((r, s)) => {
+                        Ok((r, i, s)) => {
                             let from = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                            if r == u32::MAX || got.iter().any(|(q, _)| *q == r) {
+                            if r == u32::MAX || got.iter().any(|(q, j, _)| *q == r && *j == i) {
                                 refused += 1;
                                 if refused <= 3 {
                                     eprintln!("scalefree: rank {me} refused a TCP lane from {from} (not a rank of this job)");
                                 }
                                 continue;
                             }
-                            got.push((r, s));
+                            got.push((r, i, s));
                         }
                         Err(_) => {
                             if std::time::Instant::now() >= deadline {
@@ -372,47 +424,63 @@ impl Lanes {
         };
         for r in (0..me).filter(|&r| connect[r]) {
             let a = addrs[r].ok_or_else(|| Error::Bootstrap(format!("rank {r} offered no TCP lane")))?;
-            let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
-            let mut s = TcpStream::connect_timeout(&a, left).map_err(|e| Error::io(format!("TCP lane: connect to rank {r} at {a}"), e))?;
-            s.set_read_timeout(Some(left)).ok();
-            dial_handshake(&mut s, key, me as u32, r as u32).map_err(|e| Error::Bootstrap(format!("TCP lane to rank {r} at {a}: {e}")))?;
-            s.set_read_timeout(None).ok();
-            streams[r] = Some(s);
+            for i in 0..nstreams {
+                let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
+                let mut s = TcpStream::connect_timeout(&a, left).map_err(|e| Error::io(format!("TCP lane: connect to rank {r} at {a}"), e))?;
+                s.set_read_timeout(Some(left)).ok();
+                dial_handshake(&mut s, key, me as u32, r as u32).map_err(|e| Error::Bootstrap(format!("TCP lane to rank {r} at {a}: {e}")))?;
+                s.write_all(&(i as u32).to_le_bytes()).map_err(|e| Error::io(format!("TCP lane to rank {r} at {a}"), e))?;
+                s.set_read_timeout(None).ok();
+                streams[r][i] = Some(s);
+            }
         }
-        for (r, s) in acceptor.join().map_err(|_| Error::Bootstrap("the TCP lane acceptor panicked".into()))?? {
-            streams[r as usize] = Some(s);
+        for (r, i, s) in acceptor.join().map_err(|_| Error::Bootstrap("the TCP lane acceptor panicked".into()))?? {
+            streams[r as usize][i] = Some(s);
         }
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
         let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
-        for (r, s) in streams.into_iter().enumerate() {
-            let Some(s) = s else { continue };
-            s.set_nodelay(true).ok();
-            let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
-            let lane = Arc::new(Lane {
-                peer: r as u32,
-                stream: s,
-                state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
-                cv: Condvar::new(),
-                reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
-            });
-            let (l, shr, g) = (lane.clone(), sh.clone(), gate.clone());
-            lanes.threads.push(
-                std::thread::Builder::new()
-                    .name(format!("sf-lane-rx-{me}-{r}"))
-                    .spawn(move || read_loop(&shr, &l, &g))
-                    .map_err(|e| Error::io("spawn TCP lane reader", e))?,
-            );
-            let (l, shr) = (lane.clone(), sh.clone());
-            lanes.threads.push(
-                std::thread::Builder::new()
-                    .name(format!("sf-lane-tx-{me}-{r}"))
-                    .spawn(move || write_loop(&shr, &l))
-                    .map_err(|e| Error::io("spawn TCP lane writer", e))?,
-            );
-            sh.lane_fds.lock().unwrap()[r] = Some(std::os::fd::AsRawFd::as_raw_fd(&lane.stream));
-            lanes.lanes[r] = Some(lane);
+        for (r, ss) in streams.into_iter().enumerate() {
+            if ss.iter().any(|s| s.is_none()) {
+                continue;
+            }
+            let fences = Arc::new(Fences { seen: Mutex::new(vec![0; nstreams]), cv: Condvar::new() });
+            let mut made: Vec<Arc<Lane>> = Vec::new();
+            for (i, s) in ss.into_iter().enumerate().rev() {
+                let s = s.expect("checked above");
+                s.set_nodelay(true).ok();
+                let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
+                let lane = Arc::new(Lane {
+                    peer: r as u32,
+                    stream: s,
+                    state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
+                    cv: Condvar::new(),
+                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
+                    index: i,
+                    // Built last (streams in reverse): the first stream holds the others.
+                    extra: if i == 0 { made.iter().rev().cloned().collect() } else { Vec::new() },
+                    stripe: Mutex::new(Stripe::default()),
+                    fences: fences.clone(),
+                });
+                let (l, shr, g) = (lane.clone(), sh.clone(), gate.clone());
+                lanes.threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("sf-lane-rx-{me}-{r}-{i}"))
+                        .spawn(move || read_loop(&shr, &l, &g))
+                        .map_err(|e| Error::io("spawn TCP lane reader", e))?,
+                );
+                let (l, shr) = (lane.clone(), sh.clone());
+                lanes.threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("sf-lane-tx-{me}-{r}-{i}"))
+                        .spawn(move || write_loop(&shr, &l))
+                        .map_err(|e| Error::io("spawn TCP lane writer", e))?,
+                );
+                sh.lane_fds.lock().unwrap()[r].push(std::os::fd::AsRawFd::as_raw_fd(&lane.stream));
+                made.push(lane);
+            }
+            lanes.lanes[r] = made.pop();
         }
         Ok(lanes)
     }
@@ -448,6 +516,18 @@ impl Lanes {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn start_write(&self, peer: u32, src: *const u8, n: usize, key: u64, offset: u64, note: u64, index: u64, value: u32) -> Result<Option<Request>> {
         let frame = Frame { kind: KIND_WRITE, value, key, offset, len: n as u64, note, index };
+        let lane = self.lane(peer);
+        if note == super::NOTE_NONE && n >= STRIPE_MIN && !lane.extra.is_empty() {
+            // Striped: queued on the next stream in turn (see [`Stripe`]).
+            let mut sp = lane.stripe.lock().unwrap();
+            let k = sp.next;
+            sp.next = (k + 1) % (lane.extra.len() + 1);
+            if k > 0 {
+                sp.dirty = true;
+            }
+            let to = if k == 0 { lane } else { &lane.extra[k - 1] };
+            return unsafe { self.send_on(to, frame, src, true) };
+        }
         unsafe { self.send(peer, frame, src) }
     }
 
@@ -457,14 +537,37 @@ impl Lanes {
         unsafe { self.send(peer, frame, std::ptr::null()) }
     }
 
+    /// Sends `frame` on the first stream to `peer`, after a fence if striped writes went
+    /// before it (see [`Stripe`]).
     unsafe fn send(&self, peer: u32, frame: Frame, src: *const u8) -> Result<Option<Request>> {
         let lane = self.lane(peer);
+        if lane.extra.is_empty() {
+            return unsafe { self.send_on(lane, frame, src, false) };
+        }
+        let mut sp = lane.stripe.lock().unwrap();
+        if sp.dirty {
+            sp.fence += 1;
+            let fence = Frame { kind: KIND_FENCE, index: sp.fence, ..Frame::default() };
+            for x in lane.extra.iter().chain([lane]) {
+                unsafe { self.send_on(x, fence, std::ptr::null(), false) }?;
+            }
+            sp.dirty = false;
+        }
+        let r = unsafe { self.send_on(lane, frame, src, false) };
+        drop(sp);
+        r
+    }
+
+    /// Sends `frame` on one stream: written here when the stream is idle and the frame
+    /// small (unless `queue`), else queued for its writer thread.
+    unsafe fn send_on(&self, lane: &Lane, frame: Frame, src: *const u8, queue: bool) -> Result<Option<Request>> {
+        let peer = lane.peer;
         let n = frame.len as usize;
         let mut st = lane.state.lock().unwrap();
         if let Some(why) = &st.failed {
             return Err(Error::PeerLost { rank: peer, pid: 0, detail: why.clone() });
         }
-        let inline = st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX;
+        let inline = !queue && st.queue.is_empty() && !st.busy && n + FRAME_LEN <= INLINE_MAX;
         if n >= BULK_FRAME && !(inline && keep_lease()) {
             self.gate.end_lease();
         }
@@ -509,10 +612,10 @@ impl Lanes {
 
     /// Stops every lane: sockets shut down, threads joined.
     pub fn close(&mut self) {
-        self.sh.lane_fds.lock().unwrap().iter_mut().for_each(|f| *f = None);
+        self.sh.lane_fds.lock().unwrap().iter_mut().for_each(|f| f.clear());
         *self.gate.closed.lock().unwrap() = true;
         self.gate.cv.notify_all();
-        for lane in self.lanes.iter().flatten() {
+        for lane in self.lanes.iter().flatten().flat_map(|l| l.extra.iter().chain([l])) {
             lane.state.lock().unwrap().closed = true;
             lane.cv.notify_all();
             let _ = lane.stream.shutdown(Shutdown::Both);
@@ -672,7 +775,7 @@ fn drain(sh: &Shared, lane: &Lane, rd: &mut Reader) -> u32 {
             // its device). Not an error here: if it died while we still need it, UCX
             // (endpoint error, heartbeats) or the process watch says so, as without lanes.
             Avail::Closed => rd.done = true,
-            Avail::Data(got) => match read_frame(sh, lane.peer as usize, rd, &mut hdr, got) {
+            Avail::Data(got) => match read_frame(sh, lane, rd, &mut hdr, got) {
                 Ok(()) => k += 1,
                 Err(why) => {
                     rd.done = true;
@@ -683,11 +786,17 @@ fn drain(sh: &Shared, lane: &Lane, rd: &mut Reader) -> u32 {
             },
         }
     }
+    if rd.done && lane.index > 0 {
+        // A fence waiter on the first stream must not wait for this one any more.
+        lane.fences.seen.lock().unwrap()[lane.index] = u64::MAX;
+        lane.fences.cv.notify_all();
+    }
     k
 }
 
 /// Handles one frame whose first `got` header bytes are in `hdr` already.
-fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LEN], got: usize) -> std::result::Result<(), String> {
+fn read_frame(sh: &Shared, lane: &Lane, rd: &mut Reader, hdr: &mut [u8; FRAME_LEN], got: usize) -> std::result::Result<(), String> {
+    let peer = lane.peer as usize;
     rd.s.read_exact(&mut hdr[got..]).map_err(|e| format!("its TCP lane broke: {e}"))?;
     let f = Frame::parse(hdr);
     if let Some(t) = sh.last_heard.get(peer) {
@@ -739,6 +848,27 @@ fn read_frame(sh: &Shared, peer: usize, rd: &mut Reader, hdr: &mut [u8; FRAME_LE
             sh.publish(f.index as u32, f.value);
             Ok(())
         }
+        KIND_FENCE if lane.index > 0 => {
+            let mut seen = lane.fences.seen.lock().unwrap();
+            seen[lane.index] = seen[lane.index].max(f.index);
+            lane.fences.cv.notify_all();
+            Ok(())
+        }
+        KIND_FENCE => {
+            // The first stream: on only once every extra stream has read this fence (their
+            // reader threads read them; they never wait for this one).
+            let mut seen = lane.fences.seen.lock().unwrap();
+            while seen[1..].iter().any(|&s| s < f.index) {
+                seen = lane.fences.cv.wait_timeout(seen, Duration::from_millis(100)).unwrap().0;
+                if sh.stop.load(Ordering::SeqCst) || lane.state.lock().unwrap().closed {
+                    return Err("its TCP lane closed at a fence".into());
+                }
+            }
+            if seen[1..].contains(&u64::MAX) {
+                return Err("one of its TCP lane's streams broke before a fence".into());
+            }
+            Ok(())
+        }
         k => Err(format!("its TCP lane sent an unknown frame kind {k}")),
     }
 }
@@ -768,14 +898,17 @@ fn read_reducing(rd: &mut Reader, dst: usize, n: usize, f: &super::Reducer) -> s
 /// caller is spinning in a wait, which reads it itself (the thread stands down meanwhile).
 fn read_loop(sh: &Shared, lane: &Lane, gate: &Gate) {
     let fd = lane.reader.lock().unwrap().fd;
+    // Extra streams (striped writes and fences) are read by their thread alone: callers
+    // read the first stream only.
+    let gated = lane.index == 0;
     loop {
-        let open = gate.stand_down();
+        let open = !gated || gate.stand_down();
         let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let r = unsafe { libc::poll(&mut p, 1, -1) };
         if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             return;
         }
-        if open && gate.callers_reading() {
+        if gated && open && gate.callers_reading() {
             // Arrived while a caller spins (or reads its own arrivals): it is reading it.
             continue;
         }

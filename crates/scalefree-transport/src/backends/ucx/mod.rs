@@ -152,8 +152,8 @@ pub(crate) struct Shared {
     last_heard: Vec<std::sync::atomic::AtomicU64>,
     watched: Mutex<Vec<bool>>,
     peer_timeout: std::time::Duration,
-    /// Each peer's TCP lane socket, if it has one (shut down when the peer is lost).
-    lane_fds: Mutex<Vec<Option<c_int>>>,
+    /// Each peer's TCP lane sockets, if it has any (shut down when the peer is lost).
+    lane_fds: Mutex<Vec<Vec<c_int>>>,
     /// Direct landing (see [`Net::set_direct`]): lane writes into these windows of a region
     /// go straight to the caller's memory.
     direct: Mutex<Option<Direct>>,
@@ -442,7 +442,7 @@ impl Shared {
         self.any_lost.store(true, Ordering::SeqCst);
         // A caller blocked writing to its lane (a host cut off: the socket would block for
         // minutes) gets an error now.
-        if let Some(fd) = self.lane_fds.lock().unwrap().get(peer).copied().flatten() {
+        for &fd in self.lane_fds.lock().unwrap().get(peer).into_iter().flatten() {
             unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
         }
         for s in 0..self.nslots {
@@ -640,7 +640,7 @@ impl Net {
             last_heard: (0..size).map(|_| std::sync::atomic::AtomicU64::new(0)).collect(),
             watched: Mutex::new(vec![false; size as usize]),
             peer_timeout: peer_timeout(),
-            lane_fds: Mutex::new(vec![None; size as usize]),
+            lane_fds: Mutex::new(vec![Vec::new(); size as usize]),
             direct: Mutex::new(None),
             direct_busy: AtomicU32::new(0),
             direct_bytes: std::sync::atomic::AtomicU64::new(0),
