@@ -158,8 +158,11 @@ def test_posted_operations_many_in_flight_test_wait_await():
         assert all(r.stdout.strip() == "ok" for r in res)
 
 
-def test_posted_operations_across_simulated_hosts():
-    """Every peer on another (simulated) host: the operations complete later (UCX, lanes)."""
+@pytest.mark.parametrize("streams", ["1", "4"])
+def test_posted_operations_across_simulated_hosts(streams):
+    """Every peer on another (simulated) host: the operations complete later (UCX, lanes).
+    With 4 lane streams the 1 MiB posted writes are striped over 4 sockets, and the
+    notification after them must still be raised only once all of them landed."""
     from scalefree.errors import UnsupportedError
     from scalefree.launch.ucx import info
 
@@ -167,5 +170,5 @@ def test_posted_operations_across_simulated_hosts():
         info()
     except UnsupportedError as e:
         pytest.skip(f"UCX is not installed here: {e}")
-    res = run_ranks(2, ASYNC, timeout=120, extra_env={"SCALEFREE_SIMULATE_HOSTS": "1"})
+    res = run_ranks(2, ASYNC, timeout=120, extra_env={"SCALEFREE_SIMULATE_HOSTS": "1", "SCALEFREE_TCP_LANE_STREAMS": streams})
     assert all(r.stdout.strip() == "ok" for r in res)

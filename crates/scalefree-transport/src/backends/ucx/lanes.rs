@@ -10,7 +10,9 @@
 //! note after the last byte has landed.
 //!
 //! Every frame to a peer travels on one socket, in order, and `notify` takes the lane after
-//! flushing UCX, so a notification is raised after every earlier write's data is in place. One-sided `put`/`get`, heartbeats
+//! flushing UCX, so a notification is raised after every earlier write's data is in place
+//! (with `SCALEFREE_TCP_LANE_STREAMS` > 1, large posted writes are striped over several
+//! sockets and a fence keeps that rule: see [`Stripe`]). One-sided `put`/`get`, heartbeats
 //! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
 //! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
 //!
