@@ -208,6 +208,35 @@ def test_block_kernel_binding_checks_its_arguments():
                              schedule="adam")
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_train_block_is_the_scaled_split_update(first):
+    """train_block = mf_sgd_entries on the ratings / σ with λ / σ and the split schedule (slow
+    lanes only in the first iteration); the partition's stored block is left as it was."""
+    tr, _ = mf.split_ratings(ML100K, 0.1, 0)
+    part = Partition(tr, 2, 12, 0)
+    r = np.frombuffer(tr.dense()[2], np.float32).astype(np.float64)
+    assert part.scale == pytest.approx(np.std(r), rel=1e-5) and part.scale != 1.0
+    stored = part.block(0, 1).copy()
+    p, q = part.p_block(0), part.q_block(1)
+    p2, q2 = part.p_block(0), part.q_block(1)
+    opts = dict(eta=0.1, lam=0.05, schedule="adagrad")
+    loss = train_block(part, 0, 1, p, q, opts, None, first=first)
+    np.testing.assert_array_equal(part.block(0, 1), stored)
+    ent = stored.copy()
+    ent[:, 2] = (ent[:, 2].view(np.float32) / np.float32(part.scale)).view(np.uint32)
+    want = _native.mf_sgd_entries(ent, p2.factors, q2.factors, p2.acc, q2.acc, 12, eta=0.1, lam=0.05 / part.scale,
+                                  schedule="adagrad-split-slow" if first else "adagrad-split")
+    assert loss == pytest.approx(want, rel=1e-6)
+    np.testing.assert_allclose(p.factors, p2.factors, rtol=1e-6, atol=1e-7)
+    # slow-only: lanes 8.. untouched in the first iteration
+    assert np.array_equal(p.factors[:, 8:], part.p_block(0).factors[:, 8:]) == first
+    # the factors leave the blocks scaled by √σ
+    dp, _ = part.dense_factors({0: p.flat}, {})
+    np.testing.assert_allclose(dp[part.upos < part.ustart[1]],
+                               p.factors[part.upos[part.upos < part.ustart[1]]] * np.sqrt(np.float32(part.scale)),
+                               rtol=1e-6)
+
+
 def test_bench_vs_dsgd_ps_on_a_small_synthetic_matrix(tmp_path):
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "dsgd-ps", "--ranks", "3",
