@@ -154,6 +154,19 @@ impl Mailbox {
         unsafe { self.base[rank as usize].add(HEAD + i * self.slot_bytes) }
     }
 
+    /// After a wait on `rank`: Ok(true) when it was lost (now marked dead, so the caller
+    /// skips it), Ok(false) when the wait succeeded, other errors as they are.
+    fn lost_in(&mut self, r: Result<()>, rank: u32) -> Result<bool> {
+        match r {
+            Ok(()) => Ok(false),
+            Err(Error::PeerLost { .. }) => {
+                self.dead[rank as usize] = true;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn alive(&mut self, rank: u32) -> bool {
         if !self.dead[rank as usize] && !self.dev.rank_alive(rank) {
             self.dead[rank as usize] = true;
@@ -202,16 +215,9 @@ impl Mailbox {
                 let what = || format!("rank {dst} to finish round {prev} of a replicated sparse allreduce");
                 let w = self.word(dst, OFF_DONE);
                 let waiters = self.word(dst, OFF_WAITERS);
-                let r = wait_until(w, waiters, |v| v != 0 && seq_reached(v, prev), dev.policy(), &what, &|| {
-                    if dev.rank_alive(dst) { Ok(()) } else { Err(Error::PeerLost { rank: dst, pid: dev.pid_of(dst), detail: "the process exited".into() }) }
-                });
-                match r {
-                    Ok(_) => {}
-                    Err(Error::PeerLost { .. }) => {
-                        self.dead[dst as usize] = true;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
+                let r = wait_until(w, waiters, |v| v != 0 && seq_reached(v, prev), dev.policy(), &what, &|| alive_or_lost(&dev, dst));
+                if self.lost_in(r.map(|_| ()), dst)? {
+                    continue;
                 }
             }
             live.push(dst);
@@ -368,16 +374,9 @@ impl Mailbox {
                 if ack.load(Ordering::Acquire) < last {
                     let dev = self.dev.clone();
                     let what = || format!("rank {dst} to finish round {last} of a replicated sparse allreduce");
-                    let r = self.wait_own(&what, &|| ack.load(Ordering::Acquire) >= last, &|| {
-                        if dev.rank_alive(dst) { Ok(()) } else { Err(Error::PeerLost { rank: dst, pid: dev.pid_of(dst), detail: "lost".into() }) }
-                    });
-                    match r {
-                        Ok(()) => {}
-                        Err(Error::PeerLost { .. }) => {
-                            self.dead[dst as usize] = true;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
+                    let r = self.wait_own(&what, &|| ack.load(Ordering::Acquire) >= last, &|| alive_or_lost(&dev, dst));
+                    if self.lost_in(r, dst)? {
+                        continue;
                     }
                 }
             }
@@ -469,5 +468,14 @@ impl Mailbox {
             }
         }
         self.finish_posts(posts)
+    }
+}
+
+/// A liveness check for waits on `rank`: `PeerLost` once the transport says it is gone.
+fn alive_or_lost(dev: &Device, rank: u32) -> Result<()> {
+    if dev.rank_alive(rank) {
+        Ok(())
+    } else {
+        Err(Error::PeerLost { rank, pid: dev.pid_of(rank), detail: "the process exited or its host was lost".into() })
     }
 }
