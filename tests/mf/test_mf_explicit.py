@@ -69,7 +69,7 @@ def test_params_and_thread_default():
     assert m.threads == len(os.sched_getaffinity(0))
     assert m.get_params()["k"] == 8 and m.get_params()["normalize"] is True
     m.set_params(k=4, mode="rima")
-    assert (m.k, m.mode, m.normalize) == (4, "rima", False)
+    assert (m.k, m.mode, m.normalize) == (4, "rima", True)
     with pytest.raises(InvalidArgumentError):
         m.set_params(nope=1)
 

@@ -70,8 +70,6 @@ def test_normalize_scales_back(low_rank):
     assert abs(a.model().rmse(test) - rmse) < 1e-5
     m = mf.MatrixFactorization(k=16, iterations=15, normalize=True).fit(train, test)
     assert m.history[-1]["test_rmse"] < 0.2
-    with pytest.raises(InvalidArgumentError, match="local"):
-        mf.MatrixFactorization(mode="rima", normalize=True)
 
 
 @pytest.mark.skipif(not ML100K.exists(), reason="../shared/data/movielens-100k absent")
@@ -102,11 +100,3 @@ def test_bench_throughput_runs(tmp_path):
     recs = json.loads(out.read_text())
     assert [(r["impl"], r["threads"]) for r in recs] == [("scalefree", 1), ("scalefree", 2)]
     assert all(r["train"] == 1_000_000 and r["updates_per_s"] > 0 and r["test_rmse"] < 1 for r in recs)
-
-
-def test_cli_normalize_is_local_only(tmp_path):
-    f = tmp_path / "r.txt"
-    f.write_text("1 1 3\n1 2 4\n2 1 5\n")
-    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", "rima", "-n", "2",
-                        "--normalize"], capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "--normalize is for --mode local" in p.stderr

@@ -114,7 +114,8 @@ impl PyMfRatings {
     fn n_items(&self) -> usize {
         self.r.n_items()
     }
-    /// (users, items as int32 dense ids, ratings float32) as bytes — the ids the model uses.
+    /// (users, items as uint32 dense ids, ratings float32) as bytes — the ids the model uses
+    /// (below 2^32, checked when the ratings are built: read them as uint32, not int32).
     fn dense<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
         let u: Vec<u8> = self.r.users.iter().flat_map(|u| u.to_le_bytes()).collect();
         let i: Vec<u8> = self.r.items.iter().flat_map(|i| i.to_le_bytes()).collect();
@@ -463,7 +464,7 @@ pub fn mf_sgd_entries(
     // (checked by Buf::get), writable and held until the end of this function.
     let block: &mut [Entry] = unsafe { std::slice::from_raw_parts_mut(eb.ptr() as *mut Entry, n) };
     if let Some(e) = block.iter().find(|e| e.u as usize >= prows || e.i as usize >= qrows) {
-        return Err(bad(format!("entry ({}, {}) is outside p ({prows} rows) or q ({qrows} rows)", e.u as i32, e.i as i32)));
+        return Err(bad(format!("entry ({}, {}) is outside p ({prows} rows) or q ({qrows} rows)", e.u, e.i)));
     }
     let f = factors_of(&fb);
     py.detach(move || {

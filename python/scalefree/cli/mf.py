@@ -40,8 +40,6 @@ def _check_ranks(args) -> None:
         fail(PROG, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
     if args.checkpoint_every < 0 or (args.stop_after is not None and args.stop_after < 1):
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
-    if args.normalize and args.mode != "local":
-        fail(PROG, f"--normalize is for --mode local, not {args.mode}")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
     if args.test is not None and args.mode != "local":
@@ -85,7 +83,7 @@ def _train_ranks(args) -> int:
     train, test = split_ratings_partitioned(args.data, args.test_fraction, args.seed)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
-                                memory_budget=args.memory_budget, block_dir=args.block_dir)
+                                memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
     model._t_start = t_start  # set-up time counts the loading too
     model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args),
               validation_fraction=args.validation_fraction, patience=args.patience)
@@ -252,8 +250,8 @@ def add_parser(sub) -> None:
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
     t.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="local: train on ratings divided by their standard deviation with λ divided by it, as "
-                        "LIBMF does (default on in local mode)")
+                   help="train on ratings divided by their standard deviation with λ divided by it, as "
+                        "LIBMF does (default on, every mode)")
     t.add_argument("--test", default=None, metavar="FILE",
                    help="local: evaluate on this rating file (ids matched to the training file's; unseen ids "
                         "get the training mean) instead of a --test-fraction split (like LIBMF's -p)")

@@ -3,8 +3,14 @@
 Every rank builds the same :class:`Partition` from the same training ratings and seed: users
 and items are permuted at random, then cut into ``nb`` contiguous ranges each, so R splits
 into ``nb × nb`` blocks of similar size. A factor block travels as one flat float32 array
-(:class:`FactorBlock`): ``rows_max × k`` factors, then ``rows_max`` AdaGrad accumulators —
-one fixed size per side, so it fits a static tensor slot whatever block it holds.
+(:class:`FactorBlock`): ``rows_max × k`` factors, then ``2 · rows_max`` AdaGrad accumulators
+(LIBMF's split rule: two per row) — one fixed size per side, so it fits a static tensor slot
+whatever block it holds.
+
+Training is LIBMF's (and ``local`` mode's): the ratings divided by their standard deviation σ
+(:attr:`Partition.scale`, over all training ratings, the same on every rank), λ/σ, split
+AdaGrad with a first iteration over the first 8 lanes only; the factors are scaled by √σ when
+they leave the blocks (:meth:`Partition.dense_factors`), so they predict raw ratings.
 
 A block of R is one ``(n, 3)`` uint32 array of packed records — user row, item row, rating
 (float32 bits) — which the kernel binding (``_native.mf_sgd_entries``) shuffles and trains in
@@ -29,8 +35,12 @@ class Partition:
         """``spill(b, entries)``, if given, receives every block ``b = ru·nb + ri`` as it is
         built instead of the partition keeping it (``blocks[b]`` is then None); the blocks and
         the initial factors are the same either way."""
-        u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("int32", "int32", "float32")))
+        # Dense ids are below 2^32 (checked in Rust): uint32, not int32.
+        u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("uint32", "uint32", "float32")))
         rng = self._begin(train.n_users, train.n_items, nb, k, seed)
+        r64 = r.astype(np.float64)
+        self.scale = rating_scale(len(r), float(r64.sum()), float(r64 @ r64))
+        del r64
         up, ip = self.upos[u], self.ipos[i]
         bu = np.searchsorted(self.ustart, up, side="right") - 1
         bi = np.searchsorted(self.istart, ip, side="right") - 1
@@ -65,6 +75,7 @@ class Partition:
         if self.m < nb or self.n < nb:
             raise InvalidArgumentError(f"{self.m} users and {self.n} items cannot be cut into {nb} blocks per side")
         rng = np.random.default_rng(seed)
+        self.scale = 1.0  # σ of the training ratings: set by the constructor / the streamed build
         # pos[u]: the row of user u in the permuted order; blocks are contiguous ranges of it.
         self.upos = rng.permutation(self.m).astype(np.int64)
         self.ipos = rng.permutation(self.n).astype(np.int64)
@@ -113,7 +124,8 @@ class Partition:
         as the in-memory constructor does, and returns the number of ratings. The blocks, their
         record order and the initial factors are then those of ``Partition(train, ...)``;
         ``keep`` = (P blocks, Q blocks): only those blocks' initial factors are kept
-        (:meth:`p_block` / :meth:`q_block` of another block is an error)."""
+        (:meth:`p_block` / :meth:`q_block` of another block is an error). ``build`` (or the
+        caller, once the sums are known everywhere) sets ``part.scale`` (:func:`rating_scale`)."""
         self = cls.__new__(cls)
         rng = self._begin(m, n, nb, k, seed)
         self._end(rng, build(self, rng), init_max, keep)
@@ -162,27 +174,47 @@ class Partition:
         return FactorBlock.initial(self._initial("q", b), self.irows_max, self.k)
 
     def dense_factors(self, p_blocks: dict, q_blocks: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Whole P and Q in dense id order from ``{block: flat array}`` of every block."""
+        """Whole P and Q in dense id order from ``{block: flat array}`` of every block, scaled
+        by √σ (trained on ratings / σ, they then predict raw ratings; ``local`` mode's model)."""
         p = np.empty((self.m, self.k), np.float32)
         q = np.empty((self.n, self.k), np.float32)
         for b, a in p_blocks.items():
             p[self.ustart[b]:self.ustart[b + 1]] = FactorBlock(a, self.urows(b), self.urows_max, self.k).factors
         for b, a in q_blocks.items():
             q[self.istart[b]:self.istart[b + 1]] = FactorBlock(a, self.irows(b), self.irows_max, self.k).factors
-        return p[self.upos], q[self.ipos]
+        p, q = p[self.upos], q[self.ipos]
+        if self.scale != 1.0:
+            c = np.float32(np.sqrt(np.float32(self.scale)))
+            p *= c
+            q *= c
+        return p, q
+
+
+def rating_scale(n: int, total: float, total_sq: float) -> float:
+    """σ of ``n`` ratings from their sum and sum of squares (float32, at least 1e-4): what
+    ``local`` mode divides the ratings by (LIBMF's ``calc_std``); 1 for no ratings."""
+    if n <= 0:
+        return 1.0
+    mean = total / n
+    var = max(total_sq / n - mean * mean, 0.0)
+    return float(max(np.float32(np.sqrt(var)), np.float32(1e-4)))
+
+
+ACC_PER_ROW = 2  # split AdaGrad (LIBMF's): the first 8 lanes' accumulator and the others'
 
 
 class FactorBlock:
-    """Views of one flat block array: ``factors`` (rows × k) and ``acc`` (rows,)."""
+    """Views of one flat block array: ``factors`` (rows × k) and ``acc`` (2 · rows: two
+    accumulators per row, ``acc[2u]`` and ``acc[2u + 1]``)."""
 
     def __init__(self, flat: np.ndarray, rows: int, rows_max: int, k: int):
         self.flat = flat
         self.factors = flat[:rows * k].reshape(rows, k)
-        self.acc = flat[rows_max * k:rows_max * k + rows]
+        self.acc = flat[rows_max * k:rows_max * k + ACC_PER_ROW * rows]
 
     @staticmethod
     def size(rows_max: int, k: int) -> int:
-        return rows_max * (k + 1)
+        return rows_max * (k + ACC_PER_ROW)
 
     @classmethod
     def initial(cls, factors: np.ndarray, rows_max: int, k: int) -> "FactorBlock":
@@ -194,20 +226,28 @@ class FactorBlock:
 
 
 def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBlock, opts: dict,
-                rng: np.random.Generator | None, entries: np.ndarray | None = None) -> float:
+                rng: np.random.Generator | None, entries: np.ndarray | None = None, first: bool = False) -> float:
     """SGD over block (ru, ri) with the factor blocks ``p`` and ``q`` (updated in place);
     with ``rng``, in a fresh random order (intra-block random sampling). ``entries``: the
-    block's records in a buffer that may be shuffled in place (one read from disk by the
-    preloader); by default the in-memory block, copied into a scratch buffer first so that
-    every visit starts from the same order whichever way the block came. Returns Σ e²."""
+    block's records in a buffer that may be shuffled and rescaled in place (one read from disk
+    by the preloader); by default the in-memory block, copied into a scratch buffer first so
+    that every visit starts from the same order and ratings whichever way the block came.
+    LIBMF's update (``local`` mode's): ratings / ``part.scale``, λ / ``part.scale``;
+    ``"adagrad"`` is the split rule, over the first 8 lanes only in the ``first`` iteration.
+    Returns Σ e² in the units of the scaled ratings."""
+    scale = float(part.scale)
     if entries is None:
         entries = part.block(ru, ri)
-        if rng is not None and len(entries):
+        if (rng is not None or scale != 1.0) and len(entries):
             scratch = part.scratch(len(entries))
             np.copyto(scratch, entries)
             entries = scratch
     if len(entries) == 0:
         return 0.0
     seed = None if rng is None else int(rng.integers(0, 2**63))
+    schedule = opts["schedule"]
+    if schedule == "adagrad":
+        schedule = "adagrad-split-slow" if first else "adagrad-split"
     return _native.mf_sgd_entries(entries, p.factors, q.factors, p.acc, q.acc, part.k,
-                                  eta=opts["eta"], lam=opts["lam"], schedule=opts["schedule"], shuffle_seed=seed)
+                                  eta=opts["eta"], lam=opts["lam"] / scale, schedule=schedule, shuffle_seed=seed,
+                                  scale=scale)

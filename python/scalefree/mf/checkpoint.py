@@ -35,7 +35,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 
-VERSION = 1
+VERSION = 2  # 2: rima/dsgd-ps blocks hold two AdaGrad accumulators per row (LIBMF's update)
 
 
 def rank_path(path, rank: int, size: int) -> Path:

@@ -61,6 +61,8 @@ def train(group, train_ratings, opts: dict) -> dict:
                                                              trains=trained_blocks(w), keep=keep))
     else:
         part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
+    if not opts.get("normalize", True):
+        part.scale = 1.0  # raw ratings (LIBMF's normalisation off)
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     # Checkpoints (mf/checkpoint.py): one file per rank; the server's holds all of P and Q, a
     # worker's its SGD RNG state and losses. Every rank stops and saves at the same boundaries.
@@ -175,7 +177,8 @@ def train(group, train_ratings, opts: dict) -> dict:
         return {"rank": 0, "p": P, "q": Q, "seconds": seconds, "iterations_done": done, "start_iteration": start_it,
                 "valid_rmse": early.history, "stopped_at": early.stopped_at, "server_bytes_sent": traffic["bytes_sent"][0],
                 "server_connections": traffic["connections"][0], "evals": evals,
-                "train_mse": list(st[:, 3:3 + iters].sum(axis=0) / part.n_ratings),
+                # Σ e² was in the units of the ratings / σ.
+                "train_mse": list(st[:, 3:3 + iters].sum(axis=0) * part.scale ** 2 / part.n_ratings),
                 # Measured at the transport: per worker (ranks 1..w).
                 "bytes_sent": traffic["bytes_sent"][1:], "bytes_received": traffic["bytes_received"][1:],
                 "connections": traffic["connections"][1:], "connected_to": traffic["peers"][1:],
@@ -219,7 +222,7 @@ def train(group, train_ratings, opts: dict) -> dict:
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
         q = FactorBlock(pull_q.recv(), part.irows(ri), part.irows_max, k)
         c1 = time.perf_counter()
-        losses[step // w] += train_block(part, ru, ri, p, q, opts, rng)
+        losses[step // w] += train_block(part, ru, ri, p, q, opts, rng, first=step < w)
         c2 = time.perf_counter()
         push_p.send(p.flat)
         push_q.send(q.flat)

@@ -100,11 +100,12 @@ class MatrixFactorization:
     loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
     Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
     streamed too and no rank ever holds all ratings (``mf_stream``).
-    normalize (``local`` only, default on there): train on ratings divided by their standard
+    normalize (default on, every mode): train on ratings divided by their standard
     deviation s with λ divided by s, as LIBMF does (the same objective on the raw ratings;
-    predictions are scaled back). In ``local`` mode ``adagrad`` is LIBMF's rule: two AdaGrad
+    predictions are scaled back; in ``rima`` / ``dsgd-ps`` s is over all ranks' ratings).
+    In every mode ``adagrad`` is LIBMF's rule: two AdaGrad
     accumulators per row (the first 8 lanes and the rest) and a first pass over the first 8
-    lanes only; blocks default to max(20, 2·threads + 1) per side, sorted as LIBMF sorts them.
+    lanes only; in ``local`` mode blocks default to max(20, 2·threads + 1) per side, sorted as LIBMF sorts them.
     threads: default all cores this process may use (``os.sched_getaffinity``).
     """
 
@@ -115,9 +116,7 @@ class MatrixFactorization:
                  normalize: bool | None = None):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
-        if normalize and mode != "local":
-            raise InvalidArgumentError(f"normalize is available in mode 'local' only, not {mode!r}")
-        self.normalize = (mode == "local") if normalize is None else bool(normalize)
+        self.normalize = True if normalize is None else bool(normalize)
         if memory_budget is not None:
             if mode != "rima":
                 raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
@@ -328,6 +327,7 @@ class MatrixFactorization:
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")
         opts = dict(k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, iterations=self.iterations,
                     seed=self.seed, init_max=self.init_max, blocks_per_worker=max(1, nb // max(w, 1)),
+                    normalize=self.normalize,
                     t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
@@ -352,6 +352,7 @@ class MatrixFactorization:
                         f"{getattr(train, 'test_fraction', '')}:{getattr(train, 'seed', '')}")
             expect = {"mode": self.mode, "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
                       "blocks": nb, "seed": self.seed, "init_max": self.init_max, "data": data,
+                      "normalize": self.normalize,
                       "validation_fraction": float(validation_fraction)}
             opts["checkpoint"] = {**ckpt, "expect": expect}
         bar = _Bar(self.iterations, progress and group.rank == 0)

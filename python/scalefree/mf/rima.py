@@ -231,6 +231,8 @@ def _check_budget(part, budget: int, w: int, c: int, V: int) -> None:
 
 def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=None) -> dict:
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
+    if not opts.get("normalize", True):
+        part.scale = 1.0  # raw ratings (LIBMF's normalisation off)
     pred = (r - 1) % w  # slot "{side}{r}" goes to the successor, "{side}{pred}" comes in
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
     specs = []
@@ -367,7 +369,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
         for n, j in enumerate(visit_order(c)):
             ent = None if pre is None else pre.get(visit - skip)
             losses[it] += train_block(part, int(blk["p"][r * c + j]), int(blk["q"][r * c + j]),
-                                      view("p", j), view("q", j), opts, rng, ent)
+                                      view("p", j), view("q", j), opts, rng, ent, first=it == 0)
             if pre is not None:
                 pre.release(visit - skip)
             visit += 1
@@ -428,7 +430,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     traffic = summarize(st[:, _NSTAT + 4 * iters:].reshape(w, w, 3).astype(np.int64))
     return {"rank": 0, "p": pq[0], "q": pq[1], "seconds": seconds, "iterations_done": done, "start_iteration": start_it,
             "valid_rmse": early.history, "stopped_at": early.stopped_at, "gather_seconds": gather_s, "evals": evals,
-            "train_mse": list(per_it[:, 0].sum(axis=0) / part.n_ratings),
+            # Σ e² was in the units of the ratings / σ.
+            "train_mse": list(per_it[:, 0].sum(axis=0) * part.scale ** 2 / part.n_ratings),
             "rating_bytes_resident": per_it[:, 1].T.astype(np.int64).tolist(),
             "peak_rss_bytes": per_it[:, 2].T.astype(np.int64).tolist(),
             "preload_wait_seconds": per_it[:, 3].T.tolist(),

@@ -52,7 +52,7 @@ import numpy as np
 from .. import _native
 from .._rss import peak_rss_bytes
 from ..errors import DataError, InvalidArgumentError
-from .blocks import ENTRY_BYTES, Partition
+from .blocks import ENTRY_BYTES, Partition, rating_scale
 
 _HEADER = 32  # rating cache: magic, ratings, users, items
 _MSG_BYTES = 1024  # an error message as every rank learns it
@@ -294,7 +294,7 @@ class ShareRatings:
         m, n = len(uids), len(iids)
         self.n_users, self.n_items = m, n
         t_ids = time.perf_counter() - t0
-        state = dict(sent=0, received=0, test=0, train=0, sum=0.0, rounds=0)
+        state = dict(sent=0, received=0, test=0, train=0, sum=0.0, sumsq=0.0, rounds=0)
         seen_u, seen_i = np.zeros(m, np.int64), np.zeros(n, np.int64)
         tests = []
         valids = []
@@ -325,18 +325,21 @@ class ShareRatings:
                     cu, ci = np.searchsorted(uids, u), np.searchsorted(iids, i)
                     cu_raw_u, cu_raw_i = u, i
                     del u, i
-                    tests.append((cu[tm].astype(np.int32), ci[tm].astype(np.int32), r[tm]))
+                    tests.append((cu[tm].astype(np.uint32), ci[tm].astype(np.uint32), r[tm]))
                     state["test"] += int(tm.sum())
                     keep_ = ~tm
                     if self.valid_fraction:
                         vm = keep_ & in_test_set(cu_raw_u, cu_raw_i, self.valid_fraction, self.seed + 1)
-                        valids.append((cu[vm].astype(np.int32), ci[vm].astype(np.int32), r[vm]))
+                        valids.append((cu[vm].astype(np.uint32), ci[vm].astype(np.uint32), r[vm]))
                         keep_ &= ~vm
                         del vm
                     cu, ci, r = cu[keep_], ci[keep_], r[keep_]
                     del tm, keep_, cu_raw_u, cu_raw_i
                     state["train"] += len(r)
-                    state["sum"] += float(r.astype(np.float64).sum())
+                    r64 = r.astype(np.float64)
+                    state["sum"] += float(r64.sum())
+                    state["sumsq"] += float(r64 @ r64)  # for σ (the scale of normalised training)
+                    del r64
                     seen_u[:] += np.bincount(cu, minlength=m)
                     seen_i[:] += np.bincount(ci, minlength=n)
                     key = ublk[cu] + iblk[ci]
@@ -424,10 +427,11 @@ class ShareRatings:
         group.allreduce(seen_u)
         group.allreduce(seen_i)
         self.known_u, self.known_i = seen_u > 0, seen_i > 0
-        tot = np.array([state["sum"], state["train"], state["test"]], np.float64)
+        tot = np.array([state["sum"], state["train"], state["test"], state["sumsq"]], np.float64)
         group.allreduce(tot)
         self.n_train, self.n_test = int(tot[1]), int(tot[2])
         self.mean = tot[0] / tot[1] if tot[1] else 0.0
+        part.scale = rating_scale(self.n_train, float(tot[0]), float(tot[3]))  # σ over all shares
         held = part.resident_bytes() // ENTRY_BYTES if spill_to is None else \
             sum(c for _, c in spill_to.index.values())
         mine = np.array([read, state["train"], state["test"], state["sent"], state["received"], held,

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import DataError, InvalidArgumentError
-from .blocks import ENTRY_BYTES, Partition
+from .blocks import ENTRY_BYTES, Partition, rating_scale
 
 _HEADER = 32  # magic, ratings, users, items
 _PIECE = 1 << 16  # records per write when laying a block out
@@ -188,6 +188,7 @@ class StreamedRatings:
         wanted[sorted(needed)] = True
         known_u, known_i = np.zeros(nu, bool), np.zeros(ni, bool)
         total = np.zeros(1, np.float64)  # Σ training ratings, summed in order (as MfRatings.mean does)
+        total_sq = 0.0  # Σ r², for σ (the same on every rank: every rank reads every chunk)
         test = self.test_idx
         col = _HEADER + 8 * (nu + ni)
         where = str(self.cache)
@@ -213,7 +214,10 @@ class StreamedRatings:
                         cu, ci, cv = cu[keep], ci[keep], cv[keep]
                     known_u[cu] = True
                     known_i[ci] = True
-                    total = np.cumsum(np.concatenate([total[-1:], cv.view(np.float32).astype(np.float64)]))[-1:]
+                    r64 = cv.view(np.float32).astype(np.float64)
+                    total = np.cumsum(np.concatenate([total[-1:], r64]))[-1:]
+                    total_sq += float(r64 @ r64)
+                    del r64
                     key = ublk[cu] + iblk[ci]
                     counts += np.bincount(key, minlength=nblocks)
                     sel = np.flatnonzero(wanted[key])  # the records of blocks this rank trains
@@ -261,6 +265,7 @@ class StreamedRatings:
         finally:
             spill.close()
         n_train = n - len(test)
+        part.scale = rating_scale(n_train, float(total[-1]), total_sq)
         self._n_test, self.test_idx = len(test), np.zeros(0, np.uint32)  # the indices have served
         if collect_test:
             # The test set straight from the cache, a column chunk at a time, in Rust.
