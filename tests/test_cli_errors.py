@@ -84,3 +84,18 @@ def test_bad_arguments_are_refused_before_ranks_start(tmp_path):
 def test_version():
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("scalefree ")
+
+
+def test_only_the_first_failing_rank_reports_even_after_it_exited():
+    """The claim outlives the rank that made it: a rank failing later stays quiet."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    code = "from scalefree.cli.common import _first_to_report as f; print(f())"
+    with tempfile.TemporaryFile() as claim:
+        env = dict(os.environ, SCALEFREE_CLI_RANKS=f"/proc/{os.getpid()}/fd/{claim.fileno()}")
+        said = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                               check=True).stdout.strip() for _ in range(3)]
+    assert said == ["True", "False", "False"]

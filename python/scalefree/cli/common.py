@@ -40,11 +40,16 @@ def relaunch(args, run, ranks: int, *, allow_rank_failure: bool = False, prefix:
     if ranks > 1 and not inside_job():
         from ..launch.launcher import launch
 
+        import tempfile
+
         cmd = [sys.executable, "-m", "scalefree.cli", *sys.argv[1:]]
         env = dict(os.environ)
-        env[_REPORTS] = "1"
-        return launch(cmd, ranks, prefix=prefix, env=env, allow_rank_failure=allow_rank_failure,
-                      quiet_exits=(EXIT_FAILURE, EXIT_USAGE))
+        # The ranks' claim to report an error: a nameless file this process holds open for the
+        # job's whole life (nothing is left behind even after a crash), reached through /proc.
+        with tempfile.TemporaryFile() as claim:
+            env[_REPORTS] = f"/proc/{os.getpid()}/fd/{claim.fileno()}"
+            return launch(cmd, ranks, prefix=prefix, env=env, allow_rank_failure=allow_rank_failure,
+                          quiet_exits=(EXIT_FAILURE, EXIT_USAGE))
     return run(args)
 
 
@@ -72,27 +77,30 @@ def message(e: BaseException) -> str:
     return " ".join(text.split("\n")[0].split()) if "\n" in text else text
 
 
-_REPORTER: list = []
-
-
 def _first_to_report() -> bool:
-    """In a job started by :func:`relaunch`, True for the first rank of this host that fails
-    (it binds an abstract socket named after the job, which vanishes with the process, so
-    nothing is left behind even after a crash); the others stay quiet, since several ranks
-    often meet the same bad input (an empty file). Elsewhere always True."""
-    import errno
-    import socket
+    """In a job started by :func:`relaunch`, True for the first rank that fails: it marks the
+    launcher's claim file under a lock, so a rank that fails after the first has exited still
+    stays quiet (several ranks often meet the same bad input, an empty file). Elsewhere always
+    True."""
+    import fcntl
 
-    job = os.environ.get("SCALEFREE_JOB_ID")
-    if not job or not os.environ.get(_REPORTS) or not sys.platform.startswith("linux"):
+    path = os.environ.get(_REPORTS, "")
+    if not path.startswith("/proc/"):
         return True
     try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        s.bind("\0scalefree-report-" + job)
-    except OSError as e:
-        return e.errno != errno.EADDRINUSE
-    _REPORTER.append(s)  # held until exit
-    return True
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        first = os.pread(fd, 1, 0) == b""
+        if first:
+            os.pwrite(fd, b"1", 0)
+        return first
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases the lock
 
 
 def run_guarded(prog: str, fn, args) -> int:
