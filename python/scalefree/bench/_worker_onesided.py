@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from .common import recv_exact
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(w):
                 socks[0].sendall(buf[i * n:(i + 1) * n])
         else:
-            _recv_all(socks[0], sink)
+            recv_exact(socks[0], sink)
         _ack(socks[0], g.rank)
 
     pool = __import__("concurrent.futures").futures.ThreadPoolExecutor(w)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if g.rank == 0:
             list(pool.map(lambda i: socks[i].sendall(buf[i * n:(i + 1) * n]), range(w)))
         else:
-            list(pool.map(lambda i: _recv_all(socks[i], sink[i * n:(i + 1) * n]), range(w)))
+            list(pool.map(lambda i: recv_exact(socks[i], sink[i * n:(i + 1) * n]), range(w)))
         _ack(socks[0], g.rank)
 
     work = np.ones(1 << 20, np.float64)
@@ -169,7 +171,7 @@ def _raw_sockets(g, k: int) -> list:
         socks = [lst.accept()[0] for _ in range(k)]
         lst.close()
         # Accepted in arrival order: the peer sends each socket's index first.
-        order = [int.from_bytes(_recv_exact(s, 4), "little") for s in socks]
+        order = [int.from_bytes(_recv_bytes(s, 4), "little") for s in socks]
         socks = [s for _, s in sorted(zip(order, socks))]
     else:
         socks = []
@@ -183,26 +185,16 @@ def _raw_sockets(g, k: int) -> list:
     return socks
 
 
-def _recv_exact(s, n: int) -> bytes:
+def _recv_bytes(s, n: int) -> bytes:
     b = bytearray(n)
-    _recv_all(s, np.frombuffer(b, np.uint8))
+    recv_exact(s, b)
     return bytes(b)
-
-
-def _recv_all(s, out) -> None:
-    view = memoryview(out).cast("B")
-    got = 0
-    while got < len(view):
-        k = s.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("the peer closed the raw TCP socket")
-        got += k
 
 
 def _ack(s, rank: int) -> None:
     """The receiver answers the round with one byte; the sender waits for it."""
     if rank == 0:
-        _recv_exact(s, 1)
+        _recv_bytes(s, 1)
     else:
         s.sendall(b"k")
 

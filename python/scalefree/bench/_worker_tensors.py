@@ -94,6 +94,8 @@ def run_scalefree(args, sizes):
 
 
 def run_tcp(args, sizes):
+    from .common import recv_exact
+
     me = int(os.environ["SCALEFREE_RANK"])
     if me == 1:
         srv = socket.create_server(("127.0.0.1", args.port))
@@ -108,14 +110,6 @@ def run_tcp(args, sizes):
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     res = {}
 
-    def recv_exact(view):
-        got = 0
-        while got < len(view):
-            k = conn.recv_into(view[got:])
-            if k == 0:
-                raise ConnectionError("peer closed")
-            got += k
-
     for n in sizes:
         buf = np.full(n, 7, np.uint8)
         dst = np.zeros(n, np.uint8)
@@ -124,13 +118,13 @@ def run_tcp(args, sizes):
         if me == 0:
             def rt():
                 conn.sendall(buf)
-                recv_exact(v)
+                recv_exact(conn, v)
             times = [t / 2 for t in _time(rt, reps)]
             res[n] = times
             print(f"  tcp {n} B: median {np.median(times) * 1e6:.1f} us", file=sys.stderr, flush=True)
         else:
             for _ in range(reps + 3):
-                recv_exact(v)
+                recv_exact(conn, v)
                 conn.sendall(dst)
     conn.close()
     return me, res

@@ -211,6 +211,17 @@ class TimedPoint:
     calls: int
 
 
+def recv_exact(sock, out) -> None:
+    """Fills ``out`` (any writable buffer) from ``sock``: the raw-TCP peers' receive loop."""
+    view = memoryview(out).cast("B")
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the peer closed the raw TCP socket")
+        got += k
+
+
 def agreed_rounds(any_rank: Callable[[bool], bool], stop: Callable[[], bool], *, min_rounds: int = 1,
                   max_rounds: int | None = None) -> Iterable[int]:
     """Round numbers 1, 2, ... of a loop that every rank leaves after the same round: after
