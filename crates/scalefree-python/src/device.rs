@@ -49,6 +49,15 @@ impl PyDevice {
         Ok(PyRegion { region: r })
     }
 
+    /// Registers `nbytes` at address `ptr`, a shared mapping of the file open as `fd`
+    /// (e.g. a torch storage after `share_memory_()`): peers on this host map the file, so
+    /// collectives on buffers inside it copy nothing extra. Keep the memory mapped while
+    /// the returned region lives.
+    fn _register_shared(&self, py: Python<'_>, ptr: usize, nbytes: usize, fd: i32) -> PyResult<PyRegion> {
+        let r = unsafe { self.dev.register_shared(ptr as *mut u8, nbytes, fd) }.py_err(py)?;
+        Ok(PyRegion { region: r })
+    }
+
     /// Makes a peer's region (named by its `handle` bytes) addressable here.
     fn attach(&self, py: Python<'_>, handle: &[u8]) -> PyResult<PyRemoteRegion> {
         let r = self.dev.attach_serialized(handle).py_err(py)?;

@@ -102,6 +102,9 @@ pub(crate) struct DeviceInner {
     policy: WaitPolicy,
     rendezvous: Mutex<Rendezvous>,
     attached: Mutex<HashMap<(u32, u64), Arc<Mapping>>>,
+    /// Peers' `RegionKind::File` regions mapped here, kept while unused too (up to
+    /// `FILE_CACHE_BYTES` of unused ones), so a buffer used every step is mapped once.
+    attached_files: Mutex<HashMap<(u32, u64), Arc<Mapping>>>,
     /// Regions allocated here, so a buffer inside one is recognised as registered.
     local_regions: Mutex<Vec<(usize, usize, Weak<RegionInner>)>>,
     next_key: AtomicU64,
@@ -221,6 +224,7 @@ impl Device {
                 policy,
                 rendezvous: Mutex::new(rv),
                 attached: Mutex::new(HashMap::new()),
+                attached_files: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
                 interrupt_check: Mutex::new(None),
                 traffic: crate::traffic::Traffic::new(job_size),
@@ -304,6 +308,7 @@ impl Device {
                 policy,
                 rendezvous: Mutex::new(rv),
                 attached: Mutex::new(HashMap::new()),
+                attached_files: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
                 interrupt_check: Mutex::new(None),
                 traffic: crate::traffic::Traffic::new(job_size),
@@ -516,6 +521,73 @@ impl Device {
         Ok(Region { inner: Arc::new(RegionInner { reg, backing: Backing::Process { ptr }, handle }) })
     }
 
+    /// Registers memory that is already a shared mapping, at `ptr`, of the first `len`
+    /// bytes of the file open as `fd` (a shared-memory file, e.g. a torch storage after
+    /// `share_memory_()`). Peers on this host map the same file, so collectives on buffers
+    /// inside it read and write them with plain loads and stores. The descriptor is
+    /// duplicated; the mapping itself stays the caller's.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay mapped to that file while the region lives.
+    pub unsafe fn register_shared(&self, ptr: *mut u8, len: usize, fd: std::os::fd::RawFd) -> Result<Region> {
+        if self.inner.backend.keyed() {
+            return Err(Error::Unsupported("register_shared is for shared memory on one host".into()));
+        }
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(Error::last_os(format!("dup(fd {fd})")));
+        }
+        let dup = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+        let (ino, size) = shm::fd_identity(dup.as_raw_fd())?;
+        if size < len as u64 {
+            return Err(Error::InvalidArgument(format!("register_shared: the file holds {size} bytes, fewer than {len}")));
+        }
+        let handle = RegionHandle {
+            owner: self.rank(),
+            pid: std::process::id(),
+            kind: RegionKind::File,
+            fd: dup.as_raw_fd(),
+            addr: ptr as u64,
+            len: len as u64,
+            key: ino,
+        };
+        let inner = Arc::new(RegionInner { reg: None, backing: Backing::File { ptr, _fd: dup }, handle });
+        let mut regs = self.inner.local_regions.lock().unwrap();
+        regs.retain(|(_, _, w)| w.strong_count() > 0);
+        regs.push((ptr as usize, len, Arc::downgrade(&inner)));
+        Ok(Region { inner })
+    }
+
+    /// A peer's `RegionKind::File` region, mapped once: the mapping stays cached while unused
+    /// (up to `FILE_CACHE_BYTES` of unused ones), so a buffer used every step maps once.
+    fn attach_file(&self, handle: &RegionHandle) -> Result<RemoteRegion> {
+        /// Unused mappings of peers' files kept at most (they keep the peer's memory alive).
+        const FILE_CACHE_BYTES: usize = 1 << 30;
+        let k = (handle.owner, handle.key);
+        let mut cache = self.inner.attached_files.lock().unwrap();
+        if let Some(m) = cache.get(&k) {
+            if m.len() as u64 >= handle.len {
+                return Ok(RemoteRegion { handle: *handle, map: Some(m.clone()), rkey: None });
+            }
+        }
+        let gone = || Error::InvalidArgument(format!("rank {} no longer has that region (freed?)", handle.owner));
+        let fd = shm::open_peer_fd(handle.pid, handle.fd).map_err(|e| match e {
+            Error::Io { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => gone(),
+            e => e,
+        })?;
+        let (ino, size) = shm::fd_identity(fd.as_raw_fd())?;
+        if ino != handle.key || size < handle.len {
+            return Err(gone());
+        }
+        let m = Arc::new(shm::map_shared(fd.as_raw_fd(), handle.len as usize, false)?);
+        let unused: usize = cache.values().filter(|v| Arc::strong_count(v) == 1).map(|v| v.len()).sum();
+        if unused + m.len() > FILE_CACHE_BYTES {
+            cache.retain(|_, v| Arc::strong_count(v) > 1);
+        }
+        cache.insert(k, m.clone());
+        Ok(RemoteRegion { handle: *handle, map: Some(m), rkey: None })
+    }
+
     /// The handle of ordinary memory of this process, reachable by cross-memory attach.
     pub fn process_handle(&self, ptr: *const u8, len: usize) -> RegionHandle {
         RegionHandle {
@@ -559,6 +631,7 @@ impl Device {
                     ))),
                 }
             }
+            RegionKind::File => self.attach_file(handle),
             RegionKind::Process => {
                 if !peer.cma {
                     return Err(Error::Unsupported(format!(
@@ -641,7 +714,7 @@ impl Device {
             let mut bytes = h.to_bytes().to_vec();
             bytes.extend_from_slice(&reg.rkey);
             let fd = match &region.inner.backing {
-                Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+                Backing::Shm { _fd, .. } | Backing::File { _fd, .. } => Some(_fd.as_raw_fd()),
                 Backing::Process { .. } => None,
             };
             let items = self.inner.rendezvous.lock().unwrap().exchange(&bytes, fd)?;
@@ -672,7 +745,7 @@ impl Device {
             return Ok(out);
         }
         let fd = match &region.inner.backing {
-            Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+            Backing::Shm { _fd, .. } | Backing::File { _fd, .. } => Some(_fd.as_raw_fd()),
             Backing::Process { .. } => None,
         };
         let items = self.inner.rendezvous.lock().unwrap().exchange(&h.to_bytes(), fd)?;

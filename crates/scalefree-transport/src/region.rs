@@ -16,6 +16,9 @@ pub enum RegionKind {
     Process = 2,
     /// Memory registered with UCX: peers reach it with one-sided puts and gets.
     Ucx = 3,
+    /// A shared-memory file its owner mapped itself (e.g. a torch storage moved to shared
+    /// memory): peers on the host map the same file. `key` is the file's inode.
+    File = 4,
 }
 
 /// What a peer needs to address a region: 48 bytes, see [`RegionHandle::to_bytes`].
@@ -62,6 +65,7 @@ impl RegionHandle {
             1 => RegionKind::Shm,
             2 => RegionKind::Process,
             3 => RegionKind::Ucx,
+            4 => RegionKind::File,
             k => return Err(Error::InvalidArgument(format!("unknown region kind {k} in handle"))),
         };
         Ok(RegionHandle {
@@ -80,6 +84,8 @@ pub(crate) enum Backing {
     Shm { map: Mapping, _fd: OwnedFd },
     /// Caller-owned memory registered for the lifetime of the region.
     Process { ptr: *mut u8 },
+    /// Caller-owned shared mapping of a file (a duplicate of its descriptor kept here).
+    File { ptr: *mut u8, _fd: OwnedFd },
 }
 
 pub(crate) struct RegionInner {
@@ -129,14 +135,14 @@ impl Region {
     pub fn fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
         match &self.inner.backing {
-            Backing::Shm { _fd, .. } => Some(_fd.as_raw_fd()),
+            Backing::Shm { _fd, .. } | Backing::File { _fd, .. } => Some(_fd.as_raw_fd()),
             Backing::Process { .. } => None,
         }
     }
     pub fn as_ptr(&self) -> *mut u8 {
         match &self.inner.backing {
             Backing::Shm { map, .. } => map.as_ptr(),
-            Backing::Process { ptr, .. } => *ptr,
+            Backing::Process { ptr, .. } | Backing::File { ptr, .. } => *ptr,
         }
     }
     /// The bytes, for reading. Peers may write concurrently: synchronise with notifications.

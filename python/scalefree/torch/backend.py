@@ -97,6 +97,65 @@ class _Staged:
                 self.orig.copy_(self.t)
 
 
+class _SharedStorages:
+    """Storages that allreduce sees again (DDP's gradient buckets, which it reuses every
+    step) are moved to shared memory once (torch's ``share_memory_``: in place, every view
+    stays valid) and registered, so the peers read and write them through their own
+    mapping instead of cross-memory-attach copies. A storage is moved on its second
+    allreduce (one-off tensors are never copied) and let go when only this cache holds it.
+    ``SCALEFREE_TORCH_SHARE_BUCKETS=0`` turns this off."""
+
+    MIN_BYTES = 1 << 20
+    SHM_DIR = "/dev/shm"
+
+    def __init__(self, device):
+        self._dev = device
+        self._seen: dict = {}    # storage identity -> (weak ref, data pointer), first sighting
+        self._held: dict = {}    # data pointer -> (storage, region), moved and registered
+        self._lock = threading.Lock()
+
+    def prepare(self, t: torch.Tensor) -> None:
+        """Called before ``t`` is handed to the transport (on the caller's thread: the
+        storage's owner does not touch it until the collective completes)."""
+        st = t.untyped_storage()
+        n = st.nbytes()
+        if n < self.MIN_BYTES:
+            return
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        with self._lock:
+            ptr = st.data_ptr()
+            if ptr in self._held:
+                return
+            self._sweep()
+            key = st._cdata  # unique while our weak reference lives
+            first = self._seen.get(key)
+            if first is None or first[1] != ptr:
+                self._seen[key] = (StorageWeakRef(st), ptr)
+                return
+            del self._seen[key]
+            try:
+                free = os.statvfs(self.SHM_DIR)
+                if free.f_bavail * free.f_frsize < 2 * n:
+                    return
+                fd, _ = st._share_fd_cpu_()  # no-op when already shared
+                self._held[st.data_ptr()] = (st, self._dev._register_shared(st.data_ptr(), n, fd))
+            except (RuntimeError, OSError, ScalefreeError):
+                return  # stays ordinary memory (cross-memory attach), as before
+
+    def _sweep(self) -> None:
+        for k in [k for k, (w, _) in self._seen.items() if w.expired()]:
+            del self._seen[k]
+        use = torch._C._storage_Use_Count
+        for p in [p for p, (st, _) in self._held.items() if use(st._cdata) <= 1]:
+            del self._held[p]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+            self._held.clear()
+
+
 class Work(dist.distributed_c10d.Work):
     """A pending operation; completes on the group's worker thread."""
 
@@ -253,6 +312,11 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # compute; for comparison).
         inline = os.environ.get("SCALEFREE_TORCH_INLINE", "0").strip() not in ("", "0")
         self._worker = _Worker(f"scalefree-pg-{rank}", inline=inline)
+        share = os.environ.get("SCALEFREE_TORCH_SHARE_BUCKETS", "1").strip() not in ("", "0")
+        # Peers map a shared storage through /proc (as cross-memory attach needs); over UCX
+        # buffers are sent from where they are.
+        self._shared = (_SharedStorages(self._g.device)
+                        if share and self._g.transport == "shm" and self._g.cross_memory_attach else None)
         # Dynamic channels between every ordered pair of ranks for send/recv (collective, so
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
@@ -308,6 +372,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         for w in self._p2p_workers.values():
             w.stop()
         self._g.close()
+        if self._shared is not None:
+            self._shared.clear()
 
     def abort(self) -> None:
         self.shutdown()
@@ -338,6 +404,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         for t in tensors:
             _check_cpu(t, "allreduce input")
         staged = [_Staged(t) for t in tensors]
+        if self._shared is not None:
+            for st in staged:
+                if st.t is st.orig and st.t.dtype in _NATIVE_REDUCE:
+                    self._shared.prepare(st.t)
 
         def run():
             for s in staged:

@@ -120,6 +120,15 @@ pub fn fd_label(fd: RawFd) -> String {
         .unwrap_or_default()
 }
 
+/// Inode number and size of the file behind `fd`.
+pub fn fd_identity(fd: RawFd) -> Result<(u64, u64)> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::last_os("fstat"));
+    }
+    Ok((st.st_ino as u64, st.st_size as u64))
+}
+
 /// Size of the file behind `fd`.
 pub fn fd_len(fd: RawFd) -> Result<usize> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
