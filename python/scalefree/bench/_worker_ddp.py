@@ -28,7 +28,8 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--backend", required=True)
-    p.add_argument("--hook", default="none", help="none, bf16, ssp:SLACK")
+    p.add_argument("--hook", default="none",
+                   help="none, bf16, ssp:SLACK; floor:compute (no DDP), floor:nocomm (DDP, a hook exchanging nothing)")
     p.add_argument("--data", type=Path, required=True, help="inputs .npy (steps*ranks*batch rows)")
     p.add_argument("--labels", type=Path, required=True)
     p.add_argument("--widths", required=True, help="layer widths, e.g. 4096,4096,4096,4096,10")
@@ -106,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(m, nn.Linear):
                     fully_shard(m, mesh=mesh)
             ddp = fully_shard(model, mesh=mesh)
+        elif args.hook == "floor:compute":
+            ddp = model  # no DDP: each rank's own gradients (the compute-only floor)
         else:
             ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
         hook_state = None
-        if args.hook != "none":
+        if args.hook == "floor:nocomm":
+            ddp.register_comm_hook(None, _no_exchange)
+        elif args.hook != "none" and not args.hook.startswith("floor:"):
             from scalefree.torch import hooks
 
             hook_state = hooks.register(ddp, args.hook)
@@ -156,6 +161,16 @@ def main(argv: list[str] | None = None) -> int:
            "exchange_s": exchange.per_step if exchange is not None else []}
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(doc))
     return 0
+
+
+def _no_exchange(state, bucket):
+    """A DDP comm hook that exchanges nothing: the bucket back as it is (DDP still copies the
+    gradients into its buckets and out again: the floor of any backend's step)."""
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def _loss(nn, model, xb, yb, kind: str):

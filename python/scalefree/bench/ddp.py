@@ -58,6 +58,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    metavar="H[,H...]", help="extra scalefree rows with comm hooks: bf16, ssp:SLACK")
     p.add_argument("--delay", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="straggler: one seeded-random rank sleeps uniform(0, MS) ms before each step")
+    p.add_argument("--floor", action="store_true",
+                   help="instead of the backends, the floor rows without communication: compute only (no DDP) "
+                        "and DDP with a comm hook that exchanges nothing (DDP's copies into and out of its buckets)")
     p.add_argument("--bucket-mb", type=arg(common.positive_float), default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
                    help="fsdp: FSDP2 (fully_shard on every Linear and the model) instead of DDP; MLP only")
@@ -119,6 +122,11 @@ def run(args) -> int:
         progress("bench ddp: torch is not installed (pip install torch)")
         return 2
     configs = [(b, "none") for b in args.backends]
+    if args.floor:
+        if args.model != "mlp" or args.wrap != "ddp" or args.hook:
+            progress("bench ddp: --floor takes the MLP under DDP and no --hook")
+            return 2
+        configs = [("gloo", "floor:compute"), ("gloo", "floor:nocomm")]
     if args.wrap == "fsdp" and (args.model != "mlp" or args.hook):
         progress("bench ddp: --wrap fsdp takes the MLP and no --hook")
         return 2
