@@ -28,7 +28,9 @@ def train(backend):
     dist.init_process_group(backend)
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234 + rank)  # different initial weights per rank: DDP must broadcast rank 0's
-    model = nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 33), nn.ReLU(), nn.Linear(33, 5))
+    # The middle weight (64 x 4100 floats) is a bucket of over 1 MiB: the scalefree backend
+    # moves it to shared memory on its second allreduce.
+    model = nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 4100), nn.ReLU(), nn.Linear(4100, 5))
     # Small buckets so that several allreduces overlap the backward pass.
     ddp = DDP(model, bucket_cap_mb=0.005)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -45,7 +47,12 @@ def train(backend):
     # The average loss over ranks, through the backend too.
     total = torch.tensor([sum(losses)], dtype=torch.float64)
     dist.all_reduce(total)
-    torch.save({"losses": losses, "mean_loss": total.item() / size,
+    shared = 0
+    if backend == "scalefree":
+        from scalefree.torch.backend import _live
+
+        shared = sum(len(pg._shared._held) for pg in _live if pg._shared is not None)
+    torch.save({"losses": losses, "mean_loss": total.item() / size, "shared_buckets": shared,
                 "state": {k: v.clone() for k, v in model.state_dict().items()}}, f"{out_dir}/{backend}-rank{rank}.pt")
     dist.destroy_process_group()
 

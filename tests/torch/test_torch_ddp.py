@@ -36,6 +36,8 @@ def _check(out: Path, n: int):
         for k, v in ours[0]["state"].items():
             assert torch.equal(ours[r]["state"][k], v)
     assert ours[0]["mean_loss"] == pytest.approx(ref[0]["mean_loss"], rel=1e-6)
+    # The large bucket was moved to shared memory and registered (peers map it) on every rank.
+    assert all(o["shared_buckets"] == 1 for o in ours), [o["shared_buckets"] for o in ours]
 
 
 def test_ddp_matches_gloo_2_ranks(tmp_path):

@@ -205,6 +205,8 @@ mod tests {
     fn handle_round_trips() {
         let h = RegionHandle { owner: 3, pid: 1234, kind: RegionKind::Shm, fd: 17, addr: 0xdead_beef, len: 1 << 40, key: 99 };
         assert_eq!(RegionHandle::from_bytes(&h.to_bytes()).unwrap(), h);
+        let f = RegionHandle { kind: RegionKind::File, ..h };
+        assert_eq!(RegionHandle::from_bytes(&f.to_bytes()).unwrap(), f);
         assert!(RegionHandle::from_bytes(&[0u8; 3]).is_err());
     }
 

@@ -209,7 +209,7 @@ def _exchange(docs: list[dict], args) -> dict:
 def _add_ratios(records: list[dict]) -> None:
     for r in records:
         same = [g for g in records if g["ranks"] == r["ranks"]]
-        gloo = next((g for g in same if g["impl"] == "gloo"), None)
+        gloo = next((g for g in same if g["impl"] == "gloo" and g["variant"] == "none"), None)
         sync = next((g for g in same if g["impl"] == "scalefree" and g["variant"] == "none"), None)
         if gloo is not None:
             r["vs_gloo"] = common.ratio(gloo["median_s"], r["median_s"])
