@@ -133,7 +133,7 @@ def test_matrix_market_with_rows_and_columns_past_32_bits(rt, tmp_path):
         S.to_coo()
 
 
-def test_from_scipy_coo_with_rows_past_32_bits(rt):
+def test_from_scipy_coo_with_rows_past_32_bits(rt, tmp_path):
     rows, cols = 2**40 + 3, 2**36
     entries = [(2**40 + 2, 2**35, 1.0), (5, 2**35, 2.0), (2**32, 9, -1.0), (5, 9, 4.0)]
     a = _coo_ref(rows, cols, entries)
@@ -149,3 +149,7 @@ def test_from_scipy_coo_with_rows_past_32_bits(rt):
     B = flash.Csr.from_scipy(b, rt)
     assert B.compact_shape == (2, 4) and B.col_ids is None and B.row_ids.tolist() == [0, 2**33 - 1]
     assert _same(B.to_coo(), b)
+    # a .npz of such a coo matrix (scipy.sparse.save_npz keeps the format) loads the same way
+    sp.save_npz(tmp_path / "wide.npz", a)
+    C = flash.load(tmp_path / "wide.npz", rt)
+    assert C.compact_shape == (3, 2) and np.array_equal(C.row_ids, A.row_ids) and _same(C.to_coo(), a)
