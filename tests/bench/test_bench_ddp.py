@@ -30,6 +30,14 @@ def test_records_take_the_slowest_rank_and_ratios_are_gloo_over_ours():
     assert "ssp:4" in table and "2.00" in table
 
 
+def test_floor_rows_are_compared_with_gloo_not_the_reference():
+    recs = [ddp._record("gloo", "floor:nocomm", 2, _Args, _docs(0.1)), ddp._record("gloo", "none", 2, _Args, _docs(0.4)),
+            ddp._record("scalefree", "none", 2, _Args, _docs(0.2))]
+    ddp._add_ratios(recs)
+    assert abs(recs[0]["vs_gloo"] - 4.0) < 1e-12  # gloo's step over the no-exchange floor
+    assert abs(recs[2]["vs_gloo"] - 2.0) < 1e-12
+
+
 def test_embedding_records_time_the_exchange_against_gloos_dense():
     def docs(exch_s):
         d = _docs(0.5)
