@@ -62,9 +62,14 @@ class SspState:
     Each step, a bucket's gradients are added to the running sum over ranks and steps; the
     gradient applied is this rank's change of that sum since its last step, divided by the
     number of ranks. Other ranks' contributions may arrive up to ``slack`` steps late (never
-    lost, never counted twice); this rank's own are always in. ``finish(ddp)`` after training
+    lost, never counted twice); this rank's own are always in. ``finish()`` after training
     (on every rank) adds what was still in flight, so that with plain SGD every rank ends on
-    the same weights as synchronous DDP would after the same gradients."""
+    the same weights as synchronous DDP would after the same gradients.
+
+    The reduction runs in delta mode (:meth:`scalefree.ssp.reduction.SspReduction.allreduce_delta`):
+    the bucket's buffer is handed to it as it is (float32/float64, no copy) and receives the
+    averaged change in place, in one pass at two ranks; this rank's new contribution is
+    published to the peers after DDP has the result, off the step's critical path."""
 
     def __init__(self, slack: int, variant: str = "sharded_async_thread", process_group=None):
         if slack < 0:
@@ -72,28 +77,21 @@ class SspState:
         self.slack = int(slack)
         self.variant = variant
         self.process_group = process_group
-        self._red: dict = {}  # (bucket index, numel) -> [reduction, last running sum]
+        self._red: dict = {}  # (bucket index, numel, dtype) -> reduction
         self._size = 1
 
-    def _reduction(self, g, key, numel: int):
-        entry = self._red.get(key)
-        fresh = entry is None
+    def _reduction(self, g, key):
+        red = self._red.get(key)
+        fresh = red is None
         if fresh:
-            red = g.ssp_reduction(numel, "float32", "sum", self.variant)
-            entry = self._red[key] = [red, np.zeros(numel, np.float32)]
-        return entry, fresh
+            red = self._red[key] = g.ssp_reduction(key[1], key[2], "sum", self.variant)
+        return red, fresh
 
     def finish(self) -> list:
         """Flushes every reduction (collective: every rank calls it) and returns, per bucket
-        key ``(index, numel)``, the averaged gradient still missing on this rank (what the
-        peers' last contributions add), for a last optimizer step if wanted."""
-        missing = []
-        for key in sorted(self._red):
-            red, last = self._red[key]
-            total = red.flush()
-            missing.append((key, (total - last) / self._size))
-            last[:] = total
-        return missing
+        key ``(index, numel, dtype)``, the averaged gradient still missing on this rank (what
+        the peers' last contributions add), for a last optimizer step if wanted."""
+        return [(key, self._red[key].flush_delta(scale=1.0 / self._size)) for key in sorted(self._red)]
 
 
 def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=None) -> SspState:
@@ -102,24 +100,40 @@ def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=Non
     return SspState(slack, variant, process_group)
 
 
+_SSP_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
 def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: bounded-staleness gradient averaging (see :class:`SspState`)."""
     pg = _pg(state.process_group)
     buf = bucket.buffer()
-    key = (bucket.index(), buf.numel())
-    g = pg.group
+    n, g = pg.size(), pg.group
+    # float32/float64 buckets in place; others (bfloat16, float16) through a float32 copy.
+    work = buf if buf.dtype in _SSP_DTYPES else buf.detach().float()
+    key = (bucket.index(), buf.numel(), _SSP_DTYPES[work.dtype])
+    fut = torch.futures.Future()
 
     def run():
-        state._size = pg.size()
-        (red, last), fresh = state._reduction(g, key, buf.numel())
-        contrib = buf.detach().float().numpy()
+        state._size = n
+        red, fresh = state._reduction(g, key)
         # The first step of a bucket layout is exact (DDP may rebuild its buckets after it).
-        total = red.allreduce(contrib, slack=0 if fresh else state.slack)
-        delta = (total - last) / pg.size()
-        last[:] = total
-        buf.copy_(torch.from_numpy(delta))
+        red.allreduce_delta(work.detach().view(-1).numpy(), slack=0 if fresh else state.slack, scale=1.0 / n)
+        if work is not buf:
+            buf.copy_(work)
+        fut.set_result(buf)
+        red.publish()  # this step's contribution to the peers, once DDP has its result
 
-    return pg.run_async(run, buf)
+    inner = pg.run_async(run, None)
+
+    def forward_error(f):
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
+            if not fut.done():
+                fut.set_exception(e)
+
+    inner.add_done_callback(forward_error)
+    return fut
 
 
 # --- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------------
