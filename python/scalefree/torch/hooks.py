@@ -3,7 +3,7 @@
     from scalefree.torch import hooks
     ddp.register_comm_hook(None, hooks.bf16)                  # bfloat16 on the wire
     state = hooks.ssp(slack=4); ddp.register_comm_hook(state, hooks.ssp_hook)
-    ... train ...; state.finish(ddp)                           # deliver what is still in flight
+    ... train ...; state.finish()                              # deliver what is still in flight
 
 :func:`register` does either from a name (``"bf16"``, ``"ssp:4"``). The hooks need the
 process group to be a scalefree one (the default group after
@@ -71,7 +71,7 @@ class SspState:
     averaged change in place, in one pass at two ranks; this rank's new contribution is
     published to the peers after DDP has the result, off the step's critical path."""
 
-    def __init__(self, slack: int, variant: str = "sharded_async_thread", process_group=None):
+    def __init__(self, slack: int, variant: str = "hypercube", process_group=None):
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
         self.slack = int(slack)
@@ -94,9 +94,12 @@ class SspState:
         return [(key, self._red[key].flush_delta(scale=1.0 / self._size)) for key in sorted(self._red)]
 
 
-def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=None) -> SspState:
+def ssp(slack: int = 4, variant: str = "hypercube", process_group=None) -> SspState:
     """The state for :func:`ssp_hook` with the given slack (steps a peer may lag), on
-    ``process_group`` (the default group when None)."""
+    ``process_group`` (the default group when None). ``variant``: the SSP design
+    (:mod:`scalefree.ssp.reduction`); the hypercube, the default here, takes the one-pass
+    path at two ranks (``docs/benchmarks/torch.md``: the sharded designs were slower and
+    ended on a worse held-out loss under a straggler)."""
     return SspState(slack, variant, process_group)
 
 
