@@ -210,6 +210,13 @@ for name, pg, hook in [("gloo", gl, None), ("hypercube:0", sf, ("hypercube", 0))
     if state is not None:
         missing = state.finish()
         assert missing and all(m.shape == (key[1],) and m.dtype.name == key[2] for key, m in missing), missing
+        opt.step()  # the remainder finish() left in the gradients: every rank on the same weights
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(n)]
+        dist.all_gather(every, flat, group=gl)
+        if not all(torch.allclose(e, every[0], rtol=1e-5, atol=1e-6) for e in every):
+            failures.append(f"DDP ssp hook {name}: ranks differ after finish(): "
+                            f"{max(float((e - every[0]).abs().max()) for e in every)}")
     runs[name] = ({k: v.clone() for k, v in model.state_dict().items()}, losses)
 for name in ("hypercube:0", "sharded_async_thread:0"):
     for k, v in runs["gloo"][0].items():

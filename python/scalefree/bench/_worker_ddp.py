@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if hook_state is not None and hasattr(hook_state, "finish"):
         t0 = time.perf_counter()
         hook_state.finish()  # collective: deliver the contributions still in flight
+        if args.hook.startswith("ssp:"):
+            opt.step()  # the remainder finish() left in the gradients (every rank then on the same weights)
         finish_s = time.perf_counter() - t0
     # Loss on held-out rows (after every rank's training rows).
     held = slice(size * total * args.batch, size * total * args.batch + (args.heldout or 4 * args.batch))

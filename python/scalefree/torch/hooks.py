@@ -78,6 +78,7 @@ class SspState:
         self.variant = variant
         self.process_group = process_group
         self._red: dict = {}  # (bucket index, numel, dtype) -> reduction
+        self._params: dict = {}  # the same keys -> the bucket's parameters, in buffer order
         self._size = 1
 
     def _reduction(self, g, key):
@@ -90,8 +91,22 @@ class SspState:
     def finish(self) -> list:
         """Flushes every reduction (collective: every rank calls it) and returns, per bucket
         key ``(index, numel, dtype)``, the averaged gradient still missing on this rank (what
-        the peers' last contributions add), for a last optimizer step if wanted."""
-        return [(key, self._red[key].flush_delta(scale=1.0 / self._size)) for key in sorted(self._red)]
+        the peers' last contributions add). It also leaves that gradient in the ``.grad`` of
+        the parameters of the buckets of the last step, so one more ``opt.step()`` applies it
+        (with plain SGD every rank then holds the same weights)."""
+        out = [(key, self._red[key].flush_delta(scale=1.0 / self._size)) for key in sorted(self._red)]
+        with torch.no_grad():
+            # Zero first, then add: DDP's first bucket layout (before it rebuilds its buckets)
+            # has its own keys, over the same parameters.
+            for params in self._params.values():
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+            for key, missing in out:
+                at = 0
+                for p in self._params.get(key, []):
+                    p.grad += torch.from_numpy(missing[at:at + p.numel()]).view(p.shape).to(p.dtype)
+                    at += p.numel()
+        return out
 
 
 def ssp(slack: int = 4, variant: str = "hypercube", process_group=None) -> SspState:
@@ -114,6 +129,7 @@ def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
     # float32/float64 buckets in place; others (bfloat16, float16) through a float32 copy.
     work = buf if buf.dtype in _SSP_DTYPES else buf.detach().float()
     key = (bucket.index(), buf.numel(), _SSP_DTYPES[work.dtype])
+    state._params[key] = bucket.parameters()  # the layout's order (DDP may rebuild its buckets)
     fut = torch.futures.Future()
 
     def run():
