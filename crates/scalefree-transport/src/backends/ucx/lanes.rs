@@ -9,15 +9,16 @@
 //! the target region — one kernel copy at each end, as gloo does — and raises the write's
 //! note after the last byte has landed.
 //!
-//! Every frame to a peer travels on one socket, in order, and `notify` takes the lane after
-//! flushing UCX, so a notification is raised after every earlier write's data is in place
-//! (with `SCALEFREE_TCP_LANE_STREAMS` > 1, large posted writes are striped over several
-//! sockets and a fence keeps that rule: see [`Stripe`]). One-sided `put`/`get`, heartbeats
+//! Every frame to a peer travels on its first socket, in order, and `notify` takes the lane
+//! after flushing UCX, so a notification is raised after every earlier write's data is in
+//! place. The exception: large posted writes without a note are striped over the pair's
+//! other sockets too (4 by default, `SCALEFREE_TCP_LANE_STREAMS`; a pair uses the smaller of
+//! its two settings), and a fence keeps that rule: see [`Stripe`] and [`Offer`]. One-sided `put`/`get`, heartbeats
 //! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
 //! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
 //!
-//! Threads: per peer, a reader that sleeps in `poll` and a writer that sends queued large
-//! writes; small frames are written by the caller at once when nothing is queued. A caller
+//! Threads: per peer and socket, a reader that sleeps in `poll` and a writer that sends
+//! queued large writes; small frames are written by the caller at once when nothing is queued. A caller
 //! waiting for a notification reads arrived frames itself while it spins (as it drives UCX's
 //! progress), so a small message costs no thread wake-up; parked, it leaves them to the
 //! reader thread. Nobody polls without bound.
@@ -143,21 +144,18 @@ struct Fences {
     cv: Condvar,
 }
 
-fn xp_env(n: &str) -> Option<usize> {
-    std::env::var(n).ok().and_then(|v| v.trim().parse().ok())
-}
-fn xp_stripe_min() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| xp_env("XP_STRIPE_MIN").unwrap_or(STRIPE_MIN))
-}
-
 /// The most sockets a peer pair may use.
 const MAX_STREAMS: usize = 8;
 
+/// Sockets a rank offers each peer unless `SCALEFREE_TCP_LANE_STREAMS` says otherwise: 8
+/// posted 1 MiB writes to one peer take about 0.8x the time of one socket with 4
+/// (`docs/benchmarks/collectives.md`, "Striped lanes").
+const DEFAULT_STREAMS: usize = 4;
+
 /// The number of sockets this rank offers each peer (`SCALEFREE_TCP_LANE_STREAMS`, 1..=8,
-/// default 1). A pair uses the smaller of its two offers (see [`Offer`]).
+/// default [`DEFAULT_STREAMS`]). A pair uses the smaller of its two offers (see [`Offer`]).
 fn streams() -> usize {
-    std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(1).clamp(1, MAX_STREAMS)
+    std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(DEFAULT_STREAMS).clamp(1, MAX_STREAMS)
 }
 
 /// What a rank tells every other rank before the lanes open: where it listens and how many
@@ -495,13 +493,6 @@ impl Lanes {
             for (i, s) in ss.into_iter().enumerate().rev() {
                 let s = s.expect("checked above");
                 s.set_nodelay(true).ok();
-                if let Some(b) = xp_env("XP_SOCKBUF") {
-                    let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
-                    let v = b as libc::c_int;
-                    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-                        unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, opt, &v as *const _ as *const libc::c_void, 4) };
-                    }
-                }
                 let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
                 let lane = Arc::new(Lane {
@@ -570,7 +561,7 @@ impl Lanes {
     pub unsafe fn start_write(&self, peer: u32, src: *const u8, n: usize, key: u64, offset: u64, note: u64, index: u64, value: u32) -> Result<Option<Request>> {
         let frame = Frame { kind: KIND_WRITE, value, key, offset, len: n as u64, note, index };
         let lane = self.lane(peer);
-        if note == super::NOTE_NONE && n >= xp_stripe_min() && !lane.extra.is_empty() {
+        if note == super::NOTE_NONE && n >= STRIPE_MIN && !lane.extra.is_empty() {
             // Striped: queued on the next stream in turn (see [`Stripe`]).
             let mut sp = lane.stripe.lock().unwrap();
             let k = sp.next;
