@@ -11,11 +11,12 @@
 //!
 //! Every frame to a peer travels on its first socket, in order, and `notify` takes the lane
 //! after flushing UCX, so a notification is raised after every earlier write's data is in
-//! place. The exception: large posted writes without a note are striped over the pair's
-//! other sockets too (4 by default, `SCALEFREE_TCP_LANE_STREAMS`; a pair uses the smaller of
-//! its two settings), and a fence keeps that rule: see [`Stripe`] and [`Offer`]. One-sided `put`/`get`, heartbeats
-//! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
-//! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
+//! place. The exception: with more than one socket per pair (`SCALEFREE_TCP_LANE_STREAMS`,
+//! default 1; a pair uses the smaller of its two settings), large posted writes without a
+//! note are striped over all of them, and a fence keeps that rule: see [`Stripe`] and
+//! [`Offer`]. One-sided `put`/`get`, heartbeats and failure detection stay on UCX. Where
+//! UCX has RDMA (verbs) to a peer, lanes are not used for it (`SCALEFREE_TCP_LANES=auto`,
+//! the default; `1` forces them, `0` turns them off).
 //!
 //! Threads: per peer and socket, a reader that sleeps in `poll` and a writer that sends
 //! queued large writes; small frames are written by the caller at once when nothing is queued. A caller
@@ -147,10 +148,10 @@ struct Fences {
 /// The most sockets a peer pair may use.
 const MAX_STREAMS: usize = 8;
 
-/// Sockets a rank offers each peer unless `SCALEFREE_TCP_LANE_STREAMS` says otherwise: 8
-/// posted 1 MiB writes to one peer take about 0.8x the time of one socket with 4
-/// (`docs/benchmarks/collectives.md`, "Striped lanes").
-const DEFAULT_STREAMS: usize = 4;
+/// Sockets a rank offers each peer unless `SCALEFREE_TCP_LANE_STREAMS` says otherwise: one
+/// (striping off). Between 2 simulated hosts on 2 cores, 4 streams did not make 8 posted
+/// 1 MiB writes reliably faster than one (`docs/benchmarks/collectives.md`, "Striped lanes").
+const DEFAULT_STREAMS: usize = 1;
 
 /// The number of sockets this rank offers each peer (`SCALEFREE_TCP_LANE_STREAMS`, 1..=8,
 /// default [`DEFAULT_STREAMS`]). A pair uses the smaller of its two offers (see [`Offer`]).
