@@ -21,7 +21,8 @@ in ``--lams`` (default 0.05,0.1), with the same k, η, iterations and threads:
 LIBMF's training time is (wall time of ``mf-train -t N`` − wall time of ``mf-train -t 1``)·N/(N−1)
 (median of --repeat pairs), its test RMSE ``mf-predict``'s on the model of ``-t N`` (median over
 the repeats; ours likewise: with 2 threads neither is bit-for-bit repeatable), and its
-per-iteration test RMSE comes from an untimed ``-p TEST`` run. Ours runs in a child process:
+per-iteration test RMSE comes from an untimed ``-p TEST`` run. Ours runs in a child process
+(with ``OPENBLAS_NUM_THREADS=1``: it calls no BLAS, and numpy's idle pool would spin a core):
 load both files, align the test ids to the training ids, build the trainer, then one epoch and
 N − 1 epochs timed apart; its training time is the same formula, (time of epochs 2..N)·N/(N−1)
 (the time of all N epochs is in the JSON too); the per-epoch test RMSE comes from a second,
