@@ -84,3 +84,72 @@ def test_docword_with_a_vocabulary_past_32_bits(rt, tmp_path):
     want = sp.csr_matrix(([1.0, 2.0, 1.0, 5.0], ([0, 0, 2, 2], [3, 2**32 + 1, 3, w - 1])), shape=(3, w))
     got = A.to_scipy()
     assert got.shape == want.shape and (got != want).nnz == 0
+
+
+def _coo_ref(rows, cols, entries):
+    r, c, v = (np.array(x) for x in zip(*entries))
+    return sp.coo_matrix((v.astype(np.float64), (r.astype(np.int64), c.astype(np.int64))), shape=(rows, cols))
+
+
+def _same(a, b):
+    a, b = a.tocoo(), b.tocoo()
+    a.sum_duplicates()
+    b.sum_duplicates()
+    return a.shape == b.shape and sorted(zip(a.row.tolist(), a.col.tolist(), a.data.tolist())) == \
+        sorted(zip(b.row.tolist(), b.col.tolist(), b.data.tolist()))
+
+
+def test_matrix_market_with_rows_and_columns_past_32_bits(rt, tmp_path):
+    """A .mtx of 2**40 x 2**33 (ids as written, 1-based): the used rows and columns are
+    mapped (nothing per id of the space), the kernels run on the compact matrix, csrcsc swaps
+    the maps, and the ids come back as written."""
+    rows, cols = 2**40, 2**33
+    entries = [(2**32 + 4, 0, 1.5), (2**32 + 4, 2**32 + 1, -2.0), (7, 2**33 - 1, 3.0), (rows - 1, 5, 4.0),
+               (7, 0, 0.5), (7, 0, 0.25)]  # a duplicate: summed
+    path = tmp_path / "wide.mtx"
+    path.write_text(f"%%MatrixMarket matrix coordinate real general\n% ids past 2**32\n{rows} {cols} {len(entries)}\n"
+                    + "".join(f"{r + 1} {c + 1} {v}\n" for r, c, v in entries))
+    A = flash.load(path, rt)
+    assert A.shape == (rows, cols) and A.compact_shape == (3, 4)
+    assert A.row_ids.tolist() == [7, 2**32 + 4, rows - 1]
+    assert A.col_ids.tolist() == [0, 5, 2**32 + 1, 2**33 - 1]
+    want = _coo_ref(rows, cols, entries)
+    assert _same(A.to_coo(), want)
+    c = np.array([[0.75, 0, 0, 3.0], [1.5, 0, -2.0, 0], [0, 4.0, 0, 0]])  # row_ids x col_ids order
+    x = np.array([1.0, -1.0, 0.5, 2.0])
+    np.testing.assert_allclose(flash.csrgemv(A, x, runtime=rt), c @ x)
+    T = flash.csrcsc(A, runtime=rt)
+    assert T.shape == (cols, rows) and T.compact_shape == (4, 3)
+    assert np.array_equal(T.row_ids, A.col_ids) and np.array_equal(T.col_ids, A.row_ids)
+    assert _same(T.to_coo(), want.T)
+    # symmetric, up to 2**64 - 1: both triangles; past scipy's int64 ids only the compact form reads back
+    n = 2**64 - 1
+    path = tmp_path / "sym.mtx"
+    path.write_text(f"%%MatrixMarket matrix coordinate real symmetric\n{n} {n} 2\n{2**63 + 1} 3 2.5\n{n} {n} 1\n")
+    S = flash.Csr.from_matrix_market(path, runtime=rt)
+    assert S.shape == (n, n) and S.row_ids.tolist() == [2, 2**63, n - 1] and np.array_equal(S.col_ids, S.row_ids)
+    assert S.compact().to_scipy().toarray().tolist() == [[0, 2.5, 0], [2.5, 0, 0], [0, 0, 1]]
+    with pytest.raises(InvalidArgumentError, match="int64"):
+        S.to_coo()
+
+
+def test_from_scipy_coo_with_rows_past_32_bits(rt, tmp_path):
+    rows, cols = 2**40 + 3, 2**36
+    entries = [(2**40 + 2, 2**35, 1.0), (5, 2**35, 2.0), (2**32, 9, -1.0), (5, 9, 4.0)]
+    a = _coo_ref(rows, cols, entries)
+    A = flash.Csr.from_scipy(a, rt)
+    assert A.shape == (rows, cols) and A.compact_shape == (3, 2)
+    assert A.row_ids.tolist() == [5, 2**32, 2**40 + 2] and A.col_ids.tolist() == [9, 2**35]
+    assert _same(A.to_coo(), a)
+    c = np.array([[4.0, 2.0], [-1.0, 0.0], [0.0, 1.0]])
+    np.testing.assert_allclose(flash.csrmm(A, np.eye(2), runtime=rt), c)
+    np.testing.assert_allclose(flash.csrgemv(A, np.arange(3.0), transpose=True, runtime=rt), c.T @ np.arange(3.0))
+    # rows past 2**32, columns few: only the rows are mapped
+    b = _coo_ref(2**33, 4, [(2**33 - 1, 3, 1.0), (0, 0, 2.0)])
+    B = flash.Csr.from_scipy(b, rt)
+    assert B.compact_shape == (2, 4) and B.col_ids is None and B.row_ids.tolist() == [0, 2**33 - 1]
+    assert _same(B.to_coo(), b)
+    # a .npz of such a coo matrix (scipy.sparse.save_npz keeps the format) loads the same way
+    sp.save_npz(tmp_path / "wide.npz", a)
+    C = flash.load(tmp_path / "wide.npz", rt)
+    assert C.compact_shape == (3, 2) and np.array_equal(C.row_ids, A.row_ids) and _same(C.to_coo(), a)

@@ -182,3 +182,36 @@ def test_bench_pagerank_replicated_smoke(tmp_path):
     assert all(r["cpu_s_per_iter"] > 0 and r["comm_s"] >= 0 for r in recs.values())
     assert all(r["max_abs_err"] < 1e-12 and r["median_s"] > 0 for r in recs.values())
     assert "vs unreplicated" in p.stdout
+
+
+WIDE_REPLICATED = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+R = 2
+M = g.size // R
+me = g.rank % M  # replicas of a logical node pass the same data
+dim = 1 << 40
+def ids(node):
+    rng = np.random.default_rng([7, node])
+    base = np.array([1 << 32, (1 << 33) + 5, (1 << 39) + 12345, dim - 1], np.int64)
+    return np.concatenate([base, (1 << 32) + rng.integers(0, 1 << 36, 300)]).astype(np.int64)
+def vals(node):
+    return np.random.default_rng([8, node]).integers(0, 1000, len(ids(node))).astype(np.float64)
+want = np.unique(np.concatenate([ids(k) for k in range(M)]))
+ref = {int(i): 0.0 for i in want}
+for k in range(M):
+    for i, v in zip(ids(k), vals(k)):
+        ref[int(i)] += v
+ins = want[(np.arange(len(want)) + me) % 3 == 0]
+sa = g.sparse_allreduce(dim, replication=R)
+sa.config(ids(me), ins)
+np.testing.assert_array_equal(sa.reduce(vals(me)), np.array([ref[int(i)] for i in ins]))
+print("ok", flush=True)
+"""
+
+
+def test_replicated_ids_past_2_to_the_32():
+    """Ids up to 2**40 - 1 through the replicated sparse allreduce (4 ranks, r = 2)."""
+    res = collect(spawn_ranks(4, WIDE_REPLICATED), 120)
+    for x in res:
+        assert x.returncode == 0 and x.stdout.strip().endswith("ok"), x.stderr[-3000:]

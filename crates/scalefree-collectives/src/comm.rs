@@ -582,7 +582,8 @@ impl Communicator {
         Ok(())
     }
 
-    /// Tag for progress words: low 24 bits count, high 8 bits the call's sequence.
+    /// Tag for progress words: low 24 bits count (at most [`PROGRESS_MAX`]), high 8 bits
+    /// the call's sequence.
     #[inline]
     pub(crate) fn progress_tag(&self, count: u32) -> u32 {
         ((self.seq & 0xff) << 24) | (count & 0x00ff_ffff)
@@ -614,10 +615,17 @@ impl Communicator {
     }
 
     /// Pipelining granularity for `es`-byte elements: `piece_bytes` rounded to whole
-    /// cache-line-aligned element groups (the chunk-boundary alignment).
-    pub(crate) fn piece_len(&self, es: usize) -> usize {
+    /// cache-line-aligned element groups (the chunk-boundary alignment), enlarged where
+    /// `rounds` rounds of pieces of a `chunk_bytes` chunk would count past the progress
+    /// words' 24 bits (see [`piece_within`]). Every rank passes the same values. Sizes the
+    /// scratch buffer for a piece.
+    pub(crate) fn piece_len(&mut self, es: usize, chunk_bytes: usize, rounds: usize) -> usize {
         let group = es * crate::dense::ALIGN_ELEMS;
-        (self.opts.piece_bytes / group).max(1) * group
+        let piece = piece_within((self.opts.piece_bytes / group).max(1) * group, group, chunk_bytes, rounds);
+        if self.scratch.len() < piece {
+            self.scratch.resize(piece, 0);
+        }
+        piece
     }
 
     /// `n` bytes of rank `q`'s exposed data at `off`, readable here: a pointer into the
@@ -649,5 +657,42 @@ impl Communicator {
     /// `dst` must be valid for `n` bytes.
     pub(crate) unsafe fn read_peer(&self, q: u32, src: &Exposed, off: usize, dst: *mut u8, n: usize) -> Result<()> {
         unsafe { self.chans[q as usize].read_into(&src.remote, src.offset + off, dst, n) }
+    }
+}
+
+/// Pieces a progress word counts: its low 24 bits (the high 8 carry the call's sequence).
+pub(crate) const PROGRESS_MAX: usize = 0x00ff_ffff;
+
+/// `piece` (a multiple of `group`), or the least multiple of `group` above it with which
+/// `rounds` rounds of a `chunk_bytes` chunk's pieces count at most [`PROGRESS_MAX`]: the
+/// count stays exact for chunks of any size (at the default 128 KiB pieces this takes
+/// chunks of terabytes; the progress counts would wrap otherwise).
+pub(crate) fn piece_within(piece: usize, group: usize, chunk_bytes: usize, rounds: usize) -> usize {
+    let per_round = (PROGRESS_MAX / rounds.max(1)).max(1);
+    piece.max(chunk_bytes.div_ceil(per_round).div_ceil(group) * group)
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::*;
+
+    /// Chunks past 2^32 bytes and pieces past 2^24: the count of every round fits 24 bits.
+    #[test]
+    fn pieces_of_huge_chunks_count_within_24_bits() {
+        let group = 4 * crate::dense::ALIGN_ELEMS;
+        let default = 128 << 10;
+        for chunk in [0usize, 1, 5 << 30, 1 << 41, (3 << 42) + 7, usize::MAX / 2] {
+            for rounds in [1usize, 2, 14, 62, 1 << 12] {
+                let p = piece_within(default, group, chunk, rounds);
+                assert!(p >= default && p % group == 0);
+                assert!(chunk.div_ceil(p) * rounds <= PROGRESS_MAX, "{chunk} bytes, {rounds} rounds: piece {p}");
+                if chunk.div_ceil(default) * rounds <= PROGRESS_MAX {
+                    assert_eq!(p, default, "unchanged where the count fits");
+                }
+            }
+        }
+        // 2 TiB chunks over 1 round fit 2^24 pieces of 128 KiB exactly; one more byte doesn't.
+        assert_eq!(piece_within(default, group, PROGRESS_MAX * default, 1), default);
+        assert_eq!(piece_within(default, group, PROGRESS_MAX * default + 1, 1), default + group);
     }
 }

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    csr_gram_in_memory, csrmm_in_memory, docword_to_flash, read_docword, read_matrix_market, DOCWORD_CHUNK_ENTRIES, CsrMatrix, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, docword_to_flash, read_docword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -295,24 +295,37 @@ impl PyFlashCsr {
     }
 
     /// Reads a Matrix Market coordinate file or a UCI docword file (`kind` "mtx" or
-    /// "docword"; plain or gzip) and writes it to flash as CSR of `dtype`.
+    /// "docword"; plain or gzip) and writes it to flash as CSR of `dtype`. Returns the matrix,
+    /// the sorted ids of its rows and of its columns where the file's row or column count
+    /// needs more than 32 bits (else None), and the file's (rows, cols).
     #[staticmethod]
-    fn from_text_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, kind: &str, dtype: &str) -> PyResult<Self> {
+    #[allow(clippy::type_complexity)]
+    fn from_text_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, kind: &str, dtype: &str)
+        -> PyResult<(Self, Option<Vec<u64>>, Option<Vec<u64>>, (usize, usize))> {
         let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
-        fn load<T: scalefree_flash::Real>(path: &std::path::Path, kind: &str, dir: &std::path::Path, opts: &scalefree_flash::FileOptions) -> Result<FlashCsrMatrix<T>, FlashError> {
-            let m: CsrMatrix<T> = match kind {
+        type Loaded<T> = (FlashCsrMatrix<T>, Option<Vec<u64>>, Option<Vec<u64>>, (usize, usize));
+        fn load<T: scalefree_flash::Real>(path: &std::path::Path, kind: &str, dir: &std::path::Path, opts: &scalefree_flash::FileOptions) -> Result<Loaded<T>, FlashError> {
+            let t = match kind {
                 "mtx" => read_matrix_market(path)?,
-                "docword" => read_docword(path)?,
+                "docword" => {
+                    let m = read_docword(path)?;
+                    TextMatrix { rows: m.rows, cols: m.cols, matrix: m, row_ids: None, col_ids: None }
+                }
                 k => return Err(FlashError::invalid(format!("unknown text matrix kind {k:?} (mtx or docword)"))),
             };
-            FlashCsrMatrix::from_csr(dir, m.view(), opts)
+            Ok((FlashCsrMatrix::from_csr(dir, t.matrix.view(), opts)?, t.row_ids, t.col_ids, (t.rows, t.cols)))
         }
-        let m = match dtype {
-            "float32" => AnyCsr::F32(py.detach(|| load(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?),
-            "float64" => AnyCsr::F64(py.detach(|| load(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?),
+        Ok(match dtype {
+            "float32" => {
+                let (m, r, c, shape) = py.detach(|| load::<f32>(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?;
+                (PyFlashCsr { m: AnyCsr::F32(m) }, r, c, shape)
+            }
+            "float64" => {
+                let (m, r, c, shape) = py.detach(|| load::<f64>(&path, kind, &dir, &opts)).map_err(|e| flash_err(py, e))?;
+                (PyFlashCsr { m: AnyCsr::F64(m) }, r, c, shape)
+            }
             d => return Err(invalid(py, format!("flash CSR matrices hold float32 or float64, not {d}"))),
-        };
-        Ok(PyFlashCsr { m })
+        })
     }
 
     /// Streams a UCI docword file to flash (bounded memory) as CSR of `dtype`. Returns the

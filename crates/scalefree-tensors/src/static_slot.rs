@@ -42,6 +42,28 @@ pub struct StaticSlot {
 
 const HDR: usize = 64;
 
+/// The same layout formulas on every rank: each slot's header (then its buffer) in the
+/// receiver's region and its credit word in the sender's, and each rank's region size. Byte
+/// offsets are 64-bit: a slot may carry more than 4 GiB.
+fn layout(n: usize, specs: &[StaticSpec]) -> Result<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let mut cursor = vec![MESH_HEADER; n];
+    let mut hdr = Vec::with_capacity(specs.len());
+    let too_big = |i: usize| Error::InvalidArgument(format!("slot {i}: {} bytes do not fit this machine's address space", specs[i].nbytes));
+    for (i, s) in specs.iter().enumerate() {
+        let c = &mut cursor[s.dst as usize];
+        hdr.push(*c);
+        let size = usize::try_from(s.nbytes).ok().and_then(|b| b.checked_next_multiple_of(64)).ok_or_else(|| too_big(i))?;
+        *c = c.checked_add(HDR + size).ok_or_else(|| too_big(i))?;
+    }
+    let mut credit = Vec::with_capacity(specs.len());
+    for s in specs {
+        let c = &mut cursor[s.src as usize];
+        credit.push(*c);
+        *c += 64;
+    }
+    Ok((hdr, credit, cursor))
+}
+
 impl StaticSlot {
     /// Collective: every rank passes the same specs; returns this rank's end of each spec
     /// (`None` where it is neither sender nor receiver).
@@ -61,20 +83,7 @@ impl StaticSlot {
             bytes.extend_from_slice(&s.nbytes.to_le_bytes());
         }
         crate::agree(dev, "static tensor slots", &bytes)?;
-        // The same layout formulas on every rank.
-        let mut cursor = vec![MESH_HEADER; n as usize];
-        let mut hdr = Vec::with_capacity(specs.len());
-        for s in specs {
-            let c = &mut cursor[s.dst as usize];
-            hdr.push(*c);
-            *c += HDR + (s.nbytes as usize).next_multiple_of(64);
-        }
-        let mut credit = Vec::with_capacity(specs.len());
-        for s in specs {
-            let c = &mut cursor[s.src as usize];
-            credit.push(*c);
-            *c += 64;
-        }
+        let (hdr, credit, cursor) = layout(n as usize, specs)?;
         // Peers are reached only by posts (data, then a counter) and each rank reads only its
         // own region: works across hosts too.
         let mesh = Arc::new(Mesh::new_posting(dev, cursor[me as usize])?);
@@ -169,5 +178,31 @@ impl StaticSlot {
     /// True if a message is waiting (receiving end).
     pub fn poll(&self) -> bool {
         !self.sending && self.mesh.u64_at(self.mesh.me, self.hdr).load(Ordering::Acquire) > self.count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots of more than 4 GiB: headers, buffers and credits past 2^32 bytes, nothing wraps.
+    #[test]
+    fn layout_offsets_past_4_gib() {
+        let big = (5u64 << 30) + 3;
+        let specs = [
+            StaticSpec { src: 0, dst: 1, nbytes: big },
+            StaticSpec { src: 2, dst: 1, nbytes: big },
+            StaticSpec { src: 1, dst: 0, nbytes: 1 },
+            StaticSpec { src: 0, dst: 1, nbytes: 0 },
+        ];
+        let (hdr, credit, cursor) = layout(3, &specs).unwrap();
+        let slot = HDR + ((5usize << 30) + 64);
+        assert_eq!(hdr, vec![MESH_HEADER, MESH_HEADER + slot, MESH_HEADER, MESH_HEADER + 2 * slot]);
+        assert!(hdr[3] > u32::MAX as usize);
+        assert_eq!(cursor[1], MESH_HEADER + 2 * slot + HDR + 64);
+        assert_eq!(credit, vec![MESH_HEADER + HDR + 64, MESH_HEADER, cursor[1] - 64, MESH_HEADER + HDR + 64 + 64]);
+        assert_eq!(cursor, vec![MESH_HEADER + HDR + 64 + 128, cursor[1], MESH_HEADER + 64]);
+        let huge = [StaticSpec { src: 0, dst: 1, nbytes: u64::MAX - 10 }];
+        assert!(layout(2, &huge).unwrap_err().to_string().contains("slot 0"));
     }
 }

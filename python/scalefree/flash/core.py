@@ -160,9 +160,12 @@ class Csr:
     with a column id of 2**32 or more, or more than 2**32 columns, gets one from
     :meth:`from_scipy`; its ``shape`` is the whole id space, ``compact_shape`` what is stored
     (``len(col_ids)`` columns), and nothing is allocated per id of the space. Likewise
-    ``row_ids`` (the transpose of such a matrix, :func:`csrcsc`, has one). The kernels work on
-    the compact matrix: dense operands have a row per stored column (``col_ids`` order);
-    ``to_scipy`` maps the ids back (int64 indices)."""
+    ``row_ids``: a matrix of more than 2**32 rows (:meth:`from_scipy` of a ``coo_matrix``, or a
+    Matrix Market file) and the transpose of a matrix with ``col_ids`` (:func:`csrcsc`) hold
+    a row per used row id. The kernels work on the compact matrix: dense operands have a row
+    per stored column (``col_ids`` order), results a row per stored row (``row_ids`` order);
+    ``to_scipy`` / ``to_coo`` map the ids back (int64 indices). The transpose of a matrix of
+    more than 2**32 stored rows is refused (its column indices are 32-bit positions)."""
 
     def __init__(self, native: _native.FlashCsr, col_ids=None, row_ids=None, shape=None):
         self._m = native
@@ -172,22 +175,42 @@ class Csr:
 
     @classmethod
     def from_scipy(cls, s, runtime: Runtime | None = None) -> "Csr":
-        s = s.tocsr()
-        data = s.data if s.data.dtype in (np.float32, np.float64) else s.data.astype(np.float64)
+        """A scipy sparse matrix (any format). Past 2**32 columns the used columns get
+        ``col_ids``; past 2**32 rows (pass a ``coo_matrix``, which holds nothing per row) the
+        used rows get ``row_ids``."""
         rt = (runtime or default_runtime())._rt
         rows, cols = (int(x) for x in s.shape)
+        if rows > 1 << 32:
+            # a sparse row space (its CSR form would hold a start per row of the space)
+            return cls._from_coo(s.tocoo(), rt, rows, cols)
+        s = s.tocsr()
+        data = s.data if s.data.dtype in (np.float32, np.float64) else s.data.astype(np.float64)
         indices = s.indices
         col_ids = None
         if cols > 1 << 32:
             # a sparse id space: store the used columns' ids once, positions in the indices
-            col_ids, indices = np.unique(indices.astype(np.uint64), return_inverse=True)
-            if len(col_ids) > 1 << 32:
-                raise InvalidArgumentError(f"{len(col_ids)} distinct columns: more than 2**32 used columns")
+            col_ids, indices = _used_ids(indices, "column")
         m = _native.FlashCsr.from_arrays(
             rt, rows, cols if col_ids is None else len(col_ids),
             np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(indices, dtype=np.uint32),
             np.ascontiguousarray(data))
         return cls(m, col_ids=col_ids, shape=(rows, cols))
+
+    @classmethod
+    def _from_coo(cls, c, rt, rows: int, cols: int) -> "Csr":
+        """A matrix of more than 2**32 rows: a row per used row id (``row_ids``), and a
+        column per used column id past 2**32 columns; duplicates summed, as scipy does."""
+        import scipy.sparse as sp
+
+        row_ids, r = _used_ids(c.row, "row")
+        col_ids, k = _used_ids(c.col, "column") if cols > 1 << 32 else (None, c.col)
+        data = c.data if c.data.dtype in (np.float32, np.float64) else c.data.astype(np.float64)
+        s = sp.csr_matrix((data, (r.astype(np.int64), np.asarray(k, dtype=np.int64))),
+                          shape=(len(row_ids), cols if col_ids is None else len(col_ids)))
+        s.sum_duplicates()
+        m = _native.FlashCsr.from_arrays(rt, s.shape[0], s.shape[1], np.ascontiguousarray(s.indptr, dtype=np.uint64),
+                                         np.ascontiguousarray(s.indices, dtype=np.uint32), np.ascontiguousarray(s.data))
+        return cls(m, col_ids=col_ids, row_ids=row_ids, shape=(rows, cols))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -206,8 +229,15 @@ class Csr:
     @classmethod
     def from_matrix_market(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
         """A Matrix Market ``coordinate`` file (plain or gzip; symmetric ones expanded).
+        A row or column count of 2**32 or more (up to 2**64 - 1) gives a matrix with
+        ``row_ids`` / ``col_ids`` (the ids that occur, 0-based), nothing per id of the space.
         Bad lines raise :class:`~scalefree.errors.FlashIOError` naming the file and line."""
-        return cls(_native.FlashCsr.from_text_file((runtime or default_runtime())._rt, os.fspath(path), "mtx", _float_name(dtype)))
+        m, row_ids, col_ids, shape = _native.FlashCsr.from_text_file(
+            (runtime or default_runtime())._rt, os.fspath(path), "mtx", _float_name(dtype))
+        if row_ids is None and col_ids is None:
+            return cls(m)
+        return cls(m, col_ids=None if col_ids is None else np.array(col_ids, dtype=np.uint64),
+                   row_ids=None if row_ids is None else np.array(row_ids, dtype=np.uint64), shape=shape)
 
     @classmethod
     def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
@@ -226,23 +256,41 @@ class Csr:
     def nnz(self) -> int:
         return self._m.nnz
 
-    def to_scipy(self):
-        """Reads the matrix back as a ``scipy.sparse.csr_matrix`` of :attr:`shape` (the ids
-        mapped back; a matrix with ``row_ids`` needs its row count to fit memory)."""
-        import scipy.sparse as sp
-
-        rows, cols = self._m.shape
+    def _arrays(self):
+        if max(self.shape) > np.iinfo(np.int64).max:
+            raise InvalidArgumentError(f"a {self.shape[0]}x{self.shape[1]} matrix has ids past scipy's int64 indices: "
+                                       "read .compact() and its row_ids / col_ids instead")
+        rows, _ = self._m.shape
         indptr = np.empty(rows + 1, dtype=np.uint64)
         indices = np.empty(self.nnz, dtype=np.uint32)
         data = np.empty(self.nnz, dtype=self.dtype)
         self._m._read_into(indptr, indices, data)
         indices = indices.astype(np.int64) if self.col_ids is None else self.col_ids[indices].astype(np.int64)
-        indptr = indptr.astype(np.int64)
+        return indptr.astype(np.int64), indices, data
+
+    def to_scipy(self):
+        """Reads the matrix back as a ``scipy.sparse.csr_matrix`` of :attr:`shape` (the ids
+        mapped back; a matrix with ``row_ids`` needs a start per row of its whole row space:
+        read one past 2**32 rows with :meth:`to_coo`)."""
+        import scipy.sparse as sp
+
+        indptr, indices, data = self._arrays()
         if self.row_ids is not None:
             full = np.zeros(self.shape[0] + 1, dtype=np.int64)
             full[self.row_ids.astype(np.int64) + 1] = np.diff(indptr)
             indptr = np.cumsum(full)
         return sp.csr_matrix((data, indices, indptr), shape=self.shape)
+
+    def to_coo(self):
+        """Reads the matrix back as a ``scipy.sparse.coo_matrix`` of :attr:`shape`, ids mapped
+        back (int64), with nothing allocated per id of the space."""
+        import scipy.sparse as sp
+
+        indptr, indices, data = self._arrays()
+        rows = np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+        if self.row_ids is not None:
+            rows = self.row_ids[rows].astype(np.int64)
+        return sp.coo_matrix((data, (rows, indices)), shape=self.shape)
 
     def __repr__(self) -> str:
         maps = "" if self._shape is None else f", compact_shape={self.compact_shape}"
@@ -283,6 +331,15 @@ def npy_header_bytes(shape, dtype, fortran: bool = False, align: int = 4096) -> 
         raise InvalidArgumentError(f"a .npy header for shape {tuple(shape)} is too long")
     text = text + " " * (total - 10 - body) + "\n"
     return b"\x93NUMPY\x01\x00" + (total - 10).to_bytes(2, "little") + text.encode("latin1")
+
+
+def _used_ids(ids, what: str):
+    """The sorted distinct ``ids`` (uint64) and each id's position among them (32-bit
+    positions: at most 2**32 distinct ids)."""
+    used, at = np.unique(np.asarray(ids).astype(np.uint64), return_inverse=True)
+    if len(used) > 1 << 32:
+        raise InvalidArgumentError(f"{len(used)} distinct {what}s: more than 2**32 used {what}s")
+    return used, at.reshape(-1)
 
 
 def _float_name(dtype) -> str:

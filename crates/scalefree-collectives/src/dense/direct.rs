@@ -34,10 +34,10 @@ pub(crate) unsafe fn reduce_range(
     hi: usize,
     dtype: DType,
     op: ReduceOp,
+    piece: usize,
     after_piece: &mut dyn FnMut(&Communicator, usize, usize) -> Result<()>,
 ) -> Result<()> {
     let es = dtype.size_bytes();
-    let piece = c.piece_len(es);
     let (start, end) = (lo * es, hi * es);
     let peers: Vec<u32> = c.peers().collect();
     for &q in &peers {
@@ -65,6 +65,11 @@ pub(crate) unsafe fn reduce_range(
     Ok(())
 }
 
+/// Elements in the largest of `n` ranks' chunks of `count` (the same on every rank).
+pub(crate) fn largest_chunk(count: usize, n: u32) -> usize {
+    (0..n).map(|k| { let (a, b) = chunk_bounds(count, n, k, ALIGN_ELEMS); b - a }).max().unwrap_or(0)
+}
+
 /// Allreduce by direct reduce-scatter and allgather. `buf` is the caller's buffer; `mine`
 /// is where peers read this rank's data (`buf` itself, or a staged copy).
 ///
@@ -89,7 +94,7 @@ pub(crate) unsafe fn allreduce(
 ) -> Result<()> {
     let es = dtype.size_bytes();
     let (n, me) = (c.size, c.rank);
-    let piece = c.piece_len(es);
+    let piece = c.piece_len(es, largest_chunk(count, n) * es, 1);
     let (lo, hi) = chunk_bounds(count, n, me, ALIGN_ELEMS);
     let push = headers.iter().all(|h| h.staging_bytes == 0);
     let peers: Vec<u32> = c.peers().collect();
@@ -104,7 +109,7 @@ pub(crate) unsafe fn allreduce(
     };
     // Reduce my chunk into the place peers read it from (`mine`), then copy it home if staged.
     unsafe {
-        reduce_range(c, headers, exposed, buf, mine.add(lo * es), lo, hi, dtype, op, &mut push_piece)?;
+        reduce_range(c, headers, exposed, buf, mine.add(lo * es), lo, hi, dtype, op, piece, &mut push_piece)?;
         if mine != buf {
             std::ptr::copy_nonoverlapping(mine.add(lo * es), buf.add(lo * es), (hi - lo) * es);
         }

@@ -166,7 +166,8 @@ impl Communicator {
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
                 let exposed = self.resolve(&headers)?;
                 self.stage_in(&hdr, input, &[(0, count * es)])?;
-                direct::reduce_range(self, &headers, &exposed, input, out, lo, hi, dtype, op, &mut |_, _, _| Ok(()))?;
+                let piece = self.piece_len(es, count * es, 1); // a bound of every share
+                direct::reduce_range(self, &headers, &exposed, input, out, lo, hi, dtype, op, piece, &mut |_, _, _| Ok(()))?;
                 self.finish()?;
             }
         }

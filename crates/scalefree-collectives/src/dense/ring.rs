@@ -34,11 +34,13 @@ pub(crate) unsafe fn allreduce(
     let (n, me) = (c.size, c.rank);
     let left = (me + n - 1) % n;
     let right = (me + 1) % n;
-    let piece = c.piece_len(es);
     let bounds = |k: u32| {
         let (a, b) = chunk_bounds(count, n, k, ALIGN_ELEMS);
         (a * es, b * es)
     };
+    // Progress counts up to 2 (N - 1) rounds of the largest chunk's pieces.
+    let largest = (0..n).map(|k| { let (a, b) = bounds(k); b - a }).max().unwrap_or(0);
+    let piece = c.piece_len(es, largest, 2 * (n as usize - 1));
     // Pieces per step: the same on every rank (the largest chunk decides).
     let per_step = (0..n).map(|k| { let (a, b) = bounds(k); (b - a).div_ceil(piece) }).max().unwrap_or(0).max(1) as u32;
     let src = exposed[left as usize].as_ref().unwrap();

@@ -114,16 +114,54 @@ fn triplets_to_csr<T: Real>(rows: usize, cols: usize, mut t: Vec<(u32, u32, f64)
     CsrMatrix { rows, cols, indptr, indices, values }
 }
 
+/// The docword readers' bounds: dense document ids (the row starts are held in memory, 8 bytes
+/// per document, and the in-memory reader's triplets are 32-bit), and a vocabulary the
+/// in-memory reader holds as 32-bit column indices (the streamed reader maps wider ones).
 fn check_dims(lines: &Lines, rows: usize, cols: usize) -> Result<()> {
-    if rows > u32::MAX as usize || cols > u32::MAX as usize {
-        return Err(lines.error(format!("a {rows}x{cols} matrix is larger than flash CSR matrices allow (2^32 - 1 rows and columns)")));
+    if rows > u32::MAX as usize {
+        return Err(lines.error(format!("D = {rows} documents: docword files are read with at most 2^32 - 1 documents")));
+    }
+    if cols > u32::MAX as usize {
+        return Err(lines.error(format!("W = {cols} words: the in-memory docword reader takes at most 2^32 - 1 (a file whose documents come in ascending order streams with any W)")));
     }
     Ok(())
 }
 
+/// A matrix read from a text file whose row or column ids may need more than 32 bits: where
+/// `row_ids` (`col_ids`) is Some, the stored matrix has a row (column) per id that occurs,
+/// in ascending id order, and `rows` (`cols`) is the whole id space.
+#[derive(Debug, PartialEq)]
+pub struct TextMatrix<T> {
+    pub matrix: CsrMatrix<T>,
+    /// The row count of the file's size line (the id space).
+    pub rows: usize,
+    /// The column count of the file's size line (the id space).
+    pub cols: usize,
+    /// The sorted 0-based ids of the rows that hold entries, when `rows` exceeds 2^32 − 1.
+    pub row_ids: Option<Vec<u64>>,
+    /// The sorted 0-based ids of the columns that hold entries, when `cols` exceeds 2^32 − 1.
+    pub col_ids: Option<Vec<u64>>,
+}
+
+/// The sorted distinct values of `ids`, refused past 2^32 of them (positions are 32-bit).
+fn used_ids(lines: &Lines, mut ids: Vec<u64>, what: &str) -> Result<Vec<u64>> {
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.len() > u32::MAX as usize + 1 {
+        return Err(lines.end_error(format!("{} distinct {what}s: more than 2^32 used {what}s (positions among them are 32-bit)", ids.len())));
+    }
+    Ok(ids)
+}
+
 /// Reads a Matrix Market `coordinate` file (`real`, `integer` or `pattern`; `general`,
 /// `symmetric` or `skew-symmetric`) into CSR. Symmetric files are expanded to both triangles.
-pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
+///
+/// A row or column count past 2^32 − 1 (up to 2^64 − 1) is a sparse id space: the matrix
+/// gets a row (column) per id that occurs and the ids in [`TextMatrix::row_ids`]
+/// ([`TextMatrix::col_ids`]); nothing is allocated per id of the space. Such a file holds its
+/// triplets as 64-bit ids while reading (24 bytes per entry, then 16 per entry for the
+/// positions), the others 16 bytes per entry.
+pub fn read_matrix_market<T: Real>(path: &Path) -> Result<TextMatrix<T>> {
     let mut lines = Lines::open(path)?;
     let Some(header) = lines.next_line()? else { return Err(lines.end_error("empty file, expected a %%MatrixMarket header")) };
     let header = header.to_ascii_lowercase();
@@ -160,8 +198,22 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
         }
         break (rows, cols, nnz);
     };
-    check_dims(&lines, rows, cols)?;
-    let mut triplets = Vec::with_capacity(nnz.min(1 << 28) * if mirror.is_some() { 2 } else { 1 });
+    let (map_rows, map_cols) = (rows > u32::MAX as usize, cols > u32::MAX as usize);
+    let per_entry = if mirror.is_some() { 2 } else { 1 };
+    let mut narrow: Vec<(u32, u32, f64)> = Vec::new();
+    let mut wide: Vec<(u64, u64, f64)> = Vec::new();
+    if map_rows || map_cols {
+        wide.reserve(nnz.min(1 << 28) * per_entry);
+    } else {
+        narrow.reserve(nnz.min(1 << 28) * per_entry);
+    }
+    let mut push = |r: usize, c: usize, v: f64| {
+        if map_rows || map_cols {
+            wide.push((r as u64, c as u64, v));
+        } else {
+            narrow.push((r as u32, c as u32, v)); // both below 2^32 − 1 (checked above)
+        }
+    };
     let mut seen = 0usize;
     while let Some(line) = lines.next_line()? {
         if line.is_empty() || line.starts_with('%') {
@@ -177,10 +229,13 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
         if f.next().is_some() {
             return Err(lines.error(format!("too many fields in {line:?}")));
         }
-        triplets.push((r as u32, c as u32, v));
+        push(r, c, v);
         if let Some(sign) = mirror {
             if r != c {
-                triplets.push((c as u32, r as u32, sign * v));
+                if c >= rows || r >= cols {
+                    return Err(lines.error(format!("entry ({}, {}) has no mirror in a {rows}x{cols} symmetric matrix", r + 1, c + 1)));
+                }
+                push(c, r, sign * v);
             }
         }
         seen += 1;
@@ -188,7 +243,19 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
     if seen != nnz {
         return Err(lines.end_error(format!("{seen} entries but the size line announced {nnz}")));
     }
-    Ok(triplets_to_csr(rows, cols, triplets))
+    if !(map_rows || map_cols) {
+        return Ok(TextMatrix { matrix: triplets_to_csr(rows, cols, narrow), rows, cols, row_ids: None, col_ids: None });
+    }
+    let row_ids = if map_rows { Some(used_ids(&lines, wide.iter().map(|t| t.0).collect(), "row")?) } else { None };
+    let col_ids = if map_cols { Some(used_ids(&lines, wide.iter().map(|t| t.1).collect(), "column")?) } else { None };
+    let at = |ids: &Option<Vec<u64>>, x: u64| match ids {
+        Some(ids) => ids.binary_search(&x).expect("every id is in its map") as u32,
+        None => x as u32, // not mapped: below 2^32 − 1
+    };
+    let narrow: Vec<(u32, u32, f64)> = wide.into_iter().map(|(r, c, v)| (at(&row_ids, r), at(&col_ids, c), v)).collect();
+    let stored_rows = row_ids.as_ref().map_or(rows, Vec::len);
+    let stored_cols = col_ids.as_ref().map_or(cols, Vec::len);
+    Ok(TextMatrix { matrix: triplets_to_csr(stored_rows, stored_cols, narrow), rows, cols, row_ids, col_ids })
 }
 
 /// Reads a UCI bag-of-words `docword` file — three header lines D (documents), W (words),
@@ -410,19 +477,55 @@ mod tests {
     fn matrix_market_general_symmetric_pattern() {
         let d = tmp("mm");
         let p = write(&d, "g.mtx", "%%MatrixMarket matrix coordinate real general\n% c\n3 4 4\n1 1 1.5\n3 4 -2\n1 1 0.5\n2 3 7e0\n");
-        let m = read_matrix_market::<f64>(&p).unwrap();
+        let m = read_matrix_market::<f64>(&p).unwrap().matrix;
         assert_eq!(dense(&m), vec![vec![2.0, 0.0, 0.0, 0.0], vec![0.0, 0.0, 7.0, 0.0], vec![0.0, 0.0, 0.0, -2.0]]);
         assert_eq!(m.values.len(), 3, "duplicates are summed");
         m.view().validate().unwrap();
         let p = write(&d, "s.mtx", "%%MatrixMarket matrix coordinate integer symmetric\n2 2 2\n1 1 3\n2 1 4\n");
-        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap()), vec![vec![3.0, 4.0], vec![4.0, 0.0]]);
+        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap().matrix), vec![vec![3.0, 4.0], vec![4.0, 0.0]]);
         let p = write(&d, "k.mtx", "%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n2 1 4\n");
-        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap()), vec![vec![0.0, -4.0], vec![4.0, 0.0]]);
+        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap().matrix), vec![vec![0.0, -4.0], vec![4.0, 0.0]]);
         let p = write(&d, "p.mtx", "%%MatrixMarket matrix coordinate pattern general\n2 3 2\n1 3\n2 1\n");
-        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap()), vec![vec![0.0, 0.0, 1.0], vec![1.0, 0.0, 0.0]]);
+        assert_eq!(dense(&read_matrix_market::<f64>(&p).unwrap().matrix), vec![vec![0.0, 0.0, 1.0], vec![1.0, 0.0, 0.0]]);
         let p = write(&d, "e.mtx", "%%MatrixMarket matrix coordinate real general\n0 0 0\n");
-        let m = read_matrix_market::<f32>(&p).unwrap();
+        let m = read_matrix_market::<f32>(&p).unwrap().matrix;
         assert_eq!((m.rows, m.cols, m.values.len()), (0, 0, 0));
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn matrix_market_with_ids_past_32_bits() {
+        let d = tmp("mmwide");
+        let (b, w) = (1u64 << 32, 1u64 << 40);
+        // Columns past 2^32 − 1 only: the rows stay dense, the used columns are mapped.
+        let p = write(&d, "c.mtx", &format!("%%MatrixMarket matrix coordinate real general\n3 {w} 4\n1 {} 2\n3 {w} 5\n1 4 1\n3 4 -1\n", b + 8));
+        let t = read_matrix_market::<f64>(&p).unwrap();
+        assert_eq!((t.rows, t.cols), (3, w as usize));
+        assert_eq!(t.row_ids, None);
+        assert_eq!(t.col_ids, Some(vec![3, b + 7, w - 1]));
+        assert_eq!((t.matrix.rows, t.matrix.cols), (3, 3));
+        assert_eq!(dense(&t.matrix), vec![vec![1.0, 2.0, 0.0], vec![0.0; 3], vec![-1.0, 0.0, 5.0]]);
+        // Rows and columns past 2^32 − 1 (up to 2^64 − 1), symmetric: both triangles, both maps.
+        let n = u64::MAX;
+        let p = write(&d, "s.mtx", &format!("%%MatrixMarket matrix coordinate integer symmetric\n{n} {n} 3\n{} 2 7\n{n} {n} 1\n2 2 3\n", b + 1));
+        let t = read_matrix_market::<f64>(&p).unwrap();
+        assert_eq!((t.rows, t.cols), (n as usize, n as usize));
+        assert_eq!(t.row_ids, Some(vec![1, b, n - 1]));
+        assert_eq!(t.col_ids, t.row_ids);
+        assert_eq!(dense(&t.matrix), vec![vec![3.0, 7.0, 0.0], vec![7.0, 0.0, 0.0], vec![0.0, 0.0, 1.0]]);
+        t.matrix.view().validate().unwrap();
+        // Rows past 2^32 − 1 only; an id past the size line is still an error naming the line.
+        let p = write(&d, "r.mtx", &format!("%%MatrixMarket matrix coordinate pattern general\n{w} 2 2\n{w} 1\n{} 2\n", b + 1));
+        let t = read_matrix_market::<f32>(&p).unwrap();
+        assert_eq!((t.row_ids, t.col_ids), (Some(vec![b, w - 1]), None));
+        assert_eq!((t.matrix.indptr, t.matrix.indices), (vec![0, 1, 2], vec![1, 0]));
+        let p = write(&d, "x.mtx", &format!("%%MatrixMarket matrix coordinate real general\n{w} 2 1\n{} 1 1\n", w + 1));
+        let msg = read_matrix_market::<f64>(&p).unwrap_err().to_string();
+        assert!(msg.contains("x.mtx") && msg.contains(&format!("line 3: row {} is outside 1..={w}", w + 1)), "{msg}");
+        // A symmetric entry whose mirror falls outside a non-square matrix: an error, not a panic.
+        let p = write(&d, "m.mtx", "%%MatrixMarket matrix coordinate real symmetric\n2 3 1\n1 3 1\n");
+        let msg = read_matrix_market::<f64>(&p).unwrap_err().to_string();
+        assert!(msg.contains("line 3: entry (1, 3) has no mirror"), "{msg}");
         std::fs::remove_dir_all(d).unwrap();
     }
 

@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::element::Real;
-use crate::error::Result;
+use crate::error::{FlashError, Result};
 use crate::file::{FlashCsrMatrix, FlashPtr};
 use crate::element::{cast_slice, cast_slice_mut};
 use crate::io::executor::IoDirection;
@@ -98,10 +98,21 @@ unsafe impl<T: Send> Sync for SharedOut<T> {}
 /// current rayon pool: each piece of A's rows counts its entries per column, the counts give
 /// every (piece, column) its place, and each piece scatters its entries there in row order.
 pub fn csrcsc_in_memory<T: Real>(a: CsrRef<'_, T>) -> Result<CsrMatrix<T>> {
+    transpose_fits(a.rows)?;
     a.validate()?;
     let (mut indptr, mut indices, mut values) = (vec![0u64; a.cols + 1], vec![0u32; a.nnz()], vec![T::default(); a.nnz()]);
     transpose_into(a, &mut indptr, &mut indices, &mut values);
     Ok(CsrMatrix { rows: a.cols, cols: a.rows, indptr, indices, values })
+}
+
+/// The transpose's column indices are the rows' positions, 32-bit: a matrix of more than 2^32
+/// stored rows (a flash matrix of 32 GiB of row starts, or more than 2^32 used rows of a sparse
+/// id space) has no transpose. Checked before anything is read (the indices would wrap).
+fn transpose_fits(rows: usize) -> Result<()> {
+    if rows > u32::MAX as usize + 1 {
+        return Err(FlashError::invalid(format!("csrcsc: {rows} stored rows do not fit the transpose's 32-bit column indices (at most 2^32)")));
+    }
+    Ok(())
 }
 
 /// The transpose of a valid `a` into `t_indptr` (cols + 1), `t_indices` and `t_values` (nnz).
@@ -221,6 +232,7 @@ fn csrcsc_direct<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>, indptr: Vec<
 /// A and Aᵀ fit the runtime's budget together ([`in_memory_bytes`]), else out of core.
 pub fn csrcsc<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
     let (rows, cols) = (a.rows(), a.cols());
+    transpose_fits(rows)?;
     let nnz = a.nnz();
     let indptr = a.indptr().to_vec()?;
     let size = std::mem::size_of::<T>() as u64;
@@ -483,5 +495,19 @@ mod tests {
             assert_eq!(t.to_csr().unwrap(), transpose(&a), "{rows}x{cols}");
             t.validate().unwrap();
         }
+    }
+
+    #[test]
+    fn more_than_2_to_the_32_rows_have_no_transpose() {
+        // 2^32 + 1 rows: the row starts are a sparse 32 GiB scratch file, never read.
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 64 << 20, compute_threads: 1, ..RuntimeOptions::default() }).unwrap();
+        let rows = u32::MAX as usize + 2;
+        let fo = rt.file_options();
+        let indptr = FlashPtr::<u64>::scratch(rt.dir(), rows as u64 + 1, &fo).unwrap();
+        let (indices, values) = (FlashPtr::<u32>::scratch(rt.dir(), 0, &fo).unwrap(), FlashPtr::<f64>::scratch(rt.dir(), 0, &fo).unwrap());
+        let a = FlashCsrMatrix::from_parts(rows, 3, indptr, indices, values).unwrap();
+        let msg = csrcsc(&rt, &a).err().expect("refused").to_string();
+        assert!(msg.contains("4294967297 stored rows") && msg.contains("32-bit"), "{msg}");
+        assert!(transpose_fits(u32::MAX as usize + 1).is_ok());
     }
 }

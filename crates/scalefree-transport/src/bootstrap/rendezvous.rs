@@ -579,9 +579,13 @@ fn same_user(s: &UnixStream) -> bool {
 }
 
 /// Frame: u32 payload length, u32 has-fd flag, payload. The descriptor rides on the header.
+/// Bootstrap messages are small (addresses, handles, agreed specs): one of 4 GiB or more is
+/// refused before anything is sent (its length would wrap the header's 32 bits).
 fn send_frame(s: &mut dyn Conn, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
+    let len = u32::try_from(payload.len())
+        .map_err(|_| Error::InvalidArgument(format!("a bootstrap message of {} bytes: at most 2^32 - 1 fit its frame", payload.len())))?;
     let mut hdr = [0u8; 8];
-    hdr[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    hdr[..4].copy_from_slice(&len.to_le_bytes());
     hdr[4..].copy_from_slice(&(fd.is_some() as u32).to_le_bytes());
     let mut iov = libc::iovec {
         iov_base: hdr.as_mut_ptr() as *mut libc::c_void,
@@ -677,6 +681,21 @@ fn recv_frame_max(s: &mut dyn Conn, max: usize) -> Result<(Vec<u8>, Option<Owned
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bootstrap_frame_of_4_gib_is_refused_before_sending() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let n = 1usize << 32;
+        // An untouched anonymous mapping: no memory, never read.
+        let map = unsafe { libc::mmap(std::ptr::null_mut(), n, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
+        assert_ne!(map, libc::MAP_FAILED);
+        let big = unsafe { std::slice::from_raw_parts(map as *const u8, n) };
+        let e = send_frame(&mut a, big, None).unwrap_err().to_string();
+        assert!(e.contains("4294967296 bytes") && e.contains("2^32 - 1"), "{e}");
+        send_frame(&mut a, &big[..3], None).unwrap();
+        assert_eq!(recv_frame(&mut b).unwrap().0, vec![0, 0, 0], "nothing of the refused frame was sent");
+        unsafe { libc::munmap(map, n) };
+    }
     use crate::bootstrap::Launcher;
 
     fn job(rank: u32, size: u32, id: &str, token: &str) -> JobInfo {

@@ -970,6 +970,52 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
+    /// A write of more than 4 GiB at an offset past 2^32 is one frame: its 64-bit length and
+    /// offset survive the header, and the writer sends exactly that many bytes (Linux moves at
+    /// most 2 GiB − 4 KiB per `writev`, so it takes several calls). The data is an untouched
+    /// anonymous mapping (the zero page, no memory) with 4 marked bytes; the reader keeps
+    /// 1 MiB at a time.
+    #[test]
+    fn a_frame_of_more_than_4_gib_goes_whole() {
+        let n: usize = (1 << 32) + (3 << 20) + 5;
+        let map = unsafe {
+            libc::mmap(std::ptr::null_mut(), n, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let data = unsafe { std::slice::from_raw_parts_mut(map as *mut u8, n) };
+        let marks = [(0usize, 1u8), ((1 << 31) - 1, 2), ((1 << 32) - 1, 3), (1 << 32, 4), (n - 1, 5)];
+        for &(at, v) in &marks {
+            data[at] = v;
+        }
+        let frame = Frame { kind: KIND_WRITE, value: 0xdead_beef, key: 7, offset: (5 << 32) + 64, len: n as u64, note: super::super::NOTE_POST | (3 << 32), index: (1 << 33) + 8 };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::scope(|sc| {
+            let data = &*data;
+            sc.spawn(move || {
+                let s = TcpStream::connect(addr).unwrap();
+                write_frame(&s, &frame, data).unwrap();
+            });
+            let (mut r, _) = l.accept().unwrap();
+            let mut hdr = [0u8; FRAME_LEN];
+            r.read_exact(&mut hdr).unwrap();
+            let f = Frame::parse(&hdr);
+            assert_eq!((f.kind, f.value, f.key, f.offset, f.len, f.note, f.index),
+                       (frame.kind, frame.value, frame.key, frame.offset, n as u64, frame.note, frame.index));
+            let mut part = vec![0u8; 1 << 20];
+            let (mut got, mut seen) = (0usize, Vec::new());
+            while got < f.len as usize {
+                let k = (f.len as usize - got).min(part.len());
+                r.read_exact(&mut part[..k]).unwrap();
+                seen.extend(marks.iter().filter(|&&(at, _)| at >= got && at < got + k).map(|&(at, _)| (at, part[at - got])));
+                got += k;
+            }
+            assert_eq!(seen, marks.to_vec());
+            assert_eq!(r.read(&mut part[..1]).unwrap(), 0, "nothing after the frame");
+        });
+        unsafe { libc::munmap(map, n) };
+    }
+
     /// An acceptor on a port of its own admitting ranks above 0 with `key`; returns its port
     /// and what it admitted.
     fn acceptor(key: Key, within: Duration) -> (u16, std::thread::JoinHandle<Option<u32>>) {

@@ -293,7 +293,7 @@ impl Shared {
             n if n & 0xffff_ffff == NOTE_POST && index.checked_add(8).is_some_and(|e| e as usize <= region_len) && index.is_multiple_of(8)
                 && region_len >= crate::mesh::MESH_HEADER =>
             {
-                let v = (n >> 32) << 32 | value as u64;
+                let v = post_value(n, value);
                 // The data has landed already: only the word and the doorbell are left.
                 unsafe { crate::mesh::post_mapped(region_addr as *mut u8, 0, std::ptr::null(), 0, index as usize, v) };
                 self.kick();
@@ -310,6 +310,23 @@ impl Shared {
 }
 
 /// Raises `w` to `value` in sequence order (a late, smaller value never lowers it).
+/// A note on the wire (UCX's [`WriteHeader`] and a lane's frame): `(note, index, value)`. A
+/// post's 64-bit value travels as its high half in the note's upper 32 bits and its low half
+/// in `value` (see [`post_value`]).
+fn note_parts(note: Note) -> (u64, u64, u32) {
+    match note {
+        Note::None => (NOTE_NONE, 0, 0),
+        Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
+        Note::Word(o, v) => (NOTE_WORD, o, v),
+        Note::Post(o, v) => (NOTE_POST | ((v >> 32) << 32), o, v as u32),
+    }
+}
+
+/// A post's 64-bit value from its note and `value` (see [`note_parts`]).
+fn post_value(note: u64, value: u32) -> u64 {
+    (note >> 32) << 32 | value as u64
+}
+
 fn raise_word(w: &AtomicU32, value: u32) {
     let mut cur = w.load(Ordering::Acquire);
     while cur == 0 || wait::seq_reached(value, cur) {
@@ -1070,12 +1087,7 @@ impl Net {
     /// `src..src+n` must stay readable until then.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn start_write_notify(&self, peer: u32, src: *const u8, n: usize, key: u64, off: usize, note: Note) -> Result<Option<Request>> {
-        let (note, index, value) = match note {
-            Note::None => (NOTE_NONE, 0, 0),
-            Note::Slot(s, v) => (NOTE_SLOT, s as u64, v),
-            Note::Word(o, v) => (NOTE_WORD, o, v),
-            Note::Post(o, v) => (NOTE_POST | ((v >> 32) << 32), o, v as u32),
-        };
+        let (note, index, value) = note_parts(note);
         if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
             return unsafe { l.start_write(peer, src, n, key, off as u64, note, index, value) }.map_err(|e| self.lane_lost(e));
         }
@@ -1264,5 +1276,23 @@ fn set_default_env() {
             // Only read by UCX at ucp_config_read, on this thread, before other threads use it.
             std::env::set_var(k, v);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A post's 64-bit counter and offset past 2^32 survive the note's encoding.
+    #[test]
+    fn notes_carry_64_bit_posts_and_offsets() {
+        for v in [0u64, 1, u32::MAX as u64, 1 << 32, (7 << 32) | 5, u64::MAX] {
+            let (note, index, value) = note_parts(Note::Post((5 << 32) + 8, v));
+            assert_eq!((note & 0xffff_ffff, index), (NOTE_POST, (5 << 32) + 8));
+            assert_eq!(post_value(note, value), v);
+        }
+        assert_eq!(note_parts(Note::Word(1 << 40, 3)), (NOTE_WORD, 1 << 40, 3));
+        assert_eq!(note_parts(Note::Slot(9, u32::MAX)), (NOTE_SLOT, 9, u32::MAX));
+        assert_eq!(note_parts(Note::None), (NOTE_NONE, 0, 0));
     }
 }
