@@ -249,6 +249,16 @@ def test_bench_vs_dsgd_ps_on_a_small_synthetic_matrix(tmp_path):
     assert all(np.isfinite(r["test_rmse"]) for r in recs)
     assert recs[0]["bytes_sent_per_worker"] < recs[2]["bytes_sent_per_worker"]
     assert "rima 6x6 / dsgd-ps" in p.stdout
+    # Peak RSS of each of the 3 ranks; the common target is the worse final RMSE, which every
+    # mode reaches (at the latest at its last iteration) on a curve ending at its final RMSE.
+    target = max(r["test_rmse"] for r in recs)
+    for r in recs:
+        assert len(r["peak_rss_bytes_per_rank"]) == 3 and min(r["peak_rss_bytes_per_rank"]) > 10 * 2**20
+        assert r["rmse_target"] == target
+        assert [c[0] for c in r["curve"]] == [1, 2, 3]
+        assert r["curve"][-1][1] == pytest.approx(r["test_rmse"], rel=1e-6)
+        assert 1 <= r["iterations_to_target"] <= 3 and r["curve"][r["iterations_to_target"] - 1][1] <= target
+        assert r["seconds_to_target"] == pytest.approx(r["median_s"] * r["iterations_to_target"] / 3)
 
 
 @pytest.mark.parametrize("mode,n", [("rima", 3), ("dsgd-ps", 3)])

@@ -17,7 +17,8 @@
 //! contiguous range of rows of P (and of the AdaGrad accumulators), a block column one of Q:
 //! two threads never write to the same cache line except at a range's ends. The ratings of all blocks sit in one array of 12-byte entries (u32 user, u32 item,
 //! f32 rating), block after block, each block sorted by user when there are more users than
-//! items and by item otherwise (LIBMF's order; consecutive updates then share a row). P and Q rows are
+//! items and by item otherwise (LIBMF's order), then its two halves interleaved (see
+//! [`interleave_halves`]: consecutive updates rarely share a row, so they overlap). P and Q rows are
 //! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
 //! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
 
@@ -65,6 +66,22 @@ struct Sched {
     pass: usize,
     /// Σ e² of each pass of this call.
     loss: Vec<f64>,
+}
+
+/// Reorders a block sorted by item (or user) so that its first and second halves alternate:
+/// e0, e_h, e1, e_h+1, ... (h = ⌈len/2⌉). Consecutive updates then belong to two different
+/// runs of the same item (user), so they rarely share a row, and the CPU overlaps one update's
+/// dot product and step with the other's instead of waiting for the shared row's store; the
+/// ratings of each item (user) keep their order.
+fn interleave_halves(blk: &mut [Entry]) {
+    if blk.len() < 3 {
+        return;
+    }
+    let src = blk.to_vec();
+    let (a, b) = src.split_at(src.len().div_ceil(2));
+    for (j, e) in blk.iter_mut().enumerate() {
+        *e = if j % 2 == 0 { a[j / 2] } else { b[j / 2] };
+    }
 }
 
 /// `rows × ld` floats starting on a 64-byte boundary.
@@ -180,7 +197,7 @@ impl LocalTrainer {
             known_i[i as usize] = true;
         }
         // LIBMF's order inside a block: by user when users outnumber items, else by item
-        // (after the seeded shuffle, so ties keep a seeded order).
+        // (after the seeded shuffle, so ties keep a seeded order); then the halves interleaved.
         for b in 0..nb * nb {
             let blk = &mut entries[starts[b]..starts[b + 1]];
             rng.shuffle(blk);
@@ -189,6 +206,7 @@ impl LocalTrainer {
             } else {
                 blk.sort_by_key(|e| e.i);
             }
+            interleave_halves(blk);
         }
         let mean = train.mean() as f32;
         // `adagrad` in local mode is LIBMF's split rule (see `Schedule::AdagradSplit`).
@@ -434,6 +452,27 @@ impl LocalTrainer {
             mean: self.mean,
             known_u: known(&self.known_u, &self.user_row),
             known_i: known(&self.known_i, &self.item_row),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleave_halves_alternates_and_keeps_each_half_in_order() {
+        for len in [0usize, 1, 2, 3, 4, 7, 10] {
+            let mut v: Vec<Entry> = (0..len as u32).map(|x| Entry { u: x, i: 0, r: 0.0 }).collect();
+            interleave_halves(&mut v);
+            let got: Vec<u32> = v.iter().map(|e| e.u).collect();
+            let want: Vec<u32> = if len < 3 {
+                (0..len as u32).collect()
+            } else {
+                let h = len.div_ceil(2) as u32;
+                (0..len as u32).map(|j| if j % 2 == 0 { j / 2 } else { h + j / 2 }).collect()
+            };
+            assert_eq!(got, want, "len {len}");
         }
     }
 }

@@ -58,14 +58,13 @@ fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// AVX2 kernel for rows of `N` × 8 lanes, rows `ld` floats apart.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA; every `u`/`i` indexes a row of P/Q (and of the accumulators);
-/// `ld ≥ 8N`; no other thread touches these rows during the call.
+/// Defines the AVX2 kernel (below) under the given name and target features.
+macro_rules! avx2_kernel {
+    ($(#[$m:meta])* $name:ident, $feat:literal) => {
+$(#[$m])*
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
+#[target_feature(enable = $feat)]
+pub unsafe fn $name<const N: usize, const ADA: bool, const SPLIT: bool>(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize) -> f64 {
     let lam = _mm256_set1_ps(prm.lambda);
     let inv_k = 1.0 / prm.k as f32;
     // SPLIT (LIBMF's rule): chunk 0 has accumulator 2u, chunks 1.. accumulator 2u + 1.
@@ -203,6 +202,28 @@ pub unsafe fn block_avx2<const N: usize, const ADA: bool, const SPLIT: bool>(blo
     }
     loss
 }
+    };
+}
+
+avx2_kernel!(
+    /// AVX2 kernel for rows of `N` × 8 lanes, rows `ld` floats apart.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; every `u`/`i` indexes a row of P/Q (and of the accumulators);
+    /// `ld ≥ 8N`; no other thread touches these rows during the call.
+    block_avx2,
+    "avx2,fma"
+);
+avx2_kernel!(
+    /// [`block_avx2`] built for AVX-512VL: the same 256-bit instructions and results, with 32
+    /// vector registers instead of 16, so the rows of P and Q and the partial sums of the split
+    /// rule stay in registers (the AVX2 build spills some to the stack).
+    ///
+    /// # Safety
+    /// As [`block_avx2`], and the CPU has AVX-512F and AVX-512VL.
+    block_avx2_vl,
+    "avx512f,avx512vl,avx2,fma"
+);
 
 /// AVX-512 kernel: rows of `N` × 16 lanes, the last 16-lane chunk masked to its first 8 when
 /// `HALF` (w = 16N − 8), rows `ld` floats apart.
@@ -275,6 +296,12 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
     loss
 }
 
+/// True when the CPU has AVX-512F and AVX-512VL (32 vector registers for 256-bit code).
+pub fn has_avx512vl() -> bool {
+    static VL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VL.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl"))
+}
+
 /// Runs the AVX2 kernel instantiated for `w / 8` chunks; `None` when w is above 128 lanes.
 ///
 /// # Safety
@@ -282,11 +309,15 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
 pub unsafe fn dispatch_avx2(block: &[Entry], f: Factors, prm: &SgdParams, ld: usize, ada: bool) -> Option<f64> {
     let w = prm.k.div_ceil(8) * 8;
     let split = matches!(prm.schedule, Schedule::AdagradSplit { .. });
+    // The split rule's kernel keeps 2N rows plus sums live: with AVX-512VL's 32 registers it
+    // does not spill (same instructions and results otherwise).
+    let vl = has_avx512vl();
     macro_rules! go {
         ($($n:literal)*) => {
             match (w / 8, ada, split) {
                 $(
                     // SAFETY: forwarded contract; N = w / 8.
+                    ($n, _, true) if vl => Some(unsafe { block_avx2_vl::<$n, true, true>(block, f, prm, ld) }),
                     ($n, _, true) => Some(unsafe { block_avx2::<$n, true, true>(block, f, prm, ld) }),
                     ($n, true, false) => Some(unsafe { block_avx2::<$n, true, false>(block, f, prm, ld) }),
                     ($n, false, false) => Some(unsafe { block_avx2::<$n, false, false>(block, f, prm, ld) }),
@@ -321,4 +352,40 @@ pub unsafe fn dispatch_avx512(block: &[Entry], f: Factors, prm: &SgdParams, ld: 
         };
     }
     go!(1 2 3 4 5 6 7 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// The AVX-512VL build of the split-rule kernel gives bit-for-bit the AVX2 build's factors,
+    /// accumulators and loss (the same instructions with more registers).
+    #[test]
+    fn vl_build_matches_avx2_build_bitwise() {
+        if !(crate::kernel::Isa::Avx2.available() && has_avx512vl()) {
+            return;
+        }
+        for slow_only in [false, true] {
+            let (m, n, k) = (13, 17, 40);
+            let ld = 40;
+            let mut rng = Rng::new(7);
+            let block: Vec<Entry> = (0..500).map(|_| Entry { u: rng.below(m) as u32, i: rng.below(n) as u32, r: 1.0 + 4.0 * rng.unit_f32() }).collect();
+            let p: Vec<f32> = (0..m * ld).map(|_| rng.unit_f32() * 0.3).collect();
+            let q: Vec<f32> = (0..n * ld).map(|_| rng.unit_f32() * 0.3).collect();
+            let prm = SgdParams { k, eta: 0.1, lambda: 0.05, schedule: Schedule::AdagradSplit { slow_only } };
+            let run = |vl: bool| {
+                let (mut p, mut q, mut pg, mut qg) = (p.clone(), q.clone(), vec![1f32; 2 * m], vec![1f32; 2 * n]);
+                let f = Factors { p: p.as_mut_ptr(), q: q.as_mut_ptr(), pg: pg.as_mut_ptr(), qg: qg.as_mut_ptr() };
+                // SAFETY: ids below m and n; rows of ld = k floats; the CPU has the features.
+                let l = unsafe { if vl { block_avx2_vl::<5, true, true>(&block, f, &prm, ld) } else { block_avx2::<5, true, true>(&block, f, &prm, ld) } };
+                (l, p, q, pg, qg)
+            };
+            let (a, b) = (run(false), run(true));
+            assert_eq!(a.0.to_bits(), b.0.to_bits());
+            for (x, y) in [(&a.1, &b.1), (&a.2, &b.2), (&a.3, &b.3), (&a.4, &b.4)] {
+                assert!(x.iter().zip(y.iter()).all(|(u, v)| u.to_bits() == v.to_bits()), "slow_only={slow_only}");
+            }
+        }
+    }
 }

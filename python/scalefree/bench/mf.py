@@ -1,7 +1,8 @@
 """``scalefree bench mf --vs libmf``: local-mode MF vs LIBMF (the pip ``libmf`` package).
 ``scalefree bench mf --vs dsgd-ps``: the ``rima`` ring vs the ``dsgd-ps`` parameter server on
 a seeded synthetic matrix (low rank + noise, power-law row and column degrees), ``--ranks``
-ranks each, equal iterations: training time, bytes sent per worker, test RMSE.
+ranks each, equal iterations: training time, bytes sent per worker, test RMSE, peak RSS per
+rank, and the iterations and time each needs to reach a common test RMSE (the worse final one).
 ``scalefree bench mf --vs memory-budget --budget-fraction 0.25``: ``rima`` on the same synthetic
 matrix in memory and with ``--memory-budget`` = that fraction of the rating data (per rank; the
 blocks stay on disk, read ahead in pattern order), runs interleaved: training time and their
@@ -20,7 +21,8 @@ in ``--lams`` (default 0.05,0.1), with the same k, η, iterations and threads:
 LIBMF's training time is (wall time of ``mf-train -t N`` − wall time of ``mf-train -t 1``)·N/(N−1)
 (median of --repeat pairs), its test RMSE ``mf-predict``'s on the model of ``-t N`` (median over
 the repeats; ours likewise: with 2 threads neither is bit-for-bit repeatable), and its
-per-iteration test RMSE comes from an untimed ``-p TEST`` run. Ours runs in a child process:
+per-iteration test RMSE comes from an untimed ``-p TEST`` run. Ours runs in a child process
+(with ``OPENBLAS_NUM_THREADS=1``: it calls no BLAS, and numpy's idle pool would spin a core):
 load both files, align the test ids to the training ids, build the trainer, then one epoch and
 N − 1 epochs timed apart; its training time is the same formula, (time of epochs 2..N)·N/(N−1)
 (the time of all N epochs is in the JSON too); the per-epoch test RMSE comes from a second,
@@ -196,7 +198,7 @@ def _draws(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
         _, _, out = _wall_rss([str(bin_dir / "mf-predict"), "-e", "0", str(rte), str(model), str(d / "draw.pred")])
         lib.append(float(out.strip().split("=")[-1]))
         a = {"k": args.k, "eta": args.eta, "lam": lam, "threads": args.threads, "seed": j, "iterations": args.iterations}
-        _, _, out = _wall_rss([sys.executable, "-c", _OURS_DRAW_CHILD, str(rtr), str(rte), json.dumps(a)])
+        _, _, out = _wall_rss([sys.executable, "-c", _OURS_DRAW_CHILD, str(rtr), str(rte), json.dumps(a)], env=_NO_BLAS_POOL)
         ours.append(json.loads(out.strip().splitlines()[-1])["rmse"])
     se = lambda x: float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")  # noqa: E731
     return {"libmf": lib, "scalefree": ours, "libmf_mean": float(np.mean(lib)), "scalefree_mean": float(np.mean(ours)),
@@ -206,7 +208,15 @@ def _draws(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
 _GNU_TIME = "/usr/bin/time"
 
 
-def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int | None, str]:
+# The child that trains ours never calls BLAS, but importing numpy starts OpenBLAS's thread
+# pool, whose idle thread spins (sched_yield) for ~0.1 s before it sleeps: on 2 cores that is
+# a third runnable thread taking turns with the 2 training threads for the first ~25 ms of
+# training (measured: first timed run of a fresh process 25-37 ms, with the pool off 18 ms,
+# later runs in the same process 18 ms either way). The same setting as the PS bench's workers.
+_NO_BLAS_POOL = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _wall_rss(cmd: list[str], timeout: float = 600, env: dict | None = None) -> tuple[float, int | None, str]:
     """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout). The peak comes from
     GNU time (``/usr/bin/time -f %M``; None where it is absent): a child spawned straight from
     this process would report this process's peak (Linux keeps ru_maxrss across exec). The
@@ -217,9 +227,10 @@ def _wall_rss(cmd: list[str], timeout: float = 600) -> tuple[float, int | None, 
     if use_time:
         cmd = [_GNU_TIME, "-f", "SCALEFREE_MAXRSS_KB %M", *cmd]
 
+    full_env = {**os.environ, **env} if env else None
     with _tf.TemporaryFile("w+") as out, _tf.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=full_env)
         deadline = t0 + timeout
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -290,7 +301,7 @@ def _ours_files(args, tr: Path, te: Path, lam: float) -> dict:
          "iterations": args.iterations}
     runs, rss = [], 0
     for _ in range(args.repeat):
-        _, r, out = _wall_rss([sys.executable, "-c", _OURS_FILES_CHILD, str(tr), str(te), json.dumps(a)])
+        _, r, out = _wall_rss([sys.executable, "-c", _OURS_FILES_CHILD, str(tr), str(te), json.dumps(a)], env=_NO_BLAS_POOL)
         runs.append(json.loads(out.strip().splitlines()[-1]))
         rss = max(rss, r or 0)
     med = sorted(runs, key=lambda x: x["train_s"])[len(runs) // 2]
@@ -591,38 +602,74 @@ def _vs_memory_budget(args) -> int:
     return 0
 
 
+def _reach(curve: list, target: float) -> tuple[int | None, float | None]:
+    """The first (iteration, training seconds) of ``curve`` [(iteration, test RMSE, seconds)]
+    whose RMSE is at most ``target``; (None, None) when none is."""
+    return next(((it, secs) for it, rmse, secs in curve if rmse <= target), (None, None))
+
+
 def _vs_dsgd_ps(args) -> int:
+    """Per mode: ``--repeat`` timed runs (no evaluation), then one run evaluating the test RMSE
+    after every iteration for the iterations to a common target: the worse of the modes' final
+    test RMSEs of the timed runs. Peak RSS per rank: VmHWM at the end (set-up and training),
+    the largest over the repeats."""
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
         files = _synthetic_files(args, d)
         records, rows = [], []
         for f in files:
             # rima with 2w x 2w blocks (its default), rima with w x w, the parameter server.
             for mode, extra in (("rima", []), ("rima", ["--blocks", str(args.ranks)]), ("dsgd-ps", [])):
-                times, rec = [], None
+                times, rss, rec = [], [], None
                 for rep in range(args.repeat):
                     common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} ({rep + 1}/{args.repeat}) ...")
                     rec = _train_cli(f, mode, extra, args, d)[-1]
                     times.append(rec["seconds"])
+                    rss.append(rec.get("peak_rss_bytes_end") or [])
+                common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} (test RMSE every iteration) ...")
+                hist = _train_cli(f, mode, [*extra, "--eval-every", "1"], args, d)
+                curve = [(h["iteration"], h["test_rmse"], h["seconds"]) for h in hist if "test_rmse" in h and "seconds" in h]
                 med = float(np.median(times))
                 sent = float(np.mean(rec["bytes_sent"]))
+                # Per rank, the largest over the repeats (set-up and training: VmHWM at the end).
+                rss_rank = [int(max(x)) for x in zip(*rss)] if all(rss) else []
                 records.append({"bench": BENCH, "vs": "dsgd-ps", "impl": mode, "data": f.name, "ranks": args.ranks,
                                 "workers": rec["workers"], "blocks_per_side": rec["blocks_per_side"],
                                 "k": args.k, "iterations": args.iterations,
                                 "median_s": med, "times": times, "bytes_sent_per_worker": sent,
                                 "bytes_sent": rec["bytes_sent"], "comm_seconds": rec["comm_seconds"],
-                                "test_rmse": rec["test_rmse"], "connections": rec["connections"]})
-                nb = rec["blocks_per_side"]
-                rows.append([f.name, mode, f"{nb}x{nb}", str(rec["workers"]), f"{med:.3f}", f"{sent / 2**20:.1f}",
-                             f"{max(rec['comm_seconds']):.3f}", f"{rec['test_rmse']:.4f}"])
+                                "test_rmse": rec["test_rmse"], "connections": rec["connections"],
+                                "peak_rss_bytes_per_rank": rss_rank, "peak_rss_bytes_per_rank_all": rss,
+                                "curve": curve})
+            for r in (r for r in records if r["data"] == f.name):
+                r["rmse_target"] = target = max(x["test_rmse"] for x in records if x["data"] == f.name)
+                # The training is seeded, so the evaluated run follows the timed runs' RMSE curve
+                # (its final RMSE is theirs), but its seconds include the pauses evaluation
+                # costs the other ranks: the time to the target is the timed runs' median
+                # scaled to the iterations it takes.
+                it, r["seconds_to_target_eval_run"] = _reach(r["curve"], target)
+                r["iterations_to_target"] = it
+                r["seconds_to_target"] = r["median_s"] * it / args.iterations if it else None
+                nb = r["blocks_per_side"]
+                it, secs = r["iterations_to_target"], r["seconds_to_target"]
+                rows.append([f.name, r["impl"], f"{nb}x{nb}", str(r["workers"]), f"{r['median_s']:.3f}",
+                             f"{r['bytes_sent_per_worker'] / 2**20:.1f}", f"{max(r['comm_seconds']):.3f}",
+                             f"{r['test_rmse']:.4f}",
+                             "/".join(f"{x / 2**20:.0f}" for x in r["peak_rss_bytes_per_rank"]) or "-",
+                             f"{target:.4f}", str(it or "-"), f"{secs:.3f}" if secs is not None else "not reached"])
         print(common.format_table(["data", "mode", "blocks", "workers", "train s (median)", "MiB sent/worker",
-                                   "comm s (max)", "test RMSE"], rows, left_columns=2))
+                                   "comm s (max)", "test RMSE", "peak RSS MiB per rank", "RMSE target",
+                                   "it. to target", "s to target"], rows, left_columns=2))
         for f in files:
             *ours, b = (r for r in records if r["data"] == f.name)
             for a in ours:
                 nb = a["blocks_per_side"]
+                to = (f"{a['seconds_to_target'] / b['seconds_to_target']:.2f}x"
+                      if a["seconds_to_target"] and b["seconds_to_target"] else "n/a")
                 print(f"{f.name}: rima {nb}x{nb} / dsgd-ps: time {a['median_s'] / b['median_s']:.2f}x, bytes per worker "
                       f"{a['bytes_sent_per_worker'] / b['bytes_sent_per_worker']:.2f}x, RMSE "
-                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %")
+                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %, time to RMSE {a['rmse_target']:.4f} {to}, "
+                      f"peak RSS (largest rank) {max(a['peak_rss_bytes_per_rank'], default=0) / 2**20:.0f} / "
+                      f"{max(b['peak_rss_bytes_per_rank'], default=0) / 2**20:.0f} MiB")
     if getattr(args, "json", None):
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     return 0
