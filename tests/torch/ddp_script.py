@@ -47,6 +47,12 @@ def train(backend):
     # The average loss over ranks, through the backend too.
     total = torch.tensor([sum(losses)], dtype=torch.float64)
     dist.all_reduce(total)
+    # Outside a backward pass a storage is never moved (a caller may hold its address).
+    plain = torch.ones(300_000)
+    before = plain.data_ptr()
+    for _ in range(3):
+        dist.all_reduce(plain)
+    assert plain.data_ptr() == before and plain[0].item() == size ** 3
     shared = 0
     if backend == "scalefree":
         from scalefree.torch.backend import _live

@@ -98,11 +98,12 @@ class _Staged:
 
 
 class _SharedStorages:
-    """Storages that allreduce sees again (DDP's gradient buckets, which it reuses every
-    step) are moved to shared memory once (torch's ``share_memory_``: in place, every view
-    stays valid) and registered, so the peers read and write them through their own
-    mapping instead of cross-memory-attach copies. A storage is moved on its second
-    allreduce (one-off tensors are never copied) and let go when only this cache holds it.
+    """Storages that allreduce sees again during backward passes (DDP's gradient buckets,
+    which it reuses every step) are moved to shared memory once (torch's ``share_memory_``:
+    in place, every view stays valid) and registered, so the peers read and write them
+    through their own mapping instead of cross-memory-attach copies. A storage is moved on
+    its second allreduce (one-off tensors are never copied), only while no queued operation
+    holds it, and let go when only this cache holds it.
     ``SCALEFREE_TORCH_SHARE_BUCKETS=0`` turns this off."""
 
     MIN_BYTES = 1 << 20
@@ -114,9 +115,10 @@ class _SharedStorages:
         self._held: dict = {}    # data pointer -> (storage, region), moved and registered
         self._lock = threading.Lock()
 
-    def prepare(self, t: torch.Tensor) -> None:
+    def prepare(self, t: torch.Tensor, quiet) -> None:
         """Called before ``t`` is handed to the transport (on the caller's thread: the
-        storage's owner does not touch it until the collective completes)."""
+        storage's owner does not touch it until the collective completes). ``quiet(ptr)``
+        says no queued operation holds the storage at ``ptr`` (it would keep the old address)."""
         st = t.untyped_storage()
         n = st.nbytes()
         if n < self.MIN_BYTES:
@@ -134,6 +136,9 @@ class _SharedStorages:
                 self._seen[key] = (StorageWeakRef(st), ptr)
                 return
             del self._seen[key]
+            if not quiet(ptr):
+                self._seen[key] = first  # in use by a queued operation: next time
+                return
             try:
                 free = os.statvfs(self.SHM_DIR)
                 if free.f_bavail * free.f_frsize < 2 * n:
@@ -199,12 +204,16 @@ class _Worker:
     def __init__(self, name: str, inline: bool = False):
         self._inline = inline
         self._q: queue.Queue = queue.Queue()
+        self._count_lock = threading.Lock()
+        self.pending = 0  # operations submitted and not finished
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn, result) -> Work:
         fut: Future = Future()
+        with self._count_lock:
+            self.pending += 1
         if self._inline:
             self._one(fn, result, fut)
         else:
@@ -219,19 +228,22 @@ class _Worker:
             self._one(*item)
 
     def _one(self, fn, result, fut) -> None:
-        if self._failed is not None:
-            fut.set_exception(self._failed)
-            return
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - every later op fails the same way
-            err = _translate(e)
-            # A lost peer or a transport failure leaves the group unusable: fail later ops too.
-            if isinstance(err, dist.DistBackendError):
-                self._failed = err
+        err = self._failed
+        if err is None:
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - every later op fails the same way
+                err = _translate(e)
+                # A lost peer or a transport failure leaves the group unusable: fail later ops too.
+                if isinstance(err, dist.DistBackendError):
+                    self._failed = err
+        # No longer pending before the future's callbacks (DDP's) run here.
+        with self._count_lock:
+            self.pending -= 1
+        if err is not None:
             fut.set_exception(err)
-            return
-        fut.set_result(result)
+        else:
+            fut.set_result(result)
 
     def stop(self) -> None:
         self._q.put(None)
@@ -317,6 +329,9 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # buffers are sent from where they are.
         self._shared = (_SharedStorages(self._g.device)
                         if share and self._g.transport == "shm" and self._g.cross_memory_attach else None)
+        self._ar_lock = threading.Lock()
+        self._ar_inflight: dict = {}  # storage address -> allreduces queued on it
+        self._ar_ops = 0
         # Dynamic channels between every ordered pair of ranks for send/recv (collective, so
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
@@ -404,17 +419,39 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         for t in tensors:
             _check_cpu(t, "allreduce input")
         staged = [_Staged(t) for t in tensors]
-        if self._shared is not None:
+        # Only during a backward pass (DDP's bucket allreduces): a storage moved to shared
+        # memory changes address, which a caller holding its raw pointer (a numpy view)
+        # would not see.
+        if self._shared is not None and torch._C._current_graph_task_id() != -1:
             for st in staged:
                 if st.t is st.orig and st.t.dtype in _NATIVE_REDUCE:
-                    self._shared.prepare(st.t)
+                    self._shared.prepare(st.t, self._quiet_for)
+        keys = [s.t.untyped_storage().data_ptr() for s in staged]
+        with self._ar_lock:
+            self._ar_ops += 1
+            for k in keys:
+                self._ar_inflight[k] = self._ar_inflight.get(k, 0) + 1
 
         def run():
-            for s in staged:
-                self._reduce_into(s.t, op)
-                s.finish()
+            try:
+                for s in staged:
+                    self._reduce_into(s.t, op)
+                    s.finish()
+            finally:
+                with self._ar_lock:
+                    self._ar_ops -= 1
+                    for k in keys:
+                        self._ar_inflight[k] -= 1
+                        if not self._ar_inflight[k]:
+                            del self._ar_inflight[k]
 
         return self._submit(run, list(tensors))
+
+    def _quiet_for(self, ptr: int) -> bool:
+        """No queued operation but allreduces of other storages (which keep their addresses)."""
+        with self._ar_lock:
+            return (ptr not in self._ar_inflight and self._worker.pending == self._ar_ops
+                    and all(w.pending == 0 for w in self._p2p_workers.values()))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
