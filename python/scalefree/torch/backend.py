@@ -102,7 +102,7 @@ class _SharedStorages:
     which it reuses every step) are moved to shared memory once (torch's ``share_memory_``:
     in place, every view stays valid) and registered, so the peers read and write them
     through their own mapping instead of cross-memory-attach copies. A storage is moved on
-    its second allreduce (one-off tensors are never copied), only while no queued operation
+    its second allreduce (one-off tensors are never copied), only while no queued allreduce
     holds it, and let go when only this cache holds it.
     ``SCALEFREE_TORCH_SHARE_BUCKETS=0`` turns this off."""
 
@@ -118,7 +118,7 @@ class _SharedStorages:
     def prepare(self, t: torch.Tensor, quiet) -> None:
         """Called before ``t`` is handed to the transport (on the caller's thread: the
         storage's owner does not touch it until the collective completes). ``quiet(ptr)``
-        says no queued operation holds the storage at ``ptr`` (it would keep the old address)."""
+        says no queued allreduce holds the storage at ``ptr`` (it would keep the old address)."""
         st = t.untyped_storage()
         n = st.nbytes()
         if n < self.MIN_BYTES:
@@ -204,16 +204,12 @@ class _Worker:
     def __init__(self, name: str, inline: bool = False):
         self._inline = inline
         self._q: queue.Queue = queue.Queue()
-        self._count_lock = threading.Lock()
-        self.pending = 0  # operations submitted and not finished
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn, result) -> Work:
         fut: Future = Future()
-        with self._count_lock:
-            self.pending += 1
         if self._inline:
             self._one(fn, result, fut)
         else:
@@ -228,22 +224,19 @@ class _Worker:
             self._one(*item)
 
     def _one(self, fn, result, fut) -> None:
-        err = self._failed
-        if err is None:
-            try:
-                fn()
-            except BaseException as e:  # noqa: BLE001 - every later op fails the same way
-                err = _translate(e)
-                # A lost peer or a transport failure leaves the group unusable: fail later ops too.
-                if isinstance(err, dist.DistBackendError):
-                    self._failed = err
-        # No longer pending before the future's callbacks (DDP's) run here.
-        with self._count_lock:
-            self.pending -= 1
-        if err is not None:
+        if self._failed is not None:
+            fut.set_exception(self._failed)
+            return
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - every later op fails the same way
+            err = _translate(e)
+            # A lost peer or a transport failure leaves the group unusable: fail later ops too.
+            if isinstance(err, dist.DistBackendError):
+                self._failed = err
             fut.set_exception(err)
-        else:
-            fut.set_result(result)
+            return
+        fut.set_result(result)
 
     def stop(self) -> None:
         self._q.put(None)
@@ -331,7 +324,6 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                         if share and self._g.transport == "shm" and self._g.cross_memory_attach else None)
         self._ar_lock = threading.Lock()
         self._ar_inflight: dict = {}  # storage address -> allreduces queued on it
-        self._ar_ops = 0
         # Dynamic channels between every ordered pair of ranks for send/recv (collective, so
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
@@ -428,7 +420,6 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                     self._shared.prepare(st.t, self._quiet_for)
         keys = [s.t.untyped_storage().data_ptr() for s in staged]
         with self._ar_lock:
-            self._ar_ops += 1
             for k in keys:
                 self._ar_inflight[k] = self._ar_inflight.get(k, 0) + 1
 
@@ -439,7 +430,6 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                     s.finish()
             finally:
                 with self._ar_lock:
-                    self._ar_ops -= 1
                     for k in keys:
                         self._ar_inflight[k] -= 1
                         if not self._ar_inflight[k]:
@@ -448,10 +438,9 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         return self._submit(run, list(tensors))
 
     def _quiet_for(self, ptr: int) -> bool:
-        """No queued operation but allreduces of other storages (which keep their addresses)."""
+        """No queued allreduce holds the storage at ``ptr`` (it would keep the old address)."""
         with self._ar_lock:
-            return (ptr not in self._ar_inflight and self._worker.pending == self._ar_ops
-                    and all(w.pending == 0 for w in self._p2p_workers.values()))
+            return ptr not in self._ar_inflight
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
