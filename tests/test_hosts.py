@@ -64,9 +64,18 @@ for p in range(g.size):
 def test_fixture_isolates_and_cleans_up(can_simulate):
     with simhosts.SimHosts(2) as h:
         names = [h.name(0), h.name(1)]
-        probe = "import os, socket; print(socket.gethostname(), os.readlink('/proc/self/ns/ipc'), os.readlink('/proc/self/ns/net'))"
-        outs = [subprocess.run(h.command(i, [sys.executable, "-c", probe]), capture_output=True, text=True, timeout=30).stdout.split()
-                for i in range(2)]
+        # Both probes stay alive until both have answered: a namespace id is reused by the
+        # kernel once its last process exits, so two probes one after the other can see the same id.
+        probe = ("import os, socket, sys; print(socket.gethostname(), os.readlink('/proc/self/ns/ipc'), "
+                 "os.readlink('/proc/self/ns/net'), flush=True); sys.stdin.read()")
+        procs = [h.popen(i, [sys.executable, "-c", probe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        try:
+            outs = [p.stdout.readline().split() for p in procs]
+        finally:
+            for p in procs:
+                p.stdin.close()
+                p.wait(timeout=30)
         assert outs[0][0] == names[0] and outs[1][0] == names[1]
         assert outs[0][1] != outs[1][1], "hosts must not share an IPC namespace"
         assert outs[0][2] != outs[1][2]

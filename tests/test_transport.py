@@ -158,11 +158,13 @@ def test_posted_operations_many_in_flight_test_wait_await():
         assert all(r.stdout.strip() == "ok" for r in res)
 
 
-@pytest.mark.parametrize("streams", ["1", "4"])
+@pytest.mark.parametrize("streams", ["1", "4", "4,1,8"])
 def test_posted_operations_across_simulated_hosts(streams):
     """Every peer on another (simulated) host: the operations complete later (UCX, lanes).
     With 4 lane streams the 1 MiB posted writes are striped over 4 sockets, and the
-    notification after them must still be raised only once all of them landed."""
+    notification after them must still be raised only once all of them landed. "4,1,8":
+    3 ranks whose settings differ; each pair uses the smaller one (rank 0 and 2 stripe over
+    4 streams, the pairs with rank 1 use one) and nothing waits for a stream never opened."""
     from scalefree.errors import UnsupportedError
     from scalefree.launch.ucx import info
 
@@ -170,5 +172,11 @@ def test_posted_operations_across_simulated_hosts(streams):
         info()
     except UnsupportedError as e:
         pytest.skip(f"UCX is not installed here: {e}")
-    res = run_ranks(2, ASYNC, timeout=120, extra_env={"SCALEFREE_SIMULATE_HOSTS": "1", "SCALEFREE_TCP_LANE_STREAMS": streams})
+    per_rank = streams.split(",")
+    code = ASYNC
+    if len(per_rank) > 1:
+        code = (f"import os\nos.environ['SCALEFREE_TCP_LANE_STREAMS'] = {per_rank!r}[int(os.environ['SCALEFREE_RANK'])]\n"
+                + ASYNC)
+    res = run_ranks(len(per_rank) if len(per_rank) > 1 else 2, code, timeout=120,
+                    extra_env={"SCALEFREE_SIMULATE_HOSTS": "1", "SCALEFREE_TCP_LANE_STREAMS": per_rank[0]})
     assert all(r.stdout.strip() == "ok" for r in res)

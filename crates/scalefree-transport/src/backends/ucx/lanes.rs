@@ -9,15 +9,17 @@
 //! the target region — one kernel copy at each end, as gloo does — and raises the write's
 //! note after the last byte has landed.
 //!
-//! Every frame to a peer travels on one socket, in order, and `notify` takes the lane after
-//! flushing UCX, so a notification is raised after every earlier write's data is in place
-//! (with `SCALEFREE_TCP_LANE_STREAMS` > 1, large posted writes are striped over several
-//! sockets and a fence keeps that rule: see [`Stripe`]). One-sided `put`/`get`, heartbeats
-//! and failure detection stay on UCX. Where UCX has RDMA (verbs) to a peer, lanes are not
-//! used for it (`SCALEFREE_TCP_LANES=auto`, the default; `1` forces them, `0` turns them off).
+//! Every frame to a peer travels on its first socket, in order, and `notify` takes the lane
+//! after flushing UCX, so a notification is raised after every earlier write's data is in
+//! place. The exception: with more than one socket per pair (`SCALEFREE_TCP_LANE_STREAMS`,
+//! default 1; a pair uses the smaller of its two settings), large posted writes without a
+//! note are striped over all of them, and a fence keeps that rule: see [`Stripe`] and
+//! [`Offer`]. One-sided `put`/`get`, heartbeats and failure detection stay on UCX. Where
+//! UCX has RDMA (verbs) to a peer, lanes are not used for it (`SCALEFREE_TCP_LANES=auto`,
+//! the default; `1` forces them, `0` turns them off).
 //!
-//! Threads: per peer, a reader that sleeps in `poll` and a writer that sends queued large
-//! writes; small frames are written by the caller at once when nothing is queued. A caller
+//! Threads: per peer and socket, a reader that sleeps in `poll` and a writer that sends
+//! queued large writes; small frames are written by the caller at once when nothing is queued. A caller
 //! waiting for a notification reads arrived frames itself while it spins (as it drives UCX's
 //! progress), so a small message costs no thread wake-up; parked, it leaves them to the
 //! reader thread. Nobody polls without bound.
@@ -121,8 +123,8 @@ struct Lane {
     fences: Arc<Fences>,
 }
 
-/// Striping (`SCALEFREE_TCP_LANE_STREAMS` = N > 1): a peer pair has N sockets, each with its
-/// own writer and reader thread. Posted writes without a note of at least [`STRIPE_MIN`]
+/// Striping (N > 1 streams: the smaller of the pair's two `SCALEFREE_TCP_LANE_STREAMS`, see
+/// [`Offer`]): a peer pair has N sockets, each with its own writer and reader thread. Posted writes without a note of at least [`STRIPE_MIN`]
 /// bytes go round-robin to the N streams (queued, so they progress in parallel); every other
 /// frame goes on the first stream. Before the first such frame after a striped write, a
 /// fence numbered F is queued on every extra stream and on the first one: the first
@@ -143,9 +145,46 @@ struct Fences {
     cv: Condvar,
 }
 
-/// The number of sockets per peer pair (`SCALEFREE_TCP_LANE_STREAMS`, 1..=8, default 1).
+/// The most sockets a peer pair may use.
+const MAX_STREAMS: usize = 8;
+
+/// Sockets a rank offers each peer unless `SCALEFREE_TCP_LANE_STREAMS` says otherwise: one
+/// (striping off). Between 2 simulated hosts on 2 cores, 4 streams did not make 8 posted
+/// 1 MiB writes reliably faster than one (`docs/benchmarks/collectives.md`, "Striped lanes").
+const DEFAULT_STREAMS: usize = 1;
+
+/// The number of sockets this rank offers each peer (`SCALEFREE_TCP_LANE_STREAMS`, 1..=8,
+/// default [`DEFAULT_STREAMS`]). A pair uses the smaller of its two offers (see [`Offer`]).
 fn streams() -> usize {
-    std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(1).clamp(1, 8)
+    std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(DEFAULT_STREAMS).clamp(1, MAX_STREAMS)
+}
+
+/// What a rank tells every other rank before the lanes open: where it listens and how many
+/// streams it offers, as `"ADDR STREAMS"`. Both ends of a pair read both offers and use the
+/// smaller count ([`Offer::agree`]), so ranks with different settings still agree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Offer {
+    pub addr: SocketAddr,
+    pub streams: usize,
+}
+
+impl Offer {
+    pub fn encode(&self) -> String {
+        format!("{} {}", self.addr, self.streams)
+    }
+
+    /// `None` for a rank that offers no lane (empty) or sent something else.
+    pub fn parse(b: &[u8]) -> Option<Offer> {
+        let mut it = std::str::from_utf8(b).ok()?.split_ascii_whitespace();
+        let addr = it.next()?.parse().ok()?;
+        let streams = it.next()?.parse::<usize>().ok().filter(|&k| (1..=MAX_STREAMS).contains(&k))?;
+        it.next().is_none().then_some(Offer { addr, streams })
+    }
+
+    /// The streams a pair uses: the smaller offer.
+    pub fn agree(mine: usize, theirs: usize) -> usize {
+        mine.min(theirs).clamp(1, MAX_STREAMS)
+    }
 }
 
 /// The receiving side of a lane.
@@ -268,14 +307,15 @@ pub(crate) fn setting() -> Option<bool> {
 /// A listening socket on `ip`, before the addresses are swapped.
 pub(crate) struct Listener {
     listener: TcpListener,
-    pub addr: SocketAddr,
+    /// What this rank offers its peers (its address, its `SCALEFREE_TCP_LANE_STREAMS`).
+    pub offer: Offer,
 }
 
 impl Listener {
     pub fn bind(ip: IpAddr) -> Result<Listener> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::io(format!("TCP lane: bind {ip}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("TCP lane: local address", e))?;
-        Ok(Listener { listener, addr })
+        Ok(Listener { listener, offer: Offer { addr, streams: streams() } })
     }
 }
 
@@ -358,18 +398,21 @@ pub(crate) fn lane_key(token: &str, job_id: &str) -> Key {
 
 impl Lanes {
     /// Collective between the ranks in `connect` (true: open a lane to that rank; both sides
-    /// must agree): lower ranks are dialled by higher ones. `addrs[r]` is rank `r`'s
-    /// listening address. Every lane proves both ends know the job's key (`lane_key`).
-    pub fn open(sh: &Arc<Shared>, listener: Listener, addrs: &[Option<SocketAddr>], connect: &[bool], key: &Key, timeout: Duration) -> Result<Lanes> {
+    /// must agree): lower ranks are dialled by higher ones. `offers[r]` is rank `r`'s
+    /// listening address and stream count; a pair opens as many streams as the smaller of
+    /// its two offers. Every lane proves both ends know the job's key (`lane_key`).
+    pub fn open(sh: &Arc<Shared>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, timeout: Duration) -> Result<Lanes> {
         let me = sh.me as usize;
-        let nstreams = streams();
-        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..addrs.len()).map(|_| (0..nstreams).map(|_| None).collect()).collect();
+        // Streams per peer, the same number at both ends.
+        let counts: Vec<usize> = offers.iter().map(|o| o.map_or(1, |o| Offer::agree(listener.offer.streams, o.streams))).collect();
+        let mut streams: Vec<Vec<Option<TcpStream>>> = counts.iter().map(|&k| (0..k).map(|_| None).collect()).collect();
         // Accept (and admit, each on a thread of its own) while this rank dials its own.
-        let want = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).count() * nstreams;
+        let want: usize = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).map(|(r, _)| counts[r]).sum();
         let deadline = std::time::Instant::now() + timeout;
         let acceptor = {
             let key = key.clone();
             let connect = connect.to_vec();
+            let counts = counts.clone();
             let l = listener.listener;
             std::thread::Builder::new().name(format!("sf-lane-accept-{me}")).spawn(move || -> Result<Vec<(u32, usize, TcpStream)>> {
                 l.set_nonblocking(true).ok();
@@ -381,17 +424,17 @@ impl Lanes {
                         match l.accept() {
                             Ok((mut s, _)) => {
                                 s.set_nonblocking(false).ok();
-                                let (key, tx, connect) = (key.clone(), tx.clone(), connect.clone());
+                                let (key, tx, connect, counts) = (key.clone(), tx.clone(), connect.clone(), counts.clone());
                                 let _ = std::thread::Builder::new().name("sf-lane-admit".into()).stack_size(64 << 10).spawn(move || {
                                     let ok = accept_handshake(&mut s, &key, me as u32, &|r| (r as usize) > me && (r as usize) < connect.len() && connect[r as usize],
                                                               std::time::Instant::now() + LANE_HELLO_DEADLINE);
                                     // Then which of the dialler's streams this is.
                                     let mut idx = [0u8; 4];
-                                    let stream = ok.and_then(|_| {
+                                    let stream = ok.and_then(|r| {
                                         s.set_read_timeout(Some(LANE_HELLO_DEADLINE)).ok()?;
                                         s.read_exact(&mut idx).ok()?;
                                         s.set_read_timeout(None).ok()?;
-                                        Some(u32::from_le_bytes(idx) as usize).filter(|&i| i < nstreams)
+                                        Some(u32::from_le_bytes(idx) as usize).filter(|&i| i < counts[r as usize])
                                     });
                                     // u32::MAX: refused.
                                     let _ = tx.send((if stream.is_some() { ok.unwrap_or(u32::MAX) } else { u32::MAX }, stream.unwrap_or(0), s));
@@ -425,8 +468,8 @@ impl Lanes {
             }).map_err(|e| Error::io("spawn TCP lane acceptor", e))?
         };
         for r in (0..me).filter(|&r| connect[r]) {
-            let a = addrs[r].ok_or_else(|| Error::Bootstrap(format!("rank {r} offered no TCP lane")))?;
-            for i in 0..nstreams {
+            let a = offers[r].ok_or_else(|| Error::Bootstrap(format!("rank {r} offered no TCP lane")))?.addr;
+            for i in 0..counts[r] {
                 let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
                 let mut s = TcpStream::connect_timeout(&a, left).map_err(|e| Error::io(format!("TCP lane: connect to rank {r} at {a}"), e))?;
                 s.set_read_timeout(Some(left)).ok();
@@ -441,12 +484,12 @@ impl Lanes {
         }
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
-        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..addrs.len()).map(|_| None).collect(), send_on: vec![false; addrs.len()], threads: Vec::new() };
+        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new() };
         for (r, ss) in streams.into_iter().enumerate() {
             if ss.iter().any(|s| s.is_none()) {
                 continue;
             }
-            let fences = Arc::new(Fences { seen: Mutex::new(vec![0; nstreams]), cv: Condvar::new() });
+            let fences = Arc::new(Fences { seen: Mutex::new(vec![0; ss.len()]), cv: Condvar::new() });
             let mut made: Vec<Arc<Lane>> = Vec::new();
             for (i, s) in ss.into_iter().enumerate().rev() {
                 let s = s.expect("checked above");
@@ -1009,6 +1052,22 @@ mod tests {
         assert_eq!(h.join().unwrap(), None);
         assert!(t0.elapsed() < Duration::from_secs(30));
         drop(s);
+    }
+
+    #[test]
+    fn a_pair_agrees_on_the_smaller_stream_count() {
+        let addr: SocketAddr = "10.0.0.2:4711".parse().unwrap();
+        let o = Offer { addr, streams: 4 };
+        assert_eq!(Offer::parse(o.encode().as_bytes()), Some(o));
+        assert_eq!(Offer::parse(b"[::1]:9 8"), Some(Offer { addr: "[::1]:9".parse().unwrap(), streams: 8 }));
+        // No lane offered, or not an offer: no lane to that rank.
+        for bad in [&b""[..], b"10.0.0.2:4711", b"10.0.0.2:4711 0", b"10.0.0.2:4711 9", b"10.0.0.2:4711 4 4", b"x 4", b"\xff"] {
+            assert_eq!(Offer::parse(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        for (a, b, k) in [(1, 1, 1), (1, 4, 1), (4, 1, 1), (4, 8, 4), (8, 8, 8), (3, 5, 3)] {
+            assert_eq!(Offer::agree(a, b), k);
+            assert_eq!(Offer::agree(b, a), k);
+        }
     }
 
     #[test]

@@ -1112,12 +1112,13 @@ impl Net {
             Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
             _ => None,
         };
-        let mine = listener.as_ref().map(|l| l.addr.to_string()).unwrap_or_default();
+        // Each rank's address and stream count: a pair opens the smaller count of streams.
+        let mine = listener.as_ref().map(|l| l.offer.encode()).unwrap_or_default();
         let all = exchange(mine.as_bytes())?;
-        let addrs: Vec<Option<std::net::SocketAddr>> = all.iter().map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok())).collect();
+        let offers: Vec<Option<lanes::Offer>> = all.iter().map(|b| lanes::Offer::parse(b)).collect();
         let Some(listener) = listener else { return Ok(()) };
-        let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && addrs[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(&self.shared, listener, &addrs, &connect, &lanes::lane_key(token, job_id), timeout)?;
+        let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && offers[r].is_some()).collect();
+        let mut l = lanes::Lanes::open(&self.shared, listener, &offers, &connect, &lanes::lane_key(token, job_id), timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
