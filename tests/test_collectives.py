@@ -215,3 +215,25 @@ print("ok")
 def test_uint8_allreduce_wraps_like_numpy(n):
     res = run_ranks(n, UINT8, timeout=120)
     assert all(r.stdout.strip().endswith("ok") for r in res)
+
+
+BIG_BROADCAST = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=120)
+piece = 64 << 20   # the broadcast's piece (MAX_BROADCAST_PIECE)
+for dtype, count in [(np.float64, piece // 8 * 2 + 1001), (np.uint8, piece + 7)]:
+    root = g.size - 1
+    want = (np.arange(count, dtype=np.int64) * 2654435761 % 1000003).astype(dtype)
+    a = want.copy() if g.rank == root else np.zeros(count, dtype)
+    assert g.broadcast(a, root=root) is a
+    assert np.array_equal(a, want), (dtype, np.flatnonzero(a != want)[:5])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["arena", "no-cma"])
+def test_broadcast_larger_than_a_piece(mode):
+    """Broadcasts over 64 MiB go in pieces (bounded staging memory): the same result across
+    the piece boundaries, an odd tail included."""
+    res = run_ranks(3, BIG_BROADCAST, timeout=240, extra_env=MODES[mode])
+    assert all(r.stdout.strip().endswith("ok") for r in res)

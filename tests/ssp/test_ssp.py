@@ -131,3 +131,64 @@ def test_dead_rank_is_an_error_not_a_hang(variant):
         assert r.returncode == 3, f"rank {r.rank}: rc={r.returncode}\n{r.stderr[-2000:]}"
         line = [l for l in r.stdout.splitlines() if l.startswith("PeerLostError")][0]
         assert float(line.split()[2].rstrip("s:")) < 5.0, line
+
+
+DELTA = r"""
+import random, sys, time
+import numpy as np, scalefree
+from scalefree.errors import InvalidArgumentError
+variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+g = scalefree.init(timeout=60)
+n, me = g.size, g.rank
+rng = random.Random(me)
+count = 4 * n + 1001
+red = g.ssp_reduction(count, dtype, variant=variant)
+calls = 30
+payload = lambda r, t: ((np.arange(count) * 7 + r * 13 + t * 5) % 11).astype(dtype)
+applied = np.zeros(count, dtype)    # what an optimizer would have applied: the sum of the deltas
+for t in range(1, calls + 1):
+    c = payload(me, t)
+    c[: 4 * n] = 0
+    c[me : 4 * n : n] = 1          # 4 counters of this rank's calls, one per region
+    if rng.random() < 0.3:
+        time.sleep(rng.random() * 0.004)
+    buf = c.copy()
+    assert red.allreduce_delta(buf, slack=slack, scale=0.5) is buf
+    red.publish()
+    applied += buf
+    assert red.clock == t and red.last.age_diff <= slack, (red.last, slack)
+    counts = (2 * applied[: 4 * n]).reshape(4, n)   # the running result, from the deltas alone
+    assert (counts[:, me] == t).all(), (t, counts)
+    assert (counts >= max(0, t - slack)).all(), (t, slack, counts)
+    if slack == 0 and variant in ("sharded", "sharded_thread"):
+        exact = sum(payload(r, s) for r in range(n) for s in range(1, t + 1))[4 * n:]
+        assert np.array_equal(2 * applied[4 * n:], exact), t
+try:
+    red.allreduce(payload(me, 0), slack=slack)
+    raise SystemExit("mixing allreduce with allreduce_delta was accepted")
+except InvalidArgumentError:
+    pass
+applied += red.flush_delta(scale=0.5)
+want = sum(payload(r, s) for r in range(n) for s in range(1, calls + 1))
+want[: 4 * n] = calls
+assert np.array_equal(2 * applied, want), (2 * applied[:12], want[:12])
+red.close()
+try:
+    g.ssp_reduction(3, "int64", variant=variant).allreduce_delta(np.zeros(3, np.int64))
+    raise SystemExit("allreduce_delta of int64 was accepted")
+except InvalidArgumentError:
+    pass
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("variant", ["hypercube", "sharded_async_thread"])
+def test_delta_mode_applies_every_contribution_once(n, variant):
+    """allreduce_delta (DDP's SSP hook): the deltas add up to the bounded-staleness results,
+    and with flush_delta to the exact total. Two ranks on the hypercube take the one-pass path
+    with the publish deferred."""
+    for slack, dtype in [(0, "float64"), (3, "float32")] if n == 2 else [(2, "float64")]:
+        res = collect(spawn_ranks(n, DELTA, args=[variant, str(slack), dtype]), timeout=120)
+        for r in res:
+            assert r.returncode == 0 and "ok" in r.stdout, f"rank {r.rank} ({variant}, slack {slack}):\n{r.stderr[-3000:]}"

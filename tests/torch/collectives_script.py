@@ -181,6 +181,51 @@ for s in states[:2]:
     for k in states[2]:
         same(f"DDP sparse hook {k}", s[k], states[2][k])
 
+# DDP with the SSP hook (both SSP designs): at slack 0 the same weights as synchronous DDP on
+# gloo; with slack, a late rank lets the others run ahead, and finish() returns what is still
+# in flight.
+import time  # noqa: E402
+
+runs = {}
+for name, pg, hook in [("gloo", gl, None), ("hypercube:0", sf, ("hypercube", 0)),
+                       ("sharded_async_thread:0", sf, ("sharded_async_thread", 0)), ("hypercube:3", sf, ("hypercube", 3))]:
+    torch.manual_seed(9)
+    model = nn.Sequential(nn.Linear(17, 32), nn.ReLU(), nn.Linear(32, 4))
+    ddp = DDP(model, process_group=pg)
+    state = None
+    if hook:
+        state = hooks.ssp(hook[1], hook[0], process_group=sf)
+        ddp.register_comm_hook(state, hooks.ssp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for step in range(6):
+        if hook and hook[1] and step % n == rank:
+            time.sleep(0.02)  # a straggler
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ddp(torch.randn(8, 17, generator=g)), torch.randint(0, 4, (8,), generator=g))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    if state is not None:
+        missing = state.finish()
+        assert missing and all(m.shape == (key[1],) and m.dtype.name == key[2] for key, m in missing), missing
+        opt.step()  # the remainder finish() left in the gradients: every rank on the same weights
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(n)]
+        dist.all_gather(every, flat, group=gl)
+        if not all(torch.allclose(e, every[0], rtol=1e-5, atol=1e-6) for e in every):
+            failures.append(f"DDP ssp hook {name}: ranks differ after finish(): "
+                            f"{max(float((e - every[0]).abs().max()) for e in every)}")
+    runs[name] = ({k: v.clone() for k, v in model.state_dict().items()}, losses)
+for name in ("hypercube:0", "sharded_async_thread:0"):
+    for k, v in runs["gloo"][0].items():
+        if not torch.allclose(runs[name][0][k], v, rtol=1e-4, atol=1e-6):
+            failures.append(f"DDP ssp hook {name} {k}: {runs[name][0][k].flatten()[:4].tolist()} vs gloo {v.flatten()[:4].tolist()}")
+stale = runs["hypercube:3"][1]
+if not all(abs(a - b) <= 0.05 * abs(b) for a, b in zip(stale, runs["gloo"][1])):
+    failures.append(f"DDP ssp hook slack 3: losses {stale} vs synchronous {runs['gloo'][1]}")
+
 # FSDP on CPU, both kinds (fully_shard on a DeviceMesh of the group; FullyShardedDataParallel),
 # against the same training on gloo: the same losses and the same local shards.
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402

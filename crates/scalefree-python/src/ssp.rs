@@ -106,6 +106,37 @@ impl PySspReduction {
         Ok((st.clock, st.seconds, st.wait_seconds, st.age_diff))
     }
 
+    /// Delta mode: adds the contribution held in `inout` and writes back, in its place, the
+    /// change of the result since this rank's previous call times `scale`.
+    fn _allreduce_delta(&self, py: Python<'_>, inout: Bound<'_, PyAny>, slack: u64, scale: f64) -> PyResult<Stats> {
+        let b = Buf::get(&inout, true, "the contribution")?;
+        if b.dtype.map(|d| d.name()) != Some(self.dtype.as_str()) {
+            return Err(invalid(py, format!("the contribution has buffer format {:?}; this reduction is {}", b.format, self.dtype)));
+        }
+        let p = SendPtr(b.ptr(), b.len_bytes());
+        let st = self.with(py, move |r| r.allreduce_delta(p.bytes(), slack, scale))?;
+        drop(b);
+        Ok((st.clock, st.seconds, st.wait_seconds, st.age_diff))
+    }
+
+    /// Delta mode: publishes what the last `_allreduce_delta` left unpublished.
+    fn _publish(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |r| r.publish())
+    }
+
+    /// Delta mode, collective, once at the end: flushes, and writes into `out` the change
+    /// of the exact total since this rank's last call times `scale`.
+    fn _flush_delta_into(&self, py: Python<'_>, out: Bound<'_, PyAny>, scale: f64) -> PyResult<()> {
+        let o = Buf::get(&out, true, "out")?;
+        if o.dtype.map(|d| d.name()) != Some(self.dtype.as_str()) {
+            return Err(invalid(py, format!("out has buffer format {:?}; this reduction is {}", o.format, self.dtype)));
+        }
+        let op_ = SendPtr(o.ptr(), o.len_bytes());
+        self.with(py, move |r| r.flush_delta(op_.bytes(), scale))?;
+        drop(o);
+        Ok(())
+    }
+
     /// Collective: sends everything not yet sent, waits for every rank to do the same, and
     /// writes the exact reduction of all contributions into `out`.
     fn _flush_into(&self, py: Python<'_>, out: Bound<'_, PyAny>) -> PyResult<()> {

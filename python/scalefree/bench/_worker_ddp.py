@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=0.0, help="straggler: one random rank sleeps U(0, MS) per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
+    p.add_argument("--heldout", type=int, default=0, help="held-out rows after the training rows (0: 4 batches)")
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--model", choices=("mlp", "embedding"), default="mlp")
     p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             from scalefree.torch import hooks
 
             hook_state = hooks.register(ddp, args.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     sched = StragglerSchedule(args.delay_ms, args.seed, size) if args.delay_ms > 0 else None
     times, losses = [], []
     dist.barrier()
@@ -140,10 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         elif exchange is not None:
             exchange.reset()
     wall_s = time.perf_counter() - wall0
+    finish_s = 0.0
     if hook_state is not None and hasattr(hook_state, "finish"):
+        t0 = time.perf_counter()
         hook_state.finish()  # collective: deliver the contributions still in flight
+        if args.hook.startswith("ssp:"):
+            opt.step()  # the remainder finish() left in the gradients (every rank then on the same weights)
+        finish_s = time.perf_counter() - t0
     # Loss on held-out rows (after every rank's training rows).
-    held = slice(size * total * args.batch, size * total * args.batch + 4 * args.batch)
+    held = slice(size * total * args.batch, size * total * args.batch + (args.heldout or 4 * args.batch))
     with torch.no_grad():
         xh = torch.from_numpy(np.ascontiguousarray(x_all[held]))
         yh = torch.from_numpy(np.ascontiguousarray(y_all[held]).astype(y_mine.numpy().dtype))
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     doc = {"rank": rank, "size": size, "backend": args.backend, "hook": args.hook, "init_s": init_s,
-           "load_s": load_s, "times_s": times, "losses": losses, "wall_s": wall_s, "heldout_loss": heldout,
+           "load_s": load_s, "finish_s": finish_s, "times_s": times, "losses": losses, "wall_s": wall_s, "heldout_loss": heldout,
            "peak_rss_bytes": peak_rss_bytes(), "params": sum(p.numel() for p in model.parameters()),  # global sizes (DTensor too)
            "exchange_s": exchange.per_step if exchange is not None else []}
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(doc))

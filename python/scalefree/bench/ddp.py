@@ -59,6 +59,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--delay", type=arg(common.non_negative_float), default=0.0, metavar="MS",
                    help="straggler: one seeded-random rank sleeps uniform(0, MS) ms before each step")
     p.add_argument("--bucket-mb", type=arg(common.positive_float), default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--lr", type=arg(common.positive_float), default=0.01, help="SGD learning rate")
+    p.add_argument("--heldout", type=arg(common.positive_int), default=None,
+                   help="MLP: held-out rows for the loss after training (default: 4 batches)")
     p.add_argument("--wrap", choices=("ddp", "fsdp"), default="ddp",
                    help="fsdp: FSDP2 (fully_shard on every Linear and the model) instead of DDP; MLP only")
     p.add_argument("--model", choices=("mlp", "embedding"), default="mlp",
@@ -81,7 +84,7 @@ def _write_data(tmp: Path, n: int, args) -> tuple[Path, Path]:
         return _write_ids(tmp, n, args)
 
     widths = [int(w) for w in args.widths.split(",")]
-    rows = n * (args.warmup + args.steps) * args.batch + 4 * args.batch  # + held-out rows
+    rows = n * (args.warmup + args.steps) * args.batch + _heldout(args)  # + held-out rows
     rng = np.random.default_rng(args.seed)
     x = rng.standard_normal((rows, widths[0]), dtype=np.float32)
     teacher = rng.standard_normal((widths[0], widths[-1]), dtype=np.float32)
@@ -90,6 +93,12 @@ def _write_data(tmp: Path, n: int, args) -> tuple[Path, Path]:
     np.save(xp, x)
     np.save(yp, y)
     return xp, yp
+
+
+def _heldout(args) -> int:
+    if args.model != "mlp":
+        return 4 * args.batch
+    return getattr(args, "heldout", None) or 4 * args.batch
 
 
 def _write_ids(tmp: Path, n: int, args) -> tuple[Path, Path]:
@@ -148,7 +157,7 @@ def run(args) -> int:
                 argv = ["--backend", backend, "--hook", hook, "--data", str(xp), "--labels", str(yp),
                         "--widths", args.widths, "--batch", str(args.batch), "--steps", str(args.steps),
                         "--warmup", str(args.warmup), "--delay-ms", str(args.delay), "--seed", str(args.seed),
-                        "--bucket-mb", str(args.bucket_mb), "--out-dir", str(out), "--model", args.model,
+                        "--bucket-mb", str(args.bucket_mb), "--lr", str(args.lr), "--heldout", str(_heldout(args)), "--out-dir", str(out), "--model", args.model,
                         "--emb-rows", str(args.emb_rows), "--emb-dim", str(args.emb_dim), "--wrap", args.wrap]
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                        "--master-addr", "127.0.0.1", "--master-port", str(common.free_port()),
@@ -183,7 +192,8 @@ def _record(backend: str, hook: str, n: int, args, docs: list[dict]) -> dict:
         steps=args.steps, steps_per_s=args.steps / wall, wall_s=wall, delay_ms=float(args.delay),
         mean_loss=statistics.mean(losses), last_loss=losses[-1],
         heldout_loss=statistics.mean(d["heldout_loss"] for d in docs),
-        init_s=max(d["init_s"] for d in docs), load_s=max(d["load_s"] for d in docs),
+        init_s=max(d["init_s"] for d in docs), load_s=max(d["load_s"] for d in docs), lr=getattr(args, "lr", 0.01), heldout_rows=_heldout(args),
+        finish_s=max(d.get("finish_s", 0.0) for d in docs),
         peak_rss_bytes=max(d["peak_rss_bytes"] for d in docs), params=docs[0]["params"], model=args.model,
         wrap=args.wrap,
         **_exchange(docs, args))
@@ -216,13 +226,14 @@ def _add_ratios(records: list[dict]) -> None:
 
 def render_table(records: list[dict]) -> str:
     exch = any("exchange_median_s" in r for r in records)
-    headers = ["ranks", "backend", "hook", "ms/step", "steps/s", "x gloo", "x sync"]
+    headers = ["ranks", "backend", "hook", "ms/step", "steps/s", "x gloo", "steps/s x gloo", "x sync"]
     headers += ["exchange ms", "exch x gloo dense"] if exch else []
     headers += ["mean loss", "held-out loss", "peak RSS/rank", "init s"]
     rows = []
     for r in records:
         row = [str(r["ranks"]), r["impl"], r["variant"], f"{r['median_s'] * 1e3:.1f}",
                f"{r['steps_per_s']:.2f}", f"{r['vs_gloo']:.2f}" if "vs_gloo" in r else "",
+               f"{r['steps_per_s_vs_gloo']:.2f}" if "steps_per_s_vs_gloo" in r else "",
                f"{r['steps_per_s_vs_sync']:.2f}" if "steps_per_s_vs_sync" in r else ""]
         if exch:
             row += [f"{r['exchange_median_s'] * 1e3:.1f}" if "exchange_median_s" in r else "",

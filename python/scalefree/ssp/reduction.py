@@ -80,6 +80,42 @@ class SspReduction:
         self.last = CallStats(*st)
         return out
 
+    def allreduce_delta(self, inout: np.ndarray, slack: int = 0, scale: float = 1.0) -> np.ndarray:
+        """Delta mode (sum of float32/float64): adds the contribution held in ``inout`` and
+        writes back, in its place, the change of the result since this rank's previous call
+        (the whole result at the first call) times ``scale``; returns ``inout``. What an
+        optimizer applies, with no copy: DDP's SSP hook passes its gradient bucket and
+        ``1 / size``. A reduction takes either these calls or :meth:`allreduce`.
+
+        At two ranks (hypercube) this is one pass over the data and leaves the publish of
+        this rank's new history to :meth:`publish` (call it once the result is used; the
+        next call makes it otherwise), so the partner's data is not waited for on the
+        critical path unless ``slack`` demands it."""
+        if int(slack) < 0:
+            raise InvalidArgumentError(f"slack must be >= 0, got {slack}")
+        if not isinstance(inout, np.ndarray) or not inout.flags.c_contiguous or not inout.flags.writeable:
+            raise InvalidArgumentError("allreduce_delta needs a writable contiguous numpy array")
+        if inout.size != self.count:
+            raise InvalidArgumentError(f"the contribution has {inout.size} elements; this reduction has {self.count}")
+        st = self._native._allreduce_delta(inout.reshape(-1), int(slack), float(scale))
+        self.last = CallStats(*st)
+        return inout
+
+    def publish(self) -> None:
+        """Delta mode: publishes what the last :meth:`allreduce_delta` left unpublished."""
+        self._native._publish()
+
+    def flush_delta(self, out=None, scale: float = 1.0) -> np.ndarray:
+        """Delta mode, collective, once at the end: :meth:`flush`, but returns the change of
+        the exact total since this rank's last call (what the other ranks' last
+        contributions add) times ``scale``."""
+        if out is None:
+            out = np.empty(self.count, dtype=self.dtype)
+        else:
+            self._check(out, "out")
+        self._native._flush_delta_into(out, float(scale))
+        return out
+
     def flush(self, out=None) -> np.ndarray:
         """Collective, once at the end: returns the exact reduction of every contribution
         of every rank. The reduction takes no more calls afterwards."""

@@ -3,7 +3,7 @@
     from scalefree.torch import hooks
     ddp.register_comm_hook(None, hooks.bf16)                  # bfloat16 on the wire
     state = hooks.ssp(slack=4); ddp.register_comm_hook(state, hooks.ssp_hook)
-    ... train ...; state.finish(ddp)                           # deliver what is still in flight
+    ... train ...; state.finish()                              # deliver what is still in flight
 
 :func:`register` does either from a name (``"bf16"``, ``"ssp:4"``). The hooks need the
 process group to be a scalefree one (the default group after
@@ -62,64 +62,97 @@ class SspState:
     Each step, a bucket's gradients are added to the running sum over ranks and steps; the
     gradient applied is this rank's change of that sum since its last step, divided by the
     number of ranks. Other ranks' contributions may arrive up to ``slack`` steps late (never
-    lost, never counted twice); this rank's own are always in. ``finish(ddp)`` after training
+    lost, never counted twice); this rank's own are always in. ``finish()`` after training
     (on every rank) adds what was still in flight, so that with plain SGD every rank ends on
-    the same weights as synchronous DDP would after the same gradients."""
+    the same weights as synchronous DDP would after the same gradients.
 
-    def __init__(self, slack: int, variant: str = "sharded_async_thread", process_group=None):
+    The reduction runs in delta mode (:meth:`scalefree.ssp.reduction.SspReduction.allreduce_delta`):
+    the bucket's buffer is handed to it as it is (float32/float64, no copy) and receives the
+    averaged change in place, in one pass at two ranks; this rank's new contribution is
+    published to the peers after DDP has the result, off the step's critical path."""
+
+    def __init__(self, slack: int, variant: str = "hypercube", process_group=None):
         if slack < 0:
             raise ValueError(f"slack must be >= 0, got {slack}")
         self.slack = int(slack)
         self.variant = variant
         self.process_group = process_group
-        self._red: dict = {}  # (bucket index, numel) -> [reduction, last running sum]
+        self._red: dict = {}  # (bucket index, numel, dtype) -> reduction
+        self._params: dict = {}  # the same keys -> the bucket's parameters, in buffer order
         self._size = 1
 
-    def _reduction(self, g, key, numel: int):
-        entry = self._red.get(key)
-        fresh = entry is None
+    def _reduction(self, g, key):
+        red = self._red.get(key)
+        fresh = red is None
         if fresh:
-            red = g.ssp_reduction(numel, "float32", "sum", self.variant)
-            entry = self._red[key] = [red, np.zeros(numel, np.float32)]
-        return entry, fresh
+            red = self._red[key] = g.ssp_reduction(key[1], key[2], "sum", self.variant)
+        return red, fresh
 
     def finish(self) -> list:
         """Flushes every reduction (collective: every rank calls it) and returns, per bucket
-        key ``(index, numel)``, the averaged gradient still missing on this rank (what the
-        peers' last contributions add), for a last optimizer step if wanted."""
-        missing = []
-        for key in sorted(self._red):
-            red, last = self._red[key]
-            total = red.flush()
-            missing.append((key, (total - last) / self._size))
-            last[:] = total
-        return missing
+        key ``(index, numel, dtype)``, the averaged gradient still missing on this rank (what
+        the peers' last contributions add). It also leaves that gradient in the ``.grad`` of
+        the parameters of the buckets of the last step, so one more ``opt.step()`` applies it
+        (with plain SGD every rank then holds the same weights)."""
+        out = [(key, self._red[key].flush_delta(scale=1.0 / self._size)) for key in sorted(self._red)]
+        with torch.no_grad():
+            # Zero first, then add: DDP's first bucket layout (before it rebuilds its buckets)
+            # has its own keys, over the same parameters.
+            for params in self._params.values():
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+            for key, missing in out:
+                at = 0
+                for p in self._params.get(key, []):
+                    p.grad += torch.from_numpy(missing[at:at + p.numel()]).view(p.shape).to(p.dtype)
+                    at += p.numel()
+        return out
 
 
-def ssp(slack: int = 4, variant: str = "sharded_async_thread", process_group=None) -> SspState:
+def ssp(slack: int = 4, variant: str = "hypercube", process_group=None) -> SspState:
     """The state for :func:`ssp_hook` with the given slack (steps a peer may lag), on
-    ``process_group`` (the default group when None)."""
+    ``process_group`` (the default group when None). ``variant``: the SSP design
+    (:mod:`scalefree.ssp.reduction`); the hypercube, the default here, takes the one-pass
+    path at two ranks (``docs/benchmarks/torch.md``: the sharded designs were slower and
+    ended on a worse held-out loss under a straggler)."""
     return SspState(slack, variant, process_group)
+
+
+_SSP_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: bounded-staleness gradient averaging (see :class:`SspState`)."""
     pg = _pg(state.process_group)
     buf = bucket.buffer()
-    key = (bucket.index(), buf.numel())
-    g = pg.group
+    n, g = pg.size(), pg.group
+    # float32/float64 buckets in place; others (bfloat16, float16) through a float32 copy.
+    work = buf if buf.dtype in _SSP_DTYPES else buf.detach().float()
+    key = (bucket.index(), buf.numel(), _SSP_DTYPES[work.dtype])
+    state._params[key] = bucket.parameters()  # the layout's order (DDP may rebuild its buckets)
+    fut = torch.futures.Future()
 
     def run():
-        state._size = pg.size()
-        (red, last), fresh = state._reduction(g, key, buf.numel())
-        contrib = buf.detach().float().numpy()
+        state._size = n
+        red, fresh = state._reduction(g, key)
         # The first step of a bucket layout is exact (DDP may rebuild its buckets after it).
-        total = red.allreduce(contrib, slack=0 if fresh else state.slack)
-        delta = (total - last) / pg.size()
-        last[:] = total
-        buf.copy_(torch.from_numpy(delta))
+        red.allreduce_delta(work.detach().view(-1).numpy(), slack=0 if fresh else state.slack, scale=1.0 / n)
+        if work is not buf:
+            buf.copy_(work)
+        fut.set_result(buf)
+        red.publish()  # this step's contribution to the peers, once DDP has its result
 
-    return pg.run_async(run, buf)
+    inner = pg.run_async(run, None)
+
+    def forward_error(f):
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
+            if not fut.done():
+                fut.set_exception(e)
+
+    inner.add_done_callback(forward_error)
+    return fut
 
 
 # --- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------------

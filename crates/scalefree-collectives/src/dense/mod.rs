@@ -15,6 +15,10 @@ use crate::dense::doubling::Combine;
 use crate::reduce::{DType, ReduceOp};
 use crate::Algorithm;
 
+/// Largest broadcast made in one call; larger ones go in pieces of this size (so a staged
+/// root buffer needs at most this much staging memory).
+pub const MAX_BROADCAST_PIECE: usize = 64 << 20;
+
 /// `[lo, hi)` element bounds of rank `i`'s share of `count` elements, split as evenly as
 /// possible: rank i gets `count*i/n .. count*(i+1)/n`.
 pub fn share_bounds(count: usize, n: u32, i: u32) -> (usize, usize) {
@@ -244,7 +248,8 @@ impl Communicator {
         Ok(all)
     }
 
-    /// Broadcast `count` elements from `root`'s `buf` into every rank's `buf`.
+    /// Broadcast `count` elements from `root`'s `buf` into every rank's `buf` (in pieces of
+    /// at most [`MAX_BROADCAST_PIECE`] bytes).
     ///
     /// # Safety
     /// `buf` valid for `count` elements.
@@ -256,6 +261,20 @@ impl Communicator {
             return Ok(());
         }
         let nbytes = count * dtype.size_bytes();
+        if nbytes > MAX_BROADCAST_PIECE {
+            // In pieces: a root buffer that peers cannot reach directly is staged, and the
+            // staging region (kept for later calls) would otherwise be as large as the buffer
+            // (DDP broadcasting a 2.56 GB embedding table left 2.4 GiB of shared memory
+            // mapped in every rank).
+            let per = MAX_BROADCAST_PIECE / dtype.size_bytes();
+            let mut at = 0;
+            while at < count {
+                let n = per.min(count - at);
+                unsafe { self.broadcast(buf.add(at * dtype.size_bytes()), n, dtype, root, algo)? };
+                at += n;
+            }
+            return Ok(());
+        }
         let used = self.pick(if algo == Algorithm::Ring { Algorithm::Direct } else { algo }, nbytes)?;
         let mut hdr = Header::new(Kind::Broadcast, dtype, None, count, root, used);
         let is_root = self.rank == root;

@@ -34,6 +34,10 @@ pub(crate) struct Hypercube {
     /// Ranks below the power of two run the cube; the others fold into a partner.
     role: Role,
     tmp: Buf,
+    /// Delta mode at two ranks ([`Hypercube::pair_delta`]): the partner's history as of
+    /// the previous call, and the age of a publish of this rank's history not yet made.
+    seen: Option<Buf>,
+    deferred: Option<u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -83,7 +87,64 @@ impl Hypercube {
             ins,
             role,
             tmp: Buf::new(nbytes),
+            seen: None,
+            deferred: None,
         })
+    }
+
+    /// Whether [`Hypercube::pair_delta`] applies: two ranks (one cube step, no fold), sum.
+    pub(crate) fn pair(&self) -> bool {
+        matches!(self.role, Role::Cube { d: 1, fold: false }) && self.kind.op == ReduceOp::Sum
+    }
+
+    /// Delta mode at two ranks, in one pass over the data: the result is this rank's
+    /// history plus the partner's, so its change since the previous call is the
+    /// contribution plus the change of the partner's history. `inout` holds the
+    /// contribution and receives that change times `scale`.
+    ///
+    /// Unless it must wait, the call does not publish this rank's new history: the caller
+    /// publishes it right after using the result ([`Hypercube::publish_deferred`]; the
+    /// next call does it first otherwise), so the publish is off the caller's critical
+    /// path. Before waiting for the partner it publishes first, so two ranks never wait
+    /// for each other.
+    pub(crate) fn pair_delta(&mut self, inout: &mut [u8], clock: u64, slack: u64, scale: f64) -> Result<(Duration, u64)> {
+        self.publish_deferred()?;
+        let dtype = self.kind.dtype;
+        let need = clock.saturating_sub(slack);
+        let mut waited = Duration::ZERO;
+        let mut seen = self.seen.take().unwrap_or_else(|| Buf::new(self.layout.nbytes));
+        let mut age = self.receive(0, need, false, &mut waited)?;
+        if age >= need {
+            let p = (age > 0).then(|| self.data(0));
+            unsafe { super::delta::pair_step(dtype, inout, p, &mut seen, Some(&mut self.history), scale) };
+            self.deferred = Some(clock);
+        } else {
+            self.kind.acc(self.history.mut_ptr(), inout.as_ptr(), inout.len());
+            self.publish(0, self.history.ptr(), clock)?;
+            age = self.receive(0, need, true, &mut waited)?;
+            let p = (age > 0).then(|| self.data(0));
+            unsafe { super::delta::pair_step(dtype, inout, p, &mut seen, None, scale) };
+        }
+        self.seen = Some(seen);
+        self.has_history = true;
+        Ok((waited, age.min(clock)))
+    }
+
+    /// Publishes the history [`Hypercube::pair_delta`] left unpublished, if any.
+    pub(crate) fn publish_deferred(&mut self) -> Result<()> {
+        if let Some(age) = self.deferred.take() {
+            self.publish(0, self.history.ptr(), age)?;
+        }
+        Ok(())
+    }
+
+    /// The result of the last [`Hypercube::pair_delta`] call (this rank's history plus the
+    /// partner's as then seen) into `out`.
+    pub(crate) fn pair_last(&self, out: &mut Buf) {
+        match &self.seen {
+            Some(seen) => super::delta::sum_into(self.kind.dtype, out, &self.history, seen),
+            None => out.bytes_mut().copy_from_slice(self.history.bytes()),
+        }
     }
 
     /// Index into `outs`/`ins` of slot `slot`.
@@ -200,6 +261,8 @@ impl Hypercube {
     /// received is final and every one of ours was sent; then waits until every partner
     /// has flushed too (it may still acknowledge ours, so this rank's region must stay).
     pub(crate) fn flush(&mut self, out: &mut [u8], clock: u64) -> Result<()> {
+        // The rounds below publish the whole history.
+        self.deferred = None;
         if !self.has_history {
             super::fill_identity(self.kind.dtype, self.kind.op, self.history.bytes_mut());
             self.has_history = true;

@@ -15,6 +15,7 @@
 //!   parameter server; workers push *missed contributions* only when every shard can take
 //!   them, shards push state only after an update from each worker (`sharded.rs`).
 
+mod delta;
 mod hypercube;
 mod mailbox;
 mod sharded;
@@ -131,6 +132,11 @@ pub struct SspReduction {
     clock: u64,
     flushed: bool,
     stats: Vec<CallStats>,
+    /// Set by the first call: whether the reduction runs in delta mode
+    /// ([`SspReduction::allreduce_delta`]) or returns results ([`SspReduction::allreduce`]).
+    delta: Option<bool>,
+    /// Delta mode off the two-rank path: the previous result, and a buffer for the next.
+    prev: Option<(Buf, Buf)>,
 }
 
 enum Engine {
@@ -174,7 +180,7 @@ impl SspReduction {
             Variant::Hypercube => Engine::Hypercube(hypercube::Hypercube::new(dev, count, dtype, op)?),
             _ => Engine::Sharded(sharded::Sharded::new(dev, count, dtype, op, variant, order)?),
         };
-        Ok(SspReduction { engine, count, dtype, op, variant, order, clock: 0, flushed: false, stats: Vec::new() })
+        Ok(SspReduction { engine, count, dtype, op, variant, order, clock: 0, flushed: false, stats: Vec::new(), delta: None, prev: None })
     }
 
     pub fn count(&self) -> usize {
@@ -222,6 +228,7 @@ impl SspReduction {
         if self.flushed {
             return Err(Error::InvalidArgument("this SSP reduction was flushed; create a new one".into()));
         }
+        self.mode(false)?;
         self.check_len("the contribution", contribution.len())?;
         self.check_len("the output", out.len())?;
         let t0 = Instant::now();
@@ -238,6 +245,98 @@ impl SspReduction {
         };
         self.stats.push(st);
         Ok(st)
+    }
+
+    fn mode(&mut self, delta: bool) -> Result<()> {
+        match self.delta {
+            None => {
+                self.delta = Some(delta);
+                Ok(())
+            }
+            Some(d) if d == delta => Ok(()),
+            Some(_) => Err(Error::InvalidArgument(
+                "an SSP reduction runs either allreduce or allreduce_delta calls, not both".into(),
+            )),
+        }
+    }
+
+    /// Delta mode: adds the contribution held in `inout` and writes back, in its place,
+    /// the change of the result since this rank's previous call (the whole result at the
+    /// first call) times `scale`, with other ranks' data at most `slack` clocks old. For
+    /// callers that apply increments (DDP's SSP comm hook). Sum of float32 or float64 only;
+    /// a reduction takes either these calls or [`SspReduction::allreduce`], not both.
+    ///
+    /// At two ranks (hypercube) this is one pass over the data, and the publish of this
+    /// rank's new history is left for [`SspReduction::publish`] (call it as soon as the
+    /// result is used; the next call makes it otherwise).
+    pub fn allreduce_delta(&mut self, inout: &mut [u8], slack: u64, scale: f64) -> Result<CallStats> {
+        if self.flushed {
+            return Err(Error::InvalidArgument("this SSP reduction was flushed; create a new one".into()));
+        }
+        if self.op != ReduceOp::Sum || !matches!(self.dtype, DType::F32 | DType::F64) {
+            return Err(Error::InvalidArgument(format!(
+                "allreduce_delta needs a sum of float32 or float64, this reduction is {} of {}",
+                self.op.name(),
+                self.dtype.name()
+            )));
+        }
+        self.mode(true)?;
+        self.check_len("the contribution", inout.len())?;
+        let t0 = Instant::now();
+        self.clock += 1;
+        let nbytes = inout.len();
+        let (wait, age) = match &mut self.engine {
+            Engine::Hypercube(h) if h.pair() => h.pair_delta(inout, self.clock, slack, scale)?,
+            engine => {
+                let (prev, mut cur) = self.prev.take().unwrap_or_else(|| (Buf::new(nbytes), Buf::new(nbytes)));
+                let r = match engine {
+                    Engine::Hypercube(h) => h.allreduce(inout, cur.bytes_mut(), self.clock, slack)?,
+                    Engine::Sharded(s) => s.allreduce(inout, cur.bytes_mut(), self.clock, slack)?,
+                };
+                delta::diff(self.dtype, inout, &cur, &prev, scale);
+                self.prev = Some((cur, prev));
+                r
+            }
+        };
+        let st = CallStats {
+            clock: self.clock,
+            seconds: t0.elapsed().as_secs_f64(),
+            wait_seconds: wait.as_secs_f64(),
+            age_diff: self.clock.saturating_sub(age),
+        };
+        self.stats.push(st);
+        Ok(st)
+    }
+
+    /// Delta mode: publishes what the last [`SspReduction::allreduce_delta`] call left
+    /// unpublished (nothing off the two-rank path).
+    pub fn publish(&mut self) -> Result<()> {
+        match &mut self.engine {
+            Engine::Hypercube(h) if !self.flushed => h.publish_deferred(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Delta mode, collective, once at the end: [`SspReduction::flush`], but `out`
+    /// receives the change of the exact total since this rank's last call (what the
+    /// other ranks' last contributions add) times `scale`.
+    pub fn flush_delta(&mut self, out: &mut [u8], scale: f64) -> Result<()> {
+        self.check_len("the output", out.len())?;
+        if self.op != ReduceOp::Sum || !matches!(self.dtype, DType::F32 | DType::F64) {
+            return Err(Error::InvalidArgument("flush_delta needs a sum of float32 or float64".into()));
+        }
+        self.mode(true)?;
+        let nbytes = out.len();
+        let mut last = Buf::new(nbytes);
+        match (&self.engine, &self.prev) {
+            (Engine::Hypercube(h), _) if h.pair() => h.pair_last(&mut last),
+            (_, Some((prev, _))) => last.bytes_mut().copy_from_slice(prev.bytes()),
+            _ => {}
+        }
+        let mut total = Buf::new(nbytes);
+        self.flush(total.bytes_mut())?;
+        delta::diff(self.dtype, out, &total, &last, scale);
+        Ok(())
     }
 
     /// Collective: sends everything not yet sent and waits until every rank has done the
