@@ -2,7 +2,9 @@
 ``scalefree bench mf --vs dsgd-ps``: the ``rima`` ring vs the ``dsgd-ps`` parameter server on
 a seeded synthetic matrix (low rank + noise, power-law row and column degrees), ``--ranks``
 ranks each, equal iterations: training time, bytes sent per worker, test RMSE, peak RSS per
-rank, and the iterations and time each needs to reach a common test RMSE (the worse final one).
+rank, and the iterations and time each needs to reach a common test RMSE (the worse final one;
+with ``--curve-seeds N``, per seed over N seeds of the training and split: mean ± standard error
+of the iterations, times the timed runs' median seconds per iteration).
 ``scalefree bench mf --vs memory-budget --budget-fraction 0.25``: ``rima`` on the same synthetic
 matrix in memory and with ``--memory-budget`` = that fraction of the rating data (per rank; the
 blocks stay on disk, read ahead in pattern order), runs interleaved: training time and their
@@ -429,6 +431,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--libmf-bin: also the test RMSE over this many draws of each side's initialisation "
                         "(LIBMF on relabelled copies of the split, ours with seeds 0..N-1): mean ± standard error")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--curve-seeds", type=int, default=1,
+                   help="--vs dsgd-ps: evaluated runs per mode with seeds SEED..SEED+N-1; the iterations to "
+                        "each seed's common target (the worse final RMSE), mean ± standard error, give the "
+                        "time to target (default 1: the timed runs' seed only)")
     p.add_argument("--normalize", choices=("on", "off"), default="on",
                    help="ours trains on ratings divided by their standard deviation, as LIBMF always does, so λ "
                         "means the same for both (default on)")
@@ -525,13 +531,13 @@ def _synthetic_files(args, d: str) -> list[Path]:
     return files
 
 
-def _train_cli(f: Path, mode: str, extra: list[str], args, d: str) -> dict:
-    """One ``scalefree mf train`` run; its last JSON record (rank 0's report)."""
+def _train_cli(f: Path, mode: str, extra: list[str], args, d: str, seed: int | None = None) -> list[dict]:
+    """One ``scalefree mf train`` run (with ``seed``, default ``--seed``); its JSON records."""
     out = Path(d) / f"{mode}.jsonl"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", mode,
                         "-n", str(args.ranks), "-k", str(args.k), "--lam", repr(args.lam),
-                        "--eta", repr(args.eta), "-i", str(args.iterations), "--seed", str(args.seed),
-                        "--eval-every", "0", "--json", str(out), "-q", *extra],
+                        "--eta", repr(args.eta), "-i", str(args.iterations),
+                        "--seed", str(args.seed if seed is None else seed), "--eval-every", "0", "--json", str(out), "-q", *extra],
                        capture_output=True, text=True, timeout=3600,
                        env={"SCALEFREE_CACHE_DIR": d, **os.environ})  # the rating cache goes with the temp dir
 
@@ -625,9 +631,14 @@ def _vs_dsgd_ps(args) -> int:
                     rec = _train_cli(f, mode, extra, args, d)[-1]
                     times.append(rec["seconds"])
                     rss.append(rec.get("peak_rss_bytes_end") or [])
-                common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} (test RMSE every iteration) ...")
-                hist = _train_cli(f, mode, [*extra, "--eval-every", "1"], args, d)
-                curve = [(h["iteration"], h["test_rmse"], h["seconds"]) for h in hist if "test_rmse" in h and "seconds" in h]
+                curves = {}
+                for s in range(args.seed, args.seed + max(1, args.curve_seeds)):
+                    common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} (test RMSE every iteration, "
+                                    f"seed {s}) ...")
+                    hist = _train_cli(f, mode, [*extra, "--eval-every", "1"], args, d, seed=s)
+                    curves[s] = [(h["iteration"], h["test_rmse"], h["seconds"])
+                                 for h in hist if "test_rmse" in h and "seconds" in h]
+                curve = curves[args.seed]
                 med = float(np.median(times))
                 sent = float(np.mean(rec["bytes_sent"]))
                 # Per rank, the largest over the repeats (set-up and training: VmHWM at the end).
@@ -639,7 +650,7 @@ def _vs_dsgd_ps(args) -> int:
                                 "bytes_sent": rec["bytes_sent"], "comm_seconds": rec["comm_seconds"],
                                 "test_rmse": rec["test_rmse"], "connections": rec["connections"],
                                 "peak_rss_bytes_per_rank": rss_rank, "peak_rss_bytes_per_rank_all": rss,
-                                "curve": curve})
+                                "curve": curve, "curves": {str(s): c for s, c in curves.items()}})
             for r in (r for r in records if r["data"] == f.name):
                 r["rmse_target"] = target = max(x["test_rmse"] for x in records if x["data"] == f.name)
                 # The training is seeded, so the evaluated run follows the timed runs' RMSE curve
@@ -648,9 +659,21 @@ def _vs_dsgd_ps(args) -> int:
                 # scaled to the iterations it takes.
                 it, r["seconds_to_target_eval_run"] = _reach(r["curve"], target)
                 r["iterations_to_target"] = it
+                if args.curve_seeds > 1:
+                    # Per seed: the iterations to that seed's common target (the worse final
+                    # RMSE of its evaluated runs); their mean and standard error.
+                    its = []
+                    for s, c in r["curves"].items():
+                        t = max(x["curves"][s][-1][1] for x in records if x["data"] == f.name)
+                        its.append(_reach(c, t)[0] or args.iterations)  # reached by the last iteration
+                    r["iterations_to_target_per_seed"] = its
+                    r["iterations_to_target"] = it = float(np.mean(its))
+                    r["iterations_to_target_se"] = float(np.std(its, ddof=1) / np.sqrt(len(its)))
                 r["seconds_to_target"] = r["median_s"] * it / args.iterations if it else None
                 nb = r["blocks_per_side"]
                 it, secs = r["iterations_to_target"], r["seconds_to_target"]
+                if args.curve_seeds > 1:
+                    it = f"{it:.1f}±{r['iterations_to_target_se']:.1f}"
                 rows.append([f.name, r["impl"], f"{nb}x{nb}", str(r["workers"]), f"{r['median_s']:.3f}",
                              f"{r['bytes_sent_per_worker'] / 2**20:.1f}", f"{max(r['comm_seconds']):.3f}",
                              f"{r['test_rmse']:.4f}",
@@ -665,9 +688,11 @@ def _vs_dsgd_ps(args) -> int:
                 nb = a["blocks_per_side"]
                 to = (f"{a['seconds_to_target'] / b['seconds_to_target']:.2f}x"
                       if a["seconds_to_target"] and b["seconds_to_target"] else "n/a")
+                what = (f"each of {args.curve_seeds} seeds' common RMSE" if args.curve_seeds > 1
+                        else f"RMSE {a['rmse_target']:.4f}")
                 print(f"{f.name}: rima {nb}x{nb} / dsgd-ps: time {a['median_s'] / b['median_s']:.2f}x, bytes per worker "
                       f"{a['bytes_sent_per_worker'] / b['bytes_sent_per_worker']:.2f}x, RMSE "
-                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %, time to RMSE {a['rmse_target']:.4f} {to}, "
+                      f"{100 * (a['test_rmse'] / b['test_rmse'] - 1):+.2f} %, time to {what} {to}, "
                       f"peak RSS (largest rank) {max(a['peak_rss_bytes_per_rank'], default=0) / 2**20:.0f} / "
                       f"{max(b['peak_rss_bytes_per_rank'], default=0) / 2**20:.0f} MiB")
     if getattr(args, "json", None):
