@@ -218,9 +218,12 @@ for name, pg, hook in [("gloo", gl, None), ("hypercube:0", sf, ("hypercube", 0))
             failures.append(f"DDP ssp hook {name}: ranks differ after finish(): "
                             f"{max(float((e - every[0]).abs().max()) for e in every)}")
     runs[name] = ({k: v.clone() for k, v in model.state_dict().items()}, losses)
+# Delta mode hands DDP the change of float32 running sums, whose rounding depends on the order
+# in which the partners' sums arrive (it varies from run to run at 3 ranks: up to ~2e-5 here).
+# A step taken with a stale or missing gradient moves a weight by about lr * grad ~ 5e-3.
 for name in ("hypercube:0", "sharded_async_thread:0"):
     for k, v in runs["gloo"][0].items():
-        if not torch.allclose(runs[name][0][k], v, rtol=1e-4, atol=1e-6):
+        if not torch.allclose(runs[name][0][k], v, rtol=1e-3, atol=1e-4):
             failures.append(f"DDP ssp hook {name} {k}: {runs[name][0][k].flatten()[:4].tolist()} vs gloo {v.flatten()[:4].tolist()}")
 stale = runs["hypercube:3"][1]
 if not all(abs(a - b) <= 0.05 * abs(b) for a, b in zip(stale, runs["gloo"][1])):
