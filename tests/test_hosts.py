@@ -15,20 +15,6 @@ from test_collectives import OTHERS, SWEEP
 simhosts = pytest.importorskip("scalefree.launch.simhosts")
 
 
-@pytest.fixture(scope="module")
-def can_simulate():
-    why = simhosts.available()
-    if why:
-        pytest.skip(f"simulated hosts are not possible here: {why}")
-    from scalefree.errors import UnsupportedError
-    from scalefree.launch.ucx import info
-
-    try:
-        info()
-    except UnsupportedError as e:
-        pytest.skip(f"UCX is not installed here: {e}")
-
-
 def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517):
     """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes`;
     returns (returncode, output) per host."""

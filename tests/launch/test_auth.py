@@ -164,22 +164,6 @@ def rank_argv(launched_by: str, node: int, master: str, port: int) -> list[str]:
     return [sys.executable, "-c", JOIN]
 
 
-@pytest.fixture(scope="module")
-def can_simulate():
-    simhosts = pytest.importorskip("scalefree.launch.simhosts")
-    why = simhosts.available()
-    if why:
-        pytest.skip(f"simulated hosts are not possible here: {why}")
-    from scalefree.errors import UnsupportedError
-    from scalefree.launch.ucx import info
-
-    try:
-        info()
-    except UnsupportedError as e:
-        pytest.skip(f"UCX is not installed here: {e}")
-    return simhosts
-
-
 @pytest.mark.parametrize("launched_by", ["scalefree", "openmpi", "hydra", "slurm", "torchrun"])
 def test_outsiders_are_refused_and_the_real_host_still_joins(can_simulate, launched_by):
     port = 29700 + ["scalefree", "openmpi", "hydra", "slurm", "torchrun"].index(launched_by) * 7

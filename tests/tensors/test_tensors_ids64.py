@@ -43,20 +43,6 @@ print("ok", flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def can_simulate():
-    why = simhosts.available()
-    if why:
-        pytest.skip(f"simulated hosts are not possible here: {why}")
-    from scalefree.errors import UnsupportedError
-    from scalefree.launch.ucx import info
-
-    try:
-        info()
-    except UnsupportedError as e:
-        pytest.skip(f"UCX is not installed here: {e}")
-
-
 @pytest.mark.parametrize("lanes", ["auto", "0"])
 def test_one_message_with_its_positions_across_hosts(can_simulate, lanes):
     env = dict(os.environ, BIG_N=str(N))

@@ -17,6 +17,21 @@ import torch.distributed as dist
 from .backend import _MOVE_AS, ProcessGroupScalefree, _as_numpy
 
 
+
+def _errors_to(inner, fut):
+    """Hands an exception of the worker's future `inner` to DDP's future `fut` (which the
+    worker completes itself on success); returns `fut`."""
+
+    def forward(f):
+        try:
+            f.value()
+        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
+            if not fut.done():
+                fut.set_exception(e)
+
+    inner.add_done_callback(forward)
+    return fut
+
 def _pg(process_group) -> ProcessGroupScalefree:
     pg = process_group if process_group is not None else dist.group.WORLD
     if not isinstance(pg, ProcessGroupScalefree):
@@ -143,16 +158,7 @@ def ssp_hook(state: SspState, bucket) -> torch.futures.Future[torch.Tensor]:
         red.publish()  # this step's contribution to the peers, once DDP has its result
 
     inner = pg.run_async(run, None)
-
-    def forward_error(f):
-        try:
-            f.value()
-        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
-            if not fut.done():
-                fut.set_exception(e)
-
-    inner.add_done_callback(forward_error)
-    return fut
+    return _errors_to(inner, fut)
 
 
 # --- sparse gradients (nn.Embedding(sparse=True)) -----------------------------------------------
@@ -274,16 +280,7 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
         fut.set_result(out)
 
     inner = pg.run_async(run_sparse, None)
-
-    def forward_error(f):
-        try:
-            f.value()
-        except Exception as e:  # noqa: BLE001 - handed to DDP through the future
-            if not fut.done():
-                fut.set_exception(e)
-
-    inner.add_done_callback(forward_error)
-    return fut
+    return _errors_to(inner, fut)
 
 
 def register(ddp, name: str):

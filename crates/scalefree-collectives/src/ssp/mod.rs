@@ -237,6 +237,11 @@ impl SspReduction {
             Engine::Hypercube(h) => h.allreduce(contribution, out, self.clock, slack)?,
             Engine::Sharded(s) => s.allreduce(contribution, out, self.clock, slack)?,
         };
+        Ok(self.record(t0, wait, age))
+    }
+
+    /// Records one call's statistics (its clock, time, wait and the age of what it saw).
+    fn record(&mut self, t0: Instant, wait: std::time::Duration, age: u64) -> CallStats {
         let st = CallStats {
             clock: self.clock,
             seconds: t0.elapsed().as_secs_f64(),
@@ -244,7 +249,7 @@ impl SspReduction {
             age_diff: self.clock.saturating_sub(age),
         };
         self.stats.push(st);
-        Ok(st)
+        st
     }
 
     fn mode(&mut self, delta: bool) -> Result<()> {
@@ -298,14 +303,7 @@ impl SspReduction {
                 r
             }
         };
-        let st = CallStats {
-            clock: self.clock,
-            seconds: t0.elapsed().as_secs_f64(),
-            wait_seconds: wait.as_secs_f64(),
-            age_diff: self.clock.saturating_sub(age),
-        };
-        self.stats.push(st);
-        Ok(st)
+        Ok(self.record(t0, wait, age))
     }
 
     /// Delta mode: publishes what the last [`SspReduction::allreduce_delta`] call left
