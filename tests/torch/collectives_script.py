@@ -218,13 +218,19 @@ for name, pg, hook in [("gloo", gl, None), ("hypercube:0", sf, ("hypercube", 0))
             failures.append(f"DDP ssp hook {name}: ranks differ after finish(): "
                             f"{max(float((e - every[0]).abs().max()) for e in every)}")
     runs[name] = ({k: v.clone() for k, v in model.state_dict().items()}, losses)
-# Delta mode hands DDP the change of float32 running sums, whose rounding depends on the order
-# in which the partners' sums arrive (it varies from run to run at 3 ranks: up to ~2e-5 here).
-# A step taken with a stale or missing gradient moves a weight by about lr * grad ~ 5e-3.
+# At slack 0 a rank never reads a sum older than its own clock, but SSP lets it read newer:
+# a faster rank's next gradient can already be in the sum, so part of it is applied one step
+# early (and left out of the next step's change). The weights then drift from synchronous
+# DDP's by a fraction of a step (up to ~5e-4 here over 6 steps, 3 ranks); one rank's gradient
+# missing or doubled for one step (lr * grad / 3) moves the last layer's by 4e-3 to 5e-3.
+# The exact bookkeeping is checked above (ranks equal after finish) and in tests/ssp (delta
+# mode against the bounds).
 for name in ("hypercube:0", "sharded_async_thread:0"):
     for k, v in runs["gloo"][0].items():
-        if not torch.allclose(runs[name][0][k], v, rtol=1e-3, atol=1e-4):
-            failures.append(f"DDP ssp hook {name} {k}: {runs[name][0][k].flatten()[:4].tolist()} vs gloo {v.flatten()[:4].tolist()}")
+        if not torch.allclose(runs[name][0][k], v, rtol=1e-2, atol=2e-3):
+            d = (runs[name][0][k] - v).abs()
+            failures.append(f"DDP ssp hook {name} {k}: max difference {float(d.max()):.3g} at {int(d.argmax())} "
+                            f"of {v.numel()}: {runs[name][0][k].flatten()[:4].tolist()} vs gloo {v.flatten()[:4].tolist()}")
 stale = runs["hypercube:3"][1]
 if not all(abs(a - b) <= 0.05 * abs(b) for a, b in zip(stale, runs["gloo"][1])):
     failures.append(f"DDP ssp hook slack 3: losses {stale} vs synchronous {runs['gloo'][1]}")
