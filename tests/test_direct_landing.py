@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from test_hosts import ACROSS, can_simulate, launch_all, simhosts  # noqa: F401
+from test_hosts import ACROSS, launch_all, simhosts  # noqa: F401
 
 CODE = ACROSS.replace("{per_host}", "1") + """
 import numpy as np

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from test_direct_landing import CODE
-from test_hosts import ACROSS, can_simulate, launch_all, simhosts  # noqa: F401
+from test_hosts import ACROSS, launch_all, simhosts  # noqa: F401
 
 
 @pytest.mark.parametrize("direct,on_arrival,halving_max", [("1", "1", "64M"), ("0", "1", "64M"), ("1", "0", "64M"), ("1", "1", "0")])
