@@ -418,10 +418,12 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             for st in staged:
                 if st.t is st.orig and st.t.dtype in _NATIVE_REDUCE:
                     self._shared.prepare(st.t, self._quiet_for)
-        keys = [s.t.untyped_storage().data_ptr() for s in staged]
-        with self._ar_lock:
-            for k in keys:
-                self._ar_inflight[k] = self._ar_inflight.get(k, 0) + 1
+        # Queued allreduces per storage, for the move above (nothing to count without it).
+        keys = [s.t.untyped_storage().data_ptr() for s in staged] if self._shared is not None else []
+        if keys:
+            with self._ar_lock:
+                for k in keys:
+                    self._ar_inflight[k] = self._ar_inflight.get(k, 0) + 1
 
         def run():
             try:
@@ -429,11 +431,12 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                     self._reduce_into(s.t, op)
                     s.finish()
             finally:
-                with self._ar_lock:
-                    for k in keys:
-                        self._ar_inflight[k] -= 1
-                        if not self._ar_inflight[k]:
-                            del self._ar_inflight[k]
+                if keys:
+                    with self._ar_lock:
+                        for k in keys:
+                            self._ar_inflight[k] -= 1
+                            if not self._ar_inflight[k]:
+                                del self._ar_inflight[k]
 
         return self._submit(run, list(tensors))
 
