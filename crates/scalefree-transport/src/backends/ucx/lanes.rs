@@ -95,18 +95,24 @@ impl Frame {
 struct Job {
     frame: Frame,
     src: usize,
+    /// Bytes of header and data already on the socket (the caller sent them).
+    sent: usize,
     pending: Arc<Pending>,
 }
 
 struct State {
     queue: VecDeque<Job>,
-    /// The writer thread is sending a job (the caller must not write inline meanwhile).
+    /// A job is being sent (by the writer thread or a waiter; nobody else may write
+    /// meanwhile).
     busy: bool,
+    /// Callers waiting for a queued write of this lane, sending the queue themselves (see
+    /// [`help`]): the writer thread takes no new job meanwhile.
+    helpers: u32,
     closed: bool,
     failed: Option<String>,
 }
 
-struct Lane {
+pub(crate) struct Lane {
     peer: u32,
     stream: TcpStream,
     state: Mutex<State>,
@@ -499,7 +505,7 @@ impl Lanes {
                 let lane = Arc::new(Lane {
                     peer: r as u32,
                     stream: s,
-                    state: Mutex::new(State { queue: VecDeque::new(), busy: false, closed: false, failed: None }),
+                    state: Mutex::new(State { queue: VecDeque::new(), busy: false, helpers: 0, closed: false, failed: None }),
                     cv: Condvar::new(),
                     reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
                     index: i,
@@ -605,7 +611,7 @@ impl Lanes {
 
     /// Sends `frame` on one stream: written here when the stream is idle and the frame
     /// small (unless `queue`), else queued for its writer thread.
-    unsafe fn send_on(&self, lane: &Lane, frame: Frame, src: *const u8, queue: bool) -> Result<Option<Request>> {
+    unsafe fn send_on(&self, lane: &Arc<Lane>, frame: Frame, src: *const u8, queue: bool) -> Result<Option<Request>> {
         let peer = lane.peer;
         let n = frame.len as usize;
         let mut st = lane.state.lock().unwrap();
@@ -632,11 +638,26 @@ impl Lanes {
             }
             return Ok(None);
         }
+        let mut sent = 0;
+        if !queue && st.queue.is_empty() && !st.busy {
+            // Idle lane, large frame: what the socket takes now goes from here; the writer
+            // thread (or a waiter, see [`help`]) sends the rest.
+            let data = unsafe { std::slice::from_raw_parts(src, n) };
+            match send_now(&lane.stream, &frame, data) {
+                Ok(k) if k == FRAME_LEN + n => return Ok(None),
+                Ok(k) => sent = k,
+                Err(e) => {
+                    let why = format!("TCP lane to rank {peer} failed: {e}");
+                    st.failed = Some(why.clone());
+                    return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
+                }
+            }
+        }
         let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
-        st.queue.push_back(Job { frame, src: src as usize, pending: pending.clone() });
+        st.queue.push_back(Job { frame, src: src as usize, sent, pending: pending.clone() });
         drop(st);
-        lane.cv.notify_one();
-        Ok(Some(Request { pending, peer, what: "TCP lane write".into() }))
+        lane.cv.notify_all();
+        Ok(Some(Request { pending, peer, what: "TCP lane write".into(), lane: Some(lane.clone()) }))
     }
 
     /// Runs whatever has arrived on the lanes, from a caller that waits (see [`drain`]).
@@ -682,6 +703,37 @@ impl Drop for Lanes {
 /// before). The caller then reads the peer's answer itself in its next wait instead of a
 /// reader thread woken for it: 2 simulated hosts × 1 MiB, 0.56–0.83 ms against 0.79–3.2 ms
 /// (A/B in the git history of `docs/benchmarks.md`).
+/// Sends what the socket takes now of header and data; returns how many bytes.
+fn send_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
+    let hdr = frame.bytes();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    let mut sent = 0usize;
+    let total = FRAME_LEN + data.len();
+    while sent < total {
+        let (a, b): (&[u8], &[u8]) = if sent < FRAME_LEN { (&hdr[sent..], data) } else { (&data[sent - FRAME_LEN..], &[]) };
+        let mut iov = [libc::iovec { iov_base: a.as_ptr() as *mut libc::c_void, iov_len: a.len() },
+                       libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }];
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if r > 0 {
+            sent += r as usize;
+            continue;
+        }
+        if r == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => break,
+            _ => return Err(e),
+        }
+    }
+    Ok(sent)
+}
+
 fn keep_lease() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_BULK_KEEP_LEASE"))
@@ -723,6 +775,7 @@ fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()
 }
 
 /// Header and data in as few system calls as the socket allows (one `writev` when it has room).
+#[cfg(test)]
 fn write_frame(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<()> {
     let hdr = frame.bytes();
     write_all_vectored(s, &hdr, data)
@@ -742,6 +795,88 @@ fn write_all_vectored(mut s: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<
     Ok(())
 }
 
+/// Sends the rest of a queued job (what the caller did not send at once), blocking.
+fn send_job(lane: &Lane, job: &Job) -> std::io::Result<()> {
+    let n = job.frame.len as usize;
+    let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
+    let hdr = job.frame.bytes();
+    if job.sent < FRAME_LEN {
+        write_all_vectored(&lane.stream, &hdr[job.sent..], data)
+    } else {
+        write_all_vectored(&lane.stream, &data[job.sent - FRAME_LEN..], &[])
+    }
+}
+
+/// Completes a job that was sent (or failed: then every queued job fails and the peer is
+/// marked lost). `st` is the lane's state, locked again after the send; `busy` is cleared.
+/// False when the lane failed.
+fn finish_job(sh: &Shared, lane: &Lane, mut st: std::sync::MutexGuard<'_, State>, job: Job, r: std::io::Result<()>) -> bool {
+    st.busy = false;
+    let mut lost = None;
+    match r {
+        Ok(()) => finish_pending(&job.pending, UCS_OK),
+        Err(e) => {
+            let why = format!("TCP lane to rank {} failed: {e}", lane.peer);
+            finish_pending(&job.pending, UCS_ERR_CONNECTION_RESET);
+            for j in st.queue.drain(..) {
+                finish_pending(&j.pending, UCS_ERR_CONNECTION_RESET);
+            }
+            st.failed = Some(why.clone());
+            lost = (!st.closed).then_some(why);
+        }
+    }
+    let ok = st.failed.is_none();
+    let wake = !st.queue.is_empty() || !ok;
+    drop(st);
+    if wake {
+        // The writer thread or a helper may wait for the lane to be free.
+        lane.cv.notify_all();
+    }
+    if let Some(why) = lost {
+        sh.mark_lost(lane.peer as usize, why);
+    }
+    ok
+}
+
+/// A caller waiting for a queued write (`pending`) on `lane` sends the lane's queue itself,
+/// in order, up to and including that write; while the writer thread is sending a job it
+/// waits for that one (at most `patience`, then it leaves the rest to the writer thread
+/// and waits as usual). Meanwhile the writer thread takes no new job. Between simulated
+/// hosts on 2 cores, handing every large write to the writer thread and parking until it
+/// was sent cost 1.2-1.3x a plain socket's time for 8 posted 1 MiB writes, against about
+/// nothing this way (`docs/benchmarks/collectives.md`, "Posted one-sided writes").
+pub(super) fn help(sh: &Shared, lane: &Lane, pending: &Pending, patience: Duration) {
+    let mut st = lane.state.lock().unwrap();
+    st.helpers += 1;
+    let mut waited = Duration::ZERO;
+    while pending.done.load(Ordering::Acquire) == 0 && !st.closed && st.failed.is_none() {
+        if st.busy {
+            if waited >= patience {
+                break;
+            }
+            let t = std::time::Instant::now();
+            st = lane.cv.wait_timeout(st, patience - waited).unwrap().0;
+            waited += t.elapsed();
+            continue;
+        }
+        let Some(job) = st.queue.pop_front() else { break };
+        st.busy = true;
+        drop(st);
+        let r = send_job(lane, &job);
+        let ok = finish_job(sh, lane, lane.state.lock().unwrap(), job, r);
+        st = lane.state.lock().unwrap();
+        if !ok {
+            break;
+        }
+    }
+    st.helpers -= 1;
+    let wake = st.helpers == 0 && !st.queue.is_empty();
+    drop(st);
+    if wake {
+        lane.cv.notify_all();
+    }
+}
+
 fn write_loop(sh: &Shared, lane: &Lane) {
     loop {
         let job = {
@@ -753,34 +888,21 @@ fn write_loop(sh: &Shared, lane: &Lane) {
                     }
                     return;
                 }
-                if let Some(j) = st.queue.pop_front() {
-                    st.busy = true;
-                    break j;
+                if st.failed.is_some() {
+                    return;
+                }
+                if !st.busy && st.helpers == 0 {
+                    if let Some(j) = st.queue.pop_front() {
+                        st.busy = true;
+                        break j;
+                    }
                 }
                 st = lane.cv.wait(st).unwrap();
             }
         };
-        let n = job.frame.len as usize;
-        let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
-        let r = write_frame(&lane.stream, &job.frame, data);
-        let mut st = lane.state.lock().unwrap();
-        st.busy = false;
-        match r {
-            Ok(()) => finish_pending(&job.pending, UCS_OK),
-            Err(e) => {
-                let why = format!("TCP lane to rank {} failed: {e}", lane.peer);
-                finish_pending(&job.pending, UCS_ERR_CONNECTION_RESET);
-                for j in st.queue.drain(..) {
-                    finish_pending(&j.pending, UCS_ERR_CONNECTION_RESET);
-                }
-                st.failed = Some(why.clone());
-                let closing = st.closed;
-                drop(st);
-                if !closing {
-                    sh.mark_lost(lane.peer as usize, why);
-                }
-                return;
-            }
+        let r = send_job(lane, &job);
+        if !finish_job(sh, lane, lane.state.lock().unwrap(), job, r) {
+            return;
         }
     }
 }

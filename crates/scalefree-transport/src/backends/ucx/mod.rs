@@ -554,6 +554,9 @@ pub struct Request {
     pending: Arc<Pending>,
     peer: u32,
     what: String,
+    /// For a lane write still queued: its lane, whose queue a waiter sends itself while
+    /// the lane's writer thread is not sending (see [`lanes::help`]).
+    lane: Option<Arc<lanes::Lane>>,
 }
 
 impl Request {
@@ -848,12 +851,15 @@ impl Net {
             }
             return Err(self.lost_error(peer, what, ptr_status(r)));
         }
-        Ok(Some(Request { pending, peer, what: what.to_string() }))
+        Ok(Some(Request { pending, peer, what: what.to_string(), lane: None }))
     }
 
     /// Waits for a request started by one of the `start_*` calls.
     pub fn wait_request(&self, req: &Request, policy: &WaitPolicy) -> Result<()> {
         let (peer, what) = (req.peer, &req.what);
+        if let Some(lane) = &req.lane {
+            lanes::help(&self.shared, lane, &req.pending, policy.check_interval);
+        }
         self.wait_word(&req.pending.done, &req.pending.waiters, |v| v != 0, policy, &|| format!("{what} to rank {peer} to complete"))?;
         let st = req.pending.status.load(Ordering::Acquire) as ucs_status_t;
         if st != UCS_OK {
