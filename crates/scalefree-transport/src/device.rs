@@ -832,8 +832,28 @@ impl Device {
         if let Some(t) = timeout {
             policy.timeout = t;
         }
-        self.wait_with(word, self.waiters_of(me), |v| v != 0, &policy, &|| format!("a notification in slot {slot}"))?;
+        let what = || format!("a notification in slot {slot}");
+        if self.reads_own_notifications() {
+            let b = &*self.inner.backend;
+            b.wait_reading(word, &mut |v| v != 0, &policy, &what, &|| self.check_peers())?;
+        } else {
+            self.wait_with(word, self.waiters_of(me), |v| v != 0, &policy, &what)?;
+        }
         Ok(word.swap(0, Ordering::AcqRel))
+    }
+
+    /// Whether a wait for a notification reads the TCP lanes in its own thread (see
+    /// `Net::wait_reading`): when no other rank shares this host (every notification then
+    /// comes over the network, and arrivals there wake a waiter parked in `poll`) and every
+    /// peer writes here over a lane. The data of a notified write is read by the waiter as
+    /// a plain socket's receiver would, not handed over from the lane's reader thread: for
+    /// 8 posted 1 MiB writes and a notification between 2 simulated hosts, one thread
+    /// wake-up per arrival instead of two (`docs/benchmarks/collectives.md`, "Posted
+    /// one-sided writes").
+    fn reads_own_notifications(&self) -> bool {
+        let me = self.rank();
+        let b = &*self.inner.backend;
+        self.inner.job.local_size == 1 && self.inner.job.size > 1 && (0..self.inner.job.size).all(|r| r == me || b.reads_own_from(r))
     }
 
     /// Consumes and returns the notification in `slot`, if there is one.
