@@ -826,10 +826,11 @@ fn finish_job(sh: &Shared, lane: &Lane, mut st: std::sync::MutexGuard<'_, State>
         }
     }
     let ok = st.failed.is_none();
-    let wake = !st.queue.is_empty() || !ok;
+    let wake = !st.queue.is_empty() || !ok || st.helpers > 0;
     drop(st);
     if wake {
-        // The writer thread or a helper may wait for the lane to be free.
+        // The writer thread or a helper may wait for the lane to be free (a helper waits
+        // for the job it needs, perhaps this one).
         lane.cv.notify_all();
     }
     if let Some(why) = lost {
