@@ -654,9 +654,14 @@ impl Lanes {
             }
         }
         let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
+        // The writer thread sleeps with jobs queued only while the lane is busy or a caller
+        // helps, and whoever ends that wakes it: only the first job needs to.
+        let first = st.queue.is_empty();
         st.queue.push_back(Job { frame, src: src as usize, sent, pending: pending.clone() });
         drop(st);
-        lane.cv.notify_all();
+        if first {
+            lane.cv.notify_all();
+        }
         Ok(Some(Request { pending, peer, what: "TCP lane write".into(), lane: Some(lane.clone()) }))
     }
 
