@@ -574,6 +574,8 @@ pub struct Net {
     thread: Option<JoinHandle<()>>,
     /// Plain TCP lanes for bulk writes to peers UCX reaches only over TCP (see [`lanes`]).
     lanes: Option<lanes::Lanes>,
+    /// Per peer: an operation went to it over UCX since the last flush (see [`Net::notify`]).
+    unflushed: Vec<AtomicBool>,
 }
 
 /// What UCX was found and what it offers, for `scalefree info` and error messages.
@@ -705,7 +707,7 @@ impl Net {
             .name(format!("sf-ucx-progress-{me}"))
             .spawn(move || progress_loop(&th, efd))
             .map_err(|e| Error::io("spawn UCX progress thread", e))?;
-        let net = Net { shared, thread: Some(thread), lanes: None };
+        let net = Net { shared, thread: Some(thread), lanes: None, unflushed: (0..size).map(|_| AtomicBool::new(true)).collect() };
         // Wire up every endpoint before anyone relies on it (connection set-up is lazy).
         for r in 0..size {
             if r != me {
@@ -834,6 +836,15 @@ impl Net {
 
     /// Issues one request; `None` when it completed at once.
     fn start(&self, peer: u32, what: &str, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<Option<Request>> {
+        // Before it is issued: a flush that sees it clear was issued after this operation.
+        if let Some(f) = self.unflushed.get(peer as usize) {
+            f.store(true, Ordering::SeqCst);
+        }
+        self.start_unmarked(peer, what, issue)
+    }
+
+    /// [`Net::start`] without marking `peer` unflushed (for the flush itself).
+    fn start_unmarked(&self, peer: u32, what: &str, issue: &mut dyn FnMut(&ucp_request_param_t) -> ucs_status_ptr_t) -> Result<Option<Request>> {
         self.shared.inflight.fetch_add(1, Ordering::SeqCst);
         let pending = Arc::new(Pending { inflight: Some(self.shared.clone()), done: AtomicU32::new(0), status: AtomicU32::new(0), waiters: AtomicU32::new(0), notify: None });
         let mut p = ucp_request_param_t::zeroed();
@@ -1046,15 +1057,35 @@ impl Net {
     /// Waits until every operation issued to `peer` has completed at the peer.
     pub fn flush(&self, peer: u32) -> Result<()> {
         let ep = self.ep(peer)?;
+        if let Some(f) = self.unflushed.get(peer as usize) {
+            // Cleared before the flush is issued: it covers every operation issued before;
+            // one issued meanwhile sets it again (see `start`).
+            f.store(false, Ordering::SeqCst);
+        }
         let u = self.shared.ucp;
         let policy = WaitPolicy::for_load(1, std::time::Duration::from_secs(3600));
-        self.run(peer, "ucp_ep_flush_nbx", &policy, &mut |p| unsafe { (u.ep_flush_nbx)(ep, p) })
+        match self.start_unmarked(peer, "ucp_ep_flush_nbx", &mut |p| unsafe { (u.ep_flush_nbx)(ep, p) })? {
+            None => Ok(()),
+            Some(req) => self.wait_request(&req, &policy),
+        }
+    }
+
+    /// [`Net::flush`] if an operation went to `peer` over UCX since the last one.
+    fn flush_if_needed(&self, peer: u32) -> Result<()> {
+        match self.unflushed.get(peer as usize) {
+            Some(f) if !f.load(Ordering::SeqCst) => Ok(()),
+            _ => self.flush(peer),
+        }
     }
 
     /// Delivers `value` into `peer`'s notification `slot`, after every earlier write to
-    /// that peer has landed (flush first).
+    /// that peer has landed (flush first, if anything went to it over UCX since the last).
     pub fn notify(&self, peer: u32, slot: u32, value: u32, policy: &WaitPolicy) -> Result<()> {
-        self.flush(peer)?;
+        // Only when an operation went to `peer` over UCX since the last flush: a flush over
+        // UCX's tcp transport is a round trip through both ranks' progress, which cost 8
+        // posted 1 MiB lane writes and their notification about 0.3-0.5 ms per round
+        // between 2 simulated hosts (`docs/benchmarks/collectives.md`).
+        self.flush_if_needed(peer)?;
         if let Some(l) = self.lanes.as_ref().filter(|l| l.has(peer)) {
             // Behind every lane write to this peer (same socket), after the puts (flushed).
             return match l.notify(peer, slot, value).map_err(|e| self.lane_lost(e))? {
