@@ -801,14 +801,14 @@ fn write_all_vectored(mut s: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<
 }
 
 /// Sends the rest of a queued job (what the caller did not send at once), blocking.
-fn send_job(lane: &Lane, job: &Job) -> std::io::Result<()> {
+fn send_job(s: &TcpStream, job: &Job) -> std::io::Result<()> {
     let n = job.frame.len as usize;
     let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
     let hdr = job.frame.bytes();
     if job.sent < FRAME_LEN {
-        write_all_vectored(&lane.stream, &hdr[job.sent..], data)
+        write_all_vectored(s, &hdr[job.sent..], data)
     } else {
-        write_all_vectored(&lane.stream, &data[job.sent - FRAME_LEN..], &[])
+        write_all_vectored(s, &data[job.sent - FRAME_LEN..], &[])
     }
 }
 
@@ -868,7 +868,7 @@ pub(super) fn help(sh: &Shared, lane: &Lane, pending: &Pending, patience: Durati
         let Some(job) = st.queue.pop_front() else { break };
         st.busy = true;
         drop(st);
-        let r = send_job(lane, &job);
+        let r = send_job(&lane.stream, &job);
         let ok = finish_job(sh, lane, lane.state.lock().unwrap(), job, r);
         st = lane.state.lock().unwrap();
         if !ok {
@@ -906,7 +906,7 @@ fn write_loop(sh: &Shared, lane: &Lane) {
                 st = lane.cv.wait(st).unwrap();
             }
         };
-        let r = send_job(lane, &job);
+        let r = send_job(&lane.stream, &job);
         if !finish_job(sh, lane, lane.state.lock().unwrap(), job, r) {
             return;
         }
@@ -1142,6 +1142,46 @@ mod tests {
             assert_eq!(r.read(&mut part[..1]).unwrap(), 0, "nothing after the frame");
         });
         unsafe { libc::munmap(map, n) };
+    }
+
+    /// A frame larger than the socket takes at once: `send_now` sends part of it without
+    /// blocking (the header may be cut too), `send_job` sends exactly the rest, and a frame
+    /// after it arrives after it, byte for byte.
+    #[test]
+    fn a_frame_sent_partly_at_once_then_queued_arrives_whole_and_in_order() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut r, _) = l.accept().unwrap();
+        let small: libc::c_int = 16 << 10;
+        unsafe {
+            libc::setsockopt(std::os::fd::AsRawFd::as_raw_fd(&s), libc::SOL_SOCKET, libc::SO_SNDBUF,
+                             &small as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+        }
+        let n = 8 << 20;
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+        let frame = Frame { kind: KIND_WRITE, value: 9, key: 3, offset: 1 << 33, len: n as u64, note: 0, index: 5 };
+        let sent = send_now(&s, &frame, &data).unwrap();
+        assert!(sent > 0 && sent < FRAME_LEN + n, "the socket took {sent} bytes at once");
+        let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
+        let job = Job { frame, src: data.as_ptr() as usize, sent, pending };
+        let lane_stream = s.try_clone().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut hdr = [0u8; FRAME_LEN];
+            r.read_exact(&mut hdr).unwrap();
+            let f = Frame::parse(&hdr);
+            let mut got = vec![0u8; f.len as usize];
+            r.read_exact(&mut got).unwrap();
+            let mut hdr2 = [0u8; FRAME_LEN];
+            r.read_exact(&mut hdr2).unwrap();
+            (f.key, f.offset, f.index, got, Frame::parse(&hdr2).kind)
+        });
+        // The rest, as the writer thread or a waiter sends it, then a notification.
+        send_job(&lane_stream, &job).unwrap();
+        write_all_vectored(&lane_stream, &Frame { kind: KIND_NOTIFY, index: 1, value: 2, ..Frame::default() }.bytes(), &[]).unwrap();
+        let (key, offset, index, got, next) = reader.join().unwrap();
+        assert_eq!((key, offset, index), (3, 1 << 33, 5));
+        assert!(got == data, "the data arrived changed");
+        assert_eq!(next, KIND_NOTIFY);
     }
 
     /// An acceptor on a port of its own admitting ranks above 0 with `key`; returns its port
