@@ -19,10 +19,15 @@
 //! the default; `1` forces them, `0` turns them off).
 //!
 //! Threads: per peer and socket, a reader that sleeps in `poll` and a writer that sends
-//! queued large writes; small frames are written by the caller at once when nothing is queued. A caller
+//! queued large writes; small frames are written by the caller at once when nothing is queued. A
+//! large posted write on an idle lane goes to the socket from the caller as far as the socket
+//! takes it without blocking; the rest is queued, and a caller that waits for a queued write
+//! sends the queue itself up to that write (the writer thread takes no job meanwhile, see
+//! [`help`]): the writer thread only moves what nobody waits for. A caller
 //! waiting for a notification reads arrived frames itself while it spins (as it drives UCX's
 //! progress), so a small message costs no thread wake-up; parked, it leaves them to the
-//! reader thread. Nobody polls without bound.
+//! reader thread, unless it reads them itself while parked in `poll` (`Net::wait_reading`).
+//! Nobody polls without bound.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -610,7 +615,8 @@ impl Lanes {
     }
 
     /// Sends `frame` on one stream: written here when the stream is idle and the frame
-    /// small (unless `queue`), else queued for its writer thread.
+    /// small (unless `queue`); a large one on an idle stream as far as the socket takes it
+    /// now, the rest queued; else queued for its writer thread (or a waiter, see [`help`]).
     unsafe fn send_on(&self, lane: &Arc<Lane>, frame: Frame, src: *const u8, queue: bool) -> Result<Option<Request>> {
         let peer = lane.peer;
         let n = frame.len as usize;
