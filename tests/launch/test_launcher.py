@@ -115,6 +115,31 @@ def test_every_rank_gets_its_environment_and_no_foreign_one(n):
     assert all(row[7:] == ["yes", "None"] for row in rows)
 
 
+@pytest.mark.parametrize("local,given,expected", [
+    (1, {}, None),  # one rank: its pools as numpy/torch size them
+    (3, {}, "cores // 3"),
+    (5, {}, "cores // 5"),
+    (4, {"OMP_NUM_THREADS": "3"}, "kept"),  # a size the user set stays, and no other is added
+    (2, {"OPENBLAS_NUM_THREADS": "2"}, "kept"),
+])
+def test_ranks_sharing_a_host_get_their_share_of_the_cores_as_thread_pools(local, given, expected):
+    base = {k: v for k, v in os.environ.items() if k not in launcher.THREAD_VARIABLES}
+    base.update(given)
+    env = launcher.rank_environment(0, local, "sf-000000000000", "t" * 32, base, local_rank=0, local_size=local)
+    pools = {k: env.get(k) for k in launcher.THREAD_VARIABLES}
+    if expected is None:
+        assert pools == dict.fromkeys(launcher.THREAD_VARIABLES)
+    elif expected == "kept":
+        assert pools == {k: given.get(k) for k in launcher.THREAD_VARIABLES}
+    else:
+        share = str(max(1, len(os.sched_getaffinity(0)) // local))
+        assert pools == dict.fromkeys(launcher.THREAD_VARIABLES, share)
+    # Across hosts only the ranks on this host share its cores.
+    two_hosts = launcher.rank_environment(0, 2 * local, "sf-000000000000", "t" * 32, base, local_rank=0,
+                                          local_size=local)
+    assert {k: two_hosts.get(k) for k in launcher.THREAD_VARIABLES} == pools
+
+
 def test_every_run_is_a_new_job():
     code = 'print(os.environ["SCALEFREE_JOB_ID"], os.environ["SCALEFREE_JOB_TOKEN"])'
     first, second = (run(["-n", "1"] + rank_cmd(code)).stdout.split()[1:] for _ in range(2))

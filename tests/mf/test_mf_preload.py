@@ -439,6 +439,43 @@ def test_entries_binding_matches_the_block_binding(n, seed):
         assert np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("n,seed,scale", [(0, 1, 1.0), (1, 2, 2.0), (7, None, 1.5), (7, None, 1.0), (1001, 3, 1.0),
+                                          (1001, 4, 0.7)])
+def test_entries_from_a_source_equal_a_copy_trained_in_place(n, seed, scale):
+    """With ``source`` the kernel fills the scratch records in its fresh order (scaled) in one
+    pass: the records, factors and loss equal copying the source and training in place; the
+    source keeps its order."""
+    from scalefree import _native
+
+    rng = np.random.default_rng(n + 17)
+    k, rows_p, rows_q = 8, 13, 11
+    src = np.empty((n, 3), np.uint32)
+    src[:, 0] = rng.integers(0, rows_p, n)
+    src[:, 1] = rng.integers(0, rows_q, n)
+    src[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    p0 = rng.random((rows_p, k), dtype=np.float32)
+    q0 = rng.random((rows_q, k), dtype=np.float32)
+    kept = src.copy()
+    runs = []
+    for use_source in (True, False):
+        f = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
+        if use_source:
+            ent = np.full((n, 3), 0xFFFF, np.uint32)  # stale scratch contents
+            loss = _native.mf_sgd_entries(ent, *f, k, shuffle_seed=seed, scale=scale, source=src)
+        else:
+            ent = src.copy()
+            loss = _native.mf_sgd_entries(ent, *f, k, shuffle_seed=seed, scale=scale)
+        runs.append((ent, f, loss))
+    (ea, fa, la), (eb, fb, lb) = runs
+    assert np.array_equal(ea, eb) and la == lb
+    for x, y in zip(fa, fb):
+        assert np.array_equal(x, y)
+    assert np.array_equal(src, kept)
+    if seed is not None and n > 50:
+        assert not np.array_equal(ea[:, :2], src[:, :2])
+    assert sorted(map(tuple, ea[:, :2].tolist())) == sorted(map(tuple, src[:, :2].tolist()))
+
+
 def test_entries_binding_checks_its_arguments():
     from scalefree import _native
 
@@ -450,6 +487,11 @@ def test_entries_binding_checks_its_arguments():
         _native.mf_sgd_entries(np.zeros((1, 3), np.int64), p, q, pg, qg, 2)
     with pytest.raises(InvalidArgumentError, match="uint32 records"):
         _native.mf_sgd_entries(np.zeros(4, np.uint32), p, q, pg, qg, 2)
+    with pytest.raises(InvalidArgumentError, match="source must be uint32 records"):
+        _native.mf_sgd_entries(np.zeros((2, 3), np.uint32), p, q, pg, qg, 2, source=np.zeros((1, 3), np.uint32))
+    with pytest.raises(InvalidArgumentError, match="overlap"):
+        both = np.zeros((2, 3), np.uint32)
+        _native.mf_sgd_entries(both, p, q, pg, qg, 2, source=both)
     with pytest.raises(InvalidArgumentError, match="read-only"):
         ro = np.zeros((1, 3), np.uint32)
         ro.flags.writeable = False

@@ -3,7 +3,8 @@
 //! rows are `ld ≥ w` floats apart and lanes `k..w` hold zeros, which stay zero (their
 //! gradient is λ·0 − e·0). A row of P and a row of Q live in registers for the whole update:
 //! one load, a dot product, the fused AdaGrad gradient / norm / step pass, one store.
-//! The rows of the rating a few places ahead are prefetched into L1.
+//! The rows of the rating 16 places ahead are prefetched into L2; those of the rating 6
+//! places ahead, and their AdaGrad accumulators, into L1.
 
 #![cfg(target_arch = "x86_64")]
 
@@ -13,6 +14,12 @@ use crate::kernel::{split_norms, Entry, Factors, Schedule, SgdParams};
 
 /// How many ratings ahead the rows are prefetched.
 const AHEAD: usize = 6;
+/// How many ratings ahead the rows are first prefetched into L2. The L1 prefetch alone cannot
+/// keep enough misses in flight when the blocks are not in the caches (rima's and dsgd-ps's
+/// blocks of 12,500 rows and more, which arrive from other ranks); starting each row's fetch
+/// 16 ratings earlier into L2 made those updates about 22 % faster and costs nothing
+/// measurable on blocks in cache (`docs/benchmarks/mf.md`).
+const FAR: usize = 16;
 
 #[inline(always)]
 unsafe fn prefetch_row(ptr: *const f32, bytes: usize) {
@@ -21,6 +28,29 @@ unsafe fn prefetch_row(ptr: *const f32, bytes: usize) {
         // SAFETY: prefetch never faults; the address is inside the factor array anyway.
         unsafe { _mm_prefetch::<_MM_HINT_T0>((ptr as *const i8).add(off)) };
         off += 64;
+    }
+}
+
+/// [`prefetch_row`] into L2 only.
+#[inline(always)]
+unsafe fn prefetch_row_l2(ptr: *const f32, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: as for prefetch_row.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>((ptr as *const i8).add(off)) };
+        off += 64;
+    }
+}
+
+/// Prefetches the AdaGrad accumulators at `pg[a]` and `qg[b]` into L1: in blocks larger
+/// than the caches they miss as often as the rows do (about 18 % of the update time on
+/// cold 12,500-row blocks; `docs/benchmarks/mf.md`).
+#[inline(always)]
+unsafe fn prefetch_acc(f: Factors, a: usize, b: usize) {
+    // SAFETY: prefetch never faults.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(f.pg.add(a) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(f.qg.add(b) as *const i8);
     }
 }
 
@@ -77,11 +107,21 @@ pub unsafe fn $name<const N: usize, const ADA: bool, const SPLIT: bool>(block: &
     let row_bytes = N * 32;
     let mut loss = 0f64;
     for (n, en) in block.iter().enumerate() {
+        if let Some(nx) = block.get(n + FAR) {
+            // SAFETY: prefetches of in-bounds rows.
+            unsafe {
+                prefetch_row_l2(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row_l2(f.q.add(nx.i as usize * ld), row_bytes);
+            }
+        }
         if let Some(nx) = block.get(n + AHEAD) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
                 prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
                 prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+                if ADA {
+                    prefetch_acc(f, nx.u as usize * if SPLIT { 2 } else { 1 }, nx.i as usize * if SPLIT { 2 } else { 1 });
+                }
             }
         }
         let (u, i) = (en.u as usize, en.i as usize);
@@ -239,11 +279,21 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
     let mask = |j: usize| -> __mmask16 { if HALF && j == N - 1 { 0x00ff } else { 0xffff } };
     let mut loss = 0f64;
     for (n, en) in block.iter().enumerate() {
+        if let Some(nx) = block.get(n + FAR) {
+            // SAFETY: prefetches of in-bounds rows.
+            unsafe {
+                prefetch_row_l2(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row_l2(f.q.add(nx.i as usize * ld), row_bytes);
+            }
+        }
         if let Some(nx) = block.get(n + AHEAD) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
                 prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
                 prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+                if ADA {
+                    prefetch_acc(f, nx.u as usize, nx.i as usize);
+                }
             }
         }
         let (u, i) = (en.u as usize, en.i as usize);

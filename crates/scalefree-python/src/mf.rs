@@ -423,16 +423,18 @@ pub fn mf_sgd_block(
     Ok(py.detach(move || unsafe { sgd_block(&block, f, &prm) }))
 }
 
-/// `scalefree._native.mf_sgd_entries(entries, p, q, pg, qg, k, eta, lam, schedule, shuffle_seed, scale)`:
+/// `scalefree._native.mf_sgd_entries(entries, p, q, pg, qg, k, eta, lam, schedule, shuffle_seed, scale, source)`:
 /// [`mf_sgd_block`] over one block held as packed records — `entries` is a writable, contiguous
 /// array of 4-byte elements (numpy uint32, shape (n, 3)): user row, item row, rating (float32
 /// bits). With `shuffle_seed` the records are first put in a fresh random order in place
-/// (Fisher–Yates, SplitMix64 from that seed), so a block read from disk (or copied into a scratch
-/// buffer) is trained without another copy of it. With `scale` ≠ 1 the ratings are divided by it
-/// in place first (normalised training); the Σ e² is then in those units. Returns Σ e² seen
-/// before each update.
+/// (Fisher–Yates ascending, SplitMix64 from that seed), so a block read from disk is trained
+/// without another copy of it. With `source` (records of the same length) `entries` is first
+/// filled from it in that order in the same pass (a scratch buffer for an in-memory block that
+/// must keep its own order): the same records in the same order as copying `source` into
+/// `entries` and shuffling in place. With `scale` ≠ 1 the ratings are divided by it first
+/// (normalised training); the Σ e² is then in those units. Returns Σ e² seen before each update.
 #[pyfunction]
-#[pyo3(signature = (entries, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad", shuffle_seed=None, scale=1.0))]
+#[pyo3(signature = (entries, p, q, pg, qg, k, eta=0.1, lam=0.05, schedule="adagrad", shuffle_seed=None, scale=1.0, source=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn mf_sgd_entries(
     py: Python<'_>,
@@ -447,10 +449,22 @@ pub fn mf_sgd_entries(
     schedule: &str,
     shuffle_seed: Option<u64>,
     scale: f32,
+    source: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<f64> {
     let bad = |msg: String| mf_err(py, MfError::InvalidArgument(msg));
     let prm = sgd_params(&bad, k, eta, lam, schedule)?;
     let eb = Buf::get(entries, true, "entries")?;
+    let sb = source.map(|s| Buf::get(s, false, "source")).transpose()?;
+    if let Some(sb) = &sb {
+        if sb.itemsize() != 4 || sb.len_bytes() != eb.len_bytes() {
+            return Err(bad(format!(
+                "source must be uint32 records like entries ({} bytes); got format {:?}, {} bytes",
+                eb.len_bytes(),
+                sb.format,
+                sb.len_bytes()
+            )));
+        }
+    }
     if eb.itemsize() != 4 || eb.len_bytes() % 12 != 0 {
         return Err(bad(format!(
             "entries must be uint32 records (user, item, rating bits), 3 per rating; got format {:?}, {} bytes",
@@ -463,16 +477,34 @@ pub fn mf_sgd_entries(
     // SAFETY: Entry is repr(C) {u32, u32, f32} (12 bytes, 4-aligned) and the buffer is 4-aligned
     // (checked by Buf::get), writable and held until the end of this function.
     let block: &mut [Entry] = unsafe { std::slice::from_raw_parts_mut(eb.ptr() as *mut Entry, n) };
-    if let Some(e) = block.iter().find(|e| e.u as usize >= prows || e.i as usize >= qrows) {
+    if let Some(sb) = &sb {
+        let (a, b) = (eb.ptr() as usize, sb.ptr() as usize);
+        if a < b + sb.len_bytes() && b < a + eb.len_bytes() {
+            return Err(bad("source and entries overlap; source must be a different array".into()));
+        }
+    }
+    // SAFETY: as above, read only, disjoint from `entries` (checked); held until the end of
+    // this function.
+    let src: Option<&[Entry]> = sb.as_ref().map(|sb| unsafe { std::slice::from_raw_parts(sb.ptr() as *const Entry, n) });
+    let records = src.unwrap_or(block);
+    if let Some(e) = records.iter().find(|e| e.u as usize >= prows || e.i as usize >= qrows) {
         return Err(bad(format!("entry ({}, {}) is outside p ({prows} rows) or q ({qrows} rows)", e.u, e.i)));
     }
     let f = factors_of(&fb);
     py.detach(move || {
-        if let Some(seed) = shuffle_seed {
-            scalefree_mf::rng::Rng::new(seed).shuffle(block);
+        // Normalised training (LIBMF's): the ratings divided by their standard deviation.
+        let scaled = |mut e: Entry| {
+            e.r /= scale;
+            e
+        };
+        match (src, shuffle_seed) {
+            (Some(src), Some(seed)) if scale != 1.0 => scalefree_mf::rng::Rng::new(seed).shuffled_copy(src, block, scaled),
+            (Some(src), Some(seed)) => scalefree_mf::rng::Rng::new(seed).shuffled_copy(src, block, |e| e),
+            (Some(src), None) => block.copy_from_slice(src),
+            (None, Some(seed)) => scalefree_mf::rng::Rng::new(seed).shuffle_forward(block),
+            (None, None) => {}
         }
-        if scale != 1.0 {
-            // Normalised training (LIBMF's): the ratings divided by their standard deviation.
+        if scale != 1.0 && !(src.is_some() && shuffle_seed.is_some()) {
             for e in block.iter_mut() {
                 e.r /= scale;
             }

@@ -615,22 +615,28 @@ def _reach(curve: list, target: float) -> tuple[int | None, float | None]:
 
 
 def _vs_dsgd_ps(args) -> int:
-    """Per mode: ``--repeat`` timed runs (no evaluation), then one run evaluating the test RMSE
-    after every iteration for the iterations to a common target: the worse of the modes' final
-    test RMSEs of the timed runs. Peak RSS per rank: VmHWM at the end (set-up and training),
-    the largest over the repeats."""
+    """Per mode: ``--repeat`` timed runs (no evaluation), taken in turns (one run of each mode,
+    then the next round) so that a slow spell of the machine hits every mode alike; then per
+    mode and seed one run evaluating the test RMSE after every iteration, for the iterations to
+    a common target: the worse of the modes' final test RMSEs of the timed runs. Peak RSS per
+    rank: VmHWM at the end (set-up and training), the largest over the repeats."""
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
         files = _synthetic_files(args, d)
         records, rows = [], []
         for f in files:
             # rima with 2w x 2w blocks (its default), rima with w x w, the parameter server.
-            for mode, extra in (("rima", []), ("rima", ["--blocks", str(args.ranks)]), ("dsgd-ps", [])):
-                times, rss, rec = [], [], None
-                for rep in range(args.repeat):
+            modes = (("rima", []), ("rima", ["--blocks", str(args.ranks)]), ("dsgd-ps", []))
+            timed = {i: ([], [], None) for i in range(len(modes))}  # times, peak RSS, last record
+            for rep in range(args.repeat):
+                for i, (mode, extra) in enumerate(modes):
                     common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} ({rep + 1}/{args.repeat}) ...")
                     rec = _train_cli(f, mode, extra, args, d)[-1]
+                    times, rss, _ = timed[i]
                     times.append(rec["seconds"])
                     rss.append(rec.get("peak_rss_bytes_end") or [])
+                    timed[i] = (times, rss, rec)
+            for i, (mode, extra) in enumerate(modes):
+                times, rss, rec = timed[i]
                 curves = {}
                 for s in range(args.seed, args.seed + max(1, args.curve_seeds)):
                     common.progress(f"{f.name}: {mode} -n {args.ranks} {' '.join(extra)} (test RMSE every iteration, "

@@ -19,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .._cores import usable_cores
+
 #: Rank variables of other launchers; they must not leak into our ranks.
 FOREIGN_RANK_VARIABLES = (
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -128,10 +130,16 @@ def multi_host_job(nodes: Nodes, secret: str | None = None) -> tuple[str, str | 
     return job_id, None
 
 
+# The thread-pool sizes of numpy's BLAS, OpenMP code (torch) and MKL.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict | None = None, *,
                      local_rank: int | None = None, local_size: int | None = None, nodes: Nodes | None = None) -> dict:
     """The environment of one rank: ``base`` (default ``os.environ``) without other
-    launchers' rank variables, plus the ``SCALEFREE_*`` ones."""
+    launchers' rank variables, plus the ``SCALEFREE_*`` ones, and with several ranks on this
+    host and no thread-pool size set, each rank's share of the cores as its pool size
+    (:data:`THREAD_VARIABLES`)."""
     env = dict(os.environ if base is None else base)
     for name in FOREIGN_RANK_VARIABLES:
         env.pop(name, None)
@@ -143,6 +151,13 @@ def rank_environment(rank: int, size: int, job_id: str, token: str, base: dict |
         SCALEFREE_JOB_ID=job_id,
         SCALEFREE_JOB_TOKEN=token,
     )
+    local = size if local_size is None else local_size
+    if local > 1 and not any(env.get(name) for name in THREAD_VARIABLES):
+        # Ranks sharing a host share its cores: each rank's BLAS/OpenMP pool gets its share
+        # (torchrun sets OMP_NUM_THREADS=1 likewise), so idle pool threads of N ranks do not
+        # spin on the cores the ranks compute on. A value the user set is kept.
+        share = str(max(1, usable_cores() // local))
+        env.update({name: share for name in THREAD_VARIABLES})
     if nodes is not None and nodes.master_addr:
         env["SCALEFREE_MASTER_ADDR"] = nodes.master_addr
         env["SCALEFREE_MASTER_PORT"] = str(nodes.master_port or DEFAULT_MASTER_PORT)

@@ -236,12 +236,13 @@ def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBloc
     ``"adagrad"`` is the split rule, over the first 8 lanes only in the ``first`` iteration.
     Returns Σ e² in the units of the scaled ratings."""
     scale = float(part.scale)
+    source = None
     if entries is None:
         entries = part.block(ru, ri)
         if (rng is not None or scale != 1.0) and len(entries):
-            scratch = part.scratch(len(entries))
-            np.copyto(scratch, entries)
-            entries = scratch
+            # The kernel copies the block into the scratch buffer in its fresh order, scaled,
+            # in one pass.
+            source, entries = entries, part.scratch(len(entries))
     if len(entries) == 0:
         return 0.0
     seed = None if rng is None else int(rng.integers(0, 2**63))
@@ -250,4 +251,4 @@ def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBloc
         schedule = "adagrad-split-slow" if first else "adagrad-split"
     return _native.mf_sgd_entries(entries, p.factors, q.factors, p.acc, q.acc, part.k,
                                   eta=opts["eta"], lam=opts["lam"] / scale, schedule=schedule, shuffle_seed=seed,
-                                  scale=scale)
+                                  scale=scale, source=source)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _native
+from .._cores import usable_cores
 from ..errors import InvalidArgumentError
 
 MODES = ("local", "rima", "dsgd-ps")
@@ -64,10 +65,7 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
 
 def default_threads() -> int:
     """The cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 class _Bar:
