@@ -84,6 +84,25 @@ def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budge
     assert os.listdir(tmp_path) == []
 
 
+def test_the_loader_is_registered_as_a_helper_thread_while_it_runs(tmp_path):
+    """While a preloader runs, the process's waits skip their yield phase (the loader needs
+    the cores; `wait::yield_phase` is tested in Rust): it registers, and close() ends that
+    once, however often it is called."""
+    from scalefree import _native
+
+    bf = _file(tmp_path, _blocks([3, 4]), False)
+    before = _native.helper_thread_count()
+    pre = Preloader(bf, [0, 1], 1 << 20)
+    try:
+        assert _native.helper_thread_count() == before + 1
+        assert np.array_equal(pre.get(0), _blocks([3, 4])[0])
+    finally:
+        pre.close()
+        pre.close()
+        bf.close()
+    assert _native.helper_thread_count() == before
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
     """Visits whose blocks follow each other in the file (and fit behind each other in the
