@@ -423,20 +423,23 @@ def test_bench_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
     assert "x in-memory, RMSE identical" in p.stdout
 
 
+def _records_and_factors(rng, n: int, k: int, rows_p: int, rows_q: int):
+    """n random packed records (user row, item row, rating bits) and random P, Q."""
+    ent = np.empty((n, 3), np.uint32)
+    ent[:, 0] = rng.integers(0, rows_p, n)
+    ent[:, 1] = rng.integers(0, rows_q, n)
+    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    return ent, rng.random((rows_p, k), dtype=np.float32), rng.random((rows_q, k), dtype=np.float32)
+
+
 @pytest.mark.parametrize("n,seed", [(0, 1), (1, 2), (7, None), (1001, 3)])
 def test_entries_binding_matches_the_block_binding(n, seed):
     """mf_sgd_entries (packed records, shuffled in place) does what mf_sgd_block does on the
     records in the order they end up in; the shuffle is a permutation fixed by the seed."""
     from scalefree import _native
 
-    rng = np.random.default_rng(n)
     k, rows_p, rows_q = 8, 13, 11
-    ent = np.empty((n, 3), np.uint32)
-    ent[:, 0] = rng.integers(0, rows_p, n)
-    ent[:, 1] = rng.integers(0, rows_q, n)
-    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
-    p0 = rng.random((rows_p, k), dtype=np.float32)
-    q0 = rng.random((rows_q, k), dtype=np.float32)
+    ent, p0, q0 = _records_and_factors(np.random.default_rng(n), n, k, rows_p, rows_q)
     a = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
     b = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
     before = ent.copy()
@@ -466,14 +469,8 @@ def test_entries_from_a_source_equal_a_copy_trained_in_place(n, seed, scale):
     source keeps its order."""
     from scalefree import _native
 
-    rng = np.random.default_rng(n + 17)
     k, rows_p, rows_q = 8, 13, 11
-    src = np.empty((n, 3), np.uint32)
-    src[:, 0] = rng.integers(0, rows_p, n)
-    src[:, 1] = rng.integers(0, rows_q, n)
-    src[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
-    p0 = rng.random((rows_p, k), dtype=np.float32)
-    q0 = rng.random((rows_q, k), dtype=np.float32)
+    src, p0, q0 = _records_and_factors(np.random.default_rng(n + 17), n, k, rows_p, rows_q)
     kept = src.copy()
     runs = []
     for use_source in (True, False):
