@@ -84,6 +84,25 @@ def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budge
     assert os.listdir(tmp_path) == []
 
 
+def test_the_loader_is_registered_as_a_helper_thread_while_it_runs(tmp_path):
+    """While a preloader runs, the process's waits skip their yield phase (the loader needs
+    the cores; `wait::yield_phase` is tested in Rust): it registers, and close() ends that
+    once, however often it is called."""
+    from scalefree import _native
+
+    bf = _file(tmp_path, _blocks([3, 4]), False)
+    before = _native.helper_thread_count()
+    pre = Preloader(bf, [0, 1], 1 << 20)
+    try:
+        assert _native.helper_thread_count() == before + 1
+        assert np.array_equal(pre.get(0), _blocks([3, 4])[0])
+    finally:
+        pre.close()
+        pre.close()
+        bf.close()
+    assert _native.helper_thread_count() == before
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
     """Visits whose blocks follow each other in the file (and fit behind each other in the
@@ -404,20 +423,23 @@ def test_bench_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
     assert "x in-memory, RMSE identical" in p.stdout
 
 
+def _records_and_factors(rng, n: int, k: int, rows_p: int, rows_q: int):
+    """n random packed records (user row, item row, rating bits) and random P, Q."""
+    ent = np.empty((n, 3), np.uint32)
+    ent[:, 0] = rng.integers(0, rows_p, n)
+    ent[:, 1] = rng.integers(0, rows_q, n)
+    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
+    return ent, rng.random((rows_p, k), dtype=np.float32), rng.random((rows_q, k), dtype=np.float32)
+
+
 @pytest.mark.parametrize("n,seed", [(0, 1), (1, 2), (7, None), (1001, 3)])
 def test_entries_binding_matches_the_block_binding(n, seed):
     """mf_sgd_entries (packed records, shuffled in place) does what mf_sgd_block does on the
     records in the order they end up in; the shuffle is a permutation fixed by the seed."""
     from scalefree import _native
 
-    rng = np.random.default_rng(n)
     k, rows_p, rows_q = 8, 13, 11
-    ent = np.empty((n, 3), np.uint32)
-    ent[:, 0] = rng.integers(0, rows_p, n)
-    ent[:, 1] = rng.integers(0, rows_q, n)
-    ent[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
-    p0 = rng.random((rows_p, k), dtype=np.float32)
-    q0 = rng.random((rows_q, k), dtype=np.float32)
+    ent, p0, q0 = _records_and_factors(np.random.default_rng(n), n, k, rows_p, rows_q)
     a = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
     b = [p0.copy(), q0.copy(), np.ones(rows_p, np.float32), np.ones(rows_q, np.float32)]
     before = ent.copy()
@@ -447,14 +469,8 @@ def test_entries_from_a_source_equal_a_copy_trained_in_place(n, seed, scale):
     source keeps its order."""
     from scalefree import _native
 
-    rng = np.random.default_rng(n + 17)
     k, rows_p, rows_q = 8, 13, 11
-    src = np.empty((n, 3), np.uint32)
-    src[:, 0] = rng.integers(0, rows_p, n)
-    src[:, 1] = rng.integers(0, rows_q, n)
-    src[:, 2] = rng.uniform(1, 5, n).astype(np.float32).view(np.uint32)
-    p0 = rng.random((rows_p, k), dtype=np.float32)
-    q0 = rng.random((rows_q, k), dtype=np.float32)
+    src, p0, q0 = _records_and_factors(np.random.default_rng(n + 17), n, k, rows_p, rows_q)
     kept = src.copy()
     runs = []
     for use_source in (True, False):

@@ -314,3 +314,27 @@ impl PyChannel {
         self.ch.notify(slot, value).py_err(py)
     }
 }
+
+/// `scalefree._native.HelperThread()`: registers a thread of this process that needs the
+/// cores while its ranks wait (waits then spin and park, without their yield phase, unless
+/// `SCALEFREE_YIELD_US` is set); `close()` ends the registration (idempotent).
+#[pyclass(name = "HelperThread", module = "scalefree._native")]
+pub struct PyHelperThread(std::sync::Mutex<Option<scalefree_transport::wait::HelperThread>>);
+
+#[pymethods]
+impl PyHelperThread {
+    #[new]
+    fn new() -> Self {
+        PyHelperThread(std::sync::Mutex::new(Some(scalefree_transport::wait::HelperThread::register())))
+    }
+
+    fn close(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+/// `scalefree._native.helper_thread_count()`: live [`PyHelperThread`] registrations.
+#[pyfunction]
+pub fn helper_thread_count() -> usize {
+    scalefree_transport::wait::helper_threads()
+}

@@ -25,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyRegion>()?;
     m.add_class::<device::PyRemoteRegion>()?;
     m.add_class::<device::PyChannel>()?;
+    m.add_class::<device::PyHelperThread>()?;
     m.add_class::<device::PyCompletion>()?;
     m.add_class::<ssp::PySspReduction>()?;
     m.add_class::<tensors::PyStaticSlot>()?;
@@ -33,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(ucx::ucx_library, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(device::helper_thread_count, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arena::_trace_site, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arena::_traced_site_count, m)?)?;

@@ -5,7 +5,8 @@
 //! somebody is actually parked. A waiter registers in that count before it parks and
 //! re-checks the word, so no wake-up is lost (the classic futex protocol).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -29,6 +30,47 @@ pub struct WaitPolicy {
     /// [`DEFAULT_PEER_TIMEOUT`]; zero: never), and again each time the wait doubles. (A peer
     /// on another host silent this long counts as lost: see the UCX backend's heartbeats.)
     pub peer_timeout: Duration,
+}
+
+/// Threads of this process that need the cores while its ranks wait (the MF block loader):
+/// while any runs, waits skip the yield phase — spin, then park — unless `SCALEFREE_YIELD_US`
+/// is set, as with TCP lanes carrying traffic: a waiter yielding for up to a millisecond keeps
+/// the core those threads need (rima under a memory budget at 4 ranks on 2 cores: 0.85 s with
+/// the yield phase, 0.69 s without; `docs/benchmarks/mf.md`).
+static HELPER_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers a thread that needs the cores while this process waits (see
+/// [`HELPER_THREADS`]); dropping the guard unregisters it.
+#[must_use = "the registration ends when the guard is dropped"]
+pub struct HelperThread(());
+
+impl HelperThread {
+    pub fn register() -> Self {
+        HELPER_THREADS.fetch_add(1, Ordering::Relaxed);
+        HelperThread(())
+    }
+}
+
+impl Drop for HelperThread {
+    fn drop(&mut self) {
+        HELPER_THREADS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How many [`HelperThread`] registrations are live.
+pub fn helper_threads() -> usize {
+    HELPER_THREADS.load(Ordering::Relaxed)
+}
+
+/// How long a wait yields: the policy's, or nothing while helper threads need the cores and
+/// the user did not set `SCALEFREE_YIELD_US`.
+fn yield_phase(policy: &WaitPolicy) -> Duration {
+    static SET_BY_USER: OnceLock<bool> = OnceLock::new();
+    if HELPER_THREADS.load(Ordering::Relaxed) > 0 && !*SET_BY_USER.get_or_init(|| std::env::var_os("SCALEFREE_YIELD_US").is_some()) {
+        Duration::ZERO
+    } else {
+        policy.yield_for
+    }
 }
 
 /// How long a wait lasts before it warns that a live peer makes no progress.
@@ -237,7 +279,8 @@ fn wait_slow(
     }
     // Phase 2: keep checking, but let anything else runnable on this core go first.
     let yield_start = Instant::now();
-    while yield_start.elapsed() < policy.yield_for {
+    let yield_for = yield_phase(policy);
+    while yield_start.elapsed() < yield_for {
         unsafe { libc::sched_yield() };
         let v = word.load(Ordering::Acquire);
         if ready(v) {
@@ -371,6 +414,27 @@ mod tests {
         let waited = t.join().unwrap();
         // Woken by the futex, not by the 5 s check interval.
         assert!(waited < Duration::from_secs(4), "{waited:?}");
+    }
+
+    #[test]
+    fn registered_helper_threads_turn_the_yield_phase_off() {
+        let policy = WaitPolicy {
+            spin: Duration::from_micros(1),
+            yield_for: Duration::from_millis(1),
+            check_interval: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+            peer_timeout: Duration::ZERO,
+        };
+        // A user's SCALEFREE_YIELD_US wins over the helpers (the test's environment may set it).
+        let user = std::env::var_os("SCALEFREE_YIELD_US").is_some();
+        let a = HelperThread::register();
+        let b = HelperThread::register();
+        assert_eq!(yield_phase(&policy), if user { policy.yield_for } else { Duration::ZERO });
+        drop(a);
+        assert_eq!(yield_phase(&policy), if user { policy.yield_for } else { Duration::ZERO });
+        drop(b);
+        // (Other tests of this binary register none, so the count is back to 0.)
+        assert_eq!(yield_phase(&policy), policy.yield_for);
     }
 
     #[test]

@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from .. import _native
 from .._units import human_bytes, parse_positive_bytes
 from ..errors import InvalidArgumentError, OutOfBudgetError
 from .blocks import ENTRY_BYTES
@@ -237,6 +238,9 @@ class Preloader:
         self.loader_cpu_seconds = 0.0  # the loader thread's CPU time (set when it ends)
         self._thread = threading.Thread(target=self._run, name="scalefree-mf-preload", daemon=True)
         self._thread.start()
+        # The loader needs a core now and then while the trainer waits for its ring partners:
+        # waits skip their yield phase meanwhile (spin, then park).
+        self._helper = _native.HelperThread()
 
     def _place(self, words: int) -> int | None:
         """Arena offset for ``words`` more, or None while they do not fit (lock held)."""
@@ -335,4 +339,5 @@ class Preloader:
             self._stop = True
             self._cond.notify_all()
         self._thread.join()
+        self._helper.close()
         self._arena = None
