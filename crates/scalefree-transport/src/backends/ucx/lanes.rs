@@ -714,11 +714,16 @@ impl Drop for Lanes {
 /// before). The caller then reads the peer's answer itself in its next wait instead of a
 /// reader thread woken for it: 2 simulated hosts × 1 MiB, 0.56–0.83 ms against 0.79–3.2 ms
 /// (A/B in the git history of `docs/benchmarks.md`).
-/// Sends what the socket takes now of header and data; returns how many bytes.
-fn send_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
+fn keep_lease() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_BULK_KEEP_LEASE"))
+}
+
+/// Sends what the socket takes now of header and data from byte `sent` of the frame on,
+/// without blocking; returns how far the frame has gone.
+fn send_now_from(s: &TcpStream, frame: &Frame, data: &[u8], mut sent: usize) -> std::io::Result<usize> {
     let hdr = frame.bytes();
     let fd = std::os::fd::AsRawFd::as_raw_fd(s);
-    let mut sent = 0usize;
     let total = FRAME_LEN + data.len();
     while sent < total {
         let (a, b): (&[u8], &[u8]) = if sent < FRAME_LEN { (&hdr[sent..], data) } else { (&data[sent - FRAME_LEN..], &[]) };
@@ -745,44 +750,30 @@ fn send_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize>
     Ok(sent)
 }
 
-fn keep_lease() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| crate::config::env_switch("SCALEFREE_BULK_KEEP_LEASE"))
+/// What the socket takes now of a frame (see [`send_now_from`]).
+fn send_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
+    send_now_from(s, frame, data, 0)
+}
+
+/// The rest of a frame from byte `sent` on, blocking.
+fn write_rest(s: &TcpStream, frame: &Frame, data: &[u8], sent: usize) -> std::io::Result<()> {
+    let hdr = frame.bytes();
+    if sent < FRAME_LEN {
+        write_all_vectored(s, &hdr[sent..], data)
+    } else {
+        write_all_vectored(s, &data[sent - FRAME_LEN..], &[])
+    }
 }
 
 /// [`write_frame`], trying without blocking first: if the socket cannot take it all at once,
 /// `on_block` runs before the rest is written blocking.
 fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()) -> std::io::Result<()> {
-    let hdr = frame.bytes();
-    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
-    let mut sent = 0usize;
-    let total = FRAME_LEN + data.len();
-    while sent < total {
-        let (a, b): (&[u8], &[u8]) = if sent < FRAME_LEN { (&hdr[sent..], data) } else { (&data[sent - FRAME_LEN..], &[]) };
-        let mut iov = [libc::iovec { iov_base: a.as_ptr() as *mut libc::c_void, iov_len: a.len() },
-                       libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }];
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r > 0 {
-            sent += r as usize;
-            continue;
-        }
-        if r == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::Interrupted => continue,
-            std::io::ErrorKind::WouldBlock => {
-                on_block();
-                return write_all_vectored(s, a, b);
-            }
-            _ => return Err(e),
-        }
+    let sent = send_now(s, frame, data)?;
+    if sent == FRAME_LEN + data.len() {
+        return Ok(());
     }
-    Ok(())
+    on_block();
+    write_rest(s, frame, data, sent)
 }
 
 /// Header and data in as few system calls as the socket allows (one `writev` when it has room).
@@ -806,15 +797,36 @@ fn write_all_vectored(mut s: &TcpStream, a: &[u8], b: &[u8]) -> std::io::Result<
     Ok(())
 }
 
+fn job_data(job: &Job) -> &[u8] {
+    let n = job.frame.len as usize;
+    if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] }
+}
+
 /// Sends the rest of a queued job (what the caller did not send at once), blocking.
 fn send_job(s: &TcpStream, job: &Job) -> std::io::Result<()> {
-    let n = job.frame.len as usize;
-    let data = if n > 0 { unsafe { std::slice::from_raw_parts(job.src as *const u8, n) } } else { &[][..] };
-    let hdr = job.frame.bytes();
-    if job.sent < FRAME_LEN {
-        write_all_vectored(s, &hdr[job.sent..], data)
-    } else {
-        write_all_vectored(s, &data[job.sent - FRAME_LEN..], &[])
+    write_rest(s, &job.frame, job_data(job), job.sent)
+}
+
+/// Sends the rest of a queued job as long as the socket keeps taking bytes: false (with
+/// `job.sent` advanced) when it took nothing for `patience` (a peer that stopped reading:
+/// the waiter goes back to its timed wait, the writer thread carries on).
+fn send_job_within(s: &TcpStream, job: &mut Job, patience: Duration) -> std::io::Result<bool> {
+    let total = FRAME_LEN + job.frame.len as usize;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+    let ms = patience.as_millis().clamp(1, i32::MAX as u128) as i32;
+    loop {
+        job.sent = send_now_from(s, &job.frame, job_data(job), job.sent)?;
+        if job.sent == total {
+            return Ok(true);
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r == 0 {
+            return Ok(false);
+        }
+        if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return Err(std::io::Error::last_os_error());
+        }
     }
 }
 
@@ -852,8 +864,9 @@ fn finish_job(sh: &Shared, lane: &Lane, mut st: std::sync::MutexGuard<'_, State>
 
 /// A caller waiting for a queued write (`pending`) on `lane` sends the lane's queue itself,
 /// in order, up to and including that write; while the writer thread is sending a job it
-/// waits for that one (at most `patience`, then it leaves the rest to the writer thread
-/// and waits as usual). Meanwhile the writer thread takes no new job. Between simulated
+/// waits for that one. After `patience` without progress (the writer thread still busy, or
+/// the socket taking nothing) it leaves the rest to the writer thread and waits as usual,
+/// with its timeout and the peer checks. Meanwhile the writer thread takes no new job. Between simulated
 /// hosts on 2 cores, handing every large write to the writer thread and parking until it
 /// was sent cost 1.2-1.3x a plain socket's time for 8 posted 1 MiB writes, against about
 /// nothing this way (`docs/benchmarks/collectives.md`, "Posted one-sided writes").
@@ -871,11 +884,18 @@ pub(super) fn help(sh: &Shared, lane: &Lane, pending: &Pending, patience: Durati
             waited += t.elapsed();
             continue;
         }
-        let Some(job) = st.queue.pop_front() else { break };
+        let Some(mut job) = st.queue.pop_front() else { break };
         st.busy = true;
         drop(st);
-        let r = send_job(&lane.stream, &job);
-        let ok = finish_job(sh, lane, lane.state.lock().unwrap(), job, r);
+        let r = send_job_within(&lane.stream, &mut job, patience);
+        if let Ok(false) = r {
+            // Stalled: back to the head of the queue, for the writer thread.
+            st = lane.state.lock().unwrap();
+            st.busy = false;
+            st.queue.push_front(job);
+            break;
+        }
+        let ok = finish_job(sh, lane, lane.state.lock().unwrap(), job, r.map(|_| ()));
         st = lane.state.lock().unwrap();
         if !ok {
             break;
@@ -1151,8 +1171,9 @@ mod tests {
     }
 
     /// A frame larger than the socket takes at once: `send_now` sends part of it without
-    /// blocking (the header may be cut too), `send_job` sends exactly the rest, and a frame
-    /// after it arrives after it, byte for byte.
+    /// blocking (the header may be cut too), `send_job_within` stops when the socket takes
+    /// nothing more, `send_job` sends exactly the rest, and a frame after it arrives after
+    /// it, byte for byte.
     #[test]
     fn a_frame_sent_partly_at_once_then_queued_arrives_whole_and_in_order() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1169,7 +1190,12 @@ mod tests {
         let sent = send_now(&s, &frame, &data).unwrap();
         assert!(sent > 0 && sent < FRAME_LEN + n, "the socket took {sent} bytes at once");
         let pending = Arc::new(Pending { inflight: None, done: Default::default(), status: Default::default(), waiters: Default::default(), notify: None });
-        let job = Job { frame, src: data.as_ptr() as usize, sent, pending };
+        let mut job = Job { frame, src: data.as_ptr() as usize, sent, pending };
+        // Nobody reads yet: a waiter sending the rest gives up after its patience, with what
+        // went kept in the job.
+        let t0 = Instant::now();
+        assert!(!send_job_within(&s, &mut job, Duration::from_millis(20)).unwrap());
+        assert!(t0.elapsed() >= Duration::from_millis(20) && job.sent >= sent && job.sent < FRAME_LEN + n);
         let lane_stream = s.try_clone().unwrap();
         let reader = std::thread::spawn(move || {
             let mut hdr = [0u8; FRAME_LEN];
