@@ -21,23 +21,14 @@ const AHEAD: usize = 6;
 /// measurable on blocks in cache (`docs/benchmarks/mf.md`).
 const FAR: usize = 16;
 
+/// Prefetches the cache lines of one row: into L1 with `_MM_HINT_T0`, into L2 with
+/// `_MM_HINT_T1`.
 #[inline(always)]
-unsafe fn prefetch_row(ptr: *const f32, bytes: usize) {
+unsafe fn prefetch_row<const HINT: i32>(ptr: *const f32, bytes: usize) {
     let mut off = 0;
     while off < bytes {
         // SAFETY: prefetch never faults; the address is inside the factor array anyway.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((ptr as *const i8).add(off)) };
-        off += 64;
-    }
-}
-
-/// [`prefetch_row`] into L2 only.
-#[inline(always)]
-unsafe fn prefetch_row_l2(ptr: *const f32, bytes: usize) {
-    let mut off = 0;
-    while off < bytes {
-        // SAFETY: as for prefetch_row.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>((ptr as *const i8).add(off)) };
+        unsafe { _mm_prefetch::<HINT>((ptr as *const i8).add(off)) };
         off += 64;
     }
 }
@@ -110,15 +101,15 @@ pub unsafe fn $name<const N: usize, const ADA: bool, const SPLIT: bool>(block: &
         if let Some(nx) = block.get(n + FAR) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
-                prefetch_row_l2(f.p.add(nx.u as usize * ld), row_bytes);
-                prefetch_row_l2(f.q.add(nx.i as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T1>(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T1>(f.q.add(nx.i as usize * ld), row_bytes);
             }
         }
         if let Some(nx) = block.get(n + AHEAD) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
-                prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
-                prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T0>(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T0>(f.q.add(nx.i as usize * ld), row_bytes);
                 if ADA {
                     prefetch_acc(f, nx.u as usize * if SPLIT { 2 } else { 1 }, nx.i as usize * if SPLIT { 2 } else { 1 });
                 }
@@ -282,15 +273,15 @@ pub unsafe fn block_avx512<const N: usize, const HALF: bool, const ADA: bool>(bl
         if let Some(nx) = block.get(n + FAR) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
-                prefetch_row_l2(f.p.add(nx.u as usize * ld), row_bytes);
-                prefetch_row_l2(f.q.add(nx.i as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T1>(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T1>(f.q.add(nx.i as usize * ld), row_bytes);
             }
         }
         if let Some(nx) = block.get(n + AHEAD) {
             // SAFETY: prefetches of in-bounds rows.
             unsafe {
-                prefetch_row(f.p.add(nx.u as usize * ld), row_bytes);
-                prefetch_row(f.q.add(nx.i as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T0>(f.p.add(nx.u as usize * ld), row_bytes);
+                prefetch_row::<_MM_HINT_T0>(f.q.add(nx.i as usize * ld), row_bytes);
                 if ADA {
                     prefetch_acc(f, nx.u as usize, nx.i as usize);
                 }
