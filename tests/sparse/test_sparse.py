@@ -387,24 +387,31 @@ def test_bench_indices_once_peer_matches_reference(n, tmp_path):
     assert "checked" in res.stdout
 
 
+# Ids past 2^32 (and one at the top of the space) for `nodes` data nodes, each its own draw of
+# `extra` more (the same seeds everywhere); their values, the summed reference and the ids node
+# `me` asks for. A rank script sets numpy as np, nodes, me and extra first.
+WIDE_DATA = r"""
+dim = 1 << 40
+def ids(node):
+    rng = np.random.default_rng([7, node])
+    base = np.array([1 << 32, (1 << 33) + 5, (1 << 39) + 12345, dim - 1], np.int64)
+    return np.concatenate([base, (1 << 32) + rng.integers(0, 1 << 36, extra)]).astype(np.int64)
+def vals(node):
+    return np.random.default_rng([8, node]).integers(0, 1000, len(ids(node))).astype(np.float64)
+want_ids = np.unique(np.concatenate([ids(k) for k in range(nodes)]))
+ref = {int(i): 0.0 for i in want_ids}
+for k in range(nodes):
+    for i, v in zip(ids(k), vals(k)):
+        ref[int(i)] += v
+ins = want_ids[(np.arange(len(want_ids)) + me) % 3 == 0]
+"""
+
 WIDE_IDS = r"""
 import numpy as np, scalefree
 g = scalefree.init(timeout=60)
 me, n = g.rank, g.size
-dim = 1 << 40
-# Ids past 2^32 (and one at the top of the space); each rank's own draw, the same seeds everywhere.
-def ids(r):
-    rng = np.random.default_rng([7, r])
-    base = np.array([1 << 32, (1 << 33) + 5, (1 << 39) + 12345, dim - 1], np.int64)
-    return np.concatenate([base, (1 << 32) + rng.integers(0, 1 << 36, 500)]).astype(np.int64)
-def vals(r):
-    return np.random.default_rng([8, r]).integers(0, 1000, len(ids(r))).astype(np.float64)
-want_ids = np.unique(np.concatenate([ids(r) for r in range(n)]))
-ref = {int(i): 0.0 for i in want_ids}
-for r in range(n):
-    for i, v in zip(ids(r), vals(r)):
-        ref[int(i)] += v
-ins = want_ids[(np.arange(len(want_ids)) + me) % 3 == 0]
+nodes, extra = n, 500
+""" + WIDE_DATA + r"""
 for degrees in ("auto", [n]):
     sa = g.sparse_allreduce(dim, op="sum", degrees=degrees)
     sa.config(ids(me), ins)

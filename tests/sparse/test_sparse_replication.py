@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ranks import TESTS_DIR, collect, spawn_ranks, run_ranks
+from test_sparse import WIDE_DATA
 
 REDUCE = r"""
 import numpy as np, scalefree, sys
@@ -190,19 +191,8 @@ g = scalefree.init(timeout=60)
 R = 2
 M = g.size // R
 me = g.rank % M  # replicas of a logical node pass the same data
-dim = 1 << 40
-def ids(node):
-    rng = np.random.default_rng([7, node])
-    base = np.array([1 << 32, (1 << 33) + 5, (1 << 39) + 12345, dim - 1], np.int64)
-    return np.concatenate([base, (1 << 32) + rng.integers(0, 1 << 36, 300)]).astype(np.int64)
-def vals(node):
-    return np.random.default_rng([8, node]).integers(0, 1000, len(ids(node))).astype(np.float64)
-want = np.unique(np.concatenate([ids(k) for k in range(M)]))
-ref = {int(i): 0.0 for i in want}
-for k in range(M):
-    for i, v in zip(ids(k), vals(k)):
-        ref[int(i)] += v
-ins = want[(np.arange(len(want)) + me) % 3 == 0]
+nodes, extra = M, 300
+""" + WIDE_DATA + r"""
 sa = g.sparse_allreduce(dim, replication=R)
 sa.config(ids(me), ins)
 np.testing.assert_array_equal(sa.reduce(vals(me)), np.array([ref[int(i)] for i in ins]))

@@ -10,38 +10,50 @@ from ranks import collect, run_ranks, spawn_ranks
 
 VARIANTS = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread"]
 
-CHECK = r"""
+# The rank scripts' common part: argv (variant, slack, dtype), the group, and each rank's
+# contribution to call t — a payload whose first 4n entries count this rank's calls (one
+# counter per region), sent after a random short delay.
+SETUP = r"""
 import random, sys, time
 import numpy as np, scalefree
 variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 g = scalefree.init(timeout=60)
-order = sys.argv[4] if len(sys.argv) > 4 else "cyclic"
 n, me = g.size, g.rank
 rng = random.Random(me)
 count = 4 * n + 1001
-red = g.ssp_reduction(count, dtype, variant=variant, push_order=order)
-assert red.push_order == order
 calls = 30
 payload = lambda r, t: ((np.arange(count) * 7 + r * 13 + t * 5) % 11).astype(dtype)
-for t in range(1, calls + 1):
+def contribution(t):
     c = payload(me, t)
     c[: 4 * n] = 0
-    c[me : 4 * n : n] = 1          # 4 counters of this rank's calls, one per region
+    c[me : 4 * n : n] = 1
     if rng.random() < 0.3:
         time.sleep(rng.random() * 0.004)
+    return c
+def exact(t):  # every rank's payloads of calls 1..t, summed (the counters excluded)
+    return sum(payload(r, s) for r in range(n) for s in range(1, t + 1))[4 * n:]
+def total():  # the exact result of all calls: every payload, every counter at calls
+    want = sum(payload(r, s) for r in range(n) for s in range(1, calls + 1))
+    want[: 4 * n] = calls
+    return want
+"""
+
+CHECK = SETUP + r"""
+order = sys.argv[4] if len(sys.argv) > 4 else "cyclic"
+red = g.ssp_reduction(count, dtype, variant=variant, push_order=order)
+assert red.push_order == order
+for t in range(1, calls + 1):
+    c = contribution(t)
     out = red.allreduce(c, slack=slack)
     assert red.clock == t
     assert red.last.age_diff <= slack, (red.last, slack)
     counts = out[: 4 * n].reshape(4, n)
     assert (counts[:, me] == t).all(), (t, counts)
     assert (counts >= max(0, t - slack)).all(), (t, slack, counts)
-    if slack == 0:
-        exact = sum(payload(r, s) for r in range(n) for s in range(1, t + 1))[4 * n:]
-        if variant in ("sharded", "sharded_thread"):   # others may add a faster rank's newer data
-            assert np.array_equal(out[4 * n:], exact), t
+    if slack == 0 and variant in ("sharded", "sharded_thread"):   # others may add a faster rank's newer data
+        assert np.array_equal(out[4 * n:], exact(t)), t
 final = red.flush()
-want = sum(payload(r, s) for r in range(n) for s in range(1, calls + 1))
-want[: 4 * n] = calls
+want = total()
 assert np.array_equal(final, want), (final[:12], want[:12])
 st = red.stats()
 assert len(st["clock"]) == calls and (st["wait_seconds"] <= st["seconds"] + 1e-9).all()
@@ -133,26 +145,12 @@ def test_dead_rank_is_an_error_not_a_hang(variant):
         assert float(line.split()[2].rstrip("s:")) < 5.0, line
 
 
-DELTA = r"""
-import random, sys, time
-import numpy as np, scalefree
+DELTA = SETUP + r"""
 from scalefree.errors import InvalidArgumentError
-variant, slack, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-g = scalefree.init(timeout=60)
-n, me = g.size, g.rank
-rng = random.Random(me)
-count = 4 * n + 1001
 red = g.ssp_reduction(count, dtype, variant=variant)
-calls = 30
-payload = lambda r, t: ((np.arange(count) * 7 + r * 13 + t * 5) % 11).astype(dtype)
 applied = np.zeros(count, dtype)    # what an optimizer would have applied: the sum of the deltas
 for t in range(1, calls + 1):
-    c = payload(me, t)
-    c[: 4 * n] = 0
-    c[me : 4 * n : n] = 1          # 4 counters of this rank's calls, one per region
-    if rng.random() < 0.3:
-        time.sleep(rng.random() * 0.004)
-    buf = c.copy()
+    buf = contribution(t)
     assert red.allreduce_delta(buf, slack=slack, scale=0.5) is buf
     red.publish()
     applied += buf
@@ -161,16 +159,14 @@ for t in range(1, calls + 1):
     assert (counts[:, me] == t).all(), (t, counts)
     assert (counts >= max(0, t - slack)).all(), (t, slack, counts)
     if slack == 0 and variant in ("sharded", "sharded_thread"):
-        exact = sum(payload(r, s) for r in range(n) for s in range(1, t + 1))[4 * n:]
-        assert np.array_equal(2 * applied[4 * n:], exact), t
+        assert np.array_equal(2 * applied[4 * n:], exact(t)), t
 try:
     red.allreduce(payload(me, 0), slack=slack)
     raise SystemExit("mixing allreduce with allreduce_delta was accepted")
 except InvalidArgumentError:
     pass
 applied += red.flush_delta(scale=0.5)
-want = sum(payload(r, s) for r in range(n) for s in range(1, calls + 1))
-want[: 4 * n] = calls
+want = total()
 assert np.array_equal(2 * applied, want), (2 * applied[:12], want[:12])
 red.close()
 try:

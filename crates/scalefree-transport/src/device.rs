@@ -290,12 +290,9 @@ impl Device {
             }
         }
         net.watch(peers.iter().enumerate().map(|(r, p)| r as u32 != me && p.ctrl.is_none()).collect());
-        let mut policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
-        if net.lanes_active() && std::env::var_os("SCALEFREE_YIELD_US").is_none() {
-            // The lanes' threads and the kernel's TCP work need the cores a yielding waiter
-            // would keep (measured on 4 simulated hosts: 1 MiB allreduce 3.7 -> 1.9 ms).
-            policy.yield_for = Duration::ZERO;
-        }
+        // (With lanes carrying writes, waits skip their yield phase: `Lanes` registers a
+        // helper thread, see `wait::HelperThread`.)
+        let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         let job_size = job.size as usize;
         Ok(Device {
             inner: Arc::new(DeviceInner {

@@ -32,11 +32,12 @@ pub struct WaitPolicy {
     pub peer_timeout: Duration,
 }
 
-/// Threads of this process that need the cores while its ranks wait (the MF block loader):
-/// while any runs, waits skip the yield phase — spin, then park — unless `SCALEFREE_YIELD_US`
-/// is set, as with TCP lanes carrying traffic: a waiter yielding for up to a millisecond keeps
-/// the core those threads need (rima under a memory budget at 4 ranks on 2 cores: 0.85 s with
-/// the yield phase, 0.69 s without; `docs/benchmarks/mf.md`).
+/// Threads of this process that need the cores while its ranks wait (the TCP lanes' readers
+/// and writers while lanes carry writes, the MF block loader): while any runs, waits skip the
+/// yield phase — spin, then park — unless `SCALEFREE_YIELD_US` is set: a waiter yielding for
+/// up to a millisecond keeps the core those threads need (1 MiB allreduce across 4 simulated
+/// hosts: 3.7 -> 1.9 ms; rima under a memory budget at 4 ranks on 2 cores: 0.85 s with the
+/// yield phase, 0.69 s without; `docs/benchmarks/mf.md`).
 static HELPER_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Registers a thread that needs the cores while this process waits (see

@@ -304,6 +304,10 @@ pub(crate) struct Lanes {
     /// Which peers writes go to over a lane (the others use UCX even if a lane exists).
     send_on: Vec<bool>,
     threads: Vec<JoinHandle<()>>,
+    /// While writes go over lanes, their threads and the kernel's TCP work need the cores a
+    /// yielding waiter would keep: the process's waits skip their yield phase (measured on 4
+    /// simulated hosts: 1 MiB allreduce 3.7 -> 1.9 ms).
+    helper: Option<crate::wait::HelperThread>,
 }
 
 /// The lane setting: `None` off, `Some(true)` forced, `Some(false)` auto.
@@ -495,7 +499,7 @@ impl Lanes {
         }
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
-        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new() };
+        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None };
         for (r, ss) in streams.into_iter().enumerate() {
             if ss.iter().any(|s| s.is_none()) {
                 continue;
@@ -544,6 +548,9 @@ impl Lanes {
     /// Sends writes to `peer` over its lane (if it has one).
     pub fn use_for(&mut self, peer: usize, on: bool) {
         self.send_on[peer] = on && self.lanes[peer].is_some();
+        if self.active() {
+            self.helper.get_or_insert_with(crate::wait::HelperThread::register);
+        }
     }
 
     pub fn has(&self, peer: u32) -> bool {
