@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -456,7 +457,8 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     its former name ``random_state``): a seed, ``numpy.random.Generator`` or ``RandomState``
     for the other start vectors. ``solver``: any of scipy's names (``"arpack"``,
     ``"lobpcg"``, ``"propack"``), accepted for compatibility; the solver is always block
-    Krylov-Schur and the contract always ARPACK's. ``options``: ``{"block_size": b}`` (also
+    Krylov-Schur and the contract always ARPACK's (``"lobpcg"`` also warns, as scipy's does,
+    when a problem is small enough for the dense eigensolver). ``options``: ``{"block_size": b}`` (also
     a keyword, ``block_size``: columns per operator application, default ``min(k, 16)``,
     ``min(k, 32)`` when A is applied from flash). ``runtime``: the :class:`flash.Runtime`
     (default :func:`flash.default_runtime`). ``stats``: a dict that receives restarts,
@@ -488,8 +490,15 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     op = _operator(A, rt)
     if v0 is not None and v0.dtype.kind == "c" and np.dtype(op.dtype).kind != "c":
         raise InvalidArgumentError(f"`v0` is complex ({v0.dtype}) for a real matrix ({np.dtype(op.dtype)})")
+    st = stats if stats is not None else {}
     u, s, vh = _solve(op, k, ncv=ncv, tol=tol, which=which, v0=v0, maxiter=maxiter, random_state=rng,
-                      block_size=block_size, stats=stats, vectors=rsv is not False, threads=rt.threads)
+                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads)
+    if st["dense"] and str(solver).lower() == "lobpcg":
+        # scipy's LOBPCG path warns when it falls back to a dense eigensolver; so do we,
+        # under that name, for the same small problems (code may filter or expect it).
+        warnings.warn(f"The problem size {min(A.shape)} is too small relative to the block Krylov-Schur basis "
+                      f"({st['basis_size']} + {st['block_size']} columns): using a dense eigensolver instead of "
+                      f"iterations", UserWarning, stacklevel=2)
     dtype = np.dtype(op.dtype)
     real = np.finfo(dtype).dtype  # float32 for complex64, float64 for complex128
     if rsv is False:
