@@ -556,3 +556,17 @@ def test_svds_rng_and_random_state(rt):
         flash.svds(a, k=2, rng=1, random_state=1, runtime=rt)
     with pytest.raises(ValueError, match="neither a NumPy Generator"):
         flash.svds(a, k=2, rng="seed", runtime=rt)
+
+
+def test_pca_matches_sklearn(rt):
+    """flash.pca gives scikit-learn's PCA: components (and their signs), variances, mean, transform."""
+    decomposition = pytest.importorskip("sklearn.decomposition")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 40)) @ rng.standard_normal((40, 40))
+    ours = flash.pca(x, 5, runtime=rt)
+    theirs = decomposition.PCA(5, svd_solver="full").fit(x)
+    np.testing.assert_allclose(ours.components, theirs.components_, atol=1e-10)
+    np.testing.assert_allclose(ours.explained_variance, theirs.explained_variance_, rtol=1e-12)
+    np.testing.assert_allclose(ours.singular_values, theirs.singular_values_, rtol=1e-12)
+    np.testing.assert_allclose(ours.mean, theirs.mean_, atol=1e-12)
+    np.testing.assert_allclose(ours.transform(x), theirs.transform(x), atol=1e-9)
