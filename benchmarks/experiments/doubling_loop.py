@@ -2,8 +2,8 @@
 context switches per rank: the experiment behind "own reads" (the git history of docs/benchmarks.md, across
 simulated hosts, Latest). Run as root from the repository root:
 
-    python3 scripts/experiments/doubling_loop.py HOSTS [--per-host P] [--bytes B] [--calls N] [--barrier]
-    python3 scripts/experiments/doubling_loop.py 4 --c MODE     # the C yardstick (doubling_c.c)
+    python3 benchmarks/experiments/doubling_loop.py HOSTS [--per-host P] [--bytes B] [--calls N] [--barrier]
+    python3 benchmarks/experiments/doubling_loop.py 4 --c MODE     # the C yardstick (doubling_c.c)
 
 Environment variables of the scalefree run (SCALEFREE_OWN_READS=0, SCALEFREE_SPIN_US, ...)
 pass through to the ranks. Each rank prints its median, the 5/20/35/50/65/80/95th percentiles
@@ -65,7 +65,7 @@ def main() -> int:
     p.add_argument("--c", type=int, metavar="MODE", help="run the C yardstick instead (needs cc)")
     a = p.parse_args()
     from scalefree.launch import simhosts
-    from scalefree.bench import common, hosts as across
+    from scalefree_bench import common, hosts as across
     with simhosts.SimHosts(a.hosts) as sim, tempfile.TemporaryDirectory() as tmp:
         if a.c is not None:
             exe = os.path.join(tmp, "doubling_c")

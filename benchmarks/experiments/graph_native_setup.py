@@ -3,7 +3,7 @@ they replace, on one rank's share of a seeded R-MAT graph (default: 16M edges, i
 the share of rank 0 at 4 ranks of the 64M-edge scale-22 graph), single-threaded.
 
     flock /tmp/bench.lock env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
-        python scripts/experiments/graph_native_setup.py --scale 22 --edges 16M --ranks 4
+        python benchmarks/experiments/graph_native_setup.py --scale 22 --edges 16M --ranks 4
 
 Prints one line per step: numpy seconds, native seconds, speed-up (best of --repeat).
 """

@@ -1,5 +1,6 @@
-"""Medians of the measured runs (measure.sh) as the check file of
-``scalefree sparse plan --pagerank --check check.json``: python collect.py > check.json"""
+"""Medians of the measured runs (measure.sh, in docs/results/scale-model) as the check file of
+``scalefree sparse plan --pagerank --check check.json``:
+python collect.py > ../../docs/results/scale-model/check.json"""
 
 import glob
 import json
@@ -7,7 +8,7 @@ import re
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "docs" / "results" / "scale-model"  # the runs
 INPUTS = {  # what each input is, for the model: R-MAT scale, generated edges, id spread, format
     "npz": {"format": "npz", "scale": 22, "generated": 1 << 26, "spread": 1, "ids": 1 << 22},
     "txt": {"format": "text", "scale": 22, "generated": 1 << 26, "spread": 1, "ids": 1 << 22},

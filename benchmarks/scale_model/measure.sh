@@ -2,9 +2,10 @@
 # The measured runs the scale model is checked against (docs/scale-model.md), three repeats
 # each, on this host (2 cores): the scale-22 R-MAT (scalefree graph rmat G --scale 22
 # --edges 64M, as .npz and as a text edge list) at 1, 2, 4 ranks, and its first 8M edges
-# with ids spread x8 (the sparse set-up path). Then: python collect.py > check.json
+# with ids spread x8 (the sparse set-up path), into docs/results/scale-model (OUT). Then:
+# python collect.py > docs/results/scale-model/check.json
 
-here=$(cd "$(dirname "$0")" && pwd)
+here=${OUT:-$(cd "$(dirname "$0")/../../docs/results/scale-model" && pwd)}
 data=${DATA:-/work/data22}  # g.npz and g.txt: scalefree graph rmat g.npz --scale 22 --edges 64M (and g.txt)
 spread=${SPREAD:-/tmp/spread8-first8M.npz}
 if [ ! -f "$spread" ]; then

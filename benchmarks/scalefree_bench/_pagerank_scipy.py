@@ -5,7 +5,7 @@ installed, for text), one CSR build with duplicates summed (then set to 1, as th
 has each edge once), vertices without an edge left out by a marker pass (no sort), and the
 power iteration of networkx's semantics to the same L1 tolerance.
 
-    python -m scalefree.bench._pagerank_scipy EDGES --tol 1e-9 --top 10 --json OUT
+    python -m scalefree_bench._pagerank_scipy EDGES --tol 1e-9 --top 10 --json OUT
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     t0 = time.perf_counter()
-    p = argparse.ArgumentParser(prog="python -m scalefree.bench._pagerank_scipy")
+    p = argparse.ArgumentParser(prog="python -m scalefree_bench._pagerank_scipy")
     p.add_argument("edges", type=Path)
     p.add_argument("--tol", type=float, default=1e-9)
     p.add_argument("--top", type=int, default=10)

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .._rss import peak_rss_bytes
+    from scalefree._rss import peak_rss_bytes
     from .common import StragglerSchedule
 
     torch.set_num_threads(1)

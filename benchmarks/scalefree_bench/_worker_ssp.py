@@ -29,7 +29,7 @@ def parse(argv):
 def main(argv=None) -> int:
     import numpy as np
 
-    from ..ssp.straggler import StragglerSchedule
+    from scalefree.ssp.straggler import StragglerSchedule
 
     args = parse(argv)
     if args.impl == "mpi":

@@ -2,7 +2,7 @@
 the launcher): ``MODEL DATA [options]`` with MODEL ``sgd`` (:mod:`scalefree.ssp.mf`) or
 ``bpmf`` (:mod:`scalefree.ssp.bpmf`). Each rank writes its history to ``OUT.rank<r>.json``.
 
-    scalefree run -n 2 -- python -m scalefree.bench._worker_ssp_mf sgd u.data --slack 4
+    scalefree run -n 2 -- python -m scalefree_bench._worker_ssp_mf sgd u.data --slack 4
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_path
+from scalefree._atomic import atomic_path
 
 # (k, iterations, variant) by default, per model
 DEFAULTS = {"sgd": (32, 100, "sharded_async_thread"), "bpmf": (10, 40, "sharded_thread")}
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m scalefree.bench._worker_ssp_mf", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m scalefree_bench._worker_ssp_mf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", choices=sorted(DEFAULTS))
     p.add_argument("data")
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     g = scalefree.init()
     if args.model == "sgd":
-        from ..ssp import mf
+        from scalefree.ssp import mf
 
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
                        straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
             print(f"slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE "
                   f"{h[-1][2]:.4f} (rank 0's view), {res['final_rmse']:.4f} after flush", flush=True)
         return 0
-    from ..ssp import bpmf
+    from scalefree.ssp import bpmf
 
     res = bpmf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
                      straggler_ms=args.straggler, seed=args.seed)

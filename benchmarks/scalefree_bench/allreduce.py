@@ -121,7 +121,7 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
     as skipped). Raises ``RuntimeError`` if a result is wrong."""
     import numpy as np
 
-    from .._rss import peak_rss_bytes
+    from scalefree._rss import peak_rss_bytes
 
     dtype = np.dtype(args.dtype)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -277,7 +277,7 @@ def _peer_available(peer: str) -> bool:
             missing.append("torch")
     if missing:
         progress(f"allreduce: skipping {peer}: {' and '.join(missing)} not found "
-                 f"({_PEER_HINTS[peer]}; pip install '.[bench]' brings them)")
+                 f"({_PEER_HINTS[peer]}; pip install ./benchmarks brings them)")
         return False
     return True
 
@@ -388,14 +388,14 @@ def _pool(rounds: list[list[dict]]) -> list[dict]:
 def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim) -> list[str]:
     """The rank-side command of ``impl``."""
     if impl == "scalefree":
-        return [sys.executable, "-m", "scalefree.bench._worker_scalefree", *worker_args,
+        return [sys.executable, "-m", "scalefree_bench._worker_scalefree", *worker_args,
                 "--algorithm", algorithm, "--variant", variant]
     if impl == "gloo":
         master = ["--master-addr", sim.ip(0)] if sim is not None else []
-        return [sys.executable, "-m", "scalefree.bench._worker_gloo", *worker_args,
+        return [sys.executable, "-m", "scalefree_bench._worker_gloo", *worker_args,
                 "--port", str(common.free_port()), *master, "--timeout", repr(args.timeout)]
     if impl == "mpi":
-        return [sys.executable, "-m", "scalefree.bench._worker_mpi", *worker_args]
+        return [sys.executable, "-m", "scalefree_bench._worker_mpi", *worker_args]
     raise ValueError(f"unknown implementation {impl!r}")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# Module names under scalefree.bench, in the order `scalefree bench --help` lists them.
+# Module names under scalefree_bench, in the order `scalefree bench --help` lists them.
 BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
                  "pagerank", "pagerank_replicated", "mf", "rendezvous", "ddp", "topics")
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .._atomic import atomic_path
-from .._rss import reset_peak_rss, status_bytes
-from .._units import human_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
-from ..ssp.straggler import StragglerSchedule  # noqa: F401  (the benches' schedule, re-exported)
+from scalefree._atomic import atomic_path
+from scalefree._rss import reset_peak_rss, status_bytes
+from scalefree._units import human_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
+from scalefree.ssp.straggler import StragglerSchedule  # noqa: F401  (the benches' schedule, re-exported)
 
 # ---------------------------------------------------------------------------------------
 # Sizes and units
@@ -569,7 +569,7 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
     each) when given. False (and says why on stderr) when it was skipped or failed."""
     mpiexec = find_mpiexec() if impl == "mpi" else None
     if impl == "mpi" and mpiexec is None:
-        progress("mpi: skipped (no mpiexec; pip install .[bench])")
+        progress("mpi: skipped (no mpiexec; pip install ./benchmarks)")
         return False
     env = mpi_env() if impl == "mpi" else {}
     where = f" on {sim.n} hosts" if sim is not None else ""
@@ -830,7 +830,7 @@ def plot_records(records: Sequence[dict], path: Path, *, title: str, series: Seq
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError(f"--plot needs matplotlib ({e}); pip install matplotlib (or .[bench])") from e
+        raise RuntimeError(f"--plot needs matplotlib ({e}); pip install matplotlib (or ./benchmarks)") from e
 
     lines: dict[tuple, list[dict]] = {}
     for r in records:

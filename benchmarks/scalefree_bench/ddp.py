@@ -169,7 +169,7 @@ def run(args) -> int:
                         "--emb-rows", str(args.emb_rows), "--emb-dim", str(args.emb_dim), "--wrap", args.wrap]
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
                        "--master-addr", "127.0.0.1", "--master-port", str(common.free_port()),
-                       "-m", "scalefree.bench._worker_ddp", *argv]
+                       "-m", "scalefree_bench._worker_ddp", *argv]
                 label = backend if hook == "none" else f"{backend}+{hook}"
                 progress(f"ddp: {label} on {n} ranks")
                 res = common.run_job(cmd, timeout_s=args.timeout, env_extra={"OMP_NUM_THREADS": "1"})

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._units import parse_bytes
+from scalefree._units import parse_bytes
 from . import common
 
 BENCH = "flash-gemm"
@@ -55,7 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from .. import flash
+    from scalefree import flash
 
     blas = common.numpy_blas("flash-gemm")
     common.progress(f"flash-gemm: numpy BLAS: {blas}")

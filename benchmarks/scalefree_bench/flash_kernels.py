@@ -102,8 +102,8 @@ def _lloyd_numpy(x, centers, iterations):
 
 def run(args) -> int:
 
-    from .._units import parse_bytes
-    from .. import flash
+    from scalefree._units import parse_bytes
+    from scalefree import flash
 
     records = []
     cache = common.PageCache(args.cold, BENCH)

@@ -258,7 +258,7 @@ def _wall_rss(cmd: list[str], timeout: float = 600, env: dict | None = None) -> 
 
 def _write_split_files(f: Path, seed: int, d: Path) -> tuple[Path, Path, int, int]:
     """The seeded 90/10 split of ``f`` as two LIBMF text files (dense 0-based ids over both)."""
-    from ..mf.model import split_ratings
+    from scalefree.mf.model import split_ratings
 
     train, test = split_ratings(f, 0.1, seed)
     tr, te = _dense(train, test)
@@ -363,7 +363,7 @@ def _vs_libmf_official(args) -> int:
 
 
 def _vs_fold_in(args) -> int:
-    from ..mf.model import MatrixFactorization, load_ratings
+    from scalefree.mf.model import MatrixFactorization, load_ratings
 
     files = [Path(f) for f in args.data] if args.data else _default_data()
     records, rows = [], []
@@ -454,14 +454,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _default_data() -> list[Path]:
-    for base in (Path.cwd() / "../shared/data", Path(__file__).resolve().parents[3] / "../shared/data"):
+    for base in (Path.cwd() / "../shared/data", Path(__file__).resolve().parents[2] / "../shared/data"):
         if base.is_dir():
             return [base / d for d in _DEFAULT_DATA if (base / d).exists()]
     raise SystemExit("no data: pass --data FILE (../shared/data not found)")
 
 
 def _ours(train, test, args) -> dict:
-    from .. import _native
+    from scalefree import _native
 
     times, rmse = [], None
     for _ in range(args.repeat):
@@ -719,7 +719,7 @@ def synthetic_ratings(users: int, items: int, ratings: int, seed: int, rank: int
 
 
 def _throughput(args) -> int:
-    from .. import _native
+    from scalefree import _native
 
     m, n, nnz = _ML1M_SHAPE
     total = round(nnz / 0.9)
@@ -770,7 +770,7 @@ def _throughput(args) -> int:
 def run(args) -> int:
     if args.throughput:
         return _throughput(args)
-    from ..mf.model import split_ratings
+    from scalefree.mf.model import split_ratings
 
     if args.vs == "dsgd-ps":
         return _vs_dsgd_ps(args)

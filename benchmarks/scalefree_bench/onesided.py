@@ -53,7 +53,7 @@ def run(args) -> int:
         out = Path(tmp) / "ours.json"
         progress(f"onesided: {args.window} x {human_bytes(args.size)} writes per round, {args.rounds} rounds, "
                  "across 2 simulated hosts")
-        argv = [sys.executable, "-m", "scalefree.bench._worker_onesided", "--size", str(args.size),
+        argv = [sys.executable, "-m", "scalefree_bench._worker_onesided", "--size", str(args.size),
                 "--window", str(args.window), "--rounds", str(args.rounds), "--compute-ms", repr(args.compute_ms),
                 "--out", str(out)]
         outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, common.free_port(), argv), timeout_s=args.timeout)

@@ -78,7 +78,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _default_wiki_vote() -> Path:
-    for base in (Path.cwd() / "../shared/data", Path(__file__).resolve().parents[3] / "../shared/data"):
+    for base in (Path.cwd() / "../shared/data", Path(__file__).resolve().parents[2] / "../shared/data"):
         f = base / "wiki-vote" / "wiki-Vote.txt"
         if f.exists():
             return f.resolve()
@@ -347,7 +347,7 @@ def run(args) -> int:
                 for impl in ["scalefree"] + [p for p in peers if p == "mpi"]:
                     out = Path(tmp) / f"{impl}-{gname}-{nr}.json"
                     scores = Path(tmp) / f"{impl}-{gname}-{nr}.npz"
-                    argv = [sys.executable, "-m", "scalefree.bench.pagerank", "--impl", impl, "--graph", graph,
+                    argv = [sys.executable, "-m", "scalefree_bench.pagerank", "--impl", impl, "--graph", graph,
                             "--edges", str(edges), "--out", str(out), "--scores-out", str(scores),
                             "--degrees", args.degrees, "--check-iters", str(args.check_iters),
                             "--sparse-dtypes", ",".join(args.sparse_dtypes),

@@ -1,6 +1,6 @@
 """``scalefree bench pagerank --from-file``: PageRank end to end, from an edge file on disk
 to the top scores, as a user runs it: ``scalefree graph pagerank FILE -n P`` against the
-single-process scipy pipeline (:mod:`scalefree.bench._pagerank_scipy`: read, CSR build,
+single-process scipy pipeline (:mod:`scalefree_bench._pagerank_scipy`: read, CSR build,
 power iteration to the same tolerance).
 
 The R-MAT graph is written once by the project's writer (``scalefree graph rmat``) in
@@ -83,7 +83,7 @@ def run(args) -> int:
         out = Path(tmp) / "rec.json"
         for rep in range(args.repeats):
             for fmt, path in files.items():
-                cmd = [sys.executable, "-m", "scalefree.bench._pagerank_scipy", str(path), "--tol", repr(args.tol),
+                cmd = [sys.executable, "-m", "scalefree_bench._pagerank_scipy", str(path), "--tol", repr(args.tol),
                        "--top", str(args.top), "--json", str(out)]
                 progress(f"pagerank: {fmt}: scipy, 1 process (run {rep + 1}/{args.repeats})")
                 rec = _run(cmd, out, args.timeout, env_np)

@@ -113,7 +113,7 @@ def worker(argv: list[str]) -> int:
 
 def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: list[int]) -> dict | None:
     out.mkdir()
-    argv = [sys.executable, "-m", "scalefree.bench.pagerank_replicated",
+    argv = [sys.executable, "-m", "scalefree_bench.pagerank_replicated",
             "--edges", str(edges), "--out", str(out), "--replication", str(r), "--kill-rank", ",".join(map(str, kill)),
             "--kill-at", str(args.kill_at), "--iters", str(args.iters), "--dtype", args.dtype,
             "--pin-logical", str(args.logical if args.pin else 0)]

@@ -38,7 +38,7 @@ def run(args) -> int:
         for arena in ("1", "0"):
             with tempfile.TemporaryDirectory(prefix="scalefree-bench-sites-") as tmp:
                 out = Path(tmp) / "out.json"
-                argv = [sys.executable, "-m", "scalefree.bench._worker_sites", "--bytes", str(size),
+                argv = [sys.executable, "-m", "scalefree_bench._worker_sites", "--bytes", str(size),
                         "--iters", str(args.iters), "--out", str(out)]
                 progress(f"sites: {human_bytes(size)}, arena {'on' if arena == '1' else 'off'}")
                 o = common.run_job(common.launcher_cmd(2, argv), timeout_s=args.timeout,

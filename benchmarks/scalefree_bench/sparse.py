@@ -342,7 +342,7 @@ def run(args) -> int:
         for impl in ["scalefree"] + peers:
             out = Path(tmp) / f"{impl}-{n}.json"
             out.unlink(missing_ok=True)
-            argv = [sys.executable, "-m", "scalefree.bench.sparse", "--impl", impl, "--out", str(out),
+            argv = [sys.executable, "-m", "scalefree_bench.sparse", "--impl", impl, "--out", str(out),
                     "--dim", str(args.dim), "--nnz", str(args.nnz), "--zipf", repr(args.zipf),
                     "--degrees", args.degrees, "--min-calls", str(args.min_calls),
                     "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds),
@@ -376,14 +376,14 @@ def run(args) -> int:
 
 def run_sweep(args) -> int:
     """``--degrees sweep``: per rank count, one job timing every degree list and auto."""
-    from ..sparse import plan as sparse_plan
+    from scalefree.sparse import plan as sparse_plan
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
             cands = ["auto"] + ["x".join(map(str, d)) for d in sparse_plan.factorizations(n)]
             out = Path(tmp) / f"sweep-{n}.json"
-            argv = [sys.executable, "-m", "scalefree.bench.sparse", "--impl", "scalefree-sweep", "--out", str(out),
+            argv = [sys.executable, "-m", "scalefree_bench.sparse", "--impl", "scalefree-sweep", "--out", str(out),
                     "--dim", str(args.dim), "--nnz", str(args.nnz), "--zipf", repr(args.zipf),
                     "--degrees", ",".join(cands), "--min-calls", str(args.min_calls),
                     "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds * len(cands)),
@@ -409,7 +409,7 @@ def add_predictions(records: list[dict], nnz: int, dim: int, vb: int):
     """Adds to each reduce record the plan's prediction with its default costs
     (``predicted_s``), with the costs auto probed in the same job (``probed_s``), and with
     costs fitted to all these measurements (``fitted_s``); returns the fit."""
-    from ..sparse import plan as sparse_plan
+    from scalefree.sparse import plan as sparse_plan
 
     reduce = [r for r in records if r["variant"] == "reduce" and r["degrees"]]
     feats = [sparse_plan.features([int(x) for x in r["degrees"].split("x")], nnz, dim, vb) for r in reduce]
@@ -448,7 +448,7 @@ def print_sweep(records: list[dict]) -> None:
     print(common.format_table(["ranks", "candidate", "degrees", "reduce", "calls", "vs best", "config", "vs best",
                                "plan default", "/meas", "plan probed", "/meas", "plan fitted", "/meas"],
                               rows, left_columns=3))
-    from ..sparse import plan as sparse_plan
+    from scalefree.sparse import plan as sparse_plan
 
     def describe(c: dict) -> str:
         c = sparse_plan.Costs(**c)

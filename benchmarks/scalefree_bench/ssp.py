@@ -69,7 +69,7 @@ def run(args) -> int:
         return 2
     peers = list(args.vs)
     if "mpi" in peers and (importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None):
-        progress("bench ssp: skipping mpi: mpi4py or mpiexec not found (pip install '.[bench]')")
+        progress("bench ssp: skipping mpi: mpi4py or mpiexec not found (pip install ./benchmarks)")
         peers.remove("mpi")
     delays = ",".join(f"{d:g}" for d in args.delay)
     progress(f"ssp: ranks {args.ranks}, {human_bytes(args.size)}, {args.calls} calls, delays {delays} ms, "
@@ -83,7 +83,7 @@ def run(args) -> int:
             jobs.append(("mpi", ["allreduce:0"]))
         for impl, configs in jobs:
             with tempfile.TemporaryDirectory(prefix="scalefree-bench-ssp-") as tmp:
-                argv = [sys.executable, "-m", "scalefree.bench._worker_ssp", "--impl", impl,
+                argv = [sys.executable, "-m", "scalefree_bench._worker_ssp", "--impl", impl,
                         "--out-dir", tmp, "--bytes", str(args.size), "--calls", str(args.calls),
                         "--delays", delays, "--configs", ",".join(configs), "--seed", str(args.seed)]
                 if impl == "mpi":

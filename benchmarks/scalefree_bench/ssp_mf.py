@@ -48,7 +48,7 @@ def _train(args, slack: int, iters: int, tmp: Path) -> dict:
     """Runs one training job; returns ``{"history": [(seconds, iteration, test_rmse), ...],
     "loop_s": ..., "final_rmse": ...}`` (BPMF: RMSE over every rank's test ratings)."""
     out = tmp / f"slack{slack}"
-    argv = [sys.executable, "-m", "scalefree.bench._worker_ssp_mf", args.model, str(args.data), "--slack", str(slack),
+    argv = [sys.executable, "-m", "scalefree_bench._worker_ssp_mf", args.model, str(args.data), "--slack", str(slack),
             "--iters", str(iters), "--variant", args.variant, "--straggler", repr(args.straggler),
             "-k", str(args.k), "--seed", str(args.seed), "--out", str(out)]
     outcome = common.run_job(common.launcher_cmd(args.ranks, argv), timeout_s=args.timeout)

@@ -136,7 +136,7 @@ def _load(args, tmp):
     """(name, scipy csr float64)."""
     import scipy.sparse as sp
 
-    from .. import flash
+    from scalefree import flash
 
     if args.data == "random":
         kind = "distinct" if args.distinct else "drawn"
@@ -164,7 +164,7 @@ def _load(args, tmp):
 def run(args) -> int:
     import scipy.sparse.linalg as sla
 
-    from .. import flash
+    from scalefree import flash
 
     blas = common.numpy_blas("svd")
     common.progress(f"svd: numpy BLAS: {blas}")
@@ -197,7 +197,7 @@ def run(args) -> int:
         keep = []
         budgets = [(f"flash-{frac:g}", max(1 << 20, int(csr_bytes * frac))) for frac in args.budget_fractions]
         if args.budget:
-            from .._units import parse_bytes
+            from scalefree._units import parse_bytes
             budgets += [(f"flash-{b.strip()}", parse_bytes(b.strip(), "--budget"))
                         for b in args.budget.split(",") if b.strip()]
         for variant, budget in budgets:

@@ -45,14 +45,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _available(peer: str) -> bool:
     mod = {"grpc": "grpc", "gloo": "torch", "tcp": "socket"}[peer]
     if importlib.util.find_spec(mod) is None:
-        progress(f"tensors: skipping {peer}: {mod} is not installed (pip install '.[bench]')")
+        progress(f"tensors: skipping {peer}: {mod} is not installed (pip install ./benchmarks)")
         return False
     return True
 
 
 def _job(impl: str, args, tmp: Path) -> dict:
     out = str(tmp / f"{impl}.json")
-    argv = [sys.executable, "-m", "scalefree.bench._worker_tensors", "--impl", impl,
+    argv = [sys.executable, "-m", "scalefree_bench._worker_tensors", "--impl", impl,
             "--sizes", ",".join(str(s) for s in args.sizes), "--out", out, "--port", str(common.free_port()),
             "--target-seconds", repr(args.target_seconds)]
     progress(f"tensors: {impl}")

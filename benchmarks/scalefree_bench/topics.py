@@ -108,7 +108,7 @@ def umass(top: np.ndarray, a) -> float:
 
 def _load_counts(path, tmp):
     """The docword file as a scipy CSR matrix (scalefree's native reader: the fastest here)."""
-    from .. import flash
+    from scalefree import flash
 
     return flash.load(path, flash.Runtime(dir=tmp), dtype=np.float64).to_scipy()
 
@@ -158,7 +158,7 @@ def _kos(args, tmp: Path, cache, blas) -> list[dict]:
     from sklearn.decomposition import NMF, LatentDirichletAllocation
     from threadpoolctl import threadpool_limits
 
-    from .. import flash
+    from scalefree import flash
 
     src = _kos_path() if args.data == "kos" else Path(args.data)
     if src is None or not src.exists():
@@ -229,7 +229,7 @@ def _kos(args, tmp: Path, cache, blas) -> list[dict]:
 
 
 def _planted(args, tmp: Path, cache, blas) -> list[dict]:
-    from .. import flash
+    from scalefree import flash
 
     given = Path(args.planted)
     if given.exists():  # a corpus written by `scalefree flash corpus`, its topics beside it

@@ -82,7 +82,7 @@ def run(args) -> int:
     with simhosts.SimHosts(2) as sim, tempfile.TemporaryDirectory(prefix="scalefree-bench-ucx-") as tmp:
         out = Path(tmp) / "ours.json"
         progress("ucx: scalefree (put, write_notify ping-pong) across 2 simulated hosts")
-        argv = [sys.executable, "-m", "scalefree.bench._worker_ucx", "--sizes", ",".join(map(str, args.sizes)),
+        argv = [sys.executable, "-m", "scalefree_bench._worker_ucx", "--sizes", ",".join(map(str, args.sizes)),
                 "--lat-iters", str(args.lat_iters), "--target-seconds", repr(args.target_seconds), "--out", str(out)]
         outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, common.free_port(), argv), timeout_s=args.timeout)
         if outcome.returncode != 0 or not out.exists():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from scalefree.bench import allreduce, common
-from scalefree.bench import cli as bench_cli
+from scalefree_bench import allreduce, common
+from scalefree_bench import cli as bench_cli
 
 # --- sizes and units ---------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ def test_a_missing_peer_is_skipped_with_a_hint(monkeypatch, capsys):
                         lambda name, *a: None if name == "torch" else real_find_spec(name, *a))
     assert allreduce._peer_available("gloo") is False
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "skipping gloo" in err and "pip install '.[bench]'" in err
+    assert err.count("\n") == 1 and "skipping gloo" in err and "pip install ./benchmarks" in err
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -280,7 +280,7 @@ def _native_importable() -> bool:
 
 @pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None,
-                    reason="mpi4py or mpiexec missing (pip install '.[bench]')")
+                    reason="mpi4py or mpiexec missing (pip install ./benchmarks)")
 def test_bench_allreduce_end_to_end(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "scalefree.cli", "bench", "allreduce", "-n", "2",
@@ -308,7 +308,7 @@ def test_bench_allreduce_end_to_end(tmp_path):
 
 
 def test_rounds_pool_every_call_and_keep_each_rounds_median():
-    from scalefree.bench.allreduce import _pool
+    from scalefree_bench.allreduce import _pool
 
     def rec(impl, times):
         r = common.make_record(bench="allreduce", impl=impl, variant="", ranks=2, nbytes=1024,
@@ -331,7 +331,7 @@ def test_rounds_pool_every_call_and_keep_each_rounds_median():
 
 @pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None,
-                    reason="mpi4py or mpiexec missing (pip install '.[bench]')")
+                    reason="mpi4py or mpiexec missing (pip install ./benchmarks)")
 @pytest.mark.parametrize("op", ["allgather", "broadcast"])
 def test_bench_other_collectives_end_to_end(tmp_path, op):
     # Every implementation checks its result after timing (a wrong gather or broadcast fails
@@ -357,7 +357,7 @@ def test_bench_rejects_an_unknown_op():
 
 
 @pytest.mark.skipif(not _native_importable(), reason="scalefree._native is not built (maturin develop)")
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch missing (pip install '.[bench]')")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch missing (pip install ./benchmarks)")
 def test_bench_allreduce_against_gloo_with_a_straggler(tmp_path):
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "scalefree.cli", "bench", "allreduce", "-n", "2", "--sizes", "4K",

@@ -1,7 +1,7 @@
 """`scalefree bench ddp`: ratios and table from per-rank documents (no torch needed)."""
 
-from scalefree.bench import ddp
-from scalefree.bench.cli import add_parser
+from scalefree_bench import ddp
+from scalefree_bench.cli import add_parser
 
 
 class _Args:

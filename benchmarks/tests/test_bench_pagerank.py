@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from scalefree.bench import common
+from scalefree_bench import common
 
 HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and common.find_mpiexec() is not None
 

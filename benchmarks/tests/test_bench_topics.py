@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import scipy.sparse as sp
 
-from scalefree.bench.topics import umass
+from scalefree_bench.topics import umass
 
 
 def test_umass_matches_its_definition():
