@@ -438,7 +438,7 @@ def test_bench_svd_distinct_budget_sizes_and_no_warmup(tmp_path):
     import subprocess
     import sys
 
-    from scalefree.bench.svd import _power_law
+    from scalefree_bench.svd import _power_law
 
     assert _power_law(2000, 500, 20000, distinct=True).nnz == 20000
     out = tmp_path / "svd.json"
