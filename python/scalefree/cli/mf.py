@@ -195,7 +195,10 @@ def _predict(args) -> int:
                zip(_native.mf_read_pairs(str(args.pairs)), (np.int64, np.int64, np.float32)))
     pred = model.predict(u, i)
     known = np.frombuffer(model._need().known(u.tobytes(), i.tobytes()), np.uint8).astype(bool)
-    lines = "".join(f"{a} {b} {p:.4f}\n" for a, b, p in zip(u.tolist(), i.tolist(), pred.tolist()))
+    if args.format == "libmf":  # LIBMF's mf-predict: the prediction alone, as a C++ stream prints a float
+        lines = "".join(f"{p:g}\n" for p in pred.tolist())
+    else:
+        lines = "".join(f"{a} {b} {p:.4f}\n" for a, b, p in zip(u.tolist(), i.tolist(), pred.tolist()))
     if args.output:
         with atomic_path(args.output) as tmp, open(tmp, "w") as out:
             out.write(lines)
@@ -284,6 +287,9 @@ def add_parser(sub) -> None:
                     help="`user item [rating]` lines (original ids; every format train reads, headers and gzip ok)")
     pr.add_argument("--output", "-o", default=None, help="write `user item prediction` lines here (atomic); "
                     "default stdout")
+    pr.add_argument("--format", choices=("text", "libmf"), default="text",
+                    help="text: `user item prediction` lines; libmf: one prediction per line in the pairs' "
+                         "order, as LIBMF's mf-predict writes them (default text)")
     pr.set_defaults(func=_predict)
     fi = msub.add_parser("fold-in", help="add factors for new users (or items) of a rating file without retraining")
     fi.add_argument("model")
