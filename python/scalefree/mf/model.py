@@ -432,13 +432,30 @@ class MatrixFactorization:
         self._model, stats = fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
         return stats
 
-    def save(self, path) -> None:
-        """Write the model atomically (temp file + rename)."""
-        self._need().save(str(path))
+    def save(self, path, format: str = "native") -> None:
+        """Write the model atomically (temp file + rename): ``format="native"`` (ours, every id
+        kept) or ``"libmf"`` (LIBMF's text model, rows indexed by id; ``mf/libmf.py``)."""
+        from . import libmf
+
+        if format == "libmf":
+            libmf.write_model(self._need(), path)
+        elif format == "native":
+            self._need().save(str(path))
+        else:
+            raise InvalidArgumentError(f"format must be 'native' or 'libmf', got {format!r}")
 
     @classmethod
-    def load(cls, path) -> "MatrixFactorization":
-        m = _native.MfModel.load(str(path))
+    def load(cls, path, format: str = "auto") -> "MatrixFactorization":
+        """A saved model: ours, or LIBMF's text model (``format="auto"`` tells them by the
+        first line, ``f <loss>`` in LIBMF's; ``"native"`` / ``"libmf"`` insist)."""
+        from . import libmf
+
+        if format not in ("auto", "native", "libmf"):
+            raise InvalidArgumentError(f"format must be 'auto', 'native' or 'libmf', got {format!r}")
+        if format == "libmf" or (format == "auto" and libmf.is_libmf_model(path)):
+            m = libmf.read_model(path)
+        else:
+            m = _native.MfModel.load(str(path))
         obj = cls(k=m.k)
         obj._model = m
         return obj
