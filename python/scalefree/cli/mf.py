@@ -42,8 +42,6 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
-    if args.test is not None and args.mode != "local":
-        fail(PROG, f"--test is for --mode local so far (--mode {args.mode} splits with --test-fraction)")
     if args.mode == "local" and n > 1:
         fail(PROG, "--mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -80,7 +78,8 @@ def _train_ranks(args) -> int:
     """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. Every rank reads only its share
     of the file and no rank holds all ratings, with or without ``--memory-budget`` (``mf_shares``)."""
     t_start = time.perf_counter()
-    train, test = split_ratings_partitioned(args.data, args.test_fraction, args.seed)
+    train, test = split_ratings_partitioned(args.data, 0.0 if args.test else args.test_fraction, args.seed,
+                                            test_file=args.test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
@@ -107,6 +106,7 @@ def _train_ranks(args) -> int:
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
     _report_early_stop(model, args)
+    _warn_unseen(model)
     if "peak_rss_bytes" in last:
         held = max(max(rec["rating_bytes_resident"]) for rec in h)
         budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
@@ -157,11 +157,15 @@ def _train(args) -> int:
           f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
     _report_early_stop(model, args)
+    _warn_unseen(model)
+    return 0
+
+
+def _warn_unseen(model) -> None:
     if model.test_unseen and model.test_unseen["ratings"]:
         u = model.test_unseen
         print(f"{PROG}: warning: {u['ratings']} test ratings have ids unseen in training ({u['users']} users, "
               f"{u['items']} items); they are predicted as the training mean", file=sys.stderr)
-    return 0
 
 
 def _check_libmf_ids(*ratings) -> None:
@@ -276,8 +280,9 @@ def add_parser(sub) -> None:
                    help="train on ratings divided by their standard deviation with λ divided by it, as "
                         "LIBMF does (default on, every mode)")
     t.add_argument("--test", default=None, metavar="FILE",
-                   help="local: evaluate on this rating file (ids matched to the training file's; unseen ids "
-                        "get the training mean) instead of a --test-fraction split (like LIBMF's -p)")
+                   help="evaluate on this rating file (ids matched to the training file's; unseen ids "
+                        "get the training mean) instead of a --test-fraction split (like LIBMF's -p); rima, "
+                        "dsgd-ps: each rank reads its share of it")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--validation-fraction", type=float, default=0.0,
                    help="hold this share of the training ratings out as a validation set (RMSE per iteration; rima, "
