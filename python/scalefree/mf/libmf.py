@@ -49,9 +49,13 @@ _FIRST_LINE = re.compile(rb"f[ \t]+-?\d+[ \t]*\r?$")
 
 
 def is_libmf_model(path) -> bool:
-    """True when the file begins as LIBMF's text model does (a first line ``f <loss>``)."""
-    with open(path, "rb") as f:
-        first = f.readline(64)
+    """True when the file begins as LIBMF's text model does (a first line ``f <loss>``); False
+    when it cannot be read (the native reader then says why)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(64)
+    except OSError:
+        return False
     return bool(_FIRST_LINE.match(first.rstrip(b"\n")))
 
 

@@ -454,6 +454,7 @@ class MatrixFactorization:
     def load(cls, path, format: str = "auto") -> "MatrixFactorization":
         """A saved model: ours, or LIBMF's text model (``format="auto"`` tells them by the
         first line, ``f <loss>`` in LIBMF's; ``"native"`` / ``"libmf"`` insist)."""
+        from ..errors import DataError
         from . import libmf
 
         if format not in ("auto", "native", "libmf"):
@@ -461,7 +462,12 @@ class MatrixFactorization:
         if format == "libmf" or (format == "auto" and libmf.is_libmf_model(path)):
             m = libmf.read_model(path)
         else:
-            m = _native.MfModel.load(str(path))
+            try:
+                m = _native.MfModel.load(str(path))
+            except DataError as e:
+                if format == "auto" and "bad header" in str(e):
+                    raise DataError(f"{e} (nor LIBMF's text model, whose first line is 'f <loss>')") from None
+                raise
         obj = cls(k=m.k)
         obj._model = m
         return obj
