@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import add_quiet, add_ranks, count, fail, number, relaunch, show_progress
+from .common import (add_checkpoint, add_quiet, add_ranks, check_checkpoint, checkpoints, count, fail, number,
+                     relaunch, show_progress, stopped_line)
 
 EDGES_HELP = ("edge file: SNAP edge list (.gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
               "a directory of part files or a glob")
@@ -41,6 +42,14 @@ def _check_input(prog: str, path: str) -> None:
 
 
 # --- pagerank ------------------------------------------------------------------------------
+
+
+def _input_fingerprint(path) -> str:
+    """The edge input's fingerprint for a checkpoint: path, size and mtime of its files."""
+    from ..checkpoint import files_fingerprint
+    from ..graph.io import edge_parts
+
+    return files_fingerprint(edge_parts(path) or [path])
 
 
 def _parse_fail(text: str | None) -> tuple[int, int] | None:
@@ -107,9 +116,15 @@ def _pagerank(args) -> int:
         if fault and g.rank == fault[0] and it == fault[1]:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
 
+    ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "damping": args.damping,
+                               "dtype": args.dtype}, "PageRank")
     t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before)
+    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck)
     iterate_s = time.perf_counter() - t2
+    if ck is not None and ck.stopped:
+        if g.rank == 0:
+            stopped_line(ck)
+        return 0
     if gather is not None:
         got = gather.reduce(pr.scores.astype(np.float64))
         best = None
@@ -249,6 +264,9 @@ def _check_pagerank(prog, args) -> None:
     if args.collective == "dense" and args.replication > 1:
         fail(prog, "--replication needs --collective sparse")
     _parse_fail(args.fail_rank)
+    check_checkpoint(prog, args)
+    if args.checkpoint and (args.collective == "dense" or args.replication > 1):
+        fail(prog, "--checkpoint needs --collective sparse and no --replication")
 
 
 def add_parser(sub) -> None:
@@ -282,7 +300,9 @@ def add_parser(sub) -> None:
     q.add_argument("--save-scores", metavar="DIR",
                    help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
-                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication)")
+                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
+                        "or --resume)")
+    add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")
     add_quiet(q)
     q.set_defaults(func=_launch(_pagerank, _check_pagerank))
