@@ -212,8 +212,14 @@ def _diameter(args) -> int:
         s, d = np.concatenate([s, d]), np.concatenate([d, s])
         edges *= 2
     load_s = time.perf_counter() - t0
+    ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
+                               "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
     nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=progress, isolated=False)
+                            progress=progress, isolated=False, checkpoints=ck)
+    if ck is not None and ck.stopped:
+        if g.rank == 0:
+            stopped_line(ck, "hop")
+        return 0
     if g.rank == 0:
         h, hi = effective_diameter(nf, args.fraction)
         what = "exact" if enc.method == "exact" else f"Flajolet-Martin, {enc.k} bitstrings"
@@ -325,8 +331,9 @@ def add_parser(sub) -> None:
     q.add_argument("--fm-seed", type=int, default=0, help="seed of the Flajolet-Martin hash")
     q.add_argument("--json", metavar="OUT", help="write the neighbourhood function and times here")
     q.add_argument("--progress", action="store_true", help="print N(h) per hop (also when not a terminal)")
+    add_checkpoint(q, "hop")
     add_quiet(q)
-    q.set_defaults(func=_launch(_diameter))
+    q.set_defaults(func=_launch(_diameter, lambda prog, args: check_checkpoint(prog, args)))
 
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
