@@ -1,0 +1,194 @@
+"""``--checkpoint/--checkpoint-every/--resume/--stop-after`` of ``graph pagerank``, ``graph
+diameter`` and ``sgd logreg`` (the shared :mod:`scalefree.checkpoint`), with real ranks at 1, 2
+and 3: a run in slices and a run resumed after a rank was SIGKILLed give the uninterrupted
+run's answer bit for bit (its files compared byte for byte, its printed results line for
+line); a checkpoint of other data, options or rank count is refused (one line, exit 2)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalefree.graph.rmat import write_rmat
+
+KILL = str(Path(__file__).with_name("checkpoint_kill.py"))
+
+
+def cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "scalefree.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def results(text: str) -> list[str]:
+    """The printed answer without the timing lines."""
+    timed = ("ms/iteration", "ms/hop", "ms/step", "scores written")
+    return [line for line in text.splitlines() if not any(t in line for t in timed)]
+
+
+def killed_then_resumed(ranks, rank, step, args, ckpt):
+    """Runs ``scalefree ARGS --checkpoint CKPT`` under ``scalefree run`` with ``rank`` SIGKILLed
+    right after its checkpoint of ``step``; then ``--resume``. Returns the resumed run."""
+    proc = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", str(ranks), "--", sys.executable, KILL,
+                           str(rank), str(step), *map(str, args), "--checkpoint", ckpt],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0, "the job with a killed rank succeeded:\n" + proc.stdout[-2000:]
+    assert Path(f"{ckpt}.rank{rank}-of-{ranks}").exists()
+    return ok(cli(*args, "-n", ranks, "--checkpoint", ckpt, "--resume"))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    path = tmp_path_factory.mktemp("g") / "g.txt"
+    write_rmat(path, 10, 12000, seed=3, progress=False)
+    return path
+
+
+def same_scores(a: Path, b: Path, ranks: int):
+    for r in range(ranks):
+        x, y = np.load(a / f"scores.rank{r}.npz"), np.load(b / f"scores.rank{r}.npz")
+        assert np.array_equal(x["owned"], y["owned"]) and np.array_equal(x["scores"], y["scores"]), r
+
+
+PR = ["--tol", "0", "--max-iter", "14", "--top", "5", "-q"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_pagerank_in_slices_is_the_straight_run(tmp_path, graph, ranks):
+    straight = ok(cli("graph", "pagerank", graph, "-n", ranks, *PR, "--save-scores", tmp_path / "a",
+                      "-o", tmp_path / "a.tsv"))
+    ck = tmp_path / "ck"
+    first = ok(cli("graph", "pagerank", graph, "-n", ranks, *PR, "--checkpoint", ck, "--stop-after", 5))
+    assert f"stopped after iteration 5; checkpoint {ck}" in first.stdout
+    assert sorted(p.name for p in tmp_path.glob("ck*")) == [f"ck.rank{r}-of-{ranks}" for r in range(ranks)]
+    ok(cli("graph", "pagerank", graph, "-n", ranks, *PR, "--checkpoint", ck, "--resume", "--stop-after", 9,
+           "--checkpoint-every", 2))
+    resumed = ok(cli("graph", "pagerank", graph, "-n", ranks, *PR, "--checkpoint", ck, "--resume",
+                     "--save-scores", tmp_path / "b", "-o", tmp_path / "b.tsv"))
+    same_scores(tmp_path / "a", tmp_path / "b", ranks)
+    assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
+    assert results(resumed.stdout) == results(straight.stdout)
+
+
+@pytest.mark.parametrize("ranks,rank", [(2, 1), (3, 0), (3, 2)])
+def test_pagerank_resumes_after_a_killed_rank(tmp_path, graph, ranks, rank):
+    ok(cli("graph", "pagerank", graph, "-n", ranks, *PR, "--save-scores", tmp_path / "a"))
+    args = ["graph", "pagerank", graph, *PR, "--checkpoint-every", 3, "--save-scores", tmp_path / "b"]
+    killed_then_resumed(ranks, rank, 6, args, tmp_path / "ck")
+    same_scores(tmp_path / "a", tmp_path / "b", ranks)
+
+
+def test_pagerank_killed_by_its_fault_option_resumes(tmp_path, graph):
+    """``--fail-rank`` (SIGKILL before an iteration, between checkpoints), then ``--resume``."""
+    ok(cli("graph", "pagerank", graph, "-n", 2, *PR, "-o", tmp_path / "a.tsv"))
+    ck = tmp_path / "ck"
+    args = ["graph", "pagerank", graph, "-n", 2, *PR, "--checkpoint", ck, "--checkpoint-every", 4]
+    assert cli(*args, "--fail-rank", "1:7").returncode != 0
+    ok(cli(*args, "--resume", "-o", tmp_path / "b.tsv"))
+    assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
+
+
+def refused(proc, *words):
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "error:" in line, line
+    for w in words:
+        assert w in line, line
+
+
+def test_pagerank_refuses_another_runs_checkpoint(tmp_path, graph):
+    ck = tmp_path / "ck"
+    base = ["graph", "pagerank", graph, "-n", 2, *PR, "--checkpoint", ck]
+    ok(cli(*base, "--stop-after", 3))
+    refused(cli(*base, "--resume", "--damping", "0.8"), "does not match", "damping 0.85 (now 0.8)")
+    refused(cli(*base, "--resume", "--dtype", "float32"), "dtype")
+    refused(cli("graph", "pagerank", graph, "-n", 3, *PR, "--checkpoint", ck, "--resume"), "does not exist")
+    other = tmp_path / "other.txt"
+    other.write_bytes(graph.read_bytes())
+    refused(cli("graph", "pagerank", other, "-n", 2, *PR, "--checkpoint", ck, "--resume"), "input")
+    # The same file rewritten (another mtime) is other data too.
+    os.utime(other, ns=(0, 0))
+    refused(cli("graph", "pagerank", other, "-n", 2, *PR, "--checkpoint", ck, "--resume"), "input")
+    refused(cli("graph", "pagerank", graph, "--resume"), "need --checkpoint")
+    refused(cli(*base, "--collective", "dense"), "--collective sparse")
+    refused(cli(*base, "--resume", "--checkpoint", tmp_path / "none"), "does not exist")
+    # Another --tol or --max-iter continues the same run.
+    ok(cli(*base, "--resume", "--max-iter", 20, "--tol", "1e-6", "--stop-after", 6))
+    (tmp_path / "ck.rank1-of-2").write_bytes(b"not a checkpoint")
+    refused(cli(*base, "--resume"), "not a scalefree PageRank checkpoint")
+
+
+HADI = ["-q", "--max-hops", "12"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("method", ["exact", "fm"])
+def test_diameter_in_slices_is_the_straight_run(tmp_path, graph, ranks, method):
+    args = ["graph", "diameter", graph, "-n", ranks, "--method", method, *HADI]
+    straight = ok(cli(*args))
+    ck = tmp_path / "ck"
+    first = ok(cli(*args, "--checkpoint", ck, "--stop-after", 2))
+    assert "stopped after hop 2" in first.stdout
+    resumed = ok(cli(*args, "--checkpoint", ck, "--resume", "--checkpoint-every", 1))
+    assert results(resumed.stdout) == results(straight.stdout)
+    assert len(results(straight.stdout)) > 5
+
+
+@pytest.mark.parametrize("ranks,rank", [(1, 0), (3, 1)])
+def test_diameter_resumes_after_a_killed_rank(tmp_path, graph, ranks, rank):
+    args = ["graph", "diameter", graph, "--method", "fm", *HADI]
+    straight = ok(cli(*args, "-n", ranks))
+    resumed = killed_then_resumed(ranks, rank, 3, [*args, "--checkpoint-every", 1], tmp_path / "ck")
+    assert results(resumed.stdout) == results(straight.stdout)
+
+
+def test_diameter_refuses_other_options(tmp_path, graph):
+    ck = tmp_path / "ck"
+    args = ["graph", "diameter", graph, "-n", 2, *HADI, "--checkpoint", ck]
+    ok(cli(*args, "--method", "fm", "--stop-after", 2))
+    refused(cli(*args, "--method", "fm", "--fm-seed", "3", "--resume"), "fm_seed")
+    refused(cli(*args, "--method", "exact", "--resume"), "method")
+    refused(cli(*args, "--method", "fm", "--undirected", "--resume"), "undirected")
+
+
+LR = ["synthetic", "--rows", "2000", "--dim", "3000", "--epochs", "4", "--batch", "128", "-q"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+def test_logreg_in_slices_is_the_straight_run(tmp_path, ranks, optimizer):
+    args = ["sgd", "logreg", *LR, "-n", ranks, "--optimizer", optimizer]
+    straight = ok(cli(*args, "-o", tmp_path / "a.npz"))
+    ck = tmp_path / "ck"
+    first = ok(cli(*args, "--checkpoint", ck, "--stop-after", 1))
+    assert "stopped after epoch 1" in first.stdout
+    ok(cli(*args, "--checkpoint", ck, "--resume", "--stop-after", 3))
+    resumed = ok(cli(*args, "--checkpoint", ck, "--resume", "-o", tmp_path / "b.npz"))
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["w"], b["w"]) and np.array_equal(a["b"], b["b"])
+    accuracy = [ln.split(", fit")[0] for ln in straight.stdout.splitlines() if "accuracy" in ln]
+    assert accuracy and [ln.split(", fit")[0] for ln in resumed.stdout.splitlines() if "accuracy" in ln] == accuracy
+
+
+def test_logreg_resumes_after_a_killed_rank(tmp_path):
+    args = ["sgd", "logreg", *LR]
+    ok(cli(*args, "-n", 3, "-o", tmp_path / "a.npz"))
+    killed_then_resumed(3, 2, 2, [*args, "--checkpoint-every", 1, "-o", tmp_path / "b.npz"], tmp_path / "ck")
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["w"], b["w"]) and np.array_equal(a["b"], b["b"])
+
+
+def test_logreg_refuses_other_data_and_options(tmp_path):
+    ck = tmp_path / "ck"
+    args = ["sgd", "logreg", *LR, "-n", 2, "--checkpoint", ck]
+    ok(cli(*args, "--stop-after", 2))
+    refused(cli(*args, "--resume", "--lr", "0.3"), "lr 0.5 (now 0.3)")
+    refused(cli(*args, "--resume", "--data-seed", "1"), "input")
+    refused(cli(*args, "--resume", "--epochs", "1"), "past --epochs 1")
