@@ -142,9 +142,13 @@ def _pagerank(args) -> int:
             ids = np.flatnonzero(mask)
             _write_scores(args.output, ids, everything[ids])
     rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
+    saved = None
+    if ck is not None:  # per rank: checkpoints written, their median seconds, the last one's bytes
+        saved = g.allgather(np.array([len(ck.saved_s), np.median(ck.saved_s) if ck.saved_s else 0.0,
+                                      ck.saved_bytes], np.float64))
     if best is not None:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who)
+        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved)
     return 0
 
 
@@ -156,7 +160,7 @@ def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
     return got > 0 if g.rank == 0 else None
 
 
-def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="") -> None:
+def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="", saved=None) -> None:
     print(f"{n} vertices, {edges} edges, {ranks} ranks{who}, {it} iterations, "
           f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
     for v, x in zip(*best):
@@ -169,6 +173,10 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
                "top": [[int(v), float(x)] for v, x in zip(*best)]}
+        if saved is not None:
+            rec["checkpoints"] = {"written_per_rank": [int(x) for x in saved[:, 0]],
+                                  "median_s_per_rank": [float(x) for x in saved[:, 1]],
+                                  "bytes_per_rank": [int(x) for x in saved[:, 2]]}
         write_json(args.json, rec)
 
 
