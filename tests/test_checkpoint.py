@@ -1,6 +1,6 @@
 """``--checkpoint/--checkpoint-every/--resume/--stop-after`` of ``graph pagerank``, ``graph
-diameter`` and ``sgd logreg`` (the shared :mod:`scalefree.checkpoint`), with real ranks at 1, 2
-and 3: a run in slices and a run resumed after a rank was SIGKILLed give the uninterrupted
+diameter``, ``sgd logreg`` (the shared :mod:`scalefree.checkpoint`), with real ranks at 1, 2
+and 3, and ``flash topics`` (one process, after its SVD and k-means steps): a run in slices and a run resumed after a rank was SIGKILLed give the uninterrupted
 run's answer bit for bit (its files compared byte for byte, its printed results line for
 line); a checkpoint of other data, options or rank count is refused (one line, exit 2)."""
 
@@ -97,8 +97,9 @@ def test_pagerank_killed_by_its_fault_option_resumes(tmp_path, graph):
 
 def refused(proc, *words):
     assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
-    line = proc.stderr.strip()
-    assert len(line.splitlines()) == 1 and "error:" in line, line
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln or "Traceback" in ln]
+    assert len(errors) == 1, proc.stderr
+    line = errors[0]
     for w in words:
         assert w in line, line
 
@@ -192,3 +193,39 @@ def test_logreg_refuses_other_data_and_options(tmp_path):
     refused(cli(*args, "--resume", "--lr", "0.3"), "lr 0.5 (now 0.3)")
     refused(cli(*args, "--resume", "--data-seed", "1"), "input")
     refused(cli(*args, "--resume", "--epochs", "1"), "past --epochs 1")
+
+
+@pytest.fixture(scope="module")
+def docword(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "docword.planted.txt"
+    ok(cli("flash", "corpus", "--docs", 2500, "--words", 1500, "--topics", 6, "-o", path))
+    return path
+
+
+@pytest.mark.parametrize("memory", [None, "256K"])
+@pytest.mark.parametrize("step", [2, 3])
+def test_topics_in_slices_is_the_straight_run(tmp_path, docword, memory, step):
+    """Resumed after the SVD or the k-means step, B in memory or on flash: the same topics."""
+    args = ["flash", "topics", docword, "-k", 6, "-q", *(["--memory", memory] if memory else [])]
+    ok(cli(*args, "-o", tmp_path / "a.npz"))
+    ck = tmp_path / "ck"
+    first = ok(cli(*args, "--checkpoint", ck, "--stop-after", step))
+    assert f"stopped after step {step}" in first.stdout
+    ok(cli(*args, "--checkpoint", ck, "--resume", "-o", tmp_path / "b.npz"))
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["topic_word"], b["topic_word"]) and np.array_equal(a["labels"], b["labels"])
+
+
+def test_topics_resumes_after_a_kill_and_refuses_other_options(tmp_path, docword):
+    args = ["flash", "topics", docword, "-k", 6, "-q"]
+    ok(cli(*args, "-o", tmp_path / "a.npz"))
+    ck = tmp_path / "ck"
+    proc = subprocess.run([sys.executable, KILL, "0", "3", *map(str, args), "--checkpoint", ck], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    ok(cli(*args, "--checkpoint", ck, "--resume", "-o", tmp_path / "b.npz"))
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["topic_word"], b["topic_word"]) and np.array_equal(a["labels"], b["labels"])
+    refused(cli(*args, "--checkpoint", ck, "--resume", "--seed", 4), "seed 0 (now 4)")
+    refused(cli(*args[:3], "-k", 5, "-q", "--checkpoint", ck, "--resume"), "k 6 (now 5)")
+    refused(cli(*args, "--resume"), "need --checkpoint")

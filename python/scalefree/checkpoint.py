@@ -91,9 +91,12 @@ def save_rank(path, rank: int, size: int, meta: dict, arrays: dict, version: int
 
 def load_rank(group, path, expect: dict, version: int, kind: str) -> tuple[dict, dict]:
     """Collective: this rank's part of the newest checkpoint every rank of ``group`` has (its
-    latest file or the one before). An error on any rank is raised on every rank."""
+    latest file or the one before). An error on any rank is raised on every rank. ``group``
+    None: a job of one process (its newest file)."""
     from .mf.shares import _agree
 
+    if group is None:
+        group = _OneProcess()
     p = rank_path(path, group.rank, group.size)
     have, err = {}, None
     try:
@@ -114,6 +117,16 @@ def load_rank(group, path, expect: dict, version: int, kind: str) -> tuple[dict,
     _agree(group, None if agreed in have else InvalidArgumentError(
         f"checkpoint {p} holds iterations {sorted(have)}, not iteration {agreed} that every rank has"))
     return have[agreed]
+
+
+class _OneProcess:
+    """The group of a job of one process (no collectives to agree with)."""
+
+    rank, size = 0, 1
+
+    @staticmethod
+    def allgather(a):
+        return np.asarray(a)[None]
 
 
 class Plan:
@@ -142,7 +155,8 @@ class Plan:
 
 class Checkpoints:
     """The checkpoints of one iterative loop on every rank of ``group`` (one file per rank,
-    ``rank_path(path, rank, size)``): ``every`` iterations (0: only at ``stop_after``),
+    ``rank_path(path, rank, size)``; ``group`` None: one process, ``PATH.rank0-of-1``):
+    ``every`` iterations (0: only at ``stop_after``),
     and at ``stop_after`` (the loop then ends there: a job in slices). ``expect`` is the
     record a resumed run must match (the input's fingerprint and the options that change the
     result); ``kind`` and ``version`` name the format.
@@ -158,9 +172,9 @@ class Checkpoints:
 
     def __init__(self, group, path, *, every: int = 0, stop_after: int | None = None, resume: bool = False,
                  expect: dict, kind: str, version: int = 1):
-        self.group, self.path = group, Path(path)
+        self.group, self.path = group or _OneProcess(), Path(path)
         self.every, self.stop_after, self.resume = int(every), stop_after, bool(resume)
-        self.expect = {**expect, "ranks": group.size}
+        self.expect = {**expect, "ranks": self.group.size}
         self.kind, self.version = kind, version
         self.stopped = False  # true once the loop stopped at stop_after
         self.saved_s = []  # seconds per checkpoint written by this rank
