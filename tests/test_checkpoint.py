@@ -229,3 +229,62 @@ def test_topics_resumes_after_a_kill_and_refuses_other_options(tmp_path, docword
     refused(cli(*args, "--checkpoint", ck, "--resume", "--seed", 4), "seed 0 (now 4)")
     refused(cli(*args[:3], "-k", 5, "-q", "--checkpoint", ck, "--resume"), "k 6 (now 5)")
     refused(cli(*args, "--resume"), "need --checkpoint")
+
+
+@pytest.fixture(scope="module")
+def ratings(tmp_path_factory):
+    path = tmp_path_factory.mktemp("r") / "ratings.txt"
+    rng = np.random.default_rng(7)
+    pairs = rng.choice(300 * 200, 6000, replace=False)  # distinct (user, item) pairs
+    u, i = pairs // 200, pairs % 200
+    r = np.clip(np.round(3 + (u % 5 - 2) * 0.5 + (i % 3 - 1) + rng.normal(0, 0.5, 6000)), 1, 5)
+    path.write_text("".join(f"{a}\t{b}\t{c:g}\n" for a, b, c in zip(u, i, r)))
+    return path
+
+
+def ssp_mf(ranks, ratings, *args, kill=None):
+    """The SSP MF worker (``sgd`` model, ``sharded`` variant: deterministic at slack 0) under
+    ``scalefree run``; ``kill=(rank, step)`` runs it through checkpoint_kill.py."""
+    pytest.importorskip("scalefree_bench")
+    pre = [KILL, str(kill[0]), str(kill[1])] if kill else []
+    return subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", str(ranks), "--", sys.executable, *pre,
+                           "-m", "scalefree_bench._worker_ssp_mf", "sgd", str(ratings), "--iters", "10", "-k", "4",
+                           "--variant", "sharded", *map(str, args)], capture_output=True, text=True, timeout=240)
+
+
+def histories(out, ranks):
+    import json
+
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def same_ssp(a, b, ranks):
+    for x, y in zip(histories(a, ranks), histories(b, ranks)):
+        assert x["final_rmse"] == y["final_rmse"]
+        assert [h[2] for h in x["history"]] == [h[2] for h in y["history"]]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_ssp_mf_in_slices_is_the_straight_run(tmp_path, ratings, ranks):
+    ck = tmp_path / "ck"
+    every = ["--checkpoint-every", 3]
+    ok(ssp_mf(ranks, ratings, *every, "--checkpoint", tmp_path / "straight", "--out", tmp_path / "a"))
+    first = ok(ssp_mf(ranks, ratings, *every, "--checkpoint", ck, "--stop-after", 4))
+    assert "stopped after iteration 4" in first.stdout
+    ok(ssp_mf(ranks, ratings, *every, "--checkpoint", ck, "--resume", "--out", tmp_path / "b"))
+    same_ssp(tmp_path / "a", tmp_path / "b", ranks)
+    # Without checkpoints the run differs only by the rounding of the rebased sums.
+    ok(ssp_mf(ranks, ratings, "--out", tmp_path / "c"))
+    for x, y in zip(histories(tmp_path / "a", ranks), histories(tmp_path / "c", ranks)):
+        assert abs(x["final_rmse"] - y["final_rmse"]) < 1e-5
+
+
+def test_ssp_mf_resumes_after_a_killed_rank_and_refuses_other_options(tmp_path, ratings):
+    ck = tmp_path / "ck"
+    every = ["--checkpoint-every", 3]
+    ok(ssp_mf(3, ratings, *every, "--checkpoint", tmp_path / "straight", "--out", tmp_path / "a"))
+    assert ssp_mf(3, ratings, *every, "--checkpoint", ck, kill=(1, 6)).returncode != 0
+    ok(ssp_mf(3, ratings, *every, "--checkpoint", ck, "--resume", "--out", tmp_path / "b"))
+    same_ssp(tmp_path / "a", tmp_path / "b", 3)
+    refused(ssp_mf(3, ratings, *every, "--checkpoint", ck, "--resume", "--eta", 0.2), "eta 0.5 (now 0.2)")
+    refused(ssp_mf(3, ratings, "--checkpoint-every", 2, "--checkpoint", ck, "--resume"), "every 3 (now 2)")

@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=float, default=0.1, help="sgd only")
     p.add_argument("--eta", type=float, default=0.5, help="sgd only")
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
+    from scalefree.cli.common import add_checkpoint
+
+    add_checkpoint(p)  # sgd only
     return p
 
 
@@ -45,17 +48,46 @@ def write_rank_result(out, rank: int, res: dict) -> None:
 
 
 def main(argv=None) -> int:
+    from scalefree.errors import InvalidArgumentError
+    from scalefree.mf.shares import ShareFailedElsewhere
+
+    try:
+        return _main(argv)
+    except ShareFailedElsewhere:
+        return 2  # the rank that failed says why
+    except InvalidArgumentError as e:  # a checkpoint of another run: one line
+        print(f"scalefree_bench._worker_ssp_mf: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from scalefree.cli.common import check_checkpoint
+
+    check_checkpoint("scalefree_bench._worker_ssp_mf", args)
+    if args.checkpoint and args.model != "sgd":
+        parser().error("--checkpoint is for the sgd model")
     k, iters, variant = DEFAULTS[args.model]
     k, iters, variant = args.k or k, args.iters or iters, args.variant or variant
     import scalefree
 
     g = scalefree.init()
     if args.model == "sgd":
+        from scalefree.checkpoint import files_fingerprint
+        from scalefree.cli.common import checkpoints, stopped_line
         from scalefree.ssp import mf
 
+        # The checkpoint steps change the arithmetic (the base model is rebased there): a
+        # resumed run must take them where the first one did.
+        ck = checkpoints(g, args, {"input": files_fingerprint([args.data]), "k": k, "slack": args.slack,
+                                   "variant": variant, "lam": args.lam, "eta": args.eta, "seed": args.seed,
+                                   "every": args.checkpoint_every}, "SSP MF")
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
-                       straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
+                       straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed, checkpoints=ck)
+        if res.get("stopped"):
+            if g.rank == 0:
+                stopped_line(ck)
+            return 0
         write_rank_result(args.out, g.rank, res)
         if g.rank == 0:
             h = res["history"]

@@ -11,7 +11,8 @@ unless ``--edges``), three ways, in one invocation:
 
 Every job runs ``--tol 0 --max-iter I`` and saves its scores (``--save-scores``); ``same``
 says whether each rank's scores are bit-identical to the straight run's. Wall times are the
-jobs' own (process start to exit: reading, set-up and iterations included).
+jobs' own (process start to exit: reading, set-up and iterations included); ``load+set-up``
+is the (last) job's reading and set-up, which a resumed job does again.
 """
 
 from __future__ import annotations
@@ -108,16 +109,18 @@ def run(args) -> int:
                 kill_at=kill_at if name == "killed" else None, wall_s=res.elapsed_s,
                 killed_job_s=killed.elapsed_s if name == "killed" else None,
                 vs_straight=res.elapsed_s / base, per_iteration_s=rec["per_iteration_s"],
+                startup_s=rec["load_s"] + rec["setup_s"],
                 checkpoint_s_per_rank=cks.get("median_s_per_rank"), checkpoint_bytes_per_rank=cks.get("bytes_per_rank"),
                 peak_rss_bytes=rec["peak_rss_bytes"],
                 same=_same(tmp / "straight" / "scores", tmp / name / "scores", args.ranks),
                 top=rec["top"]))
     rows = [[x["graph"], str(x["ranks"]), x["variant"], human_time(x["wall_s"]), f"{x['vs_straight']:.2f}x",
-             human_time(x["per_iteration_s"]),
+             human_time(x["per_iteration_s"]), human_time(x["startup_s"]),
              human_time(max(x["checkpoint_s_per_rank"])) if x["checkpoint_s_per_rank"] else "-",
              f"{max(x['checkpoint_bytes_per_rank']) / 2**20:.1f} MiB" if x["checkpoint_bytes_per_rank"] else "-",
              f"{max(x['peak_rss_bytes']) / 2**30:.2f} GiB", "yes" if x["same"] else "NO"] for x in records]
-    print(common.format_table(["graph", "ranks", "variant", "wall", "vs straight", "median/iter", "per checkpoint",
+    print(common.format_table(["graph", "ranks", "variant", "wall", "vs straight", "median/iter", "load+set-up",
+                               "per checkpoint",
                                "bytes/rank", "peak RSS/rank", "same"], rows, left_columns=3))
     if args.json:
         common.write_json(args.json, records)
