@@ -119,7 +119,9 @@ def test_pagerank_refuses_another_runs_checkpoint(tmp_path, graph):
     refused(cli("graph", "pagerank", other, "-n", 2, *PR, "--checkpoint", ck, "--resume"), "input")
     refused(cli("graph", "pagerank", graph, "--resume"), "need --checkpoint")
     refused(cli(*base, "--collective", "dense"), "--collective sparse")
-    refused(cli(*base, "--resume", "--checkpoint", tmp_path / "none"), "does not exist")
+    # --resume before any checkpoint (a restarted job's command line) starts from the beginning.
+    fresh = ok(cli(*base, "--resume", "--checkpoint", tmp_path / "none", "--stop-after", 2))
+    assert "no checkpoint" in fresh.stderr and (tmp_path / "none.rank1-of-2").exists()
     # Another --tol or --max-iter continues the same run.
     ok(cli(*base, "--resume", "--max-iter", 20, "--tol", "1e-6", "--stop-after", 6))
     (tmp_path / "ck.rank1-of-2").write_bytes(b"not a checkpoint")

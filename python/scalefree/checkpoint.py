@@ -18,9 +18,11 @@ the state on ``resume``.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -183,8 +185,18 @@ class Checkpoints:
     def restore(self) -> tuple[int, dict | None]:
         """Collective: ``(iteration, arrays)`` of the newest checkpoint every rank has when
         resuming, else ``(0, None)``; a checkpoint of other data or options is an error on
-        every rank."""
+        every rank. Resuming where no rank finds a file of ``PATH`` (of any rank count) starts
+        from the beginning, so that a job restarted with the same command line (``--resume``
+        from the start) works before its first checkpoint."""
         if not self.resume:
+            return 0, None
+        mine = rank_path(self.path, self.group.rank, self.group.size)
+        here = self.path.parent if str(self.path.parent) else Path(".")
+        found = mine.exists() or mine.with_name(mine.name + ".prev").exists() or any(
+            here.glob(f"{glob.escape(self.path.name)}.rank*-of-*"))
+        if not self.group.allgather(np.array([int(found)], np.int64)).any():
+            if self.group.rank == 0:
+                print(f"no checkpoint {self.path} yet: starting from the beginning", file=sys.stderr, flush=True)
             return 0, None
         meta, arrays = load_rank(self.group, self.path, {**self.expect, "rank": self.group.rank},
                                  self.version, self.kind)
