@@ -181,6 +181,25 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
     return parse
 
 
+def add_columns(p, table: str) -> None:
+    """``--columns``: the columns of a Parquet / Arrow IPC input, by name (``src,dst`` for
+    edges, ``user,item,rating`` for ratings); default the first integer (and numeric) ones."""
+    example, default = ("src,dst", "the first two integer columns") if table == "edges" else \
+        ("user,item,rating", "the first two integer columns and the next numeric one")
+
+    def parse(text: str) -> list[str]:
+        from .._columnar import parse_columns
+
+        try:
+            return parse_columns(text, table)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--columns", type=parse, default=None, metavar="NAMES",
+                   help=f"Parquet / Arrow IPC input: the columns to read, by name (e.g. {example}); "
+                        f"default: {default}")
+
+
 def add_ranks(p, default: int = 1) -> None:
     """``-n/--ranks`` the same way in every command."""
     p.add_argument("-n", "--ranks", type=count(1), default=default,

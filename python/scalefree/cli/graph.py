@@ -6,8 +6,8 @@ graphs (``rmat``).
     scalefree graph rmat g.npz --scale 22 --edges 64M
 
 EDGES is a SNAP edge list (``#`` comments, ``.gz`` allowed), Matrix Market ``.mtx[.gz]``,
-``.npy`` (edges x 2), ``.npz`` (``src`` and ``dst``, or a scipy sparse matrix), a directory
-of part files or a glob. Every rank reads only its share of it (see
+``.npy`` (edges x 2), ``.npz`` (``src`` and ``dst``, or a scipy sparse matrix), Parquet or
+Arrow IPC / Feather (``--columns src,dst``), a directory of part files or a glob. Every rank reads only its share of it (see
 :func:`scalefree.graph.io.read_edge_share`); ids stay as written.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import add_quiet, add_ranks, count, fail, number, relaunch, show_progress
+from .common import add_columns, add_quiet, add_ranks, count, fail, number, relaunch, show_progress
 
 EDGES_HELP = ("edge file: SNAP edge list (.gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
-              "a directory of part files or a glob")
+              "Parquet, Arrow IPC / Feather, a directory of part files or a glob")
 
 
 def _check_input(prog: str, path: str) -> None:
@@ -84,7 +84,7 @@ def _pagerank(args) -> int:
     fault = _parse_fail(args.fail_rank)
     progress = show_progress(args)
     t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress)
+    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress, columns=args.columns)
     if edges == 0:
         raise DataError(f"{args.edges}: the graph has no edges")
     load_s = time.perf_counter() - t0
@@ -190,7 +190,7 @@ def _diameter(args) -> int:
     g = scalefree.init()
     progress = show_progress(args)
     t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, progress=progress)
+    s, d, n_ids, edges = load_graph(g, args.edges, progress=progress, columns=args.columns)
     if edges == 0:
         raise DataError(f"{args.edges}: the graph has no edges")
     if args.undirected:
@@ -263,6 +263,7 @@ def add_parser(sub) -> None:
                                  "change is below --tol. Every rank reads its share of the edges; duplicate edges "
                                  "count once. Prints the top vertices (ids as written in the file).")
     q.add_argument("edges", help=EDGES_HELP)
+    add_columns(q, "edges")
     add_ranks(q)
     q.add_argument("--collective", choices=["sparse", "dense"], default="sparse",
                    help="sparse allreduce (each rank moves the vertices it touches) or the dense allreduce of "
@@ -294,6 +295,7 @@ def add_parser(sub) -> None:
                      description="The neighbourhood function N(h) and the effective diameter by HADI on the "
                                  "sparse allreduce (exact sets or Flajolet-Martin sketches).")
     q.add_argument("edges", help=EDGES_HELP)
+    add_columns(q, "edges")
     add_ranks(q)
     q.add_argument("--method", choices=["auto", "exact", "fm"], default="auto",
                    help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids)")

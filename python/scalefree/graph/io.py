@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, InvalidArgumentError
+
+# The largest vertex id (scalefree-io's MAX_VERTEX_ID).
+MAX_VERTEX_ID = (1 << 62) - 1
 
 
 class EdgeListError(DataError):
@@ -129,7 +132,8 @@ def edge_parts(path) -> list[Path] | None:
     return parts
 
 
-def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[np.ndarray, np.ndarray]:
+def read_edge_share(path, rank: int = 0, size: int = 1, progress=None,
+                    columns: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
     written (Matrix Market's are 1-based). Every edge of
     the input is in exactly one rank's share; duplicates are kept (see
@@ -145,11 +149,24 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[
       parses only its chunks (the decompression is paid on every rank);
     * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
       matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
-      members and streamed from compressed ones.
+      members and streamed from compressed ones;
+    * Parquet or Arrow IPC / Feather (a file, or a directory of such parts): the rank's row
+      groups or record batches, balanced by rows over all parts (:mod:`scalefree._columnar`);
+      ``columns`` names the two id columns (default: the first two integer columns).
 
     ``progress(nbytes)``, if given, is called as the bytes of the share are read.
     """
+    from .. import _columnar
+
     path = Path(path)
+    columnar = _columnar.columnar_parts(path)
+    if columnar is not None:
+        got = _columnar.read_share(columnar, rank, size, "edges", columns, MAX_VERTEX_ID)
+        if progress is not None:
+            progress(share_bytes(path, rank, size))
+        return got
+    if columns is not None:
+        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
     parts = edge_parts(path)
     if parts is not None:
         got = [read_edge_share(p, 0, 1, progress) for p in parts[rank::size]]
@@ -430,12 +447,14 @@ def logical_rank(group, replication: int = 1) -> tuple[int, int]:
     return group.rank % m, m
 
 
-def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+def load_graph(group, path, replication: int = 1, progress: bool = False,
+               columns: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
     sends every edge to the rank that owns it and drops duplicates there
     (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
     ids stay as written. No rank holds more than its share of the edges. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    ``replication`` r, the replicas of a logical node end up with the same edges.
+    ``columns``: the two id columns of a Parquet / Arrow IPC input."""
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
@@ -445,7 +464,7 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
 
         bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
     try:
-        src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update)
+        src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update, columns=columns)
     finally:
         if bar is not None:
             bar.close()

@@ -158,13 +158,22 @@ class _Source:
     cache read by rating range. ``pieces`` per rank; :meth:`read` returns raw (users, items,
     ratings) of piece j."""
 
-    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None):
-        self.path, self.rank, self.size = path, rank, size
+    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None, columns=None):
+        from .. import _columnar
+
+        self.path, self.rank, self.size, self.columns = path, rank, size, columns
         if not path.exists():
             raise DataError(f"{path}: no such file")
-        self.cache = bool(_native.mf_is_cache(str(path)))
+        # Parquet / Arrow IPC: by row groups; piece j of rank r is share r·S + j of P·S (the
+        # row-group owners nest exactly, as the byte ranges of text do).
+        self.columnar = _columnar.columnar_parts(path)
+        self.cache = self.columnar is None and bool(_native.mf_is_cache(str(path)))
         self.gz = path.name.lower().endswith(".gz")
-        if self.cache:
+        if self.columnar is not None:
+            total = sum(os.path.getsize(p) for p in self.columnar)
+            self.pieces = 1 if piece_bytes is None else max(1, -(-total // size // piece_bytes))
+            self.pieces_all = self.pieces
+        elif self.cache:
             self.n, self.nu, self.ni = (int(x) for x in _native.mf_cache_header(str(path)))
             lo, hi = self.n * rank // size, self.n * (rank + 1) // size
             self.lo = lo
@@ -182,6 +191,11 @@ class _Source:
     def read(self, j: int):
         if j >= self.pieces:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.columnar is not None:
+            from .. import _columnar
+
+            S = self.pieces
+            return _columnar.read_share(self.columnar, self.rank * S + j, self.size * S, "ratings", self.columns)
         if not self.cache:
             S = self.pieces
             # Piece j of the rank's share: share rank·S + j of size·S (the byte ranges nest exactly).
@@ -226,10 +240,11 @@ class ShareRatings:
     :meth:`partition` reads, splits, numbers the ids and routes the ratings to the ranks that
     train them."""
 
-    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0):
+    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0, columns=None):
         if not 0 <= float(test_fraction) < 1:
             raise InvalidArgumentError(f"test fraction must be in [0, 1), got {test_fraction}")
         self.path = Path(path)
+        self.columns = columns  # user, item, rating columns of a Parquet / Arrow IPC input
         self.test_fraction, self.seed = float(test_fraction), int(seed)
         self.test = ShareTest(self)
         self.n_train = self.n_test = self.n_users = self.n_items = 0
@@ -261,7 +276,7 @@ class ShareRatings:
         trains = np.asarray(trains, bool).reshape(P, nb * nb)
         src = err = None
         try:
-            src = _Source(self.path, rank, P, piece_bytes)
+            src = _Source(self.path, rank, P, piece_bytes, self.columns)
         except (DataError, OSError) as e:
             err = e
         _agree(group, err)
@@ -496,10 +511,10 @@ class ShareRatings:
                                           self.known_i.astype(np.uint8).tobytes())
 
 
-def split(path, test_fraction: float = 0.1, seed: int = 0) -> tuple[ShareRatings, ShareTest]:
+def split(path, test_fraction: float = 0.1, seed: int = 0, columns=None) -> tuple[ShareRatings, ShareTest]:
     """``(train, test)`` of a rating file read in shares by the ranks of a ``rima`` / ``dsgd-ps``
-    job (module doc); nothing is read until ``fit``."""
-    train = ShareRatings(path, test_fraction, seed)
+    job (module doc); nothing is read until ``fit``. ``columns``: of a Parquet / Arrow input."""
+    train = ShareRatings(path, test_fraction, seed, columns)
     return train, train.test
 
 
