@@ -28,12 +28,14 @@ mod matrix_market;
 pub mod number;
 pub mod ratings;
 pub mod share;
+pub mod source;
 pub mod svmlight;
 
 pub use edges::{read_edges_share, EdgeOptions, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;
+pub use source::resolve_parts;
 pub use svmlight::{read_svmlight_share, SvmlightShare};
 
 /// Options that every reader takes. All ranks of a job must pass the same values (they

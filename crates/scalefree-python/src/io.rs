@@ -126,3 +126,11 @@ pub fn read_ratings_share<'py>(py: Python<'py>, path: PathBuf, rank: usize, size
         .map_err(|e| io_err(py, e))?;
     Ok((array(py, Owned::I64(r.users))?, array(py, Owned::I64(r.items))?, array(py, Owned::F32(r.ratings))?))
 }
+
+/// The data files of `path` (`scalefree_io::resolve_parts`): `[path]` for a file, the part
+/// files of a directory sorted by name with markers (`_SUCCESS`, `.crc`, hidden) skipped.
+#[pyfunction]
+pub fn resolve_parts(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
+    let parts = scalefree_io::resolve_parts(&path).map_err(|e| io_err(py, e))?;
+    Ok(parts.into_iter().map(|p| p.to_string_lossy().into_owned()).collect())
+}
