@@ -43,8 +43,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
 
 
-def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
-    """A rating file path or a (users, items, ratings) triple → native ratings."""
+def load_ratings(data, cache: bool = True, delimiter: str | None = None, header: str = "auto") -> "_native.MfRatings":
+    """A rating file path or a (users, items, ratings) triple → native ratings. A part
+    directory (Spark, Dask, Hive), a ``delimiter`` (tab, space, comma, semicolon; default
+    detected) or a ``header`` rule other than ``auto`` read the file through the partitioned
+    text reader (``_native.read_ratings_share``)."""
     if isinstance(data, _native.MfRatings):
         return data
     from .shares import ShareRatings
@@ -53,7 +56,10 @@ def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     if isinstance(data, (StreamedRatings, ShareRatings)):
         return data  # read by the ranks as they partition it (mf_stream, mf_shares)
     if isinstance(data, (str, os.PathLike)):
-        return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
+        if os.path.isdir(data) or delimiter is not None or header != "auto":
+            data = _native.read_ratings_share(str(data), 0, 1, delimiter=delimiter, header=header)
+        else:
+            return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
     users, items, ratings = data
     u = np.ascontiguousarray(users, dtype=np.int64)
     i = np.ascontiguousarray(items, dtype=np.int64)
@@ -444,9 +450,9 @@ class MatrixFactorization:
         return obj
 
 
-def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
+def split_ratings(data, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None, header: str = "auto"):
     """Seeded random split → (train, test) native ratings sharing id maps."""
-    return load_ratings(data).split(float(test_fraction), int(seed))
+    return load_ratings(data, delimiter=delimiter, header=header).split(float(test_fraction), int(seed))
 
 
 def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
@@ -459,15 +465,17 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     return split(path, test_fraction, seed)
 
 
-def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
+def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+                              header: str = "auto"):
     """``(train, test)`` of a rating file for ``mode="rima"`` / ``"dsgd-ps"``, read by the ranks
     in ``fit``, each rank only its share of the file; the split is a seeded hash of (user, item),
     the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
     without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
-    over the ranks."""
+    over the ranks. ``path`` may be a part directory; ``delimiter``/``header`` as
+    :func:`load_ratings`."""
     from .shares import split
 
-    return split(path, test_fraction, seed)
+    return split(path, test_fraction, seed, delimiter, header)
 
 
 def _model_of(train, k: int, p, q):

@@ -3,8 +3,9 @@ its share of the rating file, and no rank ever holds all ratings, with or withou
 budget.
 
 1. **Read.** Rank r of P parses the lines whose first byte lies in its 1/P of the file's bytes
-   (``_native.read_ratings_share``, the syntax of the mf reader). A ``.gz`` cannot be split:
-   every rank decompresses all of it and parses only its chunks. A binary rating cache
+   (``_native.read_ratings_share``, the syntax of the mf reader; a part directory is one body
+   cut the same way). A ``.gz`` of several members is cut by members; a single gzip stream
+   cannot be split: every rank decompresses all of it and parses only its chunks. A binary rating cache
    (``.sfr``, ``mf_write_cache``) gives rank r the r-th 1/P of its rating columns. With a
    memory budget the share is read in pieces (the share's byte range cut again, each piece a
    round of steps 2–4), so a rank holds one piece at a time.
@@ -158,12 +159,15 @@ class _Source:
     cache read by rating range. ``pieces`` per rank; :meth:`read` returns raw (users, items,
     ratings) of piece j."""
 
-    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None):
+    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None, delimiter: str | None = None,
+                 header: str = "auto"):
         self.path, self.rank, self.size = path, rank, size
+        self.delimiter, self.header = delimiter, header
         if not path.exists():
             raise DataError(f"{path}: no such file")
-        self.cache = bool(_native.mf_is_cache(str(path)))
-        self.gz = path.name.lower().endswith(".gz")
+        self.parts = _native.resolve_parts(str(path))
+        self.cache = not path.is_dir() and bool(_native.mf_is_cache(str(path)))
+        self.gz = any(p.lower().endswith(".gz") for p in self.parts)
         if self.cache:
             self.n, self.nu, self.ni = (int(x) for x in _native.mf_cache_header(str(path)))
             lo, hi = self.n * rank // size, self.n * (rank + 1) // size
@@ -174,7 +178,7 @@ class _Source:
             # The same on every rank: the rounds are collective.
             self.pieces_all = max(1, -(-(self.n // size + 1) // per))
         else:
-            total = path.stat().st_size
+            total = sum(os.path.getsize(p) for p in self.parts)
             self.pieces = 1 if (piece_bytes is None or self.gz) else max(1, -(-total // size // piece_bytes))
             self.pieces_all = self.pieces
         self._ids = None
@@ -185,7 +189,8 @@ class _Source:
         if not self.cache:
             S = self.pieces
             # Piece j of the rank's share: share rank·S + j of size·S (the byte ranges nest exactly).
-            return _native.read_ratings_share(str(self.path), self.rank * S + j, self.size * S)
+            return _native.read_ratings_share(self.parts, self.rank * S + j, self.size * S, delimiter=self.delimiter,
+                                              header=self.header)
         from .stream import _pread_into
 
         lo, hi = self.bounds[j], self.bounds[j + 1]
@@ -226,10 +231,12 @@ class ShareRatings:
     :meth:`partition` reads, splits, numbers the ids and routes the ratings to the ranks that
     train them."""
 
-    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0):
+    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+                 header: str = "auto"):
         if not 0 <= float(test_fraction) < 1:
             raise InvalidArgumentError(f"test fraction must be in [0, 1), got {test_fraction}")
         self.path = Path(path)
+        self.delimiter, self.header = delimiter, header
         self.test_fraction, self.seed = float(test_fraction), int(seed)
         self.test = ShareTest(self)
         self.n_train = self.n_test = self.n_users = self.n_items = 0
@@ -261,7 +268,7 @@ class ShareRatings:
         trains = np.asarray(trains, bool).reshape(P, nb * nb)
         src = err = None
         try:
-            src = _Source(self.path, rank, P, piece_bytes)
+            src = _Source(self.path, rank, P, piece_bytes, self.delimiter, self.header)
         except (DataError, OSError) as e:
             err = e
         _agree(group, err)
@@ -496,10 +503,11 @@ class ShareRatings:
                                           self.known_i.astype(np.uint8).tobytes())
 
 
-def split(path, test_fraction: float = 0.1, seed: int = 0) -> tuple[ShareRatings, ShareTest]:
-    """``(train, test)`` of a rating file read in shares by the ranks of a ``rima`` / ``dsgd-ps``
-    job (module doc); nothing is read until ``fit``."""
-    train = ShareRatings(path, test_fraction, seed)
+def split(path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+          header: str = "auto") -> tuple[ShareRatings, ShareTest]:
+    """``(train, test)`` of a rating file (or part directory) read in shares by the ranks of a
+    ``rima`` / ``dsgd-ps`` job (module doc); nothing is read until ``fit``."""
+    train = ShareRatings(path, test_fraction, seed, delimiter, header)
     return train, train.test
 
 
