@@ -1,14 +1,22 @@
-"""``scalefree bench load``: loading one R-MAT graph as users hold it, with ``scalefree graph
-pagerank FILE -n P``: a SNAP text edge list (the peer), a CSV part directory as Spark writes it
-(``part-*.csv`` with a ``src,dst`` header each, ``_SUCCESS``), and Parquet with several row
-groups (snappy, as Spark and pyarrow write it by default).
+"""``scalefree bench load FILE [FILE...]``: graph load time by input format and rank count.
 
-The text is written by ``scalefree graph rmat``; the CSV parts and the Parquet file from it
-with pyarrow (CSV read multi-threaded, once, outside the timed runs). Every row is one whole
-``graph pagerank`` job; its ``--json`` gives the load time (every rank reads its share,
-the owners drop duplicates), the iterations, the peak RSS of every rank and the top vertices.
-``load vs text``: the text row's load time over this row's (above 1: faster). ``top equal``:
-the top-k ids, in order, are the text row's.
+Every row is ``scalefree graph pagerank FILE -n P --max-iter 1 --json OUT`` (one whole
+process tree) and reports the job's ``load_s`` — read every rank's share of the file, send
+each edge to its owner, drop duplicates — with the peak RSS of the largest rank; the
+PageRank iteration is cut to one. The inputs are given as arguments (any input the graph
+commands read: a SNAP text edge list, its ``.gz`` as one gzip stream or as several members
+(``scalefree graph convert g.txt g.txt.gz``), a part directory, Parquet or Arrow IPC
+(``graph convert g.txt g.parquet``), ...), so the rows compare
+formats of one graph; ``vs 1 rank`` is the load time at 1 rank of the same file over this
+row's (a speed-up when above 1), ``vs first`` the first file's load time at the same rank
+count over this row's. ``top equal``: the top-10 vertices agree with the first file's at the
+same rank count. With ``--repeats R`` every row runs R times, interleaved, and the medians
+are reported.
+
+    scalefree graph rmat g.txt --scale 22 --edges 65M
+    scalefree graph convert g.txt g.txt.gz
+    scalefree graph convert g.txt g.parquet --row-group 4M
+    flock /tmp/bench.lock scalefree bench load g.txt g.txt.gz g.parquet -n 1,2,4
 """
 
 from __future__ import annotations
@@ -24,69 +32,51 @@ from pathlib import Path
 from . import common
 from .common import human_bytes, human_time, progress
 
-FORMATS = ("text", "csv-parts", "parquet")
-
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("load", help="graph input as users hold it: SNAP text vs CSV part directory vs Parquet",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__)
+    p = sub.add_parser("load", help="graph load time by input format (text, gz, parts, ...) and rank count",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__)
     arg = common.argparse_type
-    p.add_argument("-n", "--ranks", type=arg(common.positive_int), default=4, help="ranks of every pagerank job")
-    p.add_argument("--scale", type=arg(common.positive_int), default=24, help="R-MAT: 2**scale vertex ids")
-    p.add_argument("--edges", type=arg(common.parse_size), default="65000000", help="R-MAT: edges generated")
-    p.add_argument("--seed", type=int, default=1, help="R-MAT seed")
-    p.add_argument("--formats", type=arg(lambda s: common.parse_choice_list(s, FORMATS, "format")),
-                   default=",".join(FORMATS), metavar="F[,F...]", help=f"among {', '.join(FORMATS)}")
-    p.add_argument("--parts", type=arg(common.positive_int), default=8, help="CSV parts")
-    p.add_argument("--row-group", type=arg(common.parse_size), default="4M", help="Parquet rows per row group")
-    p.add_argument("--data-dir", type=Path, default=Path("bench-out/load"), help="where the files are written (once)")
-    p.add_argument("--max-iter", type=arg(common.positive_int), default=20, help="PageRank iterations")
-    p.add_argument("--top", type=arg(common.positive_int), default=10, help="top vertices compared")
-    p.add_argument("--repeats", type=arg(common.positive_int), default=1, help="runs of every row (interleaved), medians")
-    p.add_argument("--timeout", type=arg(common.positive_float), default=1800.0, metavar="SECONDS")
-    common.add_output_args(p)
+    p.add_argument("files", nargs="+", type=Path, help="edge inputs (files or part directories) of one graph")
+    p.add_argument("-n", "--ranks", type=arg(lambda s: common.parse_int_list(s, "rank count")), default="1,2,4",
+                   metavar="N[,N...]", help="rank counts to run (default 1,2,4)")
+    p.add_argument("--repeats", type=arg(common.positive_int), default=1, help="runs of every row (medians reported)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--json", type=Path, metavar="OUT", help="write the records as a JSON array")
     p.set_defaults(func=run)
     return p
 
 
-def graph_files(args) -> dict[str, Path]:
-    """The graph in every form asked for, written when missing (the text first)."""
-    from scalefree.graph.rmat import write_rmat
+def describe(path: Path) -> str:
+    """What the input is: text, gz (one stream / N members / BGZF), parts (N)."""
+    if path.is_dir():
+        from scalefree import _native
 
-    d = Path(args.data_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    stem = f"rmat-s{args.scale}-e{args.edges}-seed{args.seed}"
-    text = d / f"{stem}.txt"
-    files = {"text": text, "csv-parts": d / f"{stem}-csv", "parquet": d / f"{stem}-rg{args.row_group}.parquet"}
-    if not text.exists():
-        progress(f"load: writing {text}")
-        write_rmat(text, args.scale, args.edges, args.seed, progress=False)
-    todo = [f for f in args.formats if f != "text" and not files[f].exists()]
-    if todo:
-        import pyarrow as pa
-        import pyarrow.csv as pcsv
+        parts = _native.resolve_parts(str(path))
+        kinds = sorted({describe(Path(p)) for p in parts})
+        return f"parts ({len(parts)}: {', '.join(kinds)})"
+    with open(path, "rb") as f:
+        head = f.read(18)
+    if head[:4] == b"PAR1":
         import pyarrow.parquet as pq
 
-        progress(f"load: reading {text} with pyarrow to write {', '.join(todo)}")
-        table = pcsv.read_csv(text, read_options=pcsv.ReadOptions(column_names=["src", "dst"]),
-                              parse_options=pcsv.ParseOptions(delimiter=" "),
-                              convert_options=pcsv.ConvertOptions(column_types={"src": pa.int64(), "dst": pa.int64()}))
-        if "parquet" in todo:
-            tmp = files["parquet"].with_name(files["parquet"].name + ".tmp")
-            pq.write_table(table, tmp, row_group_size=args.row_group, compression="snappy")
-            tmp.rename(files["parquet"])
-        if "csv-parts" in todo:
-            tmp = files["csv-parts"].with_name(files["csv-parts"].name + ".tmp")
-            tmp.mkdir(exist_ok=True)
-            m = table.num_rows
-            for k in range(args.parts):
-                lo, hi = m * k // args.parts, m * (k + 1) // args.parts
-                pcsv.write_csv(table.slice(lo, hi - lo), tmp / f"part-{k:05d}-{stem}.csv",
-                               pcsv.WriteOptions(quoting_style="none"))
-            (tmp / "_SUCCESS").write_bytes(b"")
-            tmp.rename(files["csv-parts"])
-        del table
-    return {f: files[f] for f in args.formats}
+        return f"parquet ({pq.ParquetFile(path).num_row_groups} row groups)"
+    if head[:6] == b"ARROW1":
+        import pyarrow as pa
+
+        with pa.memory_map(str(path)) as f:
+            return f"arrow ({pa.ipc.open_file(f).num_record_batches} batches)"
+    if head[:2] != b"\x1f\x8b":
+        return path.suffix.lstrip(".") or "text"
+    if len(head) >= 16 and head[3] & 4 and head[12:14] == b"BC":
+        return "gz (BGZF)"
+    data = path.read_bytes() if path.stat().st_size < (64 << 20) else None
+    if data is None:
+        # A large file: a second member within the first 64 MiB says several members.
+        with open(path, "rb") as f:
+            data = f.read(64 << 20)
+    members = data.count(b"\x1f\x8b\x08\x00") + data.count(b"\x1f\x8b\x08\x08")
+    return "gz (one stream)" if members <= 1 else "gz (members)"
 
 
 def _run(cmd: list[str], out: Path, timeout: float) -> dict | None:
@@ -96,7 +86,7 @@ def _run(cmd: list[str], out: Path, timeout: float) -> dict | None:
     job = common.run_job(cmd, timeout_s=timeout)
     wall = time.perf_counter() - t
     if job.returncode != 0 or not out.exists():
-        progress(f"load: {' '.join(cmd[3:7])} ... failed ({'timed out' if job.timed_out else job.returncode})")
+        progress(f"load: {' '.join(cmd[3:8])} ... failed ({'timed out' if job.timed_out else job.returncode})")
         return None
     rec = json.loads(out.read_text())
     rec["wall_s"] = wall
@@ -104,51 +94,58 @@ def _run(cmd: list[str], out: Path, timeout: float) -> dict | None:
 
 
 def run(args) -> int:
-    files = graph_files(args)
-    rows: dict[str, list[dict]] = {}
+    for f in args.files:
+        if not f.exists():
+            progress(f"load: {f}: no such file or directory")
+            return 2
+    kinds = {str(f): describe(f) for f in args.files}
+    rows: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec.json"
         for rep in range(args.repeats):
-            for fmt, path in files.items():
-                cmd = [sys.executable, "-m", "scalefree.cli", "graph", "pagerank", str(path), "-n", str(args.ranks),
-                       "-q", "--max-iter", str(args.max_iter), "--top", str(args.top), "--json", str(out)]
-                progress(f"load: {fmt}: {args.ranks} ranks (run {rep + 1}/{args.repeats})")
-                rec = _run(cmd, out, args.timeout)
-                if rec is not None:
-                    rows.setdefault(fmt, []).append(rec)
+            for f in args.files:
+                for nr in args.ranks:
+                    progress(f"load: {f} ({kinds[str(f)]}), {nr} ranks (run {rep + 1}/{args.repeats})")
+                    cmd = [sys.executable, "-m", "scalefree.cli", "graph", "pagerank", str(f), "-n", str(nr),
+                           "--max-iter", "1", "--top", "10", "--json", str(out), "-q"]
+                    rec = _run(cmd, out, args.timeout)
+                    if rec is not None:
+                        rows.setdefault((str(f), nr), []).append(rec)
     records = []
-    for fmt, recs in rows.items():
-        path = files[fmt]
-        size = sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
-        records.append({"bench": "load", "format": fmt, "ranks": args.ranks, "file_bytes": size,
-                        "graph": f"rmat-s{args.scale}-e{args.edges}-seed{args.seed}", "edges": recs[0]["edges"],
-                        "vertices": recs[0]["vertices"], "iterations": recs[0]["iterations"],
+    for (f, nr), recs in rows.items():
+        records.append({"bench": "load", "file": f, "format": kinds[f], "ranks": nr, "edges": recs[0]["edges"],
                         "load_s": statistics.median(r["load_s"] for r in recs),
                         "wall_s": statistics.median(r["wall_s"] for r in recs),
                         "load_runs_s": [r["load_s"] for r in recs],
                         "peak_rss_bytes": recs[-1]["peak_rss_bytes"],
                         "peak_rss_max_bytes": max(max(r["peak_rss_bytes"]) for r in recs),
-                        "top": recs[-1]["top"], "runs": len(recs)})
-    ref = next((r for r in records if r["format"] == "text"), None)
+                        "top": [v for v, _ in recs[-1]["top"]], "runs": len(recs)})
+    first = str(args.files[0])
     for r in records:
+        one = next((s for s in records if s["file"] == r["file"] and s["ranks"] == 1), None)
+        if one is not None:
+            r["load_vs_1_rank"] = one["load_s"] / r["load_s"]
+        ref = next((s for s in records if s["file"] == first and s["ranks"] == r["ranks"]), None)
         if ref is not None:
-            r["load_vs_text"] = ref["load_s"] / r["load_s"] if r["load_s"] else None
-            r["top_equal"] = [v for v, _ in r["top"]] == [v for v, _ in ref["top"]]
-    print_table(records)
+            r["load_vs_first"] = ref["load_s"] / r["load_s"]
+            r["top_equal"] = r["top"] == ref["top"]
+    print_table(records, [str(f) for f in args.files])
     if args.json:
         common.write_json(args.json, records)
     bad = [r for r in records if r.get("top_equal") is False]
     for r in bad:
-        progress(f"load: {r['format']}: top-{args.top} differs from the text's")
-    return 1 if bad or len(records) < len(files) else 0
+        progress(f"load: {r['file']} at {r['ranks']} ranks: the top-10 differs from {first}'s")
+    return 1 if bad or not records else 0
 
 
-def print_table(records: list[dict]) -> None:
-    head = ["format", "ranks", "file", "load", "load vs text", "end to end", "iters", "peak RSS per rank", "top equal"]
+def print_table(records: list[dict], order: list[str]) -> None:
+    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "end to end", "peak RSS (max rank)",
+            "top equal"]
     rows = []
-    for r in sorted(records, key=lambda r: FORMATS.index(r["format"])):
-        rows.append([r["format"], str(r["ranks"]), human_bytes(r["file_bytes"]), human_time(r["load_s"]),
-                     f"{r['load_vs_text']:.2f}x" if r.get("load_vs_text") else "", human_time(r["wall_s"]),
-                     str(r["iterations"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
+    for r in sorted(records, key=lambda r: (order.index(r["file"]), r["ranks"])):
+        rows.append([Path(r["file"]).name, r["format"], str(r["ranks"]), human_time(r["load_s"]),
+                     f"{r['load_vs_1_rank']:.2f}x" if "load_vs_1_rank" in r else "",
+                     f"{r['load_vs_first']:.2f}x" if "load_vs_first" in r else "",
+                     human_time(r["wall_s"]), human_bytes(r["peak_rss_max_bytes"]),
                      {True: "yes", False: "NO"}.get(r.get("top_equal"), "")])
-    print(common.format_table(head, rows, left_columns=1))
+    print(common.format_table(head, rows, left_columns=2))

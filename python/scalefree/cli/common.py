@@ -206,6 +206,20 @@ def add_ranks(p, default: int = 1) -> None:
                    help="ranks to start on this host (inside mpirun, srun or torchrun: theirs)")
 
 
+DELIMITERS = ("tab", "space", "comma", "semicolon")
+
+
+def add_text_dialect(p, delimiter: bool = True) -> None:
+    """``--delimiter`` and ``--header`` of the text readers (detected by default)."""
+    if delimiter:
+        p.add_argument("--delimiter", choices=DELIMITERS, default=None,
+                       help="field delimiter of text input (default: detected from the first line; tab and space "
+                            "both mean runs of blanks)")
+    p.add_argument("--header", choices=["auto", "yes", "no"], default="auto",
+                   help="whether text input starts with a header line (in every part of a part directory); "
+                        "auto: when its first field is not a number")
+
+
 def add_quiet(p) -> None:
     """``-q/--quiet``: no progress (shown by default when stderr is a terminal)."""
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
