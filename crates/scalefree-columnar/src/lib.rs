@@ -161,9 +161,8 @@ fn open(path: &Path) -> Result<Box<dyn Source>> {
     }
 }
 
-/// The columns of `source` to read, by name or by default; `first` names the file the
-/// default was taken from (the parts of a directory share the first part's names).
-fn choose_columns(path: &Path, source: &dyn Source, table: Table, names: &[String]) -> Result<Vec<usize>> {
+/// The columns of `source` named `names` (ids first, then the rating), checked for their types.
+fn choose_columns(path: &Path, source: &dyn Source, names: &[String]) -> Result<Vec<usize>> {
     let cols = source.columns();
     let list = || cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     let mut out = Vec::with_capacity(names.len());
@@ -184,7 +183,6 @@ fn choose_columns(path: &Path, source: &dyn Source, table: Table, names: &[Strin
         }
         out.push(i);
     }
-    let _ = table;
     Ok(out)
 }
 
@@ -250,9 +248,10 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
     for path in paths {
         let format = sniff(path)?;
         match (first_format, format) {
-            (_, None) => return Err(format_error(path, format!("not a Parquet or Arrow IPC file (no PAR1 or ARROW1 magic bytes), but {} is", first_path.display()))),
+            (None, None) => return Err(format_error(path, "not a Parquet or Arrow IPC file (no PAR1 or ARROW1 magic bytes)")),
+            (Some(a), None) => return Err(format_error(path, format!("not a {} file (no magic bytes), but the first part {} is", a.name(), first_path.display()))),
             (None, Some(f)) => first_format = Some(f),
-            (Some(a), Some(b)) if a != b => return Err(format_error(path, format!("a {} file among {} parts ({} is one)", b.name(), a.name(), first_path.display()))),
+            (Some(a), Some(b)) if a != b => return Err(format_error(path, format!("an {} file, but the first part {} is {}", b.name(), first_path.display(), a.name()))),
             _ => {}
         }
         let source = open(path)?;
@@ -264,7 +263,7 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
                 n
             }
         };
-        let cols = choose_columns(path, source.as_ref(), table, &names).map_err(|e| match (e, path == first_path) {
+        let cols = choose_columns(path, source.as_ref(), &names).map_err(|e| match (e, path == first_path) {
             (ReadError::Format { path, msg }, false) => ReadError::Format { path, msg: format!("{msg}; the parts must share the columns of {}", first_path.display()) },
             (e, _) => e,
         })?;

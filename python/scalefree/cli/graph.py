@@ -87,7 +87,9 @@ def _pagerank(args) -> int:
     fault = _parse_fail(args.fail_rank)
     progress = show_progress(args)
     t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress, args.delimiter, args.header, columns=args.columns)
+    stages: dict = {}
+    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress, args.delimiter, args.header, columns=args.columns,
+                                    times=stages)
     if edges == 0:
         raise DataError(f"{args.edges}: the graph has no edges")
     load_s = time.perf_counter() - t0
@@ -132,7 +134,7 @@ def _pagerank(args) -> int:
     rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
     if best is not None:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who)
+        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, stages)
     return 0
 
 
@@ -144,7 +146,8 @@ def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
     return got > 0 if g.rank == 0 else None
 
 
-def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="") -> None:
+def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="",
+            stages: dict | None = None) -> None:
     print(f"{n} vertices, {edges} edges, {ranks} ranks{who}, {it} iterations, "
           f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
     for v, x in zip(*best):
@@ -156,7 +159,7 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
                "iterations": it, "load_s": load_s, "setup_s": setup_s, "iterate_s": iterate_s,
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
-               "top": [[int(v), float(x)] for v, x in zip(*best)]}
+               "top": [[int(v), float(x)] for v, x in zip(*best)], **(stages or {})}
         write_json(args.json, rec)
 
 

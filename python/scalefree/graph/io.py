@@ -474,14 +474,17 @@ def logical_rank(group, replication: int = 1) -> tuple[int, int]:
 
 
 def load_graph(group, path, replication: int = 1, progress: bool = False, delimiter: str | None = None,
-               header: str = "auto", columns: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
+               header: str = "auto", columns: list[str] | None = None,
+               times: dict | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
     sends every edge to the rank that owns it and drops duplicates there
     (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
     ids stay as written. No rank holds more than its share of the edges. ``delimiter``,
     ``header``, ``columns`` (the two id columns of a Parquet / Arrow IPC input): as
     :func:`read_edge_share`. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    ``replication`` r, the replicas of a logical node end up with the same edges. ``times``,
+    if given, receives ``read_s`` (this rank's share read and parsed, the slowest rank's)
+    and ``dedup_s`` (edges sent to their owners, duplicates dropped)."""
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
@@ -496,8 +499,11 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
     finally:
         if bar is not None:
             bar.close()
+    read_s = time.perf_counter() - t0
     top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1], np.int64)
     n_ids = int(group.allreduce(top, op="max")[0])
+    if times is not None:
+        times["read_s"] = float(group.allreduce(np.array([read_s]), op="max")[0])
     if progress and group.rank == 0:
         dt = time.perf_counter() - t0
         print(f"read {len(src)} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
@@ -508,6 +514,8 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
     del src, dst
     src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    if times is not None:
+        times["dedup_s"] = time.perf_counter() - t1
     if progress and group.rank == 0:
         print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "
               f"{time.perf_counter() - t1:.2f} s", file=sys.stderr, flush=True)
