@@ -244,7 +244,7 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
         Columns::Default => None,
     };
     let mut chosen = Vec::with_capacity(paths.len());
-    let mut first_format = None;
+    let mut first_format: Option<Format> = None;
     for path in paths {
         let format = sniff(path)?;
         match (first_format, format) {

@@ -195,7 +195,7 @@ class SparsePageRank:
         dtype = np.dtype(dtype)
         src, dst = _edge_arrays(src, dst, columns)
         if n is None:
-            top = max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1
+            top = max((int(a.max()) for a in (src, dst) if a.size), default=-1) + 1
             n = int(group.allreduce(np.array([top], np.int64), op="max")[0])
         self.group, self.n, self.damping, self.dtype = group, int(n), float(damping), dtype
         if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
@@ -287,7 +287,12 @@ def _edge_arrays(src, dst, columns=None) -> tuple[np.ndarray, np.ndarray]:
         if not _tables.is_table(src):
             raise ValueError("SparsePageRank: pass src and dst arrays, or a table of edges as src")
         src, dst = _tables.table_columns(src, (_tables.ID, _tables.ID), columns, "edges")
-    return np.asarray(src), np.asarray(dst)
+    src, dst = np.asarray(src), np.asarray(dst)
+    # The native kernels take uint32, int64 or uint64 ids, one dtype for both (views when so).
+    if src.dtype.kind in "iu" and dst.dtype.kind in "iu" and (
+            src.dtype != dst.dtype or src.dtype not in (np.uint32, np.int64, np.uint64)):
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    return src, dst
 
 
 def pagerank(group, src, dst=None, n: int | None = None, damping: float = 0.85, tol: float = 1e-10,
