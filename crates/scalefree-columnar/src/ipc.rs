@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type};
@@ -13,12 +13,10 @@ use arrow_array::Array;
 use arrow_ipc::reader::FileReader;
 use arrow_schema::DataType;
 
-use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, Kind, Limits, Result, Share, Source};
+use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, Kind, Layout, Limits, Result, Share, Source};
 
 pub(crate) struct IpcSource {
-    path: PathBuf,
-    columns: Vec<ColumnInfo>,
-    unit_rows: Vec<u64>,
+    layout: Layout,
     /// Opened at the first read, with the projection of the chosen columns.
     reader: Option<(Vec<usize>, FileReader<BufReader<File>>)>,
 }
@@ -84,7 +82,7 @@ impl IpcSource {
                 unit_rows.push(u64::try_from(batch.length()).map_err(|_| bad(format!("record batch {b} has {} rows", batch.length())))?);
             }
         }
-        Ok(IpcSource { path: path.to_path_buf(), columns, unit_rows, reader: None })
+        Ok(IpcSource { layout: Layout { path: path.to_path_buf(), columns, unit_rows }, reader: None })
     }
 }
 
@@ -101,16 +99,12 @@ macro_rules! values {
 }
 
 impl Source for IpcSource {
-    fn columns(&self) -> &[ColumnInfo] {
-        &self.columns
-    }
-
-    fn unit_rows(&self) -> &[u64] {
-        &self.unit_rows
+    fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     fn read_unit(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut Share) -> Result<()> {
-        let path = self.path.clone();
+        let path = self.layout.path.clone();
         let path = path.as_path();
         let bad = |e: arrow_schema::ArrowError| format_error(path, format!("record batch {unit}: {e}"));
         if self.reader.as_ref().is_none_or(|(p, _)| p != cols) {
@@ -125,7 +119,7 @@ impl Source for IpcSource {
         let unit_name = where_.as_str();
         for (k, &c) in cols.iter().enumerate() {
             let a = batch.column(k);
-            let name = self.columns[c].name.as_str();
+            let name = self.layout.columns[c].name.as_str();
             if a.null_count() > 0 {
                 let at = (0..a.len()).find(|&i| a.is_null(i)).unwrap_or(0);
                 return Err(format_error(path, format!("column '{name}', {unit_name}: null at row {at} of the batch (nulls are not allowed)")));
@@ -162,8 +156,8 @@ impl Source for IpcSource {
                 }
             };
             done?;
-            if a.len() as u64 != self.unit_rows[unit] {
-                return Err(format_error(path, format!("column '{name}', {unit_name}: {} rows, the batch header says {}", a.len(), self.unit_rows[unit])));
+            if a.len() as u64 != self.layout.unit_rows[unit] {
+                return Err(format_error(path, format!("column '{name}', {unit_name}: {} rows, the batch header says {}", a.len(), self.layout.unit_rows[unit])));
             }
         }
         Ok(())

@@ -127,11 +127,18 @@ pub(crate) struct ColumnInfo {
     pub type_name: String,
 }
 
-/// One file opened for reading: its columns and the rows of each unit.
+/// What every rank learns of a file from its footer (and batch headers): its columns and the
+/// rows of each unit.
+pub(crate) struct Layout {
+    pub path: PathBuf,
+    pub columns: Vec<ColumnInfo>,
+    pub unit_rows: Vec<u64>,
+}
+
+/// One file opened for reading.
 pub(crate) trait Source {
-    fn columns(&self) -> &[ColumnInfo];
-    fn unit_rows(&self) -> &[u64];
-    /// Reads unit `unit` of the columns `cols` (indices into [`Source::columns`]) and
+    fn layout(&self) -> &Layout;
+    /// Reads unit `unit` of the columns `cols` (indices into [`Layout::columns`]) and
     /// appends them to `out` (the last one as values when `table` is ratings).
     fn read_unit(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut Share) -> Result<()>;
 }
@@ -163,7 +170,7 @@ fn open(path: &Path) -> Result<Box<dyn Source>> {
 
 /// The columns of `source` named `names` (ids first, then the rating), checked for their types.
 fn choose_columns(path: &Path, source: &dyn Source, names: &[String]) -> Result<Vec<usize>> {
-    let cols = source.columns();
+    let cols = &source.layout().columns;
     let list = || cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     let mut out = Vec::with_capacity(names.len());
     for (k, name) in names.iter().enumerate() {
@@ -189,7 +196,7 @@ fn choose_columns(path: &Path, source: &dyn Source, names: &[String]) -> Result<
 /// The default column names of `table` in `source`: the first two integer columns (and
 /// for ratings the first numeric column after the second).
 fn default_names(path: &Path, source: &dyn Source, table: Table) -> Result<Vec<String>> {
-    let cols = source.columns();
+    let cols = &source.layout().columns;
     let ints: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| matches!(c.kind, Kind::Int { .. })).map(|(i, _)| i).take(2).collect();
     let described = || cols.iter().map(|c| format!("{} {}", c.name, c.type_name)).collect::<Vec<_>>().join(", ");
     if ints.len() < 2 {
@@ -270,7 +277,7 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
         chosen.push(cols);
         sources.push(source);
     }
-    let all_rows: Vec<u64> = sources.iter().flat_map(|s| s.unit_rows().iter().copied()).collect();
+    let all_rows: Vec<u64> = sources.iter().flat_map(|s| s.layout().unit_rows.iter().copied()).collect();
     let owners = unit_owners(&all_rows, size);
     let mine: u64 = all_rows.iter().zip(&owners).filter(|(_, &o)| o == rank).map(|(&n, _)| n).sum();
     let mut out = Share::default();
@@ -282,7 +289,7 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
     }
     let mut k = 0;
     for (source, cols) in sources.iter_mut().zip(&chosen) {
-        for unit in 0..source.unit_rows().len() {
+        for unit in 0..source.layout().unit_rows.len() {
             if owners[k] == rank {
                 source.read_unit(unit, cols, limits, &mut out)?;
             }

@@ -3,7 +3,7 @@
 //! column chunk, in batches, with the definition levels checked for nulls.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use parquet::basic::{ConvertedType, LogicalType, Type as PhysicalType};
 use parquet::column::reader::{get_typed_column_reader, ColumnReader};
@@ -11,16 +11,14 @@ use parquet::data_type::{DataType, DoubleType, FloatType, Int32Type, Int64Type};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, Kind, Limits, Result, Share, Source};
+use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, Kind, Layout, Limits, Result, Share, Source};
 
 /// Rows decoded per call of the column reader.
 const BATCH_ROWS: usize = 64 * 1024;
 
 pub(crate) struct ParquetSource {
-    path: PathBuf,
+    layout: Layout,
     reader: SerializedFileReader<File>,
-    columns: Vec<ColumnInfo>,
-    unit_rows: Vec<u64>,
 }
 
 fn kind_of(c: &ColumnDescriptor) -> (Kind, String) {
@@ -72,7 +70,7 @@ impl ParquetSource {
             let n = u64::try_from(rg.num_rows()).map_err(|_| format_error(path, format!("row group {g} has {} rows", rg.num_rows())))?;
             unit_rows.push(n);
         }
-        Ok(ParquetSource { path: path.to_path_buf(), reader, columns, unit_rows })
+        Ok(ParquetSource { layout: Layout { path: path.to_path_buf(), columns, unit_rows }, reader })
     }
 
     /// Reads all of a column chunk of physical type `T`, calling `take` on each batch of
@@ -81,7 +79,7 @@ impl ParquetSource {
     where
         T::T: Clone,
     {
-        let path = &self.path;
+        let path = &self.layout.path;
         let mut r = get_typed_column_reader::<T>(reader);
         let mut values: Vec<T::T> = Vec::with_capacity(BATCH_ROWS);
         let mut defs: Vec<i16> = Vec::new();
@@ -107,23 +105,19 @@ impl ParquetSource {
 }
 
 impl Source for ParquetSource {
-    fn columns(&self) -> &[ColumnInfo] {
-        &self.columns
-    }
-
-    fn unit_rows(&self) -> &[u64] {
-        &self.unit_rows
+    fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     fn read_unit(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut Share) -> Result<()> {
-        let path = self.path.clone();
+        let path = self.layout.path.clone();
         let path = path.as_path();
         let group = self.reader.get_row_group(unit).map_err(|e| format_error(path, format!("row group {unit}: {e}")))?;
         let schema = self.reader.metadata().file_metadata().schema_descr_ptr();
-        let expect = self.unit_rows[unit];
+        let expect = self.layout.unit_rows[unit];
         let where_ = format!("row group {unit}");
         for (k, &c) in cols.iter().enumerate() {
-            let info = &self.columns[c];
+            let info = &self.layout.columns[c];
             let name = info.name.as_str();
             let max_def = schema.column(c).max_def_level();
             let reader = group.get_column_reader(c).map_err(|e| format_error(path, format!("column '{name}', {where_}: {e}")))?;
