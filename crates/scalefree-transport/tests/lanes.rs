@@ -26,7 +26,8 @@ fn bulk_writes_over_lanes() {
                 let job = JobInfo { rank: r, size, local_rank: r, local_size: size, job_id: id, token: "t".into(), ..JobInfo::single() };
                 let opts = DeviceOptions { timeout: Duration::from_secs(60), transport: Transport::Ucx, ..DeviceOptions::default() };
                 let dev = Device::new(job, opts).unwrap();
-                assert!(dev.net().unwrap().lanes_active(), "lanes forced on");
+                let net = &dev.backend().as_any().downcast_ref::<ucx::Ucx>().expect("the UCX backend").net;
+                assert!(net.lanes_active(), "lanes forced on");
                 body(dev);
             })
         })

@@ -125,7 +125,7 @@ fn write_notify_read_and_ordering() {
         dev.exchange_bytes(&[]).unwrap();
         ch.read(&all[right as usize], 0, &dst, 0, 4096).unwrap().wait().unwrap();
         assert!(unsafe { dst.as_slice() }.iter().all(|&b| b == 0x40 + right as u8));
-        let t = dev.net().unwrap().transports(right).unwrap();
+        let t = dev.backend().routes(right).unwrap();
         assert!(!t.is_empty());
         eprintln!("rank {me} -> {right}: {t:?}");
         dev.exchange_bytes(&[]).unwrap();

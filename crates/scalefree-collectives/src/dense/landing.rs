@@ -1,17 +1,8 @@
-//! Large collectives when peers are on other hosts (UCX): nothing of a peer is mapped
-//! here, so data moves only by one-sided writes *into* peers' landing regions, each
-//! raising a per-piece word at the target once the piece has landed.
-//!
-//! Allreduce is reduce-scatter then allgather, written all-to-all (each rank sends chunk
-//! `q` of its buffer to rank `q`, which owns it), pipelined in pieces: a rank reduces a
-//! piece of its chunk as soon as every peer's copy of it has landed, and forwards the
-//! result to every peer at once. Bytes sent per rank: `2 (N-1)/N · n`, as a ring, in two
-//! steps instead of `2 (N-1)`, which matters when every step pays a network latency.
-//!
-//! With several ranks per host the allreduce is hierarchical ([`hierarchical`]): reduce-scatter
-//! within the host over shared memory, an allreduce of each rank's share with the ranks of
-//! the same local index on the other hosts, and an allgather within the host. Every rank
-//! carries `1/L` of the traffic between hosts, so each host sends its data once.
+//! Landing regions: what the collectives for peers that are not mapped here (on other hosts,
+//! over the network) write into. Nothing of such a peer is mapped here, so data moves only
+//! by one-sided writes *into* peers' landing regions, each raising a per-piece word at the
+//! target once the piece has landed. The algorithms on top: [`super::all_to_all`] (the
+//! put-based all-to-all) and [`super::hierarchical`].
 //!
 //! The landing region (grown collectively when a larger call comes):
 //! ```text
@@ -43,7 +34,7 @@ use scalefree_transport::{Reducer, Window};
 use scalefree_transport::{Completion, Region, RemoteRegion, Result};
 
 use crate::comm::Communicator;
-use crate::dense::{chunk_bounds, share_bounds, ALIGN_ELEMS};
+use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 use crate::reduce::{reduce_into, DType, ReduceOp};
 
 /// At most this many pieces per chunk (bounds the word area).
@@ -83,13 +74,13 @@ pub(super) fn reduce_on_arrival_on() -> bool {
 
 /// A reduce-scatter area whose pieces from rank `from` are reduced into `dst` (this rank's
 /// share, `len` bytes) as they arrive.
-struct Reducing {
-    area: usize,
-    from: u32,
-    dst: *mut u8,
-    len: usize,
-    dtype: DType,
-    op: ReduceOp,
+pub(super) struct Reducing {
+    pub(super) area: usize,
+    pub(super) from: u32,
+    pub(super) dst: *mut u8,
+    pub(super) len: usize,
+    pub(super) dtype: DType,
+    pub(super) op: ReduceOp,
 }
 
 /// What a reducing window applies to each part that arrives.
@@ -153,12 +144,12 @@ impl Communicator {
 
     /// Sends `n` bytes at `src` into this rank's slot of rank `q`'s landing area `area` at
     /// `off`, raising word (area, this rank, `piece`).
-    unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {
+    pub(super) unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {
         unsafe { self.send_at(q, src, n, area, self.slot(self.rank) + off, piece) }
     }
 
     /// Where sender `s`'s slot starts in a landing area.
-    fn slot(&self, s: u32) -> usize {
+    pub(super) fn slot(&self, s: u32) -> usize {
         s as usize * self.landing.as_ref().unwrap().chunk_cap
     }
 
@@ -206,7 +197,7 @@ impl Communicator {
     }
 
     /// Local address of sender `s`'s data in this rank's landing area `area` at `off`.
-    fn landed(&self, area: usize, s: u32, off: usize) -> *const u8 {
+    pub(super) fn landed(&self, area: usize, s: u32, off: usize) -> *const u8 {
         self.landed_at(area, self.slot(s) + off)
     }
 
@@ -223,7 +214,7 @@ impl Communicator {
     /// Each `buf + at .. + len`, and `reducing`'s destination, must stay valid and not be
     /// touched by this rank (but for reading a reduced piece) until the returned guard is
     /// dropped.
-    unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8, reducing: Option<Reducing>) -> Option<DirectLanding> {
+    pub(super) unsafe fn direct_landing(&self, area: usize, parts: &[(u32, usize, usize)], buf: *mut u8, reducing: Option<Reducing>) -> Option<DirectLanding> {
         let base = |area: usize, q: u32| self.area_base(area) + self.slot(q);
         let mut windows: Vec<Window> = Vec::new();
         if direct_landing_on() {
@@ -262,255 +253,6 @@ pub(super) fn wait_all(pending: Vec<Completion>) -> Result<()> {
         c.wait()?;
     }
     Ok(())
-}
-
-/// Allreduce of `count` elements at `buf` after the header exchange of this call: the
-/// group allreduce over every rank (rank `q` owns chunk `q`).
-///
-/// # Safety
-/// `buf` valid for `count` elements of `dtype`.
-pub(crate) unsafe fn allreduce(c: &mut Communicator, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-    c.landing(largest_chunk(count, c.size, dtype.size_bytes()))?;
-    let all: Vec<u32> = (0..c.size).collect();
-    unsafe { group_allreduce(c, &all, buf, 0, count, dtype, op, (0, 1), false) }.map(|_| ())
-}
-
-/// Reduce-scatter of `count` elements at `input` into this rank's share at `out`.
-///
-/// # Safety
-/// `input` valid for `count` elements, `out` for the share.
-pub(crate) unsafe fn reduce_scatter(c: &mut Communicator, input: *const u8, count: usize, out: *mut u8, dtype: DType, op: ReduceOp) -> Result<()> {
-    let es = dtype.size_bytes();
-    let n = c.size;
-    let me = c.rank;
-    let share = |q: u32| share_bounds(count, n, q);
-    let cap = (0..n).map(|q| (share(q).1 - share(q).0) * es).max().unwrap_or(0);
-    c.landing(cap)?;
-    let piece = c.net_piece_bytes();
-    let peers: Vec<u32> = c.peers().collect();
-    let mut sent = Vec::new();
-    for &q in &peers {
-        let (a, b) = share(q);
-        sent.extend(unsafe { c.send_pieces(q, input.add(a * es), (b - a) * es, 0, c.slot(me), es)? });
-    }
-    let (a, b) = share(me);
-    let bytes = (b - a) * es;
-    unsafe { std::ptr::copy(input.add(a * es), out, bytes) };
-    let (p, np) = pieces(bytes, piece, es);
-    for k in 0..np {
-        let off = k * p;
-        let len = p.min(bytes - off);
-        for &q in &peers {
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of reduce_scatter call #{seq}"))?;
-            unsafe { reduce_into(dtype, op, out.add(off), c.landed(0, q, off), len / es) };
-        }
-    }
-    wait_all(sent)
-}
-
-/// Allgather: `nbytes` at `mine` (this rank's slot of `out`) to every rank's `out`.
-///
-/// # Safety
-/// `out` valid for `size * nbytes` bytes.
-pub(crate) unsafe fn allgather(c: &mut Communicator, mine: *const u8, nbytes: usize, out: *mut u8, es: usize) -> Result<()> {
-    c.landing(nbytes)?;
-    let piece = c.net_piece_bytes();
-    let peers: Vec<u32> = c.peers().collect();
-    let (p, np) = pieces(nbytes, piece, es);
-    let mut sent = Vec::new();
-    for k in 0..np {
-        let off = k * p;
-        for &q in &peers {
-            sent.push(unsafe { c.send_piece(q, mine.add(off), p.min(nbytes - off), 1, off, k)? });
-        }
-    }
-    for &q in &peers {
-        for k in 0..np {
-            let off = k * p;
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s piece {k} of allgather call #{seq}"))?;
-            unsafe { std::ptr::copy_nonoverlapping(c.landed(1, q, off), out.add(q as usize * nbytes + off), p.min(nbytes - off)) };
-        }
-    }
-    wait_all(sent)
-}
-
-/// Broadcast of `nbytes` at `buf` from `root`.
-///
-/// # Safety
-/// `buf` valid for `nbytes` bytes.
-pub(crate) unsafe fn broadcast(c: &mut Communicator, buf: *mut u8, nbytes: usize, root: u32, es: usize) -> Result<()> {
-    c.landing(nbytes)?;
-    let piece = c.net_piece_bytes();
-    let (p, np) = pieces(nbytes, piece, es);
-    if c.rank == root {
-        let peers: Vec<u32> = c.peers().collect();
-        let mut sent = Vec::new();
-        for k in 0..np {
-            let off = k * p;
-            for &q in &peers {
-                sent.push(unsafe { c.send_piece(q, buf.add(off), p.min(nbytes - off), 1, off, k)? });
-            }
-        }
-        return wait_all(sent);
-    }
-    for k in 0..np {
-        let off = k * p;
-        let seq = c.seq;
-        c.wait_landed(c.landed_word(1, root, k), &|| format!("rank {root}'s piece {k} of broadcast call #{seq}"))?;
-        unsafe { std::ptr::copy_nonoverlapping(c.landed(1, root, off), buf.add(off), p.min(nbytes - off)) };
-    }
-    Ok(())
-}
-
-/// The hierarchical plan of this job, if it has one: (ranks of this host, ranks with this
-/// rank's local index on every host), both in rank order. Needs more than one host and the
-/// same number (more than one) of ranks on each.
-pub(crate) fn host_groups(c: &Communicator) -> Option<(Vec<u32>, Vec<u32>)> {
-    let dev = c.device();
-    let n = c.size;
-    let mine = dev.host_of(c.rank);
-    let local: Vec<u32> = (0..n).filter(|&r| dev.host_of(r) == mine).collect();
-    let mut hosts: Vec<u32> = (0..n).map(|r| dev.host_of(r)).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    let l = local.len();
-    if hosts.len() < 2 || l < 2 || hosts.iter().any(|&h| (0..n).filter(|&r| dev.host_of(r) == h).count() != l) {
-        return None;
-    }
-    let idx = local.iter().position(|&r| r == c.rank).unwrap();
-    let cross: Vec<u32> = hosts
-        .iter()
-        .map(|&h| (0..n).filter(|&r| dev.host_of(r) == h).nth(idx).unwrap())
-        .collect();
-    Some((local, cross))
-}
-
-/// Reduce-scatter (then, unless `scatter_only`, allgather) of elements `a..b` of `buf` among
-/// `group` (which holds this rank), through landing areas `areas` (reduce-scatter, allgather),
-/// pipelined in pieces: every group member gets its part of our elements; we reduce each piece
-/// of our part as its copies land (unless it was reduced as it arrived) and pass it on at once.
-/// The landing region must hold the largest part already ([`Communicator::landing`]).
-/// Returns the bounds of this rank's share.
-#[allow(clippy::too_many_arguments)]
-unsafe fn group_allreduce(
-    c: &mut Communicator,
-    group: &[u32],
-    buf: *mut u8,
-    a: usize,
-    b: usize,
-    dtype: DType,
-    op: ReduceOp,
-    areas: (usize, usize),
-    scatter_only: bool,
-) -> Result<(usize, usize)> {
-    let es = dtype.size_bytes();
-    let g = group.len() as u32;
-    let me_idx = group.iter().position(|&r| r == c.rank).unwrap() as u32;
-    let part = |i: u32| {
-        let (x, y) = chunk_bounds(b - a, g, i, ALIGN_ELEMS);
-        (a + x, a + y)
-    };
-    let piece = c.net_piece_bytes();
-    let peers: Vec<(u32, u32)> = (1..g).map(|k| (me_idx + k) % g).map(|i| (i, group[i as usize])).collect();
-    let (x, y) = part(me_idx);
-    let direct = if scatter_only {
-        None
-    } else {
-        let parts: Vec<(u32, usize, usize)> = peers.iter().map(|&(i, q)| (q, part(i).0 * es, (part(i).1 - part(i).0) * es)).collect();
-        let reducing = peers.first().map(|&(_, q)| Reducing { area: areas.0, from: q, dst: unsafe { buf.add(x * es) }, len: (y - x) * es, dtype, op });
-        unsafe { c.direct_landing(areas.1, &parts, buf, reducing) }
-    };
-    let mut sent = Vec::new();
-    for &(i, q) in &peers {
-        let (x, y) = part(i);
-        sent.extend(unsafe { c.send_pieces(q, buf.add(x * es), (y - x) * es, areas.0, c.slot(c.rank), es)? });
-    }
-    let bytes = (y - x) * es;
-    let (p, np) = pieces(bytes, piece, es);
-    let mut forwarded = Vec::new();
-    for k in 0..np {
-        let off = k * p;
-        let len = p.min(bytes - off);
-        let dst = unsafe { buf.add(x * es + off) };
-        for &(_, q) in &peers {
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-            if !c.reduced_on_arrival(&direct, q, k) {
-                unsafe { reduce_into(dtype, op, dst, c.landed(areas.0, q, off), len / es) };
-            }
-        }
-        if !scatter_only {
-            for &(_, q) in &peers {
-                forwarded.push(unsafe { c.send_piece(q, dst, len, areas.1, off, k)? });
-            }
-        }
-    }
-    // Our buffer's other parts are overwritten below: their sends must be done first.
-    wait_all(sent)?;
-    if scatter_only {
-        return Ok((x, y));
-    }
-    for &(i, q) in &peers {
-        let (qx, qy) = part(i);
-        let qbytes = (qy - qx) * es;
-        let (qp, qnp) = pieces(qbytes, piece, es);
-        for k in 0..qnp {
-            let off = k * qp;
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced piece {k} of allreduce call #{seq}"))?;
-            if !(direct.is_some() && c.landed_direct(areas.1, q, k)) {
-                unsafe { std::ptr::copy_nonoverlapping(c.landed(areas.1, q, off), buf.add(qx * es + off), qp.min(qbytes - off)) };
-            }
-        }
-    }
-    drop(direct);
-    wait_all(forwarded)?;
-    Ok((x, y))
-}
-
-/// Hierarchical allreduce (see the module comment); `groups` from [`host_groups`].
-///
-/// # Safety
-/// `buf` valid for `count` elements of `dtype`.
-pub(crate) unsafe fn hierarchical(c: &mut Communicator, groups: &(Vec<u32>, Vec<u32>), buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
-    let es = dtype.size_bytes();
-    let (local, cross) = groups;
-    let l = local.len() as u32;
-    c.landing(largest_chunk(count, l, es))?;
-    unsafe {
-        // Within the host: this rank ends up owning [x, y), reduced over the host.
-        let (x, y) = group_allreduce(c, local, buf, 0, count, dtype, op, (0, 1), true)?;
-        // Between hosts: that share of every host, reduced and spread among them.
-        group_allreduce(c, cross, buf, x, y, dtype, op, (2, 3), false)?;
-        // Within the host again: every rank gets every share.
-        let piece = c.net_piece_bytes();
-        let bytes = (y - x) * es;
-        let (p, np) = pieces(bytes, piece, es);
-        let me = c.rank;
-        let peers: Vec<u32> = local.iter().copied().filter(|&r| r != me).collect();
-        let mut sent = Vec::new();
-        for k in 0..np {
-            let off = k * p;
-            for &q in &peers {
-                sent.push(c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), 1, off, k)?);
-            }
-        }
-        for &q in &peers {
-            let qi = local.iter().position(|&r| r == q).unwrap() as u32;
-            let (qx, qy) = chunk_bounds(count, l, qi, ALIGN_ELEMS);
-            let qbytes = (qy - qx) * es;
-            let (qp, qnp) = pieces(qbytes, piece, es);
-            for k in 0..qnp {
-                let off = k * qp;
-                let seq = c.seq;
-                c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s share piece {k} of allreduce call #{seq}"))?;
-                std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qx * es + off), qp.min(qbytes - off));
-            }
-        }
-        wait_all(sent)
-    }
 }
 
 #[cfg(test)]

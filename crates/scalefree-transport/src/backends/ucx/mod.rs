@@ -1,18 +1,103 @@
-//! [`Ucx`]: the [`Backend`] over [`Net`]. Regions that carry a remote key (a peer on another
-//! host, or every peer with `SCALEFREE_TRANSPORT=ucx`) are reached through UCX and the TCP
-//! lanes; regions mapped here (a peer on this host) through memory, as on [`Shm`].
+//! UCX backend: ranks on different hosts (or any ranks, with `SCALEFREE_TRANSPORT=ucx`).
+//!
+//! The same pieces as the shared-memory backend, a file each:
+//! * [`memory`]: a region is a local memfd mapping registered with `ucp_mem_map`; its packed
+//!   remote key travels beside the handle;
+//! * [`copies`]: `write` is `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the
+//!   data and the notification as one active message (eager, or rendezvous into the region
+//!   for large data), whose handler publishes the notification only once the data has landed;
+//! * [`notify`]: an active message whose handler stores the value in the target's
+//!   notification slot and wakes a parked waiter; `notify` after `write` flushes the endpoint
+//!   first (remote completion of the put), so the data is in place before the notification
+//!   is seen: ordering by flush;
+//! * [`progress`]: a caller spins briefly calling `ucp_worker_progress`, then parks on the
+//!   same futex words as the shared-memory backend; a progress thread sleeps on the worker's
+//!   event file descriptor (`ucp_worker_arm` + `poll`) and runs the handlers when traffic
+//!   arrives, so nobody busy-polls the network without bound;
+//! * [`peers`]: endpoint errors, heartbeats, and losses told to every peer.
+//!
+//! [`net`] holds the endpoint set ([`Net`]) and its set-up; bulk writes to peers that UCX
+//! reaches only over TCP go over [`crate::backends::lanes`]. Peers on this host are reached
+//! through mapped memory, as on [`Shm`].
+
+/// An active-message handler that reads only the message header: `$body` gets the device's
+/// An active-message handler that reads only the message header: `$body` gets the device's
+/// shared state and the header bytes, and the generated callback returns `UCS_OK`.
+macro_rules! header_handler {
+    ($name:ident, |$sh:ident, $h:ident| $body:block) => {
+        pub(super) unsafe extern "C" fn $name(
+            arg: *mut c_void,
+            header: *const c_void,
+            hlen: usize,
+            _data: *mut c_void,
+            _len: usize,
+            _param: *const ucp_am_recv_param_t,
+        ) -> ucs_status_t {
+            let $sh = unsafe { &*(arg as *const Shared) };
+            let $h: &[u8] = if hlen == 0 { &[] } else { unsafe { std::slice::from_raw_parts(header as *const u8, hlen) } };
+            $body
+            UCS_OK
+        }
+    };
+}
+
+mod copies;
+pub mod ffi;
+mod memory;
+mod net;
+mod notify;
+mod peers;
+mod progress;
+
+pub use net::{Exchange, Net};
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Net, Note, RemoteKey, Request, Registration, Window};
 use crate::backends::shm::Shm;
-use crate::backends::{Backend, DirectLanding};
+use crate::backends::{Backend, DirectLanding, Note, Registration, RemoteKey, Request, Setup, Window};
 use crate::device::Device;
 use crate::error::Result;
 use crate::region::{check_range, RemoteRegion};
 use crate::wait::{SpinHook, WaitPolicy};
+
+/// What UCX was found and what it offers, for `scalefree info` and error messages.
+pub fn describe() -> Result<String> {
+    let u = ffi::ucp()?;
+    Ok(format!("UCX {}.{}.{} ({})", u.version.0, u.version.1, u.version.2, u.path))
+}
+
+/// Collective: the UCX backend of a job that spans hosts (or of every job, with
+/// `SCALEFREE_TRANSPORT=ucx`). Peers on other hosts over UCX, peers on this host over shared
+/// memory (every peer over UCX with `Transport::Ucx`, which gives every rank a host of its
+/// own); remote peers' notifications arrive as active messages in this rank's slots.
+/// Regions are memfds registered with UCX, so either kind of peer can reach them.
+///
+/// # Safety
+/// `setup`'s slot and waiter words must stay valid while the backend lives.
+pub(crate) unsafe fn open(setup: Setup<'_>) -> Result<Box<dyn Backend>> {
+    let Setup { job, rendezvous: rv, hosts, slots, nslots, waiters, connect_timeout } = setup;
+    let me = job.rank;
+    // The interface between hosts: the user's choice (checked before UCX sees it), else
+    // the one this rank reached the rendezvous through.
+    let ip = match crate::config::ifname() {
+        Some(name) => crate::config::interface_ip(&name)?,
+        None => rv.local_ip().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+    };
+    let mut net = unsafe {
+        Net::new(me, job.size, slots, nslots, waiters, &mut |b| {
+            Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
+        })?
+    };
+    let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
+    net.open_lanes(ip, &remote, &job.token, &job.job_id, connect_timeout, &mut |b| {
+        Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
+    })?;
+    // Peers on other hosts are watched with heartbeats; this host's by their process ids.
+    net.watch(remote);
+    Ok(Box::new(Ucx { net }))
+}
 
 /// The UCX backend: a rank's UCX endpoints (and TCP lanes) to its peers.
 pub struct Ucx {
@@ -124,6 +209,9 @@ impl Backend for Ucx {
     }
     fn direct_landing(&self) -> Option<&dyn DirectLanding> {
         Some(self)
+    }
+    fn routes(&self, peer: u32) -> Result<Vec<String>> {
+        self.net.transports(peer)
     }
 }
 
