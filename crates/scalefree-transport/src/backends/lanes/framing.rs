@@ -6,7 +6,7 @@ use std::net::TcpStream;
 
 pub(super) const KIND_WRITE: u32 = 1;
 pub(super) const KIND_NOTIFY: u32 = 2;
-/// A fence (see [`Stripe`]): `index` is its number. On an extra stream it marks that every
+/// A fence (see [`Stripe`](super::striping::Stripe)): `index` is its number. On an extra stream it marks that every
 /// write sent on that stream before it has been read; on the first stream, that the frames
 /// after it wait until every extra stream has delivered that fence.
 pub(super) const KIND_FENCE: u32 = 3;

@@ -11,7 +11,7 @@ pub(crate) struct Gate {
     /// Callers spinning (or yielding) in a wait, reading arrivals themselves.
     pub(super) spinning: AtomicU32,
     /// Until when (ms since `epoch`) the readers keep standing down after a caller that
-    /// reads its own arrivals ([`Net::wait_reading`](super::Net::wait_reading)) left its
+    /// reads its own arrivals ([`Net::wait_reading`](crate::backends::ucx::Net::wait_reading)) left its
     /// wait: its next call's messages would otherwise find a reader back in `poll` and wake
     /// it for nothing. A caller that parks ends the lease.
     pub(super) lease_until: AtomicU64,

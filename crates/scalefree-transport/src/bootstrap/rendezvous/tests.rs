@@ -1,6 +1,8 @@
 //! The rendezvous with ranks as threads: exchanges with descriptors, refused tokens, world
 //! sizes and versions, silent and oversized connections, a token that never crosses the wire.
 
+use std::io::{Read, Write};
+
 use super::*;
 
 #[test]
