@@ -1,6 +1,6 @@
-//! A rank's endpoint: allocates and registers regions ([`regions`]), attaches peers'
+//! A rank's endpoint: allocates and registers regions (`device/regions.rs`), attaches peers'
 //! regions, hands out channels, and owns the notification slots peers write into
-//! ([`control`], [`waits`]). A device does not know which backend carries its bytes: the
+//! (`device/control.rs`, `device/waits.rs`). A device does not know which backend carries its bytes: the
 //! backends module picks one for the job and builds it ([`crate::backends::choose`]), and
 //! every operation goes through the [`Backend`] trait.
 

@@ -1,5 +1,5 @@
 //! Allreduce between hosts by recursive halving and doubling, for a power-of-two number of
-//! ranks (4 or more), on the landing regions of [`net`](super::net).
+//! ranks (4 or more), on the landing regions of [`landing`](super::landing).
 //!
 //! Reduce-scatter by recursive halving: in step `s` (distance `d = N/2, N/4, …, 1`) a rank
 //! and its partner `rank ^ d` split the chunks they still hold in two; each sends the half

@@ -8,7 +8,7 @@
 //! implement it, [`shm::Shm`] (every rank on this host: mapped memory and cross-memory
 //! attach) and [`ucx::Ucx`] (peers on other hosts over UCX, bulk writes over [`lanes`];
 //! peers on this host still through mapped memory). A device does not know which one it
-//! has: [`open`] picks the backend for the job ([`Transport`], the hosts of its ranks) and
+//! has: [`choose`] picks the backend for the job ([`Transport`], the hosts of its ranks) and
 //! that backend's module builds it from the job's rendezvous. What only some backends can
 //! do is an optional capability, reached through an accessor that returns `None` elsewhere:
 //! [`DirectLanding`] (arriving writes received straight into the caller's buffer). Code
@@ -29,9 +29,9 @@ use crate::region::RemoteRegion;
 use crate::wait::{SpinHook, WaitPolicy};
 
 pub mod lanes;
-pub(crate) mod wire;
 pub mod shm;
 pub mod ucx;
+pub(crate) mod wire;
 
 /// Which backend carries the bytes (`SCALEFREE_TRANSPORT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

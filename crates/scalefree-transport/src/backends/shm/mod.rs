@@ -7,7 +7,7 @@
 //! array that is not in a region) is reached with cross-memory attach
 //! (`process_vm_readv` / `process_vm_writev`), one kernel copy.
 //!
-//! The pieces, as in every backend: [`memory`], [`copies`], [`notify`], [`peers`]. There is
+//! The pieces, as in every backend: `memory.rs`, `copies.rs`, `notify.rs`, `peers.rs`. There is
 //! no progress to drive: every copy completes before the call returns.
 
 mod copies;

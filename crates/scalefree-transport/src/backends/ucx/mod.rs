@@ -1,22 +1,22 @@
 //! UCX backend: ranks on different hosts (or any ranks, with `SCALEFREE_TRANSPORT=ucx`).
 //!
 //! The same pieces as the shared-memory backend, a file each:
-//! * [`memory`]: a region is a local memfd mapping registered with `ucp_mem_map`; its packed
+//! * `memory.rs`: a region is a local memfd mapping registered with `ucp_mem_map`; its packed
 //!   remote key travels beside the handle;
-//! * [`copies`]: `write` is `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the
+//! * `copies.rs`: `write` is `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the
 //!   data and the notification as one active message (eager, or rendezvous into the region
 //!   for large data), whose handler publishes the notification only once the data has landed;
-//! * [`notify`]: an active message whose handler stores the value in the target's
+//! * `notify.rs`: an active message whose handler stores the value in the target's
 //!   notification slot and wakes a parked waiter; `notify` after `write` flushes the endpoint
 //!   first (remote completion of the put), so the data is in place before the notification
 //!   is seen: ordering by flush;
-//! * [`progress`]: a caller spins briefly calling `ucp_worker_progress`, then parks on the
+//! * `progress.rs`: a caller spins briefly calling `ucp_worker_progress`, then parks on the
 //!   same futex words as the shared-memory backend; a progress thread sleeps on the worker's
 //!   event file descriptor (`ucp_worker_arm` + `poll`) and runs the handlers when traffic
 //!   arrives, so nobody busy-polls the network without bound;
-//! * [`peers`]: endpoint errors, heartbeats, and losses told to every peer.
+//! * `peers.rs`: endpoint errors, heartbeats, and losses told to every peer.
 //!
-//! [`net`] holds the endpoint set ([`Net`]) and its set-up; bulk writes to peers that UCX
+//! `net.rs` holds the endpoint set ([`Net`]) and its set-up; bulk writes to peers that UCX
 //! reaches only over TCP go over [`crate::backends::lanes`]. Peers on this host are reached
 //! through mapped memory, as on [`Shm`].
 

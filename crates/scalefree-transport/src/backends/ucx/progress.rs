@@ -16,6 +16,9 @@ use crate::backends::{InFlight, OpState, Request};
 use crate::error::Result;
 use crate::wait::{self, WaitPolicy};
 
+// A lane's broken write reports the status a broken UCX connection does.
+const _: () = assert!(UCS_ERR_CONNECTION_RESET as u32 == OpState::BROKEN);
+
 /// The most credit spins that ended their wait can build up.
 pub(super) const SPIN_CREDIT_MAX: u32 = 4;
 
