@@ -28,6 +28,13 @@
 //! progress), so a small message costs no thread wake-up; parked, it leaves them to the
 //! reader thread, unless it reads them itself while parked in `poll` (`Net::wait_reading`).
 //! Nobody polls without bound.
+//!
+//! One concern per file: `framing.rs` (the frame header, sending a frame), `handshake.rs`
+//! (listening, proving a connection belongs to the job, connecting every pair),
+//! `striping.rs` (streams per pair, fences), `writer.rs` (the queue, the writer thread, a
+//! waiter sending the queue itself), `reader.rs` (reading frames, the reader thread),
+//! `gate.rs` (reader threads standing down while callers read), `landing.rs` (direct
+//! landing). The lanes see the backend whose writes they carry only through [`Arrivals`].
 
 mod framing;
 mod gate;
