@@ -197,6 +197,7 @@ class Work(dist.distributed_c10d.Work):
         self._timeout_s = timeout_s
         self._on_deadline = on_deadline
         self._source = -1
+        self._outcome: list = []  # [(ok, value or error)] once done (set by the worker)
 
     def _finish(self) -> None:
         self._done.set()
@@ -214,6 +215,8 @@ class Work(dist.distributed_c10d.Work):
             return False
 
     def exception(self):
+        if self._outcome and not self._outcome[0][0]:
+            return self._outcome[0][1]  # the error itself, not the future's wrapping of it
         try:
             self._fut.value()
         except Exception as e:  # noqa: BLE001 - handed to the caller
@@ -228,7 +231,9 @@ class Work(dist.distributed_c10d.Work):
             if explicit is None and self._on_deadline is not None:
                 self._on_deadline(err)
             raise err
-        self._fut.wait()  # raises the operation's error
+        if self._outcome and not self._outcome[0][0]:
+            raise self._outcome[0][1]
+        self._fut.wait()
         return True
 
     def get_future(self) -> Future:
@@ -256,12 +261,20 @@ class _Worker:
         self._thread.start()
 
     def submit(self, fn, result, what: str = "operation", timeout_s: float | None = None) -> Work:
-        fut: Future = Future()
+        # The work's future is a continuation of ``done``: a failure then completes it with a
+        # real error (raised in the callback), which torch's C++ callbacks on it (DDP's reducer)
+        # see as an error; an exception object set as a future's value would reach them as a
+        # value of the wrong type (and crash the process).
+        outcome: list = []
+        done: Future = Future()
+        fut = done.then(lambda _f: _outcome(outcome))
         work = Work(fut, what, timeout_s if timeout_s is not None else self._timeout_s, self.fail)
+        work._outcome = outcome
+        item = (fn, result, done, outcome, work)
         if self._inline:
-            self._one(fn, result, fut, work)
+            self._one(*item)
         else:
-            self._q.put((fn, result, fut, work))
+            self._q.put(item)
         return work
 
     def fail(self, err: BaseException) -> None:
@@ -276,10 +289,10 @@ class _Worker:
                 return
             self._one(*item)
 
-    def _one(self, fn, result, fut, work) -> None:
+    def _one(self, fn, result, done, outcome, work) -> None:
         try:
             if self._failed is not None:
-                fut.set_exception(self._failed)
+                outcome.append((False, self._failed))
                 return
             try:
                 value = fn()
@@ -295,18 +308,27 @@ class _Worker:
                 # A lost peer or a transport failure leaves the group unusable: fail later ops too.
                 if isinstance(err, dist.DistBackendError):
                     self._failed = err
-                fut.set_exception(err)
+                outcome.append((False, err))
                 return
             if isinstance(value, _Source):
                 work._source = value.rank
-            fut.set_result(result)
+            outcome.append((True, result))
         finally:
+            done.set_result(None)
             work._finish()
 
     def stop(self) -> None:
         self._q.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
+
+
+def _outcome(outcome: list):
+    """The value of a finished operation, or its error raised."""
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 class _Source:
@@ -867,7 +889,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
     _MB_ARRIVE, _MB_RELEASE = -(1 << 62), -(1 << 62) + 1
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
-        limit = _seconds(timeout) or self._timeout_s
+        if timeout is None:
+            limit = self._timeout_s
+        else:  # here 0 means no time at all (gloo: rank 0 times out at once)
+            limit = max(0.0, timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout) / 1000.0)
         rank, n = self.rank(), self.size()
         token = np.zeros(1, np.uint8)
         if rank != 0:
@@ -884,6 +909,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         failed = []
         for r in range(1, n):
             left = max(0.0, deadline - time.monotonic())
+            if limit is not None and left <= 0.0 and not wait_all_ranks:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {int(round(limit * 1000))} ms")
             try:
                 self._mailbox.recv(r, self._MB_ARRIVE, left if limit is not None else None)
             except BaseException as e:  # noqa: BLE001 - a rank that did not arrive
