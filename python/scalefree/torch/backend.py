@@ -450,6 +450,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             raise RuntimeError("ProcessGroup name not set")
         return name
 
+    # batch_isend_irecv asks the group for its CPU backend (to see whether it coalesces): this
+    # group is its own.
+    def _get_backend(self, device):
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"scalefree backend: no backend for device {device} (CPU tensors only)")
+        return self
+
     # torch asks a group which devices it serves (monitored_barrier, object collectives); a
     # Python ProcessGroup has no per-device backends registered, so the answer is given here.
     @property
@@ -513,8 +520,42 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             else:
                 t.copy_(torch.div(t, self.size(), rounding_mode="floor"))
 
+    def _allgather_bytes(self, raw: np.ndarray) -> list:
+        """Every rank's byte string (sizes may differ), in rank order."""
+        n = self.size()
+        sizes = torch.empty(n, dtype=torch.int64)
+        self._allgather_flat(torch.tensor([raw.size], dtype=torch.int64), sizes)
+        if not int(sizes.sum()):
+            return [np.empty(0, np.uint8) for _ in range(n)]
+        got = self._g.alltoallv(np.tile(raw, n), np.full(n, raw.size, np.int64)).reshape(-1)
+        offsets = np.concatenate([[0], np.cumsum(sizes.numpy())])
+        return [got[offsets[r]:offsets[r + 1]] for r in range(n)]
+
+    def _sparse_allreduce(self, t: torch.Tensor, op: str) -> None:
+        """Sum of a sparse COO tensor over ranks, in place (as gloo: every rank's indices and
+        values gathered, then coalesced)."""
+        if op != "sum":
+            raise ValueError(f"scalefree backend: sparse all_reduce supports sum only, got {op}")
+        c = t.detach().coalesce()
+        idx, val = c.indices().contiguous(), c.values().contiguous()
+        idx_all = self._allgather_bytes(_as_numpy(idx).view(np.uint8))
+        val_all = self._allgather_bytes(_as_numpy(val).view(np.uint8))
+        ind = [torch.from_numpy(b.copy()).view(torch.int64).view(idx.shape[0], -1) for b in idx_all]
+        vals = [torch.from_numpy(b.copy()).view(val.dtype).view((-1,) + tuple(val.shape[1:])) for b in val_all]
+        total = torch.sparse_coo_tensor(torch.cat(ind, 1), torch.cat(vals), t.shape).coalesce()
+        with torch.no_grad():
+            t.copy_(total)
+
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if any(t.is_sparse for t in tensors):
+            sparse = list(tensors)
+
+            def run_sparse():
+                for t in sparse:
+                    self._sparse_allreduce(t, op)
+
+            return self._submit(run_sparse, sparse, "allreduce", opts)
         for t in tensors:
             _check_cpu(t, "allreduce input")
         staged = [_Staged(t) for t in tensors]
