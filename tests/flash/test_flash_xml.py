@@ -63,16 +63,20 @@ def reference_predict(trees, loss, n_features, row_idx, row_val, beam, k):
 # ---------------------------------------------------------------- random models
 
 
-def random_tree(rng, n_features, labels, max_children=3, leaf_size=4, depth=0, dense_every=3):
-    """A random, unbalanced tree over ``labels``; weights sparse or dense."""
+def random_tree(rng, n_features, labels, max_children=3, leaf_size=4, depth=0, dense_every=3, nnz=6):
+    """A random, unbalanced tree over ``labels``; weights sparse or dense. Scores stay below 1
+    (no saturated squared hinge) and every output has its own bias, so that no two candidates
+    tie: a tie may be broken either way by a beam selection, and then the beams differ."""
     counter = [0]
+    a = 0.9 / (np.sqrt(nnz) + 1)
 
     def weights(n_out):
         counter[0] += 1
         if counter[0] % dense_every == 0:
-            return rng.normal(0, 1.0, (n_features + 1, n_out)).astype(np.float32)
+            return rng.uniform(-a, a, (n_features + 1, n_out)).astype(np.float32)
         m = sp.random(n_features + 1, n_out, density=0.3, random_state=rng, dtype=np.float32,
-                      data_rvs=lambda n: rng.normal(0, 1.5, n))
+                      data_rvs=lambda n: rng.uniform(-a, a, n)).tolil()
+        m[n_features, :] = rng.uniform(-a, a, n_out)
         return m.tocsr()
 
     def build(labels, depth):
@@ -200,7 +204,8 @@ def test_text_input_out_file_and_metrics(tmp_path, rt):
 def test_budget_smaller_than_model(tmp_path):
     rng = np.random.default_rng(11)
     n_features = 400
-    trees = [random_tree(rng, n_features, np.arange(300), max_children=4, leaf_size=10, dense_every=2) for _ in range(3)]
+    trees = [random_tree(rng, n_features, np.arange(300), max_children=4, leaf_size=10, dense_every=2, nnz=20)
+             for _ in range(3)]
     model = xml.write_model(tmp_path / "m.sfxml", trees, n_features, loss="log")
     budget = model.level_bytes // 4
     assert budget >= model.largest_level_bytes // 4

@@ -3,7 +3,8 @@
 //! Text input is the Extreme Classification Repository's format — a header `N F L`, then one
 //! point per line, `l1,l2,... f:v f:v ...` — or the same lines without the header (multi-label
 //! svmlight). Labels may be absent (a line starting with a feature); feature ids are taken as
-//! written (0-based in the repository's files); `#` starts a comment. Lines are read one batch
+//! written (0-based in the repository's files); `#` starts a comment (a line that is only a
+//! comment is no point; an empty line is a point with nothing). Lines are read one batch
 //! at a time: memory is one batch, whatever the file's size. Errors name the file and line.
 
 use std::fs::File;
@@ -144,11 +145,15 @@ impl TextReader {
     }
 
     fn parse_into(&mut self, line: &str, batch: &mut Batch) -> Result<bool> {
+        if line.trim_start().starts_with('#') {
+            return Ok(false);
+        }
         let body = line.split('#').next().unwrap_or("");
         let mut toks = body.split_ascii_whitespace().peekable();
-        let Some(&first) = toks.peek() else { return Ok(false) };
         let at = self.line_no;
-        if !first.contains(':') {
+        // An empty line is a point without labels or features (as omikuji reads it).
+        let first = toks.peek().copied().unwrap_or("");
+        if !first.is_empty() && !first.contains(':') {
             toks.next();
             for label in first.split(',').filter(|s| !s.is_empty()) {
                 let id: u32 = label.parse().map_err(|_| bad_line(&self.path, at, format!("label {label:?} is not a non-negative integer")))?;
