@@ -86,9 +86,10 @@ impl ChunkOutput {
     }
 }
 
-struct Scratch {
-    lookup: Vec<u32>,
-    acc: Vec<f32>,
+thread_local! {
+    /// Feature id → stored row of the node being scored (`u32::MAX`: none), one per compute
+    /// thread, kept between tasks (reset after each node) so it is allocated once.
+    static LOOKUP: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Raw scores `xᵀW` of one point into `acc` (length n_out, zeroed by the caller).
@@ -109,8 +110,8 @@ pub fn score_chunk(level_nodes: &[NodeRecord], buffer: &[u8], buffer_offset: u64
     let table_len = n_features as usize + 1;
     work.par_chunk_by(|a, b| a.node == b.node)
         .map_init(
-            || Scratch { lookup: Vec::new(), acc: Vec::new() },
-            |scratch, group| {
+            Vec::<f32>::new,
+            |acc_buf, group| LOOKUP.with_borrow_mut(|lookup| {
                 let record = &level_nodes[group[0].node as usize];
                 let view = record.view(buffer, buffer_offset);
                 let n_out = record.n_out as usize;
@@ -124,26 +125,26 @@ pub fn score_chunk(level_nodes: &[NodeRecord], buffer: &[u8], buffer_offset: u64
                     WeightsView::Dense(_) => false,
                 };
                 if use_lookup {
-                    if scratch.lookup.len() != table_len {
-                        scratch.lookup = vec![u32::MAX; table_len];
+                    if lookup.len() != table_len {
+                        *lookup = vec![u32::MAX; table_len];
                     }
                     if let WeightsView::Sparse { row_ids, .. } = &view.weights {
                         for (r, &f) in row_ids.iter().enumerate() {
-                            scratch.lookup[f as usize] = r as u32;
+                            lookup[f as usize] = r as u32;
                         }
                     }
                 }
                 for w in group.iter() {
                     let x = points.row(w.point as usize);
-                    scratch.acc.clear();
-                    scratch.acc.resize(n_out, 0.);
-                    let acc = &mut scratch.acc;
+                    acc_buf.clear();
+                    acc_buf.resize(n_out, 0.);
+                    let acc = &mut *acc_buf;
                     match &view.weights {
                         WeightsView::Dense(values) => dense_scores(x, values, n_out, acc),
                         WeightsView::Sparse { row_ids, row_ptr, outputs, values } => {
                             if use_lookup {
                                 for (&f, &v) in x.0.iter().zip(x.1) {
-                                    let r = scratch.lookup[f as usize];
+                                    let r = lookup[f as usize];
                                     if r != u32::MAX {
                                         let (a, b) = (row_ptr[r as usize] as usize, row_ptr[r as usize + 1] as usize);
                                         for k in a..b {
@@ -185,12 +186,12 @@ pub fn score_chunk(level_nodes: &[NodeRecord], buffer: &[u8], buffer_offset: u64
                 if use_lookup {
                     if let WeightsView::Sparse { row_ids, .. } = &view.weights {
                         for &f in row_ids.iter() {
-                            scratch.lookup[f as usize] = u32::MAX;
+                            lookup[f as usize] = u32::MAX;
                         }
                     }
                 }
                 out
-            },
+            }),
         )
         .reduce(ChunkOutput::default, ChunkOutput::append)
 }

@@ -59,6 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--in-flight", type=arg(common.positive_int), default=4, help="our batches in flight")
     p.add_argument("--python-points", type=int, default=2000, help="points scored by the Python binding (0: skip)")
     p.add_argument("--replicate", type=int, default=0, help="copies of the trees for the out-of-core rows (0: skip)")
+    p.add_argument("--replicate-points", type=int, default=0,
+                   help="points of the test set scored by the replicated-model rows (default 0: all)")
     p.add_argument("--budget-fraction", type=arg(common.positive_float), default=0.25,
                    help="out-of-core budget as a fraction of the replicated model's level bytes (default 0.25)")
     p.add_argument("--repeat", type=arg(common.positive_int), default=1, help="timed calls per row")
@@ -186,11 +188,11 @@ def run(args) -> int:
                                               points_per_s=rate, threads=1, **rss_py))
             common.progress(f"xml: omikuji python {rate:.0f} points/s (load included, {len(pts)} points)")
 
-        def ours(model_path, budget, variant, nbytes):
+        def ours(model_path, budget, variant, nbytes, test=args.test, n=n):
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             times, rss, p = [], {}, None
             for _ in range(args.repeat):
-                s, p = common.timed_call(lambda: xml.predict(model_path, args.test, k=args.k, beam=args.beam,
+                s, p = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
                                                              runtime=rt, batch_points=args.batch,
                                                              batches_in_flight=args.in_flight), cache, rss)
                 times.append(s)
@@ -216,9 +218,21 @@ def run(args) -> int:
             big = tmp / f"model-x{args.replicate}.sfxml"
             binfo = xml.concat_models(big, [model] * args.replicate)
             budget = int(args.budget_fraction * binfo.level_bytes)
-            mem_rec, mem_p = ours(big, 2 * binfo.file_bytes + (64 << 20), f"memory-x{args.replicate}", binfo.file_bytes)
+            sub, m = args.test, n
+            if 0 < args.replicate_points < n:
+                sub, m = tmp / "test-head.txt", args.replicate_points
+                with open(args.test) as f, open(sub, "w") as g:
+                    g.write(f"{m} {info.n_features} {info.n_labels}\n")
+                    next(f)
+                    for _, line in zip(range(m), f):
+                        g.write(line)
+            common.progress(f"xml: {big.name}: {common.human_bytes(binfo.file_bytes)}, budget "
+                            f"{common.human_bytes(budget)} out of core; {m} points")
+            mem_rec, mem_p = ours(big, 2 * binfo.file_bytes + (64 << 20), f"memory-x{args.replicate}", binfo.file_bytes,
+                                  sub, m)
             records.append(mem_rec)
-            ooc_rec, ooc_p = ours(big, budget, f"flash-{args.budget_fraction:g}-x{args.replicate}", binfo.file_bytes)
+            ooc_rec, ooc_p = ours(big, budget, f"flash-{args.budget_fraction:g}-x{args.replicate}", binfo.file_bytes,
+                                  sub, m)
             ooc_rec["speed_vs_memory"] = mem_rec["median_s"] / ooc_rec["median_s"]
             ooc_rec["same_as_memory"] = bool(np.array_equal(ooc_p.labels, mem_p.labels))
             records.append(ooc_rec)
