@@ -25,8 +25,9 @@
 //! Chunk boundaries depend only on the decompressed bytes and the chunk size, never on how
 //! much a `read` call returns, so every rank cuts the same chunks.
 
-use std::io::{ErrorKind, Read};
-use std::path::Path;
+use std::io::{BufRead, ErrorKind, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use flate2::bufread::{GzDecoder, MultiGzDecoder};
 
@@ -222,7 +223,7 @@ enum Split {
 
 /// A gzip part after its prologue.
 pub(crate) struct GzPart {
-    map: memmap2::Mmap,
+    map: Arc<memmap2::Mmap>,
     /// Compressed offset of the member holding the first byte of the body.
     body_member: usize,
     /// Decompressed bytes from that member's start to the body.
@@ -312,7 +313,19 @@ impl GzPart {
         } else {
             Split::Whole
         };
-        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split, map }))
+        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split, map: Arc::new(map) }))
+    }
+
+    /// Whether the body is one gzip stream that cannot be split by members.
+    pub(crate) fn is_single_stream(&self) -> bool {
+        matches!(self.split, Split::Whole)
+    }
+
+    /// The decompressed body in chunks cut at line ends (for one rank that hands them out).
+    pub(crate) fn body_chunks(&self, path: &Path, chunk_bytes: usize) -> Result<BodyChunks> {
+        let mut src = MultiGzDecoder::new(MapReader { map: Arc::clone(&self.map), pos: self.body_member });
+        skip_bytes(&mut src, self.skip).map_err(|e| gzip_error(path, e))?;
+        Ok(BodyChunks { path: path.to_path_buf(), chunks: Chunker::new(src, chunk_bytes), lines_before: self.lines_before })
     }
 
     /// The compressed bytes of the body, which the split of the job divides.
@@ -410,6 +423,54 @@ impl GzPart {
             lines_before += count_newlines(chunk);
         }
         Ok(())
+    }
+}
+
+/// The mapped file from a position on, as a `BufRead` that owns its map.
+struct MapReader {
+    map: Arc<memmap2::Mmap>,
+    pos: usize,
+}
+
+impl Read for MapReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.map.len() - self.pos);
+        out[..n].copy_from_slice(&self.map[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl BufRead for MapReader {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        Ok(&self.map[self.pos..])
+    }
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.map.len());
+    }
+}
+
+/// The decompressed body of a single-stream gzip part in chunks cut at line ends, each with
+/// the number of lines before it: what one rank reads and hands to the ranks that parse
+/// ([`crate::edges::EdgeStream`]).
+pub struct BodyChunks {
+    path: PathBuf,
+    chunks: Chunker<MultiGzDecoder<MapReader>>,
+    lines_before: u64,
+}
+
+impl BodyChunks {
+    /// The next chunk and the lines of the file before it; None at the end.
+    pub fn next_chunk(&mut self) -> Result<Option<(u64, &[u8])>> {
+        let path = &self.path;
+        match self.chunks.next_chunk().map_err(|e| gzip_error(path, e))? {
+            None => Ok(None),
+            Some(c) => {
+                let before = self.lines_before;
+                self.lines_before += count_newlines(c);
+                Ok(Some((before, c)))
+            }
+        }
     }
 }
 

@@ -37,7 +37,7 @@ pub mod source;
 pub mod svmlight;
 
 pub use dialect::{Delimiter, Header};
-pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, Edges};
+pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, EdgeStream, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;
