@@ -211,13 +211,44 @@ def test_cli_pagerank_same_top_from_csv_parts_gz_members_and_text(tmp_path):
     assert gzip.decompress(gzm.read_bytes()).count(b"\n") == 30000
     assert (parts / "_SUCCESS").exists() and gzip.decompress((parts / "part-00000.csv.gz").read_bytes()).startswith(
         b"src,dst\n")
+    one = tmp_path / "one.txt.gz"  # a single gzip stream: rank 0 decompresses, the others parse
+    one.write_bytes(gzip.compress(txt.read_bytes()))
+    assert _native.EdgeStream(str(one)).is_single_stream() and not _native.EdgeStream(str(gzm)).is_single_stream()
     tops = []
-    for f in (txt, parts, gzm):
+    for f in (txt, parts, gzm, one):
         for n in (1, 3):
             p = _cli("graph", "pagerank", str(f), "-n", str(n), "--top", "5", "--tol", "1e-12")
             assert p.returncode == 0, p.stderr
             tops.append([ln.split()[-2] for ln in p.stdout.splitlines()[1:]])
     assert all(t == tops[0] for t in tops), tops
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_single_stream_handed_out_by_one_rank(tmp_path, n):
+    """Every edge once over the ranks, and a bad line deep in the stream is reported with its
+    line by the rank that parses it, exit 2."""
+    src, dst = _edges(30000, n)
+    text = "# comment\nsrc dst\n" + _text([src, dst], " ")
+    f = tmp_path / "one.txt.gz"
+    f.write_bytes(gzip.compress(text.encode()))
+    code = ("import sys, numpy as np, scalefree\n"
+            "from scalefree.graph.io import stream_share\n"
+            "g = scalefree.init()\n"
+            "s, d = stream_share(g, sys.argv[1], chunk_bytes=10000)\n"
+            "np.save(sys.argv[2] + f'/{g.rank}.npy', np.stack([s, d]))\n")
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-c", code,
+                        str(f), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    got = np.concatenate([np.load(tmp_path / f"{r}.npy") for r in range(n)], axis=1)
+    assert len(np.load(tmp_path / "0.npy")[0]) == 0  # the reader parses nothing
+    assert sorted(zip(got[0].tolist(), got[1].tolist())) == sorted(zip(src.tolist(), dst.tolist()))
+    lines = text.splitlines()
+    lines[20001] = "7 x"
+    f.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    p = _cli("graph", "pagerank", str(f), "-n", str(n))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [f"scalefree graph pagerank: error: {f}:20002: 'x' is not an integer "
+                                             "vertex id"], p.stderr
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
