@@ -13,7 +13,8 @@
 //!   the first line of the first part or given.
 //! - [`gz`]: gzip parts made of several members (BGZF blocks, concatenated members) are
 //!   split by members, each rank decompressing only its own; a single-member stream is
-//!   decompressed by every rank that shares it, each parsing only its chunks.
+//!   decompressed by every rank that shares it, each parsing only its chunks — or, through
+//!   [`edges::EdgeStream`], by one rank that hands its chunks to the others.
 //! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
 //!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
 //!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too).

@@ -163,7 +163,8 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter
     * ``.gz`` (also as parts): a file of several gzip members (BGZF, concatenated members,
       ``graph convert``'s output) is cut by members, each rank decompressing only its
       own; one gzip stream cannot be split, so each rank sharing it decompresses all of it
-      and parses only its chunks;
+      and parses only its chunks (:func:`load_graph` instead has rank 0 decompress it once
+      and hand the chunks out: :func:`stream_share`);
     * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
       matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
       members and streamed from compressed ones.
