@@ -230,7 +230,8 @@ pub(crate) struct GzPart {
     skip: u64,
     /// Newlines before the body.
     lines_before: u64,
-    split: Split,
+    /// Decided when first needed (a rank that reads none of the part never scans it).
+    split: std::sync::OnceLock<Split>,
 }
 
 impl GzPart {
@@ -306,19 +307,26 @@ impl GzPart {
         }
         let Some(body_at) = found else { return Ok(None) };
         let &(body_member, member_at) = members.iter().rev().find(|&&(_, d)| d <= body_at).unwrap_or(&(0, 0));
-        let split = if let Some(blocks) = bgzf_blocks(data) {
-            Split::Bgzf(blocks)
-        } else if next_member_start(data, body_member + 1) < data.len() {
-            Split::Members
-        } else {
-            Split::Whole
-        };
-        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split, map: Arc::new(map) }))
+        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split: std::sync::OnceLock::new(), map: Arc::new(map) }))
+    }
+
+    /// How the part is split (module doc).
+    fn split(&self) -> &Split {
+        self.split.get_or_init(|| {
+            let data: &[u8] = &self.map;
+            if let Some(blocks) = bgzf_blocks(data) {
+                Split::Bgzf(blocks)
+            } else if next_member_start(data, self.body_member + 1) < data.len() {
+                Split::Members
+            } else {
+                Split::Whole
+            }
+        })
     }
 
     /// Whether the body is one gzip stream that cannot be split by members.
     pub(crate) fn is_single_stream(&self) -> bool {
-        matches!(self.split, Split::Whole)
+        matches!(self.split(), Split::Whole)
     }
 
     /// The decompressed body in chunks cut at line ends (for one rank that hands them out).
@@ -343,7 +351,7 @@ impl GzPart {
         if at >= data.len() {
             return data.len();
         }
-        match &self.split {
+        match self.split() {
             Split::Bgzf(blocks) => blocks.get(blocks.partition_point(|&b| b < at)).copied().unwrap_or(data.len()),
             Split::Members => next_member_start(data, at),
             Split::Whole => data.len(),
@@ -354,7 +362,7 @@ impl GzPart {
     /// `index` of `sharing` ranks share the part (for a single-member stream).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_range<F: Format>(&self, path: &Path, a: u64, b: u64, index: usize, sharing: usize, options: &ReadOptions, format: &mut F) -> Result<()> {
-        if let Split::Whole = self.split {
+        if let Split::Whole = self.split() {
             return self.read_chunks(path, index, sharing.max(1), options, format);
         }
         let data: &[u8] = &self.map;
