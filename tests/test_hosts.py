@@ -298,7 +298,7 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
 # waits for it in its next round (an error here; in the bench, a hang).
 AGREED_ROUNDS = """
 import numpy as np, scalefree
-from scalefree.bench.common import agreed_rounds
+from scalefree_bench.common import agreed_rounds
 g = scalefree.init(timeout=20)
 assert g.transport == "ucx" and g.size == 2, (g.transport, g.size)
 dev, me, other = g.device, g.rank, 1 - g.rank
@@ -561,10 +561,10 @@ def test_mpirun_across_hosts_asks_mpi_for_the_rendezvous(can_simulate, tmp_path)
     import importlib.util
     import os
 
-    from scalefree.bench import common, hosts as bench_hosts
+    from scalefree_bench import common, hosts as bench_hosts
 
     if importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None:
-        pytest.skip("mpi4py or mpiexec missing (pip install '.[bench]')")
+        pytest.skip("mpi4py or mpiexec missing (pip install ./benchmarks)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SCALEFREE_", "SLURM_", "OMPI_", "PMI_"))}
     env.update(common.mpi_env())
     with simhosts.SimHosts(3) as h:

@@ -59,7 +59,7 @@ def test_under_mpiexec_when_available():
 
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
-        pytest.skip("mpiexec is not installed (pip install '.[bench]' brings Open MPI)")
+        pytest.skip("mpiexec is not installed (pip install '.[test]' brings Open MPI)")
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     for k in [k for k in env if k.startswith("SCALEFREE_")]:
         env.pop(k)

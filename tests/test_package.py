@@ -1,13 +1,13 @@
 """The package's shape: subpackages import each other without cycles, and library modules
-hold no command-line code (argparse lives in scalefree.cli and the bench harness)."""
+hold no command-line code (argparse lives in scalefree.cli; the benchmark harness is a package
+of its own, benchmarks/)."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "python" / "scalefree"
-# Modules that may parse command lines: the CLI, the benchmark harness (its ranks are
-# started as scripts).
-CLI_PLACES = ("cli", "bench")
+# Modules that may parse command lines: the CLI.
+CLI_PLACES = ("cli",)
 
 
 def _module(path: Path) -> str:
@@ -93,7 +93,7 @@ def test_library_modules_hold_no_argparse():
 def test_no_merge_conflict_markers_left():
     repo = ROOT.parents[1]
     left = []
-    for pattern in ("python/**/*.py", "tests/**/*.py", "crates/**/*.rs", "docs/**/*.md", "*.md", "*.toml", ".ci/*", "scripts/*"):
+    for pattern in ("python/**/*.py", "tests/**/*.py", "benchmarks/**/*.py", "crates/**/*.rs", "docs/**/*.md", "*.md", "*.toml", ".ci/*", "scripts/*"):
         for path in repo.glob(pattern):
             if path.is_file():
                 text = path.read_text(errors="replace")

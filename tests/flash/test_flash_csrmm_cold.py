@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from scalefree import flash
-from scalefree.bench import common
+from scalefree_bench import common
 
 
 def _power_law_csr(rows, cols, nnz, dtype, seed):
@@ -103,7 +103,7 @@ def test_bench_cold_option_reports_the_cache_state(tmp_path, bench, extra):
 
 
 def test_power_law_distinct_has_the_requested_entries():
-    from scalefree.bench.svd import _power_law
+    from scalefree_bench.svd import _power_law
 
     for rows, cols, nnz in [(1, 1, 1), (7, 5, 35), (2000, 500, 30001)]:
         a = _power_law(rows, cols, nnz, distinct=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import scalefree.mf.model as mf
-from scalefree.bench.mf import synthetic_ratings
+from scalefree_bench.mf import synthetic_ratings
 from scalefree.errors import InvalidArgumentError
 
 ML100K = Path(__file__).resolve().parents[2] / "../shared/data/movielens-100k/u.data"

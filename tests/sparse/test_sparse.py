@@ -230,7 +230,7 @@ def test_bench_sparse_mpi_peers_smoke(tmp_path):
     import sys
 
     pytest.importorskip("mpi4py")
-    from scalefree.bench import common
+    from scalefree_bench import common
 
     if common.find_mpiexec() is None:
         pytest.skip("no mpiexec")
@@ -343,7 +343,7 @@ def test_sparse_direct_reduce(n, arena):
 INDICES_ONCE = r"""
 import numpy as np, sys
 from mpi4py import MPI
-from scalefree.bench.sparse import IndicesOnce
+from scalefree_bench.sparse import IndicesOnce
 comm = MPI.COMM_WORLD
 me, n = comm.Get_rank(), comm.Get_size()
 for nnz in (0, 1, 5, 1001):
@@ -374,7 +374,7 @@ def test_bench_indices_once_peer_matches_reference(n, tmp_path):
     import sys
 
     pytest.importorskip("mpi4py")
-    from scalefree.bench import common
+    from scalefree_bench import common
 
     mpiexec = common.find_mpiexec()
     if mpiexec is None:

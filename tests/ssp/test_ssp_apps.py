@@ -14,7 +14,7 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data/moviel
 
 
 def _launch(n, model, *args, timeout=300):
-    cmd = [sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-m", "scalefree.bench._worker_ssp_mf", model, *args]
+    cmd = [sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-m", "scalefree_bench._worker_ssp_mf", model, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,5 +1,7 @@
 """The ``scalefree`` command. Each subcommand lives in its own module, imported lazily
-so that ``scalefree run`` starts fast."""
+so that ``scalefree run`` starts fast. Installed packages add commands through the entry-point
+group ``scalefree.cli`` (name: the command; value: its ``add_parser(subparsers)``): the
+benchmark harness (``benchmarks/``) adds ``scalefree bench``."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import sys
 # (command, module that registers it, package of that module, one line for `scalefree --help`)
 _COMMANDS = (
     ("run", "run", ".", "start N ranks of a command on this host"),
-    ("bench", "cli", "..bench", "benchmark scalefree against its peers (MPI, gloo, ...)"),
     ("ps", "ps", ".", "parameter-server training over zero-copy tensor slots"),
     ("sparse", "sparse", ".", "sparse allreduce tools (plan: cost model of layer degrees)"),
     ("graph", "graph", ".", "graph analytics on the sparse allreduce (pagerank, diameter, rmat)"),
@@ -19,6 +20,34 @@ _COMMANDS = (
     ("ucx", "ucx", "..launch", "the UCX backend between hosts"),
     ("flash", "flash", ".", "out-of-core kernels on matrices kept on flash (svd, gemm)"),
 )
+
+# Commands that installed packages may add (entry-point group ``scalefree.cli``): what each
+# one is, and how to install it when it is not there.
+PLUGINS = "scalefree.cli"
+_OPTIONAL = (
+    ("bench", "benchmark scalefree against its peers (MPI, gloo, ...)",
+     "the benchmark harness is not installed: pip install ./benchmarks (from the scalefree repository)"),
+)
+
+
+def _plugin_commands() -> dict:
+    """The commands installed packages add: name -> entry point."""
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=PLUGINS)
+    except TypeError:  # Python 3.9: a dict of groups
+        found = entry_points().get(PLUGINS, ())
+    return {e.name: e for e in found}
+
+
+def _missing(hint: str):
+    def run(args) -> int:
+        from .common import fail
+
+        fail(f"scalefree {args.command}", hint)
+
+    return run
 
 
 def _build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -36,7 +65,9 @@ def _build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"scalefree {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    names = {c[0] for c in _COMMANDS}
+    plugins = _plugin_commands()
+    optional = {name: (help_line, hint) for name, help_line, hint in _OPTIONAL}
+    names = {c[0] for c in _COMMANDS} | set(plugins) | set(optional)
     chosen = next((a for a in (argv or []) if not a.startswith("-")), None)
     for name, module, package, help_line in _COMMANDS:
         if chosen in names and chosen != name:
@@ -44,6 +75,17 @@ def _build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             continue
         importlib.import_module(f"{package}{module}" if package == "." else f"{package}.{module}",
                                 __name__).add_parser(sub)
+    for name in sorted(set(plugins) | set(optional)):
+        help_line, hint = optional.get(name, ("", ""))
+        if name not in plugins:
+            # Not installed: the command says how to install it (one line, exit 2), whatever follows.
+            q = sub.add_parser(name, help=f"{help_line} (not installed)", add_help=False, prefix_chars="\0")
+            q.add_argument("rest", nargs=argparse.REMAINDER)
+            q.set_defaults(func=_missing(hint))
+        elif chosen in names and chosen != name:
+            sub.add_parser(name, help=help_line)
+        else:
+            plugins[name].load()(sub)
     return p
 
 

@@ -127,10 +127,8 @@ def train(args) -> dict:
 
     group = scalefree.init()
     transport = None
-    if args.transport in ("gloo", "grpc", "grpc-stream"):
-        from scalefree.bench import _ps_peers
-        transport = {"gloo": _ps_peers.GlooTransport, "grpc": _ps_peers.GrpcTransport,
-                     "grpc-stream": _ps_peers.GrpcStreamTransport}[args.transport]
+    if args.transport in PEER_TRANSPORTS:
+        transport = peer_transport(args.transport)
     # Backpropagation yields W_i, b_i for the last layer first.
     order = [k for i in range(L - 1, -1, -1) for k in (f"W{i}", f"b{i}")]
     ps = ParameterServer(group, params, lr=args.lr, order=order,
@@ -173,6 +171,30 @@ def train(args) -> dict:
             "samples": args.steps * args.batch, "stats": ps.stats()}
 
 
+# Transports over the benchmark peers (torch.distributed gloo, gRPC): the benchmark harness
+# (``benchmarks/``) provides them through the entry-point group ``scalefree.ps_transports``.
+PEER_TRANSPORTS = ("gloo", "grpc", "grpc-stream")
+_PEER_GROUP = "scalefree.ps_transports"
+
+
+def peer_transport(name: str):
+    """The transport class the harness registers as ``name``; without the harness, the error
+    says how to install it."""
+    from importlib.metadata import entry_points
+
+    from scalefree.errors import InvalidArgumentError
+
+    try:
+        found = entry_points(group=_PEER_GROUP)
+    except TypeError:  # Python 3.9: a dict of groups
+        found = entry_points().get(_PEER_GROUP, ())
+    for e in found:
+        if e.name == name:
+            return e.load()
+    raise InvalidArgumentError(f"--transport {name} needs the benchmark harness: pip install ./benchmarks "
+                               "(from the scalefree repository)")
+
+
 def add_parser(sub):
     p = sub.add_parser("ps", help="parameter-server training over zero-copy tensor slots")
     s = p.add_subparsers(dest="ps_command", metavar="COMMAND")
@@ -193,7 +215,8 @@ def _args(p):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
     p.add_argument("--transport", choices=("mapped", "slots", "gloo", "grpc", "grpc-stream", "local"), default="mapped",
-                   help="mapped: no copies (shared memory); slots: static slots; gloo: torch.distributed; local: one process")
+                   help="mapped: no copies (shared memory); slots: static slots; local: one process; "
+                   "gloo (torch.distributed), grpc, grpc-stream: the benchmark harness's peers (pip install ./benchmarks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")
     p.add_argument("--plot", help="PNG of loss vs time (rank 1's view)")
@@ -201,6 +224,8 @@ def _args(p):
 
 def cli_train(args) -> int:
     """Launches the ranks (unless already inside a job) and reports."""
+    if args.transport in PEER_TRANSPORTS:
+        peer_transport(args.transport)  # installed? (before any rank starts)
     if args.transport == "local" or os.environ.get("SCALEFREE_RANK") is not None:
         return _rank_main(args)
     import subprocess

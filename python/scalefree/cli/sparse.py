@@ -122,7 +122,7 @@ def run_pagerank(args) -> int:
 
 def run_check(args) -> int:
     """Predicted vs measured for the runs of ``--check`` (a JSON list written by
-    docs/results/scale-model/collect.py): constants calibrated on its 1-rank runs
+    benchmarks/scale_model/collect.py): constants calibrated on its 1-rank runs
     (:func:`scalefree.graph.model.calibrate`), every stage of every run side by side."""
     import json
 

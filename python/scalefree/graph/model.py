@@ -327,13 +327,13 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
 
 def run_shape(run: dict):
     """The :class:`RmatShape` of a measured run's record (``scale``, ``generated``,
-    ``spread``; see docs/results/scale-model/collect.py)."""
+    ``spread``; see benchmarks/scale_model/collect.py)."""
     return RmatShape(int(run["scale"]), float(run["generated"]), spread=int(run.get("spread", 1)))
 
 
 def calibrate(runs: list, k: Constants | None = None) -> Constants:
     """Constants from measured ``scalefree graph pagerank`` runs (medians; the records of
-    docs/results/scale-model/collect.py). From the 1-rank runs, per edge: the read (per
+    benchmarks/scale_model/collect.py). From the 1-rank runs, per edge: the read (per
     format), the sort-dedup (one rank exchanges nothing), the set-up per path (less the
     per-id term on the dense path, the per-touched term on the sparse one), the SpMV (less
     the per-slot term) and the bytes (per path, less the baseline, id and touched terms;

@@ -8,7 +8,7 @@ increment so far (its own all in, others' at most ``slack`` iterations old), and
 ``initial + that sum``. With ``slack=0`` this is synchronous full-batch gradient descent; with
 a larger slack a rank that is delayed no longer holds the others back.
 
-    scalefree run -n 2 -- python -m scalefree.bench._worker_ssp_mf sgd u.data --slack 4
+    scalefree run -n 2 -- python -m scalefree_bench._worker_ssp_mf sgd u.data --slack 4
 """
 
 from __future__ import annotations
