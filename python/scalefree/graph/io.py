@@ -401,17 +401,20 @@ _END = np.uint64(2**64 - 1)  # stream_share: the stream is done
 _NONE = np.uint64(2**64 - 2)  # stream_share: no chunk for this rank in this round
 
 
-def _single_gzip_stream(path, delimiter, header) -> bool:
-    """Whether ``path`` is one text file in one gzip stream (which ranks cannot split)."""
+def _single_gzip_stream(path, delimiter, header):
+    """The opened ``_native.EdgeStream`` if ``path`` is one text file in one gzip stream
+    (which ranks cannot split), else None."""
     p = Path(path)
     if not p.is_file() or _binary(p) or not _is_gzip(p):
-        return False
+        return None
     from .. import _native
 
-    return _native.EdgeStream(str(p), delimiter, header).is_single_stream()
+    stream = _native.EdgeStream(str(p), delimiter, header)
+    return stream if stream.is_single_stream() else None
 
 
-def stream_share(group, path, delimiter: str | None = None, header: str = "auto", chunk_bytes: int = 4 << 20):
+def stream_share(group, path, delimiter: str | None = None, header: str = "auto", chunk_bytes: int = 4 << 20,
+                 stream=None):
     """Collective: this rank's edges of an edge list in one gzip stream, which cannot be cut
     by members. Rank 0 decompresses the stream once and hands its chunks (about
     ``chunk_bytes`` of text, cut at line ends) to ranks 1 .. P-1 in turn, one round of
@@ -419,10 +422,12 @@ def stream_share(group, path, delimiter: str | None = None, header: str = "auto"
     round. Rank 0 parses none (it gets no edges), no rank holds more than a round of text,
     and the stream is decompressed once instead of once per rank. Every rank opens the
     stream (reads its prologue), so all agree on its dialect. A bad line raises on the rank
-    that parses it, naming the file and line."""
+    that parses it, naming the file and line. ``stream``: the stream already opened (with
+    the default chunk size)."""
     from .. import _native
 
-    stream = _native.EdgeStream(str(path), delimiter, header, chunk_bytes)
+    if stream is None:
+        stream = _native.EdgeStream(str(path), delimiter, header, chunk_bytes)
     P, me = group.size, group.rank
     got_s, got_d = [], []
     while True:
@@ -536,8 +541,9 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
 
         bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
     try:
-        if replication == 1 and m > 1 and _single_gzip_stream(path, delimiter, header):
-            src, dst = stream_share(group, path, delimiter, header)
+        stream = _single_gzip_stream(path, delimiter, header) if replication == 1 and m > 1 else None
+        if stream is not None:
+            src, dst = stream_share(group, path, delimiter, header, stream=stream)
         else:
             src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update, delimiter=delimiter,
                                        header=header)
