@@ -3,9 +3,11 @@
 Every row is ``scalefree graph pagerank FILE -n P --max-iter 1 --json OUT`` (one whole
 process tree) and reports the job's ``load_s`` — read every rank's share of the file, send
 each edge to its owner, drop duplicates — with the peak RSS of the largest rank; the
-PageRank iteration is cut to one. The inputs are given as arguments (any input the graph
+PageRank iteration is cut to one. ``read`` is the part of the load spent reading and parsing
+the shares (the slowest rank's), before the edges go to their owners. The inputs are given as arguments (any input the graph
 commands read: a SNAP text edge list, its ``.gz`` as one gzip stream or as several members
-(``scalefree graph convert g.txt g.txt.gz``), a part directory, ...), so the rows compare
+(``scalefree graph convert g.txt g.txt.gz``), a part directory, Parquet or Arrow IPC
+(``graph convert g.txt g.parquet``), ...), so the rows compare
 formats of one graph; ``vs 1 rank`` is the load time at 1 rank of the same file over this
 row's (a speed-up when above 1), ``vs first`` the first file's load time at the same rank
 count over this row's. ``top equal``: the top-10 vertices agree with the first file's at the
@@ -14,7 +16,8 @@ are reported.
 
     scalefree graph rmat g.txt --scale 22 --edges 65M
     scalefree graph convert g.txt g.txt.gz
-    flock /tmp/bench.lock scalefree bench load g.txt g.txt.gz -n 1,2,4
+    scalefree graph convert g.txt g.parquet --row-group 4M
+    flock /tmp/bench.lock scalefree bench load g.txt g.txt.gz g.parquet -n 1,2,4
 """
 
 from __future__ import annotations
@@ -54,6 +57,15 @@ def describe(path: Path) -> str:
         return f"parts ({len(parts)}: {', '.join(kinds)})"
     with open(path, "rb") as f:
         head = f.read(18)
+    if head[:4] == b"PAR1":
+        import pyarrow.parquet as pq
+
+        return f"parquet ({pq.ParquetFile(path).num_row_groups} row groups)"
+    if head[:6] == b"ARROW1":
+        import pyarrow as pa
+
+        with pa.memory_map(str(path)) as f:
+            return f"arrow ({pa.ipc.open_file(f).num_record_batches} batches)"
     if head[:2] != b"\x1f\x8b":
         return "text"
     if len(head) >= 16 and head[3] & 4 and head[12:14] == b"BC":
@@ -89,6 +101,7 @@ def run(args) -> int:
     for (f, nr), recs in rows.items():
         records.append({"bench": "load", "file": f, "format": kinds[f], "ranks": nr, "edges": recs[0]["edges"],
                         "load_s": statistics.median(r["load_s"] for r in recs),
+                        "read_s": statistics.median(r.get("read_s", float("nan")) for r in recs),
                         "wall_s": statistics.median(r["wall_s"] for r in recs),
                         "load_runs_s": [r["load_s"] for r in recs],
                         "peak_rss_bytes": recs[-1]["peak_rss_bytes"],
@@ -102,6 +115,7 @@ def run(args) -> int:
         ref = next((s for s in records if s["file"] == first and s["ranks"] == r["ranks"]), None)
         if ref is not None:
             r["load_vs_first"] = ref["load_s"] / r["load_s"]
+            r["read_vs_first"] = ref["read_s"] / r["read_s"]
             r["top_equal"] = r["top"] == ref["top"]
     print_table(records, [str(f) for f in args.files])
     if args.json:
@@ -113,13 +127,14 @@ def run(args) -> int:
 
 
 def print_table(records: list[dict], order: list[str]) -> None:
-    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "end to end", "peak RSS (max rank)",
-            "top equal"]
+    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "read", "read vs first", "end to end",
+            "peak RSS per rank", "top equal"]
     rows = []
     for r in sorted(records, key=lambda r: (order.index(r["file"]), r["ranks"])):
         rows.append([Path(r["file"]).name, r["format"], str(r["ranks"]), human_time(r["load_s"]),
                      f"{r['load_vs_1_rank']:.2f}x" if "load_vs_1_rank" in r else "",
                      f"{r['load_vs_first']:.2f}x" if "load_vs_first" in r else "",
-                     human_time(r["wall_s"]), human_bytes(r["peak_rss_max_bytes"]),
+                     human_time(r["read_s"]), f"{r['read_vs_first']:.2f}x" if "read_vs_first" in r else "",
+                     human_time(r["wall_s"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
                      {True: "yes", False: "NO"}.get(r.get("top_equal"), "")])
     print(common.format_table(head, rows, left_columns=2))

@@ -175,3 +175,38 @@ pub fn resolve_parts(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
     let parts = scalefree_io::resolve_parts(&path).map_err(|e| io_err(py, e))?;
     Ok(parts.into_iter().map(|p| p.to_string_lossy().into_owned()).collect())
 }
+
+/// `"parquet"`, `"arrow"` or None: the columnar format of `path` by its magic bytes.
+#[pyfunction]
+pub fn columnar_format(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
+    let f = scalefree_columnar::sniff(&path).map_err(|e| io_err(py, e))?;
+    Ok(f.map(|f| match f {
+        scalefree_columnar::Format::Parquet => "parquet",
+        scalefree_columnar::Format::ArrowIpc => "arrow",
+    }))
+}
+
+/// Rank `rank` of `size`'s share of the rows of Parquet or Arrow IPC files (one file, or the
+/// parts of a directory in order), by row groups / record batches: `table="edges"` gives
+/// `(src, dst)` int64, `"ratings"` `(user, item)` int64 and `rating` float32. `columns`:
+/// names, or None for the first integer columns (and numeric one for ratings); ids above
+/// `max_id` are an error.
+#[pyfunction]
+#[pyo3(signature = (paths, rank, size, table, columns=None, max_id=i64::MAX as u64))]
+pub fn read_columnar_share<'py>(py: Python<'py>, paths: Vec<PathBuf>, rank: usize, size: usize, table: &str, columns: Option<Vec<String>>, max_id: u64) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    use scalefree_columnar::{Columns, Limits, Table};
+    let table = match table {
+        "edges" => Table::Edges,
+        "ratings" => Table::Ratings,
+        other => return Err(raise(py, "InvalidArgumentError", format!("table must be 'edges' or 'ratings', got {other:?}"))),
+    };
+    let columns = columns.map_or(Columns::Default, Columns::Named);
+    let limits = Limits { max_id };
+    let s = py.detach(|| scalefree_columnar::read_share(&paths, rank, size, table, &columns, &limits)).map_err(|e| io_err(py, e))?;
+    let [a, b] = s.ids;
+    let mut out = vec![array(py, Owned::I64(a))?, array(py, Owned::I64(b))?];
+    if table == Table::Ratings {
+        out.push(array(py, Owned::F32(s.values))?);
+    }
+    pyo3::types::PyTuple::new(py, out)
+}

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, InvalidArgumentError
+
+# The largest vertex id (scalefree-io's MAX_VERTEX_ID).
+MAX_VERTEX_ID = (1 << 62) - 1
 
 
 class EdgeListError(DataError):
@@ -143,7 +146,7 @@ def _all_text(parts) -> bool:
 
 
 def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter: str | None = None,
-                    header: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+                    header: str = "auto", columns: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
     written (Matrix Market's are 1-based). Every edge of
     the input is in exactly one rank's share; duplicates are kept (see
@@ -167,11 +170,24 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter
       and hand the chunks out: :func:`stream_share`);
     * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
       matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
-      members and streamed from compressed ones.
+      members and streamed from compressed ones;
+    * Parquet or Arrow IPC / Feather (a file, or a directory of such parts): the rank's row
+      groups or record batches, balanced by rows over all parts (:mod:`scalefree._columnar`);
+      ``columns`` names the two id columns (default: the first two integer columns).
 
     ``progress(nbytes)``, if given, is called as the bytes of the share are read.
     """
+    from .. import _columnar
+
     path = Path(path)
+    columnar = _columnar.columnar_parts(path)
+    if columnar is not None:
+        got = _columnar.read_share(columnar, rank, size, "edges", columns, MAX_VERTEX_ID)
+        if progress is not None:
+            progress(share_bytes(path, rank, size))
+        return got
+    if columns is not None:
+        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
     parts = edge_parts(path)
     if parts is not None:
         if _all_text(parts):
@@ -525,13 +541,17 @@ def logical_rank(group, replication: int = 1) -> tuple[int, int]:
 
 
 def load_graph(group, path, replication: int = 1, progress: bool = False, delimiter: str | None = None,
-               header: str = "auto") -> tuple[np.ndarray, np.ndarray, int, int]:
+               header: str = "auto", columns: list[str] | None = None,
+               times: dict | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
     sends every edge to the rank that owns it and drops duplicates there
     (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
     ids stay as written. No rank holds more than its share of the edges. ``delimiter``,
-    ``header``: as :func:`read_edge_share`. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    ``header``, ``columns`` (the two id columns of a Parquet / Arrow IPC input): as
+    :func:`read_edge_share`. With
+    ``replication`` r, the replicas of a logical node end up with the same edges. ``times``,
+    if given, receives ``read_s`` (this rank's share read and parsed, the slowest rank's)
+    and ``dedup_s`` (edges sent to their owners, duplicates dropped)."""
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
@@ -546,12 +566,15 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
             src, dst = stream_share(group, path, delimiter, header, stream=stream)
         else:
             src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update, delimiter=delimiter,
-                                       header=header)
+                                       header=header, columns=columns)
     finally:
         if bar is not None:
             bar.close()
+    read_s = time.perf_counter() - t0
     top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1], np.int64)
     n_ids = int(group.allreduce(top, op="max")[0])
+    if times is not None:
+        times["read_s"] = float(group.allreduce(np.array([read_s]), op="max")[0])
     if progress and group.rank == 0:
         dt = time.perf_counter() - t0
         print(f"read {len(src)} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
@@ -562,6 +585,8 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
     del src, dst
     src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    if times is not None:
+        times["dedup_s"] = time.perf_counter() - t1
     if progress and group.rank == 0:
         print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "
               f"{time.perf_counter() - t1:.2f} s", file=sys.stderr, flush=True)
