@@ -23,15 +23,14 @@ are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from . import common
 from .common import human_bytes, human_time, progress
+from .pagerank_e2e import _run  # one JSON-reporting job, timed
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -68,7 +67,7 @@ def describe(path: Path) -> str:
         with pa.memory_map(str(path)) as f:
             return f"arrow ({pa.ipc.open_file(f).num_record_batches} batches)"
     if head[:2] != b"\x1f\x8b":
-        return path.suffix.lstrip(".") or "text"
+        return "text"
     if len(head) >= 16 and head[3] & 4 and head[12:14] == b"BC":
         return "gz (BGZF)"
     data = path.read_bytes() if path.stat().st_size < (64 << 20) else None
@@ -78,20 +77,6 @@ def describe(path: Path) -> str:
             data = f.read(64 << 20)
     members = data.count(b"\x1f\x8b\x08\x00") + data.count(b"\x1f\x8b\x08\x08")
     return "gz (one stream)" if members <= 1 else "gz (members)"
-
-
-def _run(cmd: list[str], out: Path, timeout: float) -> dict | None:
-    if out.exists():
-        out.unlink()
-    t = time.perf_counter()
-    job = common.run_job(cmd, timeout_s=timeout)
-    wall = time.perf_counter() - t
-    if job.returncode != 0 or not out.exists():
-        progress(f"load: {' '.join(cmd[3:8])} ... failed ({'timed out' if job.timed_out else job.returncode})")
-        return None
-    rec = json.loads(out.read_text())
-    rec["wall_s"] = wall
-    return rec
 
 
 def run(args) -> int:

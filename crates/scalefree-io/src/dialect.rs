@@ -9,7 +9,7 @@
 //!   blanks). A line with both `,` and `;`, or a tab beside either, is ambiguous: an error
 //!   asking for `--delimiter`.
 //! - header: the line is a header when its first field is not a number (the format says
-//!   what a number is); `Header::Present` skips it whatever it holds, `Header::Absent` reads
+//!   what a number is) and does not start like one (a digit, sign or point); `Header::Present` skips it whatever it holds, `Header::Absent` reads
 //!   it as data.
 //!
 //! A file of several parts (a part directory) has the header of its first part at the top of
@@ -190,7 +190,9 @@ impl Dialect {
                 let is_header = match self.header_mode {
                     Header::Present => true,
                     Header::Absent => false,
-                    Header::Auto => !is_number(first),
+                    // Not a number, and not the start of one (`1;2` read with `,` is bad
+                    // data, not a header).
+                    Header::Auto => !is_number(first) && !matches!(first.first(), Some(b'0'..=b'9' | b'+' | b'-' | b'.')),
                 };
                 self.header = Some(is_header.then(|| line.to_vec()));
                 self.first_part = self.part.clone();

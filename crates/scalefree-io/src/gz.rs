@@ -25,8 +25,9 @@
 //! Chunk boundaries depend only on the decompressed bytes and the chunk size, never on how
 //! much a `read` call returns, so every rank cuts the same chunks.
 
-use std::io::{ErrorKind, Read};
-use std::path::Path;
+use std::io::{BufRead, ErrorKind, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use flate2::bufread::{GzDecoder, MultiGzDecoder};
 
@@ -222,14 +223,15 @@ enum Split {
 
 /// A gzip part after its prologue.
 pub(crate) struct GzPart {
-    map: memmap2::Mmap,
+    map: Arc<memmap2::Mmap>,
     /// Compressed offset of the member holding the first byte of the body.
     body_member: usize,
     /// Decompressed bytes from that member's start to the body.
     skip: u64,
     /// Newlines before the body.
     lines_before: u64,
-    split: Split,
+    /// Decided when first needed (a rank that reads none of the part never scans it).
+    split: std::sync::OnceLock<Split>,
 }
 
 impl GzPart {
@@ -305,14 +307,33 @@ impl GzPart {
         }
         let Some(body_at) = found else { return Ok(None) };
         let &(body_member, member_at) = members.iter().rev().find(|&&(_, d)| d <= body_at).unwrap_or(&(0, 0));
-        let split = if let Some(blocks) = bgzf_blocks(data) {
-            Split::Bgzf(blocks)
-        } else if next_member_start(data, body_member + 1) < data.len() {
-            Split::Members
-        } else {
-            Split::Whole
-        };
-        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split, map }))
+        Ok(Some(GzPart { body_member, skip: body_at - member_at, lines_before: lines, split: std::sync::OnceLock::new(), map: Arc::new(map) }))
+    }
+
+    /// How the part is split (module doc).
+    fn split(&self) -> &Split {
+        self.split.get_or_init(|| {
+            let data: &[u8] = &self.map;
+            if let Some(blocks) = bgzf_blocks(data) {
+                Split::Bgzf(blocks)
+            } else if next_member_start(data, self.body_member + 1) < data.len() {
+                Split::Members
+            } else {
+                Split::Whole
+            }
+        })
+    }
+
+    /// Whether the body is one gzip stream that cannot be split by members.
+    pub(crate) fn is_single_stream(&self) -> bool {
+        matches!(self.split(), Split::Whole)
+    }
+
+    /// The decompressed body in chunks cut at line ends (for one rank that hands them out).
+    pub(crate) fn body_chunks(&self, path: &Path, chunk_bytes: usize) -> Result<BodyChunks> {
+        let mut src = MultiGzDecoder::new(MapReader { map: Arc::clone(&self.map), pos: self.body_member });
+        skip_bytes(&mut src, self.skip).map_err(|e| gzip_error(path, e))?;
+        Ok(BodyChunks { path: path.to_path_buf(), chunks: Chunker::new(src, chunk_bytes), lines_before: self.lines_before })
     }
 
     /// The compressed bytes of the body, which the split of the job divides.
@@ -330,7 +351,7 @@ impl GzPart {
         if at >= data.len() {
             return data.len();
         }
-        match &self.split {
+        match self.split() {
             Split::Bgzf(blocks) => blocks.get(blocks.partition_point(|&b| b < at)).copied().unwrap_or(data.len()),
             Split::Members => next_member_start(data, at),
             Split::Whole => data.len(),
@@ -341,7 +362,7 @@ impl GzPart {
     /// `index` of `sharing` ranks share the part (for a single-member stream).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn read_range<F: Format>(&self, path: &Path, a: u64, b: u64, index: usize, sharing: usize, options: &ReadOptions, format: &mut F) -> Result<()> {
-        if let Split::Whole = self.split {
+        if let Split::Whole = self.split() {
             return self.read_chunks(path, index, sharing.max(1), options, format);
         }
         let data: &[u8] = &self.map;
@@ -410,6 +431,54 @@ impl GzPart {
             lines_before += count_newlines(chunk);
         }
         Ok(())
+    }
+}
+
+/// The mapped file from a position on, as a `BufRead` that owns its map.
+struct MapReader {
+    map: Arc<memmap2::Mmap>,
+    pos: usize,
+}
+
+impl Read for MapReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = out.len().min(self.map.len() - self.pos);
+        out[..n].copy_from_slice(&self.map[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl BufRead for MapReader {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        Ok(&self.map[self.pos..])
+    }
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.map.len());
+    }
+}
+
+/// The decompressed body of a single-stream gzip part in chunks cut at line ends, each with
+/// the number of lines before it: what one rank reads and hands to the ranks that parse
+/// ([`crate::edges::EdgeStream`]).
+pub struct BodyChunks {
+    path: PathBuf,
+    chunks: Chunker<MultiGzDecoder<MapReader>>,
+    lines_before: u64,
+}
+
+impl BodyChunks {
+    /// The next chunk and the lines of the file before it; None at the end.
+    pub fn next_chunk(&mut self) -> Result<Option<(u64, &[u8])>> {
+        let path = &self.path;
+        match self.chunks.next_chunk().map_err(|e| gzip_error(path, e))? {
+            None => Ok(None),
+            Some(c) => {
+                let before = self.lines_before;
+                self.lines_before += count_newlines(c);
+                Ok(Some((before, c)))
+            }
+        }
     }
 }
 

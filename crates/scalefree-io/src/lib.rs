@@ -13,7 +13,8 @@
 //!   the first line of the first part or given.
 //! - [`gz`]: gzip parts made of several members (BGZF blocks, concatenated members) are
 //!   split by members, each rank decompressing only its own; a single-member stream is
-//!   decompressed by every rank that shares it, each parsing only its chunks.
+//!   decompressed by every rank that shares it, each parsing only its chunks — or, through
+//!   [`edges::EdgeStream`], by one rank that hands its chunks to the others.
 //! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
 //!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
 //!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too).
@@ -37,7 +38,7 @@ pub mod source;
 pub mod svmlight;
 
 pub use dialect::{Delimiter, Header};
-pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, Edges};
+pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, EdgeStream, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;

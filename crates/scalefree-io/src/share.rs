@@ -73,7 +73,7 @@ pub(crate) fn no_data<F: Format>(path: &Path) -> ReadError {
 
 /// One part of the input after its prologue: where its body is, and its weight (the bytes
 /// on disk that the split of the job divides).
-enum Body {
+pub(crate) enum Body {
     Plain { map: memmap2::Mmap, lo: usize },
     Gz(crate::gz::GzPart),
 }
@@ -128,7 +128,7 @@ pub(crate) fn read<F: Format>(paths: &[PathBuf], part: Part, options: &ReadOptio
 
 /// Opens one part and reads its prologue (every rank does, for every part). None: the part
 /// holds no body.
-fn open_part<F: Format>(path: &Path, offset: u64, options: &ReadOptions, format: &mut F) -> Result<Option<Body>> {
+pub(crate) fn open_part<F: Format>(path: &Path, offset: u64, options: &ReadOptions, format: &mut F) -> Result<Option<Body>> {
     let file = File::open(path).map_err(|e| io_error(path, e))?;
     let len = file.metadata().map_err(|e| io_error(path, e))?.len();
     if len == 0 {

@@ -3,47 +3,11 @@
 //! bad input is one line naming the file and line.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use scalefree_io::{read_edges_share, read_ratings_share, read_svmlight_share, Delimiter, EdgeOptions, Header, Part, ReadOptions};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("scalefree-io-parts-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn gz_member(b: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(b).unwrap();
-    e.finish().unwrap()
-}
+mod common;
+use common::{gz_member, Dir, Rng};
 
 /// `bytes` as gzip members cut at the byte offsets `cuts` (anywhere, not at line ends).
 fn gz_members(bytes: &[u8], cuts: &[usize]) -> Vec<u8> {
@@ -110,7 +74,7 @@ fn sorted(mut v: Vec<(i64, i64)>) -> Vec<(i64, i64)> {
 
 #[test]
 fn delimiters_and_headers() {
-    let dir = Dir::new("dialect");
+    let dir = Dir::new("parts-dialect");
     let mut rng = Rng(7);
     let e = edges(&mut rng, 57);
     for (sep, header) in [(",", Some("src,dst")), (";", Some("from;to")), ("\t", None), (" ", Some("src dst")), (" , ", None), (",", None)] {
@@ -157,7 +121,7 @@ fn delimiters_and_headers() {
 fn part_directories_are_one_body() {
     let mut rng = Rng(11);
     for case in 0..60 {
-        let dir = Dir::new(&format!("dir{case}"));
+        let dir = Dir::new(&format!("parts-dir{case}"));
         let n = rng.below(300) as usize;
         let e = edges(&mut rng, n);
         let nparts = 1 + rng.below(5) as usize;
@@ -200,7 +164,7 @@ fn part_directories_are_one_body() {
 
 #[test]
 fn a_part_with_another_header() {
-    let dir = Dir::new("hdr");
+    let dir = Dir::new("parts-hdr");
     std::fs::write(dir.path("part-00000.csv"), "src,dst\n1,2\n").unwrap();
     std::fs::write(dir.path("part-00001.csv"), "src,dst\n3,4\n").unwrap();
     std::fs::write(dir.path("part-00002.csv"), "# a comment\nfrom,to\n5,6\n").unwrap();
@@ -219,7 +183,7 @@ fn a_part_with_another_header() {
 /// absolute.
 #[test]
 fn members_split_across_ranks() {
-    let dir = Dir::new("members");
+    let dir = Dir::new("parts-members");
     let mut rng = Rng(3);
     let e = edges(&mut rng, 20000);
     let body = text(&e, "\t", None);

@@ -3,66 +3,24 @@
 //! and gzip files (small chunks, so lines straddle every kind of cut), and a bad line is
 //! reported by one rank with its absolute line number.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use scalefree_io::{read_edges_share, read_ratings_share, read_svmlight_share, EdgeOptions, Part, ReadError, ReadOptions};
 
-/// splitmix64: a seeded generator for the test files.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-    fn blanks(&mut self, min: u64) -> String {
-        (0..min + self.below(3)).map(|_| if self.chance(3) { '\t' } else { ' ' }).collect()
-    }
-}
+mod common;
+use common::{gz_member, Dir, Rng};
 
-struct Dir(PathBuf);
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("scalefree-io-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, bytes).unwrap();
-        p
-    }
-    /// `bytes` gzip-compressed, in one member or in two (a multi-member stream).
-    fn write_gz(&self, name: &str, bytes: &[u8], split_at: Option<usize>) -> PathBuf {
-        let gz = |b: &[u8]| {
-            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            e.write_all(b).unwrap();
-            e.finish().unwrap()
-        };
-        let mut out = Vec::new();
-        match split_at {
-            Some(k) => {
-                out.extend(gz(&bytes[..k]));
-                out.extend(gz(&bytes[k..]));
-            }
-            None => out.extend(gz(bytes)),
+/// `bytes` gzip-compressed, in one member or in two (a multi-member stream).
+fn write_gz(dir: &Dir, name: &str, bytes: &[u8], split_at: Option<usize>) -> PathBuf {
+    let mut out = Vec::new();
+    match split_at {
+        Some(k) => {
+            out.extend(gz_member(&bytes[..k]));
+            out.extend(gz_member(&bytes[k..]));
         }
-        self.write(name, &out)
+        None => out.extend(gz_member(bytes)),
     }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    dir.write(name, &out)
 }
 
 /// Line end: LF, or CRLF now and then.
@@ -239,7 +197,7 @@ fn edge_shares_concatenate_to_the_file() {
         let g = edge_file(&mut rng, n);
         let plain = dir.write("e.txt", g.text.as_bytes());
         let split = (!g.text.is_empty() && rng.chance(2)).then(|| rng.below(g.text.len() as u64) as usize);
-        let gz = dir.write_gz("e.txt.gz", g.text.as_bytes(), split);
+        let gz = write_gz(&dir, "e.txt.gz", g.text.as_bytes(), split);
         let chunk = 1 + rng.below(40) as usize;
         check_shares(&g, &plain, &gz, 1 + usize::from(split.is_some()), chunk, "edges", |p, r, n, o| edge_share(p, r, n, 0, o));
     }
@@ -276,7 +234,7 @@ fn body_offset_and_matrix_market_header() {
         let header = "7 nodes and a line that would not parse\nnor this\n";
         let g = Generated { text: format!("{header}{}", body.text), lines: body.lines.into_iter().map(|(s, v)| (s + header.len(), v)).collect() };
         let plain = dir.write("o.txt", g.text.as_bytes());
-        let gz = dir.write_gz("o.txt.gz", g.text.as_bytes(), None);
+        let gz = write_gz(&dir, "o.txt.gz", g.text.as_bytes(), None);
         let chunk = 1 + case % 30;
         check_shares(&g, &plain, &gz, 1, chunk, "edges", |p, r, n, o| edge_share(p, r, n, header.len() as u64, o));
     }
@@ -331,7 +289,7 @@ fn error_lines_are_absolute_in_every_share() {
         let (bad, msg) = bads[case % bads.len()];
         let (text, line) = with_bad_line(&g.text, rng.below(64) as usize, bad);
         let plain = dir.write("b.txt", text.as_bytes());
-        let gz = dir.write_gz("b.txt.gz", text.as_bytes(), None);
+        let gz = write_gz(&dir, "b.txt.gz", text.as_bytes(), None);
         for size in 1..=5 {
             for (path, chunk) in [(&plain, 1 << 20), (&gz, 1 + rng.below(24) as usize)] {
                 let errs = all_edges(path, size, 0, &options(chunk)).unwrap_err();
@@ -347,7 +305,7 @@ fn error_lines_are_absolute_in_every_share() {
 fn corrupt_and_truncated_gzip() {
     let dir = Dir::new("gz");
     let text: String = (0..20000).map(|k| format!("{k} {}\n", k * 7 % 1000)).collect();
-    let full = dir.write_gz("full.gz", text.as_bytes(), None);
+    let full = write_gz(&dir, "full.gz", text.as_bytes(), None);
     let bytes = std::fs::read(&full).unwrap();
     let truncated = dir.write("trunc.gz", &bytes[..bytes.len() / 2]);
     let mut flipped = bytes.clone();
@@ -420,7 +378,7 @@ fn svmlight_shares_concatenate_to_the_file() {
         let g = svm_file(&mut rng, n);
         let plain = dir.write("s.svm", g.text.as_bytes());
         let split = (!g.text.is_empty() && rng.chance(2)).then(|| rng.below(g.text.len() as u64) as usize);
-        let gz = dir.write_gz("s.svm.gz", g.text.as_bytes(), split);
+        let gz = write_gz(&dir, "s.svm.gz", g.text.as_bytes(), split);
         let chunk = 1 + rng.below(50) as usize;
         check_shares(&g, &plain, &gz, 1 + usize::from(split.is_some()), chunk, "rows", |path, rank, size, o| {
             let s = read_svmlight_share(path, Part::new(rank, size, 0).unwrap(), 1 << 31, o).map_err(|e| e.to_string())?;
@@ -498,7 +456,7 @@ fn rating_shares_concatenate_to_the_file() {
         let g = rating_file(&mut rng, n);
         let plain = dir.write("r.txt", g.text.as_bytes());
         let split = (!g.text.is_empty() && rng.chance(2)).then(|| rng.below(g.text.len() as u64) as usize);
-        let gz = dir.write_gz("r.txt.gz", g.text.as_bytes(), split);
+        let gz = write_gz(&dir, "r.txt.gz", g.text.as_bytes(), split);
         let chunk = 1 + rng.below(50) as usize;
         check_shares(&g, &plain, &gz, 1 + usize::from(split.is_some()), chunk, "ratings", |path, rank, size, o| {
             let s = read_ratings_share(path, Part::new(rank, size, 0).unwrap(), o).map_err(|e| e.to_string())?;

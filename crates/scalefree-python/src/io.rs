@@ -15,7 +15,7 @@ use scalefree_io::{Delimiter, EdgeOptions, Header, Part, ReadError, ReadOptions,
 
 use crate::errors::raise;
 
-fn io_err(py: Python<'_>, e: ReadError) -> PyErr {
+pub(crate) fn io_err(py: Python<'_>, e: ReadError) -> PyErr {
     match e {
         ReadError::Io { path, source } => {
             let Some(code) = source.raw_os_error() else { return PyOSError::new_err(format!("{}: {source}", path.display())) };
@@ -45,6 +45,7 @@ pub(crate) enum Owned {
     U32(Vec<u32>),
     F64(Vec<f64>),
     F32(Vec<f32>),
+    U8(Vec<u8>),
 }
 
 impl Owned {
@@ -55,6 +56,7 @@ impl Owned {
             Owned::U32(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
             Owned::F64(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
             Owned::F32(v) => (v.as_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())),
+            Owned::U8(v) => (v.as_ptr() as *mut u8, v.len()),
         }
     }
     fn dtype(&self) -> &'static str {
@@ -64,6 +66,7 @@ impl Owned {
             Owned::U32(_) => "uint32",
             Owned::F64(_) => "float64",
             Owned::F32(_) => "float32",
+            Owned::U8(_) => "uint8",
         }
     }
 }
@@ -107,7 +110,7 @@ impl Paths {
 
 /// The options of every reader; `delimiter`: a name of [`Delimiter::from_name`] or None
 /// (detected); `header`: `auto`, `yes`, `no`.
-fn read_options(gzip_chunk_bytes: usize, delimiter: Option<&str>, header: &str) -> scalefree_io::Result<ReadOptions> {
+pub(crate) fn read_options(gzip_chunk_bytes: usize, delimiter: Option<&str>, header: &str) -> scalefree_io::Result<ReadOptions> {
     let delimiter = match delimiter {
         None => None,
         Some(name) => Some(Delimiter::from_name(name).ok_or_else(|| ReadError::InvalidArgument(format!("unknown delimiter {name:?} (tab, space, comma, semicolon)")))?),

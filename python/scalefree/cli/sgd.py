@@ -187,7 +187,7 @@ def _launch(args) -> int:
 
     prog = "scalefree sgd logreg"
     for f in (args.data, args.test):
-        if f and f != "synthetic" and not Path(f).is_file():
-            fail(prog, f"{f}: no such file")
+        if f and f != "synthetic" and not Path(f).exists():
+            fail(prog, f"{f}: no such file or directory")
     check_checkpoint(prog, args)
     return relaunch(args, _logreg_cmd, args.ranks)
