@@ -152,8 +152,9 @@ def train(args) -> dict:
         c1 = time.perf_counter()
         grads = ps.grad_buffers() or grads
         if not grads:
-            from scalefree import _registered_empty
-            grads = {k: _registered_empty(v.shape, v.dtype) for k, v in w.items()}
+            from scalefree.arena import registered_empty
+
+            grads = {k: registered_empty(v.shape, v.dtype) for k, v in w.items()}
         pushing = [0.0]
 
         def send(name, arr):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arena import registered_empty
 from ..errors import InvalidArgumentError
 
 
@@ -45,12 +46,10 @@ class ParameterServer:
         self.shapes = {k: tuple(np.shape(v)) for k, v in variables.items()}
         self.dtypes = {k: np.asarray(v).dtype for k, v in variables.items()}
         if self.is_server:
-            from .. import _registered_empty
-
             self.params = {}
             for k in self.names:
                 if self.server_of[k] == group.rank:
-                    a = _registered_empty(self.shapes[k], self.dtypes[k])
+                    a = registered_empty(self.shapes[k], self.dtypes[k])
                     a[...] = variables[k]
                     self.params[k] = a
         if mode not in ("auto", "mapped", "slots"):

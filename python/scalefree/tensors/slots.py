@@ -26,6 +26,7 @@ import threading
 
 import numpy as np
 
+from ..arena import registered_empty
 from ..errors import InvalidArgumentError
 
 # Dtype codes carried in dynamic records (the same table on every rank).
@@ -212,9 +213,7 @@ def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if site is not None and site in _traced_sites and n > 0:
-        from .. import _registered_empty
-
-        return _registered_empty(shape, dtype)
+        return registered_empty(shape, dtype)
     return np.empty(shape, dtype)
 
 
@@ -296,18 +295,16 @@ def place(module) -> int:
     sending them is zero-copy; returns the bytes moved."""
     import torch
 
-    from .. import _registered_empty
-
     moved = 0
     with torch.no_grad():
         for p in module.parameters():
-            a = _registered_empty(tuple(p.shape), np.dtype(str(p.dtype).replace("torch.", "")))
+            a = registered_empty(tuple(p.shape), np.dtype(str(p.dtype).replace("torch.", "")))
             t = torch.from_numpy(a)
             t.copy_(p.data)
             p.data = t
             moved += a.nbytes
             if p.grad is not None:
-                g = torch.from_numpy(_registered_empty(tuple(p.shape), a.dtype))
+                g = torch.from_numpy(registered_empty(tuple(p.shape), a.dtype))
                 g.copy_(p.grad)
                 p.grad = g
                 moved += a.nbytes
