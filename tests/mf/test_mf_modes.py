@@ -13,7 +13,7 @@ import pytest
 import scalefree.mf.model as mf
 from scalefree import _native
 from scalefree.errors import InvalidArgumentError
-from scalefree.mf.blocks import Partition, train_block
+from scalefree.mf.data.blocks import Partition, train_block
 
 from ranks import collect, spawn_ranks
 
@@ -171,7 +171,7 @@ print(*out)
 
 
 def test_rating_scale_is_the_standard_deviation():
-    from scalefree.mf.blocks import rating_scale
+    from scalefree.mf.data.blocks import rating_scale
 
     r = np.random.default_rng(0).integers(1, 6, 1001).astype(np.float64)
     assert rating_scale(len(r), r.sum(), r @ r) == pytest.approx(np.std(r), rel=1e-6)

@@ -123,7 +123,7 @@ def _topics(args) -> int:
     from .. import flash
     from .._atomic import atomic_path, write_json
     from ..errors import DataError, FlashIOError, InvalidArgumentError
-    from ..flash.topics import _check_k as check_k
+    from ..flash.topics import check_k
 
     truth = None
     if args.truth:

@@ -68,7 +68,7 @@ def _launch(args) -> int:
 
 
 def _train_ranks_quiet_elsewhere(args) -> int:
-    from ..mf.shares import ShareFailedElsewhere
+    from ..mf.data.shares import ShareFailedElsewhere
 
     try:
         return _train_ranks(args)

@@ -30,10 +30,10 @@ from ..launch.launcher import (
     DEFAULT_MASTER_PORT,
     NO_SECRET,
     Nodes,
-    _say,
     insecure_token,
     job_secret,
     launch,
+    say,
 )
 
 _USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
@@ -125,7 +125,7 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
     if secret:
         return secret
     if args.insecure_no_token:
-        _say(f"warning: --insecure-no-token: anyone who can reach {nodes.master_addr}:{nodes.master_port} can join this job")
+        say(f"warning: --insecure-no-token: anyone who can reach {nodes.master_addr}:{nodes.master_port} can join this job")
         return insecure_token(nodes)
     if nodes.node_rank != 0:
         raise InvalidArgumentError(NO_SECRET)
@@ -138,7 +138,7 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
         argv += ["--grace", f"{args.grace:g}"]
     argv += [o for o, on in (("--no-prefix", args.no_prefix), ("--allow-rank-failure", args.allow_rank_failure)) if on]
     line = shlex.join([*argv, "--", *cmd]).replace(" --node-rank I ", " --node-rank $I ")
-    _say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"
+    say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"
          f"  SCALEFREE_JOB_TOKEN={secret} {line}")
     return secret
 

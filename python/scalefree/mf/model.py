@@ -11,9 +11,9 @@ The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
 rank holds all of them; given a file path or ``split_ratings_partitioned`` (what the CLI uses)
 each rank reads only its share and keeps only the blocks it trains (``mf_shares``):
 
-* ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
+* ``rima`` (``mf/modes/rima.py``): ring model parallelism, every rank a worker, one factor block
   passed to the successor per step;
-* ``dsgd-ps`` (``mf/dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
+* ``dsgd-ps`` (``mf/modes/dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
   both factor blocks every step.
 
 After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker sent.
@@ -28,27 +28,29 @@ from pathlib import Path
 
 import numpy as np
 
+import scalefree
+
 from .. import _native
 from .._cores import usable_cores
+from .._rss import peak_rss_bytes
 from ..errors import InvalidArgumentError
+from . import fold_in as mf_fold_in
+from .data import checkpoint as mf_ckpt
+from .data import shares as mf_shares
+from .data import stream as mf_stream
+from .data.preload import parse_bytes
+from .data.shares import ShareRatings
+from .data.stream import StreamedRatings, StreamedTest, default_cache_dir
+from .modes import dsgd_ps as mf_dsgd_ps
+from .modes import rima as mf_rima
 
 MODES = ("local", "rima", "dsgd-ps")
-
-
-def default_cache_dir() -> Path:
-    """Where parsed rating files are cached (``SCALEFREE_CACHE_DIR`` or ~/.cache/scalefree/mf)."""
-    env = os.environ.get("SCALEFREE_CACHE_DIR")
-    if env:
-        return Path(env) / "mf"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
 
 
 def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
     """A rating file path or a (users, items, ratings) triple → native ratings."""
     if isinstance(data, _native.MfRatings):
         return data
-    from .shares import ShareRatings
-    from .stream import StreamedRatings
 
     if isinstance(data, (StreamedRatings, ShareRatings)):
         return data  # read by the ranks as they partition it (mf_stream, mf_shares)
@@ -119,7 +121,6 @@ class MatrixFactorization:
             if mode != "rima":
                 raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
                                            f"blocks to preload); mode {mode!r} keeps R in memory")
-            from .preload import parse_bytes
 
             memory_budget = parse_bytes(memory_budget)
         self.memory_budget, self.block_dir = memory_budget, block_dir
@@ -181,7 +182,7 @@ class MatrixFactorization:
         training stops once that many epochs in a row did not improve it, and the model is
         the best epoch's.
         ``checkpoint`` (a path): the training state is written there atomically every
-        ``checkpoint_every`` iterations (0: only at the end) and at the end (``mf/checkpoint.py``;
+        ``checkpoint_every`` iterations (0: only at the end) and at the end (``mf/data/checkpoint.py``;
         in ``rima`` one file per rank beside it). ``resume=True`` continues from that checkpoint,
         which must come from the same data and hyperparameters (``iterations`` may differ): the
         result equals an uninterrupted run's (exactly in ``local`` with one thread).
@@ -193,8 +194,6 @@ class MatrixFactorization:
             raise InvalidArgumentError("checkpoint_every must be >= 0 and stop_after >= 1")
         ckpt = None if checkpoint is None else {"path": checkpoint, "every": int(checkpoint_every),
                                                 "resume": bool(resume), "stop_after": stop_after}
-        from .shares import ShareRatings
-        from .stream import StreamedRatings
 
         if isinstance(data, (str, os.PathLike)) and self.mode != "local":
             data = ShareRatings(data, 0.0, self.seed)  # every rank reads its share (mf_shares)
@@ -221,8 +220,6 @@ class MatrixFactorization:
             return self._fit_ranks(train, test_r, progress, eval_every, ckpt, validation_fraction, patience)
         expect = None
         if ckpt is not None:
-            from . import checkpoint as mf_ckpt
-
             expect = {"mode": "local", "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
                       "blocks": self.blocks or max(20, 2 * self.threads + 1), "seed": self.seed,
                       "init_max": self.init_max, "normalize": self.normalize,
@@ -304,13 +301,6 @@ class MatrixFactorization:
     def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None,
                    validation_fraction: float = 0.0, patience: int | None = None):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
-        import scalefree
-
-        from .._rss import peak_rss_bytes
-        from . import dsgd_ps as mf_dsgd_ps
-        from .shares import ShareRatings
-        from . import rima as mf_rima
-
         t_fit = time.perf_counter()
 
         if self.schedule not in ("adagrad", "constant"):
@@ -341,8 +331,6 @@ class MatrixFactorization:
             opts["validate"] = lambda p, q: train.valid_rmse(group, p, q)  # collective, same on every rank
             opts["patience"] = patience
         if ckpt is not None:
-            from . import checkpoint as mf_ckpt
-
             if isinstance(train, _native.MfRatings):
                 data = mf_ckpt.fingerprint(*train.triples())
             else:  # read by the ranks in shares: the file's name and size and the split
@@ -425,11 +413,9 @@ class MatrixFactorization:
         is a ridge solve against the fixed other side (``mf/fold_in.py``); λ defaults to this
         model's ``lam``. Rows already in the model are solved again from ``data`` alone.
         Returns counts (rows, new rows, ratings used / ignored)."""
-        from .fold_in import fold_in
-
         r = data if isinstance(data, _native.MfRatings) else load_ratings(data, cache=False)
         u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
-        self._model, stats = fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
+        self._model, stats = mf_fold_in.fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
         return stats
 
     def save(self, path) -> None:
@@ -454,9 +440,7 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     loaded as a whole: for ``mode="rima"`` with a ``memory_budget``, whose ranks then read it a
     chunk at a time while cutting their blocks (``mf_stream``). The test half is in memory
     on rank 0 after ``fit``."""
-    from .stream import split
-
-    return split(path, test_fraction, seed)
+    return mf_stream.split(path, test_fraction, seed)
 
 
 def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
@@ -465,22 +449,16 @@ def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
     the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
     without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
     over the ranks."""
-    from .shares import split
-
-    return split(path, test_fraction, seed)
+    return mf_shares.split(path, test_fraction, seed)
 
 
 def _model_of(train, k: int, p, q):
     """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
-    from .shares import ShareRatings
-    from .stream import StreamedRatings
-
     if isinstance(train, (StreamedRatings, ShareRatings)):
         return train.model(k, p, q)
     return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
 
 
 def _native_test(test):
-    from .stream import StreamedTest
 
     return test.ratings if isinstance(test, StreamedTest) else test

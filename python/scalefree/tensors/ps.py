@@ -21,6 +21,7 @@ import numpy as np
 
 from ..arena import registered_empty
 from ..errors import InvalidArgumentError
+from .slots import place, static_slots
 
 
 class ParameterServer:
@@ -121,8 +122,6 @@ class SlotTransport:
     """Static slots: weights server -> worker, gradients worker -> server, per variable."""
 
     def __init__(self, group, ps: ParameterServer):
-        from .slots import static_slots
-
         specs = []
         for k in ps.names:
             s = ps.server_of[k]
@@ -186,8 +185,6 @@ class MappedTransport:
     only two versions later, when every worker is provably done with it."""
 
     def __init__(self, group, ps: ParameterServer):
-        from .slots import static_slots
-
         self.ps = ps
         self.me = group.rank
         self.names, self.workers = ps.names, ps.workers
@@ -312,8 +309,6 @@ class TorchParams:
     the PS variables, its ``.grad`` tensors as the gradients, and loading pulled weights."""
 
     def __init__(self, module):
-        from .slots import place
-
         self.module = module
         place(module)
         self.params = dict(module.named_parameters())

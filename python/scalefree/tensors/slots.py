@@ -28,6 +28,7 @@ import numpy as np
 
 from ..arena import registered_empty
 from ..errors import InvalidArgumentError
+from . import torch_sites
 
 # Dtype codes carried in dynamic records (the same table on every rank).
 _DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -104,8 +105,6 @@ class StaticSlot:
         before = self._native.stats()[1] if is_torch else 0
         self._native.send(a, timeout)
         if is_torch and self._native.stats()[1] > before:  # staged: trace the tensor's site
-            from . import torch_sites
-
             torch_sites.note_staged(tensor)
 
     def recv(self, timeout: float | None = None) -> np.ndarray:
@@ -152,8 +151,6 @@ def _torch_sites() -> None:
     import sys
 
     if "torch" in sys.modules:
-        from . import torch_sites
-
         torch_sites.activate()
 
 
@@ -240,8 +237,6 @@ class DynamicChannel:
                                    list(a.shape), code, a.dtype.itemsize, wait, timeout)
         if staged:
             if a is not tensor and not isinstance(tensor, np.generic):  # a torch tensor
-                from . import torch_sites
-
                 torch_sites.note_staged(tensor)
             else:
                 _trace(a)

@@ -58,14 +58,14 @@ _NATIVE_REDUCE = {torch.float32, torch.float64, torch.int32, torch.int64}
 _WIDEN = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.int8: torch.int32,
           torch.uint8: torch.int32, torch.int16: torch.int32, torch.bool: torch.int32}
 # How dtypes without a numpy twin move (same width, bits unchanged).
-_MOVE_AS = {torch.bfloat16: torch.int16}
+MOVE_AS = {torch.bfloat16: torch.int16}
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor's memory (no copy), 1-D."""
     t = t.detach()
-    if t.dtype in _MOVE_AS:
-        t = t.view(_MOVE_AS[t.dtype])
+    if t.dtype in MOVE_AS:
+        t = t.view(MOVE_AS[t.dtype])
     if t.is_complex():
         t = torch.view_as_real(t)
     return t.reshape(-1).numpy()
@@ -392,13 +392,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if t.dtype in _NATIVE_REDUCE:
-            self._g.allreduce(_as_numpy(t), native_op)
+            self._g.allreduce(as_numpy(t), native_op)
         else:
             wide = _WIDEN.get(t.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {t.dtype}")
             w = t.to(wide)
-            self._g.allreduce(_as_numpy(w), native_op)
+            self._g.allreduce(as_numpy(w), native_op)
             t.copy_(w)
         if op == "avg":
             if t.is_floating_point():
@@ -457,7 +457,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             for s in staged:
                 if s.t.numel():
-                    self._g.broadcast(_as_numpy(s.t), root)
+                    self._g.broadcast(as_numpy(s.t), root)
                 s.finish()
 
         return self._submit(run, list(tensors))
@@ -466,7 +466,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         """Every rank's ``inp`` into contiguous ``out`` (size * inp.numel() elements, rank order)."""
         if inp.numel() == 0:
             return
-        self._g._allgather_into(_as_numpy(inp), _as_numpy(out))
+        self._g._allgather_into(as_numpy(inp), as_numpy(out))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for t in input_tensors:
@@ -516,14 +516,14 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if inp.dtype in _NATIVE_REDUCE:
-            self._g._reduce_scatter_into(_as_numpy(inp), _as_numpy(out), native_op)
+            self._g._reduce_scatter_into(as_numpy(inp), as_numpy(out), native_op)
             res = out
         else:
             wide = _WIDEN.get(inp.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {inp.dtype}")
             res = torch.empty(out.shape, dtype=wide)
-            self._g._reduce_scatter_into(_as_numpy(inp.to(wide)), _as_numpy(res), native_op)
+            self._g._reduce_scatter_into(as_numpy(inp.to(wide)), as_numpy(res), native_op)
         if op == "avg":
             if res.is_floating_point():
                 res.div_(self.size())
@@ -601,10 +601,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         out = _Staged(output)
 
         def run():
-            send = _as_numpy(inp).view(np.uint8).reshape(rows_in, -1) if rows_in else \
+            send = as_numpy(inp).view(np.uint8).reshape(rows_in, -1) if rows_in else \
                 np.empty((0, row * input.element_size()), np.uint8)
             got = self._g.alltoallv(send, np.asarray(input_split_sizes, np.int64))
-            dst = _as_numpy(out.t).view(np.uint8)
+            dst = as_numpy(out.t).view(np.uint8)
             if got.size != dst.size:
                 raise ValueError(f"scalefree backend: all_to_all_single received {got.size} bytes, "
                                  f"the output holds {dst.size}")
@@ -621,7 +621,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             raise ValueError(f"scalefree backend: all_to_all needs {n} input and output tensors")
 
         def run():
-            send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+            send = np.concatenate([as_numpy(t).view(np.uint8) for t in ins])
             counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
             got = self._g.alltoallv(send, counts)
             # What arrives from rank r has the size of output r.
@@ -630,7 +630,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                 for o in outs:
                     nb = o.numel() * o.element_size()
                     piece = torch.from_numpy(got[at:at + nb].copy())
-                    o.copy_(piece.view(o.dtype if o.dtype not in _MOVE_AS else _MOVE_AS[o.dtype]).view(o.dtype)
+                    o.copy_(piece.view(o.dtype if o.dtype not in MOVE_AS else MOVE_AS[o.dtype]).view(o.dtype)
                             .view(o.shape))
                     at += nb
 
@@ -690,13 +690,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             n = self.size()
             if self.rank() == root:
-                send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+                send = np.concatenate([as_numpy(t).view(np.uint8) for t in ins])
                 counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
             else:
                 send, counts = np.empty(0, np.uint8), np.zeros(n, np.int64)
             got = self._g.alltoallv(send, counts)
             dst = _Staged(out)
-            _as_numpy(dst.t).view(np.uint8)[:] = got
+            as_numpy(dst.t).view(np.uint8)[:] = got
             dst.finish()
 
         return self._submit(run, list(output_tensors))
@@ -714,7 +714,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         ch = self._p2p[(self.rank(), dst)]
-        payload = [_as_numpy(t.detach().contiguous()) for t in tensors]
+        payload = [as_numpy(t.detach().contiguous()) for t in tensors]
         return self._p2p_worker(("send", dst)).submit(lambda: [ch.send(a) for a in payload] and None, list(tensors))
 
     def recv(self, tensors, src: int, tag: int = 0):
@@ -723,7 +723,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
 
         def run():
             for s in staged:
-                ch.recv(out=_as_numpy(s.t))
+                ch.recv(out=as_numpy(s.t))
                 s.finish()
 
         return self._p2p_worker(("recv", src)).submit(run, list(tensors))

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_path
-from ..errors import InvalidArgumentError
+from ..._atomic import atomic_path
+from ...errors import InvalidArgumentError
+from .shares import agree
 
 VERSION = 2  # 2: rima/dsgd-ps blocks hold two AdaGrad accumulators per row (LIBMF's update)
 
@@ -91,8 +92,6 @@ def save_rank(path, rank: int, size: int, meta: dict, arrays: dict) -> None:
 def load_rank(group, path, expect: dict) -> tuple[dict, dict]:
     """Collective: this rank's part of the newest checkpoint every rank of ``group`` has (its
     latest file or the one before). An error on any rank is raised on every rank."""
-    from .shares import _agree
-
     p = rank_path(path, group.rank, group.size)
     have, err = {}, None
     try:
@@ -107,10 +106,10 @@ def load_rank(group, path, expect: dict) -> tuple[dict, dict]:
                 have[int(meta["iteration"])] = (meta, arrays)
     except InvalidArgumentError as e:
         err = e
-    _agree(group, err)
+    agree(group, err)
     newest = group.allgather(np.array([max(have)], np.int64))[:, 0]
     agreed = int(newest.min())
-    _agree(group, None if agreed in have else InvalidArgumentError(
+    agree(group, None if agreed in have else InvalidArgumentError(
         f"checkpoint {p} holds iterations {sorted(have)}, not iteration {agreed} that every rank has"))
     return have[agreed]
 

@@ -17,7 +17,7 @@ budget.
    (``alltoallv``); each owner deduplicates its ids and all owners' lists go to every rank: the
    sorted distinct ids of the whole file, the same on every rank. A compact id is the position in
    that list. O(ids) per rank.
-4. **Route.** The block partition (:class:`~scalefree.mf.blocks.Partition`: the seeded
+4. **Route.** The block partition (:class:`~scalefree.mf.data.blocks.Partition`: the seeded
    permutations of users and items, cut into ``nb`` ranges per side) follows from (users, items,
    nb, seed) alone, so every rank computes it. Each training rating becomes a record (block, user
    row, item row, rating) and goes, by ``alltoallv``, to every rank that trains its block:
@@ -49,10 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
-from .._rss import peak_rss_bytes
-from ..errors import DataError, InvalidArgumentError
+from ... import _native
+from ..._rss import peak_rss_bytes
+from ...errors import DataError, InvalidArgumentError
 from .blocks import ENTRY_BYTES, Partition, rating_scale
+from .stream import pread_into
 
 _HEADER = 32  # rating cache: magic, ratings, users, items
 _MSG_BYTES = 1024  # an error message as every rank learns it
@@ -86,7 +87,7 @@ class ShareFailedElsewhere(DataError):
         self.failed_rank = rank
 
 
-def _agree(group, err: BaseException | None) -> None:
+def agree(group, err: BaseException | None) -> None:
     """Collective: raise on every rank if any rank failed — its own error on the lowest failing
     rank, :class:`ShareFailedElsewhere` on the others."""
     if group.size == 1:
@@ -186,22 +187,20 @@ class _Source:
             S = self.pieces
             # Piece j of the rank's share: share rank·S + j of size·S (the byte ranges nest exactly).
             return _native.read_ratings_share(str(self.path), self.rank * S + j, self.size * S)
-        from .stream import _pread_into
-
         lo, hi = self.bounds[j], self.bounds[j + 1]
         c, n = hi - lo, self.n
         col = _HEADER + 8 * (self.nu + self.ni)
         cu, ci, cv = np.empty(c, np.uint32), np.empty(c, np.uint32), np.empty(c, np.float32)
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            _pread_into(fd, cu, col + 4 * lo, str(self.path))
-            _pread_into(fd, ci, col + 4 * (n + lo), str(self.path))
-            _pread_into(fd, cv, col + 4 * (2 * n + lo), str(self.path))
+            pread_into(fd, cu, col + 4 * lo, str(self.path))
+            pread_into(fd, ci, col + 4 * (n + lo), str(self.path))
+            pread_into(fd, cv, col + 4 * (2 * n + lo), str(self.path))
             if self._ids is None:
                 u = np.empty(self.nu, "<u8")
                 i = np.empty(self.ni, "<u8")
-                _pread_into(fd, u, _HEADER, str(self.path))
-                _pread_into(fd, i, _HEADER + 8 * self.nu, str(self.path))
+                pread_into(fd, u, _HEADER, str(self.path))
+                pread_into(fd, i, _HEADER + 8 * self.nu, str(self.path))
                 self._ids = u.astype(np.int64), i.astype(np.int64)
         finally:
             os.close(fd)
@@ -264,7 +263,7 @@ class ShareRatings:
             src = _Source(self.path, rank, P, piece_bytes)
         except (DataError, OSError) as e:
             err = e
-        _agree(group, err)
+        agree(group, err)
         pieces = src.pieces_all
         S = src.pieces
         # Pass 1: the distinct ids of the share (one piece at a time), then the global id lists.
@@ -278,7 +277,7 @@ class ShareRatings:
             except (DataError, OSError) as e:
                 err, u = e, None
             if pieces == 1:
-                _agree(group, err)
+                agree(group, err)
             elif err is not None:
                 break
             read += len(u)
@@ -287,7 +286,7 @@ class ShareRatings:
                 cached = (u, i, r)  # one piece: kept for pass 2 instead of read twice
             del u, i, r
         if pieces != 1:
-            _agree(group, err)
+            agree(group, err)
         uids, iids = global_ids(group, du), global_ids(group, di)
         del du, di
         self.user_ids, self.item_ids = uids, iids
@@ -394,14 +393,12 @@ class ShareRatings:
                         part.blocks[b] = np.ascontiguousarray(got[sel, 1:])
                     del got, order
                 else:
-                    from .stream import _pread_into
-
                     for b in mine:
                         have = sum(c for _, c in runs[b])
                         ent = np.empty((have, 3), np.uint32)
                         at = 0
                         for off, c in runs[b]:
-                            _pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
+                            pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
                             at += c
                         b0 = np.full(len(ent), b, np.uint32)
                         ent = ent[canonical_order(b0, ent[:, 0], ent[:, 1], ent[:, 2], widths)]  # canonical

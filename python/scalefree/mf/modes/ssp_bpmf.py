@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 
-from .mf import load_ratings
+from ...ssp.straggler import StragglerSchedule
+
+from .ssp_gd import load_ratings
 
 
 def _sample_normal_wishart(rng, X_sum, XX_sum, n, k, beta0=2.0):
@@ -61,8 +63,6 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
           straggler_ms: float = 0.0, alpha: float = 2.0, burn_in: int = 5, seed: int = 0,
           test_fraction: float = 0.1) -> dict:
     import scipy.sparse as sp
-
-    from .straggler import StragglerSchedule
 
     if variant not in ("sharded", "sharded_thread"):
         raise ValueError(f"BPMF needs a consistent SSP variant (sharded or sharded_thread), not {variant!r}")

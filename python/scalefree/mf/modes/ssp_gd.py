@@ -18,13 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ...ssp.straggler import StragglerSchedule
+
 
 def load_ratings(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(user, item, rating) from a rating file (every format of the mf reader: MovieLens
     ``u.data``, ``ratings.dat``, ``ratings.csv``, ``user item rating`` text, ``.mtx``; ``.gz``
     ok); ids (any up to 2**64 - 1, read as integers) become dense 0-based indices. A bad line
     is a ``DataError`` (a ``ValueError``) naming the file and line."""
-    from .. import _native
+    from ... import _native
 
     path = Path(path)
     ub, ib, rb = _native.mf_read_pairs(str(path))
@@ -82,8 +84,6 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     """Trains on every rank of ``group``; returns rank-local history
     ``[(seconds, iteration, test_rmse), ...]`` (test RMSE of the model this rank sees) and the
     exact final model's test RMSE after the flush."""
-    from .straggler import StragglerSchedule
-
     u, i, r = load_ratings(path)
     n_users, n_items = int(u.max()) + 1, int(i.max()) + 1
     rng = np.random.default_rng(seed)
