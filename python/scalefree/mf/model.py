@@ -42,6 +42,7 @@ from .data.preload import parse_bytes
 from .data.shares import ShareRatings
 from .data.stream import StreamedRatings, StreamedTest, default_cache_dir
 from .modes import dsgd_ps as mf_dsgd_ps
+from .modes import local as mf_local
 from .modes import rima as mf_rima
 
 MODES = ("local", "rima", "dsgd-ps")
@@ -231,71 +232,11 @@ class MatrixFactorization:
             train, valid = train.split(float(validation_fraction), self.seed + 1)
         if patience is not None and (valid is None or patience < 1):
             raise InvalidArgumentError("patience needs a validation_fraction and must be at least 1")
-        tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
-                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
-                               normalize=self.normalize)
-        self.history = []
-        elapsed = 0.0
-        best, best_model, stale = float("inf"), None, 0
-        self.stopped_at = None
-        start = 0
-        if ckpt is not None and ckpt["resume"]:
-            meta, a = mf_ckpt.load(ckpt["path"], expect)
-            tr.set_state(*(a[n].tobytes() for n in ("p", "q", "pg", "qg", "counts")), int(meta["iteration"]))
-            start, self.history, best, stale = int(meta["iteration"]), meta["history"], meta["best"], meta["stale"]
-            elapsed = self.history[-1]["seconds"] if self.history else 0.0
-            if "best_p" in a:
-                best_model = _native.MfModel.from_parts(self.k, *(a[n].tobytes() for n in (
-                    "best_p", "best_q", "best_user_ids", "best_item_ids")), float(meta["best_mean"]),
-                    *(a[n].tobytes() for n in ("best_known_u", "best_known_i")))
-            if start >= self.iterations or meta.get("stopped_at"):
-                self.stopped_at = meta.get("stopped_at")
-                self._model = best_model if best_model is not None else tr.model()
-                return self
-
-        def save_checkpoint(it):
-            p, q, pg, qg, counts, _ = tr.state()
-            arrays = {n: np.frombuffer(b, np.uint8) for n, b in zip(("p", "q", "pg", "qg", "counts"), (p, q, pg, qg, counts))}
-            meta = {**expect, "iteration": it, "history": self.history, "best": best, "stale": stale,
-                    "stopped_at": self.stopped_at}
-            if best_model is not None:
-                bp, bq, bu, bi, mean, ku, ki = best_model.parts()
-                arrays.update({f"best_{n}": np.frombuffer(b, np.uint8) for n, b in zip(
-                    ("p", "q", "user_ids", "item_ids", "known_u", "known_i"), (bp, bq, bu, bi, ku, ki))})
-                meta["best_mean"] = float(mean)
-            mf_ckpt.save(ckpt["path"], meta, arrays)
-
-        bar = _Bar(self.iterations, progress)
-        if start:
-            bar.update(start, "resumed")
-        for it in range(start + 1, self.iterations + 1):
-            t0 = time.perf_counter()
-            mse = tr.epochs(1)
-            elapsed += time.perf_counter() - t0
-            rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
-            last = it == self.iterations
-            if valid is not None:
-                rec["valid_rmse"] = v = tr.rmse(valid)
-                if v < best:
-                    best, stale = v, 0
-                    best_model = tr.model() if patience is not None else None
-                else:
-                    stale += 1
-                if patience is not None and stale >= patience:
-                    last, self.stopped_at = True, it
-            if test_r is not None and ((eval_every and it % eval_every == 0) or last):
-                rec["test_rmse"] = tr.rmse(test_r) if best_model is None or not last else best_model.rmse(test_r)
-            self.history.append(rec)
-            if on_iteration is not None:
-                on_iteration(rec)
-            stop = ckpt is not None and ckpt["stop_after"] is not None and it >= ckpt["stop_after"]
-            if ckpt is not None and (last or stop or (ckpt["every"] and it % ckpt["every"] == 0)):
-                save_checkpoint(it)
-            bar.update(self.iterations if last or stop else it,
-                       f"test_rmse={rec['test_rmse']:.4f}" if "test_rmse" in rec else f"train_mse={mse:.4f}")
-            if last or stop:
-                break
-        self._model = best_model if best_model is not None else tr.model()
+        self.history, self.stopped_at, self._model = mf_local.train(
+            train, valid, test_r, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, threads=self.threads,
+            blocks=self.blocks, seed=self.seed, init_max=self.init_max, normalize=self.normalize,
+            iterations=self.iterations, patience=patience, eval_every=eval_every, ckpt=ckpt, expect=expect,
+            on_iteration=on_iteration, bar=_Bar(self.iterations, progress))
         return self
 
     def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None,
