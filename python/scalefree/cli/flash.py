@@ -88,7 +88,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--sample", type=number(0, 1, low_open=True), default=1.0,
                    help="fraction of documents for the SVD and the k-means steps (default 1)")
     t.add_argument("--tol", type=number(0), default=1e-4, help="the SVD's relative tolerance (default 1e-4)")
-    t.add_argument("--seed", type=int, default=0, help="seed of the sampling and k-means++ (default 0)")
+    t.add_argument("--seed", type=count(0), default=0, help="seed of the sampling and k-means++ (default 0)")
     t.add_argument("--top", type=count(1), default=10, help="top words per topic printed and in --json (default 10)")
     t.add_argument("--vocab", default=None, help="vocab file (one word a line) to print words instead of ids")
     t.add_argument("--json", default=None, metavar="OUT", help="write top_words, seconds and the run's counters")
@@ -107,7 +107,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--beta", type=number(0, low_open=True), default=0.01,
                    help="Dirichlet parameter of the topics' word weights (default 0.01)")
     c.add_argument("--length", type=number(0, low_open=True), default=100.0, help="mean document length (default 100)")
-    c.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    c.add_argument("--seed", type=count(0), default=0, help="seed (default 0)")
     c.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="DOCWORD",
                    help="output docword file (plain text, written atomically)")
     c.add_argument("--truth", default=None, metavar="TOPICS.npy",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import count, number
+
 
 def fcn_sizes(n_in: int, n_out: int, hidden=(2048, 2048, 2048)) -> list[int]:
     return [n_in, *hidden, n_out]
@@ -209,16 +211,16 @@ def add_parser(sub):
 
 def _args(p):
     p.add_argument("--model", choices=("fcn",), default="fcn")
-    p.add_argument("-n", "--ranks", type=int, default=3, help="1 server + N-1 workers")
+    p.add_argument("-n", "--ranks", type=count(1), default=3, help="1 server + N-1 workers")
     p.add_argument("--data", choices=("synthetic", "digits"), default="synthetic")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
+    p.add_argument("--steps", type=count(1), default=100)
+    p.add_argument("--batch", type=count(1), default=32, help="per worker")
+    p.add_argument("--lr", type=number(0, low_open=True), default=0.05)
+    p.add_argument("--hidden", type=count(1), nargs="+", default=[2048, 2048, 2048])
     p.add_argument("--transport", choices=("mapped", "slots", "gloo", "grpc", "grpc-stream", "local"), default="mapped",
                    help="mapped: no copies (shared memory); slots: static slots; local: one process; "
                    "gloo (torch.distributed), grpc, grpc-stream: the benchmark harness's peers (pip install ./benchmarks)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=count(0), default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")
     p.add_argument("--plot", help="PNG of loss vs time (rank 1's view)")
 
