@@ -326,7 +326,7 @@ def test_svds_of_a_zero_and_rank_deficient_matrix(rt):
 @pytest.mark.parametrize("shape", [(1, 7), (7, 1), (1, 1)])
 def test_svds_one_row_or_column_has_no_valid_k(rt, shape):
     a = np.ones(shape)
-    with pytest.raises(ValueError, match="k must be between 1 and min"):
+    with pytest.raises(ValueError, match="`k` must be an integer satisfying `0 < k < min"):
         flash.svds(a, k=1, runtime=rt)
     with pytest.raises(ValueError):  # scipy refuses it too
         sla.svds(a, k=1)
@@ -334,16 +334,16 @@ def test_svds_one_row_or_column_has_no_valid_k(rt, shape):
 
 def test_svds_bad_arguments(rt):
     a = random_sparse(20, 10, 0.3, seed=1)
-    for k in (0, -1, 10, 11, 2.5, True):
-        with pytest.raises(ValueError, match="k must be"):
+    for k in (0, -1, 10, 11, 2.5, "2"):  # as scipy: k=True is 1
+        with pytest.raises(ValueError, match="`k` must be an integer"):
             flash.svds(a, k=k, runtime=rt)
     bad = [dict(which="LA"), dict(return_singular_vectors="x"), dict(tol=-1), dict(solver="lapack"),
            dict(v0=np.ones(20)), dict(options={"bogus": 1}), dict(maxiter=0), dict(ncv=2)]
     for kwargs in bad:
         with pytest.raises(ValueError):
             flash.svds(a, k=3, runtime=rt, **kwargs)
-    with pytest.raises(InvalidArgumentError, match="real"):
-        flash.svds(a.astype(np.complex128), k=2, runtime=rt)
+    with pytest.raises(InvalidArgumentError, match="complex"):  # a complex start for a real problem
+        flash.svds(a, k=2, v0=np.ones(10, dtype=np.complex128), runtime=rt)
     with pytest.raises(ValueError, match="2-D"):
         flash.svds(np.ones((3, 3, 3)), k=1, runtime=rt)
 
@@ -475,8 +475,8 @@ def test_cli_flash_svd(tmp_path):
     assert np.linalg.norm(a @ r["vt"].T - r["u"] * r["s"]) <= 1e-9 * want[0]
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "120"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "k must be between 1 and min(A.shape) - 1 = 119" in p.stderr
-    assert "scalefree flash svd: error: svds: k must be" in p.stderr
+    assert p.returncode == 2 and "A has shape (500, 120), got k=120" in p.stderr
+    assert "scalefree flash svd: error: `k` must be an integer satisfying `0 < k < min(A.shape)`" in p.stderr
     # -o with a name without a suffix is written as named; --json has the values and times.
     out2, js = tmp_path / "usv", tmp_path / "svd.json"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", "3", "-q",
@@ -513,3 +513,60 @@ def test_svds_block_size_default_on_flash_and_in_memory(tmp_path, monkeypatch):
     s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)
     assert stats["on_flash"] and stats["block_size"] == 16
     np.testing.assert_allclose(s, want, rtol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+@pytest.mark.parametrize("shape", [(60, 45), (45, 60), (7, 5)])
+@pytest.mark.parametrize("which", ["LM", "SM"])
+def test_svds_complex_against_numpy(rt, dtype, shape, which):
+    """Complex matrices, dense, sparse and as LinearOperators: scipy's output dtypes, and the
+    triplets of numpy's full SVD (the Krylov path at 45+ columns, the dense one at 5)."""
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    k = 3
+    full = np.linalg.svd(a.astype(np.complex128), compute_uv=False)
+    want = np.sort(full)[-k:] if which == "LM" else np.sort(full)[:k]
+    tol = 1e-4 if dtype == np.complex64 else 1e-10
+    for inp in (a, sp.csr_matrix(a), sla.aslinearoperator(a)):
+        u, s, vh = flash.svds(inp, k=k, which=which, rng=0, runtime=rt)
+        assert u.dtype == dtype and vh.dtype == dtype and s.dtype == np.finfo(dtype).dtype
+        np.testing.assert_allclose(s, want, rtol=tol, atol=tol * full.max())
+        a64, u64, vh64 = a.astype(np.complex128), u.astype(np.complex128), vh.astype(np.complex128)
+        np.testing.assert_allclose(u64.conj().T @ u64, np.eye(k), atol=10 * tol)
+        np.testing.assert_allclose(vh64 @ vh64.conj().T, np.eye(k), atol=10 * tol)
+        assert np.linalg.norm(a64 @ vh64.conj().T - u64 * s) <= 10 * tol * full.max()
+
+
+def test_svds_no_convergence_is_scipys_exception(rt):
+    """Too few restarts raise what scipy's svds raises (ArpackNoConvergence, and PROPACK's
+    LinAlgError), and still our NoConvergenceError."""
+    a = np.diag(np.arange(60.0))
+    with pytest.raises(sla.ArpackNoConvergence, match="ARPACK error -1: No convergence") as e:
+        flash.svds(a, k=1, ncv=3, maxiter=1, rng=0, runtime=rt)
+    assert isinstance(e.value, NoConvergenceError) and isinstance(e.value, np.linalg.LinAlgError)
+
+
+def test_svds_rng_and_random_state(rt):
+    a = np.random.default_rng(0).random((100, 100))
+    by_rng = flash.svds(a, k=2, rng=7, runtime=rt)
+    by_state = flash.svds(a, k=2, random_state=7, runtime=rt)
+    for x, y in zip(by_rng, by_state):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(TypeError, match="not both"):
+        flash.svds(a, k=2, rng=1, random_state=1, runtime=rt)
+    with pytest.raises(ValueError, match="neither a NumPy Generator"):
+        flash.svds(a, k=2, rng="seed", runtime=rt)
+
+
+def test_pca_matches_sklearn(rt):
+    """flash.pca gives scikit-learn's PCA: components (and their signs), variances, mean, transform."""
+    decomposition = pytest.importorskip("sklearn.decomposition")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 40)) @ rng.standard_normal((40, 40))
+    ours = flash.pca(x, 5, runtime=rt)
+    theirs = decomposition.PCA(5, svd_solver="full").fit(x)
+    np.testing.assert_allclose(ours.components, theirs.components_, atol=1e-10)
+    np.testing.assert_allclose(ours.explained_variance, theirs.explained_variance_, rtol=1e-12)
+    np.testing.assert_allclose(ours.singular_values, theirs.singular_values_, rtol=1e-12)
+    np.testing.assert_allclose(ours.mean, theirs.mean_, atol=1e-12)
+    np.testing.assert_allclose(ours.transform(x), theirs.transform(x), atol=1e-9)

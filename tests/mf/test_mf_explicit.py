@@ -96,6 +96,12 @@ def test_cli_train_test_file_and_predict(tmp_path):
     assert len(lines) == 402 and lines[1].startswith(f"{u[1]} {i[1]} ")
     m = mf.MatrixFactorization.load(model)
     np.testing.assert_allclose([float(x.split()[2]) for x in lines], m.predict(u, i), atol=1e-4)
+    # --format libmf: one prediction per line, in order, as LIBMF's mf-predict writes them.
+    out = _cli("predict", model, te, "--format", "libmf", "-o", pred)
+    assert out.returncode == 0, out.stderr
+    libmf_lines = pred.read_text().splitlines()
+    assert len(libmf_lines) == 402 and all(len(x.split()) == 1 for x in libmf_lines)
+    np.testing.assert_allclose([float(x) for x in libmf_lines], m.predict(u, i), rtol=1e-5)
     # Pairs without ratings: predictions only; a closed pipe ends quietly.
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("".join(f"{a} {b}\n" for a, b in zip(u, i)) * 50)
@@ -106,8 +112,6 @@ def test_cli_train_test_file_and_predict(tmp_path):
     bad.write_text("1 2 3\n1 2\n")
     out = _cli("predict", model, bad)
     assert out.returncode == 2 and out.stderr.startswith("scalefree mf predict: error:") and "bad.txt" in out.stderr
-    out = _cli("train", tr, "--test", te, "--mode", "rima", "-n", "2")
-    assert out.returncode == 2 and "--test" in out.stderr
 
 
 def test_fold_in_new_users_close_to_retraining(tmp_path):

@@ -62,7 +62,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s = flash_sub.add_parser("svd", help="top-k singular values of a matrix file, the matrix staying on flash")
     s.add_argument("data", help="matrix file (.npz, .mtx[.gz], docword*.txt[.gz], .npy)")
     s.add_argument("-k", type=count(1), default=6, help="number of singular values (default 6)")
-    s.add_argument("--tol", type=number(0), default=0.0, help="relative tolerance (default 0: machine precision)")
+    s.add_argument("--tol", type=number(0), default=0.0, help="tolerance of the singular values, as scipy svds' tol (default 0: machine precision)")
     s.add_argument("--dtype", choices=("float32", "float64"), default=None, help="element type (default: the file's)")
     s.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
                    help="save u, s, vt (written atomically)")
@@ -87,7 +87,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("-k", type=count(2), required=True, help="number of topics")
     t.add_argument("--sample", type=number(0, 1, low_open=True), default=1.0,
                    help="fraction of documents for the SVD and the k-means steps (default 1)")
-    t.add_argument("--tol", type=number(0), default=1e-4, help="the SVD's relative tolerance (default 1e-4)")
+    t.add_argument("--tol", type=number(0), default=1e-4, help="relative residual of the SVD's eigenpairs (default 1e-4)")
     t.add_argument("--seed", type=count(0), default=0, help="seed of the sampling and k-means++ (default 0)")
     t.add_argument("--top", type=count(1), default=10, help="top words per topic printed and in --json (default 10)")
     t.add_argument("--vocab", default=None, help="vocab file (one word a line) to print words instead of ids")

@@ -2,8 +2,8 @@
 
     theta, X, info = block_krylov_schur(apply, n, k, which="LA", tol=1e-8)
 
-``apply(Q)`` maps an ``n x b`` float64 block to ``op @ Q`` (``op`` symmetric); it is the
-only access to the operator, so the operator may live anywhere (a flash matrix applied
+``apply(Q)`` maps an ``n x b`` float64 block to ``op @ Q`` (``op`` symmetric; with
+``dtype=complex128``, complex blocks and ``op`` Hermitian); it is the only access to the operator, so the operator may live anywhere (a flash matrix applied
 through ``flash.csrmm``, an in-memory product, a rank-one corrected one for PCA). The Krylov
 basis (``n x basis_size`` float64) lives in memory.
 
@@ -12,16 +12,18 @@ The method (Stewart's Krylov-Schur, in block form):
 1. Start from an orthonormal block ``Q`` (``v0`` as its first column, the rest random).
 2. Expand: for each new block ``Q``, ``W = op Q``; orthogonalize ``W`` against the whole
    basis ``[V, Q]`` twice (classical Gram-Schmidt with one full re-orthogonalization pass);
-   the projections fill the columns of ``H = V^T op V``; ``W = Q_next R`` by a thin SVD (a
+   the projections fill the columns of ``H = V^H op V``; ``W = Q_next R`` by a thin SVD (a
    rank-deficient ``W`` — an invariant subspace was found — is completed with random
    directions orthogonal to the basis and a zero coupling). Then
    ``op V = V H + Q_next R E^T`` with ``E`` the last ``b`` columns.
 3. Schur form of the projected matrix: ``H`` is symmetric, so its real Schur form is its
    eigendecomposition ``H = Y diag(theta) Y^T``. The residual of Ritz pair
    ``(theta_i, V y_i)`` is ``||R Y[-b:, i]||`` without touching the operator.
-4. Checked after every block once the basis has ``k + b`` columns (the small
-   eigendecomposition is cheap next to an operator call), so a loose tolerance stops early.
-   Converged when the ``k`` wanted Ritz pairs have ``residual_i <= tol * |theta_i|``,
+4. Checked after every block once the basis has been full once (``basis_size`` columns, as
+   ARPACK checks after a full Lanczos factorization; the small eigendecomposition is cheap
+   next to an operator call), so a loose tolerance stops early, but never on a basis so
+   small that its Ritz values are poor (a rank-one operator makes a two-block space look
+   invariant). Converged when the ``k`` wanted Ritz pairs have ``residual_i <= tol * |theta_i|``,
    where ``tol`` is at least a small multiple of the operator's precision times
    ``max |theta|`` (``tol = 0`` means that precision).
 5. Else restart: keep the ``p`` wanted Ritz vectors (``p >= k``, about halfway between ``k``
@@ -57,6 +59,7 @@ class KrylovSchurInfo:
     block_size: int = 0
     basis_size: int = 0
     dense: bool = False
+    converged: int = 0
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
@@ -102,20 +105,22 @@ def _rng(random_state):
     return np.random.default_rng(random_state)
 
 
-def _standard_normal(rng, shape):
+def _standard_normal(rng, shape, dtype=np.float64):
+    if np.dtype(dtype).kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) / np.sqrt(2.0)
     return rng.standard_normal(shape)
 
 
 def _orthonormal_complement(rng, basis: np.ndarray, columns: int, n: int) -> np.ndarray:
     """``columns`` random orthonormal vectors orthogonal to ``basis`` (``n x j``, orthonormal)."""
-    out = np.empty((n, 0))
+    out = np.empty((n, 0), dtype=basis.dtype)
     for _ in range(10):
-        z = _standard_normal(rng, (n, columns - out.shape[1]))
+        z = _standard_normal(rng, (n, columns - out.shape[1]), basis.dtype)
         for _ in range(2):
             if basis.shape[1]:
-                z -= basis @ (basis.T @ z)
+                z -= basis @ (basis.conj().T @ z)
             if out.shape[1]:
-                z -= out @ (out.T @ z)
+                z -= out @ (out.conj().T @ z)
         q, r = np.linalg.qr(z)
         good = np.abs(np.diag(r)) > 1e-8 * np.sqrt(n)
         out = np.hstack([out, q[:, good]])
@@ -124,27 +129,28 @@ def _orthonormal_complement(rng, basis: np.ndarray, columns: int, n: int) -> np.
     raise InvalidArgumentError(f"cannot extend a basis of {basis.shape[1]} vectors in dimension {n} by {columns}")
 
 
-def _check_block(w, n, b):
-    w = np.asarray(w, dtype=np.float64)
+def _check_block(w, n, b, dtype=np.float64):
+    w = np.asarray(w, dtype=dtype)
     if w.shape != (n, b):
         raise InvalidArgumentError(f"the operator returned shape {w.shape} for a block of shape {(n, b)}")
     return w
 
 
-def _dense(apply, n, k, which, block, info):
+def _dense(apply, n, k, which, block, info, dtype):
     """Eigenpairs of a small operator from its full matrix, built ``block`` columns at a time."""
-    m = np.empty((n, n))
-    eye = np.eye(n)
+    m = np.empty((n, n), dtype=dtype)
+    eye = np.eye(n, dtype=dtype)
     for s in range(0, n, block):
         e = min(n, s + block)
-        m[:, s:e] = _check_block(apply(eye[:, s:e]), n, e - s)
+        m[:, s:e] = _check_block(apply(eye[:, s:e]), n, e - s, dtype)
         info.operator_blocks += 1
         info.operator_columns += e - s
-    m = 0.5 * (m + m.T)
+    m = 0.5 * (m + m.conj().T)
     with _one_blas_thread():
         theta, y = np.linalg.eigh(m)
     pick = _order(theta, which)[:k]
     info.dense = True
+    info.converged = k
     info.residuals = np.linalg.norm(m @ y[:, pick] - y[:, pick] * theta[pick], axis=0)
     return theta[pick], y[:, pick]
 
@@ -152,7 +158,8 @@ def _dense(apply, n, k, which, block, info):
 def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float = 0.0,
                        block_size: int | None = None, basis_size: int | None = None,
                        maxiter: int | None = None, v0=None, random_state=None,
-                       operator_eps: float = np.finfo(np.float64).eps):
+                       operator_eps: float = np.finfo(np.float64).eps, dtype=np.float64,
+                       strict: bool = True):
     """The ``k`` wanted eigenpairs of a symmetric ``n x n`` operator given by ``apply``.
 
     ``which``: ``"LA"`` largest algebraic, ``"SA"`` smallest algebraic, ``"LM"`` largest
@@ -161,11 +168,14 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     float32). ``block_size`` (default ``min(k, 16)``, at least 2 when ``k > 1``) columns per
     operator call; ``basis_size`` (default ``max(2 k + 2 b, 20)``) columns of the Krylov
     basis before a restart; ``maxiter`` restarts (default ``max(100, 10 n / basis_size)``).
-    ``v0`` the first start vector.
+    ``v0`` the first start vector. ``dtype``: float64 (``op`` real symmetric) or complex128
+    (``op`` Hermitian: blocks, basis and eigenvectors complex, eigenvalues real).
 
     Returns ``(theta, X, info)``: eigenvalues most wanted first, their orthonormal
-    eigenvectors as the columns of ``X`` (``n x k`` float64), and a :class:`KrylovSchurInfo`.
-    Raises :class:`NoConvergenceError` after ``maxiter`` restarts without ``k`` converged pairs.
+    eigenvectors as the columns of ``X`` (``n x k``, ``dtype``), and a :class:`KrylovSchurInfo`.
+    Raises :class:`NoConvergenceError` after ``maxiter`` restarts without ``k`` converged pairs
+    (``strict=False``: returns the current Ritz pairs instead, ``info.converged`` of them
+    converged).
     """
     n, k = int(n), int(k)
     if n < 1:
@@ -174,6 +184,9 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
         raise InvalidArgumentError(f"k must be between 1 and n={n}, got k={k}")
     if which not in WHICH:
         raise InvalidArgumentError(f"which must be one of {', '.join(WHICH)}, got {which!r}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float64, np.complex128):
+        raise InvalidArgumentError(f"dtype must be float64 or complex128, got {dtype}")
     if not tol >= 0:
         raise InvalidArgumentError(f"tol must be >= 0, got {tol}")
     b = int(block_size) if block_size is not None else max(min(k, 16), min(2, k))
@@ -187,13 +200,16 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     maxiter = int(maxiter) if maxiter is not None else max(100, 10 * n // m)
     info = KrylovSchurInfo(block_size=b, basis_size=m)
     if n <= m + b:
-        theta, x = _dense(apply, n, k, which, max(b, min(n, 64)), info)
+        theta, x = _dense(apply, n, k, which, max(b, min(n, 64)), info, dtype)
         return theta, x, info
 
     rng = _rng(random_state)
-    q = _standard_normal(rng, (n, b))
+    q = _standard_normal(rng, (n, b), dtype)
     if v0 is not None:
-        v0 = np.asarray(v0, dtype=np.float64).reshape(-1)
+        v0 = np.asarray(v0).reshape(-1)
+        if v0.dtype.kind == "c" and dtype.kind != "c":
+            raise InvalidArgumentError("v0 is complex for a real operator")
+        v0 = v0.astype(dtype)
         if v0.shape != (n,):
             raise InvalidArgumentError(f"v0 must have {n} entries, got {v0.size}")
         if np.any(v0):
@@ -201,28 +217,30 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     with _one_blas_thread():
         q, _ = np.linalg.qr(q)
     # Columns [0, j) of V are the basis; H[:j, :j] = V^T op V; q is the block being added.
-    V = np.empty((n, m + b))
-    H = np.zeros((m + b, m + b))
+    V = np.empty((n, m + b), dtype=dtype)
+    H = np.zeros((m + b, m + b), dtype=dtype)
     j = 0
+    filled = False  # the basis has been full once: convergence is checked from then on
     eps = max(float(operator_eps), np.finfo(np.float64).eps)
     restarts = 0
     keep = min(m - b, max(k, (k + m - b) // 2 + 1))
     while True:
         # --- expand by one block ---
         V[:, j:j + b] = q
-        w = _check_block(apply(q), n, b)
+        w = _check_block(apply(q), n, b, dtype)
         info.operator_blocks += 1
         info.operator_columns += b
         with _one_blas_thread():
             q, r = _orthogonalize(V, H, j, b, w, rng)
         j += b
         full = j >= m
-        if j < k + b:
+        filled = filled or full
+        if not filled:
             continue
         with _one_blas_thread():
             # --- Schur form of the projected matrix, residuals, convergence (every block
             # once there are k + b columns: the eigh of H is cheap next to an operator call) ---
-            theta, y = np.linalg.eigh(0.5 * (H[:j, :j] + H[:j, :j].T))
+            theta, y = np.linalg.eigh(0.5 * (H[:j, :j] + H[:j, :j].conj().T))
             order = _order(theta, which)
             theta, y = theta[order], y[:, order]
             res = np.linalg.norm(r @ y[j - b:j, :], axis=0)
@@ -232,7 +250,8 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
                 x = V[:, :j] @ y[:, :k]
                 info.restarts = restarts
                 info.residuals = res[:k]
-                if not ok.all():
+                info.converged = int(ok.sum())
+                if not ok.all() and strict:
                     good = np.flatnonzero(ok)
                     raise NoConvergenceError(
                         f"block Krylov-Schur: {good.size} of {k} eigenpairs converged after {restarts} restarts "
@@ -258,13 +277,14 @@ def _orthogonalize(V, H, j, b, w, rng):
     with a zero row in ``r``)."""
     n = V.shape[0]
     basis = V[:, :j + b]
-    c = basis.T @ w
+    bh = basis.conj().T
+    c = bh @ w
     w -= basis @ c
-    c2 = basis.T @ w
+    c2 = bh @ w
     w -= basis @ c2
     c += c2
     H[:j + b, j:j + b] = c
-    H[j:j + b, :j + b] = c.T
+    H[j:j + b, :j + b] = c.conj().T
     u, s, zt = np.linalg.svd(w, full_matrices=False)
     scale = max(np.abs(H[:j + b, :j + b]).max(initial=0.0), 1e-300)
     small = s <= 1e-12 * scale

@@ -13,27 +13,41 @@ eigenvectors ``V`` are turned into singular triplets by one more product and a s
 small singular values come from ``||A v||`` rather than a square root; the small SVD goes
 through the ``k x k`` Gram matrix when ``A V`` is well conditioned).
 
+Complex matrices (complex64/complex128, in memory or as a ``LinearOperator``) run the same
+solver on ``A^H A`` in complex arithmetic.
+
+The arguments, their checks (exception types and wording), the output dtypes and the
+non-convergence exception are ``scipy.sparse.linalg.svds``' with ``solver="arpack"``: its
+own test file, run against this function under each solver name, is
+``tests/flash/test_svds_conformance.py`` (``scripts/conformance`` runs all of it).
+
 ``pca(X, k)`` runs the same on the centered matrix ``X - 1 mu^T`` without forming it:
 ``(X - 1 mu^T) v = X v - 1 (mu^T v)`` and ``(X - 1 mu^T)^T y = X^T y - mu (1^T y)``.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import core as flash
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, NoConvergenceError
 from .eigen import blas_threads, block_krylov_schur
 
-_SCIPY_SOLVERS = ("arpack", "propack", "lobpcg")
+_SCIPY_SOLVERS = ("arpack", "lobpcg", "propack")
 
 # Default block size when A is applied from flash (in memory: the solver's, min(k, 16)), and
 # the number of stored entries from which a flash CSR matrix gets the in-memory default
 # instead: there a pass costs its arithmetic, not its fixed costs (see _solve).
 _FLASH_BLOCK = 32
 _FLASH_BLOCK_NNZ_LIMIT = 8_000_000
+# Up to this k an in-memory operator is applied one column at a time (see _solve).
+_SINGLE_VECTOR_K = 16
 
 
 # ---------------------------------------------------------------------------------------
@@ -41,14 +55,18 @@ _FLASH_BLOCK_NNZ_LIMIT = 8_000_000
 
 
 class _InMemory:
+    """A numpy array or scipy sparse matrix; ``rmatmat`` applies ``A^H`` (formed once for a
+    complex A; for a real one ``A.T`` is a view)."""
+
     def __init__(self, a, dtype):
         self.a, self.shape, self.dtype = a, a.shape, dtype
+        self.ah = a.conj().T if np.dtype(dtype).kind == "c" else a.T
 
     def matmat(self, x):
         return np.asarray(self.a @ x.astype(self.dtype, copy=False))
 
     def rmatmat(self, y):
-        return np.asarray(self.a.T @ y.astype(self.dtype, copy=False))
+        return np.asarray(self.ah @ y.astype(self.dtype, copy=False))
 
 
 class _MemoryCsr(_InMemory):
@@ -84,6 +102,11 @@ class _Loaded(_MemoryCsr):
 
 
 class _LinearOperator(_InMemory):
+    """A ``scipy.sparse.linalg.LinearOperator`` (its ``rmatmat`` is the adjoint)."""
+
+    def __init__(self, a, dtype):
+        self.a, self.shape, self.dtype = a, a.shape, dtype
+
     def matmat(self, x):
         return np.asarray(self.a.matmat(x.astype(self.dtype, copy=False)))
 
@@ -176,12 +199,14 @@ class _Centered:
 
 
 def _compute_dtype(dtype) -> np.dtype:
-    d = np.dtype(dtype)
-    if d.kind == "c":
-        raise InvalidArgumentError(f"svds takes real matrices, got {d}")
-    if d.kind not in "fiub":
-        raise InvalidArgumentError(f"svds takes a numeric matrix, got {d}")
-    return np.dtype(np.float32) if d == np.float32 else np.dtype(np.float64)
+    """The dtype A is applied in, as scipy's svds maps it: float32 and complex64 stay,
+    other complex types are complex128, other numbers float64."""
+    d = np.dtype(np.float64 if dtype is None else dtype)
+    if not np.issubdtype(d, np.number):
+        raise InvalidArgumentError(f"`A` must be of numeric data type, got {d}")
+    if d in (np.float32, np.complex64):
+        return d
+    return np.dtype(np.complex128) if d.kind == "c" else np.dtype(np.float64)
 
 
 def csr_flash_bytes(s) -> int:
@@ -211,6 +236,8 @@ def flash_operator(a, rt):
         dtype = _compute_dtype(a.dtype)
         if a.ndim != 2:
             raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {a.shape}")
+        if dtype.kind == "c":  # the native kernels are real: complex matrices stay in scipy
+            return _InMemory(a.tocsr().astype(dtype, copy=False), dtype)
         if csr_flash_bytes(a) > rt.memory_budget_bytes:
             s = a.tocsr().astype(dtype, copy=False)
             return _FlashCsr(flash.Csr.from_scipy(s, rt), rt)
@@ -223,7 +250,7 @@ def flash_operator(a, rt):
         raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {arr.shape}")
     dtype = _compute_dtype(arr.dtype)
     arr = arr.astype(dtype, copy=False)
-    if arr.nbytes > rt.memory_budget_bytes:
+    if arr.nbytes > rt.memory_budget_bytes and dtype.kind != "c":
         return _FlashDense(flash.Matrix.from_numpy(arr, rt), rt)
     return _InMemory(arr, dtype)
 
@@ -239,22 +266,44 @@ def _check_k(k, shape, what="svds"):
 
 
 def _small_svd(b, vectors=True):
-    """``b = w diag(s) z^T`` for a tall ``b`` (``n x k``), s descending. Through the ``k x k``
+    """``b = w diag(s) z^H`` for a tall ``b`` (``n x k``), s descending. Through the ``k x k``
     Gram matrix when ``b`` is well conditioned (``s_min >= 1e-3 s_max``: then the columns of
     ``w`` are orthonormal to ~1e-10 and ``s`` as accurate), which is 10x faster than LAPACK's
     SVD of a tall matrix; otherwise that SVD. ``vectors=False``: ``w`` is None (not formed)."""
-    lam, z = np.linalg.eigh(b.T @ b)
+    lam, z = np.linalg.eigh(b.conj().T @ b)
     lam, z = lam[::-1], z[:, ::-1]
     if lam[-1] > 1e-6 * lam[0] > 0:
         s = np.sqrt(lam)
         return ((b @ z) / s if vectors else None), s, z
-    w, s, zt = np.linalg.svd(b, full_matrices=False)
-    return w, s, zt.T
+    w, s, zh = np.linalg.svd(b, full_matrices=False)
+    return w, s, zh.conj().T
+
+
+@functools.cache
+def _no_convergence_class():
+    """The exception :func:`svds` raises when ``maxiter`` restarts do not converge: our
+    :class:`~scalefree.errors.NoConvergenceError`, and what scipy's svds raises then
+    (``ArpackNoConvergence`` for ARPACK, ``numpy.linalg.LinAlgError`` for PROPACK), so code
+    written for either catches it. Built on first use: scipy is optional."""
+    try:
+        from scipy.sparse.linalg import ArpackNoConvergence
+    except ImportError:
+        return NoConvergenceError
+
+    class SvdsNoConvergence(NoConvergenceError, ArpackNoConvergence, np.linalg.LinAlgError):
+        def __init__(self, msg, eigenvalues=None, eigenvectors=None):
+            ArpackNoConvergence.__init__(self, msg, eigenvalues, eigenvectors)  # "ARPACK error -1: " + msg
+
+    SvdsNoConvergence.__module__ = __name__
+    return SvdsNoConvergence
 
 
 def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats, vectors=True, threads=1):
     """The top (``which='LM'``) or bottom (``'SM'``) ``k`` singular triplets of ``op``, in
-    descending order of s: ``(u, s, vt)`` as float64 (``vectors=False``: ``(None, s, None)``)."""
+    descending order of s: ``(u, s, vh)`` in float64 or complex128 (``vectors=False``:
+    ``(None, s, None)``). ``tol`` is scipy's, a tolerance of the singular values: the
+    eigenpairs of ``A^H A`` are solved to a relative residual of ``tol**2`` (as scipy's svds
+    asks ARPACK). ``ncv``: the Krylov basis size (the block shrinks to ``ncv - k`` if needed)."""
     rows, cols = op.shape
     right = cols <= rows  # eigenvectors of A^T A are right singular vectors
     flash_op = op if isinstance(op, OnFlash) else getattr(op, "op", None)
@@ -268,25 +317,42 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         large = isinstance(flash_op, _FlashCsr) and flash_op.a.nnz >= _FLASH_BLOCK_NNZ_LIMIT
         if not large:
             block_size = max(min(k, _FLASH_BLOCK), min(2, k))
+    elif block_size is None and k <= _SINGLE_VECTOR_K:
+        # In memory a product costs its arithmetic, and single-vector Krylov-Schur (ARPACK's
+        # Lanczos) needs the fewest operator columns: on a 20000 x 5000 random sparse matrix,
+        # k=6: 305 columns against 2970 at block 6 (1.0 s against 3.1 s); which='SM' on
+        # scipy's test_small_sigma_sparse matrix converges in 224 restarts, not in 1000 at
+        # block 5. Larger k takes blocks for BLAS-3 orthogonalization.
+        block_size = 1
+    if ncv is not None:
+        block_size = min(block_size or max(min(k, 16), min(2, k)), ncv - k)
     n = cols if right else rows
+    work = np.dtype(np.complex128 if np.dtype(op.dtype).kind == "c" else np.float64)
     if right:
         def apply(x):
             if hasattr(op, "gram"):  # A^T A X in one pass over A
-                return np.asarray(op.gram(x), dtype=np.float64)
-            return np.asarray(op.rmatmat(op.matmat(x)), dtype=np.float64)
+                return np.asarray(op.gram(x), dtype=work)
+            return np.asarray(op.rmatmat(op.matmat(x)), dtype=work)
     else:
         def apply(x):
-            return np.asarray(op.matmat(op.rmatmat(x)), dtype=np.float64)
-    theta, x, info = block_krylov_schur(
-        apply, n, k, which="LA" if which == "LM" else "SA", tol=tol, block_size=block_size,
-        basis_size=ncv, maxiter=maxiter, v0=v0, random_state=random_state,
-        operator_eps=np.finfo(op.dtype).eps)
-    other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=np.float64)
+            return np.asarray(op.matmat(op.rmatmat(x)), dtype=work)
+    try:
+        theta, x, info = block_krylov_schur(
+            apply, n, k, which="LA" if which == "LM" else "SA", tol=tol ** 2, block_size=block_size,
+            basis_size=ncv, maxiter=maxiter, v0=v0, random_state=random_state,
+            operator_eps=np.finfo(op.dtype).eps, dtype=work)
+    except NoConvergenceError as e:
+        raise _no_convergence_class()(
+            f"No convergence: k={k} singular triplets did not converge within maxiter={maxiter} restarts "
+            f"(block Krylov-Schur; {len(e.eigenvalues)} converged); raise maxiter or tol",
+            e.eigenvalues, e.eigenvectors) from None
+    other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=work)
     # No operator runs now: the products with the tall ``other`` (n x k, the largest dense
     # work of a solve) use the runtime's threads.
     with blas_threads(threads):
         w, s, z = _small_svd(other, vectors)
         x = x @ z if vectors else None
+    s = np.asarray(s, dtype=np.float64)
     if stats is not None:
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
                      operator_columns=info.operator_columns, block_size=info.block_size,
@@ -301,75 +367,148 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      compute_idle_seconds=getattr(op, "compute_idle_seconds", 0.0))
     if not vectors:
         return None, s, None
-    return (w, s, x.T) if right else (x, s, w.T)
+    return (w, s, x.conj().T) if right else (x, s, w.conj().T)
+
+
+def _check_scipy_arguments(A, k, ncv, tol, which, v0, maxiter, return_singular_vectors, solver, rng):
+    """scipy's svds checks, in its order, with its exception types and wording (ours subclass
+    them: :class:`~scalefree.errors.InvalidArgumentError` is a ``ValueError``). A value
+    ``int()`` cannot take raises what ``int()`` raises, as in scipy. Returns the normalized
+    ``(k, ncv, tol, which, v0, maxiter)``."""
+    if str(solver).lower() not in _SCIPY_SOLVERS:
+        raise InvalidArgumentError(f"solver must be one of {set(_SCIPY_SOLVERS)}, got {solver!r}")
+    shape = tuple(A.shape)
+    if len(shape) != 2:
+        raise InvalidArgumentError(f"`A` must be 2-D, got shape {shape}")
+    if math.prod(shape) == 0:
+        raise InvalidArgumentError(f"`A` must not be empty (shape {shape})")
+    if int(k) != k or not 0 < k <= min(shape) - 1:
+        raise InvalidArgumentError(f"`k` must be an integer satisfying `0 < k < min(A.shape)`; A has shape {shape}, "
+                                   f"got k={k!r}")
+    k = int(k)
+    if ncv is not None:
+        if int(ncv) != ncv or not k < ncv < min(shape):
+            raise InvalidArgumentError(f"`ncv` must be an integer satisfying `k < ncv < min(A.shape)`; k={k}, "
+                                       f"A has shape {shape}, got ncv={ncv!r}")
+        ncv = int(ncv)
+    if tol < 0 or not np.isfinite(tol):
+        raise InvalidArgumentError(f"`tol` must be a non-negative floating point value, got {tol!r}")
+    which = str(which).upper()
+    if which not in ("LM", "SM"):
+        raise InvalidArgumentError(f"`which` must be in {{'LM', 'SM'}}, got {which!r}")
+    if v0 is not None:
+        v0 = np.atleast_1d(v0)
+        if not (np.issubdtype(v0.dtype, np.complexfloating) or np.issubdtype(v0.dtype, np.floating)):
+            raise InvalidArgumentError(f"`v0` must be of floating or complex floating data type, got {v0.dtype}")
+        if v0.shape != (min(shape),):
+            raise InvalidArgumentError(f"`v0` must have shape {(min(shape),)}, got {v0.shape}")
+    if maxiter is not None:
+        if int(maxiter) != maxiter or maxiter <= 0:
+            raise InvalidArgumentError(f"`maxiter` must be a positive integer, got {maxiter!r}")
+        maxiter = int(maxiter)
+    if return_singular_vectors not in {True, False, "u", "vh"}:
+        raise InvalidArgumentError(f"`return_singular_vectors` must be in {{True, False, 'u', 'vh'}}, "
+                                   f"got {return_singular_vectors!r}")
+    if not (rng is None or isinstance(rng, (numbers.Integral, np.random.Generator, np.random.RandomState))):
+        raise InvalidArgumentError(f"'{rng}' is neither a NumPy Generator nor an integer seed to instantiate one")
+    return k, ncv, float(tol), which, v0, maxiter
+
+
+def _as_matrix(A):
+    """``A`` as svds takes it: flash matrices, LinearOperators and scipy sparse matrices as
+    they are, anything else through ``numpy.asarray`` (a list of lists works, as in scipy)."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import LinearOperator
+
+    if isinstance(A, (flash.Csr, flash.Matrix, LinearOperator)) or sp.issparse(A):
+        return A
+    arr = np.asarray(A)
+    if arr.ndim == 0 or arr.dtype.kind in "USV":
+        raise TypeError(f"type not understood: svds takes an array, a sparse matrix, a LinearOperator or a flash "
+                        f"matrix, got {type(A).__name__}")
+    if arr.ndim > 2:
+        raise InvalidArgumentError(f"`A` must be 2-D: array must have ndim <= 2, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number):
+        raise InvalidArgumentError(f"`A` must be of numeric data type, got {arr.dtype}")
+    return arr
 
 
 def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_singular_vectors=True,
-         solver="arpack", random_state=None, options=None, *, runtime=None, block_size=None, stats=None):
-    """Partial SVD, with the arguments and return convention of
-    ``scipy.sparse.linalg.svds``: ``(u, s, vt)`` with ``s`` ascending (the ``k`` largest
-    singular values for ``which='LM'``, the smallest for ``'SM'``), ``u`` ``m x k`` and ``vt``
-    ``k x n``; ``return_singular_vectors=False`` gives ``s`` alone, ``'u'`` gives
-    ``(u, s, None)``, ``'vh'`` gives ``(None, s, vt)``.
+         solver="arpack", rng=None, options=None, *, random_state=None, runtime=None, block_size=None, stats=None):
+    """Partial SVD with the contract of ``scipy.sparse.linalg.svds`` (``solver="arpack"``):
+    ``(u, s, vh)`` with ``s`` ascending (the ``k`` largest singular values for ``which='LM'``,
+    the smallest for ``'SM'``), ``u`` ``M x k`` and ``vh`` ``k x N``;
+    ``return_singular_vectors=False`` gives ``s`` alone, ``'u'`` gives ``(u, s, None)``,
+    ``'vh'`` gives ``(None, s, vh)``.
 
     ``A``: a :class:`flash.Csr` (stays on flash; read once and applied in memory when its
-    arrays fit the runtime's memory budget) or :class:`flash.Matrix` (stays on flash), a scipy sparse
-    matrix or numpy array (computed in memory, or copied to flash first when larger than the
-    runtime's memory budget), or a ``scipy.sparse.linalg.LinearOperator``. float32 inputs
-    are computed and returned in float32, everything else in float64.
+    arrays fit the runtime's memory budget) or :class:`flash.Matrix` (stays on flash), a scipy
+    sparse matrix or numpy array (computed in memory, or copied to flash first when larger
+    than the runtime's memory budget), or a ``scipy.sparse.linalg.LinearOperator``. Output
+    dtypes are scipy's: float32 and complex64 inputs give float32 ``s`` and vectors of their
+    own dtype, other complex types complex128, everything else float64. Complex inputs are
+    computed in memory (the flash kernels are real).
 
-    ``k``: ``1 <= k < min(A.shape)`` (a ``ValueError`` otherwise). ``tol``: relative
-    residual of the eigenpairs of ``A^T A`` (0: the input's machine precision). ``ncv``:
-    Krylov basis size before a restart (default ``max(2k + 2b, 20)``). ``maxiter``: number of
-    restarts. ``v0``: start vector of length ``min(A.shape)``. ``solver`` is accepted for
-    compatibility (any of scipy's names) and ignored: the solver is always block
-    Krylov-Schur. ``options``: ``{"block_size": b}`` (also a keyword, ``block_size``:
-    columns per operator application, default ``min(k, 16)``, ``min(k, 32)`` when A is
-    applied from flash). ``runtime``: the
-    :class:`flash.Runtime` (default :func:`flash.default_runtime`). ``stats``: a dict that
-    receives restarts, operator applications, the final residual, ``on_flash`` (whether A
-    was applied from flash), ``loaded`` (a flash A read once into memory), ``peak_resident_bytes`` (the flash kernels' largest peak),
-    ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed over the kernel calls).
-    Raises :class:`~scalefree.errors.NoConvergenceError` when ``maxiter`` restarts do not
-    converge ``k`` triplets.
+    ``k``: ``0 < k < min(A.shape)``. ``tol``: tolerance of the singular values (0, the
+    default: the input's machine precision); as in scipy, the eigenpairs of ``A^H A`` are
+    solved to a relative residual of ``tol**2``. ``ncv``: Krylov basis size before a restart
+    (``k < ncv < min(A.shape)``; default ``max(2k + 2b, 20)``). ``maxiter``: number of
+    restarts. ``v0``: start vector, shape ``(min(A.shape),)``, float or complex. ``rng`` (or
+    its former name ``random_state``): a seed, ``numpy.random.Generator`` or ``RandomState``
+    for the other start vectors. ``solver``: any of scipy's names (``"arpack"``,
+    ``"lobpcg"``, ``"propack"``), accepted for compatibility; the solver is always block
+    Krylov-Schur and the contract always ARPACK's (``"lobpcg"`` also warns, as scipy's does,
+    when a problem is small enough for the dense eigensolver). ``options``: ``{"block_size": b}`` (also
+    a keyword, ``block_size``: columns per operator application, default ``min(k, 16)``,
+    ``min(k, 32)`` when A is applied from flash). ``runtime``: the :class:`flash.Runtime`
+    (default :func:`flash.default_runtime`). ``stats``: a dict that receives restarts,
+    operator applications, the final residual, ``on_flash`` (whether A was applied from
+    flash), ``loaded`` (a flash A read once into memory), ``peak_resident_bytes`` (the flash
+    kernels' largest peak), ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed
+    over the kernel calls).
+
+    Invalid arguments raise what scipy's svds raises, with its wording (``ValueError``s are
+    :class:`~scalefree.errors.InvalidArgumentError`). When ``maxiter`` restarts do not
+    converge ``k`` triplets: an exception that is at once a
+    :class:`~scalefree.errors.NoConvergenceError`, scipy's ``ArpackNoConvergence`` and numpy's
+    ``LinAlgError`` (what scipy's PROPACK path raises).
     """
-    if which not in ("LM", "SM"):
-        raise InvalidArgumentError(f"svds: which must be 'LM' or 'SM', got {which!r}")
+    if random_state is not None:
+        if rng is not None:
+            raise TypeError("svds: pass rng or random_state (its former name), not both")
+        rng = random_state
+    A = _as_matrix(A)
+    k, ncv, tol, which, v0, maxiter = _check_scipy_arguments(A, k, ncv, tol, which, v0, maxiter,
+                                                             return_singular_vectors, solver, rng)
     rsv = return_singular_vectors
-    if not (rsv is True or rsv is False or (isinstance(rsv, str) and rsv in ("u", "vh"))):
-        raise InvalidArgumentError(f"svds: return_singular_vectors must be True, False, 'u' or 'vh', "
-                                   f"got {return_singular_vectors!r}")
-    if solver not in _SCIPY_SOLVERS:
-        raise InvalidArgumentError(f"svds: solver must be one of {', '.join(_SCIPY_SOLVERS)}, got {solver!r}")
-    if tol is None or not tol >= 0:
-        raise InvalidArgumentError(f"svds: tol must be >= 0, got {tol!r}")
     if options:
         unknown = set(options) - {"block_size"}
         if unknown:
             raise InvalidArgumentError(f"svds: unknown options {sorted(unknown)} (known: block_size)")
         block_size = options.get("block_size", block_size)
     rt = runtime or flash.default_runtime()
-    shape = tuple(A.shape)
-    if len(shape) != 2:
-        raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {shape}")
-    k = _check_k(k, shape)
-    if v0 is not None:
-        v0 = np.asarray(v0)
-        if v0.shape != (min(shape),):
-            raise InvalidArgumentError(f"svds: v0 must have length min(A.shape) = {min(shape)}, got shape {v0.shape}")
     op = flash_operator(A, rt)
-    u, s, vt = _solve(op, k, ncv=ncv, tol=float(tol), which=which, v0=v0, maxiter=maxiter,
-                      random_state=random_state, block_size=block_size, stats=stats, vectors=rsv is not False,
-                      threads=rt.threads)
-    dtype = op.dtype
+    if v0 is not None and v0.dtype.kind == "c" and np.dtype(op.dtype).kind != "c":
+        raise InvalidArgumentError(f"`v0` is complex ({v0.dtype}) for a real matrix ({np.dtype(op.dtype)})")
+    st = stats if stats is not None else {}
+    u, s, vh = _solve(op, k, ncv=ncv, tol=tol, which=which, v0=v0, maxiter=maxiter, random_state=rng,
+                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads)
+    if st["dense"] and str(solver).lower() == "lobpcg":
+        # scipy's LOBPCG path warns when it falls back to a dense eigensolver; so do we,
+        # under that name, for the same small problems (code may filter or expect it).
+        warnings.warn(f"The problem size {min(A.shape)} is too small relative to the block Krylov-Schur basis "
+                      f"({st['basis_size']} + {st['block_size']} columns): using a dense eigensolver instead of "
+                      f"iterations", UserWarning, stacklevel=2)
+    dtype = np.dtype(op.dtype)
+    real = np.finfo(dtype).dtype  # float32 for complex64, float64 for complex128
     if rsv is False:
-        return s[::-1].astype(dtype)
-    u, s, vt = u[:, ::-1].astype(dtype), s[::-1].astype(dtype), vt[::-1].astype(dtype)
+        return s[::-1].astype(real)
+    u, s, vh = u[:, ::-1].astype(dtype), s[::-1].astype(real), vh[::-1].astype(dtype)
     if rsv == "u":
         return np.ascontiguousarray(u), s, None
     if rsv == "vh":
-        return None, s, np.ascontiguousarray(vt)
-    return np.ascontiguousarray(u), s, np.ascontiguousarray(vt)
+        return None, s, np.ascontiguousarray(vh)
+    return np.ascontiguousarray(u), s, np.ascontiguousarray(vh)
 
 
 @dataclass
@@ -393,7 +532,8 @@ class PCA:
 def pca(X, k, *, tol=0, maxiter=None, random_state=None, runtime=None, block_size=None, stats=None) -> PCA:
     """Principal components of the rows of ``X`` (samples x features; any input :func:`svds`
     takes), from the SVD of the centered matrix applied as ``X v - 1 (mu^T v)`` so that a
-    sparse or on-flash ``X`` is never densified. ``1 <= k < min(X.shape)``. Each component's
+    sparse or on-flash ``X`` is never densified. ``1 <= k < min(X.shape)``. ``tol``: as
+    :func:`svds`' (a tolerance of the singular values; 0: machine precision). Each component's
     sign is fixed so that its entry of largest magnitude is positive. Returns a :class:`PCA`."""
     rt = runtime or flash.default_runtime()
     shape = tuple(X.shape)

@@ -350,7 +350,8 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     (steps in the module docstring). ``A``: a :class:`flash.Csr` (stays on flash), or a
     scipy sparse matrix (in memory; copied to flash first when larger than the budget).
     Counts must be >= 0. ``sample``: fraction of documents for steps 2-4 (0 < sample <= 1).
-    ``tol``: the SVD's tolerance. ``kmeans_inits``: k-means++ seedings in step 3 (the
+    ``tol``: the SVD's relative eigen-residual (of ``B^T B``'s eigenpairs; :func:`svds` is
+    called with ``tol=sqrt(tol)``, its tolerance of the singular values). ``kmeans_inits``: k-means++ seedings in step 3 (the
     run of least inertia is kept). ``progress``: called with a line per step. Returns a
     :class:`Topics`."""
     import scipy.sparse as sp
@@ -424,7 +425,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # 2. Truncated SVD of B.
     t = time.perf_counter()
     svd_stats: dict = {}
-    u, s, vt = svds(B, k=k, tol=tol, runtime=rt, random_state=seed, stats=svd_stats)
+    u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt, rng=seed, stats=svd_stats)
     proj = (u * s[None, :]).astype(np.float32)  # B v, the documents in the top-k right singular space
     seconds["svd"] = time.perf_counter() - t
     say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
