@@ -36,7 +36,7 @@ def _public(cls) -> set:
 def test_every_name_and_member_of_the_extension_is_declared():
     names, members = _declared()
     have = {n for n in dir(native) if not n.startswith("__")}
-    assert not have - names, f"names of the extension missing from _native.pyi: {sorted(have - names)}"
+    assert not have - names, f"names of the extension missing from _native.pyi (scripts/native_stubs.py adds them): {sorted(have - names)}"
     assert not names - have - {"__version__"}, f"_native.pyi declares names the extension lacks: {sorted(names - have)}"
     missing, stale = [], []
     for name in sorted(have):
@@ -45,7 +45,7 @@ def test_every_name_and_member_of_the_extension_is_declared():
             want = _public(obj) | ({"__init__"} if obj.__text_signature__ else set())
             missing += [f"{name}.{m}" for m in sorted(want - members[name])]
             stale += [f"{name}.{m}" for m in sorted(members[name] - want)]
-    assert not missing, f"members missing from _native.pyi: {missing}"
+    assert not missing, f"members missing from _native.pyi (scripts/native_stubs.py adds them): {missing}"
     assert not stale, f"_native.pyi declares members the extension lacks: {stale}"
 
 
