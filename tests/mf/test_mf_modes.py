@@ -99,7 +99,7 @@ def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["--mode", "dsgd-ps", "-n", "1"], "needs -n 2 or more"),
-    (["--mode", "rima", "-n", "0"], "-n must be at least 1"),
+    (["--mode", "rima", "-n", "0"], "argument -n/--ranks: must be at least 1"),
     (["-n", "3"], "--mode local runs in one process"),
     (["--mode", "ring", "-n", "2"], "invalid choice"),
     (["--mode", "rima", "-n", "3", "--blocks", "5"], "--blocks 5 is neither"),

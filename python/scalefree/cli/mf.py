@@ -34,8 +34,6 @@ def _check_ranks(args) -> None:
             parse_bytes(args.memory_budget)
         except InvalidArgumentError as e:
             fail(PROG, f"--memory-budget: {e}")
-    if n < 1:
-        fail(PROG, f"-n must be at least 1, got {n}")
     if (args.resume or args.checkpoint_every or args.stop_after is not None) and not args.checkpoint:
         fail(PROG, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
     if args.checkpoint_every < 0 or (args.stop_after is not None and args.stop_after < 1):
