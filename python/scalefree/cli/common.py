@@ -192,10 +192,43 @@ def port(text: str) -> int:
     return n
 
 
+def add_columns(p, table: str) -> None:
+    """``--columns``: the columns of a Parquet / Arrow IPC input, by name (``src,dst`` for
+    edges, ``user,item,rating`` for ratings); default the first integer (and numeric) ones."""
+    example, default = ("src,dst", "the first two integer columns") if table == "edges" else \
+        ("user,item,rating", "the first two integer columns and the next numeric one")
+
+    def parse(text: str) -> list[str]:
+        from .._columnar import parse_columns
+
+        try:
+            return parse_columns(text, table)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--columns", type=parse, default=None, metavar="NAMES",
+                   help=f"Parquet / Arrow IPC input: the columns to read, by name (e.g. {example}); "
+                        f"default: {default}")
+
+
 def add_ranks(p, default: int = 1) -> None:
     """``-n/--ranks`` the same way in every command."""
     p.add_argument("-n", "--ranks", type=count(1), default=default,
                    help="ranks to start on this host (inside mpirun, srun or torchrun: theirs)")
+
+
+DELIMITERS = ("tab", "space", "comma", "semicolon")
+
+
+def add_text_dialect(p, delimiter: bool = True) -> None:
+    """``--delimiter`` and ``--header`` of the text readers (detected by default)."""
+    if delimiter:
+        p.add_argument("--delimiter", choices=DELIMITERS, default=None,
+                       help="field delimiter of text input (default: detected from the first line; tab and space "
+                            "both mean runs of blanks)")
+    p.add_argument("--header", choices=["auto", "yes", "no"], default="auto",
+                   help="whether text input starts with a header line (in every part of a part directory); "
+                        "auto: when its first field is not a number")
 
 
 def add_quiet(p) -> None:
@@ -209,3 +242,40 @@ def show_progress(args) -> bool:
     if getattr(args, "progress", False):
         return True
     return not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
+def add_checkpoint(p, step: str = "iteration") -> None:
+    """``--checkpoint PATH --checkpoint-every N --resume --stop-after N`` the same way in every
+    resumable command (``step``: what the loop counts, for the help)."""
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help=f"write the state here atomically (one file per rank, PATH.rank{{R}}-of-{{N}}) every "
+                        f"--checkpoint-every {step}s and at --stop-after")
+    p.add_argument("--checkpoint-every", type=count(0), default=0, metavar="N",
+                   help=f"with --checkpoint: every N {step}s (0: only at --stop-after)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (refused when taken from other input or options); the result "
+                        "is the uninterrupted run's")
+    p.add_argument("--stop-after", type=count(1), default=None, metavar="N",
+                   help=f"with --checkpoint: end after {step} N, with a checkpoint (a job in slices)")
+
+
+def check_checkpoint(prog: str, args) -> None:
+    """The checkpoint options agree (before ranks start)."""
+    if (args.resume or args.checkpoint_every or args.stop_after is not None) and not args.checkpoint:
+        fail(prog, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
+
+
+def checkpoints(group, args, expect: dict, kind: str, version: int = 1):
+    """The :class:`~scalefree.checkpoint.Checkpoints` of a command's loop from its
+    :func:`add_checkpoint` options (None without ``--checkpoint``)."""
+    if not args.checkpoint:
+        return None
+    from ..checkpoint import Checkpoints
+
+    return Checkpoints(group, args.checkpoint, every=args.checkpoint_every, stop_after=args.stop_after,
+                       resume=args.resume, expect=expect, kind=kind, version=version)
+
+
+def stopped_line(ck, step: str = "iteration") -> None:
+    """The one line of a run that stopped at ``--stop-after`` (rank 0 prints it)."""
+    print(f"stopped after {step} {ck.stop_after}; checkpoint {ck.path} (continue with --resume)", flush=True)

@@ -180,15 +180,18 @@ class SparsePageRank:
     while one replica of every logical node is alive (no group-wide collective is used:
     the L1 change travels through a second replicated sparse allreduce)."""
 
-    def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto", dtype="float64",
-                 replication: int = 1, isolated: bool = True):
+    def __init__(self, group, src, dst=None, n: int | None = None, damping: float = 0.85, degrees="auto",
+                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None):
         from .. import _native
 
         me, size = logical_rank(group, replication)
         self.replication = int(replication)
         dtype = np.dtype(dtype)
+        src, dst = _edge_arrays(src, dst, columns)
+        if n is None:
+            top = max((int(a.max()) for a in (src, dst) if a.size), default=-1) + 1
+            n = int(group.allreduce(np.array([top], np.int64), op="max")[0])
         self.group, self.n, self.damping, self.dtype = group, int(n), float(damping), dtype
-        src, dst = np.asarray(src), np.asarray(dst)
         if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
             raise ValueError(f"SparsePageRank: src and dst must hold integer ids, got {src.dtype} and {dst.dtype}")
         vk = vertex_keys(group, src, dst, self.n, self.replication, isolated)
@@ -267,23 +270,68 @@ class SparsePageRank:
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
 
+    def state(self) -> dict:
+        """This rank's state between iterations, for a checkpoint: its scores, the in slots of
+        the last reduce and the next iteration's base and damping (:meth:`restore` continues
+        bit for bit)."""
+        return {"scores": self.scores, "got": self.got, "base_d": np.array([self._base, self._d])}
 
-def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
-             degrees="auto", progress: bool = False, dtype="float64", replication: int = 1):
+    def restore(self, state: dict) -> None:
+        """Continues from :meth:`state` of a run over the same edges, ranks and options."""
+        if state["got"].shape != self.got.shape or state["scores"].shape != self.scores.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
+        self.scores[...] = state["scores"]
+        self.got[...] = state["got"]
+        self._base, self._d = (float(x) for x in state["base_d"])
+
+
+def _edge_arrays(src, dst, columns=None) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) as arrays: given as two arrays, or ``src`` a table and ``dst`` None
+    (pandas / polars / pyarrow, a 2-D array, a scipy sparse adjacency matrix:
+    :func:`scalefree._tables.table_columns`, columns by name or the first two integer ones)."""
+    from .. import _tables
+
+    if dst is None:
+        if not _tables.is_table(src):
+            raise ValueError("SparsePageRank: pass src and dst arrays, or a table of edges as src")
+        src, dst = _tables.table_columns(src, (_tables.ID, _tables.ID), columns, "edges")
+    src, dst = np.asarray(src), np.asarray(dst)
+    # The native kernels take uint32, int64 or uint64 ids, one dtype for both (views when so).
+    if src.dtype.kind in "iu" and dst.dtype.kind in "iu" and (
+            src.dtype != dst.dtype or src.dtype not in (np.uint32, np.int64, np.uint64)):
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    return src, dst
+
+
+def pagerank(group, src, dst=None, n: int | None = None, damping: float = 0.85, tol: float = 1e-10,
+             max_iter: int = 200, degrees="auto", progress: bool = False, dtype="float64", replication: int = 1,
+             columns=None):
     """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
-    the L1 change is ``< tol``). Returns (owned vertex ids, their scores, iterations,
-    median seconds per iteration)."""
-    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication)
+    the L1 change is ``< tol``). ``src``/``dst``: this rank's edges as arrays, or ``src`` a
+    table of them (pandas, polars, pyarrow, 2-D array, scipy sparse; ``columns`` by name) and
+    ``dst`` None; ``n``: the id space (default: the largest id over all ranks + 1). Returns
+    (owned vertex ids, their scores, iterations, median seconds per iteration)."""
+    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication, columns=columns)
     it, per_it = iterate(pr, tol, max_iter, progress)
     return pr.owned, pr.scores, it, per_it
 
 
-def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None) -> tuple[int, float]:
+def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None,
+            checkpoints=None) -> tuple[int, float]:
     """Steps ``pr`` until the L1 change is ``< tol`` or ``max_iter`` steps; ``before(it)``
-    is called before step ``it`` (1-based). Returns (iterations, median seconds per step)."""
+    is called before step ``it`` (1-based). ``checkpoints``: a
+    :class:`~scalefree.checkpoint.Checkpoints` (collective; the run resumes from it and saves
+    to it, and ends early at its ``stop_after``). Returns (iterations, median seconds per step)."""
     times = []
-    it = 0
-    for it in range(1, max_iter + 1):
+    start, state = (0, None) if checkpoints is None else checkpoints.restore()
+    it = start
+    if state is not None:
+        pr.restore(state)
+        if float(state["change"][0]) < tol:
+            return it, 0.0  # the checkpointed run had converged
+    for it in range(start + 1, max_iter + 1):
         if before is not None:
             before(it)
         t0 = time.perf_counter()
@@ -292,6 +340,8 @@ def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = Fa
         if progress and pr.group.rank == 0:
             print(f"iteration {it:3d}  L1 change {d:.3e}", file=sys.stderr, flush=True)
         if d < tol:
+            break
+        if checkpoints is not None and checkpoints.after(it, lambda: {**pr.state(), "change": np.array([d])}):
             break
     return it, float(np.median(times)) if times else 0.0
 
