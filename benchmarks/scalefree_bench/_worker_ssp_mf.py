@@ -50,7 +50,7 @@ def write_rank_result(out, rank: int, res: dict) -> None:
 
 def main(argv=None) -> int:
     from scalefree.errors import InvalidArgumentError
-    from scalefree.mf.shares import ShareFailedElsewhere
+    from scalefree.mf.data.shares import ShareFailedElsewhere
 
     try:
         return _main(argv)

@@ -65,7 +65,7 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
     """BPMF by Gibbs sampling on the SSP reduction (module docstring). ``checkpoints``: a
     :class:`~scalefree.checkpoint.Checkpoints` counting iterations; at a checkpoint the ranks
     flush both reductions into base sums and start new ones from zero (as
-    :func:`scalefree.ssp.mf.train` does), and each rank saves its samples, sums and RNG, so a
+    :func:`scalefree.mf.modes.ssp_gd.train` does), and each rank saves its samples, sums and RNG, so a
     resumed run continues with the uninterrupted run's arithmetic (bit-identical with
     ``variant="sharded"`` at slack 0). Returns ``{"stopped": True, ...}`` when it stopped at
     the checkpoints' ``stop_after``."""
