@@ -14,7 +14,7 @@ use scalefree_flash::{
 use crate::buffer::Buf;
 use crate::errors::invalid;
 
-fn flash_err(py: Python<'_>, e: FlashError) -> PyErr {
+pub(crate) fn flash_err(py: Python<'_>, e: FlashError) -> PyErr {
     let msg = e.to_string();
     let class = match &e {
         FlashError::OutOfBudget { .. } => "OutOfBudgetError",
@@ -36,7 +36,7 @@ fn layout_of(py: Python<'_>, order: &str) -> PyResult<Layout> {
     }
 }
 
-fn stats_dict<'py>(py: Python<'py>, s: &RunStats) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn stats_dict<'py>(py: Python<'py>, s: &RunStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("tasks", s.tasks_completed)?;
     d.set_item("seconds", s.elapsed.as_secs_f64())?;
@@ -55,7 +55,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &RunStats) -> PyResult<Bound<'py, PyDict>
 /// A flash runtime: scratch directory, IO threads, compute pool, hard memory budget.
 #[pyclass(name = "FlashRuntime", module = "scalefree._native")]
 pub struct PyFlashRuntime {
-    rt: Arc<Runtime>,
+    pub(crate) rt: Arc<Runtime>,
 }
 
 #[pymethods]

@@ -15,6 +15,7 @@ mod io;
 mod sparse;
 mod mf;
 mod ucx;
+mod xml;
 
 use pyo3::prelude::*;
 
@@ -66,6 +67,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_split_test_indices, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_path, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_is_cache, m)?)?;
+    m.add_class::<xml::PyXmlProgress>()?;
+    m.add_function(pyo3::wrap_pyfunction!(xml::xml_model_info, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(xml::xml_import_omikuji, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(xml::xml_write_model, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(xml::xml_concat_models, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(xml::xml_predict, m)?)?;
     m.add_class::<io::PyShareArray>()?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_edges_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_svmlight_share, m)?)?;

@@ -4,6 +4,7 @@
     scalefree flash gemm A.npy B.npy -o C.npy --memory 1G [--transpose-a] [--transpose-b]
     scalefree flash topics docword.kos.txt.gz -k 20 --memory 1M --json OUT.json [--sample 0.1]
     scalefree flash corpus --docs 100000 --words 50000 --topics 100 -o docword.planted.txt
+    scalefree flash xml predict MODEL DATA -k 5 --beam 10 --memory 1G   (see scalefree flash xml -h)
 
 ``topics`` runs ISLE's SVD-based topic model (``flash.topics``: thresholding, block
 Krylov-Schur SVD, k-means++ and k-means on the projection, k-means on the thresholded
@@ -46,7 +47,7 @@ from .common import add_quiet, count, fail, message, number
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("flash", help="out-of-core kernels on matrices kept on flash (svd, gemm, topics, corpus)",
+    p = sub.add_parser("flash", help="out-of-core kernels on matrices kept on flash (svd, gemm, topics, corpus, xml)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     flash_sub = p.add_subparsers(dest="flash_command", metavar="COMMAND")
     flash_sub.required = True
@@ -122,6 +123,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="where to save the topic matrix (default: OUT with .topics.npy)")
     add_quiet(c)
     c.set_defaults(func=_corpus)
+
+    from . import flash_xml
+
+    flash_xml.add_parser(flash_sub, runtime_args)
     return p
 
 

@@ -1,0 +1,266 @@
+"""``scalefree bench xml``: extreme multi-label scoring (``flash.xml.predict``, batched
+breadth-first beam search on the flash scheduler) against omikuji, on a model omikuji trained.
+
+    scalefree flash xml generate --points 200000 -o train.txt
+    scalefree flash xml generate --points 50000 --first-point 200000 -o test.txt
+    omikuji train train.txt --model_path omk            # untimed set-up (or --train-omikuji)
+    flock -x /tmp/bench.lock scalefree bench xml --omikuji-model omk --test test.txt \\
+        --threads 2 --replicate 10 --budget-fraction 0.25 --cold --json OUT
+
+Rows, each timed end to end from files on disk (model and test set), same threads:
+
+* ``omikuji/test`` — omikuji's own batch scorer, ``omikuji test MODEL TEST --n_threads T
+  --beam_size B --k_top K --out_path F`` (its CLI, ``cargo install omikuji --features cli``;
+  ``--omikuji-bin``): wall time of the command, which loads the whole model and test set
+  first (its log's scoring-only time is reported beside it), and its peak RSS;
+* ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
+  (``--python-points`` of them; its rate is scaled to the whole set);
+* ``scalefree/memory`` — ``flash.xml.predict`` of the imported model with a budget larger
+  than the model (levels read once, then shared by all batches from the program cache);
+* ``scalefree/flash-<f>`` — the same with ``--replicate R`` copies of the trees
+  (``xml.concat_models``: R times the bytes and the work, the same averaged scores) under a
+  budget of ``f`` times that model's level bytes, and ``scalefree/memory-xR`` the replicated
+  model in memory: out of core against in memory on the same model.
+
+Every row reports points/s, peak RSS (the process's, over the call; a child's for
+``omikuji/test``), and for ours the flash counters. Agreement: for every test point, our
+top-k against omikuji test's (same labels in the same order, except where omikuji's printed
+scores tie), and precision@1/3/5 of both from the files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import common
+
+BENCH = "xml"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    arg = common.argparse_type
+    p = sub.add_parser(BENCH, help="flash.xml.predict (model on flash) vs omikuji test and omikuji's Python predict",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--omikuji-model", required=True, help="directory of a model saved by omikuji")
+    p.add_argument("--test", required=True, help="test set, XC repository text format")
+    p.add_argument("--omikuji-bin", default="omikuji", help="omikuji's CLI (default: omikuji on PATH)")
+    p.add_argument("-k", type=arg(common.positive_int), default=5)
+    p.add_argument("--beam", type=arg(common.positive_int), default=10)
+    p.add_argument("--threads", type=arg(common.positive_int), default=common.usable_cores())
+    p.add_argument("--batch", type=arg(common.positive_int), default=8192, help="our points per batch")
+    p.add_argument("--in-flight", type=arg(common.positive_int), default=4, help="our batches in flight")
+    p.add_argument("--python-points", type=int, default=2000, help="points scored by the Python binding (0: skip)")
+    p.add_argument("--replicate", type=int, default=0, help="copies of the trees for the out-of-core rows (0: skip)")
+    p.add_argument("--replicate-points", type=int, default=0,
+                   help="points of the test set scored by the replicated-model rows (default 0: all)")
+    p.add_argument("--budget-fraction", type=arg(common.positive_float), default=0.25,
+                   help="out-of-core budget as a fraction of the replicated model's level bytes (default 0.25)")
+    p.add_argument("--skip-peers", action="store_true",
+                   help="no omikuji rows (only ours: a repeat of the in-memory / out-of-core comparison)")
+    p.add_argument("--repeat", type=arg(common.positive_int), default=1, help="timed calls per row")
+    p.add_argument("--dir", default=None, help="where the imported models go (default: a temporary directory)")
+    common.add_cold_arg(p)
+    common.add_output_args(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _read_truth(path):
+    truth = []
+    with open(path) as f:
+        next(f)
+        for line in f:
+            first = line.split(" ", 1)[0]
+            truth.append(set(int(x) for x in first.split(",") if x) if ":" not in first else set())
+    return truth
+
+
+def _read_omikuji_out(path, k):
+    labels, scores = [], []
+    with open(path) as f:
+        for line in f:
+            pairs = [t.split(" ") for t in line.rstrip("\n").split("\t") if t]
+            labels.append([int(a) for a, _ in pairs][:k])
+            scores.append([float(b) for _, b in pairs][:k])
+    return labels, scores
+
+
+def _precision(pred, truth, k):
+    return float(np.mean([len(set(p[:k]) & t) / k for p, t in zip(pred, truth)]))
+
+
+def _agreement(ours, theirs, their_scores):
+    """Points whose top-k equals omikuji's, ties aside: a differing position is allowed only
+    where omikuji's printed (3-decimal) scores tie."""
+    same = 0
+    for a, b, s in zip(ours, theirs, their_scores):
+        a = [x for x in a if x >= 0]
+        ok = len(a) == len(b)
+        if ok:
+            for j in range(len(b)):
+                if a[j] != b[j] and not any(abs(s[j] - s[i]) <= 1e-3 for i in range(len(b)) if b[i] == a[j]):
+                    ok = False
+                    break
+        same += ok
+    return same
+
+
+def _run_child(cmd):
+    """Runs ``cmd``; returns (seconds, peak RSS bytes of the child, stderr)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"xml: {' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
+    return seconds, usage.ru_maxrss * 1024, err
+
+
+def run(args) -> int:
+    from scalefree import flash
+    from scalefree.flash import xml
+
+    cache = common.PageCache(args.cold, BENCH)
+    truth = _read_truth(args.test)
+    n = len(truth)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="scalefree-xml-bench-", dir=args.dir) as tmp:
+        tmp = Path(tmp)
+        model = tmp / "model.sfxml"
+        info = xml.import_omikuji(args.omikuji_model, model)
+        common.progress(f"xml: imported {args.omikuji_model}: {info.n_trees} trees, {info.n_labels} labels, "
+                        f"{common.human_bytes(info.file_bytes)}; {n} test points")
+
+        o_labels = o_scores = None
+        # omikuji test (its own batch scorer)
+        out = tmp / "omikuji.out"
+        cmd = [args.omikuji_bin, "test", args.omikuji_model, args.test, "--n_threads", str(args.threads),
+               "--beam_size", str(args.beam), "--k_top", str(args.k), "--out_path", str(out)]
+        if args.skip_peers:
+            args.python_points = 0
+            cmd = None
+        times, rss, scoring = [], 0, []
+        for _ in range(args.repeat if cmd else 0):
+            cache.drop()
+            s, r, err = _run_child(cmd)
+            times.append(s)
+            rss = max(rss, r)
+            m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
+            scoring.append(float(m.group(1)) if m else float("nan"))
+        if cmd:
+            o_labels, o_scores = _read_omikuji_out(out, args.k)
+            st = common.Stats.of(times)
+            records.append(common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
+                                              dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
+                                              scoring_only_s=float(np.median(scoring)), peak_rss_bytes=rss,
+                                              rss_before_bytes=0, threads=args.threads,
+                                              **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
+            common.progress(f"xml: omikuji test {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s)")
+
+        # omikuji's Python binding, point by point
+        if args.python_points > 0:
+            import omikuji
+
+            pts = []
+            with open(args.test) as f:
+                next(f)
+                for i, line in enumerate(f):
+                    if i >= args.python_points:
+                        break
+                    toks = line.split()
+                    toks = toks[1:] if ":" not in toks[0] else toks
+                    pts.append([(int(a), float(b)) for a, b in (t.split(":") for t in toks)])
+
+            def python_predict():
+                m = omikuji.Model.load(args.omikuji_model)
+                m.densify_weights(0.1)
+                return [m.predict(p, beam_size=args.beam, top_k=args.k) for p in pts]
+
+            rss_py: dict = {}
+            s, _out = common.timed_call(python_predict, cache, rss_py)
+            rate = len(pts) / s
+            records.append(common.make_record(bench=BENCH, impl="omikuji", variant="python", ranks=1,
+                                              nbytes=info.file_bytes, dtype="float32",
+                                              stats=common.Stats.of([n / rate]), gbps=0.0, points=len(pts),
+                                              points_per_s=rate, threads=1, **rss_py))
+            common.progress(f"xml: omikuji python {rate:.0f} points/s (load included, {len(pts)} points)")
+
+        def ours(model_path, budget, variant, nbytes, test=args.test, n=n):
+            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
+            times, rss, p = [], {}, None
+            for _ in range(args.repeat):
+                s, p = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
+                                                             runtime=rt, batch_points=args.batch,
+                                                             batches_in_flight=args.in_flight), cache, rss)
+                times.append(s)
+            st = common.Stats.of(times)
+            run_ = p.stats["run"]
+            rec = common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=nbytes,
+                                     dtype="float32", stats=st, gbps=run_["bytes_read"] / st.median_s / 1e9, points=n,
+                                     points_per_s=n / st.median_s, budget_bytes=budget,
+                                     peak_resident_bytes=run_["peak_resident_bytes"], bytes_read=run_["bytes_read"],
+                                     peak_batch_bytes=p.stats["peak_batch_bytes"], threads=args.threads, **rss,
+                                     **{f"p@{k}": p.metrics[f"precision@{k}"] for k in (1, 3, 5)})
+            common.progress(f"xml: scalefree {variant} {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s, "
+                            f"read {common.human_bytes(run_['bytes_read'])}, peak RSS "
+                            f"{common.human_bytes(rss.get('peak_rss_bytes', 0))})")
+            return rec, p
+
+        rec, p = ours(model, 4 * info.file_bytes + (64 << 20), "memory", info.file_bytes)
+        if o_labels is not None:
+            rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
+            rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["median_s"], rec["median_s"])
+            common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
+        records.append(rec)
+        if args.replicate > 1:
+            big = tmp / f"model-x{args.replicate}.sfxml"
+            binfo = xml.concat_models(big, [model] * args.replicate)
+            budget = int(args.budget_fraction * binfo.level_bytes)
+            sub, m = args.test, n
+            if 0 < args.replicate_points < n:
+                sub, m = tmp / "test-head.txt", args.replicate_points
+                with open(args.test) as f, open(sub, "w") as g:
+                    g.write(f"{m} {info.n_features} {info.n_labels}\n")
+                    next(f)
+                    for _, line in zip(range(m), f):
+                        g.write(line)
+            common.progress(f"xml: {big.name}: {common.human_bytes(binfo.file_bytes)}, budget "
+                            f"{common.human_bytes(budget)} out of core; {m} points")
+            mem_rec, mem_p = ours(big, 2 * binfo.file_bytes + (64 << 20), f"memory-x{args.replicate}", binfo.file_bytes,
+                                  sub, m)
+            records.append(mem_rec)
+            ooc_rec, ooc_p = ours(big, budget, f"flash-{args.budget_fraction:g}-x{args.replicate}", binfo.file_bytes,
+                                  sub, m)
+            ooc_rec["speed_vs_memory"] = mem_rec["median_s"] / ooc_rec["median_s"]
+            ooc_rec["same_as_memory"] = bool(np.array_equal(ooc_p.labels, mem_p.labels))
+            records.append(ooc_rec)
+
+    headers = ["impl", "variant", "median", "points/s", "P@1", "P@3", "P@5", "budget", "read", "peak", "peak RSS",
+               "vs omikuji test", "vs memory", "agree"]
+    rows = []
+    for r in records:
+        rows.append([r["impl"], r["variant"], common.human_time(r["median_s"]), f"{r['points_per_s']:.0f}",
+                     *(f"{r[f'p@{k}']:.4f}" if f"p@{k}" in r else "" for k in (1, 3, 5)),
+                     common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
+                     common.human_bytes(r["bytes_read"]) if "bytes_read" in r else "",
+                     common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
+                     common.human_bytes(r["peak_rss_bytes"]) if "peak_rss_bytes" in r else "",
+                     f"{r['speedup_vs_omikuji_test']:.2f}x" if "speedup_vs_omikuji_test" in r else "",
+                     f"{r['speed_vs_memory']:.2f}x" if "speed_vs_memory" in r else "",
+                     f"{r['agree_points']}/{n}" if "agree_points" in r else ""])
+    print(f"# xml: {args.test}, {n} points, k={args.k}, beam={args.beam}, threads {args.threads}; "
+          f"page cache: {cache.state}")
+    print(common.format_table(headers, rows, left_columns=2))
+    if args.json:
+        common.write_json(Path(args.json), records)
+    return 0
