@@ -83,7 +83,8 @@ for name in sorted(x for x in dir(n) if not x.startswith("__")):
         if "__init__" in old:
             body.append(seg(old["__init__"]))
         elif o.__text_signature__:
-            body.append(wrap(f"    def __init__({params(o.__text_signature__, False)}) -> None: ...", 4))
+            args = params(o.__text_signature__, True)  # a class's signature has no $self
+            body.append(wrap(f"    def __init__({'self, ' + args if args else 'self'}) -> None: ...", 4))
         for m in members:
             if m in old:
                 body.append(seg(old[m]))
