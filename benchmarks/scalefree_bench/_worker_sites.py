@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import scalefree
+    import scalefree.arena
     from scalefree import tensors
     from scalefree.tensors.ps import ParameterServer
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["ps"] = ps_row
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "traced_sites": tensors.traced_allocation_sites(), "peak_rss_bytes": rss,
-                       "arena": scalefree._arena_min is not None}, f)
+                       "arena": scalefree.arena.threshold() is not None}, f)
     return 0
 
 

@@ -1,6 +1,6 @@
 """One rank of an SSP matrix-factorization job (``scalefree bench ssp-mf`` starts it under
-the launcher): ``MODEL DATA [options]`` with MODEL ``sgd`` (:mod:`scalefree.ssp.mf`) or
-``bpmf`` (:mod:`scalefree.ssp.bpmf`). Each rank writes its history to ``OUT.rank<r>.json``.
+the launcher): ``MODEL DATA [options]`` with MODEL ``sgd`` (:mod:`scalefree.mf.modes.ssp_gd`) or
+``bpmf`` (:mod:`scalefree.mf.modes.ssp_bpmf`). Each rank writes its history to ``OUT.rank<r>.json``.
 
     scalefree run -n 2 -- python -m scalefree_bench._worker_ssp_mf sgd u.data --slack 4
 """
@@ -50,7 +50,7 @@ def write_rank_result(out, rank: int, res: dict) -> None:
 
 def main(argv=None) -> int:
     from scalefree.errors import InvalidArgumentError
-    from scalefree.mf.shares import ShareFailedElsewhere
+    from scalefree.mf.data.shares import ShareFailedElsewhere
 
     try:
         return _main(argv)
@@ -86,7 +86,7 @@ def _main(argv=None) -> int:
                                "slack": args.slack, "variant": variant, "lam": args.lam, "eta": args.eta,
                                "seed": args.seed, "every": args.checkpoint_every}, "SSP MF") if args.checkpoint else None
     if args.model == "sgd":
-        from scalefree.ssp import mf
+        from scalefree.mf.modes import ssp_gd as mf
 
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
                        straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed, checkpoints=ck)
@@ -100,7 +100,7 @@ def _main(argv=None) -> int:
             print(f"slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE "
                   f"{h[-1][2]:.4f} (rank 0's view), {res['final_rmse']:.4f} after flush", flush=True)
         return 0
-    from scalefree.ssp import bpmf
+    from scalefree.mf.modes import ssp_bpmf as bpmf
 
     res = bpmf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
                      straggler_ms=args.straggler, seed=args.seed, checkpoints=ck)

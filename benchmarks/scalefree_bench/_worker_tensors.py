@@ -63,9 +63,9 @@ def run_scalefree(args, sizes):
             if args.impl == "copy":
                 src = np.frombuffer(bytearray(n), np.uint8)  # ordinary memory: not registered
             else:
-                from scalefree import _registered_empty
+                from scalefree.arena import registered_empty
 
-                src = _registered_empty((n,), np.uint8)
+                src = registered_empty((n,), np.uint8)
             src[...] = 7
             if me == 0:
                 def rt():

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence
 
 from scalefree._atomic import atomic_path
 from scalefree._rss import reset_peak_rss, status_bytes
-from scalefree._units import human_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
+from scalefree._units import human_bytes, parse_bytes, parse_positive_bytes  # noqa: F401  (human_bytes: the benches use common.human_bytes)
 from scalefree.ssp.straggler import StragglerSchedule  # noqa: F401  (the benches' schedule, re-exported)
 
 # ---------------------------------------------------------------------------------------
@@ -56,17 +56,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def parse_int_list(text: str, what: str = "number", minimum: int = 1) -> list[int]:
-    """Comma-separated integers (``"2,4"``), each at least ``minimum``."""
-    out = []
-    for s in _split_list(text, what):
-        try:
-            v = int(s)
-        except ValueError:
-            raise ValueError(f"bad {what} {s!r}: expected an integer") from None
-        if v < minimum:
-            raise ValueError(f"bad {what} {v}: must be at least {minimum}")
-        out.append(v)
-    return list(dict.fromkeys(out))
+    """Comma-separated counts (``"2,4"``, ``"1K,64K"``), each at least ``minimum``."""
+    return list(dict.fromkeys(int_at_least(minimum, what)(s) for s in _split_list(text, what)))
 
 
 def parse_choice_list(text: str, choices: Sequence[str], what: str) -> list[str]:
@@ -88,14 +79,28 @@ def _split_list(text: str, what: str) -> list[str]:
     return items
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise ValueError(f"bad value {text!r}: expected a whole number") from None
-    if v < 1:
-        raise ValueError(f"bad value {text!r}: must be at least 1")
-    return v
+def int_at_least(minimum: int, what: str = "value"):
+    """A count of at least ``minimum``, read by the one parser of sizes and counts
+    (:func:`scalefree._units.parse_bytes`: K, M, G, T binary suffixes; ``47M``, ``64K``)."""
+
+    def parse(text: str) -> int:
+        s = str(text).strip()
+        neg = s.startswith("-")
+        try:
+            v = parse_bytes(s[1:] if neg else s, what)
+        except ValueError:
+            raise ValueError(f"bad {what} {text!r}: expected a whole number (K, M, G suffixes allowed)") from None
+        v = -v if neg else v
+        if v < minimum:
+            raise ValueError(f"bad {what} {text!r}: must be at least {minimum}")
+        return v
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
 
 
 def positive_float(text: str) -> float:
@@ -338,7 +343,7 @@ def add_timing_args(p) -> None:
                    help="most timed calls per point (--min-calls wins)")
     p.add_argument("--warmup", type=arg(positive_int), default=3,
                    help="untimed calls before timing each point")
-    p.add_argument("--seed", type=int, default=0, help="seed of the straggler schedule")
+    p.add_argument("--seed", type=arg(non_negative_int), default=0, help="seed of the straggler schedule")
     p.add_argument("--timeout", type=arg(positive_float), default=600.0, metavar="SECONDS",
                    help="a run of one implementation on one rank count is stopped after this")
 

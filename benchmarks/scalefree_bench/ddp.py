@@ -73,7 +73,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--emb-dim", type=arg(common.positive_int), default=64)
     p.add_argument("--touched", type=arg(common.positive_float), default=0.01,
                    help="embedding: fraction of the rows each rank looks up per step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
     p.add_argument("--timeout", type=arg(common.positive_float), default=900.0)
     common.add_output_args(p)
     p.set_defaults(func=run)

@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-n", "--ranks", type=arg(lambda s: common.parse_int_list(s, "rank count")), default="1,2,4",
                    metavar="N[,N...]", help="rank counts to run (default 1,2,4)")
     p.add_argument("--repeats", type=arg(common.positive_int), default=1, help="runs of every row (medians reported)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--timeout", type=arg(common.positive_float), default=3600.0, help="seconds per run")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the records as a JSON array")
     p.set_defaults(func=run)
     return p

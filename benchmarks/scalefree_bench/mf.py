@@ -413,25 +413,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(BENCH, help="matrix factorization (local mode) vs LIBMF",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "fold-in", "none"))
-    p.add_argument("--budget-fraction", type=float, default=0.25,
+    p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
                    help="--vs memory-budget: budget per rank as a fraction of the rating data (default 0.25)")
-    p.add_argument("--ranks", type=int, default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
-    p.add_argument("--users", type=int, default=100_000, help="--vs dsgd-ps: synthetic users")
-    p.add_argument("--items", type=int, default=100_000, help="--vs dsgd-ps: synthetic items")
-    p.add_argument("--ratings", type=int, default=2_000_000, help="--vs dsgd-ps: synthetic ratings")
+    p.add_argument("--ranks", type=common.argparse_type(common.positive_int), default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
+    p.add_argument("--users", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic users")
+    p.add_argument("--items", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic items")
+    p.add_argument("--ratings", type=common.argparse_type(common.positive_int), default=2_000_000, help="--vs dsgd-ps: synthetic ratings")
     p.add_argument("--data", nargs="*", default=None,
                    help="rating files (default: MovieLens-100K and ml-latest-small from ../shared/data)")
-    p.add_argument("-k", type=int, default=40)
-    p.add_argument("--lam", type=float, default=0.05)
-    p.add_argument("--eta", type=float, default=0.1)
-    p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--draws", type=int, default=0,
+    p.add_argument("-k", type=common.argparse_type(common.positive_int), default=40)
+    p.add_argument("--lam", type=common.argparse_type(common.non_negative_float), default=0.05)
+    p.add_argument("--eta", type=common.argparse_type(common.positive_float), default=0.1)
+    p.add_argument("--iterations", type=common.argparse_type(common.positive_int), default=20)
+    p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=2)
+    p.add_argument("--repeat", type=common.argparse_type(common.positive_int), default=3)
+    p.add_argument("--draws", type=common.argparse_type(common.non_negative_int), default=0,
                    help="--libmf-bin: also the test RMSE over this many draws of each side's initialisation "
                         "(LIBMF on relabelled copies of the split, ours with seeds 0..N-1): mean ± standard error")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--curve-seeds", type=int, default=1,
+    p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
+    p.add_argument("--curve-seeds", type=common.argparse_type(common.positive_int), default=1,
                    help="--vs dsgd-ps: evaluated runs per mode with seeds SEED..SEED+N-1; the iterations to "
                         "each seed's common target (the worse final RMSE), mean ± standard error, give the "
                         "time to target (default 1: the timed runs' seed only)")

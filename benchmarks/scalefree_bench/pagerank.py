@@ -59,7 +59,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rmat-scale", type=arg(common.positive_int), default=20, help="R-MAT: 2**scale vertex ids")
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M",
                    help="R-MAT: edges generated (before duplicates are dropped); K/M suffixes")
-    p.add_argument("--rmat-seed", type=int, default=0)
+    p.add_argument("--rmat-seed", type=common.argparse_type(common.non_negative_int), default=0)
     p.add_argument("--degrees", default="auto", help="'auto' or layer degrees like 2x2")
     p.add_argument("--sparse-dtypes", type=arg(lambda s: common.parse_choice_list(s, ("float64", "float32"), "dtype")),
                    default="float64,float32", metavar="DT[,DT...]",

@@ -36,8 +36,8 @@ def add_args(p) -> None:
                    default="npz,text,parts", metavar="F[,F...]", help=f"--from-file: file forms among {', '.join(FORMATS)}")
     p.add_argument("--data-dir", type=Path, default=Path("bench-out/graphs"),
                    help="--from-file: where the R-MAT files are written (once) and read")
-    p.add_argument("--tol", type=float, default=1e-9, help="--from-file: L1 tolerance of both pipelines")
-    p.add_argument("--top", type=int, default=10, help="--from-file: top vertices compared with scipy's")
+    p.add_argument("--tol", type=common.argparse_type(common.positive_float), default=1e-9, help="--from-file: L1 tolerance of both pipelines")
+    p.add_argument("--top", type=common.argparse_type(common.positive_int), default=10, help="--from-file: top vertices compared with scipy's")
     p.add_argument("--repeats", type=arg(common.positive_int), default=1,
                    help="--from-file: runs of every row (interleaved); medians reported")
 

@@ -36,19 +36,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     arg = common.argparse_type
     p.add_argument("--logical", type=arg(common.positive_int), default=4, help="logical nodes M")
     p.add_argument("--replication", type=arg(common.positive_int), default=2, help="replicas per logical node")
-    p.add_argument("--kill-rank", type=int, default=5, help="rank that SIGKILLs itself (-1: none)")
-    p.add_argument("--kill-at", type=int, default=10, help="iteration at which it does")
-    p.add_argument("--hosts", type=int, default=0,
+    p.add_argument("--kill-rank", type=arg(common.int_at_least(-1)), default=5, help="rank that SIGKILLs itself (-1: none)")
+    p.add_argument("--kill-at", type=arg(common.positive_int), default=10, help="iteration at which it does")
+    p.add_argument("--hosts", type=arg(common.non_negative_int), default=0,
                    help="run every job across this many simulated hosts (network namespaces, UCX and TCP lanes "
                         "between them; the ranks split evenly); 0: one host, shared memory")
-    p.add_argument("--kill-host", type=int, default=-1,
+    p.add_argument("--kill-host", type=arg(common.int_at_least(-1)), default=-1,
                    help="with --hosts: every rank of this simulated host SIGKILLs itself at --kill-at "
                         "(instead of --kill-rank)")
     p.add_argument("--iters", type=arg(common.positive_int), default=30)
     p.add_argument("--rmat-scale", type=arg(common.positive_int), default=20)
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=arg(common.positive_float), default=900)
     p.add_argument("--pin", action="store_true",
                    help="one core per replica, as if each replica set had its own machine: rank p runs on "
                         "core p // M only (the unreplicated M-rank run on one core)")

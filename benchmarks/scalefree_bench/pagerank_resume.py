@@ -41,10 +41,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rmat-edges", type=arg(common.parse_size), default="8M")
     p.add_argument("--iters", type=arg(common.positive_int), default=40)
     p.add_argument("--every", type=arg(common.positive_int), default=10, help="--checkpoint-every")
-    p.add_argument("--kill-rank", type=int, default=1)
-    p.add_argument("--kill-at", type=int, default=0, help="iteration before which the rank dies (0: half-way)")
+    p.add_argument("--kill-rank", type=arg(common.non_negative_int), default=1)
+    p.add_argument("--kill-at", type=arg(common.non_negative_int), default=0, help="iteration before which the rank dies (0: half-way)")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
-    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--timeout", type=arg(common.positive_float), default=3600)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p

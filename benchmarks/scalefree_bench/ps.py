@@ -28,7 +28,7 @@ def add_parser(sub):
                    default="gloo,grpc,local", metavar="PEER[,PEER...]")
     p.add_argument("-n", "--ranks", type=arg(common.positive_int), default=3)
     p.add_argument("--steps", type=arg(common.positive_int), default=100)
-    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
+    p.add_argument("--hidden", type=arg(common.positive_int), nargs="+", default=[2048, 2048, 2048])
     p.add_argument("--timeout", type=arg(common.positive_float), default=900.0)
     common.add_output_args(p)
     p.set_defaults(func=run)

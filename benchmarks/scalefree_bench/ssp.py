@@ -54,7 +54,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--vs", type=arg(lambda s: common.parse_choice_list(s, ("mpi", "dense"), "peer")),
                    default="mpi,dense", metavar="PEER[,PEER...]",
                    help="baselines: mpi (MPI_Allreduce via mpi4py), dense (our allreduce)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
     p.add_argument("--timeout", type=arg(common.positive_float), default=900.0)
     p.add_argument("--metrics", type=Path, metavar="OUT.jsonl",
                    help="write every call's time, wait and age difference as JSON lines")

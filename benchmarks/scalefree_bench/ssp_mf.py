@@ -37,7 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--budget", type=arg(common.positive_float), default=2.0, help="other slacks run this many times --iters")
     p.add_argument("--straggler", type=arg(common.non_negative_float), default=20.0, metavar="MS")
     p.add_argument("-k", type=arg(common.positive_int), default=None, help="rank of the factorization (sgd 32, bpmf 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
     p.add_argument("--timeout", type=arg(common.positive_float), default=600.0)
     common.add_output_args(p)
     p.set_defaults(func=run)

@@ -57,9 +57,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=arg(common.positive_int), default=common.usable_cores())
     p.add_argument("--batch", type=arg(common.positive_int), default=8192, help="our points per batch")
     p.add_argument("--in-flight", type=arg(common.positive_int), default=4, help="our batches in flight")
-    p.add_argument("--python-points", type=int, default=2000, help="points scored by the Python binding (0: skip)")
-    p.add_argument("--replicate", type=int, default=0, help="copies of the trees for the out-of-core rows (0: skip)")
-    p.add_argument("--replicate-points", type=int, default=0,
+    p.add_argument("--python-points", type=arg(common.non_negative_int), default=2000, help="points scored by the Python binding (0: skip)")
+    p.add_argument("--replicate", type=arg(common.non_negative_int), default=0, help="copies of the trees for the out-of-core rows (0: skip)")
+    p.add_argument("--replicate-points", type=arg(common.non_negative_int), default=0,
                    help="points of the test set scored by the replicated-model rows (default 0: all)")
     p.add_argument("--budget-fraction", type=arg(common.positive_float), default=0.25,
                    help="out-of-core budget as a fraction of the replicated model's level bytes (default 0.25)")

@@ -90,34 +90,19 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     if g.transport != "shm":
         # The arena is shared memory that peers map; over UCX buffers are sent from where they are.
         arena = False
-    global _arena_min
-    _arena_min = None
+    threshold = None
     if arena:
         try:
             g._enable_arena(_env_bytes("SCALEFREE_ARENA_MIN", 64 << 10))
-            _arena_min = _env_bytes("SCALEFREE_ARENA_MIN", 64 << 10)
+            threshold = _env_bytes("SCALEFREE_ARENA_MIN", 64 << 10)
         except UnsupportedError as e:
             # Same outcome on every rank (the arena set-up agrees first): run without it.
             warnings.warn(f"scalefree: running without the registered arena ({e})", RuntimeWarning, stacklevel=2)
+    from . import arena as arena_state
+
+    arena_state.attach(g, threshold)
     _default_group = g
     return g
-
-
-_arena_min = None
-
-
-def _registered_empty(shape, dtype):
-    """An uninitialized array in registered memory: the arena when it is on (an allocation
-    padded to the arena's threshold), else a region of its own."""
-    import numpy as np
-
-    dtype = np.dtype(dtype)
-    shape = tuple(int(d) for d in shape)
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if _arena_min is not None:
-        return np.empty(max(n, _arena_min), np.uint8)[:n].view(dtype).reshape(shape)
-    g = _default_group if _default_group is not None else init()
-    return g.device.alloc_region(max(n, 1)).array(np.uint8)[:n].view(dtype).reshape(shape)
 
 
 def _env_bytes(name: str, default: int) -> int:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._agree import agree
 from ._atomic import atomic_path
 from .errors import InvalidArgumentError
 
@@ -95,8 +96,6 @@ def load_rank(group, path, expect: dict, version: int, kind: str) -> tuple[dict,
     """Collective: this rank's part of the newest checkpoint every rank of ``group`` has (its
     latest file or the one before). An error on any rank is raised on every rank. ``group``
     None: a job of one process (its newest file)."""
-    from .mf.shares import _agree
-
     if group is None:
         group = _OneProcess()
     p = rank_path(path, group.rank, group.size)
@@ -113,10 +112,10 @@ def load_rank(group, path, expect: dict, version: int, kind: str) -> tuple[dict,
                 have[int(meta["iteration"])] = (meta, arrays)
     except InvalidArgumentError as e:
         err = e
-    _agree(group, err)
+    agree(group, err)
     newest = group.allgather(np.array([max(have)], np.int64))[:, 0]
     agreed = int(newest.min())
-    _agree(group, None if agreed in have else InvalidArgumentError(
+    agree(group, None if agreed in have else InvalidArgumentError(
         f"checkpoint {p} holds iterations {sorted(have)}, not iteration {agreed} that every rank has"))
     return have[agreed]
 

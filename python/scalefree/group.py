@@ -7,6 +7,9 @@ import numpy as np
 
 from . import _native
 from .errors import InvalidArgumentError
+from .sparse.allreduce import SparseAllreduce
+from .ssp.reduction import SspReduction
+from .tensors.slots import dynamic_channels, static_slots
 
 
 class Group(_native.Group):
@@ -108,8 +111,6 @@ class Group(_native.Group):
         :mod:`scalefree.ssp.reduction`). Several may be live at once. ``push_order``
         (sharded variants): ``"cyclic"`` (rank r pushes to shard r+1 first) or ``"fixed"``
         (every rank starts at shard 0)."""
-        from .ssp.reduction import SspReduction
-
         if int(count) < 0:
             raise InvalidArgumentError(f"count must be >= 0, got {count}")
         return SspReduction(self._ssp_reduction(int(count), np.dtype(dtype).name, op, variant, push_order))
@@ -124,21 +125,15 @@ class Group(_native.Group):
 
     def tensor_slots(self, specs):
         """Collective: static zero-copy tensor slots (see :func:`scalefree.tensors.slots.static_slots`)."""
-        from .tensors.slots import static_slots
-
         return static_slots(self, specs)
 
     def tensor_channels(self, pairs):
         """Collective: dynamic tensor channels (see :func:`scalefree.tensors.slots.dynamic_channels`)."""
-        from .tensors.slots import dynamic_channels
-
         return dynamic_channels(self, pairs)
 
     def sparse_allreduce(self, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
                          hash: bool = True):
         """A sparse allreduce over ``[0, dim)``: see :class:`scalefree.sparse.allreduce.SparseAllreduce`."""
-        from .sparse.allreduce import SparseAllreduce
-
         return SparseAllreduce(self, dim, op=op, degrees=degrees, replication=replication, seed=seed, hash=hash)
 
     def __enter__(self):

@@ -148,13 +148,13 @@ def test_svds_in_memory_sparse_uses_the_parallel_products(rt, monkeypatch):
     calls = []
     from scalefree.flash import core
 
-    real = core._csr_product
+    real = core.csr_arrays_product
 
     def spy(arrays, x, product, rt):
         calls.append(product)
         return real(arrays, x, product, rt)
 
-    monkeypatch.setattr(core, "_csr_product", spy)
+    monkeypatch.setattr(core, "csr_arrays_product", spy)
     for shape in ((900, 300), (300, 900)):
         a = power_law(*shape, 9000, seed=5)
         want = np.sort(sla.svds(a, k=8, return_singular_vectors=False, random_state=0))

@@ -1,4 +1,4 @@
-"""scalefree.mf.checkpoint: atomic checkpoints, ``--resume`` and ``--stop-after`` in every mode.
+"""scalefree.mf.data.checkpoint: atomic checkpoints, ``--resume`` and ``--stop-after`` in every mode.
 A run stopped after a checkpoint and resumed ends where an uninterrupted run with the same seed
 ends (exactly: local with one thread, and rima / dsgd-ps, whose ranks train in a fixed order)."""
 

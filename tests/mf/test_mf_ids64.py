@@ -60,7 +60,7 @@ def write(path, u, i, r, style):
 @pytest.mark.parametrize("style", ["u.data", "ratings.dat", "ratings.csv", "r.txt", "r.mtx"])
 @pytest.mark.parametrize("gz", [False, True])
 def test_rating_readers_keep_ids_past_2_to_the_32(tmp_path, style, gz):
-    from scalefree.ssp.mf import load_ratings as ssp_load
+    from scalefree.mf.modes.ssp_gd import load_ratings as ssp_load
 
     rng = np.random.default_rng(1)
     big = np.array(BIG, np.uint64)

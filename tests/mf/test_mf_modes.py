@@ -13,7 +13,7 @@ import pytest
 import scalefree.mf.model as mf
 from scalefree import _native
 from scalefree.errors import InvalidArgumentError
-from scalefree.mf.blocks import Partition, train_block
+from scalefree.mf.data.blocks import Partition, train_block
 
 from ranks import collect, spawn_ranks
 
@@ -99,7 +99,7 @@ def test_rima_sends_fewer_bytes_than_dsgd_ps(tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["--mode", "dsgd-ps", "-n", "1"], "needs -n 2 or more"),
-    (["--mode", "rima", "-n", "0"], "-n must be at least 1"),
+    (["--mode", "rima", "-n", "0"], "argument -n/--ranks: must be at least 1"),
     (["-n", "3"], "--mode local runs in one process"),
     (["--mode", "ring", "-n", "2"], "invalid choice"),
     (["--mode", "rima", "-n", "3", "--blocks", "5"], "--blocks 5 is neither"),
@@ -171,7 +171,7 @@ print(*out)
 
 
 def test_rating_scale_is_the_standard_deviation():
-    from scalefree.mf.blocks import rating_scale
+    from scalefree.mf.data.blocks import rating_scale
 
     r = np.random.default_rng(0).integers(1, 6, 1001).astype(np.float64)
     assert rating_scale(len(r), r.sum(), r @ r) == pytest.approx(np.std(r), rel=1e-6)

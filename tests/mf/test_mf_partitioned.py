@@ -1,4 +1,4 @@
-"""Partitioned input for `mf train --mode rima|dsgd-ps` (scalefree.mf.shares), with real rank
+"""Partitioned input for `mf train --mode rima|dsgd-ps` (scalefree.mf.data.shares), with real rank
 processes: every rating of the file used exactly once across the ranks (train + test), the
 split independent of the number of ranks, no rank reading, receiving or holding much more than
 its share (rima: the blocks it trains, about 2/w of R), the budgeted run equal to the in-memory
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalefree.mf.shares import in_test_set
+from scalefree.mf.data.shares import in_test_set
 
 from ranks import collect, spawn_ranks
 
@@ -55,7 +55,7 @@ _DUMP = """
 import sys
 import numpy as np
 import scalefree
-from scalefree.mf.shares import ShareRatings
+from scalefree.mf.data.shares import ShareRatings
 path, out, nb = sys.argv[1], sys.argv[2], 3
 g = scalefree.init()
 tr = ShareRatings(path, 0.2, 7)
@@ -138,7 +138,7 @@ def _cli(data: Path, mode: str, n: int, tmp_path: Path, extra=(), iters: int = 3
 @pytest.mark.parametrize("mode,n", [("rima", 1), ("rima", 2), ("rima", 3), ("rima", 5),
                                     ("dsgd-ps", 2), ("dsgd-ps", 3), ("dsgd-ps", 5)])
 def test_no_rank_holds_much_more_than_its_share(data, mode, n, tmp_path):
-    from scalefree.mf import dsgd_ps, rima
+    from scalefree.mf.modes import dsgd_ps, rima
 
     last = _cli(data, mode, n, tmp_path)[-1]
     total = sum(last["ratings_read"])

@@ -18,9 +18,9 @@ import pytest
 
 import scalefree.mf.model as mf
 from scalefree.errors import InvalidArgumentError, OutOfBudgetError
-from scalefree.mf.blocks import ENTRY_BYTES
-from scalefree.mf.preload import BlockFile, Preloader, parse_bytes
-from scalefree.mf.rima import block_states, directions
+from scalefree.mf.data.blocks import ENTRY_BYTES
+from scalefree.mf.data.preload import BlockFile, Preloader, parse_bytes
+from scalefree.mf.modes.rima import block_states, directions
 
 _REPO = Path(__file__).resolve().parents[2]
 DATA = next((a / "shared/data" for a in _REPO.parents if (a / "shared/data").exists()), _REPO / "../shared/data")
@@ -273,7 +273,7 @@ def test_block_file_has_no_name(tmp_path):
 
 
 def test_no_block_file_left_after_kill_9(tmp_path):
-    code = (f"from scalefree.mf.preload import BlockFile\nimport numpy as np, time\n"
+    code = (f"from scalefree.mf.data.preload import BlockFile\nimport numpy as np, time\n"
             f"bf = BlockFile({str(tmp_path)!r}); bf.append(0, np.ones((1000, 3), np.uint32)); bf.finish()\n"
             f"print(bf.fd, flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

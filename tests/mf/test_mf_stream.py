@@ -20,9 +20,9 @@ import pytest
 import scalefree.mf.model as mf
 from scalefree import _native
 from scalefree.errors import DataError, InvalidArgumentError
-from scalefree.mf.blocks import ENTRY_BYTES, Partition
-from scalefree.mf.preload import BlockFile
-from scalefree.mf.stream import StreamedRatings, chunk_ratings
+from scalefree.mf.data.blocks import ENTRY_BYTES, Partition
+from scalefree.mf.data.preload import BlockFile
+from scalefree.mf.data.stream import StreamedRatings, chunk_ratings
 
 
 @pytest.fixture(autouse=True)

@@ -181,6 +181,17 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
     return parse
 
 
+def port(text: str) -> int:
+    """A TCP port, 1..65535."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {text}")
+    return n
+
+
 def add_columns(p, table: str) -> None:
     """``--columns``: the columns of a Parquet / Arrow IPC input, by name (``src,dst`` for
     edges, ``user,item,rating`` for ratings); default the first integer (and numeric) ones."""

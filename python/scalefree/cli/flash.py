@@ -44,6 +44,7 @@ import threading
 import time
 
 from .common import add_quiet, count, fail, message, number
+from .flash_report import gib, summary
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--sample", type=number(0, 1, low_open=True), default=1.0,
                    help="fraction of documents for the SVD and the k-means steps (default 1)")
     t.add_argument("--tol", type=number(0), default=1e-4, help="relative residual of the SVD's eigenpairs (default 1e-4)")
-    t.add_argument("--seed", type=int, default=0, help="seed of the sampling and k-means++ (default 0)")
+    t.add_argument("--seed", type=count(0), default=0, help="seed of the sampling and k-means++ (default 0)")
     t.add_argument("--top", type=count(1), default=10, help="top words per topic printed and in --json (default 10)")
     t.add_argument("--vocab", default=None, help="vocab file (one word a line) to print words instead of ids")
     t.add_argument("--json", default=None, metavar="OUT", help="write top_words, seconds and the run's counters")
@@ -116,7 +117,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--beta", type=number(0, low_open=True), default=0.01,
                    help="Dirichlet parameter of the topics' word weights (default 0.01)")
     c.add_argument("--length", type=number(0, low_open=True), default=100.0, help="mean document length (default 100)")
-    c.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    c.add_argument("--seed", type=count(0), default=0, help="seed (default 0)")
     c.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="DOCWORD",
                    help="output docword file (plain text, written atomically)")
     c.add_argument("--truth", default=None, metavar="TOPICS.npy",
@@ -139,7 +140,7 @@ def _topics(args) -> int:
     from .. import flash
     from .._atomic import atomic_path, write_json
     from ..errors import DataError, FlashIOError, InvalidArgumentError
-    from ..flash.topics import _check_k as check_k
+    from ..flash.topics import check_k
 
     truth = None
     if args.truth:
@@ -202,7 +203,7 @@ def _topics(args) -> int:
         print(f"flash topics: recovery error (L1 per topic, matched): mean {mean:.4f}, max {worst:.4f}",
               file=sys.stderr)
     st = model.stats
-    print(_summary(f"flash topics: k={args.k}, {st['svd_operator_columns']} SVD operator columns, "
+    print(summary(f"flash topics: k={args.k}, {st['svd_operator_columns']} SVD operator columns, "
                    f"{st['lloyd_iterations']} k-means iterations on B, {st['row_passes']} row-block passes over A",
                    st, seconds, rt, f" (load {load_s:.2f} s, flash kernels {st['kernel_seconds']:.2f} s)", blas=False),
           file=sys.stderr)
@@ -294,23 +295,8 @@ class _Progress:
         rate = (read + written) / elapsed / 1e9 if elapsed > 0 else 0.0
         self.bar.total = added
         self.bar.n = done
-        self.bar.set_postfix_str(f"read {_gib(read)}, wrote {_gib(written)}, {rate:.2f} GB/s", refresh=False)
+        self.bar.set_postfix_str(f"read {gib(read)}, wrote {gib(written)}, {rate:.2f} GB/s", refresh=False)
         self.bar.refresh()
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.1f} MiB"
-
-
-def _summary(what: str, stats: dict, seconds: float, rt, extra: str = "", blas: bool = True) -> str:
-    read, written = stats.get("bytes_read", 0), stats.get("bytes_written", 0)
-    hits, misses = stats.get("cache_hits", 0), stats.get("cache_misses", 0)
-    hit_rate = hits / (hits + misses) if hits + misses else 0.0
-    gbps = (read + written) / seconds / 1e9 if seconds > 0 else 0.0
-    return (f"{what}: {seconds:.2f} s{extra}; read {read} bytes, wrote {written} bytes ({gbps:.2f} GB/s); "
-            f"cache hit rate {hit_rate:.1%} ({hits} hits, {misses} misses); compute idle "
-            f"{stats.get('compute_idle_seconds', 0.0):.2f} s; peak {stats.get('peak_resident_bytes', 0)} of "
-            f"{rt.memory_budget_bytes} bytes" + (f"; block BLAS {rt.blas or 'faer'}" if blas else ""))
 
 
 def _svd(args) -> int:
@@ -341,7 +327,7 @@ def _svd(args) -> int:
     order = np.argsort(s)[::-1]
     for v in np.asarray(s)[order]:
         print(f"{v:.10g}")
-    print(_summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts",
+    print(summary(f"flash svd: k={args.k}, {stats['operator_columns']} operator columns, {stats['restarts']} restarts",
                    stats, solve_s, rt, f" (flash kernels {stats['kernel_seconds']:.2f} s)", blas=False), file=sys.stderr)
     if args.out:
         with atomic_path(args.out) as tmp:
@@ -395,5 +381,5 @@ def _gemm(args) -> int:
     except (ScalefreeError, ValueError, OSError) as e:
         fail("scalefree flash gemm", message(e))
     gflops = 2.0 * m * n * k / seconds / 1e9 if seconds > 0 else 0.0
-    print(_summary(f"flash gemm: wrote {args.out}", stats, seconds, rt, f", {gflops:.1f} GFLOP/s"), file=sys.stderr)
+    print(summary(f"flash gemm: wrote {args.out}", stats, seconds, rt, f", {gflops:.1f} GFLOP/s"), file=sys.stderr)
     return 0

@@ -22,7 +22,7 @@ import sys
 import time
 
 from .common import add_quiet, count, fail, message, number
-from .flash import _gib, _summary
+from .flash_report import gib, summary
 
 
 def add_parser(flash_sub, runtime_args) -> None:
@@ -66,8 +66,8 @@ def add_parser(flash_sub, runtime_args) -> None:
     g.add_argument("--labels", type=count(1), default=30_000, help="(default 30000)")
     g.add_argument("--alpha", type=number(0), default=1.0, help="label frequency exponent (default 1)")
     g.add_argument("--mean-labels", type=number(1), default=3.0, help="mean labels per point (default 3)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--first-point", type=int, default=0, help="index of the first point of the stream (default 0)")
+    g.add_argument("--seed", type=count(0), default=0)
+    g.add_argument("--first-point", type=count(0), default=0, help="index of the first point of the stream (default 0)")
     g.add_argument("-o", "--output", "--out", dest="out", required=True, metavar="DATA")
     add_quiet(g)
     g.set_defaults(func=_generate)
@@ -99,7 +99,7 @@ def _predict(args) -> int:
         info = xml.model_info(args.model)
         if not args.quiet:
             print(f"flash xml predict: {args.model}: {info.n_trees} trees, {info.n_labels} labels, "
-                  f"{_gib(info.file_bytes)}; budget {rt.memory_budget_bytes} bytes", file=sys.stderr)
+                  f"{gib(info.file_bytes)}; budget {rt.memory_budget_bytes} bytes", file=sys.stderr)
         start = rt._rt.progress
         last = [0.0]
 
@@ -108,7 +108,7 @@ def _predict(args) -> int:
                 return
             last[0] = seconds
             read = rt._rt.progress[2] - start[2]
-            print(f"flash xml predict: {points} points, {points / seconds:.0f} points/s, read {_gib(read)} "
+            print(f"flash xml predict: {points} points, {points / seconds:.0f} points/s, read {gib(read)} "
                   f"({read / seconds / 1e9:.2f} GB/s)", file=sys.stderr, flush=True)
 
         p = xml.predict(args.model, args.data, k=args.k, beam=args.beam, runtime=rt, batch_points=args.batch,
@@ -122,7 +122,7 @@ def _predict(args) -> int:
         print(" ".join(f"P@{k}={m[f'precision@{k}']:.4f}" for k in (1, 3, 5)) + " "
               + " ".join(f"nDCG@{k}={m[f'ndcg@{k}']:.4f}" for k in (1, 3, 5)))
     if not args.quiet:
-        print(_summary(f"flash xml predict: {s['points']} points, {s['points'] / max(s['seconds'], 1e-9):.0f} points/s",
+        print(summary(f"flash xml predict: {s['points']} points, {s['points'] / max(s['seconds'], 1e-9):.0f} points/s",
                        s["run"], s["seconds"], rt, blas=False), file=sys.stderr)
     if args.json:
         write_json(args.json, {"model": args.model, "data": args.data, "k": args.k, "beam": args.beam,

@@ -18,7 +18,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
-from .common import EXIT_USAGE, add_columns, add_text_dialect, fail, relaunch, show_progress
+from .common import EXIT_USAGE, add_columns, add_text_dialect, count, fail, number, relaunch, show_progress
 
 PROG = "scalefree mf train"
 
@@ -34,8 +34,6 @@ def _check_ranks(args) -> None:
             parse_bytes(args.memory_budget)
         except InvalidArgumentError as e:
             fail(PROG, f"--memory-budget: {e}")
-    if n < 1:
-        fail(PROG, f"-n must be at least 1, got {n}")
     if (args.resume or args.checkpoint_every or args.stop_after is not None) and not args.checkpoint:
         fail(PROG, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
     if args.checkpoint_every < 0 or (args.stop_after is not None and args.stop_after < 1):
@@ -66,7 +64,7 @@ def _launch(args) -> int:
 
 
 def _train_ranks_quiet_elsewhere(args) -> int:
-    from ..mf.shares import ShareFailedElsewhere
+    from ..mf.data.shares import ShareFailedElsewhere
 
     try:
         return _train_ranks(args)
@@ -268,14 +266,14 @@ def add_parser(sub) -> None:
     add_columns(t, "ratings")
     t.add_argument("--mode", default="local", choices=MODES,
                    help="local (threads), rima (ring of -n ranks) or dsgd-ps (rank 0 serves, -n − 1 workers)")
-    t.add_argument("-n", "--ranks", type=int, default=1, help="ranks for rima / dsgd-ps (started with the launcher)")
-    t.add_argument("-k", type=int, default=40, help="rank (default 40)")
-    t.add_argument("--eta", type=float, default=0.1, help="learning rate (default 0.1)")
-    t.add_argument("--lam", "--lambda", type=float, default=0.05, help="L2 regularisation (default 0.05)")
-    t.add_argument("--iterations", "-i", type=int, default=20)
+    t.add_argument("-n", "--ranks", type=count(1), default=1, help="ranks for rima / dsgd-ps (started with the launcher)")
+    t.add_argument("-k", type=count(1), default=40, help="rank (default 40)")
+    t.add_argument("--eta", type=number(0, low_open=True), default=0.1, help="learning rate (default 0.1)")
+    t.add_argument("--lam", "--lambda", type=number(0), default=0.05, help="L2 regularisation (default 0.05)")
+    t.add_argument("--iterations", "-i", type=count(1), default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
-    t.add_argument("--threads", "-t", type=int, default=None, help="local: threads (default: all cores this process may use)")
-    t.add_argument("--blocks", type=int, default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--threads", "-t", type=count(1), default=None, help="local: threads (default: all cores this process may use)")
+    t.add_argument("--blocks", type=count(1), default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
                    help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
                         "read ahead in pattern order (default: all in memory)")
@@ -288,24 +286,24 @@ def add_parser(sub) -> None:
                    help="evaluate on this rating file (ids matched to the training file's; unseen ids "
                         "get the training mean) instead of a --test-fraction split (like LIBMF's -p); rima, "
                         "dsgd-ps: each rank reads its share of it")
-    t.add_argument("--test-fraction", type=float, default=0.1)
-    t.add_argument("--validation-fraction", type=float, default=0.0,
+    t.add_argument("--test-fraction", type=number(0, 1, high_open=True), default=0.1)
+    t.add_argument("--validation-fraction", type=number(0, 1, high_open=True), default=0.0,
                    help="hold this share of the training ratings out as a validation set (RMSE per iteration; rima, "
                         "dsgd-ps: a seeded hash of (user, item), each rank keeps the share it read)")
-    t.add_argument("--patience", type=int, default=None,
+    t.add_argument("--patience", type=count(1), default=None,
                    help="with --validation-fraction: stop after this many iterations without a better "
                         "validation RMSE and keep the best iteration's model")
     t.add_argument("--checkpoint", default=None, metavar="PATH",
                    help="write the training state here atomically every --checkpoint-every iterations and at the "
                         "end (rima, dsgd-ps: one file per rank, PATH.rankR-of-N)")
-    t.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+    t.add_argument("--checkpoint-every", type=count(0), default=0, metavar="N",
                    help="with --checkpoint: every N iterations (default 0: at the end only)")
     t.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint (same data and hyperparameters; --iterations may grow)")
-    t.add_argument("--stop-after", type=int, default=None, metavar="N",
+    t.add_argument("--stop-after", type=count(1), default=None, metavar="N",
                    help="with --checkpoint: end after N iterations in all, with a checkpoint (a job in slices)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--eval-every", type=int, default=1, help="test RMSE every N iterations (0: at the end only)")
+    t.add_argument("--seed", type=count(0), default=0)
+    t.add_argument("--eval-every", type=count(0), default=1, help="test RMSE every N iterations (0: at the end only)")
     t.add_argument("--json", help="write one JSON line per iteration to this file")
     t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
     t.add_argument("--output", "-o", help="save the model here (atomic write)")
@@ -332,7 +330,7 @@ def add_parser(sub) -> None:
     fi.add_argument("model")
     fi.add_argument("data", metavar="FILE", help="ratings of the new users (items); every format train reads")
     fi.add_argument("--side", choices=("user", "item"), default="user", help="which side to fold in (default user)")
-    fi.add_argument("--lam", "--lambda", type=float, default=0.05, help="ridge λ per rating (default 0.05, "
+    fi.add_argument("--lam", "--lambda", type=number(0), default=0.05, help="ridge λ per rating (default 0.05, "
                     "as train's)")
     fi.add_argument("--output", "-o", required=True, help="write the grown model here (atomic)")
     fi.add_argument("--model-format", choices=("auto", "native", "libmf"), default="auto",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import count, number
+
 
 def fcn_sizes(n_in: int, n_out: int, hidden=(2048, 2048, 2048)) -> list[int]:
     return [n_in, *hidden, n_out]
@@ -152,8 +154,9 @@ def train(args) -> dict:
         c1 = time.perf_counter()
         grads = ps.grad_buffers() or grads
         if not grads:
-            from scalefree import _registered_empty
-            grads = {k: _registered_empty(v.shape, v.dtype) for k, v in w.items()}
+            from scalefree.arena import registered_empty
+
+            grads = {k: registered_empty(v.shape, v.dtype) for k, v in w.items()}
         pushing = [0.0]
 
         def send(name, arr):
@@ -208,16 +211,16 @@ def add_parser(sub):
 
 def _args(p):
     p.add_argument("--model", choices=("fcn",), default="fcn")
-    p.add_argument("-n", "--ranks", type=int, default=3, help="1 server + N-1 workers")
+    p.add_argument("-n", "--ranks", type=count(1), default=3, help="1 server + N-1 workers")
     p.add_argument("--data", choices=("synthetic", "digits"), default="synthetic")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048, 2048])
+    p.add_argument("--steps", type=count(1), default=100)
+    p.add_argument("--batch", type=count(1), default=32, help="per worker")
+    p.add_argument("--lr", type=number(0, low_open=True), default=0.05)
+    p.add_argument("--hidden", type=count(1), nargs="+", default=[2048, 2048, 2048])
     p.add_argument("--transport", choices=("mapped", "slots", "gloo", "grpc", "grpc-stream", "local"), default="mapped",
                    help="mapped: no copies (shared memory); slots: static slots; local: one process; "
                    "gloo (torch.distributed), grpc, grpc-stream: the benchmark harness's peers (pip install ./benchmarks)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=count(0), default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")
     p.add_argument("--plot", help="PNG of loss vs time (rank 1's view)")
 

@@ -25,15 +25,16 @@ import secrets
 import sys
 
 from ..errors import InvalidArgumentError
+from .common import count, port
 from ..launch.launcher import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_MASTER_PORT,
     NO_SECRET,
     Nodes,
-    _say,
     insecure_token,
     job_secret,
     launch,
+    say,
 )
 
 _USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
@@ -66,11 +67,11 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="number of ranks to start on this host (at least 1)")
     hosts = p.add_argument_group("several hosts (run the same command on every host)")
     hosts.add_argument("--nnodes", type=_at_least_one, default=1, metavar="H", help="number of hosts (default: 1)")
-    hosts.add_argument("--node-rank", type=int, default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
+    hosts.add_argument("--node-rank", type=count(0), default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
     hosts.add_argument("--master-addr", default=os.environ.get("SCALEFREE_MASTER_ADDR"), metavar="ADDR",
                        help="address of the host of rank 0 (node rank 0), where ranks meet "
                             "(default: SCALEFREE_MASTER_ADDR)")
-    hosts.add_argument("--master-port", type=int, default=None, metavar="P",
+    hosts.add_argument("--master-port", type=port, default=None, metavar="P",
                        help=f"TCP port of the meeting point (default: SCALEFREE_MASTER_PORT or {DEFAULT_MASTER_PORT})")
     hosts.add_argument("--token-file", default=None, metavar="PATH",
                        help="file holding the job's secret, readable by you only (default: SCALEFREE_JOB_TOKEN, "
@@ -125,7 +126,7 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
     if secret:
         return secret
     if args.insecure_no_token:
-        _say(f"warning: --insecure-no-token: anyone who can reach {nodes.master_addr}:{nodes.master_port} can join this job")
+        say(f"warning: --insecure-no-token: anyone who can reach {nodes.master_addr}:{nodes.master_port} can join this job")
         return insecure_token(nodes)
     if nodes.node_rank != 0:
         raise InvalidArgumentError(NO_SECRET)
@@ -138,7 +139,7 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
         argv += ["--grace", f"{args.grace:g}"]
     argv += [o for o, on in (("--no-prefix", args.no_prefix), ("--allow-rank-failure", args.allow_rank_failure)) if on]
     line = shlex.join([*argv, "--", *cmd]).replace(" --node-rank I ", " --node-rank $I ")
-    _say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"
+    say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"
          f"  SCALEFREE_JOB_TOKEN={secret} {line}")
     return secret
 

@@ -156,7 +156,7 @@ def add_parser(sub) -> None:
     q.add_argument("--test", metavar="FILE", help="held-out svmlight file (else --test-fraction of the rows, by a "
                                                   "seeded hash of each row)")
     q.add_argument("--test-fraction", type=number(0, 1, high_open=True), default=0.2)
-    q.add_argument("--seed", type=int, default=0, help="seed of the split, the partition and the shuffles")
+    q.add_argument("--seed", type=count(0), default=0, help="seed of the split, the partition and the shuffles")
     q.add_argument("--zero-based", choices=["auto", "yes", "no"], default="auto", help="svmlight index base")
     q.add_argument("--vs", choices=["none", "sklearn"], default="none",
                    help="'sklearn' to compare with SGDClassifier (it reads the whole data into rank 0), 'none' not to")
@@ -164,7 +164,7 @@ def add_parser(sub) -> None:
     q.add_argument("--dim", type=count(1), default=1_000_000, help="synthetic: features")
     q.add_argument("--nnz", type=count(1), default=20, help="synthetic: features per row")
     q.add_argument("--zipf", type=number(1, low_open=True), default=1.3, help="synthetic: Zipf exponent of the features")
-    q.add_argument("--data-seed", type=int, default=0, help="synthetic: seed of the data and planted model")
+    q.add_argument("--data-seed", type=count(0), default=0, help="synthetic: seed of the data and planted model")
     q.add_argument("-o", "--output", metavar="MODEL.npz", help="save the weights w and bias b (written atomically)")
     q.add_argument("--json", metavar="OUT", help="write accuracies, times and peak RSS per rank here")
     q.add_argument("--progress", action="store_true", help="per-epoch progress (also when not a terminal)")
@@ -178,7 +178,7 @@ def add_parser(sub) -> None:
     r.add_argument("--dim", type=count(1), default=1_000_000)
     r.add_argument("--nnz", type=count(1), default=20)
     r.add_argument("--zipf", type=number(1, low_open=True), default=1.3)
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=count(0), default=0)
     r.set_defaults(func=_generate_cmd)
 
 

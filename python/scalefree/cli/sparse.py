@@ -14,6 +14,7 @@ from ..sparse.plan import (
     predict,
     predict_time,
 )
+from .common import count, number
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -22,30 +23,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
     s.required = True
     q = s.add_parser("plan", help="predicted packet sizes and times per degree configuration",
                      description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("--ranks", type=int, help="ranks (required without --pagerank)")
-    q.add_argument("--nnz", type=float, help="distinct indices per rank (required without --pagerank)")
-    q.add_argument("--dim", type=float, help="index space (required without --pagerank)")
-    q.add_argument("--value-bytes", type=int, default=4, help="bytes per value (float32: 4)")
-    q.add_argument("--latency-us", type=float, default=DEFAULT_LATENCY_US, help="per-message latency")
-    q.add_argument("--round-us", type=float, default=0.0,
+    q.add_argument("--ranks", type=count(1), help="ranks (required without --pagerank)")
+    q.add_argument("--nnz", type=count(1), help="distinct indices per rank (required without --pagerank)")
+    q.add_argument("--dim", type=count(1), help="index space (required without --pagerank)")
+    q.add_argument("--value-bytes", type=count(1), default=4, help="bytes per value (float32: 4)")
+    q.add_argument("--latency-us", type=number(0), default=DEFAULT_LATENCY_US, help="per-message latency")
+    q.add_argument("--round-us", type=number(0), default=0.0,
                    help="fixed cost per message round (a layer has two), on top of the messages")
-    q.add_argument("--fixed-us", type=float, default=0.0, help="fixed cost per reduce")
+    q.add_argument("--fixed-us", type=number(0), default=0.0, help="fixed cost per reduce")
     q.add_argument("--probe", action="store_true",
                    help="use this machine's costs as degrees='auto' probes them (runs --ranks ranks here)")
-    q.add_argument("--bandwidth-gbps", type=float, default=DEFAULT_BANDWIDTH_GBPS, help="per-rank bandwidth, GB/s")
-    q.add_argument("--top", type=int, default=12, help="configurations to print, best first")
+    q.add_argument("--bandwidth-gbps", type=number(0, low_open=True), default=DEFAULT_BANDWIDTH_GBPS, help="per-rank bandwidth, GB/s")
+    q.add_argument("--top", type=count(1), default=12, help="configurations to print, best first")
     g = q.add_argument_group("PageRank at scale (--pagerank): load, set-up, iteration and memory per rank "
                              "of `scalefree graph pagerank`, see docs/scale-model.md")
     g.add_argument("--pagerank", action="store_true", help="predict a PageRank job per host count instead")
-    g.add_argument("--edges", type=_count, default="1G", help="edges in the input (R-MAT: generated, before "
+    g.add_argument("--edges", type=count(1), default="1G", help="edges in the input (R-MAT: generated, before "
                                                               "duplicates are dropped); K, M, G binary")
-    g.add_argument("--ids", type=_count, default="64M", help="vertex id space (R-MAT: 2**scale; a power of two)")
+    g.add_argument("--ids", type=count(1), default="64M", help="vertex id space (R-MAT: 2**scale; a power of two)")
     g.add_argument("--hosts", default="16,32,64,128,256", help="host counts, comma-separated")
-    g.add_argument("--ranks-per-host", type=int, default=1)
-    g.add_argument("--cores", type=int, default=2, help="cores per host (ranks beyond it share cores)")
+    g.add_argument("--ranks-per-host", type=count(1), default=1)
+    g.add_argument("--cores", type=count(1), default=2, help="cores per host (ranks beyond it share cores)")
     g.add_argument("--format", choices=["npz", "text"], default="npz", help="input: .npz int32 pairs or text")
-    g.add_argument("--net-gbps", type=float, default=12.5, help="network GB/s per host each way (12.5 = 100 Gb/s)")
-    g.add_argument("--storage-gbps", type=float, default=float("inf"),
+    g.add_argument("--net-gbps", type=number(0, low_open=True), default=12.5, help="network GB/s per host each way (12.5 = 100 Gb/s)")
+    g.add_argument("--storage-gbps", type=_gbps_or_inf, default=float("inf"),
                    help="GB/s a host reads its share of the input at (inf: page cache, parse-bound)")
     g.add_argument("--degrees", metavar="JSON",
                    help="degree histogram of a measured graph, scaled by copies to --edges (default: the R-MAT "
@@ -73,10 +74,9 @@ def _probe_here(n: int) -> Costs:
         return Costs(**json.loads(open(out).read()))
 
 
-def _count(text: str) -> int:
-    from .common import count
-
-    return count(1)(text)
+def _gbps_or_inf(text: str) -> float:
+    """GB/s above 0, or ``inf``."""
+    return float("inf") if text.strip().lower() == "inf" else number(0, low_open=True)(text)
 
 
 def _shape(args, generated: float, ids: int):

@@ -487,10 +487,10 @@ def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) 
     ``a_i^T (a_i X)``), ``"transpose"`` ``A^T X`` (both with one accumulator per thread, no
     transpose of A formed), ``"times"`` ``A X`` (parallel over rows). Computed in A's dtype
     (float32 or float64); ``X`` is converted to it. Returns a new C-contiguous array."""
-    return _csr_product(_csr_arrays(a), x, product, runtime or default_runtime())
+    return csr_arrays_product(csr_arrays(a), x, product, runtime or default_runtime())
 
 
-def _csr_arrays(a):
+def csr_arrays(a):
     """``(shape, indptr int64, indices int32, data)`` of a float32/float64 scipy sparse
     matrix, as ``csr_product`` passes them to the native kernel (convert once, reuse)."""
     import scipy.sparse as sp
@@ -506,7 +506,7 @@ def _csr_arrays(a):
             np.ascontiguousarray(a.indices, dtype=np.int32), np.ascontiguousarray(a.data))
 
 
-def _csr_product(arrays, x, product, rt) -> np.ndarray:
+def csr_arrays_product(arrays, x, product, rt) -> np.ndarray:
     (rows, cols), indptr, indices, data = arrays
     if product not in ("gram", "transpose", "times"):
         raise InvalidArgumentError(f"csr_product: product must be gram, transpose or times, got {product!r}")

@@ -72,10 +72,10 @@ def _one_blas_thread():
     OpenBLAS gains little on these memory-bound shapes and, on a busy machine, makes them
     10-50x slower (its threads spin waiting for each other). The operator runs outside it.
     Uses threadpoolctl when it is installed; otherwise a no-op."""
-    return _blas_threads(1)
+    return blas_threads(1)
 
 
-def _blas_threads(threads: int):
+def blas_threads(threads: int):
     """A context in which BLAS runs on at most ``threads`` threads (see :func:`_one_blas_thread`)."""
     global _blas_controller
     if _blas_controller is None:

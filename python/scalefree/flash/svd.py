@@ -37,7 +37,7 @@ import numpy as np
 
 from . import core as flash
 from ..errors import InvalidArgumentError, NoConvergenceError
-from .eigen import _blas_threads, block_krylov_schur
+from .eigen import blas_threads, block_krylov_schur
 
 _SCIPY_SOLVERS = ("arpack", "lobpcg", "propack")
 
@@ -78,16 +78,16 @@ class _MemoryCsr(_InMemory):
     def __init__(self, a, dtype, rt):
         super().__init__(a, dtype)
         self.rt = rt
-        self.arrays = flash._csr_arrays(a)  # index arrays converted once, not per product
+        self.arrays = flash.csr_arrays(a)  # index arrays converted once, not per product
 
     def matmat(self, x):
-        return flash._csr_product(self.arrays, x, "times", self.rt)
+        return flash.csr_arrays_product(self.arrays, x, "times", self.rt)
 
     def rmatmat(self, y):
-        return flash._csr_product(self.arrays, y, "transpose", self.rt)
+        return flash.csr_arrays_product(self.arrays, y, "transpose", self.rt)
 
     def gram(self, x):
-        return flash._csr_product(self.arrays, x, "gram", self.rt)
+        return flash.csr_arrays_product(self.arrays, x, "gram", self.rt)
 
 
 class _Loaded(_MemoryCsr):
@@ -97,7 +97,7 @@ class _Loaded(_MemoryCsr):
 
     def __init__(self, a: flash.Csr, dtype, rt):
         super().__init__(a.to_scipy(), dtype, rt)
-        self.bytes_read = _csr_flash_bytes(self.a)
+        self.bytes_read = csr_flash_bytes(self.a)
         self.peak_resident_bytes = self.bytes_read
 
 
@@ -114,7 +114,7 @@ class _LinearOperator(_InMemory):
         return np.asarray(self.a.rmatmat(y.astype(self.dtype, copy=False)))
 
 
-class _OnFlash:
+class OnFlash:
     """Sums what the kernel calls of this operator reported: the largest
     ``peak_resident_bytes``, bytes read and written, seconds in kernels."""
 
@@ -136,7 +136,7 @@ class _OnFlash:
         self.kernel_seconds += float(stats.get("seconds", 0.0))
 
 
-class _FlashCsr(_OnFlash):
+class _FlashCsr(OnFlash):
     """A flash CSR matrix: ``A X`` by ``flash.csrmm``, ``A^T Y`` and ``A^T A X`` by
     ``flash.csrtmm`` (one pass over A each, no transpose is formed)."""
 
@@ -159,7 +159,7 @@ class _FlashCsr(_OnFlash):
         return self._call(flash.csrtmm, self.a, x, gram=True)
 
 
-class _FlashDense(_OnFlash):
+class _FlashDense(OnFlash):
     """A dense flash Matrix, applied by ``flash.gemm``."""
 
     def __init__(self, a: flash.Matrix, rt):
@@ -209,11 +209,11 @@ def _compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.complex128) if d.kind == "c" else np.dtype(np.float64)
 
 
-def _csr_flash_bytes(s) -> int:
+def csr_flash_bytes(s) -> int:
     return int(s.nnz) * (np.dtype(s.dtype).itemsize + 4) + (s.shape[0] + 1) * 8
 
 
-def _operator(a, rt):
+def flash_operator(a, rt):
     """The operator of ``a``. In-memory inputs larger than the
     runtime's budget are copied to flash first."""
     import scipy.sparse as sp
@@ -223,7 +223,7 @@ def _operator(a, rt):
         if a.col_ids is not None or a.row_ids is not None:
             raise InvalidArgumentError(f"svds: A has id maps (shape {a.shape}); pass A.compact() "
                                        f"({a.compact_shape}) and map the vectors back by A.row_ids / A.col_ids")
-        if _csr_flash_bytes(a) <= rt.memory_budget_bytes:
+        if csr_flash_bytes(a) <= rt.memory_budget_bytes:
             return _Loaded(a, np.dtype(a.dtype), rt)
         return _FlashCsr(a, rt)
     if isinstance(a, flash.Matrix):
@@ -238,7 +238,7 @@ def _operator(a, rt):
             raise InvalidArgumentError(f"svds takes a 2-D matrix, got shape {a.shape}")
         if dtype.kind == "c":  # the native kernels are real: complex matrices stay in scipy
             return _InMemory(a.tocsr().astype(dtype, copy=False), dtype)
-        if _csr_flash_bytes(a) > rt.memory_budget_bytes:
+        if csr_flash_bytes(a) > rt.memory_budget_bytes:
             s = a.tocsr().astype(dtype, copy=False)
             return _FlashCsr(flash.Csr.from_scipy(s, rt), rt)
         s = a.tocsr().astype(dtype, copy=False)
@@ -306,8 +306,8 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     asks ARPACK). ``ncv``: the Krylov basis size (the block shrinks to ``ncv - k`` if needed)."""
     rows, cols = op.shape
     right = cols <= rows  # eigenvectors of A^T A are right singular vectors
-    flash_op = op if isinstance(op, _OnFlash) else getattr(op, "op", None)
-    if block_size is None and isinstance(flash_op, _OnFlash):
+    flash_op = op if isinstance(op, OnFlash) else getattr(op, "op", None)
+    if block_size is None and isinstance(flash_op, OnFlash):
         # On a small matrix a pass of the flash kernels costs about the same for 16 columns as
         # for 32 (a DAG run, reading A), so wider blocks mean fewer passes (kos under a
         # quarter of its size: 508 ms against 646 at 16, more operator columns but half the
@@ -349,7 +349,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=work)
     # No operator runs now: the products with the tall ``other`` (n x k, the largest dense
     # work of a solve) use the runtime's threads.
-    with _blas_threads(threads):
+    with blas_threads(threads):
         w, s, z = _small_svd(other, vectors)
         x = x @ z if vectors else None
     s = np.asarray(s, dtype=np.float64)
@@ -358,7 +358,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
                      operator_columns=info.operator_columns, block_size=info.block_size,
                      basis_size=info.basis_size, dense=info.dense,
                      max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))),
-                     on_flash=isinstance(op, _OnFlash) or isinstance(getattr(op, "op", None), _OnFlash),
+                     on_flash=isinstance(op, OnFlash) or isinstance(getattr(op, "op", None), OnFlash),
                      loaded=isinstance(op, _Loaded) or isinstance(getattr(op, "op", None), _Loaded),
                      peak_resident_bytes=getattr(op, "peak_resident_bytes", 0),
                      bytes_read=getattr(op, "bytes_read", 0), bytes_written=getattr(op, "bytes_written", 0),
@@ -487,7 +487,7 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
             raise InvalidArgumentError(f"svds: unknown options {sorted(unknown)} (known: block_size)")
         block_size = options.get("block_size", block_size)
     rt = runtime or flash.default_runtime()
-    op = _operator(A, rt)
+    op = flash_operator(A, rt)
     if v0 is not None and v0.dtype.kind == "c" and np.dtype(op.dtype).kind != "c":
         raise InvalidArgumentError(f"`v0` is complex ({v0.dtype}) for a real matrix ({np.dtype(op.dtype)})")
     st = stats if stats is not None else {}
@@ -540,7 +540,7 @@ def pca(X, k, *, tol=0, maxiter=None, random_state=None, runtime=None, block_siz
     if len(shape) != 2:
         raise InvalidArgumentError(f"pca takes a 2-D matrix, got shape {shape}")
     k = _check_k(k, shape, "pca")
-    op = _operator(X, rt)
+    op = flash_operator(X, rt)
     samples = shape[0]
     mu = np.asarray(op.rmatmat(np.ones((samples, 1))), dtype=np.float64)[:, 0] / samples
     u, s, vt = _solve(_Centered(op, mu), k, ncv=None, tol=float(tol), which="LM", v0=None, maxiter=maxiter,

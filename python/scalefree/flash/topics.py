@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _native
 from . import core as flash
 from ..errors import InvalidArgumentError
-from .svd import _csr_flash_bytes, _operator, _OnFlash, svds
+from .svd import OnFlash, csr_flash_bytes, flash_operator, svds
 
 _BINS_PER_OCTAVE = 8
 _OCTAVES = 24  # frequencies down to 2^-24
@@ -223,7 +224,7 @@ class _CsrWriter:
                 dv = np.memmap(self.dv.name, dtype=self.dtype, mode="r", shape=(self.nnz,))
             else:
                 ix, dv = np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=self.dtype)
-            out = flash.Csr(flash._native.FlashCsr.from_arrays(rt._rt, rows, self.cols, indptr, ix, dv))
+            out = flash.Csr(_native.FlashCsr.from_arrays(rt._rt, rows, self.cols, indptr, ix, dv))
             del ix, dv
         finally:
             self.tmp.cleanup()
@@ -335,7 +336,7 @@ def _catchwords(g, thresholded):
     return (g >= _RHO * runner_up) & (g > 0) & thresholded
 
 
-def _check_k(k, shape):
+def check_k(k, shape):
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise InvalidArgumentError(f"topics: k must be an integer, got {k!r}")
     if not 2 <= k < min(shape):
@@ -372,10 +373,10 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         if A.dtype.kind not in "fiu":
             raise InvalidArgumentError(f"topics: A must hold counts, got {A.dtype}")
         A = A.astype(np.float64) if A.dtype.kind != "f" else A
-        if _csr_flash_bytes(A) > rt.memory_budget_bytes:
+        if csr_flash_bytes(A) > rt.memory_budget_bytes:
             A = flash.Csr.from_scipy(A, rt)
     shape = tuple(A.shape)
-    k = _check_k(k, shape)
+    k = check_k(k, shape)
     if not (isinstance(sample, (int, float)) and 0 < sample <= 1):
         raise InvalidArgumentError(f"topics: sample must be in (0, 1], got {sample!r}")
     docs, words = shape
@@ -475,13 +476,13 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
 
     # 4. Lloyd in the original space, seeded by step 3.
     t = time.perf_counter()
-    op = _operator(B, rt)
+    op = flash_operator(B, rt)
     labels, centers, iters = _lloyd_sparse(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
     seconds["kmeans_original"] = time.perf_counter() - t
     say(f"4/5 k-means on B seeded by step 3: {iters} iterations, {seconds['kmeans_original']:.2f} s")
     lloyd = {key: getattr(op, key, 0) for key in ("bytes_read", "bytes_written", "peak_resident_bytes", "cache_hits",
                                                    "cache_misses", "compute_idle_seconds", "kernel_seconds")}
-    lloyd_on_flash = isinstance(op, _OnFlash)
+    lloyd_on_flash = isinstance(op, OnFlash)
     del B, op
 
     # 5. All documents' clusters (when sampled) and cluster means, then catchwords, dominant

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from .io import compact_ids
+
 FM_CORRECTION = 0.77351
 EXACT_AUTO_MAX = 16384
 EXACT_MAX = 1 << 24  # 2 MiB of bits per vertex
@@ -140,8 +142,6 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
     if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
-    from .io import compact_ids
-
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
     if isolated:

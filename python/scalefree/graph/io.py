@@ -85,7 +85,7 @@ def local_ids(src, dst, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if src.dtype != dst.dtype or src.dtype not in (np.uint32, np.int64, np.uint64):
             src, dst = src.astype(np.int64), dst.astype(np.int64)
         return _native.local_ids(np.ascontiguousarray(src), np.ascontiguousarray(dst), n)
-    ids = _sorted_unique(np.concatenate([src.astype(np.int64), dst.astype(np.int64)]))
+    ids = sorted_unique(np.concatenate([src.astype(np.int64), dst.astype(np.int64)]))
     it = np.uint32 if len(ids) < 1 << 32 else np.int64
     return ids, np.searchsorted(ids, src).astype(it), np.searchsorted(ids, dst).astype(it)
 
@@ -97,7 +97,7 @@ def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dst = np.asarray(dst, np.int64)
     ids, s, d = local_ids(src, dst, int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
     w = max(1, len(ids))
-    key = _sorted_unique(s.astype(np.int64) * w + d)
+    key = sorted_unique(s.astype(np.int64) * w + d)
     return key // w, key % w, ids
 
 
@@ -489,7 +489,7 @@ def edge_owner(src, dst, size: int) -> np.ndarray:
     return (h % np.uint64(size)).astype(np.uint16)
 
 
-def _sorted_unique(a: np.ndarray) -> np.ndarray:
+def sorted_unique(a: np.ndarray) -> np.ndarray:
     """The distinct values of ``a``, sorted (sorts ``a`` in place; numpy's ``unique`` hashes
     first, several times slower on large integer arrays)."""
     a.sort()

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..sparse.plan import Costs, choose, predict_time
+
 # --- degree shapes ----------------------------------------------------------------------
 
 
@@ -244,8 +246,6 @@ def reduce_costs(cluster: Cluster, k: Constants):
     the probed figures for its rank count (else the 2-rank ones, CPU terms times the
     oversubscription); across hosts the 2-rank CPU figures plus the network's latency per
     message and round and its bandwidth (the host's link shared by its ranks) per byte."""
-    from ..sparse.plan import Costs
-
     p, over = cluster.ranks, cluster.oversubscription
     if cluster.hosts == 1 and p in k.probed:
         return Costs(*k.probed[p])
@@ -270,8 +270,6 @@ def predict(shape, cluster: Cluster, fmt: str = "npz", k: Constants | None = Non
     (distinct) per rank, ``touched``, ``touched_out``, ``touched_in``, ``read_s``,
     ``exchange_s``, ``load_s``, ``setup_s``, ``setup_path``, ``iteration_s`` (with
     ``spmv_s`` and ``reduce_s``), ``reduce_degrees``, ``peak_bytes``."""
-    from ..sparse.plan import choose, predict_time
-
     k = k or Constants()
     if fmt not in INPUT_BYTES_PER_EDGE:
         raise ValueError(f"format must be one of {sorted(INPUT_BYTES_PER_EDGE)}, got {fmt!r}")

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .io import logical_rank
+from .io import local_ids, logical_rank, sorted_unique
 
 
 def vertex_owner(ids, size: int) -> np.ndarray:
@@ -48,8 +48,6 @@ def vertex_keys(group, src, dst, n: int, replication: int = 1, isolated: bool = 
     ``owned`` (this rank's vertices in key order), ``owned_outdeg``, ``width`` (``B``),
     ``nkeys`` and ``vertices`` (the graph's vertex count). With ``replication`` r, ranks
     are r replicas of ``size / r`` logical nodes holding the same edges."""
-    from .io import local_ids
-
     me, size = logical_rank(group, replication)
     m = len(src)
     ids, s_loc, d_loc = local_ids(src, dst, n)
@@ -109,8 +107,6 @@ def _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication, isolated
     """Degrees and owned vertices through the sparse allreduce, O(touched ids) per rank
     (see vertex_keys). Returns the out-degrees of ``ids`` too."""
     from .. import _native
-    from .io import _sorted_unique
-
     if isolated:
         cand = np.arange(n, dtype=np.int64)
         owned = cand[vertex_owner(cand, size) == me]
@@ -123,7 +119,7 @@ def _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication, isolated
         counts[first:first + size] = np.bincount(own, minlength=size)
         got = group.alltoallv(ids[order], counts)
         del own, order
-        owned = _sorted_unique(got)
+        owned = sorted_unique(got)
     counts = _native.degree_counts(s_loc, d_loc, len(ids))
     local = np.stack([counts[: len(ids)], counts[len(ids):]], axis=1)
     del counts
@@ -143,8 +139,6 @@ def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     """(out keys, in keys, CSR rows, CSR columns) of the rank's edges by sorting the keys it
     touches (memory O(its edges and touched vertices)); the native ``from_edges`` does the
     same with bitmaps over the key space."""
-    from .io import _sorted_unique
-
     used = np.zeros(len(key), np.bool_)
     used[vk["dst"]] = True
     t_out = np.flatnonzero(used)
@@ -157,7 +151,7 @@ def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
     rows = slot[vk["dst"]]
     own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
-    in_keys = np.append(_sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
+    in_keys = np.append(sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
     if len(in_keys) >= 2**32:
         raise ValueError(_TOO_MANY_SLOTS)
     slot[t_in] = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)

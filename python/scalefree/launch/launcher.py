@@ -179,7 +179,7 @@ def _write(sink, data: bytes) -> None:
             pass  # our own stream is gone (e.g. a closed pipe): keep draining the rank anyway
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     """A launcher message on stderr, never inside a rank's line."""
     _write(_binary(sys.stderr), f"scalefree run: {message}\n".encode())
 
@@ -356,7 +356,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
     while True:
         if received:
             sig = signal.Signals(received[0])
-            _say(f"received {sig.name}; stopping all ranks")
+            say(f"received {sig.name}; stopping all ranks")
             ranks.stop(0.0)
             return 128 + sig
         codes = [ranks.exit_code(r) for r in range(len(ranks.procs))]
@@ -364,7 +364,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
             for rank, code in enumerate(codes):
                 if code and rank not in reported:
                     reported.add(rank)
-                    _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}; "
+                    say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}; "
                          "the others keep running (--allow-rank-failure)")
             if all(code is not None for code in codes):
                 # Ranks that died by a signal are the tolerated failures; a rank that exited
@@ -376,13 +376,13 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
             if code:  # the first failure seen; ties within one poll go to the lowest rank
                 others = ranks.running()
                 if code not in quiet_exits:
-                    _say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                    say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
                 ranks.stop(grace, received)
                 return code
         if all(code == 0 for code in codes) and not allow_rank_failure:
             return 0
         if deadline is not None and time.monotonic() >= deadline:
-            _say(f"timeout after {timeout:g} s; stopping all ranks")
+            say(f"timeout after {timeout:g} s; stopping all ranks")
             ranks.stop(0.0)
             return EXIT_TIMEOUT
         time.sleep(_POLL_SECONDS)
@@ -434,7 +434,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         try:
             ranks = _Ranks(cmd, nprocs, env, job_id, token, nodes)
         except OSError as e:
-            _say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
+            say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
             return EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE
         tag = (lambda r: f"[{nodes.global_rank(r, nprocs)}] ".encode()) if prefix else (lambda r: b"")
         out, err = _binary(sys.stdout), _binary(sys.stderr)

@@ -11,9 +11,9 @@ The multi-rank modes run on every rank of a job (``scalefree run -n 4`` or
 rank holds all of them; given a file path or ``split_ratings_partitioned`` (what the CLI uses)
 each rank reads only its share and keeps only the blocks it trains (``mf_shares``):
 
-* ``rima`` (``mf/rima.py``): ring model parallelism, every rank a worker, one factor block
+* ``rima`` (``mf/modes/rima.py``): ring model parallelism, every rank a worker, one factor block
   passed to the successor per step;
-* ``dsgd-ps`` (``mf/dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
+* ``dsgd-ps`` (``mf/modes/dsgd_ps.py``): rank 0 is a parameter server, the others pull and push
   both factor blocks every step.
 
 After ``fit`` rank 0 holds the model; ``history[-1]`` has the bytes each worker sent.
@@ -28,19 +28,25 @@ from pathlib import Path
 
 import numpy as np
 
+import scalefree
+
 from .. import _native
 from .._cores import usable_cores
-from ..errors import InvalidArgumentError
+from .._rss import peak_rss_bytes
+from ..errors import DataError, InvalidArgumentError
+from . import fold_in as mf_fold_in
+from . import libmf
+from .data import checkpoint as mf_ckpt
+from .data import shares as mf_shares
+from .data import stream as mf_stream
+from .data.preload import parse_bytes
+from .data.shares import ShareRatings
+from .data.stream import StreamedRatings, StreamedTest, default_cache_dir
+from .modes import dsgd_ps as mf_dsgd_ps
+from .modes import local as mf_local
+from .modes import rima as mf_rima
 
 MODES = ("local", "rima", "dsgd-ps")
-
-
-def default_cache_dir() -> Path:
-    """Where parsed rating files are cached (``SCALEFREE_CACHE_DIR`` or ~/.cache/scalefree/mf)."""
-    env = os.environ.get("SCALEFREE_CACHE_DIR")
-    if env:
-        return Path(env) / "mf"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
 
 
 def load_ratings(data, cache: bool = True, delimiter: str | None = None, header: str = "auto",
@@ -55,8 +61,6 @@ def load_ratings(data, cache: bool = True, delimiter: str | None = None, header:
     if isinstance(data, _native.MfRatings):
         return data
     from .. import _columnar, _tables
-    from .shares import ShareRatings
-    from .stream import StreamedRatings
 
     if isinstance(data, (StreamedRatings, ShareRatings)):
         return data  # read by the ranks as they partition it (mf_stream, mf_shares)
@@ -135,7 +139,6 @@ class MatrixFactorization:
             if mode != "rima":
                 raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
                                            f"blocks to preload); mode {mode!r} keeps R in memory")
-            from .preload import parse_bytes
 
             memory_budget = parse_bytes(memory_budget)
         self.memory_budget, self.block_dir = memory_budget, block_dir
@@ -197,7 +200,7 @@ class MatrixFactorization:
         training stops once that many epochs in a row did not improve it, and the model is
         the best epoch's.
         ``checkpoint`` (a path): the training state is written there atomically every
-        ``checkpoint_every`` iterations (0: only at the end) and at the end (``mf/checkpoint.py``;
+        ``checkpoint_every`` iterations (0: only at the end) and at the end (``mf/data/checkpoint.py``;
         in ``rima`` one file per rank beside it). ``resume=True`` continues from that checkpoint,
         which must come from the same data and hyperparameters (``iterations`` may differ): the
         result equals an uninterrupted run's (exactly in ``local`` with one thread).
@@ -209,8 +212,6 @@ class MatrixFactorization:
             raise InvalidArgumentError("checkpoint_every must be >= 0 and stop_after >= 1")
         ckpt = None if checkpoint is None else {"path": checkpoint, "every": int(checkpoint_every),
                                                 "resume": bool(resume), "stop_after": stop_after}
-        from .shares import ShareRatings
-        from .stream import StreamedRatings
 
         if isinstance(data, (str, os.PathLike)) and self.mode != "local":
             data = ShareRatings(data, 0.0, self.seed)  # every rank reads its share (mf_shares)
@@ -241,8 +242,6 @@ class MatrixFactorization:
             return self._fit_ranks(train, test_r, progress, eval_every, ckpt, validation_fraction, patience)
         expect = None
         if ckpt is not None:
-            from . import checkpoint as mf_ckpt
-
             expect = {"mode": "local", "k": self.k, "eta": self.eta, "lam": self.lam, "schedule": self.schedule,
                       "blocks": self.blocks or max(20, 2 * self.threads + 1), "seed": self.seed,
                       "init_max": self.init_max, "normalize": self.normalize,
@@ -254,83 +253,16 @@ class MatrixFactorization:
             train, valid = train.split(float(validation_fraction), self.seed + 1)
         if patience is not None and (valid is None or patience < 1):
             raise InvalidArgumentError("patience needs a validation_fraction and must be at least 1")
-        tr = _native.MfTrainer(train, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule,
-                               threads=self.threads, blocks=self.blocks, seed=self.seed, init_max=self.init_max,
-                               normalize=self.normalize)
-        self.history = []
-        elapsed = 0.0
-        best, best_model, stale = float("inf"), None, 0
-        self.stopped_at = None
-        start = 0
-        if ckpt is not None and ckpt["resume"]:
-            meta, a = mf_ckpt.load(ckpt["path"], expect)
-            tr.set_state(*(a[n].tobytes() for n in ("p", "q", "pg", "qg", "counts")), int(meta["iteration"]))
-            start, self.history, best, stale = int(meta["iteration"]), meta["history"], meta["best"], meta["stale"]
-            elapsed = self.history[-1]["seconds"] if self.history else 0.0
-            if "best_p" in a:
-                best_model = _native.MfModel.from_parts(self.k, *(a[n].tobytes() for n in (
-                    "best_p", "best_q", "best_user_ids", "best_item_ids")), float(meta["best_mean"]),
-                    *(a[n].tobytes() for n in ("best_known_u", "best_known_i")))
-            if start >= self.iterations or meta.get("stopped_at"):
-                self.stopped_at = meta.get("stopped_at")
-                self._model = best_model if best_model is not None else tr.model()
-                return self
-
-        def save_checkpoint(it):
-            p, q, pg, qg, counts, _ = tr.state()
-            arrays = {n: np.frombuffer(b, np.uint8) for n, b in zip(("p", "q", "pg", "qg", "counts"), (p, q, pg, qg, counts))}
-            meta = {**expect, "iteration": it, "history": self.history, "best": best, "stale": stale,
-                    "stopped_at": self.stopped_at}
-            if best_model is not None:
-                bp, bq, bu, bi, mean, ku, ki = best_model.parts()
-                arrays.update({f"best_{n}": np.frombuffer(b, np.uint8) for n, b in zip(
-                    ("p", "q", "user_ids", "item_ids", "known_u", "known_i"), (bp, bq, bu, bi, ku, ki))})
-                meta["best_mean"] = float(mean)
-            mf_ckpt.save(ckpt["path"], meta, arrays)
-
-        bar = _Bar(self.iterations, progress)
-        if start:
-            bar.update(start, "resumed")
-        for it in range(start + 1, self.iterations + 1):
-            t0 = time.perf_counter()
-            mse = tr.epochs(1)
-            elapsed += time.perf_counter() - t0
-            rec = {"iteration": it, "train_mse": mse, "seconds": elapsed}
-            last = it == self.iterations
-            if valid is not None:
-                rec["valid_rmse"] = v = tr.rmse(valid)
-                if v < best:
-                    best, stale = v, 0
-                    best_model = tr.model() if patience is not None else None
-                else:
-                    stale += 1
-                if patience is not None and stale >= patience:
-                    last, self.stopped_at = True, it
-            if test_r is not None and ((eval_every and it % eval_every == 0) or last):
-                rec["test_rmse"] = tr.rmse(test_r) if best_model is None or not last else best_model.rmse(test_r)
-            self.history.append(rec)
-            if on_iteration is not None:
-                on_iteration(rec)
-            stop = ckpt is not None and ckpt["stop_after"] is not None and it >= ckpt["stop_after"]
-            if ckpt is not None and (last or stop or (ckpt["every"] and it % ckpt["every"] == 0)):
-                save_checkpoint(it)
-            bar.update(self.iterations if last or stop else it,
-                       f"test_rmse={rec['test_rmse']:.4f}" if "test_rmse" in rec else f"train_mse={mse:.4f}")
-            if last or stop:
-                break
-        self._model = best_model if best_model is not None else tr.model()
+        self.history, self.stopped_at, self._model = mf_local.train(
+            train, valid, test_r, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, threads=self.threads,
+            blocks=self.blocks, seed=self.seed, init_max=self.init_max, normalize=self.normalize,
+            iterations=self.iterations, patience=patience, eval_every=eval_every, ckpt=ckpt, expect=expect,
+            on_iteration=on_iteration, bar=_Bar(self.iterations, progress))
         return self
 
     def _fit_ranks(self, train, test_r, progress: bool = False, eval_every: int = 0, ckpt: dict | None = None,
                    validation_fraction: float = 0.0, patience: int | None = None):
         """``rima`` / ``dsgd-ps`` on the ranks of this job (every rank calls fit)."""
-        import scalefree
-
-        from .._rss import peak_rss_bytes
-        from . import dsgd_ps as mf_dsgd_ps
-        from .shares import ShareRatings
-        from . import rima as mf_rima
-
         t_fit = time.perf_counter()
 
         if self.schedule not in ("adagrad", "constant"):
@@ -361,8 +293,6 @@ class MatrixFactorization:
             opts["validate"] = lambda p, q: train.valid_rmse(group, p, q)  # collective, same on every rank
             opts["patience"] = patience
         if ckpt is not None:
-            from . import checkpoint as mf_ckpt
-
             if isinstance(train, _native.MfRatings):
                 data = mf_ckpt.fingerprint(*train.triples())
             else:  # read by the ranks in shares: the file's name and size and the split
@@ -447,18 +377,14 @@ class MatrixFactorization:
         is a ridge solve against the fixed other side (``mf/fold_in.py``); λ defaults to this
         model's ``lam``. Rows already in the model are solved again from ``data`` alone.
         Returns counts (rows, new rows, ratings used / ignored)."""
-        from .fold_in import fold_in
-
         r = data if isinstance(data, _native.MfRatings) else load_ratings(data, cache=False)
         u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
-        self._model, stats = fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
+        self._model, stats = mf_fold_in.fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
         return stats
 
     def save(self, path, format: str = "native") -> None:
         """Write the model atomically (temp file + rename): ``format="native"`` (ours, every id
         kept) or ``"libmf"`` (LIBMF's text model, rows indexed by id; ``mf/libmf.py``)."""
-        from . import libmf
-
         if format == "libmf":
             libmf.write_model(self._need(), path)
         elif format == "native":
@@ -470,9 +396,6 @@ class MatrixFactorization:
     def load(cls, path, format: str = "auto") -> "MatrixFactorization":
         """A saved model: ours, or LIBMF's text model (``format="auto"`` tells them by the
         first line, ``f <loss>`` in LIBMF's; ``"native"`` / ``"libmf"`` insist)."""
-        from ..errors import DataError
-        from . import libmf
-
         if format not in ("auto", "native", "libmf"):
             raise InvalidArgumentError(f"format must be 'auto', 'native' or 'libmf', got {format!r}")
         if format == "libmf" or (format == "auto" and libmf.is_libmf_model(path)):
@@ -501,9 +424,7 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     loaded as a whole: for ``mode="rima"`` with a ``memory_budget``, whose ranks then read it a
     chunk at a time while cutting their blocks (``mf_stream``). The test half is in memory
     on rank 0 after ``fit``."""
-    from .stream import split
-
-    return split(path, test_fraction, seed)
+    return mf_stream.split(path, test_fraction, seed)
 
 
 def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
@@ -517,22 +438,16 @@ def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, d
     Arrow IPC input, by name. ``test_file``: test on that file instead (``test_fraction`` 0;
     each rank reads its share; ids matched to the training file's, unseen ones counted in
     ``test_unseen`` and answered with the mean)."""
-    from .shares import split
-
-    return split(path, test_fraction, seed, delimiter, header, columns, test_file)
+    return mf_shares.split(path, test_fraction, seed, delimiter, header, columns, test_file)
 
 
 def _model_of(train, k: int, p, q):
     """The native model of factors p, q with ``train``'s id maps, mean and seen ids."""
-    from .shares import ShareRatings
-    from .stream import StreamedRatings
-
     if isinstance(train, (StreamedRatings, ShareRatings)):
         return train.model(k, p, q)
     return _native.MfModel.from_factors(train, k, p.tobytes(), q.tobytes())
 
 
 def _native_test(test):
-    from .stream import StreamedTest
 
     return test.ratings if isinstance(test, StreamedTest) else test

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import _native
 from ..errors import InvalidArgumentError
+from . import plan as sparse_plan
 
 _DTYPES = {"float32", "float64", "int32", "int64", "uint32", "uint64"}
 
@@ -94,8 +95,6 @@ class SparseAllreduce:
         probe the transport (once per process and group size), pick the cheapest degrees."""
         if not self._auto:
             return
-        from . import plan as sparse_plan
-
         self._auto = False
         nnz = int(self.group.allreduce(np.array([max(n_out, n_in)], np.int64), op="max")[0])
         ranks = self.group.size // self.replication

@@ -89,6 +89,24 @@ def choose(ranks: int, nnz: int, dim: int, vb: int, costs: Costs) -> dict:
 _PROBED: dict = {}
 
 
+def _configured(group, dim: int, degrees, indices):
+    """The collective itself with fixed ``degrees`` and the probes' seeded hash, configured for
+    ``indices`` out and in: the native object, since the Python one's "auto" calls the probes."""
+    from .. import _native
+
+    sa = _native.SparseAllreduce(group, dim, "sum", [int(d) for d in degrees], 0, 1)
+    sa.config(indices, indices)
+    return sa
+
+
+def _reduce(sa, values):
+    import numpy as np
+
+    out = np.empty_like(values)
+    sa._reduce_into(values, out, values.dtype.name, 1)
+    return out
+
+
 def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
     """Measures :class:`Costs` of the sparse allreduce on ``group`` (collective; cached per
     process and group size): the agreement allreduce alone (``fixed_s``), a reduce of one
@@ -115,7 +133,6 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
         return Costs(v[0] * 1e-6, v[1] * 1e-6, v[2] * 1e-6, 1 / (v[3] * 1e9), (v[4] if len(v) > 4 else 0.0) * 1e-9)
     if n in _PROBED:
         return _PROBED[n]
-    from .allreduce import SparseAllreduce
 
     def med(f, local=None):
         for _ in range(2):
@@ -133,11 +150,10 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
     def reduce_time(degrees, k):
         # Distinct per rank and hashed as callers' indices are; 1/16 dense (stays sparse).
         idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = SparseAllreduce(group, max(1, k * n * 16), degrees=degrees)
-        sa.config(idx, idx)
+        sa = _configured(group, max(1, k * n * 16), degrees, idx)
         vals = np.ones(k, np.float64)
         # The time outside the layers (merge and wait+read) is the caller-order work.
-        return med(lambda: sa.reduce(vals), lambda: sum(s["merge_s"] + s["wait_s"] for s in sa.stats()))
+        return med(lambda: _reduce(sa, vals), lambda: sum(s["merge_s"] + s["wait_s"] for s in sa.stats()))
 
     agree = np.zeros(6 * n, np.int64)
     p = factorize(n)[-1] if n > 1 else 1
@@ -197,20 +213,18 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     key = (n, p)
     if key in _PROBED:
         return _PROBED[key]
-    from .allreduce import SparseAllreduce
 
     hosts = n // p
 
     def layers(degrees, k):
         idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = SparseAllreduce(group, max(1, k * n * 16), degrees=degrees)
-        sa.config(idx, idx)
+        sa = _configured(group, max(1, k * n * 16), degrees, idx)
         vals = np.ones(k, np.float64)
         rows = []
         for i in range(2 + reps):
             group.barrier()
             t0 = time.perf_counter()
-            sa.reduce(vals)
+            _reduce(sa, vals)
             total = time.perf_counter() - t0
             if i >= 2:
                 rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arena import registered_empty
 from ..errors import InvalidArgumentError
+from .slots import place, static_slots
 
 
 class ParameterServer:
@@ -45,12 +47,10 @@ class ParameterServer:
         self.shapes = {k: tuple(np.shape(v)) for k, v in variables.items()}
         self.dtypes = {k: np.asarray(v).dtype for k, v in variables.items()}
         if self.is_server:
-            from .. import _registered_empty
-
             self.params = {}
             for k in self.names:
                 if self.server_of[k] == group.rank:
-                    a = _registered_empty(self.shapes[k], self.dtypes[k])
+                    a = registered_empty(self.shapes[k], self.dtypes[k])
                     a[...] = variables[k]
                     self.params[k] = a
         if mode not in ("auto", "mapped", "slots"):
@@ -122,8 +122,6 @@ class SlotTransport:
     """Static slots: weights server -> worker, gradients worker -> server, per variable."""
 
     def __init__(self, group, ps: ParameterServer):
-        from .slots import static_slots
-
         specs = []
         for k in ps.names:
             s = ps.server_of[k]
@@ -187,8 +185,6 @@ class MappedTransport:
     only two versions later, when every worker is provably done with it."""
 
     def __init__(self, group, ps: ParameterServer):
-        from .slots import static_slots
-
         self.ps = ps
         self.me = group.rank
         self.names, self.workers = ps.names, ps.workers
@@ -313,8 +309,6 @@ class TorchParams:
     the PS variables, its ``.grad`` tensors as the gradients, and loading pulled weights."""
 
     def __init__(self, module):
-        from .slots import place
-
         self.module = module
         place(module)
         self.params = dict(module.named_parameters())

@@ -26,7 +26,9 @@ import threading
 
 import numpy as np
 
+from ..arena import registered_empty
 from ..errors import InvalidArgumentError
+from . import torch_sites
 
 # Dtype codes carried in dynamic records (the same table on every rank).
 _DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -103,8 +105,6 @@ class StaticSlot:
         before = self._native.stats()[1] if is_torch else 0
         self._native.send(a, timeout)
         if is_torch and self._native.stats()[1] > before:  # staged: trace the tensor's site
-            from . import torch_sites
-
             torch_sites.note_staged(tensor)
 
     def recv(self, timeout: float | None = None) -> np.ndarray:
@@ -151,8 +151,6 @@ def _torch_sites() -> None:
     import sys
 
     if "torch" in sys.modules:
-        from . import torch_sites
-
         torch_sites.activate()
 
 
@@ -212,9 +210,7 @@ def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if site is not None and site in _traced_sites and n > 0:
-        from .. import _registered_empty
-
-        return _registered_empty(shape, dtype)
+        return registered_empty(shape, dtype)
     return np.empty(shape, dtype)
 
 
@@ -241,8 +237,6 @@ class DynamicChannel:
                                    list(a.shape), code, a.dtype.itemsize, wait, timeout)
         if staged:
             if a is not tensor and not isinstance(tensor, np.generic):  # a torch tensor
-                from . import torch_sites
-
                 torch_sites.note_staged(tensor)
             else:
                 _trace(a)
@@ -296,18 +290,16 @@ def place(module) -> int:
     sending them is zero-copy; returns the bytes moved."""
     import torch
 
-    from .. import _registered_empty
-
     moved = 0
     with torch.no_grad():
         for p in module.parameters():
-            a = _registered_empty(tuple(p.shape), np.dtype(str(p.dtype).replace("torch.", "")))
+            a = registered_empty(tuple(p.shape), np.dtype(str(p.dtype).replace("torch.", "")))
             t = torch.from_numpy(a)
             t.copy_(p.data)
             p.data = t
             moved += a.nbytes
             if p.grad is not None:
-                g = torch.from_numpy(_registered_empty(tuple(p.shape), a.dtype))
+                g = torch.from_numpy(registered_empty(tuple(p.shape), a.dtype))
                 g.copy_(p.grad)
                 p.grad = g
                 moved += a.nbytes

@@ -33,6 +33,8 @@ import threading
 
 import numpy as np
 
+from .. import arena
+
 #: Smallest tensor whose site is remembered (as for numpy arrays).
 SITE_MIN = 4096
 _LIVE_MAX = 1 << 16  # remembered allocations (oldest forgotten first)
@@ -77,9 +79,7 @@ def _arena_tensor(shape, dtype):
     """A contiguous torch tensor over registered memory (the arena)."""
     import torch
 
-    from .. import _registered_empty
-
-    t = torch.from_numpy(_registered_empty(tuple(shape), _np_dtype(dtype)))
+    t = torch.from_numpy(arena.registered_empty(tuple(shape), _np_dtype(dtype)))
     return t.view(dtype) if dtype == torch.bfloat16 else t
 
 
@@ -174,9 +174,7 @@ def activate() -> bool:
         return True
     if "torch" not in sys.modules or os.environ.get("SCALEFREE_TORCH_SITES", "1").strip() in ("0", ""):
         return False
-    from .. import _arena_min
-
-    if _arena_min is None:
+    if arena.threshold() is None:
         return False
     import torch
     from torch.utils._python_dispatch import _push_mode

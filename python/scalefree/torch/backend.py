@@ -60,14 +60,14 @@ _NATIVE_REDUCE = {torch.float32, torch.float64, torch.int32, torch.int64}
 _WIDEN = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.int8: torch.int32,
           torch.uint8: torch.int32, torch.int16: torch.int32, torch.bool: torch.int32}
 # How dtypes without a numpy twin move (same width, bits unchanged).
-_MOVE_AS = {torch.bfloat16: torch.int16}
+MOVE_AS = {torch.bfloat16: torch.int16}
 
 
-def _as_numpy(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor's memory (no copy), 1-D."""
     t = t.detach()
-    if t.dtype in _MOVE_AS:
-        t = t.view(_MOVE_AS[t.dtype])
+    if t.dtype in MOVE_AS:
+        t = t.view(MOVE_AS[t.dtype])
     if t.is_complex():
         t = torch.view_as_real(t)
     return t.reshape(-1).numpy()
@@ -506,13 +506,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if t.dtype in _NATIVE_REDUCE:
-            self._g.allreduce(_as_numpy(t), native_op)
+            self._g.allreduce(as_numpy(t), native_op)
         else:
             wide = _WIDEN.get(t.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {t.dtype}")
             w = t.to(wide)
-            self._g.allreduce(_as_numpy(w), native_op)
+            self._g.allreduce(as_numpy(w), native_op)
             t.copy_(w)
         if op == "avg":
             if t.is_floating_point():
@@ -538,8 +538,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             raise ValueError(f"scalefree backend: sparse all_reduce supports sum only, got {op}")
         c = t.detach().coalesce()
         idx, val = c.indices().contiguous(), c.values().contiguous()
-        idx_all = self._allgather_bytes(_as_numpy(idx).view(np.uint8))
-        val_all = self._allgather_bytes(_as_numpy(val).view(np.uint8))
+        idx_all = self._allgather_bytes(as_numpy(idx).view(np.uint8))
+        val_all = self._allgather_bytes(as_numpy(val).view(np.uint8))
         ind = [torch.from_numpy(b.copy()).view(torch.int64).view(idx.shape[0], -1) for b in idx_all]
         vals = [torch.from_numpy(b.copy()).view(val.dtype).view((-1,) + tuple(val.shape[1:])) for b in val_all]
         total = torch.sparse_coo_tensor(torch.cat(ind, 1), torch.cat(vals), t.shape).coalesce()
@@ -605,7 +605,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             for s in staged:
                 if s.t.numel():
-                    self._g.broadcast(_as_numpy(s.t), root)
+                    self._g.broadcast(as_numpy(s.t), root)
                 s.finish()
 
         return self._submit(run, list(tensors), "broadcast", opts)
@@ -614,7 +614,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         """Every rank's ``inp`` into contiguous ``out`` (size * inp.numel() elements, rank order)."""
         if inp.numel() == 0:
             return
-        self._g._allgather_into(_as_numpy(inp), _as_numpy(out))
+        self._g._allgather_into(as_numpy(inp), as_numpy(out))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for t in input_tensors:
@@ -654,7 +654,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         ins = [t.detach().contiguous() for t in input_list]
 
         def run():
-            raw = [_as_numpy(t).view(np.uint8) for t in ins]
+            raw = [as_numpy(t).view(np.uint8) for t in ins]
             send = np.concatenate(raw) if raw else np.empty(0, np.uint8)
             if not send.size:
                 return
@@ -665,7 +665,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                     at = r * send.size
                     for o, piece in zip(outs, raw):
                         st = _Staged(o)
-                        _as_numpy(st.t).view(np.uint8)[:] = got[at:at + piece.size]
+                        as_numpy(st.t).view(np.uint8)[:] = got[at:at + piece.size]
                         st.finish()
                         at += piece.size
 
@@ -697,14 +697,14 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if inp.dtype in _NATIVE_REDUCE:
-            self._g._reduce_scatter_into(_as_numpy(inp), _as_numpy(out), native_op)
+            self._g._reduce_scatter_into(as_numpy(inp), as_numpy(out), native_op)
             res = out
         else:
             wide = _WIDEN.get(inp.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {inp.dtype}")
             res = torch.empty(out.shape, dtype=wide)
-            self._g._reduce_scatter_into(_as_numpy(inp.to(wide)), _as_numpy(res), native_op)
+            self._g._reduce_scatter_into(as_numpy(inp.to(wide)), as_numpy(res), native_op)
         if op == "avg":
             if res.is_floating_point():
                 res.div_(self.size())
@@ -782,10 +782,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         out = _Staged(output)
 
         def run():
-            send = _as_numpy(inp).view(np.uint8).reshape(rows_in, -1) if rows_in else \
+            send = as_numpy(inp).view(np.uint8).reshape(rows_in, -1) if rows_in else \
                 np.empty((0, row * input.element_size()), np.uint8)
             got = self._g.alltoallv(send, np.asarray(input_split_sizes, np.int64))
-            dst = _as_numpy(out.t).view(np.uint8)
+            dst = as_numpy(out.t).view(np.uint8)
             if got.size != dst.size:
                 raise ValueError(f"scalefree backend: all_to_all_single received {got.size} bytes, "
                                  f"the output holds {dst.size}")
@@ -802,7 +802,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             raise ValueError(f"scalefree backend: all_to_all needs {n} input and output tensors")
 
         def run():
-            send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+            send = np.concatenate([as_numpy(t).view(np.uint8) for t in ins])
             counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
             got = self._g.alltoallv(send, counts)
             # What arrives from rank r has the size of output r.
@@ -811,7 +811,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                 for o in outs:
                     nb = o.numel() * o.element_size()
                     piece = torch.from_numpy(got[at:at + nb].copy())
-                    o.copy_(piece.view(o.dtype if o.dtype not in _MOVE_AS else _MOVE_AS[o.dtype]).view(o.dtype)
+                    o.copy_(piece.view(o.dtype if o.dtype not in MOVE_AS else MOVE_AS[o.dtype]).view(o.dtype)
                             .view(o.shape))
                     at += nb
 
@@ -871,13 +871,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             n = self.size()
             if self.rank() == root:
-                send = np.concatenate([_as_numpy(t).view(np.uint8) for t in ins])
+                send = np.concatenate([as_numpy(t).view(np.uint8) for t in ins])
                 counts = np.array([t.numel() * t.element_size() for t in ins], np.int64)
             else:
                 send, counts = np.empty(0, np.uint8), np.zeros(n, np.int64)
             got = self._g.alltoallv(send, counts)
             dst = _Staged(out)
-            _as_numpy(dst.t).view(np.uint8)[:] = got
+            as_numpy(dst.t).view(np.uint8)[:] = got
             dst.finish()
 
         return self._submit(run, list(output_tensors), "scatter", opts)
@@ -895,7 +895,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         ch = self._p2p[(self.rank(), dst)]
-        msgs = [pack(_as_numpy(t.detach().contiguous()), tag) for t in tensors]
+        msgs = [pack(as_numpy(t.detach().contiguous()), tag) for t in tensors]
 
         def run():
             for m in msgs:
@@ -912,7 +912,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             got = src
             for s in staged:
                 got, payload = self._mailbox.recv(src if got is None else got, tag, timeout_s)
-                unpack_into(payload, _as_numpy(s.t), "recv")
+                unpack_into(payload, as_numpy(s.t), "recv")
                 s.finish()
             return _Source(got)
 

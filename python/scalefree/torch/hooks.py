@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .backend import _MOVE_AS, ProcessGroupScalefree, _as_numpy
+from .backend import MOVE_AS, ProcessGroupScalefree, as_numpy
 
 
 
@@ -251,10 +251,10 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future[torch.Tensor
                 method = "allgather" if received <= 2 * len(union) * (n - 1) / n else "sparse_allreduce"
         if method == "allgather":
             # Values as they are (bfloat16/float16 as 16-bit words), padded to the widest rank.
-            moved = _as_numpy(vals).reshape(rows.numel(), -1) if vals.numel() else \
-                np.empty((0, max(1, int(np.prod(row_shape)))), _as_numpy(vals[:0]).dtype)
+            moved = as_numpy(vals).reshape(rows.numel(), -1) if vals.numel() else \
+                np.empty((0, max(1, int(np.prod(row_shape)))), as_numpy(vals[:0]).dtype)
             allv = torch.from_numpy(_gather_padded(g, moved, width))
-            if vals.dtype in _MOVE_AS:
+            if vals.dtype in MOVE_AS:
                 allv = allv.view(vals.dtype)
             allv = allv.view((n * width,) + row_shape)
             idx = torch.from_numpy(every)

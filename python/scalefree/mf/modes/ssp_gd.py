@@ -18,13 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ...ssp.straggler import StragglerSchedule
+
 
 def load_ratings(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(user, item, rating) from a rating file (every format of the mf reader: MovieLens
     ``u.data``, ``ratings.dat``, ``ratings.csv``, ``user item rating`` text, ``.mtx``; ``.gz``
     ok); ids (any up to 2**64 - 1, read as integers) become dense 0-based indices. A bad line
     is a ``DataError`` (a ``ValueError``) naming the file and line."""
-    from .. import _native
+    from ... import _native
 
     path = Path(path)
     ub, ib, rb = _native.mf_read_pairs(str(path))
@@ -90,8 +92,6 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     uninterrupted run's arithmetic (the same checkpoint steps), so with ``slack=0`` and a
     deterministic variant (``hypercube``, ``sharded``) the result is bit-identical. Returns
     ``{"stopped": True, ...}`` when it stopped at the checkpoints' ``stop_after``."""
-    from .straggler import StragglerSchedule
-
     u, i, r = load_ratings(path)
     n_users, n_items = int(u.max()) + 1, int(i.max()) + 1
     rng = np.random.default_rng(seed)
@@ -117,7 +117,7 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     start, saved = (0, None) if checkpoints is None else checkpoints.restore()
     if saved is not None:
         if saved["P0"].shape != P0.shape or saved["Q0"].shape != Q0.shape:
-            from ..errors import InvalidArgumentError
+            from ...errors import InvalidArgumentError
 
             raise InvalidArgumentError("checkpoint does not fit this data's users, items and k")
         P0, Q0 = saved["P0"], saved["Q0"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _native
-from ..errors import InvalidArgumentError
+from ... import _native
+from ...errors import InvalidArgumentError
 
 ENTRY_BYTES = 12  # one rating: user row u32, item row u32, rating f32
 _INIT_SLAB = 1 << 14  # rows of initial factors drawn at a time when only some blocks' are kept

@@ -28,15 +28,16 @@ import time
 
 import numpy as np
 
-from ..tensors import slots as tensors
-from .._rss import peak_rss_bytes, reset_peak_rss
-from .._traffic import Meter, summarize
-from ..errors import InvalidArgumentError, OutOfBudgetError
-from . import preload as mf_preload
-from . import shares as mf_shares
-from . import stream as mf_stream
-from .blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
-from .checkpoint import Plan
+from ...tensors import slots as tensors
+from ..._rss import peak_rss_bytes, reset_peak_rss
+from ..._traffic import Meter, summarize
+from ...errors import InvalidArgumentError, OutOfBudgetError
+from ..data import preload as mf_preload
+from ..data import shares as mf_shares
+from ..data import stream as mf_stream
+from ..data.blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
+from ..data import checkpoint as mf_ckpt
+from ..data.checkpoint import Plan
 
 
 _NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
@@ -159,8 +160,6 @@ def train(group, train_ratings, opts: dict) -> dict:
     ck = opts.get("checkpoint")
     resumed = None
     if ck is not None and ck["resume"]:
-        from . import checkpoint as mf_ckpt
-
         resumed = mf_ckpt.load_rank(group, ck["path"], {**ck["expect"], "rank": r, "ranks": w})
     skip = 0 if resumed is None else int(resumed[0]["iteration"]) * V * c  # visits already done
     shared = isinstance(train_ratings, mf_shares.ShareRatings)
@@ -315,8 +314,6 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     plan = Plan(ck, start_it, iters)
 
     def save_checkpoint(done: int) -> None:
-        from . import checkpoint as mf_ckpt
-
         em, ea = early.state()
         meta = {**ck["expect"], "rank": r, "ranks": w, "iteration": done, "rng": rng.bit_generator.state,
                 "evals": [list(e) for e in evals], **em}

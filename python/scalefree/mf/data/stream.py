@@ -16,7 +16,7 @@ rank ever holds all ratings:
    and appends the records of the blocks it will train to runs in an anonymous spill file
    (in ``block_dir``), each chunk sorted by block, keeping the file order within a block.
 4. Block by block, it reads a block's runs back, puts them in the partition's random order
-   (the same generator draws as :class:`~scalefree.mf.blocks.Partition`) and appends the
+   (the same generator draws as :class:`~scalefree.mf.data.blocks.Partition`) and appends the
    block to the rank's block file; the spill file goes.
 
 What a rank holds after set-up is the budget's arena, P and Q, the id maps and, on rank 0,
@@ -33,15 +33,23 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
-from ..errors import DataError, InvalidArgumentError
+from ... import _native
+from ...errors import DataError, InvalidArgumentError
 from .blocks import ENTRY_BYTES, Partition, rating_scale
 
 _HEADER = 32  # magic, ratings, users, items
 _PIECE = 1 << 16  # records per write when laying a block out
 
 
-def _pread_into(fd: int, arr: np.ndarray, off: int, what: str) -> None:
+def default_cache_dir() -> Path:
+    """Where parsed rating files are cached (``SCALEFREE_CACHE_DIR`` or ~/.cache/scalefree/mf)."""
+    env = os.environ.get("SCALEFREE_CACHE_DIR")
+    if env:
+        return Path(env) / "mf"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
+
+
+def pread_into(fd: int, arr: np.ndarray, off: int, what: str) -> None:
     view = memoryview(arr.reshape(-1).view(np.uint8))
     got = 0
     while got < len(view):
@@ -113,8 +121,6 @@ class StreamedRatings:
         if _native.mf_is_cache(str(self.path)):
             return self.path
         if self.cache_dir is None:
-            from .model import default_cache_dir
-
             self.cache_dir = default_cache_dir()
         return Path(_native.mf_cache_path(str(self.path), str(self.cache_dir)))
 
@@ -151,14 +157,14 @@ class StreamedRatings:
     def _ids(self, fd: int) -> tuple[np.ndarray, np.ndarray]:
         u = np.empty(self.n_users, "<u8")
         i = np.empty(self.n_items, "<u8")
-        _pread_into(fd, u, _HEADER, str(self.cache))
-        _pread_into(fd, i, _HEADER + 8 * self.n_users, str(self.cache))
+        pread_into(fd, u, _HEADER, str(self.cache))
+        pread_into(fd, i, _HEADER + 8 * self.n_users, str(self.cache))
         return u, i
 
     def partition(self, nb: int, k: int, seed: int, init_max, *, needed, spill_to, budget_check=None,
                   collect_test: bool = False, chunk: int = 1 << 20, keep=None) -> Partition:
         """The ``nb × nb`` :class:`Partition` with the blocks in ``needed`` appended to
-        ``spill_to`` (a :class:`~scalefree.mf.preload.BlockFile`, whose directory also takes
+        ``spill_to`` (a :class:`~scalefree.mf.data.preload.BlockFile`, whose directory also takes
         the transient spill file) and none in memory. ``budget_check(part)`` runs once the block
         sizes are known, before any block is laid out. With ``collect_test`` the test set is
         kept (``self.test.ratings``), as are the model's parts (:meth:`model`). ``keep`` =
@@ -202,9 +208,9 @@ class StreamedRatings:
                 for s in range(0, n, chunk):
                     c = min(chunk, n - s)
                     cu, ci, cv = u[:c], i[:c], v[:c]
-                    _pread_into(fd, cu, col + 4 * s, where)
-                    _pread_into(fd, ci, col + 4 * (n + s), where)
-                    _pread_into(fd, cv, col + 4 * (2 * n + s), where)
+                    pread_into(fd, cu, col + 4 * s, where)
+                    pread_into(fd, ci, col + 4 * (n + s), where)
+                    pread_into(fd, cv, col + 4 * (2 * n + s), where)
                     if cu.max(initial=0) >= nu or ci.max(initial=0) >= ni:
                         raise DataError(f"{where}: corrupt rating cache: id out of range in ratings {s}..{s + c}")
                     lo, hi = np.searchsorted(test, [s, s + c])
@@ -254,7 +260,7 @@ class StreamedRatings:
                 ent = np.empty((int(counts[b]), 3), np.uint32)
                 at = 0
                 for off, m in runs[b]:
-                    _pread_into(sfd, ent[at:at + m], off, "spill file")
+                    pread_into(sfd, ent[at:at + m], off, "spill file")
                     at += m
                 # In the partition's order, a piece at a time: no second copy of the block.
                 bfile.append(b, (ent[perm[j:j + _PIECE]] for j in range(0, len(perm), _PIECE)))

@@ -34,9 +34,9 @@ import time
 
 import numpy as np
 
-from .. import _native
-from .._units import human_bytes, parse_positive_bytes
-from ..errors import InvalidArgumentError, OutOfBudgetError
+from ... import _native
+from ..._units import human_bytes, parse_positive_bytes
+from ...errors import InvalidArgumentError, OutOfBudgetError
 from .blocks import ENTRY_BYTES
 
 

@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 
-from .mf import load_ratings
+from ...ssp.straggler import StragglerSchedule
+
+from .ssp_gd import load_ratings
 
 
 def _sample_normal_wishart(rng, X_sum, XX_sum, n, k, beta0=2.0):
@@ -63,15 +65,13 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
     """BPMF by Gibbs sampling on the SSP reduction (module docstring). ``checkpoints``: a
     :class:`~scalefree.checkpoint.Checkpoints` counting iterations; at a checkpoint the ranks
     flush both reductions into base sums and start new ones from zero (as
-    :func:`scalefree.ssp.mf.train` does), and each rank saves its samples, sums and RNG, so a
+    :func:`scalefree.mf.modes.ssp_gd.train` does), and each rank saves its samples, sums and RNG, so a
     resumed run continues with the uninterrupted run's arithmetic (bit-identical with
     ``variant="sharded"`` at slack 0). Returns ``{"stopped": True, ...}`` when it stopped at
     the checkpoints' ``stop_after``."""
     import json
 
     import scipy.sparse as sp
-
-    from .straggler import StragglerSchedule
 
     if variant not in ("sharded", "sharded_thread"):
         raise ValueError(f"BPMF needs a consistent SSP variant (sharded or sharded_thread), not {variant!r}")
@@ -114,7 +114,7 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
         V = red_R.allreduce(V_mine.ravel().copy(), slack=0).reshape(nI, k)
     else:
         if saved["U"].shape != U.shape or saved["pred_sum"].shape != pred_sum.shape:
-            from ..errors import InvalidArgumentError
+            from ...errors import InvalidArgumentError
 
             raise InvalidArgumentError("checkpoint does not fit this data's users, items, test share and k")
         U, V_mine, V, prev_L, L = saved["U"], saved["V_mine"], saved["V"], saved["prev_L"], saved["L"]

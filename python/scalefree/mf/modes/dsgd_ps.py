@@ -18,14 +18,15 @@ import time
 
 import numpy as np
 
-from .._traffic import Meter, summarize
-from ..tensors import slots as tensors
-from ..errors import InvalidArgumentError
-from .blocks import FactorBlock, Partition, train_block
-from .checkpoint import Plan
+from ..._traffic import Meter, summarize
+from ...tensors import slots as tensors
+from ...errors import InvalidArgumentError
+from ..data.blocks import FactorBlock, Partition, train_block
+from ..data import checkpoint as mf_ckpt
+from ..data.checkpoint import Plan
 from .rima import EarlyStop
-from .preload import outside_arena
-from .shares import ShareRatings
+from ..data.preload import outside_arena
+from ..data.shares import ShareRatings
 
 
 def patterns(w: int, iterations: int, seed: int):
@@ -64,20 +65,16 @@ def train(group, train_ratings, opts: dict) -> dict:
     if not opts.get("normalize", True):
         part.scale = 1.0  # raw ratings (LIBMF's normalisation off)
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
-    # Checkpoints (mf/checkpoint.py): one file per rank; the server's holds all of P and Q, a
+    # Checkpoints (mf/data/checkpoint.py): one file per rank; the server's holds all of P and Q, a
     # worker's its SGD RNG state and losses. Every rank stops and saves at the same boundaries.
     ck = opts.get("checkpoint")
     start_it, resumed = 0, None
     if ck is not None and ck["resume"]:
-        from . import checkpoint as mf_ckpt
-
         resumed = mf_ckpt.load_rank(group, ck["path"], {**ck["expect"], "rank": r, "ranks": group.size})
         start_it = min(int(resumed[0]["iteration"]), iters)
     plan = Plan(ck, start_it, iters)
 
     def save_checkpoint(done: int, meta: dict, arrays: dict) -> None:
-        from . import checkpoint as mf_ckpt
-
         em, ea = early.state()
         mf_ckpt.save_rank(ck["path"], r, group.size,
                           {**ck["expect"], "rank": r, "ranks": group.size, "iteration": done, **meta, **em},

@@ -18,7 +18,7 @@ budget.
    (``alltoallv``); each owner deduplicates its ids and all owners' lists go to every rank: the
    sorted distinct ids of the whole file, the same on every rank. A compact id is the position in
    that list. O(ids) per rank.
-4. **Route.** The block partition (:class:`~scalefree.mf.blocks.Partition`: the seeded
+4. **Route.** The block partition (:class:`~scalefree.mf.data.blocks.Partition`: the seeded
    permutations of users and items, cut into ``nb`` ranges per side) follows from (users, items,
    nb, seed) alone, so every rank computes it. Each training rating becomes a record (block, user
    row, item row, rating) and goes, by ``alltoallv``, to every rank that trains its block:
@@ -50,13 +50,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
-from .._rss import peak_rss_bytes
-from ..errors import DataError, InvalidArgumentError
+from ... import _native
+from ..._rss import peak_rss_bytes
+from ...errors import DataError, InvalidArgumentError
+from ..._agree import ShareFailedElsewhere, agree  # noqa: F401  (ShareFailedElsewhere: what the CLI catches)
 from .blocks import ENTRY_BYTES, Partition, rating_scale
+from .stream import pread_into
 
 _HEADER = 32  # rating cache: magic, ratings, users, items
-_MSG_BYTES = 1024  # an error message as every rank learns it
 _EVAL_ROWS = 1 << 16  # test ratings scored at a time
 _PIECE = 1 << 16  # records per write when laying a block out
 
@@ -77,36 +78,6 @@ def in_test_set(users: np.ndarray, items: np.ndarray, test_fraction: float, seed
     with np.errstate(over="ignore"):
         h = _mix64(_mix64(np.asarray(users).astype(np.uint64) + s) ^ np.asarray(items).astype(np.uint64))
     return (h >> np.uint64(11)) < np.uint64(int(float(test_fraction) * 2**53))
-
-
-class ShareFailedElsewhere(DataError):
-    """Another rank's share of the input was bad; that rank raised the ``DataError`` itself."""
-
-    def __init__(self, rank: int, msg: str):
-        super().__init__(f"rank {rank}: {msg}")
-        self.failed_rank = rank
-
-
-def _agree(group, err: BaseException | None) -> None:
-    """Collective: raise on every rank if any rank failed — its own error on the lowest failing
-    rank, :class:`ShareFailedElsewhere` on the others."""
-    if group.size == 1:
-        if err is not None:
-            raise err
-        return
-    msg = np.zeros(_MSG_BYTES, np.uint8)
-    if err is not None:
-        b = str(err).encode()[:_MSG_BYTES - 1]
-        msg[:len(b)] = np.frombuffer(b, np.uint8)
-        msg[-1] = 1
-    got = group.allgather(msg)
-    bad = np.flatnonzero(got[:, -1])
-    if not len(bad):
-        return
-    first = int(bad[0])
-    if first == group.rank:
-        raise err
-    raise ShareFailedElsewhere(first, bytes(got[first, :-1]).rstrip(b"\0").decode(errors="replace"))
 
 
 def _distinct(a: np.ndarray) -> np.ndarray:
@@ -161,7 +132,7 @@ class _Source:
 
     def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None, delimiter: str | None = None,
                  header: str = "auto", columns=None):
-        from .. import _columnar
+        from ... import _columnar
 
         self.path, self.rank, self.size = path, rank, size
         self.delimiter, self.header, self.columns = delimiter, header, columns
@@ -196,7 +167,7 @@ class _Source:
         if j >= self.pieces:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
         if self.columnar is not None:
-            from .. import _columnar
+            from ... import _columnar
 
             S = self.pieces
             return _columnar.read_share(self.columnar, self.rank * S + j, self.size * S, "ratings", self.columns)
@@ -205,22 +176,20 @@ class _Source:
             # Piece j of the rank's share: share rank·S + j of size·S (the byte ranges nest exactly).
             return _native.read_ratings_share(self.parts, self.rank * S + j, self.size * S, delimiter=self.delimiter,
                                               header=self.header)
-        from .stream import _pread_into
-
         lo, hi = self.bounds[j], self.bounds[j + 1]
         c, n = hi - lo, self.n
         col = _HEADER + 8 * (self.nu + self.ni)
         cu, ci, cv = np.empty(c, np.uint32), np.empty(c, np.uint32), np.empty(c, np.float32)
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            _pread_into(fd, cu, col + 4 * lo, str(self.path))
-            _pread_into(fd, ci, col + 4 * (n + lo), str(self.path))
-            _pread_into(fd, cv, col + 4 * (2 * n + lo), str(self.path))
+            pread_into(fd, cu, col + 4 * lo, str(self.path))
+            pread_into(fd, ci, col + 4 * (n + lo), str(self.path))
+            pread_into(fd, cv, col + 4 * (2 * n + lo), str(self.path))
             if self._ids is None:
                 u = np.empty(self.nu, "<u8")
                 i = np.empty(self.ni, "<u8")
-                _pread_into(fd, u, _HEADER, str(self.path))
-                _pread_into(fd, i, _HEADER + 8 * self.nu, str(self.path))
+                pread_into(fd, u, _HEADER, str(self.path))
+                pread_into(fd, i, _HEADER + 8 * self.nu, str(self.path))
                 self._ids = u.astype(np.int64), i.astype(np.int64)
         finally:
             os.close(fd)
@@ -290,7 +259,7 @@ class ShareRatings:
             src = _Source(self.path, rank, P, piece_bytes, self.delimiter, self.header, self.columns)
         except (DataError, OSError) as e:
             err = e
-        _agree(group, err)
+        agree(group, err)
         pieces = src.pieces_all
         S = src.pieces
         # Pass 1: the distinct ids of the share (one piece at a time), then the global id lists.
@@ -304,7 +273,7 @@ class ShareRatings:
             except (DataError, OSError) as e:
                 err, u = e, None
             if pieces == 1:
-                _agree(group, err)
+                agree(group, err)
             elif err is not None:
                 break
             read += len(u)
@@ -313,7 +282,7 @@ class ShareRatings:
                 cached = (u, i, r)  # one piece: kept for pass 2 instead of read twice
             del u, i, r
         if pieces != 1:
-            _agree(group, err)
+            agree(group, err)
         uids, iids = global_ids(group, du), global_ids(group, di)
         del du, di
         self.user_ids, self.item_ids = uids, iids
@@ -420,14 +389,12 @@ class ShareRatings:
                         part.blocks[b] = np.ascontiguousarray(got[sel, 1:])
                     del got, order
                 else:
-                    from .stream import _pread_into
-
                     for b in mine:
                         have = sum(c for _, c in runs[b])
                         ent = np.empty((have, 3), np.uint32)
                         at = 0
                         for off, c in runs[b]:
-                            _pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
+                            pread_into(spill.fileno(), ent[at:at + c], off, "spill file")
                             at += c
                         b0 = np.full(len(ent), b, np.uint32)
                         ent = ent[canonical_order(b0, ent[:, 0], ent[:, 1], ent[:, 2], widths)]  # canonical
@@ -530,7 +497,7 @@ class ShareRatings:
                 raise DataError(f"{self.test_path}:1: a test line has no rating (expected 'user item rating')")
         except (DataError, OSError) as e:
             err = e
-        _agree(group, err)
+        agree(group, err)
         compact, seen = [], np.ones(len(r), bool)
         unseen = []
         for raw, ids in ((u, self.user_ids), (i, self.item_ids)):

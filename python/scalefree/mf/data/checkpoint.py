@@ -28,8 +28,8 @@ resumable command).
 
 from __future__ import annotations
 
-from .. import checkpoint as _shared
-from ..checkpoint import Plan, fingerprint, rank_path  # noqa: F401  (the MF modes use them from here)
+from ... import checkpoint as _shared
+from ...checkpoint import Plan, fingerprint, rank_path  # noqa: F401  (the MF modes use them from here)
 
 VERSION = 2  # 2: rima/dsgd-ps blocks hold two AdaGrad accumulators per row (LIBMF's update)
 

@@ -1,0 +1,40 @@
+"""The registered arena's state in this process, below everything that uses it:
+:func:`scalefree.init` records the group and the arena's threshold here; tensor slots, the
+parameter server and torch's allocation sites allocate registered memory from here.
+
+With the arena on, numpy allocates arrays of at least :func:`threshold` bytes in this rank's
+registered shared memory, which peers map; with it off, registered memory is a region of
+the group's device."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+_group = None  # the group of scalefree.init(), whose device allocates regions
+_threshold: int | None = None  # bytes from which numpy allocates in the arena; None: off
+
+
+def attach(group, threshold: int | None) -> None:
+    """Records this process's group and the arena's threshold (None: the arena is off)."""
+    global _group, _threshold
+    _group, _threshold = group, threshold
+
+
+def threshold() -> int | None:
+    """The size from which numpy allocates in the arena, or None when the arena is off."""
+    return _threshold
+
+
+def registered_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized array in registered memory: the arena when it is on (an allocation
+    padded to the arena's threshold), else a region of its own."""
+    dtype = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if _threshold is not None:
+        return np.empty(max(n, _threshold), np.uint8)[:n].view(dtype).reshape(shape)
+    if _group is None or _group.closed:
+        raise InvalidArgumentError("registered memory needs a group: call scalefree.init() first")
+    return _group.device.alloc_region(max(n, 1)).array(np.uint8)[:n].view(dtype).reshape(shape)
