@@ -44,6 +44,17 @@ def rank_path(path, rank: int, size: int) -> Path:
     return path.with_name(f"{path.name}.rank{rank}-of-{size}")
 
 
+def nothing_to_resume(path) -> bool:
+    """True when a job that ``scalefree run --max-restarts`` started (``SCALEFREE_RESTART_COUNT``
+    set) finds no checkpoint ``path`` at all (neither the file nor any rank's): it is the job's
+    first start, or it died before its first checkpoint, so ``resume`` starts at the beginning.
+    Every rank decides alike: none can write a checkpoint before all have started training."""
+    if os.environ.get("SCALEFREE_RESTART_COUNT") is None:
+        return False
+    p = Path(path)
+    return not p.exists() and not any(f.name.startswith(p.name + ".rank") for f in p.parent.glob("*"))
+
+
 def fingerprint(*arrays: bytes) -> str:
     """A short hash of the training data (ids and ratings as bytes)."""
     h = hashlib.blake2b(digest_size=16)
