@@ -211,6 +211,7 @@ impl Device {
             };
             peers.push(PeerInfo { pid, ctrl: map, watch, cma });
         }
+        crate::wait::set_local_peers(&peers.iter().map(|p| p.watch.as_ref().map(|_| p.pid)).collect::<Vec<_>>())?;
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         let job_size = job.size as usize;
         Ok(Device {
@@ -290,6 +291,7 @@ impl Device {
             }
         }
         net.watch(peers.iter().enumerate().map(|(r, p)| r as u32 != me && p.ctrl.is_none()).collect());
+        crate::wait::set_local_peers(&peers.iter().map(|p| p.watch.as_ref().map(|_| p.pid)).collect::<Vec<_>>())?;
         // (With lanes carrying writes, waits skip their yield phase: `Lanes` registers a
         // helper thread, see `wait::HelperThread`.)
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
