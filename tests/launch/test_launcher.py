@@ -484,3 +484,15 @@ def test_survivors_report_peer_lost_through_the_launcher():
     assert p.returncode == 137
     assert b"rank 1 exited with code 137 (SIGKILL); stopping the other ranks" in p.stderr
     assert p.stderr.count(b"PeerLostError: rank 1") == 2, p.stderr.decode(errors="replace")
+
+
+def test_the_timeout_counts_for_all_starts_together(tmp_path):
+    code = """\
+        time.sleep(0.5)
+        sys.exit(3)
+    """
+    t0 = time.monotonic()
+    p = run(["-n", "1", "--grace", "0", "--max-restarts", "100", "--timeout", "3"] + rank_cmd(code, tmp_path), timeout=60)
+    assert p.returncode == 124, p.stderr
+    assert b"scalefree run: timeout after 3 s; stopping all ranks\n" in p.stderr
+    assert 1 < len(pids(tmp_path)) < 100 and time.monotonic() - t0 < 3 + 8

@@ -373,9 +373,12 @@ class _Ended:
 
 
 def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int],
-               allow_rank_failure: bool = False, quiet_exits: tuple = (), restarts_left: int = 0) -> _Ended:
-    """Waits for the job to end and stops it as needed."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+               allow_rank_failure: bool = False, quiet_exits: tuple = (), restarts_left: int = 0,
+               deadline: float | None = None) -> _Ended:
+    """Waits for the job to end and stops it as needed (at ``deadline``, a ``time.monotonic()``
+    value, default ``timeout`` seconds from now)."""
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + timeout
     reported: set[int] = set()
     while True:
         if received:
@@ -480,9 +483,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
                 job_id, token = new_job()
             start_env = dict(os.environ if env is None else env)
             start_env.update(SCALEFREE_RESTART_COUNT=str(restart), SCALEFREE_MAX_RESTARTS=str(max_restarts))
-            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-            ended = _start_and_supervise(cmd, nprocs, start_env, job_id, token, nodes, prefix, left, grace, received,
-                                         allow_rank_failure, quiet_exits, max_restarts - restart)
+            ended = _start_and_supervise(cmd, nprocs, start_env, job_id, token, nodes, prefix, timeout, deadline, grace,
+                                         received, allow_rank_failure, quiet_exits, max_restarts - restart)
             if not ended.rank_failed or received:
                 return ended.code
             if restart < max_restarts:
@@ -492,7 +494,7 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         return ended.code
 
 
-def _start_and_supervise(cmd, nprocs, env, job_id, token, nodes, prefix, timeout, grace, received,
+def _start_and_supervise(cmd, nprocs, env, job_id, token, nodes, prefix, timeout, deadline, grace, received,
                          allow_rank_failure, quiet_exits, restarts_left) -> _Ended:
     """One start of the job: its ranks, their output, their supervision, their end."""
     try:
@@ -506,7 +508,7 @@ def _start_and_supervise(cmd, nprocs, env, job_id, token, nodes, prefix, timeout
     for r, p in enumerate(ranks.procs):
         pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
     try:
-        return _supervise(ranks, timeout, grace, received, allow_rank_failure, quiet_exits, restarts_left)
+        return _supervise(ranks, timeout, grace, received, allow_rank_failure, quiet_exits, restarts_left, deadline)
     finally:
         ranks.close()
         _join(pumps, _DRAIN_SECONDS)
