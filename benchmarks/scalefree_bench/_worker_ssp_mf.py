@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lam", type=float, default=0.1, help="sgd only")
     p.add_argument("--eta", type=float, default=0.5, help="sgd only")
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
+    from scalefree.cli.common import add_checkpoint
+
+    add_checkpoint(p)
     return p
 
 
@@ -45,17 +49,51 @@ def write_rank_result(out, rank: int, res: dict) -> None:
 
 
 def main(argv=None) -> int:
+    from scalefree.errors import InvalidArgumentError
+    from scalefree.mf.shares import ShareFailedElsewhere
+
+    try:
+        return _main(argv)
+    except ShareFailedElsewhere:
+        return 2  # the rank that failed says why
+    except InvalidArgumentError as e:  # a checkpoint of another run: one line
+        print(f"scalefree_bench._worker_ssp_mf: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from scalefree.cli.common import check_checkpoint
+
+    check_checkpoint("scalefree_bench._worker_ssp_mf", args)
+    # A checkpoint rebases the sums (the arithmetic changes there): stops only at checkpoint steps.
+    if args.checkpoint and (not args.checkpoint_every or (args.stop_after or 0) % args.checkpoint_every):
+        if os.environ.get("SCALEFREE_RANK", "0") == "0":  # (before init: every rank checks, rank 0 says)
+            print("scalefree_bench._worker_ssp_mf: error: --checkpoint needs --checkpoint-every N and a --stop-after "
+                  "that is a multiple of N", file=sys.stderr)
+        return 2
     k, iters, variant = DEFAULTS[args.model]
     k, iters, variant = args.k or k, args.iters or iters, args.variant or variant
     import scalefree
 
     g = scalefree.init()
+    from scalefree.checkpoint import files_fingerprint
+    from scalefree.cli.common import checkpoints, stopped_line
+
+    # The checkpoint steps change the arithmetic (the sums are rebased there): a resumed run
+    # must take them where the first one did.
+    ck = checkpoints(g, args, {"model": args.model, "input": files_fingerprint([args.data]), "k": k,
+                               "slack": args.slack, "variant": variant, "lam": args.lam, "eta": args.eta,
+                               "seed": args.seed, "every": args.checkpoint_every}, "SSP MF") if args.checkpoint else None
     if args.model == "sgd":
         from scalefree.ssp import mf
 
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
-                       straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed)
+                       straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed, checkpoints=ck)
+        if res.get("stopped"):
+            if g.rank == 0:
+                stopped_line(ck)
+            return 0
         write_rank_result(args.out, g.rank, res)
         if g.rank == 0:
             h = res["history"]
@@ -65,7 +103,11 @@ def main(argv=None) -> int:
     from scalefree.ssp import bpmf
 
     res = bpmf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
-                     straggler_ms=args.straggler, seed=args.seed)
+                     straggler_ms=args.straggler, seed=args.seed, checkpoints=ck)
+    if res.get("stopped"):
+        if g.rank == 0:
+            stopped_line(ck)
+        return 0
     write_rank_result(args.out, g.rank, res)
     # Test RMSE over every rank's users (a dense allreduce, after the timed loop).
     last = np.array([res["history"][-1][2], res["history"][-1][3]], np.float64)

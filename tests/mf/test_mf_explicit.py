@@ -112,8 +112,6 @@ def test_cli_train_test_file_and_predict(tmp_path):
     bad.write_text("1 2 3\n1 2\n")
     out = _cli("predict", model, bad)
     assert out.returncode == 2 and out.stderr.startswith("scalefree mf predict: error:") and "bad.txt" in out.stderr
-    out = _cli("train", tr, "--test", te, "--mode", "rima", "-n", "2")
-    assert out.returncode == 2 and "--test" in out.stderr
 
 
 def test_fold_in_new_users_close_to_retraining(tmp_path):

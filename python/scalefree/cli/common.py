@@ -198,3 +198,40 @@ def show_progress(args) -> bool:
     if getattr(args, "progress", False):
         return True
     return not getattr(args, "quiet", False) and sys.stderr.isatty()
+
+
+def add_checkpoint(p, step: str = "iteration") -> None:
+    """``--checkpoint PATH --checkpoint-every N --resume --stop-after N`` the same way in every
+    resumable command (``step``: what the loop counts, for the help)."""
+    p.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help=f"write the state here atomically (one file per rank, PATH.rank{{R}}-of-{{N}}) every "
+                        f"--checkpoint-every {step}s and at --stop-after")
+    p.add_argument("--checkpoint-every", type=count(0), default=0, metavar="N",
+                   help=f"with --checkpoint: every N {step}s (0: only at --stop-after)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (refused when taken from other input or options); the result "
+                        "is the uninterrupted run's")
+    p.add_argument("--stop-after", type=count(1), default=None, metavar="N",
+                   help=f"with --checkpoint: end after {step} N, with a checkpoint (a job in slices)")
+
+
+def check_checkpoint(prog: str, args) -> None:
+    """The checkpoint options agree (before ranks start)."""
+    if (args.resume or args.checkpoint_every or args.stop_after is not None) and not args.checkpoint:
+        fail(prog, "--resume, --checkpoint-every and --stop-after need --checkpoint PATH")
+
+
+def checkpoints(group, args, expect: dict, kind: str, version: int = 1):
+    """The :class:`~scalefree.checkpoint.Checkpoints` of a command's loop from its
+    :func:`add_checkpoint` options (None without ``--checkpoint``)."""
+    if not args.checkpoint:
+        return None
+    from ..checkpoint import Checkpoints
+
+    return Checkpoints(group, args.checkpoint, every=args.checkpoint_every, stop_after=args.stop_after,
+                       resume=args.resume, expect=expect, kind=kind, version=version)
+
+
+def stopped_line(ck, step: str = "iteration") -> None:
+    """The one line of a run that stopped at ``--stop-after`` (rank 0 prints it)."""
+    print(f"stopped after {step} {ck.stop_after}; checkpoint {ck.path} (continue with --resume)", flush=True)

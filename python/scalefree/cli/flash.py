@@ -95,6 +95,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
                    help="save topic_word (words x K) and labels (written atomically)")
     t.add_argument("--truth", default=None, metavar="TOPICS.npy", help="true topic matrix: print the recovery error")
+    t.add_argument("--checkpoint", default=None, metavar="PATH",
+                   help="after the SVD (step 2) and the k-means on its projection (step 3), write the state here "
+                        "atomically (PATH.rank0-of-1)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue after the last step in --checkpoint (refused when taken from other input or "
+                        "options); the result is the uninterrupted run's")
+    t.add_argument("--stop-after", type=int, choices=[2, 3], default=None, metavar="STEP",
+                   help="with --checkpoint: end after step 2 or 3, with a checkpoint")
     runtime_args(t)
     t.set_defaults(func=_topics)
 
@@ -119,6 +127,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _topics(args) -> int:
     import numpy as np
+
+    if (args.resume or args.stop_after is not None) and not args.checkpoint:
+        fail("scalefree flash topics", "--resume and --stop-after need --checkpoint PATH")
 
     from .. import flash
     from .._atomic import atomic_path, write_json
@@ -155,8 +166,19 @@ def _topics(args) -> int:
             print(f"flash topics: {line}", file=sys.stderr, flush=True)
 
     progress = _Progress(rt, "flash topics", show=not args.quiet)
+    ck = None
+    if args.checkpoint:
+        from ..checkpoint import Checkpoints, files_fingerprint
+
+        ck = Checkpoints(None, args.checkpoint, every=1, stop_after=args.stop_after, resume=args.resume,
+                         expect={"input": files_fingerprint([args.data]), "k": args.k, "sample": args.sample,
+                                 "seed": args.seed, "tol": args.tol, "memory_budget_bytes": rt.memory_budget_bytes},
+                         kind="topics")
     model = progress.run(lambda: flash.topics(a, args.k, sample=args.sample, seed=args.seed, tol=args.tol,
-                                              runtime=rt, progress=say))
+                                              runtime=rt, progress=say, checkpoints=ck))
+    if model is None:
+        print(f"stopped after step {args.stop_after}; checkpoint {args.checkpoint} (continue with --resume)")
+        return 0
     seconds = time.perf_counter() - t_start
     top = model.top_words(args.top)
     for l in range(args.k):

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import add_quiet, add_ranks, count, fail, number, relaunch, show_progress
+from .common import (add_checkpoint, add_quiet, add_ranks, check_checkpoint, checkpoints, count, fail, number,
+                     relaunch, show_progress, stopped_line)
 
 EDGES_HELP = ("edge file: SNAP edge list (.gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
               "a directory of part files or a glob")
@@ -41,6 +42,14 @@ def _check_input(prog: str, path: str) -> None:
 
 
 # --- pagerank ------------------------------------------------------------------------------
+
+
+def _input_fingerprint(path) -> str:
+    """The edge input's fingerprint for a checkpoint: path, size and mtime of its files."""
+    from ..checkpoint import files_fingerprint
+    from ..graph.io import edge_parts
+
+    return files_fingerprint(edge_parts(path) or [path])
 
 
 def _parse_fail(text: str | None) -> tuple[int, int] | None:
@@ -107,9 +116,15 @@ def _pagerank(args) -> int:
         if fault and g.rank == fault[0] and it == fault[1]:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
 
+    ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "damping": args.damping,
+                               "dtype": args.dtype}, "PageRank")
     t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before)
+    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck)
     iterate_s = time.perf_counter() - t2
+    if ck is not None and ck.stopped:
+        if g.rank == 0:
+            stopped_line(ck)
+        return 0
     if gather is not None:
         got = gather.reduce(pr.scores.astype(np.float64))
         best = None
@@ -127,9 +142,13 @@ def _pagerank(args) -> int:
             ids = np.flatnonzero(mask)
             _write_scores(args.output, ids, everything[ids])
     rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
+    saved = None
+    if ck is not None:  # per rank: checkpoints written, their median seconds, the last one's bytes
+        saved = g.allgather(np.array([len(ck.saved_s), np.median(ck.saved_s) if ck.saved_s else 0.0,
+                                      ck.saved_bytes], np.float64))
     if best is not None:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who)
+        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved)
     return 0
 
 
@@ -141,7 +160,7 @@ def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
     return got > 0 if g.rank == 0 else None
 
 
-def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="") -> None:
+def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="", saved=None) -> None:
     print(f"{n} vertices, {edges} edges, {ranks} ranks{who}, {it} iterations, "
           f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
     for v, x in zip(*best):
@@ -154,6 +173,10 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
                "top": [[int(v), float(x)] for v, x in zip(*best)]}
+        if saved is not None:
+            rec["checkpoints"] = {"written_per_rank": [int(x) for x in saved[:, 0]],
+                                  "median_s_per_rank": [float(x) for x in saved[:, 1]],
+                                  "bytes_per_rank": [int(x) for x in saved[:, 2]]}
         write_json(args.json, rec)
 
 
@@ -197,8 +220,14 @@ def _diameter(args) -> int:
         s, d = np.concatenate([s, d]), np.concatenate([d, s])
         edges *= 2
     load_s = time.perf_counter() - t0
+    ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
+                               "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
     nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=progress, isolated=False)
+                            progress=progress, isolated=False, checkpoints=ck)
+    if ck is not None and ck.stopped:
+        if g.rank == 0:
+            stopped_line(ck, "hop")
+        return 0
     if g.rank == 0:
         h, hi = effective_diameter(nf, args.fraction)
         what = "exact" if enc.method == "exact" else f"Flajolet-Martin, {enc.k} bitstrings"
@@ -249,6 +278,9 @@ def _check_pagerank(prog, args) -> None:
     if args.collective == "dense" and args.replication > 1:
         fail(prog, "--replication needs --collective sparse")
     _parse_fail(args.fail_rank)
+    check_checkpoint(prog, args)
+    if args.checkpoint and (args.collective == "dense" or args.replication > 1):
+        fail(prog, "--checkpoint needs --collective sparse and no --replication")
 
 
 def add_parser(sub) -> None:
@@ -282,7 +314,9 @@ def add_parser(sub) -> None:
     q.add_argument("--save-scores", metavar="DIR",
                    help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
-                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication)")
+                   help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
+                        "or --resume)")
+    add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")
     add_quiet(q)
     q.set_defaults(func=_launch(_pagerank, _check_pagerank))
@@ -305,8 +339,9 @@ def add_parser(sub) -> None:
     q.add_argument("--fm-seed", type=int, default=0, help="seed of the Flajolet-Martin hash")
     q.add_argument("--json", metavar="OUT", help="write the neighbourhood function and times here")
     q.add_argument("--progress", action="store_true", help="print N(h) per hop (also when not a terminal)")
+    add_checkpoint(q, "hop")
     add_quiet(q)
-    q.set_defaults(func=_launch(_diameter))
+    q.set_defaults(func=_launch(_diameter, lambda prog, args: check_checkpoint(prog, args)))
 
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)

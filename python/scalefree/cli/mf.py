@@ -43,8 +43,6 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
-    if args.test is not None and args.mode != "local":
-        fail(PROG, f"--test is for --mode local so far (--mode {args.mode} splits with --test-fraction)")
     if args.mode == "local" and n > 1:
         fail(PROG, "--mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -83,7 +81,8 @@ def _train_ranks(args) -> int:
     """One rank of ``--mode rima`` / ``dsgd-ps``; rank 0 reports. Every rank reads only its share
     of the file and no rank holds all ratings, with or without ``--memory-budget`` (``mf_shares``)."""
     t_start = time.perf_counter()
-    train, test = split_ratings_partitioned(args.data, args.test_fraction, args.seed)
+    train, test = split_ratings_partitioned(args.data, 0.0 if args.test else args.test_fraction, args.seed,
+                                            test_file=args.test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
@@ -101,7 +100,7 @@ def _train_ranks(args) -> int:
     if args.plot:
         _plot(h, args.plot)
     if args.output:
-        model.save(args.output)
+        model.save(args.output, format=args.format)
     sent = last["bytes_sent"]
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{args.mode} with {last['workers']} workers, {last['blocks_per_side']}x{last['blocks_per_side']} blocks "
@@ -110,6 +109,7 @@ def _train_ranks(args) -> int:
           f"bytes sent per worker {sum(sent) / len(sent):.0f} (max {max(sent)}); "
           f"final test RMSE {last['test_rmse']:.4f}")
     _report_early_stop(model, args)
+    _warn_unseen(model)
     if "peak_rss_bytes" in last:
         held = max(max(rec["rating_bytes_resident"]) for rec in h)
         budget = f"budget {last['memory_budget'] / 2**20:.1f} MiB, " if last.get("memory_budget") else "in memory, "
@@ -134,6 +134,8 @@ def _train(args) -> int:
         train, test = load_ratings(args.data), load_ratings(args.test)
     else:
         train, test = split_ratings(args.data, args.test_fraction, args.seed)
+    if args.output and args.format == "libmf":
+        _check_libmf_ids(train, test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
                                 threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
@@ -152,17 +154,33 @@ def _train(args) -> int:
     if args.plot:
         _plot(h, args.plot)
     if args.output:
-        model.save(args.output)
+        model.save(args.output, format=args.format)
     rmse = h[-1].get("test_rmse", float("nan"))
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
     _report_early_stop(model, args)
+    _warn_unseen(model)
+    return 0
+
+
+def _warn_unseen(model) -> None:
     if model.test_unseen and model.test_unseen["ratings"]:
         u = model.test_unseen
         print(f"{PROG}: warning: {u['ratings']} test ratings have ids unseen in training ({u['users']} users, "
               f"{u['items']} items); they are predicted as the training mean", file=sys.stderr)
-    return 0
+
+
+def _check_libmf_ids(*ratings) -> None:
+    """Refuse before training the ids LIBMF's file cannot hold (``mf/libmf.py``)."""
+    from ..mf import libmf
+
+    for side, c in (("user", 0), ("item", 1)):
+        ids = np.unique(np.concatenate([np.frombuffer(r.triples()[c], np.uint64) for r in ratings]))
+        try:
+            libmf.check_ids(side, ids)
+        except InvalidArgumentError as e:
+            fail(PROG, f"--format libmf: {e}")
 
 
 def _plot(history, path) -> None:
@@ -193,7 +211,7 @@ def _predict(args) -> int:
     or stdout; RMSE and MAE when the lines carry ratings; a warning counts unknown ids."""
     from .. import _native
 
-    model = MatrixFactorization.load(args.model)
+    model = MatrixFactorization.load(args.model, format=args.model_format)
     u, i, v = (np.frombuffer(b, dt) for b, dt in
                zip(_native.mf_read_pairs(str(args.pairs)), (np.int64, np.int64, np.float32)))
     pred = model.predict(u, i)
@@ -221,11 +239,17 @@ def _predict(args) -> int:
 
 def _fold_in(args) -> int:
     """New users (or items) of FILE folded into MODEL by ridge solves; the grown model to -o."""
-    model = MatrixFactorization.load(args.model)
+    from ..mf import libmf
+
+    model = MatrixFactorization.load(args.model, format=args.model_format)
     t0 = time.perf_counter()
     stats = model.fold_in(args.data, side=args.side, lam=args.lam)
     secs = time.perf_counter() - t0
-    model.save(args.output)
+    fmt = args.format
+    if fmt is None:  # as the model read
+        fmt = "libmf" if args.model_format == "libmf" or (args.model_format == "auto" and
+                                                          libmf.is_libmf_model(args.model)) else "native"
+    model.save(args.output, format=fmt)
     per = secs / max(stats["rows"], 1)
     print(f"folded in {stats['rows']} {args.side}s ({stats['new_rows']} new) from {stats['ratings_used']} ratings "
           f"({stats['ratings_ignored']} on unknown ids ignored) in {secs:.3f} s ({per * 1e6:.0f} us per {args.side}); "
@@ -259,8 +283,9 @@ def add_parser(sub) -> None:
                    help="train on ratings divided by their standard deviation with λ divided by it, as "
                         "LIBMF does (default on, every mode)")
     t.add_argument("--test", default=None, metavar="FILE",
-                   help="local: evaluate on this rating file (ids matched to the training file's; unseen ids "
-                        "get the training mean) instead of a --test-fraction split (like LIBMF's -p)")
+                   help="evaluate on this rating file (ids matched to the training file's; unseen ids "
+                        "get the training mean) instead of a --test-fraction split (like LIBMF's -p); rima, "
+                        "dsgd-ps: each rank reads its share of it")
     t.add_argument("--test-fraction", type=float, default=0.1)
     t.add_argument("--validation-fraction", type=float, default=0.0,
                    help="hold this share of the training ratings out as a validation set (RMSE per iteration; rima, "
@@ -282,6 +307,10 @@ def add_parser(sub) -> None:
     t.add_argument("--json", help="write one JSON line per iteration to this file")
     t.add_argument("--plot", help="draw test RMSE vs iteration and time to this PNG")
     t.add_argument("--output", "-o", help="save the model here (atomic write)")
+    t.add_argument("--format", choices=("native", "libmf"), default="native",
+                   help="the model file of -o: native (every id kept) or libmf (LIBMF's text model, as "
+                        "mf-train writes it: row N is id N, gaps in the ids written as LIBMF's 'F' rows) "
+                        "(default native)")
     t.add_argument("--quiet", "-q", action="store_true", help="no progress bar (drawn only on a terminal)")
     t.set_defaults(func=_launch)
     pr = msub.add_parser("predict", help="predict ratings for `user item [rating]` lines with a saved model")
@@ -293,6 +322,9 @@ def add_parser(sub) -> None:
     pr.add_argument("--format", choices=("text", "libmf"), default="text",
                     help="text: `user item prediction` lines; libmf: one prediction per line in the pairs' "
                          "order, as LIBMF's mf-predict writes them (default text)")
+    pr.add_argument("--model-format", choices=("auto", "native", "libmf"), default="auto",
+                    help="MODEL's format: auto tells ours from LIBMF's text model (mf-train's) by its first "
+                         "line (default auto)")
     pr.set_defaults(func=_predict)
     fi = msub.add_parser("fold-in", help="add factors for new users (or items) of a rating file without retraining")
     fi.add_argument("model")
@@ -301,4 +333,8 @@ def add_parser(sub) -> None:
     fi.add_argument("--lam", "--lambda", type=float, default=0.05, help="ridge λ per rating (default 0.05, "
                     "as train's)")
     fi.add_argument("--output", "-o", required=True, help="write the grown model here (atomic)")
+    fi.add_argument("--model-format", choices=("auto", "native", "libmf"), default="auto",
+                    help="MODEL's format: auto tells ours from LIBMF's text model by its first line (default auto)")
+    fi.add_argument("--format", choices=("native", "libmf"), default=None,
+                    help="the grown model's format (default: MODEL's)")
     fi.set_defaults(func=_fold_in)

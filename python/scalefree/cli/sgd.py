@@ -28,7 +28,23 @@ from ..sgd.logreg import (
     train,
     write_svmlight,
 )
-from .common import add_quiet, add_ranks, count, fail, number, relaunch, show_progress
+from .common import (add_checkpoint, add_quiet, add_ranks, check_checkpoint, checkpoints, count, fail, number,
+                     relaunch, show_progress, stopped_line)
+
+
+def _checkpoint_record(args) -> dict:
+    """What a resumed ``sgd logreg`` must share with its checkpoint: the input (files by path,
+    size and mtime; the generator's parameters) and the options that change the weights
+    (``--epochs`` may grow)."""
+    from ..checkpoint import files_fingerprint
+
+    if args.data == "synthetic":
+        data = [args.rows, args.dim, args.nnz, args.zipf, args.data_seed]
+    else:
+        data = files_fingerprint([args.data])
+    return {"input": data, "test": files_fingerprint([args.test]) if args.test else args.test_fraction,
+            "batch": args.batch, "lr": args.lr, "alpha": args.alpha, "optimizer": args.optimizer, "seed": args.seed,
+            "zero_based": args.zero_based}
 
 
 def _logreg_cmd(args) -> int:
@@ -56,8 +72,13 @@ def _logreg_cmd(args) -> int:
                                                   "pass --test FILE)"))
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
+    ck = checkpoints(g, args, _checkpoint_record(args), "logreg")
     w, b, st = train(g, train_rows, args.epochs, args.batch, args.lr, args.alpha, args.seed, progress=show_progress(args),
-                     optimizer=args.optimizer)
+                     optimizer=args.optimizer, checkpoints=ck)
+    if ck is not None and ck.stopped:
+        if g.rank == 0:
+            stopped_line(ck, "epoch")
+        return 0
     fit_s = time.perf_counter() - t0
 
     def hits(x):
@@ -145,6 +166,7 @@ def add_parser(sub) -> None:
     q.add_argument("-o", "--output", metavar="MODEL.npz", help="save the weights w and bias b (written atomically)")
     q.add_argument("--json", metavar="OUT", help="write accuracies, times and peak RSS per rank here")
     q.add_argument("--progress", action="store_true", help="per-epoch progress (also when not a terminal)")
+    add_checkpoint(q, "epoch")
     add_quiet(q)
     q.set_defaults(func=_launch)
     r = s.add_parser("generate", help="write a seeded power-law data set with a planted model (svmlight)",
@@ -165,4 +187,5 @@ def _launch(args) -> int:
     for f in (args.data, args.test):
         if f and f != "synthetic" and not Path(f).is_file():
             fail(prog, f"{f}: no such file")
+    check_checkpoint(prog, args)
     return relaunch(args, _logreg_cmd, args.ranks)

@@ -34,6 +34,7 @@ blocks of at most a quarter of the budget; the in-memory state is ``O((docs + wo
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -344,7 +345,8 @@ def _check_k(k, shape):
 
 
 def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, kmeans_iterations: int = 20,
-           kmeans_inits: int = 2, lloyd_iterations: int = 15, unit_rows: bool = True, extra_clusters=None, runtime=None, progress=None) -> Topics:
+           kmeans_inits: int = 2, lloyd_iterations: int = 15, unit_rows: bool = True, extra_clusters=None, runtime=None, progress=None,
+           checkpoints=None) -> Topics | None:
     """ISLE's topic model of the documents x words count matrix ``A`` with ``k`` topics
     (steps in the module docstring). ``A``: a :class:`flash.Csr` (stays on flash), or a
     scipy sparse matrix (in memory; copied to flash first when larger than the budget).
@@ -352,7 +354,11 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     ``tol``: the SVD's relative eigen-residual (of ``B^T B``'s eigenpairs; :func:`svds` is
     called with ``tol=sqrt(tol)``, its tolerance of the singular values). ``kmeans_inits``: k-means++ seedings in step 3 (the
     run of least inertia is kept). ``progress``: called with a line per step. Returns a
-    :class:`Topics`."""
+    :class:`Topics`. ``checkpoints``: a :class:`~scalefree.checkpoint.Checkpoints` counting
+    steps: after step 2 (the SVD: its ``u`` and singular values) and step 3 (the clusters)
+    the state and the seeded RNG are saved when due; a resumed run redoes step 1 (two passes
+    over A, the same B) and continues after the saved step with the uninterrupted run's
+    result. Returns None when it stopped at the checkpoints' ``stop_after``."""
     import scipy.sparse as sp
 
     rt = runtime or flash.default_runtime()
@@ -421,28 +427,51 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         raise InvalidArgumentError(f"topics: only {kept} words pass the thresholds, fewer than k={k} "
                                    f"(too few documents for {k} topics?)")
 
+    done, saved = (0, None) if checkpoints is None else checkpoints.restore()
+    if saved is not None:
+        if saved["s"].shape != (k,) or len(saved["u" if done == 2 else "labels"]) != B.shape[0]:
+            raise InvalidArgumentError("topics: the checkpoint does not fit this run's thresholded matrix")
+        rng.bit_generator.state = json.loads(saved["rng"].tobytes().decode())
+        svd_stats = json.loads(saved["svd_stats"].tobytes().decode())
+        s = saved["s"]
+
+    def state(**arrays):
+        return {**arrays, "s": s, "rng": np.frombuffer(json.dumps(rng.bit_generator.state).encode(), np.uint8),
+                "svd_stats": np.frombuffer(json.dumps(svd_stats).encode(), np.uint8)}
+
     # 2. Truncated SVD of B.
     t = time.perf_counter()
-    svd_stats: dict = {}
-    u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt, rng=seed, stats=svd_stats)
-    proj = (u * s[None, :]).astype(np.float32)  # B v, the documents in the top-k right singular space
-    seconds["svd"] = time.perf_counter() - t
-    say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
-        f"{svd_stats.get('restarts', 0)} restarts, B {'on flash' if svd_stats.get('on_flash') else 'in memory'}), "
-        f"{seconds['svd']:.2f} s")
+    if done < 2:
+        svd_stats: dict = {}
+        u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt, rng=seed, stats=svd_stats)
+        seconds["svd"] = time.perf_counter() - t
+        say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
+            f"{svd_stats.get('restarts', 0)} restarts, B {'on flash' if svd_stats.get('on_flash') else 'in memory'}), "
+            f"{seconds['svd']:.2f} s")
+        if checkpoints is not None and checkpoints.after(2, lambda: state(u=u)):
+            return None
+    elif done == 2:
+        u = saved["u"]
 
     # 3. k-means++ and Lloyd in the projected space.
     t = time.perf_counter()
-    best = None
-    for _ in range(kmeans_inits):
-        run = _lloyd_dense(proj, _kmeans_pp(proj, kk, rng), kmeans_iterations)
-        if best is None or run[2] < best[2]:
-            best = run
-    labels = best[0]
-    del proj, u
-    seconds["kmeans_projected"] = time.perf_counter() - t
-    say(f"3/5 k-means++ and k-means ({kk} clusters) on the {k}-dim projection (best of {kmeans_inits} seedings), "
-        f"{seconds['kmeans_projected']:.2f} s")
+    if done < 3:
+        proj = (u * s[None, :]).astype(np.float32)  # B v, the documents in the top-k right singular space
+        best = None
+        for _ in range(kmeans_inits):
+            run = _lloyd_dense(proj, _kmeans_pp(proj, kk, rng), kmeans_iterations)
+            if best is None or run[2] < best[2]:
+                best = run
+        labels = best[0]
+        del proj, u
+        seconds["kmeans_projected"] = time.perf_counter() - t
+        say(f"3/5 k-means++ and k-means ({kk} clusters) on the {k}-dim projection (best of {kmeans_inits} seedings), "
+            f"{seconds['kmeans_projected']:.2f} s")
+        if checkpoints is not None and checkpoints.after(3, lambda: state(labels=labels)):
+            return None
+    else:
+        labels = saved["labels"]
+    del saved
 
     # 4. Lloyd in the original space, seeded by step 3.
     t = time.perf_counter()

@@ -122,14 +122,16 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
 
 
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
-         degrees="auto", progress: bool = False, isolated: bool = True):
+         degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``).
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
     one alltoallv finds them), and memory is O(this rank's edges) whatever ``n`` is, so ids
     may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
-    ``[0, n)`` is a vertex: O(n / size) per rank)."""
+    ``[0, n)`` is a vertex: O(n / size) per rank). ``checkpoints``: a
+    :class:`~scalefree.checkpoint.Checkpoints` counting hops (the run resumes from it, saves
+    this rank's sets to it, and ends early at its ``stop_after``)."""
     me, size = group.rank, group.size
     enc = Encoding(method, n, k, seed)
     src = np.asarray(src, np.int64)
@@ -167,13 +169,21 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         group.allreduce(total)
         return float(total[0]), int(round(total[1]))
 
-    nf = [measure(b_own, 0)[0]]
+    start, state = (0, None) if checkpoints is None else checkpoints.restore()
+    if state is None:
+        nf = [measure(b_own, 0)[0]]
+    else:
+        if state["b_dst"].shape != b_dst.shape or state["b_own"].shape != b_own.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
+        b_dst, b_own, nf = state["b_dst"], state["b_own"], [float(x) for x in state["nf"]]
     times = []
     # Edges grouped by source: one reduceat per hop ORs each source's targets.
     order = np.argsort(ls, kind="stable")
     ld_by_src = ld[order]
     starts = np.flatnonzero(np.r_[True, np.diff(ls[order]) != 0]) if len(ls) else np.zeros(0, np.int64)
-    for hop in range(1, max_hops + 1):
+    for hop in range(start + 1, max_hops + 1):
         t0 = time.perf_counter()
         if len(ls):
             partial = np.bitwise_or.reduceat(b_dst[ld_by_src], starts, axis=0)
@@ -190,4 +200,7 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         nf.append(count)
         if progress and me == 0:
             print(f"hop {hop:3d}  N(h) {count:.6g}  vertices changed {changed_all}", file=sys.stderr, flush=True)
+        if checkpoints is not None and checkpoints.after(
+                hop, lambda: {"b_dst": b_dst, "b_own": b_own, "nf": np.array(nf)}):
+            break
     return nf, enc, float(np.median(times)) if times else 0.0

@@ -273,6 +273,22 @@ class SparsePageRank:
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
 
+    def state(self) -> dict:
+        """This rank's state between iterations, for a checkpoint: its scores, the in slots of
+        the last reduce and the next iteration's base and damping (:meth:`restore` continues
+        bit for bit)."""
+        return {"scores": self.scores, "got": self.got, "base_d": np.array([self._base, self._d])}
+
+    def restore(self, state: dict) -> None:
+        """Continues from :meth:`state` of a run over the same edges, ranks and options."""
+        if state["got"].shape != self.got.shape or state["scores"].shape != self.scores.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
+        self.scores[...] = state["scores"]
+        self.got[...] = state["got"]
+        self._base, self._d = (float(x) for x in state["base_d"])
+
 
 def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
              degrees="auto", progress: bool = False, dtype="float64", replication: int = 1):
@@ -284,12 +300,20 @@ def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10,
     return pr.owned, pr.scores, it, per_it
 
 
-def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None) -> tuple[int, float]:
+def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None,
+            checkpoints=None) -> tuple[int, float]:
     """Steps ``pr`` until the L1 change is ``< tol`` or ``max_iter`` steps; ``before(it)``
-    is called before step ``it`` (1-based). Returns (iterations, median seconds per step)."""
+    is called before step ``it`` (1-based). ``checkpoints``: a
+    :class:`~scalefree.checkpoint.Checkpoints` (collective; the run resumes from it and saves
+    to it, and ends early at its ``stop_after``). Returns (iterations, median seconds per step)."""
     times = []
-    it = 0
-    for it in range(1, max_iter + 1):
+    start, state = (0, None) if checkpoints is None else checkpoints.restore()
+    it = start
+    if state is not None:
+        pr.restore(state)
+        if float(state["change"][0]) < tol:
+            return it, 0.0  # the checkpointed run had converged
+    for it in range(start + 1, max_iter + 1):
         if before is not None:
             before(it)
         t0 = time.perf_counter()
@@ -298,6 +322,8 @@ def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = Fa
         if progress and pr.group.rank == 0:
             print(f"iteration {it:3d}  L1 change {d:.3e}", file=sys.stderr, flush=True)
         if d < tol:
+            break
+        if checkpoints is not None and checkpoints.after(it, lambda: {**pr.state(), "change": np.array([d])}):
             break
     return it, float(np.median(times)) if times else 0.0
 

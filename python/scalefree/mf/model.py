@@ -201,8 +201,12 @@ class MatrixFactorization:
         train = load_ratings(data)
         test_r = None
         if isinstance(train, ShareRatings):
+            if isinstance(test, (str, os.PathLike)) and train.test_path is None and not train.test_fraction:
+                train.test_path = Path(test)  # a test file: each rank reads its share (mf_shares)
+                test = train.test
             if test is not None and test is not train.test:
-                raise InvalidArgumentError("pass test as the second half of split_ratings_partitioned(...)")
+                raise InvalidArgumentError("pass test as a file path or the second half of "
+                                           "split_ratings_partitioned(...)")
             test_r = None if test is None else train.test
         elif isinstance(train, StreamedRatings):
             if test is not None and test is not train.test:
@@ -365,6 +369,8 @@ class MatrixFactorization:
                 opts["evaluate"] = lambda p, q: _model_of(train, k, p, q).rmse(_native_test(test_r))
         res = run(group, train, opts)
         self.rank = group.rank
+        if shared:
+            self.test_unseen = train.test_unseen  # a test file's ids unseen in training (else None)
         final_rmse = None
         if shared and test_r is not None:
             final_rmse = train.test_rmse(group, res.get("p"), res.get("q"))
@@ -432,13 +438,36 @@ class MatrixFactorization:
         self._model, stats = fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
         return stats
 
-    def save(self, path) -> None:
-        """Write the model atomically (temp file + rename)."""
-        self._need().save(str(path))
+    def save(self, path, format: str = "native") -> None:
+        """Write the model atomically (temp file + rename): ``format="native"`` (ours, every id
+        kept) or ``"libmf"`` (LIBMF's text model, rows indexed by id; ``mf/libmf.py``)."""
+        from . import libmf
+
+        if format == "libmf":
+            libmf.write_model(self._need(), path)
+        elif format == "native":
+            self._need().save(str(path))
+        else:
+            raise InvalidArgumentError(f"format must be 'native' or 'libmf', got {format!r}")
 
     @classmethod
-    def load(cls, path) -> "MatrixFactorization":
-        m = _native.MfModel.load(str(path))
+    def load(cls, path, format: str = "auto") -> "MatrixFactorization":
+        """A saved model: ours, or LIBMF's text model (``format="auto"`` tells them by the
+        first line, ``f <loss>`` in LIBMF's; ``"native"`` / ``"libmf"`` insist)."""
+        from ..errors import DataError
+        from . import libmf
+
+        if format not in ("auto", "native", "libmf"):
+            raise InvalidArgumentError(f"format must be 'auto', 'native' or 'libmf', got {format!r}")
+        if format == "libmf" or (format == "auto" and libmf.is_libmf_model(path)):
+            m = libmf.read_model(path)
+        else:
+            try:
+                m = _native.MfModel.load(str(path))
+            except DataError as e:
+                if format == "auto" and "bad header" in str(e):
+                    raise DataError(f"{e} (nor LIBMF's text model, whose first line is 'f <loss>')") from None
+                raise
         obj = cls(k=m.k)
         obj._model = m
         return obj
@@ -459,15 +488,17 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     return split(path, test_fraction, seed)
 
 
-def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0):
+def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, test_file=None):
     """``(train, test)`` of a rating file for ``mode="rima"`` / ``"dsgd-ps"``, read by the ranks
     in ``fit``, each rank only its share of the file; the split is a seeded hash of (user, item),
     the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
     without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
-    over the ranks."""
+    over the ranks. ``test_file``: test on that file instead (``test_fraction`` 0; each rank reads
+    its share; ids matched to the training file's, unseen ones counted in ``test_unseen`` and
+    answered with the mean)."""
     from .shares import split
 
-    return split(path, test_fraction, seed)
+    return split(path, test_fraction, seed, test_file)
 
 
 def _model_of(train, k: int, p, q):

@@ -242,6 +242,10 @@ class ShareRatings:
         # seeded hash of (user, item), seed + 1; kept like the test share, by the rank that read it.
         self.valid_fraction = 0.0
         self._valid = self._test
+        # An explicit test file instead of the hash split (``--test FILE``): each rank reads its
+        # share of it once the training ids are known (:meth:`_read_test_file`).
+        self.test_path = None
+        self.test_unseen = None  # {"users", "items", "ratings"} of the test file unseen in training
 
     def __len__(self) -> int:
         return self.n_train
@@ -443,6 +447,8 @@ class ShareRatings:
         for name in ("ratings_read", "train_ratings_read", "test_ratings_kept", "records_sent", "records_received",
                      "ratings_held", "load_peak_rss_bytes", "load_rounds"):
             self.stats[name] = [int(x) for x in self.stats[name]]
+        if self.test_path is not None:
+            self._read_test_file(group)
         return part
 
     # ------------------------------------------------------------------ evaluation
@@ -472,18 +478,51 @@ class ShareRatings:
         if group.size > 1:
             group.broadcast(p, root=0)
             group.broadcast(q, root=0)
-        tu, ti, tr = triple
+        tu, ti, tr = triple[:3]
+        seen = triple[3] if len(triple) > 3 else None  # a test file: its pairs with ids known in training
         mean = np.float32(self.mean)
         sse = 0.0
         for a in range(0, len(tr), _EVAL_ROWS):
             u, i, r = tu[a:a + _EVAL_ROWS], ti[a:a + _EVAL_ROWS], tr[a:a + _EVAL_ROWS]
             pred = np.einsum("ij,ij->i", p[u], q[i])
-            pred = np.where(self.known_u[u] & self.known_i[i], pred, mean)
+            ok = self.known_u[u] & self.known_i[i]
+            if seen is not None:
+                ok &= seen[a:a + _EVAL_ROWS]
+            pred = np.where(ok, pred, mean)
             e = (r - pred).astype(np.float64)
             sse += float(e @ e)
         tot = np.array([sse, len(tr)], np.float64)
         group.allreduce(tot)
         return float(np.sqrt(tot[0] / tot[1])) if tot[1] else float("nan")
+
+    def _read_test_file(self, group) -> None:
+        """Collective, once the training ids are numbered: this rank's share of ``test_path`` (by
+        bytes, as the training file is read) as compact ids. A test id unseen in training is
+        counted (distinct users and items over all ranks, ratings) and answered with the mean."""
+        err = None
+        u = i = r = np.zeros(0, np.int64)
+        try:
+            u, i, r = _Source(Path(self.test_path), group.rank, group.size, None).read(0)
+            if len(r) and np.isnan(r[0]):
+                raise DataError(f"{self.test_path}:1: a test line has no rating (expected 'user item rating')")
+        except (DataError, OSError) as e:
+            err = e
+        _agree(group, err)
+        compact, seen = [], np.ones(len(r), bool)
+        unseen = []
+        for raw, ids in ((u, self.user_ids), (i, self.item_ids)):
+            c = np.searchsorted(ids, raw)
+            hit = c < len(ids)
+            hit[hit] = ids[c[hit]] == raw[hit]
+            seen &= hit
+            unseen.append(len(global_ids(group, _distinct(np.asarray(raw[~hit], np.int64)))))
+            compact.append(np.where(hit, c, 0).astype(np.uint32))
+        self._test = (compact[0], compact[1], np.asarray(r, np.float32), seen)
+        tot = np.array([len(r), int((~seen).sum())], np.int64)
+        group.allreduce(tot)
+        self.n_test = int(tot[0])
+        self.stats["test_file_ratings_read"] = [int(x) for x in group.allgather(np.array([len(r)], np.int64))[:, 0]]
+        self.test_unseen = {"users": unseen[0], "items": unseen[1], "ratings": int(tot[1])}
 
     def model(self, k: int, p: np.ndarray, q: np.ndarray):
         """The native model of factors ``p``, ``q`` (dense id order): the global ids, the training
@@ -496,10 +535,15 @@ class ShareRatings:
                                           self.known_i.astype(np.uint8).tobytes())
 
 
-def split(path, test_fraction: float = 0.1, seed: int = 0) -> tuple[ShareRatings, ShareTest]:
+def split(path, test_fraction: float = 0.1, seed: int = 0, test_file=None) -> tuple[ShareRatings, ShareTest]:
     """``(train, test)`` of a rating file read in shares by the ranks of a ``rima`` / ``dsgd-ps``
-    job (module doc); nothing is read until ``fit``."""
+    job (module doc); nothing is read until ``fit``. ``test_file``: the test set is that file
+    (each rank reads its share; ids matched to the training file's, unseen ones answered with
+    the mean) and all of ``path`` trains (``test_fraction`` must be 0)."""
+    if test_file is not None and test_fraction:
+        raise InvalidArgumentError(f"a test file and a test fraction ({test_fraction}) exclude each other")
     train = ShareRatings(path, test_fraction, seed)
+    train.test_path = None if test_file is None else Path(test_file)
     return train, train.test
 
 

@@ -23,6 +23,7 @@ data set with a planted model (:func:`generate`), written to disk in blocks.
 from __future__ import annotations
 
 import gzip
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -272,13 +273,16 @@ def accuracy(w: np.ndarray, bias: float, x: SparseRows) -> float:
 
 
 def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float = 0.5, alpha: float = 1e-6,
-          seed: int = 0, degrees="auto", progress: bool = False, optimizer: str = "adagrad"):
+          seed: int = 0, degrees="auto", progress: bool = False, optimizer: str = "adagrad", checkpoints=None):
     """Collective: mini-batch SGD of logistic regression over this rank's ``rows`` (every
     rank must pass the same ``dim``). ``batch`` rows per rank per step. ``optimizer``:
     "adagrad" (per-coordinate steps ``lr / sqrt(sum of squared gradients)``, suited to
     features of very different frequencies) or "sgd" (plain steps ``lr``). Returns (weights,
     bias, stats) with the weights averaged over the ranks' copies; stats has the steps,
-    the median seconds per step and the median config_reduce seconds."""
+    the median seconds per step and the median config_reduce seconds. ``checkpoints``: a
+    :class:`~scalefree.checkpoint.Checkpoints` counting epochs (the run resumes from it, saves
+    this rank's copy of the weights, its AdaGrad sums and its shuffle RNG at epoch ends, and
+    ends early at its ``stop_after``: the weights are then this rank's copy, not averaged)."""
     me, size = group.rank, group.size
     dim = rows.dim
     if batch < 1:
@@ -300,8 +304,20 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
     w = np.zeros(dim + 1)  # the last entry is the bias
     h = np.zeros(dim + 1)  # AdaGrad: sums of squared gradients
     rng = np.random.default_rng([seed, 5, me])
+    start, state = (0, None) if checkpoints is None else checkpoints.restore()
+    if state is not None:
+        if state["w"].shape != w.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"checkpoint has {len(state['w']) - 1} features, the data {dim}")
+        if start > epochs:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"checkpoint is at epoch {start}, past --epochs {epochs}")
+        w, h = state["w"], state["h"]
+        rng.bit_generator.state = json.loads(state["rng"].tobytes().decode())
     step_s, reduce_s = [], []
-    for epoch in range(epochs):
+    for epoch in range(start, epochs):
         order = rng.permutation(len(rows))
         for s in range(steps_per_epoch):
             t0 = time.perf_counter()
@@ -330,6 +346,9 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
         if progress and me == 0:
             print(f"epoch {epoch + 1}: {steps_per_epoch} steps, {np.median(step_s) * 1e3:.2f} ms/step",
                   file=sys.stderr, flush=True)
+        if checkpoints is not None and checkpoints.after(epoch + 1, lambda: {
+                "w": w, "h": h, "rng": np.frombuffer(json.dumps(rng.bit_generator.state).encode(), np.uint8)}):
+            return w[:-1], float(w[-1]), {"steps": 0, "step_s": 0.0, "config_reduce_s": 0.0}
     # The copies differ at the features a rank did not touch in some step: average them.
     model = w
     group.allreduce(model)

@@ -59,7 +59,16 @@ def _sample_rows(rng, prec_rows, lin_rows, mu, Lam, alpha):
 
 def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant: str = "sharded_thread",
           straggler_ms: float = 0.0, alpha: float = 2.0, burn_in: int = 5, seed: int = 0,
-          test_fraction: float = 0.1) -> dict:
+          test_fraction: float = 0.1, checkpoints=None) -> dict:
+    """BPMF by Gibbs sampling on the SSP reduction (module docstring). ``checkpoints``: a
+    :class:`~scalefree.checkpoint.Checkpoints` counting iterations; at a checkpoint the ranks
+    flush both reductions into base sums and start new ones from zero (as
+    :func:`scalefree.ssp.mf.train` does), and each rank saves its samples, sums and RNG, so a
+    resumed run continues with the uninterrupted run's arithmetic (bit-identical with
+    ``variant="sharded"`` at slack 0). Returns ``{"stopped": True, ...}`` when it stopped at
+    the checkpoints' ``stop_after``."""
+    import json
+
     import scipy.sparse as sp
 
     from .straggler import StragglerSchedule
@@ -93,16 +102,43 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
     U[my_users] = rng.standard_normal((len(my_users), k)) * 0.1
     V_mine = np.zeros((nI, k))
     V_mine[my_items] = rng.standard_normal((len(my_items), k)) * 0.1
-    # Publish the initial item vectors (exact: everyone waits for everyone once).
-    V = red_R.allreduce(V_mine.ravel().copy(), slack=0).reshape(nI, k)
     prev_L = np.zeros(L_len)
     contrib = np.empty(L_len)
     delays = StragglerSchedule(straggler_ms, seed, n).delays_s(me, iters)
     pred_sum = np.zeros(len(tr))
     history = []
+    base_L = base_V = None  # the flushed sums at the last checkpoint (the reductions hold what came after)
+    start, saved = (0, None) if checkpoints is None else checkpoints.restore()
+    if saved is None:
+        # Publish the initial item vectors (exact: everyone waits for everyone once).
+        V = red_R.allreduce(V_mine.ravel().copy(), slack=0).reshape(nI, k)
+    else:
+        if saved["U"].shape != U.shape or saved["pred_sum"].shape != pred_sum.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this data's users, items, test share and k")
+        U, V_mine, V, prev_L, L = saved["U"], saved["V_mine"], saved["V"], saved["prev_L"], saved["L"]
+        pred_sum, base_L, base_V = saved["pred_sum"], saved["base_L"], saved["base_V"]
+        rng.bit_generator.state = json.loads(saved["rng"].tobytes().decode())
+        history = [(float(a), int(b), float(c), int(d)) for a, b, c, d in saved["history"]]
+
+    def rebase() -> dict:
+        """Collective: both reductions' exact sums into the base sums, new reductions from zero."""
+        nonlocal red_L, red_R, base_L, base_V
+        total_L, total_V = red_L.flush(), red_R.flush()
+        base_L = total_L if base_L is None else base_L + total_L
+        base_V = total_V if base_V is None else base_V + total_V
+        red_L.close()
+        red_R.close()
+        red_L = group.ssp_reduction(L_len, "float64", variant=variant)
+        red_R = group.ssp_reduction(nI * k, "float64", variant=variant)
+        return {"U": U, "V_mine": V_mine, "V": V, "prev_L": prev_L, "L": L, "pred_sum": pred_sum, "base_L": base_L,
+                "base_V": base_V, "rng": np.frombuffer(json.dumps(rng.bit_generator.state).encode(), np.uint8),
+                "history": np.array(history, np.float64).reshape(-1, 4)}
+
     group.barrier()
     t0 = time.perf_counter()
-    for it in range(iters):
+    for it in range(start, iters):
         if delays[it]:
             time.sleep(delays[it])
         # Users: hyperparameters from the global user statistics, then my users given V.
@@ -126,6 +162,8 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
         np.subtract(stats, prev_L, out=contrib)
         prev_L = stats
         L = red_L.allreduce(contrib, slack=slack)
+        if base_L is not None:
+            L = base_L + L
         # Items: hyperparameters from the item vectors I see, then my items.
         muV, LamV = _sample_normal_wishart(rng, V.sum(0), V.T @ V, nI, k)
         new = _sample_rows(rng, L[: nI * kk].reshape(nI, kk)[my_items],
@@ -133,7 +171,8 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
         dV = np.zeros((nI, k))
         dV[my_items] = new - V_mine[my_items]
         V_mine[my_items] = new
-        V = red_R.allreduce(dV.ravel(), slack=slack).reshape(nI, k)
+        V = red_R.allreduce(dV.ravel(), slack=slack)
+        V = (V if base_V is None else base_V + V).reshape(nI, k)
         # Posterior-mean prediction for my users' test ratings.
         pred = mean + np.einsum("ij,ij->i", U[tu], V[ti])
         if it >= burn_in:
@@ -141,6 +180,10 @@ def train(group, path, *, k: int = 10, iters: int = 40, slack: int = 0, variant:
             pred = pred_sum / (it - burn_in + 1)
         sse = float(np.sum((np.clip(pred, 1, 5) - tr) ** 2))
         history.append((time.perf_counter() - t0, it + 1, sse, len(tr)))
+        if checkpoints is not None and checkpoints.after(it + 1, rebase):
+            red_L.close()
+            red_R.close()
+            return {"stopped": True, "history": history}
     loop_s = time.perf_counter() - t0
     red_L.flush()
     red_R.flush()

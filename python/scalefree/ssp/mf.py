@@ -78,10 +78,18 @@ def rmse(P, Q, mu, u, i, r) -> float:
 
 def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
           variant: str = "sharded_async_thread", straggler_ms: float = 0.0, lam: float = 0.1,
-          eta: float = 0.5, seed: int = 0, test_fraction: float = 0.1, log=None) -> dict:
+          eta: float = 0.5, seed: int = 0, test_fraction: float = 0.1, log=None, checkpoints=None) -> dict:
     """Trains on every rank of ``group``; returns rank-local history
     ``[(seconds, iteration, test_rmse), ...]`` (test RMSE of the model this rank sees) and the
-    exact final model's test RMSE after the flush."""
+    exact final model's test RMSE after the flush.
+
+    ``checkpoints``: a :class:`~scalefree.checkpoint.Checkpoints` counting iterations. At a
+    checkpoint every rank flushes the reduction (the exact sum so far, the same on every rank),
+    adds it into the base model ``(P0, Q0)`` and starts a new reduction from zero; the file
+    holds that base model and the history. A run resumed from it continues with the
+    uninterrupted run's arithmetic (the same checkpoint steps), so with ``slack=0`` and a
+    deterministic variant (``hypercube``, ``sharded``) the result is bit-identical. Returns
+    ``{"stopped": True, ...}`` when it stopped at the checkpoints' ``stop_after``."""
     from .straggler import StragglerSchedule
 
     u, i, r = load_ratings(path)
@@ -106,9 +114,29 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
     delays = StragglerSchedule(straggler_ms, seed, group.size).delays_s(group.rank, iters)
     tu, ti, tr = u[test], i[test], r[test]
     history = []
+    start, saved = (0, None) if checkpoints is None else checkpoints.restore()
+    if saved is not None:
+        if saved["P0"].shape != P0.shape or saved["Q0"].shape != Q0.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this data's users, items and k")
+        P0, Q0 = saved["P0"], saved["Q0"]
+        history = [(float(a), int(b), float(c), int(d)) for a, b, c, d in saved["history"]]
+
+    def rebase() -> dict:
+        """Collective: the exact sum so far into the base model, a new reduction from zero."""
+        nonlocal red, P0, Q0
+        total = red.flush()
+        P0 = P0 + total[:nP].reshape(P0.shape)
+        Q0 = Q0 + total[nP:].reshape(Q0.shape)
+        red.close()
+        red = group.ssp_reduction(P0.size + Q0.size, "float32", variant=variant)
+        state[:] = 0
+        return {"P0": P0, "Q0": Q0, "history": np.array(history, np.float64).reshape(-1, 4)}
+
     group.barrier()
     t0 = time.perf_counter()
-    for it in range(iters):
+    for it in range(start, iters):
         if delays[it]:
             time.sleep(delays[it])
         P = P0 + state[:nP].reshape(P0.shape)
@@ -122,6 +150,9 @@ def train(group, path, *, k: int = 32, iters: int = 100, slack: int = 0,
         history.append((time.perf_counter() - t0, it + 1, rmse(P, Q, mu, tu, ti, tr), red.age_diff))
         if log:
             log(history[-1])
+        if checkpoints is not None and checkpoints.after(it + 1, rebase):
+            red.close()
+            return {"stopped": True, "history": history}
     loop_s = time.perf_counter() - t0
     final = red.flush()
     P = P0 + final[:nP].reshape(P0.shape)
