@@ -293,15 +293,19 @@ def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     code = """\
         signal.signal(signal.SIGTERM, lambda *_: (mark(f"term-{rank}"), os._exit(1)))
         signal.signal(signal.SIGINT, lambda *_: (mark(f"int-{rank}"), os._exit(1)))
+        mark(f"ready-{rank}")
         time.sleep(600)
     """
     p = start(["-n", "2"] + rank_cmd(code, tmp_path))
-    wait_for_pids(tmp_path, 2)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):  # the handlers are in place
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     p.send_signal(sig)
     assert p.wait(timeout=20) == 128 + sig
     assert f"received {sig.name}".encode() in p.stderr.read()
     kind = "int" if sig == signal.SIGINT else "term"
-    assert sorted(f.name for f in tmp_path.glob("*-?") if not f.name.startswith("pid")) == [f"{kind}-0", f"{kind}-1"]
+    assert sorted(f.name for f in tmp_path.glob("*-?") if f.name.startswith(("int", "term"))) == [f"{kind}-0", f"{kind}-1"]
     assert_no_leftovers(tmp_path, 2)
 
 
