@@ -69,6 +69,25 @@ def run_ranks(n: int, code: str, timeout: float = 120.0, extra_env: dict | None 
     return res
 
 
+def parked_in_wait(pid: int) -> bool:
+    """Whether the main thread of ``pid`` sleeps in a wait of the library: ``futex`` with
+    FUTEX_WAIT on a shared word (Python's locks use private futexes) or ``poll``/``ppoll``
+    (a wait that reads the TCP lanes). Unknown (True) when ``/proc/PID/syscall`` is closed."""
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            fields = f.read().split()
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    if not fields or fields[0] in ("running", "-1"):
+        return False
+    number = int(fields[0])
+    if number == 202:  # futex
+        return int(fields[2], 16) & ~256 == 0  # FUTEX_WAIT (maybe with CLOCK_REALTIME), shared
+    return number in (7, 271)  # poll, ppoll
+
+
 def pagerank_reference(src, dst, n: int, iters: int):
     """Dense PageRank (damping 0.85, dangling mass spread evenly) after `iters` steps from the
     uniform vector: the reference the distributed PageRank tests compare against."""

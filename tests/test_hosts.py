@@ -15,13 +15,13 @@ from test_collectives import OTHERS, SWEEP
 simhosts = pytest.importorskip("scalefree.launch.simhosts")
 
 
-def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517):
-    """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes`;
-    returns (returncode, output) per host."""
+def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517, run_args=()):
+    """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes` (with
+    `run_args` too); returns (returncode, output) per host."""
     procs = [
         hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
                         "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
-                        "--", sys.executable, "-c", code],
+                        *run_args, "--", sys.executable, "-c", code],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for i in range(hosts.n)
     ]
@@ -724,3 +724,27 @@ def test_bench_pagerank_replicated_across_hosts(can_simulate, tmp_path):
     assert set(recs) == {"unreplicated", "r=2"}
     assert recs["r=2"]["killed_ranks"] == [2, 3] and recs["r=2"]["survivors"] == 2
     assert all(r["hosts"] == 2 and r["max_abs_err"] < 1e-12 for r in recs.values())
+
+
+def test_a_job_across_hosts_restarts_on_every_host(can_simulate):
+    """`--max-restarts 1` on 2 hosts of 2 ranks: rank 3 (host 1) dies in the first start; its
+    host's launcher restarts its ranks, host 0's ranks lose their peer and fail, and host 0's
+    launcher restarts too; both meet at the second start's rendezvous and finish."""
+    code = """
+import os, scalefree
+count = os.environ["SCALEFREE_RESTART_COUNT"]
+g = scalefree.init(timeout=60)
+g.barrier()
+if g.rank == 3 and count == "0":
+    os._exit(3)
+g.barrier()
+print(f"rank {g.rank} of {g.size} done in start {count}, job {g.job_id}", flush=True)
+"""
+    with simhosts.SimHosts(2) as h:
+        out = launch_all(h, 2, code, run_args=("--max-restarts", "1", "--grace", "1"))
+    for rc, o in out:
+        assert rc == 0, o[-3000:]
+        assert "restart 1 of 1 (--max-restarts)" in o, o[-3000:]
+    done = sorted(line.split("] ", 1)[1] for rc, o in out for line in o.splitlines() if " done in start " in line)
+    assert [d.split(",")[0] for d in done] == [f"rank {r} of 4 done in start 1" for r in range(4)], done
+    assert len({d.split("job ")[1] for d in done}) == 1 and done[0].endswith("-r1"), done

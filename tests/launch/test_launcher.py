@@ -288,17 +288,133 @@ def test_processes_a_rank_leaves_in_its_group_are_killed_at_the_end(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
+    """Ctrl-C is passed on as SIGINT (Python raises KeyboardInterrupt in every rank); SIGTERM
+    and SIGHUP stop the ranks with SIGTERM."""
     code = """\
         signal.signal(signal.SIGTERM, lambda *_: (mark(f"term-{rank}"), os._exit(1)))
+        signal.signal(signal.SIGINT, lambda *_: (mark(f"int-{rank}"), os._exit(1)))
+        mark(f"ready-{rank}")
         time.sleep(600)
     """
     p = start(["-n", "2"] + rank_cmd(code, tmp_path))
-    wait_for_pids(tmp_path, 2)
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):  # the handlers are in place
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     p.send_signal(sig)
     assert p.wait(timeout=20) == 128 + sig
     assert f"received {sig.name}".encode() in p.stderr.read()
+    kind = "int" if sig == signal.SIGINT else "term"
+    assert sorted(f.name for f in tmp_path.glob("*-?") if f.name.startswith(("int", "term"))) == [f"{kind}-0", f"{kind}-1"]
+    assert_no_leftovers(tmp_path, 2)
+
+
+def test_ranks_that_ignore_ctrl_c_are_stopped_after_the_grace(tmp_path):
+    code = """\
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: (mark(f"term-{rank}"), os._exit(1)))
+        mark(f"ready-{rank}")
+        time.sleep(600)
+    """
+    p = start(["-n", "2", "--grace", "1"] + rank_cmd(code, tmp_path))
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=20) == 130
+    assert time.monotonic() - t0 >= 1.0  # the grace
     assert sorted(f.name for f in tmp_path.glob("term-*")) == ["term-0", "term-1"]
     assert_no_leftovers(tmp_path, 2)
+
+
+def test_a_signal_the_launcher_was_started_with_ignored_stays_ignored(tmp_path):
+    """``nohup scalefree run ...`` survives SIGHUP (and a background job of a script, SIGINT)."""
+    p = subprocess.Popen(RUN + ["-n", "1"] + rank_cmd("time.sleep(600)", tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=ENV, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    wait_for_pids(tmp_path, 1)
+    p.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=1.0)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    assert_no_leftovers(tmp_path, 1)
+
+
+def test_ctrl_c_to_the_launcher_ends_every_ranks_parked_wait(tmp_path):
+    """Every rank parks waiting for a notification nobody sends; a SIGINT to the launcher
+    raises KeyboardInterrupt in each within the bound, and the job ends with 130."""
+    from ranks import parked_in_wait
+
+    code = """\
+        import scalefree
+        g = scalefree.init(timeout=120)
+        try:
+            g.device.wait(5)
+        except KeyboardInterrupt:
+            print(f"interrupted at {time.monotonic():.6f}", flush=True)
+            raise
+    """
+    p = start(["-n", "3"] + rank_cmd(code, tmp_path))
+    wait_for_pids(tmp_path, 3)
+    deadline = time.monotonic() + 60
+    while not all(parked_in_wait(pid) for pid in pids(tmp_path)):
+        assert time.monotonic() < deadline, "the ranks never parked"
+        time.sleep(0.02)
+    time.sleep(0.2)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    times = {int(m[1]): float(m[2]) for m in re.finditer(rb"\[(\d)\] interrupted at (\S+)", out)}
+    assert sorted(times) == [0, 1, 2], (out, err)
+    assert max(times.values()) - sent < 2.0, times
+    assert_no_leftovers(tmp_path, 3)
+
+
+# ---------------------------------------------------------------------------------------
+# Restarts
+
+
+def test_a_rank_that_fails_once_is_restarted_with_a_new_rendezvous(tmp_path):
+    code = """\
+        import scalefree
+        count, most = os.environ["SCALEFREE_RESTART_COUNT"], os.environ["SCALEFREE_MAX_RESTARTS"]
+        g = scalefree.init(timeout=60)
+        g.barrier()
+        if rank == 1 and count == "0":
+            os._exit(3)
+        g.barrier()
+        print(f"start {count} of at most {int(most) + 1} done in job {g.job_id}", flush=True)
+    """
+    p = run(["-n", "2", "--grace", "1", "--max-restarts", "2"] + rank_cmd(code, tmp_path), timeout=120)
+    assert p.returncode == 0, p.stderr
+    done = re.findall(rb"\[(\d)\] start (\d) of at most 3 done in job (\S+)", p.stdout)
+    assert sorted(d[:2] for d in done) == [(b"0", b"1"), (b"1", b"1")], p.stdout
+    assert b"scalefree run: rank 1 exited with code 3; stopping the other ranks; restarting the job" in p.stderr \
+        or b"scalefree run: rank 1 exited with code 3; restarting the job" in p.stderr, p.stderr
+    assert b"restart 1 of 2 (--max-restarts)" in p.stderr and b"restart 2 of 2" not in p.stderr
+
+
+def test_restarts_exhausted_end_with_the_failed_ranks_code(tmp_path):
+    code = """\
+        print(f"start {os.environ['SCALEFREE_RESTART_COUNT']}", flush=True)
+        sys.exit(3 if rank == 1 else 0)
+    """
+    p = run(["-n", "2", "--grace", "0", "--max-restarts", "2"] + rank_cmd(code, tmp_path), timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert sorted(re.findall(rb"\[1\] start (\d)", p.stdout)) == [b"0", b"1", b"2"]
+    assert p.stderr.count(b"rank 1 exited with code 3") == 3
+    assert b"no restarts left: the job failed in all 3 starts (--max-restarts 2)" in p.stderr
+
+
+def test_no_restart_after_a_signal_to_the_launcher(tmp_path):
+    p = start(["-n", "1", "--max-restarts", "3"] + rank_cmd("time.sleep(600)", tmp_path))
+    wait_for_pids(tmp_path, 1)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    assert len(pids(tmp_path)) == 1 and b"restart" not in p.stderr.read()
 
 
 def test_ranks_die_with_a_killed_launcher(tmp_path):
@@ -372,3 +488,15 @@ def test_survivors_report_peer_lost_through_the_launcher():
     assert p.returncode == 137
     assert b"rank 1 exited with code 137 (SIGKILL); stopping the other ranks" in p.stderr
     assert p.stderr.count(b"PeerLostError: rank 1") == 2, p.stderr.decode(errors="replace")
+
+
+def test_the_timeout_counts_for_all_starts_together(tmp_path):
+    code = """\
+        time.sleep(0.5)
+        sys.exit(3)
+    """
+    t0 = time.monotonic()
+    p = run(["-n", "1", "--grace", "0", "--max-restarts", "100", "--timeout", "3"] + rank_cmd(code, tmp_path), timeout=60)
+    assert p.returncode == 124, p.stderr
+    assert b"scalefree run: timeout after 3 s; stopping all ranks\n" in p.stderr
+    assert 1 < len(pids(tmp_path)) < 100 and time.monotonic() - t0 < 3 + 8

@@ -157,3 +157,38 @@ def test_killed_rima_job_resumes_to_the_uninterrupted_rmse(tmp_path, monkeypatch
         time.sleep(0.005)
     job.wait(timeout=60)
     assert _rmse(_train(tmp_path, *run, "--checkpoint", str(ck), "--resume")) == pytest.approx(full, abs=1e-4)
+
+
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+def test_a_rank_killed_under_max_restarts_resumes_to_the_uninterrupted_rmse(tmp_path, monkeypatch):
+    """``scalefree run -n 2 --max-restarts 1 -- mf train --mode rima ... --checkpoint ck --resume``:
+    rank 1 SIGKILLs itself in the first start once two checkpoints exist; the launcher stops
+    rank 0 and starts both again, which resume from the checkpoint (the first start, with no
+    checkpoint yet, began at the start) and end where an uninterrupted run ends."""
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path / "cache"))
+    run = ("--mode", "rima", "-n", "2", "-i", "60")
+    full = _rmse(_train(tmp_path, *run))
+    ck = str(tmp_path / "ck")
+    wrapper = f"""
+import os, runpy, signal, sys, threading, time
+from scalefree.mf.checkpoint import nothing_to_resume
+start = os.environ["SCALEFREE_RESTART_COUNT"]
+print(f"start {{start}} finds a checkpoint: {{not nothing_to_resume({ck!r})}}", flush=True)
+if start == "0" and os.environ["SCALEFREE_RANK"] == "1":
+    def die_after_two_checkpoints():
+        while not all(os.path.exists({ck!r} + f".rank{{r}}-of-2.prev") for r in range(2)):
+            time.sleep(0.002)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=die_after_two_checkpoints, daemon=True).start()
+sys.argv = ["scalefree", *sys.argv[1:]]
+runpy.run_module("scalefree.cli", run_name="__main__")
+"""
+    cmd = [sys.executable, "-m", "scalefree.cli", "run", "-n", "2", "--max-restarts", "1", "--grace", "1", "--",
+           sys.executable, "-c", wrapper, "mf", "train", str(ML100K), "-q", "-k", "16", "--seed", "1", *run,
+           "--checkpoint", ck, "--checkpoint-every", "1", "--resume"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert "rank 1 exited with code 137" in p.stderr and "restart 1 of 1 (--max-restarts)" in p.stderr, p.stderr
+    # The first start began at iteration 0; the second resumed (--resume refuses a bad checkpoint).
+    assert sorted(re.findall(r"\[\d\] start (\d) finds a checkpoint: (\w+)", p.stdout)) == [
+        ("0", "False"), ("0", "False"), ("1", "True"), ("1", "True")], p.stdout
+    assert _rmse(p) == pytest.approx(full, abs=1e-4)

@@ -26,8 +26,6 @@ impl SendPtr {
 #[pyclass(subclass, module = "scalefree._native")]
 pub struct Group {
     comm: Arc<Mutex<Option<Communicator>>>,
-    /// An exception raised by a Python signal handler during a wait (re-raised after it).
-    pending: Arc<Mutex<Option<PyErr>>>,
     /// Peers' arenas, mapped here (kept alive while arrays from them may be in use).
     peer_arenas: Mutex<Vec<scalefree_transport::RemoteRegion>>,
     device: Device,
@@ -64,8 +62,7 @@ impl Group {
             Err(Some(scalefree_transport::Error::Interrupted(what))) => {
                 // Peers are still inside the call: this group can no longer be used.
                 self.comm.lock().unwrap_or_else(|p| p.into_inner()).take();
-                let err = self.pending.lock().unwrap().take();
-                Err(err.unwrap_or_else(|| pyo3::exceptions::PyKeyboardInterrupt::new_err(format!("interrupted while {what}"))))
+                Err(crate::errors::interrupted(format!("interrupted while {what}")))
             }
             Err(Some(e)) => Err(e).py_err(py),
             Err(None) => Err(invalid(py, "this group is closed")),
@@ -100,6 +97,11 @@ impl Group {
                 *slot = Duration::from_secs_f64(s);
             }
         }
+        // Ctrl-C (or any Python signal handler that raises) ends a parked wait, the
+        // rendezvous's too. A group interrupted in a collective is then out of step with its
+        // peers, so it is closed (see `with_comm`).
+        let check = crate::errors::signal_check();
+        scalefree_transport::wait::set_interrupt_check(Some(check.clone()));
         let job2 = job.clone();
         let (device, comm) = py
             .detach(move || {
@@ -108,22 +110,9 @@ impl Group {
                 Ok((dev, comm))
             })
             .py_err(py)?;
-        // Ctrl-C (or any Python signal handler that raises) ends a parked wait. The group
-        // is then out of step with its peers, so it is closed.
-        let pending: Arc<Mutex<Option<PyErr>>> = Arc::new(Mutex::new(None));
-        let slot = pending.clone();
-        device.set_interrupt_check(Some(Arc::new(move || {
-            Python::attach(|py| match py.check_signals() {
-                Ok(()) => false,
-                Err(e) => {
-                    *slot.lock().unwrap() = Some(e);
-                    true
-                }
-            })
-        })));
+        device.set_interrupt_check(Some(check));
         Ok(Group {
             comm: Arc::new(Mutex::new(Some(comm))),
-            pending,
             peer_arenas: Mutex::new(Vec::new()),
             device,
             rank: job.rank,

@@ -125,6 +125,8 @@ impl Device {
         };
         // The slots live in `peers`, which the device drops after the backend.
         let backend = unsafe { choice.open(setup)? };
+        // Peers on this host, by pid: a wait watches them for being stopped (SCALEFREE_STOPPED_PEER).
+        crate::wait::set_local_peers(&peers.iter().map(|p| p.watch.as_ref().map(|_| p.pid)).collect::<Vec<_>>())?;
         let policy = WaitPolicy::for_load(job.local_size as usize, opts.timeout);
         let job_size = job.size as usize;
         Ok(Device {

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
+from ..mf.data.checkpoint import nothing_to_resume
 from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
 from .common import EXIT_USAGE, add_columns, add_text_dialect, count, fail, number, relaunch, show_progress
 
@@ -52,7 +53,9 @@ def _check_ranks(args) -> None:
 
 
 def _ckpt_args(args) -> dict:
-    return dict(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=args.resume,
+    # Under `scalefree run --max-restarts` every start has --resume; the first has no checkpoint yet.
+    resume = args.resume and not nothing_to_resume(args.checkpoint)
+    return dict(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every, resume=resume,
                 stop_after=args.stop_after)
 
 

@@ -11,9 +11,18 @@ The exit code is 0 when every rank exits 0, otherwise that of the first rank to 
 (128+k for a rank killed by signal k). When a rank fails the others get ``--grace`` seconds
 to exit by themselves (the library makes them raise ``PeerLostError`` within about a
 second), then SIGTERM, then SIGKILL 2 s later. ``--timeout`` ends the job with exit code
-124. SIGINT, SIGTERM or SIGHUP to the launcher stop every rank (SIGTERM, SIGKILL 2 s later)
-and exit with 128 + the signal. Every rank leads its own process group, which is killed
-as a whole at the end, and dies with the launcher even if the launcher is SIGKILLed.
+124. SIGINT (Ctrl-C) to the launcher is passed on to every rank (Python raises
+KeyboardInterrupt; a wait of the library ends within 0.1 s), which get --grace seconds to
+exit before SIGTERM, or less if a second signal comes; SIGTERM or SIGHUP stop every rank at
+once (SIGTERM, SIGKILL 2 s later). Either way the exit code is 128 + the signal. A signal the
+launcher was started with ignored (nohup, a background job of a script) stays ignored. Every
+rank leads its own process group, which is killed as a whole at the end, and dies with the
+launcher even if the launcher is SIGKILLed.
+
+--max-restarts N: when a rank fails, stop the others and start every rank again (a new
+rendezvous), up to N times; each rank sees SCALEFREE_RESTART_COUNT (0 on the first start)
+and SCALEFREE_MAX_RESTARTS. A job run with --resume continues from its last checkpoint.
+When no restart is left the exit code is that of the last start's failed rank.
 """
 
 from __future__ import annotations
@@ -37,19 +46,22 @@ from ..launch.launcher import (
     say,
 )
 
-_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
+_USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--max-restarts N] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
           "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P]\n"
           "                [--token-file PATH | --insecure-no-token] [--] CMD ...")
 
 
-def _at_least_one(text: str) -> int:
+def _integer_at_least(minimum: int, text: str) -> int:
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
     return n
+
+
+_at_least_one = functools.partial(_integer_at_least, 1)
 
 
 def _seconds(text: str, *, allow_zero: bool) -> float:
@@ -85,6 +97,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
                    metavar="S", help="seconds the other ranks get to exit by themselves after one fails, "
                                      f"before SIGTERM (default: {DEFAULT_GRACE_SECONDS:g})")
+    p.add_argument("--max-restarts", type=functools.partial(_integer_at_least, 0), default=0, metavar="N",
+                   help="when a rank fails, stop the others and start every rank again, up to N times "
+                        "(SCALEFREE_RESTART_COUNT tells the ranks which start it is; default: 0)")
     p.add_argument("--no-prefix", action="store_true", help="pass output through without the [rank] prefix")
     p.add_argument("--allow-rank-failure", action="store_true",
                    help="keep the job running when a rank dies (replicated collectives, e.g. "
@@ -113,7 +128,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if nodes is not None and nodes.nnodes > 1:
         token = _secret_for(args, nodes, cmd)
     return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes,
-                  allow_rank_failure=args.allow_rank_failure, token=token)
+                  allow_rank_failure=args.allow_rank_failure, token=token, max_restarts=args.max_restarts)
 
 
 def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
@@ -137,6 +152,8 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
         argv += ["--timeout", f"{args.timeout:g}"]
     if args.grace != DEFAULT_GRACE_SECONDS:
         argv += ["--grace", f"{args.grace:g}"]
+    if args.max_restarts:
+        argv += ["--max-restarts", str(args.max_restarts)]
     argv += [o for o, on in (("--no-prefix", args.no_prefix), ("--allow-rank-failure", args.allow_rank_failure)) if on]
     line = shlex.join([*argv, "--", *cmd]).replace(" --node-rank I ", " --node-rank $I ")
     say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"

@@ -326,6 +326,17 @@ class _Ranks:
         self.wait(TERM_TO_KILL_SECONDS)
         self.signal_groups(signal.SIGKILL, self.running())
 
+    def interrupt(self, grace_seconds: float, received: list[int]) -> None:
+        """Passes a Ctrl-C on: SIGINT to every rank's process group (Python raises
+        ``KeyboardInterrupt``, which ends any wait of the library within a check interval), then
+        :meth:`stop` after ``grace_seconds`` or at the next signal, whichever comes first."""
+        self.signal_groups(signal.SIGINT, self.running())
+        seen = len(received)
+        deadline = time.monotonic() + grace_seconds
+        while self.running() and time.monotonic() < deadline and len(received) == seen:
+            time.sleep(_POLL_SECONDS)
+        self.stop(0.0)
+
     def close(self) -> None:
         """Kills whatever is left in every rank's process group and reaps the ranks."""
         self.signal_groups(signal.SIGKILL, list(range(len(self.procs))))
@@ -335,11 +346,15 @@ class _Ranks:
 
 @contextlib.contextmanager
 def _catch_stopping_signals(received: list[int]):
-    """Records SIGINT/SIGTERM/SIGHUP in ``received`` instead of dying (main thread only)."""
+    """Records SIGINT/SIGTERM/SIGHUP in ``received`` instead of dying (main thread only).
+    A signal this process was started with ignored stays ignored: ``nohup`` ignores SIGHUP,
+    and a shell without job control ignores SIGINT in a background job, so that a Ctrl-C
+    meant for the foreground does not stop it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in _STOPPING_SIGNALS}
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum))
+                for s in _STOPPING_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -348,17 +363,32 @@ def _catch_stopping_signals(received: list[int]):
                 signal.signal(s, handler)
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """How one start of the job ended: its exit code, and whether a rank failed (what a
+    restart is for) rather than the job being stopped (signal, timeout) or succeeding."""
+
+    code: int
+    rank_failed: bool = False
+
+
 def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: list[int],
-               allow_rank_failure: bool = False, quiet_exits: tuple = ()) -> int:
-    """Waits for the job to end and stops it as needed; returns its exit code."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+               allow_rank_failure: bool = False, quiet_exits: tuple = (), restarts_left: int = 0,
+               deadline: float | None = None) -> _Ended:
+    """Waits for the job to end and stops it as needed (at ``deadline``, a ``time.monotonic()``
+    value, default ``timeout`` seconds from now)."""
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + timeout
     reported: set[int] = set()
     while True:
         if received:
             sig = signal.Signals(received[0])
             say(f"received {sig.name}; stopping all ranks")
-            ranks.stop(0.0)
-            return 128 + sig
+            if sig == signal.SIGINT:
+                ranks.interrupt(grace, received)
+            else:
+                ranks.stop(0.0)
+            return _Ended(128 + sig)
         codes = [ranks.exit_code(r) for r in range(len(ranks.procs))]
         if allow_rank_failure:
             for rank, code in enumerate(codes):
@@ -370,27 +400,30 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
                 # Ranks that died by a signal are the tolerated failures; a rank that exited
                 # with an error code by itself fails the job, and so does losing every rank.
                 own = [c for c in codes if c and c <= 128]
-                return own[0] if own else (0 if any(c == 0 for c in codes) else next(c for c in codes if c))
+                code = own[0] if own else (0 if any(c == 0 for c in codes) else next(c for c in codes if c))
+                return _Ended(code, rank_failed=code != 0)
             codes = [0 if c else c for c in codes]
         for rank, code in enumerate(codes):
             if code:  # the first failure seen; ties within one poll go to the lowest rank
                 others = ranks.running()
-                if code not in quiet_exits:
-                    say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}" + ("; stopping the other ranks" if others else ""))
+                if code not in quiet_exits or restarts_left:
+                    then = ("; stopping the other ranks" if others else "") + ("; restarting the job" if restarts_left else "")
+                    say(f"rank {ranks.first_rank + rank} exited with {_describe(code)}{then}")
                 ranks.stop(grace, received)
-                return code
+                return _Ended(code, rank_failed=True)
         if all(code == 0 for code in codes) and not allow_rank_failure:
-            return 0
+            return _Ended(0)
         if deadline is not None and time.monotonic() >= deadline:
             say(f"timeout after {timeout:g} s; stopping all ranks")
             ranks.stop(0.0)
-            return EXIT_TIMEOUT
+            return _Ended(EXIT_TIMEOUT)
         time.sleep(_POLL_SECONDS)
 
 
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
            prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
-           allow_rank_failure: bool = False, quiet_exits: tuple = (), token: str | None = None) -> int:
+           allow_rank_failure: bool = False, quiet_exits: tuple = (), token: str | None = None,
+           max_restarts: int = 0) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
 
     ``nodes`` places them in a job over several hosts: run the same command on every host
@@ -406,6 +439,16 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     its own failure). ``token`` is the secret every host of a job across hosts shares
     (default: :func:`job_secret`; a job across hosts without one is refused with ``ValueError``). Output goes to ``sys.stdout``/``sys.stderr`` as it arrives. A
     command that cannot be started gives 127 (not found) or 126, with a message.
+
+    ``max_restarts`` (default 0): when a rank fails, the others are stopped and every rank is
+    started again, up to this many times, each start with a new rendezvous (a new job id and,
+    on one host, a new secret) and ``SCALEFREE_RESTART_COUNT`` (0, 1, ...) and
+    ``SCALEFREE_MAX_RESTARTS`` in its environment (torchrun's ``TORCHELASTIC_RESTART_COUNT``);
+    a command with ``--resume`` continues from its last checkpoint. Across hosts every host's
+    launcher restarts its own ranks (its ranks fail when a peer host's rank dies) and the
+    ``k``-th restart of every host meets at the job id suffixed ``-rk``. A signal or the
+    ``timeout`` (which counts for all starts together) is no reason to restart. The exit code
+    is that of the last start.
     """
     cmd = [os.fspath(c) for c in cmd]
     if nprocs < 1:
@@ -416,6 +459,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
         raise ValueError(f"timeout must be positive, got {timeout}")
     if grace < 0:
         raise ValueError(f"grace must not be negative, got {grace}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must not be negative, got {max_restarts}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     nodes = nodes or Nodes()
@@ -424,25 +469,46 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     if not 0 <= nodes.node_rank < nodes.nnodes:
         raise ValueError(f"node_rank must be in [0, {nodes.nnodes}), got {nodes.node_rank}")
     if nodes.master_addr:
-        job_id, token = multi_host_job(nodes, token or job_secret(env=env))
+        first_job_id, token = multi_host_job(nodes, token or job_secret(env=env))
         if token is None:
             raise _bad(NO_SECRET)
-    else:
-        job_id, token = new_job()
+    deadline = None if timeout is None else time.monotonic() + timeout
     received: list[int] = []
     with _catch_stopping_signals(received):
-        try:
-            ranks = _Ranks(cmd, nprocs, env, job_id, token, nodes)
-        except OSError as e:
-            say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
-            return EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE
-        tag = (lambda r: f"[{nodes.global_rank(r, nprocs)}] ".encode()) if prefix else (lambda r: b"")
-        out, err = _binary(sys.stdout), _binary(sys.stderr)
-        pumps = []
-        for r, p in enumerate(ranks.procs):
-            pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
-        try:
-            return _supervise(ranks, timeout, grace, received, allow_rank_failure, quiet_exits)
-        finally:
-            ranks.close()
-            _join(pumps, _DRAIN_SECONDS)
+        for restart in range(max_restarts + 1):
+            if nodes.master_addr:
+                # Every host's launcher counts the same restarts: the k-th meets at "-rk".
+                job_id = first_job_id if restart == 0 else f"{first_job_id}-r{restart}"
+            else:
+                job_id, token = new_job()
+            start_env = dict(os.environ if env is None else env)
+            start_env.update(SCALEFREE_RESTART_COUNT=str(restart), SCALEFREE_MAX_RESTARTS=str(max_restarts))
+            ended = _start_and_supervise(cmd, nprocs, start_env, job_id, token, nodes, prefix, timeout, deadline, grace,
+                                         received, allow_rank_failure, quiet_exits, max_restarts - restart)
+            if not ended.rank_failed or received:
+                return ended.code
+            if restart < max_restarts:
+                say(f"restart {restart + 1} of {max_restarts} (--max-restarts): starting every rank again")
+        if max_restarts:
+            say(f"no restarts left: the job failed in all {max_restarts + 1} starts (--max-restarts {max_restarts})")
+        return ended.code
+
+
+def _start_and_supervise(cmd, nprocs, env, job_id, token, nodes, prefix, timeout, deadline, grace, received,
+                         allow_rank_failure, quiet_exits, restarts_left) -> _Ended:
+    """One start of the job: its ranks, their output, their supervision, their end."""
+    try:
+        ranks = _Ranks(cmd, nprocs, env, job_id, token, nodes)
+    except OSError as e:
+        say(f"cannot run {cmd[0]!r}: {e.strerror or e}")
+        return _Ended(EXIT_NOT_FOUND if isinstance(e, FileNotFoundError) else EXIT_CANNOT_EXECUTE)
+    tag = (lambda r: f"[{nodes.global_rank(r, nprocs)}] ".encode()) if prefix else (lambda r: b"")
+    out, err = _binary(sys.stdout), _binary(sys.stderr)
+    pumps = []
+    for r, p in enumerate(ranks.procs):
+        pumps += [_start_pump(p.stdout, out, tag(r)), _start_pump(p.stderr, err, tag(r))]
+    try:
+        return _supervise(ranks, timeout, grace, received, allow_rank_failure, quiet_exits, restarts_left, deadline)
+    finally:
+        ranks.close()
+        _join(pumps, _DRAIN_SECONDS)

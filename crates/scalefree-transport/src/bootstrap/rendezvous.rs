@@ -206,6 +206,7 @@ impl Rendezvous {
                     joined += 1;
                 }
                 Err(_) => {
+                    crate::wait::check_interrupt_every(Duration::from_millis(50), &|| format!("ranks to join rendezvous {what}"))?;
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> =
                             (1..job.size).filter(|r| conns[*r as usize].is_none()).collect();
@@ -239,6 +240,7 @@ impl Rendezvous {
                 if Instant::now() >= deadline {
                     return Err(Error::Timeout { timeout, waiting_for: format!("rank 0 to open rendezvous {what} ({last})") });
                 }
+                crate::wait::check_interrupt_every(Duration::from_millis(50), &|| format!("rank 0 to open rendezvous {what}"))?;
                 std::thread::sleep(delay);
                 delay = (delay * 2).min(Duration::from_millis(50));
             }

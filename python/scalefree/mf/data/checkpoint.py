@@ -28,10 +28,25 @@ resumable command).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from ... import checkpoint as _shared
 from ...checkpoint import Plan, fingerprint, rank_path  # noqa: F401  (the MF modes use them from here)
 
 VERSION = 2  # 2: rima/dsgd-ps blocks hold two AdaGrad accumulators per row (LIBMF's update)
+
+
+def nothing_to_resume(path) -> bool:
+    """True when a job that ``scalefree run --max-restarts`` started (``SCALEFREE_RESTART_COUNT``
+    set) finds no checkpoint ``path`` at all (neither the file nor any rank's): it is the job's
+    first start, or it died before its first checkpoint, so ``resume`` starts at the beginning
+    (as :meth:`scalefree.checkpoint.Checkpoints.restore` does for the other commands). Every
+    rank decides alike: none can write a checkpoint before all have started training."""
+    if os.environ.get("SCALEFREE_RESTART_COUNT") is None:
+        return False
+    p = Path(path)
+    return not p.exists() and not any(f.name.startswith(p.name + ".rank") for f in p.parent.glob("*"))
 
 
 def save(path, meta: dict, arrays: dict) -> None:
