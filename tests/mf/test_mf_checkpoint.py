@@ -171,7 +171,7 @@ def test_a_rank_killed_under_max_restarts_resumes_to_the_uninterrupted_rmse(tmp_
     ck = str(tmp_path / "ck")
     wrapper = f"""
 import os, runpy, signal, sys, threading, time
-from scalefree.mf.checkpoint import nothing_to_resume
+from scalefree.mf.data.checkpoint import nothing_to_resume
 start = os.environ["SCALEFREE_RESTART_COUNT"]
 print(f"start {{start}} finds a checkpoint: {{not nothing_to_resume({ck!r})}}", flush=True)
 if start == "0" and os.environ["SCALEFREE_RANK"] == "1":
