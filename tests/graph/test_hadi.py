@@ -1,6 +1,6 @@
-"""HADI over the OR sparse allreduce, against an exact BFS neighbourhood function: exact
+"""HADI over the OR/max sparse allreduce, against an exact BFS neighbourhood function: exact
 bitsets must agree exactly (world sizes 1-4, graphs of 0, 1 and an odd number of edges),
-Flajolet-Martin within a tolerance (seeded, so the same numbers every run)."""
+HyperLogLog and Flajolet-Martin within a tolerance (seeded, so the same numbers every run)."""
 
 import gzip
 import subprocess
@@ -112,6 +112,66 @@ def test_fm_estimate_close_to_bfs(tmp_path):
     # within the estimator's spread (~0.78/sqrt(k) per vertex, correlated across vertices).
     assert rel[1] < 0.5 and rel[2:].max() < 0.25, rel
     assert abs(effective_diameter(got)[1] - effective_diameter(want)[1]) <= 1.0
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", ["path-odd", "cycle-plus-tail", "one-edge", "no-edges", "empty"])
+def test_hll_small_graphs_near_bfs(tmp_path, ranks, name):
+    src, dst, n = GRAPHS[name]
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    want = bfs_neighbourhood(src, dst, n) if n else np.array([0.0])
+    assert got[0] == want[0]  # N(0): the vertex count, exactly
+    assert abs(len(got) - len(want)) <= 1
+    m = min(len(got), len(want))
+    # a handful of items in 64 registers: linear counting, off by a collision at most
+    np.testing.assert_allclose(got[:m], want[:m], rtol=0.1)
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_hll_matches_bfs_skewed_directed(tmp_path, ranks):
+    n = 301
+    src, dst = skewed_graph(n, 1500, seed=ranks)
+    want = bfs_neighbourhood(src, dst, n)
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    assert got[0] == want[0]
+    m = min(len(got), len(want))
+    assert abs(len(got) - len(want)) <= 1
+    assert (np.abs(got[:m] - want[:m]) / want[:m]).max() < 0.05
+
+
+def test_hll_close_to_bfs(tmp_path):
+    from scalefree.graph.hadi import effective_diameter
+
+    n = 1201  # odd
+    src, dst = skewed_graph(n, 6000, seed=11)
+    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])  # undirected: one big component
+    want = bfs_neighbourhood(src, dst, n)
+    got = run_hadi(tmp_path, 3, src, dst, n, method="hll")
+    assert abs(len(got) - len(want)) <= 1
+    m = min(len(got), len(want))
+    rel = np.abs(got[:m] - want[:m]) / want[:m]
+    assert rel[0] == 0 and rel.max() < 0.05, rel  # unlike fm, no small-range bias
+    assert effective_diameter(got)[0] == effective_diameter(want)[0]
+
+
+def test_hll_initial_and_estimate():
+    from scalefree.graph.hadi import Encoding
+
+    e = Encoding("hll", 1 << 20, seed=3, precision=6)
+    v = np.arange(200000)
+    a = e.initial(v)
+    assert a.dtype == np.uint8 and a.shape == (len(v), 64)
+    assert np.array_equal(a, Encoding("hll", 1 << 20, seed=3, precision=6).initial(v))
+    assert ((a != 0).sum(axis=1) == 1).all()  # one register a vertex
+    rank = a.max(axis=1)
+    assert 0.48 < (rank == 1).mean() < 0.52 and 0.23 < (rank == 2).mean() < 0.27  # geometric
+    # unions (register-wise max) of known sizes: within 4 sigma of 1.04/sqrt(m)
+    for size in (1, 5, 50, 1000, 100000):
+        est = e.count(a[:size].max(axis=0, keepdims=True))[0]
+        assert abs(est - size) <= max(1.0, 4 * 1.04 / 8 * size), (size, est)
+    assert e.count(a[:1])[0] == pytest.approx(1, abs=0.01)
+    with pytest.raises(ValueError, match="precision"):
+        Encoding("hll", 10, precision=3)
 
 
 def test_effective_diameter():
