@@ -21,7 +21,7 @@ g = scalefree.init(timeout=60)
 z = np.load(sys.argv[1])
 n = int(z["n"])
 s, d = partition_edges(z["src"], z["dst"], g.rank, g.size, seed=5)
-nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]))
+nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]), precision=int(sys.argv[5]))
 # every rank must hold the same neighbourhood function
 print(json.dumps(nf))
 if g.rank == 0:
@@ -51,11 +51,11 @@ def bfs_neighbourhood(src, dst, n):
     return np.cumsum([hist.get(h, 0) for h in range(hmax + 1)]).astype(float)
 
 
-def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32):
+def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32, precision=8):
     g = tmp_path / "g.npz"
     out = tmp_path / "nf.npy"
     np.savez(g, src=np.asarray(src, np.int64), dst=np.asarray(dst, np.int64), n=n)
-    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k)]), 120)
+    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k), str(precision)]), 120)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
     lines = {r.stdout.strip().splitlines()[-1] for r in res}
@@ -136,7 +136,9 @@ def test_hll_matches_bfs_skewed_directed(tmp_path, ranks):
     assert got[0] == want[0]
     m = min(len(got), len(want))
     assert abs(len(got) - len(want)) <= 1
-    assert (np.abs(got[:m] - want[:m]) / want[:m]).max() < 0.05
+    # Most vertices reach the same few dozen: their counters are one set's, so N(h) errs by
+    # about one counter's relative error, 1.04/sqrt(256) at the default precision: 3 sigma.
+    assert (np.abs(got[:m] - want[:m]) / want[:m]).max() < 3 * 1.04 / 16
 
 
 def test_hll_close_to_bfs(tmp_path):
@@ -146,11 +148,13 @@ def test_hll_close_to_bfs(tmp_path):
     src, dst = skewed_graph(n, 6000, seed=11)
     src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])  # undirected: one big component
     want = bfs_neighbourhood(src, dst, n)
-    got = run_hadi(tmp_path, 3, src, dst, n, method="hll")
-    assert abs(len(got) - len(want)) <= 1
-    m = min(len(got), len(want))
-    rel = np.abs(got[:m] - want[:m]) / want[:m]
-    assert rel[0] == 0 and rel.max() < 0.05, rel  # unlike fm, no small-range bias
+    for precision, tol in ((8, 3 * 1.04 / 16), (11, 0.05)):
+        # one big component: late hops err by about one counter's 1.04/sqrt(2^precision)
+        got = run_hadi(tmp_path, 3, src, dst, n, method="hll", precision=precision)
+        assert abs(len(got) - len(want)) <= 1
+        m = min(len(got), len(want))
+        rel = np.abs(got[:m] - want[:m]) / want[:m]
+        assert rel[0] == 0 and rel.max() < tol, (precision, rel)  # unlike fm, no small-range bias
     assert effective_diameter(got)[0] == effective_diameter(want)[0]
 
 

@@ -22,8 +22,9 @@ Three encodings of a set:
   ``alpha_m m^2 / sum_j 2^-M[j]`` with its bias constant ``alpha_m``, and linear counting
   ``m ln(m / zeros)`` in the small range (estimate <= 2.5 m with an empty register); 64-bit
   hashes need no large-range correction. Relative standard error of one counter
-  ``1.04 / sqrt(m)`` (13 % at the default precision 6, 6.5 % at 8); ``N(h)`` sums
-  ``n`` counters and is much closer (see ``docs/algorithms.md``). ``N(0)`` is the exact
+  ``1.04 / sqrt(m)`` (6.5 % at the default precision 8). ``N(h)`` sums ``n`` counters,
+  but late hops of a graph with a giant component sum nearly the same set ``n`` times, so
+  its error there is one counter's, not smaller (see ``docs/algorithms.md``). ``N(0)`` is the exact
   vertex count, not an estimate.
 * ``fm`` — ``K`` Flajolet–Martin bitstrings (uint32) per vertex: vertex ``v`` sets bit ``i``
   of string ``k`` with probability ``2^-(i+1)`` (from a seeded hash of ``v`` and ``k``, so
@@ -46,7 +47,7 @@ import time
 import numpy as np
 
 FM_CORRECTION = 0.77351
-HLL_PRECISION = 9  # 512 registers a vertex: one counter within 1.04/sqrt(512) = 4.6 %
+HLL_PRECISION = 8  # 256 registers a vertex: one counter within 1.04/sqrt(256) = 6.5 %
 HLL_PRECISION_MAX = 16
 HLL_COUNT_ROWS = 1 << 15  # rows counted at a time (a float64 temporary of rows x m)
 EXACT_AUTO_MAX = 16384
