@@ -64,12 +64,27 @@ class Channel:
     def notify(self, slot: int, value: int) -> None: ...
 
 # Partitioned readers (crates/scalefree-io): rank `rank` of `size` reads and parses only its
-# share of the file (plain: a byte range cut at line starts; gzip: chunks i % size == rank of
-# the decompressed stream, which every rank decompresses). Bad data raises
-# scalefree.errors.DataError "PATH:LINE: problem"; a missing file FileNotFoundError.
-def read_edges_share(path: str | os.PathLike, rank: int, size: int, offset: int = 0, min_fields: int = 2,
-                     max_fields: int = 2, gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray]: ...
-def read_svmlight_share(path: str | os.PathLike, rank: int, size: int, max_index: int, offset: int = 0,
-                        gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
-def read_ratings_share(path: str | os.PathLike, rank: int, size: int, offset: int = 0,
-                       gzip_chunk_bytes: int = 4194304) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+# share of the input: a file, a part directory or a list of part files, read as one body cut
+# by bytes at line starts (gzip parts of several members/BGZF blocks: by members; a
+# single-member gzip stream: chunks i % n of the ranks sharing it, each decompressing it).
+# `delimiter`: tab, space, comma, semicolon (None: detected); `header`: auto, yes, no. Bad
+# data raises scalefree.errors.DataError "PATH:LINE: problem"; a missing file FileNotFoundError.
+def read_edges_share(path: str | os.PathLike | list[str], rank: int, size: int, offset: int = 0, min_fields: int = 2,
+                     max_fields: int = 2, gzip_chunk_bytes: int = 4194304, delimiter: str | None = None,
+                     header: str = "auto") -> tuple[np.ndarray, np.ndarray]: ...
+def read_svmlight_share(path: str | os.PathLike | list[str], rank: int, size: int, max_index: int, offset: int = 0,
+                        gzip_chunk_bytes: int = 4194304, header: str = "auto"
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+def read_ratings_share(path: str | os.PathLike | list[str], rank: int, size: int, offset: int = 0,
+                       gzip_chunk_bytes: int = 4194304, delimiter: str | None = None,
+                       header: str = "auto") -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+# The data files of a path: [path] for a file; for a directory its part files sorted by name,
+# markers skipped (names starting with `_` or `.`, ending in `.crc`). FileNotFoundError for a
+# missing path, DataError for a directory without parts or with a subdirectory.
+def resolve_parts(path: str | os.PathLike) -> list[str]: ...
+# Parquet / Arrow IPC (scalefree-columnar): the format by magic bytes, and rank's share of
+# the rows of one file or the parts of a directory, by row groups / record batches.
+def columnar_format(path: str | os.PathLike) -> str | None: ...
+def read_columnar_share(paths: list[str | os.PathLike], rank: int, size: int, table: str,
+                        columns: list[str] | None = None,
+                        max_id: int = 9223372036854775807) -> tuple[np.ndarray, ...]: ...

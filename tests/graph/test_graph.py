@@ -192,3 +192,53 @@ def test_tiny_graphs_with_idle_ranks_match_dense(tmp_path, n, edges):
     inv = inv.reshape(-1, 2)
     np.testing.assert_array_equal(ids, uid)
     assert np.abs(r - dense_pagerank(inv[:, 0], inv[:, 1], len(uid))).max() < 1e-9
+
+
+TABLE_RUN = r"""
+import numpy as np, scalefree, sys
+from scalefree.graph.pagerank import pagerank, gather_scores
+kind, path, out = sys.argv[1:]
+g = scalefree.init(timeout=60)
+e = np.load(path)
+e = e[len(e) * g.rank // g.size: len(e) * (g.rank + 1) // g.size]
+if kind == "pandas":
+    import pandas as pd
+    table = pd.DataFrame({"label": ["x"] * len(e), "to": e[:, 1], "from": e[:, 0]})
+elif kind == "pyarrow":
+    import pyarrow as pa
+    table = pa.table({"to": e[:, 1].astype(np.uint32), "from": e[:, 0].astype(np.int16)})
+elif kind == "scipy":
+    import scipy.sparse as sp
+    table = sp.coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(e.max() + 1,) * 2)
+else:
+    table = np.ascontiguousarray(e)
+columns = ["from", "to"] if kind in ("pandas", "pyarrow") else None
+owned, r, it, _ = pagerank(g, table, columns=columns, tol=1e-13)  # n: the largest id + 1
+got = gather_scores(g, owned, r, 32)
+if g.rank == 0:
+    np.save(out, got)
+"""
+
+
+@pytest.mark.parametrize("kind", ["numpy", "pandas", "pyarrow", "scipy"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_pagerank_takes_tables(tmp_path, kind, n):
+    """pagerank(group, table) with the table's columns by name (pandas, pyarrow: the Arrow
+    buffers viewed, scalefree._tables) or position (2-D array, scipy COO) equals the dense
+    reference; n defaults to the largest id + 1."""
+    pytest.importorskip({"numpy": "numpy", "pandas": "pandas", "pyarrow": "pyarrow", "scipy": "scipy"}[kind])
+    from ranks import collect, spawn_ranks
+
+    rng = np.random.default_rng(7)
+    e = np.unique(rng.integers(0, 32, (150, 2)), axis=0)
+    e = e[rng.permutation(len(e))]
+    np.save(tmp_path / "e.npy", e)
+    res = collect(spawn_ranks(n, TABLE_RUN, args=[kind, str(tmp_path / "e.npy"), str(tmp_path / "r.npy")]), 120)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    got = np.load(tmp_path / "r.npy")
+    want = np.zeros(32)
+    uid = np.unique(e)
+    idx = np.searchsorted(uid, e)
+    want[uid] = dense_pagerank(idx[:, 0], idx[:, 1], len(uid))
+    assert np.abs(got - want).max() < 1e-9

@@ -3,8 +3,8 @@ secret, a secret derived from public job ids, or a wrong one is refused under ev
 while the real host still joins; a stopped rank is named in a warning.
 
 The rendezvous' own properties (50 silent connections, an oversized hello, the bytes of the
-handshake) are tested in Rust: crates/scalefree-transport/src/bootstrap/rendezvous.rs,
-src/backends/ucx/lanes.rs and tests/rendezvous_alloc.rs.
+handshake) are tested in Rust: crates/scalefree-transport/src/bootstrap/rendezvous/tests.rs,
+src/backends/lanes/handshake.rs and tests/rendezvous_alloc.rs.
 """
 
 import hashlib

@@ -226,10 +226,10 @@ pub struct Communicator {
     pub(crate) staging: Option<Region>,
     pub(crate) peer_staging: Vec<Option<RemoteRegion>>,
     /// Peers are reached over the network (nothing of theirs is mapped here): large calls
-    /// go through `dense::net`, headers through one write per peer.
+    /// go through `dense::all_to_all`, headers through one write per peer.
     pub(crate) net: bool,
-    /// Landing region of `dense::net` (grown on demand).
-    pub(crate) landing: Option<crate::dense::net::Landing>,
+    /// Landing region of `dense::landing` (grown on demand).
+    pub(crate) landing: Option<crate::dense::landing::Landing>,
     /// Per-peer send buffers of the header exchange over the network.
     post_bufs: Vec<Vec<u8>>,
     /// Who takes part in the recursive doubling of small allreduces between hosts (one
@@ -279,7 +279,7 @@ impl Communicator {
             c.small = if all_remote {
                 Some(crate::dense::doubling::Layout::flat(size))
             } else if c.net {
-                crate::dense::net::host_groups(&c).map(|g| crate::dense::doubling::Layout::by_host(rank, &g))
+                crate::dense::hierarchical::host_groups(&c).map(|g| crate::dense::doubling::Layout::by_host(rank, &g))
             } else {
                 None
             }

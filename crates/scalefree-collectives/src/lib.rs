@@ -33,7 +33,7 @@ pub enum Algorithm {
     Direct = 2,
     Ring = 3,
     /// Across hosts with several ranks each: within the host over shared memory, between
-    /// hosts over the network (`dense::net`). `auto` picks it when the job has that shape.
+    /// hosts over the network (`dense::hierarchical`). `auto` picks it when the job has that shape.
     Hierarchical = 4,
 }
 

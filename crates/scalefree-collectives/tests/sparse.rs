@@ -3,36 +3,20 @@
 //! and op, widths 1 and 3, values in ordinary memory (sent as a key-ordered copy) and in a
 //! registered region (read in place), the direct reduce and the general path.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use scalefree_collectives::sparse::{SDType, SOp, SparseAllreduce};
 use scalefree_collectives::{CommOptions, Communicator};
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
-
-static JOB: AtomicU32 = AtomicU32::new(0);
+use scalefree_testing::{options, ranks};
 
 fn run<F>(n: u32, f: F)
 where
     F: Fn(&mut Communicator) + Send + Sync + Clone + 'static,
 {
-    let id = format!("s{}-{}", std::process::id(), JOB.fetch_add(1, Ordering::SeqCst));
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let id = id.clone();
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
-                let dev = Device::new(job, opts).unwrap();
-                let mut c = Communicator::new(dev, CommOptions::default()).unwrap();
-                f(&mut c);
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    ranks(n, "s", options(Duration::from_secs(60)), move |dev| {
+        let mut c = Communicator::new(dev, CommOptions::default()).unwrap();
+        f(&mut c);
+    });
 }
 
 fn rnd(state: &mut u64) -> u64 {

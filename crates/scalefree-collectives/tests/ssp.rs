@@ -3,34 +3,18 @@
 //! rank's data is older than the slack, that consistent variants give every shard the same
 //! set of contributions, and, after flush, that every rank holds the exact total.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use scalefree_collectives::ssp::{PushOrder, SspReduction, Variant};
 use scalefree_collectives::{DType, ReduceOp};
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
-
-static JOB: AtomicU32 = AtomicU32::new(0);
+use scalefree_testing::{options, ranks};
+use scalefree_transport::Device;
 
 fn devices<F>(n: u32, f: F)
 where
     F: Fn(Device) + Send + Sync + Clone + 'static,
 {
-    let id = format!("ssp{}-{}", std::process::id(), JOB.fetch_add(1, Ordering::SeqCst));
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let id = id.clone();
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
-                let opts = DeviceOptions { timeout: Duration::from_secs(20), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
-                f(Device::new(job, opts).unwrap());
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    ranks(n, "ssp", options(Duration::from_secs(20)), f);
 }
 
 struct Rng(u64);

@@ -1,41 +1,25 @@
 //! Ranks as threads of one process (fast); the Python suite runs the same checks with
 //! real processes. Every result is compared with a sequential reference.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use scalefree_collectives::dense::share_bounds;
 use scalefree_collectives::{Algorithm, CommOptions, Communicator, DType, ReduceOp};
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
-
-static JOB: AtomicU32 = AtomicU32::new(0);
+use scalefree_testing::{options, ranks};
 
 fn run<F>(n: u32, f: F)
 where
     F: Fn(&mut Communicator) + Send + Sync + Clone + 'static,
 {
-    let id = format!("t{}-{}", std::process::id(), JOB.fetch_add(1, Ordering::SeqCst));
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let id = id.clone();
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() };
-                let dev = Device::new(job, opts).unwrap();
-                let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0, ..CommOptions::default() };
-                let mut c = Communicator::new(dev, copts).unwrap();
-                // `SCALEFREE_TRANSPORT=ucx cargo test --test threads` runs this suite over UCX.
-                if n > 1 && std::env::var("SCALEFREE_TRANSPORT").is_ok_and(|t| t == "ucx") {
-                    assert!(c.is_networked() && c.device().transport_name() == "ucx");
-                }
-                f(&mut c);
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    ranks(n, "t", options(Duration::from_secs(60)), move |dev| {
+        let copts = CommOptions { inline_bytes: 4096, one_shot_max_bytes: 2048, piece_bytes: 4096, stage_max_bytes: 0, ..CommOptions::default() };
+        let mut c = Communicator::new(dev, copts).unwrap();
+        // `SCALEFREE_TRANSPORT=ucx cargo test --test threads` runs this suite over UCX.
+        if n > 1 && std::env::var("SCALEFREE_TRANSPORT").is_ok_and(|t| t == "ucx") {
+            assert!(c.is_networked() && c.device().transport_name() == "ucx");
+        }
+        f(&mut c);
+    });
 }
 
 fn contribution(rank: u32, i: usize) -> i64 {

@@ -1,5 +1,6 @@
 //! Edge lists: SNAP style, two non-negative integer vertex ids per line (`from to`),
-//! separated by spaces or tabs; optionally more fields after them, which are counted but not
+//! separated by spaces or tabs, or by commas or semicolons (CSV), with an optional header
+//! line (see [`crate::dialect`]); optionally more fields after them, which are counted but not
 //! read (Matrix Market bodies: `row col [value...]`). Blank lines and lines whose first
 //! non-blank byte is `#` or `%` are skipped; CRLF line ends are fine. A Matrix Market file
 //! read from offset 0 has its banner and size line skipped.
@@ -9,8 +10,9 @@
 //! that accepts what is valid (`+7`, long runs of leading zeros, extra fields) and words
 //! the error otherwise.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::dialect::{is_float, Delimiter, Dialect};
 use crate::error::{BadLine, ReadError, Result};
 use crate::line::{is_blank, is_blank_line, is_comment, line_at, not_text, quote};
 use crate::matrix_market::MatrixMarket;
@@ -44,6 +46,9 @@ pub struct Edges {
 struct EdgeFormat {
     options: EdgeOptions,
     mm: MatrixMarket,
+    dialect: Dialect,
+    /// The delimiter byte (`,` or `;`) once decided; None for blanks.
+    sep: Option<u8>,
     out: Edges,
 }
 
@@ -67,18 +72,32 @@ fn short_id(s: &[u8], i: usize) -> Option<(u64, usize)> {
     }
 }
 
-/// The common line at `i`: `[blanks] id blanks id [blanks] [\r] (\n | end)`; the two ids and
-/// the start of the next line, or None for anything else.
+/// The common line at `i`: `[blanks] id blanks id [blanks] [\r] (\n | end)` (with a
+/// delimiter byte `sep`: `[blanks] id [blanks] sep [blanks] id ...`); the two ids and the
+/// start of the next line, or None for anything else.
 #[inline(always)]
-fn two_ids(s: &[u8], mut i: usize) -> Option<(u64, u64, usize)> {
+fn two_ids(s: &[u8], mut i: usize, sep: Option<u8>) -> Option<(u64, u64, usize)> {
     let n = s.len();
     while i < n && is_blank(s[i]) {
         i += 1;
     }
     let (a, j) = short_id(s, i)?;
     i = j;
-    if i >= n || !is_blank(s[i]) {
-        return None;
+    match sep {
+        None => {
+            if i >= n || !is_blank(s[i]) {
+                return None;
+            }
+        }
+        Some(c) => {
+            while i < n && is_blank(s[i]) {
+                i += 1;
+            }
+            if i >= n || s[i] != c {
+                return None;
+            }
+            i += 1;
+        }
     }
     while i < n && is_blank(s[i]) {
         i += 1;
@@ -117,8 +136,9 @@ impl EdgeFormat {
         if let Some(why) = not_text(line) {
             return Err(why);
         }
-        let mut fields = line.split(|&b| is_blank(b)).filter(|t| !t.is_empty());
-        let found = fields.clone().count();
+        let delimiter = self.dialect.delimiter.unwrap_or(Delimiter::Blanks);
+        let found = delimiter.fields(line).count();
+        let mut fields = delimiter.fields(line);
         let EdgeOptions { min_fields, max_fields } = self.options;
         if found < min_fields || found > max_fields {
             let want = if min_fields == max_fields { min_fields.to_string() } else { format!("{min_fields} to {max_fields}") };
@@ -136,10 +156,16 @@ impl EdgeFormat {
 impl Format for EdgeFormat {
     const NOUN: &'static str = "edges";
 
+    fn start_part(&mut self, path: &Path) {
+        self.dialect.start_part(path);
+        self.mm = MatrixMarket::default();
+    }
+
     fn is_body(&mut self, line: &[u8], at_file_start: bool) -> std::result::Result<bool, String> {
         if at_file_start {
             if let Ok(t) = std::str::from_utf8(line) {
                 if self.mm.banner(t.trim(), true, "edges")? {
+                    self.dialect.settle();
                     return Ok(false);
                 }
             }
@@ -147,10 +173,18 @@ impl Format for EdgeFormat {
         if is_blank_line(line) || is_comment(line) {
             return Ok(false);
         }
-        match std::str::from_utf8(line) {
-            Ok(t) => Ok(!self.mm.size_line(t.trim())?),
-            Err(_) => Ok(true), // the owner of the line words the error
+        let Ok(t) = std::str::from_utf8(line) else {
+            return Ok(true); // the owner of the line words the error
+        };
+        if self.mm.size_line(t.trim())? {
+            return Ok(false);
         }
+        if self.dialect.is_fresh() {
+            let header = self.dialect.first_line(line, false, is_float)?;
+            self.sep = self.dialect.delimiter.and_then(Delimiter::byte);
+            return Ok(!header);
+        }
+        Ok(true)
     }
 
     fn parse(&mut self, s: &[u8]) -> std::result::Result<(), BadLine> {
@@ -161,7 +195,7 @@ impl Format for EdgeFormat {
         let mut i = 0;
         while i < s.len() {
             if fast {
-                if let Some((a, b, next)) = two_ids(s, i) {
+                if let Some((a, b, next)) = two_ids(s, i, self.sep) {
                     self.out.src.push(a as i64);
                     self.out.dst.push(b as i64);
                     i = next;
@@ -176,13 +210,27 @@ impl Format for EdgeFormat {
     }
 }
 
-/// Reads rank `part.rank`'s share of the edge list `path` (plain or gzip).
+/// Reads rank `part.rank`'s share of the edge list `path` (a file, plain or gzip, or a part
+/// directory: [`crate::source::resolve_parts`]).
 pub fn read_edges_share(path: &Path, part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<Edges> {
+    check_fields(edge_options)?;
+    read_edges_parts(&crate::source::resolve_parts(path)?, part, edge_options, options)
+}
+
+/// Reads rank `part.rank`'s share of the edge list made of the files `parts`, in order (one
+/// body split by bytes; each part has the header of the first, if any).
+pub fn read_edges_parts(parts: &[PathBuf], part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<Edges> {
+    check_fields(edge_options)?;
+    let dialect = Dialect::new(options.delimiter, options.header);
+    let mut f = EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: Edges::default() };
+    share::read(parts, part, options, &mut f)?;
+    Ok(f.out)
+}
+
+fn check_fields(edge_options: &EdgeOptions) -> Result<()> {
     let EdgeOptions { min_fields, max_fields } = *edge_options;
     if min_fields < 2 || max_fields < min_fields {
         return Err(ReadError::InvalidArgument(format!("need 2 <= min_fields <= max_fields, got {min_fields} and {max_fields}")));
     }
-    let mut f = EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), out: Edges::default() };
-    share::read(path, part, options, &mut f)?;
-    Ok(f.out)
+    Ok(())
 }

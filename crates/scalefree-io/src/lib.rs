@@ -6,10 +6,14 @@
 //!   its nominal range, so its real range runs from the first line start at or after its
 //!   nominal start to the first line start at or after its nominal end. The file is
 //!   memory-mapped and a rank touches only its range (plus the rest of its last line).
-//! - [`gz`]: a gzip stream cannot be split, so every rank decompresses the whole stream, cut
-//!   into chunks of about [`ReadOptions::gzip_chunk_bytes`] at line ends, and parses only the
-//!   chunks `i` with `i % P == r`. Memory per rank is one chunk plus its share; the
-//!   decompression is done by every rank (P times the CPU of one reader).
+//! - [`source`]: a path is one file or a part directory (Spark, Dask, Hive): its part files
+//!   in name order, markers skipped. The parts are one body, split by bytes as one file
+//!   ([`share`]); every rank reads the prologue of every part.
+//! - [`dialect`]: the delimiter (blanks, comma, semicolon) and header line, detected from
+//!   the first line of the first part or given.
+//! - [`gz`]: gzip parts made of several members (BGZF blocks, concatenated members) are
+//!   split by members, each rank decompressing only its own; a single-member stream is
+//!   decompressed by every rank that shares it, each parsing only its chunks.
 //! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
 //!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
 //!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too).
@@ -20,6 +24,7 @@
 //! the file and its absolute 1-based line (`PATH:LINE: problem`); the line number is only
 //! computed on the error path.
 
+pub mod dialect;
 pub mod edges;
 pub mod error;
 pub mod gz;
@@ -28,13 +33,16 @@ mod matrix_market;
 pub mod number;
 pub mod ratings;
 pub mod share;
+pub mod source;
 pub mod svmlight;
 
-pub use edges::{read_edges_share, EdgeOptions, Edges};
+pub use dialect::{Delimiter, Header};
+pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, Edges};
 pub use error::{ReadError, Result};
-pub use ratings::{read_ratings_share, RatingShare, RatingSyntax};
+pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;
-pub use svmlight::{read_svmlight_share, SvmlightShare};
+pub use source::resolve_parts;
+pub use svmlight::{read_svmlight_parts, read_svmlight_share, SvmlightShare};
 
 /// Options that every reader takes. All ranks of a job must pass the same values (they
 /// decide where the shares of a gzip file are cut).
@@ -43,6 +51,10 @@ pub struct ReadOptions {
     /// Decompressed bytes per chunk of a gzip file (chunks are cut at the last line end
     /// within this many bytes, or after the first line end past it for longer lines).
     pub gzip_chunk_bytes: usize,
+    /// The field delimiter; None: detected from the first line ([`dialect`]).
+    pub delimiter: Option<Delimiter>,
+    /// Whether the first line (of every part) is a header.
+    pub header: Header,
 }
 
 /// Default of [`ReadOptions::gzip_chunk_bytes`]: 4 MiB.
@@ -50,6 +62,6 @@ pub const DEFAULT_GZIP_CHUNK_BYTES: usize = 4 << 20;
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { gzip_chunk_bytes: DEFAULT_GZIP_CHUNK_BYTES }
+        ReadOptions { gzip_chunk_bytes: DEFAULT_GZIP_CHUNK_BYTES, delimiter: None, header: Header::Auto }
     }
 }

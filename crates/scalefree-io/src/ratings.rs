@@ -4,25 +4,21 @@
 //! MovieLens `u.data` and LIBMF text (whitespace separated, extra fields such as a
 //! timestamp ignored), MovieLens `ratings.dat` (`::`), `ratings.csv` (commas, header lines
 //! before the first rating skipped), Matrix Market coordinate (banner on line 1, size line);
-//! blank lines and lines starting with `#` or `%` are skipped; the separator is the one of
-//! the first data line of the file. Ratings must be finite. Every rank reads the prologue
+//! semicolons; blank lines and lines starting with `#` or `%` are skipped; the separator is
+//! the one of the first data line of the file (a line holding two candidates is an error
+//! asking for `--delimiter`), or the caller's. Header lines (a first field that is not a
+//! number) before the first rating are skipped, unless the caller says there is no header. Ratings must be finite. Every rank reads the prologue
 //! (everything before the first rating), so a header can only be at the start of the file
 //! and every rank agrees on the separator.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::dialect::{detect_delimiter, is_float, Delimiter, Dialect, Header};
 use crate::error::{BadLine, Result};
 use crate::matrix_market::MatrixMarket;
 use crate::number::{parse_id, IdError};
 use crate::share::{self, Format, Part};
 use crate::ReadOptions;
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Sep {
-    Whitespace,
-    Comma,
-    DoubleColon,
-}
 
 /// The first three fields (trimmed) and the number of fields.
 fn first_three<'a>(fields: impl Iterator<Item = &'a str>) -> ([&'a str; 3], usize) {
@@ -50,7 +46,8 @@ pub enum RatingLine {
 #[derive(Clone, Debug)]
 pub struct RatingSyntax {
     mm: MatrixMarket,
-    sep: Option<Sep>,
+    sep: Option<Delimiter>,
+    header: Header,
     seen_rating: bool,
     max_id: u64,
     /// Accept `user item` lines without a rating (returned with a NaN rating).
@@ -60,13 +57,26 @@ pub struct RatingSyntax {
 impl RatingSyntax {
     /// `max_id`: the largest id accepted (`u64::MAX`, or `i64::MAX` for int64 output).
     pub fn new(max_id: u64) -> Self {
-        RatingSyntax { mm: MatrixMarket::default(), sep: None, seen_rating: false, max_id, pairs: false }
+        RatingSyntax { mm: MatrixMarket::default(), sep: None, header: Header::Auto, seen_rating: false, max_id, pairs: false }
     }
 
     /// Also accept `user item` lines (for prediction input); their rating is NaN.
     pub fn with_pairs(mut self) -> Self {
         self.pairs = true;
         self
+    }
+
+    /// The caller's delimiter (None: detected) and header rule.
+    pub fn with_dialect(mut self, delimiter: Option<Delimiter>, header: Header) -> Self {
+        self.sep = delimiter;
+        self.header = header;
+        self
+    }
+
+    /// A new file (part) starts: its header lines are skipped again.
+    pub fn start_part(&mut self) {
+        self.mm = MatrixMarket::default();
+        self.seen_rating = false;
     }
 
     /// The entry count of a Matrix Market size line, once read.
@@ -96,21 +106,30 @@ impl RatingSyntax {
         if self.mm.size_line(t)? {
             return Ok(RatingLine::Skip);
         }
-        let sep = *self.sep.get_or_insert(if t.contains("::") {
-            Sep::DoubleColon
-        } else if t.contains(',') {
-            Sep::Comma
-        } else {
-            Sep::Whitespace
-        });
-        let (fields, nf) = match sep {
-            Sep::DoubleColon => first_three(t.split("::")),
-            Sep::Comma => first_three(t.split(',')),
-            Sep::Whitespace => first_three(t.split_whitespace()),
+        let sep = match self.sep {
+            Some(d) => d,
+            None => *self.sep.insert(detect_delimiter(t.as_bytes(), true)?),
         };
-        // A CSV header: a data line before the first rating whose first field is not numeric.
-        if sep == Sep::Comma && !self.seen_rating && nf >= 1 && fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-') {
-            return Ok(RatingLine::Skip);
+        let (fields, nf) = match sep {
+            Delimiter::DoubleColon => first_three(t.split("::")),
+            Delimiter::Comma => first_three(t.split(',')),
+            Delimiter::Semicolon => first_three(t.split(';')),
+            Delimiter::Blanks => first_three(t.split_whitespace()),
+        };
+        // A header: a data line before the first rating whose first field is not numeric
+        // (or, with `Header::Present`, whatever it holds).
+        if !self.seen_rating && nf >= 1 {
+            let skip = match self.header {
+                Header::Auto => fields[0].parse::<f64>().is_err() && !fields[0].starts_with('-'),
+                Header::Present => true,
+                Header::Absent => false,
+            };
+            if skip {
+                if self.header == Header::Present {
+                    self.seen_rating = true; // one header line
+                }
+                return Ok(RatingLine::Skip);
+            }
         }
         if nf == 2 && self.pairs {
             let user = self.id(fields[0], "user")?;
@@ -142,6 +161,8 @@ pub struct RatingShare {
 
 struct RatingFormat {
     syntax: RatingSyntax,
+    /// Checks that every part starts with the header of the first.
+    dialect: Dialect,
     out: RatingShare,
 }
 
@@ -155,9 +176,26 @@ fn text(bytes: &[u8]) -> std::result::Result<&str, BadLine> {
 impl Format for RatingFormat {
     const NOUN: &'static str = "ratings";
 
+    fn start_part(&mut self, path: &Path) {
+        self.dialect.start_part(path);
+        self.syntax.start_part();
+    }
+
     fn is_body(&mut self, line: &[u8], at_file_start: bool) -> std::result::Result<bool, String> {
         let t = text(line).map_err(|b| b.msg)?;
-        Ok(matches!(self.syntax.line(t, at_file_start)?, RatingLine::Rating { .. }))
+        let trimmed = t.trim();
+        let candidate = !(trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with('%'));
+        let got = self.syntax.line(t, at_file_start)?;
+        if candidate && self.dialect.is_fresh() {
+            if trimmed.starts_with("%%MatrixMarket") || self.syntax.declared_entries().is_some() {
+                self.dialect.settle();
+            } else {
+                // The header check across parts (the syntax has skipped or read the line).
+                self.dialect.delimiter = self.syntax.sep;
+                self.dialect.first_line(trimmed.as_bytes(), true, is_float)?;
+            }
+        }
+        Ok(matches!(got, RatingLine::Rating { .. }))
     }
 
     fn parse(&mut self, bytes: &[u8]) -> std::result::Result<(), BadLine> {
@@ -179,11 +217,18 @@ impl Format for RatingFormat {
     }
 }
 
-/// Reads rank `part.rank`'s share of the rating file `path` (plain or gzip). Ids are at
-/// most `i64::MAX`. A Matrix Market entry count is not checked here (each rank sees only
-/// its share); a file without ratings is an error on every rank.
+/// Reads rank `part.rank`'s share of the rating file `path` (plain or gzip, or a part
+/// directory). Ids are at most `i64::MAX`. A Matrix Market entry count is not checked here
+/// (each rank sees only its share); a file without ratings is an error on every rank.
 pub fn read_ratings_share(path: &Path, part: Part, options: &ReadOptions) -> Result<RatingShare> {
-    let mut f = RatingFormat { syntax: RatingSyntax::new(i64::MAX as u64), out: RatingShare::default() };
-    share::read(path, part, options, &mut f)?;
+    read_ratings_parts(&crate::source::resolve_parts(path)?, part, options)
+}
+
+/// Reads rank `part.rank`'s share of the ratings made of the files `parts`, in order.
+pub fn read_ratings_parts(parts: &[PathBuf], part: Part, options: &ReadOptions) -> Result<RatingShare> {
+    let syntax = RatingSyntax::new(i64::MAX as u64).with_dialect(options.delimiter, options.header);
+    let dialect = Dialect::new(options.delimiter, options.header);
+    let mut f = RatingFormat { syntax, dialect, out: RatingShare::default() };
+    share::read(parts, part, options, &mut f)?;
     Ok(f.out)
 }

@@ -13,8 +13,7 @@
 //! to [`crate::gz`].
 
 use std::fs::File;
-use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{BadLine, ReadError, Result};
 use crate::line::{count_newlines, line_at};
@@ -49,6 +48,10 @@ pub(crate) trait Format {
     /// What the file holds, for "no edges (empty file)".
     const NOUN: &'static str;
 
+    /// A new part (file) of the input starts; its prologue comes next. Every rank calls this
+    /// for every part, in order.
+    fn start_part(&mut self, path: &Path);
+
     /// Called by every rank on the lines from the offset on, in order, until it returns
     /// `Ok(true)`: that line is the first line of the body (parsed by its owner through
     /// [`Format::parse`]; the others are consumed here). `line` has no line end; `at_file_start`
@@ -68,36 +71,107 @@ pub(crate) fn no_data<F: Format>(path: &Path) -> ReadError {
     ReadError::Format { path: path.to_path_buf(), msg: format!("no {} (empty file)", F::NOUN) }
 }
 
-/// Reads `part` of `path` (plain or gzip) into `format`.
-pub(crate) fn read<F: Format>(path: &Path, part: Part, options: &ReadOptions, format: &mut F) -> Result<()> {
-    let part = Part::new(part.rank, part.size, part.offset)?;
-    let mut file = File::open(path).map_err(|e| io_error(path, e))?;
-    let mut magic = [0u8; 2];
-    let mut got = 0;
-    while got < 2 {
-        match file.read(&mut magic[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_error(path, e)),
+/// One part of the input after its prologue: where its body is, and its weight (the bytes
+/// on disk that the split of the job divides).
+enum Body {
+    Plain { map: memmap2::Mmap, lo: usize },
+    Gz(crate::gz::GzPart),
+}
+
+impl Body {
+    fn weight(&self) -> u64 {
+        match self {
+            Body::Plain { map, lo } => (map.len() - lo) as u64,
+            Body::Gz(g) => g.weight(),
         }
     }
-    if got == 2 && magic == crate::gz::MAGIC {
-        crate::gz::read(path, file, part, options, format)
-    } else {
-        read_mapped(path, &file, part, format)
+}
+
+/// Reads `part` of the input made of the files `paths` (plain or gzip each, see the module
+/// doc of [`crate::share`]) into `format`.
+pub(crate) fn read<F: Format>(paths: &[PathBuf], part: Part, options: &ReadOptions, format: &mut F) -> Result<()> {
+    let part = Part::new(part.rank, part.size, part.offset)?;
+    if paths.is_empty() {
+        return Err(ReadError::InvalidArgument("no input files".into()));
+    }
+    let mut bodies = Vec::with_capacity(paths.len());
+    for path in paths {
+        format.start_part(path);
+        bodies.push(open_part(path, part.offset, options, format)?);
+    }
+    if bodies.iter().all(Option::is_none) {
+        return Err(no_data::<F>(&paths[0]));
+    }
+    let total: u64 = bodies.iter().flatten().map(Body::weight).sum();
+    let nominal = |k: usize| (k as u128 * total as u128 / part.size as u128) as u64;
+    let mut base = 0u64;
+    for (path, body) in paths.iter().zip(&bodies) {
+        let Some(body) = body else { continue };
+        let w = body.weight();
+        let local = |k: usize| nominal(k).clamp(base, base + w) - base;
+        let (a, b) = (local(part.rank), local(part.rank + 1));
+        if a < b {
+            match body {
+                Body::Plain { map, lo } => read_plain_range(path, map, *lo, a, b, w, format)?,
+                Body::Gz(g) => {
+                    // The ranks that share this part (for a gzip stream that cannot be split).
+                    let sharing: Vec<usize> = (0..part.size).filter(|&k| local(k) < local(k + 1)).collect();
+                    let index = sharing.iter().position(|&k| k == part.rank).unwrap_or(0);
+                    g.read_range(path, a, b, index, sharing.len(), options, format)?;
+                }
+            }
+        }
+        base += w;
+    }
+    Ok(())
+}
+
+/// Opens one part and reads its prologue (every rank does, for every part). None: the part
+/// holds no body.
+fn open_part<F: Format>(path: &Path, offset: u64, options: &ReadOptions, format: &mut F) -> Result<Option<Body>> {
+    let file = File::open(path).map_err(|e| io_error(path, e))?;
+    let len = file.metadata().map_err(|e| io_error(path, e))?.len();
+    if len == 0 {
+        if offset > 0 {
+            return Err(ReadError::InvalidArgument(format!("offset {offset} is past the end of {} ({len} bytes)", path.display())));
+        }
+        return Ok(None);
+    }
+    // SAFETY: the map is read-only and private to this call. If another process truncates
+    // the file meanwhile, reading the lost pages raises SIGBUS, as for every mapped reader;
+    // input files of a job are not written while the job reads them.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_error(path, e))?;
+    if map.len() >= 2 && map[..2] == crate::gz::MAGIC {
+        return Ok(crate::gz::GzPart::open(path, map, offset, options, format)?.map(Body::Gz));
+    }
+    if offset > len {
+        return Err(ReadError::InvalidArgument(format!("offset {offset} is past the end of {} ({len} bytes)", path.display())));
+    }
+    match prologue(format, &map, offset as usize, true) {
+        Ok(Some(lo)) => Ok(Some(Body::Plain { map, lo })),
+        Ok(None) => Ok(None),
+        Err((pos, msg)) => Err(parse_error(path, &map, pos, msg)),
     }
 }
 
 /// The start of rank `k`'s real range (`k == size`: the end) in a body `[lo, len)` of `bytes`.
+#[cfg(test)]
 pub(crate) fn share_start(bytes: &[u8], lo: usize, k: usize, size: usize) -> usize {
     let len = bytes.len();
     if k >= size {
         return len;
     }
-    let nominal = lo + ((k as u128 * (len - lo) as u128) / size as u128) as usize;
-    if nominal == lo || bytes[nominal - 1] == b'\n' {
-        return nominal;
+    line_start_at(bytes, lo, lo + ((k as u128 * (len - lo) as u128) / size as u128) as usize)
+}
+
+/// The first line start at or after `nominal` in a body starting at `lo`.
+fn line_start_at(bytes: &[u8], lo: usize, nominal: usize) -> usize {
+    let len = bytes.len();
+    if nominal <= lo {
+        return lo;
+    }
+    if nominal >= len || bytes[nominal - 1] == b'\n' {
+        return nominal.min(len);
     }
     memchr::memchr(b'\n', &bytes[nominal..]).map_or(len, |i| nominal + i + 1)
 }
@@ -106,27 +180,14 @@ fn parse_error(path: &Path, bytes: &[u8], pos: usize, msg: String) -> ReadError 
     ReadError::Parse { path: path.to_path_buf(), line: count_newlines(&bytes[..pos]) + 1, msg }
 }
 
-fn read_mapped<F: Format>(path: &Path, file: &File, part: Part, format: &mut F) -> Result<()> {
-    let len = file.metadata().map_err(|e| io_error(path, e))?.len();
-    if part.offset > len {
-        return Err(ReadError::InvalidArgument(format!("offset {} is past the end of {} ({len} bytes)", part.offset, path.display())));
-    }
-    // SAFETY: the map is read-only and private to this call. If another process truncates
-    // the file meanwhile, reading the lost pages raises SIGBUS, as for every mapped reader;
-    // input files of a job are not written while the job reads them.
-    let map = if len == 0 { None } else { Some(unsafe { memmap2::Mmap::map(file) }.map_err(|e| io_error(path, e))?) };
-    let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-    let lo = match prologue(format, bytes, part.offset as usize, true) {
-        Ok(Some(lo)) => lo,
-        Ok(None) => return Err(no_data::<F>(path)),
-        Err((pos, msg)) => return Err(parse_error(path, bytes, pos, msg)),
-    };
-    let start = share_start(bytes, lo, part.rank, part.size);
-    let end = share_start(bytes, lo, part.rank + 1, part.size);
-    if let Some(m) = &map {
-        if end > start {
-            let _ = m.advise_range(memmap2::Advice::Sequential, start, end - start);
-        }
+/// Parses the lines whose first byte lies in `[lo + a, lo + b)` of a plain part (`w`: the
+/// body's length).
+fn read_plain_range<F: Format>(path: &Path, map: &memmap2::Mmap, lo: usize, a: u64, b: u64, w: u64, format: &mut F) -> Result<()> {
+    let bytes: &[u8] = map;
+    let start = line_start_at(bytes, lo, lo + a as usize);
+    let end = if b >= w { bytes.len() } else { line_start_at(bytes, lo, lo + b as usize) };
+    if end > start {
+        let _ = map.advise_range(memmap2::Advice::Sequential, start, end - start);
     }
     format.parse(&bytes[start..end]).map_err(|b| parse_error(path, bytes, start + b.at, b.msg))
 }

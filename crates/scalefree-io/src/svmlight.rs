@@ -5,9 +5,13 @@
 //! included). Stricter than the Python reader: a label or value that is NaN or infinite, an
 //! index above the caller's bound, a carriage return inside a line (an old Mac line end,
 //! which Python would read as a line break) and non-ASCII text outside comments are errors.
-//! Indices are returned as written (0- or 1-based is the caller's business).
+//! Indices are returned as written (0- or 1-based is the caller's business). A header line
+//! (a first line whose first token is not a number, or any first line with
+//! [`crate::Header::Present`]) is skipped, in every part of a part directory alike.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::dialect::{is_float, Delimiter, Dialect};
 
 use crate::error::{BadLine, Result};
 use crate::line::{line_at, not_text, quote};
@@ -43,6 +47,7 @@ fn data(line: &[u8]) -> &[u8] {
 
 struct SvmlightFormat {
     max_index: u64,
+    dialect: Dialect,
     out: SvmlightShare,
 }
 
@@ -93,8 +98,19 @@ impl SvmlightFormat {
 impl Format for SvmlightFormat {
     const NOUN: &'static str = "rows";
 
+    fn start_part(&mut self, path: &Path) {
+        self.dialect.start_part(path);
+    }
+
     fn is_body(&mut self, line: &[u8], _at_file_start: bool) -> std::result::Result<bool, String> {
-        Ok(data(line).iter().any(|&b| !is_space(b)))
+        let d = data(line);
+        if !d.iter().any(|&b| !is_space(b)) {
+            return Ok(false);
+        }
+        if self.dialect.is_fresh() {
+            return Ok(!self.dialect.first_line(d, false, is_float)?);
+        }
+        Ok(true)
     }
 
     fn parse(&mut self, s: &[u8]) -> std::result::Result<(), BadLine> {
@@ -108,10 +124,17 @@ impl Format for SvmlightFormat {
     }
 }
 
-/// Reads rank `part.rank`'s share of the svmlight file `path` (plain or gzip); indices
-/// above `max_index` are an error naming the file and line.
+/// Reads rank `part.rank`'s share of the svmlight file `path` (plain or gzip, or a part
+/// directory); indices above `max_index` are an error naming the file and line.
 pub fn read_svmlight_share(path: &Path, part: Part, max_index: u64, options: &ReadOptions) -> Result<SvmlightShare> {
-    let mut f = SvmlightFormat { max_index, out: SvmlightShare::default() };
-    share::read(path, part, options, &mut f)?;
+    read_svmlight_parts(&crate::source::resolve_parts(path)?, part, max_index, options)
+}
+
+/// Reads rank `part.rank`'s share of the svmlight rows made of the files `parts`, in order.
+pub fn read_svmlight_parts(parts: &[PathBuf], part: Part, max_index: u64, options: &ReadOptions) -> Result<SvmlightShare> {
+    // Tokens are separated by whitespace whatever the caller says.
+    let dialect = Dialect::new(Some(Delimiter::Blanks), options.header);
+    let mut f = SvmlightFormat { max_index, dialect, out: SvmlightShare::default() };
+    share::read(parts, part, options, &mut f)?;
     Ok(f.out)
 }

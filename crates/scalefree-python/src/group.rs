@@ -269,10 +269,7 @@ impl Group {
     /// The UCX transports (`name/device`, e.g. `tcp/eth0`) of the endpoint to `peer`;
     /// empty on shared memory.
     fn _ucx_transports(&self, py: Python<'_>, peer: u32) -> PyResult<Vec<String>> {
-        match self.device.net() {
-            None => Ok(Vec::new()),
-            Some(net) => net.transports(peer).py_err(py),
-        }
+        self.device.backend().routes(peer).py_err(py)
     }
 
     /// What this rank's channels moved to each peer so far: one (bytes written, bytes read,

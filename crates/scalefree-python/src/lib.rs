@@ -71,6 +71,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(io::read_edges_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_svmlight_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_ratings_share, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::resolve_parts, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::columnar_format, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::read_columnar_share, m)?)?;
     m.add("NOTIFY_SLOTS", scalefree_transport::NOTIFY_SLOTS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,31 +1,17 @@
 //! Static slots and dynamic channels with ranks as threads: bit-for-bit checks, flow
 //! control under a slow receiver, shapes of any rank including empty ones.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use scalefree_tensors::{DynamicChannel, Meta, StaticSlot, StaticSpec};
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Launcher};
-
-static JOB: AtomicU32 = AtomicU32::new(0);
+use scalefree_testing::{options, ranks};
+use scalefree_transport::Device;
 
 fn devices<F>(n: u32, f: F)
 where
     F: Fn(Device) + Send + Sync + Clone + 'static,
 {
-    let id = format!("tens{}-{}", std::process::id(), JOB.fetch_add(1, Ordering::SeqCst));
-    let hs: Vec<_> = (0..n)
-        .map(|r| {
-            let (id, f) = (id.clone(), f.clone());
-            std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size: n, local_rank: r, local_size: n, job_id: id, token: "t".into(), launcher: Launcher::Scalefree, master: None };
-                f(Device::new(job, DeviceOptions { timeout: Duration::from_secs(30), bootstrap_timeout: Duration::from_secs(30), ..DeviceOptions::default() }).unwrap());
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    ranks(n, "tens", options(Duration::from_secs(30)), f);
 }
 
 fn pattern(seed: u64, n: usize) -> Vec<u8> {

@@ -24,9 +24,9 @@ pub mod wait;
 
 pub use bootstrap::{JobInfo, Launcher};
 pub use arena::{Arena, ArenaOptions, Block};
-pub use backends::{Backend, DirectLanding, Reducer, Window};
+pub use backends::{Backend, DirectLanding, Reducer, Transport, Window};
 pub use channel::{Channel, Completion};
-pub use device::{Device, DeviceOptions, Transport, NOTIFY_SLOTS};
+pub use device::{Device, DeviceOptions, NOTIFY_SLOTS};
 pub use error::{Error, Result};
 pub use region::{Region, RegionHandle, RegionKind, RemoteRegion};
 pub use traffic::PeerTraffic;

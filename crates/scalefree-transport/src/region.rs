@@ -14,8 +14,9 @@ pub enum RegionKind {
     Shm = 1,
     /// Ordinary process memory: peers reach it by cross-memory attach (one kernel copy).
     Process = 2,
-    /// Memory registered with UCX: peers reach it with one-sided puts and gets.
-    Ucx = 3,
+    /// Memory registered with a backend that reaches regions by key (UCX): peers reach it
+    /// with one-sided puts and gets.
+    Keyed = 3,
     /// A shared-memory file its owner mapped itself (e.g. a torch storage moved to shared
     /// memory): peers on the host map the same file. `key` is the file's inode.
     File = 4,
@@ -64,7 +65,7 @@ impl RegionHandle {
         let kind = match u32_at(8) {
             1 => RegionKind::Shm,
             2 => RegionKind::Process,
-            3 => RegionKind::Ucx,
+            3 => RegionKind::Keyed,
             4 => RegionKind::File,
             k => return Err(Error::InvalidArgument(format!("unknown region kind {k} in handle"))),
         };
@@ -121,7 +122,7 @@ impl Region {
     pub fn serialized(&self) -> Vec<u8> {
         let mut b = self.inner.handle.to_bytes().to_vec();
         if let Some(reg) = &self.inner.reg {
-            b.extend_from_slice(&reg.rkey);
+            b.extend_from_slice(&reg.packed_key);
         }
         b
     }

@@ -6,8 +6,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use scalefree_testing::ranks;
 use scalefree_transport::backends::ucx;
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Transport};
+use scalefree_transport::{Device, DeviceOptions, Transport};
 
 #[test]
 fn bulk_writes_over_lanes() {
@@ -17,23 +18,12 @@ fn bulk_writes_over_lanes() {
     }
     // The only test of this binary: the setting is read when each device opens its lanes.
     std::env::set_var("SCALEFREE_TCP_LANES", "1");
-    let size = 3u32;
-    let id = format!("lanes-{}", std::process::id());
-    let hs: Vec<_> = (0..size)
-        .map(|r| {
-            let id = id.clone();
-            std::thread::spawn(move || {
-                let job = JobInfo { rank: r, size, local_rank: r, local_size: size, job_id: id, token: "t".into(), ..JobInfo::single() };
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), transport: Transport::Ucx, ..DeviceOptions::default() };
-                let dev = Device::new(job, opts).unwrap();
-                assert!(dev.net().unwrap().lanes_active(), "lanes forced on");
-                body(dev);
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    let opts = DeviceOptions { timeout: Duration::from_secs(60), transport: Transport::Ucx, ..DeviceOptions::default() };
+    ranks(3, "lanes-", opts, |dev| {
+        let net = &dev.backend().as_any().downcast_ref::<ucx::Ucx>().expect("the UCX backend").net;
+        assert!(net.lanes_active(), "lanes forced on");
+        body(dev);
+    });
 }
 
 fn body(dev: Device) {

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use scalefree_testing::ranks;
 use scalefree_transport::backends::ucx;
-use scalefree_transport::{Device, DeviceOptions, JobInfo, Transport};
+use scalefree_transport::{Device, DeviceOptions, Transport};
 
 fn ucx_or_skip() -> bool {
     match ucx::describe() {
@@ -20,39 +21,16 @@ fn ucx_or_skip() -> bool {
     }
 }
 
-fn job(rank: u32, size: u32, id: &str) -> JobInfo {
-    JobInfo {
-        rank,
-        size,
-        local_rank: rank,
-        local_size: size,
-        job_id: id.into(),
-        token: "t".into(),
-        ..JobInfo::single()
-    }
-}
-
 /// Runs `f(device)` on `size` ranks (threads) joined over UCX.
 fn run<F>(size: u32, tag: &str, f: F)
 where
     F: Fn(Device) + Send + Sync + Clone + 'static,
 {
-    let id = format!("ucx-{tag}-{}", std::process::id());
-    let hs: Vec<_> = (0..size)
-        .map(|r| {
-            let id = id.clone();
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let opts = DeviceOptions { timeout: Duration::from_secs(60), transport: Transport::Ucx, ..DeviceOptions::default() };
-                let dev = Device::new(job(r, size, &id), opts).unwrap();
-                assert_eq!(dev.transport_name(), "ucx");
-                f(dev)
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
+    let opts = DeviceOptions { timeout: Duration::from_secs(60), transport: Transport::Ucx, ..DeviceOptions::default() };
+    ranks(size, &format!("ucx-{tag}-"), opts, move |dev| {
+        assert_eq!(dev.transport_name(), "ucx");
+        f(dev)
+    });
 }
 
 /// A small deterministic generator (no dependency for tests).
@@ -125,7 +103,7 @@ fn write_notify_read_and_ordering() {
         dev.exchange_bytes(&[]).unwrap();
         ch.read(&all[right as usize], 0, &dst, 0, 4096).unwrap().wait().unwrap();
         assert!(unsafe { dst.as_slice() }.iter().all(|&b| b == 0x40 + right as u8));
-        let t = dev.net().unwrap().transports(right).unwrap();
+        let t = dev.backend().routes(right).unwrap();
         assert!(!t.is_empty());
         eprintln!("rank {me} -> {right}: {t:?}");
         dev.exchange_bytes(&[]).unwrap();

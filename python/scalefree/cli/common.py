@@ -181,10 +181,43 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
     return parse
 
 
+def add_columns(p, table: str) -> None:
+    """``--columns``: the columns of a Parquet / Arrow IPC input, by name (``src,dst`` for
+    edges, ``user,item,rating`` for ratings); default the first integer (and numeric) ones."""
+    example, default = ("src,dst", "the first two integer columns") if table == "edges" else \
+        ("user,item,rating", "the first two integer columns and the next numeric one")
+
+    def parse(text: str) -> list[str]:
+        from .._columnar import parse_columns
+
+        try:
+            return parse_columns(text, table)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--columns", type=parse, default=None, metavar="NAMES",
+                   help=f"Parquet / Arrow IPC input: the columns to read, by name (e.g. {example}); "
+                        f"default: {default}")
+
+
 def add_ranks(p, default: int = 1) -> None:
     """``-n/--ranks`` the same way in every command."""
     p.add_argument("-n", "--ranks", type=count(1), default=default,
                    help="ranks to start on this host (inside mpirun, srun or torchrun: theirs)")
+
+
+DELIMITERS = ("tab", "space", "comma", "semicolon")
+
+
+def add_text_dialect(p, delimiter: bool = True) -> None:
+    """``--delimiter`` and ``--header`` of the text readers (detected by default)."""
+    if delimiter:
+        p.add_argument("--delimiter", choices=DELIMITERS, default=None,
+                       help="field delimiter of text input (default: detected from the first line; tab and space "
+                            "both mean runs of blanks)")
+    p.add_argument("--header", choices=["auto", "yes", "no"], default="auto",
+                   help="whether text input starts with a header line (in every part of a part directory); "
+                        "auto: when its first field is not a number")
 
 
 def add_quiet(p) -> None:

@@ -1,13 +1,16 @@
-"""``scalefree graph``: PageRank (``pagerank``), HADI diameter (``diameter``) and R-MAT
-graphs (``rmat``).
+"""``scalefree graph``: PageRank (``pagerank``), HADI diameter (``diameter``), R-MAT
+graphs (``rmat``) and format conversion (``convert``).
 
     scalefree graph pagerank EDGES -n 4 --top 20
     scalefree graph diameter EDGES -n 4
     scalefree graph rmat g.npz --scale 22 --edges 64M
+    scalefree graph convert g.txt g.csv.gz
 
-EDGES is a SNAP edge list (``#`` comments, ``.gz`` allowed), Matrix Market ``.mtx[.gz]``,
-``.npy`` (edges x 2), ``.npz`` (``src`` and ``dst``, or a scipy sparse matrix), a directory
-of part files or a glob. Every rank reads only its share of it (see
+EDGES is an edge list (SNAP: ``#`` comments; blanks, commas or semicolons between the ids,
+detected; an optional header line; ``.gz`` allowed), Matrix Market ``.mtx[.gz]``, ``.npy``
+(edges x 2), ``.npz`` (``src`` and ``dst``, or a scipy sparse matrix), Parquet or Arrow IPC /
+Feather (``--columns src,dst``), a directory of part files as Spark, Dask or Hive write them
+(``_SUCCESS``, ``.crc`` skipped) or a glob. Every rank reads only its share of it (see
 :func:`scalefree.graph.io.read_edge_share`); ids stay as written.
 """
 
@@ -23,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import (add_checkpoint, add_quiet, add_ranks, check_checkpoint, checkpoints, count, fail, number,
-                     relaunch, show_progress, stopped_line)
+from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints,
+                     count, fail, number, relaunch, show_progress, stopped_line)
 
-EDGES_HELP = ("edge file: SNAP edge list (.gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
-              "a directory of part files or a glob")
+EDGES_HELP = ("edge file: edge list (SNAP, CSV; .gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
+              "Parquet, Arrow IPC / Feather, a directory of part files or a glob")
 
 
 def _check_input(prog: str, path: str) -> None:
@@ -93,7 +96,9 @@ def _pagerank(args) -> int:
     fault = _parse_fail(args.fail_rank)
     progress = show_progress(args)
     t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress)
+    stages: dict = {}
+    s, d, n_ids, edges = load_graph(g, args.edges, rep, progress, args.delimiter, args.header, columns=args.columns,
+                                    times=stages)
     if edges == 0:
         raise DataError(f"{args.edges}: the graph has no edges")
     load_s = time.perf_counter() - t0
@@ -148,7 +153,7 @@ def _pagerank(args) -> int:
                                       ck.saved_bytes], np.float64))
     if best is not None:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
-        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved)
+        _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved, stages)
     return 0
 
 
@@ -160,7 +165,8 @@ def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
     return got > 0 if g.rank == 0 else None
 
 
-def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="", saved=None) -> None:
+def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who="", saved=None,
+            stages: dict | None = None) -> None:
     print(f"{n} vertices, {edges} edges, {ranks} ranks{who}, {it} iterations, "
           f"{per_it * 1e3:.2f} ms/iteration (load {load_s:.2f} s, set-up {setup_s:.2f} s)", flush=True)
     for v, x in zip(*best):
@@ -172,7 +178,7 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
                "iterations": it, "load_s": load_s, "setup_s": setup_s, "iterate_s": iterate_s,
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
-               "top": [[int(v), float(x)] for v, x in zip(*best)]}
+               "top": [[int(v), float(x)] for v, x in zip(*best)], **(stages or {})}
         if saved is not None:
             rec["checkpoints"] = {"written_per_rank": [int(x) for x in saved[:, 0]],
                                   "median_s_per_rank": [float(x) for x in saved[:, 1]],
@@ -213,7 +219,8 @@ def _diameter(args) -> int:
     g = scalefree.init()
     progress = show_progress(args)
     t0 = time.perf_counter()
-    s, d, n_ids, edges = load_graph(g, args.edges, progress=progress)
+    s, d, n_ids, edges = load_graph(g, args.edges, progress=progress, delimiter=args.delimiter, header=args.header,
+                                    columns=args.columns)
     if edges == 0:
         raise DataError(f"{args.edges}: the graph has no edges")
     if args.undirected:
@@ -260,6 +267,20 @@ def _rmat(args) -> int:
     return 0
 
 
+# --- convert -------------------------------------------------------------------------------
+
+
+def _convert(args) -> int:
+    from ..graph.convert import convert
+
+    _check_input("scalefree graph convert", args.input)
+    t0 = time.perf_counter()
+    n = convert(args.input, args.out, parts=args.parts, suffix=args.suffix, member_bytes=args.member_bytes,
+                delimiter=args.delimiter, header=args.header, row_group=args.row_group, columns=args.columns)
+    print(f"{n} edges written to {args.out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 # --- parser --------------------------------------------------------------------------------
 
 
@@ -288,7 +309,7 @@ def _check_pagerank(prog, args) -> None:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter, rmat)",
+    p = sub.add_parser("graph", help="graph analytics on the sparse allreduce (pagerank, diameter, rmat, convert)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s = p.add_subparsers(dest="graph_command", metavar="COMMAND")
     s.required = True
@@ -299,7 +320,9 @@ def add_parser(sub) -> None:
                                  "change is below --tol. Every rank reads its share of the edges; duplicate edges "
                                  "count once. Prints the top vertices (ids as written in the file).")
     q.add_argument("edges", help=EDGES_HELP)
+    add_columns(q, "edges")
     add_ranks(q)
+    add_text_dialect(q)
     q.add_argument("--collective", choices=["sparse", "dense"], default="sparse",
                    help="sparse allreduce (each rank moves the vertices it touches) or the dense allreduce of "
                         "the whole score vector (the baseline)")
@@ -332,7 +355,9 @@ def add_parser(sub) -> None:
                      description="The neighbourhood function N(h) and the effective diameter by HADI on the "
                                  "sparse allreduce (exact sets, HyperLogLog counters or Flajolet-Martin sketches).")
     q.add_argument("edges", help=EDGES_HELP)
+    add_columns(q, "edges")
     add_ranks(q)
+    add_text_dialect(q)
     q.add_argument("--method", choices=["auto", "exact", "hll", "fm"], default="auto",
                    help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids, else hll)")
     q.add_argument("--precision", type=int, choices=range(4, HLL_PRECISION_MAX + 1), metavar="P", default=HLL_PRECISION,
@@ -360,4 +385,28 @@ def add_parser(sub) -> None:
     r.add_argument("--progress", action="store_true", help="show progress (also when not a terminal)")
     add_quiet(r)
     r.set_defaults(func=_rmat)
+
+    from ..graph.convert import DEFAULT_MEMBER_BYTES, DEFAULT_ROW_GROUP
+
+    c = s.add_parser("convert", help="write an edge file in another format (by the output's name)",
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                     description="Reads every edge of INPUT in one process (duplicates and order kept) and writes "
+                                 "them to OUT, the format chosen by its name: .npz (src, dst arrays), .gz (SNAP "
+                                 "lines as gzip members of --member-bytes each, which the ranks of a job split), "
+                                 ".csv (src,dst header and lines), .parquet (src, dst columns in row groups of "
+                                 "--row-group rows, snappy), .arrow / .feather (Arrow IPC, record batches of "
+                                 "--row-group rows, lz4), else a SNAP edge list; with --parts, OUT is a "
+                                 "directory of parts part-00000SUFFIX ... and _SUCCESS, as Spark writes them.")
+    c.add_argument("input", help=EDGES_HELP)
+    c.add_argument("out", help="output file, or directory with --parts")
+    c.add_argument("--parts", type=count(0), default=0, help="write a directory of this many parts")
+    c.add_argument("--suffix", default=None, help="name ending of each part with --parts (.csv, .csv.gz, .txt, ...; "
+                                                  "default .csv)")
+    c.add_argument("--member-bytes", type=count(1), default=DEFAULT_MEMBER_BYTES,
+                   help="text per gzip member of .gz output (K, M, G: binary multiples)")
+    c.add_argument("--row-group", type=count(1), default=DEFAULT_ROW_GROUP,
+                   help="rows per Parquet row group / Arrow record batch (the unit a rank reads)")
+    add_text_dialect(c)
+    add_columns(c, "edges")
+    c.set_defaults(func=_convert)
 

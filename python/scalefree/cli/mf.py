@@ -18,7 +18,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
-from .common import EXIT_USAGE, fail, relaunch, show_progress
+from .common import EXIT_USAGE, add_columns, add_text_dialect, fail, relaunch, show_progress
 
 PROG = "scalefree mf train"
 
@@ -79,7 +79,7 @@ def _train_ranks(args) -> int:
     of the file and no rank holds all ratings, with or without ``--memory-budget`` (``mf_shares``)."""
     t_start = time.perf_counter()
     train, test = split_ratings_partitioned(args.data, 0.0 if args.test else args.test_fraction, args.seed,
-                                            test_file=args.test)
+                                            args.delimiter, args.header, columns=args.columns, test_file=args.test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
                                 memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
@@ -128,9 +128,11 @@ def _train(args) -> int:
     if args.test is not None:
         from ..mf.model import load_ratings
 
-        train, test = load_ratings(args.data), load_ratings(args.test)
+        kw = dict(delimiter=args.delimiter, header=args.header, columns=args.columns)
+        train, test = load_ratings(args.data, **kw), load_ratings(args.test, **kw)
     else:
-        train, test = split_ratings(args.data, args.test_fraction, args.seed)
+        train, test = split_ratings(args.data, args.test_fraction, args.seed, args.delimiter, args.header,
+                                    columns=args.columns)
     if args.output and args.format == "libmf":
         _check_libmf_ids(train, test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
@@ -260,7 +262,10 @@ def add_parser(sub) -> None:
     msub = p.add_subparsers(dest="mf_command", metavar="COMMAND")
     msub.required = True
     t = msub.add_parser("train", help="train on a rating file and report test RMSE on a held-out split")
-    t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok)")
+    t.add_argument("data", help="rating file (u.data, ratings.dat, ratings.csv, LIBMF text, .mtx; .gz ok; Parquet, "
+                                "Arrow IPC / Feather) or a directory of part files")
+    add_text_dialect(t)
+    add_columns(t, "ratings")
     t.add_argument("--mode", default="local", choices=MODES,
                    help="local (threads), rima (ring of -n ranks) or dsgd-ps (rank 0 serves, -n − 1 workers)")
     t.add_argument("-n", "--ranks", type=int, default=1, help="ranks for rima / dsgd-ps (started with the launcher)")

@@ -28,8 +28,8 @@ from ..sgd.logreg import (
     train,
     write_svmlight,
 )
-from .common import (add_checkpoint, add_quiet, add_ranks, check_checkpoint, checkpoints, count, fail, number,
-                     relaunch, show_progress, stopped_line)
+from .common import (add_checkpoint, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints, count, fail,
+                     number, relaunch, show_progress, stopped_line)
 
 
 def _checkpoint_record(args) -> dict:
@@ -113,9 +113,9 @@ def _sklearn_row(args, zb) -> None:
     if args.data == "synthetic":
         data = concat_rows(generate_rows(args.rows, args.dim, args.nnz, args.zipf, args.data_seed), args.dim)
     else:
-        data = read_svmlight(args.data, zb)
+        data = read_svmlight(args.data, zb, header=args.header)
     if args.test:
-        test = read_svmlight(args.test, zb)
+        test = read_svmlight(args.test, zb, header=args.header)
         dim = max(data.dim, test.dim)
         trn, tst = data, test
         trn.dim = tst.dim = dim
@@ -144,8 +144,10 @@ def add_parser(sub) -> None:
     s.required = True
     q = s.add_parser("logreg", help="train and evaluate sparse logistic regression",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    q.add_argument("data", help="svmlight/libsvm file (.gz allowed), or 'synthetic' for the seeded generator")
+    q.add_argument("data", help="svmlight/libsvm file (.gz allowed) or a directory of part files, or 'synthetic' for "
+                                "the seeded generator")
     add_ranks(q)
+    add_text_dialect(q, delimiter=False)
     q.add_argument("--epochs", type=count(1), default=5)
     q.add_argument("--batch", type=count(1), default=256, help="rows per rank per step")
     q.add_argument("--lr", type=number(0, low_open=True), default=0.5, help="learning rate (AdaGrad's base step for adagrad)")

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, InvalidArgumentError
+
+# The largest vertex id (scalefree-io's MAX_VERTEX_ID).
+MAX_VERTEX_ID = (1 << 62) - 1
 
 
 class EdgeListError(DataError):
@@ -27,7 +30,7 @@ def read_edge_list(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        src, dst = _text_share(path, 0, 1)
+        src, dst = _text_share([path], 0, 1)
     except EdgeListError:
         raise
     except DataError as e:
@@ -103,33 +106,47 @@ def compact_edges(src, dst) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def share_bytes(path, rank: int = 0, size: int = 1) -> int:
-    """About how many bytes of ``path`` rank reads (its parts, or its share of one file)."""
+    """About how many bytes of ``path`` rank reads (its share of the files' bytes)."""
     parts = edge_parts(path)
     if parts is None:
         return os.path.getsize(path) // size
-    return sum(os.path.getsize(p) for p in parts[rank::size])
+    if not _all_text(parts):
+        return sum(os.path.getsize(p) for p in parts[rank::size])
+    return sum(os.path.getsize(p) for p in parts) // size
 
 
 def edge_parts(path) -> list[Path] | None:
-    """The part files of a directory or a glob pattern (sorted by name; hidden files and
-    ``_SUCCESS``-style markers skipped), or None when ``path`` names one file."""
+    """The part files of a directory (``_native.resolve_parts``: sorted by name, markers such
+    as ``_SUCCESS``, ``.crc`` and hidden files skipped) or of a glob pattern (sorted), or None
+    when ``path`` names one file."""
     import glob
+
+    from .. import _native
 
     s = str(path)
     if any(c in s for c in "*?["):
         parts = sorted(Path(p) for p in glob.glob(s) if Path(p).is_file())
         if not parts:
             raise FileNotFoundError(f"{s}: no file matches")
-    elif Path(s).is_dir():
-        parts = sorted(p for p in Path(s).iterdir() if p.is_file() and not p.name.startswith((".", "_")))
-        if not parts:
-            raise GraphFormatError(f"{s}: the directory holds no part files")
-    else:
-        return None
-    return parts
+        return parts
+    if Path(s).is_dir():
+        try:
+            return [Path(p) for p in _native.resolve_parts(s)]
+        except DataError as e:
+            raise GraphFormatError(str(e)) from None
+    return None
 
 
-def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[np.ndarray, np.ndarray]:
+def _binary(path) -> bool:
+    return Path(path).name.lower().endswith((".npy", ".npz", ".mtx", ".mtx.gz"))
+
+
+def _all_text(parts) -> bool:
+    return not any(_binary(p) for p in parts)
+
+
+def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter: str | None = None,
+                    header: str = "auto", columns: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """This rank's share of the edges in ``path``, as (src, dst) int64 arrays of the ids as
     written (Matrix Market's are 1-based). Every edge of
     the input is in exactly one rank's share; duplicates are kept (see
@@ -137,61 +154,87 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None) -> tuple[
 
     How the share is cut, by input:
 
-    * a directory of part files or a glob: rank r reads the parts ``r, r + size, ...``
-      whole (sorted by name), each in any of the formats below;
-    * a text edge list (SNAP: ``#`` comments, two ids per line) or Matrix Market ``.mtx``:
-      the lines that start in the rank's ``1/size`` of the bytes, parsed in native code;
-    * ``.gz``: one gzip stream cannot be split, so every rank decompresses all of it and
-      parses only its chunks (the decompression is paid on every rank);
+    * a text edge list (SNAP: ``#`` comments, two ids per line separated by blanks, commas
+      or semicolons, an optional header line; ``delimiter``/``header`` override the
+      detection) or Matrix Market ``.mtx``: the lines that start in the rank's ``1/size`` of
+      the bytes, parsed in native code;
+    * a directory of text part files (Spark, Dask, Hive: ``_SUCCESS``, ``.crc`` and hidden
+      files skipped; the same header in every part, if any) or a glob: the parts in name
+      order are one body cut by bytes the same way, so a few large parts are shared by
+      several ranks; a directory holding ``.npy``/``.npz``/``.mtx`` parts: rank r reads the
+      parts ``r, r + size, ...`` whole;
+    * ``.gz`` (also as parts): a file of several gzip members (BGZF, concatenated members,
+      ``graph convert``'s output) is cut by members, each rank decompressing only its
+      own; one gzip stream cannot be split, so each rank sharing it decompresses all of it
+      and parses only its chunks;
     * ``.npy`` (shape ``(m, 2)``) and ``.npz`` (``src`` and ``dst``, or a scipy sparse
       matrix): the rank's ``1/size`` of the entries, memory-mapped from uncompressed
-      members and streamed from compressed ones.
+      members and streamed from compressed ones;
+    * Parquet or Arrow IPC / Feather (a file, or a directory of such parts): the rank's row
+      groups or record batches, balanced by rows over all parts (:mod:`scalefree._columnar`);
+      ``columns`` names the two id columns (default: the first two integer columns).
 
     ``progress(nbytes)``, if given, is called as the bytes of the share are read.
     """
+    from .. import _columnar
+
     path = Path(path)
+    columnar = _columnar.columnar_parts(path)
+    if columnar is not None:
+        got = _columnar.read_share(columnar, rank, size, "edges", columns, MAX_VERTEX_ID)
+        if progress is not None:
+            progress(share_bytes(path, rank, size))
+        return got
+    if columns is not None:
+        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
     parts = edge_parts(path)
     if parts is not None:
+        if _all_text(parts):
+            return _text_share(parts, rank, size, progress=progress, delimiter=delimiter, header=header)
         got = [read_edge_share(p, 0, 1, progress) for p in parts[rank::size]]
         if not got:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate([s for s, _ in got]), np.concatenate([d for _, d in got])
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    name = path.name.lower()
-    if name.endswith((".npy", ".npz", ".mtx", ".mtx.gz")):
+    if _binary(path):
+        name = path.name.lower()
         read = _npy_share if name.endswith(".npy") else _npz_share if name.endswith(".npz") else _mtx_share
         got = read(path, rank, size)
         if progress is not None:
             progress(os.path.getsize(path) // size)
         return got
-    return _text_share(path, rank, size, progress=progress)
+    return _text_share([path], rank, size, progress=progress, delimiter=delimiter, header=header)
 
 
 # A share of a plain text file larger than this is read in pieces, so progress can be shown.
 _PIECE_BYTES = 64 << 20
 
 
-def _text_share(path, rank, size, offset: int = 0, max_fields: int = 2, progress=None):
-    """Rank's share of a text edge file, parsed natively. Share ``r`` of ``P`` is exactly
-    shares ``r*k .. r*k+k-1`` of ``P*k`` (the same nominal cuts), so a large share is read
-    in ``k`` pieces with ``progress(bytes)`` called after each; gzip is one piece."""
+def _text_share(parts, rank, size, offset: int = 0, max_fields: int = 2, progress=None, delimiter=None,
+                header="auto"):
+    """Rank's share of text edge files (one body: the parts in order), parsed natively.
+    Share ``r`` of ``P`` is exactly shares ``r*k .. r*k+k-1`` of ``P*k`` (the same nominal
+    cuts), so a large share is read in ``k`` pieces with ``progress(bytes)`` called after
+    each; input with gzip parts is one piece."""
     from .. import _native
 
-    total = max(0, os.path.getsize(path) - offset)
+    parts = [str(p) for p in parts]
+    total = max(0, sum(os.path.getsize(p) for p in parts) - offset)
     mine = total // size
-    gz = _is_gzip(path)
+    gz = any(_is_gzip(p) for p in parts)
     k = 1 if gz or progress is None else max(1, -(-mine // _PIECE_BYTES))
+    kw = dict(offset=offset, max_fields=max_fields, delimiter=delimiter, header=header)
     if k == 1:
-        got = _native.read_edges_share(str(path), rank, size, offset=offset, max_fields=max_fields)
+        got = _native.read_edges_share(parts, rank, size, **kw)
         if progress is not None:
             progress(mine)
         return got
-    parts = []
+    pieces = []
     for j in range(k):
-        parts.append(_native.read_edges_share(str(path), rank * k + j, size * k, offset=offset, max_fields=max_fields))
+        pieces.append(_native.read_edges_share(parts, rank * k + j, size * k, **kw))
         progress(mine // k)
-    return np.concatenate([s for s, _ in parts]), np.concatenate([d for _, d in parts])
+    return np.concatenate([s for s, _ in pieces]), np.concatenate([d for _, d in pieces])
 
 
 def _is_gzip(path) -> bool:
@@ -358,7 +401,7 @@ def _mtx_share(path, rank, size):
     1-based as written; symmetric files give both directions. Read whole (one rank), the
     entry count of the size line is checked too."""
     offset, symmetry, rows, cols, nnz = _mtx_header(path)
-    src, dst = _text_share(path, rank, size, offset=offset, max_fields=4)
+    src, dst = _text_share([path], rank, size, offset=offset, max_fields=4, header="no")
     if size == 1 and len(src) != nnz:
         raise GraphFormatError(f"{path}: expected {nnz} entries (the size line), found {len(src)}")
     if len(src) and (src.min() < 1 or dst.min() < 1 or src.max() > rows or dst.max() > cols):
@@ -430,12 +473,18 @@ def logical_rank(group, replication: int = 1) -> tuple[int, int]:
     return group.rank % m, m
 
 
-def load_graph(group, path, replication: int = 1, progress: bool = False) -> tuple[np.ndarray, np.ndarray, int, int]:
+def load_graph(group, path, replication: int = 1, progress: bool = False, delimiter: str | None = None,
+               header: str = "auto", columns: list[str] | None = None,
+               times: dict | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
     sends every edge to the rank that owns it and drops duplicates there
     (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
-    ids stay as written. No rank holds more than its share of the edges. With
-    ``replication`` r, the replicas of a logical node end up with the same edges."""
+    ids stay as written. No rank holds more than its share of the edges. ``delimiter``,
+    ``header``, ``columns`` (the two id columns of a Parquet / Arrow IPC input): as
+    :func:`read_edge_share`. With
+    ``replication`` r, the replicas of a logical node end up with the same edges. ``times``,
+    if given, receives ``read_s`` (this rank's share read and parsed, the slowest rank's)
+    and ``dedup_s`` (edges sent to their owners, duplicates dropped)."""
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
@@ -445,12 +494,16 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
 
         bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
     try:
-        src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update)
+        src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update, delimiter=delimiter,
+                                   header=header, columns=columns)
     finally:
         if bar is not None:
             bar.close()
+    read_s = time.perf_counter() - t0
     top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1], np.int64)
     n_ids = int(group.allreduce(top, op="max")[0])
+    if times is not None:
+        times["read_s"] = float(group.allreduce(np.array([read_s]), op="max")[0])
     if progress and group.rank == 0:
         dt = time.perf_counter() - t0
         print(f"read {len(src)} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
@@ -461,6 +514,8 @@ def load_graph(group, path, replication: int = 1, progress: bool = False) -> tup
     del src, dst
     src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
+    if times is not None:
+        times["dedup_s"] = time.perf_counter() - t1
     if progress and group.rank == 0:
         print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "
               f"{time.perf_counter() - t1:.2f} s", file=sys.stderr, flush=True)

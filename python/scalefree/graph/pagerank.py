@@ -186,15 +186,18 @@ class SparsePageRank:
     while one replica of every logical node is alive (no group-wide collective is used:
     the L1 change travels through a second replicated sparse allreduce)."""
 
-    def __init__(self, group, src, dst, n: int, damping: float = 0.85, degrees="auto", dtype="float64",
-                 replication: int = 1, isolated: bool = True):
+    def __init__(self, group, src, dst=None, n: int | None = None, damping: float = 0.85, degrees="auto",
+                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None):
         from .. import _native
 
         me, size = logical_rank(group, replication)
         self.replication = int(replication)
         dtype = np.dtype(dtype)
+        src, dst = _edge_arrays(src, dst, columns)
+        if n is None:
+            top = max((int(a.max()) for a in (src, dst) if a.size), default=-1) + 1
+            n = int(group.allreduce(np.array([top], np.int64), op="max")[0])
         self.group, self.n, self.damping, self.dtype = group, int(n), float(damping), dtype
-        src, dst = np.asarray(src), np.asarray(dst)
         if src.dtype.kind not in "iu" or dst.dtype.kind not in "iu":
             raise ValueError(f"SparsePageRank: src and dst must hold integer ids, got {src.dtype} and {dst.dtype}")
         vk = vertex_keys(group, src, dst, self.n, self.replication, isolated)
@@ -290,12 +293,33 @@ class SparsePageRank:
         self._base, self._d = (float(x) for x in state["base_d"])
 
 
-def pagerank(group, src, dst, n: int, damping: float = 0.85, tol: float = 1e-10, max_iter: int = 200,
-             degrees="auto", progress: bool = False, dtype="float64", replication: int = 1):
+def _edge_arrays(src, dst, columns=None) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) as arrays: given as two arrays, or ``src`` a table and ``dst`` None
+    (pandas / polars / pyarrow, a 2-D array, a scipy sparse adjacency matrix:
+    :func:`scalefree._tables.table_columns`, columns by name or the first two integer ones)."""
+    from .. import _tables
+
+    if dst is None:
+        if not _tables.is_table(src):
+            raise ValueError("SparsePageRank: pass src and dst arrays, or a table of edges as src")
+        src, dst = _tables.table_columns(src, (_tables.ID, _tables.ID), columns, "edges")
+    src, dst = np.asarray(src), np.asarray(dst)
+    # The native kernels take uint32, int64 or uint64 ids, one dtype for both (views when so).
+    if src.dtype.kind in "iu" and dst.dtype.kind in "iu" and (
+            src.dtype != dst.dtype or src.dtype not in (np.uint32, np.int64, np.uint64)):
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    return src, dst
+
+
+def pagerank(group, src, dst=None, n: int | None = None, damping: float = 0.85, tol: float = 1e-10,
+             max_iter: int = 200, degrees="auto", progress: bool = False, dtype="float64", replication: int = 1,
+             columns=None):
     """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
-    the L1 change is ``< tol``). Returns (owned vertex ids, their scores, iterations,
-    median seconds per iteration)."""
-    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication)
+    the L1 change is ``< tol``). ``src``/``dst``: this rank's edges as arrays, or ``src`` a
+    table of them (pandas, polars, pyarrow, 2-D array, scipy sparse; ``columns`` by name) and
+    ``dst`` None; ``n``: the id space (default: the largest id over all ranks + 1). Returns
+    (owned vertex ids, their scores, iterations, median seconds per iteration)."""
+    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication, columns=columns)
     it, per_it = iterate(pr, tol, max_iter, progress)
     return pr.owned, pr.scores, it, per_it
 

@@ -43,17 +43,33 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalefree" / "mf"
 
 
-def load_ratings(data, cache: bool = True) -> "_native.MfRatings":
-    """A rating file path or a (users, items, ratings) triple → native ratings."""
+def load_ratings(data, cache: bool = True, delimiter: str | None = None, header: str = "auto",
+                 columns=None) -> "_native.MfRatings":
+    """A rating file path, a (users, items, ratings) triple of arrays, or a table (pandas,
+    polars, pyarrow, a 2-D array, a scipy sparse matrix: :mod:`scalefree._tables`) → native
+    ratings. A part directory (Spark, Dask, Hive), a ``delimiter`` (tab, space, comma,
+    semicolon; default detected) or a ``header`` rule other than ``auto`` read the file
+    through the partitioned text reader (``_native.read_ratings_share``). Parquet and Arrow
+    IPC files (or directories of their parts) are read by ``scalefree._columnar``;
+    ``columns``: the user, item and rating columns of those or of a table, by name."""
     if isinstance(data, _native.MfRatings):
         return data
+    from .. import _columnar, _tables
     from .shares import ShareRatings
     from .stream import StreamedRatings
 
     if isinstance(data, (StreamedRatings, ShareRatings)):
         return data  # read by the ranks as they partition it (mf_stream, mf_shares)
     if isinstance(data, (str, os.PathLike)):
-        return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
+        parts = _columnar.columnar_parts(data)
+        if parts is not None:
+            data = _columnar.read_share(parts, 0, 1, "ratings", columns)
+        elif os.path.isdir(data) or delimiter is not None or header != "auto":
+            data = _native.read_ratings_share(str(data), 0, 1, delimiter=delimiter, header=header)
+        else:
+            return _native.MfRatings.load(str(data), str(default_cache_dir()) if cache else None)
+    elif _tables.is_table(data):
+        data = _tables.table_columns(data, (_tables.ID, _tables.ID, _tables.NUMBER), columns, "ratings")
     users, items, ratings = data
     u = np.ascontiguousarray(users, dtype=np.int64)
     i = np.ascontiguousarray(items, dtype=np.int64)
@@ -473,9 +489,11 @@ class MatrixFactorization:
         return obj
 
 
-def split_ratings(data, test_fraction: float = 0.1, seed: int = 0):
-    """Seeded random split → (train, test) native ratings sharing id maps."""
-    return load_ratings(data).split(float(test_fraction), int(seed))
+def split_ratings(data, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None, header: str = "auto",
+                  columns=None):
+    """Seeded random split → (train, test) native ratings sharing id maps. ``data``: what
+    :func:`load_ratings` takes (a file, arrays or a table; ``columns`` by name)."""
+    return load_ratings(data, delimiter=delimiter, header=header, columns=columns).split(float(test_fraction), int(seed))
 
 
 def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
@@ -488,17 +506,20 @@ def split_ratings_streamed(path, test_fraction: float = 0.1, seed: int = 0):
     return split(path, test_fraction, seed)
 
 
-def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, test_file=None):
+def split_ratings_partitioned(path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+                              header: str = "auto", columns=None, test_file=None):
     """``(train, test)`` of a rating file for ``mode="rima"`` / ``"dsgd-ps"``, read by the ranks
     in ``fit``, each rank only its share of the file; the split is a seeded hash of (user, item),
     the same for any number of ranks (``mf_shares``). No rank ever holds all ratings, with or
     without a ``memory_budget``; each rank keeps its own test share and the test RMSE is summed
-    over the ranks. ``test_file``: test on that file instead (``test_fraction`` 0; each rank reads
-    its share; ids matched to the training file's, unseen ones counted in ``test_unseen`` and
-    answered with the mean)."""
+    over the ranks. ``path`` may be a part directory; ``delimiter``/``header`` as
+    :func:`load_ratings`; ``columns``: the user, item and rating columns of a Parquet /
+    Arrow IPC input, by name. ``test_file``: test on that file instead (``test_fraction`` 0;
+    each rank reads its share; ids matched to the training file's, unseen ones counted in
+    ``test_unseen`` and answered with the mean)."""
     from .shares import split
 
-    return split(path, test_fraction, seed, test_file)
+    return split(path, test_fraction, seed, delimiter, header, columns, test_file)
 
 
 def _model_of(train, k: int, p, q):

@@ -3,8 +3,9 @@ its share of the rating file, and no rank ever holds all ratings, with or withou
 budget.
 
 1. **Read.** Rank r of P parses the lines whose first byte lies in its 1/P of the file's bytes
-   (``_native.read_ratings_share``, the syntax of the mf reader). A ``.gz`` cannot be split:
-   every rank decompresses all of it and parses only its chunks. A binary rating cache
+   (``_native.read_ratings_share``, the syntax of the mf reader; a part directory is one body
+   cut the same way). A ``.gz`` of several members is cut by members; a single gzip stream
+   cannot be split: every rank decompresses all of it and parses only its chunks. A binary rating cache
    (``.sfr``, ``mf_write_cache``) gives rank r the r-th 1/P of its rating columns. With a
    memory budget the share is read in pieces (the share's byte range cut again, each piece a
    round of steps 2–4), so a rank holds one piece at a time.
@@ -158,13 +159,25 @@ class _Source:
     cache read by rating range. ``pieces`` per rank; :meth:`read` returns raw (users, items,
     ratings) of piece j."""
 
-    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None):
+    def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None, delimiter: str | None = None,
+                 header: str = "auto", columns=None):
+        from .. import _columnar
+
         self.path, self.rank, self.size = path, rank, size
+        self.delimiter, self.header, self.columns = delimiter, header, columns
         if not path.exists():
             raise DataError(f"{path}: no such file")
-        self.cache = bool(_native.mf_is_cache(str(path)))
-        self.gz = path.name.lower().endswith(".gz")
-        if self.cache:
+        self.parts = _native.resolve_parts(str(path))
+        # Parquet / Arrow IPC: by row groups; piece j of rank r is share r·S + j of P·S (the
+        # row-group owners nest exactly, as the byte ranges of text do).
+        self.columnar = _columnar.columnar_parts(path)
+        self.cache = self.columnar is None and not path.is_dir() and bool(_native.mf_is_cache(str(path)))
+        self.gz = any(p.lower().endswith(".gz") for p in self.parts)
+        if self.columnar is not None:
+            total = sum(os.path.getsize(p) for p in self.columnar)
+            self.pieces = 1 if piece_bytes is None else max(1, -(-total // size // piece_bytes))
+            self.pieces_all = self.pieces
+        elif self.cache:
             self.n, self.nu, self.ni = (int(x) for x in _native.mf_cache_header(str(path)))
             lo, hi = self.n * rank // size, self.n * (rank + 1) // size
             self.lo = lo
@@ -174,7 +187,7 @@ class _Source:
             # The same on every rank: the rounds are collective.
             self.pieces_all = max(1, -(-(self.n // size + 1) // per))
         else:
-            total = path.stat().st_size
+            total = sum(os.path.getsize(p) for p in self.parts)
             self.pieces = 1 if (piece_bytes is None or self.gz) else max(1, -(-total // size // piece_bytes))
             self.pieces_all = self.pieces
         self._ids = None
@@ -182,10 +195,16 @@ class _Source:
     def read(self, j: int):
         if j >= self.pieces:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.columnar is not None:
+            from .. import _columnar
+
+            S = self.pieces
+            return _columnar.read_share(self.columnar, self.rank * S + j, self.size * S, "ratings", self.columns)
         if not self.cache:
             S = self.pieces
             # Piece j of the rank's share: share rank·S + j of size·S (the byte ranges nest exactly).
-            return _native.read_ratings_share(str(self.path), self.rank * S + j, self.size * S)
+            return _native.read_ratings_share(self.parts, self.rank * S + j, self.size * S, delimiter=self.delimiter,
+                                              header=self.header)
         from .stream import _pread_into
 
         lo, hi = self.bounds[j], self.bounds[j + 1]
@@ -226,10 +245,13 @@ class ShareRatings:
     :meth:`partition` reads, splits, numbers the ids and routes the ratings to the ranks that
     train them."""
 
-    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0):
+    def __init__(self, path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+                 header: str = "auto", columns=None):
         if not 0 <= float(test_fraction) < 1:
             raise InvalidArgumentError(f"test fraction must be in [0, 1), got {test_fraction}")
         self.path = Path(path)
+        self.delimiter, self.header = delimiter, header
+        self.columns = columns  # user, item, rating columns of a Parquet / Arrow IPC input
         self.test_fraction, self.seed = float(test_fraction), int(seed)
         self.test = ShareTest(self)
         self.n_train = self.n_test = self.n_users = self.n_items = 0
@@ -265,7 +287,7 @@ class ShareRatings:
         trains = np.asarray(trains, bool).reshape(P, nb * nb)
         src = err = None
         try:
-            src = _Source(self.path, rank, P, piece_bytes)
+            src = _Source(self.path, rank, P, piece_bytes, self.delimiter, self.header, self.columns)
         except (DataError, OSError) as e:
             err = e
         _agree(group, err)
@@ -502,7 +524,8 @@ class ShareRatings:
         err = None
         u = i = r = np.zeros(0, np.int64)
         try:
-            u, i, r = _Source(Path(self.test_path), group.rank, group.size, None).read(0)
+            u, i, r = _Source(Path(self.test_path), group.rank, group.size, None, self.delimiter, self.header,
+                              self.columns).read(0)
             if len(r) and np.isnan(r[0]):
                 raise DataError(f"{self.test_path}:1: a test line has no rating (expected 'user item rating')")
         except (DataError, OSError) as e:
@@ -535,14 +558,16 @@ class ShareRatings:
                                           self.known_i.astype(np.uint8).tobytes())
 
 
-def split(path, test_fraction: float = 0.1, seed: int = 0, test_file=None) -> tuple[ShareRatings, ShareTest]:
-    """``(train, test)`` of a rating file read in shares by the ranks of a ``rima`` / ``dsgd-ps``
-    job (module doc); nothing is read until ``fit``. ``test_file``: the test set is that file
-    (each rank reads its share; ids matched to the training file's, unseen ones answered with
-    the mean) and all of ``path`` trains (``test_fraction`` must be 0)."""
+def split(path, test_fraction: float = 0.1, seed: int = 0, delimiter: str | None = None,
+          header: str = "auto", columns=None, test_file=None) -> tuple[ShareRatings, ShareTest]:
+    """``(train, test)`` of a rating file (or part directory) read in shares by the ranks of a
+    ``rima`` / ``dsgd-ps`` job (module doc); nothing is read until ``fit``. ``columns``: of a
+    Parquet / Arrow IPC input. ``test_file``: the test set is that file (each rank reads its
+    share, in the same dialect and columns; ids matched to the training file's, unseen ones
+    answered with the mean) and all of ``path`` trains (``test_fraction`` must be 0)."""
     if test_file is not None and test_fraction:
         raise InvalidArgumentError(f"a test file and a test fraction ({test_fraction}) exclude each other")
-    train = ShareRatings(path, test_fraction, seed)
+    train = ShareRatings(path, test_fraction, seed, delimiter, header, columns)
     train.test_path = None if test_file is None else Path(test_file)
     return train, train.test
 

@@ -81,10 +81,12 @@ MAX_FEATURES = 1 << 31
 vector of the dimension, so an index of 2**40 in a file is an error, not 8 TiB."""
 
 
-def read_svmlight_share(path, rank: int = 0, size: int = 1, max_index: int = MAX_FEATURES - 1):
-    """Rank's share of an svmlight/libsvm file (the lines that start in its ``1/size`` of
-    the bytes, parsed in native code; ``.gz`` decompressed by every rank, each parsing its
-    chunks): ``(labels, indptr, indices as written, values)``. Raises
+def read_svmlight_share(path, rank: int = 0, size: int = 1, max_index: int = MAX_FEATURES - 1, header: str = "auto"):
+    """Rank's share of an svmlight/libsvm file or part directory (the lines that start in
+    its ``1/size`` of the bytes, parsed in native code; ``.gz`` of several members cut by
+    members, a single gzip stream decompressed by every rank, each parsing its chunks):
+    ``(labels, indptr, indices as written, values)``. ``header``: whether the first line (of
+    every part) is a header to skip (``auto``: when its first token is not a number). Raises
     :class:`SvmlightError` naming the file and line (NaN/inf values, an index past
     ``max_index``, binary data, an empty file)."""
     from .. import _native
@@ -93,7 +95,7 @@ def read_svmlight_share(path, rank: int = 0, size: int = 1, max_index: int = MAX
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return _native.read_svmlight_share(str(path), rank, size, max_index)
+        return _native.read_svmlight_share(str(path), rank, size, max_index, header=header)
     except DataError as e:
         raise SvmlightError(str(e)) from None
 
@@ -106,12 +108,12 @@ def _rows(path, labels, indptr, indices, values, zero_based: bool, dim: int) -> 
                       y, int(dim))
 
 
-def read_svmlight(path, zero_based="auto", dim: int | None = None) -> SparseRows:
+def read_svmlight(path, zero_based="auto", dim: int | None = None, header: str = "auto") -> SparseRows:
     """Reads svmlight/libsvm text (``.gz`` allowed) in one process. Labels > 0 become 1,
     others 0 (so 0/1 and -1/+1 both work). ``zero_based``: True, False or "auto" (1-based
     unless an index 0 occurs). Raises :class:`SvmlightError` naming the file and line of a
     bad line. :func:`load_rows` reads a share per rank instead."""
-    labels, indptr, indices, values = read_svmlight_share(path)
+    labels, indptr, indices, values = read_svmlight_share(path, header=header)
     lo = int(indices.min()) if len(indices) else 1
     hi = int(indices.max()) if len(indices) else -1
     zb = (lo == 0) if zero_based == "auto" else bool(zero_based)
@@ -125,11 +127,11 @@ def read_svmlight(path, zero_based="auto", dim: int | None = None) -> SparseRows
     return _rows(path, labels, indptr, indices, values, zb, dim)
 
 
-def load_rows(group, path, zero_based="auto", dim: int | None = None) -> SparseRows:
+def load_rows(group, path, zero_based="auto", dim: int | None = None, header: str = "auto") -> SparseRows:
     """Collective: this rank's share of an svmlight file (:func:`read_svmlight_share`) as
     rows, with the index base and the dimension agreed by every rank (the largest index
     over all ranks sets the dimension). No rank reads more than its share."""
-    labels, indptr, indices, values = read_svmlight_share(path, group.rank, group.size)
+    labels, indptr, indices, values = read_svmlight_share(path, group.rank, group.size, header=header)
     ext = np.array([-(int(indices.min()) if len(indices) else MAX_FEATURES), int(indices.max()) if len(indices) else -1],
                    np.int64)
     group.allreduce(ext, op="max")
@@ -379,7 +381,7 @@ def sklearn_baseline(train_rows: SparseRows, test_rows: SparseRows, epochs: int,
 
 
 def local_rows(group, data, zero_based="auto", *, rows: int = 0, dim: int = 0, nnz: int = 20, zipf: float = 1.3,
-               data_seed: int = 0) -> SparseRows:
+               data_seed: int = 0, header: str = "auto") -> SparseRows:
     """Collective: this rank's rows of ``data`` — an svmlight file (:func:`load_rows`: its
     share of the bytes) or ``"synthetic"`` (the generator's blocks ``rank, rank + size,
     ...``; every rank runs the generator, keeping only its blocks)."""
@@ -387,4 +389,4 @@ def local_rows(group, data, zero_based="auto", *, rows: int = 0, dim: int = 0, n
         mine = [b for i, b in enumerate(generate_rows(rows, dim, nnz, zipf, data_seed))
                 if i % group.size == group.rank]
         return concat_rows(mine, dim)
-    return load_rows(group, data, zero_based)
+    return load_rows(group, data, zero_based, header=header)

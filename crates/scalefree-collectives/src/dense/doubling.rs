@@ -190,7 +190,7 @@ impl Layout {
     }
 
     /// Each host's first rank leads the others on it. `(local, cross)` are this rank's
-    /// [`host_groups`](crate::dense::net::host_groups): its host's ranks, and the ranks of
+    /// [`host_groups`](crate::dense::hierarchical::host_groups): its host's ranks, and the ranks of
     /// its local index on every host (for a leader: the leaders).
     pub(crate) fn by_host(me: u32, (local, cross): &(Vec<u32>, Vec<u32>)) -> Layout {
         let rounds_of = cross.len() as u32;

@@ -1,5 +1,5 @@
 //! Allreduce between hosts by recursive halving and doubling, for a power-of-two number of
-//! ranks (4 or more), on the landing regions of [`net`](super::net).
+//! ranks (4 or more), on the landing regions of [`landing`](super::landing).
 //!
 //! Reduce-scatter by recursive halving: in step `s` (distance `d = N/2, N/4, …, 1`) a rank
 //! and its partner `rank ^ d` split the chunks they still hold in two; each sends the half
@@ -7,7 +7,7 @@
 //! on arrival: the partner is the only sender of the step). After `log2 N` steps rank `q`
 //! holds chunk `q` reduced. Allgather by recursive doubling: in step `t` (`d = 1, 2, …, N/2`)
 //! partners swap what they hold, straight into the caller's buffer (direct landing). Bytes
-//! sent per rank: `2 (N-1)/N · n`, as the all-to-all of [`net::allreduce`](super::net::allreduce),
+//! sent per rank: `2 (N-1)/N · n`, as the all-to-all of [`all_to_all::allreduce`](super::all_to_all::allreduce),
 //! but each step has a single peer: with four hosts on two cores that is fewer flows at once,
 //! fewer threads woken and no landing-region copies, at `2 log2 N` steps instead of 2.
 //!
@@ -22,7 +22,7 @@ use scalefree_transport::Window;
 use scalefree_transport::Result;
 
 use crate::comm::Communicator;
-use crate::dense::net::{direct_landing_on, largest_chunk, pieces, reduce_on_arrival_on, reducer, wait_all};
+use crate::dense::landing::{direct_landing_on, largest_chunk, pieces, reduce_on_arrival_on, reducer, wait_all};
 use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 use crate::reduce::{reduce_into, DType, ReduceOp};
 

@@ -1,10 +1,12 @@
 //! Entry points of the dense collectives. Each validates its arguments, announces the call
 //! (`Communicator::post`), and hands over to one algorithm file.
 
+pub mod all_to_all;
 pub mod direct;
 pub mod doubling;
 pub mod halving;
-pub mod net;
+pub mod hierarchical;
+pub mod landing;
 pub mod one_shot;
 pub mod ring;
 
@@ -50,14 +52,14 @@ impl Communicator {
             Algorithm::Auto => {
                 if nbytes <= self.opts.one_shot_max_bytes.min(self.opts.inline_bytes) {
                     Algorithm::OneShot
-                } else if self.net && net::host_groups(self).is_some() {
+                } else if self.net && hierarchical::host_groups(self).is_some() {
                     Algorithm::Hierarchical
                 } else {
                     Algorithm::Direct
                 }
             }
             // Only jobs on several hosts with several ranks on each have a hierarchy.
-            Algorithm::Hierarchical if !(self.net && net::host_groups(self).is_some()) => Algorithm::Direct,
+            Algorithm::Hierarchical if !(self.net && hierarchical::host_groups(self).is_some()) => Algorithm::Direct,
             Algorithm::OneShot if nbytes > self.opts.inline_bytes => {
                 return Err(Error::InvalidArgument(format!(
                     "one_shot carries at most {} bytes (SCALEFREE_INLINE_BYTES); this call has {nbytes}",
@@ -97,13 +99,13 @@ impl Communicator {
                     one_shot::allreduce(self, buf, count, dtype, op);
                 }
                 _ if self.net => {
-                    let groups = if used == Algorithm::Hierarchical { net::host_groups(self) } else { None };
+                    let groups = if used == Algorithm::Hierarchical { hierarchical::host_groups(self) } else { None };
                     hdr.halving = (groups.is_none() && halving::suits(self.size, nbytes)) as u32;
                     self.post(hdr, &|_| (std::ptr::null(), 0))?;
                     match groups {
-                        Some(g) => net::hierarchical(self, &g, buf, count, dtype, op)?,
+                        Some(g) => hierarchical::hierarchical(self, &g, buf, count, dtype, op)?,
                         None if hdr.halving != 0 => halving::allreduce(self, buf, count, dtype, op)?,
-                        None => net::allreduce(self, buf, count, dtype, op)?,
+                        None => all_to_all::allreduce(self, buf, count, dtype, op)?,
                     }
                 }
                 Algorithm::Direct | Algorithm::Ring | Algorithm::Hierarchical => {
@@ -164,7 +166,7 @@ impl Communicator {
                 one_shot::fold_share(self, input.add(lo * es), out, hi - lo, dtype, op);
             } else if self.net {
                 self.post(hdr, &|_| (std::ptr::null(), 0))?;
-                net::reduce_scatter(self, input, count, out, dtype, op)?;
+                all_to_all::reduce_scatter(self, input, count, out, dtype, op)?;
             } else {
                 self.expose(&mut hdr, input, count * es);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -211,7 +213,7 @@ impl Communicator {
                 }
             } else if self.net {
                 self.post(hdr, &|_| (std::ptr::null(), 0))?;
-                net::allgather(self, mine_in_out, nbytes, out, es)?;
+                all_to_all::allgather(self, mine_in_out, nbytes, out, es)?;
             } else {
                 self.expose(&mut hdr, mine_in_out, nbytes);
                 let headers = self.post(hdr, &|_| (std::ptr::null(), 0))?;
@@ -292,7 +294,7 @@ impl Communicator {
                 }
             } else if self.net {
                 self.post(hdr, &|_| (std::ptr::null(), 0))?;
-                net::broadcast(self, buf, nbytes, root, dtype.size_bytes())?;
+                all_to_all::broadcast(self, buf, nbytes, root, dtype.size_bytes())?;
             } else {
                 if is_root {
                     self.expose(&mut hdr, buf, nbytes);

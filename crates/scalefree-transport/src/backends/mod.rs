@@ -1,32 +1,228 @@
-//! Backends implement how bytes move between ranks. Each has the same set of pieces:
-//! memory (how a region is made addressable by peers) and copies (how a write or read
-//! reaches a peer's region).
+//! Backends implement how bytes move between ranks. Each has the same set of pieces, one
+//! file each where they do the same thing: `memory` (how a region is made addressable by
+//! peers), `copies` (how a write or read reaches a peer's region), `notify` (how a
+//! notification or a note reaches a peer's words), `progress` (what drives operations in
+//! flight and wakes waiters) and `peers` (how a lost peer is noticed).
 //!
 //! [`Backend`] is what a [`crate::Device`] and its [`crate::Channel`]s ask of one: two
 //! implement it, [`shm::Shm`] (every rank on this host: mapped memory and cross-memory
-//! attach) and [`ucx::Ucx`] (peers on other hosts over UCX and TCP lanes; peers on this host
-//! still through mapped memory). What only some backends can do is an optional capability,
-//! reached through an accessor that returns `None` elsewhere: [`DirectLanding`] (arriving
-//! writes received straight into the caller's buffer). Code above the transport (the
-//! collectives) names the trait and the capabilities, never a backend.
+//! attach) and [`ucx::Ucx`] (peers on other hosts over UCX, bulk writes over [`lanes`];
+//! peers on this host still through mapped memory). A device does not know which one it
+//! has: [`choose`] picks the backend for the job ([`Transport`], the hosts of its ranks) and
+//! that backend's module builds it from the job's rendezvous. What only some backends can
+//! do is an optional capability, reached through an accessor that returns `None` elsewhere:
+//! [`DirectLanding`] (arriving writes received straight into the caller's buffer). Code
+//! above the transport (the collectives) names the trait and the capabilities, never a
+//! backend. The handles a backend hands out ([`Request`], [`Registration`], [`RemoteKey`])
+//! are neutral types defined here; what is backend-specific in them stays behind them.
 
 use std::any::Any;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bootstrap::rendezvous::Rendezvous;
+use crate::bootstrap::JobInfo;
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::region::RemoteRegion;
 use crate::wait::{SpinHook, WaitPolicy};
 
+pub mod lanes;
 pub mod shm;
 pub mod ucx;
+pub(crate) mod wire;
 
-/// The handles of a backend that reaches peers through keys rather than mappings: a local
-/// region's registration, a peer region's unpacked key, an operation in flight. Only the
-/// network backend makes them; on shared memory they never exist.
-pub use ucx::{Registration, RemoteKey, Request};
+/// Which backend carries the bytes (`SCALEFREE_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared memory when every rank is on this host, UCX otherwise.
+    Auto,
+    /// Shared memory only (all ranks on one host).
+    Shm,
+    /// UCX between every pair of ranks, even on one host (for tests and comparison).
+    Ucx,
+}
+
+impl Transport {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Transport::Auto),
+            "shm" => Ok(Transport::Shm),
+            "ucx" => Ok(Transport::Ucx),
+            other => Err(Error::InvalidArgument(format!("SCALEFREE_TRANSPORT={other:?}: expected auto, shm or ucx"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Shm => "shm",
+            Transport::Ucx => "ucx",
+        }
+    }
+}
+
+/// The backend a job uses, and the host index of every rank (ranks of one host share it;
+/// hosts are numbered in the order of their lowest rank).
+pub struct Choice {
+    kind: Transport,
+    pub hosts: Vec<u32>,
+}
+
+/// Picks the backend for `job` (see [`Transport`]) once its ranks have met at the
+/// rendezvous `rv`, and checks that it can be had here (a missing UCX library is an error
+/// before any further exchange).
+pub fn choose(job: &JobInfo, rv: &Rendezvous, transport: Transport) -> Result<Choice> {
+    let hosts = host_map(job, rv, transport);
+    let several_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    let networked = match transport {
+        Transport::Ucx => job.size > 1,
+        Transport::Auto => several_hosts,
+        Transport::Shm => false,
+    };
+    if networked {
+        ucx::describe()?;
+        return Ok(Choice { kind: Transport::Ucx, hosts });
+    }
+    if several_hosts {
+        return Err(Error::Unsupported("ranks span hosts; SCALEFREE_TRANSPORT=shm needs all ranks on one host".into()));
+    }
+    Ok(Choice { kind: Transport::Shm, hosts: vec![0; job.size as usize] })
+}
+
+/// What a backend is built from: the job, its rendezvous (for the collective exchanges of
+/// its set-up), the host of every rank, and this rank's notification words (in the device's
+/// control segment, which outlives the backend).
+pub struct Setup<'a> {
+    pub job: &'a JobInfo,
+    pub rendezvous: &'a mut Rendezvous,
+    pub hosts: &'a [u32],
+    /// This rank's notification slots (`nslots` words) and their waiter count.
+    pub slots: *const AtomicU32,
+    pub nslots: usize,
+    pub waiters: *const AtomicU32,
+    /// How long ranks may take to connect to each other.
+    pub connect_timeout: Duration,
+}
+
+impl Choice {
+    /// Collective: builds the chosen backend (its module does, from `setup`).
+    ///
+    /// # Safety
+    /// `setup`'s slot and waiter words must stay valid while the backend lives.
+    pub unsafe fn open(&self, setup: Setup<'_>) -> Result<Box<dyn Backend>> {
+        match self.kind {
+            Transport::Ucx => unsafe { ucx::open(setup) },
+            _ => shm::open(setup),
+        }
+    }
+}
+
+/// Host index of every rank. `Transport::Ucx` treats every rank as its own host (all
+/// traffic over UCX, for tests and comparison); `SCALEFREE_SIMULATE_HOSTS=k` (tests only)
+/// pretends ranks `k*h .. k*h+k-1` share host `h`; otherwise the rendezvous knows.
+fn host_map(job: &JobInfo, rv: &Rendezvous, transport: Transport) -> Vec<u32> {
+    let n = job.size;
+    if transport == Transport::Ucx {
+        return (0..n).collect();
+    }
+    if let Some(k) = simulated_hosts(n) {
+        return (0..n).map(|r| r / k).collect();
+    }
+    rv.hosts().to_vec()
+}
+
+/// `SCALEFREE_SIMULATE_HOSTS=k` with fewer than `size` ranks per simulated host.
+fn simulated_hosts(size: u32) -> Option<u32> {
+    std::env::var("SCALEFREE_SIMULATE_HOSTS").ok().and_then(|v| v.trim().parse::<u32>().ok()).filter(|k| *k > 0 && *k < size)
+}
+
+/// Completion state of one operation in flight, shared by its [`Request`] and whoever
+/// completes it (a callback of the network library, a lane's writer thread).
+#[derive(Default)]
+pub struct OpState {
+    done: AtomicU32,
+    status: AtomicU32,
+    waiters: AtomicU32,
+}
+
+impl OpState {
+    /// The status of an operation that went well.
+    pub const OK: u32 = 0;
+    /// The status of an operation whose connection broke (UCX's `UCS_ERR_CONNECTION_RESET`,
+    /// which the lanes report too).
+    pub const BROKEN: u32 = -25i32 as u32;
+
+    /// Records `status` and wakes whoever waits for the operation.
+    pub fn finish(&self, status: u32) {
+        self.status.store(status, Ordering::Release);
+        crate::wait::publish(&self.done, &self.waiters, 1);
+    }
+    /// True once the operation completed (its buffers may be reused).
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire) != 0
+    }
+    /// The status [`OpState::finish`] recorded.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::Acquire)
+    }
+    /// The word that becomes non-zero when the operation completes, and its waiter count.
+    pub fn words(&self) -> (&AtomicU32, &AtomicU32) {
+        (&self.done, &self.waiters)
+    }
+}
+
+/// What an operation in flight is to the backend that made it: its completion state and
+/// whatever the backend keeps with it until it completes.
+pub trait InFlight: Send + Sync {
+    fn state(&self) -> &OpState;
+}
+
+impl InFlight for OpState {
+    fn state(&self) -> &OpState {
+        self
+    }
+}
+
+/// Something a waiter can do to complete an operation sooner than its owner thread would:
+/// a lane's queue, which a waiter sends itself up to its write.
+pub trait Helper: Send + Sync {
+    /// Pushes `op` along from the waiting thread for at most `patience` without progress.
+    fn help(&self, op: &OpState, patience: Duration);
+}
+
+/// An operation in flight (see [`Backend::start_write`]): waited for through the backend
+/// that made it ([`Backend::wait_request`]).
+pub struct Request {
+    pub(crate) op: Arc<dyn InFlight>,
+    /// The peer it goes to and what it is, for errors.
+    pub(crate) peer: u32,
+    pub(crate) what: String,
+    pub(crate) helper: Option<Arc<dyn Helper>>,
+}
+
+impl Request {
+    /// True once the operation's buffers may be reused.
+    pub fn test(&self) -> bool {
+        self.op.state().is_done()
+    }
+}
+
+/// A local region made reachable by key (see [`Backend::register`]): the packed key peers
+/// need, and the backend's hold on the memory, released when this drops.
+pub struct Registration {
+    /// The packed key, sent to peers beside the region's handle.
+    pub packed_key: Vec<u8>,
+    pub(crate) _hold: Box<dyn Send + Sync>,
+}
+
+/// A peer's region reached by key, as seen from here: the peer, the region's address there,
+/// and the backend's unpacked key (see [`Backend::remote_key`]).
+pub struct RemoteKey {
+    pub peer: u32,
+    pub addr: u64,
+    pub(crate) unpacked: Box<dyn Any + Send + Sync>,
+}
 
 /// What a write raises at the target once its data has landed.
 #[derive(Clone, Copy, Debug)]
@@ -111,7 +307,7 @@ pub trait Backend: Send + Sync + 'static {
         _what: &dyn Fn() -> String,
         _liveness: &dyn Fn() -> Result<()>,
     ) -> Result<u32> {
-        Err(crate::Error::Unsupported(format!("{} waits read no arrivals themselves", self.name())))
+        Err(Error::Unsupported(format!("{} waits read no arrivals themselves", self.name())))
     }
 
     /// Errors when the backend learnt that a peer is lost.
@@ -131,7 +327,7 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// A peer's region key, from its packed bytes.
     fn remote_key(&self, peer: u32, _addr: u64, _packed: &[u8]) -> Result<Arc<RemoteKey>> {
-        Err(crate::Error::Unsupported(format!("rank {peer}'s region carries a key, but {} uses none", self.name())))
+        Err(Error::Unsupported(format!("rank {peer}'s region carries a key, but {} uses none", self.name())))
     }
 
     /// Copies `n` (> 0) bytes from `src` into `remote[off..]`; returns once `src` may be reused.
@@ -184,5 +380,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Capability: direct landing of arriving writes.
     fn direct_landing(&self) -> Option<&dyn DirectLanding> {
         None
+    }
+
+    /// What carries this rank's traffic to `peer` (`name/device`, e.g. `tcp/eth0`), for
+    /// diagnostics; empty where the backend has no such choice (shared memory).
+    fn routes(&self, _peer: u32) -> Result<Vec<String>> {
+        Ok(Vec::new())
     }
 }

@@ -5,6 +5,7 @@
 //! [`rendezvous::Rendezvous`] then connects the ranks of one host through an abstract
 //! Unix socket owned by local rank 0, guarded by a job token.
 
+mod frames;
 pub mod rendezvous;
 
 use crate::error::{Error, Result};
