@@ -1,6 +1,6 @@
-"""HADI over the OR sparse allreduce, against an exact BFS neighbourhood function: exact
+"""HADI over the OR/max sparse allreduce, against an exact BFS neighbourhood function: exact
 bitsets must agree exactly (world sizes 1-4, graphs of 0, 1 and an odd number of edges),
-Flajolet-Martin within a tolerance (seeded, so the same numbers every run)."""
+HyperLogLog and Flajolet-Martin within a tolerance (seeded, so the same numbers every run)."""
 
 import gzip
 import subprocess
@@ -21,7 +21,7 @@ g = scalefree.init(timeout=60)
 z = np.load(sys.argv[1])
 n = int(z["n"])
 s, d = partition_edges(z["src"], z["dst"], g.rank, g.size, seed=5)
-nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]))
+nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]), precision=int(sys.argv[5]))
 # every rank must hold the same neighbourhood function
 print(json.dumps(nf))
 if g.rank == 0:
@@ -51,11 +51,11 @@ def bfs_neighbourhood(src, dst, n):
     return np.cumsum([hist.get(h, 0) for h in range(hmax + 1)]).astype(float)
 
 
-def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32):
+def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32, precision=8):
     g = tmp_path / "g.npz"
     out = tmp_path / "nf.npy"
     np.savez(g, src=np.asarray(src, np.int64), dst=np.asarray(dst, np.int64), n=n)
-    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k)]), 120)
+    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k), str(precision)]), 120)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
     lines = {r.stdout.strip().splitlines()[-1] for r in res}
@@ -112,6 +112,70 @@ def test_fm_estimate_close_to_bfs(tmp_path):
     # within the estimator's spread (~0.78/sqrt(k) per vertex, correlated across vertices).
     assert rel[1] < 0.5 and rel[2:].max() < 0.25, rel
     assert abs(effective_diameter(got)[1] - effective_diameter(want)[1]) <= 1.0
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", ["path-odd", "cycle-plus-tail", "one-edge", "no-edges", "empty"])
+def test_hll_small_graphs_near_bfs(tmp_path, ranks, name):
+    src, dst, n = GRAPHS[name]
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    want = bfs_neighbourhood(src, dst, n) if n else np.array([0.0])
+    assert got[0] == want[0]  # N(0): the vertex count, exactly
+    assert abs(len(got) - len(want)) <= 1
+    m = min(len(got), len(want))
+    # a handful of items in 64 registers: linear counting, off by a collision at most
+    np.testing.assert_allclose(got[:m], want[:m], rtol=0.1)
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_hll_matches_bfs_skewed_directed(tmp_path, ranks):
+    n = 301
+    src, dst = skewed_graph(n, 1500, seed=ranks)
+    want = bfs_neighbourhood(src, dst, n)
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    assert got[0] == want[0]
+    m = min(len(got), len(want))
+    assert abs(len(got) - len(want)) <= 1
+    # Most vertices reach the same few dozen: their counters are one set's, so N(h) errs by
+    # about one counter's relative error, 1.04/sqrt(256) at the default precision: 3 sigma.
+    assert (np.abs(got[:m] - want[:m]) / want[:m]).max() < 3 * 1.04 / 16
+
+
+def test_hll_close_to_bfs(tmp_path):
+    from scalefree.graph.hadi import effective_diameter
+
+    n = 1201  # odd
+    src, dst = skewed_graph(n, 6000, seed=11)
+    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])  # undirected: one big component
+    want = bfs_neighbourhood(src, dst, n)
+    for precision, tol in ((8, 3 * 1.04 / 16), (11, 0.05)):
+        # one big component: late hops err by about one counter's 1.04/sqrt(2^precision)
+        got = run_hadi(tmp_path, 3, src, dst, n, method="hll", precision=precision)
+        assert abs(len(got) - len(want)) <= 1
+        m = min(len(got), len(want))
+        rel = np.abs(got[:m] - want[:m]) / want[:m]
+        assert rel[0] == 0 and rel.max() < tol, (precision, rel)  # unlike fm, no small-range bias
+    assert effective_diameter(got)[0] == effective_diameter(want)[0]
+
+
+def test_hll_initial_and_estimate():
+    from scalefree.graph.hadi import Encoding
+
+    e = Encoding("hll", 1 << 20, seed=3, precision=6)
+    v = np.arange(200000)
+    a = e.initial(v)
+    assert a.dtype == np.uint8 and a.shape == (len(v), 64)
+    assert np.array_equal(a, Encoding("hll", 1 << 20, seed=3, precision=6).initial(v))
+    assert ((a != 0).sum(axis=1) == 1).all()  # one register a vertex
+    rank = a.max(axis=1)
+    assert 0.48 < (rank == 1).mean() < 0.52 and 0.23 < (rank == 2).mean() < 0.27  # geometric
+    # unions (register-wise max) of known sizes: within 4 sigma of 1.04/sqrt(m)
+    for size in (1, 5, 50, 1000, 100000):
+        est = e.count(a[:size].max(axis=0, keepdims=True))[0]
+        assert abs(est - size) <= max(1.0, 4 * 1.04 / 8 * size), (size, est)
+    assert e.count(a[:1])[0] == pytest.approx(1, abs=0.01)
+    with pytest.raises(ValueError, match="precision"):
+        Encoding("hll", 10, precision=3)
 
 
 def test_effective_diameter():

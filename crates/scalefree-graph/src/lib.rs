@@ -7,10 +7,12 @@
 //! - [`local`]: a rank's local PageRank state from its distinct edges in one pass: the
 //!   compact out/in key sets and the CSR the SpMV runs on.
 //! - [`pagerank`]: the per-iteration kernels (the value-free CSR SpMV, the owned update).
+//! - [`hadi`]: HADI's hop on HyperLogLog registers (register-wise max over edges).
 //!
-//! The algorithms around them are in `python/scalefree/graph/` (`io.py`, `pagerank.py`).
+//! The algorithms around them are in `python/scalefree/graph/` (`io.py`, `pagerank.py`, `hadi.py`).
 
 pub mod edges;
+pub mod hadi;
 pub mod local;
 pub mod pagerank;
 

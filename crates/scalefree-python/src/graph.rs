@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 use scalefree_graph::edges;
+use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
 
@@ -309,4 +310,26 @@ impl PyPageRankCsr {
             Ok(owned_update(g, lo, base, damping, s))
         }
     }
+}
+
+fn i64s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [i64]> {
+    let f = b.format.trim_start_matches(['@', '=', '<']);
+    if b.len_bytes() > 0 && (b.itemsize() != 8 || !matches!(f, "q" | "l")) {
+        return Err(invalid(py, format!("{what} must be int64, got buffer format {:?}", b.format)));
+    }
+    Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const i64, b.count()) } })
+}
+
+/// HADI's hop on HyperLogLog registers: `out[r] = max over e in indptr[r]..indptr[r+1] of
+/// regs[targets[e]]` (uint8 rows of `width`; see `scalefree_graph::hadi`).
+#[pyfunction]
+pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, out: Bound<'_, PyAny>) -> PyResult<()> {
+    let (rb, tb, ib, ob) = (Buf::get(&regs, false, "regs")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?, Buf::get(&out, true, "out")?);
+    if rb.itemsize() != 1 || ob.itemsize() != 1 {
+        return Err(invalid(py, "hll_register_max: regs and out must be uint8".to_string()));
+    }
+    let (t, i) = (i64s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?);
+    let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
+    let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
+    py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
 }

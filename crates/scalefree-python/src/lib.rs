@@ -49,6 +49,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_counts, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_order, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::local_ids, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::hll_register_max, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;

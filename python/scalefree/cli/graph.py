@@ -228,27 +228,31 @@ def _diameter(args) -> int:
         edges *= 2
     load_s = time.perf_counter() - t0
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
-                               "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
+                               "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
     nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=progress, isolated=False, checkpoints=ck)
+                            progress=progress, isolated=False, checkpoints=ck, precision=args.precision)
     if ck is not None and ck.stopped:
         if g.rank == 0:
             stopped_line(ck, "hop")
         return 0
+    from .._rss import peak_rss_bytes
+
+    rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1)
     if g.rank == 0:
         h, hi = effective_diameter(nf, args.fraction)
-        what = "exact" if enc.method == "exact" else f"Flajolet-Martin, {enc.k} bitstrings"
+        what = {"exact": "exact", "fm": f"Flajolet-Martin, {enc.k} bitstrings",
+                "hll": f"HyperLogLog, {enc.width} registers"}[enc.method]
         print(f"{int(round(nf[0]))} vertices, {edges} edges{' (both directions)' if args.undirected else ''}, "
               f"{g.size} ranks, {what}; {per_hop * 1e3:.2f} ms/hop (load {load_s:.2f} s)")
         print(f"effective diameter ({args.fraction:g}): {h} (interpolated {hi:.3f}); "
               f"diameter {'' if enc.method == 'exact' else 'estimate '}{len(nf) - 1}")
         print("hop\tN(h)")
         for i, v in enumerate(nf):
-            print(f"{i}\t{v:.6g}" if enc.method == "fm" else f"{i}\t{int(round(v))}")
+            print(f"{i}\t{int(round(v))}" if enc.method == "exact" or i == 0 else f"{i}\t{v:.6g}")
         if args.json:
             rec = {"vertices": int(round(nf[0])), "edges": int(edges), "ranks": g.size, "method": enc.method,
                    "effective_diameter": h, "effective_diameter_interpolated": hi, "neighbourhood": list(nf),
-                   "load_s": load_s, "per_hop_s": per_hop}
+                   "load_s": load_s, "per_hop_s": per_hop, "peak_rss_bytes": [int(x) for x in rss]}
             write_json(args.json, rec)
     return 0
 
@@ -344,18 +348,20 @@ def add_parser(sub) -> None:
     add_quiet(q)
     q.set_defaults(func=_launch(_pagerank, _check_pagerank))
 
-    from ..graph.hadi import EXACT_AUTO_MAX
+    from ..graph.hadi import EXACT_AUTO_MAX, HLL_PRECISION, HLL_PRECISION_MAX
 
     q = s.add_parser("diameter", help="HADI effective diameter and neighbourhood function",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                      description="The neighbourhood function N(h) and the effective diameter by HADI on the "
-                                 "sparse allreduce (exact sets or Flajolet-Martin sketches).")
+                                 "sparse allreduce (exact sets, HyperLogLog counters or Flajolet-Martin sketches).")
     q.add_argument("edges", help=EDGES_HELP)
     add_columns(q, "edges")
     add_ranks(q)
     add_text_dialect(q)
-    q.add_argument("--method", choices=["auto", "exact", "fm"], default="auto",
-                   help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids)")
+    q.add_argument("--method", choices=["auto", "exact", "hll", "fm"], default="auto",
+                   help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids, else hll)")
+    q.add_argument("--precision", type=int, choices=range(4, HLL_PRECISION_MAX + 1), metavar="P", default=HLL_PRECISION,
+                   help=f"HyperLogLog registers a vertex: 2^P, one byte each (P in 4..{HLL_PRECISION_MAX})")
     q.add_argument("-k", type=count(1), default=32, help="Flajolet-Martin bitstrings per vertex")
     q.add_argument("--fraction", type=number(0, 1, low_open=True), default=0.9,
                    help="share of reachable pairs for the effective diameter")

@@ -10,12 +10,27 @@ ORs the bitstrings of its edge targets into its edge sources, and one OR sparse 
 (configured once) combines the partial results and hands every rank the bitstrings of its
 edge targets and of the vertices it owns (``v % size == rank``) for the next hop.
 
-Two encodings of a set:
+Three encodings of a set:
 
+* ``hll`` — a HyperLogLog counter per vertex (what ``auto`` picks past 16384 ids, as
+  HyperANF/HyperBall do): ``m = 2^precision`` uint8 registers; vertex ``v`` hashes to one
+  register ``j`` (the top ``precision`` bits of a seeded 64-bit hash, so every rank agrees
+  without a message) and writes there the position of the first one bit of the rest. The
+  union of two sets is the register-wise max, so the hop is a max over edges (the Rust
+  kernel ``scalefree_graph::hadi::register_max``) and the combine a ``max`` sparse
+  allreduce of uint8 rows. The size of a set is the HyperLogLog estimate
+  ``alpha_m m^2 / sum_j 2^-M[j]`` with its bias constant ``alpha_m``, and linear counting
+  ``m ln(m / zeros)`` in the small range (estimate <= 2.5 m with an empty register); 64-bit
+  hashes need no large-range correction. Relative standard error of one counter
+  ``1.04 / sqrt(m)`` (6.5 % at the default precision 8). ``N(h)`` sums ``n`` counters,
+  but late hops of a graph with a giant component sum nearly the same set ``n`` times, so
+  its error there is one counter's, not smaller (see ``docs/algorithms.md``). ``N(0)`` is the exact
+  vertex count, not an estimate.
 * ``fm`` — ``K`` Flajolet–Martin bitstrings (uint32) per vertex: vertex ``v`` sets bit ``i``
   of string ``k`` with probability ``2^-(i+1)`` (from a seeded hash of ``v`` and ``k``, so
   every rank agrees without a message); the size of a set is estimated as
-  ``2^(mean_k R_k) / 0.77351`` with ``R_k`` the lowest zero bit of string ``k``.
+  ``2^(mean_k R_k) / 0.77351`` with ``R_k`` the lowest zero bit of string ``k`` (biased
+  upwards on small sets; kept for comparison).
 * ``exact`` — one bit per vertex (``ceil(n/64)`` uint64 words per vertex): exact counts,
   for graphs small enough (``auto`` picks it up to 16384 vertices).
 
@@ -34,6 +49,9 @@ import numpy as np
 from .io import compact_ids
 
 FM_CORRECTION = 0.77351
+HLL_PRECISION = 8  # 256 registers a vertex: one counter within 1.04/sqrt(256) = 6.5 %
+HLL_PRECISION_MAX = 16
+HLL_COUNT_ROWS = 1 << 15  # rows counted at a time (a float64 temporary of rows x m)
 EXACT_AUTO_MAX = 16384
 EXACT_MAX = 1 << 24  # 2 MiB of bits per vertex
 
@@ -71,19 +89,24 @@ def _popcount(a: np.ndarray) -> np.ndarray:
 class Encoding:
     """How a vertex set is stored in a row of unsigned words, and how it is counted."""
 
-    def __init__(self, method: str, n: int, k: int = 32, seed: int = 0):
+    def __init__(self, method: str, n: int, k: int = 32, seed: int = 0, precision: int = HLL_PRECISION):
         if method == "auto":
-            method = "exact" if n <= EXACT_AUTO_MAX else "fm"
-        if method not in ("exact", "fm"):
-            raise ValueError(f'method must be "auto", "exact" or "fm", got {method!r}')
+            method = "exact" if n <= EXACT_AUTO_MAX else "hll"
+        if method not in ("exact", "fm", "hll"):
+            raise ValueError(f'method must be "auto", "exact", "hll" or "fm", got {method!r}')
+        if not 4 <= precision <= HLL_PRECISION_MAX:
+            raise ValueError(f"the HyperLogLog precision must be in [4, {HLL_PRECISION_MAX}] (2^precision registers), "
+                             f"got {precision}")
         if method == "exact" and n > EXACT_MAX:
             raise ValueError(f"exact bitsets take a bit per id of the id space per vertex: {n} ids is too many "
                              f"(at most {EXACT_MAX}); use the Flajolet-Martin method")
         if k < 1:
             raise ValueError(f"the number of FM bitstrings must be >= 1, got {k}")
-        self.method, self.n, self.k, self.seed = method, int(n), int(k), int(seed)
+        self.method, self.n, self.k, self.seed, self.precision = method, int(n), int(k), int(seed), int(precision)
         if method == "exact":
             self.width, self.dtype = max(1, (self.n + 63) // 64), np.uint64
+        elif method == "hll":
+            self.width, self.dtype = 1 << self.precision, np.uint8
         else:
             self.width, self.dtype = self.k, np.uint32
 
@@ -93,6 +116,21 @@ class Encoding:
         out = np.zeros((len(v), self.width), self.dtype)
         if self.method == "exact":
             out[np.arange(len(v)), v // 64] = np.left_shift(np.uint64(1), (v % 64).astype(np.uint64))
+            return out
+        if self.method == "hll":
+            h = _splitmix64(_splitmix64(v.astype(np.uint64)) ^ np.uint64(self.seed & 0xFFFFFFFFFFFFFFFF))
+            p = self.precision
+            j = (h >> np.uint64(64 - p)).astype(np.int64)
+            rest = h << np.uint64(p)  # the low 64 - p bits, at the top
+            # rank = leading zeros of rest + 1, capped at 64 - p + 1 (rest == 0)
+            lz = np.zeros(len(v), np.int64)
+            x = rest.copy()
+            for shift in (32, 16, 8, 4, 2, 1):
+                top_clear = (x >> np.uint64(64 - shift)) == 0
+                lz[top_clear] += shift
+                x[top_clear] <<= np.uint64(shift)
+            lz[rest == 0] = 64
+            out[np.arange(len(v)), j] = (np.minimum(lz, 64 - p) + 1).astype(np.uint8)
             return out
         key = (v.astype(np.uint64)[:, None] * np.uint64(self.k) + np.arange(self.k, dtype=np.uint64)[None, :])
         h = _splitmix64(_splitmix64(key) ^ np.uint64(self.seed & 0xFFFFFFFFFFFFFFFF))
@@ -106,8 +144,27 @@ class Encoding:
             return np.zeros(0)
         if self.method == "exact":
             return _popcount(rows).astype(np.float64)
+        if self.method == "hll":
+            return _hll_estimate(rows)
         r = _trailing_zeros((~rows).astype(np.uint64), 32)  # lowest zero bit
         return np.exp2(r.mean(axis=1)) / FM_CORRECTION
+
+
+def _hll_estimate(rows: np.ndarray) -> np.ndarray:
+    """HyperLogLog estimates of uint8 register rows (``m`` a power of two >= 16): the raw
+    estimate with its bias constant, linear counting in the small range."""
+    m = rows.shape[1]
+    alpha = {16: 0.673, 32: 0.697, 64: 0.709}.get(m, 0.7213 / (1 + 1.079 / m))
+    inv = np.exp2(-np.arange(256, dtype=np.float64))
+    out = np.empty(len(rows))
+    for lo in range(0, len(rows), HLL_COUNT_ROWS):
+        r = rows[lo: lo + HLL_COUNT_ROWS]
+        raw = alpha * m * m / inv[r].sum(axis=1)
+        zeros = (r == 0).sum(axis=1)
+        small = (raw <= 2.5 * m) & (zeros > 0)
+        raw[small] = m * np.log(m / zeros[small])
+        out[lo: lo + len(r)] = raw
+    return out
 
 
 def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
@@ -124,10 +181,13 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
 
 
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
-         degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None):
+         degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None,
+         precision: int = HLL_PRECISION):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
-    list on every rank), up to the hop after which no set grew (or ``max_hops``).
+    list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
+    the exact vertex count whatever the method. ``precision``: HyperLogLog registers a
+    vertex, ``2^precision``.
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
     one alltoallv finds them), and memory is O(this rank's edges) whatever ``n`` is, so ids
     may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
@@ -135,7 +195,7 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     :class:`~scalefree.checkpoint.Checkpoints` counting hops (the run resumes from it, saves
     this rank's sets to it, and ends early at its ``stop_after``)."""
     me, size = group.rank, group.size
-    enc = Encoding(method, n, k, seed)
+    enc = Encoding(method, n, k, seed, precision)
     src = np.asarray(src, np.int64)
     dst = np.asarray(dst, np.int64)
     if len(src) != len(dst):
@@ -155,7 +215,7 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         got = group.alltoallv(touched[order], np.bincount(dest, minlength=size))
         owned = np.unique(got)
         del touched, dest, order, got
-    sa = group.sparse_allreduce(n, op="or", degrees=degrees)
+    sa = group.sparse_allreduce(n, op="max" if enc.method == "hll" else "or", degrees=degrees)
     # Out: partial ORs at this rank's edge sources, and the owned vertices' own strings.
     # In: the strings of this rank's edge targets (next hop) and of the owned vertices.
     sa.config(np.concatenate([usrc, owned]), np.concatenate([udst, owned]))
@@ -164,14 +224,14 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     total = np.zeros(2)
 
     def measure(rows_own, changed: int) -> tuple[float, int]:
-        total[0] = enc.count(rows_own).sum()
+        total[0] = enc.count(rows_own).sum() if changed >= 0 else len(rows_own)
         total[1] = changed
         group.allreduce(total)
         return float(total[0]), int(round(total[1]))
 
     start, state = (0, None) if checkpoints is None else checkpoints.restore()
     if state is None:
-        nf = [measure(b_own, 0)[0]]
+        nf = [measure(b_own, -1)[0]]  # every vertex reaches itself: N(0) is the vertex count
     else:
         if state["b_dst"].shape != b_dst.shape or state["b_own"].shape != b_own.shape:
             from ..errors import InvalidArgumentError
@@ -179,17 +239,28 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
             raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
         b_dst, b_own, nf = state["b_dst"], state["b_own"], [float(x) for x in state["nf"]]
     times = []
-    # Edges grouped by source: one reduceat per hop ORs each source's targets.
+    # Edges grouped by source: one reduceat per hop ORs each source's targets (hll: the
+    # native register max, which needs no row per edge).
     order = np.argsort(ls, kind="stable")
-    ld_by_src = ld[order]
+    ld_by_src = np.ascontiguousarray(ld[order], np.int64)
     starts = np.flatnonzero(np.r_[True, np.diff(ls[order]) != 0]) if len(ls) else np.zeros(0, np.int64)
+    del order
+    if enc.method == "hll":
+        from .. import _native
+
+        indptr = np.append(starts, len(ls)).astype(np.int64)
+        out_rows = np.empty((len(starts) + len(owned), enc.width), np.uint8)
     for hop in range(start + 1, max_hops + 1):
         t0 = time.perf_counter()
-        if len(ls):
+        if enc.method == "hll":
+            _native.hll_register_max(b_dst, enc.width, ld_by_src, indptr, out_rows[: len(starts)])
+            out_rows[len(starts):] = b_own
+            partial = None
+        elif len(ls):
             partial = np.bitwise_or.reduceat(b_dst[ld_by_src], starts, axis=0)
         else:
             partial = np.zeros((0, enc.width), enc.dtype)
-        got = sa.reduce(np.concatenate([partial, b_own]))
+        got = sa.reduce(out_rows if partial is None else np.concatenate([partial, b_own]))
         b_dst, new_own = got[: len(udst)], got[len(udst):]
         changed = int(np.count_nonzero((new_own != b_own).any(axis=1))) if len(owned) else 0
         b_own = new_own

@@ -10,7 +10,7 @@ from .. import _native
 from ..errors import InvalidArgumentError
 from . import plan as sparse_plan
 
-_DTYPES = {"float32", "float64", "int32", "int64", "uint32", "uint64"}
+_DTYPES = {"float32", "float64", "int32", "int64", "uint8", "uint32", "uint64"}
 
 
 def _indices(a, what: str) -> np.ndarray:
@@ -43,7 +43,7 @@ class SparseAllreduce:
     the op's identity). ``sa.config_reduce(out_indices, out_values, in_indices)`` does
     both in one pass. Indices are int64 in ``[0, dim)``, unsorted, duplicates combined
     locally. Values: 1-D, or 2-D ``(n, width)`` with one row per index.
-    Ops: sum, max, min (any dtype), or (uint32/uint64).
+    Ops: sum, max, min (any dtype; uint8 e.g. for HyperLogLog registers), or (uint32/uint64).
 
     ``replication=r`` runs the group's ``size`` ranks as ``size / r`` logical nodes: rank
     ``p`` is replica ``p // (size / r)`` of logical node ``p % (size / r)``, and replicas

@@ -13,11 +13,13 @@ pub enum SDType {
     I64 = 4,
     U32 = 5,
     U64 = 6,
+    U8 = 7,
 }
 
 impl SDType {
     pub fn size_bytes(self) -> usize {
         match self {
+            SDType::U8 => 1,
             SDType::F32 | SDType::I32 | SDType::U32 => 4,
             _ => 8,
         }
@@ -30,6 +32,7 @@ impl SDType {
             SDType::I64 => "int64",
             SDType::U32 => "uint32",
             SDType::U64 => "uint64",
+            SDType::U8 => "uint8",
         }
     }
     pub fn parse(s: &str) -> Result<Self> {
@@ -40,9 +43,10 @@ impl SDType {
             "int64" => SDType::I64,
             "uint32" => SDType::U32,
             "uint64" => SDType::U64,
+            "uint8" => SDType::U8,
             _ => {
                 return Err(Error::InvalidArgument(format!(
-                    "sparse_allreduce values must be float32, float64, int32, int64, uint32 or uint64, not {s}"
+                    "sparse_allreduce values must be float32, float64, int32, int64, uint8, uint32 or uint64, not {s}"
                 )))
             }
         })
@@ -55,6 +59,7 @@ impl SDType {
             4 => SDType::I64,
             5 => SDType::U32,
             6 => SDType::U64,
+            7 => SDType::U8,
             _ => return None,
         })
     }
@@ -162,6 +167,7 @@ int_elem!(i32);
 int_elem!(i64);
 int_elem!(u32);
 int_elem!(u64);
+int_elem!(u8);
 
 /// A position that has no source (reads as the identity).
 pub const NONE: usize = usize::MAX;
@@ -223,6 +229,7 @@ macro_rules! dispatch {
             SDType::I64 => $f::<i64>($($arg),*),
             SDType::U32 => $f::<u32>($($arg),*),
             SDType::U64 => $f::<u64>($($arg),*),
+            SDType::U8 => $f::<u8>($($arg),*),
         }
     };
 }
