@@ -68,7 +68,10 @@ def main(argv=None) -> int:
     import scipy
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "python"), env.get("PYTHONPATH", "")) if p)
+    import scalefree  # the one this interpreter imports (installed, or a work tree's)
+
+    here = str(Path(scalefree.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     theirs = run_pytest(["--pyargs", SCIPY_MODULE], env, Path(tempfile.gettempdir()))
     env["SCALEFREE_CONFORMANCE"] = "full"
     ours = run_pytest([str(OURS)], env, ROOT)

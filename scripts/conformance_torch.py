@@ -49,7 +49,12 @@ def run_one(run: str, world_size: int, out: Path, k: str | None) -> Path:
         os.mkdir(os.path.join(tmp, "barrier"))
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=tmp,
                    SCALEFREE_SUITE_AS_GLOO="1" if as_gloo else "0", OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT / "python"), env.get("PYTHONPATH")] if p)
+        # The scalefree this interpreter imports (installed, or a work tree's), not the source tree
+        # as such: an installed wheel's tree has no built extension in python/.
+        import scalefree
+
+        here = str(Path(scalefree.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [here, env.get("PYTHONPATH")] if p)
         for key in [key for key in env if key.startswith(("SCALEFREE_RANK", "SCALEFREE_WORLD", "SCALEFREE_JOB"))]:
             del env[key]
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(SUITE), "-k", selection_expr(k),
