@@ -62,6 +62,7 @@ fn to_bytes(dt: SDType, x: &[i64]) -> Vec<u8> {
             SDType::I64 => v.to_ne_bytes().to_vec(),
             SDType::U32 => (v as u32).to_ne_bytes().to_vec(),
             SDType::U64 => (v as u64).to_ne_bytes().to_vec(),
+            SDType::U8 => vec![v as u8], // sums wrap, as the kernel's do
         })
         .collect()
 }
@@ -79,6 +80,7 @@ fn identity_bytes(dt: SDType, op: SOp) -> Vec<u8> {
         (SDType::I64, SOp::Min) => i64::MAX.to_ne_bytes().to_vec(),
         (SDType::U32, SOp::Min) => u32::MAX.to_ne_bytes().to_vec(),
         (SDType::U64, SOp::Min) => u64::MAX.to_ne_bytes().to_vec(),
+        (SDType::U8, SOp::Min) => vec![u8::MAX],
         _ => vec![0; dt.size_bytes()],
     }
 }
@@ -166,7 +168,7 @@ fn check(case: Case) {
     });
 }
 
-const DTYPES: [SDType; 6] = [SDType::F32, SDType::F64, SDType::I32, SDType::I64, SDType::U32, SDType::U64];
+const DTYPES: [SDType; 7] = [SDType::F32, SDType::F64, SDType::I32, SDType::I64, SDType::U32, SDType::U64, SDType::U8];
 
 #[test]
 fn every_world_size_and_size() {
