@@ -100,8 +100,7 @@ impl Group {
         // Ctrl-C (or any Python signal handler that raises) ends a parked wait, the
         // rendezvous's too. A group interrupted in a collective is then out of step with its
         // peers, so it is closed (see `with_comm`).
-        let check = crate::errors::signal_check();
-        scalefree_transport::wait::set_interrupt_check(Some(check.clone()));
+        scalefree_transport::wait::set_interrupt_check(Some(crate::errors::signal_check()));
         let job2 = job.clone();
         let (device, comm) = py
             .detach(move || {
@@ -110,7 +109,6 @@ impl Group {
                 Ok((dev, comm))
             })
             .py_err(py)?;
-        device.set_interrupt_check(Some(check));
         Ok(Group {
             comm: Arc::new(Mutex::new(Some(comm))),
             peer_arenas: Mutex::new(Vec::new()),

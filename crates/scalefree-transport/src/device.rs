@@ -71,15 +71,9 @@ pub(crate) struct DeviceInner {
     /// Regions allocated here, so a buffer inside one is recognised as registered.
     local_regions: Mutex<Vec<(usize, usize, Weak<RegionInner>)>>,
     next_key: AtomicU64,
-    /// Called from parked waits (every check interval): lets the embedding runtime stop a
-    /// wait, e.g. Python on Ctrl-C.
-    interrupt_check: Mutex<Option<InterruptCheck>>,
     /// What this rank's channels moved to and from each peer.
     pub(crate) traffic: crate::traffic::Traffic,
 }
-
-/// See [`Device::set_interrupt_check`].
-pub type InterruptCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A rank's endpoint. Cheap to clone.
 #[derive(Clone)]
@@ -142,7 +136,6 @@ impl Device {
                 attached: Mutex::new(HashMap::new()),
                 attached_files: Mutex::new(HashMap::new()),
                 local_regions: Mutex::new(Vec::new()),
-                interrupt_check: Mutex::new(None),
                 traffic: crate::traffic::Traffic::new(job_size),
                 next_key: AtomicU64::new(random_u64() | 1),
             }),
@@ -232,21 +225,11 @@ impl Device {
         self.inner.peers.iter().all(|p| p.cma)
     }
 
-    /// Installs a function that parked waits call every check interval; when it returns
-    /// true the wait ends with [`Error::Interrupted`].
-    pub fn set_interrupt_check(&self, f: Option<InterruptCheck>) {
-        *self.inner.interrupt_check.lock().unwrap() = f;
-    }
-
     /// Errors with [`Error::PeerLost`] if any peer process has exited, or
-    /// [`Error::Interrupted`] if the interrupt check says so.
+    /// [`Error::Interrupted`] if the process's interrupt check says so
+    /// ([`crate::wait::set_interrupt_check`]).
     pub fn check_peers(&self) -> Result<()> {
-        let check = self.inner.interrupt_check.lock().unwrap().clone();
-        if let Some(f) = check {
-            if f() {
-                return Err(Error::Interrupted("waiting for peers".into()));
-            }
-        }
+        crate::wait::check_interrupt(&|| "peers".to_string())?;
         self.check_alive()
     }
 
