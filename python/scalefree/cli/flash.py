@@ -252,7 +252,7 @@ class _Progress:
 
     def __init__(self, rt, label: str, show: bool, interval: float = 0.25):
         self.rt, self.label, self.show, self.interval = rt, label, show, interval
-        self.start = rt._rt.progress
+        self.start = rt.progress
         self.t0 = time.perf_counter()
         self.bar = None
 
@@ -286,7 +286,7 @@ class _Progress:
         return result["value"]
 
     def counters(self):
-        now = self.rt._rt.progress
+        now = self.rt.progress
         return tuple(n - s for n, s in zip(now, self.start))
 
     def _draw(self):

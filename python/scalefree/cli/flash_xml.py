@@ -100,14 +100,14 @@ def _predict(args) -> int:
         if not args.quiet:
             print(f"flash xml predict: {args.model}: {info.n_trees} trees, {info.n_labels} labels, "
                   f"{gib(info.file_bytes)}; budget {rt.memory_budget_bytes} bytes", file=sys.stderr)
-        start = rt._rt.progress
+        start = rt.progress
         last = [0.0]
 
         def progress(points, seconds):
             if args.quiet or seconds - last[0] < 5.0:
                 return
             last[0] = seconds
-            read = rt._rt.progress[2] - start[2]
+            read = rt.progress[2] - start[2]
             print(f"flash xml predict: {points} points, {points / seconds:.0f} points/s, read {gib(read)} "
                   f"({read / seconds / 1e9:.2f} GB/s)", file=sys.stderr, flush=True)
 

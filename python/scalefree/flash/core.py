@@ -71,6 +71,12 @@ class Runtime:
     def dir(self):
         return self._rt.dir
 
+    @property
+    def progress(self) -> tuple[int, int, int, int]:
+        """Live counters ``(tasks_added, tasks_completed, bytes_read, bytes_written)``, cumulative
+        over the runtime's life (read them from another thread while a kernel runs)."""
+        return self._rt.progress
+
     def __repr__(self) -> str:
         return (f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r}, "
                 f"blas={self.blas or 'faer'!r})")
