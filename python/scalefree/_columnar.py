@@ -12,21 +12,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from . import _native
-from .errors import InvalidArgumentError
+from .errors import DataError, InvalidArgumentError
 
 _MAGIC_EXTENSIONS = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
 
 
 def parse_columns(text: str | None, table: str) -> list[str] | None:
-    """``"src,dst"`` → ``["src", "dst"]`` (2 names for edges, 3 for ratings); None stays None."""
+    """``"src,dst"`` → ``["src", "dst"]`` (2 names for edges, 3 for ratings, 2 or 3 for
+    ``"pairs"``: user, item and an optional rating); None stays None."""
     if text is None:
         return None
     names = [n.strip() for n in str(text).split(",")]
-    want = 2 if table == "edges" else 3
-    if len(names) != want or not all(names):
-        example = "src,dst" if table == "edges" else "user,item,rating"
-        raise InvalidArgumentError(f"--columns takes {want} comma-separated column names (e.g. {example}), got {text!r}")
+    want = {"edges": (2,), "ratings": (3,), "pairs": (2, 3)}[table]
+    if len(names) not in want or not all(names):
+        example = {"edges": "src,dst", "ratings": "user,item,rating", "pairs": "user,item[,rating]"}[table]
+        count = " or ".join(map(str, want))
+        raise InvalidArgumentError(f"--columns takes {count} comma-separated column names (e.g. {example}), got {text!r}")
     return names
 
 
@@ -42,6 +46,20 @@ def columnar_parts(path) -> list[str] | None:
     if parts[0].lower().endswith(_MAGIC_EXTENSIONS):
         return parts  # read as columnar even when damaged: the error names the problem
     return parts if _native.columnar_format(parts[0]) is not None else None
+
+
+def read_pairs(parts: list[str], columns: list[str] | None = None):
+    """All rows of ``parts`` as ``(user, item, rating)`` (int64, int64, float32) for
+    predictions: the columns named (``user,item`` or ``user,item,rating``), or by default the
+    first two integer columns and the next numeric one, NaN ratings when there is none."""
+    if columns is None or len(columns) == 3:
+        try:
+            return _native.read_columnar_share(parts, 0, 1, "ratings", columns)
+        except DataError as e:
+            if columns is not None or "expected a numeric rating column" not in str(e):
+                raise
+    u, i = _native.read_columnar_share(parts, 0, 1, "edges", columns)
+    return u, i, np.full(len(u), np.nan, np.float32)
 
 
 def read_share(parts: list[str], rank: int, size: int, table: str, columns: list[str] | None = None,

@@ -23,7 +23,7 @@ pub mod sparse;
 pub use dense::{DenseMut, DenseRef, DenseShape, Layout, Transpose};
 pub use element::{Element, Real};
 pub use error::{FlashError, Result};
-pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode, docword_to_flash, read_docword, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};
+pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode, docword_input_to_flash, docword_to_flash, read_docword, read_docword_input, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};
 pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
 pub use sparse::{CsrMatrix, CsrRef};
 pub use cache::{CacheStats, EntryTag};

@@ -213,6 +213,44 @@ pub fn sort_dedup_pairs(pairs: &[u32]) -> Result<(Vec<u32>, Vec<u32>), String> {
     sort_dedup_pairs_as(pairs)
 }
 
+/// The distinct edges of `(src, dst)` if the edges are already in non-decreasing (src, dst)
+/// order (as u64 values), as ids of type `O`; None as soon as one edge is below the one
+/// before it (the caller then sorts: [`sort_dedup_pairs_as`]). One pass to check and count,
+/// one to copy the distinct edges out. What a file written sorted (`distinct().sort()`)
+/// gives each rank of a load: its share, a run of the sorted edges.
+///
+/// Errors: `src`/`dst` lengths differ, or an id too large for `O`.
+pub fn dedup_sorted_as<I: Id, O: Id>(src: &[I], dst: &[I]) -> Result<Option<(Vec<O>, Vec<O>)>, String> {
+    if src.len() != dst.len() {
+        return Err(format!("dedup_sorted: {} source ids but {} target ids", src.len(), dst.len()));
+    }
+    let mut distinct = usize::from(!src.is_empty());
+    let mut top = src.first().map_or(0, |s| s.u64()).max(dst.first().map_or(0, |d| d.u64()));
+    for e in 1..src.len() {
+        let (a, b) = ((src[e - 1].u64(), dst[e - 1].u64()), (src[e].u64(), dst[e].u64()));
+        if b < a {
+            return Ok(None);
+        }
+        distinct += usize::from(b != a);
+        top = top.max(b.1);
+    }
+    // Sorted: the largest source is the last one.
+    top = top.max(src.last().map_or(0, |s| s.u64()));
+    if top > O::MAX_U64 {
+        return Err(format!("dedup_sorted: id {top} does not fit the output id type (ids up to {})", O::MAX_U64));
+    }
+    let (mut s_out, mut d_out) = (Vec::with_capacity(distinct), Vec::with_capacity(distinct));
+    let mut last: Option<(I, I)> = None;
+    for (&s, &d) in src.iter().zip(dst) {
+        if last != Some((s, d)) {
+            s_out.push(O::of_u64(s.u64()));
+            d_out.push(O::of_u64(d.u64()));
+            last = Some((s, d));
+        }
+    }
+    Ok(Some((s_out, d_out)))
+}
+
 /// Out- and in-degree of every id below `n` over the edges: `2n` values, out-degrees
 /// (counts of `src`) then in-degrees (counts of `dst`), as f64 (what the degree allreduce
 /// sums). Counted in u32 (half the cache footprint of f64 counters, integer adds) and
@@ -422,6 +460,35 @@ mod tests {
         assert_eq!(s.len(), 15);
         assert_eq!((s[0], d[0], s[14], d[14]), (0, 0, 2, 4));
         assert!(sort_dedup_pairs(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn dedup_sorted_matches_a_reference_or_refuses() {
+        let mut r = Rng(7);
+        for &n in SIZES {
+            let mut pairs: Vec<(u64, u64)> = (0..n).map(|_| (r.below(50), r.below(1 << 33))).collect();
+            pairs.sort_unstable();
+            let (src, dst): (Vec<u64>, Vec<u64>) = pairs.iter().copied().unzip();
+            let mut want = pairs.clone();
+            want.dedup();
+            let (ws, wd): (Vec<u64>, Vec<u64>) = want.into_iter().unzip();
+            assert_eq!(dedup_sorted_as::<u64, u64>(&src, &dst).unwrap(), Some((ws, wd)), "{n}");
+            if n > 1 && pairs[0] != pairs[n - 1] {
+                // One edge out of order anywhere: refused.
+                let (mut s2, mut d2) = (src.clone(), dst.clone());
+                let k = (r.below(n as u64 - 1)) as usize;
+                if (s2[k], d2[k]) != (s2[k + 1], d2[k + 1]) {
+                    s2.swap(k, k + 1);
+                    d2.swap(k, k + 1);
+                    assert_eq!(dedup_sorted_as::<u64, u64>(&s2, &d2).unwrap(), None, "{n} {k}");
+                }
+            }
+        }
+        // Equal sources, falling targets: not sorted.
+        assert_eq!(dedup_sorted_as::<u32, u32>(&[1, 1], &[5, 4]).unwrap(), None);
+        assert_eq!(dedup_sorted_as::<u32, u32>(&[1, 1, 2], &[4, 4, 0]).unwrap(), Some((vec![1, 2], vec![4, 0])));
+        assert!(dedup_sorted_as::<u64, u32>(&[1], &[1 << 40]).is_err());
+        assert!(dedup_sorted_as::<u32, u32>(&[1], &[]).is_err());
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //!   [`edges::EdgeStream`], by one rank that hands its chunks to the others.
 //! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
 //!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
-//!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too).
+//!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too), [`docword`]
+//!   (bag-of-words counts: UCI `docword` files and their CSV exports).
 //!
 //! Every file has a prologue — the lines before its first data line (comments, a Matrix
 //! Market banner and size line, a CSV header) — which every rank reads, so that every rank
@@ -26,6 +27,7 @@
 //! computed on the error path.
 
 pub mod dialect;
+pub mod docword;
 pub mod edges;
 pub mod error;
 pub mod gz;
@@ -38,6 +40,7 @@ pub mod source;
 pub mod svmlight;
 
 pub use dialect::{Delimiter, Header};
+pub use docword::{read_docword_parts, read_docword_share, DocwordShare};
 pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, EdgeStream, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    csr_gram_in_memory, csrmm_in_memory, docword_to_flash, read_docword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, docword_input_to_flash, read_docword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -328,19 +328,24 @@ impl PyFlashCsr {
         })
     }
 
-    /// Streams a UCI docword file to flash (bounded memory) as CSR of `dtype`. Returns the
-    /// matrix, the sorted word ids of its columns when the vocabulary W needs more than 32
-    /// bits (else None), and W.
+    /// A docword input to flash as CSR of `dtype`: a UCI docword file streams (bounded
+    /// memory); a part directory or `doc word count` triples without the UCI lines (delimiter
+    /// detected or `delimiter`, a header line by `header`: auto, yes, no) are read in memory
+    /// first. Returns the matrix, the sorted word ids of its columns when the vocabulary W
+    /// needs more than 32 bits (else None), and W.
     #[staticmethod]
-    fn from_docword_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, dtype: &str) -> PyResult<(Self, Option<Vec<u64>>, usize)> {
+    #[pyo3(signature = (rt, path, dtype, delimiter=None, header="auto"))]
+    fn from_docword_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, dtype: &str, delimiter: Option<&str>, header: &str) -> PyResult<(Self, Option<Vec<u64>>, usize)> {
         let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
+        let o = crate::io::read_options(0, delimiter, header).map_err(|e| invalid(py, e.to_string()))?;
+        let (delimiter, header) = (o.delimiter, o.header);
         Ok(match dtype {
             "float32" => {
-                let d = py.detach(|| docword_to_flash::<f32>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES)).map_err(|e| flash_err(py, e))?;
+                let d = py.detach(|| docword_input_to_flash::<f32>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES, delimiter, header)).map_err(|e| flash_err(py, e))?;
                 (PyFlashCsr { m: AnyCsr::F32(d.matrix) }, d.word_ids, d.words)
             }
             "float64" => {
-                let d = py.detach(|| docword_to_flash::<f64>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES)).map_err(|e| flash_err(py, e))?;
+                let d = py.detach(|| docword_input_to_flash::<f64>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES, delimiter, header)).map_err(|e| flash_err(py, e))?;
                 (PyFlashCsr { m: AnyCsr::F64(d.matrix) }, d.word_ids, d.words)
             }
             d => return Err(invalid(py, format!("flash CSR matrices hold float32 or float64, not {d}"))),

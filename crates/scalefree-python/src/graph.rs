@@ -115,6 +115,37 @@ pub fn sort_dedup_pairs<'py>(py: Python<'py>, pairs: Bound<'py, PyAny>) -> PyRes
     Ok((array(py, s)?, array(py, d)?))
 }
 
+/// `(src, dst)` of `dtype` (`"uint32"`, `"int64"` or `"uint64"`): the distinct edges if
+/// the edges are in non-decreasing (src, dst) order, else None (`scalefree-graph`'s
+/// `dedup_sorted_as`).
+#[pyfunction]
+#[pyo3(signature = (src, dst, dtype="uint32"))]
+pub fn dedup_sorted<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>, dtype: &str) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let (sb, db) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?);
+    let (s, d) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?);
+    fn go<I: scalefree_graph::Id>(s: &[I], d: &[I], dtype: &str) -> Result<Option<(Owned, Owned)>, String> {
+        Ok(match dtype {
+            "uint32" => edges::dedup_sorted_as::<I, u32>(s, d)?.map(|(a, b)| (Owned::U32(a), Owned::U32(b))),
+            "int64" => edges::dedup_sorted_as::<I, i64>(s, d)?.map(|(a, b)| (Owned::I64(a), Owned::I64(b))),
+            "uint64" => edges::dedup_sorted_as::<I, u64>(s, d)?.map(|(a, b)| (Owned::U64(a), Owned::U64(b))),
+            _ => return Err(format!("dedup_sorted: dtype must be uint32, int64 or uint64, got {dtype:?}")),
+        })
+    }
+    let got = match (s, d) {
+        (Ids::U32(s), Ids::U32(d)) => py.detach(|| go(s, d, dtype)),
+        (Ids::I64(s), Ids::I64(d)) => py.detach(|| go(s, d, dtype)),
+        (Ids::U64(s), Ids::U64(d)) => py.detach(|| go(s, d, dtype)),
+        (a, b) if a.len() == 0 && b.len() == 0 => py.detach(|| go::<u32>(&[], &[], dtype)),
+        (a, b) => return Err(invalid(py, format!("dedup_sorted: src and dst must have the same dtype, got {} and {}", a.dtype(), b.dtype()))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop((sb, db));
+    match got {
+        None => Ok(None),
+        Some((a, b)) => Ok(Some((array(py, a)?, array(py, b)?))),
+    }
+}
+
 /// int64 array: every id by falling `total` (float64, one per id), ties by id; the order
 /// of `np.argsort(-total, kind="stable")`.
 #[pyfunction]

@@ -46,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<graph::PyPageRankCsr>()?;
     m.add_function(pyo3::wrap_pyfunction!(graph::owner_partition, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_pairs, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_counts, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_order, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::local_ids, m)?)?;

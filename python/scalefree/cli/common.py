@@ -195,8 +195,10 @@ def port(text: str) -> int:
 def add_columns(p, table: str) -> None:
     """``--columns``: the columns of a Parquet / Arrow IPC input, by name (``src,dst`` for
     edges, ``user,item,rating`` for ratings); default the first integer (and numeric) ones."""
-    example, default = ("src,dst", "the first two integer columns") if table == "edges" else \
-        ("user,item,rating", "the first two integer columns and the next numeric one")
+    example, default = {"edges": ("src,dst", "the first two integer columns"),
+                        "ratings": ("user,item,rating", "the first two integer columns and the next numeric one"),
+                        "pairs": ("user,item or user,item,rating",
+                                  "the first two integer columns and the next numeric one, if any")}[table]
 
     def parse(text: str) -> list[str]:
         from .._columnar import parse_columns

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 
-from .common import add_quiet, count, fail, message, number
+from .common import add_quiet, add_text_dialect, count, fail, message, number
 from .flash_report import gib, summary
 
 
@@ -62,13 +62,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         add_quiet(s)
 
     s = flash_sub.add_parser("svd", help="top-k singular values of a matrix file, the matrix staying on flash")
-    s.add_argument("data", help="matrix file (.npz, .mtx[.gz], docword*.txt[.gz], .npy)")
+    s.add_argument("data", help="matrix file (.npz, .mtx[.gz], docword*.txt[.gz], .npy) or a directory of docword "
+                                "parts (doc word count lines)")
     s.add_argument("-k", type=count(1), default=6, help="number of singular values (default 6)")
     s.add_argument("--tol", type=number(0), default=0.0, help="tolerance of the singular values, as scipy svds' tol (default 0: machine precision)")
     s.add_argument("--dtype", choices=("float32", "float64"), default=None, help="element type (default: the file's)")
     s.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT.npz",
                    help="save u, s, vt (written atomically)")
     s.add_argument("--json", metavar="FILE", help="write the singular values, times and IO counters as JSON")
+    add_text_dialect(s)
     runtime_args(s)
     s.set_defaults(func=_svd)
 
@@ -85,7 +87,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.set_defaults(func=_gemm)
 
     t = flash_sub.add_parser("topics", help="ISLE topic model of a docword file, the counts staying on flash")
-    t.add_argument("data", metavar="DOCWORD", help="docword*.txt[.gz] (or .npz, .mtx[.gz]): documents x words counts")
+    t.add_argument("data", metavar="DOCWORD", help="docword*.txt[.gz] (UCI, or doc word count lines: CSV, TSV), a "
+                                                   "directory of such parts, or .npz, .mtx[.gz]: documents x words counts")
     t.add_argument("-k", type=count(2), required=True, help="number of topics")
     t.add_argument("--sample", type=number(0, 1, low_open=True), default=1.0,
                    help="fraction of documents for the SVD and the k-means steps (default 1)")
@@ -105,6 +108,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "options); the result is the uninterrupted run's")
     t.add_argument("--stop-after", type=int, choices=[2, 3], default=None, metavar="STEP",
                    help="with --checkpoint: end after step 2 or 3, with a checkpoint")
+    add_text_dialect(t)
     runtime_args(t)
     t.set_defaults(func=_topics)
 
@@ -152,7 +156,7 @@ def _topics(args) -> int:
     rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
     t_start = time.perf_counter()
     try:
-        a = flash.load(args.data, rt, dtype=np.float32)
+        a = flash.load(args.data, rt, dtype=np.float32, delimiter=args.delimiter, header=args.header)
     except FlashIOError as e:  # a bad line of the input: bad input, exit 2
         raise DataError(str(e)) from e
     if not isinstance(a, flash.Csr):
@@ -309,7 +313,7 @@ def _svd(args) -> int:
     try:
         rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
         t0 = time.perf_counter()
-        a = flash.load(args.data, rt, dtype=args.dtype)
+        a = flash.load(args.data, rt, dtype=args.dtype, delimiter=args.delimiter, header=args.header)
         load_s = time.perf_counter() - t0
         print(f"flash svd: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
               file=sys.stderr)

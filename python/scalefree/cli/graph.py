@@ -276,7 +276,8 @@ def _convert(args) -> int:
     _check_input("scalefree graph convert", args.input)
     t0 = time.perf_counter()
     n = convert(args.input, args.out, parts=args.parts, suffix=args.suffix, member_bytes=args.member_bytes,
-                delimiter=args.delimiter, header=args.header, row_group=args.row_group, columns=args.columns)
+                delimiter=args.delimiter, header=args.header, row_group=args.row_group, columns=args.columns,
+                sort=args.sort)
     print(f"{n} edges written to {args.out} in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -406,6 +407,9 @@ def add_parser(sub) -> None:
                    help="text per gzip member of .gz output (K, M, G: binary multiples)")
     c.add_argument("--row-group", type=count(1), default=DEFAULT_ROW_GROUP,
                    help="rows per Parquet row group / Arrow record batch (the unit a rank reads)")
+    c.add_argument("--sort", action="store_true",
+                   help="write the distinct edges sorted by (src, dst), as a distinct().sort() export does: a job "
+                        "then loads them without sending edges to their owners")
     add_text_dialect(c)
     add_columns(c, "edges")
     c.set_defaults(func=_convert)

@@ -211,9 +211,17 @@ def _predict(args) -> int:
     or stdout; RMSE and MAE when the lines carry ratings; a warning counts unknown ids."""
     from .. import _native
 
+    from .. import _columnar
+
     model = MatrixFactorization.load(args.model, format=args.model_format)
-    u, i, v = (np.frombuffer(b, dt) for b, dt in
-               zip(_native.mf_read_pairs(str(args.pairs)), (np.int64, np.int64, np.float32)))
+    parts = _columnar.columnar_parts(args.pairs)
+    if parts is not None:
+        u, i, v = _columnar.read_pairs(parts, args.columns)
+    elif args.columns is not None:
+        fail("scalefree mf predict", f"{args.pairs}: --columns is for Parquet and Arrow IPC input")
+    else:
+        u, i, v = (np.frombuffer(b, dt) for b, dt in
+                   zip(_native.mf_read_pairs(str(args.pairs)), (np.int64, np.int64, np.float32)))
     pred = model.predict(u, i)
     known = np.frombuffer(model._need().known(u.tobytes(), i.tobytes()), np.uint8).astype(bool)
     if args.format == "libmf":  # LIBMF's mf-predict: the prediction alone, as a C++ stream prints a float
@@ -243,7 +251,8 @@ def _fold_in(args) -> int:
 
     model = MatrixFactorization.load(args.model, format=args.model_format)
     t0 = time.perf_counter()
-    stats = model.fold_in(args.data, side=args.side, lam=args.lam)
+    stats = model.fold_in(args.data, side=args.side, lam=args.lam, columns=args.columns, delimiter=args.delimiter,
+                          header=args.header)
     secs = time.perf_counter() - t0
     fmt = args.format
     if fmt is None:  # as the model read
@@ -319,7 +328,9 @@ def add_parser(sub) -> None:
     pr = msub.add_parser("predict", help="predict ratings for `user item [rating]` lines with a saved model")
     pr.add_argument("model")
     pr.add_argument("pairs", metavar="FILE",
-                    help="`user item [rating]` lines (original ids; every format train reads, headers and gzip ok)")
+                    help="`user item [rating]` lines (original ids; every format train reads, headers and gzip ok), "
+                         "or Parquet / Arrow IPC with user, item and optional rating columns")
+    add_columns(pr, "pairs")
     pr.add_argument("--output", "-o", default=None, help="write `user item prediction` lines here (atomic); "
                     "default stdout")
     pr.add_argument("--format", choices=("text", "libmf"), default="text",
@@ -332,6 +343,8 @@ def add_parser(sub) -> None:
     fi = msub.add_parser("fold-in", help="add factors for new users (or items) of a rating file without retraining")
     fi.add_argument("model")
     fi.add_argument("data", metavar="FILE", help="ratings of the new users (items); every format train reads")
+    add_text_dialect(fi)
+    add_columns(fi, "ratings")
     fi.add_argument("--side", choices=("user", "item"), default="user", help="which side to fold in (default user)")
     fi.add_argument("--lam", "--lambda", type=number(0), default=0.05, help="ridge λ per rating (default 0.05, "
                     "as train's)")

@@ -246,14 +246,22 @@ class Csr:
                    row_ids=None if row_ids is None else np.array(row_ids, dtype=np.uint64), shape=shape)
 
     @classmethod
-    def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None) -> "Csr":
+    def from_docword(cls, path, dtype=np.float64, runtime: Runtime | None = None, delimiter: str | None = None,
+                     header: str = "auto") -> "Csr":
         """A UCI bag-of-words ``docword`` file (plain or gzip) as a documents x words matrix
         of counts, streamed to flash with bounded memory (one document and a 64 Ki-entry
         chunk at a time, plus 8 bytes per document) when its documents come in ascending
         order, as UCI files do; other files are read in memory first. A vocabulary of 2**32
-        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based)."""
+        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based).
+
+        Also the counts as pipelines export them, read in memory (16 bytes per entry):
+        ``doc word count`` lines (1-based ids) without the UCI lines D, W, NNZ — D and W are
+        then the largest ids — separated by blanks, commas or semicolons (detected, or
+        ``delimiter``: tab, space, comma, semicolon), after an optional header line (``header``:
+        auto, yes, no), in one file or a directory of parts (``part-*`` in name order,
+        ``_SUCCESS``, ``.crc`` and hidden files skipped, the same header in every part)."""
         m, word_ids, words = _native.FlashCsr.from_docword_file((runtime or default_runtime())._rt, os.fspath(path),
-                                                                _float_name(dtype))
+                                                                _float_name(dtype), delimiter, header)
         if word_ids is None:
             return cls(m)
         return cls(m, col_ids=np.array(word_ids, dtype=np.uint64), shape=(m.shape[0], words))
@@ -355,12 +363,16 @@ def _float_name(dtype) -> str:
     return d.name
 
 
-def load(path, runtime: Runtime | None = None, dtype=None):
+def load(path, runtime: Runtime | None = None, dtype=None, delimiter: str | None = None, header: str = "auto"):
     """Opens a matrix file as a flash matrix, by its name: ``.npy`` → :class:`Matrix`;
     ``.npz`` (``scipy.sparse.save_npz``) → :class:`Csr`; ``.mtx`` / ``.mtx.gz`` (Matrix
-    Market coordinate) → :class:`Csr`; ``docword*.txt`` / ``.txt.gz`` (UCI bag of words) →
-    :class:`Csr`. ``dtype`` (float32/float64) defaults to the file's, or float64 for text."""
+    Market coordinate) → :class:`Csr`; ``docword*.txt`` / ``.csv`` / ``.tsv`` (``.gz`` too; UCI
+    bag of words, or its ``doc word count`` lines as exported) and a directory of such parts
+    → :class:`Csr` (:meth:`Csr.from_docword`, which takes ``delimiter`` and ``header``).
+    ``dtype`` (float32/float64) defaults to the file's, or float64 for text."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        return Csr.from_docword(path, dtype or np.float64, runtime, delimiter, header)
     name = os.path.basename(path).lower()
     if name.endswith(".gz"):
         name = name[:-3]
@@ -386,10 +398,11 @@ def load(path, runtime: Runtime | None = None, dtype=None):
         return Csr.from_scipy(s, runtime)
     if name.endswith(".mtx"):
         return Csr.from_matrix_market(path, dtype or np.float64, runtime)
-    if name.endswith(".txt") and "docword" in name:
-        return Csr.from_docword(path, dtype or np.float64, runtime)
+    if name.endswith((".txt", ".csv", ".tsv")) and "docword" in name:
+        return Csr.from_docword(path, dtype or np.float64, runtime, delimiter, header)
     raise InvalidArgumentError(
-        f"{path}: unknown matrix file type (expected .npy, .npz, .mtx[.gz] or docword*.txt[.gz])")
+        f"{path}: unknown matrix file type (expected .npy, .npz, .mtx[.gz], docword*.txt[.gz] or a directory of "
+        "docword parts)")
 
 
 def _as_matrix(x, runtime) -> Matrix:

@@ -10,6 +10,9 @@ the output's name:
   as an Arrow IPC file (Feather v2) of record batches of ``row_group`` rows, lz4. Both are
   written with pyarrow;
 * anything else: a SNAP edge list;
+* with ``sort``, the distinct edges sorted by (src, dst) (what ``distinct().sort()`` writes;
+  Parquet declares the two sorting columns): :func:`~.io.load_graph` then keeps every
+  rank's edges where they were read instead of sending them to their owners;
 * with ``parts`` N > 0, ``out`` is a directory of N parts named as Spark names them
   (``part-00000.csv``, ``part-00001.txt.gz`` ... by ``suffix``) and a ``_SUCCESS`` marker,
   the edges in N consecutive runs; a CSV part has the header at its top, as Spark writes it.
@@ -91,7 +94,7 @@ def _write_text(path: Path, src, dst, csv: bool, gz: bool, member_bytes: int, co
         flush()
 
 
-def _write_columnar(path: Path, src, dst, kind: str, row_group: int) -> None:
+def _write_columnar(path: Path, src, dst, kind: str, row_group: int, sort: bool = False) -> None:
     try:
         import pyarrow as pa
     except ImportError:
@@ -103,23 +106,38 @@ def _write_columnar(path: Path, src, dst, kind: str, row_group: int) -> None:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            pq.write_table(table, tmp, row_group_size=row_group, compression="snappy")
+            order = [pq.SortingColumn(0), pq.SortingColumn(1)] if sort else None
+            pq.write_table(table, tmp, row_group_size=row_group, compression="snappy", sorting_columns=order)
         else:
             import pyarrow.feather as feather
 
             feather.write_feather(table, tmp, chunksize=row_group, compression="lz4")
 
 
+def sorted_distinct(src, dst) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct edges of ``(src, dst)`` (non-negative ids), sorted by (src, dst)."""
+    from .. import _native
+
+    top = max(int(src.max(initial=0)), int(dst.max(initial=0)))
+    pairs = np.empty((len(src), 2), np.uint32 if top < 2**32 else np.int64)
+    pairs[:, 0] = src
+    pairs[:, 1] = dst
+    return _native.sort_dedup_pairs(pairs)
+
+
 def write_edges(out, src, dst, parts: int = 0, suffix: str | None = None, member_bytes: int = DEFAULT_MEMBER_BYTES,
-                compresslevel: int = 6, row_group: int = DEFAULT_ROW_GROUP) -> None:
+                compresslevel: int = 6, row_group: int = DEFAULT_ROW_GROUP, sort: bool = False) -> int:
     """Writes the edges ``(src, dst)`` (ids as given) to ``out`` in the format its name says
     (module doc). ``suffix``: the name ending of each part with ``parts`` (default ``.csv``).
-    ``row_group``: rows per Parquet row group / Arrow record batch."""
+    ``row_group``: rows per Parquet row group / Arrow record batch. ``sort``: the distinct
+    edges, sorted by (src, dst). Returns the number of edges written."""
     out = Path(out)
     src = np.asarray(src)
     dst = np.asarray(dst)
     if len(src) != len(dst):
         raise ValueError(f"src and dst differ in length: {len(src)} and {len(dst)}")
+    if sort:
+        src, dst = sorted_distinct(src, dst)
     if parts:
         suffix = suffix or ".csv"
         out.mkdir(parents=True, exist_ok=True)
@@ -127,17 +145,18 @@ def write_edges(out, src, dst, parts: int = 0, suffix: str | None = None, member
         for i in range(parts):
             name = f"part-{i:05d}{suffix}"
             lo, hi = bounds[i], bounds[i + 1]
-            _write_one(out / name, src[lo:hi], dst[lo:hi], member_bytes, compresslevel, row_group)
+            _write_one(out / name, src[lo:hi], dst[lo:hi], member_bytes, compresslevel, row_group, sort)
         with atomic_path(out / "_SUCCESS") as tmp:
             open(tmp, "wb").close()
-        return
-    _write_one(out, src, dst, member_bytes, compresslevel, row_group)
+        return len(src)
+    _write_one(out, src, dst, member_bytes, compresslevel, row_group, sort)
+    return len(src)
 
 
-def _write_one(path: Path, src, dst, member_bytes: int, compresslevel: int, row_group: int) -> None:
+def _write_one(path: Path, src, dst, member_bytes: int, compresslevel: int, row_group: int, sort: bool = False) -> None:
     kind = _kind(path.name)
     if kind in ("parquet", "arrow"):
-        _write_columnar(path, src, dst, kind, row_group)
+        _write_columnar(path, src, dst, kind, row_group, sort)
         return
     if kind == "npz":
         top = max(int(src.max(initial=0)), int(dst.max(initial=0)))
@@ -150,14 +169,13 @@ def _write_one(path: Path, src, dst, member_bytes: int, compresslevel: int, row_
 
 def convert(inp, out, parts: int = 0, suffix: str | None = None, member_bytes: int = DEFAULT_MEMBER_BYTES,
             delimiter: str | None = None, header: str = "auto", compresslevel: int = 6,
-            row_group: int = DEFAULT_ROW_GROUP, columns: list[str] | None = None) -> int:
+            row_group: int = DEFAULT_ROW_GROUP, columns: list[str] | None = None, sort: bool = False) -> int:
     """Reads every edge of ``inp`` (any input of :func:`~.io.read_edge_share`, duplicates and
-    order kept for text) in this process and writes them to ``out`` (:func:`write_edges`).
-    Returns the number of edges."""
+    order kept for text unless ``sort``) in this process and writes them to ``out``
+    (:func:`write_edges`). Returns the number of edges written."""
     from .io import read_edge_share
 
     if os.path.exists(out) and os.path.samefile(inp, out):
         raise ValueError(f"{out}: the output is the input")
     src, dst = read_edge_share(inp, 0, 1, delimiter=delimiter, header=header, columns=columns)
-    write_edges(out, src, dst, parts, suffix, member_bytes, compresslevel, row_group)
-    return len(src)
+    return write_edges(out, src, dst, parts, suffix, member_bytes, compresslevel, row_group, sort)

@@ -530,6 +530,45 @@ def owner_dedup(group, edges: list, n_ids: int, ranks: int | None = None, first:
     return _native.sort_dedup_pairs(got)
 
 
+def sorted_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: int = 0):
+    """Collective: this rank's distinct edges without the owner exchange, when the shares of
+    ranks ``first .. first + ranks - 1`` are, in rank order, runs of one edge list sorted by
+    (src, dst) — a file written sorted (``graph convert --sort``; a ``distinct().sort()``
+    export) read by any reader, whose shares are contiguous in file order. Checked, not
+    trusted: each rank checks its share in one pass (``_native.dedup_sorted``) and the ranks
+    compare their first and last edges (one ``allgather``); a duplicate across a share
+    boundary is dropped by the later rank. Returns ``(src, dst)`` as :func:`owner_dedup`
+    does (sorted, distinct, uint32 while ids fit), or None on every rank when some share is
+    not sorted (the caller then exchanges: :func:`owner_dedup`). The edges stay where they
+    were read, so a rank holds its contiguous run of the sorted edges instead of the edges
+    its hash owns."""
+    from .. import _native
+
+    ranks = group.size if ranks is None else int(ranks)
+    src, dst = np.ascontiguousarray(src), np.ascontiguousarray(dst)
+    if src.dtype != dst.dtype or src.dtype.kind not in "iu":
+        src, dst = src.astype(np.int64), dst.astype(np.int64)
+    got = _native.dedup_sorted(src, dst, "uint32" if n_ids <= 1 << 32 else "int64")
+    info = np.zeros(6, np.int64)  # sorted, edges, first (src, dst), last (src, dst)
+    if got is not None:
+        s, d = got
+        info[:2] = 1, len(s)
+        if len(s):
+            info[2:] = s[0], d[0], s[-1], d[-1]
+    every = np.asarray(group.allgather(info)).reshape(group.size, 6)[first:first + ranks]
+    if not every[:, 0].all():
+        return None
+    runs = every[every[:, 1] > 0]
+    for a, b in zip(runs[:-1], runs[1:]):
+        if (b[2], b[3]) < (a[4], a[5]):
+            return None
+    me = group.rank - first
+    before = every[:me][every[:me, 1] > 0]
+    if len(before) and len(s) and (int(s[0]), int(d[0])) == (int(before[-1][4]), int(before[-1][5])):
+        s, d = s[1:], d[1:]
+    return s, d
+
+
 def logical_rank(group, replication: int = 1) -> tuple[int, int]:
     """(logical node, logical nodes) of this rank when the group's ranks are ``replication``
     replicas of ``size / replication`` logical nodes (replicas partition data alike)."""
@@ -545,13 +584,15 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
                times: dict | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Collective: reads this rank's share of the edge file (:func:`~.io.read_edge_share`),
     sends every edge to the rank that owns it and drops duplicates there
-    (:func:`~.io.owner_dedup`). Returns (src, dst, id space, distinct edges in the graph);
+    (:func:`~.io.owner_dedup`; an input written sorted by (src, dst) keeps its edges where
+    they were read: :func:`sorted_dedup`). Returns (src, dst, id space, distinct edges in the graph);
     ids stay as written. No rank holds more than its share of the edges. ``delimiter``,
     ``header``, ``columns`` (the two id columns of a Parquet / Arrow IPC input): as
     :func:`read_edge_share`. With
     ``replication`` r, the replicas of a logical node end up with the same edges. ``times``,
     if given, receives ``read_s`` (this rank's share read and parsed, the slowest rank's)
-    and ``dedup_s`` (edges sent to their owners, duplicates dropped)."""
+    and ``dedup_s`` (edges sent to their owners, duplicates dropped), ``dedup_path``
+    (``"sorted"`` or ``"exchange"``)."""
     me, m = logical_rank(group, replication)
     t0 = time.perf_counter()
     bar = None
@@ -581,9 +622,16 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
               file=sys.stderr, flush=True)
     first = (group.rank // m) * m
     t1 = time.perf_counter()
-    edges = [src, dst]
-    del src, dst
-    src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
+    got = sorted_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    if times is not None:
+        times["dedup_path"] = "exchange" if got is None else "sorted"
+    if got is not None:
+        del src, dst
+        src, dst = got
+    else:
+        edges = [src, dst]
+        del src, dst
+        src, dst = owner_dedup(group, edges, n_ids, ranks=m, first=first)
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
     if times is not None:
         times["dedup_s"] = time.perf_counter() - t1

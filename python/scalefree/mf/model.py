@@ -371,13 +371,16 @@ class MatrixFactorization:
         """RMSE on native ratings sharing the training id maps (the test half of a split)."""
         return self._need().rmse(ratings)
 
-    def fold_in(self, data, side: str = "user", lam: float | None = None) -> dict:
+    def fold_in(self, data, side: str = "user", lam: float | None = None, columns=None, delimiter: str | None = None,
+                header: str = "auto") -> dict:
         """Adds factors for the users (``side="item"``: items) that ``data`` rates (a rating
         file, a (users, items, ratings) triple or native ratings) without retraining: each row
         is a ridge solve against the fixed other side (``mf/fold_in.py``); λ defaults to this
         model's ``lam``. Rows already in the model are solved again from ``data`` alone.
-        Returns counts (rows, new rows, ratings used / ignored)."""
-        r = data if isinstance(data, _native.MfRatings) else load_ratings(data, cache=False)
+        ``columns``, ``delimiter``, ``header``: as :func:`load_ratings` (Parquet columns, text
+        dialect). Returns counts (rows, new rows, ratings used / ignored)."""
+        r = data if isinstance(data, _native.MfRatings) else load_ratings(data, cache=False, delimiter=delimiter,
+                                                                           header=header, columns=columns)
         u, i, v = (np.frombuffer(b, dt) for b, dt in zip(r.triples(), (np.int64, np.int64, np.float32)))
         self._model, stats = mf_fold_in.fold_in(self._need(), u, i, v, self.lam if lam is None else float(lam), side)
         return stats

@@ -10,4 +10,4 @@ pub use csr_matrix::FlashCsrMatrix;
 pub use dense_matrix::FlashMatrix;
 pub use flash_file::{default_scratch_dir, FileId, FileOptions, FlashFile, IoMode, OpenMode};
 pub use flash_ptr::FlashPtr;
-pub use text_matrix::{docword_to_flash, read_docword, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};
+pub use text_matrix::{docword_input_to_flash, docword_to_flash, read_docword, read_docword_input, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};

@@ -12,6 +12,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use scalefree_io::{Delimiter, Header, Part, ReadOptions};
+
 use crate::element::Real;
 use crate::error::{FlashError, Result};
 use crate::sparse::CsrMatrix;
@@ -343,6 +345,68 @@ pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions,
     }
 }
 
+/// A docword input in any form `scalefree_io::docword` reads: a UCI file, or `doc word
+/// count` triples without the UCI lines (delimiter detected or `delimiter`, an optional
+/// header line, `header`), one file or a part directory, plain or gzip. Read in memory (16
+/// bytes per entry) into a D x W CSR matrix of counts (duplicates summed); without UCI lines
+/// D and W are the largest ids. Errors name the file and line.
+pub fn read_docword_input<T: Real>(path: &Path, delimiter: Option<Delimiter>, header: Header) -> Result<CsrMatrix<T>> {
+    let options = ReadOptions { delimiter, header, ..ReadOptions::default() };
+    let s = scalefree_io::read_docword_share(path, Part::whole(), &options).map_err(read_error)?;
+    let n = s.docs.len();
+    let (rows, cols) = match s.declared {
+        Some([d, w, nnz]) => {
+            if nnz != n as u64 {
+                return Err(FlashError::Corrupt { path: path.to_path_buf(), reason: format!("{n} entries but line 3 announced NNZ = {nnz}") });
+            }
+            (d, w)
+        }
+        None => (s.docs.iter().max().map_or(0, |&d| d + 1), s.words.iter().max().map_or(0, |&w| w + 1)),
+    };
+    if rows > u32::MAX as u64 || cols > u32::MAX as u64 {
+        return Err(FlashError::Corrupt { path: path.to_path_buf(), reason: format!("{rows} documents x {cols} words: this reader takes at most 2^32 - 1 of each") });
+    }
+    let triplets = s.docs.iter().zip(&s.words).zip(&s.counts).map(|((&d, &w), &c)| (d as u32, w as u32, c)).collect();
+    Ok(triplets_to_csr(rows as usize, cols as usize, triplets))
+}
+
+/// The flash error of a reader error (the same one line).
+fn read_error(e: scalefree_io::ReadError) -> FlashError {
+    match e {
+        scalefree_io::ReadError::Io { path, source } => FlashError::Io { path, source },
+        scalefree_io::ReadError::Parse { path, line, msg } => FlashError::Corrupt { path, reason: format!("line {line}: {msg}") },
+        scalefree_io::ReadError::Format { path, msg } => FlashError::Corrupt { path, reason: msg },
+        scalefree_io::ReadError::InvalidArgument(msg) => FlashError::invalid(msg),
+    }
+}
+
+/// Whether `path` is one file whose first non-blank line is one integer (a UCI docword file,
+/// which [`docword_to_flash`] streams).
+fn is_uci_file(path: &Path) -> Result<bool> {
+    if !path.is_file() {
+        return Ok(false);
+    }
+    let mut lines = Lines::open(path)?;
+    while let Some(line) = lines.next_line()? {
+        if !line.is_empty() {
+            return Ok(line.parse::<u64>().is_ok());
+        }
+    }
+    Ok(true)
+}
+
+/// [`docword_to_flash`] for a UCI file in the default dialect (streamed, bounded memory);
+/// any other docword input (a part directory, CSV triples, a given delimiter or header rule)
+/// is read by [`read_docword_input`] and written to flash.
+pub fn docword_input_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize, delimiter: Option<Delimiter>, header: Header) -> Result<FlashDocword<T>> {
+    if delimiter.is_none() && header == Header::Auto && is_uci_file(path)? {
+        return docword_to_flash(path, dir, options, chunk_entries);
+    }
+    let m = read_docword_input::<T>(path, delimiter, header)?;
+    let words = m.cols;
+    Ok(FlashDocword { matrix: FlashCsrMatrix::from_csr(dir, m.view(), options)?, word_ids: None, words })
+}
+
 /// The sorted 0-based ids of the words that occur in a docword file (its first pass when
 /// W needs more than 32 bits).
 fn docword_word_ids(path: &Path) -> Result<Vec<u64>> {
@@ -622,6 +686,35 @@ mod tests {
             let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
             assert!(msg.contains(name) && msg.contains(want), "{name}: {msg}");
         }
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn docword_inputs_as_exported_agree() {
+        let d = tmp("exported");
+        let o = FileOptions::default();
+        let uci = write(&d, "docword.x.txt", "3\n4\n5\n1 2 3\n1 4 1\n3 1 2\n3 2 5\n1 2 1\n");
+        let want = read_docword::<f64>(&uci).unwrap();
+        let csv = write(&d, "bow.csv", "doc,word,count\n1,2,3\n1,4,1\n3,1,2\n3,2,5\n1,2,1\n");
+        assert_eq!(read_docword_input::<f64>(&csv, None, Header::Auto).unwrap(), want);
+        assert_eq!(read_docword_input::<f64>(&uci, None, Header::Auto).unwrap(), want);
+        let parts = d.join("parts");
+        std::fs::create_dir_all(&parts).unwrap();
+        write(&parts, "part-00000.tsv", "1\t2\t3\n1\t4\t1\n");
+        write(&parts, "part-00001.tsv", "3\t1\t2\n3\t2\t5\n1\t2\t1\n");
+        write(&parts, "_SUCCESS", "");
+        let got = docword_input_to_flash::<f64>(&parts, &d, &o, 1024, None, Header::Auto).unwrap();
+        assert_eq!(got.matrix.to_csr().unwrap(), want);
+        let got = docword_input_to_flash::<f64>(&csv, &d, &o, 1024, Some(Delimiter::Comma), Header::Present).unwrap();
+        assert_eq!(got.matrix.to_csr().unwrap(), want);
+        // The UCI file streams as before.
+        assert_eq!(docword_input_to_flash::<f64>(&uci, &d, &o, 1024, None, Header::Auto).unwrap().matrix.to_csr().unwrap(), want);
+        let bad = write(&d, "docword.b.txt", "3\n4\n9\n1 2 3\n");
+        let msg = read_docword_input::<f64>(&bad, None, Header::Auto).unwrap_err().to_string();
+        assert!(msg.contains("docword.b.txt") && msg.contains("1 entries but line 3 announced NNZ = 9"), "{msg}");
+        let bad = write(&d, "b.csv", "doc,word,count\n1,2,3\n1,x,1\n");
+        let msg = docword_input_to_flash::<f64>(&bad, &d, &o, 1024, None, Header::Auto).err().unwrap().to_string();
+        assert!(msg.contains("b.csv") && msg.contains("line 3: wordID 'x' is not a positive integer"), "{msg}");
         std::fs::remove_dir_all(d).unwrap();
     }
 
