@@ -332,3 +332,45 @@ def test_mf_and_pagerank_take_tables():
     tr, te = split_ratings(pa.table(df), 0.2, seed=1)
     tr2, te2 = split_ratings((u, i, r), 0.2, seed=1)
     assert (len(tr), len(te)) == (len(tr2), len(te2))
+
+
+def test_mf_predict_and_fold_in_read_parquet(tmp_path, monkeypatch):
+    """``mf predict`` and ``mf fold-in`` read Parquet as ``mf train`` does: the same
+    predictions and the same grown model as from the text; pairs without a rating column;
+    ``--columns`` by name; bad Parquet one line, exit 2."""
+    import scalefree.mf.model as mf
+
+    monkeypatch.setenv("SCALEFREE_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(3)
+    u, i = rng.integers(0, 30, 400), rng.integers(0, 20, 400)
+    v = rng.integers(1, 6, 400).astype(np.float32)
+    model = tmp_path / "m.sfmf"
+    mf.MatrixFactorization(k=3, iterations=3, threads=1).fit((u, i, v)).save(model)
+    txt = tmp_path / "pairs.txt"
+    txt.write_text("".join(f"{a} {b} {c:g}\n" for a, b, c in zip(u.tolist(), i.tolist(), v.tolist())))
+    pqt = tmp_path / "pairs.parquet"
+    pq.write_table(pa.table({"uid": u.astype("int32"), "iid": i, "stars": v}), pqt, row_group_size=100)
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pa.table({"user": u, "item": i}), bare, row_group_size=100)
+    outs = []
+    for args in ((txt,), (pqt,), (pqt, "--columns", "uid,iid,stars"), (bare,), (pqt, "--columns", "uid,iid")):
+        r = cli("mf", "predict", model, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] == outs[2] == outs[3] == outs[4] and outs[0].count("\n") == 400
+    grown = []
+    for args in ((txt,), (pqt, "--columns", "uid,iid,stars")):
+        out = tmp_path / f"g{len(grown)}.sfmf"
+        r = cli("mf", "fold-in", model, *args, "-o", out)
+        assert r.returncode == 0, r.stderr
+        grown.append(mf.MatrixFactorization.load(out).predict(u, i))
+    np.testing.assert_array_equal(grown[0], grown[1])
+    bad = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"user": pa.array([1, None]), "item": [1, 2], "rating": [1.0, 2.0]}), bad)
+    for cmd in (("predict", model, bad), ("fold-in", model, bad, "-o", tmp_path / "x.sfmf"),
+                ("train", bad, "-k", "2", "-i", "1")):
+        r = cli("mf", *cmd)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and str(bad) in lines[0] and "null" in lines[0], (cmd, r.stderr)
+    r = cli("mf", "predict", model, bare, "--columns", "user,nope")
+    assert r.returncode == 2 and "no column 'nope'" in r.stderr, r.stderr

@@ -213,7 +213,7 @@ def test_cli_pagerank_same_top_from_csv_parts_gz_members_and_text(tmp_path):
         b"src,dst\n")
     one = tmp_path / "one.txt.gz"  # a single gzip stream: rank 0 decompresses, the others parse
     one.write_bytes(gzip.compress(txt.read_bytes()))
-    assert _native.EdgeStream(str(one)).is_single_stream() and not _native.EdgeStream(str(gzm)).is_single_stream()
+    assert _native.TextStream(str(one)).is_single_stream() and not _native.TextStream(str(gzm)).is_single_stream()
     tops = []
     for f in (txt, parts, gzm, one):
         for n in (1, 3):
@@ -291,3 +291,136 @@ def test_cli_mf_and_sgd_read_part_directories(tmp_path):
     (s / "_SUCCESS").write_text("")
     p = _cli("sgd", "logreg", str(s), "-n", "2", "--epochs", "1")
     assert p.returncode == 0, p.stderr
+
+
+def test_truncated_gzip_is_one_line_exit_2(tmp_path):
+    """A ``.gz`` cut mid-stream — one stream (read by rank 0 and handed out at 3 ranks, by
+    every rank's share reader at 1) or several members — is one line naming the file, exit 2,
+    for the graph, MF and sgd readers; no rank waits for a chunk that never comes."""
+    src, dst = _edges(20000, 4)
+    text = _text([src, dst], " ").encode()
+    one = tmp_path / "one.txt.gz"
+    one.write_bytes(gzip.compress(text)[: len(gzip.compress(text)) // 2])
+    members = tmp_path / "members.txt.gz"
+    whole = _multi_member(text, 6)
+    members.write_bytes(whole[: len(whole) * 2 // 3])
+    for f in (one, members):
+        for n in ("1", "3"):
+            p = _cli("graph", "pagerank", str(f), "-n", n, "-q")
+            lines = [x for x in p.stderr.splitlines() if x.strip()]
+            assert p.returncode == 2 and len(lines) == 1 and str(f) in lines[0] and "gzip" in lines[0], (f, n, p.stderr)
+    rng = np.random.default_rng(1)
+    ratings = _text([rng.integers(0, 50, 20000), rng.integers(0, 40, 20000), rng.integers(1, 6, 20000)], ",").encode()
+    rf = tmp_path / "r.csv.gz"
+    rf.write_bytes(gzip.compress(ratings)[:-5000])
+    p = _cli("mf", "train", str(rf), "--mode", "rima", "-n", "3", "-k", "2", "-i", "1")
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and str(rf) in lines[0], p.stderr
+    rows = "".join(f"{1 if k % 2 else -1} {k % 5 + 1}:1\n" for k in range(20000)).encode()
+    sf = tmp_path / "s.svm.gz"
+    sf.write_bytes(gzip.compress(rows)[:-3000])
+    p = _cli("sgd", "logreg", str(sf), "-n", "3", "--epochs", "1")
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and str(sf) in lines[0], p.stderr
+
+
+def test_mf_and_sgd_single_stream_read_once(tmp_path):
+    """A rating file and an svmlight file in one gzip stream: at 3 ranks rank 0 decompresses
+    and the others parse (every record once: the same counts as the plain file)."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    u, i, r = rng.integers(0, 90, n), rng.integers(0, 70, n), rng.integers(1, 6, n)
+    plain = tmp_path / "r.csv"
+    plain.write_text(_text([u, i, r], ",", ("user", "item", "rating")))
+    one = tmp_path / "r.csv.gz"
+    one.write_bytes(gzip.compress(plain.read_bytes()))
+    assert _native.TextStream(str(one), "ratings").is_single_stream()
+    counts = []
+    for f in (plain, one):
+        p = _cli("mf", "train", str(f), "--mode", "rima", "-n", "3", "-k", "3", "-i", "1")
+        assert p.returncode == 0, p.stderr
+        words = p.stdout.split()
+        k = words.index("train")
+        counts.append((int(words[k - 1]), int(words[k + 2])))
+    assert counts[0] == counts[1] and sum(counts[0]) == n, counts
+    rows = "".join(f"{1 if k % 3 else -1} {k % 11 + 1}:1 {k % 13 + 12}:0.5\n" for k in range(3000))
+    sp = tmp_path / "s.svm"
+    sp.write_text(rows)
+    sg = tmp_path / "s.svm.gz"
+    sg.write_bytes(gzip.compress(rows.encode()))
+    code = ("import sys, numpy as np, scalefree\n"
+            "from scalefree.sgd.logreg import load_rows\n"
+            "g = scalefree.init()\n"
+            "a, b = load_rows(g, sys.argv[1]), load_rows(g, sys.argv[2])\n"
+            "n = g.allreduce(np.array([a.labels.size, b.labels.size, a.indices.size, b.indices.size], np.int64))\n"
+            "assert n[0] == n[1] == 3000 and n[2] == n[3], n\n"
+            "assert a.dim == b.dim == 25, (a.dim, b.dim)\n")
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "3", "--", sys.executable, "-c", code,
+                        str(sp), str(sg)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+
+
+def test_sorted_input_loads_without_the_exchange(tmp_path):
+    """``graph convert --sort`` writes the distinct edges sorted; a job keeps every rank's run
+    where it was read (``dedup_path`` sorted) and finds the same top vertices as from the
+    unsorted text; an unsorted file takes the exchange."""
+    import json
+
+    src, dst = _edges(6000, 8)
+    src = src % 500
+    txt = tmp_path / "g.txt"
+    txt.write_text(_text([np.concatenate([src, src[:50]]), np.concatenate([dst, dst[:50]])], " "))  # duplicates
+    srt = tmp_path / "s.parquet"
+    p = _cli("graph", "convert", str(txt), str(srt), "--sort", "--row-group", "700")
+    assert p.returncode == 0, p.stderr
+    srt_txt = tmp_path / "s.txt"
+    assert _cli("graph", "convert", str(txt), str(srt_txt), "--sort").returncode == 0
+    tops, paths = [], []
+    for f in (txt, srt, srt_txt):
+        for n in ("1", "3"):
+            out = tmp_path / "rec.json"
+            p = _cli("graph", "pagerank", str(f), "-n", n, "-q", "--top", "8", "--tol", "1e-12", "--json", str(out))
+            assert p.returncode == 0, p.stderr
+            rec = json.loads(out.read_text())
+            tops.append([v for v, _ in rec["top"]])
+            paths.append(rec["dedup_path"])
+            assert rec["edges"] == len(set(zip(src.tolist(), dst.tolist()))), rec["edges"]
+    assert all(t == tops[0] for t in tops), tops
+    assert paths == ["exchange", "exchange", "sorted", "sorted", "sorted", "sorted"], paths
+
+
+def test_flash_topics_reads_docword_as_exported(tmp_path):
+    """``flash topics`` takes the counts as pipelines export them — ``doc,word,count`` CSV with
+    a header, a part directory of TSV parts, a given delimiter — and finds what it finds in the
+    UCI file; a bad count is one line naming the file and line, exit 2."""
+    import json
+
+    rng = np.random.default_rng(6)
+    docs, words = 120, 40
+    entries = sorted({(int(d), int(w)) for d, w in zip(rng.integers(1, docs + 1, 1500), rng.integers(1, words + 1, 1500))})
+    counts = rng.integers(1, 9, len(entries))
+    uci = tmp_path / "docword.t.txt"
+    uci.write_text(f"{docs}\n{words}\n{len(entries)}\n" + "".join(f"{d} {w} {c}\n" for (d, w), c in zip(entries, counts)))
+    csv = tmp_path / "docword.t.csv"
+    csv.write_text("doc,word,count\n" + "".join(f"{d},{w},{c}\n" for (d, w), c in zip(entries, counts)))
+    parts = tmp_path / "bow"
+    parts.mkdir()
+    half = len(entries) // 2
+    for k, (lo, hi) in enumerate(((0, half), (half, len(entries)))):
+        (parts / f"part-{k:05d}.tsv").write_text("".join(f"{d}\t{w}\t{c}\n" for (d, w), c in
+                                                         zip(entries[lo:hi], counts[lo:hi])))
+    (parts / "_SUCCESS").write_text("")
+    semi = tmp_path / "docword.s.txt"
+    semi.write_text("".join(f"{d};{w};{c}\n" for (d, w), c in zip(entries, counts)))
+    tops = []
+    for args in ((uci,), (csv,), (parts,), (semi, "--delimiter", "semicolon", "--header", "no")):
+        out = tmp_path / "t.json"
+        p = _cli("flash", "topics", str(args[0]), *args[1:], "-k", "3", "--memory", "64M", "-q", "--json", str(out))
+        assert p.returncode == 0, (args, p.stderr)
+        tops.append(json.loads(out.read_text())["top_words"])
+    assert all(t == tops[0] for t in tops), tops
+    bad = tmp_path / "docword.b.csv"
+    bad.write_text("doc,word,count\n1,2,3\n1,3,x\n")
+    p = _cli("flash", "topics", str(bad), "-k", "2", "-q")
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "docword.b.csv" in lines[0] and "line 3" in lines[0], p.stderr

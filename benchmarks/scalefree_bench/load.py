@@ -10,7 +10,9 @@ commands read: a SNAP text edge list, its ``.gz`` as one gzip stream or as sever
 (``graph convert g.txt g.parquet``), ...), so the rows compare
 formats of one graph; ``vs 1 rank`` is the load time at 1 rank of the same file over this
 row's (a speed-up when above 1), ``vs first`` the first file's load time at the same rank
-count over this row's. ``top equal``: the top-10 vertices agree with the first file's at the
+count over this row's. ``dedup``: how the duplicates were dropped — ``exchange`` (every edge
+sent to the rank its hash owns) or ``sorted`` (an input written sorted, ``graph convert
+--sort``: every rank keeps the run it read). ``top equal``: the top-10 vertices agree with the first file's at the
 same rank count. With ``--repeats R`` every row runs R times, interleaved, and the medians
 are reported.
 
@@ -106,7 +108,8 @@ def run(args) -> int:
                         "load_runs_s": [r["load_s"] for r in recs],
                         "peak_rss_bytes": recs[-1]["peak_rss_bytes"],
                         "peak_rss_max_bytes": max(max(r["peak_rss_bytes"]) for r in recs),
-                        "top": [v for v, _ in recs[-1]["top"]], "runs": len(recs)})
+                        "top": [v for v, _ in recs[-1]["top"]], "runs": len(recs),
+                        "dedup_path": recs[-1].get("dedup_path", "")})
     first = str(args.files[0])
     for r in records:
         one = next((s for s in records if s["file"] == r["file"] and s["ranks"] == 1), None)
@@ -127,7 +130,7 @@ def run(args) -> int:
 
 
 def print_table(records: list[dict], order: list[str]) -> None:
-    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "read", "read vs first", "end to end",
+    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "read", "read vs first", "dedup", "end to end",
             "peak RSS per rank", "top equal"]
     rows = []
     for r in sorted(records, key=lambda r: (order.index(r["file"]), r["ranks"])):
@@ -135,6 +138,6 @@ def print_table(records: list[dict], order: list[str]) -> None:
                      f"{r['load_vs_1_rank']:.2f}x" if "load_vs_1_rank" in r else "",
                      f"{r['load_vs_first']:.2f}x" if "load_vs_first" in r else "",
                      human_time(r["read_s"]), f"{r['read_vs_first']:.2f}x" if "read_vs_first" in r else "",
-                     human_time(r["wall_s"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
+                     r.get("dedup_path", ""), human_time(r["wall_s"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
                      {True: "yes", False: "NO"}.get(r.get("top_equal"), "")])
     print(common.format_table(head, rows, left_columns=2))

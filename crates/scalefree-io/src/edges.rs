@@ -43,13 +43,13 @@ pub struct Edges {
     pub dst: Vec<i64>,
 }
 
-struct EdgeFormat {
+pub(crate) struct EdgeFormat {
     options: EdgeOptions,
     mm: MatrixMarket,
     dialect: Dialect,
     /// The delimiter byte (`,` or `;`) once decided; None for blanks.
     sep: Option<u8>,
-    out: Edges,
+    pub(crate) out: Edges,
 }
 
 /// Up to 18 ASCII digits at `i` (so the value is below 2^62 without a check), and their end.
@@ -220,11 +220,17 @@ pub fn read_edges_share(path: &Path, part: Part, edge_options: &EdgeOptions, opt
 /// Reads rank `part.rank`'s share of the edge list made of the files `parts`, in order (one
 /// body split by bytes; each part has the header of the first, if any).
 pub fn read_edges_parts(parts: &[PathBuf], part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<Edges> {
-    check_fields(edge_options)?;
-    let dialect = Dialect::new(options.delimiter, options.header);
-    let mut f = EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: Edges::default() };
+    let mut f = EdgeFormat::new(edge_options, options)?;
     share::read(parts, part, options, &mut f)?;
     Ok(f.out)
+}
+
+impl EdgeFormat {
+    pub(crate) fn new(edge_options: &EdgeOptions, options: &ReadOptions) -> Result<EdgeFormat> {
+        check_fields(edge_options)?;
+        let dialect = Dialect::new(options.delimiter, options.header);
+        Ok(EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: Edges::default() })
+    }
 }
 
 fn check_fields(edge_options: &EdgeOptions) -> Result<()> {
@@ -233,60 +239,4 @@ fn check_fields(edge_options: &EdgeOptions) -> Result<()> {
         return Err(ReadError::InvalidArgument(format!("need 2 <= min_fields <= max_fields, got {min_fields} and {max_fields}")));
     }
     Ok(())
-}
-
-/// An edge list that one rank decompresses and others parse: a single gzip stream cannot be
-/// split, so instead of every rank decompressing all of it (the fallback of
-/// [`read_edges_share`]), one rank reads the chunks ([`EdgeStream::chunks`]) and hands them
-/// out, and each receiver parses what it got ([`EdgeStream::parse`]). Every rank opens the
-/// stream (reading its prologue: the dialect and where the body starts agree everywhere).
-pub struct EdgeStream {
-    path: PathBuf,
-    format: EdgeFormat,
-    body: Option<share::Body>,
-}
-
-impl EdgeStream {
-    /// Opens the edge list `path` (one file) and reads its prologue.
-    pub fn open(path: &Path, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<EdgeStream> {
-        check_fields(edge_options)?;
-        let dialect = Dialect::new(options.delimiter, options.header);
-        let mut format = EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: Edges::default() };
-        format.start_part(path);
-        let body = share::open_part(path, 0, options, &mut format)?;
-        if body.is_none() {
-            return Err(share::no_data::<EdgeFormat>(path));
-        }
-        Ok(EdgeStream { path: path.to_path_buf(), format, body })
-    }
-
-    /// Whether the file is one gzip stream that cannot be split by members (the case for
-    /// one reader handing out chunks).
-    pub fn is_single_stream(&self) -> bool {
-        matches!(&self.body, Some(share::Body::Gz(g)) if g.is_single_stream())
-    }
-
-    /// The decompressed body in chunks of about `chunk_bytes` cut at line ends (a single gzip
-    /// stream only).
-    pub fn chunks(&self, chunk_bytes: usize) -> Result<crate::gz::BodyChunks> {
-        match &self.body {
-            Some(share::Body::Gz(g)) if g.is_single_stream() => g.body_chunks(&self.path, chunk_bytes.max(1)),
-            _ => Err(ReadError::InvalidArgument(format!("{} is not a single gzip stream", self.path.display()))),
-        }
-    }
-
-    /// Parses a chunk of whole body lines; `lines_before`: the lines of the file before it
-    /// (for the line numbers of errors).
-    pub fn parse(&mut self, chunk: &[u8], lines_before: u64) -> Result<()> {
-        self.format.parse(chunk).map_err(|bad| ReadError::Parse {
-            path: self.path.clone(),
-            line: lines_before + crate::line::count_newlines(&chunk[..bad.at]) + 1,
-            msg: bad.msg,
-        })
-    }
-
-    /// The edges parsed so far (the stream is emptied).
-    pub fn take_edges(&mut self) -> Edges {
-        std::mem::take(&mut self.format.out)
-    }
 }

@@ -460,7 +460,7 @@ impl BufRead for MapReader {
 
 /// The decompressed body of a single-stream gzip part in chunks cut at line ends, each with
 /// the number of lines before it: what one rank reads and hands to the ranks that parse
-/// ([`crate::edges::EdgeStream`]).
+/// ([`crate::stream::TextStream`]).
 pub struct BodyChunks {
     path: PathBuf,
     chunks: Chunker<MultiGzDecoder<MapReader>>,

@@ -14,7 +14,7 @@
 //! - [`gz`]: gzip parts made of several members (BGZF blocks, concatenated members) are
 //!   split by members, each rank decompressing only its own; a single-member stream is
 //!   decompressed by every rank that shares it, each parsing only its chunks — or, through
-//!   [`edges::EdgeStream`], by one rank that hands its chunks to the others.
+//!   [`stream::TextStream`], by one rank that hands its chunks to the others.
 //! - One file per format: [`edges`] (SNAP edge lists, Matrix Market bodies), [`svmlight`]
 //!   (the syntax of `scalefree.sgd.read_svmlight`), [`ratings`] (the syntax of
 //!   `scalefree-mf`'s rating reader, which uses [`ratings::RatingSyntax`] too), [`docword`]
@@ -37,15 +37,17 @@ pub mod number;
 pub mod ratings;
 pub mod share;
 pub mod source;
+pub mod stream;
 pub mod svmlight;
 
 pub use dialect::{Delimiter, Header};
 pub use docword::{read_docword_parts, read_docword_share, DocwordShare};
-pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, EdgeStream, Edges};
+pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;
 pub use source::resolve_parts;
+pub use stream::{Parsed, StreamKind, TextStream};
 pub use svmlight::{read_svmlight_parts, read_svmlight_share, SvmlightShare};
 
 /// Options that every reader takes. All ranks of a job must pass the same values (they

@@ -159,11 +159,11 @@ pub struct RatingShare {
     pub ratings: Vec<f32>,
 }
 
-struct RatingFormat {
+pub(crate) struct RatingFormat {
     syntax: RatingSyntax,
     /// Checks that every part starts with the header of the first.
     dialect: Dialect,
-    out: RatingShare,
+    pub(crate) out: RatingShare,
 }
 
 fn text(bytes: &[u8]) -> std::result::Result<&str, BadLine> {
@@ -226,9 +226,15 @@ pub fn read_ratings_share(path: &Path, part: Part, options: &ReadOptions) -> Res
 
 /// Reads rank `part.rank`'s share of the ratings made of the files `parts`, in order.
 pub fn read_ratings_parts(parts: &[PathBuf], part: Part, options: &ReadOptions) -> Result<RatingShare> {
-    let syntax = RatingSyntax::new(i64::MAX as u64).with_dialect(options.delimiter, options.header);
-    let dialect = Dialect::new(options.delimiter, options.header);
-    let mut f = RatingFormat { syntax, dialect, out: RatingShare::default() };
+    let mut f = RatingFormat::new(options);
     share::read(parts, part, options, &mut f)?;
     Ok(f.out)
+}
+
+impl RatingFormat {
+    pub(crate) fn new(options: &ReadOptions) -> RatingFormat {
+        let syntax = RatingSyntax::new(i64::MAX as u64).with_dialect(options.delimiter, options.header);
+        let dialect = Dialect::new(options.delimiter, options.header);
+        RatingFormat { syntax, dialect, out: RatingShare::default() }
+    }
 }

@@ -45,10 +45,10 @@ fn data(line: &[u8]) -> &[u8] {
     memchr::memchr(b'#', line).map_or(line, |k| &line[..k])
 }
 
-struct SvmlightFormat {
+pub(crate) struct SvmlightFormat {
     max_index: u64,
     dialect: Dialect,
-    out: SvmlightShare,
+    pub(crate) out: SvmlightShare,
 }
 
 impl SvmlightFormat {
@@ -132,9 +132,15 @@ pub fn read_svmlight_share(path: &Path, part: Part, max_index: u64, options: &Re
 
 /// Reads rank `part.rank`'s share of the svmlight rows made of the files `parts`, in order.
 pub fn read_svmlight_parts(parts: &[PathBuf], part: Part, max_index: u64, options: &ReadOptions) -> Result<SvmlightShare> {
-    // Tokens are separated by whitespace whatever the caller says.
-    let dialect = Dialect::new(Some(Delimiter::Blanks), options.header);
-    let mut f = SvmlightFormat { max_index, dialect, out: SvmlightShare::default() };
+    let mut f = SvmlightFormat::new(max_index, options);
     share::read(parts, part, options, &mut f)?;
     Ok(f.out)
+}
+
+impl SvmlightFormat {
+    pub(crate) fn new(max_index: u64, options: &ReadOptions) -> SvmlightFormat {
+        // Tokens are separated by whitespace whatever the caller says.
+        let dialect = Dialect::new(Some(Delimiter::Blanks), options.header);
+        SvmlightFormat { max_index, dialect, out: SvmlightShare::default() }
+    }
 }

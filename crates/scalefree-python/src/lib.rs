@@ -5,7 +5,7 @@
 mod arena;
 mod buffer;
 mod device;
-mod edge_stream;
+mod text_stream;
 mod errors;
 mod flash;
 mod group;
@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<group::Group>()?;
-    m.add_class::<edge_stream::PyEdgeStream>()?;
+    m.add_class::<text_stream::PyTextStream>()?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<device::PyRegion>()?;
     m.add_class::<device::PyRemoteRegion>()?;

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _text_stream
 from ..errors import DataError, InvalidArgumentError
 
 # The largest vertex id (scalefree-io's MAX_VERTEX_ID).
@@ -413,70 +414,31 @@ def _mtx_share(path, rank, size):
     return src, dst
 
 
-_END = np.uint64(2**64 - 1)  # stream_share: the stream is done
-_NONE = np.uint64(2**64 - 2)  # stream_share: no chunk for this rank in this round
-
-
 def _single_gzip_stream(path, delimiter, header):
-    """The opened ``_native.EdgeStream`` if ``path`` is one text file in one gzip stream
+    """The opened ``_native.TextStream`` if ``path`` is one text edge list in one gzip stream
     (which ranks cannot split), else None."""
-    p = Path(path)
-    if not p.is_file() or _binary(p) or not _is_gzip(p):
+    if _binary(path):
         return None
-    from .. import _native
-
-    stream = _native.EdgeStream(str(p), delimiter, header)
-    return stream if stream.is_single_stream() else None
+    return _text_stream.single_gzip_stream(path, "edges", delimiter, header)
 
 
 def stream_share(group, path, delimiter: str | None = None, header: str = "auto", chunk_bytes: int = 4 << 20,
                  stream=None):
     """Collective: this rank's edges of an edge list in one gzip stream, which cannot be cut
-    by members. Rank 0 decompresses the stream once and hands its chunks (about
-    ``chunk_bytes`` of text, cut at line ends) to ranks 1 .. P-1 in turn, one round of
-    ``alltoallv`` per P-1 chunks; the receivers parse them while rank 0 decompresses the next
-    round. Rank 0 parses none (it gets no edges), no rank holds more than a round of text,
-    and the stream is decompressed once instead of once per rank. Every rank opens the
-    stream (reads its prologue), so all agree on its dialect. A bad line raises on the rank
-    that parses it, naming the file and line. ``stream``: the stream already opened (with
-    the default chunk size)."""
+    by members: rank 0 decompresses the stream once and hands its chunks (about
+    ``chunk_bytes`` of text, cut at line ends) to ranks 1 .. P-1, which parse them
+    (:func:`scalefree._text_stream.stream_share`). Rank 0 gets no edges; the stream is
+    decompressed once instead of once per rank. A bad line raises on the rank that parses it,
+    naming the file and line. ``stream``: the stream already opened (with the default chunk
+    size)."""
     from .. import _native
 
     if stream is None:
-        stream = _native.EdgeStream(str(path), delimiter, header, chunk_bytes)
-    P, me = group.size, group.rank
-    got_s, got_d = [], []
-    while True:
-        counts = np.zeros(P, np.int64)
-        if me == 0:
-            lines, lens, data = stream.read_chunks(P - 1)
-            heads = np.full(P - 1, _END if len(lens) == 0 else _NONE, np.uint64)
-            heads[:len(lines)] = lines
-            pieces, at = [], 0
-            for r in range(1, P):
-                n = int(lens[r - 1]) if r - 1 < len(lens) else 0
-                pieces += [heads[r - 1:r].view(np.uint8), data[at:at + n]]
-                at += n
-                counts[r] = 8 + n
-            send = np.concatenate(pieces)
-        else:
-            send = np.zeros(0, np.uint8)
-        got = group.alltoallv(send, counts)
-        if me == 0:
-            if len(lens) == 0:
-                break
-            continue
-        head = got[:8].view(np.uint64)[0]
-        if head == _END:
-            break
-        if head != _NONE:
-            stream.parse(got[8:], int(head))
-            s, d = stream.take()
-            got_s.append(s)
-            got_d.append(d)
-    if not got_s:
+        stream = _native.TextStream(str(path), "edges", delimiter, header, chunk_bytes)
+    got = _text_stream.stream_share(group, stream)
+    if not got:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(got_s), np.concatenate(got_d)
+    return np.concatenate([s for s, _ in got]), np.concatenate([d for _, d in got])
 
 
 def edge_owner(src, dst, size: int) -> np.ndarray:

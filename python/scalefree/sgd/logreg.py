@@ -100,6 +100,31 @@ def read_svmlight_share(path, rank: int = 0, size: int = 1, max_index: int = MAX
         raise SvmlightError(str(e)) from None
 
 
+def _share_or_stream(group, path, header: str):
+    """Collective: this rank's rows of ``path`` as :func:`read_svmlight_share` gives them, a
+    single gzip stream read by rank 0 and parsed by the others."""
+    from .. import _text_stream
+
+    stream = None
+    if group.size > 1 and Path(path).is_file():
+        try:
+            stream = _text_stream.single_gzip_stream(path, "svmlight", None, header, max_index=MAX_FEATURES - 1)
+        except DataError as e:
+            raise SvmlightError(str(e)) from None
+    if stream is None:
+        return read_svmlight_share(path, group.rank, group.size, header=header)
+    try:
+        got = _text_stream.stream_share(group, stream)
+    except DataError as e:
+        raise SvmlightError(str(e)) from None
+    if not got:
+        return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    starts = np.cumsum([0] + [int(p[1][-1]) for p in got[:-1]])
+    indptr = np.concatenate([[0]] + [p[1][1:] + s for p, s in zip(got, starts)]).astype(np.int64)
+    return (np.concatenate([p[0] for p in got]), indptr, np.concatenate([p[2] for p in got]),
+            np.concatenate([p[3] for p in got]))
+
+
 def _rows(path, labels, indptr, indices, values, zero_based: bool, dim: int) -> SparseRows:
     if not zero_based:
         indices = indices - 1
@@ -130,8 +155,10 @@ def read_svmlight(path, zero_based="auto", dim: int | None = None, header: str =
 def load_rows(group, path, zero_based="auto", dim: int | None = None, header: str = "auto") -> SparseRows:
     """Collective: this rank's share of an svmlight file (:func:`read_svmlight_share`) as
     rows, with the index base and the dimension agreed by every rank (the largest index
-    over all ranks sets the dimension). No rank reads more than its share."""
-    labels, indptr, indices, values = read_svmlight_share(path, group.rank, group.size, header=header)
+    over all ranks sets the dimension). No rank reads more than its share; a file in one gzip
+    stream is decompressed once, by rank 0, which hands its chunks to the others
+    (:mod:`scalefree._text_stream`; rank 0 then holds no rows)."""
+    labels, indptr, indices, values = _share_or_stream(group, path, header)
     ext = np.array([-(int(indices.min()) if len(indices) else MAX_FEATURES), int(indices.max()) if len(indices) else -1],
                    np.int64)
     group.allreduce(ext, op="max")

@@ -5,7 +5,8 @@ budget.
 1. **Read.** Rank r of P parses the lines whose first byte lies in its 1/P of the file's bytes
    (``_native.read_ratings_share``, the syntax of the mf reader; a part directory is one body
    cut the same way). A ``.gz`` of several members is cut by members; a single gzip stream
-   cannot be split: every rank decompresses all of it and parses only its chunks. A binary rating cache
+   cannot be split: rank 0 decompresses it once and hands its chunks to the other ranks,
+   which parse them (:mod:`scalefree._text_stream`; rank 0 then reads no ratings). A binary rating cache
    (``.sfr``, ``mf_write_cache``) gives rank r the r-th 1/P of its rating columns. With a
    memory budget the share is read in pieces (the share's byte range cut again, each piece a
    round of steps 2–4), so a rank holds one piece at a time.
@@ -131,10 +132,11 @@ class _Source:
     ratings) of piece j."""
 
     def __init__(self, path: Path, rank: int, size: int, piece_bytes: int | None, delimiter: str | None = None,
-                 header: str = "auto", columns=None):
-        from ... import _columnar
+                 header: str = "auto", columns=None, group=None):
+        from ... import _columnar, _text_stream
 
         self.path, self.rank, self.size = path, rank, size
+        self.group = group
         self.delimiter, self.header, self.columns = delimiter, header, columns
         if not path.exists():
             raise DataError(f"{path}: no such file")
@@ -161,11 +163,23 @@ class _Source:
             total = sum(os.path.getsize(p) for p in self.parts)
             self.pieces = 1 if (piece_bytes is None or self.gz) else max(1, -(-total // size // piece_bytes))
             self.pieces_all = self.pieces
+        # One gzip stream read by a group: rank 0 decompresses it once and hands its chunks
+        # to the others (read(0) is then collective; rank 0 holds no ratings).
+        self.stream = None
+        if group is not None and size > 1 and self.columnar is None and not self.cache and len(self.parts) == 1:
+            self.stream = _text_stream.single_gzip_stream(self.parts[0], "ratings", delimiter, header)
         self._ids = None
 
     def read(self, j: int):
         if j >= self.pieces:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if self.stream is not None:
+            from ... import _text_stream
+
+            got = _text_stream.stream_share(self.group, self.stream)
+            if not got:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+            return tuple(np.concatenate([p[k] for p in got]) for k in range(3))
         if self.columnar is not None:
             from ... import _columnar
 
@@ -256,7 +270,7 @@ class ShareRatings:
         trains = np.asarray(trains, bool).reshape(P, nb * nb)
         src = err = None
         try:
-            src = _Source(self.path, rank, P, piece_bytes, self.delimiter, self.header, self.columns)
+            src = _Source(self.path, rank, P, piece_bytes, self.delimiter, self.header, self.columns, group)
         except (DataError, OSError) as e:
             err = e
         agree(group, err)
@@ -492,7 +506,7 @@ class ShareRatings:
         u = i = r = np.zeros(0, np.int64)
         try:
             u, i, r = _Source(Path(self.test_path), group.rank, group.size, None, self.delimiter, self.header,
-                              self.columns).read(0)
+                              self.columns, group).read(0)
             if len(r) and np.isnan(r[0]):
                 raise DataError(f"{self.test_path}:1: a test line has no rating (expected 'user item rating')")
         except (DataError, OSError) as e:

@@ -1,36 +1,44 @@
-//! `scalefree._native.EdgeStream`: an edge list in one gzip stream that one rank decompresses
-//! and hands out in chunks while the others parse them (`scalefree_io::EdgeStream`). Every
-//! rank opens it (reading the prologue); the reader calls `read_chunks`, the receivers
-//! `parse`; `take` returns the edges parsed so far as numpy arrays.
+//! `scalefree._native.TextStream`: a text file (edges, ratings, svmlight rows) in one gzip
+//! stream that one rank decompresses and hands out in chunks while the others parse them
+//! (`scalefree_io::TextStream`). Every rank opens it (reading the prologue); the reader calls
+//! `read_chunks`, the receivers `parse`; `take` returns what was parsed so far as numpy
+//! arrays.
 
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use scalefree_io::gz::BodyChunks;
-use scalefree_io::{EdgeOptions, DEFAULT_GZIP_CHUNK_BYTES};
+use scalefree_io::{EdgeOptions, Parsed, StreamKind, DEFAULT_GZIP_CHUNK_BYTES};
 
 use crate::buffer::Buf;
 use crate::io::{array, io_err, read_options, Owned};
 
-#[pyclass(name = "EdgeStream", module = "scalefree._native")]
-pub struct PyEdgeStream {
-    stream: scalefree_io::EdgeStream,
+#[pyclass(name = "TextStream", module = "scalefree._native")]
+pub struct PyTextStream {
+    stream: scalefree_io::TextStream,
     chunks: Option<BodyChunks>,
     chunk_bytes: usize,
 }
 
 #[pymethods]
-impl PyEdgeStream {
+impl PyTextStream {
+    /// `kind`: "edges", "ratings" or "svmlight" (indices at most `max_index`).
     #[new]
-    #[pyo3(signature = (path, delimiter=None, header="auto", chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES))]
-    fn new(py: Python<'_>, path: PathBuf, delimiter: Option<&str>, header: &str, chunk_bytes: usize) -> PyResult<Self> {
+    #[pyo3(signature = (path, kind="edges", delimiter=None, header="auto", chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES, max_index=u64::MAX))]
+    fn new(py: Python<'_>, path: PathBuf, kind: &str, delimiter: Option<&str>, header: &str, chunk_bytes: usize, max_index: u64) -> PyResult<Self> {
+        let kind = match kind {
+            "edges" => StreamKind::Edges(EdgeOptions::default()),
+            "ratings" => StreamKind::Ratings,
+            "svmlight" => StreamKind::Svmlight { max_index },
+            other => return Err(crate::errors::invalid(py, format!("kind must be 'edges', 'ratings' or 'svmlight', got {other:?}"))),
+        };
         let stream = py
             .detach(|| {
                 let o = read_options(chunk_bytes, delimiter, header)?;
-                scalefree_io::EdgeStream::open(&path, &EdgeOptions::default(), &o)
+                scalefree_io::TextStream::open(&path, kind, &o)
             })
             .map_err(|e| io_err(py, e))?;
-        Ok(PyEdgeStream { stream, chunks: None, chunk_bytes })
+        Ok(PyTextStream { stream, chunks: None, chunk_bytes })
     }
 
     /// Whether the file is one gzip stream that cannot be split by members.
@@ -75,9 +83,15 @@ impl PyEdgeStream {
         py.detach(|| stream.parse(bytes, lines_before)).map_err(|e| io_err(py, e))
     }
 
-    /// `(src, dst)` int64: the edges parsed so far (the stream keeps none).
-    fn take<'py>(&mut self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
-        let e = self.stream.take_edges();
-        Ok((array(py, Owned::I64(e.src))?, array(py, Owned::I64(e.dst))?))
+    /// What was parsed so far (the stream keeps none): edges `(src, dst)` int64; ratings
+    /// `(user, item)` int64 and `rating` float32; svmlight `(labels float64, indptr int64,
+    /// indices int64, values float64)`.
+    fn take<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let out = match self.stream.take() {
+            Parsed::Edges(e) => vec![array(py, Owned::I64(e.src))?, array(py, Owned::I64(e.dst))?],
+            Parsed::Ratings(r) => vec![array(py, Owned::I64(r.users))?, array(py, Owned::I64(r.items))?, array(py, Owned::F32(r.ratings))?],
+            Parsed::Svmlight(s) => vec![array(py, Owned::F64(s.labels))?, array(py, Owned::I64(s.indptr))?, array(py, Owned::I64(s.indices))?, array(py, Owned::F64(s.values))?],
+        };
+        pyo3::types::PyTuple::new(py, out)
     }
 }
