@@ -354,7 +354,7 @@ def test_mf_and_sgd_single_stream_read_once(tmp_path):
             "a, b = load_rows(g, sys.argv[1]), load_rows(g, sys.argv[2])\n"
             "n = g.allreduce(np.array([a.labels.size, b.labels.size, a.indices.size, b.indices.size], np.int64))\n"
             "assert n[0] == n[1] == 3000 and n[2] == n[3], n\n"
-            "assert a.dim == b.dim == 25, (a.dim, b.dim)\n")
+            "assert a.dim == b.dim == 24, (a.dim, b.dim)\n")
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "3", "--", sys.executable, "-c", code,
                         str(sp), str(sg)], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
