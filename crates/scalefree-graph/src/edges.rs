@@ -213,6 +213,9 @@ pub fn sort_dedup_pairs(pairs: &[u32]) -> Result<(Vec<u32>, Vec<u32>), String> {
     sort_dedup_pairs_as(pairs)
 }
 
+/// Edges as two id columns, `(src, dst)`.
+pub type Pairs<O> = (Vec<O>, Vec<O>);
+
 /// The distinct edges of `(src, dst)` if the edges are already in non-decreasing (src, dst)
 /// order (as u64 values), as ids of type `O`; None as soon as one edge is below the one
 /// before it (the caller then sorts: [`sort_dedup_pairs_as`]). One pass to check and count,
@@ -220,7 +223,7 @@ pub fn sort_dedup_pairs(pairs: &[u32]) -> Result<(Vec<u32>, Vec<u32>), String> {
 /// gives each rank of a load: its share, a run of the sorted edges.
 ///
 /// Errors: `src`/`dst` lengths differ, or an id too large for `O`.
-pub fn dedup_sorted_as<I: Id, O: Id>(src: &[I], dst: &[I]) -> Result<Option<(Vec<O>, Vec<O>)>, String> {
+pub fn dedup_sorted_as<I: Id, O: Id>(src: &[I], dst: &[I]) -> Result<Option<Pairs<O>>, String> {
     if src.len() != dst.len() {
         return Err(format!("dedup_sorted: {} source ids but {} target ids", src.len(), dst.len()));
     }
