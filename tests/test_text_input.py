@@ -197,6 +197,12 @@ def _cli(*args, timeout=180):
                           timeout=timeout)
 
 
+def _ranks(n, code, *args):
+    """``code`` run by ``n`` ranks (``scalefree run``) with ``args`` as ``sys.argv[1:]``."""
+    return subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-c", code,
+                           *map(str, args)], capture_output=True, text=True, timeout=180)
+
+
 def test_cli_pagerank_same_top_from_csv_parts_gz_members_and_text(tmp_path):
     from scalefree.graph.rmat import write_rmat
 
@@ -236,8 +242,7 @@ def test_single_stream_handed_out_by_one_rank(tmp_path, n):
             "g = scalefree.init()\n"
             "s, d = stream_share(g, sys.argv[1], chunk_bytes=10000)\n"
             "np.save(sys.argv[2] + f'/{g.rank}.npy', np.stack([s, d]))\n")
-    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", str(n), "--", sys.executable, "-c", code,
-                        str(f), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    p = _ranks(n, code, f, tmp_path)
     assert p.returncode == 0, p.stderr
     got = np.concatenate([np.load(tmp_path / f"{r}.npy") for r in range(n)], axis=1)
     assert len(np.load(tmp_path / "0.npy")[0]) == 0  # the reader parses nothing
@@ -344,19 +349,16 @@ def test_mf_and_sgd_single_stream_read_once(tmp_path):
         counts.append((int(words[k - 1]), int(words[k + 2])))
     assert counts[0] == counts[1] and sum(counts[0]) == n, counts
     rows = "".join(f"{1 if k % 3 else -1} {k % 11 + 1}:1 {k % 13 + 12}:0.5\n" for k in range(3000))
-    sp = tmp_path / "s.svm"
-    sp.write_text(rows)
-    sg = tmp_path / "s.svm.gz"
-    sg.write_bytes(gzip.compress(rows.encode()))
-    code = ("import sys, numpy as np, scalefree\n"
-            "from scalefree.sgd.logreg import load_rows\n"
-            "g = scalefree.init()\n"
-            "a, b = load_rows(g, sys.argv[1]), load_rows(g, sys.argv[2])\n"
-            "n = g.allreduce(np.array([a.labels.size, b.labels.size, a.indices.size, b.indices.size], np.int64))\n"
-            "assert n[0] == n[1] == 3000 and n[2] == n[3], n\n"
-            "assert a.dim == b.dim == 24, (a.dim, b.dim)\n")
-    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "3", "--", sys.executable, "-c", code,
-                        str(sp), str(sg)], capture_output=True, text=True, timeout=180)
+    (sp := tmp_path / "s.svm").write_text(rows)
+    (sg := tmp_path / "s.svm.gz").write_bytes(gzip.compress(rows.encode()))
+    code = "\n".join(["import sys, numpy as np, scalefree",
+                      "from scalefree.sgd.logreg import load_rows",
+                      "g = scalefree.init()",
+                      "a, b = load_rows(g, sys.argv[1]), load_rows(g, sys.argv[2])",
+                      "n = g.allreduce(np.array([a.labels.size, b.labels.size, a.indices.size, b.indices.size]))",
+                      "assert n[0] == n[1] == 3000 and n[2] == n[3], n",
+                      "assert a.dim == b.dim == 24, (a.dim, b.dim)"])
+    p = _ranks(3, code, sp, sg)
     assert p.returncode == 0, p.stderr
 
 
