@@ -414,26 +414,28 @@ def _mtx_share(path, rank, size):
     return src, dst
 
 
-def _single_gzip_stream(path, delimiter, header):
+def _single_gzip_stream(path, delimiter, header, ranks: int):
     """The opened ``_native.TextStream`` if ``path`` is one text edge list in one gzip stream
-    (which ranks cannot split), else None."""
+    (which ranks cannot split), else None; its chunks sized for ``ranks``."""
     if _binary(path):
         return None
-    return _text_stream.single_gzip_stream(path, "edges", delimiter, header)
+    return _text_stream.single_gzip_stream(path, "edges", delimiter, header, ranks)
 
 
-def stream_share(group, path, delimiter: str | None = None, header: str = "auto", chunk_bytes: int = 4 << 20,
+def stream_share(group, path, delimiter: str | None = None, header: str = "auto", chunk_bytes: int | None = None,
                  stream=None):
     """Collective: this rank's edges of an edge list in one gzip stream, which cannot be cut
     by members: rank 0 decompresses the stream once and hands its chunks (about
     ``chunk_bytes`` of text, cut at line ends) to ranks 1 .. P-1, which parse them
     (:func:`scalefree._text_stream.stream_share`). Rank 0 gets no edges; the stream is
-    decompressed once instead of once per rank. A bad line raises on the rank that parses it,
-    naming the file and line. ``stream``: the stream already opened (with the default chunk
-    size)."""
+    decompressed once instead of once per rank. ``chunk_bytes``: text per chunk (default
+    :func:`scalefree._text_stream.chunk_bytes_for` the group's size). A bad line raises on the rank that parses it,
+    naming the file and line. ``stream``: the stream already opened (its chunk size then
+    holds)."""
     from .. import _native
 
     if stream is None:
+        chunk_bytes = _text_stream.chunk_bytes_for(group.size) if chunk_bytes is None else chunk_bytes
         stream = _native.TextStream(str(path), "edges", delimiter, header, chunk_bytes)
     got = _text_stream.stream_share(group, stream)
     if not got:
@@ -564,7 +566,7 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
 
         bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
     try:
-        stream = _single_gzip_stream(path, delimiter, header) if replication == 1 and m > 1 else None
+        stream = _single_gzip_stream(path, delimiter, header, m) if replication == 1 and m > 1 else None
         if stream is not None:
             src, dst = stream_share(group, path, delimiter, header, stream=stream)
         else:

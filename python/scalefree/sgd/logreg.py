@@ -108,7 +108,8 @@ def _share_or_stream(group, path, header: str):
     stream = None
     if group.size > 1 and Path(path).is_file():
         try:
-            stream = _text_stream.single_gzip_stream(path, "svmlight", None, header, max_index=MAX_FEATURES - 1)
+            stream = _text_stream.single_gzip_stream(path, "svmlight", None, header, group.size,
+                                                     max_index=MAX_FEATURES - 1)
         except DataError as e:
             raise SvmlightError(str(e)) from None
     if stream is None:

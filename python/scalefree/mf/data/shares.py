@@ -167,7 +167,7 @@ class _Source:
         # to the others (read(0) is then collective; rank 0 holds no ratings).
         self.stream = None
         if group is not None and size > 1 and self.columnar is None and not self.cache and len(self.parts) == 1:
-            self.stream = _text_stream.single_gzip_stream(self.parts[0], "ratings", delimiter, header)
+            self.stream = _text_stream.single_gzip_stream(self.parts[0], "ratings", delimiter, header, size)
         self._ids = None
 
     def read(self, j: int):
