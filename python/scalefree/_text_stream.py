@@ -25,7 +25,7 @@ _END = np.uint64(2**64 - 1)  # the stream is done
 _NONE = np.uint64(2**64 - 2)  # no chunk for this rank in this round
 
 # Text per round of chunks: each round costs a collective whatever its size, so a round
-# carries about this much however many ranks parse (4 MiB chunks at 2 ranks made 270 rounds
+# carries about this much however many ranks parse (4 MiB chunks at 2 ranks made about 260 rounds
 # of 1 GB, and the job's read took longer than decompressing and parsing on one rank).
 ROUND_BYTES = 48 << 20
 MIN_CHUNK_BYTES = 4 << 20
