@@ -423,6 +423,12 @@ def test_flash_topics_reads_docword_as_exported(tmp_path):
     assert all(t == tops[0] for t in tops), tops
     bad = tmp_path / "docword.b.csv"
     bad.write_text("doc,word,count\n1,2,3\n1,3,x\n")
-    p = _cli("flash", "topics", str(bad), "-k", "2", "-q")
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2 and len(lines) == 1 and "docword.b.csv" in lines[0] and "line 3" in lines[0], p.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "part-00000.csv").write_text("doc,word,count\n1,2,3\n")
+    (other / "part-00001.csv").write_text("d,w,n\n2,2,3\n")
+    for path, want in ((bad, "line 3: cannot read the count from 'x'"),
+                       (other, "part-00001.csv: line 1: the part starts with 'd,w,n', not the header")):
+        p = _cli("flash", "topics", str(path), "-k", "2", "-q")
+        lines = [x for x in p.stderr.splitlines() if x.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and want in lines[0], p.stderr
