@@ -55,11 +55,11 @@ def single_gzip_stream(path, kind: str, delimiter: str | None = None, header: st
 
 
 def stream_share(group, stream) -> list[tuple]:
-    """Collective: the pieces this rank parsed of ``stream`` (opened on every rank), each what
-    ``stream.take()`` returns; rank 0 parses none. Rank 0 decompresses the next round on a
-    thread while the current one is sent (the decompression releases the GIL). No rank holds
-    more than two rounds of text besides what it parsed. Raises on the rank that met the
-    error, after the last round (module doc)."""
+    """Collective: what this rank parsed of ``stream`` (opened on every rank), as a list of
+    what ``stream.take()`` returns: one item on a parsing rank, none on rank 0, which
+    decompresses the next round on a thread while the current one is sent (the
+    decompression releases the GIL). No rank holds more than two rounds of text besides what
+    it parsed. Raises on the rank that met the error, after the last round (module doc)."""
     if group.rank != 0:
         return _receive(group, stream)
     with ThreadPoolExecutor(1, thread_name_prefix="scalefree-inflate") as pool:
@@ -97,9 +97,9 @@ def _hand_out(group, stream, pool) -> list[tuple]:
 
 
 def _receive(group, stream) -> list[tuple]:
-    """A parsing rank's side of :func:`stream_share`."""
+    """A parsing rank's side of :func:`stream_share`: the chunks are parsed into the stream's
+    own growing arrays and taken once at the end (no second copy of the share to join pieces)."""
     P = group.size
-    got: list[tuple] = []
     error: Exception | None = None
     counts = np.zeros(P, np.int64)
     while True:
@@ -110,9 +110,9 @@ def _receive(group, stream) -> list[tuple]:
         if head != _NONE and error is None:
             try:
                 stream.parse(received[8:], int(head))
-                got.append(stream.take())
             except DataError as e:
                 error = e
+        del received
     if error is not None:
         raise error
-    return got
+    return [stream.take()]

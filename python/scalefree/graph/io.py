@@ -438,9 +438,7 @@ def stream_share(group, path, delimiter: str | None = None, header: str = "auto"
         chunk_bytes = _text_stream.chunk_bytes_for(group.size) if chunk_bytes is None else chunk_bytes
         stream = _native.TextStream(str(path), "edges", delimiter, header, chunk_bytes)
     got = _text_stream.stream_share(group, stream)
-    if not got:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate([s for s, _ in got]), np.concatenate([d for _, d in got])
+    return got[0] if got else (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def edge_owner(src, dst, size: int) -> np.ndarray:

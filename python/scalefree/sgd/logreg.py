@@ -118,12 +118,7 @@ def _share_or_stream(group, path, header: str):
         got = _text_stream.stream_share(group, stream)
     except DataError as e:
         raise SvmlightError(str(e)) from None
-    if not got:
-        return np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    starts = np.cumsum([0] + [int(p[1][-1]) for p in got[:-1]])
-    indptr = np.concatenate([[0]] + [p[1][1:] + s for p, s in zip(got, starts)]).astype(np.int64)
-    return (np.concatenate([p[0] for p in got]), indptr, np.concatenate([p[2] for p in got]),
-            np.concatenate([p[3] for p in got]))
+    return got[0] if got else (np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0))
 
 
 def _rows(path, labels, indptr, indices, values, zero_based: bool, dim: int) -> SparseRows:

@@ -177,9 +177,7 @@ class _Source:
             from ... import _text_stream
 
             got = _text_stream.stream_share(self.group, self.stream)
-            if not got:
-                return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-            return tuple(np.concatenate([p[k] for p in got]) for k in range(3))
+            return got[0] if got else (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
         if self.columnar is not None:
             from ... import _columnar
 
