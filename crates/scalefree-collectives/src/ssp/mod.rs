@@ -107,6 +107,11 @@ impl Variant {
 /// under `variant="auto"` (see `docs/benchmarks/ssp.md` for the crossover measured).
 pub const RING_MIN_BYTES: usize = 1 << 20;
 
+/// `SCALEFREE_SSP_RING_MIN_BYTES` (bytes), or [`RING_MIN_BYTES`].
+pub fn ring_min_bytes() -> usize {
+    std::env::var("SCALEFREE_SSP_RING_MIN_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(RING_MIN_BYTES)
+}
+
 /// In which order a worker of the sharded variants pushes to the shards (and a shard
 /// delivers to the workers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
