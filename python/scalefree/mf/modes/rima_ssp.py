@@ -167,16 +167,45 @@ def train(group, part, opts: dict, w: int, r: int, c: int, V: int, bp, bq, dirs,
                 owed.popleft()
             send_ready()
 
+    def resolve(h: Held, step: int) -> None:
+        """The block that came in for ``step``: the predecessor's version, or (room and a copy
+        of its last lap permitting) the copy here, to be merged when the version comes."""
+        nonlocal waited, stale_steps
+        side = h.side
+        service()
+        # A stale step needs room (fewer than S blocks owed) and a copy from the block's last
+        # lap through this rank: an older one (the initial factors, a side that has not moved
+        # for a while) would make the delta count much of what the others did since twice.
+        lap = cached_at[side][h.id] == step - 1 + c - V  # it left from the last of our c places
+        if S == 0 or not lap or (not owed and slots[f"{side}{pred}_{h.seq % K}"].poll()):
+            # The predecessor sends in order: what is owed comes first (and frees the slots
+            # it would need), so waiting for it costs nothing more.
+            service(block_until=lambda: not owed)
+            w0 = time.perf_counter()
+            slot = slots[f"{side}{pred}_{h.seq % K}"]
+            h.cur = slot.recv().copy()
+            slot.release()
+            waited += time.perf_counter() - w0
+        else:
+            h.cur = cache[side][h.id].copy()
+            h.base = cache[side][h.id].copy()
+            owed.append(h)
+            service(block_until=lambda: len(owed) <= S)
+            stale_steps += h.base is not None
+
     group.barrier()
     t0 = time.perf_counter()
     total = iters * V
     for step in range(total):
         it = step // V
-        if delays[step]:
-            time.sleep(delays[step])
         side = None if step + 1 == total else "qp"[dirs[(step + 1) // V]]
         for n, j in enumerate(order):
             hp, hq = held["p"][j], held["q"][j]
+            for h in (hp, hq):
+                if h.cur is None:
+                    resolve(h, step)  # as late as it can be: the predecessor had the most time
+            if n == 0 and delays[step]:
+                time.sleep(delays[step])  # a slow step: its training takes longer, with its blocks in hand
             losses[it] += train_block(part, hp.id, hq.id, view(hp), view(hq), opts, rng, None, first=it == 0)
             if n == 0 and side is not None:
                 held[side][c - 1].sent_after = step
@@ -195,31 +224,11 @@ def train(group, part, opts: dict, w: int, r: int, c: int, V: int, bp, bq, dirs,
                 tick(it + 1)
         if side is None:
             continue
-        # One-step transformation: virtual worker v takes the block of v − 1.
-        nid = int((bp if side == "p" else bq)[step + 1][r * c])
-        h = Held(side, nid, None)
+        # One-step transformation: virtual worker v takes the block of v − 1 (resolved when
+        # first trained).
+        h = Held(side, int((bp if side == "p" else bq)[step + 1][r * c]), None)
         h.seq = nrecv[side]
         nrecv[side] += 1
-        service()
-        # A stale step needs room (fewer than S blocks owed) and a copy from the block's last
-        # lap through this rank: older ones (the initial factors, a side that has not moved
-        # for a while) would make the delta count what the others did since twice.
-        lap = cached_at[side][nid] == step + c - V  # it left from the last of our c places
-        if S == 0 or not lap or (not owed and slots[f"{side}{pred}_{h.seq % K}"].poll()):
-            # The predecessor sends in order: what is owed comes first (and frees the slots
-            # it would need), so waiting for it costs nothing more.
-            service(block_until=lambda: not owed)
-            w0 = time.perf_counter()
-            slot = slots[f"{side}{pred}_{h.seq % K}"]
-            h.cur = slot.recv().copy()
-            slot.release()
-            waited += time.perf_counter() - w0
-        else:
-            h.cur = cache[side][nid].copy()
-            h.base = cache[side][nid].copy()
-            owed.append(h)
-            service(block_until=lambda: len(owed) <= S)
-            stale_steps += h.base is not None
         held[side] = [h] + held[side][:c - 1]
     service(block_until=lambda: not owed)
     for f in futures:
