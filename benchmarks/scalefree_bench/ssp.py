@@ -149,7 +149,7 @@ def _record(impl: str, n: int, size: int, args, rows: list[dict]) -> dict:
     row0 = rows[0]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     variant = row0["variant"] if impl == "scalefree" else "allreduce"
-    order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube") else ""
+    order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube", "ring") else ""
     rec = common.make_record(
         push_order=order,
         bench=BENCH, impl=impl, variant=variant, ranks=n, nbytes=size, dtype="float32",

@@ -29,7 +29,7 @@ use scalefree_transport::{Device, Error, Result};
 pub(crate) use scalefree_transport::mesh::{Mesh, MESH_HEADER};
 
 pub(crate) use crate::reduce::fill_identity;
-use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, DType, ReduceOp};
+use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, reduce_update, DType, ReduceOp};
 
 /// Which SSP design a reduction uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,6 +463,10 @@ impl Kind {
                 }
             }
         }
+    }
+    /// `h op= c`, then `dst = a op h` (or `h`) over `n` bytes, one pass.
+    pub(crate) fn update(&self, h: *mut u8, c: *const u8, a: Option<*const u8>, dst: *mut u8, nbytes: usize) {
+        unsafe { reduce_update(self.dtype, self.op, h, c, a, dst, nbytes / self.dtype.size_bytes()) }
     }
     /// `dst = a op b` over `n` bytes.
     pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {

@@ -51,8 +51,8 @@ pub(crate) struct Ring {
     me: usize,
     /// Byte range of each segment.
     seg: Vec<(usize, usize)>,
+    /// This rank's history (the identity before the first call).
     history: Buf,
-    has_history: bool,
     /// By slot (`s` forward, `p + s` backward); `None` where the chain does not pass.
     outs: Vec<Option<Sender>>,
     ins: Vec<Option<Receiver>>,
@@ -97,6 +97,8 @@ impl Ring {
                 }
             }
         }
+        let mut history = Buf::new(count * esize);
+        super::fill_identity(dtype, op, history.bytes_mut());
         // Peers may publish as soon as they return from here.
         dev.exchange_bytes(&[])?;
         Ok(Ring {
@@ -106,8 +108,7 @@ impl Ring {
             p,
             me,
             seg,
-            history: Buf::new(count * esize),
-            has_history: false,
+            history,
             outs,
             ins,
             tmp: Buf::new(seg_max),
@@ -155,35 +156,45 @@ impl Ring {
     }
 
     /// Publishes `partial ⊕ history` of segment `s` (or the history alone) on `slot`,
-    /// computed straight into the partner's buffer when it is mapped.
-    fn send(&mut self, slot: usize, s: usize, partial: Option<*const u8>, age: u64) -> Result<()> {
+    /// computed straight into the partner's buffer when it is mapped; with `update` (this
+    /// call's contribution, at the segment's first hop of the call) the history takes it in
+    /// the same pass. Returns the published data when it stays readable for the rest of the
+    /// call (a mapped partner's buffer: only this rank writes it, and not before its next
+    /// publish on the slot).
+    fn send(&mut self, slot: usize, s: usize, partial: Option<*const u8>, age: u64, update: Option<*const u8>) -> Result<Option<*const u8>> {
         let (lo, hi) = self.seg[s];
         let n = hi - lo;
-        let h = unsafe { self.history.ptr().add(lo) };
+        let h = unsafe { self.history.mut_ptr().add(lo) };
         let kind = self.kind;
         let out = self.outs[slot].as_mut().expect("the chain passes here");
         let back = out.back(&self.mesh, &self.layout);
         let dst = back.unwrap_or(self.tmp.mut_ptr());
-        match partial {
-            Some(q) => kind.acc3(dst, q, h, n),
-            None => unsafe { std::ptr::copy_nonoverlapping(h, dst, n) },
+        match (update, partial) {
+            (Some(c), _) => kind.update(h, unsafe { c.add(lo) }, partial, dst, n),
+            (None, Some(q)) => kind.acc3(dst, q, h, n),
+            (None, None) => unsafe { std::ptr::copy_nonoverlapping(h, dst, n) },
         }
         match back {
-            Some(_) => {
+            Some(b) => {
                 out.commit(&self.mesh, &self.layout, age);
-                Ok(())
+                Ok(Some(b as *const u8))
             }
-            None => out.publish(&self.mesh, &self.layout, self.tmp.ptr(), age),
+            None => out.publish(&self.mesh, &self.layout, self.tmp.ptr(), age).map(|_| None),
         }
     }
 
     /// One pass around the ring: `p - 1` steps, each the forward and the backward hop of
-    /// the segments at that position. `own_age` is the age of this rank's history; returns
-    /// the age of the result written into `out`.
-    fn round(&mut self, out: &mut [u8], own_age: u64, need: u64, block: bool, waited: &mut Duration) -> Result<u64> {
+    /// the segments at that position. `own_age` is the age of this rank's history, which
+    /// takes `contribution` in at each segment's first hop; returns the age of the result
+    /// written into `out`.
+    fn round(&mut self, out: &mut [u8], contribution: Option<&[u8]>, own_age: u64, need: u64, block: bool, waited: &mut Duration) -> Result<u64> {
         let (p, me) = (self.p, self.me);
         // Age of the partial received on each slot (FINAL: none on this slot).
         let mut ages = vec![FINAL; 2 * p];
+        // Whether segment s of the history has taken the contribution; what was sent forward.
+        let mut updated = vec![contribution.is_none(); p];
+        let mut forwarded: Vec<Option<*const u8>> = vec![None; p];
+        let c = contribution.map(|c| c.as_ptr());
         for k in 0..p {
             for dir in [Dir::Forward, Dir::Backward] {
                 let s = match dir {
@@ -200,17 +211,34 @@ impl Ring {
                     age = age.min(a);
                 }
                 if k + 2 <= p {
-                    self.send(slot, s, partial, age)?;
+                    let update = (!updated[s]).then_some(c).flatten();
+                    updated[s] = true;
+                    let sent = self.send(slot, s, partial, age, update)?;
+                    if dir == Dir::Forward {
+                        forwarded[s] = sent;
+                    }
                 }
             }
+        }
+        for s in (0..p).filter(|&s| !updated[s]) {
+            // No hop this call (one rank): the contribution goes in on its own.
+            let (lo, hi) = self.seg[s];
+            let c = c.expect("not updated: a contribution");
+            self.kind.acc(unsafe { self.history.mut_ptr().add(lo) }, unsafe { c.add(lo) }, hi - lo);
         }
         let mut age = own_age;
         for s in 0..p {
             let (lo, hi) = self.seg[s];
             let (f, b) = (self.slot(Dir::Forward, s), self.slot(Dir::Backward, s));
             let mut srcs = Vec::with_capacity(3);
-            srcs.extend(self.ins[f].is_some().then(|| self.held(f, ages[f])).flatten());
-            srcs.push(unsafe { self.history.ptr().add(lo) });
+            match forwarded[s] {
+                // prefix ⊕ history as sent on: one input less to read.
+                Some(fw) => srcs.push(fw),
+                None => {
+                    srcs.extend(self.ins[f].is_some().then(|| self.held(f, ages[f])).flatten());
+                    srcs.push(unsafe { self.history.ptr().add(lo) });
+                }
+            }
             srcs.extend(self.ins[b].is_some().then(|| self.held(b, ages[b])).flatten());
             self.kind.combine(unsafe { out.as_mut_ptr().add(lo) }, &srcs, hi - lo);
             age = age.min(ages[f]).min(ages[b]);
@@ -219,14 +247,8 @@ impl Ring {
     }
 
     pub(crate) fn allreduce(&mut self, contribution: &[u8], out: &mut [u8], clock: u64, slack: u64) -> Result<(Duration, u64)> {
-        if self.has_history {
-            self.kind.acc(self.history.mut_ptr(), contribution.as_ptr(), contribution.len());
-        } else {
-            self.history.bytes_mut().copy_from_slice(contribution);
-            self.has_history = true;
-        }
         let mut waited = Duration::ZERO;
-        let age = self.round(out, clock, clock.saturating_sub(slack), true, &mut waited)?;
+        let age = self.round(out, Some(contribution), clock, clock.saturating_sub(slack), true, &mut waited)?;
         Ok((waited, age.min(clock)))
     }
 
@@ -234,15 +256,11 @@ impl Ring {
     /// received is final and every one of ours was sent; then waits until every partner
     /// has flushed too (it may still acknowledge ours, so this rank's region must stay).
     pub(crate) fn flush(&mut self, out: &mut [u8]) -> Result<()> {
-        if !self.has_history {
-            super::fill_identity(self.kind.dtype, self.kind.op, self.history.bytes_mut());
-            self.has_history = true;
-        }
         let mut waited = Duration::ZERO;
         let what = || "every rank to flush its SSP reduction".to_string();
         loop {
             let seen = self.mesh.my_bell();
-            if self.round(out, FINAL, FINAL, false, &mut waited)? == FINAL && !self.outs.iter().flatten().any(Sender::pending) {
+            if self.round(out, None, FINAL, FINAL, false, &mut waited)? == FINAL && !self.outs.iter().flatten().any(Sender::pending) {
                 break;
             }
             self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
