@@ -34,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", default=None)
     p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--blocks", type=int, default=None, help="rima: blocks per side (2w by default, or w)")
     p.add_argument("--lam", type=float, default=0.1, help="sgd and rima")
     p.add_argument("--eta", type=float, default=None, help="sgd (default 0.5) and rima (default 0.1)")
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
@@ -134,7 +135,7 @@ def _rima(g, args, k: int, iters: int) -> int:
     tr, te = mfm.split_ratings(args.data, 0.1, args.seed)
     m = mfm.MatrixFactorization(k=k, mode="rima", iterations=iters, seed=args.seed, lam=args.lam,
                                 eta=0.1 if args.eta is None else args.eta, slack=args.slack,
-                                straggler_ms=args.straggler)
+                                straggler_ms=args.straggler, blocks=args.blocks)
     m.fit(tr, te, eval_every=1)
     if g.rank != 0:
         write_rank_result(args.out, g.rank, {"history": [], "loop_s": m.history[-1]["seconds"]})

@@ -43,6 +43,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--straggler", type=arg(common.non_negative_float), default=20.0, metavar="MS")
     p.add_argument("-k", type=arg(common.positive_int), default=None, help="rank of the factorization (sgd 32, bpmf 10, rima 32)")
     p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
+    p.add_argument("--blocks", type=arg(common.positive_int), default=None,
+                   help="rima: blocks per side (default 2 x ranks; or ranks)")
     p.add_argument("--timeout", type=arg(common.positive_float), default=600.0)
     common.add_output_args(p)
     p.set_defaults(func=run)
@@ -56,6 +58,8 @@ def _train(args, slack: int, iters: int, tmp: Path) -> dict:
     argv = [sys.executable, "-m", "scalefree_bench._worker_ssp_mf", args.model, str(args.data), "--slack", str(slack),
             "--iters", str(iters), "--variant", args.variant, "--straggler", repr(args.straggler),
             "-k", str(args.k), "--seed", str(args.seed), "--out", str(out)]
+    if args.blocks:
+        argv += ["--blocks", str(args.blocks)]
     outcome = common.run_job(common.launcher_cmd(args.ranks, argv), timeout_s=args.timeout)
     if not outcome.ok:
         raise RuntimeError(f"slack {slack}: {outcome.describe()}")
