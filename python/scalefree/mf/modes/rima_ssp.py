@@ -4,10 +4,11 @@ need not wait for its predecessor's block to start the next ring step.
 The ring and its pattern sequence are :mod:`.rima`'s. At each step one side moves: rank r
 passes its block of that side to r + 1 and takes the one r − 1 trained in the previous
 step. Synchronous Rima waits for it. Here, while fewer than ``S`` blocks are still owed to
-it, rank r trains on the copy of that block it holds — the version it last saw (when the
-block last passed through it, or the seeded initial factors) — and keeps that copy as the
-block's *base*. When the predecessor's block arrives, the two lines of updates are merged
-by delta::
+it, rank r trains on the copy of that block it holds — the version that left it one lap
+earlier (older copies, the initial factors included, are never used: their delta would count
+much of what the others did since twice) — and keeps that copy as the block's *base*. The
+incoming block is resolved when its pair is first trained, as late as possible. When the
+predecessor's block arrives, the two lines of updates are merged by delta::
 
     merged = fresh + (trained − base)
 
