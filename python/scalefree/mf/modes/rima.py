@@ -175,8 +175,6 @@ def train(group, train_ratings, opts: dict) -> dict:
     if shared:
         trains = trained_blocks(w, c, bp, bq)
         keep = ([r * c + j for j in range(c)],) * 2  # initial P/Q: this rank's blocks only
-        if stale:
-            keep = (range(V),) * 2  # a stale step may start from any block's initial factors
     try:
         if shared:
             # Every rank reads its share of the file; the ratings of each block go to the ranks

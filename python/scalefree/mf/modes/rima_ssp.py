@@ -100,13 +100,13 @@ def train(group, part, opts: dict, w: int, r: int, c: int, V: int, bp, bq, dirs,
                   dict(name=f"sq{a}", src=a, dst=0, shape=(iters + 1, c, qsize), dtype="float32"),
                   dict(name=f"st{a}", src=a, dst=0, shape=(2 * iters + 4,), dtype="float64")]
     slots = tensors.static_slots(group, specs)
-    # The version of every block this rank last saw: the fallback a stale step trains on.
-    cache = {"p": [part.p_block(v).flat for v in range(V)], "q": [part.q_block(v).flat for v in range(V)]}
-    # The step after which each copy was taken (-V - 1: the initial factors, never a base).
+    # The version of each block that last left this rank, and the step after which it left:
+    # what a stale step starts from, if it left one lap ago (never the initial factors).
+    cache: dict[str, list] = {"p": [None] * V, "q": [None] * V}
     cached_at = {"p": [-V - 1] * V, "q": [-V - 1] * V}
-    part.drop_initial()
-    held = {"p": [Held("p", int(bp[0][r * c + j]), cache["p"][int(bp[0][r * c + j])].copy()) for j in range(c)],
-            "q": [Held("q", int(bq[0][r * c + j]), cache["q"][int(bq[0][r * c + j])].copy()) for j in range(c)]}
+    held = {"p": [Held("p", int(bp[0][r * c + j]), part.p_block(int(bp[0][r * c + j])).flat) for j in range(c)],
+            "q": [Held("q", int(bq[0][r * c + j]), part.q_block(int(bq[0][r * c + j])).flat) for j in range(c)]}
+    part.drop_initial()  # every other block reaches this rank through the ring
     rows = {"p": (part.urows, part.urows_max), "q": (part.irows, part.irows_max)}
     owed: deque[Held] = deque()  # blocks trained on a stale copy, oldest first
     outq = {"p": deque(), "q": deque()}  # passed on, sent once final, in order
