@@ -186,7 +186,7 @@ print("ok", flush=True)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("variant", ["hypercube", "sharded_async_thread"])
+@pytest.mark.parametrize("variant", ["hypercube", "sharded_async_thread", "ring"])
 def test_delta_mode_applies_every_contribution_once(n, variant):
     """allreduce_delta (DDP's SSP hook): the deltas add up to the bounded-staleness results,
     and with flush_delta to the exact total. Two ranks on the hypercube take the one-pass path
