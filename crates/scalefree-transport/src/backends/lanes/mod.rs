@@ -41,6 +41,7 @@ mod gate;
 mod handshake;
 mod landing;
 mod reader;
+mod sealing;
 mod striping;
 mod writer;
 
@@ -58,6 +59,7 @@ use std::time::Duration;
 
 use framing::{send_now, write_frame_or, Frame, FRAME_LEN, KIND_FENCE, KIND_NOTIFY, KIND_WRITE};
 use reader::{drain, read_loop, Reader};
+use sealing::{wire_len, Sealer};
 use striping::{Fences, Stripe, STRIPE_MIN};
 use writer::{help, write_loop, State, Job};
 use crate::auth::Key;
@@ -120,6 +122,9 @@ pub(crate) struct Lane {
     stripe: Mutex<Stripe>,
     /// The fences the extra streams delivered (shared by all of a peer's streams).
     fences: Arc<Fences>,
+    /// The sending half of a sealed stream (`SCALEFREE_ENCRYPT=1`), locked by whoever sends
+    /// a frame (one at a time anyway, see [`State::busy`]).
+    seal: Option<Mutex<Sealer>>,
 }
 
 /// The lanes of one rank: one per peer on another host that offered one.
@@ -134,6 +139,8 @@ pub(crate) struct Lanes {
     /// yielding waiter would keep: the process's waits skip their yield phase (measured on 4
     /// simulated hosts: 1 MiB allreduce 3.7 -> 1.9 ms).
     helper: Option<crate::wait::HelperThread>,
+    /// Every frame is sealed (see [`sealing`]).
+    sealed: bool,
 }
 
 /// The lane setting: `None` off, `Some(true)` forced, `Some(false)` auto.
@@ -149,14 +156,15 @@ impl Lanes {
     /// Collective between the ranks in `connect` (true: open a lane to that rank; both sides
     /// must agree): lower ranks are dialled by higher ones. `offers[r]` is rank `r`'s
     /// listening address and stream count; a pair opens as many streams as the smaller of
-    /// its two offers. Every lane proves both ends know the job's key (`lane_key`).
-    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, timeout: Duration) -> Result<Lanes> {
+    /// its two offers. Every lane proves both ends know the job's key (`lane_key`); with
+    /// `sealed`, every frame is sealed too, with keys of each stream's own (see [`sealing`]).
+    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration) -> Result<Lanes> {
         let me = to.rank() as usize;
-        let streams = handshake::connect(me, listener, offers, connect, key, timeout)?;
+        let streams = handshake::connect(me, listener, offers, connect, key, sealed, timeout)?;
         let sh = Arc::new(Link { to, landing: Landing::default() });
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
-        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None };
+        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None, sealed };
         for (r, ss) in streams.into_iter().enumerate() {
             if ss.iter().any(|s| s.is_none()) {
                 continue;
@@ -164,7 +172,8 @@ impl Lanes {
             let fences = Arc::new(Fences { seen: Mutex::new(vec![0; ss.len()]), cv: Condvar::new() });
             let mut made: Vec<Arc<Lane>> = Vec::new();
             for (i, s) in ss.into_iter().enumerate().rev() {
-                let s = s.expect("checked above");
+                let (s, seal) = s.expect("checked above");
+                let (seal, open) = seal.map_or((None, None), |(se, op)| (Some(Mutex::new(se)), Some(op)));
                 s.set_nodelay(true).ok();
                 let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
@@ -174,12 +183,13 @@ impl Lanes {
                     stream: s,
                     state: Mutex::new(State { queue: VecDeque::new(), busy: false, helpers: 0, closed: false, failed: None }),
                     cv: Condvar::new(),
-                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
+                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false, open }),
                     index: i,
                     // Built last (streams in reverse): the first stream holds the others.
                     extra: if i == 0 { made.iter().rev().cloned().collect() } else { Vec::new() },
                     stripe: Mutex::new(Stripe::default()),
                     fences: fences.clone(),
+                    seal,
                 });
                 let (l, shr, g) = (lane.clone(), sh.clone(), gate.clone());
                 lanes.threads.push(
@@ -213,6 +223,11 @@ impl Lanes {
 
     pub fn has(&self, peer: u32) -> bool {
         self.send_on.get(peer as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether the lanes seal their frames (`SCALEFREE_ENCRYPT=1`).
+    pub fn sealed(&self) -> bool {
+        self.sealed
     }
 
     /// Any lane at all (for reporting).
@@ -302,7 +317,7 @@ impl Lanes {
                     self.gate.end_lease()
                 }
             };
-            if let Err(e) = write_frame_or(&lane.stream, &frame, data, &on_block) {
+            if let Err(e) = write_frame_or(&lane.stream, lane.seal.as_ref(), &frame, data, &on_block) {
                 let why = format!("TCP lane to rank {peer} failed: {e}");
                 st.failed = Some(why.clone());
                 return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
@@ -314,8 +329,8 @@ impl Lanes {
             // Idle lane, large frame: what the socket takes now goes from here; the writer
             // thread (or a waiter, see [`help`]) sends the rest.
             let data = unsafe { std::slice::from_raw_parts(src, n) };
-            match send_now(&lane.stream, &frame, data) {
-                Ok(k) if k == FRAME_LEN + n => return Ok(None),
+            match send_now(&lane.stream, lane.seal.as_ref(), &frame, data) {
+                Ok(k) if k == wire_len(n, lane.seal.is_some()) => return Ok(None),
                 Ok(k) => sent = k,
                 Err(e) => {
                     let why = format!("TCP lane to rank {peer} failed: {e}");

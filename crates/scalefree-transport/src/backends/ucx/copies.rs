@@ -84,7 +84,14 @@ impl Net {
     ///
     /// # Safety
     /// `src..src+n` must be readable.
-    pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
+    pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, key: u64, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
+        if self.lanes.as_ref().is_some_and(|l| l.sealed() && l.has(remote.peer)) {
+            // Sealed lanes (SCALEFREE_ENCRYPT=1): nothing goes to another host over UCX.
+            return match unsafe { self.start_write_notify(remote.peer, src, n, key, off, Note::None)? } {
+                None => Ok(()),
+                Some(r) => self.wait_request(&r, policy),
+            };
+        }
         let ep = self.ep(remote.peer)?;
         let u = self.shared.ucp;
         self.run(remote.peer, "ucp_put_nbx", policy, &mut |p| unsafe {

@@ -154,7 +154,7 @@ impl Backend for Ucx {
 
     unsafe fn write(&self, dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize) -> Result<()> {
         match &remote.rkey {
-            Some(rk) => unsafe { self.net.put(src, rk, off, n, dev.policy()) },
+            Some(rk) => unsafe { self.net.put(src, rk, remote.handle.key, off, n, dev.policy()) },
             None => unsafe { Shm::copy_to(dev, peer, src, remote, off, n) },
         }
     }

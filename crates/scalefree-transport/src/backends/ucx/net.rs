@@ -336,9 +336,19 @@ impl Net {
     /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
+    /// With `SCALEFREE_ENCRYPT=1` every lane is sealed and every peer on another host is
+    /// reached over its lane, whatever UCX offers (lanes cannot be turned off then), and
+    /// every rank must have the same setting.
     pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
-        let setting = lanes::setting();
+        let sealed = crate::seal::enabled();
+        let setting = match lanes::setting() {
+            None if sealed && remote.iter().any(|&r| r) => {
+                return Err(Error::InvalidArgument("SCALEFREE_ENCRYPT=1 sends traffic between hosts over sealed TCP lanes: SCALEFREE_TCP_LANES=0 turns them off; unset one of them".into()));
+            }
+            _ if sealed => Some(true),
+            s => s,
+        };
         let listener = match setting {
             Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
             _ => None,
@@ -347,9 +357,17 @@ impl Net {
         let mine = listener.as_ref().map(|l| l.offer.encode()).unwrap_or_default();
         let all = exchange(mine.as_bytes())?;
         let offers: Vec<Option<lanes::Offer>> = all.iter().map(|b| lanes::Offer::parse(b)).collect();
+        // Sealing: all ranks alike (a rank of another host that offers no lane does not seal).
+        let me = self.shared.me as usize;
+        if let Some(r) = (0..remote.len()).find(|&r| remote[r] && offers[r].is_some_and(|o| o.sealed) != sealed) {
+            let on = |b: bool| if b { "SCALEFREE_ENCRYPT=1" } else { "no SCALEFREE_ENCRYPT" };
+            return Err(Error::Bootstrap(format!(
+                "rank {r} runs with {} and rank {me} with {}: set SCALEFREE_ENCRYPT alike for every rank (scalefree run --encrypt does)",
+                on(!sealed), on(sealed))));
+        }
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && offers[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), timeout)?;
+        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), sealed, timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
