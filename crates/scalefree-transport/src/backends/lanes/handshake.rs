@@ -20,10 +20,10 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    pub fn bind(ip: IpAddr) -> Result<Listener> {
+    pub fn bind(ip: IpAddr, sealed: bool) -> Result<Listener> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| Error::io(format!("TCP lane: bind {ip}"), e))?;
         let addr = listener.local_addr().map_err(|e| Error::io("TCP lane: local address", e))?;
-        Ok(Listener { listener, offer: Offer { addr, streams: streams(), sealed: crate::seal::enabled() } })
+        Ok(Listener { listener, offer: Offer { addr, streams: streams(), sealed } })
     }
 }
 

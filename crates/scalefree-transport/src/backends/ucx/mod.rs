@@ -91,7 +91,7 @@ pub(crate) unsafe fn open(setup: Setup<'_>) -> Result<Box<dyn Backend>> {
         })?
     };
     let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
-    net.open_lanes(ip, &remote, &job.token, &job.job_id, connect_timeout, &mut |b| {
+    net.open_lanes(ip, &remote, &job.token, &job.job_id, job.sealed, connect_timeout, &mut |b| {
         Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
     })?;
     // Peers on other hosts are watched with heartbeats; this host's by their process ids.

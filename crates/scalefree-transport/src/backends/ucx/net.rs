@@ -339,9 +339,9 @@ impl Net {
     /// With `SCALEFREE_ENCRYPT=1` every lane is sealed and every peer on another host is
     /// reached over its lane, whatever UCX offers (lanes cannot be turned off then), and
     /// every rank must have the same setting.
-    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, sealed: bool, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
-        let sealed = crate::seal::enabled();
         let setting = match lanes::setting() {
             None if sealed && remote.iter().any(|&r| r) => {
                 return Err(Error::InvalidArgument("SCALEFREE_ENCRYPT=1 sends traffic between hosts over sealed TCP lanes: SCALEFREE_TCP_LANES=0 turns them off; unset one of them".into()));
@@ -350,7 +350,7 @@ impl Net {
             s => s,
         };
         let listener = match setting {
-            Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
+            Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip, sealed)?),
             _ => None,
         };
         // Each rank's address and stream count: a pair opens the smaller count of streams.
