@@ -15,6 +15,18 @@ pub(super) const KIND_NOTIFY: u32 = 2;
 /// write sent on that stream before it has been read; on the first stream, that the frames
 /// after it wait until every extra stream has delivered that fence.
 pub(super) const KIND_FENCE: u32 = 3;
+/// A one-sided read (sealed lanes only, where nothing goes over UCX): `len` bytes at `offset`
+/// of the receiver's region `key`, `note` bytes long, answered by a [`KIND_READ_REPLY`] with
+/// the same `index`.
+pub(super) const KIND_READ: u32 = 4;
+/// The answer to a [`KIND_READ`]: its `index`, the bytes (`len`), `value` 1 when the region
+/// is gone or too short (no bytes then).
+pub(super) const KIND_READ_REPLY: u32 = 5;
+/// Sealed lanes only (no UCX heartbeats to the peer): "still here", sent on an idle lane.
+pub(super) const KIND_BEAT: u32 = 6;
+/// Sealed lanes only: the sender closes the lane on purpose (its device is closing). A
+/// sealed lane that closes without one is a lost peer (its process died, or its host).
+pub(super) const KIND_BYE: u32 = 7;
 
 /// Frame header, little-endian on the wire.
 #[derive(Clone, Copy, Debug, Default)]

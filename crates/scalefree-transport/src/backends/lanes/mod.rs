@@ -57,7 +57,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use framing::{send_now, write_frame_or, Frame, FRAME_LEN, KIND_FENCE, KIND_NOTIFY, KIND_WRITE};
+use framing::{send_now, write_frame_or, Frame, FRAME_LEN, KIND_BEAT, KIND_BYE, KIND_FENCE, KIND_NOTIFY, KIND_READ, KIND_WRITE};
 use reader::{drain, read_loop, Reader};
 use sealing::{wire_len, Sealer};
 use striping::{Fences, Stripe, STRIPE_MIN};
@@ -104,6 +104,16 @@ pub(crate) trait Arrivals: Send + Sync {
 pub(crate) struct Link {
     pub(crate) to: Arc<dyn Arrivals>,
     pub(crate) landing: Landing,
+    /// Reads this rank asked for over a lane and not yet answered, by number.
+    pub(crate) reads: Mutex<std::collections::HashMap<u64, PendingRead>>,
+    pub(crate) next_read: AtomicU64,
+}
+
+/// A read waiting for its answer: where the bytes go and how many, and its completion.
+pub(crate) struct PendingRead {
+    pub(crate) dst: usize,
+    pub(crate) n: usize,
+    pub(crate) op: Arc<OpState>,
 }
 
 pub(crate) struct Lane {
@@ -161,7 +171,7 @@ impl Lanes {
     pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration) -> Result<Lanes> {
         let me = to.rank() as usize;
         let streams = handshake::connect(me, listener, offers, connect, key, sealed, timeout)?;
-        let sh = Arc::new(Link { to, landing: Landing::default() });
+        let sh = Arc::new(Link { to, landing: Landing::default(), reads: Mutex::default(), next_read: AtomicU64::new(0) });
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
         let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None, sealed };
@@ -183,7 +193,7 @@ impl Lanes {
                     stream: s,
                     state: Mutex::new(State { queue: VecDeque::new(), busy: false, helpers: 0, closed: false, failed: None }),
                     cv: Condvar::new(),
-                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false, open }),
+                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false, open, bye: false }),
                     index: i,
                     // Built last (streams in reverse): the first stream holds the others.
                     extra: if i == 0 { made.iter().rev().cloned().collect() } else { Vec::new() },
@@ -209,6 +219,16 @@ impl Lanes {
                 made.push(lane);
             }
             lanes.lanes[r] = made.pop();
+        }
+        if sealed {
+            // No UCX heartbeats go to peers of sealed lanes: a beat on every idle lane.
+            let (all, g) = (lanes.lanes.iter().flatten().cloned().collect::<Vec<_>>(), gate.clone());
+            lanes.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("sf-lane-beat-{me}"))
+                    .spawn(move || beat_loop(&all, &g))
+                    .map_err(|e| Error::io("spawn TCP lane heartbeat", e))?,
+            );
         }
         Ok(lanes)
     }
@@ -265,6 +285,24 @@ impl Lanes {
             return unsafe { self.send_on(to, frame, src, true) };
         }
         unsafe { self.send(peer, frame, src) }
+    }
+
+    /// Reads `n` bytes at `offset` of `peer`'s region `key` into `dst` over the lane: the
+    /// peer's lane reader answers with the bytes (its writer thread sends them). Used where
+    /// nothing may go over UCX (sealed lanes).
+    ///
+    /// # Safety
+    /// `dst..dst+n` must stay writable (and unread) until the request completes.
+    pub unsafe fn start_read(&self, peer: u32, key: u64, offset: u64, dst: *mut u8, n: usize) -> Result<Request> {
+        let id = self.sh.next_read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let op = Arc::new(OpState::default());
+        self.sh.reads.lock().unwrap().insert(id, PendingRead { dst: dst as usize, n, op: op.clone() });
+        let frame = Frame { kind: KIND_READ, key, offset, note: n as u64, index: id, ..Frame::default() };
+        if let Err(e) = unsafe { self.send(peer, frame, std::ptr::null()) } {
+            self.sh.reads.lock().unwrap().remove(&id);
+            return Err(e);
+        }
+        Ok(Request { op, peer, what: "TCP lane read".into(), helper: None })
     }
 
     /// Raises `peer`'s notification `slot` to `value`, after every earlier frame to it.
@@ -367,8 +405,14 @@ impl Lanes {
         &self.gate
     }
 
-    /// Stops every lane: sockets shut down, threads joined.
+    /// Stops every lane: sockets shut down (a sealed one after a goodbye), threads joined;
+    /// reads still waiting fail.
     pub fn close(&mut self) {
+        if self.sealed {
+            for lane in self.lanes.iter().flatten().flat_map(|l| l.extra.iter().chain([l])) {
+                lane.say_goodbye();
+            }
+        }
         self.sh.to.lanes_closed();
         *self.gate.closed.lock().unwrap() = true;
         self.gate.cv.notify_all();
@@ -379,6 +423,9 @@ impl Lanes {
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        for (_, p) in self.sh.reads.lock().unwrap().drain() {
+            p.op.finish(OpState::BROKEN);
         }
     }
 
@@ -404,6 +451,53 @@ impl Lanes {
     pub fn landed_bytes(&self) -> (u64, u64) {
         self.sh.landing.landed_bytes()
     }
+}
+
+impl Lane {
+    /// Sends a goodbye ([`KIND_BYE`]) if the stream is idle and the socket takes it at once
+    /// (never blocks: a peer that stopped reading gets none, and takes the close for a loss).
+    fn say_goodbye(&self) {
+        let st = self.state.lock().unwrap();
+        if st.queue.is_empty() && !st.busy && st.failed.is_none() && !st.closed {
+            let _ = send_now(&self.stream, self.seal.as_ref(), &Frame { kind: KIND_BYE, ..Frame::default() }, &[]);
+        }
+    }
+}
+
+/// Sealed lanes' heartbeat: every [`beat_every`], a beat ([`KIND_BEAT`]) queued on each idle
+/// first stream (one with frames queued or going shows the peer alive anyway), until the
+/// lanes close.
+fn beat_loop(lanes: &[Arc<Lane>], gate: &Gate) {
+    let every = beat_every();
+    let mut last = std::time::Instant::now();
+    loop {
+        {
+            // (The gate's lock is not held below: senders take it while holding a lane's.)
+            let closed = gate.closed.lock().unwrap();
+            let closed = gate.cv.wait_timeout(closed, every.saturating_sub(last.elapsed())).unwrap().0;
+            if *closed {
+                return;
+            }
+        }
+        if last.elapsed() < every {
+            continue;
+        }
+        last = std::time::Instant::now();
+        for lane in lanes {
+            let idle = {
+                let st = lane.state.lock().unwrap();
+                st.queue.is_empty() && !st.busy
+            };
+            if idle {
+                writer::enqueue(lane, Frame { kind: KIND_BEAT, ..Frame::default() }, 0);
+            }
+        }
+    }
+}
+
+/// How often sealed lanes beat: a tenth of the peer timeout, 0.1-1 s (as UCX's heartbeats).
+fn beat_every() -> Duration {
+    (crate::wait::peer_timeout_from_env() / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 impl Helper for Lane {

@@ -60,10 +60,10 @@ pub(crate) struct Sealer {
 }
 
 /// A fault to inject into the records a stream sends, for the tests of sealed lanes
-/// (`SCALEFREE_TEST_LANE_FAULT`, see `docs/config.md`): `flip:N` flips one byte of data
-/// record number N after sealing it, `replay:N` sends the data record before record N once
-/// more ahead of it; `@R` after either limits it to rank R's lanes. Not for production use:
-/// it makes the receiving ranks refuse the lane.
+/// (`SCALEFREE_TEST_LANE_FAULT`, see `docs/config.md`): `flip:N` flips one byte of the first
+/// data record numbered N or more after sealing it, `replay:N` sends the data record before
+/// that one once more ahead of it; `@R` after either limits it to rank R's lanes. Once per
+/// stream. Not for production use: it makes the receiving ranks refuse the lane.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Fault {
     None,
@@ -105,12 +105,16 @@ impl Sealer {
         let rec = self.buf.len();
         let (body, counter) = self.cipher.seal_onto(&mut self.buf, plain);
         match self.fault {
-            Fault::Flip(k) if data && counter == k => self.buf[body + plain.len() / 2] ^= 0x40,
-            Fault::Replay(k) if data && counter == k => {
+            Fault::Flip(k) if data && counter >= k => {
+                self.buf[body + plain.len() / 2] ^= 0x40;
+                self.fault = Fault::None;
+            }
+            Fault::Replay(k) if data && counter >= k && !self.last.is_empty() => {
                 // The previous data record goes once more, before this one.
                 let this = self.buf.split_off(rec);
                 self.buf.extend_from_slice(&self.last);
                 self.buf.extend_from_slice(&this);
+                self.fault = Fault::None;
             }
             _ => {}
         }

@@ -145,6 +145,21 @@ pub(super) fn help(sh: &Link, lane: &Lane, pending: &OpState, patience: Duration
     }
 }
 
+/// Queues `frame` (its data at `src`, valid until sent) for the lane's writer thread, from a
+/// thread that must not block on the socket (a reader answering a read).
+pub(super) fn enqueue(lane: &Lane, frame: Frame, src: usize) {
+    let mut st = lane.state.lock().unwrap();
+    if st.closed || st.failed.is_some() {
+        return;
+    }
+    let first = st.queue.is_empty();
+    st.queue.push_back(Job { frame, src, sent: 0, pending: Arc::new(OpState::default()) });
+    drop(st);
+    if first {
+        lane.cv.notify_all();
+    }
+}
+
 pub(super) fn write_loop(sh: &Link, lane: &Lane) {
     loop {
         let job = {
