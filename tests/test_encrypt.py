@@ -24,6 +24,19 @@ for n in (0, 1, 1001, (1 << 18) + 7, 1 << 20):
         want = sum((np.arange(n) % 97 + r).astype(dt) for r in range(g.size))
         g.allreduce(a)
         assert np.array_equal(a, want), (n, dt)
+# One-sided reads and writes with a rank of the other host, over its sealed lane only.
+dev, peer, n = g.device, (g.rank + g.size // 2) % g.size, (1 << 20) + 8
+assert g._ucx_transports(peer) == ["lane/sealed"], g._ucx_transports(peer)
+pattern = lambda r: ((np.arange(n) * (r + 1)) % 251).astype(np.uint8)
+src, dst = dev.alloc_region(n), dev.alloc_region(n)
+np.frombuffer(src, np.uint8)[:] = pattern(g.rank)
+h = np.frombuffer(src.handle, np.uint8)
+remote = dev.attach(bytes(np.asarray(g.allgather(h)).reshape(g.size, -1)[peer]))
+ch = dev.channel(peer)
+ch.start_read(remote, 5, dst, 0, n - 5).wait()
+assert np.array_equal(np.frombuffer(dst, np.uint8)[:n - 5], pattern(peer)[5:])
+ch.read(remote, 0, dst, 0, 8)
+assert np.array_equal(np.frombuffer(dst, np.uint8)[:8], pattern(peer)[:8])
 g.barrier()
 print("RIGHT", g.rank, flush=True)
 """
