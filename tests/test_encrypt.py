@@ -84,14 +84,15 @@ def test_encrypted_collectives_across_hosts_are_right(hosts):
 
 
 def test_mixed_encryption_settings_are_refused_by_name(hosts):
-    """A host with --encrypt and one without: refused at the rendezvous, saying what to set."""
+    """A host with --encrypt and one without: refused at the rendezvous, saying what to set
+    (rank 0 then waits out its bootstrap timeout, as for any rank refused)."""
     procs = []
     import subprocess
     import sys
     for i in range(2):
         run = [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
                "--master-addr", hosts.ip(0), "--master-port", "29633", *(["--encrypt"] if i == 0 else []),
-               "--", sys.executable, "-c", "import scalefree; scalefree.init(timeout=20)"]
+               "--", sys.executable, "-c", "import scalefree; scalefree.init(timeout=20, bootstrap_timeout=8)"]
         procs.append(hosts.popen(i, run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode != 0 for p in procs), outs

@@ -461,12 +461,13 @@ impl Drop for Net {
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
 /// when the user did not set it). `local_only`: UCX reaches no other host (sealed lanes do),
-/// so it gets only this host's transports (`UCX_TLS=self,sm`, unless set) and opens no
-/// network listener.
+/// so its only network device is the loopback (`UCX_NET_DEVICES=lo`, unless set): its
+/// listener is out of reach of other hosts. (Shared-memory transports alone would not do:
+/// UCX's peer-failure handling needs a network transport.)
 pub(super) fn set_default_env(local_only: bool) {
-    if local_only && std::env::var_os("UCX_TLS").is_none() {
+    if local_only && std::env::var_os("UCX_NET_DEVICES").is_none() {
         // Only read by UCX at ucp_config_read, on this thread, before other threads use it.
-        std::env::set_var("UCX_TLS", "self,sm");
+        std::env::set_var("UCX_NET_DEVICES", "lo");
     }
     if let (Some(name), None) = (crate::config::ifname(), std::env::var_os("UCX_NET_DEVICES")) {
         // The interface the user chose for traffic between hosts (shared memory is not a net device).
