@@ -115,3 +115,17 @@ def test_a_changed_or_replayed_frame_is_an_error_on_the_receiving_rank(hosts, fa
     # The receiving rank names the sender, rank 0, and its host.
     assert any("rank 0" in line.split(":", 1)[1] and f"host {hosts.ip(0)}" in line for line in refused), refused
     assert any(line.split("REFUSED rank ")[1].split(":")[0] in ("2", "3") for line in refused), refused
+
+
+def test_encrypt_on_one_host_changes_nothing():
+    """`scalefree run --encrypt` on one host: the ranks get SCALEFREE_ENCRYPT=1 and talk over
+    shared memory as always (nothing leaves the host)."""
+    import subprocess
+    import sys
+    code = ("import os, numpy as np, scalefree; g = scalefree.init(timeout=30); a = np.ones(1000) * g.rank; "
+            "g.allreduce(a); assert a[0] == 1 and g.transport == 'shm', g.transport; "
+            "print('ENC', os.environ['SCALEFREE_ENCRYPT'], flush=True)")
+    r = subprocess.run([sys.executable, "-m", "scalefree.cli", "run", "-n", "2", "--encrypt", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count("ENC 1") == 2, r.stdout
