@@ -83,21 +83,30 @@ pub(super) fn send_now_from(s: &TcpStream, seal: Option<&Mutex<Sealer>>, frame: 
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
         let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r > 0 {
-            sent += r as usize;
-            continue;
-        }
-        if r == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::Interrupted => continue,
-            std::io::ErrorKind::WouldBlock => break,
-            _ => return Err(e),
+        match taken(r, false)? {
+            Some(k) => sent += k,
+            None => break,
         }
     }
     Ok(sent)
+}
+
+/// What a `send`/`sendmsg` that returned `r` did: `Some(bytes)` taken (0 when interrupted),
+/// `None` when the socket takes nothing now and the call did not block (`block` false), or
+/// the error.
+pub(super) fn taken(r: isize, block: bool) -> std::io::Result<Option<usize>> {
+    if r > 0 {
+        return Ok(Some(r as usize));
+    }
+    if r == 0 {
+        return Err(std::io::ErrorKind::WriteZero.into());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::Interrupted => Ok(Some(0)),
+        std::io::ErrorKind::WouldBlock if !block => Ok(None),
+        _ => Err(e),
+    }
 }
 
 /// What the socket takes now of a frame (see [`send_now_from`]).

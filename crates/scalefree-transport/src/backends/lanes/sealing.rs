@@ -13,7 +13,7 @@
 use std::io::Read;
 use std::net::TcpStream;
 
-use super::framing::{Frame, FRAME_LEN};
+use super::framing::{taken, Frame, FRAME_LEN};
 use crate::seal::{Cipher, OVERHEAD, TAG_LEN};
 
 /// Data bytes per record.
@@ -155,8 +155,9 @@ impl Sealer {
             }
             let rest = &self.buf[self.pos..];
             let r = unsafe { libc::send(fd, rest.as_ptr() as *const libc::c_void, rest.len(), flags) };
-            if r > 0 {
-                self.pos += r as usize;
+            let Some(k) = taken(r, block)? else { break };
+            if k > 0 {
+                self.pos += k;
                 let len = group_len(data.len(), g);
                 if self.pos == self.buf.len() {
                     sent = start + len;
@@ -166,16 +167,6 @@ impl Sealer {
                     // the frame's length.)
                     sent = start + self.pos.min(len - 1);
                 }
-                continue;
-            }
-            if r == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock if !block => break,
-                _ => return Err(e),
             }
         }
         Ok(sent)
