@@ -18,8 +18,8 @@ CHECK = """
 import numpy as np, scalefree
 g = scalefree.init(timeout=60)
 assert g.transport == "ucx", g.transport
-for n in (0, 1, 1001, (1 << 18) + 7, 1 << 20):
-    for dt in (np.float32, np.float64, np.int64):
+for n in (0, 1, 1001, (1 << 18) + 7):
+    for dt in (np.float32, np.int64):
         a = (np.arange(n) % 97 + g.rank).astype(dt)
         want = sum((np.arange(n) % 97 + r).astype(dt) for r in range(g.size))
         g.allreduce(a)
