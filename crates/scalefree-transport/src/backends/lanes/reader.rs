@@ -50,7 +50,7 @@ fn broke(s: &TcpStream, e: std::io::Error, how: &str) -> String {
     }
 }
 
-const _: () = assert!(REDUCE_PART % CHUNK == 0 && SCRATCH % CHUNK == 0, "reads of a sealed frame's data go by whole chunks");
+const _: () = assert!(REDUCE_PART.is_multiple_of(CHUNK) && SCRATCH.is_multiple_of(CHUNK), "reads of a sealed frame's data go by whole chunks");
 
 /// What a socket has to read now.
 pub(super) enum Avail {
