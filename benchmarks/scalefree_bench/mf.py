@@ -63,7 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import common
+from . import common, mf_local_budget
 
 BENCH = "mf"
 _DEFAULT_DATA = ("movielens-100k/u.data", "ml-latest-small/ratings.csv")
@@ -415,6 +415,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "fold-in", "none"))
     p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
                    help="--vs memory-budget: budget per rank as a fraction of the rating data (default 0.25)")
+    p.add_argument("--mode", choices=("rima", "local"), default="rima",
+                   help="--vs memory-budget: the mode run in memory and budgeted (default rima; local: with "
+                        "LIBMF's mf-train in memory and --disk when --libmf-bin is given)")
+    common.add_cold_arg(p)
     p.add_argument("--ranks", type=common.argparse_type(common.positive_int), default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
     p.add_argument("--users", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic users")
     p.add_argument("--items", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic items")
@@ -774,6 +778,9 @@ def run(args) -> int:
 
     if args.vs == "dsgd-ps":
         return _vs_dsgd_ps(args)
+    if args.vs == "memory-budget" and args.mode == "local":
+        return mf_local_budget.run(args, mf_local_budget.Helpers(wall_rss=_wall_rss, split_files=_write_split_files,
+                                                                 data_files=_synthetic_files, child_env=_NO_BLAS_POOL))
     if args.vs == "memory-budget":
         return _vs_memory_budget(args)
     if args.vs == "fold-in":
