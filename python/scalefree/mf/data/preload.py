@@ -185,6 +185,7 @@ class Preloader:
         nonempty = [i for i, b in enumerate(self.seq) if blocks.index[b][1]]
         self._reader.push_ahead([offs[i] for i in nonempty], [lens[i] for i in nonempty])
         self._reader.reset_peak()
+        self._direct = bool(self._reader.direct)
         # The runtime's IO threads need a core now and then while the trainer waits for its
         # ring partners: waits skip their yield phase meanwhile (spin, then park).
         self._helper = _native.HelperThread()
@@ -192,7 +193,7 @@ class Preloader:
     @property
     def direct(self) -> bool:
         """Whether the blocks are read with O_DIRECT (else through the page cache)."""
-        return bool(self._reader.direct)
+        return self._direct
 
     @property
     def resident(self) -> int:
