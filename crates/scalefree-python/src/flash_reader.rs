@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use scalefree_flash::{AccessSpec, CacheReader, CachedBlock, FlashFile, OpenMode};
+use scalefree_flash::{AccessSpec, CacheReader, CachedBlock, FlashFile, OpenMode, ReaderStats};
 
 use crate::errors::invalid;
 use crate::flash::{flash_err, PyFlashRuntime};
@@ -61,19 +61,7 @@ impl PyFlashBlockReader {
     /// Counters: gets, waits, wait_seconds, peak_resident_bytes (since `reset_peak`),
     /// resident_bytes, bytes_read, cache_hits, cache_misses, evictions, budget_bytes.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.reader.stats();
-        let d = PyDict::new(py);
-        d.set_item("gets", s.gets)?;
-        d.set_item("waits", s.waits)?;
-        d.set_item("wait_seconds", s.wait.as_secs_f64())?;
-        d.set_item("peak_resident_bytes", s.cache.peak_resident_bytes)?;
-        d.set_item("resident_bytes", s.resident_bytes)?;
-        d.set_item("bytes_read", s.cache.bytes_prefetched)?;
-        d.set_item("cache_hits", s.cache.hits)?;
-        d.set_item("cache_misses", s.cache.misses)?;
-        d.set_item("evictions", s.cache.evictions)?;
-        d.set_item("budget_bytes", s.cache.budget_bytes)?;
-        Ok(d)
+        reader_stats_dict(py, &self.reader.stats())
     }
 
     /// Starts a new peak of resident bytes.
@@ -86,6 +74,22 @@ impl PyFlashBlockReader {
     fn direct(&self) -> bool {
         self.file.is_direct()
     }
+}
+
+/// A [`ReaderStats`] as the dict `FlashBlockReader.stats()` and `MfTrainer.flash_stats()` return.
+pub(crate) fn reader_stats_dict<'py>(py: Python<'py>, s: &ReaderStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("gets", s.gets)?;
+    d.set_item("waits", s.waits)?;
+    d.set_item("wait_seconds", s.wait.as_secs_f64())?;
+    d.set_item("peak_resident_bytes", s.cache.peak_resident_bytes)?;
+    d.set_item("resident_bytes", s.resident_bytes)?;
+    d.set_item("bytes_read", s.cache.bytes_prefetched)?;
+    d.set_item("cache_hits", s.cache.hits)?;
+    d.set_item("cache_misses", s.cache.misses)?;
+    d.set_item("evictions", s.cache.evictions)?;
+    d.set_item("budget_bytes", s.cache.budget_bytes)?;
+    Ok(d)
 }
 
 struct BlockState {

@@ -184,21 +184,10 @@ impl PyMfTrainer {
         let losses = py.detach(move || t.try_run_epochs(n)).map_err(|e| mf_err(py, e))?;
         Ok(losses.last().copied().unwrap_or(f64::NAN))
     }
-    /// Out of core (`memory_budget`): the block reader's counters — gets, waits,
-    /// wait_seconds, peak_resident_bytes, bytes_read, cache_hits, cache_misses, budget_bytes;
-    /// None in memory.
+    /// Out of core (`memory_budget`): the block reader's counters (as
+    /// `FlashBlockReader.stats()`); None in memory.
     fn flash_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        let Some(s) = self.t.flash_stats() else { return Ok(None) };
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("gets", s.gets)?;
-        d.set_item("waits", s.waits)?;
-        d.set_item("wait_seconds", s.wait.as_secs_f64())?;
-        d.set_item("peak_resident_bytes", s.cache.peak_resident_bytes)?;
-        d.set_item("bytes_read", s.cache.bytes_prefetched)?;
-        d.set_item("cache_hits", s.cache.hits)?;
-        d.set_item("cache_misses", s.cache.misses)?;
-        d.set_item("budget_bytes", s.cache.budget_bytes)?;
-        Ok(Some(d))
+        self.t.flash_stats().map(|s| crate::flash_reader::reader_stats_dict(py, &s)).transpose()
     }
     fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
         py.detach(|| self.t.rmse(&r.r)).map_err(|e| mf_err(py, e))
