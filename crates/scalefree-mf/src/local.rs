@@ -106,7 +106,7 @@ impl FlashBlocks {
         let need = largest * threads as u64;
         if need > budget {
             return Err(MfError::OutOfBudget(format!(
-                "memory budget of {budget} bytes is smaller than the blocks {threads} thread(s) hold at once: the largest of the {nb} x {nb} blocks takes {largest} bytes (whole 4 KiB pages); raise the budget to at least {need} bytes or cut R into more blocks"
+                "memory budget of {budget} bytes is smaller than the blocks {threads} thread(s) hold at once: the largest of the {nb} x {nb} blocks takes {largest} bytes (whole 4 KiB pages); raise the budget to at least {need} bytes or cut R into more blocks (--blocks)"
             )));
         }
         let flash = |e: scalefree_flash::FlashError| MfError::Flash(e.to_string());
