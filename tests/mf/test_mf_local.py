@@ -165,3 +165,18 @@ def test_out_of_core_budget_below_the_blocks_threads_hold_is_one_line(low_rank, 
                        capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "raise the budget to at least 8192 bytes" in p.stderr
+
+
+def test_bench_local_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "memory-budget", "--mode", "local",
+                        "--users", "1500", "--items", "1200", "--ratings", "20000", "--iterations", "2",
+                        "--repeat", "1", "-k", "8", "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    mem, bud = json.loads(out.read_text())
+    assert (mem["variant"], bud["variant"]) == ("memory", "budget") and mem["mode"] == "local"
+    assert bud["memory_budget"] == int(0.25 * mem["rating_bytes"])
+    assert 0 < bud["runs"][0]["rating_bytes_resident"] <= bud["memory_budget"]
+    assert bud["test_rmse"] == mem["test_rmse"] and np.isfinite(mem["test_rmse"])  # one thread: the same run
+    assert "x in-memory" in p.stdout
