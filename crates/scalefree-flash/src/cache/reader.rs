@@ -58,24 +58,31 @@ struct State {
     /// At most this many blocks pinned ahead.
     max_ahead: usize,
     error: Option<String>,
+    /// IO the cache asked for inside an IO completion (after a write-back), started by the
+    /// next call of the consumer.
+    deferred: Vec<CacheAction>,
     stats: ReaderStats,
 }
 
+/// What the IO completions share with the consumer. It holds no reference to the runtime: a
+/// completion runs on an IO thread and must never be the one that drops the runtime (its IO
+/// threads would join themselves); the reader and its blocks hold the runtime instead.
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    runtime: Arc<Runtime>,
 }
 
 /// Reads blocks of flash files through a program cache of its own, under a hard budget.
 pub struct CacheReader {
     shared: Arc<Shared>,
+    runtime: Arc<Runtime>,
 }
 
 /// A block held in memory: its bytes as [`CachedBlock::bytes`] (the packed strides of its
 /// specifier). Dropping it releases the buffer to the cache.
 pub struct CachedBlock {
     shared: Arc<Shared>,
+    runtime: Arc<Runtime>,
     entry: EntryId,
     cell: Arc<BufferCell>,
     len: usize,
@@ -98,7 +105,7 @@ impl Drop for CachedBlock {
             st.cache.release(&[self.entry], &[AccessMode::Read]);
             fill(&mut st, &mut actions);
         }
-        perform(&self.shared, actions);
+        perform(&self.shared, &self.runtime, actions);
         self.shared.changed.notify_all();
     }
 }
@@ -135,13 +142,19 @@ fn unpin_all(st: &mut State) -> bool {
 }
 
 /// Hands the cache's IO to the runtime's executor (never under the state lock: a completion
-/// may run on the calling thread).
-fn perform(shared: &Arc<Shared>, actions: Vec<CacheAction>) {
+/// may run on the calling thread), with any deferred by a completion.
+fn perform(shared: &Arc<Shared>, runtime: &Runtime, mut actions: Vec<CacheAction>) {
+    {
+        let mut st = lock(shared);
+        if !st.deferred.is_empty() {
+            actions.extend(std::mem::take(&mut st.deferred));
+        }
+    }
     for action in actions {
         match action {
             CacheAction::Read { entry, spec, buffer } => {
                 let me = shared.clone();
-                shared.runtime.io().submit_with(IoDirection::Read, spec, buffer, move |result, buffer| {
+                runtime.io().submit_with(IoDirection::Read, spec, buffer, move |result, buffer| {
                     {
                         let mut st = lock(&me);
                         st.cache.read_done(entry, buffer);
@@ -155,16 +168,16 @@ fn perform(shared: &Arc<Shared>, actions: Vec<CacheAction>) {
             CacheAction::Write { entry, spec, buffer } => {
                 // Nothing the reader holds is dirty; kept for completeness of the protocol.
                 let me = shared.clone();
-                shared.runtime.io().submit_with(IoDirection::Write, spec, buffer, move |result, buffer| {
-                    let mut follow = Vec::new();
+                runtime.io().submit_with(IoDirection::Write, spec, buffer, move |result, buffer| {
                     {
                         let mut st = lock(&me);
+                        let mut follow = Vec::new();
                         st.cache.write_done(entry, buffer, &mut follow);
+                        st.deferred.extend(follow);
                         if let Err(err) = result {
                             st.error.get_or_insert_with(|| err.to_string());
                         }
                     }
-                    perform(&me, follow);
                     me.changed.notify_all();
                 });
             }
@@ -189,9 +202,10 @@ impl CacheReader {
             pinned_count: 0,
             max_ahead,
             error: None,
+            deferred: Vec::new(),
             stats: ReaderStats::default(),
         };
-        Ok(CacheReader { shared: Arc::new(Shared { state: Mutex::new(state), changed: Condvar::new(), runtime }) })
+        Ok(CacheReader { shared: Arc::new(Shared { state: Mutex::new(state), changed: Condvar::new() }), runtime })
     }
 
     /// The budget of the reader's cache.
@@ -208,7 +222,7 @@ impl CacheReader {
             st.ahead.extend(specs);
             fill(&mut st, &mut actions);
         }
-        perform(&self.shared, actions);
+        perform(&self.shared, &self.runtime, actions);
     }
 
     /// Forgets the announced blocks and drops the prefetched ones' pins (the consumer stops
@@ -262,7 +276,7 @@ impl CacheReader {
                             }
                             if !actions.is_empty() {
                                 drop(st);
-                                perform(shared, std::mem::take(&mut actions));
+                                perform(shared, &self.runtime, std::mem::take(&mut actions));
                                 st = lock(shared);
                                 continue;
                             }
@@ -274,7 +288,7 @@ impl CacheReader {
         };
         fill(&mut st, &mut actions);
         drop(st);
-        perform(shared, actions);
+        perform(shared, &self.runtime, actions);
         let mut st = lock(shared);
         let mut waited = false;
         let cell = loop {
@@ -294,7 +308,7 @@ impl CacheReader {
             st.stats.waits += 1;
         }
         st.stats.wait += began.elapsed();
-        Ok(CachedBlock { shared: shared.clone(), entry, cell, len: spec.size_bytes() as usize })
+        Ok(CachedBlock { shared: shared.clone(), runtime: self.runtime.clone(), entry, cell, len: spec.size_bytes() as usize })
     }
 
     /// Counters so far.
@@ -372,6 +386,21 @@ mod tests {
     }
 
     #[test]
+    fn dropped_with_reads_in_flight() {
+        // The reader, its runtime and a block dropped while prefetches are still being read:
+        // the runtime goes on this thread (never on an IO thread), nothing hangs.
+        for _ in 0..20 {
+            let size = 4096;
+            let (rt, file) = setup(16, size);
+            let reader = CacheReader::new(rt, 16 * size, 64).unwrap();
+            reader.push_ahead((0..16).map(|b| spec(&file, b, size)));
+            let block = reader.get(&spec(&file, 0, size)).unwrap();
+            drop(reader);
+            drop(block);
+        }
+    }
+
+    #[test]
     fn a_block_larger_than_the_budget_is_refused() {
         let size = 8192;
         let (rt, file) = setup(2, size);
@@ -379,7 +408,7 @@ mod tests {
         reader.push_ahead([spec(&file, 0, size)]);
         assert!(matches!(reader.get(&spec(&file, 0, size)), Err(FlashError::OutOfBudget { .. })));
         // A holder that keeps its block while asking for another that cannot fit beside it.
-        let reader = CacheReader::new(reader.shared.runtime.clone(), size, 2).unwrap();
+        let reader = CacheReader::new(reader.runtime.clone(), size, 2).unwrap();
         let held = reader.get(&spec(&file, 0, size)).unwrap();
         drop(held);
         assert!(reader.get(&spec(&file, 1, size)).is_ok(), "the released block is evicted for the next");
