@@ -15,12 +15,16 @@ Rows, each timed end to end from files on disk (model and test set), same thread
   first (its log's scoring-only time is reported beside it), and its peak RSS;
 * ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
   (``--python-points`` of them; its rate is scaled to the whole set);
-* ``scalefree/memory`` — ``flash.xml.predict`` of the imported model with a budget larger
-  than the model (levels read once, then shared by all batches from the program cache);
+* ``scalefree/memory`` — ``flash.xml.predict(in_memory=True)`` of the imported model: the
+  in-memory twin, every level read into memory first (``load``, not in ``median``), then
+  scored with no IO; ``vs omikuji test`` compares it with omikuji's own scoring time (from its
+  log: model and data loaded), ``speedup_vs_omikuji_test_wall`` in the JSON the two wall times
+  with the loads;
 * ``scalefree/flash-<f>`` — the same with ``--replicate R`` copies of the trees
   (``xml.concat_models``: R times the bytes and the work, the same averaged scores) under a
-  budget of ``f`` times that model's level bytes, and ``scalefree/memory-xR`` the replicated
-  model in memory: out of core against in memory on the same model. With ``--repeat N`` the
+  budget of ``f`` times that model's level bytes (cold, timed whole: its reads are its work),
+  and ``scalefree/memory-xR`` the replicated model in memory (as ``memory``): out of core
+  against in memory on the same model. With ``--repeat N`` the
   two alternate (memory, flash, memory, flash, ...), each cold, so that a change of load on a
   shared machine hits both alike; ``vs memory`` is the median of the N pairs' ratios (each in
   the JSON, ``speed_vs_memory_runs``);
@@ -163,7 +167,7 @@ def run(args) -> int:
             _stream_rows(args, cache, tmp, records)
             title.append(f"stream {args.stream}")
 
-    headers = ["impl", "variant", "median", "points/s", "P@1", "P@3", "P@5", "budget", "read", "idle", "peak",
+    headers = ["impl", "variant", "median", "points/s", "P@1", "P@3", "P@5", "budget", "load", "read", "idle", "peak",
                "peak RSS", "+call", "vs omikuji test", "vs memory", "agree"]
     rows = []
     for r in records:
@@ -171,6 +175,7 @@ def run(args) -> int:
                      f"{r['points_per_s']:.0f}" if r.get("points_per_s") else "",
                      *(f"{r[f'p@{k}']:.4f}" if f"p@{k}" in r else "" for k in (1, 3, 5)),
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
+                     common.human_time(r["load_s"]) if r.get("load_s") else "",
                      common.human_bytes(r["bytes_read"]) if "bytes_read" in r else "",
                      common.human_time(r["compute_idle_s"]) if "compute_idle_s" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
@@ -252,41 +257,49 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
                                           points_per_s=rate, threads=1, **rss_py))
         common.progress(f"xml: omikuji python {rate:.0f} points/s (load included, {len(pts)} points)")
 
-    def ours_record(variant, model_path, budget, nbytes, times, p, rss, m):
+    def ours_record(variant, budget, nbytes, times, loads, p, rss, m):
         st = common.Stats.of(times)
         run_ = p.stats["run"]
         rec = common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=nbytes,
                                  dtype="float32", stats=st, gbps=run_["bytes_read"] / st.median_s / 1e9, points=m,
-                                 points_per_s=m / st.median_s, budget_bytes=budget,
+                                 points_per_s=m / st.median_s, budget_bytes=budget, load_s=float(np.median(loads)),
                                  peak_resident_bytes=run_["peak_resident_bytes"], bytes_read=run_["bytes_read"],
                                  compute_busy_s=run_["compute_busy_seconds"], compute_idle_s=run_["compute_idle_seconds"],
                                  peak_batch_bytes=p.stats["peak_batch_bytes"], threads=args.threads, **rss,
                                  **{f"p@{k}": p.metrics[f"precision@{k}"] for k in (1, 3, 5)})
         common.progress(f"xml: scalefree {variant} {common.human_time(st.median_s)} ({m / st.median_s:.0f} points/s, "
-                        f"read {common.human_bytes(run_['bytes_read'])}, compute idle "
+                        f"load {rec['load_s']:.1f} s, read {common.human_bytes(run_['bytes_read'])}, compute idle "
                         f"{run_['compute_idle_seconds']:.1f} s, peak RSS {common.human_bytes(rss.get('peak_rss_bytes', 0))})")
         return rec
 
     def ours(runs):
-        """``runs``: (variant, model, budget, nbytes, test, points) rows timed in turn, ``--repeat``
-        rounds. Returns per row (record, last predictions, times)."""
+        """``runs``: (variant, model, budget, nbytes, test, points, in_memory) rows timed in turn,
+        ``--repeat`` rounds. An in-memory row (the model read into memory first, no IO while
+        scoring) is timed without that load (its own ``load_s``): the in-memory speed. Returns
+        per row (record, last predictions, times)."""
         state = []
-        for variant, model_path, budget, nbytes, test, m in runs:
+        for variant, model_path, budget, nbytes, test, m, in_memory in runs:
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
-            state.append({"rt": rt, "times": [], "rss": {}, "p": None})
+            state.append({"rt": rt, "times": [], "loads": [], "rss": {}, "p": None})
         for _ in range(args.repeat):
-            for (variant, model_path, budget, nbytes, test, m), st in zip(runs, state):
+            for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state):
                 s, st["p"] = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
                                                                    runtime=st["rt"], batch_points=args.batch,
-                                                                   batches_in_flight=args.in_flight), cache, st["rss"])
-                st["times"].append(s)
-        return [(ours_record(variant, model_path, budget, nbytes, st["times"], st["p"], st["rss"], m), st["p"], st["times"])
-                for (variant, model_path, budget, nbytes, test, m), st in zip(runs, state)]
+                                                                   batches_in_flight=args.in_flight,
+                                                                   in_memory=in_memory), cache, st["rss"])
+                load = st["p"].stats["load_seconds"]
+                st["times"].append(s - load)
+                st["loads"].append(load)
+        return [(ours_record(variant, nbytes if in_memory else budget, nbytes, st["times"], st["loads"], st["p"], st["rss"], m),
+                 st["p"], st["times"])
+                for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state)]
 
-    [(rec, p, _)] = ours([("memory", model, 4 * info.file_bytes + (64 << 20), info.file_bytes, args.test, n)])
+    [(rec, p, _)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)])
     if o_labels is not None:
         rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
-        rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["median_s"], rec["median_s"])
+        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours
+        rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["scoring_only_s"], rec["median_s"])
+        rec["speedup_vs_omikuji_test_wall"] = common.ratio(records[0]["median_s"], rec["median_s"] + rec["load_s"])
         common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
     records.append(rec)
     if args.replicate > 1:
@@ -304,8 +317,8 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
         common.progress(f"xml: {big.name}: {common.human_bytes(binfo.file_bytes)}, budget "
                         f"{common.human_bytes(budget)} out of core; {m} points")
         (mem_rec, mem_p, mem_t), (ooc_rec, ooc_p, ooc_t) = ours([
-            (f"memory-x{args.replicate}", big, 2 * binfo.file_bytes + (64 << 20), binfo.file_bytes, sub, m),
-            (f"flash-{args.budget_fraction:g}-x{args.replicate}", big, budget, binfo.file_bytes, sub, m)])
+            (f"memory-x{args.replicate}", big, 64 << 20, binfo.level_bytes, sub, m, True),
+            (f"flash-{args.budget_fraction:g}-x{args.replicate}", big, budget, binfo.file_bytes, sub, m, False)])
         pairs = [a / b for a, b in zip(mem_t, ooc_t)]
         ooc_rec["speed_vs_memory_runs"] = pairs
         ooc_rec["speed_vs_memory"] = float(np.median(pairs))
@@ -327,7 +340,7 @@ def _stream_rows(args, cache, tmp: Path, records: list) -> None:
     # The fixed overhead of such a child: the interpreter with the modules it imports.
     _, base_rss, _ = _run_child([sys.executable, "-c", "import numpy, scipy.sparse, scalefree.cli, scalefree.flash.xml"])
     records.append(common.make_record(bench=BENCH, impl="python", variant="imports", ranks=1, nbytes=0, dtype="float32",
-                                      stats=common.Stats.of([0.0]), gbps=0.0, peak_rss_bytes=base_rss, rss_before_bytes=0))
+                                      stats=common.Stats.of([0.0]), gbps=0.0, peak_rss_bytes=base_rss, rss_before_bytes=base_rss))
     for count in counts:
         count = min(count, total)
         data = Path(args.stream)

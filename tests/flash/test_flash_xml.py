@@ -251,6 +251,12 @@ def test_budget_smaller_than_model(tmp_path):
     np.testing.assert_array_equal(a.labels, b.labels)
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
     assert a.stats["run"]["peak_resident_bytes"] <= budget
+    # the in-memory twin: the same answers, no reads while scoring
+    c = xml.predict(model.path, x, runtime=small, batch_points=8, in_memory=True)
+    np.testing.assert_array_equal(c.labels, a.labels)
+    np.testing.assert_array_equal(c.scores, a.scores)
+    assert c.stats["run"]["bytes_read"] == 0 and a.stats["run"]["bytes_read"] > 0
+    assert 0 < c.stats["load_seconds"] <= c.stats["seconds"] and a.stats["load_seconds"] == 0
     for i in range(40):
         row = x.getrow(i)
         assert_same_topk(a.labels[i], a.scores[i], reference_predict(trees, "log", n_features, row.indices, row.data, 10, 5))

@@ -202,7 +202,7 @@ impl Iterator for PyBatches {
 /// `model_path`. Writes `label:score` lines to `out_path` (atomically) when given, returns the
 /// top-k arrays as bytes when `collect`, and the ranking metrics when the input has labels.
 #[pyfunction]
-#[pyo3(signature = (runtime, model_path, source, k, beam, batch_points, batches_in_flight, max_chunk_bytes=None, out_path=None, collect=true, progress=None))]
+#[pyo3(signature = (runtime, model_path, source, k, beam, batch_points, batches_in_flight, max_chunk_bytes=None, out_path=None, collect=true, progress=None, in_memory=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn xml_predict(
     py: Python<'_>,
@@ -217,9 +217,10 @@ pub fn xml_predict(
     out_path: Option<PathBuf>,
     collect: bool,
     progress: Option<PyRef<'_, PyXmlProgress>>,
+    in_memory: bool,
 ) -> PyResult<Py<PyDict>> {
     let model = py.detach(|| ModelInfo::open(&model_path)).map_err(|e| flash_err(py, e))?;
-    let options = PredictOptions { k, beam, batch_points, batches_in_flight, max_chunk_bytes };
+    let options = PredictOptions { k, beam, batch_points, batches_in_flight, max_chunk_bytes, in_memory };
     let progress = progress.map(|p| p.inner.clone()).unwrap_or_default();
     let max_k = k.max(5);
     let mut metrics = RankingMetrics::new(max_k);
@@ -322,6 +323,7 @@ pub fn xml_predict(
     d.set_item("points", stats.points)?;
     d.set_item("batches", stats.batches)?;
     d.set_item("seconds", stats.seconds)?;
+    d.set_item("load_seconds", stats.load_seconds)?;
     d.set_item("peak_batch_bytes", stats.peak_batch_bytes)?;
     d.set_item("run", stats_dict(py, &stats.run)?)?;
     d.set_item("model", info_dict(py, &model)?)?;

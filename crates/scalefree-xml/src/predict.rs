@@ -36,11 +36,14 @@ pub struct PredictOptions {
     /// Largest read per task; levels larger than this are split by nodes (default: an eighth
     /// of the memory budget).
     pub max_chunk_bytes: Option<u64>,
+    /// The in-memory twin: read every level into memory first (outside the budget, timed as
+    /// `load_seconds`), then score with no IO (default false).
+    pub in_memory: bool,
 }
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        PredictOptions { k: 5, beam: 10, batch_points: 8192, batches_in_flight: 4, max_chunk_bytes: None }
+        PredictOptions { k: 5, beam: 10, batch_points: 8192, batches_in_flight: 4, max_chunk_bytes: None, in_memory: false }
     }
 }
 
@@ -60,6 +63,9 @@ pub struct PredictStats {
     pub run: RunStats,
     /// Largest bytes of batches (points and search state) held at once.
     pub peak_batch_bytes: u64,
+    /// Seconds spent reading the model into memory first (`in_memory`; 0 otherwise), part of
+    /// `seconds`.
+    pub load_seconds: f64,
 }
 
 /// A node range of a level, read by one task.
@@ -68,6 +74,7 @@ struct Chunk {
     end_node: u32,
     /// Offset of its first byte in the level's segment.
     segment_offset: u64,
+    len: u64,
     spec: AccessSpec,
 }
 
@@ -94,7 +101,7 @@ impl Plan {
                     let segment_offset = nodes[start].offset;
                     let len = nodes[end - 1].offset + nodes[end - 1].len - segment_offset;
                     let spec = AccessSpec::contiguous(file.clone(), level.offset + segment_offset, len.max(1))?;
-                    list.push(Chunk { end_node: end as u32, segment_offset, spec });
+                    list.push(Chunk { end_node: end as u32, segment_offset, len, spec });
                     start = end;
                 }
                 per_level.push(list);
@@ -251,6 +258,8 @@ struct Shared<'m> {
     peak_batch_bytes: AtomicU64,
     /// Buffers of finished batches, for the next ones.
     pool: Mutex<Vec<BatchBuffers>>,
+    /// `in_memory`: the file's bytes from offset `.0` on, covering every level.
+    resident: Option<(u64, Vec<u8>)>,
 }
 
 /// Adds tasks either from the feeder (an [`Injector`]) or from a running task.
@@ -279,6 +288,9 @@ struct ChunkTask<'a> {
 
 impl<'a> Task<'a> for ChunkTask<'a> {
     fn accesses(&self) -> Vec<Access> {
+        if self.shared.resident.is_some() {
+            return Vec::new();
+        }
         vec![Access::read(self.shared.plan.chunks[self.tree][self.level][self.chunk].spec.clone())]
     }
 
@@ -287,7 +299,13 @@ impl<'a> Task<'a> for ChunkTask<'a> {
         let model = shared.model;
         let chunk = &shared.plan.chunks[self.tree][self.level][self.chunk];
         let level = &model.trees[self.tree][self.level];
-        let bytes: &[u8] = buffers.read::<u8>(0);
+        let bytes: &[u8] = match &shared.resident {
+            Some((base, all)) => {
+                let start = (level.offset + chunk.segment_offset - base) as usize;
+                &all[start..start + chunk.len as usize]
+            }
+            None => buffers.read::<u8>(0),
+        };
         let out = score_chunk(model.level_nodes(level), bytes, chunk.segment_offset, &mut self.work, &self.job.buffers.points, model.loss, shared.options.beam, model.n_features);
         let beam = shared.options.beam;
         let mut guard = self.job.buffers.trees[self.tree].lock().expect("tree state poisoned");
@@ -502,6 +520,20 @@ fn start_batch<'a>(injector: &Injector<'a>, shared: &'a Shared<'a>, index: u64, 
     Ok(())
 }
 
+/// Every level of the model, read into memory: the file's bytes from the first level's offset to
+/// the end of the last one.
+fn read_levels(model: &ModelInfo) -> Result<(u64, Vec<u8>)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let first = model.trees.iter().flatten().map(|l| l.offset).min().unwrap_or(0);
+    let end = model.trees.iter().flatten().map(|l| l.offset + l.len).max().unwrap_or(first);
+    let len = usize::try_from(end - first).map_err(|_| FlashError::invalid("model too large for memory"))?;
+    let mut bytes = vec![0u8; len];
+    let mut file = std::fs::File::open(&model.path).map_err(|e| FlashError::io(&model.path, e))?;
+    file.seek(SeekFrom::Start(first)).map_err(|e| FlashError::io(&model.path, e))?;
+    file.read_exact(&mut bytes).map_err(|e| FlashError::io(&model.path, e))?;
+    Ok((first, bytes))
+}
+
 /// Scores the points of `batches` with the model at `model.path`, handing each batch and its
 /// top-k `(labels, scores)` (row-major, `k` per point, `u32::MAX` / NaN where a point has fewer
 /// than k labels) to `sink`, in input order.
@@ -520,6 +552,7 @@ where
     }
     let budget = runtime.options().memory_budget_bytes;
     let max_chunk_bytes = options.max_chunk_bytes.unwrap_or(budget / 8).max(4096);
+    let (resident, load_seconds) = if options.in_memory { (Some(read_levels(model)?), started.elapsed().as_secs_f64()) } else { (None, 0.) };
     let shared = Shared {
         model,
         plan: Plan::new(model, &file, max_chunk_bytes)?,
@@ -529,6 +562,7 @@ where
         batch_bytes: AtomicU64::new(0),
         peak_batch_bytes: AtomicU64::new(0),
         pool: Mutex::new(Vec::new()),
+        resident,
     };
     let shared = &shared;
     let (results_tx, results_rx) = mpsc::channel::<Finished>();
@@ -596,6 +630,6 @@ where
         let run = run?;
         fed?;
         let (points, batches) = consumed?;
-        Ok(PredictStats { points, batches, seconds: started.elapsed().as_secs_f64(), run, peak_batch_bytes: shared.peak_batch_bytes.load(Ordering::Acquire) })
+        Ok(PredictStats { points, batches, seconds: started.elapsed().as_secs_f64(), run, peak_batch_bytes: shared.peak_batch_bytes.load(Ordering::Acquire), load_seconds })
     })
 }

@@ -268,13 +268,15 @@ def _source(X, batch_points: int, n_features: int):
 
 def predict(model, X, k: int = 5, beam: int = 10, *, runtime: Runtime | None = None, batch_points: int = 8192,
             batches_in_flight: int = 4, max_chunk_bytes: int | None = None, out=None, collect: bool = True,
-            progress=None) -> Predictions:
+            progress=None, in_memory: bool = False) -> Predictions:
     """Top-``k`` labels of every point of ``X`` by the model file ``model``, with a beam of
     ``beam`` per tree. ``X``: a text file path (XC repository format or multi-label svmlight),
     a ``.npz`` path (scipy sparse) or a ``flash.Csr`` — all three read a batch at a time, so
     their size does not matter — or a scipy sparse matrix or numpy array (in memory). ``out``: also write ``label:score`` lines (one per point, best first) there,
     atomically. ``collect=False`` keeps no arrays (a stream of any length; use ``out``).
-    ``progress(points_done, seconds)`` is called about every second from this thread."""
+    ``progress(points_done, seconds)`` is called about every second from this thread.
+    ``in_memory=True`` is the in-memory twin: every level is read into memory first (outside
+    the runtime's budget; ``stats["load_seconds"]``), then scored with no IO."""
     if k < 1 or beam < 1 or batch_points < 1 or batches_in_flight < 1:
         raise InvalidArgumentError("k, beam, batch_points and batches_in_flight must be at least 1")
     rt = runtime or default_runtime()
@@ -288,7 +290,7 @@ def predict(model, X, k: int = 5, beam: int = 10, *, runtime: Runtime | None = N
         try:
             result["value"] = _native.xml_predict(rt._rt, model, src, k, beam, batch_points, batches_in_flight,
                                                   max_chunk_bytes, None if out is None else os.fspath(out),
-                                                  collect, counters)
+                                                  collect, counters, in_memory)
         except BaseException as e:  # re-raised in the caller's thread
             result["error"] = e
 
