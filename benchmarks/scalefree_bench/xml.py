@@ -5,7 +5,9 @@ breadth-first beam search on the flash scheduler) against omikuji, on a model om
     scalefree flash xml generate --points 50000 --first-point 200000 -o test.txt
     omikuji train train.txt --model_path omk            # untimed set-up (or --train-omikuji)
     flock -x /tmp/bench.lock scalefree bench xml --omikuji-model omk --test test.txt \\
-        --threads 2 --replicate 10 --budget-fraction 0.25 --cold --json OUT
+        --threads 2 --replicate 8 --replicate-points 20000 --batch 20000 --budget-fraction 0.25 \\
+        --cold --repeat 3 --json OUT
+    flock -x /tmp/bench.lock scalefree bench xml --stream stream.txt --stream-model model.sfxml --json OUT
 
 Rows, each timed end to end from files on disk (model and test set), same threads:
 
