@@ -230,7 +230,8 @@ def test_npz_and_flash_csr_are_streamed(tmp_path, rt):
         xml.predict(model, tmp_path / "wide.npz", runtime=rt)
     _one_line_exit_2(_cli("predict", model, tmp_path / "wide.npz", "-q"), "wide.npz")
     sp.save_npz(tmp_path / "none.npz", sp.csr_matrix((0, n_features), dtype=np.float32))
-    _one_line_exit_2(_cli("predict", model, tmp_path / "none.npz", "-q"), "none.npz")
+    with pytest.raises(ValueError, match=r"none\.npz: no data points"):
+        xml.predict(model, tmp_path / "none.npz", runtime=rt)
     with pytest.raises(ValueError, match="past the model"):
         xml.predict(model, flash.Csr.from_scipy(wide, runtime=rt), runtime=rt)
 
