@@ -196,8 +196,9 @@ def compare(records: Sequence[dict], baseline: Sequence[dict], noise: float = DE
     return changes, unmatched
 
 
-def report(changes: Sequence[Change], unmatched: int, baseline: Path, out=sys.stdout) -> None:
+def report(changes: Sequence[Change], unmatched: int, baseline: Path, out=None) -> None:
     """The comparison as a table: every figure, and which moved by more than the noise."""
+    out = out or sys.stdout
     print(f"\ncompared with {baseline} (noise: the larger of the threshold and the repeats' spread):", file=out)
     rows = [[c.point, c.figure, f"{c.recorded:.4g}", f"{c.now:.4g}", f"{c.change * 100:+.1f} %",
              f"{c.noise * 100:.0f} %", c.verdict] for c in changes]
@@ -250,7 +251,7 @@ def guarded(func: Callable) -> Callable:
     return run
 
 
-def check(records: Sequence[dict], compare_with: str, noise: float, out=sys.stdout) -> int:
+def check(records: Sequence[dict], compare_with: str, noise: float, out=None) -> int:
     """Compares ``records`` with ``compare_with`` (a file, or ``""``: the newest match under
     docs/results); 1 if a figure got worse by more than the noise, else 0."""
     if not records:
