@@ -32,7 +32,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     # The performance guard: every bench that writes records can compare them with the last
     # recorded ones (`--compare`, see compare.py).
     for bench in bench_sub.choices.values():
-        if any(a.dest == "json" for a in bench._actions) and bench.get_default("func") is not None:
+        if any(a.dest == "json" for a in bench._actions):
             compare.add_args(bench)
-            bench.set_defaults(func=compare.guarded(bench.get_default("func")))
     return p

@@ -211,10 +211,21 @@ def report(changes: Sequence[Change], unmatched: int, baseline: Path, out=None) 
     print(summary, file=out)
 
 
+class _CompareAction(argparse.Action):
+    """``--compare [FILE]``: records the baseline and guards the bench's ``func`` with the
+    comparison (only then: without the option a bench runs as it always did)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        func = getattr(namespace, "func", None)
+        if func is not None and not getattr(func, "_compares", False):
+            namespace.func = guarded(func)
+
+
 def add_args(p) -> None:
     """``--compare [FILE]`` and ``--noise`` (every bench that writes ``--json`` records)."""
-    p.add_argument("--compare", nargs="?", const="", default=argparse.SUPPRESS, type=argparse_type(_results_file),
-                   metavar="FILE",
+    p.add_argument("--compare", action=_CompareAction, nargs="?", const="", default=argparse.SUPPRESS,
+                   type=argparse_type(_results_file), metavar="FILE",
                    help="compare the run with the last recorded result (FILE, or with no FILE the newest "
                    "matching file under docs/results/): which headline figure moved by more than the noise; "
                    "exit 1 if one got worse")
@@ -231,13 +242,11 @@ def _results_file(text: str) -> str:
 
 
 def guarded(func: Callable) -> Callable:
-    """``func`` (a bench's ``run(args)``) followed by ``--compare`` when it was asked for: the
-    records it wrote with ``--json`` (a temporary file when none was given) against the
-    baseline."""
+    """``func`` (a bench's ``run(args)``) followed by the comparison ``args.compare`` asks
+    for: the records it wrote with ``--json`` (a temporary file when none was given) against
+    the baseline."""
 
     def run(args) -> int:
-        if getattr(args, "compare", None) is None:
-            return func(args)
         with tempfile.TemporaryDirectory(prefix="sf-compare-") as tmp:
             own = args.json
             if own is None:
@@ -248,6 +257,8 @@ def guarded(func: Callable) -> Callable:
         return max(int(rc or 0), check(records, args.compare, args.noise / 100.0))
 
     run.__name__ = getattr(func, "__name__", "run")
+    run.__wrapped__ = func
+    run._compares = True
     return run
 
 

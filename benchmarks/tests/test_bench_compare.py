@@ -80,7 +80,9 @@ def test_every_recording_bench_takes_compare(bench, tmp_path):
     base.write_text("[]")
     args = _parse(bench, "--compare", str(base), "--noise", "5")
     assert args.compare == str(base) and args.noise == 5.0
-    assert not hasattr(_parse(bench), "compare")
+    assert args.func._compares and args.func.__wrapped__ is _parse(bench).func
+    plain = _parse(bench)
+    assert not hasattr(plain, "compare") and not getattr(plain.func, "_compares", False)
 
 
 def test_a_missing_baseline_file_is_a_usage_error(tmp_path, capsys):
