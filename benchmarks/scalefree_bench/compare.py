@@ -48,7 +48,13 @@ FIGURES: dict[str, int] = {
     "points_per_s": +1,
     "iters_per_s": +1,
     "gflops": +1,
+    "wall_over_ideal_slept": -1,
 }
+
+#: Figures derived from two of a record's fields (numerator, denominator): the SSP loop over
+#: its ideal with the delays the ranks actually slept, which a busy machine's late wake-ups
+#: do not move (``bench ssp``).
+DERIVED: dict[str, tuple[str, str]] = {"wall_over_ideal_slept": ("wall_s", "ideal_slept_s")}
 
 #: Float fields that are settings of a point, not measurements.
 SETTING_FLOATS = frozenset({"delay_ms", "straggler_ms", "lam", "eta", "lr", "tol", "tolerance", "sample",
@@ -87,6 +93,9 @@ def _figures(rec: dict) -> dict[str, float]:
     out = {}
     for name in FIGURES:
         v = rec.get(name)
+        if name in DERIVED:
+            num, den = (rec.get(k) for k in DERIVED[name])
+            v = num / den if isinstance(num, (int, float)) and isinstance(den, (int, float)) and den > 0 else None
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
             out[name] = float(v)
     return out

@@ -106,3 +106,11 @@ def test_the_guarded_run_compares_what_it_recorded(tmp_path, capsys, wall, rc):
     assert args.json is None  # the temporary record file is the guard's, not the caller's
     out = capsys.readouterr().out
     assert f"compared with {base}" in out and ("1 worse" if rc else "0 worse") in out
+
+
+def test_the_ssp_loop_is_also_compared_with_its_slept_ideal():
+    # The machine slept late (wall and slept ideal both up 20 %): the wall is worse, the loop
+    # over its slept ideal is not.
+    changes, _ = compare.compare([_rec(wall=1.2, ideal_slept_s=0.78)], [_rec(wall=1.0, ideal_slept_s=0.65)], noise=0.1)
+    v = _verdicts(changes)
+    assert v[("hypercube", "wall_s")] == "worse" and v[("hypercube", "wall_over_ideal_slept")] == "within noise"
