@@ -147,12 +147,15 @@ def default_results_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
-def find_baseline(records: Sequence[dict], results: Path) -> Path | None:
-    """The newest file under ``results`` with records matching some point of ``records``."""
+def find_baseline(records: Sequence[dict], results: Path, exclude: Path | None = None) -> Path | None:
+    """The newest file under ``results`` with records matching some point of ``records``
+    (but ``exclude``: the file this run just wrote them to)."""
     keys = {identity(r) for r in records}
     benches = {r.get("bench") for r in records}
     found = []
     for path in sorted(results.rglob("*.json")):
+        if exclude is not None and path.resolve() == exclude.resolve():
+            continue
         recs = load_records(path)
         if not any(r.get("bench") in benches for r in recs):
             continue
@@ -263,7 +266,7 @@ def guarded(func: Callable) -> Callable:
             rc = func(args)
             records = load_records(args.json) if args.json.exists() else []
             args.json = own
-        return max(int(rc or 0), check(records, args.compare, args.noise / 100.0))
+        return max(int(rc or 0), check(records, args.compare, args.noise / 100.0, written=own))
 
     run.__name__ = getattr(func, "__name__", "run")
     run.__wrapped__ = func
@@ -271,9 +274,10 @@ def guarded(func: Callable) -> Callable:
     return run
 
 
-def check(records: Sequence[dict], compare_with: str, noise: float, out=None) -> int:
+def check(records: Sequence[dict], compare_with: str, noise: float, out=None, written: Path | None = None) -> int:
     """Compares ``records`` with ``compare_with`` (a file, or ``""``: the newest match under
-    docs/results); 1 if a figure got worse by more than the noise, else 0."""
+    docs/results other than ``written``, where the run wrote them); 1 if a figure got worse by
+    more than the noise, else 0."""
     if not records:
         progress("--compare: the run wrote no records to compare")
         return 0
@@ -281,7 +285,7 @@ def check(records: Sequence[dict], compare_with: str, noise: float, out=None) ->
         baseline = Path(compare_with)
     else:
         results = default_results_dir()
-        baseline = find_baseline(records, results) if results.is_dir() else None
+        baseline = find_baseline(records, results, exclude=written) if results.is_dir() else None
         if baseline is None:
             progress(f"--compare: no recorded result under {results} matches a point of this run")
             return 0

@@ -66,6 +66,8 @@ def test_the_newest_matching_file_is_the_baseline(tmp_path):
     os.utime(other, (3e9, 3e9))
     assert compare.find_baseline([_rec()], tmp_path) == new
     assert compare.find_baseline([_rec(ranks=3)], tmp_path) is None
+    # A run that records into the results folder is not its own baseline.
+    assert compare.find_baseline([_rec()], tmp_path, exclude=new) == old
 
 
 def _parse(*argv):
