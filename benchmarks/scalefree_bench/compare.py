@@ -61,7 +61,7 @@ SETTING_FLOATS = frozenset({"delay_ms", "straggler_ms", "lam", "eta", "lr", "tol
                             "target_rmse", "rmse_target", "budget_fraction"})
 
 #: Integer fields that are measured (counts that vary from run to run), not settings.
-MEASURED_INTS = frozenset({"n", "calls", "round", "repeats", "runs", "iters_to_target", "survivors", "generated",
+MEASURED_INTS = frozenset({"n", "round", "repeats", "runs", "iters_to_target", "survivors", "generated",
                            "copied_first", "copied_later", "traced_sites", "scalefree_iterations_to_libmf_rmse"})
 _MEASURED_INT_PARTS = ("rss", "peak", "_read", "written", "resident")
 

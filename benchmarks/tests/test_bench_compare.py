@@ -11,8 +11,8 @@ from scalefree_bench import cli as bench_cli
 from scalefree_bench import compare
 
 
-def _rec(variant="hypercube", ranks=4, wall=1.0, median=0.001, n=200, **extra):
-    return {"bench": "ssp", "impl": "scalefree", "variant": variant, "ranks": ranks, "hosts": 1, "bytes": 1 << 20,
+def _rec(variant="hypercube", ranks=4, wall=1.0, median=0.001, n=200, calls=200, **extra):
+    return {"bench": "ssp", "impl": "scalefree", "variant": variant, "ranks": ranks, "hosts": 1, "bytes": 1 << 20, "calls": calls,
             "dtype": "float32", "median_s": median, "min_s": median / 2, "max_s": median * 3, "n": n, "gbps": 0.0,
             "slack": 8, "delay_ms": 20.0, "wall_s": wall, "coll_s": 0.2, "ideal_s": 0.65, **extra}
 
@@ -26,6 +26,8 @@ def test_identity_is_the_settings_not_the_measurements():
     assert compare.identity(a) == compare.identity(b)
     assert compare.identity(a) != compare.identity(_rec(ranks=2))
     assert compare.identity(a) != compare.identity(_rec(delay_ms=0.0))
+    # `bench ssp --calls` is a setting (a loop of 5 calls is not a loop of 200).
+    assert compare.identity(a) != compare.identity(_rec(calls=5))
 
 
 @pytest.mark.parametrize("factor, verdict", [(1.05, "within noise"), (1.2, "worse"), (0.8, "better"), (0.95, "within noise")])
