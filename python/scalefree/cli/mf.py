@@ -18,7 +18,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 from ..mf.data.checkpoint import nothing_to_resume
-from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
+from ..mf.model import BUDGET_MODES, MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
 from .common import EXIT_USAGE, add_columns, add_text_dialect, count, fail, number, relaunch, show_progress
 
 PROG = "scalefree mf train"
@@ -27,8 +27,8 @@ PROG = "scalefree mf train"
 def _check_ranks(args) -> None:
     n = args.ranks
     if args.memory_budget is not None:
-        if args.mode != "rima":
-            fail(PROG, f"--memory-budget is for --mode rima (got --mode {args.mode})")
+        if args.mode not in BUDGET_MODES:
+            fail(PROG, f"--memory-budget is for --mode {', '.join(BUDGET_MODES)} (got --mode {args.mode})")
         from .._units import parse_bytes
 
         try:
@@ -144,7 +144,8 @@ def _train(args) -> int:
         _check_libmf_ids(train, test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
-                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
+                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize,
+                                memory_budget=args.memory_budget, block_dir=args.block_dir)
     out = open(args.json, "w") if args.json else None
     try:
         def log(rec):
@@ -165,6 +166,10 @@ def _train(args) -> int:
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
+    if "memory_budget" in h[-1]:
+        print(f"rating blocks on flash: budget {h[-1]['memory_budget'] / 2**20:.1f} MiB, at most "
+              f"{h[-1]['rating_bytes_resident'] / 2**20:.1f} MiB held, {h[-1]['bytes_read'] / 2**20:.1f} MiB read, "
+              f"{h[-1]['preload_wait_seconds']:.3f} s waiting for reads")
     _report_early_stop(model, args)
     _warn_unseen(model)
     return 0
@@ -284,8 +289,9 @@ def add_parser(sub) -> None:
     t.add_argument("--threads", "-t", type=count(1), default=None, help="local: threads (default: all cores this process may use)")
     t.add_argument("--blocks", type=count(1), default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
-                   help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
-                        "read ahead in pattern order (default: all in memory)")
+                   help="rating bytes a rank (local: the process) may hold (e.g. 64M); the blocks stay on flash "
+                        "and the flash runtime's program cache reads them ahead in schedule order "
+                        "(rima, dsgd-ps, local; default: all in memory)")
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
     t.add_argument("--slack", type=count(0), default=None, metavar="S",

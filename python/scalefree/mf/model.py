@@ -47,6 +47,7 @@ from .modes import local as mf_local
 from .modes import rima as mf_rima
 
 MODES = ("local", "rima", "dsgd-ps")
+BUDGET_MODES = MODES  # modes that take a memory_budget (the blocks on flash)
 
 
 def load_ratings(data, cache: bool = True, delimiter: str | None = None, header: str = "auto",
@@ -118,10 +119,12 @@ class MatrixFactorization:
     (``mf/modes/rima_ssp.py``; 0 is synchronous, the same result as None); straggler_ms
     (with ``slack``, for benchmarks): before each ring step one seeded-random rank sleeps up to
     this many ms (``scalefree.ssp.straggler``).
-    memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
-    the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
-    loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
-    Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
+    memory_budget (``rima``, ``dsgd-ps``, ``local``): bytes (or ``"64M"``) of rating blocks a
+    rank (``local``: the process) may hold — the blocks stay on flash in an anonymous file in
+    ``block_dir`` (default: the temp directory; ``local``: the flash runtime's scratch
+    directory) and the flash runtime's program cache reads them ahead in schedule order
+    (``mf_preload``; ``local``: the grid's pass order); same result as in memory. Given a file
+    path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up of ``rima`` is
     streamed too and no rank ever holds all ratings (``mf_stream``).
     normalize (default on, every mode): train on ratings divided by their standard
     deviation s with λ divided by s, as LIBMF does (the same objective on the raw ratings;
@@ -141,9 +144,9 @@ class MatrixFactorization:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
         self.normalize = True if normalize is None else bool(normalize)
         if memory_budget is not None:
-            if mode != "rima":
-                raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
-                                           f"blocks to preload); mode {mode!r} keeps R in memory")
+            if mode not in BUDGET_MODES:
+                raise InvalidArgumentError(f"memory_budget is for modes {', '.join(BUDGET_MODES)} (their block "
+                                           f"schedules tell which blocks to read ahead); mode {mode!r} keeps R in memory")
 
             memory_budget = parse_bytes(memory_budget)
         self.memory_budget, self.block_dir = memory_budget, block_dir
@@ -265,6 +268,7 @@ class MatrixFactorization:
         self.history, self.stopped_at, self._model = mf_local.train(
             train, valid, test_r, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, threads=self.threads,
             blocks=self.blocks, seed=self.seed, init_max=self.init_max, normalize=self.normalize,
+            memory_budget=self.memory_budget, block_dir=self.block_dir,
             iterations=self.iterations, patience=patience, eval_every=eval_every, ckpt=ckpt, expect=expect,
             on_iteration=on_iteration, bar=_Bar(self.iterations, progress))
         return self
