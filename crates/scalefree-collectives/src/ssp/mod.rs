@@ -17,7 +17,7 @@
 
 mod delta;
 mod hypercube;
-mod mailbox;
+pub(crate) mod mailbox;
 mod sharded;
 
 use std::time::Instant;
