@@ -385,13 +385,15 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
     return model[:-1], float(model[-1]), stats
 
 
-def _step_update(w, h, at, sums, count, alpha, lr, optimizer, feats_w) -> None:
+def _step_update(w, h, at, sums, count, alpha, lr, optimizer, feats_w, steps: float = 1.0) -> None:
     """One optimizer step on the coordinates ``at`` (features then the bias) from gradient
-    ``sums`` over ``count`` rows, L2 on the features ``feats_w``."""
+    ``sums`` over ``count`` rows, L2 on the features ``feats_w``. ``steps``: how many
+    mini-batches' worth of rows the gradient spans (AdaGrad adds ``grad**2 / steps``: what
+    that many steps of ``grad / steps`` each would add)."""
     grad = sums / count
     grad[:-1] += alpha * w[feats_w]
     if optimizer == "adagrad":
-        h[at] += grad * grad
+        h[at] += grad * grad / steps
         w[at] -= lr * grad / (np.sqrt(h[at]) + 1e-12)
     else:
         w[at] -= lr * grad
@@ -424,7 +426,8 @@ def _train_fixed(group, rows, epochs, batch, lr, alpha, seed, degrees, progress,
         if d[-1] > 0:
             live = np.flatnonzero(d[:-2] != 0)
             at = np.append(at_all[live], dim)
-            _step_update(w, h, at, np.append(d[live], d[-2]), 1.0, alpha, lr, optimizer, feats[live])
+            _step_update(w, h, at, np.append(d[live], d[-2]), 1.0, alpha, lr, optimizer, feats[live],
+                         d[-1] * scale)
 
     step_s, reduce_s, ages = [], [], []
     for epoch in range(epochs):
