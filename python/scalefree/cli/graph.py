@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints,
+from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_slack, add_text_dialect, check_checkpoint, checkpoints,
                      count, fail, number, relaunch, show_progress, stopped_line)
 
 EDGES_HELP = ("edge file: edge list (SNAP, CSV; .gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
@@ -349,14 +349,9 @@ def add_parser(sub) -> None:
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
                    help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
                         "or --resume)")
-    q.add_argument("--slack", type=count(0), default=None,
-                   help="asynchronous iterations: a rank may use other ranks' flow up to this many iterations old "
-                        "instead of waiting for a slow rank; the L1 test runs on the exact (flushed) scores every "
-                        "--check-every iterations")
+    add_slack(q, "flow", "the L1 test runs on the exact (flushed) scores every --check-every iterations")
     q.add_argument("--check-every", type=count(1), default=None,
                    help="with --slack: iterations between exact checks (default: the slack)")
-    q.add_argument("--straggler", type=number(0), default=0.0, metavar="MS",
-                   help="benchmarks: before each iteration one seeded-random rank sleeps up to MS ms")
     q.add_argument("--straggler-seed", type=count(0), default=0, help="seed of the --straggler schedule")
     add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")

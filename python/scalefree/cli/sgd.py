@@ -28,7 +28,7 @@ from ..sgd.logreg import (
     train,
     write_svmlight,
 )
-from .common import (add_checkpoint, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints, count, fail,
+from .common import (add_checkpoint, add_quiet, add_ranks, add_slack, add_text_dialect, check_checkpoint, checkpoints, count, fail,
                      number, relaunch, show_progress, stopped_line)
 
 
@@ -173,12 +173,8 @@ def add_parser(sub) -> None:
     q.add_argument("--fixed-features", action="store_true",
                    help="one sparse allreduce configured once on each rank's features (cumulative gradient sums) "
                         "instead of a config_reduce per mini-batch")
-    q.add_argument("--slack", type=count(0), default=None,
-                   help="bounded staleness (implies --fixed-features): a step may use other ranks' gradient sums up "
-                        "to this many steps old instead of waiting for a slow rank; nothing is lost (a flush at the "
-                        "end applies the rest)")
-    q.add_argument("--straggler", type=number(0), default=0.0, metavar="MS",
-                   help="benchmarks: before each step one seeded-random rank (--seed) sleeps up to MS ms")
+    add_slack(q, "gradient sums", "implies --fixed-features; nothing is lost (a flush at the end applies the "
+                                  "rest); the --straggler schedule's seed is --seed")
     q.add_argument("--progress", action="store_true", help="per-epoch progress (also when not a terminal)")
     add_checkpoint(q, "epoch")
     add_quiet(q)
