@@ -41,6 +41,11 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
+    if args.slack is not None:
+        if args.mode != "rima":
+            fail(PROG, f"--slack is for --mode rima (got --mode {args.mode})")
+        if args.memory_budget is not None or args.checkpoint or args.validation_fraction:
+            fail(PROG, "--slack does not combine with --memory-budget, --checkpoint or --validation-fraction")
     if args.mode == "local" and n > 1:
         fail(PROG, "--mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -83,7 +88,8 @@ def _train_ranks(args) -> int:
                                             args.delimiter, args.header, columns=args.columns, test_file=args.test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
-                                memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
+                                memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize,
+                                slack=args.slack)
     model._t_start = t_start  # set-up time counts the loading too
     model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args),
               validation_fraction=args.validation_fraction, patience=args.patience)
@@ -282,6 +288,10 @@ def add_parser(sub) -> None:
                         "read ahead in pattern order (default: all in memory)")
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
+    t.add_argument("--slack", type=count(0), default=None, metavar="S",
+                   help="rima: bounded staleness — a worker may train up to S ring steps ahead on its copy of a "
+                        "block its predecessor still owes, merged by delta when it arrives (0: synchronous, "
+                        "the same result as without --slack)")
     t.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="train on ratings divided by their standard deviation with λ divided by it, as "
                         "LIBMF does (default on, every mode)")

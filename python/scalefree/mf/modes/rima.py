@@ -11,6 +11,10 @@ iteration: an iteration is w steps in one direction, which visits every block of
 once. Each block visit samples its ratings in a fresh random order (intra-block randomness).
 At the end every rank sends its two blocks to rank 0, which assembles P and Q.
 
+With ``opts["slack"] = S`` a worker need not wait for its predecessor's block: it trains on
+the copy it holds and merges by delta when the block arrives (:mod:`.rima_ssp`; S = 0 gives
+this module's result bit for bit).
+
 Blocks move through static tensor slots (``scalefree.tensors.slots.static_slots``): one write into
 the receiver's buffer, which it copies and releases so the sender may send again.
 
@@ -38,6 +42,7 @@ from ..data import stream as mf_stream
 from ..data.blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 from ..data import checkpoint as mf_ckpt
 from ..data.checkpoint import Plan
+from . import rima_ssp
 
 
 _NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
@@ -153,6 +158,10 @@ def train(group, train_ratings, opts: dict) -> dict:
     sequence = (bp[:, mine_j] * V + bq[:, mine_j]).reshape(-1)  # this rank's blocks, in training order
     budget = opts.get("memory_budget")
     streamed = isinstance(train_ratings, mf_stream.StreamedRatings)
+    # Bounded staleness (rima_ssp) when a slack is given, 0 included (the same result as here).
+    stale = opts.get("slack") is not None and w > 1
+    if stale:
+        rima_ssp.check_options(opts, streamed)
     if streamed and budget is None:
         raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
                                    "load the ratings into memory for an in-memory run")
@@ -203,6 +212,8 @@ def train(group, train_ratings, opts: dict) -> dict:
             pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget)
         else:
             part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
+        if stale:
+            return rima_ssp.train(group, part, opts, w, r, c, V, bp, bq, dirs, visit_order(c))
         return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed)
     finally:
         if pre is not None:
