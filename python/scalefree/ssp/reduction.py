@@ -29,6 +29,7 @@ or ``fixed`` (every rank starts at shard 0; kept to measure against).
 from __future__ import annotations
 
 import json
+
 import numpy as np
 
 from .._callstats import CallStats
