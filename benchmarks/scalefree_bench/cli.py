@@ -12,7 +12,7 @@ import importlib
 from . import compare
 
 # Module names under scalefree_bench, in the order `scalefree bench --help` lists them.
-BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
+BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "ssp_sparse", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
                  "pagerank", "pagerank_replicated", "pagerank_resume", "mf", "rendezvous", "ddp", "topics", "load", "xml")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints,
+from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_slack, add_text_dialect, check_checkpoint, checkpoints,
                      count, fail, number, relaunch, show_progress, stopped_line)
 
 EDGES_HELP = ("edge file: edge list (SNAP, CSV; .gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
@@ -105,7 +105,8 @@ def _pagerank(args) -> int:
     t1 = time.perf_counter()
     if args.collective == "dense":
         return _pagerank_dense(args, g, s, d, n_ids, edges, t0, load_s)
-    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
+    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False, slack=args.slack,
+                        check_every=args.check_every)
     del s, d
     me, m = logical_rank(g, rep)
     gather = None
@@ -127,7 +128,7 @@ def _pagerank(args) -> int:
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "damping": args.damping,
                                "dtype": args.dtype}, "PageRank")
     t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck)
+    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck, args.straggler, args.straggler_seed)
     iterate_s = time.perf_counter() - t2
     if ck is not None and ck.stopped:
         if g.rank == 0:
@@ -178,6 +179,7 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
         print(f"scores written to {args.output}", file=sys.stderr)
     if args.json:
         rec = {"vertices": int(n), "edges": int(edges), "ranks": ranks, "collective": args.collective,
+               "slack": getattr(args, "slack", None), "straggler_ms": getattr(args, "straggler", 0.0),
                "iterations": it, "load_s": load_s, "setup_s": setup_s, "iterate_s": iterate_s,
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
@@ -309,6 +311,10 @@ def _check_pagerank(prog, args) -> None:
     check_checkpoint(prog, args)
     if args.checkpoint and (args.collective == "dense" or args.replication > 1):
         fail(prog, "--checkpoint needs --collective sparse and no --replication")
+    if args.collective == "dense" and (args.slack is not None or args.straggler):
+        fail(prog, "--slack and --straggler need --collective sparse")
+    if args.check_every is not None and args.slack is None:
+        fail(prog, "--check-every needs --slack")
 
 
 def add_parser(sub) -> None:
@@ -346,6 +352,10 @@ def add_parser(sub) -> None:
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
                    help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
                         "or --resume; under scalefree run --max-restarts only in the first start)")
+    add_slack(q, "flow", "the L1 test runs on the exact (flushed) scores every --check-every iterations")
+    q.add_argument("--check-every", type=count(1), default=None,
+                   help="with --slack: iterations between exact checks (default: the slack)")
+    q.add_argument("--straggler-seed", type=count(0), default=0, help="seed of the --straggler schedule")
     add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")
     add_quiet(q)
