@@ -1,6 +1,7 @@
 //! `scalefree._native.PageRankCsr` (one rank's local PageRank matrix in compact ids) and
 //! the set-up kernels of a partitioned graph load: `owner_partition`, `sort_dedup_pairs`,
-//! `degree_counts`, `PageRankCsr.from_edges`. Thin: the kernels are in `scalefree-graph`
+//! `degree_counts`, `PageRankCsr.from_edges`; `PageRankCsr.to_flash` moves the matrix to a
+//! flash runtime's scratch file (`pagerank_flash.rs`). Thin: the kernels are in `scalefree-graph`
 //! (`pagerank.rs`, `edges.rs`, `local.rs`), the algorithms in `python/scalefree/graph/`.
 //! Arrays come in through the buffer protocol (contiguous, no copy) and go out as numpy
 //! views of the vectors the kernels filled (no copy); the work runs with the GIL released.
@@ -10,9 +11,14 @@ use scalefree_graph::edges;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::pagerank_flash::FlashPageRankCsr;
+use std::sync::Arc;
+
+use scalefree_flash::{RunStats, Runtime};
 
 use crate::buffer::Buf;
 use crate::errors::invalid;
+use crate::flash::{flash_err, stats_dict, PyFlashRuntime};
 use crate::io::{array, Owned};
 
 /// Vertex ids of an integer buffer: uint32, int64 or uint64 (no copy).
@@ -194,12 +200,17 @@ fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyRe
     Ok(if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut T, n) } })
 }
 
+/// Where the matrix lives: in memory, or on flash with the runtime that streams it.
+enum Storage {
+    Memory { indptr: Vec<u64>, cols: Vec<u32> },
+    Flash { csr: FlashPageRankCsr, rt: Arc<Runtime>, last: Option<RunStats> },
+}
+
 /// The local matrix (rows = out slots, columns = in slots, no values) and its scratch
-/// vector; `step` and `owned` allocate nothing.
+/// vector; `step` and `owned` allocate nothing (in memory; on flash the runtime's buffers).
 #[pyclass(name = "PageRankCsr", module = "scalefree._native")]
 pub struct PyPageRankCsr {
-    indptr: Vec<u64>,
-    cols: Vec<u32>,
+    storage: Storage,
     ncols: usize,
     f32: bool,
     x32: Vec<f32>,
@@ -209,13 +220,37 @@ pub struct PyPageRankCsr {
 impl PyPageRankCsr {
     fn of_parts(indptr: Vec<u64>, cols: Vec<u32>, ncols: usize, f32: bool) -> Self {
         PyPageRankCsr {
-            indptr,
-            cols,
+            storage: Storage::Memory { indptr, cols },
             ncols,
             f32,
             x32: if f32 { vec![0.0; ncols] } else { Vec::new() },
             x64: if f32 { Vec::new() } else { vec![0.0; ncols] },
         }
+    }
+
+    fn nrows(&self) -> usize {
+        match &self.storage {
+            Storage::Memory { indptr, .. } => indptr.len() - 1,
+            Storage::Flash { csr, .. } => csr.nrows(),
+        }
+    }
+
+    /// One step in `T` (see `step`).
+    fn step_in<T: Real>(&mut self, py: Python<'_>, g: &[T], w: &[T], base: f64, damping: f64, yv: &mut [T], x: fn(&mut Self) -> &mut Vec<T>) -> PyResult<f64> {
+        let xs = std::mem::take(x(self));
+        let mut xs = xs;
+        let out = match &mut self.storage {
+            Storage::Memory { indptr, cols } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Flash { csr, rt, last } => match py.detach(|| csr.spmv_step(rt, g, w, base, damping, &mut xs, yv)) {
+                Ok((total, stats)) => {
+                    *last = Some(stats);
+                    Ok(total)
+                }
+                Err(e) => Err(flash_err(py, e)),
+            },
+        };
+        *x(self) = xs;
+        out
     }
 }
 
@@ -274,23 +309,67 @@ impl PyPageRankCsr {
 
     #[getter]
     fn nnz(&self) -> usize {
-        self.cols.len()
+        match &self.storage {
+            Storage::Memory { cols, .. } => cols.len(),
+            Storage::Flash { csr, .. } => csr.nnz() as usize,
+        }
     }
 
     /// Before the reduce: scaled sources into the scratch vector, then `y = A x` and
     /// `y[nrows] = Σ y` (returned). `got`, `inv_deg`: ncols values; `y`: nrows + 1.
     fn step(&mut self, py: Python<'_>, got: Bound<'_, PyAny>, inv_deg: Bound<'_, PyAny>, base: f64, damping: f64, y: Bound<'_, PyAny>) -> PyResult<f64> {
         let (gb, ib, yb) = (Buf::get(&got, false, "got")?, Buf::get(&inv_deg, false, "inv_deg")?, Buf::get(&y, true, "y")?);
-        let (n, m) = (self.ncols, self.indptr.len());
-        let (ip, cs) = (&self.indptr, &self.cols);
+        let (n, m) = (self.ncols, self.nrows() + 1);
         if self.f32 {
             let (g, w, yv) = (floats::<f32>(py, &gb, "got", n)?, floats::<f32>(py, &ib, "inv_deg", n)?, floats::<f32>(py, &yb, "y", m)?);
-            let x = &mut self.x32;
-            Ok(py.detach(|| spmv_step(ip, cs, g, w, base, damping, x, yv)))
+            self.step_in(py, g, w, base, damping, yv, |s| &mut s.x32)
         } else {
             let (g, w, yv) = (floats::<f64>(py, &gb, "got", n)?, floats::<f64>(py, &ib, "inv_deg", n)?, floats::<f64>(py, &yb, "y", m)?);
-            let x = &mut self.x64;
-            Ok(py.detach(|| spmv_step(ip, cs, g, w, base, damping, x, yv)))
+            self.step_in(py, g, w, base, damping, yv, |s| &mut s.x64)
+        }
+    }
+
+    /// Moves the matrix to a scratch file of the flash runtime `runtime` (unnamed: nothing
+    /// is left behind, even after a crash) and frees it in memory; from then on every
+    /// `step` streams it from flash in row blocks under the runtime's budget (the same
+    /// result, bit for bit). Fails with `OutOfBudgetError` when one row's edges alone
+    /// exceed the budget.
+    fn to_flash(&mut self, py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>) -> PyResult<()> {
+        let rt = runtime.rt.clone();
+        let ncols = self.ncols;
+        if let Storage::Memory { indptr, cols } = &self.storage {
+            let csr = py.detach(|| FlashPageRankCsr::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
+            self.storage = Storage::Flash { csr, rt, last: None };
+        }
+        Ok(())
+    }
+
+    /// Whether the matrix is on flash.
+    #[getter]
+    fn on_flash(&self) -> bool {
+        matches!(self.storage, Storage::Flash { .. })
+    }
+
+    /// Bytes of the matrix (row starts and columns; on flash: what one step reads).
+    #[getter]
+    fn size_bytes(&self) -> u64 {
+        match &self.storage {
+            Storage::Memory { indptr, cols } => indptr.len() as u64 * 8 + cols.len() as u64 * 4,
+            Storage::Flash { csr, .. } => csr.size_bytes(),
+        }
+    }
+
+    /// The flash runtime's statistics of the last `step` (None in memory or before a step):
+    /// tasks (row blocks), seconds, bytes read, peak resident bytes, compute idle seconds...
+    #[getter]
+    fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        match &self.storage {
+            Storage::Flash { last: Some(s), csr, .. } => {
+                let d = stats_dict(py, s)?;
+                d.set_item("direct_io", csr.is_direct())?;
+                Ok(Some(d))
+            }
+            _ => Ok(None),
         }
     }
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
+from .._units import parse_positive_bytes
 from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints,
                      count, fail, number, relaunch, show_progress, stopped_line)
 
@@ -105,7 +106,8 @@ def _pagerank(args) -> int:
     t1 = time.perf_counter()
     if args.collective == "dense":
         return _pagerank_dense(args, g, s, d, n_ids, edges, t0, load_s)
-    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
+    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False,
+                        memory_budget=args.memory_budget, flash_dir=args.flash_dir)
     del s, d
     me, m = logical_rank(g, rep)
     gather = None
@@ -147,6 +149,10 @@ def _pagerank(args) -> int:
             ids = np.flatnonzero(mask)
             _write_scores(args.output, ids, everything[ids])
     rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
+    if rep == 1:
+        stages["csr_bytes_per_rank"] = [int(x) for x in g.allgather(np.array([pr.csr.size_bytes], np.int64)).reshape(-1)]
+    if args.memory_budget is not None and rep == 1:
+        stages["flash"] = _flash_record(g, pr)
     saved = None
     if ck is not None:  # per rank: checkpoints written, their median seconds, the last one's bytes
         saved = g.allgather(np.array([len(ck.saved_s), np.median(ck.saved_s) if ck.saved_s else 0.0,
@@ -155,6 +161,24 @@ def _pagerank(args) -> int:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
         _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved, stages)
     return 0
+
+
+def _flash_record(g, pr) -> dict:
+    """Collective: per rank, the bytes of its CSR on flash and what its last iteration's
+    stream did (bytes read, seconds, peak resident bytes of the runtime, row blocks)."""
+    st = pr.csr.last_stats or {}
+    mine = np.array([pr.csr.size_bytes, st.get("bytes_read", 0), st.get("seconds", 0.0),
+                     st.get("peak_resident_bytes", 0), st.get("tasks", 0), st.get("compute_idle_seconds", 0.0),
+                     float(bool(st.get("direct_io", False)))], np.float64)
+    every = g.allgather(mine).reshape(g.size, -1)
+    return {"memory_budget_bytes": int(pr.flash_runtime.memory_budget_bytes),
+            "csr_bytes_per_rank": [int(x) for x in every[:, 0]],
+            "last_iteration_bytes_read_per_rank": [int(x) for x in every[:, 1]],
+            "last_iteration_stream_s_per_rank": [float(x) for x in every[:, 2]],
+            "peak_resident_bytes_per_rank": [int(x) for x in every[:, 3]],
+            "row_blocks_per_rank": [int(x) for x in every[:, 4]],
+            "compute_idle_s_per_rank": [float(x) for x in every[:, 5]],
+            "direct_io": bool(every[:, 6].all())}
 
 
 def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
@@ -306,6 +330,15 @@ def _check_pagerank(prog, args) -> None:
     check_checkpoint(prog, args)
     if args.checkpoint and (args.collective == "dense" or args.replication > 1):
         fail(prog, "--checkpoint needs --collective sparse and no --replication")
+    if args.memory_budget is not None:
+        if args.collective == "dense":
+            fail(prog, "--memory-budget needs --collective sparse")
+        try:
+            parse_positive_bytes(args.memory_budget, "--memory-budget")
+        except ValueError as e:
+            fail(prog, str(e))
+    if args.flash_dir is not None and not Path(args.flash_dir).is_dir():
+        fail(prog, f"--flash-dir {args.flash_dir}: no such directory")
 
 
 def add_parser(sub) -> None:
@@ -336,6 +369,14 @@ def add_parser(sub) -> None:
     q.add_argument("--replication", type=count(1), default=1,
                    help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
                         "correct scores while one replica of every node lives")
+    q.add_argument("--memory-budget", metavar="M", default=None,
+                   help="out of core: each rank's CSR goes to a scratch file on flash and every iteration streams "
+                        "it once in row blocks prefetched within M bytes (e.g. 64M); the vertex state stays in "
+                        "memory; the same scores bit for bit (default: the CSR in memory)")
+    q.add_argument("--flash-dir", metavar="DIR", default=None,
+                   help="directory of the scratch files of --memory-budget, e.g. next to the input on the same SSD "
+                        "(default SCALEFREE_FLASH_DIR or the system temp dir; unnamed files: nothing is left "
+                        "behind, even after a crash)")
     q.add_argument("-o", "--output", metavar="FILE", help="write every vertex's score here (id<TAB>score, by id)")
     q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here")
     q.add_argument("--save-scores", metavar="DIR",

@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from .._cores import usable_cores
+from .._units import parse_positive_bytes
 from .io import local_ids, logical_rank, sorted_unique
 
 
@@ -178,10 +180,19 @@ class SparsePageRank:
     p is logical node ``p % (size / r)``; replicas pass the same edges, see
     :func:`logical_rank`). Construction needs every rank; afterwards an iteration completes
     while one replica of every logical node is alive (no group-wide collective is used:
-    the L1 change travels through a second replicated sparse allreduce)."""
+    the L1 change travels through a second replicated sparse allreduce).
+
+    ``memory_budget`` (bytes, or a size such as ``"64M"``): once built, the rank's CSR moves
+    to a scratch file of a flash runtime with that budget (in ``flash_dir``, default
+    ``SCALEFREE_FLASH_DIR`` or the system temp dir; unnamed, so nothing is left behind even
+    after a crash) and every step streams it once, in row blocks, prefetched under the
+    budget; the vectors stay in memory. The scores are the same bit for bit.
+    ``flash_threads``: the runtime's compute threads (default: this machine's cores over the
+    group's ranks, at least 1)."""
 
     def __init__(self, group, src, dst=None, n: int | None = None, damping: float = 0.85, degrees="auto",
-                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None):
+                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None, *,
+                 memory_budget=None, flash_dir=None, flash_threads: int | None = None):
         from .. import _native
 
         me, size = logical_rank(group, replication)
@@ -219,6 +230,12 @@ class SparsePageRank:
             del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError(_TOO_MANY_SLOTS)
+        self.flash_runtime = None
+        if memory_budget is not None:
+            threads = flash_threads or max(1, usable_cores() // max(1, group.size))
+            self.flash_runtime = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
+                                                      None if flash_dir is None else str(flash_dir), "")
+            self.csr.to_flash(self.flash_runtime)
         if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
