@@ -7,17 +7,17 @@
 //! - [`local`]: a rank's local PageRank state from its distinct edges in one pass: the
 //!   compact out/in key sets and the CSR the SpMV runs on.
 //! - [`pagerank`]: the per-iteration kernels (the value-free CSR SpMV, the owned update).
-//! - [`pagerank_flash`]: the same SpMV with the rank's CSR on flash, streamed once per
-//!   iteration through the flash runtime (`graph pagerank --memory-budget`).
 //! - [`hadi`]: HADI's hop on HyperLogLog registers (register-wise max over edges).
+//! - [`flash_rows`]: a rank's edges on flash, streamed once per iteration or hop through the
+//!   flash runtime for both kernels (`graph pagerank/diameter --memory-budget`).
 //!
 //! The algorithms around them are in `python/scalefree/graph/` (`io.py`, `pagerank.py`, `hadi.py`).
 
 pub mod edges;
+pub mod flash_rows;
 pub mod hadi;
 pub mod local;
 pub mod pagerank;
-pub mod pagerank_flash;
 
 /// Vertex id types the kernels take: unsigned 32- or 64-bit ids, or int64 as numpy
 /// writes them (non-negative; a negative id reads as its two's-complement u64).

@@ -1,8 +1,8 @@
 //! `scalefree._native.PageRankCsr` (one rank's local PageRank matrix in compact ids) and
 //! the set-up kernels of a partitioned graph load: `owner_partition`, `sort_dedup_pairs`,
 //! `degree_counts`, `PageRankCsr.from_edges`; `PageRankCsr.to_flash` moves the matrix to a
-//! flash runtime's scratch file (`pagerank_flash.rs`). Thin: the kernels are in `scalefree-graph`
-//! (`pagerank.rs`, `edges.rs`, `local.rs`), the algorithms in `python/scalefree/graph/`.
+//! flash runtime's scratch file and `FlashRows` holds HADI's edges there (`flash_rows.rs`). Thin: the kernels are in `scalefree-graph`
+//! (`pagerank.rs`, `edges.rs`, `local.rs`, `flash_rows.rs`), the algorithms in `python/scalefree/graph/`.
 //! Arrays come in through the buffer protocol (contiguous, no copy) and go out as numpy
 //! views of the vectors the kernels filled (no copy); the work runs with the GIL released.
 
@@ -11,7 +11,7 @@ use scalefree_graph::edges;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
-use scalefree_graph::pagerank_flash::FlashPageRankCsr;
+use scalefree_graph::flash_rows::FlashRows;
 use std::sync::Arc;
 
 use scalefree_flash::{RunStats, Runtime};
@@ -241,7 +241,7 @@ impl PyPageRankCsr {
         let mut xs = xs;
         let out = match &mut self.storage {
             Storage::Memory { indptr, cols } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
-            Storage::Flash { csr, rt, last } => match py.detach(|| csr.spmv_step(rt, g, w, base, damping, &mut xs, yv)) {
+            Storage::Flash { csr, rt, last } => match py.detach(|| csr.pagerank_step(rt, g, w, base, damping, &mut xs, yv)) {
                 Ok((total, stats)) => {
                     *last = Some(stats);
                     Ok(total)
@@ -338,7 +338,7 @@ impl PyPageRankCsr {
         let rt = runtime.rt.clone();
         let ncols = self.ncols;
         if let Storage::Memory { indptr, cols } = &self.storage {
-            let csr = py.detach(|| FlashPageRankCsr::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
+            let csr = py.detach(|| FlashRows::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
             self.storage = Storage::Flash { csr, rt, last: None };
         }
         Ok(())
@@ -411,4 +411,73 @@ pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, ta
     let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
     let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
     py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
+}
+
+/// HADI's edges grouped by source on flash (`scalefree_graph::flash_rows`): built from the
+/// int64 `indptr` (rows + 1) and `targets` of the in-memory hop, streamed once per hop.
+#[pyclass(name = "FlashRows", module = "scalefree._native")]
+pub struct PyFlashRows {
+    rows: FlashRows,
+    rt: Arc<Runtime>,
+    last: Option<RunStats>,
+}
+
+#[pymethods]
+impl PyFlashRows {
+    /// Writes the rows to a scratch file of `runtime` (unnamed: nothing is left behind);
+    /// targets must lie in `[0, ncols)`, `ncols < 2**32`.
+    #[new]
+    fn new(py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>, indptr: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, ncols: usize) -> PyResult<Self> {
+        let (ib, tb) = (Buf::get(&indptr, false, "indptr")?, Buf::get(&targets, false, "targets")?);
+        let (ip, t) = (i64s(py, &ib, "indptr")?, i64s(py, &tb, "targets")?);
+        if ncols > u32::MAX as usize {
+            return Err(invalid(py, format!("FlashRows: {ncols} columns do not fit 32-bit column ids")));
+        }
+        if let Some(&bad) = ip.iter().find(|&&v| v < 0).or_else(|| t.iter().find(|&&v| v < 0 || v as usize >= ncols)) {
+            return Err(invalid(py, format!("FlashRows: {bad} is not a valid row start or a target below {ncols}")));
+        }
+        let rt = runtime.rt.clone();
+        let rows = py
+            .detach(|| {
+                let ip: Vec<u64> = ip.iter().map(|&v| v as u64).collect();
+                let t: Vec<u32> = t.iter().map(|&v| v as u32).collect();
+                FlashRows::write(&rt, &ip, &t, ncols)
+            })
+            .map_err(|e| flash_err(py, e))?;
+        Ok(PyFlashRows { rows, rt, last: None })
+    }
+
+    /// HADI's hop: `out[r]` = the register-wise max of `regs[t]` (uint8 rows of `width`)
+    /// over row `r`'s targets (see `hll_register_max`).
+    fn register_max(&mut self, py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let (rb, ob) = (Buf::get(&regs, false, "regs")?, Buf::get(&out, true, "out")?);
+        if rb.itemsize() != 1 || ob.itemsize() != 1 {
+            return Err(invalid(py, "FlashRows.register_max: regs and out must be uint8".to_string()));
+        }
+        let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
+        let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
+        let (rows, rt) = (&self.rows, &self.rt);
+        let stats = py.detach(|| rows.register_max(rt, r, width, o)).map_err(|e| flash_err(py, e))?;
+        self.last = Some(stats);
+        Ok(())
+    }
+
+    /// Bytes on flash (row starts and targets): what a hop reads.
+    #[getter]
+    fn size_bytes(&self) -> u64 {
+        self.rows.size_bytes()
+    }
+
+    /// The runtime's statistics of the last hop (None before one).
+    #[getter]
+    fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        match &self.last {
+            Some(s) => {
+                let d = stats_dict(py, s)?;
+                d.set_item("direct_io", self.rows.is_direct())?;
+                Ok(Some(d))
+            }
+            None => Ok(None),
+        }
+    }
 }

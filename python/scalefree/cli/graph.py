@@ -253,8 +253,10 @@ def _diameter(args) -> int:
     load_s = time.perf_counter() - t0
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
                                "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
+    flash_stats: dict = {}
     nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=progress, isolated=False, checkpoints=ck, precision=args.precision)
+                            progress=progress, isolated=False, checkpoints=ck, precision=args.precision,
+                            memory_budget=args.memory_budget, flash_dir=args.flash_dir, stats=flash_stats)
     if ck is not None and ck.stopped:
         if g.rank == 0:
             stopped_line(ck, "hop")
@@ -277,6 +279,8 @@ def _diameter(args) -> int:
             rec = {"vertices": int(round(nf[0])), "edges": int(edges), "ranks": g.size, "method": enc.method,
                    "effective_diameter": h, "effective_diameter_interpolated": hi, "neighbourhood": list(nf),
                    "load_s": load_s, "per_hop_s": per_hop, "peak_rss_bytes": [int(x) for x in rss]}
+            if flash_stats:
+                rec["flash"] = {"memory_budget": args.memory_budget, **flash_stats}
             write_json(args.json, rec)
     return 0
 
@@ -321,6 +325,35 @@ def _launch(run, check=None):
     return go
 
 
+def _add_memory_budget(q, what: str, step: str) -> None:
+    q.add_argument("--memory-budget", metavar="M", default=None,
+                   help=f"out of core: each rank's {what} go to a scratch file on flash and every "
+                        f"{step} streams them once in row blocks prefetched "
+                        "within M bytes (e.g. 64M); the vertex state stays in memory; the same result bit for bit "
+                        "(default: in memory)")
+    q.add_argument("--flash-dir", metavar="DIR", default=None,
+                   help="directory of the scratch files of --memory-budget, e.g. next to the input on the same SSD "
+                        "(default SCALEFREE_FLASH_DIR or the system temp dir; unnamed files: nothing is left "
+                        "behind, even after a crash)")
+
+
+def _check_memory_budget(prog, args) -> None:
+    if args.memory_budget is not None:
+        try:
+            parse_positive_bytes(args.memory_budget, "--memory-budget")
+        except ValueError as e:
+            fail(prog, str(e))
+    if args.flash_dir is not None and not Path(args.flash_dir).is_dir():
+        fail(prog, f"--flash-dir {args.flash_dir}: no such directory")
+
+
+def _check_diameter(prog, args) -> None:
+    check_checkpoint(prog, args)
+    _check_memory_budget(prog, args)
+    if args.memory_budget is not None and args.method not in ("auto", "hll"):
+        fail(prog, "--memory-budget streams the HyperLogLog hop: use --method hll (or auto)")
+
+
 def _check_pagerank(prog, args) -> None:
     if args.ranks % args.replication:
         fail(prog, f"--replication {args.replication} must divide the rank count {args.ranks}")
@@ -330,15 +363,9 @@ def _check_pagerank(prog, args) -> None:
     check_checkpoint(prog, args)
     if args.checkpoint and (args.collective == "dense" or args.replication > 1):
         fail(prog, "--checkpoint needs --collective sparse and no --replication")
-    if args.memory_budget is not None:
-        if args.collective == "dense":
-            fail(prog, "--memory-budget needs --collective sparse")
-        try:
-            parse_positive_bytes(args.memory_budget, "--memory-budget")
-        except ValueError as e:
-            fail(prog, str(e))
-    if args.flash_dir is not None and not Path(args.flash_dir).is_dir():
-        fail(prog, f"--flash-dir {args.flash_dir}: no such directory")
+    _check_memory_budget(prog, args)
+    if args.memory_budget is not None and args.collective == "dense":
+        fail(prog, "--memory-budget needs --collective sparse")
 
 
 def add_parser(sub) -> None:
@@ -369,14 +396,7 @@ def add_parser(sub) -> None:
     q.add_argument("--replication", type=count(1), default=1,
                    help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
                         "correct scores while one replica of every node lives")
-    q.add_argument("--memory-budget", metavar="M", default=None,
-                   help="out of core: each rank's CSR goes to a scratch file on flash and every iteration streams "
-                        "it once in row blocks prefetched within M bytes (e.g. 64M); the vertex state stays in "
-                        "memory; the same scores bit for bit (default: the CSR in memory)")
-    q.add_argument("--flash-dir", metavar="DIR", default=None,
-                   help="directory of the scratch files of --memory-budget, e.g. next to the input on the same SSD "
-                        "(default SCALEFREE_FLASH_DIR or the system temp dir; unnamed files: nothing is left "
-                        "behind, even after a crash)")
+    _add_memory_budget(q, "CSR rows (its edges)", "iteration")
     q.add_argument("-o", "--output", metavar="FILE", help="write every vertex's score here (id<TAB>score, by id)")
     q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here")
     q.add_argument("--save-scores", metavar="DIR",
@@ -408,12 +428,13 @@ def add_parser(sub) -> None:
                    help="share of reachable pairs for the effective diameter")
     q.add_argument("--max-hops", type=count(1), default=256)
     q.add_argument("--undirected", action="store_true", help="follow edges both ways")
+    _add_memory_budget(q, "edges (grouped by source; --method hll)", "hop")
     q.add_argument("--fm-seed", type=count(0), default=0, help="seed of the Flajolet-Martin hash")
     q.add_argument("--json", metavar="OUT", help="write the neighbourhood function and times here")
     q.add_argument("--progress", action="store_true", help="print N(h) per hop (also when not a terminal)")
     add_checkpoint(q, "hop")
     add_quiet(q)
-    q.set_defaults(func=_launch(_diameter, lambda prog, args: check_checkpoint(prog, args)))
+    q.set_defaults(func=_launch(_diameter, _check_diameter))
 
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
