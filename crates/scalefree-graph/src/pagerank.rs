@@ -118,7 +118,7 @@ fn prefetch<T>(x: &[T], cols: &[u32], k: usize, ne: usize) {
 /// non-dangling vertices, reduced with the rest). Returns that sum.
 ///
 /// The same three steps as [`scale_sources`], [`spmv_rows`] over all rows and
-/// [`flow_total`]; the flash twin (`crate::pagerank_flash`) runs the middle one per row
+/// [`flow_total`]; the flash twin (`crate::flash_rows`) runs the middle one per row
 /// block, so both sum every row, and the total, in the same order (equal bits).
 #[allow(clippy::too_many_arguments)]
 pub fn spmv_step<T: Real>(indptr: &[u64], cols: &[u32], got: &[T], inv_deg: &[T], base: f64, damping: f64, x: &mut [T], y: &mut [T]) -> f64 {

@@ -203,7 +203,7 @@ fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyRe
 /// Where the matrix lives: in memory, or on flash with the runtime that streams it.
 enum Storage {
     Memory { indptr: Vec<u64>, cols: Vec<u32> },
-    Flash { csr: FlashPageRankCsr, rt: Arc<Runtime>, last: Option<RunStats> },
+    Flash { csr: FlashRows, rt: Arc<Runtime>, last: Option<RunStats> },
 }
 
 /// The local matrix (rows = out slots, columns = in slots, no values) and its scratch
@@ -354,7 +354,7 @@ impl PyPageRankCsr {
     #[getter]
     fn size_bytes(&self) -> u64 {
         match &self.storage {
-            Storage::Memory { indptr, cols } => indptr.len() as u64 * 8 + cols.len() as u64 * 4,
+            Storage::Memory { indptr, cols } => (indptr.len() as u64 - 1) * 8 + cols.len() as u64 * 4,
             Storage::Flash { csr, .. } => csr.size_bytes(),
         }
     }
