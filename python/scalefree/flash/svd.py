@@ -274,7 +274,11 @@ def _small_svd(b, vectors=True):
     lam, z = lam[::-1], z[:, ::-1]
     if lam[-1] > 1e-6 * lam[0] > 0:
         s = np.sqrt(lam)
-        return ((b @ z) / s if vectors else None), s, z
+        if not vectors:
+            return None, s, z
+        w = b @ z
+        w /= s  # in place: w is as tall as b
+        return w, s, z
     w, s, zh = np.linalg.svd(b, full_matrices=False)
     return w, s, zh.conj().T
 
@@ -351,6 +355,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     # work of a solve) use the runtime's threads.
     with blas_threads(threads):
         w, s, z = _small_svd(other, vectors)
+        del other
         x = x @ z if vectors else None
     s = np.asarray(s, dtype=np.float64)
     if stats is not None:
