@@ -261,7 +261,7 @@ mod tests {
                         let (mut x2, mut y2) = (vec![0f64; nc], vec![f64::NAN; nr + 1]);
                         let (t2, stats) = flash.pagerank_step(&rt, &got, &inv, 0.01, 0.85, &mut x2, &mut y2).unwrap();
                         assert_eq!((t1.to_bits(), y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), (t2.to_bits(), y2.iter().map(|v| v.to_bits()).collect()));
-                        assert_eq!(stats.cache.bytes_prefetched >= flash.size_bytes(), true);
+                        assert!(stats.cache.bytes_prefetched >= flash.size_bytes());
                         assert!(stats.cache.peak_resident_bytes <= budget);
                     }
                 }
