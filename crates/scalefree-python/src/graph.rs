@@ -1,6 +1,6 @@
 //! `scalefree._native.PageRankCsr` (one rank's local PageRank matrix in compact ids) and
 //! the set-up kernels of a partitioned graph load: `owner_partition`, `sort_dedup_pairs`,
-//! `degree_counts`, `PageRankCsr.from_edges`; `PageRankCsr.to_flash` moves the matrix to a
+//! `degree_counts`, `PageRankCsr.from_edges`; `PageRankCsr.move_to_flash` moves the matrix to a
 //! flash runtime's scratch file and `FlashRows` holds HADI's edges there (`flash_rows.rs`). Thin: the kernels are in `scalefree-graph`
 //! (`pagerank.rs`, `edges.rs`, `local.rs`, `flash_rows.rs`), the algorithms in `python/scalefree/graph/`.
 //! Arrays come in through the buffer protocol (contiguous, no copy) and go out as numpy
@@ -236,6 +236,7 @@ impl PyPageRankCsr {
     }
 
     /// One step in `T` (see `step`).
+    #[allow(clippy::too_many_arguments)]
     fn step_in<T: Real>(&mut self, py: Python<'_>, g: &[T], w: &[T], base: f64, damping: f64, yv: &mut [T], x: fn(&mut Self) -> &mut Vec<T>) -> PyResult<f64> {
         let xs = std::mem::take(x(self));
         let mut xs = xs;
@@ -334,7 +335,7 @@ impl PyPageRankCsr {
     /// `step` streams it from flash in row blocks under the runtime's budget (the same
     /// result, bit for bit). Fails with `OutOfBudgetError` when one row's edges alone
     /// exceed the budget.
-    fn to_flash(&mut self, py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>) -> PyResult<()> {
+    fn move_to_flash(&mut self, py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>) -> PyResult<()> {
         let rt = runtime.rt.clone();
         let ncols = self.ncols;
         if let Storage::Memory { indptr, cols } = &self.storage {

@@ -235,7 +235,7 @@ class SparsePageRank:
             threads = flash_threads or max(1, usable_cores() // max(1, group.size))
             self.flash_runtime = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
                                                       None if flash_dir is None else str(flash_dir), "")
-            self.csr.to_flash(self.flash_runtime)
+            self.csr.move_to_flash(self.flash_runtime)
         if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
