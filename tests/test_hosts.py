@@ -455,7 +455,7 @@ def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
 
 SSP_HOSTS = """
 import sys
-variants = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread"]
+variants = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring"]
 for variant in variants:
     for slack, dtype in [(0, "float64"), (3, "int64")]:
         sys.argv = ["x", variant, str(slack), dtype]

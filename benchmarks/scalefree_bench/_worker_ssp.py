@@ -79,7 +79,8 @@ def main(argv=None) -> int:
                     op()
                     times.append(time.perf_counter() - t1)
                 wall = time.perf_counter() - t0
-                row = {"variant": variant, "push_order": order, "slack": slack, "delay_ms": delay_ms, "wall_s": wall,
+                shown = f"auto={red.variant}" if red is not None and variant == "auto" else variant
+                row = {"variant": shown, "push_order": order, "slack": slack, "delay_ms": delay_ms, "wall_s": wall,
                        "times_s": times, "my_delay_s": sum(delays), "bound_s": max(totals)}
                 if red is not None:
                     t2 = time.perf_counter()

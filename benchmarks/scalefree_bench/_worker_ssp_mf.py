@@ -1,6 +1,8 @@
 """One rank of an SSP matrix-factorization job (``scalefree bench ssp-mf`` starts it under
 the launcher): ``MODEL DATA [options]`` with MODEL ``sgd`` (:mod:`scalefree.mf.modes.ssp_gd`) or
-``bpmf`` (:mod:`scalefree.mf.modes.ssp_bpmf`). Each rank writes its history to ``OUT.rank<r>.json``.
+``bpmf`` (:mod:`scalefree.mf.modes.ssp_bpmf`), or ``rima`` (the ring of :mod:`scalefree.mf.modes.rima`
+with ``--slack``: :mod:`scalefree.mf.modes.rima_ssp`; the straggler sleeps before each ring step).
+Each rank writes its history to ``OUT.rank<r>.json``.
 
     scalefree run -n 2 -- python -m scalefree_bench._worker_ssp_mf sgd u.data --slack 4
 """
@@ -18,7 +20,7 @@ import numpy as np
 from scalefree._atomic import atomic_path
 
 # (k, iterations, variant) by default, per model
-DEFAULTS = {"sgd": (32, 100, "sharded_async_thread"), "bpmf": (10, 40, "sharded_thread")}
+DEFAULTS = {"sgd": (32, 100, "sharded_async_thread"), "bpmf": (10, 40, "sharded_thread"), "rima": (32, 20, "ring")}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,8 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", default=None)
     p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lam", type=float, default=0.1, help="sgd only")
-    p.add_argument("--eta", type=float, default=0.5, help="sgd only")
+    p.add_argument("--blocks", type=int, default=None, help="rima: blocks per side (2w by default, or w)")
+    p.add_argument("--lam", type=float, default=0.1, help="sgd and rima")
+    p.add_argument("--eta", type=float, default=None, help="sgd (default 0.5) and rima (default 0.1)")
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
     from scalefree.cli.common import add_checkpoint
 
@@ -85,11 +88,14 @@ def _main(argv=None) -> int:
     ck = checkpoints(g, args, {"model": args.model, "input": files_fingerprint([args.data]), "k": k,
                                "slack": args.slack, "variant": variant, "lam": args.lam, "eta": args.eta,
                                "seed": args.seed, "every": args.checkpoint_every}, "SSP MF") if args.checkpoint else None
+    if args.model == "rima":
+        return _rima(g, args, k, iters)
     if args.model == "sgd":
         from scalefree.mf.modes import ssp_gd as mf
 
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
-                       straggler_ms=args.straggler, lam=args.lam, eta=args.eta, seed=args.seed, checkpoints=ck)
+                       straggler_ms=args.straggler, lam=args.lam, eta=0.5 if args.eta is None else args.eta,
+                       seed=args.seed, checkpoints=ck)
         if res.get("stopped"):
             if g.rank == 0:
                 stopped_line(ck)
@@ -115,6 +121,32 @@ def _main(argv=None) -> int:
     if g.rank == 0:
         print(f"slack {args.slack}: {iters} iterations in {res['loop_s']:.2f} s, "
               f"test RMSE {np.sqrt(last[0] / max(last[1], 1)):.4f}", flush=True)
+    return 0
+
+
+def _rima(g, args, k: int, iters: int) -> int:
+    """Rima on a 90/10 split with a test RMSE after every iteration (scored after training
+    from each iteration's blocks, see ``rima_ssp``); rank 0 writes the history."""
+    import scalefree.mf.model as mfm
+
+    if args.checkpoint:
+        print("scalefree_bench._worker_ssp_mf: error: rima takes no --checkpoint here", file=sys.stderr)
+        return 2
+    tr, te = mfm.split_ratings(args.data, 0.1, args.seed)
+    m = mfm.MatrixFactorization(k=k, mode="rima", iterations=iters, seed=args.seed, lam=args.lam,
+                                eta=0.1 if args.eta is None else args.eta, slack=args.slack,
+                                straggler_ms=args.straggler, blocks=args.blocks)
+    m.fit(tr, te, eval_every=1)
+    if g.rank != 0:
+        write_rank_result(args.out, g.rank, {"history": [], "loop_s": m.history[-1]["seconds"]})
+        return 0
+    h = m.history
+    res = {"history": [(r["seconds"], r["iteration"], r["test_rmse"], 0) for r in h],
+           "loop_s": h[-1]["seconds"], "final_rmse": h[-1]["test_rmse"],
+           "stale_steps": h[-1].get("stale_steps"), "wait_seconds": h[-1].get("wait_seconds")}
+    write_rank_result(args.out, 0, res)
+    print(f"rima slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE {res['final_rmse']:.4f}, "
+          f"stale steps per worker {res['stale_steps']}", flush=True)
     return 0
 
 

@@ -75,6 +75,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "implementation, --per-host ranks on each (-n is then ignored)")
     p.add_argument("--per-host", type=arg(common.positive_int), default=1, metavar="P",
                    help="ranks per simulated host with --hosts")
+    p.add_argument("--encrypt", action="store_true",
+                   help="with --hosts: run scalefree also with `scalefree run --encrypt` (sealed TCP lanes, "
+                   "variant '<algorithm>+encrypt') in every round, beside the unencrypted run, and report "
+                   "encrypted/unencrypted speed per size")
     p.add_argument("--rounds", type=arg(common.positive_int), default=1, metavar="R",
                    help="run every implementation R times, interleaved (scalefree, the peers, "
                    "scalefree, ...), and pool each point's calls: a slow spell of the machine "
@@ -202,6 +206,7 @@ def run(args) -> int:
 
     records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
     add_floor_share(records)
+    notes += encryption_cost(records)
     print(render_table(records, peers))
     sys.stdout.flush()
     if args.json:
@@ -220,6 +225,33 @@ def run(args) -> int:
         progress(f"allreduce: FAILED {f}")
     return 1 if failures else 0
 
+
+def encryption_cost(records: list[dict]) -> list[str]:
+    """``--encrypt``: each encrypted scalefree record's speed as a share of the unencrypted
+    one of the same run (same hosts, ranks, size, algorithm), stored in the encrypted record
+    as ``vs_unencrypted`` (unencrypted median / encrypted median; with several rounds, each
+    round's too); one line per point."""
+    plain = {(r["hosts"], r["ranks"], r["bytes"], r["variant"]): r for r in records if r["impl"] == "scalefree"}
+    lines = []
+    for r in records:
+        if r["impl"] != "scalefree" or not r["variant"].endswith(ENCRYPT_SUFFIX):
+            continue
+        base = plain.get((r["hosts"], r["ranks"], r["bytes"], r["variant"][:-len(ENCRYPT_SUFFIX)]))
+        if base is None or r["median_s"] <= 0:
+            continue
+        r["vs_unencrypted"] = base["median_s"] / r["median_s"]
+        rounds = ""
+        if "round_medians_s" in r and "round_medians_s" in base:
+            r["round_vs_unencrypted"] = [b / e for b, e in zip(base["round_medians_s"], r["round_medians_s"]) if e > 0]
+            rounds = " (rounds: " + ", ".join(f"{x:.2f}x" for x in r["round_vs_unencrypted"]) + ")"
+        lines.append(f"{r['hosts']} hosts x {r['ranks'] // max(r['hosts'], 1)} ranks, {human_bytes(r['bytes'])}: "
+                     f"encrypted {human_time(r['median_s'])} vs unencrypted {human_time(base['median_s'])}: "
+                     f"{r['vs_unencrypted']:.2f}x the unencrypted speed{rounds}")
+    return lines
+
+
+#: The variant suffix of encrypted runs (``--encrypt``).
+ENCRYPT_SUFFIX = "+encrypt"
 
 #: The smallest buffer the TCP floor is measured with (sizes below it share its floor).
 FLOOR_MIN_BUFFER = 1 << 20
@@ -358,6 +390,9 @@ def _round(n: int, args, peers: list[str], failures: list[str], notes: list[str]
         for algorithm in args.algorithm:
             got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
                               placement=placement, sim=sim)
+            if sim is not None and getattr(args, "encrypt", False):
+                got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                                  placement=placement, sim=sim, encrypt=True)
     for peer in peers:
         got += _run_ranks(peer, n, args, failures, notes, sim=sim)
     return got
@@ -400,10 +435,12 @@ def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: st
 
 
 def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
-               algorithm: str = "", placement: str = "arena", sim=None) -> list[dict]:
-    """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given); returns its
-    records, appending what went wrong to ``failures`` and the points it refused to ``notes``."""
+               algorithm: str = "", placement: str = "arena", sim=None, encrypt: bool = False) -> list[dict]:
+    """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given; ``encrypt``:
+    with ``scalefree run --encrypt``); returns its records, appending what went wrong to
+    ``failures`` and the points it refused to ``notes``."""
     suffix = "" if placement == "arena" or sim is not None else f"+{placement}"
+    suffix += ENCRYPT_SUFFIX if encrypt else ""
     where = f" on {sim.n} hosts" if sim is not None else ""
     label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks{where}"
     with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
@@ -417,7 +454,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
             if impl == "mpi":
                 cmds = [across.mpi_cmd(sim, args.per_host, across.rsh_agent(sim, out_dir), argv)]
             else:
-                cmds = across.scalefree_cmds(sim, args.per_host, common.free_port(), argv)
+                cmds = across.scalefree_cmds(sim, args.per_host, common.free_port(), argv, encrypt=encrypt)
             # gloo would pick its interface from the host name, which no simulated host resolves.
             env_extra = common.mpi_env() if impl == "mpi" else {"GLOO_SOCKET_IFNAME": "eth0"}
             outcome = across.run_all(cmds, timeout_s=args.timeout, env_extra=env_extra)

@@ -24,12 +24,12 @@ from pathlib import Path
 from . import common
 
 
-def scalefree_cmds(sim, per_host: int, port: int, argv: list[str]) -> list[list[str]]:
-    """One ``scalefree run`` per host, all meeting at host 0."""
+def scalefree_cmds(sim, per_host: int, port: int, argv: list[str], *, encrypt: bool = False) -> list[list[str]]:
+    """One ``scalefree run`` per host, all meeting at host 0 (``encrypt``: ``--encrypt``)."""
     return [
         sim.command(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(sim.n), "--node-rank", str(i),
                         "--nproc-per-node", str(per_host), "--master-addr", sim.ip(0), "--master-port", str(port),
-                        "--", *argv])
+                        *(["--encrypt"] if encrypt else []), "--", *argv])
         for i in range(sim.n)
     ]
 

@@ -7,8 +7,10 @@ with ``--curve-seeds N``, per seed over N seeds of the training and split: mean 
 of the iterations, times the timed runs' median seconds per iteration).
 ``scalefree bench mf --vs memory-budget --budget-fraction 0.25``: ``rima`` on the same synthetic
 matrix in memory and with ``--memory-budget`` = that fraction of the rating data (per rank; the
-blocks stay on disk, read ahead in pattern order), runs interleaved: training time and their
-ratio, test RMSE, rating bytes held per rank, peak RSS per rank.
+blocks stay on flash, read ahead in pattern order through the flash runtime's program cache), runs interleaved: training time and their
+ratio, test RMSE, rating bytes held per rank, peak RSS per rank. With ``--cold`` the page cache
+is dropped before every run. ``--mode local``: ``local`` mode and LIBMF's ``--disk`` instead
+(``mf_local_budget.py``).
 
 Both train on the same seeded 90/10 split with the same k, λ (L2 on P and Q, no L1),
 iterations and threads; LIBMF runs in a child process (its ctypes wrapper prints on import
@@ -63,7 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import common
+from . import common, mf_local_budget
 
 BENCH = "mf"
 _DEFAULT_DATA = ("movielens-100k/u.data", "ml-latest-small/ratings.csv")
@@ -415,6 +417,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--vs", default="libmf", choices=("libmf", "dsgd-ps", "memory-budget", "fold-in", "none"))
     p.add_argument("--budget-fraction", type=common.argparse_type(common.positive_float), default=0.25,
                    help="--vs memory-budget: budget per rank as a fraction of the rating data (default 0.25)")
+    p.add_argument("--mode", choices=("rima", "local"), default="rima",
+                   help="--vs memory-budget: the mode run in memory and budgeted (default rima; local: with "
+                        "LIBMF's mf-train in memory and --disk when --libmf-bin is given)")
+    common.add_cold_arg(p)
     p.add_argument("--ranks", type=common.argparse_type(common.positive_int), default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
     p.add_argument("--users", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic users")
     p.add_argument("--items", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic items")
@@ -552,6 +558,7 @@ def _vs_memory_budget(args) -> int:
     with tempfile.TemporaryDirectory(prefix="scalefree-bench-mf-") as d:
         files = _synthetic_files(args, d)
         records, rows = [], []
+        cache = common.PageCache(args.cold, BENCH)
         for f in files:
             common.progress(f"{f.name}: rima -n {args.ranks} in memory (sizing the budget) ...")
             data = _train_cli(f, "rima", [], args, d)[-1]["rating_bytes"]
@@ -561,6 +568,7 @@ def _vs_memory_budget(args) -> int:
                 for variant in ("memory", "budget"):
                     extra = [] if variant == "memory" else ["--memory-budget", str(budget), "--block-dir", d]
                     common.progress(f"{f.name}: rima -n {args.ranks} {variant} ({rep + 1}/{args.repeat}) ...")
+                    cache.drop()
                     runs[variant].append(_train_cli(f, "rima", extra, args, d))
             for variant, rs in runs.items():
                 times = [r[-1]["seconds"] for r in rs]
@@ -569,7 +577,7 @@ def _vs_memory_budget(args) -> int:
                 held = max(max(r["rating_bytes_resident"]) for r in rs[-1])
                 # Per rank: the training high-water mark (reset after set-up), over the iterations.
                 train_rss = [max(x) for x in zip(*(r["peak_rss_bytes"] for r in rs[-1]))]
-                rec = {"bench": BENCH, "vs": "memory-budget", "impl": "scalefree", "variant": variant,
+                rec = {"bench": BENCH, "vs": "memory-budget", "impl": "scalefree", "variant": variant, "page_cache": cache.state,
                        "data": f.name, "ranks": args.ranks, "blocks_per_side": last["blocks_per_side"],
                        "k": args.k, "iterations": args.iterations, "rating_bytes": data,
                        "memory_budget": budget if variant == "budget" else None,
@@ -774,6 +782,9 @@ def run(args) -> int:
 
     if args.vs == "dsgd-ps":
         return _vs_dsgd_ps(args)
+    if args.vs == "memory-budget" and args.mode == "local":
+        return mf_local_budget.run(args, mf_local_budget.Helpers(wall_rss=_wall_rss, split_files=_write_split_files,
+                                                                 data_files=_synthetic_files, child_env=_NO_BLAS_POOL))
     if args.vs == "memory-budget":
         return _vs_memory_budget(args)
     if args.vs == "fold-in":

@@ -26,7 +26,7 @@ from . import common
 from .common import human_bytes, progress
 
 BENCH = "ssp"
-VARIANTS = ("hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread")
+VARIANTS = ("hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring", "auto")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -39,7 +39,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     arg = common.argparse_type
     p.add_argument("-n", "--ranks", type=arg(lambda s: common.parse_int_list(s, "rank count")),
                    default="2,4", metavar="N[,N...]")
-    p.add_argument("--size", type=arg(common.parse_size), default="1M", help="vector bytes (float32)")
+    p.add_argument("--size", type=arg(common.parse_sizes), default="1M", metavar="BYTES[,BYTES...]",
+                   help="vector bytes (float32); several sizes measure where the variants cross over")
     p.add_argument("--calls", type=arg(common.positive_int), default=200)
     p.add_argument("--delay", type=arg(lambda s: [float(x) for x in s.split(",")]), default="20,0",
                    metavar="MS[,MS...]", help="straggler delay bounds to run (0: no stragglers)")
@@ -64,18 +65,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if args.size % 4:
-        progress(f"bench ssp: --size {args.size} is not a whole number of float32 elements")
+    bad = [s for s in args.size if s % 4]
+    if bad:
+        progress(f"bench ssp: --size {human_bytes(bad[0])} is not a whole number of float32 elements")
         return 2
     peers = list(args.vs)
     if "mpi" in peers and (importlib.util.find_spec("mpi4py") is None or common.find_mpiexec() is None):
         progress("bench ssp: skipping mpi: mpi4py or mpiexec not found (pip install ./benchmarks)")
         peers.remove("mpi")
     delays = ",".join(f"{d:g}" for d in args.delay)
-    progress(f"ssp: ranks {args.ranks}, {human_bytes(args.size)}, {args.calls} calls, delays {delays} ms, "
+    progress(f"ssp: ranks {args.ranks}, {', '.join(human_bytes(s) for s in args.size)}, {args.calls} calls, delays {delays} ms, "
              f"slacks {args.slack}, variants {args.variant}, {common.usable_cores()} cores")
     records, failures, metrics = [], [], []
-    for n in args.ranks:
+    for n, size in [(n, size) for n in args.ranks for size in args.size]:
         jobs = [("scalefree", [f"{v}:{s}:{o}" for v in args.variant for s in args.slack
                                for o in (("cyclic",) if v == "hypercube" else args.push_order)]
                  + (["dense:0"] if "dense" in peers else []))]
@@ -84,27 +86,27 @@ def run(args) -> int:
         for impl, configs in jobs:
             with tempfile.TemporaryDirectory(prefix="scalefree-bench-ssp-") as tmp:
                 argv = [sys.executable, "-m", "scalefree_bench._worker_ssp", "--impl", impl,
-                        "--out-dir", tmp, "--bytes", str(args.size), "--calls", str(args.calls),
+                        "--out-dir", tmp, "--bytes", str(size), "--calls", str(args.calls),
                         "--delays", delays, "--configs", ",".join(configs), "--seed", str(args.seed)]
                 if impl == "mpi":
                     cmd, env = common.mpiexec_cmd(common.find_mpiexec(), n, argv), common.mpi_env()
                 else:
                     cmd, env = common.launcher_cmd(n, argv), {}
-                progress(f"ssp: {impl} on {n} ranks ({len(configs)} configurations x {len(args.delay)} delays)")
+                progress(f"ssp: {impl} on {n} ranks, {human_bytes(size)} ({len(configs)} configurations x {len(args.delay)} delays)")
                 outcome = common.run_job(cmd, timeout_s=args.timeout, env_extra=env)
                 docs = []
                 for r in range(n):
                     f = Path(tmp) / f"rank{r}.json"
                     docs.append(json.loads(f.read_text()) if f.exists() else {"rows": []})
                 if not outcome.ok:
-                    failures.append(f"{impl} on {n} ranks: {outcome.describe()}")
+                    failures.append(f"{impl} on {n} ranks, {human_bytes(size)}: {outcome.describe()}")
             nrows = min(len(d["rows"]) for d in docs)
             for i in range(nrows):
                 rows = [d["rows"][i] for d in docs]
-                records.append(_record(impl, n, args, rows))
+                records.append(_record(impl, n, size, args, rows))
                 for r, row in enumerate(rows):
                     for k, t in enumerate(row["times_s"]):
-                        metrics.append({"impl": impl, "variant": row["variant"], "ranks": n, "rank": r,
+                        metrics.append({"impl": impl, "variant": row["variant"], "ranks": n, "bytes": size, "rank": r,
                                         "slack": row["slack"], "delay_ms": row["delay_ms"], "call": k + 1,
                                         "seconds": t, "wait_seconds": row.get("wait_s", [0] * (k + 1))[k],
                                         "age_diff": row.get("age_diff", [0] * (k + 1))[k]})
@@ -141,16 +143,16 @@ def ideal_wall_s(delay_ms: float, seed: int, ranks: int, calls: int, slack: int)
     return max(done[r][calls] for r in range(ranks))
 
 
-def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
+def _record(impl: str, n: int, size: int, args, rows: list[dict]) -> dict:
     per_call = [max(ts) for ts in zip(*(r["times_s"] for r in rows))]
     stats = common.Stats.of(per_call)
     row0 = rows[0]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     variant = row0["variant"] if impl == "scalefree" else "allreduce"
-    order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube") else ""
+    order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube", "ring") else ""
     rec = common.make_record(
         push_order=order,
-        bench=BENCH, impl=impl, variant=variant, ranks=n, nbytes=args.size, dtype="float32",
+        bench=BENCH, impl=impl, variant=variant, ranks=n, nbytes=size, dtype="float32",
         stats=stats, gbps=0.0,
         slack=int(row0["slack"]), delay_ms=float(row0["delay_ms"]), calls=args.calls,
         wall_s=max(r["wall_s"] for r in rows),
@@ -166,25 +168,26 @@ def _record(impl: str, n: int, args, rows: list[dict]) -> dict:
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["ranks", "delay", "impl", "variant", "order", "slack", "loop wall", "bound", "ideal", "in coll",
+    headers = ["ranks", "size", "delay", "impl", "variant", "order", "slack", "loop wall", "bound", "ideal", "wall vs ideal", "in coll",
                "waiting", "age diff", "wall vs mpi", "coll vs mpi", "per call vs dense"]
-    mpi = {(r["ranks"], r["delay_ms"]): r for r in records if r["impl"] == "mpi"}
-    dense = {(r["ranks"], r["delay_ms"]): r for r in records if r["variant"] == "dense"}
+    mpi = {(r["ranks"], r["bytes"], r["delay_ms"]): r for r in records if r["impl"] == "mpi"}
+    dense = {(r["ranks"], r["bytes"], r["delay_ms"]): r for r in records if r["variant"] == "dense"}
     rows = []
-    for r in sorted(records, key=lambda r: (r["ranks"], -r["delay_ms"], r["impl"] != "mpi",
+    for r in sorted(records, key=lambda r: (r["ranks"], r["bytes"], -r["delay_ms"], r["impl"] != "mpi",
                                             r["variant"], r["slack"], r.get("push_order", ""))):
-        key = (r["ranks"], r["delay_ms"])
+        key = (r["ranks"], r["bytes"], r["delay_ms"])
         m, d = mpi.get(key), dense.get(key)
         rows.append([
-            str(r["ranks"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"], r.get("push_order", ""),
+            str(r["ranks"]), human_bytes(r["bytes"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"], r.get("push_order", ""),
             "" if r["impl"] == "mpi" or r["variant"] == "dense" else str(r["slack"]),
-            f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['ideal_s']:.3f} s", f"{r['coll_s']:.3f} s",
+            f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['ideal_s']:.3f} s",
+            f"{r['wall_s'] / r['ideal_s']:.2f}x" if r["ideal_s"] > 0 else "", f"{r['coll_s']:.3f} s",
             f"{r['wait_s']:.3f} s", f"{r['age_diff_mean']:.2f}",
             f"{m['wall_s'] / r['wall_s']:.2f}x" if m else "",
             f"{m['coll_s'] / r['coll_s']:.2f}x" if m and r["coll_s"] > 0 else "",
             f"{r['coll_s'] / d['coll_s']:.2f}" if d and r["delay_ms"] == 0 and d["coll_s"] > 0 else "",
         ])
-    return common.format_table(headers, rows, left_columns=6)
+    return common.format_table(headers, rows, left_columns=7)
 
 
 def plot(records: list[dict], path: Path) -> None:

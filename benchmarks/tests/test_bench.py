@@ -167,6 +167,42 @@ def test_share_of_the_tcp_floor_across_hosts():
     assert "of TCP floor" not in allreduce.render_table([_rec("scalefree", 1.0)], ["mpi"])
 
 
+def test_encryption_cost_compares_each_encrypted_run_with_its_unencrypted_twin():
+    def rec(variant, nbytes, median_s, rounds=None):
+        r = common.make_record(bench="allreduce", impl="scalefree", variant=variant, ranks=4, hosts=2, nbytes=nbytes,
+                               dtype="float32", stats=common.Stats(median_s, median_s, median_s, 5), gbps=1.0)
+        if rounds:
+            r["round_medians_s"] = rounds
+        return r
+    mib = 1 << 20
+    records = [rec("auto", mib, 1e-3), rec("auto+encrypt", mib, 2e-3),
+               rec("auto", 64 * mib, 0.08, [0.08, 0.1]), rec("auto+encrypt", 64 * mib, 0.1, [0.1, 0.1]),
+               rec("ring+encrypt", 64 * mib, 0.1)]  # no unencrypted twin: no ratio
+    lines = allreduce.encryption_cost(records)
+    assert records[1]["vs_unencrypted"] == pytest.approx(0.5)
+    assert records[3]["vs_unencrypted"] == pytest.approx(0.8)
+    assert records[3]["round_vs_unencrypted"] == pytest.approx([0.8, 1.0])
+    assert "vs_unencrypted" not in records[4] and "vs_unencrypted" not in records[0]
+    assert len(lines) == 2 and "0.80x the unencrypted speed (rounds: 0.80x, 1.00x)" in lines[1], lines
+
+
+def test_the_bench_runs_encrypted_hosts_with_scalefree_run_encrypt():
+    from scalefree_bench import hosts as across
+
+    class Sim:
+        n = 2
+
+        def ip(self, i):
+            return f"10.0.0.{i + 1}"
+
+        def command(self, i, argv):
+            return argv
+
+    plain, sealed = (across.scalefree_cmds(Sim(), 2, 1234, ["prog"], encrypt=e) for e in (False, True))
+    assert all("--encrypt" not in c for c in plain)
+    assert all(c[c.index("--") - 1] == "--encrypt" and c[-1] == "prog" for c in sealed)
+
+
 # --- the timed loop --------------------------------------------------------------------------
 
 

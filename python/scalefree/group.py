@@ -108,7 +108,8 @@ class Group(_native.Group):
     def ssp_reduction(self, count: int, dtype="float32", op: str = "sum",
                       variant: str = "sharded_async_thread", push_order: str = "cyclic"):
         """Collective: sets up a stale-synchronous reduction of ``count`` elements (see
-        :mod:`scalefree.ssp.reduction`). Several may be live at once. ``push_order``
+        :mod:`scalefree.ssp.reduction`; ``variant="auto"`` takes ``ring`` for large vectors).
+        Several may be live at once. ``push_order``
         (sharded variants): ``"cyclic"`` (rank r pushes to shard r+1 first) or ``"fixed"``
         (every rank starts at shard 0)."""
         if int(count) < 0:

@@ -322,7 +322,7 @@ def test_the_token_does_not_cross_the_wire_in_a_real_job():
     thread.join(30)
     assert all(p.returncode == 0 for p in procs) and "ok 0" in outs[0] and "ok 1" in outs[1], outs
     up, down = bytes(record["up"]), bytes(record["down"])
-    assert up.startswith(b"\x37\x00\x00\x00\x00\x00\x00\x00SCLFREE4") and len(down) > 64, (up[:32], len(down))
+    assert up.startswith(b"\x38\x00\x00\x00\x00\x00\x00\x00SCLFREE5") and len(down) > 64, (up[:32], len(down))
     for data in (up, down):
         for piece in (secret, secret[:16], secret[16:]):
             assert piece.encode() not in data

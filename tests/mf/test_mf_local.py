@@ -120,3 +120,63 @@ def test_movielens_rmse_kept_and_seeded():
     _, r3 = fit(0, 2)
     for r in (r0, r2, r3):
         assert abs(r - 0.909) < 0.003, (r0, r2, r3)
+
+
+def _fit(train, test, **kw):
+    m = mf.MatrixFactorization(k=8, mode="local", iterations=3, seed=4, **kw).fit(train, test)
+    return m, [r["train_mse"] for r in m.history], m.history[-1]["test_rmse"]
+
+
+def test_out_of_core_one_thread_is_the_in_memory_run(low_rank, tmp_path):
+    """One thread (the schedule is then fixed): the blocks read through the flash runtime's
+    cache at a quarter of the records give bit-identical losses and test RMSE; the cache stays
+    within the budget and nothing is left in the block directory."""
+    train, test = low_rank
+    budget = len(train) * 12 // 4
+    _, mem, rmse = _fit(train, test, threads=1)
+    m, disk, rmse_disk = _fit(train, test, threads=1, memory_budget=budget, block_dir=tmp_path)
+    assert disk == mem and rmse_disk == rmse
+    last = m.history[-1]
+    assert last["memory_budget"] == budget and 0 < last["rating_bytes_resident"] <= budget
+    assert last["bytes_read"] >= 3 * len(train) * 12  # every pass reads its blocks (whole pages)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_of_core_two_threads_reach_the_same_rmse(low_rank, tmp_path):
+    """Two threads race for blocks (in memory too): the same RMSE within a tolerance."""
+    train, test = low_rank
+    _, _, rmse = _fit(train, test, threads=2)
+    m, _, rmse_disk = _fit(train, test, threads=2, memory_budget=len(train) * 12 // 4, block_dir=tmp_path)
+    assert abs(rmse_disk - rmse) <= 0.01 * rmse
+    assert m.history[-1]["rating_bytes_resident"] <= len(train) * 12 // 4
+
+
+def test_out_of_core_budget_below_the_blocks_threads_hold_is_one_line(low_rank, tmp_path):
+    from scalefree.errors import OutOfBudgetError
+
+    train, test = low_rank
+    with pytest.raises(OutOfBudgetError, match="smaller than the blocks 2 thread"):
+        _fit(train, test, threads=2, memory_budget=4096)
+    f = tmp_path / "r.txt"
+    u, i, r = (np.frombuffer(b, d) for b, d in zip(train.triples(), (np.int64, np.int64, np.float32)))
+    np.savetxt(f, np.stack([u, i, r], axis=1)[:2000], fmt=["%d", "%d", "%g"])
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(f), "--mode", "local", "-t", "2",
+                        "-i", "1", "--memory-budget", "4K", "--block-dir", str(tmp_path), "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "raise the budget to at least 8192 bytes" in p.stderr
+
+
+def test_bench_local_vs_memory_budget_on_a_small_synthetic_matrix(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "mf", "--vs", "memory-budget", "--mode", "local",
+                        "--users", "1500", "--items", "1200", "--ratings", "20000", "--iterations", "2",
+                        "--repeat", "1", "-k", "8", "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    mem, bud = json.loads(out.read_text())
+    assert (mem["variant"], bud["variant"]) == ("memory", "budget") and mem["mode"] == "local"
+    assert bud["memory_budget"] == int(0.25 * mem["rating_bytes"])
+    assert 0 < bud["runs"][0]["rating_bytes_resident"] <= bud["memory_budget"]
+    assert bud["test_rmse"] == mem["test_rmse"] and np.isfinite(mem["test_rmse"])  # one thread: the same run
+    assert "x in-memory" in p.stdout

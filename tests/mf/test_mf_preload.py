@@ -1,11 +1,10 @@
-"""Rima with a memory budget (``mf_preload``): the R blocks stay in an anonymous block file and a
-loader thread reads them ahead in pattern order. Checked: the preloader hands back every block
-intact in order with at most ``budget`` bytes held; budgeted training is the same run as in
-memory (same seed: identical losses and RMSE) with a budget below the data; a budget smaller
-than one block is refused with the block size; no block file is left behind, even after
-``kill -9``."""
+"""Rima with a memory budget (``mf_preload``): the R blocks stay in an anonymous block file and the
+flash runtime's program cache (``_native.FlashBlockReader``) reads them ahead in pattern order.
+Checked: the preloader hands back every block intact in order with at most ``budget`` bytes
+held (cache and scratch copy); budgeted training is the same run as in memory (same seed:
+identical losses and RMSE) with a budget below the data; a budget smaller than one block is
+refused with the block size; no block file is left behind, even after ``kill -9``."""
 
-import errno
 import json
 import os
 import signal
@@ -17,9 +16,10 @@ import numpy as np
 import pytest
 
 import scalefree.mf.model as mf
+from scalefree import _native
 from scalefree.errors import InvalidArgumentError, OutOfBudgetError
 from scalefree.mf.data.blocks import ENTRY_BYTES
-from scalefree.mf.data.preload import BlockFile, Preloader, parse_bytes
+from scalefree.mf.data.preload import BlockFile, Preloader, min_budget, parse_bytes
 from scalefree.mf.modes.rima import block_states, directions
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -38,59 +38,77 @@ def _blocks(sizes, seed=0):
     return [rng.integers(0, 2**32, size=(n, 3), dtype=np.uint32) for n in sizes]
 
 
-def _file(tmp_path, blocks, direct=True):
-    bf = BlockFile(tmp_path, direct=direct)
+def _file(tmp_path, blocks):
+    bf = BlockFile(tmp_path)
     for b, ent in enumerate(blocks):
         bf.append(b, ent)
     bf.finish()
     return bf
 
 
-def _fdflags(fd):
-    with open(f"/proc/self/fdinfo/{fd}") as f:
-        return int(next(line for line in f if line.startswith("flags:")).split()[1], 8)
-
-
-@pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("budget_blocks", [1, 1.5, 3, 100])
-def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budget_blocks, direct):
+def test_preloader_hands_back_every_block_in_order_within_budget(tmp_path, budget_blocks):
+    """Repeats, empty blocks, odd sizes; the cache at 1, 1.5, 3 and 100 of the largest block."""
     sizes = [0, 1, 7, 500, 333, 64, 500, 2, 499, 341, 342]
     blocks = _blocks(sizes)
-    bf = _file(tmp_path, blocks, direct)
-    if direct and not bf.direct:
-        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    bf = _file(tmp_path, blocks)
     rng = np.random.default_rng(1)
     seq = [int(x) for x in rng.integers(0, len(sizes), 200)] + [3, 3, 6, 6, 0, 9, 10, 1, 1]
-    budget = int(budget_blocks * bf.span(3))  # the largest block, padded to whole pages when direct
+    scratch = max(sizes) * ENTRY_BYTES
+    budget = int(budget_blocks * bf.span(3)) + scratch  # cache (whole pages) + the scratch copy
     pre = Preloader(bf, seq, budget)
     try:
         for n, b in enumerate(seq):
             got = pre.get(n)
             assert got.shape == (sizes[b], 3)
             assert np.array_equal(got, blocks[b]), (n, b)
-            if direct and sizes[b]:
-                assert got.ctypes.data % 4096 == 0  # direct reads land on page boundaries
+            if sizes[b]:
+                assert not got.flags.writeable  # the cache's copy: trained through a scratch copy
+                assert got.ctypes.data % 4096 == 0  # cache buffers are page-aligned
             assert pre.resident <= budget
-            got[:] = 0  # the trainer shuffles in place; the next visit must read it afresh
+            del got  # no view left when the cache takes the block back
             pre.release(n)
-        assert 0 < pre.peak_resident <= budget
+        assert scratch < pre.take_peak() <= budget
         assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES  # ratings, not padding
-        assert bf.direct == direct and bf.direct_fallback is None
+        st = pre.stats()
+        assert st["peak_resident_bytes"] <= budget - scratch and st["budget_bytes"] == budget - scratch
+        if budget_blocks == 100:
+            assert st["bytes_read"] == sum(bf.span(b) for b in set(seq))  # every block read once, then hits
         with pytest.raises(InvalidArgumentError, match="in order"):
             pre.release(0)
     finally:
+        pre.close()
         pre.close()
         bf.close()
     assert os.listdir(tmp_path) == []
 
 
-def test_the_loader_is_registered_as_a_helper_thread_while_it_runs(tmp_path):
-    """While a preloader runs, the process's waits skip their yield phase (the loader needs
-    the cores; `wait::yield_phase` is tested in Rust): it registers, and close() ends that
-    once, however often it is called."""
-    from scalefree import _native
+def test_a_view_alive_keeps_the_block_until_it_goes(tmp_path):
+    """release() with an array of the block still alive hands it back only when the array goes:
+    the memory stays valid while it is used."""
+    blocks = _blocks([700, 700, 700], seed=2)
+    bf = _file(tmp_path, blocks)
+    pre = Preloader(bf, [0, 1, 2], 10 << 20)
+    try:
+        a = pre.get(0)
+        pre.release(0)
+        before = pre.resident
+        assert np.array_equal(a, blocks[0])  # still readable
+        del a
+        for n in (1, 2):
+            assert np.array_equal(pre.get(n), blocks[n])
+            pre.release(n)
+        assert pre.resident <= before + bf.span(1)
+    finally:
+        pre.close()
+        bf.close()
 
-    bf = _file(tmp_path, _blocks([3, 4]), False)
+
+def test_the_loader_is_registered_as_a_helper_thread_while_it_runs(tmp_path):
+    """While a preloader runs, the process's waits skip their yield phase (the runtime's IO
+    threads need the cores; `wait::yield_phase` is tested in Rust): it registers, and close()
+    ends that once, however often it is called."""
+    bf = _file(tmp_path, _blocks([3, 4]))
     before = _native.helper_thread_count()
     pre = Preloader(bf, [0, 1], 1 << 20)
     try:
@@ -103,48 +121,13 @@ def test_the_loader_is_registered_as_a_helper_thread_while_it_runs(tmp_path):
     assert _native.helper_thread_count() == before
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_blocks_consecutive_in_the_file_are_read_together(tmp_path, direct):
-    """Visits whose blocks follow each other in the file (and fit behind each other in the
-    arena) are one read; empty blocks, repeats and the wrap of the ring break a run."""
-    sizes = [5, 341, 342, 0, 1, 7, 2, 400]
-    blocks = _blocks(sizes, seed=8)
-    bf = _file(tmp_path, blocks, direct)
-    seq = [0, 1, 2, 3, 4, 5, 6, 7, 7, 1, 2, 4, 5, 0, 1, 2, 3, 4, 5, 6, 7]
-    try:
-        for budget in (10**7, bf.span(7) + bf.span(2), max(bf.span(b) for b in range(len(sizes)))):
-            pre = Preloader(bf, seq, budget)
-            try:
-                for n, b in enumerate(seq):
-                    got = pre.get(n)
-                    assert np.array_equal(got, blocks[b]), (budget, n, b)
-                    assert pre.resident <= budget
-                    got[:] = 7
-                    pre.release(n)
-                assert pre.bytes_read == sum(sizes[b] for b in seq) * ENTRY_BYTES
-                nonempty = sum(1 for b in seq if sizes[b])
-                # Block 3 is empty: 2 and 4 are neighbours in the file. The arena is the file's
-                # size at most, so the ring's wrap cuts some runs.
-                assert pre.reads <= nonempty
-                if budget == 10**7:
-                    assert pre.reads <= nonempty // 2
-            finally:
-                pre.close()
-    finally:
-        bf.close()
-
-
-def test_direct_layout_is_page_aligned_with_zero_padding(tmp_path):
+def test_layout_is_page_aligned_with_zero_padding(tmp_path):
     """Odd block sizes (0 and 1 rating, one short of and one past a page): every block starts
-    on a 4 KiB boundary, takes whole pages in the arena, the gaps read as zeros and the read
-    descriptor is O_DIRECT."""
+    on a 4 KiB boundary and takes whole pages; the gaps read as zeros."""
     sizes = [0, 1, 341, 342, 0, 1, 1000, 2]  # 341 × 12 = 4092 bytes, 342 × 12 = 4104
     blocks = _blocks(sizes, seed=3)
     bf = _file(tmp_path, blocks)
     try:
-        if not bf.direct:
-            pytest.skip(f"{tmp_path} does not take O_DIRECT")
-        assert _fdflags(bf.dfd) & os.O_DIRECT and not _fdflags(bf.fd) & os.O_DIRECT
         raw = os.pread(bf.fd, bf.size + 10, 0)
         assert len(raw) == bf.size and bf.size % 4096 == 0
         end = 0
@@ -161,106 +144,36 @@ def test_direct_layout_is_page_aligned_with_zero_padding(tmp_path):
         bf.close()
 
 
-def test_buffered_layout_is_packed(tmp_path):
-    sizes = [0, 1, 341, 342, 2]
-    blocks = _blocks(sizes, seed=4)
-    bf = _file(tmp_path, blocks, direct=False)
-    assert not bf.direct and bf.align == 1
-    assert bf.size == sum(sizes) * ENTRY_BYTES
-    assert [bf.span(b) for b in range(len(sizes))] == [n * ENTRY_BYTES for n in sizes]
-    assert os.pread(bf.fd, bf.size, 0) == b"".join(x.tobytes() for x in blocks)
-    bf.close()
-
-
-def _run_all(bf, blocks, seq, budget):
-    pre = Preloader(bf, seq, budget)
-    try:
-        for n, b in enumerate(seq):
-            assert np.array_equal(pre.get(n), blocks[b]), (n, b)
-            assert pre.resident <= budget
-            pre.release(n)
-    finally:
-        pre.close()
-
-
-def test_o_direct_refused_at_open_falls_back_to_buffered(tmp_path, monkeypatch):
-    """A file system that refuses O_DIRECT (EINVAL, e.g. tmpfs): packed layout, reads through
-    the page cache, same blocks."""
-    real_open = os.open
-
-    def no_direct(path, flags, *a, **kw):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *a, **kw)
-
-    monkeypatch.setattr(os, "open", no_direct)
-    sizes = [3, 0, 1, 400, 17]
-    blocks = _blocks(sizes, seed=5)
-    bf = _file(tmp_path, blocks)
-    try:
-        assert not bf.direct and bf.align == 1 and bf.size == sum(sizes) * ENTRY_BYTES
-        _run_all(bf, blocks, [3, 0, 1, 2, 4, 3, 3], 400 * ENTRY_BYTES)
-    finally:
-        bf.close()
-    assert os.listdir(tmp_path) == []
-
-
-def test_o_direct_refused_at_read_falls_back_to_buffered(tmp_path, monkeypatch):
-    """Opened with O_DIRECT but the first read is refused (EINVAL): that block and all later
-    ones are read through the page cache from the same (aligned) layout."""
-    sizes = [3, 0, 1, 400, 17, 342]
-    blocks = _blocks(sizes, seed=6)
-    bf = _file(tmp_path, blocks)
-    if not bf.direct:
-        bf.close()
-        pytest.skip(f"{tmp_path} does not take O_DIRECT")
-    dfd, real = bf.dfd, os.preadv
-    calls = []
-
-    def refuse(fd, bufs, off, *a):
-        calls.append(fd)
-        if fd == dfd:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real(fd, bufs, off, *a)
-
-    monkeypatch.setattr(os, "preadv", refuse)
-    try:
-        _run_all(bf, blocks, [3, 0, 1, 2, 4, 5, 3, 5], bf.span(3) + bf.span(5))
-        assert not bf.direct and "O_DIRECT read refused" in bf.direct_fallback
-        assert calls.count(dfd) == 1  # tried once, then buffered
-    finally:
-        bf.close()
-
-
-def test_block_file_on_tmpfs(monkeypatch):
-    """On /dev/shm (tmpfs: O_DIRECT refused on older kernels, accepted on newer) the blocks
-    come back intact whichever path is taken."""
+def test_block_file_on_tmpfs():
+    """On /dev/shm (tmpfs: O_DIRECT refused on older kernels, accepted on newer; the runtime
+    falls back to buffered reads) the blocks come back intact whichever path is taken."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     sizes = [5, 0, 1, 341, 700]
     blocks = _blocks(sizes, seed=7)
     bf = _file("/dev/shm", blocks)
     try:
-        _run_all(bf, blocks, [4, 3, 2, 1, 0, 4, 4], max(bf.span(b) for b in range(len(sizes))))
+        seq = [4, 3, 2, 1, 0, 4, 4]
+        pre = Preloader(bf, seq, 2 * bf.span(4) + 700 * ENTRY_BYTES)
+        try:
+            for n, b in enumerate(seq):
+                assert np.array_equal(pre.get(n), blocks[b]), (n, b)
+                pre.release(n)
+        finally:
+            pre.close()
     finally:
         bf.close()
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_preloader_refuses_a_block_bigger_than_the_budget(tmp_path, direct):
-    bf = BlockFile(tmp_path, direct=direct)
+def test_preloader_refuses_a_budget_below_two_blocks(tmp_path):
+    """1200 bytes of ratings: a whole 4 KiB page in the cache and a 1200-byte scratch copy."""
+    bf = BlockFile(tmp_path)
     bf.append(0, _blocks([100])[0])
-    if direct and not bf.direct:
-        pytest.skip(f"{tmp_path} does not take O_DIRECT")
-    if bf.direct:
-        # 1200 bytes of ratings, but a direct read takes a whole 4 KiB page.
-        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\) \(4096 bytes as read.*at least 4096 bytes"):
-            Preloader(bf, [0], 4095)
-        Preloader(bf, [0], 4096).close()
-    else:
-        with pytest.raises(OutOfBudgetError, match=r"1200 bytes\); raise the budget to at least 1200 bytes"):
-            Preloader(bf, [0], 1199)
-        Preloader(bf, [0], 1200).close()
+    bf.finish()
+    assert min_budget(1200) == 4096 + 1200
+    with pytest.raises(OutOfBudgetError, match=r"1200 bytes\) \(4096 bytes as whole 4 KiB pages.*at least 5296 bytes"):
+        Preloader(bf, [0], 5295)
+    Preloader(bf, [0], 5296).close()
     bf.close()
 
 
@@ -273,8 +186,9 @@ def test_block_file_has_no_name(tmp_path):
 
 
 def test_no_block_file_left_after_kill_9(tmp_path):
-    code = (f"from scalefree.mf.data.preload import BlockFile\nimport numpy as np, time\n"
+    code = (f"from scalefree.mf.data.preload import BlockFile, Preloader\nimport numpy as np, time\n"
             f"bf = BlockFile({str(tmp_path)!r}); bf.append(0, np.ones((1000, 3), np.uint32)); bf.finish()\n"
+            f"pre = Preloader(bf, [0, 0], 1 << 20); pre.get(0)\n"
             f"print(bf.fd, flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -299,9 +213,9 @@ def test_parse_bytes_rejects(text):
         parse_bytes(text)
 
 
-def test_memory_budget_only_for_rima():
-    with pytest.raises(InvalidArgumentError, match="for mode 'rima'"):
-        mf.MatrixFactorization(mode="local", memory_budget="1M")
+def test_memory_budget_for_every_mode():
+    for mode in mf.MODES:
+        assert mf.MatrixFactorization(mode=mode, memory_budget="1M").memory_budget == 1 << 20
     with pytest.raises(InvalidArgumentError, match="64Q"):
         mf.MatrixFactorization(mode="rima", memory_budget="64Q")
 
@@ -319,9 +233,9 @@ def test_block_states_visit_every_block_once_per_iteration(V, iters):
         assert len(seen) == V * V
 
 
-def _train(n, tmp_path, tag, extra=()):
+def _train(n, tmp_path, tag, extra=(), mode="rima"):
     out = tmp_path / f"{tag}.jsonl"
-    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", mode,
                         "-n", str(n), "-k", "8", "-i", str(ITERS), "--eval-every", "2", "--json", str(out), "-q",
                         *extra], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -338,7 +252,7 @@ def test_budgeted_training_is_the_in_memory_run(n, blocks, tmp_path):
     mem, _ = _train(n, tmp_path, "mem", b)
     data = mem[-1]["rating_bytes"]
     V = mem[-1]["blocks_per_side"]
-    budget = int(data * 1.5 / V**2)  # room for about 1.5 blocks: 4 % – 38 % of R
+    budget = int(data * 3 / V**2)  # room for about 3 blocks (cache and scratch copy): 8 % – 75 % of R
     bdir = tmp_path / "blocks"
     bdir.mkdir()
     disk, out = _train(n, tmp_path, "disk", (*b, "--memory-budget", str(budget), "--block-dir", str(bdir)))
@@ -383,10 +297,27 @@ def test_missing_block_dir_is_a_clear_error(tmp_path):
     assert "block directory" in p.stderr and "does not exist" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_cli_rejects_budget_for_other_modes():
+@pytest.mark.skipif(not ML100K.exists(), reason="MovieLens-100K not in ../shared/data")
+def test_dsgd_ps_budgeted_training_is_the_in_memory_run(tmp_path):
+    """dsgd-ps's workers read their block rows through the flash runtime in step order: the
+    same run as in memory (losses, test RMSE curve), within the budget."""
+    mem, _ = _train(4, tmp_path, "mem", mode="dsgd-ps")
+    tr, _ = mf.split_ratings(ML100K, 0.1, 0)
+    budget = int(len(tr) * ENTRY_BYTES * 0.3)  # 3 workers, 3 x 3 blocks: a worker's row is 1/3 of R
+    bdir = tmp_path / "blocks"
+    bdir.mkdir()
+    disk, _ = _train(4, tmp_path, "disk", ("--memory-budget", str(budget), "--block-dir", str(bdir)), mode="dsgd-ps")
+    assert [r["train_mse"] for r in disk] == [r["train_mse"] for r in mem]
+    assert [r.get("test_rmse") for r in disk] == [r.get("test_rmse") for r in mem]
+    assert os.listdir(bdir) == []
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "dsgd-ps",
-                        "-n", "2", "--memory-budget", "1M"], capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "--memory-budget is for --mode rima" in p.stderr
+                        "-n", "3", "-i", "1", "-q", "--memory-budget", "10K", "--block-dir", str(bdir)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "dsgd-ps: memory budget" in p.stderr and "smaller than one R block" in p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_cli_rejects_a_bad_budget():
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
                         "-n", "2", "--memory-budget", "lots"], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "--memory-budget" in p.stderr and "lots" in p.stderr
@@ -398,11 +329,12 @@ def test_python_api_single_rank_budget(tmp_path):
         pytest.skip("MovieLens-100K not in ../shared/data")
     tr, te = mf.split_ratings(ML100K, 0.1, 0)
     a = mf.MatrixFactorization(k=8, mode="rima", iterations=2, seed=5).fit(tr, te)
-    b = mf.MatrixFactorization(k=8, mode="rima", iterations=2, seed=5, memory_budget=len(tr) * ENTRY_BYTES // 3,
+    budget = len(tr) * ENTRY_BYTES * 2 // 3  # 2 x 2 blocks: two blocks and a page or so
+    b = mf.MatrixFactorization(k=8, mode="rima", iterations=2, seed=5, memory_budget=budget,
                                block_dir=tmp_path).fit(tr, te)
     assert a.history[-1]["test_rmse"] == b.history[-1]["test_rmse"]
     assert np.array_equal(a.predict([1, 2, 3], [4, 5, 6]), b.predict([1, 2, 3], [4, 5, 6]))
-    assert max(b.history[-1]["rating_bytes_resident"]) <= len(tr) * ENTRY_BYTES // 3
+    assert max(b.history[-1]["rating_bytes_resident"]) <= budget
     assert os.listdir(tmp_path) == []
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from ranks import collect, run_ranks, spawn_ranks
 
-VARIANTS = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread"]
+VARIANTS = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring"]
 
 # The rank scripts' common part: argv (variant, slack, dtype), the group, and each rank's
 # contribution to call t — a payload whose first 4n entries count this rank's calls (one
@@ -100,6 +100,13 @@ try:
     g.ssp_reduction(5, "float32", variant="nope")
 except scalefree.InvalidArgumentError as e:
     assert "sharded_async_thread" in str(e)
+# auto: the ring from SCALEFREE_SSP_RING_MIN_BYTES (1 MiB) up at three ranks or more
+big = g.ssp_reduction(1 << 18, "float32", variant="auto")
+assert big.variant == ("ring" if g.size >= 3 else "sharded_async_thread"), big.variant
+big.close()
+small = g.ssp_reduction(1000, "float32", variant="auto")
+assert small.variant == "sharded_async_thread", small.variant
+small.close()
 try:
     g.ssp_reduction(5, "float32", push_order="nope")
 except scalefree.InvalidArgumentError as e:
@@ -179,7 +186,7 @@ print("ok", flush=True)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("variant", ["hypercube", "sharded_async_thread"])
+@pytest.mark.parametrize("variant", ["hypercube", "sharded_async_thread", "ring"])
 def test_delta_mode_applies_every_contribution_once(n, variant):
     """allreduce_delta (DDP's SSP hook): the deltas add up to the bounded-staleness results,
     and with flush_delta to the exact total. Two ranks on the hypercube take the one-pass path

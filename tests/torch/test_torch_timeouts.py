@@ -68,4 +68,12 @@ def test_work_wait_timeout_raises_at_its_deadline():
 
 
 def test_ddp_step_ends_at_the_process_group_timeout():
-    check(run_with_stopped_rank(3, "ddp", 6.0), 6.0, "a DDP step")
+    # 2 and 4 ranks, the two jobs at once (their 6 s waits overlap: the test takes one).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        jobs = {n: pool.submit(run_with_stopped_rank, n, "ddp", 6.0) for n in (2, 4)}
+        for n, job in jobs.items():
+            res = job.result()
+            assert len(res) == n - 1, res
+            check(res, 6.0, f"a DDP step of {n} ranks")

@@ -287,6 +287,63 @@ pub unsafe fn reduce4(dtype: DType, op: ReduceOp, dst: *mut u8, a: *const u8, b:
     }
 }
 
+#[inline(always)]
+fn apply_update<T: Elem>(h: &mut [T], c: &[T], a: Option<&[T]>, dst: &mut [T], f: impl Fn(T, T) -> T) {
+    match a {
+        Some(a) => {
+            for (((h, &c), &a), d) in h.iter_mut().zip(c).zip(a).zip(dst.iter_mut()) {
+                let v = f(*h, c);
+                *h = v;
+                *d = f(a, v);
+            }
+        }
+        None => {
+            for ((h, &c), d) in h.iter_mut().zip(c).zip(dst.iter_mut()) {
+                let v = f(*h, c);
+                *h = v;
+                *d = v;
+            }
+        }
+    }
+}
+
+unsafe fn typed_update<T: Elem>(op: ReduceOp, h: *mut u8, c: *const u8, a: Option<*const u8>, dst: *mut u8, n: usize) {
+    let (h, c, dst) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(h as *mut T, n),
+            std::slice::from_raw_parts(c as *const T, n),
+            std::slice::from_raw_parts_mut(dst as *mut T, n),
+        )
+    };
+    let a = a.map(|a| unsafe { std::slice::from_raw_parts(a as *const T, n) });
+    match op {
+        ReduceOp::Sum => apply_update(h, c, a, dst, T::sum),
+        ReduceOp::Prod => apply_update(h, c, a, dst, T::prod),
+        ReduceOp::Min => apply_update(h, c, a, dst, T::min),
+        ReduceOp::Max => apply_update(h, c, a, dst, T::max),
+    }
+}
+
+/// `h[i] = h[i] op c[i]`, then `dst[i] = a[i] op h[i]` (or `h[i]` without `a`), in one pass:
+/// an accumulator updated and passed on (the SSP ring's history and its first hop).
+///
+/// # Safety
+/// All ranges must be valid for `n` elements of `dtype` and none may overlap another.
+pub unsafe fn reduce_update(dtype: DType, op: ReduceOp, h: *mut u8, c: *const u8, a: Option<*const u8>, dst: *mut u8, n: usize) {
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        match dtype {
+            DType::F32 => typed_update::<f32>(op, h, c, a, dst, n),
+            DType::F64 => typed_update::<f64>(op, h, c, a, dst, n),
+            DType::I32 => typed_update::<i32>(op, h, c, a, dst, n),
+            DType::I64 => typed_update::<i64>(op, h, c, a, dst, n),
+            DType::U8 => typed_update::<u8>(op, h, c, a, dst, n),
+        }
+    }
+}
+
 fn fill_typed<T: Elem>(op: ReduceOp, buf: &mut [u8]) {
     let v = T::identity(op);
     for chunk in buf.chunks_exact_mut(std::mem::size_of::<T>()) {
@@ -352,6 +409,19 @@ mod tests {
             fill_identity(DType::U8, op, &mut id);
             assert_eq!(id[0], match op { ReduceOp::Sum => 0, ReduceOp::Prod => 1, ReduceOp::Min => 255, ReduceOp::Max => 0 });
         }
+    }
+
+    #[test]
+    fn update_and_pass_on_in_one_pass() {
+        let mut h = vec![1i64, 5, -3];
+        let c = vec![2i64, 1, 4];
+        let a = vec![10i64, 20, 30];
+        let mut d = vec![0i64; 3];
+        let p = |v: &Vec<i64>| v.as_ptr() as *const u8;
+        unsafe { reduce_update(DType::I64, ReduceOp::Sum, h.as_mut_ptr() as *mut u8, p(&c), Some(p(&a)), d.as_mut_ptr() as *mut u8, 3) };
+        assert_eq!((h.clone(), d.clone()), (vec![3, 6, 1], vec![13, 26, 31]));
+        unsafe { reduce_update(DType::I64, ReduceOp::Max, h.as_mut_ptr() as *mut u8, p(&c), None, d.as_mut_ptr() as *mut u8, 3) };
+        assert_eq!((h, d), (vec![3, 6, 4], vec![3, 6, 4]));
     }
 
     #[test]

@@ -111,7 +111,7 @@ fn randomized_runs_conserve_every_contribution() {
     let runs: usize = std::env::var("SSP_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     for i in 0..runs {
         let n = 1 + rng.below(4) as u32;
-        let v = Variant::ALL[rng.below(5) as usize];
+        let v = Variant::ALL[rng.below(Variant::ALL.len() as u64) as usize];
         let reps = 1 + rng.below(3) as usize;
         let count = reps * n as usize + rng.below(300) as usize;
         let calls = 1 + rng.below(25);
@@ -120,6 +120,31 @@ fn randomized_runs_conserve_every_contribution() {
         let order = [PushOrder::Cyclic, PushOrder::Fixed][rng.below(2) as usize];
         run_case(1000 + i as u64, n, v, order, reps, count, calls, slack, delay);
     }
+}
+
+/// The ring at every world size 1–5 and at sizes 0, 1, odd and large (segments of zero
+/// length when the vector is shorter than the ring), with seeded random delays.
+#[test]
+fn ring_conserves_every_contribution_at_every_size() {
+    let mut rng = Rng(0x7149);
+    for n in 1..=5u32 {
+        for (count, reps) in [(0, 0), (1, 0), (2 * n as usize + 37, 2), (3 * n as usize + 1, 3), (100_003, 1)] {
+            for slack in [0, 1, 3, 255] {
+                let calls = if count > 10_000 { 6 } else { 1 + rng.below(20) };
+                let delay = [0, 50, 500][rng.below(3) as usize];
+                run_case(7000 + rng.below(1000), n, Variant::Ring, PushOrder::Cyclic, reps, count, calls, slack, delay);
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_takes_the_ring_for_large_vectors_over_three_ranks() {
+    assert_eq!(Variant::resolve("auto", 4, 16 << 20, 1 << 20).unwrap(), Variant::Ring);
+    assert_eq!(Variant::resolve("auto", 4, 1000, 1 << 20).unwrap(), Variant::ShardedAsyncThread);
+    assert_eq!(Variant::resolve("auto", 2, 16 << 20, 1 << 20).unwrap(), Variant::ShardedAsyncThread);
+    assert_eq!(Variant::resolve("ring", 1, 0, 1 << 20).unwrap(), Variant::Ring);
+    assert!(Variant::resolve("rings", 4, 0, 1).is_err());
 }
 
 #[test]

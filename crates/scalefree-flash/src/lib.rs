@@ -5,7 +5,8 @@
 //! Layers, bottom up:
 //! * [`file`] — [`FlashFile`], typed [`FlashPtr`], [`FlashMatrix`] (dense), [`FlashCsrMatrix`].
 //! * [`io`] — access specifiers ([`AccessSpec`]), aligned direct IO, the [`IoExecutor`].
-//! * [`cache`] — the program cache: one buffer per access specifier, hard memory budget.
+//! * [`cache`] — the program cache: one buffer per access specifier, hard memory budget;
+//!   [`CacheReader`] drives it for consumers that compute on their own threads (MF trainers).
 //! * [`sched`] — [`Task`]s, the [`Dag`] and its run loop, the prioritizer.
 //! * [`Runtime`] — owns all of it; no global state.
 
@@ -26,7 +27,7 @@ pub use error::{FlashError, Result};
 pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode, docword_to_flash, read_docword, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};
 pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
 pub use sparse::{CsrMatrix, CsrRef};
-pub use cache::{CacheStats, EntryTag};
+pub use cache::{CacheReader, CacheStats, CachedBlock, EntryTag, ReaderStats};
 pub use runtime::{parse_bytes, Progress, ProgressSnapshot, Runtime, RuntimeOptions};
 pub use sched::{Dag, FnTask, Injector, Priority, RunStats, Task, TaskBuffers, TaskContext, TaskId};
 pub use kernels::{csr_gram_in_memory, csrcsc, csrgemv, csrgemv_in_memory, csrmm, csrmm_in_memory, csrtmm, csrtmm_in_memory, TransposedProduct, gemm, gemm_in_memory, gemm_in_memory_with, gemm_tiled, ExternalBlas, sort, DenseInput, DenseOutput, GemmStream, GemmTiles, kmeans, KmeansOptions, KmeansResult};

@@ -12,6 +12,12 @@ pub enum MfError {
     Format { path: PathBuf, msg: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The memory budget cannot hold what must be in memory at once.
+    #[error("{0}")]
+    OutOfBudget(String),
+    /// Reading or writing the blocks on flash failed (out of core).
+    #[error("flash: {0}")]
+    Flash(String),
 }
 
 impl MfError {

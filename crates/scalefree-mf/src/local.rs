@@ -21,8 +21,18 @@
 //! [`interleave_halves`]: consecutive updates rarely share a row, so they overlap). P and Q rows are
 //! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
 //! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
+//!
+//! Out of core ([`LocalOptions::memory_budget`]): the blocks are written once to a scratch
+//! file on flash (each at a 4 KiB boundary, so O_DIRECT reads them whole) and the in-memory
+//! copy is dropped; a thread that takes a block reads it through the flash runtime's program
+//! cache ([`scalefree_flash::CacheReader`], at most the budget resident), which prefetches the
+//! blocks of the pass's order ahead of the threads as far as the budget allows. The blocks,
+//! their order inside and the schedule are those of the in-memory run.
 
-use std::sync::{Condvar, Mutex};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+
+use scalefree_flash::{AccessSpec, CacheReader, FlashFile, ReaderStats, Runtime, RuntimeOptions};
 
 use crate::error::{MfError, Result};
 use crate::kernel::{padded_k, sgd_block_ld, sq_error_ld, Entry, Factors, Isa, Schedule, SgdParams};
@@ -48,11 +58,17 @@ pub struct LocalOptions {
     /// does: the same objective on the raw ratings, better conditioned steps; predictions
     /// are scaled back. Default on.
     pub normalize: bool,
+    /// Out of core: bytes of rating blocks held in memory at most (the program cache's
+    /// budget); the blocks stay on flash. None (the default): all in memory.
+    pub memory_budget: Option<u64>,
+    /// Directory of the blocks' scratch file (default: the flash runtime's, see
+    /// [`scalefree_flash::default_scratch_dir`]).
+    pub flash_dir: Option<PathBuf>,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: true }
+        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: true, memory_budget: None, flash_dir: None }
     }
 }
 
@@ -66,6 +82,64 @@ struct Sched {
     pass: usize,
     /// Σ e² of each pass of this call.
     loss: Vec<f64>,
+    /// A block read failed: every thread stops.
+    error: Option<MfError>,
+}
+
+/// Bytes a block of `n` ratings takes on flash and in the cache: whole 4 KiB pages.
+fn padded_bytes(n: usize) -> u64 {
+    (n as u64 * std::mem::size_of::<Entry>() as u64).div_ceil(4096) * 4096
+}
+
+/// The blocks on flash and the reader that brings them into memory.
+struct FlashBlocks {
+    reader: CacheReader,
+    /// Block b's pages in the scratch file.
+    specs: Vec<AccessSpec>,
+}
+
+impl FlashBlocks {
+    /// Writes the blocks to a scratch file; checks that `threads` blocks fit the budget at once.
+    fn write(entries: &[Entry], starts: &[usize], nb: usize, threads: usize, budget: u64, dir: Option<&std::path::Path>) -> Result<FlashBlocks> {
+        let sizes: Vec<u64> = starts.windows(2).map(|w| padded_bytes(w[1] - w[0])).collect();
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let need = largest * threads as u64;
+        if need > budget {
+            return Err(MfError::OutOfBudget(format!(
+                "memory budget of {budget} bytes is smaller than the blocks {threads} thread(s) hold at once: the largest of the {nb} x {nb} blocks takes {largest} bytes (whole 4 KiB pages); raise the budget to at least {need} bytes or cut R into more blocks (--blocks)"
+            )));
+        }
+        let flash = |e: scalefree_flash::FlashError| MfError::Flash(e.to_string());
+        let mut o = RuntimeOptions::from_env().map_err(flash)?;
+        o.memory_budget_bytes = budget;
+        o.compute_threads = 1;
+        o.max_tasks_in_flight = 3;
+        if let Some(d) = dir {
+            o.dir = d.to_path_buf();
+        }
+        let rt = Arc::new(Runtime::new(o).map_err(flash)?);
+        let total: u64 = sizes.iter().sum();
+        let file = FlashFile::scratch(rt.dir(), total.max(4096), &rt.file_options()).map_err(flash)?;
+        let mut specs = Vec::with_capacity(sizes.len());
+        let mut at = 0u64;
+        for (b, &size) in sizes.iter().enumerate() {
+            let blk = &entries[starts[b]..starts[b + 1]];
+            // SAFETY: Entry is three 4-byte plain fields, repr(C), no padding.
+            let bytes = unsafe { std::slice::from_raw_parts(blk.as_ptr() as *const u8, std::mem::size_of_val(blk)) };
+            file.write_bytes(at, bytes).map_err(flash)?;
+            specs.push(AccessSpec::contiguous(file.clone(), at, size).map_err(flash)?);
+            at += size;
+        }
+        // Prefetch depth: as far as the budget goes (the budget, not this, is the limit).
+        let reader = CacheReader::new(rt, budget, 1 << 16).map_err(flash)?;
+        Ok(FlashBlocks { reader, specs })
+    }
+
+    /// Tells the reader the order in which a pass hands out its blocks (`pending` is handed
+    /// out from the end).
+    fn announce(&self, pending: &[u32]) {
+        self.reader.push_ahead(pending.iter().rev().map(|&b| self.specs[b as usize].clone()));
+    }
 }
 
 /// Reorders a block sorted by item (or user) so that its first and second halves alternate:
@@ -124,8 +198,10 @@ pub struct LocalTrainer {
     ld: usize,
     threads: usize,
     nb: usize,
-    /// Block b's ratings are `entries[starts[b]..starts[b + 1]]`.
+    /// Block b's ratings are `entries[starts[b]..starts[b + 1]]` (empty when on flash).
     entries: Vec<Entry>,
+    /// Out of core: the blocks on flash.
+    flash: Option<FlashBlocks>,
     starts: Vec<usize>,
     counts: Vec<u32>,
     p: Rows,
@@ -208,6 +284,13 @@ impl LocalTrainer {
             }
             interleave_halves(blk);
         }
+        let flash = match o.memory_budget {
+            None => None,
+            Some(budget) => Some(FlashBlocks::write(&entries, &starts, nb, o.threads, budget, o.flash_dir.as_deref())?),
+        };
+        if flash.is_some() {
+            entries = Vec::new();
+        }
         let mean = train.mean() as f32;
         // `adagrad` in local mode is LIBMF's split rule (see `Schedule::AdagradSplit`).
         let schedule = match o.schedule {
@@ -236,6 +319,7 @@ impl LocalTrainer {
             nb,
             counts: vec![0; nb * nb],
             entries,
+            flash,
             starts,
             p,
             q,
@@ -272,6 +356,16 @@ impl LocalTrainer {
         self.run_epochs(1)[0]
     }
 
+    /// Whether the rating blocks are on flash ([`LocalOptions::memory_budget`]).
+    pub fn out_of_core(&self) -> bool {
+        self.flash.is_some()
+    }
+
+    /// Out of core: the block reader's counters (peak bytes resident, bytes read, waits).
+    pub fn flash_stats(&self) -> Option<ReaderStats> {
+        self.flash.as_ref().map(|f| f.reader.stats())
+    }
+
     /// The order in which pass `epoch` (counted from the first pass ever) hands out its
     /// blocks: a random permutation of the nb² blocks from the seed and the pass number.
     fn pass_order(&self, epoch: u64) -> Vec<u32> {
@@ -289,9 +383,17 @@ impl LocalTrainer {
     /// and column blocks are free. No barrier between passes: once a pass has handed out its
     /// last block, threads go on with the next pass's blocks (still only free ones) while the
     /// others finish theirs, as LIBMF's threads do.
+    ///
+    /// Panics if a block read from flash fails (out of core); [`LocalTrainer::try_run_epochs`]
+    /// returns the error instead.
     pub fn run_epochs(&mut self, n: usize) -> Vec<f64> {
+        self.try_run_epochs(n).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`LocalTrainer::run_epochs`], with the error of a failed block read.
+    pub fn try_run_epochs(&mut self, n: usize) -> Result<Vec<f64>> {
         if n == 0 {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let nb = self.nb;
         let first = self.epochs;
@@ -302,7 +404,12 @@ impl LocalTrainer {
             pending: self.pass_order(first),
             pass: 0,
             loss: vec![0.0; n],
+            error: None,
         });
+        let flash = self.flash.as_ref();
+        if let Some(fb) = flash {
+            fb.announce(&sched.lock().unwrap().pending);
+        }
         let freed = Condvar::new();
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
         let (entries, starts, prm, ld, isa) = (&self.entries, &self.starts, &self.prm, self.ld, self.isa);
@@ -321,12 +428,18 @@ impl LocalTrainer {
                         freed.notify_all();
                     }
                     loop {
+                        if s.error.is_some() {
+                            break None;
+                        }
                         if s.pending.is_empty() {
                             if s.pass + 1 == n {
                                 break None;
                             }
                             s.pass += 1;
                             s.pending = this.pass_order(first + s.pass as u64);
+                            if let Some(fb) = flash {
+                                fb.announce(&s.pending);
+                            }
                         }
                         // The next block of the order whose row and column blocks are free.
                         let free = s.pending.iter().rposition(|&c| !(s.row_busy[c as usize / nb] || s.col_busy[c as usize % nb]));
@@ -355,7 +468,26 @@ impl LocalTrainer {
                 // SAFETY: block b's rows and columns are marked busy, so no other thread
                 // touches the rows of P/Q (and their accumulators) it indexes; ids are dense;
                 // rows are ld = padded_k(k) floats with zero padding.
-                let l = unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, &prm_b, ld, isa) };
+                let l = match flash {
+                    None => unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, &prm_b, ld, isa) },
+                    Some(_) if starts[b] == starts[b + 1] => 0.0,
+                    Some(fb) => match fb.reader.get(&fb.specs[b]) {
+                        Ok(blk) => {
+                            let count = starts[b + 1] - starts[b];
+                            // SAFETY: the block's bytes are `count` entries written by `FlashBlocks::write`
+                            // (then padding), in a 4 KiB-aligned buffer; the rest as above.
+                            unsafe {
+                                let ents = std::slice::from_raw_parts(blk.bytes().as_ptr() as *const Entry, count);
+                                sgd_block_ld(ents, f, &prm_b, ld, isa)
+                            }
+                        }
+                        Err(e) => {
+                            sched.lock().unwrap().error.get_or_insert(MfError::Flash(e.to_string()));
+                            freed.notify_all();
+                            0.0
+                        }
+                    },
+                };
                 held = Some((b, pass, l));
             }
         };
@@ -371,8 +503,11 @@ impl LocalTrainer {
         }
         let s = sched.into_inner().unwrap();
         self.counts = s.counts;
+        if let Some(e) = s.error {
+            return Err(e);
+        }
         self.epochs += n as u64;
-        s.loss.iter().map(|l| l / n_ratings).collect()
+        Ok(s.loss.iter().map(|l| l / n_ratings).collect())
     }
 
     /// RMSE on ratings sharing the training id maps (e.g. the test half of `Ratings::split`).

@@ -271,3 +271,30 @@ fn bad_options_are_errors() {
     assert!(LocalTrainer::new(&r, &LocalOptions { threads: 4, blocks: Some(3), ..Default::default() }).is_err());
     assert!(LocalTrainer::new(&Ratings::default(), &LocalOptions::default()).is_err());
 }
+
+/// Out of core: the blocks on flash, read through the flash runtime's program cache at a
+/// quarter of the records. One thread: the losses and the model equal the in-memory run's
+/// bit for bit; more threads: every block still runs once per epoch, the cache stays within
+/// the budget; a budget below one block per thread is refused up front.
+#[test]
+fn out_of_core_local_training_is_the_in_memory_run() {
+    let r = synthetic(300, 200, 30_000, 5);
+    let budget = (r.len() * 12 / 4) as u64;
+    for threads in [1, 2, 3] {
+        let o = LocalOptions { k: 8, threads, lambda: 0.01, ..Default::default() };
+        let mut mem = LocalTrainer::new(&r, &o).unwrap();
+        let mut disk = LocalTrainer::new(&r, &LocalOptions { memory_budget: Some(budget), ..o.clone() }).unwrap();
+        assert!(disk.out_of_core() && !mem.out_of_core());
+        let lm = mem.run_epochs(3);
+        let ld = disk.try_run_epochs(3).unwrap();
+        if threads == 1 {
+            assert_eq!(lm, ld);
+            assert_eq!(mem.model(), disk.model());
+        }
+        assert!(disk.state().counts.iter().all(|&c| c == 3), "threads={threads}");
+        let s = disk.flash_stats().unwrap();
+        assert!(s.cache.peak_resident_bytes <= budget && s.cache.bytes_prefetched > 0, "{s:?}");
+    }
+    let o = LocalOptions { k: 8, threads: 2, memory_budget: Some(4096), ..Default::default() };
+    assert!(matches!(LocalTrainer::new(&r, &o), Err(MfError::OutOfBudget(_))));
+}

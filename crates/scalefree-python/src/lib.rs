@@ -8,6 +8,7 @@ mod device;
 mod edge_stream;
 mod errors;
 mod flash;
+mod flash_reader;
 mod group;
 mod ssp;
 mod tensors;
@@ -36,6 +37,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<flash::PyFlashRuntime>()?;
     m.add_class::<flash::PyFlashMatrix>()?;
     m.add_class::<flash::PyFlashCsr>()?;
+    m.add_class::<flash_reader::PyFlashBlockReader>()?;
+    m.add_class::<flash_reader::PyFlashBlock>()?;
     m.add_function(pyo3::wrap_pyfunction!(ucx::ucx_library, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(device::helper_thread_count, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;

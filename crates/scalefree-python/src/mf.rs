@@ -15,6 +15,8 @@ use crate::buffer::Buf;
 fn mf_err(py: Python<'_>, e: MfError) -> PyErr {
     let class = match &e {
         MfError::InvalidArgument(_) => "InvalidArgumentError",
+        MfError::OutOfBudget(_) => "OutOfBudgetError",
+        MfError::Flash(_) => "FlashIOError",
         _ => "DataError",
     };
     let msg = e.to_string();
@@ -143,7 +145,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true, memory_budget=None, flash_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -158,6 +160,8 @@ impl PyMfTrainer {
         init_max: Option<f32>,
         isa: Option<&str>,
         normalize: bool,
+        memory_budget: Option<u64>,
+        flash_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
         let isa = match isa.map(|s| (s, Isa::parse(s))) {
             None => None,
@@ -169,15 +173,21 @@ impl PyMfTrainer {
             "constant" => Schedule::Constant,
             s => return Err(mf_err(py, MfError::InvalidArgument(format!("schedule must be 'adagrad' or 'constant', got {s:?}")))),
         };
-        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize };
+        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize, memory_budget, flash_dir };
         let t = py.detach(|| LocalTrainer::new(&train.r, &o)).map_err(|e| mf_err(py, e))?;
         Ok(PyMfTrainer { t })
     }
     /// Run `n` epochs; returns the training MSE of the last one.
     #[pyo3(signature = (n=1))]
-    fn epochs(&mut self, py: Python<'_>, n: usize) -> f64 {
+    fn epochs(&mut self, py: Python<'_>, n: usize) -> PyResult<f64> {
         let t = &mut self.t;
-        py.detach(move || t.run_epochs(n).last().copied().unwrap_or(f64::NAN))
+        let losses = py.detach(move || t.try_run_epochs(n)).map_err(|e| mf_err(py, e))?;
+        Ok(losses.last().copied().unwrap_or(f64::NAN))
+    }
+    /// Out of core (`memory_budget`): the block reader's counters (as
+    /// `FlashBlockReader.stats()`); None in memory.
+    fn flash_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        self.t.flash_stats().map(|s| crate::flash_reader::reader_stats_dict(py, &s)).transpose()
     }
     fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
         py.detach(|| self.t.rmse(&r.r)).map_err(|e| mf_err(py, e))

@@ -43,7 +43,7 @@ impl PySspReduction {
     pub fn create(py: Python<'_>, dev: &Device, count: usize, dtype: &str, op: &str, variant: &str, push_order: &str) -> PyResult<Self> {
         let d = parse_dtype(py, dtype)?;
         let o = ReduceOp::parse(op).py_err(py)?;
-        let v = Variant::parse(variant).py_err(py)?;
+        let v = Variant::resolve(variant, dev.size() as usize, count * d.size_bytes(), scalefree_collectives::ssp::ring_min_bytes()).py_err(py)?;
         let po = PushOrder::parse(push_order).py_err(py)?;
         let dev = dev.clone();
         let red = py.detach(move || SspReduction::with_order(&dev, count, d, o, v, po)).py_err(py)?;

@@ -22,6 +22,7 @@ pub fn job(rank: u32, size: u32, job_id: &str) -> JobInfo {
         token: "t".into(),
         launcher: Launcher::Scalefree,
         master: None,
+        sealed: false,
     }
 }
 

@@ -10,7 +10,8 @@
 //!
 //! Keys are derived per job and per purpose: `HMAC-SHA256(secret, purpose ‖ job id)`
 //! ([`Key::derive`]); the tags of one connection cover both of its nonces, so every
-//! connection proves itself afresh. Nothing here encrypts: see `docs/security.md`.
+//! connection proves itself afresh. A connection that is sealed (`SCALEFREE_ENCRYPT=1`, see
+//! `docs/security.md`) takes its keys from the same handshake ([`Key::session_keys`]).
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -64,6 +65,25 @@ impl Key {
     /// The tag one side sends: `label` is `"responder"` or `"initiator"`.
     pub fn tag(&self, label: &str, context: &[u8], initiator: &Nonce, responder: &Nonce) -> Tag {
         self.mac_of(label, context, initiator, responder).finalize().into_bytes().into()
+    }
+
+    /// The two keys that seal one connection after its handshake, one per direction:
+    /// (initiator to responder, responder to initiator). `HKDF-SHA256` with both nonces as
+    /// salt, this key as input and `label ‖ context ‖ direction` as info: every connection
+    /// and direction of a job gets keys of its own, and nobody without the job's secret can
+    /// compute them from what crossed the wire.
+    pub fn session_keys(&self, label: &str, context: &[u8], initiator: &Nonce, responder: &Nonce) -> ([u8; 32], [u8; 32]) {
+        let mut salt = [0u8; 2 * NONCE_LEN];
+        salt[..NONCE_LEN].copy_from_slice(initiator);
+        salt[NONCE_LEN..].copy_from_slice(responder);
+        let hk = hkdf::Hkdf::<Sha256>::new(Some(&salt), &self.0);
+        let key = |direction: &[u8]| {
+            let mut k = [0u8; 32];
+            let info = [&(label.len() as u64).to_le_bytes()[..], label.as_bytes(), &(context.len() as u64).to_le_bytes(), context, direction];
+            hk.expand_multi_info(&info, &mut k).expect("32 bytes is a valid HKDF-SHA256 length");
+            k
+        };
+        (key(b"initiator to responder"), key(b"responder to initiator"))
     }
 
     /// Whether `tag` is the other side's tag (constant-time comparison).
@@ -127,5 +147,20 @@ mod tests {
         assert!(!accept(&k, b"ctx2", &ni, &ch, &ans));
         assert!(!accept(&k, b"ctx", &ni, &ch, &ans[..31]));
         assert_ne!(nonce().unwrap(), nonce().unwrap());
+    }
+
+    #[test]
+    fn session_keys_differ_per_direction_connection_and_job() {
+        let k = Key::derive("s3cret", "lane", "job1");
+        let (a, b) = (nonce().unwrap(), nonce().unwrap());
+        let (ab, ba) = k.session_keys("seal", b"ctx", &a, &b);
+        assert_eq!((ab, ba), k.session_keys("seal", b"ctx", &a, &b), "both ends compute the same keys");
+        assert_ne!(ab, ba);
+        let others = [k.session_keys("seal", b"ctx", &b, &a), k.session_keys("seal", b"ctx", &a, &nonce().unwrap()),
+                      k.session_keys("seal", b"ctx2", &a, &b), k.session_keys("seal2", b"ctx", &a, &b),
+                      Key::derive("s3cret", "lane", "job2").session_keys("seal", b"ctx", &a, &b)];
+        for (x, y) in others {
+            assert!(![ab, ba].contains(&x) && ![ab, ba].contains(&y));
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod device;
 pub mod error;
 pub mod mesh;
 pub mod region;
+pub mod seal;
 pub mod traffic;
 pub mod wait;
 

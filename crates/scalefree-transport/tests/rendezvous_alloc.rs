@@ -45,6 +45,7 @@ fn job(rank: u32, port: u16) -> JobInfo {
         token: "s3cret".into(),
         launcher: Launcher::Scalefree,
         master: Some(("127.0.0.1".into(), port)),
+        sealed: false,
     }
 }
 

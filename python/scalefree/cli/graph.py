@@ -120,7 +120,10 @@ def _pagerank(args) -> int:
     setup_s = time.perf_counter() - t1
 
     def before(it):
-        if fault and g.rank == fault[0] and it == fault[1]:
+        # Only in a job's first start: a job that `scalefree run --max-restarts` restarted
+        # (SCALEFREE_RESTART_COUNT > 0) resumes past the fault instead of dying again.
+        first_start = os.environ.get("SCALEFREE_RESTART_COUNT", "0") == "0"
+        if fault and first_start and g.rank == fault[0] and it == fault[1]:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests, demos)
 
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "damping": args.damping,
@@ -403,7 +406,7 @@ def add_parser(sub) -> None:
                    help="every rank writes DIR/scores.rank{R}.npz (its owned vertex ids and their scores)")
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
                    help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
-                        "or --resume)")
+                        "or --resume; under scalefree run --max-restarts only in the first start)")
     add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")
     add_quiet(q)

@@ -18,7 +18,7 @@ import numpy as np
 from .._atomic import atomic_path
 from ..errors import InvalidArgumentError
 from ..mf.data.checkpoint import nothing_to_resume
-from ..mf.model import MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
+from ..mf.model import BUDGET_MODES, MODES, MatrixFactorization, split_ratings, split_ratings_partitioned
 from .common import EXIT_USAGE, add_columns, add_text_dialect, count, fail, number, relaunch, show_progress
 
 PROG = "scalefree mf train"
@@ -27,8 +27,8 @@ PROG = "scalefree mf train"
 def _check_ranks(args) -> None:
     n = args.ranks
     if args.memory_budget is not None:
-        if args.mode != "rima":
-            fail(PROG, f"--memory-budget is for --mode rima (got --mode {args.mode})")
+        if args.mode not in BUDGET_MODES:
+            fail(PROG, f"--memory-budget is for --mode {', '.join(BUDGET_MODES)} (got --mode {args.mode})")
         from .._units import parse_bytes
 
         try:
@@ -41,6 +41,11 @@ def _check_ranks(args) -> None:
         fail(PROG, "--checkpoint-every must be >= 0 and --stop-after >= 1")
     if args.patience is not None and not args.validation_fraction:
         fail(PROG, "--patience needs --validation-fraction")
+    if args.slack is not None:
+        if args.mode != "rima":
+            fail(PROG, f"--slack is for --mode rima (got --mode {args.mode})")
+        if args.memory_budget is not None or args.checkpoint or args.validation_fraction:
+            fail(PROG, "--slack does not combine with --memory-budget, --checkpoint or --validation-fraction")
     if args.mode == "local" and n > 1:
         fail(PROG, "--mode local runs in one process; -n is for --mode rima or dsgd-ps")
     if args.mode == "dsgd-ps" and n < 2:
@@ -83,7 +88,8 @@ def _train_ranks(args) -> int:
                                             args.delimiter, args.header, columns=args.columns, test_file=args.test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule, seed=args.seed, blocks=args.blocks,
-                                memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize)
+                                memory_budget=args.memory_budget, block_dir=args.block_dir, normalize=args.normalize,
+                                slack=args.slack)
     model._t_start = t_start  # set-up time counts the loading too
     model.fit(train, test, progress=show_progress(args), eval_every=args.eval_every, **_ckpt_args(args),
               validation_fraction=args.validation_fraction, patience=args.patience)
@@ -138,7 +144,8 @@ def _train(args) -> int:
         _check_libmf_ids(train, test)
     model = MatrixFactorization(k=args.k, mode=args.mode, eta=args.eta, lam=args.lam,
                                 iterations=args.iterations, schedule=args.schedule,
-                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize)
+                                threads=args.threads, blocks=args.blocks, seed=args.seed, normalize=args.normalize,
+                                memory_budget=args.memory_budget, block_dir=args.block_dir)
     out = open(args.json, "w") if args.json else None
     try:
         def log(rec):
@@ -159,6 +166,10 @@ def _train(args) -> int:
     print(f"{len(train)} train / {len(test)} test ratings, {train.n_users} users, {train.n_items} items; "
           f"{len(h)} iterations in {h[-1]['seconds']:.3f} s ({model.threads} threads); "
           f"final test RMSE {rmse:.4f}")
+    if "memory_budget" in h[-1]:
+        print(f"rating blocks on flash: budget {h[-1]['memory_budget'] / 2**20:.1f} MiB, at most "
+              f"{h[-1]['rating_bytes_resident'] / 2**20:.1f} MiB held, {h[-1]['bytes_read'] / 2**20:.1f} MiB read, "
+              f"{h[-1]['preload_wait_seconds']:.3f} s waiting for reads")
     _report_early_stop(model, args)
     _warn_unseen(model)
     return 0
@@ -278,10 +289,15 @@ def add_parser(sub) -> None:
     t.add_argument("--threads", "-t", type=count(1), default=None, help="local: threads (default: all cores this process may use)")
     t.add_argument("--blocks", type=count(1), default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
-                   help="rima: rating bytes each rank may hold (e.g. 64M); the blocks stay on disk and are "
-                        "read ahead in pattern order (default: all in memory)")
+                   help="rating bytes a rank (local: the process) may hold (e.g. 64M); the blocks stay on flash "
+                        "and the flash runtime's program cache reads them ahead in schedule order "
+                        "(rima, dsgd-ps, local; default: all in memory)")
     t.add_argument("--block-dir", default=None,
                    help="with --memory-budget: directory of the (anonymous) block files (default: the temp directory)")
+    t.add_argument("--slack", type=count(0), default=None, metavar="S",
+                   help="rima: bounded staleness — a worker may train up to S ring steps ahead on its copy of a "
+                        "block its predecessor still owes, merged by delta when it arrives (0: synchronous, "
+                        "the same result as without --slack)")
     t.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="train on ratings divided by their standard deviation with λ divided by it, as "
                         "LIBMF does (default on, every mode)")

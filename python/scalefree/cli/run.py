@@ -23,6 +23,11 @@ launcher even if the launcher is SIGKILLed.
 rendezvous), up to N times; each rank sees SCALEFREE_RESTART_COUNT (0 on the first start)
 and SCALEFREE_MAX_RESTARTS. A job run with --resume continues from its last checkpoint.
 When no restart is left the exit code is that of the last start's failed rank.
+
+--encrypt: seal every connection between hosts (the rendezvous and the TCP lanes) with
+AES-256-GCM, keys per connection and direction derived from the job secret; traffic between
+hosts then goes over the sealed lanes only. Give it on every host (the ranks get
+SCALEFREE_ENCRYPT=1; under other launchers set that yourself). Nothing changes on one host.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from ..launch.launcher import (
 
 _USAGE = ("%(prog)s -n N [--timeout S] [--grace S] [--max-restarts N] [--no-prefix] [--allow-rank-failure] [--] CMD [ARGS...]\n"
           "       %(prog)s --nnodes H --node-rank I --nproc-per-node N --master-addr ADDR [--master-port P]\n"
-          "                [--token-file PATH | --insecure-no-token] [--] CMD ...")
+          "                [--token-file PATH | --insecure-no-token] [--encrypt] [--] CMD ...")
 
 
 def _integer_at_least(minimum: int, text: str) -> int:
@@ -92,6 +97,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     hosts.add_argument("--insecure-no-token", action="store_true",
                        help="run a job across hosts without a secret: anyone who reaches the master address can "
                             "join it (closed networks only)")
+    hosts.add_argument("--encrypt", action="store_true",
+                       help="seal every connection between hosts (rendezvous, TCP lanes) with AES-256-GCM; "
+                            "give it on every host (the ranks get SCALEFREE_ENCRYPT=1; see docs/security.md)")
     p.add_argument("--timeout", type=functools.partial(_seconds, allow_zero=False), default=None, metavar="S",
                    help="wall-clock limit for the whole job in seconds; exit code 124 when reached (default: none)")
     p.add_argument("--grace", type=functools.partial(_seconds, allow_zero=True), default=DEFAULT_GRACE_SECONDS,
@@ -128,7 +136,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if nodes is not None and nodes.nnodes > 1:
         token = _secret_for(args, nodes, cmd)
     return launch(cmd, args.nprocs, timeout=args.timeout, grace=args.grace, prefix=not args.no_prefix, nodes=nodes,
-                  allow_rank_failure=args.allow_rank_failure, token=token, max_restarts=args.max_restarts)
+                  allow_rank_failure=args.allow_rank_failure, token=token, max_restarts=args.max_restarts,
+                  encrypt=args.encrypt)
 
 
 def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
@@ -154,7 +163,8 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
         argv += ["--grace", f"{args.grace:g}"]
     if args.max_restarts:
         argv += ["--max-restarts", str(args.max_restarts)]
-    argv += [o for o, on in (("--no-prefix", args.no_prefix), ("--allow-rank-failure", args.allow_rank_failure)) if on]
+    argv += [o for o, on in (("--no-prefix", args.no_prefix), ("--allow-rank-failure", args.allow_rank_failure),
+                             ("--encrypt", args.encrypt)) if on]
     line = shlex.join([*argv, "--", *cmd]).replace(" --node-rank I ", " --node-rank $I ")
     say(f"no job secret given (SCALEFREE_JOB_TOKEN or --token-file): made one. On host I = 1..{nodes.nnodes - 1} run:\n"
          f"  SCALEFREE_JOB_TOKEN={secret} {line}")

@@ -423,7 +423,7 @@ def _supervise(ranks: _Ranks, timeout: float | None, grace: float, received: lis
 def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: float = DEFAULT_GRACE_SECONDS,
            prefix: bool = True, env: dict | None = None, nodes: Nodes | None = None,
            allow_rank_failure: bool = False, quiet_exits: tuple = (), token: str | None = None,
-           max_restarts: int = 0) -> int:
+           max_restarts: int = 0, encrypt: bool = False) -> int:
     """Runs ``cmd`` as ``nprocs`` ranks on this host and returns the job's exit code.
 
     ``nodes`` places them in a job over several hosts: run the same command on every host
@@ -449,6 +449,10 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
     ``k``-th restart of every host meets at the job id suffixed ``-rk``. A signal or the
     ``timeout`` (which counts for all starts together) is no reason to restart. The exit code
     is that of the last start.
+
+    ``encrypt``: the ranks get ``SCALEFREE_ENCRYPT=1``: every connection between hosts (the
+    rendezvous, the TCP lanes) is sealed with AES-256-GCM, and traffic between hosts goes
+    over the sealed lanes only (``docs/security.md``). Every host's launcher must say it.
     """
     cmd = [os.fspath(c) for c in cmd]
     if nprocs < 1:
@@ -483,6 +487,8 @@ def launch(cmd: list[str], nprocs: int, *, timeout: float | None = None, grace: 
                 job_id, token = new_job()
             start_env = dict(os.environ if env is None else env)
             start_env.update(SCALEFREE_RESTART_COUNT=str(restart), SCALEFREE_MAX_RESTARTS=str(max_restarts))
+            if encrypt:
+                start_env["SCALEFREE_ENCRYPT"] = "1"
             ended = _start_and_supervise(cmd, nprocs, start_env, job_id, token, nodes, prefix, timeout, deadline, grace,
                                          received, allow_rank_failure, quiet_exits, max_restarts - restart)
             if not ended.rank_failed or received:

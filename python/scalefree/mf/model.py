@@ -47,6 +47,7 @@ from .modes import local as mf_local
 from .modes import rima as mf_rima
 
 MODES = ("local", "rima", "dsgd-ps")
+BUDGET_MODES = MODES  # modes that take a memory_budget (the blocks on flash)
 
 
 def load_ratings(data, cache: bool = True, delimiter: str | None = None, header: str = "auto",
@@ -113,10 +114,17 @@ class MatrixFactorization:
     schedule: ``"adagrad"`` (per-row adaptive step, LIBMF's rule) or ``"constant"`` (the
     paper's plain SGD); threads: worker threads; blocks: blocks per side (local: default max(20, 2·threads + 1));
     init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
-    memory_budget (``rima`` only): bytes (or ``"64M"``) of rating blocks each rank may hold —
-    the blocks stay in an anonymous file in ``block_dir`` (default: the temp directory) and a
-    loader thread reads them ahead in pattern order (``mf_preload``); same result as in memory.
-    Given a file path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up is
+    slack (``rima`` only): bounded staleness — a worker may train up to ``slack`` steps ahead
+    of its predecessor on its copy of the block still owed, merged by delta when the block comes
+    (``mf/modes/rima_ssp.py``; 0 is synchronous, the same result as None); straggler_ms
+    (with ``slack``, for benchmarks): before each ring step one seeded-random rank sleeps up to
+    this many ms (``scalefree.ssp.straggler``).
+    memory_budget (``rima``, ``dsgd-ps``, ``local``): bytes (or ``"64M"``) of rating blocks a
+    rank (``local``: the process) may hold — the blocks stay on flash in an anonymous file in
+    ``block_dir`` (default: the temp directory; ``local``: the flash runtime's scratch
+    directory) and the flash runtime's program cache reads them ahead in schedule order
+    (``mf_preload``; ``local``: the grid's pass order); same result as in memory. Given a file
+    path (or ``split_ratings_streamed``) rather than loaded ratings, the set-up of ``rima`` is
     streamed too and no rank ever holds all ratings (``mf_stream``).
     normalize (default on, every mode): train on ratings divided by their standard
     deviation s with λ divided by s, as LIBMF does (the same objective on the raw ratings;
@@ -131,17 +139,21 @@ class MatrixFactorization:
                  iterations: int = 20, schedule: str = "adagrad", threads: int | None = None,
                  blocks: int | None = None, init_max: float | None = None, seed: int = 0,
                  memory_budget: int | str | None = None, block_dir: str | os.PathLike | None = None,
-                 normalize: bool | None = None):
+                 normalize: bool | None = None, slack: int | None = None, straggler_ms: float = 0.0):
         if mode not in MODES:
             raise InvalidArgumentError(f"mode {mode!r} is not available; have {', '.join(MODES)}")
         self.normalize = True if normalize is None else bool(normalize)
         if memory_budget is not None:
-            if mode != "rima":
-                raise InvalidArgumentError(f"memory_budget is for mode 'rima' (its pattern sequence tells which "
-                                           f"blocks to preload); mode {mode!r} keeps R in memory")
+            if mode not in BUDGET_MODES:
+                raise InvalidArgumentError(f"memory_budget is for modes {', '.join(BUDGET_MODES)} (their block "
+                                           f"schedules tell which blocks to read ahead); mode {mode!r} keeps R in memory")
 
             memory_budget = parse_bytes(memory_budget)
         self.memory_budget, self.block_dir = memory_budget, block_dir
+        if slack is not None and (mode != "rima" or int(slack) < 0):
+            raise InvalidArgumentError(f"slack is for mode 'rima' and at least 0 (got {slack!r} in mode {mode!r})")
+        self.slack = None if slack is None else int(slack)
+        self.straggler_ms = float(straggler_ms)
         self.k, self.mode, self.eta, self.lam = int(k), mode, float(eta), float(lam)
         self.iterations, self.schedule, self.seed = int(iterations), schedule, int(seed)
         self.threads = int(threads) if threads else default_threads()
@@ -152,7 +164,7 @@ class MatrixFactorization:
         self.test_unseen: dict | None = None
 
     _PARAMS = ("k", "mode", "eta", "lam", "iterations", "schedule", "threads", "blocks", "init_max", "seed",
-               "memory_budget", "block_dir", "normalize")
+               "memory_budget", "block_dir", "normalize", "slack", "straggler_ms")
 
     def get_params(self, deep: bool = True) -> dict:
         """The constructor's arguments (scikit-learn style)."""
@@ -256,6 +268,7 @@ class MatrixFactorization:
         self.history, self.stopped_at, self._model = mf_local.train(
             train, valid, test_r, k=self.k, eta=self.eta, lam=self.lam, schedule=self.schedule, threads=self.threads,
             blocks=self.blocks, seed=self.seed, init_max=self.init_max, normalize=self.normalize,
+            memory_budget=self.memory_budget, block_dir=self.block_dir,
             iterations=self.iterations, patience=patience, eval_every=eval_every, ckpt=ckpt, expect=expect,
             on_iteration=on_iteration, bar=_Bar(self.iterations, progress))
         return self
@@ -281,6 +294,8 @@ class MatrixFactorization:
                     t_start=getattr(self, "_t_start", None) or t_fit)
         if self.memory_budget is not None:
             opts.update(memory_budget=self.memory_budget, block_dir=self.block_dir)
+        if self.slack is not None:
+            opts.update(slack=self.slack, straggler_ms=self.straggler_ms)
         shared = isinstance(train, ShareRatings)
         self.stopped_at = None
         if validation_fraction or patience is not None:
@@ -345,7 +360,7 @@ class MatrixFactorization:
                     comm_seconds=res["comm_seconds"])
         # Measured at the transport (scalefree._traffic); the blocks alone as the steps sent them.
         for name in ("connected_to", "operations", "block_bytes_sent", "block_bytes_received", "server_bytes_sent",
-                     "server_connections"):
+                     "server_connections", "slack", "stale_steps", "wait_seconds"):
             if name in res:
                 last[name] = res[name]
         if shared:

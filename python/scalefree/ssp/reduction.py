@@ -14,8 +14,12 @@ twice. With ``slack=0`` every result is exact.
 
 Variants (``variant=``): ``hypercube``; ``sharded`` (every shard of a result holds the same
 set of contributions, as BPMF needs); ``sharded_async`` (each shard as fresh as it can be);
-and ``sharded_thread`` / ``sharded_async_thread`` (the default), whose shard of the
-parameter server runs on a background thread so updates are applied while you compute.
+``sharded_thread`` / ``sharded_async_thread`` (the default), whose shard of the
+parameter server runs on a background thread so updates are applied while you compute;
+``ring``, a segmented ring for large vectors (each rank sends ``2(p-1)/p`` of the vector per
+call, where the others move whole vectors); and ``auto``: ``ring`` from
+``SCALEFREE_SSP_RING_MIN_BYTES`` (1 MiB) up at three ranks or more, ``sharded_async_thread``
+otherwise (``red.variant`` says which was taken).
 
 Push order (``push_order=``, sharded variants): ``cyclic`` (the default; rank r pushes to
 shard r+1 first, mod p, and ends with its own, so no shard is hit by every rank at once)
@@ -31,7 +35,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 
-VARIANTS = ("hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread")
+VARIANTS = ("hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring", "auto")
 
 
 @dataclass(frozen=True)

@@ -123,10 +123,7 @@ impl Sender {
             Sender::Mapped { peer, slot, back } => {
                 let b = layout.buf(*slot, *back);
                 unsafe { mesh.put(*peer, b + BUF_HDR, src, layout.nbytes) }?;
-                mesh.u64_at(*peer, b + AGE).store(age, Ordering::Relaxed);
-                let old = mesh.u32_at(*peer, layout.slot(*slot)).swap(*back | FRESH, Ordering::AcqRel);
-                *back = old & 3;
-                mesh.ring(*peer);
+                self.commit(mesh, layout, age);
                 Ok(())
             }
             Sender::Posted(p) => {
@@ -141,6 +138,27 @@ impl Sender {
                 p.pending = true;
                 self.service(mesh, layout)
             }
+        }
+    }
+
+    /// A mapped sender's free buffer (`layout.nbytes` bytes at the partner), to compute the
+    /// next publish in place and then [`Sender::commit`] it: no staging copy. `None` for a
+    /// partner on another host (use [`Sender::publish`]).
+    pub fn back(&self, mesh: &Mesh, layout: &Layout) -> Option<*mut u8> {
+        match self {
+            Sender::Mapped { peer, slot, back } => Some(unsafe { mesh.base(*peer).add(layout.buf(*slot, *back) + BUF_HDR) }),
+            Sender::Posted(_) => None,
+        }
+    }
+
+    /// Publishes, with its `age`, what was written into [`Sender::back`] (mapped senders).
+    pub fn commit(&mut self, mesh: &Mesh, layout: &Layout, age: u64) {
+        if let Sender::Mapped { peer, slot, back } = self {
+            let b = layout.buf(*slot, *back);
+            mesh.u64_at(*peer, b + AGE).store(age, Ordering::Relaxed);
+            let old = mesh.u32_at(*peer, layout.slot(*slot)).swap(*back | FRESH, Ordering::AcqRel);
+            *back = old & 3;
+            mesh.ring(*peer);
         }
     }
 

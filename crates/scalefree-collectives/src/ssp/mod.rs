@@ -7,17 +7,20 @@
 //! may be missing their last `slack` clocks. Nothing is lost: once every rank has called
 //! [`SspReduction::flush`], every rank holds the exact reduction of all contributions.
 //!
-//! Two designs (see `docs/algorithms.md`):
+//! Three designs (see `docs/algorithms.md`):
 //!
 //! * [`Variant::Hypercube`] — recursive doubling where each step reuses the last partial
 //!   received from its partner while it is fresh enough (`hypercube.rs`).
 //! * [`Variant::Sharded`] and its Async/Thread variants — every rank hosts one shard of a
 //!   parameter server; workers push *missed contributions* only when every shard can take
 //!   them, shards push state only after an update from each worker (`sharded.rs`).
+//! * [`Variant::Ring`] — a segmented ring whose prefix and suffix chains reuse partials
+//!   while fresh enough: bandwidth-optimal for large vectors (`ring.rs`).
 
 mod delta;
 mod hypercube;
 mod mailbox;
+mod ring;
 mod sharded;
 
 use std::time::Instant;
@@ -26,7 +29,7 @@ use scalefree_transport::{Device, Error, Result};
 pub(crate) use scalefree_transport::mesh::{Mesh, MESH_HEADER};
 
 pub(crate) use crate::reduce::fill_identity;
-use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, DType, ReduceOp};
+use crate::reduce::{reduce3, reduce4, reduce4_into, reduce_into, reduce_update, DType, ReduceOp};
 
 /// Which SSP design a reduction uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,11 +46,20 @@ pub enum Variant {
     ShardedThread = 4,
     /// `ShardedAsync` with the shard served by a background thread.
     ShardedAsyncThread = 5,
+    /// A segmented ring, bandwidth-optimal for large vectors: each segment's prefix and
+    /// suffix chains reuse a partial up to `slack` clocks old (`ring.rs`).
+    Ring = 6,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] =
-        [Variant::Hypercube, Variant::Sharded, Variant::ShardedAsync, Variant::ShardedThread, Variant::ShardedAsyncThread];
+    pub const ALL: [Variant; 6] = [
+        Variant::Hypercube,
+        Variant::Sharded,
+        Variant::ShardedAsync,
+        Variant::ShardedThread,
+        Variant::ShardedAsyncThread,
+        Variant::Ring,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -56,20 +68,48 @@ impl Variant {
             Variant::ShardedAsync => "sharded_async",
             Variant::ShardedThread => "sharded_thread",
             Variant::ShardedAsyncThread => "sharded_async_thread",
+            Variant::Ring => "ring",
         }
     }
     pub fn parse(s: &str) -> Result<Self> {
         let t = s.replace('-', "_").to_ascii_lowercase();
         Variant::ALL.into_iter().find(|v| v.name() == t).ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "unknown SSP variant {s:?}: expected one of hypercube, sharded, sharded_async, sharded_thread, sharded_async_thread"
+                "unknown SSP variant {s:?}: expected one of auto, hypercube, sharded, sharded_async, sharded_thread, sharded_async_thread, ring"
             ))
         })
+    }
+    /// The variant `"auto"` stands for: the ring for vectors of at least `ring_min_bytes`
+    /// over three ranks or more (it sends `2(p-1)/p` of the vector per call where the
+    /// others move whole vectors), `ShardedAsyncThread` otherwise.
+    pub fn auto(p: usize, nbytes: usize, ring_min_bytes: usize) -> Variant {
+        if p >= 3 && nbytes >= ring_min_bytes {
+            Variant::Ring
+        } else {
+            Variant::ShardedAsyncThread
+        }
+    }
+    /// [`Variant::parse`], with `"auto"` resolved by [`Variant::auto`].
+    pub fn resolve(s: &str, p: usize, nbytes: usize, ring_min_bytes: usize) -> Result<Self> {
+        if s.eq_ignore_ascii_case("auto") {
+            Ok(Variant::auto(p, nbytes, ring_min_bytes))
+        } else {
+            Variant::parse(s)
+        }
     }
     /// True when every shard of a result holds the same set of contributions.
     pub fn consistent(self) -> bool {
         matches!(self, Variant::Sharded | Variant::ShardedThread)
     }
+}
+
+/// Default of `SCALEFREE_SSP_RING_MIN_BYTES`: vectors from this size up take the ring
+/// under `variant="auto"` (see `docs/benchmarks/ssp.md` for the crossover measured).
+pub const RING_MIN_BYTES: usize = 1 << 20;
+
+/// `SCALEFREE_SSP_RING_MIN_BYTES` (bytes), or [`RING_MIN_BYTES`].
+pub fn ring_min_bytes() -> usize {
+    std::env::var("SCALEFREE_SSP_RING_MIN_BYTES").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(RING_MIN_BYTES)
 }
 
 /// In which order a worker of the sharded variants pushes to the shards (and a shard
@@ -142,6 +182,7 @@ pub struct SspReduction {
 enum Engine {
     Hypercube(hypercube::Hypercube),
     Sharded(sharded::Sharded),
+    Ring(ring::Ring),
 }
 
 impl SspReduction {
@@ -178,6 +219,7 @@ impl SspReduction {
         }
         let engine = match variant {
             Variant::Hypercube => Engine::Hypercube(hypercube::Hypercube::new(dev, count, dtype, op)?),
+            Variant::Ring => Engine::Ring(ring::Ring::new(dev, count, dtype, op)?),
             _ => Engine::Sharded(sharded::Sharded::new(dev, count, dtype, op, variant, order)?),
         };
         Ok(SspReduction { engine, count, dtype, op, variant, order, clock: 0, flushed: false, stats: Vec::new(), delta: None, prev: None })
@@ -236,6 +278,7 @@ impl SspReduction {
         let (wait, age) = match &mut self.engine {
             Engine::Hypercube(h) => h.allreduce(contribution, out, self.clock, slack)?,
             Engine::Sharded(s) => s.allreduce(contribution, out, self.clock, slack)?,
+            Engine::Ring(r) => r.allreduce(contribution, out, self.clock, slack)?,
         };
         Ok(self.record(t0, wait, age))
     }
@@ -297,6 +340,7 @@ impl SspReduction {
                 let r = match engine {
                     Engine::Hypercube(h) => h.allreduce(inout, cur.bytes_mut(), self.clock, slack)?,
                     Engine::Sharded(s) => s.allreduce(inout, cur.bytes_mut(), self.clock, slack)?,
+                    Engine::Ring(r) => r.allreduce(inout, cur.bytes_mut(), self.clock, slack)?,
                 };
                 delta::diff(self.dtype, inout, &cur, &prev, scale);
                 self.prev = Some((cur, prev));
@@ -348,6 +392,7 @@ impl SspReduction {
         match &mut self.engine {
             Engine::Hypercube(h) => h.flush(out, self.clock)?,
             Engine::Sharded(s) => s.flush(out)?,
+            Engine::Ring(r) => r.flush(out)?,
         }
         self.flushed = true;
         Ok(())
@@ -418,6 +463,10 @@ impl Kind {
                 }
             }
         }
+    }
+    /// `h op= c`, then `dst = a op h` (or `h`) over `n` bytes, one pass.
+    pub(crate) fn update(&self, h: *mut u8, c: *const u8, a: Option<*const u8>, dst: *mut u8, nbytes: usize) {
+        unsafe { reduce_update(self.dtype, self.op, h, c, a, dst, nbytes / self.dtype.size_bytes()) }
     }
     /// `dst = a op b` over `n` bytes.
     pub(crate) fn acc3(&self, dst: *mut u8, a: *const u8, b: *const u8, nbytes: usize) {

@@ -2,5 +2,7 @@
 
 pub(crate) mod buffer;
 pub mod program_cache;
+pub mod reader;
 
 pub use program_cache::{CacheStats, EntryTag};
+pub use reader::{CacheReader, CachedBlock, ReaderStats};

@@ -166,9 +166,27 @@ impl ProgramCache {
         self.stats
     }
 
-    #[cfg(test)]
+    /// Bytes of buffers allocated now.
     pub(crate) fn resident_bytes(&self) -> u64 {
         self.resident_bytes
+    }
+
+    /// The budget in force.
+    pub(crate) fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    /// Starts a new peak: from now on `peak_resident_bytes` counts from what is resident now.
+    pub(crate) fn reset_peak(&mut self) {
+        self.stats.peak_resident_bytes = self.resident_bytes;
+    }
+
+    /// The buffer of an entry if it is valid now (None while it waits for memory or its read).
+    pub(crate) fn ready_buffer(&self, id: EntryId) -> Option<Arc<BufferCell>> {
+        match &self.entry(id).residency {
+            Residency::Ready(cell) => Some(cell.clone()),
+            _ => None,
+        }
     }
 
     /// IO requests started and not yet completed.
@@ -283,7 +301,7 @@ impl ProgramCache {
     }
 
     /// True when some task holds an entry or a prefetch is pending: memory will be released.
-    fn any_held(&self) -> bool {
+    pub(crate) fn any_held(&self) -> bool {
         self.entries.iter().flatten().any(|e| e.references() > 0 || matches!(e.residency, Residency::Pending | Residency::Loading))
     }
 

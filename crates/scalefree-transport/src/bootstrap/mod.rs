@@ -50,6 +50,9 @@ pub struct JobInfo {
     /// `SCALEFREE_MASTER_PORT`, default [`DEFAULT_MASTER_PORT`]): needed when the job spans
     /// hosts.
     pub master: Option<(String, u16)>,
+    /// Seal every connection between hosts (the rendezvous over TCP, the TCP lanes):
+    /// `SCALEFREE_ENCRYPT=1` (see [`crate::seal`]).
+    pub sealed: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -81,6 +84,7 @@ impl JobInfo {
             token: String::new(),
             launcher: Launcher::Single,
             master: None,
+            sealed: false,
         }
     }
 
@@ -183,7 +187,7 @@ impl JobInfo {
                 }
                 (None, true) => return Err(Error::Bootstrap(NO_SECRET.into())),
             };
-            return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token, launcher, master });
+            return Ok(JobInfo { rank, size, local_rank, local_size, job_id, token, launcher, master, sealed: crate::seal::enabled() });
         }
         Ok(JobInfo::single())
     }

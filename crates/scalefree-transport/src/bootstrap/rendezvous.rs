@@ -12,6 +12,11 @@
 //!
 //! Every rank also sends an identity of its host (boot id, IPC, UTS and network namespaces,
 //! host name), from which [`Rendezvous::host_of`] numbers the hosts.
+//!
+//! With [`JobInfo::sealed`] (`SCALEFREE_ENCRYPT=1`) every message after the handshake over TCP
+//! is one sealed record ([`crate::seal`]), with keys of each connection's own (its hello and
+//! both nonces): what crosses the network is confidential, and a message changed, replayed
+//! or reordered on the way is refused. Every rank must say the same (its hello tells).
 
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 use super::frames::{read_frame_by, recv_frame, recv_frame_max, same_user, send_frame, set_blocking, Conn};
 use super::JobInfo;
 use crate::auth::{self, nonce, Key};
+use crate::seal::Cipher;
 use crate::error::{Error, Result};
 
 /// One rank's contribution to an exchange: bytes and an optional descriptor.
@@ -43,9 +49,17 @@ pub struct Rendezvous {
     hosts: Vec<u32>,
     /// Host name of every rank.
     host_names: Vec<String>,
+    /// Each connection's sealing (send, receive), indexed as `conns`, when sealed.
+    seals: Vec<Option<(Cipher, Cipher)>>,
 }
 
-const MAGIC: &[u8; 8] = b"SCLFREE4";
+/// The sealing of a connection: (what this end sends with, what it opens with).
+type Seal = (Cipher, Cipher);
+
+/// The label of the rendezvous' session keys.
+const SEAL_LABEL: &str = "scalefree rendezvous seal";
+
+const MAGIC: &[u8; 8] = b"SCLFREE5";
 /// The longest hello (and answer) the hub reads; anything longer is refused unread.
 pub const MAX_HELLO: usize = 512;
 /// How long a connection may take to say hello and answer the challenge.
@@ -78,7 +92,7 @@ impl Rendezvous {
     /// Joins the job. Blocks until every rank has arrived or `timeout` passes.
     pub fn join(job: &JobInfo, timeout: Duration) -> Result<Self> {
         if job.size == 1 {
-            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout, hosts: vec![0], host_names: Vec::new() });
+            return Ok(Rendezvous { rank: 0, size: 1, conns: vec![None], timeout, hosts: vec![0], host_names: Vec::new(), seals: vec![None] });
         }
         let mut rv = match &job.master {
             Some((host, port)) => {
@@ -174,7 +188,8 @@ impl Rendezvous {
         let mut joined = 1u32;
         // Every connection is admitted (hello, challenge, answer) on a thread of its own,
         // within HELLO_DEADLINE: a silent or slow stranger holds up nobody.
-        let (tx, rx) = mpsc::channel::<(u32, Box<dyn Conn>)>();
+        let (tx, rx) = mpsc::channel::<(u32, Box<dyn Conn>, Option<Seal>)>();
+        let mut seals: Vec<Option<Seal>> = (0..job.size).map(|_| None).collect();
         let pending = Arc::new(AtomicUsize::new(0));
         let refused = Arc::new(AtomicUsize::new(0));
         while joined < job.size {
@@ -184,9 +199,9 @@ impl Rendezvous {
                     continue; // dropped: more half-open connections than any job has ranks
                 }
                 pending.fetch_add(1, Ordering::SeqCst);
-                let (key, tx, p, refused, size) = (key.clone(), tx.clone(), pending.clone(), refused.clone(), job.size);
+                let (key, tx, p, refused, size, sealed) = (key.clone(), tx.clone(), pending.clone(), refused.clone(), job.size, job.sealed);
                 let spawned = std::thread::Builder::new().name("sf-admit".into()).stack_size(64 << 10).spawn(move || {
-                    if let Some(ok) = admit(s, &key, size, &refused) {
+                    if let Some(ok) = admit(s, &key, size, sealed, &refused) {
                         let _ = tx.send(ok);
                     }
                     p.fetch_sub(1, Ordering::SeqCst);
@@ -196,13 +211,14 @@ impl Rendezvous {
                 }
             }
             match rx.recv_timeout(Duration::from_millis(1)) {
-                Ok((rank, mut s)) => {
+                Ok((rank, mut s, seal)) => {
                     if conns[rank as usize].is_some() {
                         let _ = send_frame(&mut *s, format!("REFUSED: rank {rank} is already taken").as_bytes(), None);
                         continue;
                     }
                     s.set_timeout(Some(timeout));
                     conns[rank as usize] = Some(s);
+                    seals[rank as usize] = seal;
                     joined += 1;
                 }
                 Err(_) => {
@@ -223,7 +239,7 @@ impl Rendezvous {
         for s in conns.iter_mut().flatten() {
             send_frame(&mut **s, WELCOME, None)?;
         }
-        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new() })
+        Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new(), seals })
     }
 
     fn guest(job: &JobInfo, what: &str, timeout: Duration, connect: &mut dyn FnMut() -> std::result::Result<Box<dyn Conn>, String>) -> Result<Self> {
@@ -254,24 +270,31 @@ impl Rendezvous {
                     continue;
                 }
             };
-            if let Err(e) = Self::handshake(&mut *s, job, &key, what, deadline)? {
-                let closed = format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank);
-                (last, dropped) = ("rank 0 closed the connection".into(), Some(closed));
-                continue;
-            }
+            let seal = match Self::handshake(&mut *s, job, &key, what, deadline)? {
+                Ok(seal) => seal,
+                Err(e) => {
+                    let closed = format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank);
+                    (last, dropped) = ("rank 0 closed the connection".into(), Some(closed));
+                    continue;
+                }
+            };
             s.set_timeout(Some(timeout));
             let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
             conns[0] = Some(s);
-            return Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new() });
+            let mut seals: Vec<Option<Seal>> = (0..job.size).map(|_| None).collect();
+            seals[0] = seal;
+            return Ok(Rendezvous { rank: job.rank, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new(), seals });
         }
     }
 
     /// A guest's handshake on a fresh connection to rank 0: hello, rank 0's challenge, our
-    /// answer, its welcome. `Ok(Err(e))`: rank 0 closed the connection on the way (`e`, the
-    /// failed send or receive); errors are final (refused, or not this job's rank 0).
-    fn handshake(s: &mut dyn Conn, job: &JobInfo, key: &Key, what: &str, deadline: Instant) -> Result<Result<()>> {
+    /// answer, its welcome; then the connection's sealing, if sealed over TCP. `Ok(Err(e))`:
+    /// rank 0 closed the connection on the way (`e`, the failed send or receive); errors are
+    /// final (refused, or not this job's rank 0).
+    fn handshake(s: &mut dyn Conn, job: &JobInfo, key: &Key, what: &str, deadline: Instant) -> Result<Result<Option<Seal>>> {
         let mine = nonce()?;
-        let hello = hello_bytes(job.rank, job.size, &mine);
+        let sealed = job.sealed && s.is_tcp();
+        let hello = hello_bytes(job.rank, job.size, sealed, &mine);
         let challenge = match Self::ask(s, &hello, job.rank, deadline)? {
             Ok(reply) => reply,
             Err(e) => return Ok(Err(e)),
@@ -289,7 +312,8 @@ impl Rendezvous {
         if welcome != WELCOME {
             return Err(bs(format!("rank 0 at {what} sent no welcome")));
         }
-        Ok(Ok(()))
+        let theirs: auth::Nonce = challenge[..auth::NONCE_LEN].try_into().expect("a checked challenge");
+        Ok(Ok(sealed.then(|| crate::seal::session(key, SEAL_LABEL, &hello, (&mine, &theirs), true))))
     }
 
     /// Sends `msg` to rank 0 and reads its reply by `deadline`. `Ok(Err(e))`: the send or the
@@ -356,23 +380,24 @@ impl Rendezvous {
             items.push(Item { bytes: bytes.to_vec(), fd: fd.map(dup).transpose()? });
             for r in 1..self.size as usize {
                 let s = self.conns[r].as_mut().expect("connected");
-                let (b, f) = recv_frame(&mut **s).map_err(|e| lost(r as u32, e))?;
+                let (b, f) = recv_sealed(&mut **s, &mut self.seals[r]).map_err(|e| lost(r as u32, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             for r in 1..self.size as usize {
                 let s = self.conns[r].as_mut().expect("connected");
                 for it in &items {
-                    send_frame(&mut **s, &it.bytes, it.fd.as_ref().map(|f| f.as_raw_fd()))
+                    send_sealed(&mut **s, &mut self.seals[r], &it.bytes, it.fd.as_ref().map(|f| f.as_raw_fd()))
                         .map_err(|e| lost(r as u32, e))?;
                 }
             }
             Ok(items)
         } else {
             let s = self.conns[0].as_mut().expect("connected");
-            send_frame(&mut **s, bytes, fd).map_err(|e| lost(0, e))?;
+            let seal = &mut self.seals[0];
+            send_sealed(&mut **s, seal, bytes, fd).map_err(|e| lost(0, e))?;
             let mut items = Vec::with_capacity(self.size as usize);
             for _ in 0..self.size {
-                let (b, f) = recv_frame(&mut **s).map_err(|e| lost(0, e))?;
+                let (b, f) = recv_sealed(&mut **s, seal).map_err(|e| lost(0, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             Ok(items)
@@ -419,18 +444,43 @@ fn lost(rank: u32, e: Error) -> Error {
     Error::Bootstrap(format!("lost rank {rank} during set-up: {e}"))
 }
 
-fn hello_bytes(rank: u32, size: u32, nonce: &auth::Nonce) -> Vec<u8> {
+/// Sends one set-up message, sealed when the connection is.
+fn send_sealed(s: &mut dyn Conn, seal: &mut Option<Seal>, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
+    match seal {
+        None => send_frame(s, payload, fd),
+        Some((tx, _)) => {
+            let mut rec = Vec::with_capacity(payload.len() + crate::seal::OVERHEAD);
+            tx.seal_onto(&mut rec, payload);
+            send_frame(s, &rec, None)
+        }
+    }
+}
+
+/// Receives one set-up message, opening it when the connection is sealed: a message changed,
+/// replayed or reordered on the way is an error.
+fn recv_sealed(s: &mut dyn Conn, seal: &mut Option<Seal>) -> Result<(Vec<u8>, Option<OwnedFd>)> {
+    let (mut b, f) = recv_frame(s)?;
+    if let Some((_, rx)) = seal {
+        let n = rx.open_record(&mut b).map_err(|e| bs(format!("a sealed rendezvous message was refused: {e}")))?.len();
+        b.drain(..8);
+        b.truncate(n);
+    }
+    Ok((b, f))
+}
+
+fn hello_bytes(rank: u32, size: u32, sealed: bool, nonce: &auth::Nonce) -> Vec<u8> {
     let mut v = MAGIC.to_vec();
     v.extend_from_slice(&rank.to_le_bytes());
     v.extend_from_slice(&size.to_le_bytes());
     v.extend_from_slice(&(VERSION.len() as u16).to_le_bytes());
     v.extend_from_slice(VERSION.as_bytes());
+    v.push(sealed as u8);
     v.extend_from_slice(nonce);
     v
 }
 
-/// (rank, world size, initiator nonce) from a hello, or why it is refused.
-fn parse_hello(b: &[u8]) -> std::result::Result<(u32, u32, auth::Nonce), String> {
+/// (rank, world size, sealed, initiator nonce) from a hello, or why it is refused.
+fn parse_hello(b: &[u8]) -> std::result::Result<(u32, u32, bool, auth::Nonce), String> {
     if b.len() < 18 || &b[..8] != MAGIC {
         return Err("not a scalefree rendezvous message (another program, or a scalefree too old)".into());
     }
@@ -444,15 +494,18 @@ fn parse_hello(b: &[u8]) -> std::result::Result<(u32, u32, auth::Nonce), String>
     if version != VERSION {
         return Err(format!("rank {rank} runs scalefree {version} but rank 0 runs {VERSION}"));
     }
-    let nonce: auth::Nonce = b[18 + vlen..].try_into().map_err(|_| "a hello without a nonce".to_string())?;
-    Ok((rank, size, nonce))
+    let rest = &b[18 + vlen..];
+    if rest.len() != 1 + auth::NONCE_LEN || rest[0] > 1 {
+        return Err("a hello without a nonce".to_string());
+    }
+    Ok((rank, size, rest[0] == 1, rest[1..].try_into().unwrap()))
 }
 
 /// Admits one connection to the hub within [`HELLO_DEADLINE`]: reads its hello (at most
 /// [`MAX_HELLO`] bytes, checked before anything is allocated), proves this job's secret to it
 /// and checks its proof. Returns its rank, or `None` (after telling it why, when it is
 /// worth telling) for anybody else.
-fn admit(mut s: Box<dyn Conn>, key: &Key, size: u32, refused: &AtomicUsize) -> Option<(u32, Box<dyn Conn>)> {
+fn admit(mut s: Box<dyn Conn>, key: &Key, size: u32, sealed: bool, refused: &AtomicUsize) -> Option<(u32, Box<dyn Conn>, Option<Seal>)> {
     let deadline = Instant::now() + HELLO_DEADLINE;
     set_blocking(s.as_raw_fd());
     s.set_write_timeout(Some(HELLO_DEADLINE));
@@ -469,7 +522,7 @@ fn admit(mut s: Box<dyn Conn>, key: &Key, size: u32, refused: &AtomicUsize) -> O
             return if why.starts_with("a hello of") { refuse(&mut s, why) } else { None };
         }
     };
-    let (rank, their_size, theirs) = match parse_hello(&hello) {
+    let (rank, their_size, their_sealed, theirs) = match parse_hello(&hello) {
         Ok(h) => h,
         Err(why) => return refuse(&mut s, why),
     };
@@ -485,8 +538,14 @@ fn admit(mut s: Box<dyn Conn>, key: &Key, size: u32, refused: &AtomicUsize) -> O
     if rank == 0 || rank >= size {
         return refuse(&mut s, format!("rank {rank} is out of range"));
     }
+    let sealed = sealed && s.is_tcp();
+    if their_sealed != sealed {
+        let on = |b: bool| if b { "with SCALEFREE_ENCRYPT=1" } else { "without SCALEFREE_ENCRYPT" };
+        return refuse(&mut s, format!("rank {rank} runs {} and rank 0 {}: set it alike on every host (scalefree run --encrypt)", on(their_sealed), on(sealed)));
+    }
     s.set_write_timeout(None);
-    Some((rank, s))
+    let mine: auth::Nonce = challenge[..auth::NONCE_LEN].try_into().unwrap();
+    Some((rank, s, sealed.then(|| crate::seal::session(key, SEAL_LABEL, &hello, (&theirs, &mine), false))))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ they leave the blocks (:meth:`Partition.dense_factors`), so they predict raw rat
 
 A block of R is one ``(n, 3)`` uint32 array of packed records — user row, item row, rating
 (float32 bits) — which the kernel binding (``_native.mf_sgd_entries``) shuffles and trains in
-place; it is also the layout of the on-disk block file of ``mf_preload``.
+place; it is also the layout of the on-flash block file of ``mf_preload``.
 """
 
 from __future__ import annotations
@@ -229,9 +229,10 @@ def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBloc
                 rng: np.random.Generator | None, entries: np.ndarray | None = None, first: bool = False) -> float:
     """SGD over block (ru, ri) with the factor blocks ``p`` and ``q`` (updated in place);
     with ``rng``, in a fresh random order (intra-block random sampling). ``entries``: the
-    block's records in a buffer that may be shuffled and rescaled in place (one read from disk
-    by the preloader); by default the in-memory block, copied into a scratch buffer first so
-    that every visit starts from the same order and ratings whichever way the block came.
+    block's records read from flash (``mf_preload``; read-only); by default the in-memory
+    block. Either is copied into a scratch buffer first (in its fresh order, scaled, by the
+    kernel in one pass), so that every visit starts from the same order and ratings whichever
+    way the block came.
     LIBMF's update (``local`` mode's): ratings / ``part.scale``, λ / ``part.scale``;
     ``"adagrad"`` is the split rule, over the first 8 lanes only in the ``first`` iteration.
     Returns Σ e² in the units of the scaled ratings."""
@@ -243,6 +244,9 @@ def train_block(part: Partition, ru: int, ri: int, p: FactorBlock, q: FactorBloc
             # The kernel copies the block into the scratch buffer in its fresh order, scaled,
             # in one pass.
             source, entries = entries, part.scratch(len(entries))
+    elif len(entries):
+        # Read from flash (read-only, the cache's copy): copied into the scratch buffer alike.
+        source, entries = entries, part.scratch(len(entries))
     if len(entries) == 0:
         return 0.0
     seed = None if rng is None else int(rng.integers(0, 2**63))

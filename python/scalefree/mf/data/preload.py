@@ -1,36 +1,34 @@
-"""Preloading R blocks from disk within a memory budget (the Rima paper, section III-D).
+"""Rating blocks on flash within a memory budget (the Rima paper, section III-D), read through
+the flash runtime's program cache.
 
 With a memory budget, a rank does not keep its rating blocks in memory. At set-up it writes
-the blocks its pattern sequence visits to one block file (:class:`BlockFile`; packed records,
-each block at a known offset). The file is anonymous — created already unlinked — so nothing is
-left on disk however the process ends, a crash or ``kill -9`` included.
+the blocks its schedule visits to one block file (:class:`BlockFile`; packed records, each
+block at a 4 KiB boundary, the gaps holes that read as zeros). The file is anonymous — created
+already unlinked — so nothing is left on disk however the process ends, a crash or ``kill -9``
+included.
 
-Rima's pattern sequence is fixed in advance (the directions come from the shared seed), so the
-rank knows every block it will train, in order. A :class:`Preloader` thread reads them in that
-order into an arena of at most ``budget`` bytes (a ring: blocks are used in the order they are
-read, so the oldest is always freed first), up to as many as fit, and the trainer frees each
-block once its SGD pass is done; the reads overlap compute and the ring's communication. The
-data really comes from the disk every time (rather than from memory the budget does not count):
-where the file system takes it, the blocks are read with O_DIRECT — each block starts on a 4 KiB
-boundary in the file and is read as whole 4 KiB pages straight into a page-aligned place in the
-arena, bypassing the page cache (no copy out of it, nothing to drop: far less loader CPU).
-Where O_DIRECT is refused (EINVAL, e.g. tmpfs), the blocks are packed and read through the page
-cache, and the file's pages are dropped from it after each read.
+The schedule is fixed in advance (Rima's pattern sequence follows from the shared seed,
+dsgd-ps's permutations too), so the rank knows every block it will train, in order. A
+:class:`Preloader` hands the whole sequence to a ``_native.FlashBlockReader`` — the flash
+runtime's program cache (``scalefree_flash::CacheReader``) over the block file — which reads
+the blocks with the runtime's IO executor (O_DIRECT where the file system takes it, whole 4 KiB
+pages straight into aligned cache buffers; through the page cache elsewhere) and prefetches
+the next visits in order as far as its budget allows, while the trainer computes and the ring
+communicates. One out-of-core mechanism for the library: the flash kernels' cache, budget and
+executor.
 
-``rating bytes resident`` are the bytes of blocks held in the arena (read ahead or in use),
-counted as they are read: padded to whole 4 KiB pages with O_DIRECT, so the budget must hold
-the largest block's padded size. The arena itself is ``min(budget, block file size)`` bytes
-(plus at most 4 KiB to start it on a page boundary), touched once at start-up.
+The trainer copies each block, in a fresh random order, into one scratch buffer of the largest
+block (the kernel's shuffle-and-copy pass, as for an in-memory block), so the cache's copy
+stays intact for a later hit. ``rating bytes resident`` are the cache's buffers (padded to
+whole 4 KiB pages) plus that scratch buffer: the budget covers both, so it must hold two of
+the largest blocks.
 """
 
 from __future__ import annotations
 
-import collections
-import errno
 import os
 import tempfile
 import threading
-import time
 
 import numpy as np
 
@@ -80,33 +78,27 @@ def trim_heap() -> None:
         pass
 
 
-_RUN_MAX = 8  # blocks per read at most
-
-ALIGN = 4096  # O_DIRECT granularity: file offsets, read lengths and buffer addresses
+ALIGN = 4096  # blocks start on page boundaries and are read as whole pages
 
 
-def _direct_fd(fd: int) -> int | None:
-    """A second descriptor on ``fd``'s file opened with O_DIRECT, or None where the file system
-    (e.g. tmpfs on older kernels) or the platform refuses it."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return None
-    try:
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | flag)
-    except OSError:
-        return None
+def padded(nbytes: int) -> int:
+    """``nbytes`` of ratings as laid out and read: rounded up to whole 4 KiB pages."""
+    return -(-int(nbytes) // ALIGN) * ALIGN
+
+
+def min_budget(largest_block_bytes: int) -> int:
+    """The smallest budget that trains a block of ``largest_block_bytes`` ratings: its pages in
+    the cache and its shuffled copy in the scratch buffer."""
+    return padded(largest_block_bytes) + int(largest_block_bytes)
 
 
 class BlockFile:
-    """A rank's R blocks in one anonymous file, each at a recorded offset.
+    """A rank's R blocks in one anonymous file, each at a recorded 4 KiB-aligned offset (the
+    gaps are holes: they read as zeros). Written with plain ``pwrite`` at set-up; read through
+    the flash runtime (:class:`Preloader`). :meth:`span` is the bytes a block takes in the
+    cache."""
 
-    Where the file system takes O_DIRECT (``direct``), blocks start at 4 KiB-aligned offsets
-    (the gaps are holes: they read as zeros) and are read with O_DIRECT, a whole number of 4 KiB
-    pages per block, straight from the disk into the (aligned) arena: no page-cache copy and no
-    page-cache drop. Otherwise the blocks are packed and read through the page cache, which is
-    dropped after every read. :meth:`span` is the bytes a block takes in the arena either way."""
-
-    def __init__(self, directory: str | os.PathLike | None = None, direct: bool = True):
+    def __init__(self, directory: str | os.PathLike | None = None):
         if directory is not None and not os.path.isdir(directory):
             raise InvalidArgumentError(f"block directory {str(directory)!r} does not exist")
         self._f = tempfile.TemporaryFile(prefix="scalefree-mf-blocks-", dir=directory)
@@ -114,20 +106,14 @@ class BlockFile:
         self.directory = directory or tempfile.gettempdir()
         self.index: dict[int, tuple[int, int]] = {}  # block → (byte offset, ratings)
         self.size = 0
-        self.dfd = _direct_fd(self.fd) if direct else None
-        self.align = ALIGN if self.dfd is not None else 1  # the layout: fixed at creation
-        self.direct_fallback: str | None = None  # why O_DIRECT reads were given up, if they were
 
     @property
-    def direct(self) -> bool:
-        return self.dfd is not None
-
-    def padded(self, nbytes: int) -> int:
-        """``nbytes`` of ratings as laid out and read: rounded up to the alignment."""
-        return -(-int(nbytes) // self.align) * self.align
+    def path(self) -> str:
+        """A path that opens this (unlinked) file."""
+        return f"/proc/self/fd/{self.fd}"
 
     def span(self, block: int) -> int:
-        return self.padded(self.index[block][1] * ENTRY_BYTES)
+        return padded(self.index[block][1] * ENTRY_BYTES)
 
     def append(self, block: int, entries) -> None:
         """Block ``block``'s records: an ``(n, 3)`` uint32 array, or an iterable of them written
@@ -146,198 +132,118 @@ class BlockFile:
         except OSError as e:
             raise OSError(e.errno, f"writing R block {block} to the block file in {self.directory}: {e.strerror}") from e
         self.index[block] = (self.size, n)
-        self.size += self.padded(n * ENTRY_BYTES)
+        self.size += padded(n * ENTRY_BYTES)
 
     def finish(self) -> None:
-        """Everything on disk, nothing of it left in the page cache."""
-        if self.align > 1:
-            os.ftruncate(self.fd, self.size)  # the last block's padding too: whole-page reads
+        """Everything on disk (the last block's padding too: whole-page reads), nothing of it
+        left in the page cache."""
+        os.ftruncate(self.fd, max(self.size, ALIGN))
         os.fsync(self.fd)
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def read_into(self, block, out: np.ndarray) -> None:
-        """Block ``block`` — or a list of blocks consecutive in the file, in one read — into
-        ``out``: a contiguous buffer of their ``span`` bytes (4 KiB aligned when ``direct``);
-        each block's ratings are the first ``ratings × 12`` bytes of its span."""
-        run = list(block) if isinstance(block, (list, tuple)) else [block]
-        off = self.index[run[0]][0]
-        last_off, last_n = self.index[run[-1]]
-        need = last_off + last_n * ENTRY_BYTES - off  # up to the last rating: its padding may be cut
-        view = memoryview(out.reshape(-1).view(np.uint8))  # out is contiguous: a view, not a copy
-        got = 0
-        if self.dfd is not None:
-            try:
-                got = max(os.preadv(self.dfd, [view], off), 0)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                # Refused (alignment the device does not take, ...): buffered from now on.
-                self.direct_fallback = f"O_DIRECT read refused ({e.strerror}); reading through the page cache"
-                os.close(self.dfd)
-                self.dfd = None
-            if got >= need:
-                return
-        while got < need:
-            k = os.preadv(self.fd, [view[got:need]], off + got)
-            if k <= 0:
-                what = f"R block {run[0]}" if len(run) == 1 else f"R blocks {run}"
-                raise OSError(f"block file in {self.directory}: short read of {what} "
-                              f"({got} of {need} bytes at offset {off})")
-            got += k
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, off, need, os.POSIX_FADV_DONTNEED)
-
     def close(self) -> None:
-        if self.dfd is not None:
-            os.close(self.dfd)
-            self.dfd = None
         self._f.close()
 
 
 class Preloader:
-    """Reads ``sequence`` (block ids, in the order they will be trained) from ``blocks`` on a
-    thread, at most ``budget`` bytes of them resident. ``get(n)`` waits for the n-th and
-    returns its records (an ``(m, 3)`` uint32 view the caller may shuffle in place);
-    ``release(n)`` frees it (blocks must be released in order)."""
+    """Reads ``sequence`` (block ids, in the order they will be trained) from ``blocks``
+    through the flash runtime's program cache, at most ``budget`` bytes resident with the
+    trainer's scratch copy. ``get(n)`` waits for the n-th and returns its records (an
+    ``(m, 3)`` read-only uint32 view, valid until ``release(n)``; train it through
+    :func:`~scalefree.mf.data.blocks.train_block`, which copies it); blocks are released in
+    order. ``dir``: the runtime's scratch directory (default ``SCALEFREE_FLASH_DIR`` or the
+    temp directory)."""
 
-    def __init__(self, blocks: BlockFile, sequence: list[int], budget: int):
-        self.blocks, self.seq, self.budget = blocks, list(sequence), int(budget)
-        spans = {b: blocks.span(b) for b in blocks.index}
-        big = max(set(self.seq), key=lambda b: spans[b], default=None)
-        if big is not None and spans[big] > self.budget:
+    def __init__(self, blocks: BlockFile, sequence: list[int], budget: int, *, scratch_bytes: int | None = None,
+                 dir=None):
+        self.blocks, self.seq, self.budget = blocks, [int(b) for b in sequence], int(budget)
+        used = set(self.seq)
+        largest = max((blocks.index[b][1] * ENTRY_BYTES for b in used), default=0)
+        # The trainer's scratch copy: the partition's largest block (all ranks alike) or this
+        # sequence's.
+        self.scratch_bytes = int(largest if scratch_bytes is None else scratch_bytes)
+        cache = self.budget - self.scratch_bytes
+        big = max(used, key=lambda b: blocks.span(b), default=None)
+        if big is not None and blocks.span(big) > cache:
             nbytes = blocks.index[big][1] * ENTRY_BYTES
-            padded = "" if spans[big] == nbytes else \
-                f" ({spans[big]} bytes as read: direct IO reads whole 4 KiB pages)"
             raise OutOfBudgetError(
-                f"memory budget {_mib(self.budget)} is smaller than one R block: the largest block this "
-                f"rank trains holds {_mib(nbytes)}{padded}; raise the budget to at least "
-                f"{spans[big]} bytes or cut R into more blocks")
-        self._words = {b: spans[b] // 4 for b in spans}  # arena words per block
-        # The arena, in uint32 words, starting at an ALIGN boundary (direct reads need it;
-        # spans are whole pages then, so every placement stays aligned); touched once here so
-        # reads never fault fresh pages.
-        cap = min(self.budget, blocks.size) // blocks.align * blocks.align // 4 * 4
-        raw = np.zeros(cap // 4 + ALIGN // 4, np.uint32)
-        skip = (-raw.ctypes.data % ALIGN) // 4
-        self._arena = raw[skip:skip + cap // 4]
-        self._cap = len(self._arena)
-        self._cond = threading.Condition()
-        self._live: collections.deque = collections.deque()  # (n, word offset, words), oldest first
-        self._head = 0
-        self._ready: dict[int, np.ndarray] = {}
+                f"memory budget {_mib(self.budget)} is smaller than two R blocks: the largest block this "
+                f"rank trains holds {_mib(nbytes)} ({blocks.span(big)} bytes as whole 4 KiB pages in the cache, "
+                f"and a shuffled copy of {self.scratch_bytes} bytes is trained); raise the budget to at least "
+                f"{blocks.span(big) + self.scratch_bytes} bytes or cut R into more blocks")
+        self._rt = _native.FlashRuntime(max(cache, 1), 1, None if dir is None else os.fspath(dir), "")
+        self._reader = _native.FlashBlockReader(self._rt, blocks.path, max(cache, 1))
+        self._at = 0  # next visit to hand out
+        self._held: dict[int, object] = {}  # visit → FlashBlock
         self._next_free = 0
-        self._error: BaseException | None = None
-        self._stop = False
-        self.resident = 0  # bytes of blocks read and not yet released
-        self.peak_resident = 0
-        self.read_seconds = 0.0  # loader time in reads
-        self.wait_seconds = 0.0  # trainer time waiting for a block not yet read
+        self.wait_seconds = 0.0
         self.bytes_read = 0
-        self.reads = 0  # read calls (a run of blocks consecutive in the file is one)
-        self.loader_cpu_seconds = 0.0  # the loader thread's CPU time (set when it ends)
-        self._thread = threading.Thread(target=self._run, name="scalefree-mf-preload", daemon=True)
-        self._thread.start()
-        # The loader needs a core now and then while the trainer waits for its ring partners:
-        # waits skip their yield phase meanwhile (spin, then park).
+        self._empty = np.zeros((0, 3), np.uint32)
+        offs = [blocks.index[b][0] for b in self.seq]
+        lens = [blocks.span(b) for b in self.seq]
+        nonempty = [i for i, b in enumerate(self.seq) if blocks.index[b][1]]
+        self._reader.push_ahead([offs[i] for i in nonempty], [lens[i] for i in nonempty])
+        self._reader.reset_peak()
+        self._direct = bool(self._reader.direct)
+        # The runtime's IO threads need a core now and then while the trainer waits for its
+        # ring partners: waits skip their yield phase meanwhile (spin, then park).
         self._helper = _native.HelperThread()
 
-    def _place(self, words: int) -> int | None:
-        """Arena offset for ``words`` more, or None while they do not fit (lock held)."""
-        if not self._live:
-            self._head = 0
-            return 0 if words <= self._cap else None
-        tail = self._live[0][1]
-        if self._head > tail:  # live data is [tail, head): room at the end, else at the start
-            if self._head + words <= self._cap:
-                return self._head
-            return 0 if words <= tail else None
-        return self._head if self._head + words <= tail else None  # wrapped: room in [head, tail)
+    @property
+    def direct(self) -> bool:
+        """Whether the blocks are read with O_DIRECT (else through the page cache)."""
+        return self._direct
 
-    def _run(self) -> None:
-        c0 = time.thread_time()
-        try:
-            n, total = 0, len(self.seq)
-            while n < total:
-                b = self.seq[n]
-                words = self._words[b]
-                with self._cond:
-                    while True:
-                        if self._stop:
-                            return
-                        at = self._place(words) if words else 0
-                        if at is not None:
-                            break
-                        self._cond.wait()
-                    run = [(n, b, at, words)]
-                    if words:
-                        self._live.append((n, at, words))
-                        self._head = at + words
-                        # Fewer, larger reads: the next visits' blocks too while each follows
-                        # the previous one both in the file and in the arena (and fits now).
-                        while n + len(run) < total and len(run) < _RUN_MAX:
-                            pn, pb, pat, pw = run[-1]
-                            nb = self.seq[pn + 1]
-                            nw = self._words[nb]
-                            if not nw or self.blocks.index[nb][0] != self.blocks.index[pb][0] + pw * 4 \
-                                    or self._place(nw) != pat + pw:
-                                break
-                            run.append((pn + 1, nb, pat + pw, nw))
-                            self._live.append((pn + 1, pat + pw, nw))
-                            self._head = pat + pw + nw
-                    for _, _, _, w_ in run:
-                        self.resident += w_ * 4
-                    self.peak_resident = max(self.peak_resident, self.resident)
-                span = sum(w_ for _, _, _, w_ in run)
-                t0 = time.perf_counter()
-                if span:
-                    self.blocks.read_into([rb for _, rb, _, _ in run], self._arena[at:at + span])
-                dt = time.perf_counter() - t0
-                with self._cond:
-                    self.read_seconds += dt
-                    self.reads += 1 if span else 0
-                    for rn, rb, rat, _ in run:
-                        m = self.blocks.index[rb][1]
-                        self.bytes_read += m * ENTRY_BYTES
-                        self._ready[rn] = self._arena[rat:rat + m * 3].reshape(-1, 3)
-                    self._cond.notify_all()
-                n += len(run)
-        except BaseException as e:  # handed to the trainer by get()
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-        finally:
-            self.loader_cpu_seconds = time.thread_time() - c0
+    @property
+    def resident(self) -> int:
+        """Bytes held now: the cache's buffers and the scratch copy."""
+        return int(self._reader.stats()["resident_bytes"]) + self.scratch_bytes
+
+    def take_peak(self) -> int:
+        """Peak bytes held since the last call (or the start), then a new peak starts."""
+        peak = int(self._reader.stats()["peak_resident_bytes"]) + self.scratch_bytes
+        self._reader.reset_peak()
+        return peak
+
+    def stats(self) -> dict:
+        """The reader's counters (``_native.FlashBlockReader.stats``)."""
+        return dict(self._reader.stats())
 
     def get(self, n: int) -> np.ndarray:
-        t0 = time.perf_counter()
-        with self._cond:
-            while n not in self._ready:
-                if self._error is not None:
-                    raise OSError(f"preloading R blocks failed: {self._error}") from self._error
-                if self._stop:
-                    raise InvalidArgumentError("preloader is closed")
-                self._cond.wait()
-            out = self._ready.pop(n)
-        self.wait_seconds += time.perf_counter() - t0
-        return out
+        if self._reader is None:
+            raise InvalidArgumentError("preloader is closed")
+        if n != self._at:
+            raise InvalidArgumentError(f"blocks are fetched in order: expected visit {self._at}, got {n}")
+        self._at += 1
+        b = self.seq[n]
+        off, count = self.blocks.index[b]
+        if count == 0:
+            return self._empty
+        st0 = self._reader.stats()["wait_seconds"]
+        block = self._reader.get(off, self.blocks.span(b))
+        self.wait_seconds += self._reader.stats()["wait_seconds"] - st0
+        self._held[n] = block
+        self.bytes_read += count * ENTRY_BYTES
+        return np.frombuffer(block, np.uint32, count=count * 3).reshape(-1, 3)
 
     def release(self, n: int) -> None:
-        with self._cond:
-            if n != self._next_free:
-                raise InvalidArgumentError(f"blocks are released in order: expected visit {self._next_free}, got {n}")
-            self._next_free += 1
-            if self._live and self._live[0][0] == n:
-                self.resident -= self._live.popleft()[2] * 4
-            self._cond.notify_all()
+        """Hands visit ``n``'s block back to the cache (once the arrays made from it are gone)."""
+        if n != self._next_free:
+            raise InvalidArgumentError(f"blocks are released in order: expected visit {self._next_free}, got {n}")
+        self._next_free += 1
+        block = self._held.pop(n, None)
+        if block is not None:
+            block.release()
 
     def close(self) -> None:
-        """Stops the loader (idempotent)."""
-        if self._arena is None:
+        """Stops prefetching and frees the cache (idempotent)."""
+        if self._reader is None:
             return
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join()
+        self._reader.clear_ahead()
+        for block in self._held.values():
+            block.release()
+        self._held.clear()
         self._helper.close()
-        self._arena = None
+        self._reader = None
+        self._rt = None

@@ -10,6 +10,10 @@ both back; an iteration is w steps and visits every block once.
 
 Pulls and pushes are static tensor slots (``scalefree.tensors.slots.static_slots``). A worker trains
 in the pull buffer itself, pushes from it and then releases it.
+
+With ``memory_budget`` a worker's block row stays on flash: the steps' diagonals follow from the
+shared seed (:func:`patterns`), so the worker knows its blocks in training order and the flash
+runtime's program cache reads them ahead within the budget (``mf_preload``, as rima's).
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from ..data.blocks import FactorBlock, Partition, train_block
 from ..data import checkpoint as mf_ckpt
 from ..data.checkpoint import Plan
 from .rima import EarlyStop
+from ..data import preload as mf_preload
+from ..data.blocks import ENTRY_BYTES
 from ..data.preload import outside_arena
-from ..data.shares import ShareRatings
+from ..data.shares import ShareRatings, piece_bytes_for
+from ...errors import OutOfBudgetError
 
 
 def patterns(w: int, iterations: int, seed: int):
@@ -56,12 +63,50 @@ def train(group, train_ratings, opts: dict) -> dict:
         raise InvalidArgumentError("dsgd-ps needs at least 2 ranks (rank 0 is the parameter server)")
     w, r = group.size - 1, group.rank
     k, iters, seed = opts["k"], opts["iterations"], opts["seed"]
+    budget = opts.get("memory_budget")
+    bfile = None
+    if budget is not None:
+        budget = mf_preload.parse_bytes(budget)
+        bfile = mf_preload.BlockFile(opts.get("block_dir")) if r else None
+    try:
+        part = _partition(group, train_ratings, w, r, k, seed, opts, budget, bfile)
+        if bfile is not None:
+            bfile.finish()
+        return _train(group, part, opts, w, r, k, iters, seed, bfile, budget)
+    finally:
+        if bfile is not None:
+            bfile.close()
+
+
+def _partition(group, train_ratings, w, r, k, seed, opts, budget, bfile) -> Partition:
+    """This rank's blocks: in memory, or (workers, with a budget) in ``bfile``."""
+    check = None if budget is None else (lambda part: _check_budget(part, budget, w))
     if isinstance(train_ratings, ShareRatings):
         keep = None if r == 0 else ([], [])  # initial factors: the server's
-        part = outside_arena(lambda: train_ratings.partition(group, w, k, seed, opts.get("init_max"),
-                                                             trains=trained_blocks(w), keep=keep))
-    else:
-        part = Partition(train_ratings, w, k, seed, opts.get("init_max"))
+        return outside_arena(lambda: train_ratings.partition(
+            group, w, k, seed, opts.get("init_max"), trains=trained_blocks(w), keep=keep, spill_to=bfile,
+            budget_check=check, piece_bytes=piece_bytes_for(budget)))
+    mine = set(range((r - 1) * w, r * w)) if r else set()
+    spill = None if bfile is None else (lambda b, ent: bfile.append(b, ent) if b in mine else None)
+    part = outside_arena(lambda: Partition(train_ratings, w, k, seed, opts.get("init_max"), spill=spill))
+    if check is not None:
+        check(part)
+    return part
+
+
+def _check_budget(part, budget: int, w: int) -> None:
+    """The same on every rank: all fail together (as rima's)."""
+    raw = int(part.counts.max()) * ENTRY_BYTES
+    need = mf_preload.min_budget(raw)
+    if need > budget:
+        raise OutOfBudgetError(
+            f"dsgd-ps: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
+            f"the largest of the {w} x {w} blocks holds {int(part.counts.max())} ratings = {raw / 2**20:.2f} MiB "
+            f"({raw} bytes); training it takes {need} bytes (its whole 4 KiB pages in the cache and its shuffled "
+            f"copy); raise --memory-budget to at least that, or run more ranks (blocks shrink as 1/workers²)")
+
+
+def _train(group, part, opts, w, r, k, iters, seed, bfile, budget) -> dict:
     if not opts.get("normalize", True):
         part.scale = 1.0  # raw ratings (LIBMF's normalisation off)
     psize, qsize = FactorBlock.size(part.urows_max, k), FactorBlock.size(part.irows_max, k)
@@ -184,6 +229,22 @@ def train(group, train_ratings, opts: dict) -> dict:
                 "block_bytes_sent": [int(x) for x in st[:, 0]], "block_bytes_received": [int(x) for x in st[:, 1]],
                 "comm_seconds": [float(x) for x in st[:, 2]], "workers": w}
     rng = np.random.default_rng([seed, r, 0x53])
+    pre = None
+    if bfile is not None:
+        # This worker's blocks in training order, read ahead through the flash runtime.
+        seq = [ru * w + ri for ru, ri in (pat[r - 1] for pat in steps)]
+        pre = mf_preload.Preloader(bfile, seq, budget, scratch_bytes=int(part.counts.max()) * ENTRY_BYTES)
+    try:
+        return _work(group, part, opts, w, r, k, iters, rng, steps, slots, meter, t0, plan, start_it, resumed, early,
+                     validate, save_checkpoint, boundary, pre)
+    finally:
+        if pre is not None:
+            pre.close()
+
+
+def _work(group, part, opts, w, r, k, iters, rng, steps, slots, meter, t0, plan, start_it, resumed, early, validate,
+          save_checkpoint, boundary, pre) -> dict:
+    """A worker's steps: pull, train its block of R, push."""
     sent = recvd = 0
     comm = 0.0
     losses = np.zeros(iters)
@@ -219,7 +280,12 @@ def train(group, train_ratings, opts: dict) -> dict:
         p = FactorBlock(pull_p.recv(), part.urows(ru), part.urows_max, k)
         q = FactorBlock(pull_q.recv(), part.irows(ri), part.irows_max, k)
         c1 = time.perf_counter()
-        losses[step // w] += train_block(part, ru, ri, p, q, opts, rng, first=step < w)
+        n = step - start_it * w
+        ent = None if pre is None else pre.get(n)
+        losses[step // w] += train_block(part, ru, ri, p, q, opts, rng, ent, first=step < w)
+        if pre is not None:
+            ent = None  # no view of the block left when the cache takes it back
+            pre.release(n)
         c2 = time.perf_counter()
         push_p.send(p.flat)
         push_q.send(q.flat)

@@ -1,10 +1,16 @@
 """``local``: matrix factorization on one machine, the Rust kernels on its threads (LIBMF's
 scheme: the rating matrix cut into blocks that threads take in turn; ``scalefree-mf``), with
 early stopping on a validation set and checkpoints (:mod:`scalefree.mf.data.checkpoint`). The
-estimator (:class:`scalefree.mf.MatrixFactorization`) prepares the data and calls :func:`train`."""
+estimator (:class:`scalefree.mf.MatrixFactorization`) prepares the data and calls :func:`train`.
+
+With ``memory_budget`` the grid's blocks stay on flash (a scratch file of the flash runtime) and
+the threads read them through its program cache, which prefetches each pass's blocks in the
+order the scheduler hands them out (``scalefree-mf``'s ``local.rs``; LIBMF's ``--disk``): the
+same blocks, order and schedule as in memory."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -15,15 +21,18 @@ from ..data import checkpoint as mf_ckpt
 
 def train(train, valid, test_r, *, k: int, eta: float, lam: float, schedule: str, threads: int, blocks, seed: int,
           init_max, normalize: bool, iterations: int, patience: int | None, eval_every: int, ckpt: dict | None,
-          expect: dict | None, on_iteration, bar):
+          expect: dict | None, on_iteration, bar, memory_budget: int | None = None, block_dir=None):
     """Trains on the native ratings ``train`` for ``iterations`` epochs → ``(history, stopped_at,
     model)``. ``valid``: ratings whose RMSE picks the best epoch (with ``patience``: stop after
     that many epochs without improvement); ``test_r``: ratings evaluated every ``eval_every``
     epochs and at the end; ``ckpt`` (path, every, resume, stop_after) with ``expect`` (what a
     checkpoint must match); ``on_iteration(record)`` after each epoch; ``bar.update(n, msg)``
-    shows progress."""
+    shows progress. ``memory_budget``: bytes of rating blocks in memory at most (the rest on flash,
+    in ``block_dir``); the last record then has ``rating_bytes_resident`` (the cache's peak),
+    ``memory_budget``, ``bytes_read`` and ``preload_wait_seconds``."""
     tr = _native.MfTrainer(train, k=k, eta=eta, lam=lam, schedule=schedule, threads=threads, blocks=blocks, seed=seed,
-                           init_max=init_max, normalize=normalize)
+                           init_max=init_max, normalize=normalize, memory_budget=memory_budget,
+                           flash_dir=None if block_dir is None else os.fspath(block_dir))
     history = []
     elapsed = 0.0
     best, best_model, stale = float("inf"), None, 0
@@ -73,6 +82,10 @@ def train(train, valid, test_r, *, k: int, eta: float, lam: float, schedule: str
                 last, stopped_at = True, it
         if test_r is not None and ((eval_every and it % eval_every == 0) or last):
             rec["test_rmse"] = tr.rmse(test_r) if best_model is None or not last else best_model.rmse(test_r)
+        fs = tr.flash_stats()
+        if fs is not None:
+            rec.update(memory_budget=fs["budget_bytes"], rating_bytes_resident=fs["peak_resident_bytes"],
+                       bytes_read=fs["bytes_read"], preload_wait_seconds=fs["wait_seconds"])
         history.append(rec)
         if on_iteration is not None:
             on_iteration(rec)

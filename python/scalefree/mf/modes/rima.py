@@ -11,13 +11,17 @@ iteration: an iteration is w steps in one direction, which visits every block of
 once. Each block visit samples its ratings in a fresh random order (intra-block randomness).
 At the end every rank sends its two blocks to rank 0, which assembles P and Q.
 
+With ``opts["slack"] = S`` a worker need not wait for its predecessor's block: it trains on
+the copy it holds and merges by delta when the block arrives (:mod:`.rima_ssp`; S = 0 gives
+this module's result bit for bit).
+
 Blocks move through static tensor slots (``scalefree.tensors.slots.static_slots``): one write into
 the receiver's buffer, which it copies and releases so the sender may send again.
 
 The whole pattern sequence follows from the seed (:func:`block_states`), so every rank knows
 in advance which R blocks it will train, in which order. With ``memory_budget`` the blocks stay
-on disk and a loader thread reads them in that order within the budget (``mf_preload``,
-section III-D); the training itself is the same, visit for visit. Given the ratings as
+on flash and the flash runtime's program cache reads them ahead in that order within the
+budget (``mf_preload``, section III-D); the training itself is the same, visit for visit. Given the ratings as
 ``mf_stream.StreamedRatings`` (what the CLI passes with ``--memory-budget``), the set-up is
 streamed too: no rank ever holds all ratings (``mf_stream``).
 """
@@ -38,6 +42,7 @@ from ..data import stream as mf_stream
 from ..data.blocks import ENTRY_BYTES, FactorBlock, Partition, train_block
 from ..data import checkpoint as mf_ckpt
 from ..data.checkpoint import Plan
+from . import rima_ssp
 
 
 _NSTAT = 9  # per-worker scalars sent to rank 0 before the per-iteration rows
@@ -49,8 +54,7 @@ def _account(it, pre, held, resident, rss, waited) -> None:
     if pre is None:
         resident[it] = held
     else:
-        with pre._cond:
-            resident[it], pre.peak_resident = pre.peak_resident, pre.resident
+        resident[it] = pre.take_peak()
         waited[it] = pre.wait_seconds - waited[:it].sum()
     rss[it] = peak_rss_bytes()
 
@@ -153,6 +157,10 @@ def train(group, train_ratings, opts: dict) -> dict:
     sequence = (bp[:, mine_j] * V + bq[:, mine_j]).reshape(-1)  # this rank's blocks, in training order
     budget = opts.get("memory_budget")
     streamed = isinstance(train_ratings, mf_stream.StreamedRatings)
+    # Bounded staleness (rima_ssp) when a slack is given, 0 included (the same result as here).
+    stale = opts.get("slack") is not None and w > 1
+    if stale:
+        rima_ssp.check_options(opts, streamed)
     if streamed and budget is None:
         raise InvalidArgumentError("rima: streamed ratings (mf_stream) need a memory budget; "
                                    "load the ratings into memory for an in-memory run")
@@ -178,7 +186,8 @@ def train(group, train_ratings, opts: dict) -> dict:
                     budget_check=lambda part: _check_budget(part, budget, w, c, V),
                     piece_bytes=mf_shares.piece_bytes_for(budget)))
                 bfile.finish()
-                pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget)
+                pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget,
+                                           scratch_bytes=int(part.counts.max()) * ENTRY_BYTES)
             else:
                 part = mf_preload.outside_arena(lambda: train_ratings.partition(
                     group, V, k, seed, opts.get("init_max"), trains=trains, keep=keep))
@@ -200,9 +209,12 @@ def train(group, train_ratings, opts: dict) -> dict:
                     spill=lambda b, ent: bfile.append(b, ent) if b in needed else None))
                 check(part)
             bfile.finish()
-            pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget)
+            pre = mf_preload.Preloader(bfile, [int(b) for b in sequence[skip:]], budget,
+                                       scratch_bytes=int(part.counts.max()) * ENTRY_BYTES)
         else:
             part = mf_preload.outside_arena(lambda: Partition(train_ratings, V, k, seed, opts.get("init_max")))
+        if stale:
+            return rima_ssp.train(group, part, opts, w, r, c, V, bp, bq, dirs, visit_order(c))
         return _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed)
     finally:
         if pre is not None:
@@ -212,19 +224,18 @@ def train(group, train_ratings, opts: dict) -> dict:
 
 
 def _check_budget(part, budget: int, w: int, c: int, V: int) -> None:
-    """The same on every rank: all fail together. Direct reads take whole 4 KiB pages, so a
-    block needs its padded size in the budget (counted padded whether or not this rank's file
-    system took O_DIRECT, so that every rank decides alike)."""
+    """The same on every rank: all fail together. The budget holds a block's whole 4 KiB pages
+    in the flash runtime's cache and the shuffled copy the kernel trains (``mf_preload``)."""
     raw = int(part.counts.max()) * ENTRY_BYTES
-    biggest = -(-raw // mf_preload.ALIGN) * mf_preload.ALIGN
-    if biggest > budget:
+    need = mf_preload.min_budget(raw)
+    if need > budget:
         more = (f"cut R into {2 * w} x {2 * w} blocks (--blocks {2 * w}), " if c == 1 else "") + \
             "run more ranks (blocks shrink as 1/ranks²)"
         raise OutOfBudgetError(
             f"rima: memory budget {budget / 2**20:.2f} MiB ({budget} bytes) is smaller than one R block: "
             f"the largest of the {V} x {V} blocks holds {int(part.counts.max())} ratings = "
-            f"{raw / 2**20:.2f} MiB ({raw} bytes), {biggest} bytes as whole 4 KiB pages (what direct IO reads); "
-            f"raise --memory-budget to at least that, "
+            f"{raw / 2**20:.2f} MiB ({raw} bytes); training it takes {need} bytes (its whole 4 KiB pages in the "
+            f"cache and its shuffled copy); raise --memory-budget to at least that, "
             f"or make the blocks smaller: {more}")
 
 
@@ -368,6 +379,7 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
             losses[it] += train_block(part, int(blk["p"][r * c + j]), int(blk["q"][r * c + j]),
                                       view("p", j), view("q", j), opts, rng, ent, first=it == 0)
             if pre is not None:
+                ent = None  # no view of the block left when the cache takes it back
                 pre.release(visit - skip)
             visit += 1
             if n == 0 and side is not None and w > 1:
@@ -408,8 +420,8 @@ def _train(group, part, opts, w, r, c, V, bp, bq, dirs, pre, budget, resumed=Non
     moved = meter.moved()
     if pre is not None:
         pre.close()  # the loader has read everything; its CPU time is final
-    io = [0.0, 0.0, 0.0, 0.0] if pre is None else [pre.read_seconds, pre.bytes_read, pre.loader_cpu_seconds,
-                                                     float(pre.blocks.direct)]
+    # Read seconds and loader CPU are the flash runtime's IO threads' now (not measured per rank).
+    io = [0.0, 0.0, 0.0, 0.0] if pre is None else [float("nan"), pre.bytes_read, float("nan"), float(pre.direct)]
     mine = np.concatenate([[sent, recvd, comm, *io, setup_rss, setup_s], losses, resident, rss, waited,
                            moved.ravel()])
     if r != 0:

@@ -1,8 +1,13 @@
 //! A lane's frames: a 48-byte header (kind, value, region key, offset, length, note, index;
 //! little-endian) and the write's bytes, sent with as few system calls as the socket allows.
+//! On a sealed lane (`SCALEFREE_ENCRYPT=1`) the same frame goes as AES-GCM records (see
+//! [`super::sealing`]): every sending function here takes the stream's [`Sealer`], if any.
 
 use std::io::Write;
 use std::net::TcpStream;
+use std::sync::Mutex;
+
+use super::sealing::Sealer;
 
 pub(super) const KIND_WRITE: u32 = 1;
 pub(super) const KIND_NOTIFY: u32 = 2;
@@ -10,9 +15,21 @@ pub(super) const KIND_NOTIFY: u32 = 2;
 /// write sent on that stream before it has been read; on the first stream, that the frames
 /// after it wait until every extra stream has delivered that fence.
 pub(super) const KIND_FENCE: u32 = 3;
+/// A one-sided read (sealed lanes only, where nothing goes over UCX): `len` bytes at `offset`
+/// of the receiver's region `key`, `note` bytes long, answered by a [`KIND_READ_REPLY`] with
+/// the same `index`.
+pub(super) const KIND_READ: u32 = 4;
+/// The answer to a [`KIND_READ`]: its `index`, the bytes (`len`), `value` 1 when the region
+/// is gone or too short (no bytes then).
+pub(super) const KIND_READ_REPLY: u32 = 5;
+/// Sealed lanes only (no UCX heartbeats to the peer): "still here", sent on an idle lane.
+pub(super) const KIND_BEAT: u32 = 6;
+/// Sealed lanes only: the sender closes the lane on purpose (its device is closing). A
+/// sealed lane that closes without one is a lost peer (its process died, or its host).
+pub(super) const KIND_BYE: u32 = 7;
 
 /// Frame header, little-endian on the wire.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Frame {
     pub(super) kind: u32,
     pub(super) value: u32,
@@ -49,8 +66,12 @@ impl Frame {
 }
 
 /// Sends what the socket takes now of header and data from byte `sent` of the frame on,
-/// without blocking; returns how far the frame has gone.
-pub(super) fn send_now_from(s: &TcpStream, frame: &Frame, data: &[u8], mut sent: usize) -> std::io::Result<usize> {
+/// without blocking; returns how far the frame has gone (wire bytes: see
+/// [`super::sealing::wire_len`]).
+pub(super) fn send_now_from(s: &TcpStream, seal: Option<&Mutex<Sealer>>, frame: &Frame, data: &[u8], mut sent: usize) -> std::io::Result<usize> {
+    if let Some(seal) = seal {
+        return seal.lock().unwrap().send(s, frame, data, sent, false);
+    }
     let hdr = frame.bytes();
     let fd = std::os::fd::AsRawFd::as_raw_fd(s);
     let total = FRAME_LEN + data.len();
@@ -62,30 +83,42 @@ pub(super) fn send_now_from(s: &TcpStream, frame: &Frame, data: &[u8], mut sent:
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
         let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r > 0 {
-            sent += r as usize;
-            continue;
-        }
-        if r == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::Interrupted => continue,
-            std::io::ErrorKind::WouldBlock => break,
-            _ => return Err(e),
+        match taken(r, false)? {
+            Some(k) => sent += k,
+            None => break,
         }
     }
     Ok(sent)
 }
 
+/// What a `send`/`sendmsg` that returned `r` did: `Some(bytes)` taken (0 when interrupted),
+/// `None` when the socket takes nothing now and the call did not block (`block` false), or
+/// the error.
+pub(super) fn taken(r: isize, block: bool) -> std::io::Result<Option<usize>> {
+    if r > 0 {
+        return Ok(Some(r as usize));
+    }
+    if r == 0 {
+        return Err(std::io::ErrorKind::WriteZero.into());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::Interrupted => Ok(Some(0)),
+        std::io::ErrorKind::WouldBlock if !block => Ok(None),
+        _ => Err(e),
+    }
+}
+
 /// What the socket takes now of a frame (see [`send_now_from`]).
-pub(super) fn send_now(s: &TcpStream, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
-    send_now_from(s, frame, data, 0)
+pub(super) fn send_now(s: &TcpStream, seal: Option<&Mutex<Sealer>>, frame: &Frame, data: &[u8]) -> std::io::Result<usize> {
+    send_now_from(s, seal, frame, data, 0)
 }
 
 /// The rest of a frame from byte `sent` on, blocking.
-pub(super) fn write_rest(s: &TcpStream, frame: &Frame, data: &[u8], sent: usize) -> std::io::Result<()> {
+pub(super) fn write_rest(s: &TcpStream, seal: Option<&Mutex<Sealer>>, frame: &Frame, data: &[u8], sent: usize) -> std::io::Result<()> {
+    if let Some(seal) = seal {
+        return seal.lock().unwrap().send(s, frame, data, sent, true).map(|_| ());
+    }
     let hdr = frame.bytes();
     if sent < FRAME_LEN {
         write_all_vectored(s, &hdr[sent..], data)
@@ -96,13 +129,13 @@ pub(super) fn write_rest(s: &TcpStream, frame: &Frame, data: &[u8], sent: usize)
 
 /// [`write_frame`], trying without blocking first: if the socket cannot take it all at once,
 /// `on_block` runs before the rest is written blocking.
-pub(super) fn write_frame_or(s: &TcpStream, frame: &Frame, data: &[u8], on_block: &dyn Fn()) -> std::io::Result<()> {
-    let sent = send_now(s, frame, data)?;
-    if sent == FRAME_LEN + data.len() {
+pub(super) fn write_frame_or(s: &TcpStream, seal: Option<&Mutex<Sealer>>, frame: &Frame, data: &[u8], on_block: &dyn Fn()) -> std::io::Result<()> {
+    let sent = send_now(s, seal, frame, data)?;
+    if sent == super::sealing::wire_len(data.len(), seal.is_some()) {
         return Ok(());
     }
     on_block();
-    write_rest(s, frame, data, sent)
+    write_rest(s, seal, frame, data, sent)
 }
 
 /// Header and data in as few system calls as the socket allows (one `writev` when it has room).

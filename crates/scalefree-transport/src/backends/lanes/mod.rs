@@ -41,6 +41,7 @@ mod gate;
 mod handshake;
 mod landing;
 mod reader;
+mod sealing;
 mod striping;
 mod writer;
 
@@ -56,8 +57,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use framing::{send_now, write_frame_or, Frame, FRAME_LEN, KIND_FENCE, KIND_NOTIFY, KIND_WRITE};
+use framing::{send_now, write_frame_or, Frame, FRAME_LEN, KIND_BEAT, KIND_BYE, KIND_FENCE, KIND_NOTIFY, KIND_READ, KIND_WRITE};
 use reader::{drain, read_loop, Reader};
+use sealing::{wire_len, Sealer};
 use striping::{Fences, Stripe, STRIPE_MIN};
 use writer::{help, write_loop, State, Job};
 use crate::auth::Key;
@@ -102,6 +104,16 @@ pub(crate) trait Arrivals: Send + Sync {
 pub(crate) struct Link {
     pub(crate) to: Arc<dyn Arrivals>,
     pub(crate) landing: Landing,
+    /// Reads this rank asked for over a lane and not yet answered, by number.
+    pub(crate) reads: Mutex<std::collections::HashMap<u64, PendingRead>>,
+    pub(crate) next_read: AtomicU64,
+}
+
+/// A read waiting for its answer: where the bytes go and how many, and its completion.
+pub(crate) struct PendingRead {
+    pub(crate) dst: usize,
+    pub(crate) n: usize,
+    pub(crate) op: Arc<OpState>,
 }
 
 pub(crate) struct Lane {
@@ -120,6 +132,9 @@ pub(crate) struct Lane {
     stripe: Mutex<Stripe>,
     /// The fences the extra streams delivered (shared by all of a peer's streams).
     fences: Arc<Fences>,
+    /// The sending half of a sealed stream (`SCALEFREE_ENCRYPT=1`), locked by whoever sends
+    /// a frame (one at a time anyway, see [`State::busy`]).
+    seal: Option<Mutex<Sealer>>,
 }
 
 /// The lanes of one rank: one per peer on another host that offered one.
@@ -134,6 +149,8 @@ pub(crate) struct Lanes {
     /// yielding waiter would keep: the process's waits skip their yield phase (measured on 4
     /// simulated hosts: 1 MiB allreduce 3.7 -> 1.9 ms).
     helper: Option<crate::wait::HelperThread>,
+    /// Every frame is sealed (see [`sealing`]).
+    sealed: bool,
 }
 
 /// The lane setting: `None` off, `Some(true)` forced, `Some(false)` auto.
@@ -149,14 +166,15 @@ impl Lanes {
     /// Collective between the ranks in `connect` (true: open a lane to that rank; both sides
     /// must agree): lower ranks are dialled by higher ones. `offers[r]` is rank `r`'s
     /// listening address and stream count; a pair opens as many streams as the smaller of
-    /// its two offers. Every lane proves both ends know the job's key (`lane_key`).
-    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, timeout: Duration) -> Result<Lanes> {
+    /// its two offers. Every lane proves both ends know the job's key (`lane_key`); with
+    /// `sealed`, every frame is sealed too, with keys of each stream's own (see [`sealing`]).
+    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration) -> Result<Lanes> {
         let me = to.rank() as usize;
-        let streams = handshake::connect(me, listener, offers, connect, key, timeout)?;
-        let sh = Arc::new(Link { to, landing: Landing::default() });
+        let streams = handshake::connect(me, listener, offers, connect, key, sealed, timeout)?;
+        let sh = Arc::new(Link { to, landing: Landing::default(), reads: Mutex::default(), next_read: AtomicU64::new(0) });
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });
-        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None };
+        let mut lanes = Lanes { sh: sh.clone(), gate: gate.clone(), lanes: (0..offers.len()).map(|_| None).collect(), send_on: vec![false; offers.len()], threads: Vec::new(), helper: None, sealed };
         for (r, ss) in streams.into_iter().enumerate() {
             if ss.iter().any(|s| s.is_none()) {
                 continue;
@@ -164,7 +182,8 @@ impl Lanes {
             let fences = Arc::new(Fences { seen: Mutex::new(vec![0; ss.len()]), cv: Condvar::new() });
             let mut made: Vec<Arc<Lane>> = Vec::new();
             for (i, s) in ss.into_iter().enumerate().rev() {
-                let s = s.expect("checked above");
+                let (s, seal) = s.expect("checked above");
+                let (seal, open) = seal.map_or((None, None), |(se, op)| (Some(Mutex::new(se)), Some(op)));
                 s.set_nodelay(true).ok();
                 let reader = s.try_clone().map_err(|e| Error::io("TCP lane: clone socket", e))?;
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&reader);
@@ -174,12 +193,13 @@ impl Lanes {
                     stream: s,
                     state: Mutex::new(State { queue: VecDeque::new(), busy: false, helpers: 0, closed: false, failed: None }),
                     cv: Condvar::new(),
-                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false }),
+                    reader: Mutex::new(Reader { s: reader, fd, scratch: Vec::new(), part: Vec::new(), done: false, open, bye: false }),
                     index: i,
                     // Built last (streams in reverse): the first stream holds the others.
                     extra: if i == 0 { made.iter().rev().cloned().collect() } else { Vec::new() },
                     stripe: Mutex::new(Stripe::default()),
                     fences: fences.clone(),
+                    seal,
                 });
                 let (l, shr, g) = (lane.clone(), sh.clone(), gate.clone());
                 lanes.threads.push(
@@ -200,6 +220,16 @@ impl Lanes {
             }
             lanes.lanes[r] = made.pop();
         }
+        if sealed {
+            // No UCX heartbeats go to peers of sealed lanes: a beat on every idle lane.
+            let (all, g) = (lanes.lanes.iter().flatten().cloned().collect::<Vec<_>>(), gate.clone());
+            lanes.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("sf-lane-beat-{me}"))
+                    .spawn(move || beat_loop(&all, &g))
+                    .map_err(|e| Error::io("spawn TCP lane heartbeat", e))?,
+            );
+        }
         Ok(lanes)
     }
 
@@ -213,6 +243,11 @@ impl Lanes {
 
     pub fn has(&self, peer: u32) -> bool {
         self.send_on.get(peer as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether the lanes seal their frames (`SCALEFREE_ENCRYPT=1`).
+    pub fn sealed(&self) -> bool {
+        self.sealed
     }
 
     /// Any lane at all (for reporting).
@@ -250,6 +285,24 @@ impl Lanes {
             return unsafe { self.send_on(to, frame, src, true) };
         }
         unsafe { self.send(peer, frame, src) }
+    }
+
+    /// Reads `n` bytes at `offset` of `peer`'s region `key` into `dst` over the lane: the
+    /// peer's lane reader answers with the bytes (its writer thread sends them). Used where
+    /// nothing may go over UCX (sealed lanes).
+    ///
+    /// # Safety
+    /// `dst..dst+n` must stay writable (and unread) until the request completes.
+    pub unsafe fn start_read(&self, peer: u32, key: u64, offset: u64, dst: *mut u8, n: usize) -> Result<Request> {
+        let id = self.sh.next_read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let op = Arc::new(OpState::default());
+        self.sh.reads.lock().unwrap().insert(id, PendingRead { dst: dst as usize, n, op: op.clone() });
+        let frame = Frame { kind: KIND_READ, key, offset, note: n as u64, index: id, ..Frame::default() };
+        if let Err(e) = unsafe { self.send(peer, frame, std::ptr::null()) } {
+            self.sh.reads.lock().unwrap().remove(&id);
+            return Err(e);
+        }
+        Ok(Request { op, peer, what: "TCP lane read".into(), helper: None })
     }
 
     /// Raises `peer`'s notification `slot` to `value`, after every earlier frame to it.
@@ -302,7 +355,7 @@ impl Lanes {
                     self.gate.end_lease()
                 }
             };
-            if let Err(e) = write_frame_or(&lane.stream, &frame, data, &on_block) {
+            if let Err(e) = write_frame_or(&lane.stream, lane.seal.as_ref(), &frame, data, &on_block) {
                 let why = format!("TCP lane to rank {peer} failed: {e}");
                 st.failed = Some(why.clone());
                 return Err(Error::PeerLost { rank: peer, pid: 0, detail: why });
@@ -314,8 +367,8 @@ impl Lanes {
             // Idle lane, large frame: what the socket takes now goes from here; the writer
             // thread (or a waiter, see [`help`]) sends the rest.
             let data = unsafe { std::slice::from_raw_parts(src, n) };
-            match send_now(&lane.stream, &frame, data) {
-                Ok(k) if k == FRAME_LEN + n => return Ok(None),
+            match send_now(&lane.stream, lane.seal.as_ref(), &frame, data) {
+                Ok(k) if k == wire_len(n, lane.seal.is_some()) => return Ok(None),
                 Ok(k) => sent = k,
                 Err(e) => {
                     let why = format!("TCP lane to rank {peer} failed: {e}");
@@ -352,8 +405,14 @@ impl Lanes {
         &self.gate
     }
 
-    /// Stops every lane: sockets shut down, threads joined.
+    /// Stops every lane: sockets shut down (a sealed one after a goodbye), threads joined;
+    /// reads still waiting fail.
     pub fn close(&mut self) {
+        if self.sealed {
+            for lane in self.lanes.iter().flatten().flat_map(|l| l.extra.iter().chain([l])) {
+                lane.say_goodbye();
+            }
+        }
         self.sh.to.lanes_closed();
         *self.gate.closed.lock().unwrap() = true;
         self.gate.cv.notify_all();
@@ -364,6 +423,9 @@ impl Lanes {
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        for (_, p) in self.sh.reads.lock().unwrap().drain() {
+            p.op.finish(OpState::BROKEN);
         }
     }
 
@@ -389,6 +451,53 @@ impl Lanes {
     pub fn landed_bytes(&self) -> (u64, u64) {
         self.sh.landing.landed_bytes()
     }
+}
+
+impl Lane {
+    /// Sends a goodbye ([`KIND_BYE`]) if the stream is idle and the socket takes it at once
+    /// (never blocks: a peer that stopped reading gets none, and takes the close for a loss).
+    fn say_goodbye(&self) {
+        let st = self.state.lock().unwrap();
+        if st.queue.is_empty() && !st.busy && st.failed.is_none() && !st.closed {
+            let _ = send_now(&self.stream, self.seal.as_ref(), &Frame { kind: KIND_BYE, ..Frame::default() }, &[]);
+        }
+    }
+}
+
+/// Sealed lanes' heartbeat: every [`beat_every`], a beat ([`KIND_BEAT`]) queued on each idle
+/// first stream (one with frames queued or going shows the peer alive anyway), until the
+/// lanes close.
+fn beat_loop(lanes: &[Arc<Lane>], gate: &Gate) {
+    let every = beat_every();
+    let mut last = std::time::Instant::now();
+    loop {
+        {
+            // (The gate's lock is not held below: senders take it while holding a lane's.)
+            let closed = gate.closed.lock().unwrap();
+            let closed = gate.cv.wait_timeout(closed, every.saturating_sub(last.elapsed())).unwrap().0;
+            if *closed {
+                return;
+            }
+        }
+        if last.elapsed() < every {
+            continue;
+        }
+        last = std::time::Instant::now();
+        for lane in lanes {
+            let idle = {
+                let st = lane.state.lock().unwrap();
+                st.queue.is_empty() && !st.busy
+            };
+            if idle {
+                writer::enqueue(lane, Frame { kind: KIND_BEAT, ..Frame::default() }, 0);
+            }
+        }
+    }
+}
+
+/// How often sealed lanes beat: a tenth of the peer timeout, 0.1-1 s (as UCX's heartbeats).
+fn beat_every() -> Duration {
+    (crate::wait::peer_timeout_from_env() / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 impl Helper for Lane {

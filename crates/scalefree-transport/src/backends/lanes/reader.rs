@@ -7,8 +7,9 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::framing::{Frame, FRAME_LEN, KIND_FENCE, KIND_NOTIFY, KIND_WRITE};
+use super::framing::{Frame, FRAME_LEN, KIND_BEAT, KIND_BYE, KIND_FENCE, KIND_NOTIFY, KIND_READ, KIND_READ_REPLY, KIND_WRITE};
 use super::gate::Gate;
+use super::sealing::{read_header, Opener, CHUNK, HDR_MAX, SEALED_HDR};
 use super::{Lane, Link};
 use crate::backends::wire::NOTE_WORD;
 use crate::backends::Reducer;
@@ -22,7 +23,34 @@ pub(super) struct Reader {
     pub(super) part: Vec<u64>,
     /// The peer closed the lane, or it broke.
     pub(super) done: bool,
+    /// The receiving half of a sealed stream (`SCALEFREE_ENCRYPT=1`).
+    pub(super) open: Option<Opener>,
+    /// The peer said goodbye ([`KIND_BYE`]): its lane closing is no loss.
+    pub(super) bye: bool,
 }
+
+/// Reads `dst.len()` bytes of a frame's data, opening them in place on a sealed stream
+/// (`dst` starts at a multiple of [`CHUNK`] into the data and is a multiple of it long, or
+/// reaches the frame's end: see [`Opener::read`]).
+fn read_body(s: &mut TcpStream, open: &mut Option<Opener>, dst: &mut [u8]) -> std::io::Result<()> {
+    match open {
+        None => s.read_exact(dst),
+        Some(o) => o.read(s, dst),
+    }
+}
+
+/// What a failed read of a frame tells: a sealed record refused says why itself, and from
+/// which host (the lane's far address) it came.
+fn broke(s: &TcpStream, e: std::io::Error, how: &str) -> String {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        let from = s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "?".into());
+        format!("its sealed TCP lane from host {from} was refused: {e}")
+    } else {
+        format!("its TCP lane broke{how}: {e}")
+    }
+}
+
+const _: () = assert!(REDUCE_PART.is_multiple_of(CHUNK) && SCRATCH.is_multiple_of(CHUNK), "reads of a sealed frame's data go by whole chunks");
 
 /// What a socket has to read now.
 pub(super) enum Avail {
@@ -31,10 +59,10 @@ pub(super) enum Avail {
     Closed,
 }
 
-/// Starts reading a frame header without blocking: what arrived of it goes to `hdr`
-/// (`Data(k)`: `k` bytes, the rest to be read blocking).
-pub(super) fn available(fd: std::os::fd::RawFd, hdr: &mut [u8; FRAME_LEN]) -> Avail {
-    let r = unsafe { libc::recv(fd, hdr.as_mut_ptr() as *mut libc::c_void, FRAME_LEN, libc::MSG_DONTWAIT) };
+/// Starts reading a frame header of `len` bytes on the wire without blocking: what arrived
+/// of it goes to `hdr` (`Data(k)`: `k` bytes, the rest to be read blocking).
+pub(super) fn available(fd: std::os::fd::RawFd, hdr: &mut [u8; HDR_MAX], len: usize) -> Avail {
+    let r = unsafe { libc::recv(fd, hdr.as_mut_ptr() as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
     match r {
         0 => Avail::Closed,
         r if r > 0 => Avail::Data(r as usize),
@@ -51,14 +79,22 @@ pub(super) fn available(fd: std::os::fd::RawFd, hdr: &mut [u8; FRAME_LEN]) -> Av
 /// or a caller waiting for a notification (no thread wake-up on the way).
 pub(super) fn drain(sh: &Link, lane: &Lane, rd: &mut Reader) -> u32 {
     let mut k = 0;
-    let mut hdr = [0u8; FRAME_LEN];
+    let mut hdr = [0u8; HDR_MAX];
+    let len = if rd.open.is_some() { SEALED_HDR } else { FRAME_LEN };
     while !rd.done {
-        match available(rd.fd, &mut hdr) {
+        match available(rd.fd, &mut hdr, len) {
             Avail::Nothing => break,
             // Closed between frames: the peer is done with us (its process exited or dropped
             // its device). Not an error here: if it died while we still need it, UCX
             // (endpoint error, heartbeats) or the process watch says so, as without lanes.
-            Avail::Closed => rd.done = true,
+            // A sealed lane has no UCX beside it: closed without a goodbye, the peer is lost.
+            Avail::Closed => {
+                rd.done = true;
+                if rd.open.is_some() && !rd.bye && !lane.state.lock().unwrap().closed && !sh.to.stopping() {
+                    let from = rd.s.peer_addr().map(|a| a.ip().to_string()).unwrap_or_else(|_| "?".into());
+                    sh.to.lost(lane.peer, format!("its sealed TCP lane from host {from} closed without a goodbye (the process died, or its host)"));
+                }
+            }
             Avail::Data(got) => match read_frame(sh, lane, rd, &mut hdr, got) {
                 Ok(()) => k += 1,
                 Err(why) => {
@@ -79,10 +115,9 @@ pub(super) fn drain(sh: &Link, lane: &Lane, rd: &mut Reader) -> u32 {
 }
 
 /// Handles one frame whose first `got` header bytes are in `hdr` already.
-pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8; FRAME_LEN], got: usize) -> std::result::Result<(), String> {
+pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8; HDR_MAX], got: usize) -> std::result::Result<(), String> {
     let peer = lane.peer as usize;
-    rd.s.read_exact(&mut hdr[got..]).map_err(|e| format!("its TCP lane broke: {e}"))?;
-    let f = Frame::parse(hdr);
+    let f = read_header(&mut rd.s, rd.open.as_mut(), hdr, got).map_err(|e| broke(&rd.s, e, ""))?;
     sh.to.heard_from(peer as u32);
     match f.kind {
         KIND_WRITE => {
@@ -92,11 +127,11 @@ pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8;
             if let (Some((_, raddr, rlen)), Some((to, delta, reduce))) = (target, direct) {
                 // Direct landing: into the caller's memory, then the flag, then the note.
                 let r = match &reduce {
-                    None => rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(to as *mut u8, n) }),
+                    None => read_body(&mut rd.s, &mut rd.open, unsafe { std::slice::from_raw_parts_mut(to as *mut u8, n) }),
                     Some(f) => read_reducing(rd, to, n, f),
                 };
                 sh.landing.left();
-                r.map_err(|e| format!("its TCP lane broke mid-write: {e}"))?;
+                r.map_err(|e| broke(&rd.s, e, " mid-write"))?;
                 sh.landing.landed(n, reduce.is_some());
                 let flag = (f.index as usize).checked_add(delta).filter(|&o| o + 4 <= rlen && o % 4 == 0);
                 if let (NOTE_WORD, Some(o)) = (f.note, flag) {
@@ -106,21 +141,11 @@ pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8;
                 return Ok(());
             }
             match target {
-                Some((dst, _, _)) => rd.s.read_exact(unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
-                None => {
-                    // A write to a region that is gone or out of bounds: dropped, as over UCX.
-                    rd.scratch.resize(n.min(1 << 20), 0);
-                    let mut left = n;
-                    let mut r = Ok(());
-                    while left > 0 && r.is_ok() {
-                        let k = left.min(rd.scratch.len());
-                        r = rd.s.read_exact(&mut rd.scratch[..k]);
-                        left -= k;
-                    }
-                    r
-                }
+                Some((dst, _, _)) => read_body(&mut rd.s, &mut rd.open, unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, n) }),
+                // A write to a region that is gone or out of bounds: dropped, as over UCX.
+                None => skip(rd, n),
             }
-            .map_err(|e| format!("its TCP lane broke mid-write: {e}"))?;
+            .map_err(|e| broke(&rd.s, e, " mid-write"))?;
             if let Some((_, raddr, rlen)) = target {
                 sh.to.raise(raddr, rlen, f.note, f.index, f.value);
             }
@@ -129,6 +154,39 @@ pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8;
         KIND_NOTIFY => {
             sh.to.publish(f.index as u32, f.value);
             Ok(())
+        }
+        KIND_BEAT => Ok(()),
+        KIND_BYE => {
+            rd.bye = true;
+            Ok(())
+        }
+        KIND_READ => {
+            // Answered from this rank's region by the lane's writer thread (a reader never
+            // blocks on its socket's sending side); a region gone or too short: refused.
+            let n = f.note as usize;
+            let reply = Frame { kind: KIND_READ_REPLY, index: f.index, ..Frame::default() };
+            match sh.to.target(f.key, f.offset as usize, n) {
+                Some((src, _, _)) => super::writer::enqueue(lane, Frame { len: n as u64, ..reply }, src),
+                None => super::writer::enqueue(lane, Frame { value: 1, ..reply }, 0),
+            }
+            Ok(())
+        }
+        KIND_READ_REPLY => {
+            let n = f.len as usize;
+            let pending = sh.reads.lock().unwrap().remove(&f.index);
+            match pending {
+                Some(p) if f.value == 0 && p.n == n => {
+                    let r = read_body(&mut rd.s, &mut rd.open, unsafe { std::slice::from_raw_parts_mut(p.dst as *mut u8, n) });
+                    p.op.finish(if r.is_ok() { crate::backends::OpState::OK } else { crate::backends::OpState::BROKEN });
+                    r.map_err(|e| broke(&rd.s, e, " mid-read"))
+                }
+                other => {
+                    if let Some(p) = other {
+                        p.op.finish(crate::backends::OpState::BROKEN);
+                    }
+                    skip(rd, n).map_err(|e| broke(&rd.s, e, " mid-read"))
+                }
+            }
         }
         KIND_FENCE if lane.index > 0 => {
             let mut seen = lane.fences.seen.lock().unwrap();
@@ -158,6 +216,20 @@ pub(super) fn read_frame(sh: &Link, lane: &Lane, rd: &mut Reader, hdr: &mut [u8;
 /// Bytes a reducing window reads off the lane at a time: small enough to stay in the core's
 /// cache between the kernel's copy and the reduction.
 pub(super) const REDUCE_PART: usize = 64 << 10;
+/// Bytes of a dropped write (its region gone) read at a time.
+const SCRATCH: usize = 1 << 20;
+
+/// Reads `n` bytes of a frame's data and drops them.
+fn skip(rd: &mut Reader, n: usize) -> std::io::Result<()> {
+    rd.scratch.resize(n.min(SCRATCH), 0);
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(rd.scratch.len());
+        read_body(&mut rd.s, &mut rd.open, &mut rd.scratch[..k])?;
+        left -= k;
+    }
+    Ok(())
+}
 
 /// Reads `n` bytes of a write in parts of [`REDUCE_PART`] and reduces each into `dst` at once.
 pub(super) fn read_reducing(rd: &mut Reader, dst: usize, n: usize, f: &Reducer) -> std::io::Result<()> {
@@ -169,7 +241,7 @@ pub(super) fn read_reducing(rd: &mut Reader, dst: usize, n: usize, f: &Reducer) 
     while done < n {
         let k = (n - done).min(REDUCE_PART);
         let part = unsafe { std::slice::from_raw_parts_mut(rd.part.as_mut_ptr() as *mut u8, k) };
-        rd.s.read_exact(part)?;
+        read_body(&mut rd.s, &mut rd.open, part)?;
         f((dst + done) as *mut u8, part.as_ptr(), k);
         done += k;
     }

@@ -44,18 +44,21 @@ pub(super) fn streams() -> usize {
     std::env::var("SCALEFREE_TCP_LANE_STREAMS").ok().and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(DEFAULT_STREAMS).clamp(1, MAX_STREAMS)
 }
 
-/// What a rank tells every other rank before the lanes open: where it listens and how many
-/// streams it offers, as `"ADDR STREAMS"`. Both ends of a pair read both offers and use the
-/// smaller count ([`Offer::agree`]), so ranks with different settings still agree.
+/// What a rank tells every other rank before the lanes open: where it listens, how many
+/// streams it offers and whether it seals them, as `"ADDR STREAMS"` or `"ADDR STREAMS
+/// sealed"`. Both ends of a pair read both offers and use the smaller count
+/// ([`Offer::agree`]), so ranks with different settings still agree; on sealing they must
+/// agree (checked before the lanes open).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Offer {
     pub addr: SocketAddr,
     pub streams: usize,
+    pub sealed: bool,
 }
 
 impl Offer {
     pub fn encode(&self) -> String {
-        format!("{} {}", self.addr, self.streams)
+        format!("{} {}{}", self.addr, self.streams, if self.sealed { " sealed" } else { "" })
     }
 
     /// `None` for a rank that offers no lane (empty) or sent something else.
@@ -63,7 +66,12 @@ impl Offer {
         let mut it = std::str::from_utf8(b).ok()?.split_ascii_whitespace();
         let addr = it.next()?.parse().ok()?;
         let streams = it.next()?.parse::<usize>().ok().filter(|&k| (1..=MAX_STREAMS).contains(&k))?;
-        it.next().is_none().then_some(Offer { addr, streams })
+        let sealed = match it.next() {
+            None => false,
+            Some("sealed") => true,
+            Some(_) => return None,
+        };
+        it.next().is_none().then_some(Offer { addr, streams, sealed })
     }
 
     /// The streams a pair uses: the smaller offer.
@@ -79,11 +87,13 @@ mod tests {
     #[test]
     fn a_pair_agrees_on_the_smaller_stream_count() {
         let addr: SocketAddr = "10.0.0.2:4711".parse().unwrap();
-        let o = Offer { addr, streams: 4 };
+        let o = Offer { addr, streams: 4, sealed: false };
         assert_eq!(Offer::parse(o.encode().as_bytes()), Some(o));
-        assert_eq!(Offer::parse(b"[::1]:9 8"), Some(Offer { addr: "[::1]:9".parse().unwrap(), streams: 8 }));
+        let sealed = Offer { sealed: true, ..o };
+        assert_eq!(Offer::parse(sealed.encode().as_bytes()), Some(sealed));
+        assert_eq!(Offer::parse(b"[::1]:9 8"), Some(Offer { addr: "[::1]:9".parse().unwrap(), streams: 8, sealed: false }));
         // No lane offered, or not an offer: no lane to that rank.
-        for bad in [&b""[..], b"10.0.0.2:4711", b"10.0.0.2:4711 0", b"10.0.0.2:4711 9", b"10.0.0.2:4711 4 4", b"x 4", b"\xff"] {
+        for bad in [&b""[..], b"10.0.0.2:4711", b"10.0.0.2:4711 0", b"10.0.0.2:4711 9", b"10.0.0.2:4711 4 4", b"10.0.0.2:4711 4 sealed x", b"x 4", b"\xff"] {
             assert_eq!(Offer::parse(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
         for (a, b, k) in [(1, 1, 1), (1, 4, 1), (4, 1, 1), (4, 8, 4), (8, 8, 8), (3, 5, 3)] {

@@ -3,10 +3,11 @@
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::framing::{send_now_from, write_rest, Frame, FRAME_LEN};
+use super::framing::{send_now_from, write_rest, Frame};
+use super::sealing::{wire_len, Sealer};
 use super::{Lane, Link};
 use crate::backends::OpState;
 
@@ -38,19 +39,19 @@ pub(super) fn job_data(job: &Job) -> &[u8] {
 }
 
 /// Sends the rest of a queued job (what the caller did not send at once), blocking.
-pub(super) fn send_job(s: &TcpStream, job: &Job) -> std::io::Result<()> {
-    write_rest(s, &job.frame, job_data(job), job.sent)
+pub(super) fn send_job(s: &TcpStream, seal: Option<&Mutex<Sealer>>, job: &Job) -> std::io::Result<()> {
+    write_rest(s, seal, &job.frame, job_data(job), job.sent)
 }
 
 /// Sends the rest of a queued job as long as the socket keeps taking bytes: false (with
 /// `job.sent` advanced) when it took nothing for `patience` (a peer that stopped reading:
 /// the waiter goes back to its timed wait, the writer thread carries on).
-pub(super) fn send_job_within(s: &TcpStream, job: &mut Job, patience: Duration) -> std::io::Result<bool> {
-    let total = FRAME_LEN + job.frame.len as usize;
+pub(super) fn send_job_within(s: &TcpStream, seal: Option<&Mutex<Sealer>>, job: &mut Job, patience: Duration) -> std::io::Result<bool> {
+    let total = wire_len(job.frame.len as usize, seal.is_some());
     let fd = std::os::fd::AsRawFd::as_raw_fd(s);
     let ms = patience.as_millis().clamp(1, i32::MAX as u128) as i32;
     loop {
-        job.sent = send_now_from(s, &job.frame, job_data(job), job.sent)?;
+        job.sent = send_now_from(s, seal, &job.frame, job_data(job), job.sent)?;
         if job.sent == total {
             return Ok(true);
         }
@@ -122,7 +123,7 @@ pub(super) fn help(sh: &Link, lane: &Lane, pending: &OpState, patience: Duration
         let Some(mut job) = st.queue.pop_front() else { break };
         st.busy = true;
         drop(st);
-        let r = send_job_within(&lane.stream, &mut job, patience);
+        let r = send_job_within(&lane.stream, lane.seal.as_ref(), &mut job, patience);
         if let Ok(false) = r {
             // Stalled: back to the head of the queue, for the writer thread.
             st = lane.state.lock().unwrap();
@@ -140,6 +141,21 @@ pub(super) fn help(sh: &Link, lane: &Lane, pending: &OpState, patience: Duration
     let wake = st.helpers == 0 && !st.queue.is_empty();
     drop(st);
     if wake {
+        lane.cv.notify_all();
+    }
+}
+
+/// Queues `frame` (its data at `src`, valid until sent) for the lane's writer thread, from a
+/// thread that must not block on the socket (a reader answering a read).
+pub(super) fn enqueue(lane: &Lane, frame: Frame, src: usize) {
+    let mut st = lane.state.lock().unwrap();
+    if st.closed || st.failed.is_some() {
+        return;
+    }
+    let first = st.queue.is_empty();
+    st.queue.push_back(Job { frame, src, sent: 0, pending: Arc::new(OpState::default()) });
+    drop(st);
+    if first {
         lane.cv.notify_all();
     }
 }
@@ -167,7 +183,7 @@ pub(super) fn write_loop(sh: &Link, lane: &Lane) {
                 st = lane.cv.wait(st).unwrap();
             }
         };
-        let r = send_job(&lane.stream, &job);
+        let r = send_job(&lane.stream, lane.seal.as_ref(), &job);
         if !finish_job(sh, lane, lane.state.lock().unwrap(), job, r) {
             return;
         }
@@ -177,7 +193,7 @@ pub(super) fn write_loop(sh: &Link, lane: &Lane) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use super::super::framing::{send_now, write_all_vectored, KIND_NOTIFY, KIND_WRITE};
+    use super::super::framing::{send_now, write_all_vectored, FRAME_LEN, KIND_NOTIFY, KIND_WRITE};
     use std::io::Read;
     use std::net::TcpListener;
     use std::time::Instant;
@@ -199,14 +215,14 @@ mod tests {
         let n = 8 << 20;
         let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
         let frame = Frame { kind: KIND_WRITE, value: 9, key: 3, offset: 1 << 33, len: n as u64, note: 0, index: 5 };
-        let sent = send_now(&s, &frame, &data).unwrap();
+        let sent = send_now(&s, None, &frame, &data).unwrap();
         assert!(sent > 0 && sent < FRAME_LEN + n, "the socket took {sent} bytes at once");
         let pending = Arc::new(OpState::default());
         let mut job = Job { frame, src: data.as_ptr() as usize, sent, pending };
         // Nobody reads yet: a waiter sending the rest gives up after its patience, with what
         // went kept in the job.
         let t0 = Instant::now();
-        assert!(!send_job_within(&s, &mut job, Duration::from_millis(20)).unwrap());
+        assert!(!send_job_within(&s, None, &mut job, Duration::from_millis(20)).unwrap());
         assert!(t0.elapsed() >= Duration::from_millis(20) && job.sent >= sent && job.sent < FRAME_LEN + n);
         let lane_stream = s.try_clone().unwrap();
         let reader = std::thread::spawn(move || {
@@ -220,7 +236,7 @@ mod tests {
             (f.key, f.offset, f.index, got, Frame::parse(&hdr2).kind)
         });
         // The rest, as the writer thread or a waiter sends it, then a notification.
-        send_job(&lane_stream, &job).unwrap();
+        send_job(&lane_stream, None, &job).unwrap();
         write_all_vectored(&lane_stream, &Frame { kind: KIND_NOTIFY, index: 1, value: 2, ..Frame::default() }.bytes(), &[]).unwrap();
         let (key, offset, index, got, next) = reader.join().unwrap();
         assert_eq!((key, offset, index), (3, 1 << 33, 5));

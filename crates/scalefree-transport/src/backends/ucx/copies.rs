@@ -84,7 +84,14 @@ impl Net {
     ///
     /// # Safety
     /// `src..src+n` must be readable.
-    pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
+    pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, key: u64, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
+        if self.lanes.as_ref().is_some_and(|l| l.sealed() && l.has(remote.peer)) {
+            // Sealed lanes (SCALEFREE_ENCRYPT=1): nothing goes to another host over UCX.
+            return match unsafe { self.start_write_notify(remote.peer, src, n, key, off, Note::None)? } {
+                None => Ok(()),
+                Some(r) => self.wait_request(&r, policy),
+            };
+        }
         let ep = self.ep(remote.peer)?;
         let u = self.shared.ucp;
         self.run(remote.peer, "ucp_put_nbx", policy, &mut |p| unsafe {
@@ -96,7 +103,12 @@ impl Net {
     ///
     /// # Safety
     /// `dst..dst+n` must be writable.
-    pub unsafe fn get(&self, remote: &RemoteKey, off: usize, dst: *mut u8, n: usize, policy: &WaitPolicy) -> Result<()> {
+    pub unsafe fn get(&self, remote: &RemoteKey, key: u64, off: usize, dst: *mut u8, n: usize, policy: &WaitPolicy) -> Result<()> {
+        if let Some(l) = self.lanes.as_ref().filter(|l| l.sealed() && l.has(remote.peer)) {
+            // Sealed lanes (SCALEFREE_ENCRYPT=1): nothing goes to another host over UCX.
+            let r = unsafe { l.start_read(remote.peer, key, off as u64, dst, n) }.map_err(|e| self.lane_lost(e))?;
+            return self.wait_request(&r, policy);
+        }
         let ep = self.ep(remote.peer)?;
         let u = self.shared.ucp;
         self.run(remote.peer, "ucp_get_nbx", policy, &mut |p| unsafe {
@@ -126,7 +138,10 @@ impl Net {
     ///
     /// # Safety
     /// `dst..dst+n` must stay writable (and unread) until then.
-    pub unsafe fn start_get(&self, remote: &RemoteKey, off: usize, dst: *mut u8, n: usize) -> Result<Option<Request>> {
+    pub unsafe fn start_get(&self, remote: &RemoteKey, key: u64, off: usize, dst: *mut u8, n: usize) -> Result<Option<Request>> {
+        if let Some(l) = self.lanes.as_ref().filter(|l| l.sealed() && l.has(remote.peer)) {
+            return unsafe { l.start_read(remote.peer, key, off as u64, dst, n) }.map(Some).map_err(|e| self.lane_lost(e));
+        }
         let ep = self.ep(remote.peer)?;
         let u = self.shared.ucp;
         self.start(remote.peer, "ucp_get_nbx", &mut |p| unsafe {

@@ -86,6 +86,13 @@ impl Net {
 
     /// Unpacks a peer's packed remote key for its region at `addr`.
     pub fn remote_key(&self, peer: u32, addr: u64, packed: &[u8]) -> Result<Arc<RemoteKey>> {
+        if self.shared.eps.get().and_then(|v| v.get(peer as usize)).is_some_and(|e| e.is_null())
+            && self.lanes.as_ref().is_some_and(|l| l.sealed() && l.has(peer))
+        {
+            // A peer reached over its sealed lane only: its regions are named by key and
+            // offset in the lane's frames, no UCX key to unpack.
+            return Ok(Arc::new(RemoteKey { peer, addr, unpacked: Box::new(()) }));
+        }
         let u = self.shared.ucp;
         let mut rkey: ucp_rkey_h = std::ptr::null_mut();
         let ep = self.ep(peer)?;

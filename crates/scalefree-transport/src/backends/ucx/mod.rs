@@ -85,13 +85,15 @@ pub(crate) unsafe fn open(setup: Setup<'_>) -> Result<Box<dyn Backend>> {
         Some(name) => crate::config::interface_ip(&name)?,
         None => rv.local_ip().unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
     };
+    let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
+    // Sealed (SCALEFREE_ENCRYPT=1): peers on other hosts over their sealed lane only, no UCX.
+    let reach: Vec<bool> = remote.iter().map(|&far| !(far && job.sealed)).collect();
     let mut net = unsafe {
-        Net::new(me, job.size, slots, nslots, waiters, &mut |b| {
+        Net::new(me, job.size, slots, nslots, waiters, &reach, &mut |b| {
             Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
         })?
     };
-    let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
-    net.open_lanes(ip, &remote, &job.token, &job.job_id, connect_timeout, &mut |b| {
+    net.open_lanes(ip, &remote, &job.token, &job.job_id, job.sealed, connect_timeout, &mut |b| {
         Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
     })?;
     // Peers on other hosts are watched with heartbeats; this host's by their process ids.
@@ -154,13 +156,13 @@ impl Backend for Ucx {
 
     unsafe fn write(&self, dev: &Device, peer: u32, src: *const u8, remote: &RemoteRegion, off: usize, n: usize) -> Result<()> {
         match &remote.rkey {
-            Some(rk) => unsafe { self.net.put(src, rk, off, n, dev.policy()) },
+            Some(rk) => unsafe { self.net.put(src, rk, remote.handle.key, off, n, dev.policy()) },
             None => unsafe { Shm::copy_to(dev, peer, src, remote, off, n) },
         }
     }
     unsafe fn read(&self, dev: &Device, peer: u32, remote: &RemoteRegion, off: usize, dst: *mut u8, n: usize) -> Result<()> {
         match &remote.rkey {
-            Some(rk) => unsafe { self.net.get(rk, off, dst, n, dev.policy()) },
+            Some(rk) => unsafe { self.net.get(rk, remote.handle.key, off, dst, n, dev.policy()) },
             None => unsafe { Shm::copy_from(dev, peer, remote, off, dst, n) },
         }
     }
@@ -172,7 +174,7 @@ impl Backend for Ucx {
     }
     unsafe fn start_read(&self, dev: &Device, peer: u32, remote: &RemoteRegion, off: usize, dst: *mut u8, n: usize) -> Result<Option<Request>> {
         match &remote.rkey {
-            Some(rk) => unsafe { self.net.start_get(rk, off, dst, n) },
+            Some(rk) => unsafe { self.net.start_get(rk, remote.handle.key, off, dst, n) },
             None => unsafe { Shm::copy_from(dev, peer, remote, off, dst, n).map(|()| None) },
         }
     }

@@ -157,20 +157,25 @@ pub struct Net {
 
 impl Net {
     /// Collective: creates the worker, swaps worker addresses with every rank through
-    /// `exchange` (all ranks' bytes, by rank), and connects to every peer.
+    /// `exchange` (all ranks' bytes, by rank), and connects to every peer in `reach` (the
+    /// others get no UCX endpoint: with sealed lanes, peers on other hosts are reached over
+    /// their lane only, and UCX is limited to this host's transports, so it listens on no
+    /// network port).
     ///
     /// # Safety
     /// `slots` (`nslots` words) and `waiters` must stay valid until the returned value drops.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn new(
         me: u32,
         size: u32,
         slots: *const AtomicU32,
         nslots: usize,
         waiters: *const AtomicU32,
+        reach: &[bool],
         exchange: &mut Exchange,
     ) -> Result<Net> {
         let u = ffi::ucp()?;
-        set_default_env();
+        set_default_env(!reach.iter().all(|&r| r));
         let mut config: *mut ucp_config_t = std::ptr::null_mut();
         u.check(unsafe { (u.config_read)(std::ptr::null(), std::ptr::null(), &mut config) }, "ucp_config_read")?;
         let mut params: ucp_params_t = unsafe { std::mem::zeroed() };
@@ -242,6 +247,9 @@ impl Net {
         let weak = Arc::downgrade(&shared);
         let mut eps = vec![std::ptr::null_mut(); size as usize];
         for (r, peer_addr) in all.iter().enumerate() {
+            if !reach[r] {
+                continue;
+            }
             let arg = Box::new((weak.clone(), r as u32));
             let mut ep_params: ucp_ep_params_t = unsafe { std::mem::zeroed() };
             ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -274,10 +282,10 @@ impl Net {
             .name(format!("sf-ucx-progress-{me}"))
             .spawn(move || progress_loop(&th, efd))
             .map_err(|e| Error::io("spawn UCX progress thread", e))?;
-        let net = Net { shared, thread: Some(thread), lanes: None, unflushed: (0..size).map(|_| AtomicBool::new(true)).collect() };
+        let net = Net { shared, thread: Some(thread), lanes: None, unflushed: (0..size).map(|r| AtomicBool::new(reach[r as usize])).collect() };
         // Wire up every endpoint before anyone relies on it (connection set-up is lazy).
         for r in 0..size {
-            if r != me {
+            if r != me && reach[r as usize] {
                 net.flush(r)?;
             }
         }
@@ -336,20 +344,38 @@ impl Net {
     /// Collective: opens TCP lanes (see [`lanes`]) to the peers in `remote` (true: on another
     /// host), listening on `ip`; writes to a peer go over its lane when UCX reaches it only
     /// over TCP (or always, with `SCALEFREE_TCP_LANES=1`). `SCALEFREE_TCP_LANES=0`: none.
-    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, timeout: std::time::Duration,
+    /// With `SCALEFREE_ENCRYPT=1` every lane is sealed and every peer on another host is
+    /// reached over its lane, whatever UCX offers (lanes cannot be turned off then), and
+    /// every rank must have the same setting.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, sealed: bool, timeout: std::time::Duration,
                       exchange: &mut Exchange) -> Result<()> {
-        let setting = lanes::setting();
+        let setting = match lanes::setting() {
+            None if sealed && remote.iter().any(|&r| r) => {
+                return Err(Error::InvalidArgument("SCALEFREE_ENCRYPT=1 sends traffic between hosts over sealed TCP lanes: SCALEFREE_TCP_LANES=0 turns them off; unset one of them".into()));
+            }
+            _ if sealed => Some(true),
+            s => s,
+        };
         let listener = match setting {
-            Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip)?),
+            Some(_) if remote.iter().any(|&r| r) => Some(lanes::Listener::bind(ip, sealed)?),
             _ => None,
         };
         // Each rank's address and stream count: a pair opens the smaller count of streams.
         let mine = listener.as_ref().map(|l| l.offer.encode()).unwrap_or_default();
         let all = exchange(mine.as_bytes())?;
         let offers: Vec<Option<lanes::Offer>> = all.iter().map(|b| lanes::Offer::parse(b)).collect();
+        // Sealing: all ranks alike (a rank of another host that offers no lane does not seal).
+        let me = self.shared.me as usize;
+        if let Some(r) = (0..remote.len()).find(|&r| remote[r] && offers[r].is_some_and(|o| o.sealed) != sealed) {
+            let on = |b: bool| if b { "SCALEFREE_ENCRYPT=1" } else { "no SCALEFREE_ENCRYPT" };
+            return Err(Error::Bootstrap(format!(
+                "rank {r} runs with {} and rank {me} with {}: set SCALEFREE_ENCRYPT alike for every rank (scalefree run --encrypt does)",
+                on(!sealed), on(sealed))));
+        }
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && offers[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), timeout)?;
+        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), sealed, timeout)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);
@@ -388,8 +414,12 @@ impl Net {
         self.lanes.as_ref().map_or((0, 0), |l| l.landed_bytes())
     }
 
-    /// The transports (`name/device`) the endpoint to `peer` uses, e.g. `["tcp/eth0"]`.
+    /// The transports (`name/device`) the endpoint to `peer` uses, e.g. `["tcp/eth0"]`;
+    /// `["lane/sealed"]` for a peer reached over its sealed TCP lane only (no UCX endpoint).
     pub fn transports(&self, peer: u32) -> Result<Vec<String>> {
+        if self.lanes.as_ref().is_some_and(|l| l.sealed() && l.has(peer)) {
+            return Ok(vec!["lane/sealed".into()]);
+        }
         let ep = self.ep(peer)?;
         let u = self.shared.ucp;
         let mut attr: ucp_ep_attr_t = unsafe { std::mem::zeroed() };
@@ -430,8 +460,15 @@ impl Drop for Net {
 }
 
 /// Defaults that make a dead peer an error within seconds rather than minutes (each only
-/// when the user did not set it).
-pub(super) fn set_default_env() {
+/// when the user did not set it). `local_only`: UCX reaches no other host (sealed lanes do),
+/// so its only network device is the loopback (`UCX_NET_DEVICES=lo`, unless set): its
+/// listener is out of reach of other hosts. (Shared-memory transports alone would not do:
+/// UCX's peer-failure handling needs a network transport.)
+pub(super) fn set_default_env(local_only: bool) {
+    if local_only && std::env::var_os("UCX_NET_DEVICES").is_none() {
+        // Only read by UCX at ucp_config_read, on this thread, before other threads use it.
+        std::env::set_var("UCX_NET_DEVICES", "lo");
+    }
     if let (Some(name), None) = (crate::config::ifname(), std::env::var_os("UCX_NET_DEVICES")) {
         // The interface the user chose for traffic between hosts (shared memory is not a net device).
         std::env::set_var("UCX_NET_DEVICES", &name);

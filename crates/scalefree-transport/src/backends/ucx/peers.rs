@@ -117,20 +117,32 @@ impl Shared {
                 continue;
             }
             let me = self.me;
+            if eps[r].is_null() {
+                // Reached over a sealed lane only: its frames (and the lane's beats) count as
+                // heard; only the silence is checked here.
+                self.declare_if_silent(r, now);
+                continue;
+            }
             let mut p = ucp_request_param_t::zeroed();
             p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
             p.cb = free_cb as *const c_void;
             p.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
             let req = unsafe { (self.ucp.am_send_nbx)(eps[r], AM_HEARTBEAT, &me as *const u32 as *const c_void, 4, std::ptr::null(), 0, &p) };
             let _ = req; // completes (and is freed) in its callback, or at once
-            let heard = self.last_heard[r].load(Ordering::Relaxed);
-            let silent = std::time::Duration::from_millis(now.saturating_sub(heard));
-            if silent > self.peer_timeout {
-                self.mark_lost(r, format!(
-                    "nothing heard for {:.0} s (SCALEFREE_PEER_TIMEOUT): its host is unreachable or the process is stopped",
-                    silent.as_secs_f64()
-                ));
-            }
+            self.declare_if_silent(r, now);
+        }
+    }
+
+    /// Declares `r` lost if nothing was heard from it for longer than the peer timeout
+    /// (`now`: ms since the epoch).
+    fn declare_if_silent(&self, r: usize, now: u64) {
+        let heard = self.last_heard[r].load(Ordering::Relaxed);
+        let silent = std::time::Duration::from_millis(now.saturating_sub(heard));
+        if silent > self.peer_timeout {
+            self.mark_lost(r, format!(
+                "nothing heard for {:.0} s (SCALEFREE_PEER_TIMEOUT): its host is unreachable or the process is stopped",
+                silent.as_secs_f64()
+            ));
         }
     }
 }

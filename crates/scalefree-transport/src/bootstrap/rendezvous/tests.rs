@@ -31,6 +31,7 @@ fn job(rank: u32, size: u32, id: &str, token: &str) -> JobInfo {
         token: token.into(),
         launcher: Launcher::Scalefree,
         master: None,
+        sealed: false,
     }
 }
 
@@ -137,6 +138,7 @@ fn tcp_refuses_wrong_token_and_other_versions() {
     hello.extend_from_slice(&2u32.to_le_bytes());
     hello.extend_from_slice(&5u16.to_le_bytes());
     hello.extend_from_slice(b"0.0.1");
+    hello.push(0);
     hello.extend_from_slice(&[7u8; 32]);
     send_frame(&mut s, &hello, None).unwrap();
     let (reply, _) = recv_frame(&mut s).unwrap();
@@ -144,7 +146,7 @@ fn tcp_refuses_wrong_token_and_other_versions() {
     assert!(reply.contains("runs scalefree 0.0.1 but rank 0 runs"), "{reply}");
     // A joiner that skips checking rank 0's tag and answers with a made-up one.
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let hello = hello_bytes(1, 2, &[9u8; 32]);
+    let hello = hello_bytes(1, 2, false, &[9u8; 32]);
     send_frame(&mut s, &hello, None).unwrap();
     let (challenge, _) = recv_frame(&mut s).unwrap();
     assert_eq!(challenge.len(), 64);
@@ -257,4 +259,77 @@ fn the_token_never_crosses_the_wire() {
         // Nor half of it, nor the key derived from it.
         assert!(!bytes.windows(16).any(|w| w == &TOKEN.as_bytes()[..16]));
     }
+}
+
+/// Like [`proxy`], but flips one bit of what the connecting side sends at byte `flip_at`.
+fn flipping_proxy(to: u16, flip_at: usize) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let (client, _) = l.accept().unwrap();
+        let server = TcpStream::connect(("127.0.0.1", to)).unwrap();
+        let pump = |mut a: TcpStream, mut b: TcpStream, flip: Option<usize>| {
+            std::thread::spawn(move || {
+                let (mut buf, mut at) = ([0u8; 4096], 0usize);
+                a.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                while let Ok(n) = a.read(&mut buf) {
+                    if let Some(f) = flip.filter(|&f| f >= at && f < at + n) {
+                        buf[f - at] ^= 0x10;
+                    }
+                    at += n;
+                    if n == 0 || b.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        pump(client.try_clone().unwrap(), server.try_clone().unwrap(), Some(flip_at));
+        pump(server, client, None);
+    });
+    port
+}
+
+fn sealed_job(rank: u32, port: u16, sealed: bool) -> JobInfo {
+    JobInfo { sealed, ..tcp_job(rank, 2, port, "s3cret") }
+}
+
+#[test]
+fn a_sealed_rendezvous_hides_its_messages_and_refuses_changed_ones() {
+    const PAYLOAD: &[u8] = b"a set-up message nobody on the path may read";
+    // Sealed on both sides, through a recording proxy: the messages arrive, none shows.
+    let port = free_port();
+    let host = std::thread::spawn(move || {
+        let mut rv = Rendezvous::join(&sealed_job(0, port, true), Duration::from_secs(20))?;
+        rv.exchange(PAYLOAD, None)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (via, recorded) = proxy(port);
+    let mut rv = Rendezvous::join(&sealed_job(1, via, true), Duration::from_secs(20)).unwrap();
+    let got = rv.exchange(b"and its answer", None).unwrap();
+    assert_eq!(got[0].bytes, PAYLOAD);
+    assert_eq!(host.join().unwrap().unwrap()[1].bytes, b"and its answer");
+    drop(rv);
+    let (sent, received) = recorded.join().unwrap();
+    let names = host_identity();
+    for bytes in [&sent, &received] {
+        assert!(!bytes.windows(14).any(|w| w == &PAYLOAD[..14] || w == b"and its answer"), "a sealed message crossed in the clear");
+        let name = names.rsplit('|').next().unwrap().as_bytes();
+        assert!(name.len() < 4 || !bytes.windows(name.len()).any(|w| w == name), "the host identity crossed in the clear");
+    }
+    // One sealed, one not: refused at once, saying why.
+    let port = free_port();
+    let host = std::thread::spawn(move || Rendezvous::join(&sealed_job(0, port, true), Duration::from_secs(3)).err());
+    std::thread::sleep(Duration::from_millis(100));
+    let e = Rendezvous::join(&sealed_job(1, port, false), Duration::from_secs(3)).err().expect("refused");
+    assert!(e.to_string().contains("without SCALEFREE_ENCRYPT") && e.to_string().contains("rank 0 with SCALEFREE_ENCRYPT=1"), "{e}");
+    drop(host.join());
+    // One bit of the first sealed message flipped on the way: rank 0 refuses it.
+    let port = free_port();
+    let host = std::thread::spawn(move || Rendezvous::join(&sealed_job(0, port, true), Duration::from_secs(10)).err());
+    std::thread::sleep(Duration::from_millis(100));
+    let handshake = 8 + hello_bytes(1, 2, true, &[0u8; 32]).len() + 8 + crate::auth::TAG_LEN;
+    let via = flipping_proxy(port, handshake + 8 + 8 + 3);
+    let _ = Rendezvous::join(&sealed_job(1, via, true), Duration::from_secs(10));
+    let e = host.join().unwrap().expect("refused");
+    assert!(e.to_string().contains("sealed rendezvous message was refused") && e.to_string().contains("failed authentication"), "{e}");
 }
