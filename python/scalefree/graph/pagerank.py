@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from .._cores import usable_cores
+from .._units import parse_positive_bytes
 from ..ssp.straggler import StragglerSchedule
 from .io import local_ids, logical_rank, sorted_unique
 
@@ -189,11 +191,20 @@ class SparsePageRank:
     per iteration of these exact scores since the previous check (``inf`` between checks),
     which is at least the change of the last iteration while the iteration contracts, so
     stopping on it is no looser than the synchronous test. :meth:`finish` flushes once
-    more when the last step was no check."""
+    more when the last step was no check.
+
+    ``memory_budget`` (bytes, or a size such as ``"64M"``): once built, the rank's CSR moves
+    to a scratch file of a flash runtime with that budget (in ``flash_dir``, default
+    ``SCALEFREE_FLASH_DIR`` or the system temp dir; unnamed, so nothing is left behind even
+    after a crash) and every step streams it once, in row blocks, prefetched under the
+    budget; the vectors stay in memory. The scores are the same bit for bit.
+    ``flash_threads``: the runtime's compute threads (default: this machine's cores over the
+    group's ranks, at least 1)."""
 
     def __init__(self, group, src, dst=None, n: int | None = None, damping: float = 0.85, degrees="auto",
                  dtype="float64", replication: int = 1, isolated: bool = True, columns=None,
-                 slack: int | None = None, check_every: int | None = None):
+                 slack: int | None = None, check_every: int | None = None, *,
+                 memory_budget=None, flash_dir=None, flash_threads: int | None = None):
         from .. import _native
 
         me, size = logical_rank(group, replication)
@@ -231,6 +242,12 @@ class SparsePageRank:
             del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError(_TOO_MANY_SLOTS)
+        self.flash_runtime = None
+        if memory_budget is not None:
+            threads = flash_threads or max(1, usable_cores() // max(1, group.size))
+            self.flash_runtime = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
+                                                      None if flash_dir is None else str(flash_dir), "")
+            self.csr.move_to_flash(self.flash_runtime)
         if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
