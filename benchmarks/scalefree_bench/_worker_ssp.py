@@ -70,18 +70,23 @@ def main(argv=None) -> int:
                 for _ in range(op_warm):
                     op()
                 barrier()
-                times = []
+                times, slept = [], []
                 t0 = time.perf_counter()
                 for d in delays:
+                    t1 = time.perf_counter()
                     if d:
                         time.sleep(d)
-                    t1 = time.perf_counter()
+                        t2 = time.perf_counter()
+                        slept.append(t2 - t1)
+                        t1 = t2
+                    else:
+                        slept.append(0.0)
                     op()
                     times.append(time.perf_counter() - t1)
                 wall = time.perf_counter() - t0
                 shown = f"auto={red.variant}" if red is not None and variant == "auto" else variant
                 row = {"variant": shown, "push_order": order, "slack": slack, "delay_ms": delay_ms, "wall_s": wall,
-                       "times_s": times, "my_delay_s": sum(delays), "bound_s": max(totals)}
+                       "times_s": times, "slept_s": slept, "my_delay_s": sum(delays), "bound_s": max(totals)}
                 if red is not None:
                     t2 = time.perf_counter()
                     final = red.flush()

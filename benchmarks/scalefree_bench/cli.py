@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from . import compare
+
 # Module names under scalefree_bench, in the order `scalefree bench --help` lists them.
-BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
-                 "pagerank", "pagerank_replicated", "pagerank_resume", "mf", "rendezvous", "ddp", "topics", "load", "xml")
+BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "ssp_sparse", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
+                 "pagerank", "pagerank_flash", "pagerank_replicated", "pagerank_resume", "mf", "rendezvous", "ddp", "topics", "load", "xml")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -27,4 +29,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     bench_sub.required = True
     for name in BENCH_MODULES:
         importlib.import_module(f"{__package__}.{name}").add_parser(bench_sub)
+    # The performance guard: every bench that writes records can compare them with the last
+    # recorded ones (`--compare`, see compare.py).
+    for bench in bench_sub.choices.values():
+        if any(a.dest == "json" for a in bench._actions):
+            compare.add_args(bench)
     return p

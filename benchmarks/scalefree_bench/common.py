@@ -595,6 +595,19 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
     return res.ok
 
 
+def edges_or_rmat(edges: Path | None, scale: int, nedges: int, tmp: Path, bench: str) -> tuple[Path, str]:
+    """The edge file to run on and its name in the records: ``edges``, or a seeded R-MAT
+    graph of ``2**scale`` ids and ``nedges`` edges written into ``tmp``."""
+    if edges is not None:
+        return edges, edges.name
+    from scalefree.graph.rmat import write_rmat
+
+    progress(f"{bench}: R-MAT scale {scale}, {nedges} edges")
+    path = tmp / "g.npz"
+    write_rmat(path, scale, nedges, 1, progress=False)
+    return path, f"rmat-s{scale}-e{nedges}"
+
+
 def run_job(cmd: Sequence[str], *, timeout_s: float, env_extra: dict | None = None,
             tail_lines: int = 30) -> JobOutcome:
     """Runs ``cmd`` in its own process group, forwarding its stdout and stderr to our stderr

@@ -79,14 +79,7 @@ def run(args) -> int:
     records = []
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         tmp = Path(tmp)
-        edges = args.edges
-        graph = edges.name if edges else f"rmat-s{args.rmat_scale}-e{args.rmat_edges}"
-        if edges is None:
-            from scalefree.graph.rmat import write_rmat
-
-            progress(f"{BENCH}: R-MAT scale {args.rmat_scale}, {args.rmat_edges} edges")
-            edges = tmp / "g.npz"
-            write_rmat(edges, args.rmat_scale, args.rmat_edges, 1, progress=False)
+        edges, graph = common.edges_or_rmat(args.edges, args.rmat_scale, args.rmat_edges, tmp, BENCH)
         jobs = {}
         for name in ("straight", "checkpointed", "killed", "restarted"):
             (tmp / name).mkdir()

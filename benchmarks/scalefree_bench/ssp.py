@@ -9,7 +9,11 @@ loop's wall time (slowest rank), the time spent inside the collective (mean over
 time blocked waiting for fresh data, the mean age difference of the data used, and ratios to
 MPI. *ideal* is the loop's wall time with a collective that costs nothing at that slack (a
 rank may start call ``i`` once every rank finished call ``i - slack``): what the slack
-allows at best. ``--delay 0`` rows compare the variants with the dense allreduce without stragglers.
+allows at best. *ideal slept* is the same loop with the delays each rank actually slept
+(``time.sleep`` wakes late on a busy machine; every late wake-up adds to the loop whatever
+the collective does): *vs ideal* and *vs slept* are the loop's wall time over each, the
+second the collective's own share. ``--delay 0`` rows compare the variants with the dense
+allreduce without stragglers.
 """
 
 from __future__ import annotations
@@ -134,7 +138,13 @@ def ideal_wall_s(delay_ms: float, seed: int, ranks: int, calls: int, slack: int)
     that may be ``slack`` calls old: call ``i`` of any rank can start only once every rank
     has finished its call ``i - slack``. With an unbounded slack it is the bound."""
     sched = common.StragglerSchedule(delay_ms, seed, ranks)
-    d = [sched.delays_s(r, calls) for r in range(ranks)]
+    return ideal_of_delays([sched.delays_s(r, calls) for r in range(ranks)], slack)
+
+
+def ideal_of_delays(d: list[list[float]], slack: int) -> float:
+    """:func:`ideal_wall_s` for the delays ``d[rank][call]`` (seconds): the schedule's, or
+    those the ranks actually slept."""
+    ranks, calls = len(d), min(len(x) for x in d)
     done = [[0.0] * (calls + 1) for _ in range(ranks)]
     for i in range(1, calls + 1):
         gate = max(done[q][i - slack] for q in range(ranks)) if i - slack >= 1 else 0.0
@@ -150,6 +160,7 @@ def _record(impl: str, n: int, size: int, args, rows: list[dict]) -> dict:
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     variant = row0["variant"] if impl == "scalefree" else "allreduce"
     order = row0.get("push_order", "") if impl == "scalefree" and variant not in ("dense", "hypercube", "ring") else ""
+    slack = int(row0["slack"]) if impl == "scalefree" and variant != "dense" else 0
     rec = common.make_record(
         push_order=order,
         bench=BENCH, impl=impl, variant=variant, ranks=n, nbytes=size, dtype="float32",
@@ -160,16 +171,20 @@ def _record(impl: str, n: int, size: int, args, rows: list[dict]) -> dict:
         wait_s=mean([sum(r.get("wait_s", [])) for r in rows]),
         age_diff_mean=mean([statistics.fmean(r["age_diff"]) if r.get("age_diff") else 0.0 for r in rows]),
         bound_s=float(row0["bound_s"]),
-        ideal_s=ideal_wall_s(row0["delay_ms"], args.seed, n, args.calls,
-                             int(row0["slack"]) if impl == "scalefree" and variant != "dense" else 0),
+        ideal_s=ideal_wall_s(row0["delay_ms"], args.seed, n, args.calls, slack),
         flush_s=max(r.get("flush_s", 0.0) for r in rows),
     )
+    if all(r.get("slept_s") for r in rows):
+        rec["ideal_slept_s"] = ideal_of_delays([r["slept_s"] for r in rows], slack)
+        # How much later than asked the ranks' sleeps ended, the largest total of one rank.
+        rec["oversleep_s"] = max(sum(r["slept_s"]) - r["my_delay_s"] for r in rows)
     return rec
 
 
 def render_table(records: list[dict]) -> str:
-    headers = ["ranks", "size", "delay", "impl", "variant", "order", "slack", "loop wall", "bound", "ideal", "wall vs ideal", "in coll",
-               "waiting", "age diff", "wall vs mpi", "coll vs mpi", "per call vs dense"]
+    headers = ["ranks", "size", "delay", "impl", "variant", "order", "slack", "loop wall", "bound", "ideal", "ideal slept",
+               "wall vs ideal", "wall vs slept", "in coll", "waiting", "age diff", "wall vs mpi", "coll vs mpi",
+               "per call vs dense"]
     mpi = {(r["ranks"], r["bytes"], r["delay_ms"]): r for r in records if r["impl"] == "mpi"}
     dense = {(r["ranks"], r["bytes"], r["delay_ms"]): r for r in records if r["variant"] == "dense"}
     rows = []
@@ -181,7 +196,9 @@ def render_table(records: list[dict]) -> str:
             str(r["ranks"]), human_bytes(r["bytes"]), f"{r['delay_ms']:g} ms", r["impl"], r["variant"], r.get("push_order", ""),
             "" if r["impl"] == "mpi" or r["variant"] == "dense" else str(r["slack"]),
             f"{r['wall_s']:.3f} s", f"{r['bound_s']:.3f} s", f"{r['ideal_s']:.3f} s",
-            f"{r['wall_s'] / r['ideal_s']:.2f}x" if r["ideal_s"] > 0 else "", f"{r['coll_s']:.3f} s",
+            f"{r['ideal_slept_s']:.3f} s" if "ideal_slept_s" in r else "",
+            f"{r['wall_s'] / r['ideal_s']:.2f}x" if r["ideal_s"] > 0 else "",
+            f"{r['wall_s'] / r['ideal_slept_s']:.2f}x" if r.get("ideal_slept_s") else "", f"{r['coll_s']:.3f} s",
             f"{r['wait_s']:.3f} s", f"{r['age_diff_mean']:.2f}",
             f"{m['wall_s'] / r['wall_s']:.2f}x" if m else "",
             f"{m['coll_s'] / r['coll_s']:.2f}x" if m and r["coll_s"] > 0 else "",

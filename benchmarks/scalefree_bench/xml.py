@@ -5,7 +5,9 @@ breadth-first beam search on the flash scheduler) against omikuji, on a model om
     scalefree flash xml generate --points 50000 --first-point 200000 -o test.txt
     omikuji train train.txt --model_path omk            # untimed set-up (or --train-omikuji)
     flock -x /tmp/bench.lock scalefree bench xml --omikuji-model omk --test test.txt \\
-        --threads 2 --replicate 10 --budget-fraction 0.25 --cold --json OUT
+        --threads 2 --replicate 8 --replicate-points 20000 --batch 20000 --budget-fraction 0.25 \\
+        --cold --repeat 3 --json OUT
+    flock -x /tmp/bench.lock scalefree bench xml --stream stream.txt --stream-model model.sfxml --json OUT
 
 Rows, each timed end to end from files on disk (model and test set), same threads:
 
@@ -15,15 +17,30 @@ Rows, each timed end to end from files on disk (model and test set), same thread
   first (its log's scoring-only time is reported beside it), and its peak RSS;
 * ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
   (``--python-points`` of them; its rate is scaled to the whole set);
-* ``scalefree/memory`` — ``flash.xml.predict`` of the imported model with a budget larger
-  than the model (levels read once, then shared by all batches from the program cache);
+* ``scalefree/memory`` — ``flash.xml.predict(in_memory=True)`` of the imported model: the
+  in-memory twin, every level read into memory first (``load``, not in ``median``), then
+  scored with no IO; ``vs omikuji test`` compares it with omikuji's own scoring time (from its
+  log: model and data loaded), ``speedup_vs_omikuji_test_wall`` in the JSON the two wall times
+  with the loads;
 * ``scalefree/flash-<f>`` — the same with ``--replicate R`` copies of the trees
   (``xml.concat_models``: R times the bytes and the work, the same averaged scores) under a
-  budget of ``f`` times that model's level bytes, and ``scalefree/memory-xR`` the replicated
-  model in memory: out of core against in memory on the same model.
+  budget of ``f`` times that model's level bytes (cold, timed whole: its reads are its work),
+  and ``scalefree/memory-xR`` the replicated model in memory (as ``memory``): out of core
+  against in memory on the same model. With ``--repeat N`` the
+  two alternate (memory, flash, memory, flash, ...), each cold, so that a change of load on a
+  shared machine hits both alike; ``vs memory`` is the median of the N pairs' ratios (each in
+  the JSON, ``speed_vs_memory_runs``);
+* ``scalefree/stream-N`` — ``--stream FILE --stream-model MODEL``: ``scalefree flash xml
+  predict`` as a child process on the first N points of FILE (``--stream-points``, default
+  20000,200000,1000000; ``--stream-memory``, default 64M), its peak RSS (the kernel's
+  high-water mark of the child) against the number of points — bounded memory in a stream.
+  ``python`` beside them is the child's fixed overhead: the interpreter with scalefree, numpy
+  and scipy imported.
 
 Every row reports points/s, peak RSS (the process's, over the call; a child's for
-``omikuji/test``), and for ours the flash counters. Agreement: for every test point, our
+``omikuji/test`` and the stream rows) and ``+call`` (the peak over what the process held
+before the call), and for ours the flash counters, with ``idle`` the wall time during which no
+task computed (waiting for reads or memory). Agreement: for every test point, our
 top-k against omikuji test's (same labels in the same order, except where omikuji's printed
 scores tie), and precision@1/3/5 of both from the files.
 """
@@ -31,9 +48,11 @@ scores tie), and precision@1/3/5 of both from the files.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,8 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     arg = common.argparse_type
     p = sub.add_parser(BENCH, help="flash.xml.predict (model on flash) vs omikuji test and omikuji's Python predict",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--omikuji-model", required=True, help="directory of a model saved by omikuji")
-    p.add_argument("--test", required=True, help="test set, XC repository text format")
+    p.add_argument("--omikuji-model", default=None, help="directory of a model saved by omikuji")
+    p.add_argument("--test", default=None, help="test set, XC repository text format")
     p.add_argument("--omikuji-bin", default="omikuji", help="omikuji's CLI (default: omikuji on PATH)")
     p.add_argument("-k", type=arg(common.positive_int), default=5)
     p.add_argument("--beam", type=arg(common.positive_int), default=10)
@@ -66,6 +85,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--skip-peers", action="store_true",
                    help="no omikuji rows (only ours: a repeat of the in-memory / out-of-core comparison)")
     p.add_argument("--repeat", type=arg(common.positive_int), default=1, help="timed calls per row")
+    p.add_argument("--stream", default=None, help="a large XC text file scored as a stream (the stream rows)")
+    p.add_argument("--stream-model", default=None, help="our model file for --stream")
+    p.add_argument("--stream-points", default="20000,200000,1000000",
+                   help="prefixes of --stream scored, comma-separated (default 20000,200000,1000000)")
+    p.add_argument("--stream-memory", default="64M", help="budget of the stream runs (default 64M)")
     p.add_argument("--dir", default=None, help="where the imported models go (default: a temporary directory)")
     common.add_cold_arg(p)
     common.add_output_args(p)
@@ -127,140 +151,222 @@ def _run_child(cmd):
 
 
 def run(args) -> int:
-    from scalefree import flash
-    from scalefree.flash import xml
-
+    if (args.test is None) != (args.omikuji_model is None):
+        raise SystemExit("xml: --omikuji-model and --test go together")
+    if args.test is None and args.stream is None:
+        raise SystemExit("xml: give --omikuji-model and --test (scoring rows), or --stream and --stream-model (stream rows)")
+    if (args.stream is None) != (args.stream_model is None):
+        raise SystemExit("xml: --stream and --stream-model go together")
     cache = common.PageCache(args.cold, BENCH)
-    truth = _read_truth(args.test)
-    n = len(truth)
-    records = []
+    records: list[dict] = []
+    title = []
     with tempfile.TemporaryDirectory(prefix="scalefree-xml-bench-", dir=args.dir) as tmp:
         tmp = Path(tmp)
-        model = tmp / "model.sfxml"
-        info = xml.import_omikuji(args.omikuji_model, model)
-        common.progress(f"xml: imported {args.omikuji_model}: {info.n_trees} trees, {info.n_labels} labels, "
-                        f"{common.human_bytes(info.file_bytes)}; {n} test points")
+        if args.test is not None:
+            n = _scoring_rows(args, cache, tmp, records)
+            title.append(f"{args.test}, {n} points")
+        if args.stream is not None:
+            _stream_rows(args, cache, tmp, records)
+            title.append(f"stream {args.stream}")
 
-        o_labels = o_scores = None
-        # omikuji test (its own batch scorer)
-        out = tmp / "omikuji.out"
-        cmd = [args.omikuji_bin, "test", args.omikuji_model, args.test, "--n_threads", str(args.threads),
-               "--beam_size", str(args.beam), "--k_top", str(args.k), "--out_path", str(out)]
-        if args.skip_peers:
-            args.python_points = 0
-            cmd = None
-        times, rss, scoring = [], 0, []
-        for _ in range(args.repeat if cmd else 0):
-            cache.drop()
-            s, r, err = _run_child(cmd)
-            times.append(s)
-            rss = max(rss, r)
-            m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
-            scoring.append(float(m.group(1)) if m else float("nan"))
-        if cmd:
-            o_labels, o_scores = _read_omikuji_out(out, args.k)
-            st = common.Stats.of(times)
-            records.append(common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
-                                              dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
-                                              scoring_only_s=float(np.median(scoring)), peak_rss_bytes=rss,
-                                              rss_before_bytes=0, threads=args.threads,
-                                              **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
-            common.progress(f"xml: omikuji test {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s)")
-
-        # omikuji's Python binding, point by point
-        if args.python_points > 0:
-            import omikuji
-
-            pts = []
-            with open(args.test) as f:
-                next(f)
-                for i, line in enumerate(f):
-                    if i >= args.python_points:
-                        break
-                    toks = line.split()
-                    toks = toks[1:] if ":" not in toks[0] else toks
-                    pts.append([(int(a), float(b)) for a, b in (t.split(":") for t in toks)])
-
-            def python_predict():
-                m = omikuji.Model.load(args.omikuji_model)
-                m.densify_weights(0.1)
-                return [m.predict(p, beam_size=args.beam, top_k=args.k) for p in pts]
-
-            rss_py: dict = {}
-            s, _out = common.timed_call(python_predict, cache, rss_py)
-            rate = len(pts) / s
-            records.append(common.make_record(bench=BENCH, impl="omikuji", variant="python", ranks=1,
-                                              nbytes=info.file_bytes, dtype="float32",
-                                              stats=common.Stats.of([n / rate]), gbps=0.0, points=len(pts),
-                                              points_per_s=rate, threads=1, **rss_py))
-            common.progress(f"xml: omikuji python {rate:.0f} points/s (load included, {len(pts)} points)")
-
-        def ours(model_path, budget, variant, nbytes, test=args.test, n=n):
-            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
-            times, rss, p = [], {}, None
-            for _ in range(args.repeat):
-                s, p = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
-                                                             runtime=rt, batch_points=args.batch,
-                                                             batches_in_flight=args.in_flight), cache, rss)
-                times.append(s)
-            st = common.Stats.of(times)
-            run_ = p.stats["run"]
-            rec = common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=nbytes,
-                                     dtype="float32", stats=st, gbps=run_["bytes_read"] / st.median_s / 1e9, points=n,
-                                     points_per_s=n / st.median_s, budget_bytes=budget,
-                                     peak_resident_bytes=run_["peak_resident_bytes"], bytes_read=run_["bytes_read"],
-                                     peak_batch_bytes=p.stats["peak_batch_bytes"], threads=args.threads, **rss,
-                                     **{f"p@{k}": p.metrics[f"precision@{k}"] for k in (1, 3, 5)})
-            common.progress(f"xml: scalefree {variant} {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s, "
-                            f"read {common.human_bytes(run_['bytes_read'])}, peak RSS "
-                            f"{common.human_bytes(rss.get('peak_rss_bytes', 0))})")
-            return rec, p
-
-        rec, p = ours(model, 4 * info.file_bytes + (64 << 20), "memory", info.file_bytes)
-        if o_labels is not None:
-            rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
-            rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["median_s"], rec["median_s"])
-            common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
-        records.append(rec)
-        if args.replicate > 1:
-            big = tmp / f"model-x{args.replicate}.sfxml"
-            binfo = xml.concat_models(big, [model] * args.replicate)
-            budget = int(args.budget_fraction * binfo.level_bytes)
-            sub, m = args.test, n
-            if 0 < args.replicate_points < n:
-                sub, m = tmp / "test-head.txt", args.replicate_points
-                with open(args.test) as f, open(sub, "w") as g:
-                    g.write(f"{m} {info.n_features} {info.n_labels}\n")
-                    next(f)
-                    for _, line in zip(range(m), f):
-                        g.write(line)
-            common.progress(f"xml: {big.name}: {common.human_bytes(binfo.file_bytes)}, budget "
-                            f"{common.human_bytes(budget)} out of core; {m} points")
-            mem_rec, mem_p = ours(big, 2 * binfo.file_bytes + (64 << 20), f"memory-x{args.replicate}", binfo.file_bytes,
-                                  sub, m)
-            records.append(mem_rec)
-            ooc_rec, ooc_p = ours(big, budget, f"flash-{args.budget_fraction:g}-x{args.replicate}", binfo.file_bytes,
-                                  sub, m)
-            ooc_rec["speed_vs_memory"] = mem_rec["median_s"] / ooc_rec["median_s"]
-            ooc_rec["same_as_memory"] = bool(np.array_equal(ooc_p.labels, mem_p.labels))
-            records.append(ooc_rec)
-
-    headers = ["impl", "variant", "median", "points/s", "P@1", "P@3", "P@5", "budget", "read", "peak", "peak RSS",
-               "vs omikuji test", "vs memory", "agree"]
+    headers = ["impl", "variant", "median", "points/s", "P@1", "P@3", "P@5", "budget", "load", "read", "idle", "peak",
+               "peak RSS", "+call", "vs omikuji test", "vs memory", "agree"]
     rows = []
     for r in records:
-        rows.append([r["impl"], r["variant"], common.human_time(r["median_s"]), f"{r['points_per_s']:.0f}",
+        rows.append([r["impl"], r["variant"], common.human_time(r["median_s"]) if r.get("median_s") else "",
+                     f"{r['points_per_s']:.0f}" if r.get("points_per_s") else "",
                      *(f"{r[f'p@{k}']:.4f}" if f"p@{k}" in r else "" for k in (1, 3, 5)),
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
+                     common.human_time(r["load_s"]) if r.get("load_s") else "",
                      common.human_bytes(r["bytes_read"]) if "bytes_read" in r else "",
+                     common.human_time(r["compute_idle_s"]) if "compute_idle_s" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
-                     common.human_bytes(r["peak_rss_bytes"]) if "peak_rss_bytes" in r else "",
+                     *common.rss_cells(r),
                      f"{r['speedup_vs_omikuji_test']:.2f}x" if "speedup_vs_omikuji_test" in r else "",
                      f"{r['speed_vs_memory']:.2f}x" if "speed_vs_memory" in r else "",
-                     f"{r['agree_points']}/{n}" if "agree_points" in r else ""])
-    print(f"# xml: {args.test}, {n} points, k={args.k}, beam={args.beam}, threads {args.threads}; "
-          f"page cache: {cache.state}")
+                     f"{r['agree_points']}/{r['points']}" if "agree_points" in r else ""])
+    print(f"# xml: {'; '.join(title)}; k={args.k}, beam={args.beam}, threads {args.threads}; page cache: {cache.state}")
     print(common.format_table(headers, rows, left_columns=2))
     if args.json:
         common.write_json(Path(args.json), records)
     return 0
+
+
+def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
+    """The rows on the test set: omikuji's, ours in memory, and the replicated model in memory
+    and out of core. Returns the number of test points."""
+    from scalefree import flash
+    from scalefree.flash import xml
+
+    truth = _read_truth(args.test)
+    n = len(truth)
+    model = tmp / "model.sfxml"
+    info = xml.import_omikuji(args.omikuji_model, model)
+    common.progress(f"xml: imported {args.omikuji_model}: {info.n_trees} trees, {info.n_labels} labels, "
+                    f"{common.human_bytes(info.file_bytes)}; {n} test points")
+
+    o_labels = o_scores = None
+    # omikuji test (its own batch scorer)
+    out = tmp / "omikuji.out"
+    cmd = [args.omikuji_bin, "test", args.omikuji_model, args.test, "--n_threads", str(args.threads),
+           "--beam_size", str(args.beam), "--k_top", str(args.k), "--out_path", str(out)]
+    if args.skip_peers:
+        args.python_points = 0
+        cmd = None
+    times, rss, scoring = [], 0, []
+    for _ in range(args.repeat if cmd else 0):
+        cache.drop()
+        s, r, err = _run_child(cmd)
+        times.append(s)
+        rss = max(rss, r)
+        m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
+        scoring.append(float(m.group(1)) if m else float("nan"))
+    if cmd:
+        o_labels, o_scores = _read_omikuji_out(out, args.k)
+        st = common.Stats.of(times)
+        records.append(common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
+                                          dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
+                                          scoring_only_s=float(np.median(scoring)), peak_rss_bytes=rss,
+                                          rss_before_bytes=0, threads=args.threads,
+                                          **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
+        common.progress(f"xml: omikuji test {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s)")
+
+    # omikuji's Python binding, point by point
+    if args.python_points > 0:
+        import omikuji
+
+        pts = []
+        with open(args.test) as f:
+            next(f)
+            for i, line in enumerate(f):
+                if i >= args.python_points:
+                    break
+                toks = line.split()
+                toks = toks[1:] if ":" not in toks[0] else toks
+                pts.append([(int(a), float(b)) for a, b in (t.split(":") for t in toks)])
+
+        def python_predict():
+            m = omikuji.Model.load(args.omikuji_model)
+            m.densify_weights(0.1)
+            return [m.predict(p, beam_size=args.beam, top_k=args.k) for p in pts]
+
+        rss_py: dict = {}
+        s, _out = common.timed_call(python_predict, cache, rss_py)
+        rate = len(pts) / s
+        records.append(common.make_record(bench=BENCH, impl="omikuji", variant="python", ranks=1,
+                                          nbytes=info.file_bytes, dtype="float32",
+                                          stats=common.Stats.of([n / rate]), gbps=0.0, points=len(pts),
+                                          points_per_s=rate, threads=1, **rss_py))
+        common.progress(f"xml: omikuji python {rate:.0f} points/s (load included, {len(pts)} points)")
+
+    def ours_record(variant, budget, nbytes, times, loads, p, rss, m):
+        st = common.Stats.of(times)
+        run_ = p.stats["run"]
+        rec = common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=nbytes,
+                                 dtype="float32", stats=st, gbps=run_["bytes_read"] / st.median_s / 1e9, points=m,
+                                 points_per_s=m / st.median_s, budget_bytes=budget, load_s=float(np.median(loads)),
+                                 peak_resident_bytes=run_["peak_resident_bytes"], bytes_read=run_["bytes_read"],
+                                 compute_busy_s=run_["compute_busy_seconds"], compute_idle_s=run_["compute_idle_seconds"],
+                                 peak_batch_bytes=p.stats["peak_batch_bytes"], threads=args.threads, **rss,
+                                 **{f"p@{k}": p.metrics[f"precision@{k}"] for k in (1, 3, 5)})
+        common.progress(f"xml: scalefree {variant} {common.human_time(st.median_s)} ({m / st.median_s:.0f} points/s, "
+                        f"load {rec['load_s']:.1f} s, read {common.human_bytes(run_['bytes_read'])}, compute idle "
+                        f"{run_['compute_idle_seconds']:.1f} s, peak RSS {common.human_bytes(rss.get('peak_rss_bytes', 0))})")
+        return rec
+
+    def ours(runs):
+        """``runs``: (variant, model, budget, nbytes, test, points, in_memory) rows timed in turn,
+        ``--repeat`` rounds. An in-memory row (the model read into memory first, no IO while
+        scoring) is timed without that load (its own ``load_s``): the in-memory speed. Returns
+        per row (record, last predictions, times)."""
+        state = []
+        for variant, model_path, budget, nbytes, test, m, in_memory in runs:
+            rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
+            state.append({"rt": rt, "times": [], "loads": [], "rss": {}, "p": None})
+        for _ in range(args.repeat):
+            for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state):
+                s, st["p"] = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
+                                                                   runtime=st["rt"], batch_points=args.batch,
+                                                                   batches_in_flight=args.in_flight,
+                                                                   in_memory=in_memory), cache, st["rss"])
+                load = st["p"].stats["load_seconds"]
+                st["times"].append(s - load)
+                st["loads"].append(load)
+        return [(ours_record(variant, nbytes if in_memory else budget, nbytes, st["times"], st["loads"], st["p"], st["rss"], m),
+                 st["p"], st["times"])
+                for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state)]
+
+    [(rec, p, _)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)])
+    if o_labels is not None:
+        rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
+        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours
+        rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["scoring_only_s"], rec["median_s"])
+        rec["speedup_vs_omikuji_test_wall"] = common.ratio(records[0]["median_s"], rec["median_s"] + rec["load_s"])
+        common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
+    records.append(rec)
+    if args.replicate > 1:
+        big = tmp / f"model-x{args.replicate}.sfxml"
+        binfo = xml.concat_models(big, [model] * args.replicate)
+        budget = int(args.budget_fraction * binfo.level_bytes)
+        sub, m = args.test, n
+        if 0 < args.replicate_points < n:
+            sub, m = tmp / "test-head.txt", args.replicate_points
+            with open(args.test) as f, open(sub, "w") as g:
+                g.write(f"{m} {info.n_features} {info.n_labels}\n")
+                next(f)
+                for _, line in zip(range(m), f):
+                    g.write(line)
+        common.progress(f"xml: {big.name}: {common.human_bytes(binfo.file_bytes)}, budget "
+                        f"{common.human_bytes(budget)} out of core; {m} points")
+        (mem_rec, mem_p, mem_t), (ooc_rec, ooc_p, ooc_t) = ours([
+            (f"memory-x{args.replicate}", big, 64 << 20, binfo.level_bytes, sub, m, True),
+            (f"flash-{args.budget_fraction:g}-x{args.replicate}", big, budget, binfo.file_bytes, sub, m, False)])
+        pairs = [a / b for a, b in zip(mem_t, ooc_t)]
+        ooc_rec["speed_vs_memory_runs"] = pairs
+        ooc_rec["speed_vs_memory"] = float(np.median(pairs))
+        ooc_rec["same_as_memory"] = bool(np.array_equal(ooc_p.labels, mem_p.labels))
+        common.progress("xml: out of core vs in memory, per pair: " + ", ".join(f"{x:.3f}x" for x in pairs))
+        records.extend([mem_rec, ooc_rec])
+    return n
+
+
+def _stream_rows(args, cache, tmp: Path, records: list) -> None:
+    """Our CLI as a child on growing prefixes of a large file: peak RSS against points."""
+    counts = [int(x) for x in str(args.stream_points).split(",") if x.strip()]
+    with open(args.stream) as f:
+        header = f.readline().split()
+    if len(header) != 3 or not all(t.isdigit() for t in header):
+        raise SystemExit(f"xml: {args.stream}: expected an 'N F L' header line")
+    total, n_features, n_labels = (int(t) for t in header)
+    base_cmd = [sys.executable, "-m", "scalefree.cli", "flash", "xml", "predict", args.stream_model]
+    # The fixed overhead of such a child: the interpreter with the modules it imports.
+    _, base_rss, _ = _run_child([sys.executable, "-c", "import numpy, scipy.sparse, scalefree.cli, scalefree.flash.xml"])
+    records.append(common.make_record(bench=BENCH, impl="python", variant="imports", ranks=1, nbytes=0, dtype="float32",
+                                      stats=common.Stats.of([0.0]), gbps=0.0, peak_rss_bytes=base_rss, rss_before_bytes=base_rss))
+    for count in counts:
+        count = min(count, total)
+        data = Path(args.stream)
+        if count < total:
+            data = tmp / f"stream-{count}.txt"
+            with open(args.stream) as f, open(data, "w") as g:
+                f.readline()
+                g.write(f"{count} {n_features} {n_labels}\n")
+                for _, line in zip(range(count), f):
+                    g.write(line)
+        out, js = tmp / "stream.pred", tmp / "stream.json"
+        cache.drop()
+        seconds, rss, _ = _run_child([*base_cmd, str(data), "--memory", args.stream_memory, "--threads", str(args.threads),
+                                      "-k", str(args.k), "--beam", str(args.beam), "--batch", str(args.batch),
+                                      "--in-flight", str(args.in_flight), "-o", str(out), "--json", str(js), "-q"])
+        run_ = json.loads(js.read_text())
+        records.append(common.make_record(bench=BENCH, impl="scalefree", variant=f"stream-{count}", ranks=1, nbytes=0,
+                                          dtype="float32", stats=common.Stats.of([seconds]), gbps=0.0, points=count,
+                                          points_per_s=count / seconds, budget_bytes=run_["memory_budget_bytes"],
+                                          peak_batch_bytes=run_["peak_batch_bytes"], peak_rss_bytes=rss,
+                                          rss_before_bytes=base_rss, threads=args.threads,
+                                          **{f"p@{k}": run_["metrics"][f"precision@{k}"] for k in (1, 3, 5)}))
+        common.progress(f"xml: stream of {count} points: {common.human_time(seconds)}, peak RSS {common.human_bytes(rss)}")
+        if data != Path(args.stream):
+            data.unlink()
+
+

@@ -54,3 +54,24 @@ def test_bench_pagerank_rejects_bad_arguments():
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "pagerank", "--graphs", "twitter"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "unknown graph 'twitter'" in p.stderr
+
+
+def test_bench_pagerank_flash_end_to_end(tmp_path):
+    """``scalefree bench pagerank-flash`` on a tiny graph: one repeat, the records carry the
+    disk rate, both jobs' iteration times and the top-10 comparison (no timing asserted)."""
+    g = tmp_path / "g.npz"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "graph", "rmat", str(g), "--scale", "10", "--edges", "8K",
+                        "-q"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "out.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "pagerank-flash", str(g), "--repeats", "1",
+                        "--iterations", "2", "--dd-bytes", "4M", "--json", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (r,) = json.loads(out.read_text())
+    assert r["bench"] == "pagerank-flash" and r["iterations"] == 2 and r["top_equal"] and r["bits_equal"]
+    assert r["disk_read_bytes_per_s"] > 0 and r["csr_read_s"] > 0 and r["flash_per_iteration_s"] > 0
+    assert r["memory_budget_bytes"] >= max(r["csr_bytes_per_rank"]) // 4
+    assert r["flash"]["last_iteration_bytes_read_per_rank"][0] >= r["csr_bytes_per_rank"][0]
+    assert not (tmp_path / ".scalefree-bench-dd").exists()
+    assert "median per iteration / CSR read" in p.stdout

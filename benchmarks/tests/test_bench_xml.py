@@ -1,5 +1,5 @@
-"""`scalefree bench xml` end to end on a tiny model (needs omikuji's CLI on PATH and its
-Python binding; skipped otherwise)."""
+"""`scalefree bench xml` end to end on a tiny model (omikuji's Python binding trains it; the
+rows against omikuji's CLI need it on PATH; skipped otherwise)."""
 
 import json
 import shutil
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("omikuji")
+pytest.importorskip("omikuji")  # the tests train with its Python binding
 
 
 @pytest.mark.skipif(shutil.which("omikuji") is None, reason="omikuji's CLI is not installed (cargo install omikuji --features cli)")
@@ -33,3 +33,34 @@ def test_bench_xml_end_to_end(tmp_path):
         assert recs["memory"][f"p@{k}"] == pytest.approx(recs["test"][f"p@{k}"], abs=1e-9)
     assert recs["flash-0.25-x3"]["same_as_memory"] is True
     assert recs["flash-0.25-x3"]["peak_resident_bytes"] <= recs["flash-0.25-x3"]["budget_bytes"]
+
+
+def test_bench_xml_ours_interleaved_and_stream(tmp_path):
+    """Without omikuji's CLI: our rows only (``--skip-peers``), memory and flash alternating
+    over ``--repeat`` pairs, and the stream rows (our CLI as a child on prefixes of a file)."""
+    from scalefree.flash import xml
+
+    spec = xml.XmlDataSpec(features=300, labels=80, seed=2)
+    train = xml.generate_xml(tmp_path / "train.txt", 400, spec)
+    test = xml.generate_xml(tmp_path / "test.txt", 60, spec, first_point=400)
+    stream = xml.generate_xml(tmp_path / "stream.txt", 90, spec, first_point=460)
+    xml.train(train, tmp_path / "m.sfxml", threads=1, model_dir=tmp_path / "omk", min_branch_size=20)
+    out = tmp_path / "x.json"
+    r = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "xml", "--omikuji-model", str(tmp_path / "omk"),
+                        "--test", test, "--skip-peers", "--threads", "1", "--replicate", "2", "--replicate-points", "30",
+                        "--repeat", "2", "--batch", "16", "--stream", stream, "--stream-model", str(tmp_path / "m.sfxml"),
+                        "--stream-points", "20,90", "--stream-memory", "16M", "--dir", str(tmp_path), "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    recs = {rec["variant"]: rec for rec in json.loads(out.read_text())}
+    assert set(recs) == {"memory", "memory-x2", "flash-0.25-x2", "imports", "stream-20", "stream-90"}
+    ooc = recs["flash-0.25-x2"]
+    assert len(ooc["speed_vs_memory_runs"]) == 2 and ooc["n"] == 2 and recs["memory-x2"]["n"] == 2
+    assert ooc["same_as_memory"] is True and ooc["peak_resident_bytes"] <= ooc["budget_bytes"]
+    assert ooc["compute_idle_s"] >= 0 and ooc["peak_rss_bytes"] >= ooc["rss_before_bytes"] > 0
+    for n in (20, 90):
+        s = recs[f"stream-{n}"]
+        assert s["points"] == n and s["peak_rss_bytes"] >= recs["imports"]["peak_rss_bytes"] > 0
+        assert 0 <= s["p@5"] <= s["p@1"] <= 1
+    # the full stream scores the same points as the test rows' scorer would
+    assert recs["stream-90"]["p@1"] == pytest.approx(xml.predict(tmp_path / "m.sfxml", stream).metrics["precision@1"])

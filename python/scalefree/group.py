@@ -133,9 +133,11 @@ class Group(_native.Group):
         return dynamic_channels(self, pairs)
 
     def sparse_allreduce(self, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
-                         hash: bool = True):
-        """A sparse allreduce over ``[0, dim)``: see :class:`scalefree.sparse.allreduce.SparseAllreduce`."""
-        return SparseAllreduce(self, dim, op=op, degrees=degrees, replication=replication, seed=seed, hash=hash)
+                         hash: bool = True, slack: int | None = None):
+        """A sparse allreduce over ``[0, dim)`` (``slack=``: bounded staleness): see
+        :class:`scalefree.sparse.allreduce.SparseAllreduce`."""
+        return SparseAllreduce(self, dim, op=op, degrees=degrees, replication=replication, seed=seed, hash=hash,
+                               slack=slack)
 
     def __enter__(self):
         return self

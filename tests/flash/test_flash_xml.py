@@ -201,6 +201,41 @@ def test_text_input_out_file_and_metrics(tmp_path, rt):
     assert s.labels.shape == (0, 5) and (tmp_path / "p2.txt").read_text() == out.read_text()
 
 
+def test_npz_and_flash_csr_are_streamed(tmp_path, rt):
+    rng = np.random.default_rng(8)
+    n_features = 30
+    trees = [random_tree(rng, n_features, np.arange(40)), random_tree(rng, n_features, rng.permutation(40))]
+    model = xml.write_model(tmp_path / "m.sfxml", trees, n_features).path
+    x = random_points(rng, 53, n_features)
+    ref = xml.predict(model, x, beam=4, runtime=rt)
+    for name, m, compressed in [("c.npz", x, True), ("u.npz", x, False), ("csc.npz", x.tocsc(), True)]:
+        sp.save_npz(tmp_path / name, m, compressed=compressed)
+        p = xml.predict(model, tmp_path / name, beam=4, runtime=rt, batch_points=7)
+        np.testing.assert_array_equal(p.labels, ref.labels)
+        np.testing.assert_array_equal(p.scores, ref.scores)
+    # read a batch at a time: 8 blocks of at most 7 rows, their indptr spanning their entries
+    blocks = list(xml._npz_blocks(str(tmp_path / "u.npz"), 7, n_features))
+    assert [len(b[0]) - 1 for b in blocks] == [7] * 7 + [4]
+    assert all(len(i) == b[-1] - b[0] == len(v) for b, i, v in blocks)
+    for dtype in (np.float32, np.float64):
+        c = flash.Csr.from_scipy(x.astype(dtype), runtime=rt)
+        p = xml.predict(model, c, beam=4, runtime=rt, batch_points=5)
+        np.testing.assert_array_equal(p.labels, ref.labels)
+        np.testing.assert_allclose(p.scores, ref.scores, rtol=1e-6)
+    # a feature id past the model's: the file and row named
+    wide = sp.csr_matrix((np.array([1, 2], np.float32), np.array([0, n_features]), np.array([0, 1, 2])),
+                         shape=(2, n_features + 1))
+    sp.save_npz(tmp_path / "wide.npz", wide)
+    with pytest.raises(ValueError, match=r"wide\.npz: row 1: feature id 30"):
+        xml.predict(model, tmp_path / "wide.npz", runtime=rt)
+    _one_line_exit_2(_cli("predict", model, tmp_path / "wide.npz", "-q"), "wide.npz")
+    sp.save_npz(tmp_path / "none.npz", sp.csr_matrix((0, n_features), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"none\.npz: no data points"):
+        xml.predict(model, tmp_path / "none.npz", runtime=rt)
+    with pytest.raises(ValueError, match="past the model"):
+        xml.predict(model, flash.Csr.from_scipy(wide, runtime=rt), runtime=rt)
+
+
 def test_budget_smaller_than_model(tmp_path):
     rng = np.random.default_rng(11)
     n_features = 400
@@ -217,6 +252,12 @@ def test_budget_smaller_than_model(tmp_path):
     np.testing.assert_array_equal(a.labels, b.labels)
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
     assert a.stats["run"]["peak_resident_bytes"] <= budget
+    # the in-memory twin: the same answers, no reads while scoring
+    c = xml.predict(model.path, x, runtime=small, batch_points=8, in_memory=True)
+    np.testing.assert_array_equal(c.labels, a.labels)
+    np.testing.assert_array_equal(c.scores, a.scores)
+    assert c.stats["run"]["bytes_read"] == 0 and a.stats["run"]["bytes_read"] > 0
+    assert 0 < c.stats["load_seconds"] <= c.stats["seconds"] and a.stats["load_seconds"] == 0
     for i in range(40):
         row = x.getrow(i)
         assert_same_topk(a.labels[i], a.scores[i], reference_predict(trees, "log", n_features, row.indices, row.data, 10, 5))

@@ -31,20 +31,58 @@ pub fn register_max(regs: &[u8], width: usize, targets: &[i64], indptr: &[i64], 
         if lo < 0 || hi < lo || hi as usize > targets.len() {
             return Err(format!("register_max: indptr[{r}..{}] = {lo}..{hi} is not a range of the {} edges", r + 1, targets.len()));
         }
-        let row = &mut out[r * width..(r + 1) * width];
-        row.fill(0);
-        for e in lo as usize..hi as usize {
-            if e + 4 < hi as usize {
-                crate::prefetch(regs.as_ptr().wrapping_add(targets[e + 4] as usize * width));
-            }
-            let t = targets[e] as usize;
-            let src = &regs[t * width..(t + 1) * width];
-            for (a, &b) in row.iter_mut().zip(src) {
-                *a = (*a).max(b);
-            }
-        }
+        max_row(regs, width, &targets[lo as usize..hi as usize], &mut out[r * width..(r + 1) * width]);
     }
     Ok(())
+}
+
+/// `row` = the register-wise max of `regs[t]` over `targets` (zeros when empty); targets
+/// must be register rows (checked by the callers).
+#[inline]
+fn max_row<T: Copy + RegisterRow>(regs: &[u8], width: usize, targets: &[T], row: &mut [u8]) {
+    row.fill(0);
+    for (e, &t) in targets.iter().enumerate() {
+        if let Some(&ahead) = targets.get(e + 4) {
+            crate::prefetch(regs.as_ptr().wrapping_add(ahead.row() * width));
+        }
+        let t = t.row();
+        let src = &regs[t * width..(t + 1) * width];
+        for (a, &b) in row.iter_mut().zip(src) {
+            *a = (*a).max(b);
+        }
+    }
+}
+
+/// A target's register row (i64 targets are checked non-negative first).
+trait RegisterRow {
+    fn row(self) -> usize;
+}
+
+impl RegisterRow for i64 {
+    #[inline(always)]
+    fn row(self) -> usize {
+        self as usize
+    }
+}
+
+impl RegisterRow for u32 {
+    #[inline(always)]
+    fn row(self) -> usize {
+        self as usize
+    }
+}
+
+/// [`register_max`] over a run of rows as [`crate::flash_rows::FlashRows`] streams them:
+/// `starts[r]` is row `r`'s first edge and `end` the run's last edge + 1 (counted from the
+/// matrix's first edge), `targets` the run's u32 targets only (below `regs.len() / width`,
+/// checked when the rows were written), `out` `starts.len()` rows of `width` bytes.
+pub fn register_max_rows(regs: &[u8], width: usize, starts: &[u64], end: u64, targets: &[u32], out: &mut [u8]) {
+    let first = starts.first().copied().unwrap_or(end);
+    for (r, row) in out.chunks_exact_mut(width).enumerate() {
+        let a = (starts[r] - first) as usize;
+        let e = (if r + 1 < starts.len() { starts[r + 1] } else { end } - first) as usize;
+        max_row(regs, width, &targets[a..e], row);
+    }
 }
 
 #[cfg(test)]

@@ -8,10 +8,13 @@
 //!   compact out/in key sets and the CSR the SpMV runs on.
 //! - [`pagerank`]: the per-iteration kernels (the value-free CSR SpMV, the owned update).
 //! - [`hadi`]: HADI's hop on HyperLogLog registers (register-wise max over edges).
+//! - [`flash_rows`]: a rank's edges on flash, streamed once per iteration or hop through the
+//!   flash runtime for both kernels (`graph pagerank/diameter --memory-budget`).
 //!
 //! The algorithms around them are in `python/scalefree/graph/` (`io.py`, `pagerank.py`, `hadi.py`).
 
 pub mod edges;
+pub mod flash_rows;
 pub mod hadi;
 pub mod local;
 pub mod pagerank;

@@ -116,19 +116,39 @@ fn prefetch<T>(x: &[T], cols: &[u32], k: usize, ne: usize) {
 /// last reduce, divided by the out-degree; 0 where `inv_deg` is 0), then
 /// `y[r] = Σ x[cols[k]]` over row `r`'s edges, and `y[nrows] = Σ y` (the flow that left
 /// non-dangling vertices, reduced with the rest). Returns that sum.
+///
+/// The same three steps as [`scale_sources`], [`spmv_rows`] over all rows and
+/// [`flow_total`]; the flash twin (`crate::flash_rows`) runs the middle one per row
+/// block, so both sum every row, and the total, in the same order (equal bits).
 #[allow(clippy::too_many_arguments)]
 pub fn spmv_step<T: Real>(indptr: &[u64], cols: &[u32], got: &[T], inv_deg: &[T], base: f64, damping: f64, x: &mut [T], y: &mut [T]) -> f64 {
     let nrows = indptr.len() - 1;
     debug_assert!(y.len() > nrows && x.len() == got.len() && inv_deg.len() == got.len());
+    scale_sources(got, inv_deg, base, damping, x);
+    spmv_rows(&indptr[..nrows], indptr[nrows], cols, x, &mut y[..nrows]);
+    flow_total(&mut y[..=nrows])
+}
+
+/// `x[c] = (base + damping * got[c]) * inv_deg[c]` (the first step of [`spmv_step`]).
+pub fn scale_sources<T: Real>(got: &[T], inv_deg: &[T], base: f64, damping: f64, x: &mut [T]) {
     let (b, d) = (T::of(base), T::of(damping));
     for ((xi, &g), &w) in x.iter_mut().zip(got).zip(inv_deg) {
         *xi = (b + d * g) * w;
     }
-    let x = &*x;
-    let mut total = 0.0f64;
+}
+
+/// `y[r] = Σ x[cols[k]]` over the edges of a run of rows: `starts[r]` is row `r`'s first
+/// edge and `end` the run's last edge + 1, both counted from the matrix's first edge;
+/// `cols` holds the run's columns only (`cols[0]` is edge `starts[0]`). Columns must be
+/// below `x.len()` (checked when the matrix was built).
+pub fn spmv_rows<T: Real>(starts: &[u64], end: u64, cols: &[u32], x: &[T], y: &mut [T]) {
+    let nrows = starts.len();
+    debug_assert!(y.len() == nrows && (nrows == 0 || (end - starts[0]) as usize == cols.len()));
+    let first = starts.first().copied().unwrap_or(end);
     let ne = cols.len();
     for r in 0..nrows {
-        let (a, e) = (indptr[r] as usize, indptr[r + 1] as usize);
+        let a = (starts[r] - first) as usize;
+        let e = (if r + 1 < nrows { starts[r + 1] } else { end } - first) as usize;
         // Four partial sums (no single chain of dependent adds) and a prefetch of the
         // vector entries a few dozen edges ahead (their addresses are known from `cols`).
         let mut acc = [T::default(); 4];
@@ -146,10 +166,14 @@ pub fn spmv_step<T: Real>(indptr: &[u64], cols: &[u32], got: &[T], inv_deg: &[T]
             acc[0] = acc[0] + unsafe { *x.get_unchecked(*cols.get_unchecked(k) as usize) };
             k += 1;
         }
-        let v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        y[r] = v;
-        total += v.f64();
+        y[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
+}
+
+/// `y[nrows] = Σ y[..nrows]` in row order (f64 sum), `nrows = y.len() - 1`; returns it.
+pub fn flow_total<T: Real>(y: &mut [T]) -> f64 {
+    let nrows = y.len() - 1;
+    let total = y[..nrows].iter().fold(0.0f64, |t, v| t + v.f64());
     y[nrows] = T::of(total);
     total
 }

@@ -253,7 +253,7 @@ impl PyFlashMatrix {
     }
 }
 
-enum AnyCsr {
+pub(crate) enum AnyCsr {
     F32(FlashCsrMatrix<f32>),
     F64(FlashCsrMatrix<f64>),
 }
@@ -261,7 +261,7 @@ enum AnyCsr {
 /// A CSR matrix on flash.
 #[pyclass(name = "FlashCsr", module = "scalefree._native")]
 pub struct PyFlashCsr {
-    m: AnyCsr,
+    pub(crate) m: AnyCsr,
 }
 
 #[pymethods]

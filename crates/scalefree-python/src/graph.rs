@@ -1,7 +1,8 @@
 //! `scalefree._native.PageRankCsr` (one rank's local PageRank matrix in compact ids) and
 //! the set-up kernels of a partitioned graph load: `owner_partition`, `sort_dedup_pairs`,
-//! `degree_counts`, `PageRankCsr.from_edges`. Thin: the kernels are in `scalefree-graph`
-//! (`pagerank.rs`, `edges.rs`, `local.rs`), the algorithms in `python/scalefree/graph/`.
+//! `degree_counts`, `PageRankCsr.from_edges`; `PageRankCsr.move_to_flash` moves the matrix to a
+//! flash runtime's scratch file and `FlashRows` holds HADI's edges there (`flash_rows.rs`). Thin: the kernels are in `scalefree-graph`
+//! (`pagerank.rs`, `edges.rs`, `local.rs`, `flash_rows.rs`), the algorithms in `python/scalefree/graph/`.
 //! Arrays come in through the buffer protocol (contiguous, no copy) and go out as numpy
 //! views of the vectors the kernels filled (no copy); the work runs with the GIL released.
 
@@ -10,9 +11,14 @@ use scalefree_graph::edges;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::flash_rows::FlashRows;
+use std::sync::Arc;
+
+use scalefree_flash::{RunStats, Runtime};
 
 use crate::buffer::Buf;
 use crate::errors::invalid;
+use crate::flash::{flash_err, stats_dict, PyFlashRuntime};
 use crate::io::{array, Owned};
 
 /// Vertex ids of an integer buffer: uint32, int64 or uint64 (no copy).
@@ -225,12 +231,17 @@ fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyRe
     Ok(if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut T, n) } })
 }
 
+/// Where the matrix lives: in memory, or on flash with the runtime that streams it.
+enum Storage {
+    Memory { indptr: Vec<u64>, cols: Vec<u32> },
+    Flash { csr: FlashRows, rt: Arc<Runtime>, last: Option<RunStats> },
+}
+
 /// The local matrix (rows = out slots, columns = in slots, no values) and its scratch
-/// vector; `step` and `owned` allocate nothing.
+/// vector; `step` and `owned` allocate nothing (in memory; on flash the runtime's buffers).
 #[pyclass(name = "PageRankCsr", module = "scalefree._native")]
 pub struct PyPageRankCsr {
-    indptr: Vec<u64>,
-    cols: Vec<u32>,
+    storage: Storage,
     ncols: usize,
     f32: bool,
     x32: Vec<f32>,
@@ -240,13 +251,38 @@ pub struct PyPageRankCsr {
 impl PyPageRankCsr {
     fn of_parts(indptr: Vec<u64>, cols: Vec<u32>, ncols: usize, f32: bool) -> Self {
         PyPageRankCsr {
-            indptr,
-            cols,
+            storage: Storage::Memory { indptr, cols },
             ncols,
             f32,
             x32: if f32 { vec![0.0; ncols] } else { Vec::new() },
             x64: if f32 { Vec::new() } else { vec![0.0; ncols] },
         }
+    }
+
+    fn nrows(&self) -> usize {
+        match &self.storage {
+            Storage::Memory { indptr, .. } => indptr.len() - 1,
+            Storage::Flash { csr, .. } => csr.nrows(),
+        }
+    }
+
+    /// One step in `T` (see `step`).
+    #[allow(clippy::too_many_arguments)]
+    fn step_in<T: Real>(&mut self, py: Python<'_>, g: &[T], w: &[T], base: f64, damping: f64, yv: &mut [T], x: fn(&mut Self) -> &mut Vec<T>) -> PyResult<f64> {
+        let xs = std::mem::take(x(self));
+        let mut xs = xs;
+        let out = match &mut self.storage {
+            Storage::Memory { indptr, cols } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Flash { csr, rt, last } => match py.detach(|| csr.pagerank_step(rt, g, w, base, damping, &mut xs, yv)) {
+                Ok((total, stats)) => {
+                    *last = Some(stats);
+                    Ok(total)
+                }
+                Err(e) => Err(flash_err(py, e)),
+            },
+        };
+        *x(self) = xs;
+        out
     }
 }
 
@@ -305,23 +341,67 @@ impl PyPageRankCsr {
 
     #[getter]
     fn nnz(&self) -> usize {
-        self.cols.len()
+        match &self.storage {
+            Storage::Memory { cols, .. } => cols.len(),
+            Storage::Flash { csr, .. } => csr.nnz() as usize,
+        }
     }
 
     /// Before the reduce: scaled sources into the scratch vector, then `y = A x` and
     /// `y[nrows] = Σ y` (returned). `got`, `inv_deg`: ncols values; `y`: nrows + 1.
     fn step(&mut self, py: Python<'_>, got: Bound<'_, PyAny>, inv_deg: Bound<'_, PyAny>, base: f64, damping: f64, y: Bound<'_, PyAny>) -> PyResult<f64> {
         let (gb, ib, yb) = (Buf::get(&got, false, "got")?, Buf::get(&inv_deg, false, "inv_deg")?, Buf::get(&y, true, "y")?);
-        let (n, m) = (self.ncols, self.indptr.len());
-        let (ip, cs) = (&self.indptr, &self.cols);
+        let (n, m) = (self.ncols, self.nrows() + 1);
         if self.f32 {
             let (g, w, yv) = (floats::<f32>(py, &gb, "got", n)?, floats::<f32>(py, &ib, "inv_deg", n)?, floats::<f32>(py, &yb, "y", m)?);
-            let x = &mut self.x32;
-            Ok(py.detach(|| spmv_step(ip, cs, g, w, base, damping, x, yv)))
+            self.step_in(py, g, w, base, damping, yv, |s| &mut s.x32)
         } else {
             let (g, w, yv) = (floats::<f64>(py, &gb, "got", n)?, floats::<f64>(py, &ib, "inv_deg", n)?, floats::<f64>(py, &yb, "y", m)?);
-            let x = &mut self.x64;
-            Ok(py.detach(|| spmv_step(ip, cs, g, w, base, damping, x, yv)))
+            self.step_in(py, g, w, base, damping, yv, |s| &mut s.x64)
+        }
+    }
+
+    /// Moves the matrix to a scratch file of the flash runtime `runtime` (unnamed: nothing
+    /// is left behind, even after a crash) and frees it in memory; from then on every
+    /// `step` streams it from flash in row blocks under the runtime's budget (the same
+    /// result, bit for bit). Fails with `OutOfBudgetError` when one row's edges alone
+    /// exceed the budget.
+    fn move_to_flash(&mut self, py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>) -> PyResult<()> {
+        let rt = runtime.rt.clone();
+        let ncols = self.ncols;
+        if let Storage::Memory { indptr, cols } = &self.storage {
+            let csr = py.detach(|| FlashRows::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
+            self.storage = Storage::Flash { csr, rt, last: None };
+        }
+        Ok(())
+    }
+
+    /// Whether the matrix is on flash.
+    #[getter]
+    fn on_flash(&self) -> bool {
+        matches!(self.storage, Storage::Flash { .. })
+    }
+
+    /// Bytes of the matrix (row starts and columns; on flash: what one step reads).
+    #[getter]
+    fn size_bytes(&self) -> u64 {
+        match &self.storage {
+            Storage::Memory { indptr, cols } => (indptr.len() as u64 - 1) * 8 + cols.len() as u64 * 4,
+            Storage::Flash { csr, .. } => csr.size_bytes(),
+        }
+    }
+
+    /// The flash runtime's statistics of the last `step` (None in memory or before a step):
+    /// tasks (row blocks), seconds, bytes read, peak resident bytes, compute idle seconds...
+    #[getter]
+    fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        match &self.storage {
+            Storage::Flash { last: Some(s), csr, .. } => {
+                let d = stats_dict(py, s)?;
+                d.set_item("direct_io", csr.is_direct())?;
+                Ok(Some(d))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -363,4 +443,73 @@ pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, ta
     let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
     let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
     py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
+}
+
+/// HADI's edges grouped by source on flash (`scalefree_graph::flash_rows`): built from the
+/// int64 `indptr` (rows + 1) and `targets` of the in-memory hop, streamed once per hop.
+#[pyclass(name = "FlashRows", module = "scalefree._native")]
+pub struct PyFlashRows {
+    rows: FlashRows,
+    rt: Arc<Runtime>,
+    last: Option<RunStats>,
+}
+
+#[pymethods]
+impl PyFlashRows {
+    /// Writes the rows to a scratch file of `runtime` (unnamed: nothing is left behind);
+    /// targets must lie in `[0, ncols)`, `ncols < 2**32`.
+    #[new]
+    fn new(py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>, indptr: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, ncols: usize) -> PyResult<Self> {
+        let (ib, tb) = (Buf::get(&indptr, false, "indptr")?, Buf::get(&targets, false, "targets")?);
+        let (ip, t) = (i64s(py, &ib, "indptr")?, i64s(py, &tb, "targets")?);
+        if ncols > u32::MAX as usize {
+            return Err(invalid(py, format!("FlashRows: {ncols} columns do not fit 32-bit column ids")));
+        }
+        if let Some(&bad) = ip.iter().find(|&&v| v < 0).or_else(|| t.iter().find(|&&v| v < 0 || v as usize >= ncols)) {
+            return Err(invalid(py, format!("FlashRows: {bad} is not a valid row start or a target below {ncols}")));
+        }
+        let rt = runtime.rt.clone();
+        let rows = py
+            .detach(|| {
+                let ip: Vec<u64> = ip.iter().map(|&v| v as u64).collect();
+                let t: Vec<u32> = t.iter().map(|&v| v as u32).collect();
+                FlashRows::write(&rt, &ip, &t, ncols)
+            })
+            .map_err(|e| flash_err(py, e))?;
+        Ok(PyFlashRows { rows, rt, last: None })
+    }
+
+    /// HADI's hop: `out[r]` = the register-wise max of `regs[t]` (uint8 rows of `width`)
+    /// over row `r`'s targets (see `hll_register_max`).
+    fn register_max(&mut self, py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let (rb, ob) = (Buf::get(&regs, false, "regs")?, Buf::get(&out, true, "out")?);
+        if rb.itemsize() != 1 || ob.itemsize() != 1 {
+            return Err(invalid(py, "FlashRows.register_max: regs and out must be uint8".to_string()));
+        }
+        let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
+        let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
+        let (rows, rt) = (&self.rows, &self.rt);
+        let stats = py.detach(|| rows.register_max(rt, r, width, o)).map_err(|e| flash_err(py, e))?;
+        self.last = Some(stats);
+        Ok(())
+    }
+
+    /// Bytes on flash (row starts and targets): what a hop reads.
+    #[getter]
+    fn size_bytes(&self) -> u64 {
+        self.rows.size_bytes()
+    }
+
+    /// The runtime's statistics of the last hop (None before one).
+    #[getter]
+    fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        match &self.last {
+            Some(s) => {
+                let d = stats_dict(py, s)?;
+                d.set_item("direct_io", self.rows.is_direct())?;
+                Ok(Some(d))
+            }
+            None => Ok(None),
+        }
+    }
 }

@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
     m.add_class::<graph::PyPageRankCsr>()?;
+    m.add_class::<graph::PyFlashRows>()?;
     m.add_function(pyo3::wrap_pyfunction!(graph::owner_partition, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_pairs, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted, m)?)?;

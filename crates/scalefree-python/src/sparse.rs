@@ -46,11 +46,16 @@ impl PySparseAllreduce {
     #[new]
     /// `seed=None`: no index hash (keys are the indices).
     /// `replication`: ranks per logical node (ranks p and p + size/replication are replicas).
-    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=Some(0), replication=1))]
-    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: Option<u64>, replication: usize) -> PyResult<Self> {
+    /// `ssp`: build the maps of the reduce with slack at config (`_reduce_ssp_into`).
+    #[pyo3(signature = (group, dim, op="sum", degrees=None, seed=Some(0), replication=1, ssp=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, group: Py<Group>, dim: u64, op: &str, degrees: Option<Vec<usize>>, seed: Option<u64>, replication: usize, ssp: bool) -> PyResult<Self> {
         let op = SOp::parse(op).py_err(py)?;
         let size = group.borrow(py).size as usize;
-        let inner = SparseAllreduce::new(dim, op, degrees, size, seed, replication).py_err(py)?;
+        let mut inner = SparseAllreduce::new(dim, op, degrees, size, seed, replication).py_err(py)?;
+        if ssp {
+            inner.enable_ssp();
+        }
         Ok(PySparseAllreduce { group, inner: Arc::new(Mutex::new(inner)) })
     }
 
@@ -75,6 +80,30 @@ impl PySparseAllreduce {
         let (o, i) = (slice_of(&ob), slice_of(&ib));
         let inner = self.inner.clone();
         self.group.borrow(py).with_comm(py, move |c| inner.lock().unwrap().reduce(c, o.get(), i.get_mut(), dt, width))
+    }
+
+    /// Reduce with slack (bounded staleness): returns (clock, seconds, wait_seconds, age_diff).
+    fn _reduce_ssp_into(&self, py: Python<'_>, out_values: Bound<'_, PyAny>, in_values: Bound<'_, PyAny>, dtype: &str, width: usize, slack: u64) -> PyResult<(u64, f64, f64, u64)> {
+        let dt = SDType::parse(dtype).py_err(py)?;
+        let ob = Buf::get(&out_values, false, "out_values")?;
+        let ib = Buf::get(&in_values, true, "in_values")?;
+        let (o, i) = (slice_of(&ob), slice_of(&ib));
+        let inner = self.inner.clone();
+        let st = self.group.borrow(py).with_comm(py, move |c| inner.lock().unwrap().reduce_ssp(c, o.get(), i.get_mut(), dt, width, slack))?;
+        Ok((st.clock, st.seconds, st.wait_seconds, st.age_diff))
+    }
+
+    /// Collective: the exact reduction of every rank's latest contribution into `in_values`.
+    fn _flush_into(&self, py: Python<'_>, in_values: Bound<'_, PyAny>) -> PyResult<()> {
+        let ib = Buf::get(&in_values, true, "in_values")?;
+        let i = slice_of(&ib);
+        let inner = self.inner.clone();
+        self.group.borrow(py).with_comm(py, move |c| inner.lock().unwrap().flush_ssp(c, i.get_mut()))
+    }
+
+    /// Every reduce with slack since config: (clock, seconds, wait_seconds, age_diff) rows.
+    fn ssp_stats(&self) -> Vec<(u64, f64, f64, u64)> {
+        self.inner.lock().unwrap().ssp_stats().iter().map(|s| (s.clock, s.seconds, s.wait_seconds, s.age_diff)).collect()
     }
 
     /// Collective: config and reduce in one pass down.

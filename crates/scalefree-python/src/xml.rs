@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use scalefree_flash::FlashError;
-use scalefree_xml::{import_omikuji, predict, Batch, CsrBatches, Loss, ModelInfo, ModelWriter, NodeKind, NodeSpec, PredictOptions, PredictProgress, RankingMetrics, TextReader, Weights};
+use scalefree_xml::{import_omikuji, predict, push_csr_rows, Batch, CsrBatches, FlashCsrBatches, Loss, ModelInfo, ModelWriter, NodeKind, NodeSpec, PredictOptions, PredictProgress, RankingMetrics, TextReader, Weights};
 
 use crate::buffer::Buf;
 use crate::errors::invalid;
-use crate::flash::{flash_err, stats_dict, PyFlashRuntime};
+use crate::flash::{flash_err, stats_dict, AnyCsr, PyFlashCsr, PyFlashRuntime};
 
 /// Copies a numpy array of 4-byte items into a Vec.
 fn vec4<T: bytemuck::Pod>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<T>> {
@@ -138,12 +138,71 @@ impl PyXmlProgress {
     }
 }
 
-/// Scores `source` — a text file path (XC repository format or multi-label svmlight) or a
-/// CSR triple `(indptr int64, indices int32, values float32)` — with the model at
+/// Batches from a Python iterator of CSR blocks `(indptr int64, indices int32, values float32)`
+/// (each its own rows; `indptr` relative to its arrays): a source read piece by piece in
+/// Python (a `.npz` streamed from its zip), called from the feeder thread with the GIL.
+struct PyBatches {
+    iter: Py<PyAny>,
+    n_features: u64,
+    next_row: u64,
+    done: bool,
+    row: Vec<(u32, f32)>,
+}
+
+impl PyBatches {
+    fn block(&mut self, py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<scalefree_flash::Result<Batch>> {
+        let t = item.cast::<PyTuple>()?;
+        let ip = Buf::get(&t.get_item(0)?, false, "indptr")?;
+        let ix = Buf::get(&t.get_item(1)?, false, "indices")?;
+        let v = Buf::get(&t.get_item(2)?, false, "values")?;
+        if ip.itemsize() != 8 || ix.itemsize() != 4 || v.itemsize() != 4 || ip.count() == 0 {
+            return Err(invalid(py, "a CSR block must be (indptr int64, indices int32, values float32)"));
+        }
+        let indptr = unsafe { std::slice::from_raw_parts(ip.ptr() as *const i64, ip.count()) };
+        let indices: Vec<i64> = unsafe { std::slice::from_raw_parts(ix.ptr() as *const i32, ix.count()) }.iter().map(|&f| f as i64).collect();
+        let values = unsafe { std::slice::from_raw_parts(v.ptr() as *const f32, v.count()) };
+        let (first, last) = (indptr[0], indptr[indptr.len() - 1]);
+        if indptr.windows(2).any(|w| w[0] > w[1]) || first < 0 || (last - first) as usize != indices.len() || indices.len() != values.len() {
+            return Err(invalid(py, "a CSR block's indptr must not decrease and must span its indices and values"));
+        }
+        let mut batch = Batch::new(self.next_row);
+        let result = push_csr_rows(&mut batch, self.next_row, indptr, &indices, values, self.n_features, &mut self.row);
+        self.next_row += (indptr.len() - 1) as u64;
+        Ok(result.map(|()| batch))
+    }
+}
+
+impl Iterator for PyBatches {
+    type Item = scalefree_flash::Result<Batch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let out = Python::attach(|py| -> Option<Self::Item> {
+            let iter = self.iter.clone_ref(py);
+            let message = |e: PyErr| FlashError::invalid(e.value(py).str().map(|s| s.to_string()).unwrap_or_else(|_| e.to_string()));
+            match iter.bind(py).call_method0("__next__") {
+                Ok(item) => Some(self.block(py, &item).unwrap_or_else(|e| Err(message(e)))),
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => None,
+                Err(e) => Some(Err(message(e))),
+            }
+        });
+        match &out {
+            None | Some(Err(_)) => self.done = true,
+            Some(Ok(_)) => {}
+        }
+        out
+    }
+}
+
+/// Scores `source` — a text file path (XC repository format or multi-label svmlight), a CSR
+/// triple `(indptr int64, indices int32, values float32)`, a `FlashCsr` (read a batch of rows at
+/// a time) or an iterator of CSR blocks (see `PyBatches`) — with the model at
 /// `model_path`. Writes `label:score` lines to `out_path` (atomically) when given, returns the
 /// top-k arrays as bytes when `collect`, and the ranking metrics when the input has labels.
 #[pyfunction]
-#[pyo3(signature = (runtime, model_path, source, k, beam, batch_points, batches_in_flight, max_chunk_bytes=None, out_path=None, collect=true, progress=None))]
+#[pyo3(signature = (runtime, model_path, source, k, beam, batch_points, batches_in_flight, max_chunk_bytes=None, out_path=None, collect=true, progress=None, in_memory=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn xml_predict(
     py: Python<'_>,
@@ -158,9 +217,10 @@ pub fn xml_predict(
     out_path: Option<PathBuf>,
     collect: bool,
     progress: Option<PyRef<'_, PyXmlProgress>>,
+    in_memory: bool,
 ) -> PyResult<Py<PyDict>> {
     let model = py.detach(|| ModelInfo::open(&model_path)).map_err(|e| flash_err(py, e))?;
-    let options = PredictOptions { k, beam, batch_points, batches_in_flight, max_chunk_bytes };
+    let options = PredictOptions { k, beam, batch_points, batches_in_flight, max_chunk_bytes, in_memory };
     let progress = progress.map(|p| p.inner.clone()).unwrap_or_default();
     let max_k = k.max(5);
     let mut metrics = RankingMetrics::new(max_k);
@@ -205,7 +265,23 @@ pub fn xml_predict(
         Ok(())
     };
     let rt = runtime.rt.clone();
-    let stats = if let Ok(path) = source.extract::<PathBuf>() {
+    let stats = if let Ok(csr) = source.cast::<PyFlashCsr>() {
+        let csr = csr.borrow();
+        let n_features = model.n_features;
+        match &csr.m {
+            AnyCsr::F32(m) => {
+                let batches = FlashCsrBatches::new(m, n_features, batch_points).map_err(|e| flash_err(py, e))?;
+                py.detach(|| predict(&rt, &model, batches, &options, &progress, sink))
+            }
+            AnyCsr::F64(m) => {
+                let batches = FlashCsrBatches::new(m, n_features, batch_points).map_err(|e| flash_err(py, e))?;
+                py.detach(|| predict(&rt, &model, batches, &options, &progress, sink))
+            }
+        }
+    } else if source.hasattr("__next__")? {
+        let batches = PyBatches { iter: source.clone().unbind(), n_features: model.n_features, next_row: 0, done: false, row: Vec::new() };
+        py.detach(|| predict(&rt, &model, batches, &options, &progress, sink))
+    } else if let Ok(path) = source.extract::<PathBuf>() {
         let reader = py.detach(|| TextReader::open(&path, model.n_features, batch_points)).map_err(|e| flash_err(py, e))?;
         py.detach(|| predict(&rt, &model, reader, &options, &progress, sink))
     } else {
@@ -247,6 +323,7 @@ pub fn xml_predict(
     d.set_item("points", stats.points)?;
     d.set_item("batches", stats.batches)?;
     d.set_item("seconds", stats.seconds)?;
+    d.set_item("load_seconds", stats.load_seconds)?;
     d.set_item("peak_batch_bytes", stats.peak_batch_bytes)?;
     d.set_item("run", stats_dict(py, &stats.run)?)?;
     d.set_item("model", info_dict(py, &model)?)?;

@@ -26,22 +26,34 @@ impl Points {
     /// Normalizes the rows of a CSR batch (f32, in feature order, as omikuji) and appends the
     /// bias feature. A row with norm 0 keeps its values (omikuji would divide 0 by 0).
     pub fn prepare(indptr: &[u64], indices: &[u32], values: &[f32], n_features: u64) -> Points {
+        let mut out = Points::default();
+        out.prepare_into(indptr, indices, values, n_features);
+        out
+    }
+
+    /// [`Points::prepare`] into buffers already held (their capacity is kept: a stream of
+    /// batches reuses the same memory).
+    pub fn prepare_into(&mut self, indptr: &[u64], indices: &[u32], values: &[f32], n_features: u64) {
         let n = indptr.len() - 1;
-        let mut out = Points { indptr: Vec::with_capacity(n + 1), indices: Vec::with_capacity(indices.len() + n), values: Vec::with_capacity(indices.len() + n) };
-        out.indptr.push(0);
+        self.indptr.clear();
+        self.indices.clear();
+        self.values.clear();
+        self.indptr.reserve(n + 1);
+        self.indices.reserve(indices.len() + n);
+        self.values.reserve(indices.len() + n);
+        self.indptr.push(0);
         for i in 0..n {
             let (a, b) = (indptr[i] as usize, indptr[i + 1] as usize);
             let norm = values[a..b].iter().map(|v| v.powi(2)).sum::<f32>().sqrt();
             let scale = if norm > 0. { norm } else { 1. };
             for k in a..b {
-                out.indices.push(indices[k]);
-                out.values.push(values[k] / scale);
+                self.indices.push(indices[k]);
+                self.values.push(values[k] / scale);
             }
-            out.indices.push(n_features as u32);
-            out.values.push(1.);
-            out.indptr.push(out.indices.len());
+            self.indices.push(n_features as u32);
+            self.values.push(1.);
+            self.indptr.push(self.indices.len());
         }
-        out
     }
 
     /// Point i's (features, values).
@@ -50,9 +62,9 @@ impl Points {
         (&self.indices[a..b], &self.values[a..b])
     }
 
-    /// Bytes held.
+    /// Bytes held (capacity).
     pub fn size_bytes(&self) -> u64 {
-        (8 * self.indptr.len() + 8 * self.indices.len()) as u64
+        (8 * self.indptr.capacity() + 4 * self.indices.capacity() + 4 * self.values.capacity()) as u64
     }
 }
 
@@ -66,24 +78,48 @@ pub struct Work {
     pub score: f32,
 }
 
-/// What scoring a chunk produced.
+/// A leaf a point reached: its best labels are `labels[start..start + len]` of the output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeafHit {
+    pub point: u32,
+    /// Leaf index within the level.
+    pub node: u32,
+    pub start: u32,
+    pub len: u32,
+}
+
+/// What scoring a chunk produced (flat: no allocation per point or leaf).
 #[derive(Debug, Default)]
 pub struct ChunkOutput {
     /// `(point, child index in the next level, child score)` for every branch's children.
     pub children: Vec<(u32, u32, f32)>,
-    /// `(point, leaf index in the level, its best labels and scores)`.
-    pub leaves: Vec<(u32, u32, Vec<(u32, f32)>)>,
+    /// Leaves reached, their labels in `labels`.
+    pub leaves: Vec<LeafHit>,
+    /// `(label, score)` of the leaves reached, the `beam` best of each leaf.
+    pub labels: Vec<(u32, f32)>,
     /// Points that sat at a branch.
     pub expanded: Vec<u32>,
 }
 
 impl ChunkOutput {
     fn append(mut self, mut other: ChunkOutput) -> ChunkOutput {
+        if self.children.is_empty() && self.leaves.is_empty() && self.expanded.is_empty() {
+            return other;
+        }
+        let base = self.labels.len() as u32;
         self.children.append(&mut other.children);
-        self.leaves.append(&mut other.leaves);
+        self.leaves.extend(other.leaves.iter().map(|h| LeafHit { start: h.start + base, ..*h }));
+        self.labels.append(&mut other.labels);
         self.expanded.append(&mut other.expanded);
         self
     }
+}
+
+/// The order of candidates: higher score first, then the smaller key (a total order, so the
+/// selection does not depend on the order the candidates arrived in).
+#[inline]
+pub fn by_score_then_key<K: Ord>(a: &(K, f32), b: &(K, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0))
 }
 
 thread_local! {
@@ -170,12 +206,15 @@ pub fn score_chunk(level_nodes: &[NodeRecord], buffer: &[u8], buffer_offset: u64
                         }
                     }
                     if record.is_leaf {
-                        let mut labels: Vec<(u32, f32)> = view.labels.iter().zip(acc.iter()).map(|(&l, &s)| (l, (loss.log_prob(s) + w.score).exp())).collect();
+                        let start = out.labels.len();
+                        out.labels.extend(view.labels.iter().zip(acc.iter()).map(|(&l, &s)| (l, (loss.log_prob(s) + w.score).exp())));
+                        let labels = &mut out.labels[start..];
                         if labels.len() > beam {
-                            labels.select_nth_unstable_by(beam, |a, b| b.1.total_cmp(&a.1));
-                            labels.truncate(beam);
+                            labels.select_nth_unstable_by(beam, by_score_then_key);
                         }
-                        out.leaves.push((w.point, w.node, labels));
+                        let len = labels.len().min(beam);
+                        out.labels.truncate(start + len);
+                        out.leaves.push(LeafHit { point: w.point, node: w.node, start: start as u32, len: len as u32 });
                     } else {
                         out.expanded.push(w.point);
                         for (j, &s) in acc.iter().enumerate() {
@@ -196,26 +235,29 @@ pub fn score_chunk(level_nodes: &[NodeRecord], buffer: &[u8], buffer_offset: u64
         .reduce(ChunkOutput::default, ChunkOutput::append)
 }
 
-/// Averages per-tree `(label, score)` lists of one point over `n_trees` (a label missing from
-/// a tree counts 0 there) and returns the best `k`, highest first (ties: smaller label first).
-pub fn combine_trees(mut pairs: Vec<(u32, f32)>, n_trees: usize, k: usize) -> Vec<(u32, f32)> {
-    pairs.sort_unstable_by_key(|p| p.0);
-    let mut summed: Vec<(u32, f32)> = Vec::with_capacity(pairs.len());
-    for (label, score) in pairs {
-        match summed.last_mut() {
-            Some(last) if last.0 == label => last.1 += score,
-            _ => summed.push((label, score)),
+/// Averages per-tree `(label, score)` lists of one point (given tree after tree) over `n_trees` (a label missing from
+/// a tree counts 0 there) and leaves the best `k` in `pairs`, highest first (ties: smaller
+/// label first).
+pub fn combine_trees(pairs: &mut Vec<(u32, f32)>, n_trees: usize, k: usize) {
+    // Stable: a label's scores are summed in tree order whatever the sort does.
+    pairs.sort_by_key(|p| p.0);
+    let mut w = 0usize;
+    for r in 0..pairs.len() {
+        if w > 0 && pairs[w - 1].0 == pairs[r].0 {
+            pairs[w - 1].1 += pairs[r].1;
+        } else {
+            pairs[w] = pairs[r];
+            w += 1;
         }
     }
-    for p in &mut summed {
+    pairs.truncate(w);
+    for p in pairs.iter_mut() {
         p.1 /= n_trees as f32;
     }
-    let by_score = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if summed.len() > k && k > 0 {
-        summed.select_nth_unstable_by(k - 1, by_score);
-        summed.truncate(k);
+    let by_score = by_score_then_key::<u32>;
+    if pairs.len() > k && k > 0 {
+        pairs.select_nth_unstable_by(k - 1, by_score);
     }
-    summed.sort_unstable_by(by_score);
-    summed.truncate(k);
-    summed
+    pairs.truncate(k);
+    pairs.sort_unstable_by(by_score);
 }

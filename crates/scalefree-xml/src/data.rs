@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use scalefree_flash::{FlashError, Result};
+use scalefree_flash::{Element, FlashCsrMatrix, FlashError, Result};
 
 /// A batch of points in CSR form, with their true labels when the input has them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -237,6 +237,44 @@ impl Iterator for TextReader {
     }
 }
 
+/// Appends rows of a CSR block to `batch`: `indptr` relative to `indices` / `values` (its first
+/// entry need not be 0), rows numbered from `first_row` in messages. Each row's entries are
+/// sorted by feature; a feature id at or past `n_features`, a negative one or a duplicate is
+/// an error naming the row.
+pub fn push_csr_rows<I, V>(batch: &mut Batch, first_row: u64, indptr: &[I], indices: &[i64], values: &[V], n_features: u64, row: &mut Vec<(u32, f32)>) -> Result<()>
+where
+    I: Copy + Into<i64>,
+    V: Copy + Into<f64>,
+{
+    let base: i64 = indptr.first().map_or(0, |&x| x.into());
+    for r in 0..indptr.len().saturating_sub(1) {
+        let (a, b) = ((indptr[r].into() - base) as usize, (indptr[r + 1].into() - base) as usize);
+        row.clear();
+        for k in a..b {
+            let f = indices[k];
+            if f < 0 || f as u64 >= n_features {
+                return Err(FlashError::invalid(format!("row {}: feature id {f} is past the model's {n_features} features", first_row + r as u64)));
+            }
+            let v = values[k].into() as f32;
+            if !v.is_finite() {
+                return Err(FlashError::invalid(format!("row {}: value {v} is not finite", first_row + r as u64)));
+            }
+            row.push((f as u32, v));
+        }
+        row.sort_unstable_by_key(|&(f, _)| f);
+        if row.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(FlashError::invalid(format!("row {}: a feature id appears twice (sum duplicates first)", first_row + r as u64)));
+        }
+        for &(f, v) in row.iter() {
+            batch.indices.push(f);
+            batch.values.push(v);
+        }
+        batch.indptr.push(batch.indices.len() as u64);
+        batch.label_ptr.push(0);
+    }
+    Ok(())
+}
+
 /// Batches of an in-memory CSR matrix (copied batch by batch).
 pub struct CsrBatches<'a> {
     pub indptr: &'a [i64],
@@ -257,30 +295,71 @@ impl Iterator for CsrBatches<'_> {
         }
         let end = (self.next_row + self.batch_points.max(1)).min(n_rows);
         let mut batch = Batch::new(self.next_row as u64);
-        let mut row: Vec<(u32, f32)> = Vec::new();
-        for r in self.next_row..end {
-            row.clear();
-            for k in self.indptr[r] as usize..self.indptr[r + 1] as usize {
-                let f = self.indices[k];
-                if f < 0 || f as u64 >= self.n_features {
-                    self.next_row = n_rows;
-                    return Some(Err(FlashError::invalid(format!("row {r}: feature id {f} is past the model's {} features", self.n_features))));
-                }
-                row.push((f as u32, self.values[k]));
-            }
-            row.sort_unstable_by_key(|&(f, _)| f);
-            if row.windows(2).any(|w| w[0].0 == w[1].0) {
-                self.next_row = n_rows;
-                return Some(Err(FlashError::invalid(format!("row {r}: a feature id appears twice (sum duplicates first)"))));
-            }
-            for &(f, v) in &row {
-                batch.indices.push(f);
-                batch.values.push(v);
-            }
-            batch.indptr.push(batch.indices.len() as u64);
-            batch.label_ptr.push(0);
+        let (a, b) = (self.indptr[self.next_row] as usize, self.indptr[end] as usize);
+        let indices: Vec<i64> = self.indices[a..b].iter().map(|&f| f as i64).collect();
+        let result = push_csr_rows(&mut batch, self.next_row as u64, &self.indptr[self.next_row..=end], &indices, &self.values[a..b], self.n_features, &mut Vec::new());
+        self.next_row = if result.is_ok() { end } else { n_rows };
+        Some(result.map(|()| batch))
+    }
+}
+
+/// Batches of a CSR matrix on flash (`scalefree.flash.Csr`), read a batch of rows at a time:
+/// memory is one batch, whatever the matrix's size.
+pub struct FlashCsrBatches<'a, T: Element + Into<f64>> {
+    matrix: &'a FlashCsrMatrix<T>,
+    n_features: u64,
+    batch_points: usize,
+    next_row: usize,
+    indptr: Vec<u64>,
+    indices: Vec<u32>,
+    values: Vec<T>,
+    wide: Vec<i64>,
+    row: Vec<(u32, f32)>,
+}
+
+impl<'a, T: Element + Into<f64>> FlashCsrBatches<'a, T> {
+    /// Batches of `batch_points` rows of `matrix`; feature ids must lie below `n_features`.
+    pub fn new(matrix: &'a FlashCsrMatrix<T>, n_features: u64, batch_points: usize) -> Result<Self> {
+        if matrix.rows() == 0 {
+            return Err(FlashError::invalid("no data points (the matrix has no rows)"));
         }
-        self.next_row = end;
-        Some(Ok(batch))
+        Ok(FlashCsrBatches { matrix, n_features, batch_points: batch_points.max(1), next_row: 0, indptr: Vec::new(), indices: Vec::new(), values: Vec::new(), wide: Vec::new(), row: Vec::new() })
+    }
+
+    fn read_batch(&mut self, end: usize) -> Result<Batch> {
+        let m = self.matrix;
+        let start = self.next_row;
+        self.indptr.resize(end - start + 1, 0);
+        m.indptr().read(start as u64, &mut self.indptr)?;
+        let (a, b) = (self.indptr[0], self.indptr[end - start]);
+        if a > b || b > m.nnz() {
+            return Err(FlashError::invalid(format!("rows {start}..{end}: indptr out of order")));
+        }
+        let nnz = (b - a) as usize;
+        self.indices.resize(nnz, 0);
+        self.values.resize(nnz, T::default());
+        m.indices().read(a, &mut self.indices)?;
+        m.values().read(a, &mut self.values)?;
+        self.wide.clear();
+        self.wide.extend(self.indices.iter().map(|&f| f as i64));
+        let indptr: Vec<i64> = self.indptr.iter().map(|&x| x as i64).collect();
+        let mut batch = Batch::new(start as u64);
+        push_csr_rows(&mut batch, start as u64, &indptr, &self.wide, &self.values, self.n_features, &mut self.row)?;
+        Ok(batch)
+    }
+}
+
+impl<T: Element + Into<f64>> Iterator for FlashCsrBatches<'_, T> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        let n_rows = self.matrix.rows();
+        if self.next_row >= n_rows {
+            return None;
+        }
+        let end = (self.next_row + self.batch_points).min(n_rows);
+        let result = self.read_batch(end);
+        self.next_row = if result.is_ok() { end } else { n_rows };
+        Some(result)
     }
 }

@@ -17,7 +17,7 @@ pub mod metrics;
 pub mod omikuji;
 pub mod predict;
 
-pub use data::{Batch, CsrBatches, TextReader};
+pub use data::{push_csr_rows, Batch, CsrBatches, FlashCsrBatches, TextReader};
 pub use format::{Loss, ModelInfo, ModelWriter, NodeKind, NodeSpec, Weights};
 pub use metrics::RankingMetrics;
 pub use omikuji::{import_omikuji, ImportSummary};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use scalefree_flash::{Access, AccessSpec, FileOptions, FlashError, FlashFile, Injector, OpenMode, Result, RunStats, Runtime, Task, TaskBuffers, TaskContext, TaskId};
 
-use crate::beam::{combine_trees, score_chunk, Points, Work};
+use crate::beam::{by_score_then_key, combine_trees, score_chunk, Points, Work};
 use crate::data::Batch;
 use crate::format::ModelInfo;
 
@@ -36,11 +36,14 @@ pub struct PredictOptions {
     /// Largest read per task; levels larger than this are split by nodes (default: an eighth
     /// of the memory budget).
     pub max_chunk_bytes: Option<u64>,
+    /// The in-memory twin: read every level into memory first (outside the budget, timed as
+    /// `load_seconds`), then score with no IO (default false).
+    pub in_memory: bool,
 }
 
 impl Default for PredictOptions {
     fn default() -> Self {
-        PredictOptions { k: 5, beam: 10, batch_points: 8192, batches_in_flight: 4, max_chunk_bytes: None }
+        PredictOptions { k: 5, beam: 10, batch_points: 8192, batches_in_flight: 4, max_chunk_bytes: None, in_memory: false }
     }
 }
 
@@ -60,6 +63,9 @@ pub struct PredictStats {
     pub run: RunStats,
     /// Largest bytes of batches (points and search state) held at once.
     pub peak_batch_bytes: u64,
+    /// Seconds spent reading the model into memory first (`in_memory`; 0 otherwise), part of
+    /// `seconds`.
+    pub load_seconds: f64,
 }
 
 /// A node range of a level, read by one task.
@@ -68,6 +74,7 @@ struct Chunk {
     end_node: u32,
     /// Offset of its first byte in the level's segment.
     segment_offset: u64,
+    len: u64,
     spec: AccessSpec,
 }
 
@@ -94,7 +101,7 @@ impl Plan {
                     let segment_offset = nodes[start].offset;
                     let len = nodes[end - 1].offset + nodes[end - 1].len - segment_offset;
                     let spec = AccessSpec::contiguous(file.clone(), level.offset + segment_offset, len.max(1))?;
-                    list.push(Chunk { end_node: end as u32, segment_offset, spec });
+                    list.push(Chunk { end_node: end as u32, segment_offset, len, spec });
                     start = end;
                 }
                 per_level.push(list);
@@ -110,30 +117,125 @@ impl Plan {
     }
 }
 
-/// The search state of one tree for one batch.
-struct TreeState {
-    /// Per point: current candidates `(node index within its level, level, score)`.
-    cands: Vec<Vec<(u32, u32, f32)>>,
-    /// Per point: children produced at the level being scored.
-    next: Vec<Vec<(u32, f32)>>,
-    expanded: Vec<bool>,
-    /// Per point: evaluated leaves `((level, node), labels)` still in the beam.
-    leaves: Vec<Vec<((u32, u32), Vec<(u32, f32)>)>>,
-    active: Vec<u32>,
-    /// Per point: the tree's label scores once its search is over.
-    done: Vec<Vec<(u32, f32)>>,
+/// A beam candidate: a node (index within its level) and the point's path score there.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Cand {
+    node: u32,
+    level: u32,
+    score: f32,
 }
 
-struct BatchJob {
+/// An evaluated leaf in a point's beam: its labels are `labels[start..start + len]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct LeafRef {
+    node: u32,
+    level: u32,
+    start: u32,
+    len: u32,
+}
+
+/// The search state of one tree for one batch, in flat arrays (a point's slots are
+/// `p * beam .. p * beam + count[p]`), so a batch costs a few allocations whatever its size,
+/// and the arrays are reused by the next batch (see [`BatchBuffers`]).
+#[derive(Default)]
+struct TreeState {
+    /// Current candidates of each point (at most `beam`).
+    cands: Vec<Cand>,
+    n_cands: Vec<u32>,
+    /// Evaluated leaves still in each point's beam (at most `beam`).
+    leaves: Vec<LeafRef>,
+    n_leaves: Vec<u32>,
+    /// Labels of evaluated leaves; those of leaves that left the beam are dropped when they
+    /// are the larger part ([`TreeState::compact_labels`]).
+    labels: Vec<(u32, f32)>,
+    /// `(point, child, score)` produced at the level being scored, by its chunk tasks.
+    children: Vec<(u32, u32, f32)>,
+    /// Per point: it sat at a branch of the level being scored.
+    expanded: Vec<bool>,
+    /// Points whose search in this tree goes on.
+    active: Vec<u32>,
+    /// Scratch of the merge: children of each point (counting sort by point).
+    child_start: Vec<u32>,
+    child_sorted: Vec<(u32, f32)>,
+}
+
+impl TreeState {
+    /// Resets for a batch of `n` points, all at the root, keeping the capacity.
+    fn reset(&mut self, n: usize, beam: usize) {
+        self.cands.clear();
+        self.cands.resize(n * beam, Cand::default());
+        self.n_cands.clear();
+        self.n_cands.resize(n, 1);
+        self.leaves.clear();
+        self.leaves.resize(n * beam, LeafRef::default());
+        self.n_leaves.clear();
+        self.n_leaves.resize(n, 0);
+        self.labels.clear();
+        self.children.clear();
+        self.expanded.clear();
+        self.expanded.resize(n, false);
+        self.active.clear();
+        self.active.extend(0..n as u32);
+    }
+
+    /// Point p's evaluated leaves in its beam.
+    fn point_leaves(&self, p: usize, beam: usize) -> &[LeafRef] {
+        &self.leaves[p * beam..p * beam + self.n_leaves[p] as usize]
+    }
+
+    /// Rewrites `labels` with only the labels of leaves still in a beam.
+    fn compact_labels(&mut self, beam: usize) {
+        let mut kept = Vec::with_capacity(self.labels.capacity());
+        for p in 0..self.n_leaves.len() {
+            for leaf in &mut self.leaves[p * beam..p * beam + self.n_leaves[p] as usize] {
+                let start = kept.len() as u32;
+                kept.extend_from_slice(&self.labels[leaf.start as usize..(leaf.start + leaf.len) as usize]);
+                leaf.start = start;
+            }
+        }
+        self.labels = kept;
+    }
+
+    /// Bytes held (capacity).
+    fn size_bytes(&self) -> u64 {
+        (12 * self.cands.capacity() + 4 * self.n_cands.capacity() + 16 * self.leaves.capacity() + 4 * self.n_leaves.capacity() + 8 * self.labels.capacity() + 12 * self.children.capacity() + self.expanded.capacity() + 4 * self.active.capacity() + 4 * self.child_start.capacity() + 8 * self.child_sorted.capacity()) as u64
+    }
+}
+
+/// The memory of a batch in flight other than its input: reused by later batches, so a
+/// stream of any length holds at most `batches_in_flight` of them.
+#[derive(Default)]
+struct BatchBuffers {
+    points: Points,
+    trees: Vec<Mutex<TreeState>>,
+}
+
+impl BatchBuffers {
+    fn size_bytes(&mut self) -> u64 {
+        self.points.size_bytes() + self.trees.iter_mut().map(|t| t.get_mut().expect("tree state poisoned").size_bytes()).sum::<u64>()
+    }
+}
+
+struct BatchJob<'a> {
     index: u64,
+    shared: &'a Shared<'a>,
     /// Taken by [`finish_batch`] to hand to the sink.
     batch: Mutex<Option<Batch>>,
     /// Bytes of the batch and its search state (for the peak).
-    bytes: u64,
-    points: Points,
-    trees: Vec<Mutex<TreeState>>,
+    bytes: AtomicU64,
+    /// Returned to the pool when the last task holding the job drops it.
+    buffers: BatchBuffers,
     trees_left: AtomicUsize,
     results: mpsc::Sender<Finished>,
+}
+
+impl Drop for BatchJob<'_> {
+    fn drop(&mut self) {
+        let buffers = std::mem::take(&mut self.buffers);
+        if let Ok(mut pool) = self.shared.pool.lock() {
+            pool.push(buffers);
+        }
+    }
 }
 
 struct Finished {
@@ -154,6 +256,10 @@ struct Shared<'m> {
     in_flight: (Mutex<usize>, Condvar),
     batch_bytes: AtomicU64,
     peak_batch_bytes: AtomicU64,
+    /// Buffers of finished batches, for the next ones.
+    pool: Mutex<Vec<BatchBuffers>>,
+    /// `in_memory`: the file's bytes from offset `.0` on, covering every level.
+    resident: Option<(u64, Vec<u8>)>,
 }
 
 /// Adds tasks either from the feeder (an [`Injector`]) or from a running task.
@@ -173,7 +279,7 @@ impl<'a> Adder<'_, 'a> {
 
 struct ChunkTask<'a> {
     shared: &'a Shared<'a>,
-    job: Arc<BatchJob>,
+    job: Arc<BatchJob<'a>>,
     tree: usize,
     level: usize,
     chunk: usize,
@@ -182,6 +288,9 @@ struct ChunkTask<'a> {
 
 impl<'a> Task<'a> for ChunkTask<'a> {
     fn accesses(&self) -> Vec<Access> {
+        if self.shared.resident.is_some() {
+            return Vec::new();
+        }
         vec![Access::read(self.shared.plan.chunks[self.tree][self.level][self.chunk].spec.clone())]
     }
 
@@ -190,17 +299,28 @@ impl<'a> Task<'a> for ChunkTask<'a> {
         let model = shared.model;
         let chunk = &shared.plan.chunks[self.tree][self.level][self.chunk];
         let level = &model.trees[self.tree][self.level];
-        let bytes: &[u8] = buffers.read::<u8>(0);
-        let out = score_chunk(model.level_nodes(level), bytes, chunk.segment_offset, &mut self.work, &self.job.points, model.loss, shared.options.beam, model.n_features);
-        let mut state = self.job.trees[self.tree].lock().expect("tree state poisoned");
-        for (point, child, score) in out.children {
-            state.next[point as usize].push((child, score));
-        }
+        let bytes: &[u8] = match &shared.resident {
+            Some((base, all)) => {
+                let start = (level.offset + chunk.segment_offset - base) as usize;
+                &all[start..start + chunk.len as usize]
+            }
+            None => buffers.read::<u8>(0),
+        };
+        let out = score_chunk(model.level_nodes(level), bytes, chunk.segment_offset, &mut self.work, &self.job.buffers.points, model.loss, shared.options.beam, model.n_features);
+        let beam = shared.options.beam;
+        let mut guard = self.job.buffers.trees[self.tree].lock().expect("tree state poisoned");
+        let state = &mut *guard;
+        state.children.extend_from_slice(&out.children);
         for point in out.expanded {
             state.expanded[point as usize] = true;
         }
-        for (point, node, labels) in out.leaves {
-            state.leaves[point as usize].push(((self.level as u32, node), labels));
+        let base = state.labels.len() as u32;
+        state.labels.extend_from_slice(&out.labels);
+        for hit in out.leaves {
+            let p = hit.point as usize;
+            let slot = p * beam + state.n_leaves[p] as usize;
+            state.leaves[slot] = LeafRef { node: hit.node, level: self.level as u32, start: base + hit.start, len: hit.len };
+            state.n_leaves[p] += 1;
         }
         Ok(())
     }
@@ -212,7 +332,7 @@ impl<'a> Task<'a> for ChunkTask<'a> {
 
 struct MergeTask<'a> {
     shared: &'a Shared<'a>,
-    job: Arc<BatchJob>,
+    job: Arc<BatchJob<'a>>,
     tree: usize,
     level: usize,
 }
@@ -225,60 +345,89 @@ impl<'a> Task<'a> for MergeTask<'a> {
     fn execute(&mut self, _buffers: &mut TaskBuffers<'_>, context: &TaskContext<'a>) -> Result<()> {
         let shared = self.shared;
         let beam = shared.options.beam;
+        let model = shared.model;
         let next_level = self.level + 1;
         let n_chunks_next = shared.plan.chunks[self.tree].get(next_level).map_or(0, |c| c.len());
         let mut work: Vec<Vec<Work>> = vec![Vec::new(); n_chunks_next];
         let tree_done = {
-            let mut guard = self.job.trees[self.tree].lock().expect("tree state poisoned");
+            let mut guard = self.job.buffers.trees[self.tree].lock().expect("tree state poisoned");
             let state = &mut *guard;
+            let n = state.n_cands.len();
+            // The children of the level, grouped by point (a counting sort, in place order).
+            state.child_start.clear();
+            state.child_start.resize(n + 1, 0);
+            for &(p, _, _) in &state.children {
+                state.child_start[p as usize + 1] += 1;
+            }
+            for i in 0..n {
+                state.child_start[i + 1] += state.child_start[i];
+            }
+            state.child_sorted.clear();
+            state.child_sorted.resize(state.children.len(), (0, 0.));
+            {
+                let mut fill: Vec<u32> = state.child_start[..n].to_vec();
+                for &(p, child, score) in &state.children {
+                    let at = &mut fill[p as usize];
+                    state.child_sorted[*at as usize] = (child, score);
+                    *at += 1;
+                }
+            }
+            state.children.clear();
             let active = std::mem::take(&mut state.active);
             let mut still = Vec::with_capacity(active.len());
-            let mut merged: Vec<(u32, f32)> = Vec::new();
-            let mut levels_of: Vec<u32> = Vec::new();
-            for p in active {
+            // Candidates tagged (level << 32 | node) so the selection keeps a node with its level.
+            let mut tagged: Vec<(u64, f32)> = Vec::with_capacity(4 * beam);
+            for &p in &active {
                 let pi = p as usize;
                 if !state.expanded[pi] {
-                    // Only leaves remain: the search of this point is over.
-                    let mut labels = Vec::new();
-                    for (_, list) in state.leaves[pi].drain(..) {
-                        labels.extend(list);
-                    }
-                    state.done[pi] = labels;
-                    state.cands[pi] = Vec::new();
+                    // Only leaves remain: the search of this point is over; its leaves stay
+                    // in `leaves` for finish_batch.
                     continue;
                 }
                 state.expanded[pi] = false;
                 // Children of this level's branches plus leaves carried along, then the beam.
-                merged.clear();
-                levels_of.clear();
-                let children = std::mem::take(&mut state.next[pi]);
-                for (node, score) in children {
-                    merged.push((node, score));
-                    levels_of.push(next_level as u32);
-                }
-                for &(node, level, score) in &state.cands[pi] {
-                    let is_leaf = shared.model.level_nodes(&shared.model.trees[self.tree][level as usize])[node as usize].is_leaf;
+                tagged.clear();
+                let (c0, c1) = (state.child_start[pi] as usize, state.child_start[pi + 1] as usize);
+                tagged.extend(state.child_sorted[c0..c1].iter().map(|&(node, score)| (((next_level as u64) << 32) | node as u64, score)));
+                for c in &state.cands[pi * beam..pi * beam + state.n_cands[pi] as usize] {
+                    let is_leaf = model.level_nodes(&model.trees[self.tree][c.level as usize])[c.node as usize].is_leaf;
                     if is_leaf {
-                        merged.push((node, score));
-                        levels_of.push(level);
+                        tagged.push((((c.level as u64) << 32) | c.node as u64, c.score));
                     }
                 }
-                // Encode the level in the candidate so the selection keeps it with its node.
-                let mut tagged: Vec<(u64, f32)> = merged.iter().zip(&levels_of).map(|(&(n, s), &l)| (((l as u64) << 32) | n as u64, s)).collect();
                 if tagged.len() > beam {
-                    tagged.select_nth_unstable_by(beam, |a, b| b.1.total_cmp(&a.1));
+                    tagged.select_nth_unstable_by(beam, by_score_then_key);
                     tagged.truncate(beam);
                 }
-                let cands: Vec<(u32, u32, f32)> = tagged.iter().map(|&(key, s)| (key as u32, (key >> 32) as u32, s)).collect();
-                state.leaves[pi].retain(|((l, n), _)| cands.iter().any(|&(cn, cl, _)| cn == *n && cl == *l));
-                for &(node, level, score) in &cands {
-                    if level as usize == next_level {
+                for (slot, &(key, score)) in state.cands[pi * beam..].iter_mut().zip(&tagged) {
+                    *slot = Cand { node: key as u32, level: (key >> 32) as u32, score };
+                }
+                state.n_cands[pi] = tagged.len() as u32;
+                // Keep the evaluated leaves still in the beam.
+                let mut kept = 0;
+                for j in 0..state.n_leaves[pi] as usize {
+                    let leaf = state.leaves[pi * beam + j];
+                    if tagged.iter().any(|&(key, _)| key == (((leaf.level as u64) << 32) | leaf.node as u64)) {
+                        state.leaves[pi * beam + kept] = leaf;
+                        kept += 1;
+                    }
+                }
+                state.n_leaves[pi] = kept as u32;
+                for &(key, score) in &tagged {
+                    if (key >> 32) as usize == next_level {
+                        let node = key as u32;
                         let c = shared.plan.chunk_of(self.tree, next_level, node);
                         work[c].push(Work { point: p, node, score });
                     }
                 }
-                state.cands[pi] = cands;
                 still.push(p);
+            }
+            // Labels of leaves that left every beam are dropped once they are the larger part.
+            if state.labels.len() > 1 << 16 {
+                let live: usize = (0..n).map(|p| state.point_leaves(p, beam).iter().map(|l| l.len as usize).sum::<usize>()).sum();
+                if state.labels.len() > 2 * live {
+                    state.compact_labels(beam);
+                }
             }
             state.active = still;
             state.active.is_empty()
@@ -298,7 +447,7 @@ impl<'a> Task<'a> for MergeTask<'a> {
 }
 
 /// Injects the chunk tasks of `level` that have work, and the merge task after them.
-fn launch_level<'a>(adder: &Adder<'_, 'a>, shared: &'a Shared<'a>, job: &Arc<BatchJob>, tree: usize, level: usize, work: Vec<Vec<Work>>) -> Result<()> {
+fn launch_level<'a>(adder: &Adder<'_, 'a>, shared: &'a Shared<'a>, job: &Arc<BatchJob<'a>>, tree: usize, level: usize, work: Vec<Vec<Work>>) -> Result<()> {
     let mut parents = Vec::new();
     for (chunk, w) in work.into_iter().enumerate() {
         if w.is_empty() {
@@ -311,52 +460,78 @@ fn launch_level<'a>(adder: &Adder<'_, 'a>, shared: &'a Shared<'a>, job: &Arc<Bat
 }
 
 /// Averages the trees' predictions of every point and sends the batch to the sink.
-fn finish_batch(shared: &Shared<'_>, job: &Arc<BatchJob>) {
+fn finish_batch<'a>(shared: &Shared<'a>, job: &Arc<BatchJob<'a>>) {
     let k = shared.options.k;
+    let beam = shared.options.beam;
     let batch = job.batch.lock().expect("batch lock poisoned").take().unwrap_or_default();
     let n = batch.len();
     let n_trees = shared.model.n_trees;
-    let mut per_tree: Vec<_> = job.trees.iter().map(|t| std::mem::take(&mut t.lock().expect("tree state poisoned").done)).collect();
+    let trees: Vec<_> = job.buffers.trees.iter().map(|t| t.lock().expect("tree state poisoned")).collect();
     let mut labels = vec![u32::MAX; n * k];
     let mut scores = vec![f32::NAN; n * k];
+    let mut pairs: Vec<(u32, f32)> = Vec::new();
     for p in 0..n {
-        let mut pairs = Vec::new();
-        for t in per_tree.iter_mut() {
-            pairs.append(&mut t[p]);
+        pairs.clear();
+        for t in &trees {
+            for leaf in t.point_leaves(p, beam) {
+                pairs.extend_from_slice(&t.labels[leaf.start as usize..(leaf.start + leaf.len) as usize]);
+            }
         }
-        for (j, (l, s)) in combine_trees(pairs, n_trees, k).into_iter().enumerate() {
+        combine_trees(&mut pairs, n_trees, k);
+        for (j, &(l, s)) in pairs.iter().enumerate() {
             labels[p * k + j] = l;
             scores[p * k + j] = s;
         }
     }
-    let _ = job.results.send(Finished { index: job.index, batch, bytes: job.bytes, labels, scores });
+    // The batch's real bytes (the estimate made at its start, corrected).
+    let actual = batch.size_bytes() + job.buffers.points.size_bytes() + trees.iter().map(|t| t.size_bytes()).sum::<u64>();
+    drop(trees);
+    let estimate = job.bytes.swap(actual, Ordering::AcqRel);
+    if actual > estimate {
+        let now = shared.batch_bytes.fetch_add(actual - estimate, Ordering::AcqRel) + (actual - estimate);
+        shared.peak_batch_bytes.fetch_max(now, Ordering::AcqRel);
+    } else {
+        shared.batch_bytes.fetch_sub(estimate - actual, Ordering::AcqRel);
+    }
+    let _ = job.results.send(Finished { index: job.index, batch, bytes: actual, labels, scores });
 }
 
 fn start_batch<'a>(injector: &Injector<'a>, shared: &'a Shared<'a>, index: u64, batch: Batch, results: &mpsc::Sender<Finished>) -> Result<()> {
     let model = shared.model;
+    let beam = shared.options.beam;
     let n = batch.len();
-    let points = Points::prepare(&batch.indptr, &batch.indices, &batch.values, model.n_features);
-    let trees = (0..model.n_trees)
-        .map(|_| {
-            Mutex::new(TreeState {
-                cands: vec![vec![(0, 0, 0.)]; n],
-                next: vec![Vec::new(); n],
-                expanded: vec![false; n],
-                leaves: vec![Vec::new(); n],
-                active: (0..n as u32).collect(),
-                done: vec![Vec::new(); n],
-            })
-        })
-        .collect();
-    let bytes = batch.size_bytes() + points.size_bytes() + (n * model.n_trees * (64 + 24 * shared.options.beam * (shared.options.beam + 2))) as u64;
+    let mut buffers = shared.pool.lock().expect("batch pool poisoned").pop().unwrap_or_default();
+    buffers.points.prepare_into(&batch.indptr, &batch.indices, &batch.values, model.n_features);
+    buffers.trees.resize_with(model.n_trees, Default::default);
+    for t in &mut buffers.trees {
+        t.get_mut().expect("tree state poisoned").reset(n, beam);
+    }
+    // Until the batch ends and its real size is known: what it holds now, or for fresh
+    // buffers, its beams and leaves with `beam` labels each.
+    let fresh = (n * model.n_trees * (beam * (12 + 16 + 8 * beam + 12 * 2) + 32)) as u64;
+    let bytes = batch.size_bytes() + buffers.size_bytes().max(fresh);
     let now = shared.batch_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
     shared.peak_batch_bytes.fetch_max(now, Ordering::AcqRel);
-    let job = Arc::new(BatchJob { index, batch: Mutex::new(Some(batch)), bytes, points, trees, trees_left: AtomicUsize::new(model.n_trees), results: results.clone() });
+    let job = Arc::new(BatchJob { index, shared, batch: Mutex::new(Some(batch)), bytes: AtomicU64::new(bytes), buffers, trees_left: AtomicUsize::new(model.n_trees), results: results.clone() });
     for tree in 0..model.n_trees {
         let work = vec![(0..n as u32).map(|p| Work { point: p, node: 0, score: 0. }).collect()];
         launch_level(&Adder::Injector(injector), shared, &job, tree, 0, work)?;
     }
     Ok(())
+}
+
+/// Every level of the model, read into memory: the file's bytes from the first level's offset to
+/// the end of the last one.
+fn read_levels(model: &ModelInfo) -> Result<(u64, Vec<u8>)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let first = model.trees.iter().flatten().map(|l| l.offset).min().unwrap_or(0);
+    let end = model.trees.iter().flatten().map(|l| l.offset + l.len).max().unwrap_or(first);
+    let len = usize::try_from(end - first).map_err(|_| FlashError::invalid("model too large for memory"))?;
+    let mut bytes = vec![0u8; len];
+    let mut file = std::fs::File::open(&model.path).map_err(|e| FlashError::io(&model.path, e))?;
+    file.seek(SeekFrom::Start(first)).map_err(|e| FlashError::io(&model.path, e))?;
+    file.read_exact(&mut bytes).map_err(|e| FlashError::io(&model.path, e))?;
+    Ok((first, bytes))
 }
 
 /// Scores the points of `batches` with the model at `model.path`, handing each batch and its
@@ -377,6 +552,7 @@ where
     }
     let budget = runtime.options().memory_budget_bytes;
     let max_chunk_bytes = options.max_chunk_bytes.unwrap_or(budget / 8).max(4096);
+    let (resident, load_seconds) = if options.in_memory { (Some(read_levels(model)?), started.elapsed().as_secs_f64()) } else { (None, 0.) };
     let shared = Shared {
         model,
         plan: Plan::new(model, &file, max_chunk_bytes)?,
@@ -385,6 +561,8 @@ where
         in_flight: (Mutex::new(0), Condvar::new()),
         batch_bytes: AtomicU64::new(0),
         peak_batch_bytes: AtomicU64::new(0),
+        pool: Mutex::new(Vec::new()),
+        resident,
     };
     let shared = &shared;
     let (results_tx, results_rx) = mpsc::channel::<Finished>();
@@ -452,6 +630,6 @@ where
         let run = run?;
         fed?;
         let (points, batches) = consumed?;
-        Ok(PredictStats { points, batches, seconds: started.elapsed().as_secs_f64(), run, peak_batch_bytes: shared.peak_batch_bytes.load(Ordering::Acquire) })
+        Ok(PredictStats { points, batches, seconds: started.elapsed().as_secs_f64(), run, peak_batch_bytes: shared.peak_batch_bytes.load(Ordering::Acquire), load_seconds })
     })
 }

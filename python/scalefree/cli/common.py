@@ -233,6 +233,18 @@ def add_text_dialect(p, delimiter: bool = True) -> None:
                         "auto: when its first field is not a number")
 
 
+def add_slack(p, what: str, default_help: str) -> None:
+    """``--slack S`` (bounded staleness on the sparse allreduce: other ranks' ``what`` up to S
+    iterations old instead of waiting for a slow rank) and ``--straggler MS`` (benchmarks: one
+    seeded-random rank, :class:`~scalefree.ssp.straggler.StragglerSchedule`, sleeps up to MS
+    ms before each iteration)."""
+    p.add_argument("--slack", type=count(0), default=None,
+                   help=f"bounded staleness: an iteration may use other ranks' {what} up to this many iterations "
+                        f"old instead of waiting for a slow rank; {default_help}")
+    p.add_argument("--straggler", type=number(0), default=0.0, metavar="MS",
+                   help="benchmarks: before each iteration one seeded-random rank sleeps up to MS ms")
+
+
 def add_quiet(p) -> None:
     """``-q/--quiet``: no progress (shown by default when stderr is a terminal)."""
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")

@@ -44,6 +44,8 @@ def add_parser(flash_sub, runtime_args) -> None:
     p.add_argument("--batch", type=count(1), default=8192, help="points per batch (default 8192)")
     p.add_argument("--in-flight", type=count(1), default=4, help="batches scored at once (default 4)")
     p.add_argument("--chunk", default=None, help="largest level read per task, e.g. 64M (default budget/8)")
+    p.add_argument("--in-memory", action="store_true",
+                   help="read the whole model into memory first (outside the budget), then score with no IO")
     p.add_argument("-o", "--output", "--out", dest="out", default=None, metavar="OUT",
                    help="write label:score lines, one per point (atomically)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the metrics, times and IO counters")
@@ -113,7 +115,7 @@ def _predict(args) -> int:
 
         p = xml.predict(args.model, args.data, k=args.k, beam=args.beam, runtime=rt, batch_points=args.batch,
                         batches_in_flight=args.in_flight, max_chunk_bytes=chunk, out=args.out, collect=False,
-                        progress=progress)
+                        progress=progress, in_memory=args.in_memory)
     except (ScalefreeError, ValueError, OSError) as e:
         fail("scalefree flash xml predict", message(e))
     s = p.stats

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_path, write_json
-from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints,
+from .._units import parse_positive_bytes
+from .common import (add_checkpoint, add_columns, add_quiet, add_ranks, add_slack, add_text_dialect, check_checkpoint, checkpoints,
                      count, fail, number, relaunch, show_progress, stopped_line)
 
 EDGES_HELP = ("edge file: edge list (SNAP, CSV; .gz allowed), Matrix Market .mtx[.gz], .npy, .npz, "
@@ -105,7 +106,8 @@ def _pagerank(args) -> int:
     t1 = time.perf_counter()
     if args.collective == "dense":
         return _pagerank_dense(args, g, s, d, n_ids, edges, t0, load_s)
-    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False)
+    pr = SparsePageRank(g, s, d, n_ids, args.damping, "auto", args.dtype, rep, isolated=False, slack=args.slack,
+                        check_every=args.check_every, memory_budget=args.memory_budget, flash_dir=args.flash_dir)
     del s, d
     me, m = logical_rank(g, rep)
     gather = None
@@ -127,7 +129,7 @@ def _pagerank(args) -> int:
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "damping": args.damping,
                                "dtype": args.dtype}, "PageRank")
     t2 = time.perf_counter()
-    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck)
+    it, per_it = iterate(pr, args.tol, args.max_iter, progress, before, ck, args.straggler, args.straggler_seed)
     iterate_s = time.perf_counter() - t2
     if ck is not None and ck.stopped:
         if g.rank == 0:
@@ -150,6 +152,10 @@ def _pagerank(args) -> int:
             ids = np.flatnonzero(mask)
             _write_scores(args.output, ids, everything[ids])
     rss = g.allgather(np.array([peak_rss_bytes()], np.int64)).reshape(-1) if rep == 1 else None
+    if rep == 1:
+        stages["csr_bytes_per_rank"] = [int(x) for x in g.allgather(np.array([pr.csr.size_bytes], np.int64)).reshape(-1)]
+    if args.memory_budget is not None and rep == 1:
+        stages["flash"] = _flash_record(g, pr)
     saved = None
     if ck is not None:  # per rank: checkpoints written, their median seconds, the last one's bytes
         saved = g.allgather(np.array([len(ck.saved_s), np.median(ck.saved_s) if ck.saved_s else 0.0,
@@ -158,6 +164,24 @@ def _pagerank(args) -> int:
         who = f" ({m} logical x {rep} replicas; this is replica {g.rank // m} of logical node 0)" if rep > 1 else ""
         _report(args, pr.n, edges, g.size, it, per_it, load_s, setup_s, iterate_s, t0, rss, best, who, saved, stages)
     return 0
+
+
+def _flash_record(g, pr) -> dict:
+    """Collective: per rank, the bytes of its CSR on flash and what its last iteration's
+    stream did (bytes read, seconds, peak resident bytes of the runtime, row blocks)."""
+    st = pr.csr.last_stats or {}
+    mine = np.array([pr.csr.size_bytes, st.get("bytes_read", 0), st.get("seconds", 0.0),
+                     st.get("peak_resident_bytes", 0), st.get("tasks", 0), st.get("compute_idle_seconds", 0.0),
+                     float(bool(st.get("direct_io", False)))], np.float64)
+    every = g.allgather(mine).reshape(g.size, -1)
+    return {"memory_budget_bytes": int(pr.flash_runtime.memory_budget_bytes),
+            "csr_bytes_per_rank": [int(x) for x in every[:, 0]],
+            "last_iteration_bytes_read_per_rank": [int(x) for x in every[:, 1]],
+            "last_iteration_stream_s_per_rank": [float(x) for x in every[:, 2]],
+            "peak_resident_bytes_per_rank": [int(x) for x in every[:, 3]],
+            "row_blocks_per_rank": [int(x) for x in every[:, 4]],
+            "compute_idle_s_per_rank": [float(x) for x in every[:, 5]],
+            "direct_io": bool(every[:, 6].all())}
 
 
 def _vertices_mask(g, owned, n_ids) -> np.ndarray | None:
@@ -178,6 +202,7 @@ def _report(args, n, edges, ranks, it, per_it, load_s, setup_s, iterate_s, t0, r
         print(f"scores written to {args.output}", file=sys.stderr)
     if args.json:
         rec = {"vertices": int(n), "edges": int(edges), "ranks": ranks, "collective": args.collective,
+               "slack": getattr(args, "slack", None), "straggler_ms": getattr(args, "straggler", 0.0),
                "iterations": it, "load_s": load_s, "setup_s": setup_s, "iterate_s": iterate_s,
                "per_iteration_s": per_it, "end_to_end_s": time.perf_counter() - t0,
                "peak_rss_bytes": None if rss is None else [int(x) for x in rss],
@@ -232,8 +257,10 @@ def _diameter(args) -> int:
     load_s = time.perf_counter() - t0
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
                                "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
+    flash_stats: dict = {}
     nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
-                            progress=progress, isolated=False, checkpoints=ck, precision=args.precision)
+                            progress=progress, isolated=False, checkpoints=ck, precision=args.precision,
+                            memory_budget=args.memory_budget, flash_dir=args.flash_dir, stats=flash_stats)
     if ck is not None and ck.stopped:
         if g.rank == 0:
             stopped_line(ck, "hop")
@@ -256,6 +283,8 @@ def _diameter(args) -> int:
             rec = {"vertices": int(round(nf[0])), "edges": int(edges), "ranks": g.size, "method": enc.method,
                    "effective_diameter": h, "effective_diameter_interpolated": hi, "neighbourhood": list(nf),
                    "load_s": load_s, "per_hop_s": per_hop, "peak_rss_bytes": [int(x) for x in rss]}
+            if flash_stats:
+                rec["flash"] = {"memory_budget": args.memory_budget, **flash_stats}
             write_json(args.json, rec)
     return 0
 
@@ -301,6 +330,35 @@ def _launch(run, check=None):
     return go
 
 
+def _add_memory_budget(q, what: str, step: str) -> None:
+    q.add_argument("--memory-budget", metavar="M", default=None,
+                   help=f"out of core: each rank's {what} go to a scratch file on flash and every "
+                        f"{step} streams them once in row blocks prefetched "
+                        "within M bytes (e.g. 64M); the vertex state stays in memory; the same result bit for bit "
+                        "(default: in memory)")
+    q.add_argument("--flash-dir", metavar="DIR", default=None,
+                   help="directory of the scratch files of --memory-budget, e.g. next to the input on the same SSD "
+                        "(default SCALEFREE_FLASH_DIR or the system temp dir; unnamed files: nothing is left "
+                        "behind, even after a crash)")
+
+
+def _check_memory_budget(prog, args) -> None:
+    if args.memory_budget is not None:
+        try:
+            parse_positive_bytes(args.memory_budget, "--memory-budget")
+        except ValueError as e:
+            fail(prog, str(e))
+    if args.flash_dir is not None and not Path(args.flash_dir).is_dir():
+        fail(prog, f"--flash-dir {args.flash_dir}: no such directory")
+
+
+def _check_diameter(prog, args) -> None:
+    check_checkpoint(prog, args)
+    _check_memory_budget(prog, args)
+    if args.memory_budget is not None and args.method not in ("auto", "hll"):
+        fail(prog, "--memory-budget streams the HyperLogLog hop: use --method hll (or auto)")
+
+
 def _check_pagerank(prog, args) -> None:
     if args.ranks % args.replication:
         fail(prog, f"--replication {args.replication} must divide the rank count {args.ranks}")
@@ -310,6 +368,13 @@ def _check_pagerank(prog, args) -> None:
     check_checkpoint(prog, args)
     if args.checkpoint and (args.collective == "dense" or args.replication > 1):
         fail(prog, "--checkpoint needs --collective sparse and no --replication")
+    if args.collective == "dense" and (args.slack is not None or args.straggler):
+        fail(prog, "--slack and --straggler need --collective sparse")
+    if args.check_every is not None and args.slack is None:
+        fail(prog, "--check-every needs --slack")
+    _check_memory_budget(prog, args)
+    if args.memory_budget is not None and args.collective == "dense":
+        fail(prog, "--memory-budget needs --collective sparse")
 
 
 def add_parser(sub) -> None:
@@ -340,6 +405,7 @@ def add_parser(sub) -> None:
     q.add_argument("--replication", type=count(1), default=1,
                    help="run the ranks as ranks/R logical nodes with R replicas each: the job finishes with "
                         "correct scores while one replica of every node lives")
+    _add_memory_budget(q, "CSR rows (its edges)", "iteration")
     q.add_argument("-o", "--output", metavar="FILE", help="write every vertex's score here (id<TAB>score, by id)")
     q.add_argument("--json", metavar="OUT", help="write times, peak RSS per rank and the top vertices here")
     q.add_argument("--save-scores", metavar="DIR",
@@ -347,6 +413,10 @@ def add_parser(sub) -> None:
     q.add_argument("--fail-rank", metavar="RANK:ITERATION",
                    help="fault injection: that rank SIGKILLs itself before that iteration (to try --replication "
                         "or --resume; under scalefree run --max-restarts only in the first start)")
+    add_slack(q, "flow", "the L1 test runs on the exact (flushed) scores every --check-every iterations")
+    q.add_argument("--check-every", type=count(1), default=None,
+                   help="with --slack: iterations between exact checks (default: the slack)")
+    q.add_argument("--straggler-seed", type=count(0), default=0, help="seed of the --straggler schedule")
     add_checkpoint(q)
     q.add_argument("--progress", action="store_true", help="print the L1 change per iteration (also when not a terminal)")
     add_quiet(q)
@@ -371,12 +441,13 @@ def add_parser(sub) -> None:
                    help="share of reachable pairs for the effective diameter")
     q.add_argument("--max-hops", type=count(1), default=256)
     q.add_argument("--undirected", action="store_true", help="follow edges both ways")
+    _add_memory_budget(q, "edges (grouped by source; --method hll)", "hop")
     q.add_argument("--fm-seed", type=count(0), default=0, help="seed of the Flajolet-Martin hash")
     q.add_argument("--json", metavar="OUT", help="write the neighbourhood function and times here")
     q.add_argument("--progress", action="store_true", help="print N(h) per hop (also when not a terminal)")
     add_checkpoint(q, "hop")
     add_quiet(q)
-    q.set_defaults(func=_launch(_diameter, lambda prog, args: check_checkpoint(prog, args)))
+    q.set_defaults(func=_launch(_diameter, _check_diameter))
 
     r = s.add_parser("rmat", help="write a seeded R-MAT power-law graph",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -28,7 +28,7 @@ from ..sgd.logreg import (
     train,
     write_svmlight,
 )
-from .common import (add_checkpoint, add_quiet, add_ranks, add_text_dialect, check_checkpoint, checkpoints, count, fail,
+from .common import (add_checkpoint, add_quiet, add_ranks, add_slack, add_text_dialect, check_checkpoint, checkpoints, count, fail,
                      number, relaunch, show_progress, stopped_line)
 
 
@@ -74,7 +74,8 @@ def _logreg_cmd(args) -> int:
     t0 = time.perf_counter()
     ck = checkpoints(g, args, _checkpoint_record(args), "logreg")
     w, b, st = train(g, train_rows, args.epochs, args.batch, args.lr, args.alpha, args.seed, progress=show_progress(args),
-                     optimizer=args.optimizer, checkpoints=ck)
+                     optimizer=args.optimizer, checkpoints=ck, fixed=args.fixed_features, slack=args.slack,
+                     straggler_ms=args.straggler)
     if ck is not None and ck.stopped:
         if g.rank == 0:
             stopped_line(ck, "epoch")
@@ -102,6 +103,8 @@ def _logreg_cmd(args) -> int:
                 "features": int(train_rows.dim), "ranks": g.size, "batch": args.batch, "epochs": args.epochs,
                 "steps": int(st["steps"]), "test_accuracy": test_acc, "train_accuracy": float(right[1] / counts[0]),
                 "load_s": load_s, "fit_s": fit_s, "step_s": float(st["step_s"]),
+                "slack": args.slack, "fixed_features": bool(args.fixed_features or args.slack is not None),
+                "straggler_ms": args.straggler, "mean_age_diff": st.get("mean_age_diff"),
                 "peak_rss_bytes": [int(x) for x in rss]})
         if "sklearn" in args.vs:
             _sklearn_row(args, zb)
@@ -167,6 +170,11 @@ def add_parser(sub) -> None:
     q.add_argument("--data-seed", type=count(0), default=0, help="synthetic: seed of the data and planted model")
     q.add_argument("-o", "--output", metavar="MODEL.npz", help="save the weights w and bias b (written atomically)")
     q.add_argument("--json", metavar="OUT", help="write accuracies, times and peak RSS per rank here")
+    q.add_argument("--fixed-features", action="store_true",
+                   help="one sparse allreduce configured once on each rank's features (cumulative gradient sums) "
+                        "instead of a config_reduce per mini-batch")
+    add_slack(q, "gradient sums", "implies --fixed-features; nothing is lost (a flush at the end applies the "
+                                  "rest); the --straggler schedule's seed is --seed")
     q.add_argument("--progress", action="store_true", help="per-epoch progress (also when not a terminal)")
     add_checkpoint(q, "epoch")
     add_quiet(q)
@@ -190,4 +198,6 @@ def _launch(args) -> int:
         if f and f != "synthetic" and not Path(f).exists():
             fail(prog, f"{f}: no such file or directory")
     check_checkpoint(prog, args)
+    if args.checkpoint and (args.slack is not None or args.fixed_features):
+        fail(prog, "--checkpoint needs the per-mini-batch reduce (no --fixed-features, no --slack)")
     return relaunch(args, _logreg_cmd, args.ranks)

@@ -274,7 +274,11 @@ def _small_svd(b, vectors=True):
     lam, z = lam[::-1], z[:, ::-1]
     if lam[-1] > 1e-6 * lam[0] > 0:
         s = np.sqrt(lam)
-        return ((b @ z) / s if vectors else None), s, z
+        if not vectors:
+            return None, s, z
+        w = b @ z
+        w /= s  # in place: w is as tall as b
+        return w, s, z
     w, s, zh = np.linalg.svd(b, full_matrices=False)
     return w, s, zh.conj().T
 
@@ -351,6 +355,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
     # work of a solve) use the runtime's threads.
     with blas_threads(threads):
         w, s, z = _small_svd(other, vectors)
+        del other
         x = x @ z if vectors else None
     s = np.asarray(s, dtype=np.float64)
     if stats is not None:
@@ -503,12 +508,25 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     real = np.finfo(dtype).dtype  # float32 for complex64, float64 for complex128
     if rsv is False:
         return s[::-1].astype(real)
-    u, s, vh = u[:, ::-1].astype(dtype), s[::-1].astype(real), vh[::-1].astype(dtype)
+    # Ascending order, as scipy: u's columns reversed in place (u is max(A.shape) x k: a
+    # reversed copy, and a contiguous one, would each hold another u).
+    u = _reverse_columns(np.ascontiguousarray(u))
+    u, s, vh = u.astype(dtype, copy=False), s[::-1].astype(real), vh[::-1].astype(dtype)
     if rsv == "u":
-        return np.ascontiguousarray(u), s, None
+        return u, s, None
     if rsv == "vh":
         return None, s, np.ascontiguousarray(vh)
-    return np.ascontiguousarray(u), s, np.ascontiguousarray(vh)
+    return u, s, np.ascontiguousarray(vh)
+
+
+def _reverse_columns(a: np.ndarray) -> np.ndarray:
+    """``a[:, ::-1]`` in place (a column at a time through one column of scratch)."""
+    k = a.shape[1]
+    for j in range(k // 2):
+        col = a[:, j].copy()
+        a[:, j] = a[:, k - 1 - j]
+        a[:, k - 1 - j] = col
+    return a
 
 
 @dataclass

@@ -156,8 +156,7 @@ def _thresholds(rows_a: _Rows, q: int):
         _, _, bins = _freq_bins(block, lengths[lo:hi])
         keys, counts = np.unique(block.indices.astype(np.int64) * _NBINS + bins, return_counts=True)
         hist.ravel()[keys] += counts.astype(np.int32)
-    cum = np.cumsum(hist, axis=1)
-    del hist
+    cum = np.cumsum(hist, axis=1, out=hist)  # in place: int32 holds any count of documents below 2^31
     enough = cum[:, -1] >= q
     last = np.where(enough, np.argmax(cum >= q, axis=1), -1)
     zeta = np.where(enough, 2.0 ** (-(last + 1) / _BINS_PER_OCTAVE), np.inf)
@@ -239,7 +238,11 @@ def _sq_dist_argmin(x, centers, x_sq=None):
     """Nearest center of each row of dense ``x`` and the squared distance."""
     if x_sq is None:
         x_sq = np.einsum("ij,ij->i", x, x)
-    d = x_sq[:, None] - 2.0 * (x @ centers.T) + np.einsum("ij,ij->i", centers, centers)[None, :]
+    # x_sq - 2 x c + |c|^2 in place: one rows x centers array, not four (the same bits).
+    d = x @ centers.T
+    d *= -2.0
+    d += x_sq[:, None]
+    d += np.einsum("ij,ij->i", centers, centers)[None, :]
     lab = np.argmin(d, axis=1)
     return lab, np.maximum(d[np.arange(len(lab)), lab], 0.0)
 
@@ -307,13 +310,18 @@ def _lloyd_sparse(op, row_sq, labels, k, iterations, tol):
         sizes = np.bincount(labels, minlength=k).astype(np.float64)
         z = _one_hot(labels, k, 1.0 / np.maximum(sizes[labels], 1.0))
         new_centers = np.asarray(op.rmatmat(z), dtype=np.float64).T  # k x words
+        del z
         if centers is not None:  # an emptied cluster keeps its center
             empty = sizes == 0
             new_centers[empty] = centers[empty]
         centers = new_centers
-        g = np.asarray(op.matmat(np.ascontiguousarray(centers.T)), dtype=np.float64)
-        d = row_sq[:, None] - 2.0 * g + np.einsum("ij,ij->i", centers, centers)[None, :]
+        # row_sq - 2 B c + |c|^2 in place: one docs x k array besides the product (same bits).
+        d = np.asarray(op.matmat(np.ascontiguousarray(centers.T)), dtype=np.float64)
+        d *= -2.0
+        d += row_sq[:, None]
+        d += np.einsum("ij,ij->i", centers, centers)[None, :]
         new = np.argmin(d, axis=1)
+        del d
         changed = np.count_nonzero(new != labels)
         labels = new
         if changed <= tol * len(labels):
@@ -457,14 +465,18 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # 3. k-means++ and Lloyd in the projected space.
     t = time.perf_counter()
     if done < 3:
-        proj = (u * s[None, :]).astype(np.float32)  # B v, the documents in the top-k right singular space
+        if not u.flags.writeable:
+            u = u.copy()
+        u *= s[None, :]  # B v, the documents in the top-k right singular space (in place: no docs x k copy)
+        proj = u.astype(np.float32)
+        del u
         best = None
         for _ in range(kmeans_inits):
             run = _lloyd_dense(proj, _kmeans_pp(proj, kk, rng), kmeans_iterations)
             if best is None or run[2] < best[2]:
                 best = run
         labels = best[0]
-        del proj, u
+        del proj
         seconds["kmeans_projected"] = time.perf_counter() - t
         say(f"3/5 k-means++ and k-means ({kk} clusters) on the {k}-dim projection (best of {kmeans_inits} seedings), "
             f"{seconds['kmeans_projected']:.2f} s")

@@ -168,16 +168,96 @@ def read_xc(path):
     return x, labels
 
 
-def _source(X, n_features: int):
+def _npy_stream(zf, name: str):
+    """An open ``.npy`` member of a zip and its (shape, dtype), positioned at its data."""
+    f = zf.open(name)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    if dtype.hasobject or (fortran and len(shape) > 1):
+        raise InvalidArgumentError(f"{name} of the .npz is not a plain array")
+    return f, shape, dtype
+
+
+def _take(f, dtype, count: int, what: str):
+    data = f.read(count * dtype.itemsize)
+    if len(data) != count * dtype.itemsize:
+        raise InvalidArgumentError(f"{what}: the .npz ends early (truncated?)")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _npz_blocks(path: str, batch_points: int, n_features: int):
+    """CSR blocks ``(indptr int64, indices int32, values float32)`` of a scipy ``.npz`` (as
+    ``scipy.sparse.save_npz`` writes it, compressed or not), read from the zip a batch of rows at
+    a time: memory is one batch whatever the file's size. Another sparse format than CSR is
+    read whole and converted. A feature id at or past ``n_features`` is an error naming the
+    file and row."""
+    import zipfile
+
+    import scipy.sparse as sp
+
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise InvalidArgumentError(f"{path}: not a scipy .npz ({e})") from e
+    with zf:
+        names = set(zf.namelist())
+        if not {"format.npy", "shape.npy", "indptr.npy", "indices.npy", "data.npy"} <= names:
+            raise InvalidArgumentError(f"{path}: not a scipy sparse .npz (no CSR arrays in it)")
+        fmt = np.lib.format.read_array(zf.open("format.npy")).item()
+        fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+        if fmt != "csr":
+            x = sp.csr_matrix(sp.load_npz(path), dtype=np.float32)
+            x.sum_duplicates()
+            for a in range(0, x.shape[0], batch_points):
+                b = min(a + batch_points, x.shape[0])
+                yield (x.indptr[a:b + 1].astype(np.int64), x.indices[x.indptr[a]:x.indptr[b]].astype(np.int32),
+                       x.data[x.indptr[a]:x.indptr[b]])
+            return
+        rows = int(np.lib.format.read_array(zf.open("shape.npy"))[0])
+        if rows == 0:
+            raise InvalidArgumentError(f"{path}: no data points (the matrix has no rows)")
+        fp, (n_ptr,), dp = _npy_stream(zf, "indptr.npy")
+        fi, (nnz,), di = _npy_stream(zf, "indices.npy")
+        fv, (nnz_v,), dv = _npy_stream(zf, "data.npy")
+        if n_ptr != rows + 1 or nnz != nnz_v:
+            raise InvalidArgumentError(f"{path}: inconsistent CSR arrays")
+        with fp, fi, fv:
+            last = _take(fp, dp, 1, path).astype(np.int64)
+            done = 0
+            while done < rows:
+                count = min(batch_points, rows - done)
+                ptr = np.concatenate([last, _take(fp, dp, count, path).astype(np.int64)])
+                if np.any(np.diff(ptr) < 0) or ptr[-1] > nnz:
+                    raise InvalidArgumentError(f"{path}: indptr of rows {done}..{done + count} out of order")
+                n = int(ptr[-1] - ptr[0])
+                idx = _take(fi, di, n, path)
+                bad = np.flatnonzero((idx < 0) | (idx >= n_features))
+                if bad.size:
+                    row = done + int(np.searchsorted(ptr, ptr[0] + bad[0], side="right")) - 1
+                    raise InvalidArgumentError(f"{path}: row {row}: feature id {idx[bad[0]]} is past the model's "
+                                               f"{n_features} features")
+                yield ptr, idx.astype(np.int32), _take(fv, dv, n, path).astype(np.float32)
+                last = ptr[-1:]
+                done += count
+
+
+def _source(X, batch_points: int, n_features: int):
+    """What ``_native.xml_predict`` reads: a text path, an iterator of CSR blocks (``.npz``), a
+    native ``FlashCsr``, or CSR arrays (a matrix in memory)."""
     import scipy.sparse as sp
 
     if isinstance(X, (str, os.PathLike)):
         path = os.fspath(X)
         if not path.endswith(".npz"):
             return path
-        X = sp.load_npz(path)
+        return _npz_blocks(path, batch_points, n_features)
     if isinstance(X, Csr):
-        X = X.to_scipy()
+        if X.col_ids is not None or X.row_ids is not None:
+            raise InvalidArgumentError("a flash.Csr with row_ids / col_ids (ids past 2**32) has no feature ids a model knows")
+        return X._m
     if not sp.issparse(X):
         X = sp.csr_matrix(np.atleast_2d(np.asarray(X, dtype=np.float32)))
     X = sp.csr_matrix(X, dtype=np.float32)
@@ -188,19 +268,21 @@ def _source(X, n_features: int):
 
 def predict(model, X, k: int = 5, beam: int = 10, *, runtime: Runtime | None = None, batch_points: int = 8192,
             batches_in_flight: int = 4, max_chunk_bytes: int | None = None, out=None, collect: bool = True,
-            progress=None) -> Predictions:
+            progress=None, in_memory: bool = False) -> Predictions:
     """Top-``k`` labels of every point of ``X`` by the model file ``model``, with a beam of
-    ``beam`` per tree. ``X``: a text file path (XC repository format or multi-label svmlight,
-    streamed), a ``.npz`` path (scipy sparse), a scipy sparse matrix, a numpy array or a
-    ``flash.Csr``. ``out``: also write ``label:score`` lines (one per point, best first) there,
+    ``beam`` per tree. ``X``: a text file path (XC repository format or multi-label svmlight),
+    a ``.npz`` path (scipy sparse) or a ``flash.Csr`` — all three read a batch at a time, so
+    their size does not matter — or a scipy sparse matrix or numpy array (in memory). ``out``: also write ``label:score`` lines (one per point, best first) there,
     atomically. ``collect=False`` keeps no arrays (a stream of any length; use ``out``).
-    ``progress(points_done, seconds)`` is called about every second from this thread."""
+    ``progress(points_done, seconds)`` is called about every second from this thread.
+    ``in_memory=True`` is the in-memory twin: every level is read into memory first (outside
+    the runtime's budget; ``stats["load_seconds"]``), then scored with no IO."""
     if k < 1 or beam < 1 or batch_points < 1 or batches_in_flight < 1:
         raise InvalidArgumentError("k, beam, batch_points and batches_in_flight must be at least 1")
     rt = runtime or default_runtime()
     model = os.fspath(model)
     info = model_info(model)
-    src = _source(X, info.n_features)
+    src = _source(X, batch_points, info.n_features)
     counters = _native.XmlProgress()
     result: dict = {}
 
@@ -208,7 +290,7 @@ def predict(model, X, k: int = 5, beam: int = 10, *, runtime: Runtime | None = N
         try:
             result["value"] = _native.xml_predict(rt._rt, model, src, k, beam, batch_points, batches_in_flight,
                                                   max_chunk_bytes, None if out is None else os.fspath(out),
-                                                  collect, counters)
+                                                  collect, counters, in_memory)
         except BaseException as e:  # re-raised in the caller's thread
             result["error"] = e
 

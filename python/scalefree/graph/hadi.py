@@ -46,6 +46,9 @@ import time
 
 import numpy as np
 
+from .. import _native
+from .._cores import usable_cores
+from .._units import parse_positive_bytes
 from .io import compact_ids
 
 FM_CORRECTION = 0.77351
@@ -182,7 +185,8 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
 
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
          degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None,
-         precision: int = HLL_PRECISION):
+         precision: int = HLL_PRECISION, *, memory_budget=None, flash_dir=None, flash_threads: int | None = None,
+         stats: dict | None = None):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
@@ -193,8 +197,22 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
     ``[0, n)`` is a vertex: O(n / size) per rank). ``checkpoints``: a
     :class:`~scalefree.checkpoint.Checkpoints` counting hops (the run resumes from it, saves
-    this rank's sets to it, and ends early at its ``stop_after``)."""
+    this rank's sets to it, and ends early at its ``stop_after``).
+
+    ``memory_budget`` (bytes or a size such as ``"64M"``; HyperLogLog only, which ``"auto"``
+    then picks): this rank's edges grouped by source go to a scratch file of a flash runtime
+    with that budget (in ``flash_dir``; unnamed, nothing is left behind even after a crash)
+    and every hop streams them once in row blocks prefetched under the budget; the register
+    rows stay in memory (256 bytes a vertex at the default precision: usually more than the
+    edges' 4 bytes each). The same neighbourhood function bit for bit. ``stats`` (a dict)
+    receives ``edge_bytes_on_flash`` and the last hop's runtime statistics."""
     me, size = group.rank, group.size
+    if memory_budget is not None:
+        if method == "auto":
+            method = "hll"
+        if method != "hll":
+            raise ValueError(f"memory_budget streams HADI's HyperLogLog hop; method {method!r} holds its edges in "
+                             f"memory (use method 'hll')")
     enc = Encoding(method, n, k, seed, precision)
     src = np.asarray(src, np.int64)
     dst = np.asarray(dst, np.int64)
@@ -245,14 +263,25 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     ld_by_src = np.ascontiguousarray(ld[order], np.int64)
     starts = np.flatnonzero(np.r_[True, np.diff(ls[order]) != 0]) if len(ls) else np.zeros(0, np.int64)
     del order
+    flash_rows = None
     if enc.method == "hll":
-        from .. import _native
-
         indptr = np.append(starts, len(ls)).astype(np.int64)
         out_rows = np.empty((len(starts) + len(owned), enc.width), np.uint8)
+        if memory_budget is not None:
+            threads = flash_threads or max(1, usable_cores() // max(1, size))
+            rt = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
+                                      None if flash_dir is None else str(flash_dir), "")
+            flash_rows = _native.FlashRows(rt, indptr, ld_by_src, len(udst))
+            del ld_by_src, indptr
+            if stats is not None:
+                stats["edge_bytes_on_flash"] = flash_rows.size_bytes
     for hop in range(start + 1, max_hops + 1):
         t0 = time.perf_counter()
-        if enc.method == "hll":
+        if flash_rows is not None:
+            flash_rows.register_max(b_dst, enc.width, out_rows[: len(starts)])
+            out_rows[len(starts):] = b_own
+            partial = None
+        elif enc.method == "hll":
             _native.hll_register_max(b_dst, enc.width, ld_by_src, indptr, out_rows[: len(starts)])
             out_rows[len(starts):] = b_own
             partial = None
@@ -274,4 +303,6 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         if checkpoints is not None and checkpoints.after(
                 hop, lambda: {"b_dst": b_dst, "b_own": b_own, "nf": np.array(nf)}):
             break
+    if flash_rows is not None and stats is not None:
+        stats["last_hop"] = flash_rows.last_stats
     return nf, enc, float(np.median(times)) if times else 0.0

@@ -15,6 +15,9 @@ import time
 
 import numpy as np
 
+from .._cores import usable_cores
+from .._units import parse_positive_bytes
+from ..ssp.straggler import StragglerSchedule
 from .io import local_ids, logical_rank, sorted_unique
 
 
@@ -178,10 +181,30 @@ class SparsePageRank:
     p is logical node ``p % (size / r)``; replicas pass the same edges, see
     :func:`logical_rank`). Construction needs every rank; afterwards an iteration completes
     while one replica of every logical node is alive (no group-wide collective is used:
-    the L1 change travels through a second replicated sparse allreduce)."""
+    the L1 change travels through a second replicated sparse allreduce).
+
+    ``slack=s`` (asynchronous PageRank, bounded staleness): the reduce may use other ranks'
+    flow up to ``s`` iterations old instead of waiting for a slow rank (the sparse
+    allreduce's ``slack``), and no iteration synchronizes the ranks. Every ``check_every``
+    iterations (default ``max(s, 1)``) a check flushes the allreduce: the scores become
+    the exact result of every rank's latest flow, and ``step`` returns the mean L1 change
+    per iteration of these exact scores since the previous check (``inf`` between checks),
+    which is at least the change of the last iteration while the iteration contracts, so
+    stopping on it is no looser than the synchronous test. :meth:`finish` flushes once
+    more when the last step was no check.
+
+    ``memory_budget`` (bytes, or a size such as ``"64M"``): once built, the rank's CSR moves
+    to a scratch file of a flash runtime with that budget (in ``flash_dir``, default
+    ``SCALEFREE_FLASH_DIR`` or the system temp dir; unnamed, so nothing is left behind even
+    after a crash) and every step streams it once, in row blocks, prefetched under the
+    budget; the vectors stay in memory. The scores are the same bit for bit.
+    ``flash_threads``: the runtime's compute threads (default: this machine's cores over the
+    group's ranks, at least 1)."""
 
     def __init__(self, group, src, dst=None, n: int | None = None, damping: float = 0.85, degrees="auto",
-                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None):
+                 dtype="float64", replication: int = 1, isolated: bool = True, columns=None,
+                 slack: int | None = None, check_every: int | None = None, *,
+                 memory_budget=None, flash_dir=None, flash_threads: int | None = None):
         from .. import _native
 
         me, size = logical_rank(group, replication)
@@ -219,6 +242,12 @@ class SparsePageRank:
             del rows, cols
         if max(len(out_keys), len(in_keys)) >= 2**32:
             raise ValueError(_TOO_MANY_SLOTS)
+        self.flash_runtime = None
+        if memory_budget is not None:
+            threads = flash_threads or max(1, usable_cores() // max(1, group.size))
+            self.flash_runtime = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
+                                                      None if flash_dir is None else str(flash_dir), "")
+            self.csr.move_to_flash(self.flash_runtime)
         if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
@@ -237,7 +266,10 @@ class SparsePageRank:
         self.inv_deg = inv.astype(dtype)
         del vk
         self.n_local = len(in_keys) - 1
-        self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False, replication=self.replication)
+        self.slack = None if slack is None else int(slack)
+        self.check_every = max(1, int(check_every if check_every is not None else (self.slack or 1)))
+        self.sa = group.sparse_allreduce(nkeys + 1, degrees=degrees, hash=False, replication=self.replication,
+                                         slack=self.slack)
         self.sa.config(out_keys, in_keys)
         self._l1 = None
         if self.replication > 1:
@@ -249,8 +281,12 @@ class SparsePageRank:
         self._base, self._d = 1.0 / max(self.n, 1), 0.0  # the first iteration's scores: 1/n
         self._scal = np.zeros(1)
         self.last_comm_s = 0.0  # time in collectives (incl. waiting for peers) of the last step
+        self._since = 0  # slack: steps since the last check, and the scores it left
+        self._checked = self.scores.copy() if self.slack is not None else None
 
     def step(self) -> float:
+        if self.slack is not None:
+            return self._step_stale()
         d = self.damping
         # Local: scores of the in slots from the last reduce, over out-degree, times the
         # matrix; y[-1] = the flow total.
@@ -269,6 +305,46 @@ class SparsePageRank:
             self.group.allreduce(self._scal)
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
+
+    def _scores_from_got(self) -> None:
+        """The next iteration's base from the flow total in ``got``, and the owned scores."""
+        d = self.damping
+        dangling = max(0.0, 1.0 - float(self.got[-1]))
+        self._base, self._d = (1.0 - d) / self.n + d * dangling / self.n, d
+        self.csr.owned(self.got, self.own_lo, self._base, d, self.scores)
+
+    def _step_stale(self) -> float:
+        """One iteration with slack (see the class docs); a check every ``check_every``."""
+        self.csr.step(self.got, self.inv_deg, self._base, self._d, self.y)
+        t0 = time.perf_counter()
+        self.sa.reduce(self.y, out=self.got)
+        self.last_comm_s = time.perf_counter() - t0
+        self._since += 1
+        if self._since < self.check_every:
+            self._scores_from_got()
+            return float("inf")
+        return self._check()
+
+    def _check(self) -> float:
+        """Flush: the scores from every rank's latest flow, exactly; returns the mean L1 change
+        per iteration of these exact scores since the previous check (the same on every rank)."""
+        t0 = time.perf_counter()
+        steps, self._since = self._since, 0
+        self.sa.flush(out=self.got)
+        self._scores_from_got()
+        self._scal[0] = float(np.abs(self.scores.astype(np.float64) - self._checked).sum())
+        self._checked[...] = self.scores
+        if self._l1 is not None:
+            self._scal[0] = self._l1.reduce(self._scal)[0]
+        else:
+            self.group.allreduce(self._scal)
+        self.last_comm_s += time.perf_counter() - t0
+        return float(self._scal[0]) / max(steps, 1)
+
+    def finish(self) -> None:
+        """With slack: a last check when the last step was none, so the scores are exact."""
+        if self.slack is not None and self._since > 0:
+            self._check()
 
     def state(self) -> dict:
         """This rank's state between iterations, for a checkpoint: its scores, the in slots of
@@ -307,23 +383,27 @@ def _edge_arrays(src, dst, columns=None) -> tuple[np.ndarray, np.ndarray]:
 
 def pagerank(group, src, dst=None, n: int | None = None, damping: float = 0.85, tol: float = 1e-10,
              max_iter: int = 200, degrees="auto", progress: bool = False, dtype="float64", replication: int = 1,
-             columns=None):
+             columns=None, slack: int | None = None):
     """Distributed PageRank (networkx semantics: dangling mass spread uniformly; stops when
     the L1 change is ``< tol``). ``src``/``dst``: this rank's edges as arrays, or ``src`` a
     table of them (pandas, polars, pyarrow, 2-D array, scipy sparse; ``columns`` by name) and
-    ``dst`` None; ``n``: the id space (default: the largest id over all ranks + 1). Returns
-    (owned vertex ids, their scores, iterations, median seconds per iteration)."""
-    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication, columns=columns)
+    ``dst`` None; ``n``: the id space (default: the largest id over all ranks + 1); ``slack``:
+    asynchronous iterations (see :class:`SparsePageRank`). Returns (owned vertex ids, their
+    scores, iterations, median seconds per iteration)."""
+    pr = SparsePageRank(group, src, dst, n, damping, degrees, dtype, replication, columns=columns, slack=slack)
     it, per_it = iterate(pr, tol, max_iter, progress)
     return pr.owned, pr.scores, it, per_it
 
 
 def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = False, before=None,
-            checkpoints=None) -> tuple[int, float]:
+            checkpoints=None, straggler_ms: float = 0.0, seed: int = 0) -> tuple[int, float]:
     """Steps ``pr`` until the L1 change is ``< tol`` or ``max_iter`` steps; ``before(it)``
     is called before step ``it`` (1-based). ``checkpoints``: a
     :class:`~scalefree.checkpoint.Checkpoints` (collective; the run resumes from it and saves
-    to it, and ends early at its ``stop_after``). Returns (iterations, median seconds per step)."""
+    to it, and ends early at its ``stop_after``). ``straggler_ms``: before each step one rank,
+    drawn by :class:`~scalefree.ssp.straggler.StragglerSchedule` (``seed``), sleeps up to that
+    long (benchmarks of ``slack``). Returns (iterations, median seconds per step)."""
+    delays = StragglerSchedule(straggler_ms, seed, pr.group.size).delays_s(pr.group.rank, max_iter + 1)
     times = []
     start, state = (0, None) if checkpoints is None else checkpoints.restore()
     it = start
@@ -334,15 +414,18 @@ def iterate(pr: "SparsePageRank", tol: float, max_iter: int, progress: bool = Fa
     for it in range(start + 1, max_iter + 1):
         if before is not None:
             before(it)
+        if delays[it]:
+            time.sleep(delays[it])
         t0 = time.perf_counter()
         d = pr.step()
         times.append(time.perf_counter() - t0)
-        if progress and pr.group.rank == 0:
+        if progress and pr.group.rank == 0 and d != float("inf"):
             print(f"iteration {it:3d}  L1 change {d:.3e}", file=sys.stderr, flush=True)
         if d < tol:
             break
         if checkpoints is not None and checkpoints.after(it, lambda: {**pr.state(), "change": np.array([d])}):
             break
+    pr.finish()
     return it, float(np.median(times)) if times else 0.0
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from .._atomic import atomic_path
 from ..errors import DataError
+from ..ssp.straggler import StragglerSchedule
 
 
 class SvmlightError(DataError):
@@ -298,7 +299,8 @@ def accuracy(w: np.ndarray, bias: float, x: SparseRows) -> float:
 
 
 def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float = 0.5, alpha: float = 1e-6,
-          seed: int = 0, degrees="auto", progress: bool = False, optimizer: str = "adagrad", checkpoints=None):
+          seed: int = 0, degrees="auto", progress: bool = False, optimizer: str = "adagrad", checkpoints=None,
+          fixed: bool = False, slack: int | None = None, straggler_ms: float = 0.0):
     """Collective: mini-batch SGD of logistic regression over this rank's ``rows`` (every
     rank must pass the same ``dim``). ``batch`` rows per rank per step. ``optimizer``:
     "adagrad" (per-coordinate steps ``lr / sqrt(sum of squared gradients)``, suited to
@@ -307,7 +309,19 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
     the median seconds per step and the median config_reduce seconds. ``checkpoints``: a
     :class:`~scalefree.checkpoint.Checkpoints` counting epochs (the run resumes from it, saves
     this rank's copy of the weights, its AdaGrad sums and its shuffle RNG at epoch ends, and
-    ends early at its ``stop_after``: the weights are then this rank's copy, not averaged)."""
+    ends early at its ``stop_after``: the weights are then this rank's copy, not averaged).
+
+    ``fixed``: one sparse allreduce configured once on a fixed feature set (every feature of
+    this rank's rows, plus the bias and the row count) instead of a ``config_reduce`` per
+    mini-batch. Each rank contributes its *cumulative* gradient sums (the history of its
+    contributions), so the change of the reduced sums since its previous step is every
+    gradient not yet applied, each exactly once (gradients are scaled by the rows of a full
+    global mini-batch, so a change spanning k steps moves the model as k steps do).
+    ``slack=s`` (implies ``fixed``): the reduce
+    may use other ranks' sums up to ``s`` steps old instead of waiting for a slow rank; a
+    flush at the end applies what the last steps missed, so no gradient is lost.
+    ``straggler_ms``: before each step one rank drawn by
+    :class:`~scalefree.ssp.straggler.StragglerSchedule` sleeps up to that long (benchmarks)."""
     me, size = group.rank, group.size
     dim = rows.dim
     if batch < 1:
@@ -324,6 +338,13 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
     steps_per_epoch = np.array([float(-(-len(rows) // batch))])
     group.allreduce(steps_per_epoch, op="max")
     steps_per_epoch = int(steps_per_epoch[0])
+    if slack is not None or fixed:
+        if checkpoints is not None:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoints need the per-mini-batch reduce (no fixed features, no slack)")
+        return _train_fixed(group, rows, epochs, batch, lr, alpha, seed, degrees, progress, optimizer,
+                            steps_per_epoch, slack, straggler_ms)
     # Indices dim, dim+1 carry the bias gradient and the row count of the mini-batch.
     sa = group.sparse_allreduce(dim + 2, degrees=degrees)
     w = np.zeros(dim + 1)  # the last entry is the bias
@@ -342,9 +363,12 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
         w, h = state["w"], state["h"]
         rng.bit_generator.state = json.loads(state["rng"].tobytes().decode())
     step_s, reduce_s = [], []
+    delays = StragglerSchedule(straggler_ms, seed, size).delays_s(me, steps_per_epoch * epochs)
     for epoch in range(start, epochs):
         order = rng.permutation(len(rows))
         for s in range(steps_per_epoch):
+            if delays[epoch * steps_per_epoch + s]:
+                time.sleep(delays[epoch * steps_per_epoch + s])
             t0 = time.perf_counter()
             mb = rows.take(order[s * batch:(s + 1) * batch])  # empty once this rank's share runs out
             rowid = np.repeat(np.arange(len(mb)), np.diff(mb.indptr))
@@ -381,6 +405,87 @@ def train(group, rows: SparseRows, epochs: int = 5, batch: int = 256, lr: float 
     stats = {"steps": steps_per_epoch * epochs,
              "step_s": float(np.median(step_s)) if step_s else 0.0,
              "config_reduce_s": float(np.median(reduce_s)) if reduce_s else 0.0}
+    return model[:-1], float(model[-1]), stats
+
+
+def _step_update(w, h, at, sums, count, alpha, lr, optimizer, feats_w, steps: float = 1.0) -> None:
+    """One optimizer step on the coordinates ``at`` (features then the bias) from gradient
+    ``sums`` over ``count`` rows, L2 on the features ``feats_w``. ``steps``: how many
+    mini-batches' worth of rows the gradient spans (AdaGrad adds ``grad**2 / steps``: what
+    that many steps of ``grad / steps`` each would add)."""
+    grad = sums / count
+    grad[:-1] += alpha * w[feats_w]
+    if optimizer == "adagrad":
+        h[at] += grad * grad / steps
+        w[at] -= lr * grad / (np.sqrt(h[at]) + 1e-12)
+    else:
+        w[at] -= lr * grad
+
+
+def _train_fixed(group, rows, epochs, batch, lr, alpha, seed, degrees, progress, optimizer, steps_per_epoch,
+                 slack, straggler_ms):
+    """:func:`train` with ``fixed`` / ``slack`` (see there)."""
+    me, size = group.rank, group.size
+    dim = rows.dim
+    feats = np.unique(rows.indices).astype(np.int64)
+    keys = np.concatenate([feats, [dim, dim + 1]])
+    sa = group.sparse_allreduce(dim + 2, degrees=degrees, slack=slack)
+    sa.config(keys, keys)
+    w = np.zeros(dim + 1)
+    h = np.zeros(dim + 1)
+    at_all = np.append(feats, dim)  # the rank's coordinates of w: its features, then the bias
+    cum = np.zeros(len(keys))  # this rank's gradient sums so far (its contribution)
+    seen = np.zeros(len(keys))  # the reduced sums already applied
+    got = np.zeros(len(keys))
+    rng = np.random.default_rng([seed, 5, me])
+    delays = StragglerSchedule(straggler_ms, seed, size).delays_s(me, steps_per_epoch * epochs)
+    scale = 1.0 / (batch * size)  # rows of a full global mini-batch
+
+    def apply(got):
+        # The change of the reduced sums: every rank's gradients since the last apply, each
+        # scaled by the global mini-batch (one step's mean gradient per step they span).
+        d = got - seen
+        seen[...] = got
+        if d[-1] > 0:
+            live = np.flatnonzero(d[:-2] != 0)
+            at = np.append(at_all[live], dim)
+            _step_update(w, h, at, np.append(d[live], d[-2]), 1.0, alpha, lr, optimizer, feats[live],
+                         d[-1] * scale)
+
+    step_s, reduce_s, ages = [], [], []
+    for epoch in range(epochs):
+        order = rng.permutation(len(rows))
+        for s in range(steps_per_epoch):
+            if delays[epoch * steps_per_epoch + s]:
+                time.sleep(delays[epoch * steps_per_epoch + s])
+            t0 = time.perf_counter()
+            mb = rows.take(order[s * batch:(s + 1) * batch])
+            rowid = np.repeat(np.arange(len(mb)), np.diff(mb.indptr))
+            margin = np.bincount(rowid, weights=mb.data * w[mb.indices], minlength=len(mb)) + w[dim]
+            resid = _sigmoid(margin) - mb.labels
+            pos = np.searchsorted(feats, mb.indices)
+            cum[:-2] += np.bincount(pos, weights=mb.data * resid[rowid], minlength=len(feats)) * scale
+            cum[-2] += resid.sum() * scale
+            cum[-1] += len(mb)
+            t1 = time.perf_counter()
+            sa.reduce(cum, out=got)
+            reduce_s.append(time.perf_counter() - t1)
+            if sa.last is not None:
+                ages.append(sa.last.age_diff)
+            apply(got)
+            step_s.append(time.perf_counter() - t0)
+        if progress and me == 0:
+            print(f"epoch {epoch + 1}: {steps_per_epoch} steps, {np.median(step_s) * 1e3:.2f} ms/step",
+                  file=sys.stderr, flush=True)
+    if slack is not None and steps_per_epoch * epochs:
+        apply(sa.flush(out=got))  # what the last steps saw stale: every gradient applied once
+    model = w
+    group.allreduce(model)
+    model /= size
+    stats = {"steps": steps_per_epoch * epochs,
+             "step_s": float(np.median(step_s)) if step_s else 0.0,
+             "config_reduce_s": float(np.median(reduce_s)) if reduce_s else 0.0,
+             "mean_age_diff": float(np.mean(ages)) if ages else 0.0}
     return model[:-1], float(model[-1]), stats
 
 

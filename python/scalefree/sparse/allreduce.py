@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _native
+from .._callstats import CallStats
 from ..errors import InvalidArgumentError
 from . import plan as sparse_plan
 
@@ -59,10 +60,22 @@ class SparseAllreduce:
     numbering already spreads heavy indices over the ranks' key ranges. A caller whose
     indices are distinct and ascending then pays no permutation on either side: its
     values are sent as they are and the result is written straight into its buffer.
+
+    ``slack=s`` (bounded staleness, SSP): a ``reduce`` may combine other ranks'
+    contributions up to ``s`` reductions old instead of waiting for a slow rank (a layer
+    message a peer has not sent yet is replaced by its last one while that is fresh enough);
+    the caller's own contribution is always the current one (with ``max``/``min``/``or``
+    it is in the result, possibly beside an older one of its own). Every rank calls
+    ``reduce`` as often, but none waits for another within the slack. ``flush()``
+    (collective) returns the exact reduction of every rank's latest contribution; reduces
+    may follow it. ``last`` holds the last call's statistics (``age_diff``: how many
+    reductions old the oldest contribution in it was; ``wait_seconds``: time blocked for
+    fresher data). ``reduce(..., slack=t)`` overrides the slack for one call. The first
+    reduce fixes the dtype and width; all ranks on one host.
     """
 
     def __init__(self, group, dim: int, op: str = "sum", degrees="auto", replication: int = 1, seed: int = 0,
-                 hash: bool = True):
+                 hash: bool = True, slack: int | None = None):
         replication = int(replication)
         if replication < 1 or group.size % replication:
             raise InvalidArgumentError(f"replication must be >= 1 and divide the group size {group.size}, got {replication}")
@@ -74,13 +87,19 @@ class SparseAllreduce:
             degrees = None
         else:
             degrees = [int(d) for d in degrees]
+        if slack is not None and int(slack) < 0:
+            raise InvalidArgumentError(f"slack must be >= 0, got {slack}")
+        self.slack = None if slack is None else int(slack)
+        self.last: CallStats | None = None
+        self._in_shape = None
         self.group = group
         self.dim = int(dim)
         self.op = op
         self._n_out = self._n_in = None
         self.replication = replication
         self._seed = int(seed) if hash else None
-        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, self._seed, replication)
+        self._native = _native.SparseAllreduce(group, self.dim, op, degrees, self._seed, replication,
+                                               self.slack is not None)
         # "auto": the degrees come from the cost model of `sparse_plan` with the transport's
         # probed costs, at the first config: on one host over shared memory; across hosts
         # (unreplicated) over UCX and the TCP lanes, with costs of their own for the layers
@@ -105,7 +124,7 @@ class SparseAllreduce:
         else:  # one kind of link between every pair of ranks (or hosts of uneven sizes)
             self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, sparse_plan.probe(self.group))
         self._native = _native.SparseAllreduce(self.group, self.dim, self.op, list(self.plan["degrees"]), self._seed,
-                                               self.replication)
+                                               self.replication, self.slack is not None)
 
     @property
     def degrees(self) -> list[int]:
@@ -123,16 +142,46 @@ class SparseAllreduce:
         self._choose(len(o), len(i))
         self._native.config(o, i)
         self._n_out, self._n_in = len(o), len(i)
+        self._in_shape, self.last = None, None
 
-    def reduce(self, out_values, out=None) -> np.ndarray:
+    def reduce(self, out_values, out=None, slack: int | None = None) -> np.ndarray:
         if self._n_out is None:
             raise InvalidArgumentError("sparse_allreduce.reduce called before config")
         v = _values(out_values, self._n_out, "out_values")
         width = 1 if v.ndim == 1 else v.shape[1]
         if out is None:
             out = np.empty((self._n_in,) + v.shape[1:], dtype=v.dtype)
-        self._native._reduce_into(v, out, v.dtype.name, width)
+        slack = self.slack if slack is None else int(slack)
+        if slack is None:
+            self._native._reduce_into(v, out, v.dtype.name, width)
+            return out
+        if self.slack is None:
+            raise InvalidArgumentError("sparse_allreduce: reduce(slack=) needs slack= when the allreduce is made")
+        if slack < 0:
+            raise InvalidArgumentError(f"slack must be >= 0, got {slack}")
+        self.last = CallStats(*self._native._reduce_ssp_into(v, out, v.dtype.name, width, slack))
+        self._in_shape = ((self._n_in,) + v.shape[1:], v.dtype)
         return out
+
+    def flush(self, out=None) -> np.ndarray:
+        """Collective (slack= only): the exact reduction of every rank's latest contribution
+        (the last one passed to ``reduce``), at ``in_indices``. Reduces may follow."""
+        if self._in_shape is None:
+            raise InvalidArgumentError("sparse_allreduce.flush: no reduce with slack since config")
+        shape, dtype = self._in_shape
+        if out is None:
+            out = np.empty(shape, dtype=dtype)
+        elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+            raise InvalidArgumentError(f"flush: out must be a contiguous {dtype} array of shape {shape}")
+        self._native._flush_into(out)
+        return out
+
+    def ssp_stats(self) -> dict[str, np.ndarray]:
+        """Every reduce with slack since config: clock, seconds, wait_seconds, age_diff."""
+        rows = self._native.ssp_stats()
+        cols = list(zip(*rows)) if rows else [(), (), (), ()]
+        return {"clock": np.asarray(cols[0], dtype=np.int64), "seconds": np.asarray(cols[1], dtype=np.float64),
+                "wait_seconds": np.asarray(cols[2], dtype=np.float64), "age_diff": np.asarray(cols[3], dtype=np.int64)}
 
     def config_reduce(self, out_indices, out_values, in_indices) -> np.ndarray:
         o = _indices(out_indices, "out_indices")

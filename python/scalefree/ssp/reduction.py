@@ -29,24 +29,13 @@ or ``fixed`` (every rank starts at shard 0; kept to measure against).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
 
+from .._callstats import CallStats
 from ..errors import InvalidArgumentError
 
 VARIANTS = ("hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring", "auto")
-
-
-@dataclass(frozen=True)
-class CallStats:
-    """One call: ``clock`` after it, wall ``seconds`` inside it, ``wait_seconds`` blocked
-    for fresh data, and ``age_diff`` = clock minus the age of the oldest data used."""
-
-    clock: int
-    seconds: float
-    wait_seconds: float
-    age_diff: int
 
 
 class SspReduction:

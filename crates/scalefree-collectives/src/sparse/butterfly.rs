@@ -60,16 +60,23 @@ fn dense_threshold() -> f64 {
     std::env::var("SCALEFREE_SPARSE_DENSE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.5)
 }
 
-struct Layer {
-    members: Vec<u32>,
-    digit: usize,
-    out_split: Vec<usize>,
-    out_maps: Vec<Vec<usize>>,
-    out_after: usize,
-    in_split: Vec<usize>,
-    in_maps: Vec<Vec<usize>>,
-    in_after: usize,
-    dense: bool,
+pub(crate) struct Layer {
+    pub(crate) members: Vec<u32>,
+    pub(crate) digit: usize,
+    pub(crate) out_split: Vec<usize>,
+    pub(crate) out_maps: Vec<Vec<usize>>,
+    pub(crate) out_after: usize,
+    pub(crate) in_split: Vec<usize>,
+    pub(crate) in_maps: Vec<Vec<usize>>,
+    pub(crate) in_after: usize,
+    pub(crate) dense: bool,
+    /// Bounded staleness only (`sparse::ssp`), per member `j` (empty for this rank's own
+    /// digit): for each key `j` requests here, its row in `j`'s message down to this rank
+    /// (NONE: `j` sends no value for it) ...
+    pub(crate) up_excl: Vec<Vec<usize>>,
+    /// ... and for each key this rank requests from `j`, its row in this rank's vector of
+    /// the layer (what it sends down), or NONE.
+    pub(crate) up_own: Vec<Vec<usize>>,
 }
 
 /// Rounds through the mailboxes of [`crate::sparse::replica`] even without replication
@@ -81,36 +88,40 @@ fn mailbox_rounds() -> bool {
 
 /// One sparse allreduce: the plan fixed at construction and the maps saved by `config`.
 pub struct SparseAllreduce {
-    dim: u64,
-    op: SOp,
-    degrees: Vec<usize>,
-    hash: IndexHash,
-    configured: bool,
-    n_out: usize,
-    n_in: usize,
-    out_perm: Vec<usize>,
+    pub(crate) dim: u64,
+    pub(crate) op: SOp,
+    pub(crate) degrees: Vec<usize>,
+    pub(crate) hash: IndexHash,
+    pub(crate) configured: bool,
+    pub(crate) n_out: usize,
+    pub(crate) n_in: usize,
+    pub(crate) out_perm: Vec<usize>,
     /// When the out indices have no duplicates: the caller position of each sorted slot,
     /// so the local step is a gather (random reads) instead of a fill plus a scatter.
-    out_src: Option<Vec<usize>>,
-    n_out_u: usize,
+    pub(crate) out_src: Option<Vec<usize>>,
+    pub(crate) n_out_u: usize,
     /// The caller's out indices are distinct and already in key order: its values are
     /// sent as they are (no gather into key order).
-    out_ident: bool,
-    in_pos: Vec<usize>,
+    pub(crate) out_ident: bool,
+    pub(crate) in_pos: Vec<usize>,
     /// The caller's in indices are distinct and in key order: the last layer up writes
     /// into the caller's buffer (no final gather).
-    in_ident: bool,
-    layers: Vec<Layer>,
-    bottom: Vec<usize>,
-    bottom_out: usize,
-    stats: Vec<LayerStats>,
-    pool: Pool,
+    pub(crate) in_ident: bool,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) bottom: Vec<usize>,
+    pub(crate) bottom_out: usize,
+    pub(crate) stats: Vec<LayerStats>,
+    pub(crate) pool: Pool,
     /// Replicas per logical node (1: none); with more, rounds go through `mbox`.
-    replication: usize,
-    mbox: Option<Mailbox>,
+    pub(crate) replication: usize,
+    pub(crate) mbox: Option<Mailbox>,
     /// The reduce after config of a one-layer butterfly on shared memory (see
     /// [`crate::sparse::direct`]); None where the general path runs.
-    direct: Option<Direct>,
+    pub(crate) direct: Option<Direct>,
+    /// Build the maps of the bounded-staleness reduce at config ([`crate::sparse::ssp`]).
+    pub(crate) ssp_maps: bool,
+    /// Its mailboxes and clock, made by the first such reduce after config.
+    pub(crate) ssp: Option<crate::sparse::ssp::SspState>,
 }
 
 /// Metadata slot sent inline to each peer: byte offset in the exposed buffer and counts.
@@ -131,6 +142,19 @@ fn sort_keys(h: &IndexHash, idx: &[i64]) -> (Vec<u64>, Vec<usize>) {
     (keys, slot)
 }
 
+/// For each key of `a` (sorted), its position in `b` (sorted) plus `base`, or NONE.
+fn join_keys(a: &[u64], b: &[u64], base: usize) -> Vec<usize> {
+    let mut j = 0;
+    a.iter()
+        .map(|&key| {
+            while j < b.len() && b[j] < key {
+                j += 1;
+            }
+            if j < b.len() && b[j] == key { base + j } else { NONE }
+        })
+        .collect()
+}
+
 fn check_range(what: &str, idx: &[i64], dim: u64) -> Option<String> {
     idx.iter().position(|&x| x < 0 || x as u64 >= dim).map(|i| {
         format!("{what}[{i}] = {} is outside [0, dim={dim})", idx[i])
@@ -148,7 +172,7 @@ fn alloc_rows(dtype: SDType, op: SOp, rows: usize, w: usize) -> Vec<u64> {
 /// Value buffers kept between calls: a reduce allocates nothing once warm (fresh large
 /// allocations are fresh pages from the kernel, a page fault per 4 KiB).
 #[derive(Default)]
-struct Pool {
+pub(crate) struct Pool {
     free: Vec<Vec<u64>>,
     scratch: Vec<u64>,
 }
@@ -219,6 +243,8 @@ impl SparseAllreduce {
             replication,
             mbox: None,
             direct: None,
+            ssp_maps: false,
+            ssp: None,
         })
     }
 
@@ -239,19 +265,24 @@ impl SparseAllreduce {
     }
     /// Whether reduce runs the direct path (one layer on shared memory, see
     /// [`crate::sparse::direct`]) rather than the general one.
+    /// Builds, at config, the maps the bounded-staleness reduce needs
+    /// ([`SparseAllreduce::reduce_ssp`]); call before `config`.
+    pub fn enable_ssp(&mut self) {
+        self.ssp_maps = true;
+    }
     pub fn direct(&self) -> bool {
         self.direct.is_some()
     }
 
     /// Logical nodes and this rank's logical node (the ranks themselves without replication).
-    fn logical(&self, c: &Communicator) -> (usize, usize) {
+    pub(crate) fn logical(&self, c: &Communicator) -> (usize, usize) {
         let m = c.size() as usize / self.replication;
         (m, c.rank() as usize % m)
     }
 
     /// Every rank says what it is calling and whether its input is valid, in one small
     /// allreduce, so bad input or disagreement raises on every rank instead of hanging.
-    fn agree(&self, c: &mut Communicator, call: i64, err: Option<String>, dtype: i64, width: i64) -> Result<()> {
+    pub(crate) fn agree(&self, c: &mut Communicator, call: i64, err: Option<String>, dtype: i64, width: i64) -> Result<()> {
         const F: usize = 6;
         let n = c.size() as usize;
         let me = c.rank() as usize;
@@ -349,6 +380,7 @@ impl SparseAllreduce {
         self.in_pos = in_pos;
         self.layers.clear();
         self.direct = None;
+        self.ssp = None;
         self.configured = false;
         let (nl, me) = self.logical(c);
         let mut cur_vals = vals.map(|(v, dt, w)| {
@@ -437,6 +469,18 @@ impl SparseAllreduce {
                 }
                 cur_vals = Some(acc);
             }
+            let (mut up_excl, mut up_own) = (Vec::new(), Vec::new());
+            if self.ssp_maps {
+                for j in 0..k {
+                    let mine = j == digit;
+                    up_excl.push(if mine { Vec::new() } else { join_keys(&parts_in[j], &parts_out[j], 0) });
+                    up_own.push(if mine {
+                        Vec::new()
+                    } else {
+                        join_keys(&ikeys[in_split[j]..in_split[j + 1]], &okeys[out_split[j]..out_split[j + 1]], out_split[j])
+                    });
+                }
+            }
             st.merge_ns += tm.elapsed().as_nanos() as u64;
             st.out_keys = uo.len() as u64;
             st.in_keys = ui.len() as u64;
@@ -450,6 +494,8 @@ impl SparseAllreduce {
                 in_maps,
                 in_after: ui.len(),
                 dense,
+                up_excl,
+                up_own,
             });
             okeys = uo;
             ikeys = ui;
@@ -617,7 +663,7 @@ impl SparseAllreduce {
         Ok(())
     }
 
-    fn check_values(&self, what: &str, bytes: usize, rows: usize, dt: SDType, w: usize) -> Option<String> {
+    pub(crate) fn check_values(&self, what: &str, bytes: usize, rows: usize, dt: SDType, w: usize) -> Option<String> {
         let want = rows * w * dt.size_bytes();
         (bytes != want).then(|| format!("{what} holds {bytes} bytes but {rows} rows of {w} {} need {want}", dt.name()))
     }

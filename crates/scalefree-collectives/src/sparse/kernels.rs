@@ -258,6 +258,53 @@ pub unsafe fn gather(dtype: SDType, op: SOp, dst: *mut u8, src: *const u8, map: 
     unsafe { dispatch!(dtype, gather_t, op, dst, src, map, w) }
 }
 
+/// Elements that can take back a sum (the SSP reduce's exclusion, `sparse::ssp`).
+trait Minus: Elem {
+    fn minus(a: Self, b: Self) -> Self;
+}
+macro_rules! minus_float {
+    ($($t:ty),*) => { $(impl Minus for $t { #[inline(always)] fn minus(a: Self, b: Self) -> Self { a - b } })* };
+}
+macro_rules! minus_int {
+    ($($t:ty),*) => { $(impl Minus for $t { #[inline(always)] fn minus(a: Self, b: Self) -> Self { a.wrapping_sub(b) } })* };
+}
+minus_float!(f32, f64);
+minus_int!(i32, i64, u32, u64, u8);
+
+unsafe fn gather_comb_t<T: Minus>(op: SOp, sub: bool, dst: *mut u8, src: *const u8, map: &[usize], w: usize) {
+    let (d, s) = (dst as *mut T, src as *const T);
+    for (i, &m) in map.iter().enumerate() {
+        if m == NONE {
+            continue;
+        }
+        for c in 0..w {
+            unsafe {
+                let x = d.add(i * w + c);
+                let y = *s.add(m * w + c);
+                *x = if sub { T::minus(*x, y) } else { T::comb(op, *x, y) };
+            }
+        }
+    }
+}
+
+/// `dst[i] = dst[i] op src[map[i]]` for rows of `w` elements (rows where `map[i] == NONE`
+/// are left alone).
+///
+/// # Safety
+/// Pointers valid and aligned for the rows named by `map`.
+pub unsafe fn gather_combine(dtype: SDType, op: SOp, dst: *mut u8, src: *const u8, map: &[usize], w: usize) {
+    unsafe { dispatch!(dtype, gather_comb_t, op, false, dst, src, map, w) }
+}
+
+/// `dst[i] = dst[i] - src[map[i]]` for rows of `w` elements (wrapping for integers; rows
+/// where `map[i] == NONE` are left alone): takes a summand back out of a sum.
+///
+/// # Safety
+/// Pointers valid and aligned for the rows named by `map`.
+pub unsafe fn gather_subtract(dtype: SDType, dst: *mut u8, src: *const u8, map: &[usize], w: usize) {
+    unsafe { dispatch!(dtype, gather_comb_t, SOp::Sum, true, dst, src, map, w) }
+}
+
 // ---------------------------------------------------------------------------------------
 // Row maps of the reduce after config (`direct`): `u32` positions, or a contiguous run.
 

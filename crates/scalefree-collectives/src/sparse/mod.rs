@@ -17,6 +17,7 @@ pub mod merge;
 pub mod partition;
 pub mod plan;
 pub mod replica;
+pub mod ssp;
 
 pub use butterfly::{LayerStats, SparseAllreduce};
 pub use kernels::{SDType, SOp};

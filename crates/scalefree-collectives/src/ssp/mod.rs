@@ -19,7 +19,7 @@
 
 mod delta;
 mod hypercube;
-mod mailbox;
+pub(crate) mod mailbox;
 mod ring;
 mod sharded;
 
