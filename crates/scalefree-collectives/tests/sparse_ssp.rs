@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use scalefree_collectives::sparse::{SDType, SOp, SparseAllreduce};
 use scalefree_collectives::{CommOptions, Communicator};
-use scalefree_testing::{options, ranks};
+use scalefree_testing::{options, ranks, Rng};
 
 fn run<F>(n: u32, f: F)
 where
@@ -20,16 +20,6 @@ where
         let mut c = Communicator::new(dev, CommOptions::default()).unwrap();
         f(&mut c);
     });
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Distinct indices of logical rank `r` in `[0, dim)`, shuffled.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use scalefree_collectives::ssp::{PushOrder, SspReduction, Variant};
 use scalefree_collectives::{DType, ReduceOp};
-use scalefree_testing::{options, ranks};
+use scalefree_testing::{options, ranks, Rng};
 use scalefree_transport::Device;
 
 fn devices<F>(n: u32, f: F)
@@ -15,19 +15,6 @@ where
     F: Fn(Device) + Send + Sync + Clone + 'static,
 {
     ranks(n, "ssp", options(Duration::from_secs(20)), f);
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn as_bytes(v: &[i64]) -> &[u8] {

@@ -50,3 +50,21 @@ where
         h.join().unwrap();
     }
 }
+
+/// A seeded xorshift64 generator for test data and delay schedules (never for secrets).
+/// The seed must not be zero.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform-ish in `[0, n)` (`0` when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
