@@ -85,8 +85,9 @@ def _main(argv=None) -> int:
 
     # The checkpoint steps change the arithmetic (the sums are rebased there): a resumed run
     # must take them where the first one did.
+    eta = args.eta if args.eta is not None else (0.1 if args.model == "rima" else 0.5)
     ck = checkpoints(g, args, {"model": args.model, "input": files_fingerprint([args.data]), "k": k,
-                               "slack": args.slack, "variant": variant, "lam": args.lam, "eta": args.eta,
+                               "slack": args.slack, "variant": variant, "lam": args.lam, "eta": eta,
                                "seed": args.seed, "every": args.checkpoint_every}, "SSP MF") if args.checkpoint else None
     if args.model == "rima":
         return _rima(g, args, k, iters)
@@ -94,8 +95,7 @@ def _main(argv=None) -> int:
         from scalefree.mf.modes import ssp_gd as mf
 
         res = mf.train(g, args.data, k=k, iters=iters, slack=args.slack, variant=variant,
-                       straggler_ms=args.straggler, lam=args.lam, eta=0.5 if args.eta is None else args.eta,
-                       seed=args.seed, checkpoints=ck)
+                       straggler_ms=args.straggler, lam=args.lam, eta=eta, seed=args.seed, checkpoints=ck)
         if res.get("stopped"):
             if g.rank == 0:
                 stopped_line(ck)
