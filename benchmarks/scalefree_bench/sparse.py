@@ -333,6 +333,7 @@ def _sweep_worker(args) -> list[dict]:
 
 def run(args) -> int:
     records: list[dict] = []
+    failed: list[int] = []  # rank counts where scalefree's own run failed (a peer may be skipped)
     peers = [] if args.vs == ["none"] else list(args.vs)
     if args.degrees == "sweep":
         if args.hosts:
@@ -348,6 +349,8 @@ def run(args) -> int:
                     "--max-calls", str(args.max_calls), "--target-seconds", repr(args.target_seconds),
                     "--warmup", str(args.warmup)]
             if not common.run_ranks(impl, n, argv, timeout_s=args.timeout, label="sparse", sim=sim) or not out.exists():
+                if impl == "scalefree":
+                    failed.append(n)
                 continue
             for r in json.loads(out.read_text()):
                 r["hosts"] = sim.n if sim is not None else 1
@@ -371,6 +374,10 @@ def run(args) -> int:
         common.write_json(args.json, records)
     if args.plot:
         plot(records, args.plot)
+    if failed:
+        print(f"scalefree bench sparse: scalefree's own run failed at {', '.join(map(str, failed))} ranks (see above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
