@@ -287,17 +287,13 @@ class SparsePageRank:
     def step(self) -> float:
         if self.slack is not None:
             return self._step_stale()
-        d = self.damping
         # Local: scores of the in slots from the last reduce, over out-degree, times the
         # matrix; y[-1] = the flow total.
         self.csr.step(self.got, self.inv_deg, self._base, self._d, self.y)
         t0 = time.perf_counter()
         self.sa.reduce(self.y, out=self.got)
         comm = time.perf_counter() - t0
-        # Mass that left non-dangling vertices = total flow; the rest is dangling mass.
-        dangling = max(0.0, 1.0 - float(self.got[-1]))
-        self._base, self._d = (1.0 - d) / self.n + d * dangling / self.n, d
-        self._scal[0] = self.csr.owned(self.got, self.own_lo, self._base, d, self.scores)
+        self._scal[0] = self._scores_from_got()
         t0 = time.perf_counter()
         if self._l1 is not None:
             self._scal[0] = self._l1.reduce(self._scal)[0]
@@ -306,12 +302,14 @@ class SparsePageRank:
         self.last_comm_s = comm + time.perf_counter() - t0
         return float(self._scal[0])
 
-    def _scores_from_got(self) -> None:
-        """The next iteration's base from the flow total in ``got``, and the owned scores."""
+    def _scores_from_got(self) -> float:
+        """The next iteration's base from the flow total in ``got``, and the owned scores;
+        returns their L1 change on this rank."""
         d = self.damping
+        # Mass that left non-dangling vertices = total flow; the rest is dangling mass.
         dangling = max(0.0, 1.0 - float(self.got[-1]))
         self._base, self._d = (1.0 - d) / self.n + d * dangling / self.n, d
-        self.csr.owned(self.got, self.own_lo, self._base, d, self.scores)
+        return self.csr.owned(self.got, self.own_lo, self._base, d, self.scores)
 
     def _step_stale(self) -> float:
         """One iteration with slack (see the class docs); a check every ``check_every``."""
