@@ -27,7 +27,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-pub use scalefree_io::{ReadError, Result};
+pub use scalefree_io::{EdgeKeys, ReadError, Result};
 
 /// A columnar format, from the first bytes of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +141,17 @@ pub(crate) trait Source {
     /// Reads unit `unit` of the columns `cols` (indices into [`Layout::columns`]) and
     /// appends them to `out` (the last one as values when `table` is ratings).
     fn read_unit(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut Share) -> Result<()>;
+
+    /// Reads unit `unit` of the two id columns `cols` and appends its edges to `out` as
+    /// packed keys (by default through [`Source::read_unit`]).
+    fn read_unit_keys(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut EdgeKeys) -> Result<()> {
+        let mut share = Share::default();
+        self.read_unit(unit, cols, limits, &mut share)?;
+        for (&s, &d) in share.ids[0].iter().zip(&share.ids[1]) {
+            scalefree_io::EdgeSink::push(out, s as u64, d as u64);
+        }
+        Ok(())
+    }
 }
 
 /// The bounds a share's values are checked against.
@@ -231,9 +242,33 @@ pub fn unit_owners(unit_rows: &[u64], size: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Reads rank `rank` of `size`'s share of the files `paths` (one file, or the parts of a
-/// directory in name order), each Parquet or Arrow IPC.
-pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, columns: &Columns, limits: &Limits) -> Result<Share> {
+/// The files of a share, opened: each source, its chosen columns, and which rank reads
+/// each unit (all units of all files, in order).
+struct Opened {
+    sources: Vec<Box<dyn Source>>,
+    chosen: Vec<Vec<usize>>,
+    owners: Vec<usize>,
+    /// Rows of the caller's units.
+    mine: u64,
+}
+
+impl Opened {
+    /// Calls `read(source, unit, cols)` on the caller's units, in order.
+    fn each_unit(&mut self, rank: usize, mut read: impl FnMut(&mut dyn Source, usize, &[usize]) -> Result<bool>) -> Result<()> {
+        let mut k = 0;
+        for (source, cols) in self.sources.iter_mut().zip(&self.chosen) {
+            for unit in 0..source.layout().unit_rows.len() {
+                if self.owners[k] == rank && !read(source.as_mut(), unit, cols)? {
+                    return Ok(());
+                }
+                k += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn open_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, columns: &Columns) -> Result<Opened> {
     if size == 0 || rank >= size {
         return Err(ReadError::InvalidArgument(format!("rank {rank} is not in 0..{size}")));
     }
@@ -280,30 +315,91 @@ pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, col
     let all_rows: Vec<u64> = sources.iter().flat_map(|s| s.layout().unit_rows.iter().copied()).collect();
     let owners = unit_owners(&all_rows, size);
     let mine: u64 = all_rows.iter().zip(&owners).filter(|(_, &o)| o == rank).map(|(&n, _)| n).sum();
+    Ok(Opened { sources, chosen, owners, mine })
+}
+
+/// Reads rank `rank` of `size`'s share of the files `paths` (one file, or the parts of a
+/// directory in name order), each Parquet or Arrow IPC.
+pub fn read_share(paths: &[PathBuf], rank: usize, size: usize, table: Table, columns: &Columns, limits: &Limits) -> Result<Share> {
+    let mut opened = open_share(paths, rank, size, table, columns)?;
     let mut out = Share::default();
-    let n = usize::try_from(mine).unwrap_or(usize::MAX);
+    let n = usize::try_from(opened.mine).unwrap_or(usize::MAX);
     out.ids[0].reserve_exact(n);
     out.ids[1].reserve_exact(n);
     if table == Table::Ratings {
         out.values.reserve_exact(n);
     }
-    let mut k = 0;
-    for (source, cols) in sources.iter_mut().zip(&chosen) {
-        for unit in 0..source.layout().unit_rows.len() {
-            if owners[k] == rank {
-                source.read_unit(unit, cols, limits, &mut out)?;
-            }
-            k += 1;
-        }
+    opened.each_unit(rank, |source, unit, cols| source.read_unit(unit, cols, limits, &mut out).map(|()| true))?;
+    Ok(out)
+}
+
+/// [`read_share`] of an edge table into packed keys (see [`EdgeKeys`]): the same edges in
+/// the same order, half the memory; stops at the first id of 2^32 or more (`wide` set; the
+/// caller reads the share again with [`read_share`]).
+pub fn read_edge_keys(paths: &[PathBuf], rank: usize, size: usize, columns: &Columns, limits: &Limits) -> Result<EdgeKeys> {
+    let mut opened = open_share(paths, rank, size, Table::Edges, columns)?;
+    let mut out = EdgeKeys::default();
+    out.keys.reserve_exact(usize::try_from(opened.mine).unwrap_or(usize::MAX));
+    opened.each_unit(rank, |source, unit, cols| {
+        source.read_unit_keys(unit, cols, limits, &mut out)?;
+        Ok(!out.wide)
+    })?;
+    if out.wide {
+        out.keys = Vec::new();
     }
     Ok(out)
 }
 
+/// Where [`push_ids`] puts the ids it checked.
+pub(crate) trait PutIds {
+    fn put(&mut self, id: u64);
+}
+
+impl PutIds for Vec<i64> {
+    #[inline(always)]
+    fn put(&mut self, id: u64) {
+        self.push(id as i64);
+    }
+}
+
+/// The source column of packed keys: appends `id << 32`.
+pub(crate) struct KeySources<'a>(pub &'a mut EdgeKeys);
+
+impl PutIds for KeySources<'_> {
+    #[inline(always)]
+    fn put(&mut self, id: u64) {
+        if id >> 32 != 0 {
+            self.0.wide = true;
+        } else {
+            self.0.keys.push(id << 32);
+        }
+    }
+}
+
+/// The target column of packed keys: ors `id` into the keys from `at` on (rows past the
+/// end are counted, not written: the caller checks the row counts).
+pub(crate) struct KeyTargets<'a> {
+    pub keys: &'a mut EdgeKeys,
+    pub at: usize,
+}
+
+impl PutIds for KeyTargets<'_> {
+    #[inline(always)]
+    fn put(&mut self, id: u64) {
+        if id >> 32 != 0 {
+            self.keys.wide = true;
+        } else if let Some(k) = self.keys.keys.get_mut(self.at) {
+            *k |= id;
+        }
+        self.at += 1;
+    }
+}
+
 /// Converts the integer ids of one unit, checking the bounds.
-pub(crate) fn push_ids<T: Copy + TryInto<i64> + std::fmt::Display>(path: &Path, column: &str, unit: &str, values: impl IntoIterator<Item = T>, max_id: u64, out: &mut Vec<i64>) -> Result<()> {
+pub(crate) fn push_ids<T: Copy + TryInto<i64> + std::fmt::Display>(path: &Path, column: &str, unit: &str, values: impl IntoIterator<Item = T>, max_id: u64, out: &mut impl PutIds) -> Result<()> {
     for v in values {
         match v.try_into() {
-            Ok(x) if x >= 0 && x as u64 <= max_id => out.push(x),
+            Ok(x) if x >= 0 && x as u64 <= max_id => out.put(x as u64),
             _ => return Err(bad_id(path, column, unit, &v.to_string(), max_id)),
         }
     }

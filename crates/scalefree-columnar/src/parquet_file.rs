@@ -11,7 +11,9 @@ use parquet::data_type::{DataType, DoubleType, FloatType, Int32Type, Int64Type};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnDescriptor;
 
-use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, Kind, Layout, Limits, Result, Share, Source};
+use parquet::file::reader::RowGroupReader;
+
+use crate::{format_error, io_error, push_ids, push_values, ColumnInfo, EdgeKeys, KeySources, KeyTargets, Kind, Layout, Limits, PutIds, Result, Share, Source};
 
 /// Rows decoded per call of the column reader.
 const BATCH_ROWS: usize = 64 * 1024;
@@ -104,6 +106,36 @@ impl ParquetSource {
     }
 }
 
+impl ParquetSource {
+    /// Reads the integer column `c` of row group `unit` into `out`, checking the ids against
+    /// `limits`; the rows read.
+    fn read_ids(&self, group: &dyn RowGroupReader, c: usize, unit: usize, limits: &Limits, out: &mut impl PutIds) -> Result<u64> {
+        let path = self.layout.path.as_path();
+        let info = &self.layout.columns[c];
+        let name = info.name.as_str();
+        let where_ = format!("row group {unit}");
+        let max_def = self.reader.metadata().file_metadata().schema_descr().column(c).max_def_level();
+        let reader = group.get_column_reader(c).map_err(|e| format_error(path, format!("column '{name}', {where_}: {e}")))?;
+        let unsigned = matches!(info.kind, Kind::Int { signed: false, .. });
+        match reader {
+            ColumnReader::Int32ColumnReader(_) if unsigned => self.read_column::<Int32Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().map(|&x| x as u32), limits.max_id, out)),
+            ColumnReader::Int32ColumnReader(_) => self.read_column::<Int32Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().copied(), limits.max_id, out)),
+            ColumnReader::Int64ColumnReader(_) if unsigned => self.read_column::<Int64Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().map(|&x| x as u64), limits.max_id, out)),
+            ColumnReader::Int64ColumnReader(_) => self.read_column::<Int64Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().copied(), limits.max_id, out)),
+            _ => Err(format_error(path, format!("column '{name}' is {}, expected an integer type (ids)", info.type_name))),
+        }
+    }
+
+    fn check_rows(&self, c: usize, unit: usize, rows: u64) -> Result<()> {
+        let expect = self.layout.unit_rows[unit];
+        if rows != expect {
+            let name = &self.layout.columns[c].name;
+            return Err(format_error(&self.layout.path, format!("column '{name}', row group {unit}: {rows} rows, the footer says {expect} (truncated or corrupt file)")));
+        }
+        Ok(())
+    }
+}
+
 impl Source for ParquetSource {
     fn layout(&self) -> &Layout {
         &self.layout
@@ -114,24 +146,16 @@ impl Source for ParquetSource {
         let path = path.as_path();
         let group = self.reader.get_row_group(unit).map_err(|e| format_error(path, format!("row group {unit}: {e}")))?;
         let schema = self.reader.metadata().file_metadata().schema_descr_ptr();
-        let expect = self.layout.unit_rows[unit];
         let where_ = format!("row group {unit}");
         for (k, &c) in cols.iter().enumerate() {
-            let info = &self.layout.columns[c];
-            let name = info.name.as_str();
-            let max_def = schema.column(c).max_def_level();
-            let reader = group.get_column_reader(c).map_err(|e| format_error(path, format!("column '{name}', {where_}: {e}")))?;
-            let unsigned = matches!(info.kind, Kind::Int { signed: false, .. });
             let rows = if k < 2 {
-                let dst = &mut out.ids[k];
-                match reader {
-                    ColumnReader::Int32ColumnReader(_) if unsigned => self.read_column::<Int32Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().map(|&x| x as u32), limits.max_id, dst))?,
-                    ColumnReader::Int32ColumnReader(_) => self.read_column::<Int32Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().copied(), limits.max_id, dst))?,
-                    ColumnReader::Int64ColumnReader(_) if unsigned => self.read_column::<Int64Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().map(|&x| x as u64), limits.max_id, dst))?,
-                    ColumnReader::Int64ColumnReader(_) => self.read_column::<Int64Type>(reader, name, unit, max_def, |v| push_ids(path, name, &where_, v.iter().copied(), limits.max_id, dst))?,
-                    _ => return Err(format_error(path, format!("column '{name}' is {}, expected an integer type (ids)", info.type_name))),
-                }
+                self.read_ids(group.as_ref(), c, unit, limits, &mut out.ids[k])?
             } else {
+                let info = &self.layout.columns[c];
+                let name = info.name.as_str();
+                let max_def = schema.column(c).max_def_level();
+                let reader = group.get_column_reader(c).map_err(|e| format_error(path, format!("column '{name}', {where_}: {e}")))?;
+                let unsigned = matches!(info.kind, Kind::Int { signed: false, .. });
                 let dst = &mut out.values;
                 match reader {
                     ColumnReader::Int32ColumnReader(_) if unsigned => self.read_column::<Int32Type>(reader, name, unit, max_def, |v| push_values(path, name, &where_, v.iter().map(|&x| x as u32 as f64), dst))?,
@@ -143,10 +167,21 @@ impl Source for ParquetSource {
                     _ => return Err(format_error(path, format!("column '{name}' is {}, expected a numeric type (ratings)", info.type_name))),
                 }
             };
-            if rows != expect {
-                return Err(format_error(path, format!("column '{name}', {where_}: {rows} rows, the footer says {expect} (truncated or corrupt file)")));
-            }
+            self.check_rows(c, unit, rows)?;
         }
         Ok(())
+    }
+
+    fn read_unit_keys(&mut self, unit: usize, cols: &[usize], limits: &Limits, out: &mut EdgeKeys) -> Result<()> {
+        let group = self.reader.get_row_group(unit).map_err(|e| format_error(&self.layout.path, format!("row group {unit}: {e}")))?;
+        // The sources as the keys' high halves, then the targets or-ed into their low halves.
+        let base = out.keys.len();
+        let rows = self.read_ids(group.as_ref(), cols[0], unit, limits, &mut KeySources(out))?;
+        self.check_rows(cols[0], unit, rows)?;
+        if out.wide {
+            return Ok(());
+        }
+        let rows = self.read_ids(group.as_ref(), cols[1], unit, limits, &mut KeyTargets { keys: out, at: base })?;
+        self.check_rows(cols[1], unit, rows)
     }
 }

@@ -4,6 +4,8 @@
 //! - [`edges`]: the set-up of a partitioned load: every edge to the rank that owns it (a
 //!   hash of the edge; one counting sort) and, there, the edges sorted with duplicates
 //!   dropped (an LSD radix sort of packed keys).
+//! - [`keys`]: the same exchange on packed `u64` edge keys (ids below 2^32), in place: the
+//!   keys grouped by owner, then sorted and deduplicated in the buffer they arrived in.
 //! - [`local`]: a rank's local PageRank state from its distinct edges in one pass: the
 //!   compact out/in key sets and the CSR the SpMV runs on.
 //! - [`pagerank`]: the per-iteration kernels (the value-free CSR SpMV, the owned update).
@@ -16,6 +18,7 @@
 pub mod edges;
 pub mod flash_rows;
 pub mod hadi;
+pub mod keys;
 pub mod local;
 pub mod pagerank;
 

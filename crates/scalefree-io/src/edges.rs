@@ -43,13 +43,71 @@ pub struct Edges {
     pub dst: Vec<i64>,
 }
 
-pub(crate) struct EdgeFormat {
+/// Where a reader puts the edges it parses, in file order.
+pub trait EdgeSink: Default {
+    /// Room for about `n` more edges.
+    fn reserve(&mut self, n: usize);
+    /// One edge; both ids are at most [`MAX_VERTEX_ID`].
+    fn push(&mut self, src: u64, dst: u64);
+}
+
+impl EdgeSink for Edges {
+    fn reserve(&mut self, n: usize) {
+        self.src.reserve(n);
+        self.dst.reserve(n);
+    }
+    #[inline(always)]
+    fn push(&mut self, src: u64, dst: u64) {
+        self.src.push(src as i64);
+        self.dst.push(dst as i64);
+    }
+}
+
+/// One rank's edges, in file order, each packed into one `u64` key `src << 32 | dst` (the
+/// form a graph load exchanges and sorts: the keys sort as the edges do by (src, dst)), half
+/// the bytes of [`Edges`]. Only ids below 2^32 pack: the first larger id sets [`EdgeKeys::wide`]
+/// and the keys stop growing (the caller reads the input again as [`Edges`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EdgeKeys {
+    pub keys: Vec<u64>,
+    /// Some id was 2^32 or larger: `keys` is incomplete.
+    pub wide: bool,
+}
+
+impl EdgeKeys {
+    /// The key of edge `(src, dst)`, or None when an id is 2^32 or larger.
+    #[inline(always)]
+    pub fn key(src: u64, dst: u64) -> Option<u64> {
+        ((src | dst) >> 32 == 0).then_some(src << 32 | dst)
+    }
+}
+
+impl EdgeSink for EdgeKeys {
+    fn reserve(&mut self, n: usize) {
+        if !self.wide {
+            self.keys.reserve(n);
+        }
+    }
+    #[inline(always)]
+    fn push(&mut self, src: u64, dst: u64) {
+        match EdgeKeys::key(src, dst) {
+            Some(k) if !self.wide => self.keys.push(k),
+            Some(_) => {}
+            None => {
+                self.wide = true;
+                self.keys = Vec::new();
+            }
+        }
+    }
+}
+
+pub(crate) struct EdgeFormat<S: EdgeSink = Edges> {
     options: EdgeOptions,
     mm: MatrixMarket,
     dialect: Dialect,
     /// The delimiter byte (`,` or `;`) once decided; None for blanks.
     sep: Option<u8>,
-    pub(crate) out: Edges,
+    pub(crate) out: S,
 }
 
 /// Up to 18 ASCII digits at `i` (so the value is below 2^62 without a check), and their end.
@@ -127,7 +185,7 @@ fn vertex_id(tok: &[u8]) -> std::result::Result<u64, String> {
     })
 }
 
-impl EdgeFormat {
+impl<S: EdgeSink> EdgeFormat<S> {
     /// Any line (without its line end) the fast path did not take.
     fn careful_line(&mut self, line: &[u8]) -> std::result::Result<(), String> {
         if is_blank_line(line) || is_comment(line) {
@@ -147,13 +205,12 @@ impl EdgeFormat {
         }
         let (a, b) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
         let (a, b) = (vertex_id(a)?, vertex_id(b)?);
-        self.out.src.push(a as i64);
-        self.out.dst.push(b as i64);
+        self.out.push(a, b);
         Ok(())
     }
 }
 
-impl Format for EdgeFormat {
+impl<S: EdgeSink> Format for EdgeFormat<S> {
     const NOUN: &'static str = "edges";
 
     fn start_part(&mut self, path: &Path) {
@@ -189,15 +246,13 @@ impl Format for EdgeFormat {
 
     fn parse(&mut self, s: &[u8]) -> std::result::Result<(), BadLine> {
         // About 16 bytes per edge line; the vectors grow past this when lines are shorter.
-        self.out.src.reserve(s.len() / 16);
-        self.out.dst.reserve(s.len() / 16);
+        self.out.reserve(s.len() / 16);
         let fast = self.options.min_fields == 2;
         let mut i = 0;
         while i < s.len() {
             if fast {
                 if let Some((a, b, next)) = two_ids(s, i, self.sep) {
-                    self.out.src.push(a as i64);
-                    self.out.dst.push(b as i64);
+                    self.out.push(a, b);
                     i = next;
                     continue;
                 }
@@ -220,16 +275,25 @@ pub fn read_edges_share(path: &Path, part: Part, edge_options: &EdgeOptions, opt
 /// Reads rank `part.rank`'s share of the edge list made of the files `parts`, in order (one
 /// body split by bytes; each part has the header of the first, if any).
 pub fn read_edges_parts(parts: &[PathBuf], part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<Edges> {
-    let mut f = EdgeFormat::new(edge_options, options)?;
+    read_edges_into(parts, part, edge_options, options)
+}
+
+/// [`read_edges_parts`] into packed keys ([`EdgeKeys`]: check `wide`).
+pub fn read_edge_keys_parts(parts: &[PathBuf], part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<EdgeKeys> {
+    read_edges_into(parts, part, edge_options, options)
+}
+
+fn read_edges_into<S: EdgeSink>(parts: &[PathBuf], part: Part, edge_options: &EdgeOptions, options: &ReadOptions) -> Result<S> {
+    let mut f = EdgeFormat::<S>::new(edge_options, options)?;
     share::read(parts, part, options, &mut f)?;
     Ok(f.out)
 }
 
-impl EdgeFormat {
-    pub(crate) fn new(edge_options: &EdgeOptions, options: &ReadOptions) -> Result<EdgeFormat> {
+impl<S: EdgeSink> EdgeFormat<S> {
+    pub(crate) fn new(edge_options: &EdgeOptions, options: &ReadOptions) -> Result<EdgeFormat<S>> {
         check_fields(edge_options)?;
         let dialect = Dialect::new(options.delimiter, options.header);
-        Ok(EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: Edges::default() })
+        Ok(EdgeFormat { options: *edge_options, mm: MatrixMarket::default(), dialect, sep: None, out: S::default() })
     }
 }
 

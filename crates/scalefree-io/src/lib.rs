@@ -42,7 +42,7 @@ pub mod svmlight;
 
 pub use dialect::{Delimiter, Header};
 pub use docword::{read_docword_parts, read_docword_share, DocwordShare};
-pub use edges::{read_edges_parts, read_edges_share, EdgeOptions, Edges};
+pub use edges::{read_edge_keys_parts, read_edges_parts, read_edges_share, EdgeKeys, EdgeOptions, EdgeSink, Edges};
 pub use error::{ReadError, Result};
 pub use ratings::{read_ratings_parts, read_ratings_share, RatingShare, RatingSyntax};
 pub use share::Part;

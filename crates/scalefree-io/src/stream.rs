@@ -62,7 +62,7 @@ impl TextStream {
     pub fn open(path: &Path, kind: StreamKind, options: &ReadOptions) -> Result<TextStream> {
         let (parser, body) = match kind {
             StreamKind::Edges(eo) => {
-                let mut f = EdgeFormat::new(&eo, options)?;
+                let mut f = EdgeFormat::<Edges>::new(&eo, options)?;
                 let body = open_body(path, &mut f, options)?;
                 (Parser::Edges(f), body)
             }

@@ -8,6 +8,7 @@
 
 use pyo3::prelude::*;
 use scalefree_graph::edges;
+use scalefree_graph::keys;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
@@ -150,6 +151,102 @@ pub fn dedup_sorted<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py
         None => Ok(None),
         Some((a, b)) => Ok(Some((array(py, a)?, array(py, b)?))),
     }
+}
+
+fn check_u64s(py: Python<'_>, b: &Buf, what: &str) -> PyResult<()> {
+    let f = b.format.trim_start_matches(['@', '=', '<']);
+    if b.len_bytes() > 0 && (b.itemsize() != 8 || !matches!(f, "Q" | "L")) {
+        return Err(invalid(py, format!("{what} must be uint64 keys, got buffer format {:?}", b.format)));
+    }
+    Ok(())
+}
+
+/// A uint64 buffer as a slice (no copy).
+fn u64s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u64]> {
+    check_u64s(py, b, what)?;
+    // SAFETY: a contiguous, aligned buffer of `count()` u64 held while `b` lives.
+    Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const u64, b.count()) } })
+}
+
+/// A writable uint64 buffer (`Buf::get(.., true, ..)`) as a mutable slice (no copy).
+#[allow(clippy::mut_from_ref)]
+fn u64s_mut<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a mut [u64]> {
+    check_u64s(py, b, what)?;
+    // SAFETY: a contiguous, aligned, writable buffer of `count()` u64 held while `b` lives;
+    // the callers take one view per distinct array (and check that two do not overlap).
+    Ok(if b.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u64, b.count()) } })
+}
+
+/// int64 array of `size` entries: the packed edge keys (uint64, `src << 32 | dst`) reordered
+/// in place, owner 0's first (the owner as `owner_partition`'s), and the keys per owner.
+#[pyfunction]
+pub fn partition_keys<'py>(py: Python<'py>, keys: Bound<'py, PyAny>, size: usize) -> PyResult<Bound<'py, PyAny>> {
+    let kb = Buf::get(&keys, true, "keys")?;
+    let k = u64s_mut(py, &kb, "keys")?;
+    let counts = py.detach(|| keys::partition_keys(k, size)).map_err(|e| invalid(py, e))?;
+    drop(kb);
+    array(py, Owned::I64(counts.into_iter().map(|c| c as i64).collect()))
+}
+
+/// The number `m` of distinct keys: `keys` (uint64) sorted and deduplicated in place, the
+/// distinct edges written back into its memory as uint32 columns (`keys.view(np.uint32)`:
+/// sources `[:m]`, targets `[n:n + m]`); `scratch` (uint64, at least as long, another
+/// array) is overwritten.
+#[pyfunction]
+pub fn sort_dedup_keys(py: Python<'_>, keys: Bound<'_, PyAny>, scratch: Bound<'_, PyAny>) -> PyResult<usize> {
+    let (kb, sb) = (Buf::get(&keys, true, "keys")?, Buf::get(&scratch, true, "scratch")?);
+    let (k, s) = (u64s_mut(py, &kb, "keys")?, u64s_mut(py, &sb, "scratch")?);
+    if s.len() < k.len() {
+        return Err(invalid(py, format!("sort_dedup_keys: scratch holds {} keys, keys {}", s.len(), k.len())));
+    }
+    let (kr, sr) = (k.as_ptr_range(), s.as_ptr_range());
+    if !k.is_empty() && kr.start < sr.end && sr.start < kr.end {
+        return Err(invalid(py, "sort_dedup_keys: keys and scratch overlap"));
+    }
+    let m = py.detach(|| keys::sort_dedup_keys(k, s));
+    drop((kb, sb));
+    Ok(m)
+}
+
+/// `(src, dst)` uint32: the distinct edges of packed keys (uint64) in non-decreasing order,
+/// or None when they are not in order.
+#[pyfunction]
+pub fn dedup_sorted_keys<'py>(py: Python<'py>, keys: Bound<'py, PyAny>) -> PyResult<Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    let kb = Buf::get(&keys, false, "keys")?;
+    let k = u64s(py, &kb, "keys")?;
+    let got = py.detach(|| keys::dedup_sorted_keys(k));
+    drop(kb);
+    match got {
+        None => Ok(None),
+        Some((s, d)) => Ok(Some((array(py, Owned::U32(s))?, array(py, Owned::U32(d))?))),
+    }
+}
+
+/// One more than the largest id of packed keys (uint64; 0 for none).
+#[pyfunction]
+pub fn keys_id_bound(py: Python<'_>, keys: Bound<'_, PyAny>) -> PyResult<u64> {
+    let kb = Buf::get(&keys, false, "keys")?;
+    let k = u64s(py, &kb, "keys")?;
+    let n = py.detach(|| keys::id_bound(k));
+    drop(kb);
+    Ok(n)
+}
+
+/// uint64 packed keys (`src << 32 | dst`) of the edges, or None when an id is 2^32 or larger.
+#[pyfunction]
+pub fn pack_edge_keys<'py>(py: Python<'py>, src: Bound<'py, PyAny>, dst: Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let (sb, db) = (Buf::get(&src, false, "src")?, Buf::get(&dst, false, "dst")?);
+    let (s, d) = (ids(py, &sb, "src")?, ids(py, &db, "dst")?);
+    let got = match (s, d) {
+        (Ids::U32(s), Ids::U32(d)) => py.detach(|| keys::pack_keys(s, d)),
+        (Ids::I64(s), Ids::I64(d)) => py.detach(|| keys::pack_keys(s, d)),
+        (Ids::U64(s), Ids::U64(d)) => py.detach(|| keys::pack_keys(s, d)),
+        (a, b) if a.len() == 0 && b.len() == 0 => Ok(Some(Vec::new())),
+        (a, b) => return Err(invalid(py, format!("pack_edge_keys: src and dst must have the same dtype, got {} and {}", a.dtype(), b.dtype()))),
+    }
+    .map_err(|e| invalid(py, e))?;
+    drop((sb, db));
+    got.map(|k| array(py, Owned::U64(k))).transpose()
 }
 
 /// int64 array: every id by falling `total` (float64, one per id), ties by id; the order

@@ -135,6 +135,30 @@ pub fn read_edges_share<'py>(py: Python<'py>, path: Paths, rank: usize, size: us
     Ok((array(py, Owned::I64(e.src))?, array(py, Owned::I64(e.dst))?))
 }
 
+/// uint64 packed keys (`src << 32 | dst`), in file order: rank `rank` of `size`'s share as
+/// `read_edges_share` reads it (text) or `read_columnar_share` (Parquet, Arrow IPC: `columns`,
+/// `max_id`), half the memory; None when an id is 2^32 or larger (read the share as columns).
+#[pyfunction]
+#[pyo3(signature = (path, rank, size, gzip_chunk_bytes=DEFAULT_GZIP_CHUNK_BYTES, delimiter=None, header="auto", columnar=false, columns=None, max_id=i64::MAX as u64))]
+#[allow(clippy::too_many_arguments)]
+pub fn read_edge_keys_share<'py>(py: Python<'py>, path: Paths, rank: usize, size: usize, gzip_chunk_bytes: usize, delimiter: Option<&str>, header: &str, columnar: bool, columns: Option<Vec<String>>, max_id: u64) -> PyResult<Option<Arr<'py>>> {
+    let k = py
+        .detach(|| {
+            let paths = path.resolve()?;
+            if columnar {
+                let columns = columns.map_or(scalefree_columnar::Columns::Default, scalefree_columnar::Columns::Named);
+                return scalefree_columnar::read_edge_keys(&paths, rank, size, &columns, &scalefree_columnar::Limits { max_id });
+            }
+            let o = read_options(gzip_chunk_bytes, delimiter, header)?;
+            scalefree_io::read_edge_keys_parts(&paths, Part::new(rank, size, 0)?, &EdgeOptions::default(), &o)
+        })
+        .map_err(|e| io_err(py, e))?;
+    if k.wide {
+        return Ok(None);
+    }
+    Ok(Some(array(py, Owned::U64(k.keys))?))
+}
+
 /// `(labels float64, indptr int64 (rows + 1, from 0), indices int64 as written, values
 /// float64)`: rank `rank` of `size`'s share of an svmlight file; indices above `max_index`
 /// are an error.

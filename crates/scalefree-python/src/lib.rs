@@ -51,6 +51,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(graph::owner_partition, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_pairs, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::partition_keys, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_keys, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted_keys, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::pack_edge_keys, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::keys_id_bound, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_counts, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_order, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::local_ids, m)?)?;
@@ -83,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(xml::xml_predict, m)?)?;
     m.add_class::<io::PyShareArray>()?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_edges_share, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(io::read_edge_keys_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_svmlight_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::read_ratings_share, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(io::resolve_parts, m)?)?;

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _text_stream
+from .. import _native, _text_stream
 from ..errors import DataError, InvalidArgumentError
 
 # The largest vertex id (scalefree-io's MAX_VERTEX_ID).
@@ -237,6 +237,48 @@ def _text_share(parts, rank, size, offset: int = 0, max_fields: int = 2, progres
         pieces.append(_native.read_edges_share(parts, rank * k + j, size * k, **kw))
         progress(mine // k)
     return np.concatenate([s for s, _ in pieces]), np.concatenate([d for _, d in pieces])
+
+
+def read_edge_keys(path, rank: int = 0, size: int = 1, progress=None, delimiter: str | None = None,
+                   header: str = "auto", columns: list[str] | None = None) -> np.ndarray | None:
+    """This rank's share of the edges in ``path`` as :func:`read_edge_share` cuts it, each
+    edge packed into one uint64 key ``src << 32 | dst`` (half the memory of two int64
+    columns; the keys sort as the edges do by (src, dst)), in file order. None when an id is
+    2**32 or larger, or for an input the key readers do not take (``.npy``, ``.npz``,
+    ``.mtx``, parts of those): read it with :func:`read_edge_share` then. Text (a file, part
+    directory or glob, ``.gz`` too) and Parquet / Arrow IPC are read straight into keys."""
+    from .. import _columnar
+
+    path = Path(path)
+    columnar = _columnar.columnar_parts(path)
+    if columnar is not None:
+        keys = _native.read_edge_keys_share(columnar, rank, size, columnar=True, columns=columns,
+                                            max_id=MAX_VERTEX_ID)
+        if progress is not None:
+            progress(share_bytes(path, rank, size))
+        return keys
+    if columns is not None:
+        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
+    parts = edge_parts(path)
+    if parts is None:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file")
+        parts = [path]
+    if not _all_text(parts):
+        return None
+    parts = [str(p) for p in parts]
+    mine = sum(os.path.getsize(p) for p in parts) // size
+    # A large share is read in pieces (the same cuts: see _text_share) to show progress.
+    k = 1 if progress is None or any(_is_gzip(p) for p in parts) else max(1, -(-mine // _PIECE_BYTES))
+    pieces = []
+    for j in range(k):
+        got = _native.read_edge_keys_share(parts, rank * k + j, size * k, delimiter=delimiter, header=header)
+        if got is None:
+            return None
+        pieces.append(got)
+        if progress is not None:
+            progress(mine // k)
+    return pieces[0] if k == 1 else np.concatenate(pieces)
 
 
 def _is_gzip(path) -> bool:
@@ -506,11 +548,24 @@ def sorted_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: i
     its hash owns."""
     from .. import _native
 
-    ranks = group.size if ranks is None else int(ranks)
     src, dst = np.ascontiguousarray(src), np.ascontiguousarray(dst)
     if src.dtype != dst.dtype or src.dtype.kind not in "iu":
         src, dst = src.astype(np.int64), dst.astype(np.int64)
     got = _native.dedup_sorted(src, dst, "uint32" if n_ids <= 1 << 32 else "int64")
+    return _sorted_runs(group, got, ranks, first)
+
+
+def sorted_dedup_keys(group, keys, ranks: int | None = None, first: int = 0):
+    """:func:`sorted_dedup` of this rank's edges as packed keys (:func:`read_edge_keys`):
+    ``(src, dst)`` uint32, or None on every rank when some share is not sorted."""
+    return _sorted_runs(group, _native.dedup_sorted_keys(keys), ranks, first)
+
+
+def _sorted_runs(group, got, ranks, first):
+    """Collective: ``got`` (this rank's distinct edges if its share is sorted, else None) if
+    every share of ranks ``first .. first + ranks - 1`` is sorted and they follow each other
+    in rank order, with a duplicate across a share boundary dropped; else None everywhere."""
+    ranks = group.size if ranks is None else int(ranks)
     info = np.zeros(6, np.int64)  # sorted, edges, first (src, dst), last (src, dst)
     if got is not None:
         s, d = got
@@ -529,6 +584,35 @@ def sorted_dedup(group, src, dst, n_ids: int, ranks: int | None = None, first: i
     if len(before) and len(s) and (int(s[0]), int(d[0])) == (int(before[-1][4]), int(before[-1][5])):
         s, d = s[1:], d[1:]
     return s, d
+
+
+def owner_dedup_keys(group, edges: list, ranks: int | None = None, first: int = 0, times: dict | None = None):
+    """Collective: :func:`owner_dedup` of this rank's edges as packed keys (``edges`` is
+    ``[keys]``, :func:`read_edge_keys`; emptied, and the keys array reused): the keys are
+    grouped by owner in place (``_native.partition_keys``), sent to their owners (one
+    ``alltoallv``), and sorted and deduplicated in the buffer they arrived in, with the sent
+    keys' buffer as scratch (``_native.sort_dedup_keys``). Returns ``(src, dst)`` uint32,
+    sorted, distinct: views of that buffer. ``times``, if given, receives
+    ``exchange_s`` (grouping and sending) and ``sort_s``."""
+    ranks = group.size if ranks is None else int(ranks)
+    keys = edges.pop()
+    edges.clear()
+    t0 = time.perf_counter()
+    if ranks == 1 and group.size == 1:  # one owner: no exchange
+        got, scratch = keys, np.empty(len(keys), np.uint64)
+    else:
+        counts = np.zeros(group.size, np.int64)
+        counts[first:first + ranks] = _native.partition_keys(keys, ranks)
+        got = group.alltoallv(keys, counts)
+        scratch = keys if len(keys) >= len(got) else np.empty(len(got), np.uint64)
+    del keys
+    t1 = time.perf_counter()
+    m = _native.sort_dedup_keys(got, scratch)
+    del scratch
+    if times is not None:
+        times["exchange_s"], times["sort_s"] = t1 - t0, time.perf_counter() - t1
+    out = got.view(np.uint32)
+    return out[:m], out[len(got):len(got) + m]
 
 
 def logical_rank(group, replication: int = 1) -> tuple[int, int]:
@@ -563,33 +647,56 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
         from .._progress import bar as progress_bar
 
         bar = progress_bar(mine, "reading rank 0's share", "B", unit_scale=True, leave=False)
+    keys = src = dst = None
     try:
         stream = _single_gzip_stream(path, delimiter, header, m) if replication == 1 and m > 1 else None
         if stream is not None:
             src, dst = stream_share(group, path, delimiter, header, stream=stream)
         else:
-            src, dst = read_edge_share(path, me, m, progress=None if bar is None else bar.update, delimiter=delimiter,
-                                       header=header, columns=columns)
+            update = None if bar is None else bar.update
+            keys = read_edge_keys(path, me, m, progress=update, delimiter=delimiter, header=header, columns=columns)
+            if keys is None:
+                src, dst = read_edge_share(path, me, m, progress=update, delimiter=delimiter, header=header,
+                                           columns=columns)
     finally:
         if bar is not None:
             bar.close()
     read_s = time.perf_counter() - t0
-    top = np.array([max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1], np.int64)
-    n_ids = int(group.allreduce(top, op="max")[0])
+    if keys is not None:
+        top = _native.keys_id_bound(keys)
+    else:
+        top = max(int(src.max(initial=-1)), int(dst.max(initial=-1))) + 1
+    n_ids = int(group.allreduce(np.array([top], np.int64), op="max")[0])
     if times is not None:
         times["read_s"] = float(group.allreduce(np.array([read_s]), op="max")[0])
     if progress and group.rank == 0:
         dt = time.perf_counter() - t0
-        print(f"read {len(src)} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
+        n_read = len(keys) if keys is not None else len(src)
+        print(f"read {n_read} edges (rank 0's share, {mine / 1e6:.0f} MB) in {dt:.2f} s",
               file=sys.stderr, flush=True)
+    # Packed keys while every id of every rank fits 32 bits; else two int64 columns.
+    if n_ids <= 1 << 32 and keys is None:
+        keys = _native.pack_edge_keys(src, dst)
+        src = dst = None
+    elif n_ids > 1 << 32 and keys is not None:
+        src, dst = (keys >> np.uint64(32)).astype(np.int64), (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        keys = None
     first = (group.rank // m) * m
     t1 = time.perf_counter()
-    got = sorted_dedup(group, src, dst, n_ids, ranks=m, first=first)
+    stages: dict = {}
+    if keys is not None:
+        got = sorted_dedup_keys(group, keys, ranks=m, first=first)
+    else:
+        got = sorted_dedup(group, src, dst, n_ids, ranks=m, first=first)
     if times is not None:
         times["dedup_path"] = "exchange" if got is None else "sorted"
     if got is not None:
-        del src, dst
+        keys = src = dst = None
         src, dst = got
+    elif keys is not None:
+        edges = [keys]
+        del keys
+        src, dst = owner_dedup_keys(group, edges, ranks=m, first=first, times=stages)
     else:
         edges = [src, dst]
         del src, dst
@@ -597,6 +704,10 @@ def load_graph(group, path, replication: int = 1, progress: bool = False, delimi
     edges = int(group.allreduce(np.array([len(src)], np.int64))[0]) // replication
     if times is not None:
         times["dedup_s"] = time.perf_counter() - t1
+        # The slowest rank's grouping + sending, and sorting (the exchange path).
+        if stages:
+            slow = group.allreduce(np.array([stages["exchange_s"], stages["sort_s"]]), op="max")
+            times["exchange_s"], times["sort_s"] = float(slow[0]), float(slow[1])
     if progress and group.rank == 0:
         print(f"edges sent to their owners, duplicates dropped: {edges} distinct edges in "
               f"{time.perf_counter() - t1:.2f} s", file=sys.stderr, flush=True)

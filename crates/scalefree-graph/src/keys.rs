@@ -1,0 +1,343 @@
+//! The edge exchange of a partitioned load on packed keys: an edge `(s, d)` with both ids
+//! below 2^32 is one `u64`, `s << 32 | d` (the readers produce them: `scalefree_io::EdgeKeys`),
+//! which sorts as the edge does by (src, dst). Every step works in the buffers it is given,
+//! so a load touches each byte of its edges a few times and allocates little:
+//!
+//! - [`partition_keys`]: the keys grouped by owner rank in place (the owner is
+//!   [`edge_hash`]`(s, d) % size`, the same as [`crate::edges::owner_partition_as`]'s);
+//! - [`sort_dedup_keys`]: the received keys sorted and deduplicated, the distinct edges written
+//!   back into the same buffer as two u32 columns: one most-significant-digit pass into a
+//!   scratch buffer (buckets of about [`BUCKET_KEYS`] keys), then each bucket sorted while it
+//!   is in cache (least-significant-digit passes of 8 bits over the bits that vary in it);
+//! - [`dedup_sorted_keys`]: the distinct edges of keys already in order (a file written
+//!   sorted), or None;
+//! - [`pack_keys`]: keys of two id columns, for readers that produce columns; [`id_bound`]:
+//!   the id space of keys.
+
+use crate::edges::{edge_hash, radix_sort_u64, FastMod, Pairs};
+use crate::Id;
+
+const LOW: u64 = 0xFFFF_FFFF;
+
+/// The owner rank of key `k` among `fm`'s divisor ranks.
+#[inline(always)]
+fn owner(fm: FastMod, k: u64) -> usize {
+    fm.remainder(edge_hash(k >> 32, k & LOW)) as usize
+}
+
+/// Reorders `keys` in place so that the keys of owner 0 come first, then owner 1's, ...
+/// (order within an owner unspecified) and returns the keys per owner (`size` entries).
+/// Two passes: count, then place each key by following its cycle (no scratch memory).
+///
+/// Errors: `size` not in `1..2^32`.
+pub fn partition_keys(keys: &mut [u64], size: usize) -> Result<Vec<u64>, String> {
+    if size == 0 || size as u64 >= 1 << 32 {
+        return Err(format!("partition_keys: size must be in 1..2^32, got {size}"));
+    }
+    let fm = FastMod::new(size as u64);
+    let mut counts = vec![0u64; size];
+    for &k in keys.iter() {
+        counts[owner(fm, k)] += 1;
+    }
+    if size == 1 {
+        return Ok(counts);
+    }
+    let mut next = Vec::with_capacity(size);
+    let mut end = Vec::with_capacity(size);
+    let mut at = 0usize;
+    for &c in &counts {
+        next.push(at);
+        at += c as usize;
+        end.push(at);
+    }
+    for b in 0..size {
+        while next[b] < end[b] {
+            let mut k = keys[next[b]];
+            let mut o = owner(fm, k);
+            // Every key of owner o before next[o] is placed, so o's next slot holds a key
+            // not yet placed: swap k there and carry on with that key.
+            while o != b {
+                std::mem::swap(&mut k, &mut keys[next[o]]);
+                next[o] += 1;
+                o = owner(fm, k);
+            }
+            keys[next[b]] = k;
+            next[b] += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// Keys per bucket the most-significant-digit pass aims at: 16 Ki keys (128 KiB) sort in L2.
+pub const BUCKET_KEYS: usize = 1 << 14;
+/// A bucket larger than this (skewed ids) is sorted by [`radix_sort_u64`] instead.
+const BUCKET_MAX: usize = 1 << 17;
+/// Most buckets of the first pass (4096: the write fronts stay in L1/L2).
+const MAX_TOP_BITS: u32 = 12;
+
+/// Sorts the keys `a` in place by least-significant 8-bit digits over the bits set in
+/// `varying`, with `t` (as long as `a`) as scratch. Returns whether the result is in `a`
+/// (else in `t`).
+fn lsd8(a: &mut [u64], t: &mut [u64], varying: u64) -> bool {
+    let mut in_a = true;
+    let mut count = [0u32; 256];
+    let mut b = 0u32;
+    while b < 64 && varying >> b != 0 {
+        b += (varying >> b).trailing_zeros();
+        let (from, to): (&[u64], &mut [u64]) = if in_a { (&*a, &mut *t) } else { (&*t, &mut *a) };
+        count.fill(0);
+        for &k in from {
+            count[((k >> b) & 255) as usize] += 1;
+        }
+        let mut at = 0u32;
+        for c in count.iter_mut() {
+            let here = *c;
+            *c = at;
+            at += here;
+        }
+        for &k in from {
+            let p = &mut count[((k >> b) & 255) as usize];
+            to[*p as usize] = k;
+            *p += 1;
+        }
+        in_a = !in_a;
+        b += 8;
+    }
+    in_a
+}
+
+/// Sorts `keys` and drops duplicates; the `m` distinct keys are written back into `keys`'s
+/// memory as two u32 columns — the sources in its u32 slots `0..m`, the targets in its u32
+/// slots `n..n + m` (`n = keys.len()`) — and `m` is returned. `scratch` must hold at least
+/// `n` keys (its contents are overwritten). Linear time: one pass over `keys` to find the
+/// bits that vary, one histogram pass, one scatter into `scratch` by the top varying bits
+/// (see the module doc), then each bucket sorted in cache and written out deduplicated.
+///
+/// Panics if `scratch` is shorter than `keys` (misuse).
+pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
+    let n = keys.len();
+    assert!(scratch.len() >= n, "sort_dedup_keys: scratch holds {} keys, need {n}", scratch.len());
+    if n == 0 {
+        return 0;
+    }
+    let scratch = &mut scratch[..n];
+    let first = keys[0];
+    let varying = keys.iter().fold(0u64, |v, &k| v | (k ^ first));
+    let span = 64 - varying.leading_zeros(); // bits 0..span may differ
+    let mut top = 0u32;
+    while top < MAX_TOP_BITS && (n >> top) > BUCKET_KEYS {
+        top += 1;
+    }
+    let top = top.min(span);
+    let shift = span - top;
+    let buckets = 1usize << top;
+    let digit = |k: u64| ((k >> shift) as usize) & (buckets - 1);
+    let mut start = vec![0usize; buckets + 1];
+    for &k in keys.iter() {
+        start[digit(k) + 1] += 1;
+    }
+    for b in 0..buckets {
+        start[b + 1] += start[b];
+    }
+    let mut next = start[..buckets].to_vec();
+    for &k in keys.iter() {
+        let p = &mut next[digit(k)];
+        scratch[*p] = k;
+        *p += 1;
+    }
+    // SAFETY: `keys` is not read again; its memory (n u64, aligned for u32) is reused as
+    // 2n u32 for the output columns through this one mutable slice.
+    let out: &mut [u32] = unsafe { std::slice::from_raw_parts_mut(keys.as_mut_ptr() as *mut u32, 2 * n) };
+    let (src, dst) = out.split_at_mut(n);
+    let mut m = 0usize;
+    let mut last: Option<u64> = None;
+    let mut emit = |sorted: &[u64]| {
+        for &k in sorted {
+            if last != Some(k) {
+                src[m] = (k >> 32) as u32;
+                dst[m] = (k & LOW) as u32;
+                m += 1;
+                last = Some(k);
+            }
+        }
+    };
+    let mut small: Vec<u64> = Vec::new();
+    let mut big: Vec<u64> = Vec::new();
+    for b in 0..buckets {
+        let bucket = &mut scratch[start[b]..start[b + 1]];
+        if bucket.len() > BUCKET_MAX {
+            big.clear();
+            big.extend_from_slice(bucket);
+            radix_sort_u64(&mut big);
+            emit(&big);
+            continue;
+        }
+        if bucket.len() < 2 {
+            emit(bucket);
+            continue;
+        }
+        let f = bucket[0];
+        let v = bucket.iter().fold(0u64, |v, &k| v | (k ^ f));
+        small.resize(small.len().max(bucket.len()), 0);
+        let t = &mut small[..bucket.len()];
+        if lsd8(bucket, t, v) {
+            emit(bucket);
+        } else {
+            emit(t);
+        }
+    }
+    m
+}
+
+/// The distinct edges `(src, dst)` of `keys` if they are in non-decreasing order, else None
+/// (at the first key below the one before it). One pass to check and count, one to write.
+pub fn dedup_sorted_keys(keys: &[u64]) -> Option<Pairs<u32>> {
+    let mut distinct = usize::from(!keys.is_empty());
+    for w in keys.windows(2) {
+        if w[1] < w[0] {
+            return None;
+        }
+        distinct += usize::from(w[1] != w[0]);
+    }
+    let (mut src, mut dst) = (Vec::with_capacity(distinct), Vec::with_capacity(distinct));
+    let mut last: Option<u64> = None;
+    for &k in keys {
+        if last != Some(k) {
+            src.push((k >> 32) as u32);
+            dst.push((k & LOW) as u32);
+            last = Some(k);
+        }
+    }
+    Some((src, dst))
+}
+
+/// One more than the largest id of the keys (0 for none): the id space they need.
+pub fn id_bound(keys: &[u64]) -> u64 {
+    let (mut src, mut dst) = (None::<u64>, 0u64);
+    for &k in keys {
+        src = Some(src.map_or(k, |s| s.max(k)));
+        dst = dst.max(k & LOW);
+    }
+    src.map_or(0, |s| (s >> 32).max(dst) + 1)
+}
+
+/// The packed keys of the edges `(src[e], dst[e])`, or None when an id is 2^32 or larger.
+///
+/// Errors: `src`/`dst` lengths differ.
+pub fn pack_keys<I: Id>(src: &[I], dst: &[I]) -> Result<Option<Vec<u64>>, String> {
+    if src.len() != dst.len() {
+        return Err(format!("pack_keys: {} source ids but {} target ids", src.len(), dst.len()));
+    }
+    let mut keys = Vec::with_capacity(src.len());
+    for (&s, &d) in src.iter().zip(dst) {
+        let (s, d) = (s.u64(), d.u64());
+        if (s | d) >> 32 != 0 {
+            return Ok(None);
+        }
+        keys.push(s << 32 | d);
+    }
+    Ok(Some(keys))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edges::edge_owners;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let x = self.0;
+            (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ (x >> 32)
+        }
+    }
+
+    /// Keys of `n` edges with ids below `ids` (duplicates likely when `ids` is small).
+    fn keys(r: &mut Rng, n: usize, ids: u64) -> Vec<u64> {
+        (0..n).map(|_| (r.next() % ids) << 32 | (r.next() % ids)).collect()
+    }
+
+    fn reference(keys: &[u64]) -> (Vec<u32>, Vec<u32>) {
+        let mut k = keys.to_vec();
+        k.sort_unstable();
+        k.dedup();
+        k.iter().map(|&k| ((k >> 32) as u32, k as u32)).unzip()
+    }
+
+    const SIZES: &[usize] = &[0, 1, 2, 3, 255, 256, 257, 1001, 20_011, 70_001, 300_000];
+
+    #[test]
+    fn partition_groups_by_the_owner_partition_owner() {
+        let mut r = Rng(3);
+        for &n in SIZES {
+            for size in [1usize, 2, 3, 4, 7] {
+                let orig = keys(&mut r, n, 1 << 20);
+                let mut k = orig.clone();
+                let counts = partition_keys(&mut k, size).unwrap();
+                assert_eq!(counts.iter().sum::<u64>() as usize, n);
+                let (s, d): (Vec<u32>, Vec<u32>) = k.iter().map(|&k| ((k >> 32) as u32, k as u32)).unzip();
+                let owners = edge_owners(&s, &d, size);
+                let mut at = 0;
+                for (o, &c) in counts.iter().enumerate() {
+                    assert!(owners[at..at + c as usize].iter().all(|&x| x as usize == o), "n {n} size {size} owner {o}");
+                    at += c as usize;
+                }
+                let (mut a, mut b) = (orig, k);
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b, "a permutation");
+            }
+        }
+        assert!(partition_keys(&mut [], 0).is_err());
+    }
+
+    #[test]
+    fn sort_dedup_matches_a_sorted_reference() {
+        let mut r = Rng(5);
+        for &n in SIZES {
+            // Dense ids (many duplicates), sparse ids, full 32-bit ids, one id.
+            for ids in [1u64, 7, 1 << 10, 1 << 24, 1 << 32] {
+                let orig = keys(&mut r, n, ids);
+                let want = reference(&orig);
+                let mut k = orig.clone();
+                let mut scratch = vec![0u64; n + 3];
+                let m = sort_dedup_keys(&mut k, &mut scratch);
+                let out: Vec<u32> = k.iter().flat_map(|&x| [x as u32, (x >> 32) as u32]).collect();
+                assert_eq!(m, want.0.len(), "n {n} ids {ids}");
+                assert_eq!(&out[..m], &want.0[..], "sources, n {n} ids {ids}");
+                assert_eq!(&out[n..n + m], &want.1[..], "targets, n {n} ids {ids}");
+            }
+        }
+    }
+
+    #[test]
+    fn sort_dedup_handles_skewed_buckets() {
+        // Most keys in one top bucket (larger than BUCKET_MAX), a few spread wide.
+        let mut r = Rng(9);
+        let n = 3 * BUCKET_MAX;
+        let mut orig: Vec<u64> = (0..n).map(|_| (r.next() % 64) << 32 | (r.next() % 100_000)).collect();
+        orig.extend((0..1000).map(|_| (r.next() % (1 << 30)) << 32 | r.next() % 5));
+        let want = reference(&orig);
+        let mut k = orig.clone();
+        let mut scratch = vec![0u64; k.len()];
+        let m = sort_dedup_keys(&mut k, &mut scratch);
+        let len = k.len();
+        let out: Vec<u32> = k.iter().flat_map(|&x| [x as u32, (x >> 32) as u32]).collect();
+        assert_eq!((&out[..m], &out[len..len + m]), (&want.0[..], &want.1[..]));
+    }
+
+    #[test]
+    fn dedup_sorted_and_pack() {
+        assert_eq!(dedup_sorted_keys(&[]), Some((vec![], vec![])));
+        assert_eq!(dedup_sorted_keys(&[1 << 32 | 2, 1 << 32 | 2, 3 << 32]), Some((vec![1, 3], vec![2, 0])));
+        assert_eq!(dedup_sorted_keys(&[5, 4]), None);
+        assert_eq!(pack_keys(&[1u64, 0], &[2u64, 7]).unwrap(), Some(vec![1 << 32 | 2, 7]));
+        assert_eq!(pack_keys(&[1u64 << 32], &[0u64]).unwrap(), None);
+        assert!(pack_keys(&[1u32], &[]).is_err());
+        assert_eq!(id_bound(&[]), 0);
+        assert_eq!(id_bound(&[0]), 1);
+        assert_eq!(id_bound(&[3 << 32 | 9, 5 << 32 | 1]), 10);
+        assert_eq!(id_bound(&[7 << 32 | 2]), 8);
+    }
+}
