@@ -12,7 +12,9 @@ formats of one graph; ``vs 1 rank`` is the load time at 1 rank of the same file 
 row's (a speed-up when above 1), ``vs first`` the first file's load time at the same rank
 count over this row's. ``dedup``: how the duplicates were dropped — ``exchange`` (every edge
 sent to the rank its hash owns) or ``sorted`` (an input written sorted, ``graph convert
---sort``: every rank keeps the run it read). ``top equal``: the top-10 vertices agree with the first file's at the
+--sort``: every rank keeps the run it read). On the exchange path ``exchange`` is the
+grouping of the edges by owner and the ``alltoallv``, ``sort`` the owners' sort and
+deduplication (each the slowest rank's). ``top equal``: the top-10 vertices agree with the first file's at the
 same rank count. With ``--repeats R`` every row runs R times, interleaved, and the medians
 are reported.
 
@@ -104,6 +106,8 @@ def run(args) -> int:
         records.append({"bench": "load", "file": f, "format": kinds[f], "ranks": nr, "edges": recs[0]["edges"],
                         "load_s": statistics.median(r["load_s"] for r in recs),
                         "read_s": statistics.median(r.get("read_s", float("nan")) for r in recs),
+                        "exchange_s": statistics.median(r.get("exchange_s", float("nan")) for r in recs),
+                        "sort_s": statistics.median(r.get("sort_s", float("nan")) for r in recs),
                         "wall_s": statistics.median(r["wall_s"] for r in recs),
                         "load_runs_s": [r["load_s"] for r in recs],
                         "peak_rss_bytes": recs[-1]["peak_rss_bytes"],
@@ -130,14 +134,19 @@ def run(args) -> int:
 
 
 def print_table(records: list[dict], order: list[str]) -> None:
-    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "read", "read vs first", "dedup", "end to end",
-            "peak RSS per rank", "top equal"]
+    head = ["file", "format", "ranks", "load", "vs 1 rank", "vs first", "read", "read vs first", "dedup", "exchange",
+            "sort", "end to end", "peak RSS per rank", "top equal"]
     rows = []
     for r in sorted(records, key=lambda r: (order.index(r["file"]), r["ranks"])):
         rows.append([Path(r["file"]).name, r["format"], str(r["ranks"]), human_time(r["load_s"]),
                      f"{r['load_vs_1_rank']:.2f}x" if "load_vs_1_rank" in r else "",
                      f"{r['load_vs_first']:.2f}x" if "load_vs_first" in r else "",
                      human_time(r["read_s"]), f"{r['read_vs_first']:.2f}x" if "read_vs_first" in r else "",
-                     r.get("dedup_path", ""), human_time(r["wall_s"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
+                     r.get("dedup_path", ""), _time_or_blank(r.get("exchange_s")), _time_or_blank(r.get("sort_s")),
+                     human_time(r["wall_s"]), " ".join(human_bytes(x) for x in r["peak_rss_bytes"]),
                      {True: "yes", False: "NO"}.get(r.get("top_equal"), "")])
     print(common.format_table(head, rows, left_columns=2))
+
+
+def _time_or_blank(s) -> str:
+    return "" if s is None or s != s else human_time(s)  # NaN: not on the exchange path

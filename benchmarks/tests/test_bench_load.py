@@ -31,4 +31,5 @@ def test_bench_load_rows_per_file_and_rank_count(tmp_path):
     for r in recs:
         assert r["top_equal"] and r["load_s"] > 0 and len(r["peak_rss_bytes"]) == r["ranks"]
         assert r["edges"] == recs[0]["edges"]
-    assert "vs 1 rank" in p.stdout
+        assert r["dedup_path"] == "exchange" and r["exchange_s"] >= 0 and r["sort_s"] > 0  # the stages timed
+    assert "vs 1 rank" in p.stdout and "sort" in p.stdout

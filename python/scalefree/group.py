@@ -63,47 +63,75 @@ class Group(_native.Group):
         if counts.size != self.size or (counts < 0).any() or int(counts.sum()) != len(send):
             raise InvalidArgumentError(f"alltoallv: counts must be {self.size} non-negative numbers summing to "
                                        f"{len(send)}, got {counts.tolist()}")
-        width = 1 if send.ndim == 1 else send.shape[1]
-        row = send.dtype.itemsize * width
-        table = self.allgather(counts)  # table[s, d]: rows s sends to d
-        recv_rows = table[:, self.rank]
-        shape = (int(recv_rows.sum()),) + send.shape[1:]
         if self.size == 1:
             return send.copy()
+        lo = np.concatenate([[0], np.cumsum(counts)])
+        send = np.ascontiguousarray(send)
+
+        def copy(pieces):
+            for d, piece in enumerate(pieces):
+                piece[...] = send[lo[d]:lo[d + 1]].reshape(-1).view(np.uint8)
+
+        out = self._exchange(counts, send.dtype.itemsize * (1 if send.ndim == 1 else send.shape[1]), copy)
+        return out.view(send.dtype).reshape((-1,) + send.shape[1:])
+
+    def alltoallv_fill(self, counts, dtype, fill) -> np.ndarray:
+        """Collective: :meth:`alltoallv` of ``counts[r]`` elements of ``dtype`` to every rank
+        ``r``, with the pieces written in place instead of copied from a send buffer:
+        ``fill(pieces)`` is called once with, for every rank ``r``, a writable 1-D array of
+        ``counts[r]`` elements where the piece for ``r`` goes (straight into ``r``'s receive
+        region when it is mapped — shared memory —, else a staging buffer sent after ``fill``
+        returns) and must write every element. Returns what this rank received, in rank
+        order, as a 1-D array viewing its receive region."""
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        if counts.size != self.size or (counts < 0).any():
+            raise InvalidArgumentError(f"alltoallv_fill: counts must be {self.size} non-negative numbers, "
+                                       f"got {counts.tolist()}")
+        dtype = np.dtype(dtype)
+        out = self._exchange(counts, dtype.itemsize, lambda pieces: fill([p.view(dtype) for p in pieces]))
+        return out.view(dtype)
+
+    def _exchange(self, counts, row: int, fill) -> np.ndarray:
+        """The one-sided exchange under :meth:`alltoallv` and :meth:`alltoallv_fill`: the
+        receive region (``uint8``, every sender's rows in rank order), after ``fill`` wrote
+        this rank's piece for every rank ``d`` into the uint8 array it was handed (its place
+        in ``d``'s region, or staging) and every rank's pieces landed."""
+        table = self.allgather(counts)  # table[s, d]: rows s sends to d
+        nbytes = int(table[:, self.rank].sum()) * row
         dev = self.device
-        region = dev.alloc_region(max(shape[0] * row, 1))
+        region = dev.alloc_region(max(nbytes, 1))
         handles = self.allgather(np.frombuffer(region.handle, np.uint8))
         # Rows from sender s land after those of ranks before s.
         offset_in = np.cumsum(table, axis=0) - table  # offset_in[s, d]: where s's rows start at d
-        lo = np.concatenate([[0], np.cumsum(counts)])
-        send = np.ascontiguousarray(send)
         out = region.array(np.uint8)
-        mine = send[lo[self.rank]:lo[self.rank + 1]].reshape(-1).view(np.uint8)
-        out[offset_in[self.rank, self.rank] * row:][:mine.size] = mine
         staging = stage = None
+        pieces, sends = [], []
         pos = 0
-        done = []
-        for k in range(1, self.size):
-            d = (self.rank + k) % self.size  # everyone starts with a different peer
-            nbytes = int(counts[d]) * row
-            if nbytes == 0:
-                continue
-            piece = send[lo[d]:lo[d + 1]].reshape(-1).view(np.uint8)
+        for d in range(self.size):
+            size = int(counts[d]) * row
             at = int(offset_in[self.rank, d]) * row
+            if d == self.rank or size == 0:
+                pieces.append(out[at:at + size])
+                continue
             remote = dev.attach(bytes(handles[d]))
             if remote.mapped:  # shared memory: store straight into the peer's region
-                np.frombuffer(remote, np.uint8)[at:at + nbytes] = piece
+                pieces.append(np.frombuffer(remote, np.uint8)[at:at + size])
                 continue
             if staging is None:
                 staging = dev.alloc_region(max(int(counts.sum() - counts[self.rank]) * row, 1))
                 stage = np.frombuffer(staging, np.uint8)
-            stage[pos:pos + nbytes] = piece
-            done.append(dev.channel(d).write(staging, pos, remote, at, nbytes))
-            pos += nbytes
+            pieces.append(stage[pos:pos + size])
+            sends.append((d, pos, remote, at, size))
+            pos += size
+        fill(pieces)
+        del pieces
+        # Everyone starts with a different peer.
+        done = [self.device.channel(d).write(staging, p, remote, at, size)
+                for d, p, remote, at, size in sorted(sends, key=lambda x: (x[0] - self.rank) % self.size)]
         for c in done:
             c.wait()
         self.barrier()
-        return out[:shape[0] * row].view(send.dtype).reshape(shape)
+        return out[:nbytes]
 
     def ssp_reduction(self, count: int, dtype="float32", op: str = "sum",
                       variant: str = "sharded_async_thread", push_order: str = "cyclic"):

@@ -1,7 +1,7 @@
 """The load path on packed edge keys (``src << 32 | dst``): the key readers give the edges of
 :func:`read_edge_share` in the same order for every input they take (text, CSV parts with
-headers, gzip, Parquet and Arrow IPC row groups) over 1..4 ranks and None for the rest; the
-in-place kernels (owner grouping, sort + dedup into u32 columns) match numpy; and a
+headers, gzip, Parquet row groups) over 1..4 ranks and None for the rest; the kernels (each
+key into its owner's piece, sort + dedup in place into u32 columns) match numpy; and a
 multi-rank load from each input, with ids past 2**32 on one rank only, leaves every distinct
 edge on exactly one rank."""
 
@@ -82,13 +82,16 @@ def test_partition_and_sort_dedup_match_numpy(n, ids):
     rng = np.random.default_rng(n + ids)
     src, dst = rng.integers(0, ids, n, dtype=np.uint64), rng.integers(0, ids, n, dtype=np.uint64)
     keys = packed(src, dst)
-    for size in (1, 3, 4):
-        k = keys.copy()
-        counts = _native.partition_keys(k, size)
-        assert counts.sum() == n
-        owner = edge_owner(k >> np.uint64(32), k & np.uint64(0xFFFFFFFF), size)
-        np.testing.assert_array_equal(owner, np.repeat(np.arange(size), counts))
-        np.testing.assert_array_equal(np.sort(k), np.sort(keys))
+    for size in (1, 3, 4, 300):
+        counts, owners = _native.key_owners(keys, size)
+        want_owner = edge_owner(src, dst, size)
+        np.testing.assert_array_equal(counts, np.bincount(want_owner, minlength=size))
+        if size <= 256:
+            np.testing.assert_array_equal(owners, want_owner)
+        pieces = [np.empty(c, np.uint64) for c in counts]
+        _native.scatter_keys(keys, owners, pieces)
+        for o in range(size):  # each owner's keys, in input order
+            np.testing.assert_array_equal(pieces[o], keys[want_owner == o])
     want = np.unique(keys)
     k = keys.copy()
     m = _native.sort_dedup_keys(k, np.empty(n + 1, np.uint64))
@@ -111,9 +114,14 @@ def test_kernels_refuse_misuse():
     with pytest.raises(InvalidArgumentError, match="overlap"):
         _native.sort_dedup_keys(k[:5], k[2:])
     with pytest.raises(InvalidArgumentError, match="uint64"):
-        _native.partition_keys(np.arange(4, dtype=np.int32), 2)
+        _native.key_owners(np.arange(4, dtype=np.int32), 2)
     with pytest.raises(InvalidArgumentError, match="size"):
-        _native.partition_keys(k, 0)
+        _native.key_owners(k, 0)
+    counts, owners = _native.key_owners(k, 2)
+    with pytest.raises(InvalidArgumentError, match="piece"):
+        _native.scatter_keys(k, owners, [np.empty(counts[0] + 1, np.uint64), np.empty(counts[1] - 1, np.uint64)])
+    with pytest.raises(InvalidArgumentError, match="overlap"):
+        _native.scatter_keys(k, owners, [k[:counts[0]].copy(), np.empty(counts[1], np.uint64)][:1] * 2)
     assert _native.pack_edge_keys(np.array([1, 2]), np.array([3, 4])).tolist() == [1 << 32 | 3, 2 << 32 | 4]
     assert _native.pack_edge_keys(np.array([1 << 32]), np.array([0])) is None
 

@@ -3,8 +3,10 @@
 //! which sorts as the edge does by (src, dst). Every step works in the buffers it is given,
 //! so a load touches each byte of its edges a few times and allocates little:
 //!
-//! - [`partition_keys`]: the keys grouped by owner rank in place (the owner is
-//!   [`edge_hash`]`(s, d) % size`, the same as [`crate::edges::owner_partition_as`]'s);
+//! - [`key_owners`], [`scatter_keys`]: the owner rank of every key (the owner is
+//!   [`edge_hash`]`(s, d) % size`, the same as [`crate::edges::owner_partition_as`]'s), then
+//!   every key written into its owner's piece of an exchange (the receivers' regions): the
+//!   grouping by owner and the send in one pass;
 //! - [`sort_dedup_keys`]: the received keys sorted and deduplicated, the distinct edges written
 //!   back into the same buffer as two u32 columns: one most-significant-digit pass into a
 //!   scratch buffer (buckets of about [`BUCKET_KEYS`] keys), then each bucket sorted while it
@@ -25,47 +27,69 @@ fn owner(fm: FastMod, k: u64) -> usize {
     fm.remainder(edge_hash(k >> 32, k & LOW)) as usize
 }
 
-/// Reorders `keys` in place so that the keys of owner 0 come first, then owner 1's, ...
-/// (order within an owner unspecified) and returns the keys per owner (`size` entries).
-/// Two passes: count, then place each key by following its cycle (no scratch memory).
+/// The owner rank of every key, as a byte when there are at most 256 owners (else empty:
+/// [`scatter_keys`] hashes again), and the keys per owner (`size` entries).
 ///
 /// Errors: `size` not in `1..2^32`.
-pub fn partition_keys(keys: &mut [u64], size: usize) -> Result<Vec<u64>, String> {
+pub fn key_owners(keys: &[u64], size: usize) -> Result<(Vec<u64>, Vec<u8>), String> {
     if size == 0 || size as u64 >= 1 << 32 {
-        return Err(format!("partition_keys: size must be in 1..2^32, got {size}"));
+        return Err(format!("key_owners: size must be in 1..2^32, got {size}"));
     }
     let fm = FastMod::new(size as u64);
     let mut counts = vec![0u64; size];
-    for &k in keys.iter() {
-        counts[owner(fm, k)] += 1;
+    if size > 256 {
+        for &k in keys {
+            counts[owner(fm, k)] += 1;
+        }
+        return Ok((counts, Vec::new()));
     }
-    if size == 1 {
-        return Ok(counts);
+    let owners: Vec<u8> = keys
+        .iter()
+        .map(|&k| {
+            let o = owner(fm, k);
+            counts[o] += 1;
+            o as u8
+        })
+        .collect();
+    Ok((counts, owners))
+}
+
+/// Writes every key into the piece of its owner (`owners` from [`key_owners`] over `size =
+/// pieces.len()` owners), in key order: the pieces are where the keys go — the receivers'
+/// regions of an exchange — so the keys are grouped by owner and sent in one pass.
+///
+/// Errors: a piece not as long as its owner's keys.
+pub fn scatter_keys(keys: &[u64], owners: &[u8], pieces: &mut [&mut [u64]]) -> Result<(), String> {
+    let size = pieces.len();
+    if size == 0 || size as u64 >= 1 << 32 || (size <= 256 && owners.len() != keys.len()) {
+        return Err(format!("scatter_keys: {} keys, {} owners, {size} pieces", keys.len(), owners.len()));
     }
-    let mut next = Vec::with_capacity(size);
-    let mut end = Vec::with_capacity(size);
-    let mut at = 0usize;
-    for &c in &counts {
-        next.push(at);
-        at += c as usize;
-        end.push(at);
-    }
-    for b in 0..size {
-        while next[b] < end[b] {
-            let mut k = keys[next[b]];
-            let mut o = owner(fm, k);
-            // Every key of owner o before next[o] is placed, so o's next slot holds a key
-            // not yet placed: swap k there and carry on with that key.
-            while o != b {
-                std::mem::swap(&mut k, &mut keys[next[o]]);
-                next[o] += 1;
-                o = owner(fm, k);
-            }
-            keys[next[b]] = k;
-            next[b] += 1;
+    let mut at = vec![0usize; size];
+    let mut put = |o: usize, k: u64| -> Result<(), String> {
+        let piece = &mut pieces[o];
+        let Some(slot) = piece.get_mut(at[o]) else {
+            return Err(format!("scatter_keys: owner {o}'s piece holds {} keys, it has more", piece.len()));
+        };
+        *slot = k;
+        at[o] += 1;
+        Ok(())
+    };
+    if size <= 256 {
+        for (&k, &o) in keys.iter().zip(owners) {
+            put(o as usize, k)?;
+        }
+    } else {
+        let fm = FastMod::new(size as u64);
+        for &k in keys {
+            put(owner(fm, k), k)?;
         }
     }
-    Ok(counts)
+    for (o, piece) in pieces.iter().enumerate() {
+        if at[o] != piece.len() {
+            return Err(format!("scatter_keys: owner {o}'s piece holds {} keys, it has {}", piece.len(), at[o]));
+        }
+    }
+    Ok(())
 }
 
 /// Keys per bucket the most-significant-digit pass aims at: 16 Ki keys (128 KiB) sort in L2.
@@ -131,7 +155,7 @@ pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
     let top = top.min(span);
     let shift = span - top;
     let buckets = 1usize << top;
-    let digit = |k: u64| ((k >> shift) as usize) & (buckets - 1);
+    let digit = |k: u64| (k.checked_shr(shift).unwrap_or(0) as usize) & (buckets - 1);
     let mut start = vec![0usize; buckets + 1];
     for &k in keys.iter() {
         start[digit(k) + 1] += 1;
@@ -268,28 +292,41 @@ mod tests {
     const SIZES: &[usize] = &[0, 1, 2, 3, 255, 256, 257, 1001, 20_011, 70_001, 300_000];
 
     #[test]
-    fn partition_groups_by_the_owner_partition_owner() {
+    fn scatter_groups_by_the_owner_partition_owner() {
         let mut r = Rng(3);
         for &n in SIZES {
-            for size in [1usize, 2, 3, 4, 7] {
+            for size in [1usize, 2, 3, 4, 7, 300] {
+                if size * n > 10_000_000 {
+                    continue; // the reference below is O(size * n)
+                }
                 let orig = keys(&mut r, n, 1 << 20);
-                let mut k = orig.clone();
-                let counts = partition_keys(&mut k, size).unwrap();
+                let (counts, owners) = key_owners(&orig, size).unwrap();
                 assert_eq!(counts.iter().sum::<u64>() as usize, n);
-                let (s, d): (Vec<u32>, Vec<u32>) = k.iter().map(|&k| ((k >> 32) as u32, k as u32)).unzip();
-                let owners = edge_owners(&s, &d, size);
+                let mut out = vec![0u64; n];
+                let mut pieces: Vec<&mut [u64]> = Vec::new();
+                let mut rest = out.as_mut_slice();
+                for &c in &counts {
+                    let (a, b) = rest.split_at_mut(c as usize);
+                    pieces.push(a);
+                    rest = b;
+                }
+                scatter_keys(&orig, &owners, &mut pieces).unwrap();
+                let (s, d): (Vec<u32>, Vec<u32>) = orig.iter().map(|&k| ((k >> 32) as u32, k as u32)).unzip();
+                let want = edge_owners(&s, &d, size);
+                // Each owner's piece: its keys, in input order.
                 let mut at = 0;
                 for (o, &c) in counts.iter().enumerate() {
-                    assert!(owners[at..at + c as usize].iter().all(|&x| x as usize == o), "n {n} size {size} owner {o}");
+                    let mine: Vec<u64> = orig.iter().zip(&want).filter(|(_, &w)| w as usize == o).map(|(&k, _)| k).collect();
+                    assert_eq!(&out[at..at + c as usize], &mine[..], "n {n} size {size} owner {o}");
                     at += c as usize;
                 }
-                let (mut a, mut b) = (orig, k);
-                a.sort_unstable();
-                b.sort_unstable();
-                assert_eq!(a, b, "a permutation");
             }
         }
-        assert!(partition_keys(&mut [], 0).is_err());
+        assert!(key_owners(&[], 0).is_err());
+        let (counts, owners) = key_owners(&[1, 2, 3], 2).unwrap();
+        let mut short = vec![0u64; counts[0] as usize + 1];
+        let mut other = vec![0u64; (counts[1] as usize).saturating_sub(1)];
+        assert!(scatter_keys(&[1, 2, 3], &owners, &mut [&mut short[..], &mut other[..]]).is_err());
     }
 
     #[test]

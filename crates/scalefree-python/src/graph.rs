@@ -177,15 +177,40 @@ fn u64s_mut<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a mut [u64
     Ok(if b.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u64, b.count()) } })
 }
 
-/// int64 array of `size` entries: the packed edge keys (uint64, `src << 32 | dst`) reordered
-/// in place, owner 0's first (the owner as `owner_partition`'s), and the keys per owner.
+/// `(counts, owners)`: the keys per owner rank (int64, `size` entries) of packed edge keys
+/// (uint64, `src << 32 | dst`; the owner as `owner_partition`'s), and each key's owner
+/// (uint8; empty for more than 256 owners).
 #[pyfunction]
-pub fn partition_keys<'py>(py: Python<'py>, keys: Bound<'py, PyAny>, size: usize) -> PyResult<Bound<'py, PyAny>> {
-    let kb = Buf::get(&keys, true, "keys")?;
-    let k = u64s_mut(py, &kb, "keys")?;
-    let counts = py.detach(|| keys::partition_keys(k, size)).map_err(|e| invalid(py, e))?;
+pub fn key_owners<'py>(py: Python<'py>, keys: Bound<'py, PyAny>, size: usize) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+    let kb = Buf::get(&keys, false, "keys")?;
+    let k = u64s(py, &kb, "keys")?;
+    let (counts, owners) = py.detach(|| keys::key_owners(k, size)).map_err(|e| invalid(py, e))?;
     drop(kb);
-    array(py, Owned::I64(counts.into_iter().map(|c| c as i64).collect()))
+    Ok((array(py, Owned::I64(counts.into_iter().map(|c| c as i64).collect()))?, array(py, Owned::U8(owners))?))
+}
+
+/// Writes every key into `pieces[owner]` (writable uint64 arrays, one per owner, each as
+/// long as its owner's count from `key_owners`, not overlapping), in key order.
+#[pyfunction]
+pub fn scatter_keys(py: Python<'_>, keys: Bound<'_, PyAny>, owners: Bound<'_, PyAny>, pieces: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+    let (kb, ob) = (Buf::get(&keys, false, "keys")?, Buf::get(&owners, false, "owners")?);
+    let k = u64s(py, &kb, "keys")?;
+    if ob.len_bytes() > 0 && ob.itemsize() != 1 {
+        return Err(invalid(py, format!("owners must be uint8, got buffer format {:?}", ob.format)));
+    }
+    // SAFETY: a contiguous byte buffer held while `ob` lives.
+    let o: &[u8] = if ob.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(ob.ptr(), ob.len_bytes()) } };
+    let bufs = pieces.iter().enumerate().map(|(i, p)| Buf::get(p, true, &format!("pieces[{i}]"))).collect::<PyResult<Vec<_>>>()?;
+    let mut spans: Vec<(usize, usize)> = bufs.iter().filter(|b| b.len_bytes() > 0).map(|b| (b.ptr() as usize, b.ptr() as usize + b.len_bytes())).collect();
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[1].0 < w[0].1) {
+        return Err(invalid(py, "scatter_keys: pieces overlap"));
+    }
+    let mut slices = bufs.iter().enumerate().map(|(i, b)| u64s_mut(py, b, &format!("pieces[{i}]"))).collect::<PyResult<Vec<_>>>()?;
+    py.detach(|| keys::scatter_keys(k, o, &mut slices)).map_err(|e| invalid(py, e))?;
+    drop(slices);
+    drop((kb, ob, bufs));
+    Ok(())
 }
 
 /// The number `m` of distinct keys: `keys` (uint64) sorted and deduplicated in place, the

@@ -51,7 +51,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(graph::owner_partition, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_pairs, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(graph::partition_keys, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::key_owners, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::scatter_keys, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::sort_dedup_keys, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::dedup_sorted_keys, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::pack_edge_keys, m)?)?;

@@ -588,12 +588,13 @@ def _sorted_runs(group, got, ranks, first):
 
 def owner_dedup_keys(group, edges: list, ranks: int | None = None, first: int = 0, times: dict | None = None):
     """Collective: :func:`owner_dedup` of this rank's edges as packed keys (``edges`` is
-    ``[keys]``, :func:`read_edge_keys`; emptied, and the keys array reused): the keys are
-    grouped by owner in place (``_native.partition_keys``), sent to their owners (one
-    ``alltoallv``), and sorted and deduplicated in the buffer they arrived in, with the sent
-    keys' buffer as scratch (``_native.sort_dedup_keys``). Returns ``(src, dst)`` uint32,
-    sorted, distinct: views of that buffer. ``times``, if given, receives
-    ``exchange_s`` (grouping and sending) and ``sort_s``."""
+    ``[keys]``, :func:`read_edge_keys`; emptied, and the keys array reused): every key is
+    written straight into its owner's receive region (``_native.key_owners``, then
+    ``_native.scatter_keys`` inside :meth:`~scalefree.group.Group.alltoallv_fill`), and each
+    owner sorts and deduplicates what landed there, with the sent keys' buffer as scratch
+    (``_native.sort_dedup_keys``). Returns ``(src, dst)`` uint32, sorted, distinct: views of
+    the receive region. ``times``, if given, receives ``exchange_s`` (owners and sending)
+    and ``sort_s``."""
     ranks = group.size if ranks is None else int(ranks)
     keys = edges.pop()
     edges.clear()
@@ -601,9 +602,12 @@ def owner_dedup_keys(group, edges: list, ranks: int | None = None, first: int = 
     if ranks == 1 and group.size == 1:  # one owner: no exchange
         got, scratch = keys, np.empty(len(keys), np.uint64)
     else:
+        mine, owners = _native.key_owners(keys, ranks)
         counts = np.zeros(group.size, np.int64)
-        counts[first:first + ranks] = _native.partition_keys(keys, ranks)
-        got = group.alltoallv(keys, counts)
+        counts[first:first + ranks] = mine
+        got = group.alltoallv_fill(counts, np.uint64,
+                                   lambda pieces: _native.scatter_keys(keys, owners, pieces[first:first + ranks]))
+        del owners
         scratch = keys if len(keys) >= len(got) else np.empty(len(got), np.uint64)
     del keys
     t1 = time.perf_counter()
