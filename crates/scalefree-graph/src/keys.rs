@@ -10,7 +10,8 @@
 //! - [`sort_dedup_keys`]: the received keys sorted and deduplicated, the distinct edges written
 //!   back into the same buffer as two u32 columns: one most-significant-digit pass into a
 //!   scratch buffer (buckets of about [`BUCKET_KEYS`] keys), then each bucket sorted while it
-//!   is in cache (least-significant-digit passes of 8 bits over the bits that vary in it);
+//!   is in cache (least-significant-digit passes of up to 13 bits over the bits that vary in
+//!   it);
 //! - [`dedup_sorted_keys`]: the distinct edges of keys already in order (a file written
 //!   sorted), or None;
 //! - [`pack_keys`]: keys of two id columns, for readers that produce columns; [`id_bound`]:
@@ -92,26 +93,36 @@ pub fn scatter_keys(keys: &[u64], owners: &[u8], pieces: &mut [&mut [u64]]) -> R
     Ok(())
 }
 
-/// Keys per bucket the most-significant-digit pass aims at: 16 Ki keys (128 KiB) sort in L2.
-pub const BUCKET_KEYS: usize = 1 << 14;
+/// Keys per bucket the most-significant-digit pass aims at: 32 Ki keys (256 KiB) sort in L2.
+pub const BUCKET_KEYS: usize = 1 << 15;
 /// A bucket larger than this (skewed ids) is sorted by [`radix_sort_u64`] instead.
-const BUCKET_MAX: usize = 1 << 17;
+const BUCKET_MAX: usize = 1 << 18;
 /// Most buckets of the first pass (4096: the write fronts stay in L1/L2).
 const MAX_TOP_BITS: u32 = 12;
+/// Widest digit of the in-cache passes (8192 counters: 32 KiB, in L1).
+const MAX_DIGIT_BITS: u32 = 13;
 
-/// Sorts the keys `a` in place by least-significant 8-bit digits over the bits set in
-/// `varying`, with `t` (as long as `a`) as scratch. Returns whether the result is in `a`
-/// (else in `t`).
-fn lsd8(a: &mut [u64], t: &mut [u64], varying: u64) -> bool {
+/// Sorts the keys `a` in place by least-significant digits over the bits from the lowest to
+/// the highest set in `varying`, in as few passes of at most [`MAX_DIGIT_BITS`] as cover
+/// them (equal widths), with `t` (as long as `a`) as scratch and `count` as the counters.
+/// Returns whether the result is in `a` (else in `t`).
+fn lsd_in_cache(a: &mut [u64], t: &mut [u64], varying: u64, count: &mut [u32]) -> bool {
+    if varying == 0 {
+        return true;
+    }
+    let lo = varying.trailing_zeros();
+    let bits = 64 - varying.leading_zeros() - lo;
+    let passes = bits.div_ceil(MAX_DIGIT_BITS);
+    let width = bits.div_ceil(passes);
+    let mask = (1u64 << width) - 1;
+    let count = &mut count[..1 << width];
     let mut in_a = true;
-    let mut count = [0u32; 256];
-    let mut b = 0u32;
-    while b < 64 && varying >> b != 0 {
-        b += (varying >> b).trailing_zeros();
+    for pass in 0..passes {
+        let b = lo + pass * width;
         let (from, to): (&[u64], &mut [u64]) = if in_a { (&*a, &mut *t) } else { (&*t, &mut *a) };
         count.fill(0);
         for &k in from {
-            count[((k >> b) & 255) as usize] += 1;
+            count[((k >> b) & mask) as usize] += 1;
         }
         let mut at = 0u32;
         for c in count.iter_mut() {
@@ -120,12 +131,11 @@ fn lsd8(a: &mut [u64], t: &mut [u64], varying: u64) -> bool {
             at += here;
         }
         for &k in from {
-            let p = &mut count[((k >> b) & 255) as usize];
+            let p = &mut count[((k >> b) & mask) as usize];
             to[*p as usize] = k;
             *p += 1;
         }
         in_a = !in_a;
-        b += 8;
     }
     in_a
 }
@@ -133,9 +143,12 @@ fn lsd8(a: &mut [u64], t: &mut [u64], varying: u64) -> bool {
 /// Sorts `keys` and drops duplicates; the `m` distinct keys are written back into `keys`'s
 /// memory as two u32 columns — the sources in its u32 slots `0..m`, the targets in its u32
 /// slots `n..n + m` (`n = keys.len()`) — and `m` is returned. `scratch` must hold at least
-/// `n` keys (its contents are overwritten). Linear time: one pass over `keys` to find the
-/// bits that vary, one histogram pass, one scatter into `scratch` by the top varying bits
-/// (see the module doc), then each bucket sorted in cache and written out deduplicated.
+/// `n` keys (its contents are overwritten). Linear time: one pass over `keys` for the bits
+/// that vary; the keys are narrowed to `src << b | dst` with `b` the bits of the largest
+/// target (the same order, no constant bits between the halves); one histogram pass and
+/// one scatter of the narrowed keys into `scratch` by their top varying bits (buckets of
+/// about [`BUCKET_KEYS`]); then each bucket sorted in cache (digits of up to
+/// [`MAX_DIGIT_BITS`] bits) and written out deduplicated.
 ///
 /// Panics if `scratch` is shorter than `keys` (misuse).
 pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
@@ -145,8 +158,17 @@ pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
         return 0;
     }
     let scratch = &mut scratch[..n];
-    let first = keys[0];
-    let varying = keys.iter().fold(0u64, |v, &k| v | (k ^ first));
+    let (mut any_s, mut all_s, mut any_d, mut all_d) = (0u64, u64::MAX, 0u64, u64::MAX);
+    for &k in keys.iter() {
+        let (s, d) = (k >> 32, k & LOW);
+        any_s |= s;
+        all_s &= s;
+        any_d |= d;
+        all_d &= d;
+    }
+    let dbits = 64 - any_d.leading_zeros(); // <= 32: src << dbits keeps every bit
+    let narrow = |k: u64| (k >> 32) << dbits | (k & LOW);
+    let varying = (any_s ^ all_s) << dbits | (any_d ^ all_d);
     let span = 64 - varying.leading_zeros(); // bits 0..span may differ
     let mut top = 0u32;
     while top < MAX_TOP_BITS && (n >> top) > BUCKET_KEYS {
@@ -155,38 +177,41 @@ pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
     let top = top.min(span);
     let shift = span - top;
     let buckets = 1usize << top;
-    let digit = |k: u64| (k.checked_shr(shift).unwrap_or(0) as usize) & (buckets - 1);
+    let digit = |c: u64| (c.checked_shr(shift).unwrap_or(0) as usize) & (buckets - 1);
     let mut start = vec![0usize; buckets + 1];
     for &k in keys.iter() {
-        start[digit(k) + 1] += 1;
+        start[digit(narrow(k)) + 1] += 1;
     }
     for b in 0..buckets {
         start[b + 1] += start[b];
     }
     let mut next = start[..buckets].to_vec();
     for &k in keys.iter() {
-        let p = &mut next[digit(k)];
-        scratch[*p] = k;
+        let c = narrow(k);
+        let p = &mut next[digit(c)];
+        scratch[*p] = c;
         *p += 1;
     }
     // SAFETY: `keys` is not read again; its memory (n u64, aligned for u32) is reused as
     // 2n u32 for the output columns through this one mutable slice.
     let out: &mut [u32] = unsafe { std::slice::from_raw_parts_mut(keys.as_mut_ptr() as *mut u32, 2 * n) };
     let (src, dst) = out.split_at_mut(n);
+    let low = if dbits == 0 { 0 } else { u64::MAX >> (64 - dbits) };
     let mut m = 0usize;
     let mut last: Option<u64> = None;
     let mut emit = |sorted: &[u64]| {
-        for &k in sorted {
-            if last != Some(k) {
-                src[m] = (k >> 32) as u32;
-                dst[m] = (k & LOW) as u32;
+        for &c in sorted {
+            if last != Some(c) {
+                src[m] = (c >> dbits) as u32;
+                dst[m] = (c & low) as u32;
                 m += 1;
-                last = Some(k);
+                last = Some(c);
             }
         }
     };
     let mut small: Vec<u64> = Vec::new();
     let mut big: Vec<u64> = Vec::new();
+    let mut count = vec![0u32; 1 << MAX_DIGIT_BITS];
     for b in 0..buckets {
         let bucket = &mut scratch[start[b]..start[b + 1]];
         if bucket.len() > BUCKET_MAX {
@@ -204,7 +229,7 @@ pub fn sort_dedup_keys(keys: &mut [u64], scratch: &mut [u64]) -> usize {
         let v = bucket.iter().fold(0u64, |v, &k| v | (k ^ f));
         small.resize(small.len().max(bucket.len()), 0);
         let t = &mut small[..bucket.len()];
-        if lsd8(bucket, t, v) {
+        if lsd_in_cache(bucket, t, v, &mut count) {
             emit(bucket);
         } else {
             emit(t);
