@@ -453,6 +453,18 @@ def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
             assert rc == 0 and "ok" in out, out[-3000:]
 
 
+def test_ps_tracing_on_and_off_across_hosts(can_simulate):
+    # The parameter server's staging across 2 hosts (the arena registered with UCX): the
+    # same training with tracing on and off, fewer bytes copied with it on.
+    from test_ps import TRACE
+
+    code = TRACE.replace("g = scalefree.init(timeout=60)", ACROSS.replace("{per_host}", "1").replace("timeout=60", "timeout=30")
+                         + "\nfrom scalefree import arena\nassert arena.threshold() is not None")
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, code, timeout=180):
+            assert rc == 0 and out.strip().endswith("ok"), out[-3000:]
+
+
 SSP_HOSTS = """
 import sys
 variants = ["hypercube", "sharded", "sharded_async", "sharded_thread", "sharded_async_thread", "ring"]
