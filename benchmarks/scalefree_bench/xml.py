@@ -14,7 +14,9 @@ Rows, each timed end to end from files on disk (model and test set), same thread
 * ``omikuji/test`` — omikuji's own batch scorer, ``omikuji test MODEL TEST --n_threads T
   --beam_size B --k_top K --out_path F`` (its CLI, ``cargo install omikuji --features cli``;
   ``--omikuji-bin``): wall time of the command, which loads the whole model and test set
-  first (its log's scoring-only time is reported beside it), and its peak RSS;
+  first (its log's scoring-only time is reported beside it), and its peak RSS; with
+  ``--repeat N`` it alternates with ``scalefree/memory`` (omikuji, ours, omikuji, ...), each
+  cold, and ``vs omikuji test`` is the median of the N rounds' ratios;
 * ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
   (``--python-points`` of them; its rate is scaled to the whole set);
 * ``scalefree/memory`` — ``flash.xml.predict(in_memory=True)`` of the imported model: the
@@ -42,7 +44,9 @@ Every row reports points/s, peak RSS (the process's, over the call; a child's fo
 before the call), and for ours the flash counters, with ``idle`` the wall time during which no
 task computed (waiting for reads or memory). Agreement: for every test point, our
 top-k against omikuji test's (same labels in the same order, except where omikuji's printed
-scores tie), and precision@1/3/5 of both from the files.
+scores tie), the points whose top-k label *sets* differ, each classed by omikuji's exact scores
+from its Python binding (``tie``, ``rounding``, ``beam``, ``other``: ``_classify``), and
+precision@1/3/5 of both from the files.
 """
 
 from __future__ import annotations
@@ -121,20 +125,87 @@ def _precision(pred, truth, k):
     return float(np.mean([len(set(p[:k]) & t) / k for p, t in zip(pred, truth)]))
 
 
-def _agreement(ours, theirs, their_scores):
-    """Points whose top-k equals omikuji's, ties aside: a differing position is allowed only
-    where omikuji's printed (3-decimal) scores tie."""
-    same = 0
-    for a, b, s in zip(ours, theirs, their_scores):
+def _compare(ours, theirs, their_scores):
+    """Our top-k against omikuji test's, point by point. Returns ``(agree, order_ties, sets)``:
+    ``agree`` the points equal ties aside (a differing position only where omikuji's printed,
+    3-decimal, scores tie), ``order_ties`` those of them whose order differs at such a tie, and
+    ``sets`` the indices of the points whose top-k label *sets* differ."""
+    agree, order_ties, sets = 0, 0, []
+    for i, (a, b, s) in enumerate(zip(ours, theirs, their_scores)):
         a = [x for x in a if x >= 0]
+        if set(a) != set(b):
+            sets.append(i)
         ok = len(a) == len(b)
         if ok:
             for j in range(len(b)):
-                if a[j] != b[j] and not any(abs(s[j] - s[i]) <= 1e-3 for i in range(len(b)) if b[i] == a[j]):
+                if a[j] != b[j] and not any(abs(s[j] - s[i2]) <= 1e-3 for i2 in range(len(b)) if b[i2] == a[j]):
                     ok = False
                     break
-        same += ok
-    return same
+        agree += ok
+        order_ties += ok and a != b
+    return agree, order_ties, sets
+
+
+def _read_points(path, wanted):
+    """The feature lists ``[(id, value), ...]`` of the points ``wanted`` (indices) of an XC file."""
+    wanted, pts = set(wanted), {}
+    with open(path) as f:
+        next(f)
+        for i, line in enumerate(f):
+            if len(pts) == len(wanted):
+                break
+            if i in wanted:
+                toks = line.split()
+                toks = toks[1:] if toks and ":" not in toks[0] else toks
+                pts[i] = [(int(a), float(b)) for a, b in (t.split(":") for t in toks)]
+    return pts
+
+
+def _classify(points, ours_labels, ours_scores, omikuji_model, test, beam, k):
+    """Why each point's top-k set differs from omikuji's: its exact (float32) scores from the
+    Python binding (the same ``Model::predict``, weights densified as ``omikuji test`` does),
+    every label its beam reached, against ours. Classes:
+
+    * ``tie`` — omikuji scores the labels swapped across the k-th place exactly equal: a tie it
+      breaks by hash order, ours by label id;
+    * ``rounding`` — they differ by at most 1e-5 relative, and so do our and omikuji's scores of
+      every label involved: the k-th place decided by the last bits of float32 sums done in
+      another order (sparse against dense dot products, the trees' sum);
+    * ``beam`` — a label involved scores differently (beyond 1e-5) or is missing from the other's
+      beam: one beam kept a node the other dropped at a (near-)tie of path scores, so a label's
+      average is over other trees;
+    * ``other`` — none of these (a discrepancy to look at).
+
+    Returns ``({class: count}, {class: [first point indices]})``."""
+    import omikuji
+
+    m = omikuji.Model.load(str(omikuji_model))
+    m.densify_weights(0.1)
+    pts = _read_points(test, points)
+    counts, examples = {}, {}
+    rel = 1e-5
+    for i in points:
+        full = dict(m.predict(pts[i], beam_size=beam, top_k=1 << 30))
+        theirs = sorted(full.items(), key=lambda t: -t[1])[:k]
+        ours = {int(lab): float(sc) for lab, sc in zip(ours_labels[i], ours_scores[i]) if lab >= 0}
+        extra = [lab for lab in ours if lab not in dict(theirs)]  # ours, not in omikuji's top k
+        kth = theirs[-1][1]
+        involved = extra + [lab for lab, _ in theirs if lab not in ours]
+        close = all(lab in full and abs(full[lab] - ours.get(lab, full[lab])) <= rel * max(abs(full[lab]), 1e-30)
+                    for lab in involved)
+        if all(lab in full and full[lab] == kth for lab in extra):
+            c = "tie"
+        elif close and all(abs(full[lab] - kth) <= rel * kth for lab in extra):
+            c = "rounding"
+        elif not close:
+            c = "beam"
+        else:
+            c = "other"
+        counts[c] = counts.get(c, 0) + 1
+        examples.setdefault(c, [])
+        if len(examples[c]) < 5:
+            examples[c].append(i)
+    return counts, examples
 
 
 def _run_child(cmd):
@@ -205,45 +276,30 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
     common.progress(f"xml: imported {args.omikuji_model}: {info.n_trees} trees, {info.n_labels} labels, "
                     f"{common.human_bytes(info.file_bytes)}; {n} test points")
 
-    o_labels = o_scores = None
-    # omikuji test (its own batch scorer)
+    # omikuji test (its own batch scorer), run in the same rounds as our in-memory row (below)
     out = tmp / "omikuji.out"
     cmd = [args.omikuji_bin, "test", args.omikuji_model, args.test, "--n_threads", str(args.threads),
            "--beam_size", str(args.beam), "--k_top", str(args.k), "--out_path", str(out)]
     if args.skip_peers:
         args.python_points = 0
         cmd = None
-    times, rss, scoring = [], 0, []
-    for _ in range(args.repeat if cmd else 0):
+    peer = {"times": [], "rss": 0, "scoring": []}
+
+    def omikuji_test():
         cache.drop()
         s, r, err = _run_child(cmd)
-        times.append(s)
-        rss = max(rss, r)
         m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
-        scoring.append(float(m.group(1)) if m else float("nan"))
-    if cmd:
-        o_labels, o_scores = _read_omikuji_out(out, args.k)
-        st = common.Stats.of(times)
-        records.append(common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
-                                          dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
-                                          scoring_only_s=float(np.median(scoring)), peak_rss_bytes=rss,
-                                          rss_before_bytes=0, threads=args.threads,
-                                          **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
-        common.progress(f"xml: omikuji test {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s)")
+        peer["times"].append(s)
+        peer["rss"] = max(peer["rss"], r)
+        peer["scoring"].append(float(m.group(1)) if m else float("nan"))
+        common.progress(f"xml: omikuji test {common.human_time(s)} ({n / s:.0f} points/s; scoring "
+                        f"{peer['scoring'][-1]:.1f} s by its log)")
 
     # omikuji's Python binding, point by point
     if args.python_points > 0:
         import omikuji
 
-        pts = []
-        with open(args.test) as f:
-            next(f)
-            for i, line in enumerate(f):
-                if i >= args.python_points:
-                    break
-                toks = line.split()
-                toks = toks[1:] if ":" not in toks[0] else toks
-                pts.append([(int(a), float(b)) for a, b in (t.split(":") for t in toks)])
+        pts = list(_read_points(args.test, range(min(args.python_points, n))).values())
 
         def python_predict():
             m = omikuji.Model.load(args.omikuji_model)
@@ -274,9 +330,9 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
                         f"{run_['compute_idle_seconds']:.1f} s, peak RSS {common.human_bytes(rss.get('peak_rss_bytes', 0))})")
         return rec
 
-    def ours(runs):
+    def ours(runs, each_round=None):
         """``runs``: (variant, model, budget, nbytes, test, points, in_memory) rows timed in turn,
-        ``--repeat`` rounds. An in-memory row (the model read into memory first, no IO while
+        ``--repeat`` rounds (``each_round()`` first in each: a peer's run). An in-memory row (the model read into memory first, no IO while
         scoring) is timed without that load (its own ``load_s``): the in-memory speed. Returns
         per row (record, last predictions, times)."""
         state = []
@@ -284,6 +340,8 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             state.append({"rt": rt, "times": [], "loads": [], "rss": {}, "p": None})
         for _ in range(args.repeat):
+            if each_round is not None:
+                each_round()
             for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state):
                 s, st["p"] = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
                                                                    runtime=st["rt"], batch_points=args.batch,
@@ -296,13 +354,32 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
                  st["p"], st["times"])
                 for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state)]
 
-    [(rec, p, _)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)])
-    if o_labels is not None:
-        rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
-        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours
-        rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["scoring_only_s"], rec["median_s"])
+    [(rec, p, mem_t)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)],
+                             each_round=omikuji_test if cmd else None)
+    if cmd:
+        o_labels, o_scores = _read_omikuji_out(out, args.k)
+        st = common.Stats.of(peer["times"])
+        records.insert(0, common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
+                                             dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
+                                             scoring_only_s=float(np.median(peer["scoring"])),
+                                             scoring_only_runs=peer["scoring"], peak_rss_bytes=peer["rss"],
+                                             rss_before_bytes=0, threads=args.threads,
+                                             **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
+        agree, order_ties, differ = _compare(p.labels.tolist(), o_labels, o_scores)
+        rec["agree_points"] = agree
+        rec["order_differs_at_ties_points"] = order_ties
+        rec["topk_set_differs_points"] = len(differ)
+        if differ:
+            rec["set_difference_classes"], rec["set_difference_examples"] = _classify(
+                differ, p.labels.tolist(), p.scores.tolist(), args.omikuji_model, args.test, args.beam, args.k)
+        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours, per round
+        rec["speedup_vs_omikuji_test_runs"] = [common.ratio(a, b) for a, b in zip(peer["scoring"], mem_t)]
+        rec["speedup_vs_omikuji_test"] = float(np.median(rec["speedup_vs_omikuji_test_runs"]))
         rec["speedup_vs_omikuji_test_wall"] = common.ratio(records[0]["median_s"], rec["median_s"] + rec["load_s"])
-        common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
+        common.progress(f"xml: top-{args.k} equal to omikuji test's for {agree} of {n} points ({order_ties} ordered "
+                        f"differently at printed ties); top-{args.k} sets differ for {len(differ)}: "
+                        f"{rec.get('set_difference_classes', {})}; vs omikuji test per round: "
+                        + ", ".join(f"{x:.2f}x" for x in rec["speedup_vs_omikuji_test_runs"]))
     records.append(rec)
     if args.replicate > 1:
         big = tmp / f"model-x{args.replicate}.sfxml"
