@@ -53,12 +53,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -127,10 +124,10 @@ def _precision(pred, truth, k):
 
 def _compare(ours, theirs, their_scores):
     """Our top-k against omikuji test's, point by point. Returns ``(agree, order_ties, sets)``:
-    ``agree`` the points equal ties aside (a differing position only where omikuji's printed,
-    3-decimal, scores tie), ``order_ties`` those of them whose order differs at such a tie, and
-    ``sets`` the indices of the points whose top-k label *sets* differ."""
-    agree, order_ties, sets = 0, 0, []
+    ``agree`` the number of points equal ties aside (a differing position only where omikuji's
+    printed, 3-decimal, scores tie), ``order_ties`` the indices of those whose order differs at
+    such a printed tie, and ``sets`` the indices of the points whose top-k label *sets* differ."""
+    agree, order_ties, sets = 0, [], []
     for i, (a, b, s) in enumerate(zip(ours, theirs, their_scores)):
         a = [x for x in a if x >= 0]
         if set(a) != set(b):
@@ -142,7 +139,8 @@ def _compare(ours, theirs, their_scores):
                     ok = False
                     break
         agree += ok
-        order_ties += ok and a != b
+        if ok and a != b:
+            order_ties.append(i)
     return agree, order_ties, sets
 
 
@@ -161,64 +159,76 @@ def _read_points(path, wanted):
     return pts
 
 
-def _classify(points, ours_labels, ours_scores, omikuji_model, test, beam, k):
-    """Why each point's top-k set differs from omikuji's: its exact (float32) scores from the
-    Python binding (the same ``Model::predict``, weights densified as ``omikuji test`` does),
-    every label its beam reached, against ours. Classes:
+_CLASSES = ("tie", "rounding", "beam", "other")  # a point takes its worst pair's class
 
-    * ``tie`` — omikuji scores the labels swapped across the k-th place exactly equal: a tie it
-      breaks by hash order, ours by label id;
-    * ``rounding`` — they differ by at most 1e-5 relative, and so do our and omikuji's scores of
-      every label involved: the k-th place decided by the last bits of float32 sums done in
-      another order (sparse against dense dot products, the trees' sum);
-    * ``beam`` — a label involved scores differently (beyond 1e-5) or is missing from the other's
-      beam: one beam kept a node the other dropped at a (near-)tie of path scores, so a label's
-      average is over other trees;
-    * ``other`` — none of these (a discrepancy to look at).
 
-    Returns ``({class: count}, {class: [first point indices]})``."""
+def _omikuji_model(model_dir):
+    """omikuji's model through its Python binding, weights densified as ``omikuji test`` does
+    by default (``--max_sparse_density 0.1``)."""
     import omikuji
 
-    m = omikuji.Model.load(str(omikuji_model))
+    m = omikuji.Model.load(str(model_dir))
     m.densify_weights(0.1)
+    return m
+
+
+def _classify(m, points, ours_labels, ours_scores, theirs_labels, test, beam):
+    """Why each point's top-k differs from omikuji test's (``theirs_labels``: in set, or in
+    order at a printed tie), by omikuji's exact (float32) scores from its Python binding ``m``
+    (:func:`_omikuji_model`: the same ``Model::predict``, weights densified as ``omikuji test``
+    does), every label its beam reached. Each pair of labels the two rank the other way round (one in our top k and not in
+    omikuji's against one in omikuji's and not in ours, or two in both in the other order) is:
+
+    * ``tie`` — omikuji scores the two exactly equal: a tie omikuji breaks by hash order, ours
+      by label id;
+    * ``rounding`` — they differ by at most 1e-5 relative, and our scores of both match
+      omikuji's to 1e-5: the order decided by the last bits of float32 sums done in another
+      order (sparse against dense dot products, the trees' sum);
+    * ``beam`` — one of the two is scored otherwise (beyond 1e-5) or was not reached by
+      omikuji's beam: one beam kept a node the other dropped at a (near-)tie of path scores, so
+      that label's average is over other leaves;
+    * ``other`` — none of these: omikuji ranks them apart by more than rounding (to look at).
+
+    Fewer labels than omikuji's (a beam that reached fewer) is ``beam`` too.
+    A point takes the worst class of its pairs. Returns ``({class: count}, {class: [first
+    point indices]})``."""
     pts = _read_points(test, points)
     counts, examples = {}, {}
     rel = 1e-5
+
+    def near(x, y):
+        return abs(x - y) <= rel * max(abs(x), abs(y), 1e-30)
+
     for i in points:
         full = dict(m.predict(pts[i], beam_size=beam, top_k=1 << 30))
-        theirs = sorted(full.items(), key=lambda t: -t[1])[:k]
         ours = {int(lab): float(sc) for lab, sc in zip(ours_labels[i], ours_scores[i]) if lab >= 0}
-        extra = [lab for lab in ours if lab not in dict(theirs)]  # ours, not in omikuji's top k
-        kth = theirs[-1][1]
-        involved = extra + [lab for lab, _ in theirs if lab not in ours]
-        close = all(lab in full and abs(full[lab] - ours.get(lab, full[lab])) <= rel * max(abs(full[lab]), 1e-30)
-                    for lab in involved)
-        if all(lab in full and full[lab] == kth for lab in extra):
-            c = "tie"
-        elif close and all(abs(full[lab] - kth) <= rel * kth for lab in extra):
-            c = "rounding"
-        elif not close:
-            c = "beam"
-        else:
-            c = "other"
-        counts[c] = counts.get(c, 0) + 1
-        examples.setdefault(c, [])
-        if len(examples[c]) < 5:
-            examples[c].append(i)
+        rank_o = {lab: j for j, lab in enumerate(ours)}
+        rank_t = {lab: j for j, lab in enumerate(theirs_labels[i])}
+        pairs = [(a, b) for a in ours for b in theirs_labels[i] if b not in ours and a not in rank_t]
+        pairs += [(a, b) for a in ours for b in ours if a in rank_t and b in rank_t and rank_o[a] < rank_o[b]
+                  and rank_t[a] > rank_t[b]]
+        worst = 2 if len(ours) < len(theirs_labels[i]) else 0  # fewer labels reached: the beam
+        for a, b in pairs:  # we rank a above b, omikuji b above a
+            if a not in full or b not in full or any(lab in ours and not near(ours[lab], full[lab]) for lab in (a, b)):
+                c = 2
+            elif full[a] == full[b]:
+                c = 0
+            elif near(full[a], full[b]):
+                c = 1
+            else:
+                c = 3
+            worst = max(worst, c)
+        name = _CLASSES[worst]
+        counts[name] = counts.get(name, 0) + 1
+        if len(examples.setdefault(name, [])) < 5:
+            examples[name].append(i)
     return counts, examples
 
 
 def _run_child(cmd):
-    """Runs ``cmd``; returns (seconds, peak RSS bytes of the child, stderr)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"xml: {' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
-    return seconds, usage.ru_maxrss * 1024, err
+    """Runs ``cmd``; returns (seconds, the child's own peak RSS bytes or None, stderr)."""
+    seconds, rss, _, err = common.child_wall_rss([str(c) for c in cmd], timeout=4 * 3600)
+    return seconds, rss, err
 
 
 def run(args) -> int:
@@ -290,20 +300,17 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
         s, r, err = _run_child(cmd)
         m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
         peer["times"].append(s)
-        peer["rss"] = max(peer["rss"], r)
+        peer["rss"] = max(peer["rss"], r or 0)  # 0: no GNU time here, no figure
         peer["scoring"].append(float(m.group(1)) if m else float("nan"))
         common.progress(f"xml: omikuji test {common.human_time(s)} ({n / s:.0f} points/s; scoring "
                         f"{peer['scoring'][-1]:.1f} s by its log)")
 
     # omikuji's Python binding, point by point
     if args.python_points > 0:
-        import omikuji
-
         pts = list(_read_points(args.test, range(min(args.python_points, n))).values())
 
         def python_predict():
-            m = omikuji.Model.load(args.omikuji_model)
-            m.densify_weights(0.1)
+            m = _omikuji_model(args.omikuji_model)
             return [m.predict(p, beam_size=args.beam, top_k=args.k) for p in pts]
 
         rss_py: dict = {}
@@ -362,23 +369,28 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
         records.insert(0, common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
                                              dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
                                              scoring_only_s=float(np.median(peer["scoring"])),
-                                             scoring_only_runs=peer["scoring"], peak_rss_bytes=peer["rss"],
-                                             rss_before_bytes=0, threads=args.threads,
+                                             scoring_only_runs=peer["scoring"], threads=args.threads,
+                                             **({"peak_rss_bytes": peer["rss"], "rss_before_bytes": 0} if peer["rss"] else {}),
                                              **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
-        agree, order_ties, differ = _compare(p.labels.tolist(), o_labels, o_scores)
+        ours_l, ours_s = p.labels.tolist(), p.scores.tolist()
+        agree, order_ties, differ = _compare(ours_l, o_labels, o_scores)
         rec["agree_points"] = agree
-        rec["order_differs_at_ties_points"] = order_ties
         rec["topk_set_differs_points"] = len(differ)
-        if differ:
-            rec["set_difference_classes"], rec["set_difference_examples"] = _classify(
-                differ, p.labels.tolist(), p.scores.tolist(), args.omikuji_model, args.test, args.beam, args.k)
+        rec["order_differs_at_printed_ties_points"] = len(order_ties)
+        if differ or order_ties:
+            exact = _omikuji_model(args.omikuji_model)
+            for key, idx in (("set", differ), ("order", order_ties)):
+                if idx:
+                    rec[f"{key}_difference_classes"], rec[f"{key}_difference_examples"] = _classify(
+                        exact, idx, ours_l, ours_s, o_labels, args.test, args.beam)
+            del exact
         # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours, per round
         rec["speedup_vs_omikuji_test_runs"] = [common.ratio(a, b) for a, b in zip(peer["scoring"], mem_t)]
         rec["speedup_vs_omikuji_test"] = float(np.median(rec["speedup_vs_omikuji_test_runs"]))
         rec["speedup_vs_omikuji_test_wall"] = common.ratio(records[0]["median_s"], rec["median_s"] + rec["load_s"])
-        common.progress(f"xml: top-{args.k} equal to omikuji test's for {agree} of {n} points ({order_ties} ordered "
-                        f"differently at printed ties); top-{args.k} sets differ for {len(differ)}: "
-                        f"{rec.get('set_difference_classes', {})}; vs omikuji test per round: "
+        common.progress(f"xml: top-{args.k} equal to omikuji test's for {agree} of {n} points ({len(order_ties)} "
+                        f"ordered otherwise at printed ties: {rec.get('order_difference_classes', {})}); top-{args.k} "
+                        f"sets differ for {len(differ)}: {rec.get('set_difference_classes', {})}; vs omikuji test per round: "
                         + ", ".join(f"{x:.2f}x" for x in rec["speedup_vs_omikuji_test_runs"]))
     records.append(rec)
     if args.replicate > 1:
@@ -419,7 +431,8 @@ def _stream_rows(args, cache, tmp: Path, records: list) -> None:
     # The fixed overhead of such a child: the interpreter with the modules it imports.
     _, base_rss, _ = _run_child([sys.executable, "-c", "import numpy, scipy.sparse, scalefree.cli, scalefree.flash.xml"])
     records.append(common.make_record(bench=BENCH, impl="python", variant="imports", ranks=1, nbytes=0, dtype="float32",
-                                      stats=common.Stats.of([0.0]), gbps=0.0, peak_rss_bytes=base_rss, rss_before_bytes=base_rss))
+                                      stats=common.Stats.of([0.0]), gbps=0.0,
+                                      **({"peak_rss_bytes": base_rss, "rss_before_bytes": base_rss} if base_rss else {})))
     for count in counts:
         count = min(count, total)
         data = Path(args.stream)
@@ -439,10 +452,11 @@ def _stream_rows(args, cache, tmp: Path, records: list) -> None:
         records.append(common.make_record(bench=BENCH, impl="scalefree", variant=f"stream-{count}", ranks=1, nbytes=0,
                                           dtype="float32", stats=common.Stats.of([seconds]), gbps=0.0, points=count,
                                           points_per_s=count / seconds, budget_bytes=run_["memory_budget_bytes"],
-                                          peak_batch_bytes=run_["peak_batch_bytes"], peak_rss_bytes=rss,
-                                          rss_before_bytes=base_rss, threads=args.threads,
+                                          peak_batch_bytes=run_["peak_batch_bytes"], threads=args.threads,
+                                          **({"peak_rss_bytes": rss, "rss_before_bytes": base_rss} if rss and base_rss else {}),
                                           **{f"p@{k}": run_["metrics"][f"precision@{k}"] for k in (1, 3, 5)}))
-        common.progress(f"xml: stream of {count} points: {common.human_time(seconds)}, peak RSS {common.human_bytes(rss)}")
+        common.progress(f"xml: stream of {count} points: {common.human_time(seconds)}, peak RSS "
+                        f"{common.human_bytes(rss) if rss else '(no GNU time)'}")
         if data != Path(args.stream):
             data.unlink()
 
