@@ -14,7 +14,7 @@ Rows, each timed end to end from files on disk (model and test set), same thread
 * ``omikuji/test`` — omikuji's own batch scorer, ``omikuji test MODEL TEST --n_threads T
   --beam_size B --k_top K --out_path F`` (its CLI, ``cargo install omikuji --features cli``;
   ``--omikuji-bin``): wall time of the command, which loads the whole model and test set
-  first (its log's scoring-only time is reported beside it), and its peak RSS; with
+  first (its log's scoring-only time is reported beside it), and its peak RSS (GNU time's); with
   ``--repeat N`` it alternates with ``scalefree/memory`` (omikuji, ours, omikuji, ...), each
   cold, and ``vs omikuji test`` is the median of the N rounds' ratios;
 * ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
@@ -34,8 +34,8 @@ Rows, each timed end to end from files on disk (model and test set), same thread
   the JSON, ``speed_vs_memory_runs``);
 * ``scalefree/stream-N`` — ``--stream FILE --stream-model MODEL``: ``scalefree flash xml
   predict`` as a child process on the first N points of FILE (``--stream-points``, default
-  20000,200000,1000000; ``--stream-memory``, default 64M), its peak RSS (the kernel's
-  high-water mark of the child) against the number of points — bounded memory in a stream.
+  20000,200000,1000000; ``--stream-memory``, default 64M), its peak RSS (the child's own,
+  by GNU time: ``common.child_wall_rss``) against the number of points — bounded memory in a stream.
   ``python`` beside them is the child's fixed overhead: the interpreter with scalefree, numpy
   and scipy imported.
 
