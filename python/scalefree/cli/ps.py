@@ -145,8 +145,8 @@ def train(args) -> dict:
         ps.serve(args.steps)
         secs = time.perf_counter() - t0
         # The final weights, for the accuracy (the server has them all with one server).
-        return {"role": "server", "seconds": secs, "peak_rss_bytes": peak_rss_bytes(), "accuracy": accuracy({k: np.array(v) for k, v in ps.params.items()}, xte, yte, L),
-                "stats": ps.stats()}
+        return {"role": "server", "seconds": secs, "peak_rss_bytes": peak_rss_bytes(),
+                "accuracy": accuracy({k: np.array(v) for k, v in ps.params.items()}, xte, yte, L), "stats": ps.stats()}
     me = group.rank - 1
     grads = None
     comm = 0.0
