@@ -1,7 +1,7 @@
 //! Copies of the UCX backend: `write` is a lane write (a peer reached over a TCP lane) or
-//! `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the data and the note as one active message (eager,
-//! or rendezvous into the region for large data) whose handler raises the note only once
-//! the data has landed.
+//! `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the data and the note as
+//! one active message (eager, or rendezvous into the region for large data) whose handler
+//! raises the note only once the data has landed.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
