@@ -181,14 +181,12 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter
     from .. import _columnar
 
     path = Path(path)
-    columnar = _columnar.columnar_parts(path)
+    columnar = _columnar_input(path, columns)
     if columnar is not None:
         got = _columnar.read_share(columnar, rank, size, "edges", columns, MAX_VERTEX_ID)
         if progress is not None:
             progress(share_bytes(path, rank, size))
         return got
-    if columns is not None:
-        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
     parts = edge_parts(path)
     if parts is not None:
         if _all_text(parts):
@@ -207,6 +205,17 @@ def read_edge_share(path, rank: int = 0, size: int = 1, progress=None, delimiter
             progress(os.path.getsize(path) // size)
         return got
     return _text_share([path], rank, size, progress=progress, delimiter=delimiter, header=header)
+
+
+def _columnar_input(path: Path, columns) -> list[str] | None:
+    """The Parquet / Arrow IPC files of ``path`` (``_columnar.columnar_parts``), or None for
+    any other input, for which choosing ``columns`` is an error."""
+    from .. import _columnar
+
+    columnar = _columnar.columnar_parts(path)
+    if columnar is None and columns is not None:
+        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
+    return columnar
 
 
 # A share of a plain text file larger than this is read in pieces, so progress can be shown.
@@ -247,18 +256,14 @@ def read_edge_keys(path, rank: int = 0, size: int = 1, progress=None, delimiter:
     2**32 or larger, or for an input the key readers do not take (``.npy``, ``.npz``,
     ``.mtx``, parts of those): read it with :func:`read_edge_share` then. Text (a file, part
     directory or glob, ``.gz`` too) and Parquet / Arrow IPC are read straight into keys."""
-    from .. import _columnar
-
     path = Path(path)
-    columnar = _columnar.columnar_parts(path)
+    columnar = _columnar_input(path, columns)
     if columnar is not None:
         keys = _native.read_edge_keys_share(columnar, rank, size, columnar=True, columns=columns,
                                             max_id=MAX_VERTEX_ID)
         if progress is not None:
             progress(share_bytes(path, rank, size))
         return keys
-    if columns is not None:
-        raise InvalidArgumentError(f"{path}: columns are chosen for Parquet and Arrow IPC input only")
     parts = edge_parts(path)
     if parts is None:
         if not path.exists():
