@@ -69,10 +69,17 @@ def test_fixture_isolates_and_cleans_up(can_simulate):
         reach = "import socket,sys; s=socket.create_connection((sys.argv[1], 9), timeout=3)"
         r = subprocess.run(h.command(1, [sys.executable, "-c", reach, "8.8.8.8"]), capture_output=True, text=True, timeout=30)
         assert r.returncode != 0 and ("unreachable" in r.stderr or "Network" in r.stderr), r.stderr[-300:]
-        srv = h.popen(0, [sys.executable, "-c", "import socket; s=socket.socket(); s.bind(('0.0.0.0', 7777)); s.listen(); c,_=s.accept(); c.send(b'hi')"],
-                      stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
-        r = subprocess.run(h.command(1, [sys.executable, "-c", f"import socket; print(socket.create_connection(('{h.ip(0)}', 7777), timeout=5).recv(2))"]),
+        # Servers listen on ports the hosts hand out: new per call, below the ephemeral range of
+        # the hosts' own network stacks, so no socket opened with port 0 can hold one first.
+        low = int(subprocess.run(h.command(0, ["cat", "/proc/sys/net/ipv4/ip_local_port_range"]), capture_output=True,
+                                 text=True, timeout=30, check=True).stdout.split()[0])
+        ports = [h.port() for _ in range(3)]
+        assert len(set(ports)) == 3 and all(1024 <= p < low for p in ports), (ports, low)
+        serve = (f"import socket; s=socket.socket(); s.bind(('0.0.0.0', {ports[0]})); s.listen(); print('up', flush=True); "
+                 "c,_=s.accept(); c.send(b'hi')")
+        srv = h.popen(0, [sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "up"
+        r = subprocess.run(h.command(1, [sys.executable, "-c", f"import socket; print(socket.create_connection(('{h.ip(0)}', {ports[0]}), timeout=5).recv(2))"]),
                            capture_output=True, text=True, timeout=30)
         assert "hi" in r.stdout, r.stderr
         srv.wait(timeout=10)

@@ -428,7 +428,7 @@ def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: st
     if impl == "gloo":
         master = ["--master-addr", sim.ip(0)] if sim is not None else []
         return [sys.executable, "-m", "scalefree_bench._worker_gloo", *worker_args,
-                "--port", str(common.free_port()), *master, "--timeout", repr(args.timeout)]
+                "--port", str(sim.port() if sim is not None else common.free_port()), *master, "--timeout", repr(args.timeout)]
     if impl == "mpi":
         return [sys.executable, "-m", "scalefree_bench._worker_mpi", *worker_args]
     raise ValueError(f"unknown implementation {impl!r}")
@@ -454,7 +454,7 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
             if impl == "mpi":
                 cmds = [across.mpi_cmd(sim, args.per_host, across.rsh_agent(sim, out_dir), argv)]
             else:
-                cmds = across.scalefree_cmds(sim, args.per_host, common.free_port(), argv, encrypt=encrypt)
+                cmds = across.scalefree_cmds(sim, args.per_host, sim.port(), argv, encrypt=encrypt)
             # gloo would pick its interface from the host name, which no simulated host resolves.
             env_extra = common.mpi_env() if impl == "mpi" else {"GLOO_SOCKET_IFNAME": "eth0"}
             outcome = across.run_all(cmds, timeout_s=args.timeout, env_extra=env_extra)

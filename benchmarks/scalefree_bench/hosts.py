@@ -99,7 +99,7 @@ def aggregate_tcp_gbps(sim, seconds: float = 2.0, buffer: int = 1 << 20) -> floa
     collective between these hosts cannot beat), in GB/s. Each host sends from, and receives
     into, a buffer of ``buffer`` bytes, 1 MiB at a time: a buffer larger than the caches costs
     the kernel's copies memory traffic, as a collective on that many bytes pays."""
-    port = common.free_port()
+    port = sim.port()
     buffer = max(buffer, 1 << 20)
     server = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
               f"s.bind(('0.0.0.0', {port})); s.listen(); c,_=s.accept(); n=0\n"
