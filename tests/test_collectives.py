@@ -125,9 +125,12 @@ assert g.transport == "ucx", g.transport
 assert all(g._ucx_transports(p) for p in range(g.size) if p != g.rank)"""
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [3])
 def test_whole_suite_over_ucx(n):
-    """The same sweeps with every peer reached over UCX (one host: UCX picks tcp/lo)."""
+    """The same sweeps with every peer reached over UCX (one host: UCX picks tcp/lo), at an odd
+    world size. 2 and 4 ranks each over UCX run these sweeps in test_hosts.py
+    (test_dense_suite_across_hosts: one rank per simulated host), and 1 to 4 ranks the Rust
+    thread suite over UCX (scripts/test)."""
     _ucx_or_skip()
     env = {"SCALEFREE_TRANSPORT": "ucx"}
     res = run_ranks(n, SWEEP.replace("g = scalefree.init(timeout=60)", UCX_CHECK), timeout=300, extra_env=env)
@@ -136,10 +139,12 @@ def test_whole_suite_over_ucx(n):
     assert all(r.stdout.strip().endswith("ok") for r in res)
 
 
-@pytest.mark.parametrize("n,per_host", [(4, 2), (3, 2), (6, 3)])
+@pytest.mark.parametrize("n,per_host", [(3, 2), (6, 3)])
 def test_hosts_simulated_on_one_machine(n, per_host):
     """Ranks split into simulated hosts of `per_host` (shared memory within, UCX between):
-    hierarchical when every host has the same number of ranks, flat otherwise."""
+    hierarchical when every host has the same number of ranks, flat otherwise. 2 hosts of 2
+    ranks run the sweep hierarchical in test_hosts.py (test_two_hosts_two_ranks_each_hierarchical)
+    and the Rust thread suite with SCALEFREE_SIMULATE_HOSTS=2 (scripts/test)."""
     _ucx_or_skip()
     env = {"SCALEFREE_SIMULATE_HOSTS": str(per_host)}
     check = """g = scalefree.init(timeout=60)

@@ -124,16 +124,17 @@ for i in range(1000000):
 """
 
 CUT = r"""
-import sys, time
+import itertools, sys, time
 import numpy as np, scalefree
 g = scalefree.init(timeout=120)
 a = np.ones(1 << 20, np.float32)
-print("ready", flush=True)
 t0 = time.monotonic()
 try:
-    while True:
+    for i in itertools.count():
         t0 = time.monotonic()
         g.allreduce(a)
+        if i == 0:
+            print("looping", flush=True)
 except scalefree.PeerLostError as e:
     print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
     sys.exit(3)
@@ -208,32 +209,42 @@ def test_first_loss_is_what_every_host_reports(can_simulate):
         assert line.split("is gone")[0].endswith("rank 1 "), line
 
 
-@pytest.mark.parametrize("elems", [256, 1 << 20, 1 << 22])
-def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate, elems):
+def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate):
     """Heartbeats find a host whose link went down (the socket reports nothing for minutes),
     also when a rank is blocked writing to it (its send buffer full), and when it waits in
-    `poll` on the lanes itself (small allreduces read their own arrivals)."""
+    `poll` on the lanes itself (small allreduces read their own arrivals). One job per case
+    (256, 1M and 4M elements), the three at once on the same two hosts, cut off together."""
     env = dict(__import__("os").environ, SCALEFREE_PEER_TIMEOUT="6")
+    cases = [256, 1 << 20, 1 << 22]
     with simhosts.SimHosts(2) as h:
-        procs = [
-            h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
-                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c",
-                        CUT.replace("1 << 20", str(elems))],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            for i in range(2)
-        ]
-        time.sleep(4)
+        jobs = []
+        for elems in cases:
+            port = h.port()
+            jobs.append([
+                h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
+                            "--nproc-per-node", "1", "--master-addr", h.ip(0), "--master-port", str(port), "--",
+                            sys.executable, "-c", CUT.replace("1 << 20", str(elems))],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                for i in range(2)
+            ])
+        for elems, procs in zip(cases, jobs):  # every job past its first allreduce before the cut
+            for line in procs[0].stdout:
+                if "looping" in line:
+                    break
+            else:
+                raise AssertionError(f"{elems} elements: rank 0 ended before its first allreduce ended")
         h.link(1, up=False)
         cut = time.monotonic()
-        try:
-            out0, _ = procs[0].communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the survivor hung after its peer's host was cut off")
-        assert time.monotonic() - cut < 30
-        assert procs[0].returncode == 3, out0[-2000:]
-        assert "rank 1" in [l for l in out0.splitlines() if "PeerLostError after" in l][0]
-        out1, _ = procs[1].communicate(timeout=60)
-        assert procs[1].returncode != 0, out1[-2000:]
+        for elems, procs in zip(cases, jobs):
+            try:
+                out0, _ = procs[0].communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{elems} elements: the survivor hung after its peer's host was cut off")
+            assert time.monotonic() - cut < 30, elems
+            assert procs[0].returncode == 3, (elems, out0[-2000:])
+            assert "rank 1" in [l for l in out0.splitlines() if "PeerLostError after" in l][0], elems
+            out1, _ = procs[1].communicate(timeout=60)
+            assert procs[1].returncode != 0, (elems, out1[-2000:])
 
 
 def test_rank_of_another_job_is_refused(can_simulate):
