@@ -36,10 +36,14 @@ import types
 # Where the runner is started from, scalefree may be in a work tree (PYTHONPATH) or installed.
 import scalefree.torch  # noqa: F401  (registers the "scalefree" backend)
 import torch.distributed as _dist
+import torch.multiprocessing
 from torch.testing._internal.common_distributed import DistTestCases
 
 BACKEND = os.environ["BACKEND"]
 AS_GLOO = os.environ.get("SCALEFREE_SUITE_AS_GLOO", "0") not in ("", "0")
+# SCALEFREE_SUITE_START=fork: ranks forked from the runner (which has imported torch and the
+# suite once) instead of spawned fresh interpreters, each importing them again (torch's way).
+FORK = os.environ.get("SCALEFREE_SUITE_START", "spawn") == "fork"
 if BACKEND not in ("gloo", "scalefree"):
     raise RuntimeError(f"torch_dist_suite: BACKEND must be gloo or scalefree, got {BACKEND!r}")
 
@@ -119,7 +123,10 @@ from torch.testing._internal.distributed.distributed_test import DistributedTest
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if FORK:
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 _suffix = BACKEND.upper() + ("_AS_GLOO" if AS_GLOO and BACKEND == "scalefree" else "")
