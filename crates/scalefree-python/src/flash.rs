@@ -236,6 +236,30 @@ impl PyFlashMatrix {
         if layout == Layout::RowMajor { "C" } else { "F" }
     }
 
+    /// Reads the `rows x cols` block at (`row0`, `col0`) into `out` (contiguous, the matrix's
+    /// dtype, packed in its order), straight from flash (no intermediate copy).
+    fn _read_block(&self, py: Python<'_>, row0: usize, col0: usize, rows: usize, cols: usize, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buf::get(&out, true, "FlashMatrix.read_block: out")?;
+        with_matrix!(&self.m, m => {
+            let ptr = block_ptr(py, &buf, m, rows, cols)? as usize;
+            // SAFETY: see block_ptr; `out` is writable and held by `buf` for the call.
+            py.detach(|| m.read_block_into(row0, col0, rows, cols, unsafe { std::slice::from_raw_parts_mut(ptr as *mut _, rows * cols) }))
+                .map_err(|e| flash_err(py, e))
+        })
+    }
+
+    /// Writes `src` (contiguous, the matrix's dtype, packed in its order) as the `rows x cols`
+    /// block at (`row0`, `col0`).
+    fn _write_block(&self, py: Python<'_>, row0: usize, col0: usize, rows: usize, cols: usize, src: Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buf::get(&src, false, "FlashMatrix.write_block: src")?;
+        with_matrix!(&self.m, m => {
+            let ptr = block_ptr(py, &buf, m, rows, cols)? as usize;
+            // SAFETY: see block_ptr; only read, while `buf` holds the view.
+            py.detach(|| m.write_block(row0, col0, rows, cols, unsafe { std::slice::from_raw_parts(ptr as *const _, rows * cols) }))
+                .map_err(|e| flash_err(py, e))
+        })
+    }
+
     /// Reads the whole matrix into `out` (contiguous, same dtype and order, rows*cols elements).
     fn _read_into(&self, py: Python<'_>, out: Bound<'_, PyAny>) -> PyResult<()> {
         let buf = Buf::get(&out, true, "FlashMatrix.to_numpy: out")?;
@@ -251,6 +275,18 @@ impl PyFlashMatrix {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr(), n) };
         Ok(())
     }
+}
+
+/// `buf`'s start as `rows x cols` elements of `m`'s element type (checked: dtype and length;
+/// Buf::get checked contiguity and alignment).
+fn block_ptr<T: scalefree_flash::Real>(py: Python<'_>, buf: &Buf, _m: &FlashMatrix<T>, rows: usize, cols: usize) -> PyResult<*mut T> {
+    if buf.itemsize() != std::mem::size_of::<T>() || !matches!(buf.dtype, Some(DType::F32) | Some(DType::F64)) {
+        return Err(invalid(py, format!("the buffer's elements are not the matrix's {}", T::NAME)));
+    }
+    if buf.count() != rows * cols {
+        return Err(invalid(py, format!("the buffer has {} elements, the block {rows}x{cols}", buf.count())));
+    }
+    Ok(buf.ptr() as *mut T)
 }
 
 pub(crate) enum AnyCsr {
