@@ -143,12 +143,13 @@ def _topics(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
+    from .._rss import peak_rss_bytes
     from ..errors import DataError, FlashIOError, InvalidArgumentError
     from ..flash.topics import check_k
 
     truth = None
     if args.truth:
-        truth = np.load(args.truth, allow_pickle=False)
+        truth = np.load(args.truth, allow_pickle=False, mmap_mode="r")  # read when scored, after the fit
     vocab = None
     if args.vocab:
         with open(args.vocab, encoding="utf-8") as f:
@@ -190,6 +191,7 @@ def _topics(args) -> int:
         print(f"stopped after step {args.stop_after}; checkpoint {args.checkpoint} (continue with --resume)")
         return 0
     seconds = time.perf_counter() - t_start
+    peak_rss = peak_rss_bytes()  # load and fit (before the scoring against --truth)
     top = model.top_words(args.top)
     for l in range(args.k):
         ids = top[l]
@@ -198,7 +200,7 @@ def _topics(args) -> int:
         print(f"{l + 1}: " + " ".join(f"{n}:{w:.4f}" for n, w in zip(names, weights)))
     record = {"top_words": [[int(i) + 1 for i in row] for row in top], "seconds": seconds,
               "load_seconds": load_s, "steps": model.seconds, "docs": a.shape[0], "words": a.shape[1], "k": args.k,
-              "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes,
+              "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes, "peak_rss_bytes": peak_rss,
               "topic_sizes": np.bincount(model.labels, minlength=args.k).tolist(),
               **{key: v for key, v in model.stats.items()}}
     if truth is not None:
@@ -308,6 +310,7 @@ def _svd(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
+    from .._rss import peak_rss_bytes
     from ..errors import ScalefreeError
 
     try:
@@ -321,7 +324,8 @@ def _svd(args) -> int:
         t0 = time.perf_counter()
         progress = _Progress(rt, "flash svd", show=not args.quiet)
         if args.out:
-            u, s, vt = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats))
+            u, s, vt = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats,
+                                                       u_on_flash=True))
         else:
             s = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats,
                                                 return_singular_vectors=False))
@@ -336,13 +340,38 @@ def _svd(args) -> int:
     if args.out:
         with atomic_path(args.out) as tmp:
             with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
-                np.savez(f, u=u[:, order], s=s[order], vt=vt[order])
+                if isinstance(u, flash.Matrix):  # u did not fit the budget: copied a row block at a time
+                    _savez_flash(f, u, order, s=s[order], vt=vt[order], block_bytes=rt.memory_budget_bytes // 4)
+                else:
+                    np.savez(f, u=u[:, order], s=s[order], vt=vt[order])
     if args.json:
         doc = {"data": args.data, "k": args.k, "singular_values": [float(v) for v in np.asarray(s)[order]],
                "load_seconds": load_s, "seconds": solve_s, "memory_budget_bytes": rt.memory_budget_bytes,
+               "peak_rss_bytes": peak_rss_bytes(),
                **{key: v for key, v in stats.items() if isinstance(v, (int, float, str))}}
         write_json(args.json, doc)
     return 0
+
+
+def _savez_flash(f, u, order, *, block_bytes, **arrays) -> None:
+    """``np.savez(f, u=u[:, order], **arrays)`` for a flash matrix ``u``, read a row block of at
+    most ``block_bytes`` at a time (the same uncompressed ``.npz``: ``np.load`` reads it)."""
+    import zipfile
+
+    import numpy as np
+
+    rows, cols = u.shape
+    step = max(1, block_bytes // max(1, cols * u.dtype.itemsize))
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        with zf.open("u.npy", "w", force_zip64=True) as out:
+            np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(u.dtype),
+                                                       "fortran_order": False, "shape": (rows, cols)})
+            for lo in range(0, rows, step):
+                blk = u.read_block(lo, 0, min(step, rows - lo), cols)
+                out.write(np.ascontiguousarray(blk[:, order]).tobytes())
+        for name, a in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asarray(a), allow_pickle=False)
 
 
 def _gemm(args) -> int:

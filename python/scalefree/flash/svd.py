@@ -365,6 +365,7 @@ def _plan(op, flash_op, n, other_rows, k, ncv, block_size, work, vectors, rt, th
     kernel = max(free - state, free // 4) if streamed else 0
     if streamed and rt is not None:
         flash_op.rt = rt.with_budget(kernel)
+        kernel = flash_op.rt.memory_budget_bytes  # at least 64 KiB
     return _Plan(flash_basis=(rt, block_bytes) if basis_on_flash else None, other_in_memory=other_in_memory,
                  block_bytes=block_bytes, state_bytes=state, kernel_bytes=kernel)
 
@@ -394,12 +395,13 @@ def _rows_times(op, x, block_bytes, rt):
     yield 0, rows, op.matmat(x)  # dense flash matrices and LinearOperators: whole
 
 
-def _triplets_out_of_core(op, apply, x, right, vectors, plan, rt, threads):
+def _triplets_out_of_core(op, apply, x, right, vectors, plan, rt, threads, u_on_flash=False):
     """The singular triplets from the converged eigenvectors ``x`` without ``A V`` in memory:
     ``s^2`` and ``z`` are the eigenpairs of the ``k x k`` Gram matrix ``x^H (A^H A x)``
     (``A^H A x`` formed a block of columns at a time), ``v = x z``, and ``u = (A x) z / s``
-    written to a flash matrix a row block at a time, its columns in ascending order of s
-    (what :func:`svds` returns). Returns ``(u, s, z, x z)`` (``u``, ``x z``: None without
+    formed a row block at a time: in memory (descending s, as the in-memory path), or with
+    ``u_on_flash`` written to a flash matrix with its columns in ascending order of s (what
+    :func:`svds` returns). Returns ``(u, s, z, x z)`` (``u``, ``x z``: None without
     vectors). Wide matrices (``A A^H``) form ``A^H x`` whole (columns of A are not streamed)."""
     k = x.shape[1]
     b = max(1, min(k, 16))
@@ -419,6 +421,12 @@ def _triplets_out_of_core(op, apply, x, right, vectors, plan, rt, threads):
         v /= safe
         return v, s, z, xz
     rows = op.shape[0]
+    if not u_on_flash:
+        u = np.empty((rows, k), dtype=x.dtype)
+        for lo, hi, ax in _rows_times(op, x, plan.block_bytes, rt):
+            u[lo:hi] = np.asarray(ax, dtype=x.dtype) @ z
+            u[lo:hi] /= safe
+        return u, s, z, xz
     out = np.float32 if np.dtype(op.dtype) == np.float32 else np.float64
     u = flash.Matrix.zeros((rows, k), out, runtime=rt)
     zr, sr = z[:, ::-1], safe[::-1]  # ascending, as svds returns u
@@ -430,7 +438,7 @@ def _triplets_out_of_core(op, apply, x, right, vectors, plan, rt, threads):
 
 
 def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats, vectors=True, threads=1,
-           runtime=None):
+           runtime=None, u_on_flash=False):
     """The top (``which='LM'``) or bottom (``'SM'``) ``k`` singular triplets of ``op``, in
     descending order of s: ``(u, s, vh)`` in float64 or complex128 (``vectors=False``:
     ``(None, s, None)``). ``tol`` is scipy's, a tolerance of the singular values: the
@@ -488,7 +496,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
             del other
             x = x @ z if vectors else None
     else:
-        w, s, z, x = _triplets_out_of_core(op, apply, x, right, vectors, plan, runtime, threads)
+        w, s, z, x = _triplets_out_of_core(op, apply, x, right, vectors, plan, runtime, threads, u_on_flash)
     s = np.asarray(s, dtype=np.float64)
     if stats is not None:
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
@@ -573,7 +581,8 @@ def _as_matrix(A):
 
 
 def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_singular_vectors=True,
-         solver="arpack", rng=None, options=None, *, random_state=None, runtime=None, block_size=None, stats=None):
+         solver="arpack", rng=None, options=None, *, random_state=None, runtime=None, block_size=None, stats=None,
+         u_on_flash=False):
     """Partial SVD with the contract of ``scipy.sparse.linalg.svds`` (``solver="arpack"``):
     ``(u, s, vh)`` with ``s`` ascending (the ``k`` largest singular values for ``which='LM'``,
     the smallest for ``'SM'``), ``u`` ``M x k`` and ``vh`` ``k x N``;
@@ -604,7 +613,19 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     operator applications, the final residual, ``on_flash`` (whether A was applied from
     flash), ``loaded`` (a flash A read once into memory), ``peak_resident_bytes`` (the flash
     kernels' largest peak), ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed
-    over the kernel calls).
+    over the kernel calls), ``basis_on_flash``, ``vectors_on_flash``, ``state_bytes`` and
+    ``kernel_budget_bytes`` (the memory plan, below).
+
+    Memory: the runtime's budget covers the solve's state, not only the flash kernels. A
+    loaded A counts against it; the Krylov basis (``min(A.shape) x (ncv + b)``) stays in
+    memory when it fits what is left, else it is a scratch flash matrix worked on in row
+    blocks; the final ``A V`` (``max(A.shape) x k``) is formed in memory when it fits, else
+    the triplets come from the ``k x k`` Gram matrix ``V^T A^T A V`` and ``u`` is formed a
+    row block at a time — into a numpy array (the default: scipy's contract), or, with
+    ``u_on_flash=True``, into a :class:`flash.Matrix` (``u`` returned on flash, columns in
+    ascending order like the numpy one) so that the whole solve stays within the budget. A
+    streamed A's kernels get the rest of the budget (a runtime of that budget,
+    :meth:`Runtime.with_budget`).
 
     Invalid arguments raise what scipy's svds raises, with its wording (``ValueError``s are
     :class:`~scalefree.errors.InvalidArgumentError`). When ``maxiter`` restarts do not
@@ -626,14 +647,16 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
             raise InvalidArgumentError(f"svds: unknown options {sorted(unknown)} (known: block_size)")
         block_size = options.get("block_size", block_size)
     rt = runtime or flash.default_runtime()
-    # A flash CSR matrix is read into memory when it fits the budget beside the solver's state.
-    reserve = sum(solver_state_bytes(min(A.shape), k, ncv, block_size or min(k, _FLASH_BLOCK), 8, rt.threads))
+    # A flash CSR matrix is read into memory when it fits the budget beside the solver's state
+    # (then applied in memory, with the in-memory block size).
+    reserve = sum(solver_state_bytes(min(A.shape), k, ncv, block_size or max(min(k, 16), min(2, k)), 8, rt.threads))
     op = flash_operator(A, rt, reserve)
     if v0 is not None and v0.dtype.kind == "c" and np.dtype(op.dtype).kind != "c":
         raise InvalidArgumentError(f"`v0` is complex ({v0.dtype}) for a real matrix ({np.dtype(op.dtype)})")
     st = stats if stats is not None else {}
     u, s, vh = _solve(op, k, ncv=ncv, tol=tol, which=which, v0=v0, maxiter=maxiter, random_state=rng,
-                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads, runtime=rt)
+                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads, runtime=rt,
+                      u_on_flash=u_on_flash)
     if st["dense"] and str(solver).lower() == "lobpcg":
         # scipy's LOBPCG path warns when it falls back to a dense eigensolver; so do we,
         # under that name, for the same small problems (code may filter or expect it).

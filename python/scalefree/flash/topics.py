@@ -460,7 +460,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         # The SVD's budget: what the per-document vectors leave. Its u may come back on flash.
         held = lengths.nbytes + row_sq.nbytes + (picked.nbytes if picked is not None else 0)
         u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt.with_budget(max(budget - held, budget // 4)), rng=seed,
-                        stats=svd_stats)
+                        stats=svd_stats, u_on_flash=True)
         del vt
         seconds["svd"] = time.perf_counter() - t
         say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
@@ -575,11 +575,15 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
                 lab[empty] = np.argmax(np.asarray(freq[lost[empty]] @ centers.T), axis=1)
             all_labels[lo + lost] = lab
         score = (freq @ catch_f).toarray()  # rows x k
-        allscore = np.vstack([best_score, score])
-        alldoc = np.vstack([best_doc, np.broadcast_to(np.arange(lo, hi)[:, None], score.shape)])
-        keep = np.argpartition(-allscore, r - 1, axis=0)[:r] if allscore.shape[0] > r else np.arange(allscore.shape[0])[:, None].repeat(k, 1)
-        best_score = np.take_along_axis(allscore, keep, axis=0)
-        best_doc = np.take_along_axis(alldoc, keep, axis=0)
+        # Each topic's r best documents, kept in order of score, then document: ties go to the
+        # earlier document whatever the row blocks (a document enters only by beating the r-th).
+        enter = np.flatnonzero((score > best_score[-1][None, :]).any(axis=1))
+        if len(enter):
+            allscore = np.vstack([best_score, score[enter]])
+            alldoc = np.vstack([best_doc, np.broadcast_to((lo + enter)[:, None], (len(enter), k))])
+            keep = np.argsort(-allscore.T, axis=1, kind="stable")[:, :r].T
+            best_score = np.take_along_axis(allscore, keep, axis=0)
+            best_doc = np.take_along_axis(alldoc, keep, axis=0)
     del centers, c_sq, catch_f
     # Topics: the mean frequencies of each topic's dominant documents (score > 0).
     chosen = [np.unique(best_doc[(best_score[:, l] > 0) & (best_doc[:, l] >= 0), l]) for l in range(k)]
