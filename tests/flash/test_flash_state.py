@@ -33,9 +33,9 @@ def test_dense_state_reads_back_what_was_written(tmp_path, on_flash, order, rows
         assert np.array_equal(st.read(1, rows - 1, 1, cols - 1), ref[1:rows - 1, 1:cols - 1])
 
 
-def _matrix(rows=3000, cols=500, seed=0):
+def _matrix(rows=1500, cols=250, seed=0):
     rng = np.random.default_rng(seed)
-    a = sp.random(rows, cols, density=0.02, random_state=rng, format="csr")
+    a = sp.random(rows, cols, density=0.03, random_state=rng, format="csr")
     a.data = rng.standard_normal(a.nnz)
     return a
 
@@ -46,39 +46,39 @@ def _same_subspace(u1, u2, tol):
     assert np.all(np.abs(dots - 1) < tol), dots
 
 
-@pytest.mark.parametrize("shape", [(3000, 500), (500, 3000)])
+@pytest.mark.parametrize("shape", [(1500, 250), (250, 1500)])
 def test_svds_with_its_state_on_flash_matches_in_memory(tmp_path, shape):
     """A budget far below the Krylov basis puts the basis (and u) on flash: same singular
     values and vectors as the in-memory solve, to the tolerance."""
     a = _matrix(*shape)
     big = flash.Runtime(memory_budget="1G", dir=tmp_path)
-    u0, s0, vt0 = flash.svds(a, k=8, tol=1e-10, runtime=big, rng=0)
-    tiny = flash.Runtime(memory_budget="64K", dir=tmp_path)
+    u0, s0, vt0 = flash.svds(a, k=8, tol=1e-6, runtime=big, rng=0)
+    tiny = flash.Runtime(memory_budget="128K", dir=tmp_path)  # below A's 147 KB: A streamed too
     st: dict = {}
-    u1, s1, vt1 = flash.svds(a, k=8, tol=1e-10, runtime=tiny, rng=0, stats=st)
+    u1, s1, vt1 = flash.svds(a, k=8, tol=1e-6, runtime=tiny, rng=0, stats=st)
     assert st["basis_on_flash"] and st["vectors_on_flash"] and st["on_flash"]
     assert 0 < st["peak_resident_bytes"] <= st["kernel_budget_bytes"] <= tiny.memory_budget_bytes
-    np.testing.assert_allclose(s1, s0, rtol=1e-9)
+    np.testing.assert_allclose(s1, s0, rtol=1e-8)
     assert isinstance(u1, np.ndarray) and u1.shape == u0.shape
-    _same_subspace(u1, u0, 1e-6)
-    _same_subspace(vt1.T, vt0.T, 1e-6)
+    _same_subspace(u1, u0, 1e-5)
+    _same_subspace(vt1.T, vt0.T, 1e-5)
     st2: dict = {}
-    u2, s2, vt2 = flash.svds(a, k=8, tol=1e-10, runtime=tiny, rng=0, stats=st2, u_on_flash=True)
-    np.testing.assert_allclose(s2, s0, rtol=1e-9)
+    u2, s2, vt2 = flash.svds(a, k=8, tol=1e-6, runtime=tiny, rng=0, stats=st2, u_on_flash=True)
+    np.testing.assert_allclose(s2, s0, rtol=1e-8)
     if shape[0] >= shape[1]:  # tall: u (the long side) is returned on flash
         assert isinstance(u2, flash.Matrix) and u2.shape == u0.shape
-        _same_subspace(u2.to_numpy(), u0, 1e-6)
-    s3 = flash.svds(a, k=8, tol=1e-10, runtime=tiny, rng=0, return_singular_vectors=False)
-    np.testing.assert_allclose(s3, s0, rtol=1e-9)
+        _same_subspace(u2.to_numpy(), u0, 1e-5)
+    s3 = flash.svds(a, k=8, tol=1e-6, runtime=tiny, rng=0, return_singular_vectors=False)
+    np.testing.assert_allclose(s3, s0, rtol=1e-8)
 
 
 def test_svds_keeps_everything_in_memory_when_it_fits(tmp_path):
     a = _matrix()
     st: dict = {}
-    u, s, vt = flash.svds(a, k=8, tol=1e-10, runtime=flash.Runtime(memory_budget="1G", dir=tmp_path), rng=0, stats=st)
+    u, s, vt = flash.svds(a, k=8, tol=1e-6, runtime=flash.Runtime(memory_budget="1G", dir=tmp_path), rng=0, stats=st)
     assert not st["basis_on_flash"] and not st["vectors_on_flash"]
     ref = np.sort(np.linalg.svd(a.toarray(), compute_uv=False))[-8:]
-    np.testing.assert_allclose(s, ref, rtol=1e-9)
+    np.testing.assert_allclose(s, ref, rtol=1e-8)
 
 
 def test_topics_with_state_on_flash_matches_in_memory(tmp_path):
@@ -110,11 +110,12 @@ def status(key):
 budget, d = int(sys.argv[1]), sys.argv[2]
 rng = np.random.default_rng(0)
 rt = flash.Runtime(memory_budget=budget, threads=2, dir=d)
-rows, cols = 400_000, 3_000
-a = sp.random(rows, cols, density=2e-3, random_state=rng, format="csr", dtype=np.float64)
+rows, cols = 200_000, 2_000
+a = sp.random(rows, cols, density=3e-3, random_state=rng, format="csr", dtype=np.float64)
 A = flash.Csr.from_scipy(a, rt)
 del a
-flash.svds(A, k=4, tol=1e-2, runtime=rt, rng=0, return_singular_vectors=False)  # warm-up: libraries, threads
+# Warm-up: the libraries, and the threads of the kernels' runtime (Runtime.with_budget).
+flash.svds(A, k=20, tol=1e-2, runtime=rt, rng=0, return_singular_vectors=False)
 open("/proc/self/clear_refs", "w").write("5")  # resets the peak (VmHWM) to the current RSS
 base = status("VmRSS")
 st = {}
@@ -125,10 +126,11 @@ print(status("VmHWM") - base, rows * 20 * 8, int(st["basis_on_flash"]), int(isin
 
 def test_svds_peak_rss_stays_within_the_budget(tmp_path):
     """The process grows by at most the budget plus a little (thread buffers, the allocator)
-    while svds computes 20 triplets of a 400 000-row matrix whose u alone is 64 MB, under 24 MiB."""
+    while svds computes 20 triplets of a 200 000-row matrix whose u alone is 32 MB, under 12 MiB
+    (A, 14 MB, streamed from flash; u on flash)."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("needs Linux /proc/self/clear_refs")
-    budget = 24 << 20
+    budget = 12 << 20
     p = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(budget), str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -79,9 +79,9 @@ class Runtime:
 
     def with_budget(self, memory_budget) -> "Runtime":
         """A runtime with this one's threads, scratch directory and BLAS but a budget of
-        ``memory_budget`` bytes (at least 64 KiB): the kernels' share when an algorithm keeps
-        part of its own budget for state in memory. Made once per size, then reused."""
-        nbytes = max(1 << 16, int(memory_budget))
+        ``memory_budget`` bytes (at least 64 KiB, at most this one's): the kernels' share when an
+        algorithm keeps part of its own budget for state in memory. Made once per size, then reused."""
+        nbytes = min(self.memory_budget_bytes, max(1 << 16, int(memory_budget)))
         if nbytes == self.memory_budget_bytes:
             return self
         subs = self.__dict__.setdefault("_subs", {})
