@@ -143,8 +143,10 @@ def _topics(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
-    from .._rss import peak_rss_bytes
+    from .._rss import peak_rss_bytes, return_freed_memory
     from ..errors import DataError, FlashIOError, InvalidArgumentError
+
+    return_freed_memory()  # --memory bounds the whole process: freed row blocks go back
     from ..flash.topics import check_k
 
     truth = None
@@ -310,9 +312,10 @@ def _svd(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
-    from .._rss import peak_rss_bytes
+    from .._rss import peak_rss_bytes, return_freed_memory
     from ..errors import ScalefreeError
 
+    return_freed_memory()  # --memory bounds the whole process: freed row blocks go back
     try:
         rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
         t0 = time.perf_counter()

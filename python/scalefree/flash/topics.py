@@ -54,9 +54,10 @@ _OCTAVES = 24  # frequencies down to 2^-24
 _NBINS = _BINS_PER_OCTAVE * _OCTAVES
 _RHO = 1.1
 _EPS0 = 1.0 / 3.0
-# A row-block pass over A holds about this many times a block's flash bytes at once (the
-# block as float64 CSR, each entry's row, frequency, bin and sort key, the thresholded block).
-_ROW_TEMP = 16
+# A row-block pass over A holds up to about this many times a block's flash bytes at once
+# (measured ~15x: the block as float64 CSR, each entry's row, frequency, bin and sort key,
+# the thresholded block, the distances to the centers; with a margin).
+_ROW_TEMP = 32
 
 
 @dataclass
@@ -535,8 +536,12 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     for lo, hi, block in rows_a:
         b = _threshold_block(block, lengths[lo:hi], last, root_zeta, unit_rows)
         bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
-        d = bsq[:, None] - 2.0 * np.asarray(b @ centers.T) + c_sq[None, :]
+        d = np.asarray(b @ centers.T)  # bsq - 2 b c + |c|^2 in place (the same bits)
+        d *= -2.0
+        d += bsq[:, None]
+        d += c_sq[None, :]
         lab = np.argmin(d, axis=1)
+        del d
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
         empty = np.flatnonzero(bsq == 0)
         if len(empty):  # no thresholded word: the center its frequencies align with best
