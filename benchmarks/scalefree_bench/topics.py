@@ -65,7 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="planted documents' mean length (default 100)")
     p.add_argument("--budget", default=None, metavar="SIZE",
                    help="--planted: the flash row's budget as a size (e.g. 256M) instead of --budget-fraction")
-    p.add_argument("--command", action="store_true",
+    p.add_argument("--as-command", action="store_true", dest="in_child",
                    help="--planted: the flash row runs the command `scalefree flash topics FILE -k K --memory B "
                         "--sample S --truth T` in a child process (its whole peak RSS, a fresh process's), and a "
                         "row measures the command's fixed overhead (a 2000-document corpus at --memory 1M)")
@@ -267,7 +267,7 @@ def _planted(args, tmp: Path, cache, blas) -> list[dict]:
         flash_row = (f"flash-{args.budget}", parse_bytes(args.budget, "--budget"))
     else:
         flash_row = (f"flash-{args.budget_fraction:g}", max(1 << 16, int(csr_bytes * args.budget_fraction)))
-    if args.command:
+    if args.in_child:
         small = tmp / "docword.small.txt"
         flash.write_corpus(small, flash.planted_topics(500, 10, seed=1), 2000, seed=1)
         for variant, corpus, kk, budget, sample, truth_file in (
@@ -292,7 +292,7 @@ def _planted(args, tmp: Path, cache, blas) -> list[dict]:
             common.progress(f"  scalefree {variant}: median {common.human_time(st.median_s)}, peak RSS "
                             f"{common.human_bytes(rec['command_peak_rss_bytes'])}")
             out.append(rec)
-    for variant, budget in (() if args.command else (flash_row,)) + (("memory", 4 * csr_bytes + (64 << 20)),):
+    for variant, budget in (() if args.in_child else (flash_row,)) + (("memory", 4 * csr_bytes + (64 << 20)),):
         rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
 
         def fit(rt=rt):
