@@ -55,7 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     def runtime_args(s):
         s.add_argument("--memory", default=None,
-                       help="memory budget of the flash kernels, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G)")
+                       help="memory budget, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G): the flash kernels'; "
+                            "for svd and topics the whole command's state too (peak RSS about the budget plus the "
+                            "interpreter's fixed overhead, docs/flash.md)")
         s.add_argument("--threads", type=count(1), default=None,
                        help="compute threads (default SCALEFREE_FLASH_THREADS or cores)")
         s.add_argument("--dir", default=None, help="scratch directory (default SCALEFREE_FLASH_DIR or temp)")
