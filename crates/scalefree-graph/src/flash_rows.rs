@@ -318,7 +318,7 @@ mod tests {
             assert!(stats.cache.peak_resident_bytes <= 8192);
             assert!(flash.register_max(&rt, &regs[1..], width, &mut got).is_err());
         }
-        assert!(FlashRows::write(&rt, &[0, 1], &[7], 7).is_err());
+        assert!(FlashRows::write(&rt, &[0, 1], &[7u32], 7).is_err());
     }
 
     #[test]
