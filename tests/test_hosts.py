@@ -18,10 +18,17 @@ simhosts = pytest.importorskip("scalefree.launch.simhosts")
 def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517, run_args=()):
     """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes` (with
     `run_args` too); returns (returncode, output) per host."""
+    return launch_argv(hosts, per_host, [sys.executable, "-c", code], timeout=timeout, env=env, port=port,
+                       run_args=run_args)
+
+
+def launch_argv(hosts, per_host: int, argv, *, timeout: float = 240, env=None, port=29517, run_args=()):
+    """Runs the command `argv` as `per_host` ranks on every host through `scalefree run
+    --nnodes` (with `run_args` too); returns (returncode, output) per host."""
     procs = [
         hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
                         "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
-                        *run_args, "--", sys.executable, "-c", code],
+                        *run_args, "--", *map(str, argv)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for i in range(hosts.n)
     ]
@@ -753,23 +760,7 @@ print(f"rank {g.rank} of {g.size} done in start {count}, job {g.job_id}", flush=
 def launch_cli(hosts, per_host: int, argv, *, timeout: float = 240, port=29541, module="scalefree.cli"):
     """`python -m MODULE ARGV` (a scalefree command) as `per_host` ranks on every host (the
     command runs as a rank of the job, as under mpirun); returns (returncode, output) per host."""
-    procs = [
-        hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
-                        "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
-                        "--", sys.executable, "-m", module, *map(str, argv)],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(hosts.n)
-    ]
-    out = []
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            o, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            hosts.close()
-            raise AssertionError("a host's ranks hung")
-        out.append((p.returncode, o))
-    return out
+    return launch_argv(hosts, per_host, [sys.executable, "-m", module, *argv], timeout=timeout, port=port)
 
 
 def test_hadi_diameter_across_hosts(can_simulate, tmp_path):

@@ -124,15 +124,20 @@ def fm_reference(s, d, k=16, seed=3):
         nf.append(enc.count(b).sum())
 
 
+def _run_on(tmp_path, ranks, script, s, d):
+    """`script` on `ranks` ranks over the edges (s, d), saved as an .npz (its argv[1])."""
+    f = tmp_path / "g.npz"
+    np.savez(f, src=s, dst=d, n=int(max(s.max(), d.max())) + 1)
+    res = collect(spawn_ranks(ranks, script, args=[str(f)]), 120)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return res
+
+
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_hadi_on_ids_past_2_to_the_32_matches_the_reference(tmp_path, ranks):
     s, d = huge_edges(200, seed=4)
-    f = tmp_path / "g.npz"
-    np.savez(f, src=s, dst=d, n=int(max(s.max(), d.max())) + 1)
-    res = collect(spawn_ranks(ranks, HADI, args=[str(f)]), 120)
-    for r in res:
-        assert r.returncode == 0, r.stderr[-3000:]
-    got = {r.stdout.strip().splitlines()[-1] for r in res}
+    got = {r.stdout.strip().splitlines()[-1] for r in _run_on(tmp_path, ranks, HADI, s, d)}
     assert len(got) == 1, got
     import json
 
@@ -191,15 +196,9 @@ def test_pagerank_slots_past_32_bits_are_the_narrow_ones(tmp_path, ranks):
     instead of refusing: forced on a small graph with ids past 2**32 (NARROW_SLOTS = 1), in
     memory and on flash, the scores are the uint32 run's bit for bit and the matrix is 8
     bytes per edge instead of 4."""
-    s, d = huge_edges(300, seed=6)
-    f = tmp_path / "g.npz"
-    np.savez(f, src=s, dst=d, n=int(max(s.max(), d.max())) + 1)
-    res = collect(spawn_ranks(ranks, SLOTS, args=[str(f)]), 120)
-    for r in res:
-        assert r.returncode == 0, r.stderr[-3000:]
     import json
 
-    for r in res:
+    for r in _run_on(tmp_path, ranks, SLOTS, *huge_edges(300, seed=6)):
         got = json.loads(r.stdout.strip().splitlines()[-1])
         narrow, wide, flash = got["u32"], got["u64"], got["u64-flash"]
         assert narrow[:2] == wide[:2] == flash[:2]  # owned ids and scores, bit for bit

@@ -5,7 +5,7 @@
 //! HADI's hop of [`crate::hadi`]).
 //!
 //! File layout: the row starts (`nrows` u64, the first edge is 0), then, from the next 4 KiB
-//! boundary, the columns (`nnz` [`Slot`]s, u32 or u64 as in memory): the bytes the in-memory
+//! boundary, the columns (`nnz` slots, u32 or u64 as in memory): the bytes the in-memory
 //! PageRank matrix holds. The file
 //! is an unnamed scratch file (`O_TMPFILE` in the runtime's directory): nothing is left
 //! behind when the process ends, however it ends.
@@ -32,7 +32,8 @@ use std::sync::Arc;
 use scalefree_flash::{Access, Element, FlashError, FlashFile, FlashPtr, FnTask, RunStats, Runtime, TaskId};
 
 use crate::hadi::register_max_rows;
-use crate::pagerank::{flow_total, scale_sources, spmv_rows, Real, Slot};
+use crate::pagerank::{flow_total, scale_sources, spmv_rows, Real};
+use crate::Id;
 
 /// Sector alignment of the column region.
 const ALIGN_BYTES: u64 = 4096;
@@ -70,7 +71,7 @@ fn row_blocks(indptr: &[u64], max_edges: u64) -> Vec<RowBlock> {
     blocks
 }
 
-impl<S: Slot + Element> FlashRows<S> {
+impl<S: Id + Element> FlashRows<S> {
     /// Writes the rows `(indptr, cols)` (`ncols` columns; `indptr[0] == 0`, every column
     /// below `ncols`) to a scratch file in the runtime's directory and plans its row blocks
     /// for the runtime's budget. Fails with `OutOfBudget` when one row's edges alone do not
@@ -79,8 +80,8 @@ impl<S: Slot + Element> FlashRows<S> {
         if indptr.is_empty() || indptr[0] != 0 || indptr[indptr.len() - 1] != cols.len() as u64 || indptr.windows(2).any(|w| w[0] > w[1]) {
             return Err(FlashError::invalid(format!("FlashRows: indptr must ascend from 0 to the {} columns", cols.len())));
         }
-        if let Some(c) = cols.iter().find(|&&c| c.at() >= ncols) {
-            return Err(FlashError::invalid(format!("FlashRows: column {c} is not below {ncols}")));
+        if let Some(c) = cols.iter().find(|&&c| c.u64() >= ncols as u64) {
+            return Err(FlashError::invalid(format!("FlashRows: column {} is not below {ncols}", c.u64())));
         }
         let nrows = indptr.len() - 1;
         let starts_bytes = nrows as u64 * 8;

@@ -8,9 +8,11 @@
 //! the source vector once per iteration. So one iteration reads 4 bytes per edge plus the
 //! gathers into a vector of the touched vertices, not of the graph.
 //!
-//! Slots are [`Slot`]s: `u32` while the rank touches fewer than 2^32 vertices, `u64` past
+//! Slots are [`Id`]s: `u32` while the rank touches fewer than 2^32 vertices, `u64` past
 //! that (8 bytes per edge; chosen per rank, so only a rank whose vectors alone hold 2^32
 //! values or more pays it).
+
+use crate::Id;
 
 /// The float types the kernels run in (f32 halves the bytes of every vector and message).
 pub trait Real: Copy + Default + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + Send + Sync {
@@ -40,58 +42,23 @@ impl Real for f64 {
     }
 }
 
-/// A slot of a rank's out or in vector: `u32` (4 bytes per edge) while the vector has at
-/// most 2^32 slots, `u64` past that.
-pub trait Slot: Copy + Send + Sync + std::fmt::Display + 'static {
-    /// The slot as an index.
-    fn at(self) -> usize;
-    /// The slot of index `x` (the caller checked it fits).
-    fn of(x: usize) -> Self;
-    /// Slots the type numbers: `2^32` for `u32`.
-    const COUNT: u128;
-}
-
-impl Slot for u32 {
-    #[inline(always)]
-    fn at(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn of(x: usize) -> Self {
-        x as u32
-    }
-    const COUNT: u128 = 1 << 32;
-}
-
-impl Slot for u64 {
-    #[inline(always)]
-    fn at(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn of(x: usize) -> Self {
-        x as u64
-    }
-    const COUNT: u128 = 1 << 64;
-}
-
 /// A CSR pattern from edge lists `(rows[e], cols[e])`, `rows < nrows`, `cols < ncols`:
 /// `(indptr, cols)` with the columns of every row ascending (two stable counting passes,
 /// linear in edges + rows + columns). Errors name the first out-of-range edge.
-pub fn csr_pattern<S: Slot>(rows: &[S], cols: &[S], nrows: usize, ncols: usize) -> Result<(Vec<u64>, Vec<S>), String> {
+pub fn csr_pattern<S: Id>(rows: &[S], cols: &[S], nrows: usize, ncols: usize) -> Result<(Vec<u64>, Vec<S>), String> {
     if rows.len() != cols.len() {
         return Err(format!("csr_pattern: {} row ids but {} column ids", rows.len(), cols.len()));
     }
-    if let Some(e) = rows.iter().position(|&r| r.at() >= nrows) {
-        return Err(format!("csr_pattern: edge {e} has row {} >= nrows {nrows}", rows[e]));
+    if let Some(e) = rows.iter().position(|&r| r.u64() >= nrows as u64) {
+        return Err(format!("csr_pattern: edge {e} has row {} >= nrows {nrows}", rows[e].u64()));
     }
-    if let Some(e) = cols.iter().position(|&c| c.at() >= ncols) {
-        return Err(format!("csr_pattern: edge {e} has column {} >= ncols {ncols}", cols[e]));
+    if let Some(e) = cols.iter().position(|&c| c.u64() >= ncols as u64) {
+        return Err(format!("csr_pattern: edge {e} has column {} >= ncols {ncols}", cols[e].u64()));
     }
     // Pass 1: edges by column (stable), as edge numbers.
     let mut cstart = vec![0usize; ncols + 1];
     for &c in cols {
-        cstart[c.at() + 1] += 1;
+        cstart[c.u64() as usize + 1] += 1;
     }
     for i in 0..ncols {
         cstart[i + 1] += cstart[i];
@@ -100,7 +67,7 @@ pub fn csr_pattern<S: Slot>(rows: &[S], cols: &[S], nrows: usize, ncols: usize) 
     let wide = cols.len() > u32::MAX as usize;
     let mut by_col_wide = if wide { vec![0usize; cols.len()] } else { Vec::new() };
     for (e, &c) in cols.iter().enumerate() {
-        let p = &mut cstart[c.at()];
+        let p = &mut cstart[c.u64() as usize];
         if wide {
             by_col_wide[*p] = e;
         } else {
@@ -112,15 +79,15 @@ pub fn csr_pattern<S: Slot>(rows: &[S], cols: &[S], nrows: usize, ncols: usize) 
     // Pass 2: place by row in column order, so each row's columns come out ascending.
     let mut indptr = vec![0u64; nrows + 1];
     for &r in rows {
-        indptr[r.at() + 1] += 1;
+        indptr[r.u64() as usize + 1] += 1;
     }
     for i in 0..nrows {
         indptr[i + 1] += indptr[i];
     }
     let mut next: Vec<u64> = indptr[..nrows].to_vec();
-    let mut out = vec![S::of(0); cols.len()];
+    let mut out = vec![S::default(); cols.len()];
     let mut place = |e: usize| {
-        let p = &mut next[rows[e].at()];
+        let p = &mut next[rows[e].u64() as usize];
         out[*p as usize] = cols[e];
         *p += 1;
     };
@@ -136,12 +103,12 @@ pub fn csr_pattern<S: Slot>(rows: &[S], cols: &[S], nrows: usize, ncols: usize) 
 const PREFETCH_EDGES: usize = 128;
 
 #[inline(always)]
-fn prefetch<T, S: Slot>(x: &[T], cols: &[S], k: usize, ne: usize) {
+fn prefetch<T, S: Id>(x: &[T], cols: &[S], k: usize, ne: usize) {
     #[cfg(target_arch = "x86_64")]
     if k < ne {
         // A hint only: any address is safe to prefetch; the column is in range anyway.
         unsafe {
-            let c = cols.get_unchecked(k).at();
+            let c = cols.get_unchecked(k).u64() as usize;
             std::arch::x86_64::_mm_prefetch(x.as_ptr().wrapping_add(c) as *const i8, std::arch::x86_64::_MM_HINT_T0);
         }
     }
@@ -160,7 +127,7 @@ fn prefetch<T, S: Slot>(x: &[T], cols: &[S], k: usize, ne: usize) {
 /// [`flow_total`]; the flash twin (`crate::flash_rows`) runs the middle one per row
 /// block, so both sum every row, and the total, in the same order (equal bits).
 #[allow(clippy::too_many_arguments)]
-pub fn spmv_step<T: Real, S: Slot>(indptr: &[u64], cols: &[S], got: &[T], inv_deg: &[T], base: f64, damping: f64, x: &mut [T], y: &mut [T]) -> f64 {
+pub fn spmv_step<T: Real, S: Id>(indptr: &[u64], cols: &[S], got: &[T], inv_deg: &[T], base: f64, damping: f64, x: &mut [T], y: &mut [T]) -> f64 {
     let nrows = indptr.len() - 1;
     debug_assert!(y.len() > nrows && x.len() == got.len() && inv_deg.len() == got.len());
     scale_sources(got, inv_deg, base, damping, x);
@@ -180,7 +147,7 @@ pub fn scale_sources<T: Real>(got: &[T], inv_deg: &[T], base: f64, damping: f64,
 /// edge and `end` the run's last edge + 1, both counted from the matrix's first edge;
 /// `cols` holds the run's columns only (`cols[0]` is edge `starts[0]`). Columns must be
 /// below `x.len()` (checked when the matrix was built).
-pub fn spmv_rows<T: Real, S: Slot>(starts: &[u64], end: u64, cols: &[S], x: &[T], y: &mut [T]) {
+pub fn spmv_rows<T: Real, S: Id>(starts: &[u64], end: u64, cols: &[S], x: &[T], y: &mut [T]) {
     let nrows = starts.len();
     debug_assert!(y.len() == nrows && (nrows == 0 || (end - starts[0]) as usize == cols.len()));
     let first = starts.first().copied().unwrap_or(end);
@@ -196,13 +163,13 @@ pub fn spmv_rows<T: Real, S: Slot>(starts: &[u64], end: u64, cols: &[S], x: &[T]
             for (u, slot) in acc.iter_mut().enumerate() {
                 prefetch(x, cols, k + u + PREFETCH_EDGES, ne);
                 // Columns were checked against the in vector's length when the matrix was built.
-                *slot = *slot + unsafe { *x.get_unchecked(cols.get_unchecked(k + u).at()) };
+                *slot = *slot + unsafe { *x.get_unchecked(cols.get_unchecked(k + u).u64() as usize) };
             }
             k += 4;
         }
         while k < e {
             prefetch(x, cols, k + PREFETCH_EDGES, ne);
-            acc[0] = acc[0] + unsafe { *x.get_unchecked(cols.get_unchecked(k).at()) };
+            acc[0] = acc[0] + unsafe { *x.get_unchecked(cols.get_unchecked(k).u64() as usize) };
             k += 1;
         }
         y[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);

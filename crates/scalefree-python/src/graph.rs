@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 use scalefree_graph::edges;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
-use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real, Slot};
+use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::Id;
 use scalefree_graph::flash_rows::FlashRows;
 use std::sync::Arc;
 
@@ -316,8 +317,8 @@ impl PyPageRankCsr {
         };
         let rb = Buf::get(&rows, false, "rows")?;
         let cb = Buf::get(&cols, false, "cols")?;
-        fn build<S: Slot>(py: Python<'_>, r: &[S], c: &[S], nrows: usize, ncols: usize) -> PyResult<(Vec<u64>, Vec<S>)> {
-            if (nrows.max(ncols) as u128) > S::COUNT {
+        fn build<S: Id>(py: Python<'_>, r: &[S], c: &[S], nrows: usize, ncols: usize) -> PyResult<(Vec<u64>, Vec<S>)> {
+            if nrows.max(ncols) as u128 > S::MAX_U64 as u128 + 1 {
                 return Err(invalid(py, format!("PageRankCsr: {nrows} x {ncols} slots do not fit {}-bit slots", std::mem::size_of::<S>() * 8)));
             }
             py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))
