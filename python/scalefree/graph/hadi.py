@@ -207,21 +207,25 @@ def _combine(est: np.ndarray, hits: np.ndarray, m: int, n: float, sample: int) -
       the same set).
 
     The two are independent (separate hashes); the result is their inverse-variance
-    weighted mean, the variances taken at the HyperLogLog size (clipped to ``[1, n]``)."""
-    if sample == 0:
-        size = np.clip(est, 1.0, None)
-    else:
-        size = np.clip(est, 1.0, max(n, 1.0))
-    t = size / m
-    var_h = np.where(t <= 2.5, m * (np.expm1(t) - t), (1.04 ** 2 / m) * size * size)
+    weighted mean, the variances taken at the HyperLogLog size (clipped to ``[1, n]``), then
+    once more at that mean."""
+    def variances(size):
+        size = np.clip(size, 1.0, max(n, 1.0) if sample else None)
+        t = size / m
+        var_h = np.where(t <= 2.5, m * (np.expm1(t) - t), (1.04 ** 2 / m) * size * size)
+        return var_h, size * (n - size) * max(n - sample, 0.0) / (sample * max(n - 1.0, 1.0)) if sample else None
+
+    var_h, var_s = variances(est)
     if sample == 0:
         return est, np.sqrt(var_h)
-    var_s = size * (n - size) * max(n - sample, 0.0) / (sample * max(n - 1.0, 1.0))
     by_sample = hits * (n / sample)
-    total = var_h + var_s
-    w = np.divide(var_h, total, out=np.ones_like(total), where=total > 0)
-    return (1 - w) * est + w * by_sample, np.sqrt(np.divide(var_h * var_s, total, out=np.zeros_like(total),
-                                                            where=total > 0))
+    for second in (False, True):
+        if second:  # the variances again at the combined size (a counter past n says nothing of var_s)
+            var_h, var_s = variances(mean)
+        total = var_h + var_s
+        w = np.divide(var_h, total, out=np.ones_like(total), where=total > 0)
+        mean = (1 - w) * est + w * by_sample
+    return mean, np.sqrt(np.divide(var_h * var_s, total, out=np.zeros_like(total), where=total > 0))
 
 
 def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
@@ -251,15 +255,15 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
     change are not recomputed nor sent (HyperBall's modified-counter tracking)."""
     me, size = group.rank, group.size
     m = enc.width
-    dest = dst % size
+    dest = (dst % size).astype(np.int32)
     order = np.argsort(dest, kind="stable")
     counts = np.bincount(dest, minlength=size)
     del dest
-    pairs = np.empty((len(src), 2), np.int64)
+    pairs = np.empty((len(src), 2), np.uint32 if n <= 1 << 32 else np.int64)  # every rank decides alike
     pairs[:, 0], pairs[:, 1] = src[order], dst[order]
     del order
     pairs = group.alltoallv(pairs, counts)
-    e_src, e_dst = pairs[:, 0].copy(), pairs[:, 1].copy()
+    e_src, e_dst = pairs[:, 0].astype(np.int64), pairs[:, 1].copy()
     del pairs
     us, ls = compact_ids(e_src, n)
     del e_src
@@ -270,7 +274,7 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
         so = us % size
         sorder = np.argsort(so, kind="stable")
         got = group.alltoallv(us[sorder], np.bincount(so, minlength=size))
-        owned = np.union1d(np.unique(e_dst), got)
+        owned = np.union1d(np.unique(e_dst).astype(np.int64), got)
         del so, sorder, got
     lt = np.searchsorted(owned, e_dst).astype(np.uint32)
     del e_dst
@@ -411,11 +415,10 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
             raise ValueError(f"memory_budget streams HADI's HyperLogLog hop; method {method!r} holds its edges in "
                              f"memory (use method 'hll')")
     enc = Encoding(method, n, k, seed, precision)
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
+    src, dst = np.asarray(src), np.asarray(dst)  # no int64 copy held here: the hll hop needs none
     if len(src) != len(dst):
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
-    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+    if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
     if sample < 0:
         raise ValueError(f"the target sample must be >= 0 vertices, got {sample}")
@@ -423,6 +426,7 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         nf, per_hop = _hadi_partitioned(group, src, dst, n, enc, int(sample), isolated, max_hops, progress,
                                         checkpoints, stats)
         return nf, enc, per_hop
+    src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
     if isolated:
