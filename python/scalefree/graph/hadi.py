@@ -212,7 +212,8 @@ def _combine(est: np.ndarray, hits: np.ndarray, m: int, n: float, sample: int) -
     def variances(size):
         size = np.clip(size, 1.0, max(n, 1.0) if sample else None)
         t = size / m
-        var_h = np.where(t <= 2.5, m * (np.expm1(t) - t), (1.04 ** 2 / m) * size * size)
+        lc = np.minimum(t, 2.5)  # linear counting's range (no overflow in the branch not taken)
+        var_h = np.where(t <= 2.5, m * (np.expm1(lc) - lc), (1.04 ** 2 / m) * size * size)
         return var_h, size * (n - size) * max(n - sample, 0.0) / (sample * max(n - 1.0, 1.0)) if sample else None
 
     var_h, var_s = variances(est)
@@ -239,6 +240,16 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
     if h == 0 or nf[h] == nf[h - 1]:
         return h, float(h)
     return h, float(h - 1 + (goal - nf[h - 1]) / (nf[h] - nf[h - 1]))
+
+
+def _estimates(rows: np.ndarray, m: int, sample: int) -> tuple[np.ndarray, np.ndarray]:
+    """(HyperLogLog estimate, sampled targets reached) of every row, a piece at a time."""
+    est, hits = np.empty(len(rows)), np.zeros(len(rows), np.int64)
+    for lo in range(0, len(rows), HLL_COUNT_ROWS):
+        est[lo: lo + HLL_COUNT_ROWS] = _hll_estimate(rows[lo: lo + HLL_COUNT_ROWS, :m])
+        if sample:
+            hits[lo: lo + HLL_COUNT_ROWS] = _popcount(rows[lo: lo + HLL_COUNT_ROWS, m:])
+    return est, hits
 
 
 def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isolated: bool, max_hops: int,
@@ -310,7 +321,7 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
     indptr = np.zeros(n_src + 1, np.int64)
     np.cumsum(np.bincount(new_src, minlength=n_src), out=indptr[1:])
     del eorder, new_src, lt
-    est, hits = _hll_estimate(rows[:, :m]), (_popcount(rows[:, m:]) if s_size else np.zeros(len(owned), np.int64))
+    est, hits = _estimates(rows, m, s_size)
     changed = np.ones(len(owned), np.uint8)  # hop 1 reads every row: all are new
     start, state = (0, None) if checkpoints is None else checkpoints.restore()
     if state is not None:
@@ -320,7 +331,7 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
             raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
         rows, changed, columns = state["rows"], state["changed"].astype(np.uint8), state["columns"]
         nf, se = [float(x) for x in state["nf"]], [float(x) for x in state["se"]]
-        est, hits = _hll_estimate(rows[:, :m]), (_popcount(rows[:, m:]) if s_size else np.zeros(len(owned), np.int64))
+        est, hits = _estimates(rows, m, s_size)
     nxt = rows.copy()
     n_vertices = float(group.allreduce(np.array([float(len(owned))]))[0])
     if state is None:
@@ -349,9 +360,9 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
         rows, nxt = nxt, rows
         changed = grew
         idx = np.flatnonzero(changed)
-        nxt[idx] = rows[idx]  # the two buffers agree again
-        for lo in range(0, len(idx), HLL_COUNT_ROWS):
+        for lo in range(0, len(idx), HLL_COUNT_ROWS):  # in pieces: no temporary of every changed row
             part = idx[lo: lo + HLL_COUNT_ROWS]
+            nxt[part] = rows[part]  # the two buffers agree again
             est[part] = _hll_estimate(rows[part, :m])
             if s_size:
                 hits[part] = _popcount(rows[part, m:])
