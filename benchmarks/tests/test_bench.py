@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -272,6 +273,20 @@ def test_run_job_times_out_and_reports_status():
     assert "status 3" in out.describe()
     out = common.run_job([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
     assert out.timed_out and not out.ok and out.elapsed_s < 30
+
+
+@pytest.mark.skipif(not os.access(common.GNU_TIME, os.X_OK), reason="no GNU time")
+def test_child_peak_rss_is_the_childs_own():
+    """A child's peak RSS is its own, not this process's high-water mark (which Linux copies
+    into a child's ru_maxrss at exec): 64 MiB touched here, a child that touches 32 MiB."""
+    held = bytearray(64 << 20)
+    held[::4096] = b"x" * len(held[::4096])
+    wall, rss, out, err = common.child_wall_rss(
+        [sys.executable, "-c", "import sys; b = b'x' * (32 << 20); print('hi'); print('log', file=sys.stderr)"])
+    assert 32 << 20 < rss < common.status_bytes("VmHWM") and wall > 0
+    assert out == "hi\n" and err == "log\n"
+    with pytest.raises(SystemExit, match="failed"):
+        common.child_wall_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
 
 
 def test_a_failing_peer_is_reported_without_losing_other_rows(monkeypatch, tmp_path):
