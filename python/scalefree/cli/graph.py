@@ -259,7 +259,9 @@ def _diameter(args) -> int:
                                "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected,
                                "sample": args.sample}, "HADI")
     flash_stats: dict = {}
-    nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
+    pair = [s, d]  # hadi empties it: the edges' memory goes back once the hop's set-up has sent them
+    del s, d
+    nf, enc, per_hop = hadi(g, pair, None, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
                             progress=progress, isolated=False, checkpoints=ck, precision=args.precision,
                             memory_budget=args.memory_budget, flash_dir=args.flash_dir, stats=flash_stats,
                             sample=args.sample)

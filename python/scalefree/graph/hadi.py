@@ -252,7 +252,7 @@ def _estimates(rows: np.ndarray, m: int, sample: int) -> tuple[np.ndarray, np.nd
     return est, hits
 
 
-def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isolated: bool, max_hops: int,
+def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, isolated: bool, max_hops: int,
                       progress: bool, checkpoints, stats: dict | None):
     """HADI on HyperLogLog registers plus a sampled-target bitset, the rows partitioned by
     owner (``v % size``): memory O(vertices / ranks + edges / ranks) per rank.
@@ -266,13 +266,15 @@ def _hadi_partitioned(group, src, dst, n: int, enc: Encoding, sample: int, isola
     change are not recomputed nor sent (HyperBall's modified-counter tracking)."""
     me, size = group.rank, group.size
     m = enc.width
+    src, dst = edges  # ``[src, dst]``, emptied: the arrays go once they are sent
+    edges.clear()
     dest = (dst % size).astype(np.int32)
     order = np.argsort(dest, kind="stable")
     counts = np.bincount(dest, minlength=size)
     del dest
     pairs = np.empty((len(src), 2), np.uint32 if n <= 1 << 32 else np.int64)  # every rank decides alike
     pairs[:, 0], pairs[:, 1] = src[order], dst[order]
-    del order
+    del order, src, dst
     pairs = group.alltoallv(pairs, counts)
     e_src, e_dst = pairs[:, 0].astype(np.int64), pairs[:, 1].copy()
     del pairs
@@ -400,7 +402,8 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
     the exact vertex count whatever the method. ``precision``: HyperLogLog registers a
-    vertex, ``2^precision``; ``sample``: target vertices sampled for the second estimate of
+    vertex, ``2^precision``. ``src`` may be the list ``[src, dst]`` (``dst=None``): it is
+    emptied, so the caller's arrays go once the set-up has sent them. ``sample``: target vertices sampled for the second estimate of
     N(h) (``hll``; 0 for registers alone; see :func:`_combine`). ``stats["sd_bound"]``
     receives a bound on N(h)'s standard deviation per hop (the sum of the vertices'; ``hll``
     in memory), ``stats["sample_only"]`` the sample's estimate alone.
@@ -426,7 +429,9 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
             raise ValueError(f"memory_budget streams HADI's HyperLogLog hop; method {method!r} holds its edges in "
                              f"memory (use method 'hll')")
     enc = Encoding(method, n, k, seed, precision)
-    src, dst = np.asarray(src), np.asarray(dst)  # no int64 copy held here: the hll hop needs none
+    edges = src if isinstance(src, list) and dst is None else [src, dst]
+    src, dst = (np.asarray(a) for a in edges)  # no int64 copy held here: the hll hop needs none
+    edges.clear()
     if len(src) != len(dst):
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
     if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
@@ -434,7 +439,9 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     if sample < 0:
         raise ValueError(f"the target sample must be >= 0 vertices, got {sample}")
     if enc.method == "hll" and memory_budget is None:
-        nf, per_hop = _hadi_partitioned(group, src, dst, n, enc, int(sample), isolated, max_hops, progress,
+        edges = [src, dst]
+        del src, dst
+        nf, per_hop = _hadi_partitioned(group, edges, n, enc, int(sample), isolated, max_hops, progress,
                                         checkpoints, stats)
         return nf, enc, per_hop
     src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
