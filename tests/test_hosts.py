@@ -287,6 +287,19 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
     assert "vs perftest" in r.stdout
 
 
+def test_bench_onesided_runs(can_simulate, tmp_path):
+    # Every way of the bench, round by round in turn; the receiver checks the bytes landed.
+    out = tmp_path / "onesided.json"
+    r = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "onesided", "--size", "4K", "--window", "2",
+                        "--rounds", "3", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    recs = {x["variant"]: x for x in json.loads(out.read_text())}
+    assert set(recs) == {"blocking", "posted-serial", "posted", "raw-tcp", "raw-tcp-x2"}, recs
+    assert all(x["hosts"] == 2 and x["median_s"] > 0 and x["n"] == 3 for x in recs.values()), recs
+
+
 # The loop of `bench ucx` under stress: rounds of one-sided traffic both ways (a put then a
 # notification, a write_notify back, each checked by its receiver), an allgather whose
 # values every rank checks, and a loop end that the ranks agree on through an allgather.
@@ -451,6 +464,18 @@ def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
     with simhosts.SimHosts(2) as h:
         for rc, out in launch_all(h, 1, code, timeout=180):
             assert rc == 0 and "ok" in out, out[-3000:]
+
+
+def test_ps_tracing_on_and_off_across_hosts(can_simulate):
+    # The parameter server's staging across 2 hosts (the arena registered with UCX): the
+    # same training with tracing on and off, fewer bytes copied with it on.
+    from test_ps import TRACE
+
+    code = TRACE.replace("g = scalefree.init(timeout=60)", ACROSS.replace("{per_host}", "1").replace("timeout=60", "timeout=30")
+                         + "\nfrom scalefree import arena\nassert arena.threshold() is not None")
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, code, timeout=180):
+            assert rc == 0 and out.strip().endswith("ok"), out[-3000:]
 
 
 SSP_HOSTS = """

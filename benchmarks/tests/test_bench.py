@@ -463,3 +463,26 @@ def test_bench_flash_kernels_end_to_end(tmp_path):
         if sys.platform == "linux":  # the process's peak RSS around the timed calls
             assert r["peak_rss_bytes"] >= r["rss_before_bytes"] > 0
     assert "vs peer" in p.stdout and "peak RSS" in p.stdout
+
+
+# --- bench ps across simulated hosts -------------------------------------------------------
+
+
+def test_bench_ps_hosts_table_compares_with_tracing_off():
+    from scalefree_bench import ps
+
+    def rec(trace, sps, copied):
+        return {"variant": f"slots, tracing {trace}", "trace": trace, "samples_per_s": sps, "comm_fraction": 0.25,
+                "bytes_copied_per_step": copied, "final_loss": 2.0, "peak_rss_bytes": [100 << 20, 120 << 20]}
+
+    table = ps.render_hosts([rec("on", 120.0, 3112), rec("off", 100.0, 1 << 20)])
+    on = [l for l in table.splitlines() if l.startswith("slots, tracing on")][0]
+    assert "3.04 KiB" in on and "0.003x copied, 1.20x samples/s" in on and "100 MiB, 120 MiB" in on
+    assert "1 MiB" in [l for l in table.splitlines() if l.startswith("slots, tracing off")][0]
+
+
+def test_bench_ps_trace_settings_are_checked(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench_parser().parse_args(["bench", "ps", "--hosts", "2", "--trace", "on,maybe"])
+    assert e.value.code == 2
+    assert "maybe" in capsys.readouterr().err
