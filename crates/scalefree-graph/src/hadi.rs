@@ -169,13 +169,29 @@ pub fn merge_rows(rows: &mut [u8], width: usize, width_max: usize, pos: &[i64], 
             grew |= b > *a;
             *a = (*a).max(b);
         }
-        for (j, (a, &b)) in db.iter_mut().zip(sb).enumerate() {
+        // The bitset a word at a time: most words gain nothing. Little-endian, so bit k of
+        // word w is bit k % 8 of byte 8 w + k / 8, column 64 w + k.
+        let words = db.len() / 8;
+        for (w, (a8, b8)) in db.chunks_exact_mut(8).zip(sb.chunks_exact(8)).enumerate() {
+            let a = u64::from_le_bytes(a8.try_into().unwrap());
+            let b = u64::from_le_bytes(b8.try_into().unwrap());
+            let mut gained = b & !a;
+            if gained != 0 {
+                grew = true;
+                a8.copy_from_slice(&(a | b).to_le_bytes());
+                while gained != 0 {
+                    columns[w * 64 + gained.trailing_zeros() as usize] += 1;
+                    gained &= gained - 1;
+                }
+            }
+        }
+        for (j, (a, &b)) in db[words * 8..].iter_mut().zip(&sb[words * 8..]).enumerate() {
             let mut gained = b & !*a;
             if gained != 0 {
                 grew = true;
                 *a |= b;
                 while gained != 0 {
-                    columns[j * 8 + gained.trailing_zeros() as usize] += 1;
+                    columns[(words * 8 + j) * 8 + gained.trailing_zeros() as usize] += 1;
                     gained &= gained - 1;
                 }
             }
@@ -211,55 +227,56 @@ mod tests {
 
     #[test]
     fn union_and_merge_match_a_simple_reference() {
-        // rows of 2 max bytes + 2 bitset bytes
-        let (width, wm) = (4, 2);
-        let rows: Vec<u8> = (0..5 * width).map(|i| ((i * 37 + 11) % 251) as u8).collect();
-        let changed = [1u8, 0, 1, 1, 1];
-        let targets = [0u32, 1, 2, 1, 3, 4, 1];
-        let indptr = [0i64, 2, 3, 3, 4, 7];
-        let mut out = vec![7u8; 5 * width];
-        let mut hit = vec![9u8; 5];
-        union_changed(&rows, width, wm, &changed, &targets, &indptr, &mut out, &mut hit).unwrap();
-        for r in 0..5 {
-            let ts: Vec<usize> = targets[indptr[r] as usize..indptr[r + 1] as usize].iter().map(|&t| t as usize).filter(|&t| changed[t] == 1).collect();
-            assert_eq!(hit[r], !ts.is_empty() as u8);
-            for c in 0..width {
-                let want = ts.iter().fold(0u8, |acc, &t| if c < wm { acc.max(rows[t * width + c]) } else { acc | rows[t * width + c] });
-                assert_eq!(out[r * width + c], want, "row {r} byte {c}");
-            }
-        }
-        assert!(union_changed(&rows, width, wm, &changed, &[5], &[0, 1], &mut out[..width], &mut hit[..1]).is_err());
-
-        let mut dst = rows.clone();
-        let mut flags = vec![0u8; 5];
-        let mut cols = vec![0i64; 16];
-        let pos = [3i64, 0, 3];
-        let inc: Vec<u8> = (0..3 * width).map(|i| ((i * 53 + 5) % 256) as u8).collect();
-        merge_rows(&mut dst, width, wm, &pos, &inc, &mut flags, &mut cols).unwrap();
-        let mut want = rows.clone();
-        let mut want_cols = vec![0i64; 16];
-        let mut want_flags = vec![0u8; 5];
-        for (i, &p) in pos.iter().enumerate() {
-            let p = p as usize;
-            for c in 0..width {
-                let (a, b) = (want[p * width + c], inc[i * width + c]);
-                let v = if c < wm { a.max(b) } else { a | b };
-                if v != a {
-                    want_flags[p] = 1;
+        // rows of 2 max bytes + 2 bitset bytes, and + 19 (two words and a tail)
+        for (width, wm) in [(4usize, 2usize), (21, 2)] {
+            let rows: Vec<u8> = (0..5 * width).map(|i| ((i * 37 + 11) % 251) as u8).collect();
+            let changed = [1u8, 0, 1, 1, 1];
+            let targets = [0u32, 1, 2, 1, 3, 4, 1];
+            let indptr = [0i64, 2, 3, 3, 4, 7];
+            let mut out = vec![7u8; 5 * width];
+            let mut hit = vec![9u8; 5];
+            union_changed(&rows, width, wm, &changed, &targets, &indptr, &mut out, &mut hit).unwrap();
+            for r in 0..5 {
+                let ts: Vec<usize> = targets[indptr[r] as usize..indptr[r + 1] as usize].iter().map(|&t| t as usize).filter(|&t| changed[t] == 1).collect();
+                assert_eq!(hit[r], !ts.is_empty() as u8);
+                for c in 0..width {
+                    let want = ts.iter().fold(0u8, |acc, &t| if c < wm { acc.max(rows[t * width + c]) } else { acc | rows[t * width + c] });
+                    assert_eq!(out[r * width + c], want, "row {r} byte {c}");
                 }
-                if c >= wm {
-                    for k in 0..8 {
-                        if (b & !a) >> k & 1 == 1 {
-                            want_cols[(c - wm) * 8 + k] += 1;
+            }
+            assert!(union_changed(&rows, width, wm, &changed, &[5], &[0, 1], &mut out[..width], &mut hit[..1]).is_err());
+
+            let mut dst = rows.clone();
+            let mut flags = vec![0u8; 5];
+            let mut cols = vec![0i64; (width - wm) * 8];
+            let pos = [3i64, 0, 3];
+            let inc: Vec<u8> = (0..3 * width).map(|i| ((i * 53 + 5) % 256) as u8).collect();
+            merge_rows(&mut dst, width, wm, &pos, &inc, &mut flags, &mut cols).unwrap();
+            let mut want = rows.clone();
+            let mut want_cols = vec![0i64; (width - wm) * 8];
+            let mut want_flags = vec![0u8; 5];
+            for (i, &p) in pos.iter().enumerate() {
+                let p = p as usize;
+                for c in 0..width {
+                    let (a, b) = (want[p * width + c], inc[i * width + c]);
+                    let v = if c < wm { a.max(b) } else { a | b };
+                    if v != a {
+                        want_flags[p] = 1;
+                    }
+                    if c >= wm {
+                        for k in 0..8 {
+                            if (b & !a) >> k & 1 == 1 {
+                                want_cols[(c - wm) * 8 + k] += 1;
+                            }
                         }
                     }
+                    want[p * width + c] = v;
                 }
-                want[p * width + c] = v;
             }
+            assert_eq!(dst, want);
+            assert_eq!(flags, want_flags);
+            assert_eq!(cols, want_cols);
+            assert!(merge_rows(&mut dst, width, wm, &[5], &inc[..width], &mut flags, &mut cols).is_err());
         }
-        assert_eq!(dst, want);
-        assert_eq!(flags, want_flags);
-        assert_eq!(cols, want_cols);
-        assert!(merge_rows(&mut dst, width, wm, &[5], &inc[..width], &mut flags, &mut cols).is_err());
     }
 }
