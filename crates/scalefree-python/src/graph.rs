@@ -8,7 +8,7 @@
 
 use pyo3::prelude::*;
 use scalefree_graph::edges;
-use scalefree_graph::hadi::register_max;
+use scalefree_graph::hadi::{merge_rows, register_max, union_changed};
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
 use scalefree_graph::Id;
@@ -485,6 +485,51 @@ pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, ta
     let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
     let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
     py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
+}
+
+/// A contiguous uint8 buffer as a slice (`what` names it in the error).
+fn u8s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u8]> {
+    if b.itemsize() != 1 {
+        return Err(invalid(py, format!("{what} must be uint8, got buffer format {:?}", b.format)));
+    }
+    Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.len_bytes()) } })
+}
+
+/// A writable contiguous uint8 buffer as a slice.
+fn u8s_mut<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a mut [u8]> {
+    if b.itemsize() != 1 {
+        return Err(invalid(py, format!("{what} must be uint8, got buffer format {:?}", b.format)));
+    }
+    Ok(if b.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr(), b.len_bytes()) } })
+}
+
+/// HADI's partitioned hop: `out[r]` = the union (max on the first `width_max` bytes, OR on
+/// the rest) of `rows[targets[e]]` over row `r`'s edges whose target changed, `hit[r]` = 1
+/// when there was one (`scalefree_graph::hadi::union_changed`; targets uint32, indptr int64).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn hadi_union_changed(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, changed: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, out: Bound<'_, PyAny>, hit: Bound<'_, PyAny>) -> PyResult<()> {
+    let (rb, cb, tb, ib) = (Buf::get(&rows, false, "rows")?, Buf::get(&changed, false, "changed")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?);
+    let (ob, hb) = (Buf::get(&out, true, "out")?, Buf::get(&hit, true, "hit")?);
+    let (r, c, t, i) = (u8s(py, &rb, "rows")?, u8s(py, &cb, "changed")?, u32s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?);
+    let (o, h) = (u8s_mut(py, &ob, "out")?, u8s_mut(py, &hb, "hit")?);
+    py.detach(|| union_changed(r, width, width_max, c, t, i, o, h)).map_err(|e| invalid(py, e))
+}
+
+/// Merges received partial rows into the owner's: `rows[pos[i]]` takes the union with
+/// `incoming[i]`, `changed[pos[i]] = 1` when it grew, `columns` (int64, 8 per bitset byte)
+/// counts the bits gained (`scalefree_graph::hadi::merge_rows`).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn hadi_merge_rows(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, pos: Bound<'_, PyAny>, incoming: Bound<'_, PyAny>, changed: Bound<'_, PyAny>, columns: Bound<'_, PyAny>) -> PyResult<()> {
+    let (rb, pb, ib) = (Buf::get(&rows, true, "rows")?, Buf::get(&pos, false, "pos")?, Buf::get(&incoming, false, "incoming")?);
+    let (cb, colb) = (Buf::get(&changed, true, "changed")?, Buf::get(&columns, true, "columns")?);
+    let (r, p, inc, c) = (u8s_mut(py, &rb, "rows")?, i64s(py, &pb, "pos")?, u8s(py, &ib, "incoming")?, u8s_mut(py, &cb, "changed")?);
+    if colb.len_bytes() > 0 && colb.itemsize() != 8 {
+        return Err(invalid(py, format!("columns must be int64, got buffer format {:?}", colb.format)));
+    }
+    let cols: &mut [i64] = if colb.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(colb.ptr() as *mut i64, colb.count()) } };
+    py.detach(|| merge_rows(r, width, width_max, p, inc, c, cols)).map_err(|e| invalid(py, e))
 }
 
 /// HADI's edges grouped by source on flash (`scalefree_graph::flash_rows`): built from the
