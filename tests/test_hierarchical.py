@@ -113,3 +113,29 @@ print("exact ok")
 """
     res = run_ranks(2, code, timeout=120)
     assert all("exact ok" in r.stdout for r in res), [r.stderr[-2000:] for r in res]
+
+
+def test_scalefree_run_on_hosts_of_different_sizes(can_simulate):
+    """`scalefree run --nproc-per-node 1,2` across two simulated hosts (network namespaces):
+    ranks 0 | 1, 2; the hierarchical allreduce forced, and compressed, on real hosts."""
+    from test_hosts import launch_all
+
+    code = r"""
+import numpy as np, scalefree
+g = scalefree.init(timeout=60)
+assert g.size == 3 and list(g._hosts) == [0, 1, 1], (g.size, g._hosts)
+parts = [np.random.default_rng([r, 3]).standard_normal(200_001).astype(np.float32) for r in range(3)]
+a = parts[g.rank].copy()
+g.allreduce(a, algorithm="hierarchical")
+assert g.last_algorithm == "hierarchical"
+np.testing.assert_allclose(a, parts[0] + parts[1] + parts[2], rtol=1e-5, atol=1e-5)
+b = parts[g.rank].copy()
+g.allreduce(b, wire="bf16")
+scale = np.abs(parts[0]) + np.abs(parts[1]) + np.abs(parts[2])
+assert (np.abs(b - a) <= (2 * 2.0 ** -8 + 3 * 2.0 ** -24) * (1 + 2.0 ** -8) * scale + 1e-6).all()
+print("checked")
+"""
+    with can_simulate.SimHosts(2) as h:
+        for rc, out in launch_all(h, "1,2", code, timeout=180):
+            assert rc == 0, out[-3000:]
+            assert "checked" in out, out[-2000:]

@@ -201,3 +201,21 @@ unsafe fn reduce_to_owners(c: &mut Communicator, local: &[u32], m: u32, idx: u32
     // Our buffer's shares are overwritten in step 3: their sends must be done first.
     wait_all(sent)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(counts: &[usize]) -> Plan {
+        let min = *counts.iter().min().unwrap();
+        Plan { local: vec![0], owners: min as u32, cross: None, hosts: counts.len(), even: counts.iter().all(|&k| k == counts[0]), most: *counts.iter().max().unwrap() }
+    }
+
+    #[test]
+    fn cost_model_picks_the_hierarchy_where_it_saves_network_bytes() {
+        for (counts, want) in [(&[1usize, 2, 3][..], true), (&[2, 2][..], true), (&[4, 4, 4][..], true), (&[2, 1][..], false), (&[1, 1, 1][..], false)] {
+            let size: usize = counts.iter().sum();
+            assert_eq!(pays(&plan(counts), size as u32, counts), want, "{counts:?}");
+        }
+    }
+}

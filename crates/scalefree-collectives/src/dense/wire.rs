@@ -11,13 +11,15 @@
 //! format's unit roundoff (bf16: 2^-8, fp16: 2^-11),
 //! `|result - exact| <= u·|exact| + (u + H·u_32)·(1 + u)·Σ|partial_h|`
 //! (`docs/algorithms.md`, "Compressed allreduce"). fp16 overflows past 65504.
-//! No reduction on arrival or direct landing: the 16-bit pieces are widened out of the
-//! landing region.
+//! Over TCP lanes the first peer's pieces are summed in as they arrive and the rounded parts
+//! land straight in the caller's buffer (see [`group_allreduce`]).
 
 use scalefree_transport::{Error, Result};
 
+use scalefree_transport::Window;
+
 use crate::comm::Communicator;
-use crate::dense::landing::{pieces, wait_all};
+use crate::dense::landing::{direct_landing_on, pieces, reduce_on_arrival_on, wait_all, DirectLanding};
 use crate::dense::{chunk_bounds, ALIGN_ELEMS};
 
 /// What the step between hosts carries.
@@ -137,9 +139,65 @@ pub(crate) fn add_widened(wire: Wire, src: &[u16], dst: &mut [f32]) {
     }
 }
 
+/// `dst[i] += widen(src[i])`, then `out[i] = narrow(dst[i])` and `dst[i] = widen(out[i])`, in
+/// one pass (the last peer's piece of an owner's part, rounded as it is summed).
+pub(crate) fn add_round(wire: Wire, src: &[u16], dst: &mut [f32], out: &mut [u16]) {
+    match wire {
+        Wire::Bf16 => {
+            for ((d, &s), o) in dst.iter_mut().zip(src).zip(out.iter_mut()) {
+                let h = to_bf16(*d + from_bf16(s));
+                *o = h;
+                *d = from_bf16(h);
+            }
+        }
+        _ => {
+            add_widened(wire, src, dst);
+            round_in_place(wire, dst, out);
+        }
+    }
+}
+
+/// `out[i] = narrow(dst[i])`, `dst[i] = widen(out[i])`.
+pub(crate) fn round_in_place(wire: Wire, dst: &mut [f32], out: &mut [u16]) {
+    match wire {
+        Wire::Bf16 => {
+            for (d, o) in dst.iter_mut().zip(out.iter_mut()) {
+                let h = to_bf16(*d);
+                *o = h;
+                *d = from_bf16(h);
+            }
+        }
+        _ => {
+            narrow(wire, dst, out);
+            widen(wire, out, dst);
+        }
+    }
+}
+
+/// The reducer of a window over this rank's part at `base` whose bytes arrive as 16-bit
+/// values: byte `j` of the window is element `j/2`, at `base + 2j` as float32.
+fn widening_reducer(wire: Wire, base: *mut u8) -> scalefree_transport::Reducer {
+    let base = base as usize;
+    std::sync::Arc::new(move |d: *mut u8, src: *const u8, bytes: usize| {
+        let at = base + 2 * (d as usize - base);
+        let n = bytes / 2;
+        let (src, dst) = unsafe { (std::slice::from_raw_parts(src as *const u16, n), std::slice::from_raw_parts_mut(at as *mut f32, n)) };
+        add_widened(wire, src, dst);
+    })
+}
+
 /// Sum allreduce of float32 elements `a..b` of `buf` among `group` (this rank in it) with
 /// `wire` values on the network, through landing areas `areas` (scatter, gather); see the
 /// module comment. The landing region must hold the largest float32 part already.
+///
+/// Over TCP lanes, as the float32 all-to-all does ([`super::landing`]): the first peer's
+/// pieces of this rank's part are widened and summed into it as they are read off the lane
+/// (`SCALEFREE_REDUCE_ON_ARRIVAL`), and, once this rank has rounded everything it sends,
+/// the other owners' rounded parts land straight in the upper half of their float32 range
+/// in the caller's buffer (`SCALEFREE_DIRECT_LANDING`) and are widened in place, piece by
+/// piece, through a cache-sized copy (a piece widened never reaches a later piece's bytes:
+/// piece `k` of a part of `n` elements lands at bytes `2n + off` and widens into `2 off ..
+/// 2 (off + len)`, below `2n + off + len`).
 ///
 /// # Safety
 /// `buf` valid for `b` float32 elements.
@@ -154,26 +212,52 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
         let (x, y) = chunk_bounds(b - a, g, i, ALIGN_ELEMS);
         (a + x, a + y)
     };
+    // Elements e0..e1 of the buffer, for a moment (a lane's reader may write other parts).
+    let elems = |e0: usize, e1: usize| unsafe { std::slice::from_raw_parts_mut(buf.add(e0), e1 - e0) };
     let piece = c.net_piece_bytes() / 2; // as many elements per piece as the float32 path
     let peers: Vec<(u32, u32)> = (1..g).map(|k| (me_idx + k) % g).map(|i| (i, group[i as usize])).collect();
-    let all = unsafe { std::slice::from_raw_parts_mut(buf.add(a), b - a) };
+    let me = c.rank;
+    let (x, y) = part(me_idx);
+    let mine = unsafe { buf.add(x) } as *mut u8;
+    let reducing = || {
+        let q = peers[0].1;
+        Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine)) }
+    };
+    let mut direct: Option<DirectLanding> = None;
+    if reduce_on_arrival_on() {
+        unsafe { c.set_windows(&[reducing()], Some(areas.0), &mut direct) };
+    }
     // Every part but ours, rounded once; sent piece by piece as it is rounded.
     let mut narrow_out = vec![0u16; b - a];
     let mut sent = Vec::new();
-    let me = c.rank;
     for &(i, q) in &peers {
-        let (x, y) = part(i);
-        let bytes = (y - x) * WES;
+        let (px, py) = part(i);
+        let bytes = (py - px) * WES;
         let (p, np) = pieces(bytes, piece, WES);
         for k in 0..np {
-            let (e0, e1) = (x - a + k * p / WES, (x - a + (k * p + p.min(bytes - k * p)) / WES));
-            narrow(wire, &all[e0..e1], &mut narrow_out[e0..e1]);
-            let src = narrow_out[e0..].as_ptr() as *const u8;
+            let (e0, e1) = (px + k * p / WES, px + (k * p + p.min(bytes - k * p)) / WES);
+            narrow(wire, elems(e0, e1), &mut narrow_out[e0 - a..e1 - a]);
+            let src = narrow_out[e0 - a..].as_ptr() as *const u8;
             sent.push(unsafe { c.send_at(q, src, (e1 - e0) * WES, areas.0, c.slot(me) + k * p, k)? });
         }
     }
+    // Nothing of the other parts is read any more: their rounded sums may land in place.
+    if direct_landing_on() {
+        let mut windows: Vec<Window> = peers
+            .iter()
+            .map(|&(i, q)| {
+                let (px, py) = part(i);
+                let n = py - px;
+                Window { offset: c.area_base(areas.1) + c.slot(q), len: n * WES, dst: unsafe { buf.add(px) as *mut u8 }.wrapping_add(n * WES), reduce: None }
+            })
+            .collect();
+        let reduces = direct.is_some() && reduce_on_arrival_on();
+        if reduces {
+            windows.push(reducing());
+        }
+        unsafe { c.set_windows(&windows, reduces.then_some(areas.0), &mut direct) };
+    }
     // Our part: sum the others' rounded copies in, round the sum once, keep and send it.
-    let (x, y) = part(me_idx);
     let bytes = (y - x) * WES;
     let (p, np) = pieces(bytes, piece, WES);
     let mut reduced = vec![0u16; y - x];
@@ -181,16 +265,25 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     for k in 0..np {
         let off = k * p;
         let len = p.min(bytes - off);
-        let (e0, e1) = (x - a + off / WES, x - a + (off + len) / WES);
-        for &(_, q) in &peers {
+        let (e0, e1) = (x + off / WES, x + (off + len) / WES);
+        let r = &mut reduced[off / WES..(off + len) / WES];
+        for (j, &(_, q)) in peers.iter().enumerate() {
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s {} piece {k} of allreduce call #{seq}", wire.name()))?;
+            let last = j + 1 == peers.len();
+            if c.reduced_on_arrival(&direct, q, k) {
+                if last {
+                    round_in_place(wire, elems(e0, e1), r);
+                }
+                continue;
+            }
             let got = unsafe { std::slice::from_raw_parts(c.landed(areas.0, q, off) as *const u16, len / WES) };
-            add_widened(wire, got, &mut all[e0..e1]);
+            if last {
+                add_round(wire, got, elems(e0, e1), r);
+            } else {
+                add_widened(wire, got, elems(e0, e1));
+            }
         }
-        let r = &mut reduced[off / WES..(off + len) / WES];
-        narrow(wire, &all[e0..e1], r);
-        widen(wire, r, &mut all[e0..e1]);
         for &(_, q) in &peers {
             forwarded.push(unsafe { c.send_at(q, r.as_ptr() as *const u8, len, areas.1, c.slot(me) + off, k)? });
         }
@@ -198,20 +291,30 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     wait_all(sent)?;
     drop(narrow_out);
     // The other parts, rounded by their owners.
+    let mut hop = vec![0u16; piece / WES];
     for &(i, q) in &peers {
         let (qx, qy) = part(i);
         let qbytes = (qy - qx) * WES;
         let (qp, qnp) = pieces(qbytes, piece, WES);
+        hop.resize(hop.len().max(qp / WES), 0);
         for k in 0..qnp {
             let off = k * qp;
             let len = qp.min(qbytes - off);
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced {} piece {k} of allreduce call #{seq}", wire.name()))?;
-            let got = unsafe { std::slice::from_raw_parts(c.landed(areas.1, q, off) as *const u16, len / WES) };
-            let e0 = qx - a + off / WES;
-            widen(wire, got, &mut all[e0..e0 + len / WES]);
+            let e0 = qx + off / WES;
+            if direct.is_some() && c.landed_direct(areas.1, q, k) {
+                // In the upper half of the part: through a copy, as it overlaps its output.
+                let at = unsafe { (buf.add(qx) as *const u8).add(qbytes + off) };
+                unsafe { std::ptr::copy_nonoverlapping(at, hop.as_mut_ptr() as *mut u8, len) };
+                widen(wire, &hop[..len / WES], elems(e0, e0 + len / WES));
+            } else {
+                let got = unsafe { std::slice::from_raw_parts(c.landed(areas.1, q, off) as *const u16, len / WES) };
+                widen(wire, got, elems(e0, e0 + len / WES));
+            }
         }
     }
+    drop(direct);
     wait_all(forwarded)?;
     drop(reduced);
     Ok(())
@@ -245,10 +348,19 @@ mod tests {
             widen(wire, &h, &mut back);
             let mut acc = vec![1f32; src.len()];
             add_widened(wire, &h, &mut acc);
+            let mut fused = vec![1f32; src.len()];
+            let mut out = vec![0u16; src.len()];
+            add_round(wire, &h, &mut fused, &mut out);
+            let mut rounded = vec![0u16; src.len()];
+            narrow(wire, &acc, &mut rounded);
             for i in 0..src.len() {
                 let err = ((back[i] - src[i]) as f64).abs();
                 assert!(err <= wire.unit_roundoff() * (src[i] as f64).abs() + 1e-30, "{wire:?} {} -> {}", src[i], back[i]);
                 assert_eq!(acc[i], 1.0 + back[i]);
+                assert_eq!(out[i], rounded[i]);
+                let mut w = [0f32];
+                widen(wire, &rounded[i..i + 1], &mut w);
+                assert_eq!(fused[i], w[0]);
             }
         }
     }
