@@ -27,13 +27,15 @@ dist.init_process_group("scalefree")
 rank, size = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 torch.manual_seed(1234)
-base = nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 5))
+base = nn.Sequential(nn.Linear(37, 64), nn.ReLU(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 5))
 ours = DDP(copy.deepcopy(base))
 ours.register_comm_hook(None, hooks.bf16)
 ref = DDP(copy.deepcopy(base), process_group=gloo)
 lone = copy.deepcopy(base)  # this rank's own gradients, for the bound
 g = torch.Generator().manual_seed(99 + rank)
-data = [(torch.randn(32, 37, generator=g), torch.randint(0, 5, (32,), generator=g)) for _ in range(steps)]
+teacher = torch.randn(37, 5, generator=torch.Generator().manual_seed(7))  # a task to learn
+xs = [torch.randn(32, 37, generator=g) for _ in range(steps)]
+data = [(x, (x @ teacher).argmax(1)) for x in xs]
 
 # One backward pass: the averaged gradients against gloo's.
 x, y = data[0]
