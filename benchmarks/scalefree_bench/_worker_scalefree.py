@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p = worker_parser(__doc__)
     p.add_argument("--algorithm", choices=ALGORITHMS, default="auto")
     p.add_argument("--variant", default=None, help="label of this run's rows (default: the algorithm)")
-    p.add_argument("--wire", choices=WIRES, default="none", help="what the step between hosts carries")
+    p.add_argument("--wire", choices=WIRES, default="exact", help="what the step between hosts carries")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -41,13 +41,13 @@ def main(argv: list[str] | None = None) -> int:
             broadcast = g.broadcast
             return lambda: broadcast(a, 0, algorithm)
         allreduce = g.allreduce
-        wire = None if args.wire == "none" else args.wire
+        wire = None if args.wire == "exact" else args.wire
         return lambda: allreduce(a, "sum", algorithm, wire)
 
     def point_extra(nbytes: int) -> dict:
         if args.op != "allreduce":
             return {}
-        if args.wire != "none" and args.dtype == "float32":
+        if args.wire != "exact" and args.dtype == "float32":
             return wire_error(g, args.wire, nbytes)
         return {"algorithm_used": g.last_algorithm}
 

@@ -29,8 +29,8 @@ PEERS = ("mpi", "gloo")
 PLACEMENTS = ("arena", "plain")
 ALGORITHMS = ("auto", "one_shot", "direct", "ring", "hierarchical")
 DTYPES = ("float32", "float64", "int32", "int64", "uint8")
-# --wire: what scalefree's step between hosts carries ("none": the dtype itself).
-WIRES = ("none", "bf16", "fp16")
+# --wire: what scalefree's step between hosts carries ("exact": the dtype itself).
+WIRES = ("exact", "bf16", "fp16")
 #: Unit roundoff of each wire format (the error bound's ``u``; docs/algorithms.md).
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 # --op: what every implementation times. Sizes are per rank (allgather: each rank's part).
@@ -83,9 +83,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    metavar="A,B[,...]",
                    help="run across simulated hosts of different sizes: A ranks on the first, B on the second, "
                    "... (instead of --hosts and --per-host)")
-    p.add_argument("--wire", type=arg(lambda s: common.parse_choice_list(s, WIRES, "wire")), default="none",
+    p.add_argument("--wire", type=arg(lambda s: common.parse_choice_list(s, WIRES, "wire")), default="exact",
                    metavar="W[,W...]",
-                   help="scalefree rows for each: 'none' (exact), 'bf16' or 'fp16' (g.allreduce(a, wire=W): 16-bit "
+                   help="scalefree rows for each: 'exact' (no compression), 'bf16' or 'fp16' (g.allreduce(a, wire=W): 16-bit "
                    "values between hosts, float32 sums; variant '<algorithm>+W', with the largest relative error "
                    "against the exact sum on random data and its bound)")
     p.add_argument("--encrypt", action="store_true",
@@ -300,6 +300,7 @@ def wire_error(g, wire: str, nbytes: int) -> dict:
     parts = [np.random.default_rng([r, n]).standard_normal(n, dtype=np.float32) for r in range(g.size)]
     a = parts[g.rank].copy()
     g.allreduce(a, wire=wire)
+    used = g.last_algorithm
     exact = np.zeros(n, np.float64)
     scale = np.zeros(n, np.float64)
     for p in parts:
@@ -310,7 +311,7 @@ def wire_error(g, wire: str, nbytes: int) -> dict:
     cell = np.array([err])
     g.allreduce(cell, op="max")
     return {"rel_err_max": float(cell[0]), "rel_err_bound": (2 * u + g.size * 2.0 ** -24) * (1 + u),
-            "algorithm_used": g.last_algorithm}
+            "algorithm_used": used}
 
 
 #: The variant suffix of encrypted runs (``--encrypt``).
@@ -456,7 +457,7 @@ def _round(n: int, args, peers: list[str], failures: list[str], notes: list[str]
     got = []
     for placement in placements:
         for algorithm in args.algorithm:
-            for wire in getattr(args, "wire", ["none"]):
+            for wire in getattr(args, "wire", ["exact"]):
                 got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
                                   placement=placement, sim=sim, layout=layout, wire=wire)
             if sim is not None and getattr(args, "encrypt", False):
@@ -489,7 +490,7 @@ def _pool(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
-def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim, wire: str = "none") -> list[str]:
+def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim, wire: str = "exact") -> list[str]:
     """The rank-side command of ``impl``."""
     if impl == "scalefree":
         return [sys.executable, "-m", "scalefree_bench._worker_scalefree", *worker_args,
@@ -505,13 +506,13 @@ def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: st
 
 def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
                algorithm: str = "", placement: str = "arena", sim=None, encrypt: bool = False,
-               layout=None, wire: str = "none") -> list[dict]:
+               layout=None, wire: str = "exact") -> list[dict]:
     """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given, ``layout``
     ranks on each when they differ; ``encrypt``: with ``scalefree run --encrypt``; ``wire``:
     scalefree's compression between hosts); returns its records, appending what went wrong
     to ``failures`` and the points it refused to ``notes``."""
     suffix = "" if placement == "arena" or sim is not None else f"+{placement}"
-    suffix += "" if wire == "none" else f"+{wire}"
+    suffix += "" if wire == "exact" else f"+{wire}"
     suffix += ENCRYPT_SUFFIX if encrypt else ""
     where = f" on {sim.n} hosts" if sim is not None else ""
     label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks{where}"

@@ -206,8 +206,8 @@ def test_the_bench_runs_encrypted_hosts_with_scalefree_run_encrypt():
 def test_uneven_hosts_and_wire_reach_the_commands_and_the_notes(tmp_path):
     from scalefree_bench import hosts as across
 
-    args = _bench_parser().parse_args("bench allreduce --hosts-layout 1,2,3 --wire none,bf16 --sizes 16M".split())
-    assert args.hosts_layout == [1, 2, 3] and args.wire == ["none", "bf16"]
+    args = _bench_parser().parse_args("bench allreduce --hosts-layout 1,2,3 --wire exact,bf16 --sizes 16M".split())
+    assert args.hosts_layout == [1, 2, 3] and args.wire == ["exact", "bf16"]
 
     class Sim:
         n = 3
