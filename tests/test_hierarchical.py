@@ -15,8 +15,8 @@ me, n = g.rank, g.size
 assert g.transport == "ucx", g.transport
 AUTO = {auto!r}  # what auto picks for large calls on this layout
 checked = 0
-for dtype in [np.float32, np.float64, np.int32, np.int64]:
-    for size in [0, 1, 7, 12345, 100_003]:
+for dtype in [np.float32, np.float64, np.int64]:
+    for size in [0, 1, 7, 100_003]:
         large = size * np.dtype(dtype).itemsize > 32 << 10
         for op, f in [("sum", np.add), ("max", np.maximum)]:
             if op == "max" and dtype not in (np.float32, np.int64):

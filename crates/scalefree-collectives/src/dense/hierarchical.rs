@@ -2,8 +2,7 @@
 //! on every host). With `m` the fewest ranks any host has, the buffer is cut into `m` shares
 //! and the first `m` ranks of every host own one each:
 //! 1. within the host (shared memory) every rank sends each share to its owner, which reduces
-//!    it (with as many ranks as owners this is the reduce-scatter of
-//!    [`all_to_all::group_allreduce`]);
+//!    it (with as many ranks as owners, a reduce-scatter);
 //! 2. between hosts the owners of share `i` (one per host) allreduce it with the put-based
 //!    all-to-all ([`super::all_to_all`]), or with 16-bit values on the wire ([`super::wire`]);
 //! 3. within the host every owner sends its reduced share to the host's other ranks.
@@ -112,6 +111,11 @@ pub(crate) fn host_counts(c: &Communicator) -> Vec<usize> {
 /// Hierarchical allreduce (see the module comment); `wire` compresses the step between hosts
 /// (float32 sums only, checked by the caller).
 ///
+/// Landing: within the host a sender's pieces go at its local index (area 0: every rank to
+/// each owner) or its share's index (area 1: owners to the others) times the largest share,
+/// so the region holds `size` chunks of `max(most · share / size, cross part)` per area
+/// rather than a whole share per rank of the job.
+///
 /// # Safety
 /// `buf` valid for `count` elements of `dtype`.
 pub(crate) unsafe fn hierarchical(c: &mut Communicator, plan: &Plan, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, wire: Wire) -> Result<()> {
@@ -119,15 +123,13 @@ pub(crate) unsafe fn hierarchical(c: &mut Communicator, plan: &Plan, buf: *mut u
     let local = &plan.local;
     let m = plan.owners;
     let idx = local.iter().position(|&r| r == c.rank).unwrap() as u32;
-    c.landing(largest_chunk(count, m, es))?;
     let share = |i: u32| chunk_bounds(count, m, i, ALIGN_ELEMS);
+    let share_cap = largest_chunk(count, m, es);
+    let part_cap = (0..m).map(|i| share(i)).map(|(x, y)| largest_chunk(y - x, plan.hosts as u32, es)).max().unwrap_or(0);
+    c.landing(part_cap.max((plan.most * share_cap).div_ceil(c.size as usize)))?;
     unsafe {
         // 1. Within the host: each share reduced at its owner.
-        if local.len() as u32 == m {
-            group_allreduce(c, local, buf, 0, count, dtype, op, (0, 1), true)?;
-        } else {
-            reduce_to_owners(c, local, m, idx, buf, count, dtype, op)?;
-        }
+        reduce_to_owners(c, local, m, idx, buf, count, dtype, op, share_cap)?;
         // 2. Between hosts: owners of the same share reduce it and spread it among them.
         if let Some(cross) = &plan.cross {
             let (x, y) = share(idx);
@@ -148,7 +150,7 @@ pub(crate) unsafe fn hierarchical(c: &mut Communicator, plan: &Plan, buf: *mut u
             for k in 0..np {
                 let off = k * p;
                 for &q in local.iter().filter(|&&r| r != me) {
-                    sent.push(c.send_piece(q, buf.add(x * es + off), p.min(bytes - off), 1, off, k)?);
+                    sent.push(c.send_at(q, buf.add(x * es + off), p.min(bytes - off), 1, idx as usize * share_cap + off, k)?);
                 }
             }
         }
@@ -163,17 +165,18 @@ pub(crate) unsafe fn hierarchical(c: &mut Communicator, plan: &Plan, buf: *mut u
                 let off = k * qp;
                 let seq = c.seq;
                 c.wait_landed(c.landed_word(1, q, k), &|| format!("rank {q}'s share piece {k} of allreduce call #{seq}"))?;
-                std::ptr::copy_nonoverlapping(c.landed(1, q, off), buf.add(qx * es + off), qp.min(qbytes - off));
+                std::ptr::copy_nonoverlapping(c.landed_at(1, qi * share_cap + off), buf.add(qx * es + off), qp.min(qbytes - off));
             }
         }
         wait_all(sent)
     }
 }
 
-/// Step 1 with more ranks on this host than owners: every rank sends share `i` to the host's
-/// rank `i` (for `i < m`); each owner reduces its share in rank order as the pieces land.
+/// Step 1: every rank of the host sends share `i` to the host's rank `i` (for `i < m`), at
+/// its local index times `share_cap` in the owner's area 0; each owner reduces its share, in
+/// local rank order, as the pieces land.
 #[allow(clippy::too_many_arguments)]
-unsafe fn reduce_to_owners(c: &mut Communicator, local: &[u32], m: u32, idx: u32, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+unsafe fn reduce_to_owners(c: &mut Communicator, local: &[u32], m: u32, idx: u32, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, share_cap: usize) -> Result<()> {
     let es = dtype.size_bytes();
     let me = c.rank;
     let mut sent = Vec::new();
@@ -182,7 +185,7 @@ unsafe fn reduce_to_owners(c: &mut Communicator, local: &[u32], m: u32, idx: u32
             continue;
         }
         let (x, y) = chunk_bounds(count, m, i as u32, ALIGN_ELEMS);
-        sent.extend(unsafe { c.send_pieces(q, buf.add(x * es), (y - x) * es, 0, c.slot(me), es)? });
+        sent.extend(unsafe { c.send_pieces(q, buf.add(x * es), (y - x) * es, 0, idx as usize * share_cap, es)? });
     }
     if idx < m {
         let (x, y) = chunk_bounds(count, m, idx, ALIGN_ELEMS);
@@ -191,10 +194,10 @@ unsafe fn reduce_to_owners(c: &mut Communicator, local: &[u32], m: u32, idx: u32
         for k in 0..np {
             let off = k * p;
             let len = p.min(bytes - off);
-            for &q in local.iter().filter(|&&r| r != me) {
+            for (j, &q) in local.iter().enumerate().filter(|&(_, &r)| r != me) {
                 let seq = c.seq;
                 c.wait_landed(c.landed_word(0, q, k), &|| format!("rank {q}'s piece {k} of allreduce call #{seq}"))?;
-                unsafe { reduce_into(dtype, op, buf.add(x * es + off), c.landed(0, q, off), len / es) };
+                unsafe { reduce_into(dtype, op, buf.add(x * es + off), c.landed_at(0, j * share_cap + off), len / es) };
             }
         }
     }

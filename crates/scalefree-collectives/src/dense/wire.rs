@@ -175,14 +175,20 @@ pub(crate) fn round_in_place(wire: Wire, dst: &mut [f32], out: &mut [u16]) {
 }
 
 /// The reducer of a window over this rank's part at `base` whose bytes arrive as 16-bit
-/// values: byte `j` of the window is element `j/2`, at `base + 2j` as float32.
-fn widening_reducer(wire: Wire, base: *mut u8) -> scalefree_transport::Reducer {
+/// values: byte `j` of the window is element `j/2`, at `base + 2j` as float32. With
+/// `rounded` (the only peer's pieces: nothing else is summed in) it also rounds the sum, as
+/// [`add_round`], into `rounded + j`.
+fn widening_reducer(wire: Wire, base: *mut u8, rounded: Option<*mut u16>) -> scalefree_transport::Reducer {
     let base = base as usize;
+    let rounded = rounded.map(|r| r as usize);
     std::sync::Arc::new(move |d: *mut u8, src: *const u8, bytes: usize| {
-        let at = base + 2 * (d as usize - base);
+        let j = d as usize - base;
         let n = bytes / 2;
-        let (src, dst) = unsafe { (std::slice::from_raw_parts(src as *const u16, n), std::slice::from_raw_parts_mut(at as *mut f32, n)) };
-        add_widened(wire, src, dst);
+        let (src, dst) = unsafe { (std::slice::from_raw_parts(src as *const u16, n), std::slice::from_raw_parts_mut((base + 2 * j) as *mut f32, n)) };
+        match rounded {
+            Some(r) => add_round(wire, src, dst, unsafe { std::slice::from_raw_parts_mut((r + j) as *mut u16, n) }),
+            None => add_widened(wire, src, dst),
+        }
     })
 }
 
@@ -219,9 +225,12 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     let me = c.rank;
     let (x, y) = part(me_idx);
     let mine = unsafe { buf.add(x) } as *mut u8;
+    // Our part rounded, as it is sent on (rounded on arrival when there is one peer).
+    let mut reduced = vec![0u16; y - x];
+    let only = (peers.len() == 1).then_some(reduced.as_mut_ptr());
     let reducing = || {
         let q = peers[0].1;
-        Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine)) }
+        Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine, only)) }
     };
     let mut direct: Option<DirectLanding> = None;
     if reduce_on_arrival_on() {
@@ -260,7 +269,6 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     // Our part: sum the others' rounded copies in, round the sum once, keep and send it.
     let bytes = (y - x) * WES;
     let (p, np) = pieces(bytes, piece, WES);
-    let mut reduced = vec![0u16; y - x];
     let mut forwarded = Vec::new();
     for k in 0..np {
         let off = k * p;
@@ -272,7 +280,7 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
             c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s {} piece {k} of allreduce call #{seq}", wire.name()))?;
             let last = j + 1 == peers.len();
             if c.reduced_on_arrival(&direct, q, k) {
-                if last {
+                if last && only.is_none() {
                     round_in_place(wire, elems(e0, e1), r);
                 }
                 continue;
@@ -304,10 +312,14 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
             c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced {} piece {k} of allreduce call #{seq}", wire.name()))?;
             let e0 = qx + off / WES;
             if direct.is_some() && c.landed_direct(areas.1, q, k) {
-                // In the upper half of the part: through a copy, as it overlaps its output.
+                // In the upper half of the part: through a copy where it overlaps its output.
                 let at = unsafe { (buf.add(qx) as *const u8).add(qbytes + off) };
-                unsafe { std::ptr::copy_nonoverlapping(at, hop.as_mut_ptr() as *mut u8, len) };
-                widen(wire, &hop[..len / WES], elems(e0, e0 + len / WES));
+                if off + 2 * len <= qbytes {
+                    widen(wire, unsafe { std::slice::from_raw_parts(at as *const u16, len / WES) }, elems(e0, e0 + len / WES));
+                } else {
+                    unsafe { std::ptr::copy_nonoverlapping(at, hop.as_mut_ptr() as *mut u8, len) };
+                    widen(wire, &hop[..len / WES], elems(e0, e0 + len / WES));
+                }
             } else {
                 let got = unsafe { std::slice::from_raw_parts(c.landed(areas.1, q, off) as *const u16, len / WES) };
                 widen(wire, got, elems(e0, e0 + len / WES));
