@@ -18,10 +18,17 @@ simhosts = pytest.importorskip("scalefree.launch.simhosts")
 def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517, run_args=()):
     """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes` (with
     `run_args` too); returns (returncode, output) per host."""
+    return launch_argv(hosts, per_host, [sys.executable, "-c", code], timeout=timeout, env=env, port=port,
+                       run_args=run_args)
+
+
+def launch_argv(hosts, per_host: int, argv, *, timeout: float = 240, env=None, port=29517, run_args=()):
+    """Runs the command `argv` as `per_host` ranks on every host through `scalefree run
+    --nnodes` (with `run_args` too); returns (returncode, output) per host."""
     procs = [
         hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
                         "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
-                        *run_args, "--", sys.executable, "-c", code],
+                        *run_args, "--", *map(str, argv)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for i in range(hosts.n)
     ]
@@ -287,6 +294,19 @@ def test_bench_ucx_runs(can_simulate, tmp_path):
     assert "vs perftest" in r.stdout
 
 
+def test_bench_onesided_runs(can_simulate, tmp_path):
+    # Every way of the bench, round by round in turn; the receiver checks the bytes landed.
+    out = tmp_path / "onesided.json"
+    r = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "onesided", "--size", "4K", "--window", "2",
+                        "--rounds", "3", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    recs = {x["variant"]: x for x in json.loads(out.read_text())}
+    assert set(recs) == {"blocking", "posted-serial", "posted", "raw-tcp", "raw-tcp-x2"}, recs
+    assert all(x["hosts"] == 2 and x["median_s"] > 0 and x["n"] == 3 for x in recs.values()), recs
+
+
 # The loop of `bench ucx` under stress: rounds of one-sided traffic both ways (a put then a
 # notification, a write_notify back, each checked by its receiver), an allgather whose
 # values every rank checks, and a loop end that the ranks agree on through an allgather.
@@ -451,6 +471,18 @@ def test_static_and_dynamic_tensors_bit_for_bit_across_hosts(can_simulate):
     with simhosts.SimHosts(2) as h:
         for rc, out in launch_all(h, 1, code, timeout=180):
             assert rc == 0 and "ok" in out, out[-3000:]
+
+
+def test_ps_tracing_on_and_off_across_hosts(can_simulate):
+    # The parameter server's staging across 2 hosts (the arena registered with UCX): the
+    # same training with tracing on and off, fewer bytes copied with it on.
+    from test_ps import TRACE
+
+    code = TRACE.replace("g = scalefree.init(timeout=60)", ACROSS.replace("{per_host}", "1").replace("timeout=60", "timeout=30")
+                         + "\nfrom scalefree import arena\nassert arena.threshold() is not None")
+    with simhosts.SimHosts(2) as h:
+        for rc, out in launch_all(h, 1, code, timeout=180):
+            assert rc == 0 and out.strip().endswith("ok"), out[-3000:]
 
 
 SSP_HOSTS = """
@@ -748,3 +780,82 @@ print(f"rank {g.rank} of {g.size} done in start {count}, job {g.job_id}", flush=
     done = sorted(line.split("] ", 1)[1] for rc, o in out for line in o.splitlines() if " done in start " in line)
     assert [d.split(",")[0] for d in done] == [f"rank {r} of 4 done in start 1" for r in range(4)], done
     assert len({d.split("job ")[1] for d in done}) == 1 and done[0].endswith("-r1"), done
+
+
+def launch_cli(hosts, per_host: int, argv, *, timeout: float = 240, port=29541, module="scalefree.cli"):
+    """`python -m MODULE ARGV` (a scalefree command) as `per_host` ranks on every host (the
+    command runs as a rank of the job, as under mpirun); returns (returncode, output) per host."""
+    return launch_argv(hosts, per_host, [sys.executable, "-m", module, *argv], timeout=timeout, port=port)
+
+
+def test_hadi_diameter_across_hosts(can_simulate, tmp_path):
+    """`graph diameter --method exact` on 3 hosts: N(h) is the BFS reference's, exactly."""
+    import json
+
+    from test_hadi import bfs_neighbourhood, skewed_graph
+
+    src, dst = skewed_graph(301, 1500, seed=5)
+    p = tmp_path / "g.txt"
+    p.write_text("".join(f"{a}\t{b}\n" for a, b in zip(src.tolist(), dst.tolist())))
+    js = tmp_path / "d.json"
+    with simhosts.SimHosts(3) as h:
+        res = launch_cli(h, 1, ["graph", "diameter", p, "--method", "exact", "--json", js, "-q"])
+    assert all(rc == 0 for rc, _ in res), "\n".join(o[-2000:] for _, o in res)
+    from scalefree.graph.io import read_edges
+
+    s, d, ids = read_edges(p)
+    want = bfs_neighbourhood(s, d, len(ids))
+    doc = json.loads(js.read_text())
+    assert doc["ranks"] == 3, doc.get("ranks")
+    np.testing.assert_array_equal(np.asarray(doc["neighbourhood"], float), want)
+
+
+def test_logreg_across_hosts_matches_one_host(can_simulate, tmp_path):
+    """`sgd logreg` on 3 hosts (one rank each), a config per batch and fixed features: it
+    learns, and as well as the same 3 ranks on one host. (Not --slack: the sparse allreduce's
+    bounded-staleness reduce needs every rank on one host so far.)"""
+    import json
+
+    from scalefree.sgd.logreg import generate_rows, write_svmlight
+
+    data = tmp_path / "d.svm"
+    write_svmlight(data, generate_rows(3000, 800, nnz=10, seed=5))
+    for extra in ([], ["--fixed-features"]):
+        js, js1 = tmp_path / "h.json", tmp_path / "one.json"
+        with simhosts.SimHosts(3) as h:
+            res = launch_cli(h, 1, ["sgd", "logreg", data, "--epochs", "3", "--json", js, "-q", *extra])
+        assert all(rc == 0 for rc, _ in res), "\n".join(o[-2000:] for _, o in res)
+        one = subprocess.run([sys.executable, "-m", "scalefree.cli", "sgd", "logreg", str(data), "-n", "3",
+                              "--epochs", "3", "--json", str(js1), "-q", *extra],
+                             capture_output=True, text=True, timeout=180)
+        assert one.returncode == 0, one.stderr[-3000:]
+        across, local = json.loads(js.read_text()), json.loads(js1.read_text())
+        assert across["ranks"] == 3 and across["rows"] == 3000
+        assert across["test_accuracy"] > 0.7, across
+        assert abs(across["test_accuracy"] - local["test_accuracy"]) < 0.02, (extra, across, local)
+
+
+def test_ssp_apps_across_hosts(can_simulate, tmp_path):
+    """The bounded-staleness MF apps on 3 hosts (MovieLens-100K): rima with --slack
+    (a straggler-free run learns as rima does) and SSP-SGD matrix factorization over the SSP
+    reduction with a straggler (it converges; after the flush every rank holds one model)."""
+    import json
+    from pathlib import Path
+
+    ml = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "u.data"
+    if not ml.exists():
+        pytest.skip(f"{ml} is not here")
+    with simhosts.SimHosts(3) as h:
+        rima = launch_cli(h, 1, ["mf", "train", ml, "--mode", "rima", "--slack", "2", "-k", "8", "-i", "6", "-q"],
+                          port=29543)
+        sgd = launch_cli(h, 1, ["sgd", ml, "--slack", "3", "--iters", "30", "--straggler", "5", "--out", tmp_path / "h"],
+                         port=29545, module="scalefree_bench._worker_ssp_mf")
+    assert all(rc == 0 for rc, _ in rima + sgd), "\n".join(o[-2000:] for _, o in rima + sgd)
+    rmse = float(rima[0][1].split("final test RMSE")[1].split()[0])
+    assert 0.85 < rmse < 1.05, rima[0][1][-2000:]
+    res = [json.loads((tmp_path / f"h.rank{r}.json").read_text()) for r in range(3)]
+    for doc in res:
+        errs = [x[2] for x in doc["history"]]
+        assert errs[-1] < 0.98 and errs[-1] < errs[0] - 0.1, errs[::10]
+        assert all(x[3] <= 3 for x in doc["history"])
+    assert all(d["final_rmse"] == pytest.approx(res[0]["final_rmse"], abs=1e-6) for d in res)

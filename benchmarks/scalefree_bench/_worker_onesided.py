@@ -14,7 +14,9 @@ notification once it has seen it, so every round's time covers the data landing:
   answers with one byte), and ``raw-tcp-x{window}`` over ``window`` sockets at once (one
   sender thread each): what the link between the hosts carries without scalefree.
 
-Writes one JSON object to ``--out`` (rank 0)."""
+Every round runs each way once, in turn (the first pass of ``--rounds`` rounds warms up,
+the second is measured), so the machine's load moving during the run falls on every way
+alike. Writes one JSON object to ``--out`` (rank 0)."""
 
 from __future__ import annotations
 
@@ -113,35 +115,41 @@ def main(argv: list[str] | None = None) -> int:
     out = {"transport": g.transport, "ucx_transports": g._ucx_transports(other), "size": n, "window": w, "modes": {},
            "compute_reps": reps}
     seq = 0
+
+    def scalefree_round(fn):
+        nonlocal seq
+        seq += 1
+        g.barrier()
+        t = time.perf_counter()
+        if g.rank == 0:
+            fn()
+            ch.notify(1, seq)
+            dev.wait(2)
+        else:
+            dev.wait(1)
+            ch.notify(2, seq)
+        return time.perf_counter() - t
+
+    def raw_round(fn):
+        g.barrier()
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    ways = [("blocking", blocking), ("posted-serial", posted_serial), ("posted", posted)]
+    if reps:
+        ways += [("blocking+compute", blocking_compute), ("posted+compute", posted_compute)]
+    ways = [(name, scalefree_round, fn) for name, fn in ways]
+    ways += [("raw-tcp", raw_round, raw_tcp), (f"raw-tcp-x{w}", raw_round, raw_tcp_parallel)]
+    # Every round runs each way once, in turn: a change of the machine's load while the
+    # bench runs falls on every way alike (the ratios between ways are what it reports).
     for rep in range(2):  # the first pass warms up, the second is measured
-        ways = [("blocking", blocking), ("posted-serial", posted_serial), ("posted", posted)]
-        if reps:
-            ways += [("blocking+compute", blocking_compute), ("posted+compute", posted_compute)]
-        for name, fn in ways:
-            times = []
-            for _ in range(args.rounds):
-                seq += 1
-                g.barrier()
-                t = time.perf_counter()
-                if g.rank == 0:
-                    fn()
-                    ch.notify(1, seq)
-                    dev.wait(2)
-                else:
-                    dev.wait(1)
-                    ch.notify(2, seq)
-                times.append(time.perf_counter() - t)
-            if rep == 1:
-                out["modes"][name] = times
-        for name, fn in [("raw-tcp", raw_tcp), (f"raw-tcp-x{w}", raw_tcp_parallel)]:
-            times = []
-            for _ in range(args.rounds):
-                g.barrier()
-                t = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t)
-            if rep == 1:
-                out["modes"][name] = times
+        times = {name: [] for name, _, _ in ways}
+        for _ in range(args.rounds):
+            for name, timed, fn in ways:
+                times[name].append(timed(fn))
+        if rep == 1:
+            out["modes"] = times
     pool.shutdown()
     for s in socks:
         s.close()

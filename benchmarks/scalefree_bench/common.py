@@ -652,6 +652,48 @@ def run_job(cmd: Sequence[str], *, timeout_s: float, env_extra: dict | None = No
                       time.monotonic() - start)
 
 
+GNU_TIME = "/usr/bin/time"
+
+
+def child_wall_rss(cmd: Sequence[str], timeout: float = 600, env: dict | None = None) -> tuple[float, int | None, str, str]:
+    """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout, stderr). The peak comes
+    from GNU time (``/usr/bin/time -f %M``; None where it is absent): a child spawned straight
+    from this process would report at least this process's high-water mark at the fork (Linux
+    copies it into the child's ``ru_maxrss`` at exec). The wall time includes GNU time's own
+    start (~1 ms). A failing child or one past ``timeout`` ends the bench (SystemExit)."""
+    use_time = os.access(GNU_TIME, os.X_OK)
+    if use_time:
+        cmd = [GNU_TIME, "-f", "SCALEFREE_MAXRSS_KB %M", *cmd]
+    full_env = {**os.environ, **env} if env else None
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(list(cmd), stdout=out, stderr=err, text=True, env=full_env)
+        deadline = t0 + timeout
+        while True:
+            pid, status, _ = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                p.wait()
+                raise SystemExit(f"{cmd[0]} timed out after {timeout:.0f} s")
+            time.sleep(0.0005)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        errs = err.read()
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(map(str, cmd[:4]))} ... failed ({p.returncode}): {errs.strip()[-500:]}")
+        rss, lines = None, []
+        for line in errs.splitlines(keepends=True):
+            if line.startswith("SCALEFREE_MAXRSS_KB "):
+                rss = int(line.split()[1]) * 1024
+            else:
+                lines.append(line)
+        return wall, rss, out.read(), "".join(lines)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:

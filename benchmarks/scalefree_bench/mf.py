@@ -209,9 +209,6 @@ def _draws(args, tr: Path, te: Path, lam: float, d: Path) -> dict:
             "libmf_se": se(lib), "scalefree_se": se(ours)}
 
 
-_GNU_TIME = "/usr/bin/time"
-
-
 # The child that trains ours never calls BLAS, but importing numpy starts OpenBLAS's thread
 # pool, whose idle thread spins (sched_yield) for ~0.1 s before it sleeps: on 2 cores that is
 # a third runnable thread taking turns with the 2 training threads for the first ~25 ms of
@@ -221,41 +218,9 @@ _NO_BLAS_POOL = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_T
 
 
 def _wall_rss(cmd: list[str], timeout: float = 600, env: dict | None = None) -> tuple[float, int | None, str]:
-    """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout). The peak comes from
-    GNU time (``/usr/bin/time -f %M``; None where it is absent): a child spawned straight from
-    this process would report this process's peak (Linux keeps ru_maxrss across exec). The
-    wall time includes GNU time's own start (~1 ms), the same for both sides."""
-    import tempfile as _tf
-
-    use_time = os.access(_GNU_TIME, os.X_OK)
-    if use_time:
-        cmd = [_GNU_TIME, "-f", "SCALEFREE_MAXRSS_KB %M", *cmd]
-
-    full_env = {**os.environ, **env} if env else None
-    with _tf.TemporaryFile("w+") as out, _tf.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=full_env)
-        deadline = t0 + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                p.kill()
-                raise SystemExit(f"{cmd[0]} timed out after {timeout:.0f} s")
-            time.sleep(0.0005)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        errs = err.read()
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({p.returncode}): {errs.strip()[-500:]}")
-        rss = None
-        for line in errs.splitlines():
-            if line.startswith("SCALEFREE_MAXRSS_KB "):
-                rss = int(line.split()[1]) * 1024
-        return wall, rss, out.read()
+    """Runs ``cmd``: (wall seconds, the child's peak RSS bytes, stdout) — ``common.child_wall_rss``."""
+    wall, rss, out, _ = common.child_wall_rss(cmd, timeout, env)
+    return wall, rss, out
 
 
 def _write_split_files(f: Path, seed: int, d: Path) -> tuple[Path, Path, int, int]:

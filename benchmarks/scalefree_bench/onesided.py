@@ -9,7 +9,8 @@ overlap) and ``posted`` (``window`` ``start_write`` outstanding, then all waited
 table gives the median round, the throughput and the ratio of ``posted`` to each of the
 others. ``raw-tcp`` (one plain socket) and ``raw-tcp-xW`` (``window`` sockets) move the same
 bytes per round with the same one-byte answer, without scalefree: the wire floor of the link
-between the two hosts, measured in the same run. With ``--compute-ms`` each round also runs with about that much numpy work beside the
+between the two hosts, measured in the same run. Every round runs each way once, in
+turn, so a change of the machine's load falls on every way alike. With ``--compute-ms`` each round also runs with about that much numpy work beside the
 writes (``blocking+compute``: after them; ``posted+compute``: while they are in flight).
 """
 

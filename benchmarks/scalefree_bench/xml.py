@@ -14,7 +14,9 @@ Rows, each timed end to end from files on disk (model and test set), same thread
 * ``omikuji/test`` — omikuji's own batch scorer, ``omikuji test MODEL TEST --n_threads T
   --beam_size B --k_top K --out_path F`` (its CLI, ``cargo install omikuji --features cli``;
   ``--omikuji-bin``): wall time of the command, which loads the whole model and test set
-  first (its log's scoring-only time is reported beside it), and its peak RSS;
+  first (its log's scoring-only time is reported beside it), and its peak RSS (GNU time's); with
+  ``--repeat N`` it alternates with ``scalefree/memory`` (omikuji, ours, omikuji, ...), each
+  cold, and ``vs omikuji test`` is the median of the N rounds' ratios;
 * ``omikuji/python`` — the Python binding, ``Model.load`` then ``predict`` point by point
   (``--python-points`` of them; its rate is scaled to the whole set);
 * ``scalefree/memory`` — ``flash.xml.predict(in_memory=True)`` of the imported model: the
@@ -32,8 +34,8 @@ Rows, each timed end to end from files on disk (model and test set), same thread
   the JSON, ``speed_vs_memory_runs``);
 * ``scalefree/stream-N`` — ``--stream FILE --stream-model MODEL``: ``scalefree flash xml
   predict`` as a child process on the first N points of FILE (``--stream-points``, default
-  20000,200000,1000000; ``--stream-memory``, default 64M), its peak RSS (the kernel's
-  high-water mark of the child) against the number of points — bounded memory in a stream.
+  20000,200000,1000000; ``--stream-memory``, default 64M), its peak RSS (the child's own,
+  by GNU time: ``common.child_wall_rss``) against the number of points — bounded memory in a stream.
   ``python`` beside them is the child's fixed overhead: the interpreter with scalefree, numpy
   and scipy imported.
 
@@ -42,19 +44,18 @@ Every row reports points/s, peak RSS (the process's, over the call; a child's fo
 before the call), and for ours the flash counters, with ``idle`` the wall time during which no
 task computed (waiting for reads or memory). Agreement: for every test point, our
 top-k against omikuji test's (same labels in the same order, except where omikuji's printed
-scores tie), and precision@1/3/5 of both from the files.
+scores tie), the points whose top-k label *sets* differ, each classed by omikuji's exact scores
+from its Python binding (``tie``, ``rounding``, ``beam``, ``other``: ``_classify``), and
+precision@1/3/5 of both from the files.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -121,33 +122,113 @@ def _precision(pred, truth, k):
     return float(np.mean([len(set(p[:k]) & t) / k for p, t in zip(pred, truth)]))
 
 
-def _agreement(ours, theirs, their_scores):
-    """Points whose top-k equals omikuji's, ties aside: a differing position is allowed only
-    where omikuji's printed (3-decimal) scores tie."""
-    same = 0
-    for a, b, s in zip(ours, theirs, their_scores):
+def _compare(ours, theirs, their_scores):
+    """Our top-k against omikuji test's, point by point. Returns ``(agree, order_ties, sets)``:
+    ``agree`` the number of points equal ties aside (a differing position only where omikuji's
+    printed, 3-decimal, scores tie), ``order_ties`` the indices of those whose order differs at
+    such a printed tie, and ``sets`` the indices of the points whose top-k label *sets* differ."""
+    agree, order_ties, sets = 0, [], []
+    for i, (a, b, s) in enumerate(zip(ours, theirs, their_scores)):
         a = [x for x in a if x >= 0]
+        if set(a) != set(b):
+            sets.append(i)
         ok = len(a) == len(b)
         if ok:
             for j in range(len(b)):
-                if a[j] != b[j] and not any(abs(s[j] - s[i]) <= 1e-3 for i in range(len(b)) if b[i] == a[j]):
+                if a[j] != b[j] and not any(abs(s[j] - s[i2]) <= 1e-3 for i2 in range(len(b)) if b[i2] == a[j]):
                     ok = False
                     break
-        same += ok
-    return same
+        agree += ok
+        if ok and a != b:
+            order_ties.append(i)
+    return agree, order_ties, sets
+
+
+def _read_points(path, wanted):
+    """The feature lists ``[(id, value), ...]`` of the points ``wanted`` (indices) of an XC file."""
+    wanted, pts = set(wanted), {}
+    with open(path) as f:
+        next(f)
+        for i, line in enumerate(f):
+            if len(pts) == len(wanted):
+                break
+            if i in wanted:
+                toks = line.split()
+                toks = toks[1:] if toks and ":" not in toks[0] else toks
+                pts[i] = [(int(a), float(b)) for a, b in (t.split(":") for t in toks)]
+    return pts
+
+
+_CLASSES = ("tie", "rounding", "beam", "other")  # a point takes its worst pair's class
+
+
+def _omikuji_model(model_dir):
+    """omikuji's model through its Python binding, weights densified as ``omikuji test`` does
+    by default (``--max_sparse_density 0.1``)."""
+    import omikuji
+
+    m = omikuji.Model.load(str(model_dir))
+    m.densify_weights(0.1)
+    return m
+
+
+def _classify(m, points, ours_labels, ours_scores, theirs_labels, test, beam):
+    """Why each point's top-k differs from omikuji test's (``theirs_labels``: in set, or in
+    order at a printed tie), by omikuji's exact (float32) scores from its Python binding ``m``
+    (:func:`_omikuji_model`: the same ``Model::predict``, weights densified as ``omikuji test``
+    does), every label its beam reached. Each pair of labels the two rank the other way round (one in our top k and not in
+    omikuji's against one in omikuji's and not in ours, or two in both in the other order) is:
+
+    * ``tie`` — omikuji scores the two exactly equal: a tie omikuji breaks by hash order, ours
+      by label id;
+    * ``rounding`` — they differ by at most 1e-5 relative, and our scores of both match
+      omikuji's to 1e-5: the order decided by the last bits of float32 sums done in another
+      order (sparse against dense dot products, the trees' sum);
+    * ``beam`` — one of the two is scored otherwise (beyond 1e-5) or was not reached by
+      omikuji's beam: one beam kept a node the other dropped at a (near-)tie of path scores, so
+      that label's average is over other leaves;
+    * ``other`` — none of these: omikuji ranks them apart by more than rounding (to look at).
+
+    Fewer labels than omikuji's (a beam that reached fewer) is ``beam`` too.
+    A point takes the worst class of its pairs. Returns ``({class: count}, {class: [first
+    point indices]})``."""
+    pts = _read_points(test, points)
+    counts, examples = {}, {}
+    rel = 1e-5
+
+    def near(x, y):
+        return abs(x - y) <= rel * max(abs(x), abs(y), 1e-30)
+
+    for i in points:
+        full = dict(m.predict(pts[i], beam_size=beam, top_k=1 << 30))
+        ours = {int(lab): float(sc) for lab, sc in zip(ours_labels[i], ours_scores[i]) if lab >= 0}
+        rank_o = {lab: j for j, lab in enumerate(ours)}
+        rank_t = {lab: j for j, lab in enumerate(theirs_labels[i])}
+        pairs = [(a, b) for a in ours for b in theirs_labels[i] if b not in ours and a not in rank_t]
+        pairs += [(a, b) for a in ours for b in ours if a in rank_t and b in rank_t and rank_o[a] < rank_o[b]
+                  and rank_t[a] > rank_t[b]]
+        worst = 2 if len(ours) < len(theirs_labels[i]) else 0  # fewer labels reached: the beam
+        for a, b in pairs:  # we rank a above b, omikuji b above a
+            if a not in full or b not in full or any(lab in ours and not near(ours[lab], full[lab]) for lab in (a, b)):
+                c = 2
+            elif full[a] == full[b]:
+                c = 0
+            elif near(full[a], full[b]):
+                c = 1
+            else:
+                c = 3
+            worst = max(worst, c)
+        name = _CLASSES[worst]
+        counts[name] = counts.get(name, 0) + 1
+        if len(examples.setdefault(name, [])) < 5:
+            examples[name].append(i)
+    return counts, examples
 
 
 def _run_child(cmd):
-    """Runs ``cmd``; returns (seconds, peak RSS bytes of the child, stderr)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"xml: {' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
-    return seconds, usage.ru_maxrss * 1024, err
+    """Runs ``cmd``; returns (seconds, the child's own peak RSS bytes or None, stderr)."""
+    seconds, rss, _, err = common.child_wall_rss([str(c) for c in cmd], timeout=4 * 3600)
+    return seconds, rss, err
 
 
 def run(args) -> int:
@@ -205,49 +286,31 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
     common.progress(f"xml: imported {args.omikuji_model}: {info.n_trees} trees, {info.n_labels} labels, "
                     f"{common.human_bytes(info.file_bytes)}; {n} test points")
 
-    o_labels = o_scores = None
-    # omikuji test (its own batch scorer)
+    # omikuji test (its own batch scorer), run in the same rounds as our in-memory row (below)
     out = tmp / "omikuji.out"
     cmd = [args.omikuji_bin, "test", args.omikuji_model, args.test, "--n_threads", str(args.threads),
            "--beam_size", str(args.beam), "--k_top", str(args.k), "--out_path", str(out)]
     if args.skip_peers:
         args.python_points = 0
         cmd = None
-    times, rss, scoring = [], 0, []
-    for _ in range(args.repeat if cmd else 0):
+    peer = {"times": [], "rss": 0, "scoring": []}
+
+    def omikuji_test():
         cache.drop()
         s, r, err = _run_child(cmd)
-        times.append(s)
-        rss = max(rss, r)
         m = re.search(r"Done testing on \d+ examples; it took ([0-9.]+)s", err)
-        scoring.append(float(m.group(1)) if m else float("nan"))
-    if cmd:
-        o_labels, o_scores = _read_omikuji_out(out, args.k)
-        st = common.Stats.of(times)
-        records.append(common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
-                                          dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
-                                          scoring_only_s=float(np.median(scoring)), peak_rss_bytes=rss,
-                                          rss_before_bytes=0, threads=args.threads,
-                                          **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
-        common.progress(f"xml: omikuji test {common.human_time(st.median_s)} ({n / st.median_s:.0f} points/s)")
+        peer["times"].append(s)
+        peer["rss"] = max(peer["rss"], r or 0)  # 0: no GNU time here, no figure
+        peer["scoring"].append(float(m.group(1)) if m else float("nan"))
+        common.progress(f"xml: omikuji test {common.human_time(s)} ({n / s:.0f} points/s; scoring "
+                        f"{peer['scoring'][-1]:.1f} s by its log)")
 
     # omikuji's Python binding, point by point
     if args.python_points > 0:
-        import omikuji
-
-        pts = []
-        with open(args.test) as f:
-            next(f)
-            for i, line in enumerate(f):
-                if i >= args.python_points:
-                    break
-                toks = line.split()
-                toks = toks[1:] if ":" not in toks[0] else toks
-                pts.append([(int(a), float(b)) for a, b in (t.split(":") for t in toks)])
+        pts = list(_read_points(args.test, range(min(args.python_points, n))).values())
 
         def python_predict():
-            m = omikuji.Model.load(args.omikuji_model)
-            m.densify_weights(0.1)
+            m = _omikuji_model(args.omikuji_model)
             return [m.predict(p, beam_size=args.beam, top_k=args.k) for p in pts]
 
         rss_py: dict = {}
@@ -274,9 +337,9 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
                         f"{run_['compute_idle_seconds']:.1f} s, peak RSS {common.human_bytes(rss.get('peak_rss_bytes', 0))})")
         return rec
 
-    def ours(runs):
+    def ours(runs, each_round=None):
         """``runs``: (variant, model, budget, nbytes, test, points, in_memory) rows timed in turn,
-        ``--repeat`` rounds. An in-memory row (the model read into memory first, no IO while
+        ``--repeat`` rounds (``each_round()`` first in each: a peer's run). An in-memory row (the model read into memory first, no IO while
         scoring) is timed without that load (its own ``load_s``): the in-memory speed. Returns
         per row (record, last predictions, times)."""
         state = []
@@ -284,6 +347,8 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             state.append({"rt": rt, "times": [], "loads": [], "rss": {}, "p": None})
         for _ in range(args.repeat):
+            if each_round is not None:
+                each_round()
             for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state):
                 s, st["p"] = common.timed_call(lambda: xml.predict(model_path, test, k=args.k, beam=args.beam,
                                                                    runtime=st["rt"], batch_points=args.batch,
@@ -296,13 +361,37 @@ def _scoring_rows(args, cache, tmp: Path, records: list) -> int:
                  st["p"], st["times"])
                 for (variant, model_path, budget, nbytes, test, m, in_memory), st in zip(runs, state)]
 
-    [(rec, p, _)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)])
-    if o_labels is not None:
-        rec["agree_points"] = _agreement(p.labels.tolist(), o_labels, o_scores)
-        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours
-        rec["speedup_vs_omikuji_test"] = common.ratio(records[0]["scoring_only_s"], rec["median_s"])
+    [(rec, p, mem_t)] = ours([("memory", model, 64 << 20, info.level_bytes, args.test, n, True)],
+                             each_round=omikuji_test if cmd else None)
+    if cmd:
+        o_labels, o_scores = _read_omikuji_out(out, args.k)
+        st = common.Stats.of(peer["times"])
+        records.insert(0, common.make_record(bench=BENCH, impl="omikuji", variant="test", ranks=1, nbytes=info.file_bytes,
+                                             dtype="float32", stats=st, gbps=0.0, points=n, points_per_s=n / st.median_s,
+                                             scoring_only_s=float(np.median(peer["scoring"])),
+                                             scoring_only_runs=peer["scoring"], threads=args.threads,
+                                             **({"peak_rss_bytes": peer["rss"], "rss_before_bytes": 0} if peer["rss"] else {}),
+                                             **{f"p@{k}": _precision(o_labels, truth, k) for k in (1, 3, 5)}))
+        ours_l, ours_s = p.labels.tolist(), p.scores.tolist()
+        agree, order_ties, differ = _compare(ours_l, o_labels, o_scores)
+        rec["agree_points"] = agree
+        rec["topk_set_differs_points"] = len(differ)
+        rec["order_differs_at_printed_ties_points"] = len(order_ties)
+        if differ or order_ties:
+            exact = _omikuji_model(args.omikuji_model)
+            for key, idx in (("set", differ), ("order", order_ties)):
+                if idx:
+                    rec[f"{key}_difference_classes"], rec[f"{key}_difference_examples"] = _classify(
+                        exact, idx, ours_l, ours_s, o_labels, args.test, args.beam)
+            del exact
+        # like with like: omikuji's own scoring time (its log's, model and data loaded) against ours, per round
+        rec["speedup_vs_omikuji_test_runs"] = [common.ratio(a, b) for a, b in zip(peer["scoring"], mem_t)]
+        rec["speedup_vs_omikuji_test"] = float(np.median(rec["speedup_vs_omikuji_test_runs"]))
         rec["speedup_vs_omikuji_test_wall"] = common.ratio(records[0]["median_s"], rec["median_s"] + rec["load_s"])
-        common.progress(f"xml: top-{args.k} equal to omikuji test's for {rec['agree_points']} of {n} points")
+        common.progress(f"xml: top-{args.k} equal to omikuji test's for {agree} of {n} points ({len(order_ties)} "
+                        f"ordered otherwise at printed ties: {rec.get('order_difference_classes', {})}); top-{args.k} "
+                        f"sets differ for {len(differ)}: {rec.get('set_difference_classes', {})}; vs omikuji test per round: "
+                        + ", ".join(f"{x:.2f}x" for x in rec["speedup_vs_omikuji_test_runs"]))
     records.append(rec)
     if args.replicate > 1:
         big = tmp / f"model-x{args.replicate}.sfxml"
@@ -342,7 +431,8 @@ def _stream_rows(args, cache, tmp: Path, records: list) -> None:
     # The fixed overhead of such a child: the interpreter with the modules it imports.
     _, base_rss, _ = _run_child([sys.executable, "-c", "import numpy, scipy.sparse, scalefree.cli, scalefree.flash.xml"])
     records.append(common.make_record(bench=BENCH, impl="python", variant="imports", ranks=1, nbytes=0, dtype="float32",
-                                      stats=common.Stats.of([0.0]), gbps=0.0, peak_rss_bytes=base_rss, rss_before_bytes=base_rss))
+                                      stats=common.Stats.of([0.0]), gbps=0.0,
+                                      **({"peak_rss_bytes": base_rss, "rss_before_bytes": base_rss} if base_rss else {})))
     for count in counts:
         count = min(count, total)
         data = Path(args.stream)
@@ -362,10 +452,11 @@ def _stream_rows(args, cache, tmp: Path, records: list) -> None:
         records.append(common.make_record(bench=BENCH, impl="scalefree", variant=f"stream-{count}", ranks=1, nbytes=0,
                                           dtype="float32", stats=common.Stats.of([seconds]), gbps=0.0, points=count,
                                           points_per_s=count / seconds, budget_bytes=run_["memory_budget_bytes"],
-                                          peak_batch_bytes=run_["peak_batch_bytes"], peak_rss_bytes=rss,
-                                          rss_before_bytes=base_rss, threads=args.threads,
+                                          peak_batch_bytes=run_["peak_batch_bytes"], threads=args.threads,
+                                          **({"peak_rss_bytes": rss, "rss_before_bytes": base_rss} if rss and base_rss else {}),
                                           **{f"p@{k}": run_["metrics"][f"precision@{k}"] for k in (1, 3, 5)}))
-        common.progress(f"xml: stream of {count} points: {common.human_time(seconds)}, peak RSS {common.human_bytes(rss)}")
+        common.progress(f"xml: stream of {count} points: {common.human_time(seconds)}, peak RSS "
+                        f"{common.human_bytes(rss) if rss else '(no GNU time)'}")
         if data != Path(args.stream):
             data.unlink()
 

@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -308,6 +309,20 @@ def test_run_job_times_out_and_reports_status():
     assert out.timed_out and not out.ok and out.elapsed_s < 30
 
 
+@pytest.mark.skipif(not os.access(common.GNU_TIME, os.X_OK), reason="no GNU time")
+def test_child_peak_rss_is_the_childs_own():
+    """A child's peak RSS is its own, not this process's high-water mark (which Linux copies
+    into a child's ru_maxrss at exec): 64 MiB touched here, a child that touches 32 MiB."""
+    held = bytearray(64 << 20)
+    held[::4096] = b"x" * len(held[::4096])
+    wall, rss, out, err = common.child_wall_rss(
+        [sys.executable, "-c", "import sys; b = b'x' * (32 << 20); print('hi'); print('log', file=sys.stderr)"])
+    assert 32 << 20 < rss < common.status_bytes("VmHWM") and wall > 0
+    assert out == "hi\n" and err == "log\n"
+    with pytest.raises(SystemExit, match="failed"):
+        common.child_wall_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
+
+
 def test_a_failing_peer_is_reported_without_losing_other_rows(monkeypatch, tmp_path):
     boom = [sys.executable, "-c", "import sys; print('boom: no peers today'); sys.exit(3)"]
     monkeypatch.setattr(common, "find_mpiexec", lambda: "mpiexec")
@@ -482,3 +497,26 @@ def test_bench_flash_kernels_end_to_end(tmp_path):
         if sys.platform == "linux":  # the process's peak RSS around the timed calls
             assert r["peak_rss_bytes"] >= r["rss_before_bytes"] > 0
     assert "vs peer" in p.stdout and "peak RSS" in p.stdout
+
+
+# --- bench ps across simulated hosts -------------------------------------------------------
+
+
+def test_bench_ps_hosts_table_compares_with_tracing_off():
+    from scalefree_bench import ps
+
+    def rec(trace, sps, copied):
+        return {"variant": f"slots, tracing {trace}", "trace": trace, "samples_per_s": sps, "comm_fraction": 0.25,
+                "bytes_copied_per_step": copied, "final_loss": 2.0, "peak_rss_bytes": [100 << 20, 120 << 20]}
+
+    table = ps.render_hosts([rec("on", 120.0, 3112), rec("off", 100.0, 1 << 20)])
+    on = [l for l in table.splitlines() if l.startswith("slots, tracing on")][0]
+    assert "3.04 KiB" in on and "0.003x copied, 1.20x samples/s" in on and "100 MiB, 120 MiB" in on
+    assert "1 MiB" in [l for l in table.splitlines() if l.startswith("slots, tracing off")][0]
+
+
+def test_bench_ps_trace_settings_are_checked(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench_parser().parse_args(["bench", "ps", "--hosts", "2", "--trace", "on,maybe"])
+    assert e.value.code == 2
+    assert "maybe" in capsys.readouterr().err

@@ -69,7 +69,8 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
 
     ``arena`` (default on; ``SCALEFREE_ARENA=0`` turns it off) makes numpy allocate arrays of at least
     ``SCALEFREE_ARENA_MIN`` bytes (64 KiB) in this rank's registered shared-memory arena
-    (in the calling thread), which peers map: collectives on such arrays move no extra
+    (in the calling thread), which peers on its host map and peers on other hosts reach by
+    its UCX key: collectives on such arrays move no extra
     copy. Every rank must pass the same value. A process forked afterwards keeps its
     inherited arrays copy-on-write (its writes never reach the parent) and allocates
     ordinary memory.
@@ -87,9 +88,8 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
     g = Group(timeout=timeout, bootstrap_timeout=bootstrap_timeout)
     if arena is None:
         arena = os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in ("0", "false", "no", "off")
-    if g.transport != "shm":
-        # The arena is shared memory that peers map; over UCX buffers are sent from where they are.
-        arena = False
+    # Over UCX too: the arena is then registered with UCX (peers on other hosts reach it by
+    # its remote key), so tensors allocated there are sent without staging.
     threshold = None
     if arena:
         try:

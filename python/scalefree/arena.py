@@ -8,6 +8,8 @@ the group's device."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .errors import InvalidArgumentError
@@ -38,3 +40,19 @@ def registered_empty(shape, dtype) -> np.ndarray:
     if _group is None or _group.closed:
         raise InvalidArgumentError("registered memory needs a group: call scalefree.init() first")
     return _group.device.alloc_region(max(n, 1)).array(np.uint8)[:n].view(dtype).reshape(shape)
+
+
+def tracing(trace: bool | None = None) -> bool:
+    """Whether sends stage tensors by allocation-site tracing (the RDMA tensor paper, §3.4):
+    ``trace`` when given, else ``SCALEFREE_TRACE`` (default on; ``0`` turns it off)."""
+    if trace is not None:
+        return bool(trace)
+    return os.environ.get("SCALEFREE_TRACE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def is_registered(a: np.ndarray) -> bool:
+    """Whether the bytes of ``a`` lie in registered memory of this process's group (the
+    arena or a region): a one-sided write sends them without a staging copy."""
+    if _group is None or _group.closed or a.nbytes == 0:
+        return False
+    return _group.device._is_registered(a.ctypes.data, a.nbytes)

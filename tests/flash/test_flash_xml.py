@@ -277,6 +277,53 @@ def _one_line_exit_2(r, name):
     assert len(err) == 1 and name in err[0], r.stderr
 
 
+def _cbor(obj) -> bytes:
+    """CBOR (RFC 8949) of dicts, lists, tuples, str, int >= 0 and float (as float32): the
+    subset serde gives omikuji's trees in, to write tree files by hand."""
+    import struct
+
+    def head(major, n):
+        if n < 24:
+            return bytes([major << 5 | n])
+        for extra, fmt in ((24, ">B"), (25, ">H"), (26, ">I"), (27, ">Q")):
+            if n < 1 << (8 * struct.calcsize(fmt)):
+                return bytes([major << 5 | extra]) + struct.pack(fmt, n)
+
+    if isinstance(obj, dict):
+        return head(5, len(obj)) + b"".join(_cbor(k) + _cbor(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return head(4, len(obj)) + b"".join(_cbor(v) for v in obj)
+    if isinstance(obj, str):
+        return head(3, len(obj.encode())) + obj.encode()
+    if isinstance(obj, (int, np.integer)):
+        return head(0, int(obj))
+    return b"\xfa" + struct.pack(">f", float(obj))
+
+
+def _omikuji_tree_file(path, n_features):
+    """A hand-written omikuji tree file (a branch with dense weights over a leaf with sparse
+    weights and a leaf with dense ones) and the same tree as ``write_model`` takes it."""
+    rng = np.random.default_rng(5)
+    rows = n_features + 1
+    w_root = rng.uniform(-0.4, 0.4, (rows, 2)).astype(np.float32)
+    w_a = sp.random(rows, 3, density=0.5, random_state=rng, dtype=np.float32).tocsr()
+    w_a.data -= 0.5
+    w_b = rng.uniform(-0.4, 0.4, (rows, 2)).astype(np.float32)
+
+    def dense(w):
+        return {"Dense": {"v": 1, "dim": list(w.shape), "data": w.ravel().tolist()}}
+
+    def lil(w):
+        nz = np.flatnonzero(np.diff(w.indptr))
+        return {"Sparse": {"outer_dim": rows, "inner_dim": w.shape[1], "indptr": [0, *np.cumsum(np.diff(w.indptr)[nz]).tolist()],
+                           "outer_inds": nz.tolist(), "inner_inds": w.indices.tolist(), "data": w.data.tolist()}}
+
+    tree = {"Branch": {"weights": dense(w_root), "children": [{"Leaf": {"weights": lil(w_a), "labels": [4, 0, 2]}},
+                                                               {"Leaf": {"weights": dense(w_b), "labels": [1, 3]}}]}}
+    path.write_bytes(_cbor(tree))
+    return {"weights": w_root, "children": [{"weights": w_a, "labels": [4, 0, 2]}, {"weights": w_b, "labels": [1, 3]}]}
+
+
 def test_bad_input_exit_2(tmp_path):
     rng = np.random.default_rng(2)
     trees = [random_tree(rng, 10, np.arange(12))]
@@ -306,6 +353,30 @@ def test_bad_input_exit_2(tmp_path):
     (odir / "tree0.cbor").write_bytes(bytes([0xA1, 0x64]) + b"Twig" + bytes([0x80]))
     _one_line_exit_2(_cli("import", odir, "-o", tmp_path / "x.sfxml"), "tree0.cbor")
     assert not (tmp_path / "x.sfxml").exists()
+    # The same errors through the API (the CLI's exit 2 for each class is shown above):
+    # a tree file of this version imports (and scores as the same tree written from arrays) ...
+    tree = _omikuji_tree_file(odir / "tree0.cbor", 10)
+    xml.import_omikuji(odir, tmp_path / "x.sfxml")
+    x = random_points(rng, 9, 10)
+    np.testing.assert_array_equal(xml.predict(tmp_path / "x.sfxml", x, k=3, beam=2).labels,
+                                  xml.predict(xml.write_model(tmp_path / "ref.sfxml", [tree], 10).path, x, k=3, beam=2).labels)
+    # ... and cut short it does not
+    whole = (odir / "tree0.cbor").read_bytes()
+    (odir / "tree0.cbor").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(OSError, match=r"tree0\.cbor"):
+        xml.import_omikuji(odir, tmp_path / "y.sfxml")
+    assert not (tmp_path / "y.sfxml").exists()
+    # a model file of another format version
+    other = bytearray(open(model, "rb").read())
+    assert other[:8] == b"SFXMLmdl"
+    other[8] += 1
+    (tmp_path / "v2.sfxml").write_bytes(other)
+    with pytest.raises(OSError, match=r"v2\.sfxml: model format version 2"):
+        xml.predict(tmp_path / "v2.sfxml", good)
+    # a header and no points
+    (tmp_path / "none.txt").write_text("0 10 12\n")
+    with pytest.raises(ValueError, match=r"none\.txt:1: the header declares no data points"):
+        xml.predict(model, tmp_path / "none.txt")
     # not a model at all
     _one_line_exit_2(_cli("predict", good, good, "-q"), "ok.txt")
 

@@ -75,3 +75,54 @@ else:
 """, timeout=120)
     stats = [l for l in res[0].stdout.splitlines() if l.startswith("stats")][0]
     assert "'bytes_copied': 0" in stats
+
+
+# Tracing on and off in the same job: the same training (the weights after every step bit
+# for bit), and the bytes staged per step go down once the allocation sites are traced.
+# Hidden 64, 64 over 1024 inputs: W0's gradient (256 KiB) is born in the arena, W1's
+# (16 KiB) once its site is traced, the biases and W2 (below 4 KiB) are always staged.
+TRACE = r"""
+import numpy as np, scalefree
+from scalefree.cli import ps as T
+from scalefree.tensors.ps import ParameterServer
+g = scalefree.init(timeout=60)
+xtr, ytr, _, _, n_in, n_out = T.load_data("synthetic", 0, n=1024 + 256)
+sizes = T.fcn_sizes(n_in, n_out, hidden=(64, 64))
+L = len(sizes) - 1
+order = [k for i in range(L - 1, -1, -1) for k in (f"W{i}", f"b{i}")]
+steps, got = 6, {}
+plan = T.batches(len(ytr), 16 * (g.size - 1), steps, 0)
+for trace in (True, False):
+    ps = ParameterServer(g, T.init_params(sizes, 0), lr=0.1, order=order, mode="slots", trace=trace)
+    assert ps.trace is trace and not ps.mapped
+    if ps.is_server:
+        ps.serve(steps)
+        continue
+    me, copied, losses = g.rank - 1, [], []
+    for idx in plan:
+        w = ps.pull()
+        before = ps.stats()["bytes_copied"]
+        part = idx[me * 16:(me + 1) * 16]
+        losses.append(T.loss_and_grads(w, xtr[part], ytr[part], L, None, on_grad=ps.push_one)[0])
+        copied.append(ps.stats()["bytes_copied"] - before)
+    got[trace] = ({k: np.array(v) for k, v in ps.pull().items()}, losses, copied)
+if got:
+    (w_on, l_on, c_on), (w_off, l_off, c_off) = got[True], got[False]
+    assert l_on == l_off, (l_on, l_off)
+    for k in w_on:
+        assert np.array_equal(w_on[k], w_off[k]), k
+    total = sum(int(np.prod(s)) * 4 for s in [(a, b) for a, b in zip(sizes[:-1], sizes[1:])] + [(b,) for b in sizes[1:]])
+    assert c_off == [total] * steps, (c_off, total)
+    small = 4 * (sizes[-2] * sizes[-1] + sum(sizes[1:]))  # W2 and the biases: below 4 KiB, always staged
+    assert c_on[1:] == [small] * (steps - 1), (c_on, small)
+    assert 0 < c_on[1] <= total / 2, (c_on, total)
+g.barrier()
+print("ok", flush=True)
+"""
+
+
+def test_tracing_on_and_off_same_training_fewer_bytes_copied():
+    from ranks import run_ranks
+
+    for r in run_ranks(2, TRACE, timeout=120):
+        assert r.stdout.strip().endswith("ok"), r.stdout + r.stderr

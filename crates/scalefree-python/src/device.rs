@@ -58,6 +58,12 @@ impl PyDevice {
         Ok(PyRegion { region: r })
     }
 
+    /// Whether `ptr..ptr+nbytes` lies in registered memory of this device (a region or the
+    /// arena): a one-sided write can send it without staging.
+    fn _is_registered(&self, ptr: usize, nbytes: usize) -> bool {
+        self.dev.find_region(ptr as *const u8, nbytes).is_some()
+    }
+
     /// Makes a peer's region (named by its `handle` bytes) addressable here.
     fn attach(&self, py: Python<'_>, handle: &[u8]) -> PyResult<PyRemoteRegion> {
         let r = self.dev.attach_serialized(handle).py_err(py)?;

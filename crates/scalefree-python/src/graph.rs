@@ -11,6 +11,7 @@ use scalefree_graph::edges;
 use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::Id;
 use scalefree_graph::flash_rows::FlashRows;
 use std::sync::Arc;
 
@@ -231,10 +232,22 @@ fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyRe
     Ok(if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut T, n) } })
 }
 
+/// A matrix's column slots: u32, or u64 for a rank whose in vector has more than 2^32 slots.
+enum Cols {
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+}
+
+/// The matrix on flash, columns as in memory.
+enum Rows {
+    U32(FlashRows<u32>),
+    U64(FlashRows<u64>),
+}
+
 /// Where the matrix lives: in memory, or on flash with the runtime that streams it.
 enum Storage {
-    Memory { indptr: Vec<u64>, cols: Vec<u32> },
-    Flash { csr: FlashRows, rt: Arc<Runtime>, last: Option<RunStats> },
+    Memory { indptr: Vec<u64>, cols: Cols },
+    Flash { csr: Rows, rt: Arc<Runtime>, last: Option<RunStats> },
 }
 
 /// The local matrix (rows = out slots, columns = in slots, no values) and its scratch
@@ -249,7 +262,7 @@ pub struct PyPageRankCsr {
 }
 
 impl PyPageRankCsr {
-    fn of_parts(indptr: Vec<u64>, cols: Vec<u32>, ncols: usize, f32: bool) -> Self {
+    fn of_parts(indptr: Vec<u64>, cols: Cols, ncols: usize, f32: bool) -> Self {
         PyPageRankCsr {
             storage: Storage::Memory { indptr, cols },
             ncols,
@@ -262,7 +275,8 @@ impl PyPageRankCsr {
     fn nrows(&self) -> usize {
         match &self.storage {
             Storage::Memory { indptr, .. } => indptr.len() - 1,
-            Storage::Flash { csr, .. } => csr.nrows(),
+            Storage::Flash { csr: Rows::U32(c), .. } => c.nrows(),
+            Storage::Flash { csr: Rows::U64(c), .. } => c.nrows(),
         }
     }
 
@@ -272,8 +286,12 @@ impl PyPageRankCsr {
         let xs = std::mem::take(x(self));
         let mut xs = xs;
         let out = match &mut self.storage {
-            Storage::Memory { indptr, cols } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
-            Storage::Flash { csr, rt, last } => match py.detach(|| csr.pagerank_step(rt, g, w, base, damping, &mut xs, yv)) {
+            Storage::Memory { indptr, cols: Cols::U32(cols) } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Memory { indptr, cols: Cols::U64(cols) } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Flash { csr, rt, last } => match py.detach(|| match csr {
+                Rows::U32(c) => c.pagerank_step(rt, g, w, base, damping, &mut xs, yv),
+                Rows::U64(c) => c.pagerank_step(rt, g, w, base, damping, &mut xs, yv),
+            }) {
                 Ok((total, stats)) => {
                     *last = Some(stats);
                     Ok(total)
@@ -288,7 +306,8 @@ impl PyPageRankCsr {
 
 #[pymethods]
 impl PyPageRankCsr {
-    /// `rows`, `cols`: uint32 slots of every edge (target row, source column).
+    /// `rows`, `cols`: slots of every edge (target row, source column), both uint32 or both
+    /// uint64 (the matrix keeps that width: uint64 where a rank has 2^32 slots or more).
     #[new]
     fn new(py: Python<'_>, rows: Bound<'_, PyAny>, cols: Bound<'_, PyAny>, nrows: usize, ncols: usize, dtype: &str) -> PyResult<Self> {
         let f32 = match dtype {
@@ -298,9 +317,22 @@ impl PyPageRankCsr {
         };
         let rb = Buf::get(&rows, false, "rows")?;
         let cb = Buf::get(&cols, false, "cols")?;
-        let (r, c) = (u32s(py, &rb, "rows")?, u32s(py, &cb, "cols")?);
-        let (indptr, cols) = py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))?;
-        Ok(Self::of_parts(indptr, cols, ncols, f32))
+        fn build<S: Id>(py: Python<'_>, r: &[S], c: &[S], nrows: usize, ncols: usize) -> PyResult<(Vec<u64>, Vec<S>)> {
+            if nrows.max(ncols) as u128 > S::MAX_U64 as u128 + 1 {
+                return Err(invalid(py, format!("PageRankCsr: {nrows} x {ncols} slots do not fit {}-bit slots", std::mem::size_of::<S>() * 8)));
+            }
+            py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))
+        }
+        let cols = match (ids(py, &rb, "rows")?, ids(py, &cb, "cols")?) {
+            (Ids::U32(r), Ids::U32(c)) => {
+                let (indptr, cols) = build(py, r, c, nrows, ncols)?;
+                return Ok(Self::of_parts(indptr, Cols::U32(cols), ncols, f32));
+            }
+            (Ids::U64(r), Ids::U64(c)) => build(py, r, c, nrows, ncols)?,
+            (a, b) if a.len() == 0 && b.len() == 0 => build::<u64>(py, &[], &[], nrows, ncols)?,
+            (a, b) => return Err(invalid(py, format!("PageRankCsr: rows and cols must be both uint32 or both uint64 slots, got {} and {}", a.dtype(), b.dtype()))),
+        };
+        Ok(Self::of_parts(cols.0, Cols::U64(cols.1), ncols, f32))
     }
 
     /// `(csr, out_keys, in_keys)` straight from this rank's distinct edges (global ids
@@ -335,15 +367,17 @@ impl PyPageRankCsr {
             return Err(invalid(py, "PageRankCsr.from_edges: a rank touches 2**32 or more vertices (slots are uint32)"));
         }
         let ncols = l.in_keys.len();
-        let csr = Self::of_parts(l.indptr, l.cols, ncols, f32);
+        let csr = Self::of_parts(l.indptr, Cols::U32(l.cols), ncols, f32);
         Ok((csr, array(py, Owned::I64(l.out_keys))?, array(py, Owned::I64(l.in_keys))?))
     }
 
     #[getter]
     fn nnz(&self) -> usize {
         match &self.storage {
-            Storage::Memory { cols, .. } => cols.len(),
-            Storage::Flash { csr, .. } => csr.nnz() as usize,
+            Storage::Memory { cols: Cols::U32(c), .. } => c.len(),
+            Storage::Memory { cols: Cols::U64(c), .. } => c.len(),
+            Storage::Flash { csr: Rows::U32(c), .. } => c.nnz() as usize,
+            Storage::Flash { csr: Rows::U64(c), .. } => c.nnz() as usize,
         }
     }
 
@@ -370,8 +404,11 @@ impl PyPageRankCsr {
         let rt = runtime.rt.clone();
         let ncols = self.ncols;
         if let Storage::Memory { indptr, cols } = &self.storage {
-            let csr = py.detach(|| FlashRows::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
-            self.storage = Storage::Flash { csr, rt, last: None };
+            let csr = py.detach(|| match cols {
+                Cols::U32(c) => FlashRows::write(&rt, indptr, c, ncols).map(Rows::U32),
+                Cols::U64(c) => FlashRows::write(&rt, indptr, c, ncols).map(Rows::U64),
+            });
+            self.storage = Storage::Flash { csr: csr.map_err(|e| flash_err(py, e))?, rt, last: None };
         }
         Ok(())
     }
@@ -386,8 +423,10 @@ impl PyPageRankCsr {
     #[getter]
     fn size_bytes(&self) -> u64 {
         match &self.storage {
-            Storage::Memory { indptr, cols } => (indptr.len() as u64 - 1) * 8 + cols.len() as u64 * 4,
-            Storage::Flash { csr, .. } => csr.size_bytes(),
+            Storage::Memory { indptr, cols: Cols::U32(c) } => (indptr.len() as u64 - 1) * 8 + c.len() as u64 * 4,
+            Storage::Memory { indptr, cols: Cols::U64(c) } => (indptr.len() as u64 - 1) * 8 + c.len() as u64 * 8,
+            Storage::Flash { csr: Rows::U32(c), .. } => c.size_bytes(),
+            Storage::Flash { csr: Rows::U64(c), .. } => c.size_bytes(),
         }
     }
 
@@ -398,7 +437,10 @@ impl PyPageRankCsr {
         match &self.storage {
             Storage::Flash { last: Some(s), csr, .. } => {
                 let d = stats_dict(py, s)?;
-                d.set_item("direct_io", csr.is_direct())?;
+                d.set_item("direct_io", match csr {
+                    Rows::U32(c) => c.is_direct(),
+                    Rows::U64(c) => c.is_direct(),
+                })?;
                 Ok(Some(d))
             }
             _ => Ok(None),

@@ -162,14 +162,21 @@ def _topics(args) -> int:
     if not isinstance(a, flash.Csr):
         raise InvalidArgumentError(f"{args.data}: topics takes a sparse matrix of counts (docword, .npz, .mtx)")
     load_s = time.perf_counter() - t_start
+    loaded = repr(a)
+    # Ids past 32 bits (documents or words): the model runs on the stored rows and columns,
+    # and the words it reports are mapped back to their ids.
+    doc_ids, word_ids = a.row_ids, a.col_ids
+    if doc_ids is not None or word_ids is not None:
+        a = a.compact()
     check_k(args.k, a.shape)
-    print(f"flash topics: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
+    print(f"flash topics: {args.data}: {loaded}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
           file=sys.stderr)
     if truth is not None and truth.shape != (a.shape[1], args.k):
         raise InvalidArgumentError(f"{args.truth}: the topic matrix has shape {truth.shape}, expected "
                                    f"({a.shape[1]}, {args.k}) (words x K)")
-    if vocab is not None and len(vocab) < a.shape[1]:
-        raise InvalidArgumentError(f"{args.vocab}: {len(vocab)} words, but {args.data} has {a.shape[1]}")
+    words = a.shape[1] if word_ids is None else int(word_ids[-1]) + 1 if len(word_ids) else 0
+    if vocab is not None and len(vocab) < words:
+        raise InvalidArgumentError(f"{args.vocab}: {len(vocab)} words, but {args.data} has {words}")
 
     def say(line):
         if not args.quiet:
@@ -194,8 +201,11 @@ def _topics(args) -> int:
     for l in range(args.k):
         ids = top[l]
         weights = model.topic_word[ids, l]
+        ids = ids if word_ids is None else word_ids[ids]  # 0-based word ids
         names = [vocab[i] if vocab else str(i + 1) for i in ids]
         print(f"{l + 1}: " + " ".join(f"{n}:{w:.4f}" for n, w in zip(names, weights)))
+    if word_ids is not None:
+        top = word_ids[top]
     record = {"top_words": [[int(i) + 1 for i in row] for row in top], "seconds": seconds,
               "load_seconds": load_s, "steps": model.seconds, "docs": a.shape[0], "words": a.shape[1], "k": args.k,
               "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes,
@@ -216,7 +226,8 @@ def _topics(args) -> int:
     if args.out:
         with atomic_path(args.out) as tmp:
             with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
-                np.savez(f, topic_word=model.topic_word, labels=model.labels)
+                ids = {k: v for k, v in (("doc_ids", doc_ids), ("word_ids", word_ids)) if v is not None}
+                np.savez(f, topic_word=model.topic_word, labels=model.labels, **ids)
     return 0
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._rss import peak_rss_bytes
+from .._units import human_bytes
 from .common import count, number
 
 
@@ -135,15 +137,16 @@ def train(args) -> dict:
     order = [k for i in range(L - 1, -1, -1) for k in (f"W{i}", f"b{i}")]
     ps = ParameterServer(group, params, lr=args.lr, order=order,
                          transport=transport(group, params, order) if transport else None,
-                         mode="slots" if args.transport == "slots" else "auto")
+                         mode="slots" if args.transport == "slots" else "auto",
+                         trace=None if args.trace is None else args.trace == "on")
     group.barrier()
     t0 = time.perf_counter()
     if ps.is_server:
         ps.serve(args.steps)
         secs = time.perf_counter() - t0
         # The final weights, for the accuracy (the server has them all with one server).
-        return {"role": "server", "seconds": secs, "accuracy": accuracy({k: np.array(v) for k, v in ps.params.items()}, xte, yte, L),
-                "stats": ps.stats()}
+        return {"role": "server", "seconds": secs, "peak_rss_bytes": peak_rss_bytes(),
+                "accuracy": accuracy({k: np.array(v) for k, v in ps.params.items()}, xte, yte, L), "stats": ps.stats()}
     me = group.rank - 1
     grads = None
     comm = 0.0
@@ -152,11 +155,10 @@ def train(args) -> dict:
         c0 = time.perf_counter()
         w = ps.pull()
         c1 = time.perf_counter()
-        grads = ps.grad_buffers() or grads
-        if not grads:
-            from scalefree.arena import registered_empty
-
-            grads = {k: registered_empty(v.shape, v.dtype) for k, v in w.items()}
+        # Mapped: computed in the buffers the server reads. Otherwise where numpy puts
+        # them: the parameter server stages what is not in registered memory (tracing the
+        # allocation sites, so that from the next step on they are born there).
+        grads = ps.grad_buffers() or None
         pushing = [0.0]
 
         def send(name, arr):
@@ -170,8 +172,10 @@ def train(args) -> dict:
         hist.append((c3 - t0, t + 1, loss, (c1 - c0) + pushing[0]))
     w = ps.pull()  # the weights after the last step
     secs = time.perf_counter() - t0
-    return {"role": "worker", "history": hist, "seconds": secs, "comm_seconds": comm,
-            "samples": args.steps * args.batch, "stats": ps.stats()}
+    stats = ps.stats()
+    return {"role": "worker", "peak_rss_bytes": peak_rss_bytes(), "history": hist, "seconds": secs, "comm_seconds": comm,
+            "samples": args.steps * args.batch, "stats": stats, "trace": ps.trace,
+            "bytes_copied_per_step": stats.get("bytes_copied", 0) / args.steps}
 
 
 # Transports over the benchmark peers (torch.distributed gloo, gRPC): the benchmark harness
@@ -220,6 +224,8 @@ def _args(p):
     p.add_argument("--transport", choices=("mapped", "slots", "gloo", "grpc", "grpc-stream", "local"), default="mapped",
                    help="mapped: no copies (shared memory); slots: static slots; local: one process; "
                    "gloo (torch.distributed), grpc, grpc-stream: the benchmark harness's peers (pip install ./benchmarks)")
+    p.add_argument("--trace", choices=("on", "off"), default=None,
+                   help="allocation-site tracing of the gradients pushed over slots (default: SCALEFREE_TRACE, on)")
     p.add_argument("--seed", type=count(0), default=0)
     p.add_argument("--out", help="write each rank's result to OUT.rank<r>.json")
     p.add_argument("--plot", help="PNG of loss vs time (rank 1's view)")
@@ -239,6 +245,7 @@ def cli_train(args) -> int:
         argv = [sys.executable, "-m", "scalefree.cli.ps", "--ranks", str(args.ranks), "--data", args.data,
                 "--steps", str(args.steps), "--batch", str(args.batch), "--lr", repr(args.lr),
                 "--transport", args.transport, "--seed", str(args.seed), "--out", out,
+                *(["--trace", args.trace] if args.trace else []),
                 "--hidden", *[str(h) for h in args.hidden]]
         # One BLAS thread per rank: the ranks share the cores.
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -259,7 +266,8 @@ def report(res: list[dict], args) -> None:
     print(f"ps train ({args.transport}): {args.steps} steps x {len(workers)} workers x batch {args.batch} in "
           f"{secs:.2f} s: {samples / secs:.0f} samples/s, {args.steps / secs:.1f} steps/s per worker, "
           f"communication {100 * max(comm):.0f} % of a worker's step; loss {h[0][2]:.3f} -> {h[-1][2]:.3f}; "
-          f"test accuracy {server['accuracy']:.3f}")
+          f"test accuracy {server['accuracy']:.3f}; copied {human_bytes(round(max(w['bytes_copied_per_step'] for w in workers)))} "
+          f"per step per worker (tracing {'on' if workers[0]['trace'] else 'off'})")
     if args.plot:
         import matplotlib
 

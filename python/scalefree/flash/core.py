@@ -252,7 +252,9 @@ class Csr:
         of counts, streamed to flash with bounded memory (one document and a 64 Ki-entry
         chunk at a time, plus 8 bytes per document) when its documents come in ascending
         order, as UCI files do; other files are read in memory first. A vocabulary of 2**32
-        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based).
+        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based), a
+        document count of 2**32 or more one with ``row_ids`` (the documents that occur): nothing
+        is allocated per id of the space.
 
         Also the counts as pipelines export them, read in memory (16 bytes per entry):
         ``doc word count`` lines (1-based ids) without the UCI lines D, W, NNZ — D and W are
@@ -260,11 +262,12 @@ class Csr:
         ``delimiter``: tab, space, comma, semicolon), after an optional header line (``header``:
         auto, yes, no), in one file or a directory of parts (``part-*`` in name order,
         ``_SUCCESS``, ``.crc`` and hidden files skipped, the same header in every part)."""
-        m, word_ids, words = _native.FlashCsr.from_docword_file((runtime or default_runtime())._rt, os.fspath(path),
-                                                                _float_name(dtype), delimiter, header)
-        if word_ids is None:
+        m, doc_ids, word_ids, shape = _native.FlashCsr.from_docword_file(
+            (runtime or default_runtime())._rt, os.fspath(path), _float_name(dtype), delimiter, header)
+        if doc_ids is None and word_ids is None:
             return cls(m)
-        return cls(m, col_ids=np.array(word_ids, dtype=np.uint64), shape=(m.shape[0], words))
+        return cls(m, col_ids=None if word_ids is None else np.array(word_ids, dtype=np.uint64),
+                   row_ids=None if doc_ids is None else np.array(doc_ids, dtype=np.uint64), shape=tuple(shape))
 
     @property
     def nnz(self) -> int:

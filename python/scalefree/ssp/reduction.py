@@ -17,9 +17,10 @@ set of contributions, as BPMF needs); ``sharded_async`` (each shard as fresh as 
 ``sharded_thread`` / ``sharded_async_thread`` (the default), whose shard of the
 parameter server runs on a background thread so updates are applied while you compute;
 ``ring``, a segmented ring for large vectors (each rank sends ``2(p-1)/p`` of the vector per
-call, where the others move whole vectors); and ``auto``: ``ring`` from
-``SCALEFREE_SSP_RING_MIN_BYTES`` (1 MiB) up at three ranks or more, ``sharded_async_thread``
-otherwise (``red.variant`` says which was taken).
+call, where the others move whole vectors); and ``auto``: ``sharded_async_thread``, or
+``ring`` for vectors of at least ``SCALEFREE_SSP_RING_MIN_BYTES`` at three ranks or more when
+that variable is set (unset, ``auto`` never takes the ring: no run on one machine found it
+faster; ``red.variant`` says which was taken).
 
 Push order (``push_order=``, sharded variants): ``cyclic`` (the default; rank r pushes to
 shard r+1 first, mod p, and ends with its own, so no shard is hit by every rank at once)

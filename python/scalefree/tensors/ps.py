@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arena import registered_empty
+from ..arena import is_registered, registered_empty, tracing
 from ..errors import InvalidArgumentError
-from .slots import place, static_slots
+from .slots import as_array, place, static_slots, trace_staged
 
 
 class ParameterServer:
@@ -29,7 +29,12 @@ class ParameterServer:
     matter on the servers: they are the initial weights)."""
 
     def __init__(self, group, variables: dict, lr: float = 0.1, n_servers: int = 1, transport=None, order=None,
-                 mode: str = "auto"):
+                 mode: str = "auto", trace: bool | None = None):
+        """``trace`` (default ``SCALEFREE_TRACE``, on): a gradient pushed over static slots
+        that is not in registered memory is staged (copied into a registered buffer) and its
+        allocation site traced, so the gradient computed there next is born in registered
+        memory and goes without a copy; off, every gradient is staged (the copy the paper's
+        §3.4 removes). ``stats()["bytes_copied"]`` counts the staging."""
         if not 1 <= n_servers < group.size:
             raise InvalidArgumentError(f"need 1 <= n_servers < ranks ({group.size}), got {n_servers}")
         self.group = group
@@ -44,6 +49,7 @@ class ParameterServer:
         self.servers = list(range(n_servers))
         self.workers = list(range(n_servers, group.size))
         self.is_server = group.rank < n_servers
+        self.trace = tracing(trace)
         self.shapes = {k: tuple(np.shape(v)) for k, v in variables.items()}
         self.dtypes = {k: np.asarray(v).dtype for k, v in variables.items()}
         if self.is_server:
@@ -128,10 +134,11 @@ class SlotTransport:
             for w in ps.workers:
                 specs.append(dict(name=f"w/{k}/{w}", src=s, dst=w, shape=ps.shapes[k], dtype=ps.dtypes[k]))
                 specs.append(dict(name=f"g/{k}/{w}", src=w, dst=s, shape=ps.shapes[k], dtype=ps.dtypes[k]))
-        self.slots = static_slots(group, specs)
+        self.slots = static_slots(group, specs, trace_torch=ps.trace)
         self.me = group.rank
         self.names = ps.names
         self.workers = ps.workers
+        self.stage = Staging(ps.trace)
 
     def send_weights(self, worker, name, arr):
         self.slots[f"w/{name}/{worker}"].send(arr)
@@ -140,7 +147,8 @@ class SlotTransport:
         return self.slots[f"w/{name}/{self.me}"].recv()
 
     def send_grad(self, name, arr):
-        self.slots[f"g/{name}/{self.me}"].send(arr)
+        # A slot send has completed when it returns: the staging buffer is free again.
+        self.slots[f"g/{name}/{self.me}"].send(self.stage(name, arr))
 
     def recv_grad(self, worker, name):
         return self.slots[f"g/{name}/{worker}"].recv()
@@ -170,11 +178,42 @@ class SlotTransport:
             self.slots[f"g/{name}/{w}"].release()
 
     def stats(self):
+        """Bytes sent and received over the slots, less the gradients that were staged
+        first (``bytes_copied``)."""
         tot = {"bytes_zero_copy": 0, "bytes_copied": 0, "transfers": 0}
         for s in self.slots.values():
             for k, v in s.stats().items():
                 tot[k] += v
+        tot["bytes_copied"] += self.stage.copied
+        tot["bytes_zero_copy"] -= self.stage.copied
         return tot
+
+
+class Staging:
+    """Registered memory for one-sided sends (the RDMA tensor paper, §3.4). A tensor that is
+    not in registered memory is copied into a registered buffer kept per name (counted in
+    ``copied``); with ``trace``, a tensor already in registered memory goes as it is, and
+    one that had to be copied has its allocation site traced, so the tensor allocated there
+    next is born in registered memory (numpy: the arena's allocator; torch: the dispatch
+    mode of :mod:`.torch_sites`). Without ``trace`` every tensor is copied."""
+
+    def __init__(self, trace: bool):
+        self.trace = trace
+        self.copied = 0
+        self._bufs: dict = {}
+
+    def __call__(self, name, tensor) -> np.ndarray:
+        a = as_array(tensor, f"gradient {name!r}")
+        if a.nbytes == 0 or (self.trace and is_registered(a)):
+            return a
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != a.shape or buf.dtype != a.dtype:
+            buf = self._bufs[name] = registered_empty(a.shape, a.dtype)
+        buf[...] = a
+        self.copied += a.nbytes
+        if self.trace:
+            trace_staged(tensor, a)
+        return buf
 
 
 class MappedTransport:

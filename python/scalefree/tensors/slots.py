@@ -64,7 +64,7 @@ def aio(future: concurrent.futures.Future):
     return asyncio.wrap_future(future)
 
 
-def _as_array(t, what: str) -> np.ndarray:
+def as_array(t, what: str) -> np.ndarray:
     """A numpy view of a numpy array or CPU torch tensor (no copy); contiguity checked."""
     if isinstance(t, np.ndarray):
         a = t
@@ -98,7 +98,7 @@ class StaticSlot:
 
     def send(self, tensor, timeout: float | None = None) -> None:
         """Writes ``tensor`` (this slot's shape and dtype) into the receiver's buffer."""
-        a = _as_array(tensor, f"slot {self.name!r}")
+        a = as_array(tensor, f"slot {self.name!r}")
         if a.shape != self.shape or a.dtype != self.dtype:
             raise InvalidArgumentError(f"slot {self.name!r} carries {self.shape} {self.dtype}, got {a.shape} {a.dtype}")
         is_torch = a is not tensor and not isinstance(tensor, np.generic)
@@ -204,6 +204,16 @@ def _trace(a: np.ndarray) -> bool:
     return a.size > 0 and _native._trace_site(a.ctypes.data)
 
 
+def trace_staged(tensor, a: np.ndarray) -> bool:
+    """A send had to stage ``tensor`` (``a``: its numpy view) into registered memory: traces
+    its allocation site, so the next tensor allocated there is born in registered memory
+    (torch tensors through :mod:`.torch_sites`, numpy arrays through the arena's
+    allocator). True if it had a site."""
+    if a is not tensor and not isinstance(tensor, np.generic):  # a torch tensor
+        return torch_sites.note_staged(tensor)
+    return _trace(a)
+
+
 def empty(shape, dtype="float32", site: str | None = None) -> np.ndarray:
     """An uninitialized array; from registered memory (the arena) when ``site`` was traced
     sending unregistered memory before, or when it is large enough to go there anyway."""
@@ -229,17 +239,14 @@ class DynamicChannel:
         copied (not in registered memory) traces its allocation site: numpy arrays allocated
         there later come from registered memory. ``site`` also records a name for
         :func:`empty`."""
-        a = _as_array(tensor, "send")
+        a = as_array(tensor, "send")
         code = _CODE.get(a.dtype)
         if code is None:
             raise InvalidArgumentError(f"send: dtype {a.dtype} is not supported ({', '.join(_DTYPES)})")
         staged = self._native.send(a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8),
                                    list(a.shape), code, a.dtype.itemsize, wait, timeout)
         if staged:
-            if a is not tensor and not isinstance(tensor, np.generic):  # a torch tensor
-                torch_sites.note_staged(tensor)
-            else:
-                _trace(a)
+            trace_staged(tensor, a)
             if site is not None:
                 _traced_sites.add(site)
 

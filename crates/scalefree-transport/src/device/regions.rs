@@ -322,13 +322,10 @@ impl Device {
 
     /// Collective: creates this rank's registered arena and maps every peer's, so buffers
     /// allocated from it are addressable by all ranks without copies. Keep the returned
-    /// remote regions alive as long as peers' arena buffers may be used.
+    /// remote regions alive as long as peers' arena buffers may be used. Over UCX the arena
+    /// is registered like any region (`ucp_mem_map` of its address space): peers on this host
+    /// map it, peers on other hosts reach it by its remote key.
     pub fn create_arena(&self, opts: &crate::arena::ArenaOptions) -> Result<(Arc<crate::arena::Arena>, Vec<RemoteRegion>)> {
-        if self.inner.backend.keyed() {
-            return Err(Error::Unsupported(format!(
-                "the registered arena is for shared memory; over {} buffers are staged", self.transport_name().to_ascii_uppercase()
-            )));
-        }
         // Every rank learns whether every rank could reserve its arena, so that a failure on
         // one (e.g. an address-space limit) is the same error everywhere instead of a hang.
         let mine = self.alloc_arena_region(opts.capacity_bytes);

@@ -1,7 +1,7 @@
-//! Copies of the UCX backend: `write` is `ucp_put_nbx` (or a lane write), `read` is
-//! `ucp_get_nbx`; `write_notify` sends the data and the note as one active message (eager,
-//! or rendezvous into the region for large data) whose handler raises the note only once
-//! the data has landed.
+//! Copies of the UCX backend: `write` is a lane write (a peer reached over a TCP lane) or
+//! `ucp_put_nbx`, `read` is `ucp_get_nbx`; `write_notify` sends the data and the note as
+//! one active message (eager, or rendezvous into the region for large data) whose handler
+//! raises the note only once the data has landed.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -85,8 +85,13 @@ impl Net {
     /// # Safety
     /// `src..src+n` must be readable.
     pub unsafe fn put(&self, src: *const u8, remote: &RemoteKey, key: u64, off: usize, n: usize, policy: &WaitPolicy) -> Result<()> {
-        if self.lanes.as_ref().is_some_and(|l| l.sealed() && l.has(remote.peer)) {
-            // Sealed lanes (SCALEFREE_ENCRYPT=1): nothing goes to another host over UCX.
+        if self.lanes.as_ref().is_some_and(|l| l.has(remote.peer)) {
+            // Over the peer's TCP lane, as posted writes go. Lanes carry writes to a peer
+            // that UCX reaches only over TCP, where UCX has no RMA lane (its TCP memory
+            // domain registers no memory): `ucp_put_nbx` is then "software emulation" (active
+            // messages copied at both ends, each fragment waiting for the peer's progress),
+            // measured 1.4-3x the lane's time from 64 B to 1 MiB (docs/transport.md). Sealed
+            // lanes (SCALEFREE_ENCRYPT=1): nothing goes to another host over UCX anyway.
             return match unsafe { self.start_write_notify(remote.peer, src, n, key, off, Note::None)? } {
                 None => Ok(()),
                 Some(r) => self.wait_request(&r, policy),
