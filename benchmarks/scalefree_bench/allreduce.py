@@ -170,8 +170,9 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
             out[...] = 0
         op()
         _check(impl, what, a if out is None else out, expected, rank, world_size, nbytes)
+        rss = peak_rss_bytes()  # before point_extra, whose own arrays are no part of the call
         extra = point_extra(nbytes) if point_extra is not None else {}
-        writer.add_point(nbytes, point, peak_rss_bytes=peak_rss_bytes(), **extra)
+        writer.add_point(nbytes, point, peak_rss_bytes=rss, **extra)
         if rank == 0:
             s = common.Stats.of(point.times_s)
             progress(f"  {impl}{'/' + variant if variant else ''} n={world_size} "
