@@ -199,6 +199,47 @@ def _split(h1: float, h2: float, a1: int, a2: int) -> tuple[float, float]:
     return rnd, (h1 - rnd) / a1
 
 
+def _layer_times(group, degrees, k: int, reps: int) -> list[float]:
+    """Median seconds of a reduce of ``k`` keys per rank with layer ``degrees`` (after 2
+    untimed calls): the whole call, then each layer's ``wait_s + merge_s``."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    n = group.size
+    idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
+    sa = _configured(group, max(1, k * n * 16), degrees, idx)
+    vals = np.ones(k, np.float64)
+    rows = []
+    for i in range(2 + reps):
+        group.barrier()
+        t0 = time.perf_counter()
+        _reduce(sa, vals)
+        total = time.perf_counter() - t0
+        if i >= 2:
+            rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
+    return [statistics.median(c) for c in zip(*rows)]
+
+
+def _agreement_time(group, reps: int) -> float:
+    """Median seconds of the sparse allreduce's agreement (an allreduce of ``6 size``
+    int64s), after 2 untimed calls."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    agree = np.zeros(6 * group.size, np.int64)
+    ts = []
+    for _ in range(2 + reps):
+        group.barrier()
+        t0 = time.perf_counter()
+        group.allreduce(agree)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[2:])
+
+
 def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]:
     """:func:`probe` for a group of ``size / p`` hosts of ``p`` ranks each: (local, net)
     costs, every layer timed by itself (the per-layer ``wait_s + merge_s`` of
@@ -208,8 +249,6 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     round's cost into a fixed part and one per message, as :func:`probe` does. Across hosts
     that is UCX or the TCP lanes, as the reduce itself goes. Collective; cached per process
     and group size."""
-    import statistics
-    import time
 
     import numpy as np
 
@@ -221,27 +260,9 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     hosts = n // p
 
     def layers(degrees, k):
-        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = _configured(group, max(1, k * n * 16), degrees, idx)
-        vals = np.ones(k, np.float64)
-        rows = []
-        for i in range(2 + reps):
-            group.barrier()
-            t0 = time.perf_counter()
-            _reduce(sa, vals)
-            total = time.perf_counter() - t0
-            if i >= 2:
-                rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
-        return [statistics.median(c) for c in zip(*rows)]
+        return _layer_times(group, degrees, k, reps)
 
-    agree = np.zeros(6 * n, np.int64)
-    ts = []
-    for _ in range(2 + reps):
-        group.barrier()
-        t0 = time.perf_counter()
-        group.allreduce(agree)
-        ts.append(time.perf_counter() - t0)
-    fixed = statistics.median(ts[2:])
+    fixed = _agreement_time(group, reps)
     one = layers([p, hosts], 1)
     big = layers([p, hosts], keys)
     qp = factorize(p)[0] if len(factorize(p)) > 1 else None
@@ -290,8 +311,6 @@ def probe_uneven(group, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]
     ``2x3`` on hosts of 1, 2 and 3 ranks, where ranks 4 and 5 share one) and from the
     single layer of every rank (net costs: it crosses hosts), at one key and at ``keys``
     keys per rank; each kind's round cost is all fixed (no split per message)."""
-    import statistics
-    import time
 
     import numpy as np
 
@@ -309,31 +328,14 @@ def probe_uneven(group, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]
     mine_local = len({hosts[group.rank - (group.rank % split[0]) + j] for j in range(split[0])}) == 1
 
     def layers(degrees, k):
-        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = _configured(group, max(1, k * n * 16), degrees, idx)
-        vals = np.ones(k, np.float64)
-        rows = []
-        for i in range(2 + reps):
-            group.barrier()
-            t0 = time.perf_counter()
-            _reduce(sa, vals)
-            total = time.perf_counter() - t0
-            if i >= 2:
-                rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
-        return [statistics.median(c) for c in zip(*rows)]
+        return _layer_times(group, degrees, k, reps)
 
-    agree = np.zeros(6 * n, np.int64)
-    ts = []
-    for _ in range(2 + reps):
-        group.barrier()
-        t0 = time.perf_counter()
-        group.allreduce(agree)
-        ts.append(time.perf_counter() - t0)
+    fixed = _agreement_time(group, reps)
     one_n, big_n = layers([n], 1), layers([n], keys)
     one_l, big_l = layers(list(split), 1), layers(list(split), keys)
     # The local figures from the ranks whose first-layer group is on their host only.
     loc = [one_l[1], big_l[1]] if mine_local else [0.0, 0.0]
-    flat = [float(x) for x in group.allreduce(np.array([statistics.median(ts[2:]), one_n[1], big_n[1]] + loc),
+    flat = [float(x) for x in group.allreduce(np.array([fixed, one_n[1], big_n[1]] + loc),
                                               op="max")]
     fixed, h_n, b_n, h_l, b_l = flat
     k = split[0]
@@ -343,6 +345,15 @@ def probe_uneven(group, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]
     net = Costs(fixed, h_n / 2, 0.0, max(b_n - h_n, 1e-12) / bytes_n, 0.0)
     _PROBED[key] = (local, net)
     return local, net
+
+
+def _two_kinds_pick(cands, local: Costs, net: Costs) -> dict:
+    """The plan of :func:`choose_hosts` and :func:`choose_uneven` from their ``(predicted
+    seconds, degrees)`` candidates: the cheapest (fewer layers on a tie within 2 %)."""
+    best_t = min(t for t, _ in cands)
+    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
+    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
+            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
 
 
 def choose_uneven(hosts, nnz: int, dim: int, vb: int, local: Costs, net: Costs) -> dict:
@@ -357,10 +368,7 @@ def choose_uneven(hosts, nnz: int, dim: int, vb: int, local: Costs, net: Costs) 
             c = net if crosses else local
             t += 2 * (c.round_s + (k - 1) * (c.msg_s + packet * c.s_per_byte))
         cands.append((t, d))
-    best_t = min(t for t, _ in cands)
-    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
-    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
-            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
+    return _two_kinds_pick(cands, local, net)
 
 
 def choose_hosts(p: int, hosts: int, nnz: int, dim: int, vb: int, local: Costs, net: Costs) -> dict:
@@ -377,10 +385,7 @@ def choose_hosts(p: int, hosts: int, nnz: int, dim: int, vb: int, local: Costs, 
                 c = local if i < len(lf) else net
                 t += 2 * (c.round_s + (k - 1) * (c.msg_s + packet * c.s_per_byte))
             cands.append((t, d))
-    best_t = min(t for t, _ in cands)
-    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
-    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
-            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
+    return _two_kinds_pick(cands, local, net)
 
 
 def factorize(n: int) -> list[int]:
