@@ -15,14 +15,18 @@ contains none of ``cuda``, ``gpu``, ``nccl`` (tests of devices and backends this
 not); tests the suite itself skips here (no accelerator, world size) count as skipped.
 
 Runs: ``gloo`` (the peer); ``scalefree`` (declared a plugin with gloo's feature set: tests gated
-on the name gloo skip); ``scalefree-as-gloo`` (every skip decorator decides as for gloo, the
-bodies run on scalefree: the gated tests run against us). Exit status 1 when a test that gloo
-passes fails on a scalefree run of the same world size.
+on the name gloo skip); ``scalefree-as-gloo`` (scalefree under gloo's name: the suite's skip
+decorators and test bodies decide as for gloo, the groups it asks gloo for are scalefree's).
+Each run also counts the process groups its ranks made, per backend torch really made
+(``DIR/<run>-<world size>.groups.json``): a scalefree run that made no scalefree group, or
+any gloo group, is reported as the wrong backend. Exit status 1 when a test that gloo passes
+fails on a scalefree run of the same world size, or a run's groups show the wrong backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -47,8 +51,10 @@ def run_one(run: str, world_size: int, out: Path, k: str | None) -> Path:
     xml = out / f"{run}-{world_size}.xml"
     with tempfile.TemporaryDirectory(prefix="torchconf-") as tmp:
         os.mkdir(os.path.join(tmp, "barrier"))
+        os.mkdir(os.path.join(tmp, "groups"))
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=tmp,
-                   SCALEFREE_SUITE_AS_GLOO="1" if as_gloo else "0", OMP_NUM_THREADS="1")
+                   SCALEFREE_SUITE_AS_GLOO="1" if as_gloo else "0", OMP_NUM_THREADS="1",
+                   SCALEFREE_SUITE_GROUPS_DIR=os.path.join(tmp, "groups"))
         # The scalefree this interpreter imports (installed, or a work tree's), not the source tree
         # as such: an installed wheel's tree has no built extension in python/.
         import scalefree
@@ -62,9 +68,39 @@ def run_one(run: str, world_size: int, out: Path, k: str | None) -> Path:
         t0 = time.monotonic()
         print(f"== {run}, {world_size} ranks: {' '.join(cmd[1:])}", flush=True)
         subprocess.run(cmd, cwd=ROOT, env=env, check=False)
+        made = groups_made(tmp)
+        with open(f"{xml}.part.groups", "w") as f:
+            json.dump(made, f)
+        os.replace(f"{xml}.part.groups", groups_file(xml))
         os.replace(f"{xml}.part", xml)
-        print(f"== {run}, {world_size} ranks: {time.monotonic() - t0:.0f} s", flush=True)
+        print(f"== {run}, {world_size} ranks: {time.monotonic() - t0:.0f} s; process groups made: "
+              f"{', '.join(f'{n} {b}' for b, n in sorted(made.items())) or 'none'}", flush=True)
     return xml
+
+
+def groups_made(temp_dir: str) -> dict[str, int]:
+    """backend -> process groups the suite's ranks made on it (a file each in
+    SCALEFREE_SUITE_GROUPS_DIR, named after the backend torch really made, whatever name the
+    suite asked for)."""
+    d = Path(temp_dir) / "groups"
+    names = [p.name.split(".", 1)[0] for p in d.iterdir()] if d.is_dir() else []
+    return {b: names.count(b) for b in sorted(set(names))}
+
+
+def groups_file(xml: Path) -> Path:
+    return xml.with_suffix(".groups.json")
+
+
+def check_backend(run: str, made: dict[str, int]) -> str | None:
+    """Why the groups made do not show the run's backend running (None if they do): a scalefree
+    run must make scalefree groups and no gloo ones, gloo the reverse."""
+    backend = RUNS[run][0]
+    other = "gloo" if backend == "scalefree" else "scalefree"
+    if not made.get(backend):
+        return f"no {backend} process group was made"
+    if made.get(other):
+        return f"{made[other]} {other} process group(s) were made"
+    return None
 
 
 def outcomes(xml: Path) -> dict[str, tuple[str, str]]:
@@ -94,6 +130,14 @@ def report(out: Path, runs: list[str], world_sizes: list[int]) -> int:
         for r, res in got.items():
             counts = {s: sum(1 for v in res.values() if v[0] == s) for s in ("passed", "failed", "skipped")}
             print(f"  {r:<20} {counts['passed']:>7} {counts['failed']:>7} {counts['skipped']:>8} {len(res):>6}")
+        for r in got:
+            gf = groups_file(out / f"{r}-{ws}.xml")
+            if gf.exists():
+                made = json.loads(gf.read_text())
+                why = check_backend(r, made)
+                print(f"  {r}: process groups made: {', '.join(f'{n} {b}' for b, n in made.items()) or 'none'}"
+                      + (f" -- WRONG BACKEND: {why}" if why else ""))
+                bad += why is not None
         gloo = got.get("gloo", {})
         for r, res in got.items():
             if r == "gloo":

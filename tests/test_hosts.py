@@ -18,10 +18,17 @@ simhosts = pytest.importorskip("scalefree.launch.simhosts")
 def launch_all(hosts, per_host: int, code: str, *, timeout: float = 240, env=None, port=29517, run_args=()):
     """Runs `code` as `per_host` ranks on every host through `scalefree run --nnodes` (with
     `run_args` too); returns (returncode, output) per host."""
+    return launch_argv(hosts, per_host, [sys.executable, "-c", code], timeout=timeout, env=env, port=port,
+                       run_args=run_args)
+
+
+def launch_argv(hosts, per_host: int, argv, *, timeout: float = 240, env=None, port=29517, run_args=()):
+    """Runs the command `argv` as `per_host` ranks on every host through `scalefree run
+    --nnodes` (with `run_args` too); returns (returncode, output) per host."""
     procs = [
         hosts.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(hosts.n), "--node-rank", str(i),
                         "--nproc-per-node", str(per_host), "--master-addr", hosts.ip(0), "--master-port", str(port),
-                        *run_args, "--", sys.executable, "-c", code],
+                        *run_args, "--", *map(str, argv)],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         for i in range(hosts.n)
     ]
@@ -69,10 +76,17 @@ def test_fixture_isolates_and_cleans_up(can_simulate):
         reach = "import socket,sys; s=socket.create_connection((sys.argv[1], 9), timeout=3)"
         r = subprocess.run(h.command(1, [sys.executable, "-c", reach, "8.8.8.8"]), capture_output=True, text=True, timeout=30)
         assert r.returncode != 0 and ("unreachable" in r.stderr or "Network" in r.stderr), r.stderr[-300:]
-        srv = h.popen(0, [sys.executable, "-c", "import socket; s=socket.socket(); s.bind(('0.0.0.0', 7777)); s.listen(); c,_=s.accept(); c.send(b'hi')"],
-                      stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
-        r = subprocess.run(h.command(1, [sys.executable, "-c", f"import socket; print(socket.create_connection(('{h.ip(0)}', 7777), timeout=5).recv(2))"]),
+        # Servers listen on ports the hosts hand out: new per call, below the ephemeral range of
+        # the hosts' own network stacks, so no socket opened with port 0 can hold one first.
+        low = int(subprocess.run(h.command(0, ["cat", "/proc/sys/net/ipv4/ip_local_port_range"]), capture_output=True,
+                                 text=True, timeout=30, check=True).stdout.split()[0])
+        ports = [h.port() for _ in range(3)]
+        assert len(set(ports)) == 3 and all(1024 <= p < low for p in ports), (ports, low)
+        serve = (f"import socket; s=socket.socket(); s.bind(('0.0.0.0', {ports[0]})); s.listen(); print('up', flush=True); "
+                 "c,_=s.accept(); c.send(b'hi')")
+        srv = h.popen(0, [sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "up"
+        r = subprocess.run(h.command(1, [sys.executable, "-c", f"import socket; print(socket.create_connection(('{h.ip(0)}', {ports[0]}), timeout=5).recv(2))"]),
                            capture_output=True, text=True, timeout=30)
         assert "hi" in r.stdout, r.stderr
         srv.wait(timeout=10)
@@ -117,16 +131,17 @@ for i in range(1000000):
 """
 
 CUT = r"""
-import sys, time
+import itertools, sys, time
 import numpy as np, scalefree
 g = scalefree.init(timeout=120)
 a = np.ones(1 << 20, np.float32)
-print("ready", flush=True)
 t0 = time.monotonic()
 try:
-    while True:
+    for i in itertools.count():
         t0 = time.monotonic()
         g.allreduce(a)
+        if i == 0:
+            print("looping", flush=True)
 except scalefree.PeerLostError as e:
     print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
     sys.exit(3)
@@ -201,32 +216,42 @@ def test_first_loss_is_what_every_host_reports(can_simulate):
         assert line.split("is gone")[0].endswith("rank 1 "), line
 
 
-@pytest.mark.parametrize("elems", [256, 1 << 20, 1 << 22])
-def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate, elems):
+def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate):
     """Heartbeats find a host whose link went down (the socket reports nothing for minutes),
     also when a rank is blocked writing to it (its send buffer full), and when it waits in
-    `poll` on the lanes itself (small allreduces read their own arrivals)."""
+    `poll` on the lanes itself (small allreduces read their own arrivals). One job per case
+    (256, 1M and 4M elements), the three at once on the same two hosts, cut off together."""
     env = dict(__import__("os").environ, SCALEFREE_PEER_TIMEOUT="6")
+    cases = [256, 1 << 20, 1 << 22]
     with simhosts.SimHosts(2) as h:
-        procs = [
-            h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
-                        "--nproc-per-node", "1", "--master-addr", h.ip(0), "--", sys.executable, "-c",
-                        CUT.replace("1 << 20", str(elems))],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            for i in range(2)
-        ]
-        time.sleep(4)
+        jobs = []
+        for elems in cases:
+            port = h.port()
+            jobs.append([
+                h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
+                            "--nproc-per-node", "1", "--master-addr", h.ip(0), "--master-port", str(port), "--",
+                            sys.executable, "-c", CUT.replace("1 << 20", str(elems))],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                for i in range(2)
+            ])
+        for elems, procs in zip(cases, jobs):  # every job past its first allreduce before the cut
+            for line in procs[0].stdout:
+                if "looping" in line:
+                    break
+            else:
+                raise AssertionError(f"{elems} elements: rank 0 ended before its first allreduce ended")
         h.link(1, up=False)
         cut = time.monotonic()
-        try:
-            out0, _ = procs[0].communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("the survivor hung after its peer's host was cut off")
-        assert time.monotonic() - cut < 30
-        assert procs[0].returncode == 3, out0[-2000:]
-        assert "rank 1" in [l for l in out0.splitlines() if "PeerLostError after" in l][0]
-        out1, _ = procs[1].communicate(timeout=60)
-        assert procs[1].returncode != 0, out1[-2000:]
+        for elems, procs in zip(cases, jobs):
+            try:
+                out0, _ = procs[0].communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{elems} elements: the survivor hung after its peer's host was cut off")
+            assert time.monotonic() - cut < 30, elems
+            assert procs[0].returncode == 3, (elems, out0[-2000:])
+            assert "rank 1" in [l for l in out0.splitlines() if "PeerLostError after" in l][0], elems
+            out1, _ = procs[1].communicate(timeout=60)
+            assert procs[1].returncode != 0, (elems, out1[-2000:])
 
 
 def test_rank_of_another_job_is_refused(can_simulate):
@@ -773,3 +798,82 @@ print(f"rank {g.rank} of {g.size} done in start {count}, job {g.job_id}", flush=
     done = sorted(line.split("] ", 1)[1] for rc, o in out for line in o.splitlines() if " done in start " in line)
     assert [d.split(",")[0] for d in done] == [f"rank {r} of 4 done in start 1" for r in range(4)], done
     assert len({d.split("job ")[1] for d in done}) == 1 and done[0].endswith("-r1"), done
+
+
+def launch_cli(hosts, per_host: int, argv, *, timeout: float = 240, port=29541, module="scalefree.cli"):
+    """`python -m MODULE ARGV` (a scalefree command) as `per_host` ranks on every host (the
+    command runs as a rank of the job, as under mpirun); returns (returncode, output) per host."""
+    return launch_argv(hosts, per_host, [sys.executable, "-m", module, *argv], timeout=timeout, port=port)
+
+
+def test_hadi_diameter_across_hosts(can_simulate, tmp_path):
+    """`graph diameter --method exact` on 3 hosts: N(h) is the BFS reference's, exactly."""
+    import json
+
+    from test_hadi import bfs_neighbourhood, skewed_graph
+
+    src, dst = skewed_graph(301, 1500, seed=5)
+    p = tmp_path / "g.txt"
+    p.write_text("".join(f"{a}\t{b}\n" for a, b in zip(src.tolist(), dst.tolist())))
+    js = tmp_path / "d.json"
+    with simhosts.SimHosts(3) as h:
+        res = launch_cli(h, 1, ["graph", "diameter", p, "--method", "exact", "--json", js, "-q"])
+    assert all(rc == 0 for rc, _ in res), "\n".join(o[-2000:] for _, o in res)
+    from scalefree.graph.io import read_edges
+
+    s, d, ids = read_edges(p)
+    want = bfs_neighbourhood(s, d, len(ids))
+    doc = json.loads(js.read_text())
+    assert doc["ranks"] == 3, doc.get("ranks")
+    np.testing.assert_array_equal(np.asarray(doc["neighbourhood"], float), want)
+
+
+def test_logreg_across_hosts_matches_one_host(can_simulate, tmp_path):
+    """`sgd logreg` on 3 hosts (one rank each), a config per batch and fixed features: it
+    learns, and as well as the same 3 ranks on one host. (Not --slack: the sparse allreduce's
+    bounded-staleness reduce needs every rank on one host so far.)"""
+    import json
+
+    from scalefree.sgd.logreg import generate_rows, write_svmlight
+
+    data = tmp_path / "d.svm"
+    write_svmlight(data, generate_rows(3000, 800, nnz=10, seed=5))
+    for extra in ([], ["--fixed-features"]):
+        js, js1 = tmp_path / "h.json", tmp_path / "one.json"
+        with simhosts.SimHosts(3) as h:
+            res = launch_cli(h, 1, ["sgd", "logreg", data, "--epochs", "3", "--json", js, "-q", *extra])
+        assert all(rc == 0 for rc, _ in res), "\n".join(o[-2000:] for _, o in res)
+        one = subprocess.run([sys.executable, "-m", "scalefree.cli", "sgd", "logreg", str(data), "-n", "3",
+                              "--epochs", "3", "--json", str(js1), "-q", *extra],
+                             capture_output=True, text=True, timeout=180)
+        assert one.returncode == 0, one.stderr[-3000:]
+        across, local = json.loads(js.read_text()), json.loads(js1.read_text())
+        assert across["ranks"] == 3 and across["rows"] == 3000
+        assert across["test_accuracy"] > 0.7, across
+        assert abs(across["test_accuracy"] - local["test_accuracy"]) < 0.02, (extra, across, local)
+
+
+def test_ssp_apps_across_hosts(can_simulate, tmp_path):
+    """The bounded-staleness MF apps on 3 hosts (MovieLens-100K): rima with --slack
+    (a straggler-free run learns as rima does) and SSP-SGD matrix factorization over the SSP
+    reduction with a straggler (it converges; after the flush every rank holds one model)."""
+    import json
+    from pathlib import Path
+
+    ml = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "u.data"
+    if not ml.exists():
+        pytest.skip(f"{ml} is not here")
+    with simhosts.SimHosts(3) as h:
+        rima = launch_cli(h, 1, ["mf", "train", ml, "--mode", "rima", "--slack", "2", "-k", "8", "-i", "6", "-q"],
+                          port=29543)
+        sgd = launch_cli(h, 1, ["sgd", ml, "--slack", "3", "--iters", "30", "--straggler", "5", "--out", tmp_path / "h"],
+                         port=29545, module="scalefree_bench._worker_ssp_mf")
+    assert all(rc == 0 for rc, _ in rima + sgd), "\n".join(o[-2000:] for _, o in rima + sgd)
+    rmse = float(rima[0][1].split("final test RMSE")[1].split()[0])
+    assert 0.85 < rmse < 1.05, rima[0][1][-2000:]
+    res = [json.loads((tmp_path / f"h.rank{r}.json").read_text()) for r in range(3)]
+    for doc in res:
+        errs = [x[2] for x in doc["history"]]
+        assert errs[-1] < 0.98 and errs[-1] < errs[0] - 0.1, errs[::10]
+        assert all(x[3] <= 3 for x in doc["history"])
+    assert all(d["final_rmse"] == pytest.approx(res[0]["final_rmse"], abs=1e-6) for d in res)

@@ -80,7 +80,7 @@ def main() -> int:
         with open(script, "w") as f:
             f.write(RANK)
         env = {"LOOP_BYTES": str(a.bytes), "LOOP_CALLS": str(a.calls), "LOOP_BARRIER": "1" if a.barrier else "0"}
-        cmds = across.scalefree_cmds(sim, a.per_host, common.free_port(), [sys.executable, script])
+        cmds = across.scalefree_cmds(sim, a.per_host, sim.port(), [sys.executable, script])
         os.environ.update(env)
         out = across.run_all(cmds, timeout_s=600)
         return 0 if out.returncode == 0 else 1

@@ -29,6 +29,10 @@ PEERS = ("mpi", "gloo")
 PLACEMENTS = ("arena", "plain")
 ALGORITHMS = ("auto", "one_shot", "direct", "ring", "hierarchical")
 DTYPES = ("float32", "float64", "int32", "int64", "uint8")
+# --wire: what scalefree's step between hosts carries ("exact": the dtype itself).
+WIRES = ("exact", "bf16", "fp16")
+#: Unit roundoff of each wire format (the error bound's ``u``; docs/algorithms.md).
+UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 # --op: what every implementation times. Sizes are per rank (allgather: each rank's part).
 OPS = ("allreduce", "allgather", "broadcast")
 DEFAULT_SIZES = "1K,64K,1M,16M,64M,256M"
@@ -75,6 +79,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "implementation, --per-host ranks on each (-n is then ignored)")
     p.add_argument("--per-host", type=arg(common.positive_int), default=1, metavar="P",
                    help="ranks per simulated host with --hosts")
+    p.add_argument("--hosts-layout", type=arg(lambda s: common.parse_int_list(s, "ranks of a host")), default=None,
+                   metavar="A,B[,...]",
+                   help="run across simulated hosts of different sizes: A ranks on the first, B on the second, "
+                   "... (instead of --hosts and --per-host)")
+    p.add_argument("--wire", type=arg(lambda s: common.parse_choice_list(s, WIRES, "wire")), default="exact",
+                   metavar="W[,W...]",
+                   help="scalefree rows for each: 'exact' (no compression), 'bf16' or 'fp16' (g.allreduce(a, wire=W): 16-bit "
+                   "values between hosts, float32 sums; variant '<algorithm>+W', with the largest relative error "
+                   "against the exact sum on random data and its bound)")
     p.add_argument("--encrypt", action="store_true",
                    help="with --hosts: run scalefree also with `scalefree run --encrypt` (sealed TCP lanes, "
                    "variant '<algorithm>+encrypt') in every round, beside the unencrypted run, and report "
@@ -115,12 +128,13 @@ def busbw_gbps(op: str, nbytes: int, ranks: int, seconds: float) -> float:
 
 
 def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, barrier, allmax,
-             args, refusals: tuple = (), **meta) -> None:
+             args, refusals: tuple = (), point_extra=None, **meta) -> None:
     """The measurement every implementation makes, given its collectives: ``make_op(a, out)``
     returns a callable doing one call of ``args.op`` — an in-place sum allreduce of ``a``,
     an allgather of ``a`` into ``out`` (``world_size`` rows), or an in-place broadcast of
     ``a`` from rank 0 (``out`` is None but for allgather); ``barrier()``; ``allmax(x)``
-    returns the maximum of the float ``x`` over ranks. ``refusals`` are the exception types
+    returns the maximum of the float ``x`` over ranks; ``point_extra(nbytes)`` (collective, if
+    given) returns what to record with each point beside the times. ``refusals`` are the exception types
     with which the implementation refuses a size on every rank alike (the point is recorded
     as skipped). Raises ``RuntimeError`` if a result is wrong."""
     import numpy as np
@@ -156,7 +170,9 @@ def run_rank(*, impl: str, variant: str, rank: int, world_size: int, make_op, ba
             out[...] = 0
         op()
         _check(impl, what, a if out is None else out, expected, rank, world_size, nbytes)
-        writer.add_point(nbytes, point, peak_rss_bytes=peak_rss_bytes())
+        rss = peak_rss_bytes()  # before point_extra, whose own arrays are no part of the call
+        extra = point_extra(nbytes) if point_extra is not None else {}
+        writer.add_point(nbytes, point, peak_rss_bytes=rss, **extra)
         if rank == 0:
             s = common.Stats.of(point.times_s)
             progress(f"  {impl}{'/' + variant if variant else ''} n={world_size} "
@@ -199,6 +215,8 @@ def run(args) -> int:
     failures: list[str] = []
     notes: list[str] = []
     records += _run_memcpy(args)
+    if args.hosts_layout:
+        args.hosts = [len(args.hosts_layout)]
     if args.hosts:
         records += _run_hosts(args, peers, failures, notes)
     for n in ([] if args.hosts else args.ranks):
@@ -207,6 +225,7 @@ def run(args) -> int:
     records.sort(key=lambda r: (r["bytes"], r["hosts"], r["ranks"], _IMPL_ORDER.get(r["impl"], 9), r["variant"]))
     add_floor_share(records)
     notes += encryption_cost(records)
+    notes += wire_gain(records)
     print(render_table(records, peers))
     sys.stdout.flush()
     if args.json:
@@ -250,6 +269,52 @@ def encryption_cost(records: list[dict]) -> list[str]:
     return lines
 
 
+def wire_gain(records: list[dict]) -> list[str]:
+    """``--wire``: each compressed scalefree record's speed against the exact one of the same
+    run (same hosts, ranks, size, algorithm), stored as ``vs_exact`` (exact median /
+    compressed median), and its largest relative error against its bound; one line per point."""
+    exact = {(r["hosts"], r["ranks"], r["bytes"], r["variant"]): r for r in records if r["impl"] == "scalefree"}
+    lines = []
+    for r in records:
+        wire = r["variant"].rsplit("+", 1)[-1] if r["impl"] == "scalefree" and "+" in r["variant"] else ""
+        if wire not in UNIT_ROUNDOFF:
+            continue
+        base = exact.get((r["hosts"], r["ranks"], r["bytes"], r["variant"][:-len(wire) - 1]))
+        line = f"{r['hosts']} hosts, {r['ranks']} ranks, {human_bytes(r['bytes'])}, wire={wire}"
+        if base is not None and r["median_s"] > 0:
+            r["vs_exact"] = base["median_s"] / r["median_s"]
+            line += f": {r['vs_exact']:.2f}x the exact allreduce ({human_time(r['median_s'])} vs {human_time(base['median_s'])})"
+        if "rel_err_max" in r:
+            line += f"; largest relative error {r['rel_err_max']:.2e} (bound {r['rel_err_bound']:.2e})"
+        lines.append(line)
+    return lines
+
+
+def wire_error(g, wire: str, nbytes: int) -> dict:
+    """Collective (every rank of ``g``): the largest relative error of ``g.allreduce(x,
+    wire=wire)`` on seeded normal float32 data of ``nbytes`` per rank, elementwise
+    ``|result - exact| / sum_r |x_r|`` (the exact sum in float64), and the documented bound
+    ``(2u + N·2^-24)(1 + u)``."""
+    import numpy as np
+
+    n = nbytes // 4
+    parts = [np.random.default_rng([r, n]).standard_normal(n, dtype=np.float32) for r in range(g.size)]
+    a = parts[g.rank].copy()
+    g.allreduce(a, wire=wire)
+    used = g.last_algorithm
+    exact = np.zeros(n, np.float64)
+    scale = np.zeros(n, np.float64)
+    for p in parts:
+        exact += p
+        scale += np.abs(p)
+    err = float((np.abs(a - exact) / np.maximum(scale, 1e-300)).max()) if n else 0.0
+    u = UNIT_ROUNDOFF[wire]
+    cell = np.array([err])
+    g.allreduce(cell, op="max")
+    return {"rel_err_max": float(cell[0]), "rel_err_bound": (2 * u + g.size * 2.0 ** -24) * (1 + u),
+            "algorithm_used": used}
+
+
 #: The variant suffix of encrypted runs (``--encrypt``).
 ENCRYPT_SUFFIX = "+encrypt"
 
@@ -273,18 +338,21 @@ def add_floor_share(records: list[dict]) -> None:
 def render_table(records: list[dict], peers: list[str]) -> str:
     ratios = common.peer_ratios(records, peers, match=("hosts", "ranks", "bytes", "dtype"))
     floors = any("of_floor" in r for r in records)
-    headers = ["hosts", "ranks", "size", "impl", "variant", "median", "min", "max", "n", "busbw GB/s"]
+    used = any("algorithm_used" in r for r in records)
+    headers = ["hosts", "ranks", "size", "impl", "variant"] + (["used"] if used else [])
+    headers += ["median", "min", "max", "n", "busbw GB/s"]
     headers += ["of TCP floor"] if floors else []
     headers += [f"vs {p}" for p in peers]
     rows = []
     for r, rs in zip(records, ratios):
-        row = [str(r["hosts"]), str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"],
-               human_time(r["median_s"]), human_time(r["min_s"]), human_time(r["max_s"]),
+        row = [str(r["hosts"]), str(r["ranks"]), human_bytes(r["bytes"]), r["impl"], r["variant"]]
+        row += [r.get("algorithm_used", "")] if used else []
+        row += [human_time(r["median_s"]), human_time(r["min_s"]), human_time(r["max_s"]),
                str(r["n"]), common.format_gbps(r["gbps"])]
         row += [f"{r['of_floor']:.0%}" if "of_floor" in r else ""] if floors else []
         row += [f"{rs[p]:.2f}x" if p in rs else "" for p in peers]
         rows.append(row)
-    return common.format_table(headers, rows, left_columns=5)
+    return common.format_table(headers, rows, left_columns=6 if used else 5)
 
 
 def _itemsize(dtype: str) -> int:
@@ -357,8 +425,9 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
         return []
     records = []
     for h in args.hosts:
+        layout = tuple(args.hosts_layout) if args.hosts_layout else None
         with simhosts.SimHosts(h) as sim:
-            n = h * args.per_host
+            n = sum(layout) if layout else h * args.per_host
             # The floor for each size's buffer (1 MiB for the smaller sizes), before every round.
             buffers = sorted({max(b, FLOOR_MIN_BUFFER) for b in args.sizes}) if h > 1 else []
             rounds, floors = [], {b: [] for b in buffers}
@@ -367,7 +436,7 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
                     progress(f"allreduce: {h} hosts, round {r + 1} of {args.rounds}")
                 for b in buffers:
                     floors[b].append(aggregate_tcp_gbps(sim, buffer=b))
-                rounds.append(_round(n, args, peers, failures, notes, ["plain"], sim=sim))
+                rounds.append(_round(n, args, peers, failures, notes, ["plain"], sim=sim, layout=layout))
             for b, got in floors.items():
                 floor = statistics.median(got)
                 each = " / ".join(f"{f:.2f}" for f in got)
@@ -383,18 +452,20 @@ def _run_hosts(args, peers: list[str], failures: list[str], notes: list[str]) ->
 
 
 def _round(n: int, args, peers: list[str], failures: list[str], notes: list[str],
-           placements: list[str], sim=None) -> list[dict]:
-    """One round: scalefree (each placement and algorithm), then every peer, on ``n`` ranks."""
+           placements: list[str], sim=None, layout=None) -> list[dict]:
+    """One round: scalefree (each placement, algorithm and wire), then every peer, on ``n``
+    ranks (``layout``: ranks of each simulated host, when they differ)."""
     got = []
     for placement in placements:
         for algorithm in args.algorithm:
-            got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
-                              placement=placement, sim=sim)
+            for wire in getattr(args, "wire", ["exact"]):
+                got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
+                                  placement=placement, sim=sim, layout=layout, wire=wire)
             if sim is not None and getattr(args, "encrypt", False):
                 got += _run_ranks("scalefree", n, args, failures, notes, algorithm=algorithm,
-                                  placement=placement, sim=sim, encrypt=True)
+                                  placement=placement, sim=sim, encrypt=True, layout=layout)
     for peer in peers:
-        got += _run_ranks(peer, n, args, failures, notes, sim=sim)
+        got += _run_ranks(peer, n, args, failures, notes, sim=sim, layout=layout)
     return got
 
 
@@ -420,41 +491,45 @@ def _pool(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
-def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim) -> list[str]:
+def _worker(impl: str, worker_args: list[str], args, algorithm: str, variant: str, sim, wire: str = "exact") -> list[str]:
     """The rank-side command of ``impl``."""
     if impl == "scalefree":
         return [sys.executable, "-m", "scalefree_bench._worker_scalefree", *worker_args,
-                "--algorithm", algorithm, "--variant", variant]
+                "--algorithm", algorithm, "--variant", variant, "--wire", wire]
     if impl == "gloo":
         master = ["--master-addr", sim.ip(0)] if sim is not None else []
         return [sys.executable, "-m", "scalefree_bench._worker_gloo", *worker_args,
-                "--port", str(common.free_port()), *master, "--timeout", repr(args.timeout)]
+                "--port", str(sim.port() if sim is not None else common.free_port()), *master, "--timeout", repr(args.timeout)]
     if impl == "mpi":
         return [sys.executable, "-m", "scalefree_bench._worker_mpi", *worker_args]
     raise ValueError(f"unknown implementation {impl!r}")
 
 
 def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
-               algorithm: str = "", placement: str = "arena", sim=None, encrypt: bool = False) -> list[dict]:
-    """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given; ``encrypt``:
-    with ``scalefree run --encrypt``); returns its records, appending what went wrong to
-    ``failures`` and the points it refused to ``notes``."""
+               algorithm: str = "", placement: str = "arena", sim=None, encrypt: bool = False,
+               layout=None, wire: str = "exact") -> list[dict]:
+    """Runs ``impl`` on ``n`` ranks (across the simulated hosts ``sim`` if given, ``layout``
+    ranks on each when they differ; ``encrypt``: with ``scalefree run --encrypt``; ``wire``:
+    scalefree's compression between hosts); returns its records, appending what went wrong
+    to ``failures`` and the points it refused to ``notes``."""
     suffix = "" if placement == "arena" or sim is not None else f"+{placement}"
+    suffix += "" if wire == "exact" else f"+{wire}"
     suffix += ENCRYPT_SUFFIX if encrypt else ""
     where = f" on {sim.n} hosts" if sim is not None else ""
     label = f"{impl}{'/' + algorithm + suffix if algorithm else ''} on {n} ranks{where}"
     with tempfile.TemporaryDirectory(prefix=f"scalefree-bench-{impl}-") as tmp:
         out_dir = Path(tmp)
         argv = _worker(impl, common.worker_argv(args, args.sizes, out_dir) + ["--op", args.op], args,
-                       algorithm, algorithm + suffix, sim)
+                       algorithm, algorithm + suffix, sim, wire)
         progress(f"allreduce: {label}")
         if sim is not None:
             from . import hosts as across
 
+            per_host = layout or args.per_host
             if impl == "mpi":
-                cmds = [across.mpi_cmd(sim, args.per_host, across.rsh_agent(sim, out_dir), argv)]
+                cmds = [across.mpi_cmd(sim, per_host, across.rsh_agent(sim, out_dir), argv)]
             else:
-                cmds = across.scalefree_cmds(sim, args.per_host, common.free_port(), argv, encrypt=encrypt)
+                cmds = across.scalefree_cmds(sim, per_host, sim.port(), argv, encrypt=encrypt)
             # gloo would pick its interface from the host name, which no simulated host resolves.
             env_extra = common.mpi_env() if impl == "mpi" else {"GLOO_SOCKET_IFNAME": "eth0"}
             outcome = across.run_all(cmds, timeout_s=args.timeout, env_extra=env_extra)
@@ -479,7 +554,9 @@ def _run_ranks(impl: str, n: int, args, failures: list[str], notes: list[str],
             gbps=busbw_gbps(args.op, pt.nbytes, n, stats.median_s), op=args.op,
             straggler_ms=float(args.straggler), first_call_s=pt.first_call_s,
             **{k: v for k, v in merged.meta.items() if k.endswith("_s")},
-            **({"peak_rss_bytes": pt.extra["peak_rss_bytes"]} if "peak_rss_bytes" in pt.extra else {}),
+            **{k: pt.extra[k] for k in ("peak_rss_bytes", "algorithm_used", "rel_err_max", "rel_err_bound")
+               if k in pt.extra},
+            **({"layout": list(layout)} if layout else {}),
         ))
         records[-1]["_times"] = list(pt.times_s)
     for nbytes, why in merged.skipped:

@@ -517,7 +517,8 @@ def usable_cores() -> int:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
+    """A TCP port on 127.0.0.1 that is free right now (on simulated hosts, which have network
+    stacks of their own, ``SimHosts.port()`` instead)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -585,7 +586,7 @@ def run_ranks(impl: str, n: int, argv: list[str], *, timeout_s: float, label: st
         with tempfile.TemporaryDirectory(prefix="scalefree-bench-hosts-") as tmp:
             per_host = n // sim.n
             cmds = ([across.mpi_cmd(sim, per_host, across.rsh_agent(sim, Path(tmp)), argv)] if impl == "mpi"
-                    else across.scalefree_cmds(sim, per_host, free_port(), argv))
+                    else across.scalefree_cmds(sim, per_host, sim.port(), argv))
             res = across.run_all(cmds, timeout_s=timeout_s, env_extra=env)
     else:
         cmd = mpiexec_cmd(mpiexec, n, argv) if impl == "mpi" else launcher_cmd(n, argv)

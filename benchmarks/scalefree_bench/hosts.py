@@ -24,11 +24,13 @@ from pathlib import Path
 from . import common
 
 
-def scalefree_cmds(sim, per_host: int, port: int, argv: list[str], *, encrypt: bool = False) -> list[list[str]]:
-    """One ``scalefree run`` per host, all meeting at host 0 (``encrypt``: ``--encrypt``)."""
+def scalefree_cmds(sim, per_host, port: int, argv: list[str], *, encrypt: bool = False) -> list[list[str]]:
+    """One ``scalefree run`` per host, all meeting at host 0 (``per_host``: ranks on every
+    host, or a list of each host's; ``encrypt``: ``--encrypt``)."""
+    per_node = ",".join(map(str, per_host)) if isinstance(per_host, (list, tuple)) else str(per_host)
     return [
         sim.command(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", str(sim.n), "--node-rank", str(i),
-                        "--nproc-per-node", str(per_host), "--master-addr", sim.ip(0), "--master-port", str(port),
+                        "--nproc-per-node", per_node, "--master-addr", sim.ip(0), "--master-port", str(port),
                         *(["--encrypt"] if encrypt else []), "--", *argv])
         for i in range(sim.n)
     ]
@@ -46,13 +48,15 @@ def rsh_agent(sim, folder: Path) -> Path:
     return path
 
 
-def mpi_cmd(sim, per_host: int, agent: Path, argv: list[str]) -> list[str]:
-    hosts = ",".join(f"{sim.ip(i)}:{per_host}" for i in range(sim.n))
-    cmd = [common.find_mpiexec(), "--host", hosts, "-n", str(sim.n * per_host),
-           "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self,vader" if per_host > 1 else "tcp,self",
+def mpi_cmd(sim, per_host, agent: Path, argv: list[str]) -> list[str]:
+    """``mpiexec`` across the simulated hosts, ``per_host`` ranks on each (or a list of each host's)."""
+    counts = list(per_host) if isinstance(per_host, (list, tuple)) else [per_host] * sim.n
+    hosts = ",".join(f"{sim.ip(i)}:{k}" for i, k in enumerate(counts))
+    cmd = [common.find_mpiexec(), "--host", hosts, "-n", str(sum(counts)),
+           "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self,vader" if max(counts) > 1 else "tcp,self",
            "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
            "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "-x", "PATH"]
-    if per_host > common.usable_cores():
+    if max(counts) > common.usable_cores():
         cmd.append("--oversubscribe")
     return sim.command(0, cmd + argv)
 
@@ -99,7 +103,7 @@ def aggregate_tcp_gbps(sim, seconds: float = 2.0, buffer: int = 1 << 20) -> floa
     collective between these hosts cannot beat), in GB/s. Each host sends from, and receives
     into, a buffer of ``buffer`` bytes, 1 MiB at a time: a buffer larger than the caches costs
     the kernel's copies memory traffic, as a collective on that many bytes pays."""
-    port = common.free_port()
+    port = sim.port()
     buffer = max(buffer, 1 << 20)
     server = ("import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
               f"s.bind(('0.0.0.0', {port})); s.listen(); c,_=s.accept(); n=0\n"

@@ -57,7 +57,7 @@ def run(args) -> int:
         argv = [sys.executable, "-m", "scalefree_bench._worker_onesided", "--size", str(args.size),
                 "--window", str(args.window), "--rounds", str(args.rounds), "--compute-ms", repr(args.compute_ms),
                 "--out", str(out)]
-        outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, common.free_port(), argv), timeout_s=args.timeout)
+        outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, sim.port(), argv), timeout_s=args.timeout)
         if outcome.returncode != 0 or not out.exists():
             print("scalefree bench onesided: the run failed:\n" + "\n".join(outcome.tail), file=sys.stderr)
             return 1

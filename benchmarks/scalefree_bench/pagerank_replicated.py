@@ -123,7 +123,7 @@ def _job(args, edges: Path, out: Path, ranks: int, r: int, kill: list[int]) -> d
         from . import hosts
 
         with simhosts.SimHosts(args.hosts) as sim:
-            cmds = hosts.scalefree_cmds(sim, ranks // args.hosts, common.free_port(), argv)
+            cmds = hosts.scalefree_cmds(sim, ranks // args.hosts, sim.port(), argv)
             at = [c.index("--nproc-per-node") + 2 for c in cmds]  # among `scalefree run`'s options
             cmds = [c[:i] + ["--allow-rank-failure", "--timeout", str(args.timeout)] + c[i:] for c, i in zip(cmds, at)]
             outcome = hosts.run_all(cmds, timeout_s=args.timeout + 30)

@@ -76,7 +76,7 @@ def _train_hosts(trace: str, args, tmp: Path) -> list[dict]:
             "--transport", "slots", "--trace", trace, "--out", out, "--hidden", *[str(h) for h in args.hidden]]
     progress(f"ps: slots across {args.hosts} simulated hosts, tracing {trace}")
     with simhosts.SimHosts(args.hosts) as sim:
-        outcome = hosts.run_all(hosts.scalefree_cmds(sim, args.ranks // args.hosts, common.free_port(), argv),
+        outcome = hosts.run_all(hosts.scalefree_cmds(sim, args.ranks // args.hosts, sim.port(), argv),
                                 timeout_s=args.timeout,
                                 env_extra=dict(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     if not outcome.ok:

@@ -56,6 +56,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "--sparse-distinct) instead of --nnz draws with duplicates merged")
     p.add_argument("--budget", default=None, metavar="SIZE[,SIZE...]",
                    help="flash memory budgets as sizes (e.g. 1G), one row each, after the --budget-fractions rows")
+    p.add_argument("--cli-budget", default=None, metavar="SIZE[,SIZE...]",
+                   help="also run the command `scalefree flash svd DATA -k K --tol T --memory SIZE` in a child "
+                        "process per size and round (the matrix from the file; --data random/kos/wiki-vote are "
+                        "written to an uncompressed .npz first): solve time and the command's whole peak RSS")
     p.add_argument("--warmup", type=common.argparse_type(_non_negative_int), default=1,
                    help="untimed calls of each row before the timed ones (default 1)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
@@ -161,6 +165,23 @@ def _load(args, tmp):
     return path.name, a
 
 
+def _cli_svd(path, k, args, size, tmp, cache) -> dict:
+    """One run of the command ``scalefree flash svd`` in a child process: its ``--json``
+    record (solve ``seconds``, ``peak_rss_bytes``: the command's own VmHWM, a fresh process's)."""
+    import json
+    import subprocess
+    import sys
+
+    out = Path(tmp) / "cli-svd.json"
+    cmd = [sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", str(k), "--tol", str(args.tol),
+           "--memory", size, "--threads", str(args.threads), "--dir", str(tmp), "--quiet", "--json", str(out)]
+    cache.drop()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"svd: {' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    return json.loads(out.read_text())
+
+
 def run(args) -> int:
     import scipy.sparse.linalg as sla
 
@@ -209,18 +230,29 @@ def run(args) -> int:
                          lambda A=A, rt=rt, info=info: flash.svds(A, k=k, tol=args.tol, return_singular_vectors=False,
                                                                   random_state=0, stats=info, runtime=rt),
                          info, {"budget_bytes": budget}))
+        cli = []
+        if args.cli_budget:
+            path = Path(args.data) if Path(args.data).exists() else Path(tmp) / "matrix.npz"
+            if not Path(args.data).exists():
+                import scipy.sparse as sp
+
+                sp.save_npz(path, a, compressed=False)
+            cli = [(f"cli-{size.strip()}", size.strip(), path) for size in args.cli_budget.split(",") if size.strip()]
         outs = [None for _ in rows]
         for _ in range(args.warmup):
             outs = [fn() for _, _, fn, _, _ in rows]
         times = [[] for _ in rows]
         peaks = [0 for _ in rows]
         rss = [{} for _ in rows]
+        cli_runs = [[] for _ in cli]
         for _ in range(args.repeat):
             for i, (_, _, fn, info, _) in enumerate(rows):
                 seconds, outs[i] = common.timed_call(fn, cache, rss[i])
                 times[i].append(seconds)
                 if info:
                     peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
+            for i, (_, size, path) in enumerate(cli):
+                cli_runs[i].append(_cli_svd(path, k, args, size, tmp, cache))
         for i, (impl, variant, _, info, extra) in enumerate(rows):
             st, e = common.Stats.of(times[i]), err(outs[i])
             if info:
@@ -232,6 +264,21 @@ def run(args) -> int:
                                               dtype="float64", stats=st, gbps=0.0, data=name, k=k, tol=args.tol,
                                               max_rel_err=e, blas=blas, page_cache=cache.state, **extra, **rss[i]))
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
+        for (variant, size, _), runs in zip(cli, cli_runs):
+            st = common.Stats.of([r["seconds"] for r in runs])
+            last = runs[-1]
+            e = err(np.asarray(last["singular_values"]))
+            records.append(common.make_record(
+                bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=csr_bytes, dtype="float64", stats=st,
+                gbps=0.0, data=name, k=k, tol=args.tol, max_rel_err=e, blas=blas, page_cache=cache.state,
+                budget_bytes=last["memory_budget_bytes"], peak_resident_bytes=max(r["peak_resident_bytes"] for r in runs),
+                operator_columns=last["operator_columns"], restarts=last["restarts"],
+                operand="flash" if last.get("on_flash") else "loaded" if last.get("loaded") else "memory",
+                command_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs),
+                command_peak_rss_runs=[r["peak_rss_bytes"] for r in runs], load_seconds=[r["load_seconds"] for r in runs],
+                basis_on_flash=last.get("basis_on_flash"), vectors_on_flash=last.get("vectors_on_flash")))
+            common.progress(f"  scalefree {variant} (command): median solve {common.human_time(st.median_s)}, peak RSS "
+                            f"{common.human_bytes(records[-1]['command_peak_rss_bytes'])}, max rel err {e:.1e}")
         del keep
 
     # A: where the products read A from: "flash" (a flash kernel pass per block), "loaded" (a
@@ -248,7 +295,8 @@ def run(args) -> int:
                      common.human_time(r["min_s"]), common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
-                     *common.rss_cells(r),
+                     *(common.rss_cells(r) if "command_peak_rss_bytes" not in r
+                       else [common.human_bytes(r["command_peak_rss_bytes"]) + " (cmd)", ""]),
                      f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
     print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
           + (f" ({cache.drops} drops)" if cache.enabled else ""))

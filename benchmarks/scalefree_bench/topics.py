@@ -63,6 +63,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "untimed), or a docword FILE written by `scalefree flash corpus` (its .topics.npy beside it)")
     p.add_argument("--planted-length", type=common.argparse_type(common.positive_float), default=100.0,
                    help="planted documents' mean length (default 100)")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help="--planted: the flash row's budget as a size (e.g. 256M) instead of --budget-fraction")
+    p.add_argument("--as-command", action="store_true", dest="in_child",
+                   help="--planted: the flash row runs the command `scalefree flash topics FILE -k K --memory B "
+                        "--sample S --truth T` in a child process (its whole peak RSS, a fresh process's), and a "
+                        "row measures the command's fixed overhead (a 2000-document corpus at --memory 1M)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
     p.add_argument("--dir", default=None, help="scratch directory for flash files and the corpora")
     common.add_cold_arg(p)
@@ -144,7 +150,8 @@ def run(args) -> int:
                      f"{r['recovery_l1_mean']:.3f} (max {r['recovery_l1_max']:.3f})" if "recovery_l1_mean" in r else "",
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
-                     *common.rss_cells(r),
+                     *(common.rss_cells(r) if "command_peak_rss_bytes" not in r
+                       else [common.human_bytes(r["command_peak_rss_bytes"]) + " (cmd)", ""]),
                      f"{r['speedup_vs_lda']:.2f}x" if "speedup_vs_lda" in r else "",
                      f"{r['time_vs_memory']:.2f}x time" if "time_vs_memory" in r else ""])
     print(f"# topics: BLAS {blas}; page cache: {cache.state}; threads {args.threads}")
@@ -248,13 +255,44 @@ def _planted(args, tmp: Path, cache, blas) -> list[dict]:
         t = time.perf_counter()
         truth = flash.planted_topics(words, k, seed=0)
         nnz = flash.write_corpus(path, truth, docs, mean_length=args.planted_length, seed=0)
+        np.save(flash.truth_path(path), truth)  # beside it, as `scalefree flash corpus` does (--command reads it)
         common.progress(f"topics: planted corpus written in {time.perf_counter() - t:.1f} s")
     csr_bytes = nnz * 8 + (docs + 1) * 8
     name = f"planted {docs}x{words} k={k}"
     common.progress(f"topics: {name}: {nnz} entries ({common.human_bytes(csr_bytes)} as float32 flash CSR)")
     out = []
-    for variant, budget in ((f"flash-{args.budget_fraction:g}", max(1 << 16, int(csr_bytes * args.budget_fraction))),
-                            ("memory", 4 * csr_bytes + (64 << 20))):
+    if args.budget:
+        from scalefree._units import parse_bytes
+
+        flash_row = (f"flash-{args.budget}", parse_bytes(args.budget, "--budget"))
+    else:
+        flash_row = (f"flash-{args.budget_fraction:g}", max(1 << 16, int(csr_bytes * args.budget_fraction)))
+    if args.in_child:
+        small = tmp / "docword.small.txt"
+        flash.write_corpus(small, flash.planted_topics(500, 10, seed=1), 2000, seed=1)
+        for variant, corpus, kk, budget, sample, truth_file in (
+                ("command-overhead", small, 10, 1 << 20, 1.0, None),
+                (f"command-{flash_row[0]}", path, k, flash_row[1], args.sample, flash.truth_path(path))):
+            runs = [_command_topics(corpus, kk, budget, sample, truth_file, args, tmp, cache) for _ in range(args.repeat)]
+            st = common.Stats.of([r["seconds"] for r in runs])
+            rec = common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=1,
+                                     nbytes=csr_bytes if corpus == path else 0, dtype="float32", stats=st, gbps=0.0,
+                                     data=name if corpus == path else "planted 2000x500 k=10", k=kk, blas=blas,
+                                     page_cache=cache.state, budget_bytes=budget, sample=sample,
+                                     peak_resident_bytes=max(r["peak_resident_bytes"] for r in runs),
+                                     command_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs),
+                                     command_peak_rss_runs=[r["peak_rss_bytes"] for r in runs],
+                                     steps=runs[-1]["steps"], on_flash=runs[-1]["on_flash"],
+                                     lloyd_row_blocks=runs[-1].get("lloyd_row_blocks"),
+                                     svd_basis_on_flash=runs[-1].get("svd_basis_on_flash"),
+                                     svd_vectors_on_flash=runs[-1].get("svd_vectors_on_flash"))
+            if truth_file is not None:
+                rec.update(recovery_l1_mean=runs[-1]["recovery_l1_mean"], recovery_l1_max=runs[-1]["recovery_l1_max"],
+                           docs=docs, words=words, nnz=nnz)
+            common.progress(f"  scalefree {variant}: median {common.human_time(st.median_s)}, peak RSS "
+                            f"{common.human_bytes(rec['command_peak_rss_bytes'])}")
+            out.append(rec)
+    for variant, budget in (() if args.in_child else (flash_row,)) + (("memory", 4 * csr_bytes + (64 << 20)),):
         rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
 
         def fit(rt=rt):
@@ -273,5 +311,24 @@ def _planted(args, tmp: Path, cache, blas) -> list[dict]:
                         f"max {worst:.3f}")
         out.append(rec)
     mem = out[-1]["median_s"]
-    out[0]["time_vs_memory"] = out[0]["median_s"] / mem
+    out[-2]["time_vs_memory"] = out[-2]["median_s"] / mem
     return out
+
+
+def _command_topics(path, k, budget, sample, truth, args, tmp, cache) -> dict:
+    """One run of ``scalefree flash topics`` in a child process: its ``--json`` record (load +
+    fit ``seconds``, ``peak_rss_bytes``: the command's own VmHWM over load and fit)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp / "command-topics.json"
+    cmd = [sys.executable, "-m", "scalefree.cli", "flash", "topics", str(path), "-k", str(k), "--memory", str(budget),
+           "--sample", str(sample), "--threads", str(args.threads), "--dir", str(tmp), "--quiet", "--json", str(out)]
+    if truth is not None:
+        cmd += ["--truth", str(truth)]
+    cache.drop()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"topics: {' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    return json.loads(out.read_text())

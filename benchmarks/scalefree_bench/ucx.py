@@ -84,7 +84,7 @@ def run(args) -> int:
         progress("ucx: scalefree (put, write_notify ping-pong) across 2 simulated hosts")
         argv = [sys.executable, "-m", "scalefree_bench._worker_ucx", "--sizes", ",".join(map(str, args.sizes)),
                 "--lat-iters", str(args.lat_iters), "--target-seconds", repr(args.target_seconds), "--out", str(out)]
-        outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, common.free_port(), argv), timeout_s=args.timeout)
+        outcome = hosts.run_all(hosts.scalefree_cmds(sim, 1, sim.port(), argv), timeout_s=args.timeout)
         if outcome.returncode != 0 or not out.exists():
             print("scalefree bench ucx: our run failed:\n" + "\n".join(outcome.tail), file=sys.stderr)
             return 1
@@ -99,21 +99,18 @@ def run(args) -> int:
             lat = ours[key]["half_rtt_s"]
             records.append(common.make_record(bench=BENCH, impl="scalefree", variant=variant, ranks=2, hosts=2,
                                               nbytes=8, dtype="u8", stats=common.Stats.of([lat]), gbps=0.0))
-        port = common.free_port()
         for label, env in (("perftest", {}), ("perftest+sf-env", SCALEFREE_UCX_ENV)):
             for size in args.sizes:
                 iters = max(args.perftest_iters, min(100000, args.perftest_iters * largest // max(size, 1)))
                 progress(f"ucx: ucx_perftest ucp_put_bw {human_bytes(size)} ({label})")
-                r = _perftest(sim, pt, "ucp_put_bw", size, iters, env, port)
-                port += 1
+                r = _perftest(sim, pt, "ucp_put_bw", size, iters, env, sim.port())
                 if r:
                     s = size / (r["mbps"] * 2**20)
                     records.append(common.make_record(bench=BENCH, impl="ucx_perftest", variant=f"ucp_put_bw{'' if not env else '+sf-env'}",
                                                       ranks=2, hosts=2, nbytes=size, dtype="u8", stats=common.Stats.of([s]),
                                                       gbps=r["mbps"] * 2**20 / 1e9))
             progress(f"ucx: ucx_perftest ucp_am_lat 8 B ({label})")
-            r = _perftest(sim, pt, "ucp_am_lat", 8, args.lat_iters, env, port)
-            port += 1
+            r = _perftest(sim, pt, "ucp_am_lat", 8, args.lat_iters, env, sim.port())
             if r:
                 records.append(common.make_record(bench=BENCH, impl="ucx_perftest", variant=f"ucp_am_lat{'' if not env else '+sf-env'}",
                                                   ranks=2, hosts=2, nbytes=8, dtype="u8",

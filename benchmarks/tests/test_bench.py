@@ -204,6 +204,40 @@ def test_the_bench_runs_encrypted_hosts_with_scalefree_run_encrypt():
     assert all(c[c.index("--") - 1] == "--encrypt" and c[-1] == "prog" for c in sealed)
 
 
+def test_uneven_hosts_and_wire_reach_the_commands_and_the_notes(tmp_path):
+    from scalefree_bench import hosts as across
+
+    args = _bench_parser().parse_args("bench allreduce --hosts-layout 1,2,3 --wire exact,bf16 --sizes 16M".split())
+    assert args.hosts_layout == [1, 2, 3] and args.wire == ["exact", "bf16"]
+
+    class Sim:
+        n = 3
+
+        def ip(self, i):
+            return f"10.0.0.{i + 1}"
+
+        def command(self, i, argv):
+            return argv
+
+    cmds = across.scalefree_cmds(Sim(), (1, 2, 3), 1234, ["prog"])
+    assert all(c[c.index("--nproc-per-node") + 1] == "1,2,3" for c in cmds)
+    mpi = across.mpi_cmd(Sim(), (1, 2, 3), tmp_path / "agent", ["prog"])
+    assert mpi[mpi.index("--host") + 1] == "10.0.0.1:1,10.0.0.2:2,10.0.0.3:3" and mpi[mpi.index("-n") + 1] == "6"
+
+    def rec(variant, median_s, **extra):
+        r = common.make_record(bench="allreduce", impl="scalefree", variant=variant, ranks=2, hosts=2,
+                               nbytes=64 << 20, dtype="float32", stats=common.Stats(median_s, median_s, median_s, 5),
+                               gbps=1.0)
+        r.update(extra)
+        return r
+    records = [rec("auto", 0.06, algorithm_used="direct"),
+               rec("auto+bf16", 0.03, algorithm_used="direct", rel_err_max=1e-3, rel_err_bound=7.9e-3)]
+    lines = allreduce.wire_gain(records)
+    assert records[1]["vs_exact"] == pytest.approx(2.0)
+    assert len(lines) == 1 and "2.00x the exact allreduce" in lines[0] and "bound 7.90e-03" in lines[0], lines
+    assert "used" in allreduce.render_table(records, [])
+
+
 # --- the timed loop --------------------------------------------------------------------------
 
 

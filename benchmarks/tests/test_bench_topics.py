@@ -38,3 +38,19 @@ def test_bench_topics_planted_end_to_end(tmp_path):
         assert r["bench"] == "topics" and r["median_s"] > 0 and r["recovery_l1_mean"] < 0.5
     assert recs[0]["on_flash"] and recs[0]["peak_resident_bytes"] <= recs[0]["budget_bytes"]
     assert "time_vs_memory" in recs[0] and "recovery L1" in p.stdout
+
+
+def test_bench_topics_command_rows_report_the_commands_peak_rss(tmp_path):
+    """--as-command: the flash row is the command in a child process, with its own peak RSS, and
+    a row for the commands' fixed overhead; the memory row stays."""
+    out = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "topics", "--skip-kos", "--planted",
+                        "1500,300,4", "--budget", "256K", "--as-command", "--dir", str(tmp_path), "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [r["variant"] for r in recs] == ["command-overhead", "command-flash-256K", "memory"]
+    for r in recs[:2]:
+        assert r["command_peak_rss_bytes"] > 10 << 20 and r["budget_bytes"] in (1 << 20, 256 << 10)
+    assert recs[1]["recovery_l1_mean"] < 0.5 and "time_vs_memory" in recs[1] and "(cmd)" in p.stdout
+

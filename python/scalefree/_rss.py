@@ -33,3 +33,23 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def return_freed_memory() -> bool:
+    """Makes the C allocator hand large freed blocks back to the system (glibc: a fixed
+    ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` of 128 KiB). By default glibc raises its
+    mmap threshold up to 32 MiB after the first large block is freed, so later arrays below
+    that size come from the heap and stay resident after they are freed: a command that works
+    in row blocks of a few MiB then grows past its memory budget. For the commands whose
+    ``--memory`` bounds the whole process (``flash svd``, ``flash topics``); False where not
+    glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 128 << 10)) and bool(mallopt(m_trim_threshold, 128 << 10))

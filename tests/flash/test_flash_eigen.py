@@ -248,16 +248,17 @@ def test_svds_matches_numpy_and_scipy_small_and_odd(rt, dtype, shape, k):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape,nnz,k", [((3000, 800), 30000, 10), ((700, 2500), 20000, 7)])
-@pytest.mark.parametrize("budget", ["100K", "1M"])
+@pytest.mark.parametrize("budget", ["100K", "2M"])
 def test_svds_power_law_matches_scipy(tmp_path, budget, dtype, shape, nnz, k):
     """Under 100K the matrix (166-384 KB as flash CSR) stays on flash and every product is a
-    flash kernel; under 1M it fits, so it is read once and applied in memory."""
+    flash kernel; under 2M it fits beside the solver's state, so it is read once and applied
+    in memory."""
     rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
     a = power_law(*shape, nnz, seed=k, dtype=dtype)
     u2, s2, vt2 = sla.svds(a.astype(np.float64), k=k, random_state=0)
     A = flash.Csr.from_scipy(a, rt)
     fits = a.nnz * (a.dtype.itemsize + 4) + (a.shape[0] + 1) * 8 <= rt.memory_budget_bytes
-    assert fits == (budget == "1M")
+    assert fits == (budget == "2M")
     stats = {}
     u, s, vt = flash.svds(A, k=k, runtime=rt, stats=stats, random_state=0)
     rtol = 1e-9 if dtype == np.float64 else 2e-4
@@ -496,7 +497,7 @@ def test_svds_block_size_default_on_flash_and_in_memory(tmp_path, monkeypatch):
     more columns), min(k, 16) in memory; the values agree with scipy either way."""
     a = power_law(3000, 800, 30000, seed=3)
     want = np.sort(sla.svds(a, k=20, return_singular_vectors=False, random_state=0))
-    for budget, on_flash, b in (("100K", True, 20), ("1M", False, 16)):
+    for budget, on_flash, b in (("100K", True, 20), ("2M", False, 16)):
         rt = flash.Runtime(memory_budget=budget, threads=2, dir=tmp_path)
         stats = {}
         s = flash.svds(flash.Csr.from_scipy(a, rt), k=20, return_singular_vectors=False, runtime=rt, stats=stats)

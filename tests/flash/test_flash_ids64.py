@@ -153,3 +153,58 @@ def test_from_scipy_coo_with_rows_past_32_bits(rt, tmp_path):
     sp.save_npz(tmp_path / "wide.npz", a)
     C = flash.load(tmp_path / "wide.npz", rt)
     assert C.compact_shape == (3, 2) and np.array_equal(C.row_ids, A.row_ids) and _same(C.to_coo(), a)
+
+
+@pytest.mark.parametrize("form", ["uci", "uci-unsorted", "csv"])
+def test_docword_with_documents_past_32_bits(rt, tmp_path, form):
+    """D = 2**34 documents, a few used (ids like 2**33 + k): a row per used document
+    (``row_ids``), nothing per id of the space; streamed (ascending docIDs), in memory
+    (docIDs going back) and as exported triples without the UCI lines."""
+    big, b = 2**34, 2**33
+    entries = [(5, 2, 1.0), (b + 1, 3, 2.0), (b + 1, 1, 4.0), (b + 1, 3, 1.0), (b + 7, 2, 5.0), (big, 1, 6.0)]
+    if form == "uci-unsorted":
+        entries = entries[::-1]
+    if form == "csv":
+        path = tmp_path / "bow.csv"
+        path.write_text("doc,word,count\n" + "".join(f"{d},{w},{c}\n" for d, w, c in entries))
+    else:
+        path = tmp_path / "docword.docs.txt"
+        path.write_text(f"{big}\n3\n{len(entries)}\n" + "".join(f"{d} {w} {c}\n" for d, w, c in entries))
+    A = flash.Csr.from_docword(path, runtime=rt)
+    assert A.shape == (big, 3) and A.compact_shape == (4, 3) and A.col_ids is None
+    assert A.row_ids.tolist() == [4, b, b + 6, big - 1]
+    want = _coo_ref(big, 3, [(d - 1, w - 1, c) for d, w, c in entries])
+    assert _same(A.to_coo(), want)
+
+
+def test_cli_topics_on_ids_past_32_bits_equals_small_ids(tmp_path):
+    """`flash topics` on a docword whose documents and words sit past 2**33 (D = W = 2**34):
+    the same topics as on the same corpus with small ids, the top words reported by their ids."""
+    import json
+    import subprocess
+    import sys
+
+    small = tmp_path / "docword.small.txt"
+    truth = flash.planted_topics(50, 3, beta=0.5, seed=4)
+    flash.write_corpus(small, truth, 500, alpha=0.05, mean_length=80, seed=4)
+    lines = small.read_text().split("\n")
+    docs, words, nnz = (int(x) for x in lines[:3])
+    body = np.array([ln.split() for ln in lines[3:] if ln], np.int64)
+    assert len(np.unique(body[:, 0])) == docs and len(np.unique(body[:, 1])) == words  # every id used
+    off, space = 2**33, 2**34
+    wide = tmp_path / "docword.wide.txt"
+    wide.write_text(f"{space}\n{space}\n{nnz}\n" + "".join(f"{d + off} {w + off} {c}\n" for d, w, c in body.tolist()))
+    got = {}
+    for name, path in (("small", small), ("wide", wide)):
+        js, out = tmp_path / f"{name}.json", tmp_path / f"{name}.npz"
+        p = subprocess.run([sys.executable, "-m", "scalefree.cli", "flash", "topics", str(path), "-k", "3", "--top", "5",
+                            "--json", str(js), "--out", str(out), "--dir", str(tmp_path), "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        got[name] = json.loads(js.read_text()), np.load(out), p.stdout
+    (rs, ms, out_s), (rw, mw, out_w) = got["small"], got["wide"]
+    assert rw["top_words"] == [[w + off for w in t] for t in rs["top_words"]]
+    np.testing.assert_array_equal(mw["topic_word"], ms["topic_word"])
+    np.testing.assert_array_equal(mw["labels"], ms["labels"])
+    assert mw["doc_ids"].tolist() == list(range(off, off + docs)) and mw["word_ids"].tolist() == list(range(off, off + words))
+    assert str(rs["top_words"][0][0] + off) in out_w.splitlines()[0]

@@ -138,7 +138,7 @@ def test_cli_topics_bad_input_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("rows,block_bytes", [(0, 64), (1, 64), (37, 64), (37, 10_000), (200, 300)])
 def test_row_blocks_of_a_flash_csr_match_scipy(tmp_path, rows, block_bytes):
-    from scalefree.flash.topics import _Rows
+    from scalefree.flash.state import CsrRows
 
     rng = np.random.default_rng(rows)
     s = sp.random(rows, 23, density=0.3, random_state=rng, format="lil", dtype=np.float32)
@@ -147,7 +147,7 @@ def test_row_blocks_of_a_flash_csr_match_scipy(tmp_path, rows, block_bytes):
     s.eliminate_zeros()
     a = flash.Csr.from_scipy(s, flash.Runtime(dir=tmp_path))
     seen = []
-    for lo, hi, block in _Rows(a, block_bytes):
+    for lo, hi, block in CsrRows(a, block_bytes):
         assert block.shape == (hi - lo, 23)
         assert block.nnz * 8 <= block_bytes or hi - lo == 1
         seen.append(block)

@@ -124,15 +124,20 @@ def fm_reference(s, d, k=16, seed=3):
         nf.append(enc.count(b).sum())
 
 
+def _run_on(tmp_path, ranks, script, s, d):
+    """`script` on `ranks` ranks over the edges (s, d), saved as an .npz (its argv[1])."""
+    f = tmp_path / "g.npz"
+    np.savez(f, src=s, dst=d, n=int(max(s.max(), d.max())) + 1)
+    res = collect(spawn_ranks(ranks, script, args=[str(f)]), 120)
+    for r in res:
+        assert r.returncode == 0, r.stderr[-3000:]
+    return res
+
+
 @pytest.mark.parametrize("ranks", [1, 3])
 def test_hadi_on_ids_past_2_to_the_32_matches_the_reference(tmp_path, ranks):
     s, d = huge_edges(200, seed=4)
-    f = tmp_path / "g.npz"
-    np.savez(f, src=s, dst=d, n=int(max(s.max(), d.max())) + 1)
-    res = collect(spawn_ranks(ranks, HADI, args=[str(f)]), 120)
-    for r in res:
-        assert r.returncode == 0, r.stderr[-3000:]
-    got = {r.stdout.strip().splitlines()[-1] for r in res}
+    got = {r.stdout.strip().splitlines()[-1] for r in _run_on(tmp_path, ranks, HADI, s, d)}
     assert len(got) == 1, got
     import json
 
@@ -162,3 +167,41 @@ def test_cli_pagerank_and_diameter_on_ids_past_2_to_the_32(tmp_path):
     nf = [float(ln.split("\t")[1]) for ln in lines[lines.index("hop\tN(h)") + 1:]]
     dedup = np.unique(np.stack([s, d], 1), axis=0)
     np.testing.assert_allclose(nf, fm_reference(dedup[:, 0], dedup[:, 1]), rtol=1e-5)
+
+
+SLOTS = r"""
+import json, sys, tempfile
+import numpy as np, scalefree
+import scalefree.graph.pagerank as pr
+g = scalefree.init(timeout=60)
+z = np.load(sys.argv[1])
+s, d = z["src"], z["dst"]
+mine = np.arange(len(s)) % g.size == g.rank
+out = {}
+for name, narrow, budget in [("u32", 2**32, None), ("u64", 1, None), ("u64-flash", 1, "64K")]:
+    pr.NARROW_SLOTS = narrow  # 1: every rank numbers its slots in uint64, as past 2**32 slots
+    p = pr.SparsePageRank(g, s[mine], d[mine], n=int(z["n"]), isolated=False, memory_budget=budget,
+                          flash_dir=tempfile.gettempdir())
+    for _ in range(15):
+        p.step()
+    p.finish()
+    out[name] = [p.owned.tolist(), p.scores.tolist(), p.csr.size_bytes, p.csr.nnz, p.csr.on_flash]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_pagerank_slots_past_32_bits_are_the_narrow_ones(tmp_path, ranks):
+    """A rank with more than 2**32 out or in slots numbers them in uint64 (8 bytes per edge)
+    instead of refusing: forced on a small graph with ids past 2**32 (NARROW_SLOTS = 1), in
+    memory and on flash, the scores are the uint32 run's bit for bit and the matrix is 8
+    bytes per edge instead of 4."""
+    import json
+
+    for r in _run_on(tmp_path, ranks, SLOTS, *huge_edges(300, seed=6)):
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        narrow, wide, flash = got["u32"], got["u64"], got["u64-flash"]
+        assert narrow[:2] == wide[:2] == flash[:2]  # owned ids and scores, bit for bit
+        nnz = narrow[3]
+        assert wide[3] == flash[3] == nnz and flash[4] and not wide[4]
+        assert wide[2] - narrow[2] == 4 * nnz  # 8 bytes per edge instead of 4

@@ -3,6 +3,7 @@ bitsets must agree exactly (world sizes 1-4, graphs of 0, 1 and an odd number of
 HyperLogLog and Flajolet-Martin within a tolerance (seeded, so the same numbers every run)."""
 
 import gzip
+import json
 import subprocess
 import sys
 from collections import deque
@@ -21,11 +22,17 @@ g = scalefree.init(timeout=60)
 z = np.load(sys.argv[1])
 n = int(z["n"])
 s, d = partition_edges(z["src"], z["dst"], g.rank, g.size, seed=5)
-nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]), precision=int(sys.argv[5]))
+kw = json.loads(sys.argv[6])
+if "round_bytes" in kw:
+    import scalefree.graph.hadi
+    scalefree.graph.hadi.HOP_ROUND_BYTES = kw.pop("round_bytes")
+stats = {}
+nf, enc, _ = hadi(g, s, d, n, method=sys.argv[3], k=int(sys.argv[4]), precision=int(sys.argv[5]), stats=stats, **kw)
 # every rank must hold the same neighbourhood function
 print(json.dumps(nf))
 if g.rank == 0:
     np.save(sys.argv[2], np.array(nf))
+    np.save(sys.argv[2] + ".sd.npy", np.array(stats.get("sd_bound", [])))
 """
 
 
@@ -51,16 +58,19 @@ def bfs_neighbourhood(src, dst, n):
     return np.cumsum([hist.get(h, 0) for h in range(hmax + 1)]).astype(float)
 
 
-def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32, precision=8):
+def run_hadi(tmp_path, ranks, src, dst, n, method="exact", k=32, precision=8, with_sd=False, **kw):
+    """N(h) from ``ranks`` processes (and, ``with_sd``, the bound on its standard deviation per
+    hop); ``kw`` goes to ``hadi`` (``round_bytes``: ``HOP_ROUND_BYTES``)."""
     g = tmp_path / "g.npz"
     out = tmp_path / "nf.npy"
     np.savez(g, src=np.asarray(src, np.int64), dst=np.asarray(dst, np.int64), n=n)
-    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k), str(precision)]), 120)
+    res = collect(spawn_ranks(ranks, RUN, args=[str(g), str(out), method, str(k), str(precision), json.dumps(kw)]),
+                  120)
     for r in res:
         assert r.returncode == 0, r.stderr[-3000:]
     lines = {r.stdout.strip().splitlines()[-1] for r in res}
     assert len(lines) == 1, f"ranks disagree: {lines}"
-    return np.load(out)
+    return (np.load(out), np.load(str(out) + ".sd.npy")) if with_sd else np.load(out)
 
 
 def skewed_graph(n, m, seed):
@@ -114,11 +124,11 @@ def test_fm_estimate_close_to_bfs(tmp_path):
     assert abs(effective_diameter(got)[1] - effective_diameter(want)[1]) <= 1.0
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("name", ["path-odd", "cycle-plus-tail", "one-edge", "no-edges", "empty"])
 def test_hll_small_graphs_near_bfs(tmp_path, ranks, name):
     src, dst, n = GRAPHS[name]
-    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll", sample=0)  # the registers alone
     want = bfs_neighbourhood(src, dst, n) if n else np.array([0.0])
     assert got[0] == want[0]  # N(0): the vertex count, exactly
     assert abs(len(got) - len(want)) <= 1
@@ -132,7 +142,7 @@ def test_hll_matches_bfs_skewed_directed(tmp_path, ranks):
     n = 301
     src, dst = skewed_graph(n, 1500, seed=ranks)
     want = bfs_neighbourhood(src, dst, n)
-    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll")
+    got = run_hadi(tmp_path, ranks, src, dst, n, method="hll", sample=0)
     assert got[0] == want[0]
     m = min(len(got), len(want))
     assert abs(len(got) - len(want)) <= 1
@@ -150,12 +160,41 @@ def test_hll_close_to_bfs(tmp_path):
     want = bfs_neighbourhood(src, dst, n)
     for precision, tol in ((8, 3 * 1.04 / 16), (11, 0.05)):
         # one big component: late hops err by about one counter's 1.04/sqrt(2^precision)
-        got = run_hadi(tmp_path, 3, src, dst, n, method="hll", precision=precision)
+        got = run_hadi(tmp_path, 3, src, dst, n, method="hll", precision=precision, sample=0)
         assert abs(len(got) - len(want)) <= 1
         m = min(len(got), len(want))
         rel = np.abs(got[:m] - want[:m]) / want[:m]
         assert rel[0] == 0 and rel.max() < tol, (precision, rel)  # unlike fm, no small-range bias
     assert effective_diameter(got)[0] == effective_diameter(want)[0]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
+def test_hll_sample_of_every_vertex_is_exact(tmp_path, ranks):
+    """A sample as large as the graph holds every vertex: the bits are exact sets, and N(h) is
+    the BFS one whatever the registers say (rows sent in rounds of 1 KiB: many rounds)."""
+    src, dst = skewed_graph(301, 1500, seed=ranks)
+    want = bfs_neighbourhood(src, dst, 301)
+    got = run_hadi(tmp_path, ranks, src, dst, 301, method="hll", sample=512, round_bytes=1024)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ranks", [2, 5])
+def test_hll_with_a_sample_within_its_bound(tmp_path, ranks):
+    """Registers plus a sample of 512 of 1201 vertices, one big component (where the registers
+    alone err by one counter's error at every late hop): N(h) within 4 standard deviations of
+    the exact one at every hop, by the bound the run reports (the sum of the vertices'
+    standard deviations, which bounds the sum's); seeded, so the same numbers every run."""
+    n = 1201
+    src, dst = skewed_graph(n, 6000, seed=11)
+    src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    want = bfs_neighbourhood(src, dst, n)
+    got, sd = run_hadi(tmp_path, ranks, src, dst, n, method="hll", sample=512, with_sd=True)
+    assert got[0] == want[0] and sd[0] == 0
+    assert abs(len(got) - len(want)) <= 1
+    m = min(len(got), len(want))
+    assert (np.abs(got[:m] - want[:m]) <= 4 * sd[:m]).all(), (got[:m] / want[:m] - 1, sd[:m] / want[:m])
+    # the two together are tighter at the late hops than the registers alone, 1.04/sqrt(256)
+    assert (sd[m - 1] / got[m - 1]) < 1.04 / 16, sd[m - 1] / got[m - 1]
 
 
 def test_hll_initial_and_estimate():

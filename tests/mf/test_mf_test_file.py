@@ -77,6 +77,24 @@ def test_test_file_in_every_mode(files, tmp_path, mode, n, gz):
         assert sum(last["test_ratings_kept"]) == 0  # all of the training file trains
 
 
+@pytest.mark.parametrize("mode,n,extra", [("rima", 2, ["--slack", "2"]), ("rima", 2, ["--memory-budget", "1M"]),
+                                          ("dsgd-ps", 3, ["--memory-budget", "1M"]), ("local", 1, ["--memory-budget", "1M"])])
+def test_test_file_with_slack_and_budget(files, tmp_path, mode, n, extra):
+    """The variants of the modes (rima's stale ring, blocks on flash): `--test` is scored on the
+    saved model as in the plain modes."""
+    train, test, (tu, ti, tv), mean = files
+    model = tmp_path / "m.sfmf"
+    ranks = ("-t", "2") if mode == "local" else ("--mode", mode, "-n", n)
+    out = _cli("train", train, "--test", test, "-k", "6", "-i", "20", "-o", model, "-q", *ranks, *extra)
+    assert out.returncode == 0, out.stderr
+    assert f"/ {len(tv)} test ratings" in out.stdout, out.stdout
+    reported = float(out.stdout.split("final test RMSE")[1].split()[0])
+    pred = mf.MatrixFactorization.load(model).predict(tu, ti).astype(np.float64)
+    want = float(np.sqrt(np.mean((pred - tv) ** 2)))
+    assert reported == pytest.approx(want, abs=1.5e-4), (reported, want)
+    assert want < 0.5 * float(np.std(tv))  # learnt
+
+
 @pytest.mark.parametrize("mode,n", [("rima", 3), ("dsgd-ps", 3)])
 def test_bad_test_file_is_one_line_exit_2(files, tmp_path, mode, n):
     train = files[0]

@@ -6,12 +6,23 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+
+_given: set[int] = set()
+_given_lock = threading.Lock()
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, never one this process was given before: jobs started
+    together (each binds its port only once its rank 0 runs) do not get the same one."""
+    with _given_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _given:
+                _given.add(port)
+                return port
 
 
 def torch_env(rank: int, size: int, port: int, extra: dict | None = None) -> dict:

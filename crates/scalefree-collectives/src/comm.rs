@@ -148,7 +148,9 @@ pub(crate) struct Header {
     /// How a large allreduce between hosts goes: 0 all-to-all, 1 by halving and doubling
     /// (`dense::halving`; agreed like the algorithm, as it depends on each rank's settings).
     pub halving: u32,
-    _pad: [u8; HEADER_BYTES - 96],
+    /// What the step between hosts carries (`dense::wire::Wire`; 0: the dtype itself).
+    pub wire: u32,
+    _pad: [u8; HEADER_BYTES - 100],
 }
 
 const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES);
@@ -168,7 +170,8 @@ impl Header {
             staging_bytes: 0,
             follows: 0,
             halving: 0,
-            _pad: [0; HEADER_BYTES - 96],
+            wire: 0,
+            _pad: [0; HEADER_BYTES - 100],
         }
     }
 
@@ -197,6 +200,9 @@ impl Header {
         }
         if let Some(a) = Algorithm::from_u32(self.algo) {
             s += &format!(" ({}{})", a.name(), if self.halving != 0 { ", by halving between hosts" } else { "" });
+        }
+        if let Some(w) = crate::dense::wire::Wire::from_u32(self.wire).filter(|&w| w != crate::dense::wire::Wire::Exact) {
+            s += &format!(" wire={}", w.name());
         }
         s
     }
@@ -388,7 +394,7 @@ impl Communicator {
         }
         // Everyone compares everyone, so every rank raises the same error.
         // `follows`: a rank that started this call by `dense::doubling` took another path.
-        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo, h.follows, h.halving);
+        let key = |h: &Header| (h.kind, h.dtype, h.op, h.count, h.root, h.algo, h.follows, h.halving, h.wire);
         if let Some(bad) = headers.iter().position(|h| key(h) != key(&headers[0])) {
             let (a, b) = (headers[0].describe(), headers[bad].describe());
             let why = if a == b { " (SCALEFREE_SMALL_NET differs between them)" } else { "" };

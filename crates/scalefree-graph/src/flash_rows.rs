@@ -5,7 +5,8 @@
 //! HADI's hop of [`crate::hadi`]).
 //!
 //! File layout: the row starts (`nrows` u64, the first edge is 0), then, from the next 4 KiB
-//! boundary, the columns (`nnz` u32): the bytes the in-memory PageRank matrix holds. The file
+//! boundary, the columns (`nnz` slots, u32 or u64 as in memory): the bytes the in-memory
+//! PageRank matrix holds. The file
 //! is an unnamed scratch file (`O_TMPFILE` in the runtime's directory): nothing is left
 //! behind when the process ends, however it ends.
 //!
@@ -28,10 +29,11 @@
 
 use std::sync::Arc;
 
-use scalefree_flash::{Access, FlashError, FlashFile, FlashPtr, FnTask, RunStats, Runtime, TaskId};
+use scalefree_flash::{Access, Element, FlashError, FlashFile, FlashPtr, FnTask, RunStats, Runtime, TaskId};
 
 use crate::hadi::register_max_rows;
 use crate::pagerank::{flow_total, scale_sources, spmv_rows, Real};
+use crate::Id;
 
 /// Sector alignment of the column region.
 const ALIGN_BYTES: u64 = 4096;
@@ -43,10 +45,10 @@ struct RowBlock {
     edges: (u64, u64),
 }
 
-/// A rank's rows of edges on flash (see the module docs).
-pub struct FlashRows {
+/// A rank's rows of edges on flash (see the module docs), columns as `S` (u32 or u64).
+pub struct FlashRows<S = u32> {
     starts: FlashPtr<u64>,
-    cols: FlashPtr<u32>,
+    cols: FlashPtr<S>,
     ncols: usize,
     blocks: Vec<RowBlock>,
     file: Arc<FlashFile>,
@@ -69,17 +71,17 @@ fn row_blocks(indptr: &[u64], max_edges: u64) -> Vec<RowBlock> {
     blocks
 }
 
-impl FlashRows {
+impl<S: Id + Element> FlashRows<S> {
     /// Writes the rows `(indptr, cols)` (`ncols` columns; `indptr[0] == 0`, every column
     /// below `ncols`) to a scratch file in the runtime's directory and plans its row blocks
     /// for the runtime's budget. Fails with `OutOfBudget` when one row's edges alone do not
     /// fit the budget, `InvalidArgument` on a malformed `indptr` or a column out of range.
-    pub fn write(runtime: &Runtime, indptr: &[u64], cols: &[u32], ncols: usize) -> scalefree_flash::Result<FlashRows> {
+    pub fn write(runtime: &Runtime, indptr: &[u64], cols: &[S], ncols: usize) -> scalefree_flash::Result<FlashRows<S>> {
         if indptr.is_empty() || indptr[0] != 0 || indptr[indptr.len() - 1] != cols.len() as u64 || indptr.windows(2).any(|w| w[0] > w[1]) {
             return Err(FlashError::invalid(format!("FlashRows: indptr must ascend from 0 to the {} columns", cols.len())));
         }
-        if let Some(c) = cols.iter().find(|&&c| c as usize >= ncols) {
-            return Err(FlashError::invalid(format!("FlashRows: column {c} is not below {ncols}")));
+        if let Some(c) = cols.iter().find(|&&c| c.u64() >= ncols as u64) {
+            return Err(FlashError::invalid(format!("FlashRows: column {} is not below {ncols}", c.u64())));
         }
         let nrows = indptr.len() - 1;
         let starts_bytes = nrows as u64 * 8;
@@ -87,9 +89,10 @@ impl FlashRows {
         let options = runtime.options();
         let budget = options.memory_budget_bytes;
         let share = budget / (2 * options.max_tasks_in_flight.max(1) as u64);
-        // 4 bytes per edge and 8 per row; a block's rows are counted in the check below.
-        let blocks = row_blocks(indptr, (share / 4).max(1));
-        let block_bytes = |b: &RowBlock| (b.edges.1 - b.edges.0) * 4 + (b.rows.1 - b.rows.0) as u64 * 8;
+        // A slot per edge and 8 bytes per row; a block's rows are counted in the check below.
+        let slot = std::mem::size_of::<S>() as u64;
+        let blocks = row_blocks(indptr, (share / slot).max(1));
+        let block_bytes = |b: &RowBlock| (b.edges.1 - b.edges.0) * slot + (b.rows.1 - b.rows.0) as u64 * 8;
         if let Some(b) = blocks.iter().find(|b| block_bytes(b) > budget) {
             return Err(FlashError::OutOfBudget {
                 what: format!("row block {}..{} ({} edges)", b.rows.0, b.rows.1, b.edges.1 - b.edges.0),
@@ -97,9 +100,9 @@ impl FlashRows {
                 budget_bytes: budget,
             });
         }
-        let file = FlashFile::scratch(runtime.dir(), cols_at + cols.len() as u64 * 4, &runtime.file_options())?;
+        let file = FlashFile::scratch(runtime.dir(), cols_at + cols.len() as u64 * slot, &runtime.file_options())?;
         let starts = FlashPtr::<u64>::from_file(file.clone(), 0, nrows as u64)?;
-        let cols_ptr = FlashPtr::<u32>::from_file(file.clone(), cols_at, cols.len() as u64)?;
+        let cols_ptr = FlashPtr::<S>::from_file(file.clone(), cols_at, cols.len() as u64)?;
         starts.write(0, &indptr[..nrows])?;
         cols_ptr.write(0, cols)?;
         Ok(FlashRows { starts, cols: cols_ptr, ncols, blocks, file })
@@ -122,7 +125,7 @@ impl FlashRows {
 
     /// Bytes of the file's data (row starts and columns), what a pass reads.
     pub fn size_bytes(&self) -> u64 {
-        self.starts.len() * 8 + self.cols.len() * 4
+        self.starts.len() * 8 + self.cols.len() * std::mem::size_of::<S>() as u64
     }
 
     /// Row blocks (tasks per pass).
@@ -141,7 +144,7 @@ impl FlashRows {
     /// `cols` its columns. Blocks run on the runtime's threads as they arrive.
     pub fn pass<O: Send, F>(&self, runtime: &Runtime, out: &mut [O], per_row: usize, rows: F) -> scalefree_flash::Result<RunStats>
     where
-        F: Fn(&[u64], u64, &[u32], &mut [O]) + Sync,
+        F: Fn(&[u64], u64, &[S], &mut [O]) + Sync,
     {
         if out.len() != self.nrows() * per_row {
             return Err(FlashError::shape(format!("FlashRows: {} rows of {per_row} outputs, but {} outputs given", self.nrows(), out.len())));
@@ -162,7 +165,7 @@ impl FlashRows {
             let parents: &[TaskId] = if i >= window { &ids[i - window..i - window + 1] } else { &[] };
             let id = dag.add(
                 FnTask::new("graph-rows", reads, move |buffers, _| {
-                    rows(buffers.read::<u64>(0), end, buffers.read::<u32>(1), mine);
+                    rows(buffers.read::<u64>(0), end, buffers.read::<S>(1), mine);
                     Ok(())
                 }),
                 parents,
@@ -193,7 +196,9 @@ impl FlashRows {
         let stats = self.pass(runtime, &mut y[..nrows], 1, |starts, end, cols, out| spmv_rows(starts, end, cols, x, out))?;
         Ok((flow_total(y), stats))
     }
+}
 
+impl FlashRows<u32> {
     /// [`crate::hadi::register_max`] with the edges read from flash: `out[r]` = the
     /// register-wise max of the rows `regs[c]` (`width` bytes each) of row `r`'s columns.
     pub fn register_max(&self, runtime: &Runtime, regs: &[u8], width: usize, out: &mut [u8]) -> scalefree_flash::Result<RunStats> {
@@ -272,6 +277,29 @@ mod tests {
     }
 
     #[test]
+    fn u64_slots_on_flash_equal_the_u32_step_bit_for_bit() {
+        let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 4096, compute_threads: 2, io_threads: 2, max_tasks_in_flight: 3, ..RuntimeOptions::default() }).unwrap();
+        let mut seed = 17u64;
+        let (nr, nc, ne) = (300usize, 200usize, 5000usize);
+        let rows: Vec<u32> = (0..ne).map(|_| rng(&mut seed, nr as u32)).collect();
+        let cols: Vec<u32> = (0..ne).map(|_| rng(&mut seed, nc as u32)).collect();
+        let (ip, cs) = csr_pattern(&rows, &cols, nr, nc).unwrap();
+        let cs64: Vec<u64> = cs.iter().map(|&c| c as u64).collect();
+        let narrow = FlashRows::write(&rt, &ip, &cs, nc).unwrap();
+        let wide = FlashRows::write(&rt, &ip, &cs64, nc).unwrap();
+        assert_eq!(wide.size_bytes(), narrow.size_bytes() + 4 * ne as u64); // 8 bytes per edge, not 4
+        assert!(wide.blocks() > narrow.blocks()); // the same budget holds half the edges per block
+        let got: Vec<f64> = (0..nc).map(|i| (i as f64 * 0.37).sin().abs() / nc as f64).collect();
+        let inv: Vec<f64> = (0..nc).map(|i| if i % 5 == 0 { 0.0 } else { 1.0 / (1 + i % 7) as f64 }).collect();
+        let (mut x1, mut y1) = (vec![0f64; nc], vec![0f64; nr + 1]);
+        let t1 = spmv_step(&ip, &cs, &got, &inv, 0.01, 0.85, &mut x1, &mut y1);
+        let (mut x2, mut y2) = (vec![0f64; nc], vec![f64::NAN; nr + 1]);
+        let (t2, stats) = wide.pagerank_step(&rt, &got, &inv, 0.01, 0.85, &mut x2, &mut y2).unwrap();
+        assert_eq!((t1.to_bits(), y1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), (t2.to_bits(), y2.iter().map(|v| v.to_bits()).collect()));
+        assert!(stats.cache.peak_resident_bytes <= 4096);
+    }
+
+    #[test]
     fn flash_register_max_equals_the_in_memory_kernel() {
         let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 8192, compute_threads: 2, io_threads: 2, max_tasks_in_flight: 3, ..RuntimeOptions::default() }).unwrap();
         let mut seed = 5u64;
@@ -291,7 +319,7 @@ mod tests {
             assert!(stats.cache.peak_resident_bytes <= 8192);
             assert!(flash.register_max(&rt, &regs[1..], width, &mut got).is_err());
         }
-        assert!(FlashRows::write(&rt, &[0, 1], &[7], 7).is_err());
+        assert!(FlashRows::write(&rt, &[0, 1], &[7u32], 7).is_err());
     }
 
     #[test]

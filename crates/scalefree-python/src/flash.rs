@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    csr_gram_in_memory, csrmm_in_memory, docword_input_to_flash, read_docword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, docword_input_to_flash, read_docword, read_matrix_market, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -236,6 +236,30 @@ impl PyFlashMatrix {
         if layout == Layout::RowMajor { "C" } else { "F" }
     }
 
+    /// Reads the `rows x cols` block at (`row0`, `col0`) into `out` (contiguous, the matrix's
+    /// dtype, packed in its order), straight from flash (no intermediate copy).
+    fn _read_block(&self, py: Python<'_>, row0: usize, col0: usize, rows: usize, cols: usize, out: Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buf::get(&out, true, "FlashMatrix.read_block: out")?;
+        with_matrix!(&self.m, m => {
+            let ptr = block_ptr(py, &buf, m, rows, cols)? as usize;
+            // SAFETY: see block_ptr; `out` is writable and held by `buf` for the call.
+            py.detach(|| m.read_block_into(row0, col0, rows, cols, unsafe { std::slice::from_raw_parts_mut(ptr as *mut _, rows * cols) }))
+                .map_err(|e| flash_err(py, e))
+        })
+    }
+
+    /// Writes `src` (contiguous, the matrix's dtype, packed in its order) as the `rows x cols`
+    /// block at (`row0`, `col0`).
+    fn _write_block(&self, py: Python<'_>, row0: usize, col0: usize, rows: usize, cols: usize, src: Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = Buf::get(&src, false, "FlashMatrix.write_block: src")?;
+        with_matrix!(&self.m, m => {
+            let ptr = block_ptr(py, &buf, m, rows, cols)? as usize;
+            // SAFETY: see block_ptr; only read, while `buf` holds the view.
+            py.detach(|| m.write_block(row0, col0, rows, cols, unsafe { std::slice::from_raw_parts(ptr as *const _, rows * cols) }))
+                .map_err(|e| flash_err(py, e))
+        })
+    }
+
     /// Reads the whole matrix into `out` (contiguous, same dtype and order, rows*cols elements).
     fn _read_into(&self, py: Python<'_>, out: Bound<'_, PyAny>) -> PyResult<()> {
         let buf = Buf::get(&out, true, "FlashMatrix.to_numpy: out")?;
@@ -251,6 +275,18 @@ impl PyFlashMatrix {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.ptr(), n) };
         Ok(())
     }
+}
+
+/// `buf`'s start as `rows x cols` elements of `m`'s element type (checked: dtype and length;
+/// Buf::get checked contiguity and alignment).
+fn block_ptr<T: scalefree_flash::Real>(py: Python<'_>, buf: &Buf, _m: &FlashMatrix<T>, rows: usize, cols: usize) -> PyResult<*mut T> {
+    if buf.itemsize() != std::mem::size_of::<T>() || !matches!(buf.dtype, Some(DType::F32) | Some(DType::F64)) {
+        return Err(invalid(py, format!("the buffer's elements are not the matrix's {}", T::NAME)));
+    }
+    if buf.count() != rows * cols {
+        return Err(invalid(py, format!("the buffer has {} elements, the block {rows}x{cols}", buf.count())));
+    }
+    Ok(buf.ptr() as *mut T)
 }
 
 pub(crate) enum AnyCsr {
@@ -307,10 +343,7 @@ impl PyFlashCsr {
         fn load<T: scalefree_flash::Real>(path: &std::path::Path, kind: &str, dir: &std::path::Path, opts: &scalefree_flash::FileOptions) -> Result<Loaded<T>, FlashError> {
             let t = match kind {
                 "mtx" => read_matrix_market(path)?,
-                "docword" => {
-                    let m = read_docword(path)?;
-                    TextMatrix { rows: m.rows, cols: m.cols, matrix: m, row_ids: None, col_ids: None }
-                }
+                "docword" => read_docword(path)?,
                 k => return Err(FlashError::invalid(format!("unknown text matrix kind {k:?} (mtx or docword)"))),
             };
             Ok((FlashCsrMatrix::from_csr(dir, t.matrix.view(), opts)?, t.row_ids, t.col_ids, (t.rows, t.cols)))
@@ -331,22 +364,25 @@ impl PyFlashCsr {
     /// A docword input to flash as CSR of `dtype`: a UCI docword file streams (bounded
     /// memory); a part directory or `doc word count` triples without the UCI lines (delimiter
     /// detected or `delimiter`, a header line by `header`: auto, yes, no) are read in memory
-    /// first. Returns the matrix, the sorted word ids of its columns when the vocabulary W
-    /// needs more than 32 bits (else None), and W.
+    /// first. Returns the matrix, the sorted document ids of its rows when the document count
+    /// D needs more than 32 bits (else None), likewise the word ids of its columns for the
+    /// vocabulary W, and (D, W).
     #[staticmethod]
     #[pyo3(signature = (rt, path, dtype, delimiter=None, header="auto"))]
-    fn from_docword_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, dtype: &str, delimiter: Option<&str>, header: &str) -> PyResult<(Self, Option<Vec<u64>>, usize)> {
+    #[allow(clippy::type_complexity)]
+    fn from_docword_file(py: Python<'_>, rt: &PyFlashRuntime, path: PathBuf, dtype: &str, delimiter: Option<&str>, header: &str)
+        -> PyResult<(Self, Option<Vec<u64>>, Option<Vec<u64>>, (usize, usize))> {
         let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
         let o = crate::io::read_options(0, delimiter, header).map_err(|e| invalid(py, e.to_string()))?;
         let (delimiter, header) = (o.delimiter, o.header);
         Ok(match dtype {
             "float32" => {
                 let d = py.detach(|| docword_input_to_flash::<f32>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES, delimiter, header)).map_err(|e| flash_err(py, e))?;
-                (PyFlashCsr { m: AnyCsr::F32(d.matrix) }, d.word_ids, d.words)
+                (PyFlashCsr { m: AnyCsr::F32(d.matrix) }, d.doc_ids, d.word_ids, (d.documents, d.words))
             }
             "float64" => {
                 let d = py.detach(|| docword_input_to_flash::<f64>(&path, &dir, &opts, DOCWORD_CHUNK_ENTRIES, delimiter, header)).map_err(|e| flash_err(py, e))?;
-                (PyFlashCsr { m: AnyCsr::F64(d.matrix) }, d.word_ids, d.words)
+                (PyFlashCsr { m: AnyCsr::F64(d.matrix) }, d.doc_ids, d.word_ids, (d.documents, d.words))
             }
             d => return Err(invalid(py, format!("flash CSR matrices hold float32 or float64, not {d}"))),
         })

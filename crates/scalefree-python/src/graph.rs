@@ -8,10 +8,11 @@
 
 use pyo3::prelude::*;
 use scalefree_graph::edges;
+use scalefree_graph::hadi::{merge_rows, register_max, union_changed};
 use scalefree_graph::keys;
-use scalefree_graph::hadi::register_max;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
+use scalefree_graph::Id;
 use scalefree_graph::flash_rows::FlashRows;
 use std::sync::Arc;
 
@@ -353,10 +354,22 @@ fn floats<'a, T: Real>(py: Python<'_>, b: &'a Buf, what: &str, n: usize) -> PyRe
     Ok(if n == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut T, n) } })
 }
 
+/// A matrix's column slots: u32, or u64 for a rank whose in vector has more than 2^32 slots.
+enum Cols {
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+}
+
+/// The matrix on flash, columns as in memory.
+enum Rows {
+    U32(FlashRows<u32>),
+    U64(FlashRows<u64>),
+}
+
 /// Where the matrix lives: in memory, or on flash with the runtime that streams it.
 enum Storage {
-    Memory { indptr: Vec<u64>, cols: Vec<u32> },
-    Flash { csr: FlashRows, rt: Arc<Runtime>, last: Option<RunStats> },
+    Memory { indptr: Vec<u64>, cols: Cols },
+    Flash { csr: Rows, rt: Arc<Runtime>, last: Option<RunStats> },
 }
 
 /// The local matrix (rows = out slots, columns = in slots, no values) and its scratch
@@ -371,7 +384,7 @@ pub struct PyPageRankCsr {
 }
 
 impl PyPageRankCsr {
-    fn of_parts(indptr: Vec<u64>, cols: Vec<u32>, ncols: usize, f32: bool) -> Self {
+    fn of_parts(indptr: Vec<u64>, cols: Cols, ncols: usize, f32: bool) -> Self {
         PyPageRankCsr {
             storage: Storage::Memory { indptr, cols },
             ncols,
@@ -384,7 +397,8 @@ impl PyPageRankCsr {
     fn nrows(&self) -> usize {
         match &self.storage {
             Storage::Memory { indptr, .. } => indptr.len() - 1,
-            Storage::Flash { csr, .. } => csr.nrows(),
+            Storage::Flash { csr: Rows::U32(c), .. } => c.nrows(),
+            Storage::Flash { csr: Rows::U64(c), .. } => c.nrows(),
         }
     }
 
@@ -394,8 +408,12 @@ impl PyPageRankCsr {
         let xs = std::mem::take(x(self));
         let mut xs = xs;
         let out = match &mut self.storage {
-            Storage::Memory { indptr, cols } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
-            Storage::Flash { csr, rt, last } => match py.detach(|| csr.pagerank_step(rt, g, w, base, damping, &mut xs, yv)) {
+            Storage::Memory { indptr, cols: Cols::U32(cols) } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Memory { indptr, cols: Cols::U64(cols) } => Ok(py.detach(|| spmv_step(indptr, cols, g, w, base, damping, &mut xs, yv))),
+            Storage::Flash { csr, rt, last } => match py.detach(|| match csr {
+                Rows::U32(c) => c.pagerank_step(rt, g, w, base, damping, &mut xs, yv),
+                Rows::U64(c) => c.pagerank_step(rt, g, w, base, damping, &mut xs, yv),
+            }) {
                 Ok((total, stats)) => {
                     *last = Some(stats);
                     Ok(total)
@@ -410,7 +428,8 @@ impl PyPageRankCsr {
 
 #[pymethods]
 impl PyPageRankCsr {
-    /// `rows`, `cols`: uint32 slots of every edge (target row, source column).
+    /// `rows`, `cols`: slots of every edge (target row, source column), both uint32 or both
+    /// uint64 (the matrix keeps that width: uint64 where a rank has 2^32 slots or more).
     #[new]
     fn new(py: Python<'_>, rows: Bound<'_, PyAny>, cols: Bound<'_, PyAny>, nrows: usize, ncols: usize, dtype: &str) -> PyResult<Self> {
         let f32 = match dtype {
@@ -420,9 +439,22 @@ impl PyPageRankCsr {
         };
         let rb = Buf::get(&rows, false, "rows")?;
         let cb = Buf::get(&cols, false, "cols")?;
-        let (r, c) = (u32s(py, &rb, "rows")?, u32s(py, &cb, "cols")?);
-        let (indptr, cols) = py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))?;
-        Ok(Self::of_parts(indptr, cols, ncols, f32))
+        fn build<S: Id>(py: Python<'_>, r: &[S], c: &[S], nrows: usize, ncols: usize) -> PyResult<(Vec<u64>, Vec<S>)> {
+            if nrows.max(ncols) as u128 > S::MAX_U64 as u128 + 1 {
+                return Err(invalid(py, format!("PageRankCsr: {nrows} x {ncols} slots do not fit {}-bit slots", std::mem::size_of::<S>() * 8)));
+            }
+            py.detach(|| csr_pattern(r, c, nrows, ncols)).map_err(|e| invalid(py, e))
+        }
+        let cols = match (ids(py, &rb, "rows")?, ids(py, &cb, "cols")?) {
+            (Ids::U32(r), Ids::U32(c)) => {
+                let (indptr, cols) = build(py, r, c, nrows, ncols)?;
+                return Ok(Self::of_parts(indptr, Cols::U32(cols), ncols, f32));
+            }
+            (Ids::U64(r), Ids::U64(c)) => build(py, r, c, nrows, ncols)?,
+            (a, b) if a.len() == 0 && b.len() == 0 => build::<u64>(py, &[], &[], nrows, ncols)?,
+            (a, b) => return Err(invalid(py, format!("PageRankCsr: rows and cols must be both uint32 or both uint64 slots, got {} and {}", a.dtype(), b.dtype()))),
+        };
+        Ok(Self::of_parts(cols.0, Cols::U64(cols.1), ncols, f32))
     }
 
     /// `(csr, out_keys, in_keys)` straight from this rank's distinct edges (global ids
@@ -457,15 +489,17 @@ impl PyPageRankCsr {
             return Err(invalid(py, "PageRankCsr.from_edges: a rank touches 2**32 or more vertices (slots are uint32)"));
         }
         let ncols = l.in_keys.len();
-        let csr = Self::of_parts(l.indptr, l.cols, ncols, f32);
+        let csr = Self::of_parts(l.indptr, Cols::U32(l.cols), ncols, f32);
         Ok((csr, array(py, Owned::I64(l.out_keys))?, array(py, Owned::I64(l.in_keys))?))
     }
 
     #[getter]
     fn nnz(&self) -> usize {
         match &self.storage {
-            Storage::Memory { cols, .. } => cols.len(),
-            Storage::Flash { csr, .. } => csr.nnz() as usize,
+            Storage::Memory { cols: Cols::U32(c), .. } => c.len(),
+            Storage::Memory { cols: Cols::U64(c), .. } => c.len(),
+            Storage::Flash { csr: Rows::U32(c), .. } => c.nnz() as usize,
+            Storage::Flash { csr: Rows::U64(c), .. } => c.nnz() as usize,
         }
     }
 
@@ -492,8 +526,11 @@ impl PyPageRankCsr {
         let rt = runtime.rt.clone();
         let ncols = self.ncols;
         if let Storage::Memory { indptr, cols } = &self.storage {
-            let csr = py.detach(|| FlashRows::write(&rt, indptr, cols, ncols)).map_err(|e| flash_err(py, e))?;
-            self.storage = Storage::Flash { csr, rt, last: None };
+            let csr = py.detach(|| match cols {
+                Cols::U32(c) => FlashRows::write(&rt, indptr, c, ncols).map(Rows::U32),
+                Cols::U64(c) => FlashRows::write(&rt, indptr, c, ncols).map(Rows::U64),
+            });
+            self.storage = Storage::Flash { csr: csr.map_err(|e| flash_err(py, e))?, rt, last: None };
         }
         Ok(())
     }
@@ -508,8 +545,10 @@ impl PyPageRankCsr {
     #[getter]
     fn size_bytes(&self) -> u64 {
         match &self.storage {
-            Storage::Memory { indptr, cols } => (indptr.len() as u64 - 1) * 8 + cols.len() as u64 * 4,
-            Storage::Flash { csr, .. } => csr.size_bytes(),
+            Storage::Memory { indptr, cols: Cols::U32(c) } => (indptr.len() as u64 - 1) * 8 + c.len() as u64 * 4,
+            Storage::Memory { indptr, cols: Cols::U64(c) } => (indptr.len() as u64 - 1) * 8 + c.len() as u64 * 8,
+            Storage::Flash { csr: Rows::U32(c), .. } => c.size_bytes(),
+            Storage::Flash { csr: Rows::U64(c), .. } => c.size_bytes(),
         }
     }
 
@@ -520,7 +559,10 @@ impl PyPageRankCsr {
         match &self.storage {
             Storage::Flash { last: Some(s), csr, .. } => {
                 let d = stats_dict(py, s)?;
-                d.set_item("direct_io", csr.is_direct())?;
+                d.set_item("direct_io", match csr {
+                    Rows::U32(c) => c.is_direct(),
+                    Rows::U64(c) => c.is_direct(),
+                })?;
                 Ok(Some(d))
             }
             _ => Ok(None),
@@ -565,6 +607,51 @@ pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, ta
     let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
     let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
     py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
+}
+
+/// A contiguous uint8 buffer as a slice (`what` names it in the error).
+fn u8s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u8]> {
+    if b.itemsize() != 1 {
+        return Err(invalid(py, format!("{what} must be uint8, got buffer format {:?}", b.format)));
+    }
+    Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.len_bytes()) } })
+}
+
+/// A writable contiguous uint8 buffer as a slice.
+fn u8s_mut<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a mut [u8]> {
+    if b.itemsize() != 1 {
+        return Err(invalid(py, format!("{what} must be uint8, got buffer format {:?}", b.format)));
+    }
+    Ok(if b.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr(), b.len_bytes()) } })
+}
+
+/// HADI's partitioned hop: `out[r]` = the union (max on the first `width_max` bytes, OR on
+/// the rest) of `rows[targets[e]]` over row `r`'s edges whose target changed, `hit[r]` = 1
+/// when there was one (`scalefree_graph::hadi::union_changed`; targets uint32, indptr int64).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn hadi_union_changed(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, changed: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, out: Bound<'_, PyAny>, hit: Bound<'_, PyAny>) -> PyResult<()> {
+    let (rb, cb, tb, ib) = (Buf::get(&rows, false, "rows")?, Buf::get(&changed, false, "changed")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?);
+    let (ob, hb) = (Buf::get(&out, true, "out")?, Buf::get(&hit, true, "hit")?);
+    let (r, c, t, i) = (u8s(py, &rb, "rows")?, u8s(py, &cb, "changed")?, u32s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?);
+    let (o, h) = (u8s_mut(py, &ob, "out")?, u8s_mut(py, &hb, "hit")?);
+    py.detach(|| union_changed(r, width, width_max, c, t, i, o, h)).map_err(|e| invalid(py, e))
+}
+
+/// Merges received partial rows into the owner's: `rows[pos[i]]` takes the union with
+/// `incoming[i]`, `changed[pos[i]] = 1` when it grew, `columns` (int64, 8 per bitset byte)
+/// counts the bits gained (`scalefree_graph::hadi::merge_rows`).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn hadi_merge_rows(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, pos: Bound<'_, PyAny>, incoming: Bound<'_, PyAny>, changed: Bound<'_, PyAny>, columns: Bound<'_, PyAny>) -> PyResult<()> {
+    let (rb, pb, ib) = (Buf::get(&rows, true, "rows")?, Buf::get(&pos, false, "pos")?, Buf::get(&incoming, false, "incoming")?);
+    let (cb, colb) = (Buf::get(&changed, true, "changed")?, Buf::get(&columns, true, "columns")?);
+    let (r, p, inc, c) = (u8s_mut(py, &rb, "rows")?, i64s(py, &pb, "pos")?, u8s(py, &ib, "incoming")?, u8s_mut(py, &cb, "changed")?);
+    if colb.len_bytes() > 0 && colb.itemsize() != 8 {
+        return Err(invalid(py, format!("columns must be int64, got buffer format {:?}", colb.format)));
+    }
+    let cols: &mut [i64] = if colb.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(colb.ptr() as *mut i64, colb.count()) } };
+    py.detach(|| merge_rows(r, width, width_max, p, inc, c, cols)).map_err(|e| invalid(py, e))
 }
 
 /// HADI's edges grouped by source on flash (`scalefree_graph::flash_rows`): built from the

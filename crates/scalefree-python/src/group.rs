@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
+use scalefree_collectives::dense::wire::Wire;
 use scalefree_collectives::{Algorithm, CommOptions, Communicator, ReduceOp};
 use scalefree_transport::{Device, DeviceOptions, JobInfo};
 
@@ -41,6 +42,8 @@ pub struct Group {
     job_id: String,
     #[pyo3(get)]
     launcher: String,
+    /// The algorithm the last allreduce used (`last_algorithm`).
+    last: Arc<Mutex<&'static str>>,
 }
 
 impl Group {
@@ -119,21 +122,35 @@ impl Group {
             local_size: job.local_size,
             job_id: job.job_id,
             launcher: job.launcher.name().to_string(),
+            last: Arc::new(Mutex::new("")),
         })
     }
 
     /// Allreduce in place; returns `a`. `op`: sum, prod, min, max. `algorithm`: auto,
-    /// one_shot, direct, ring.
-    #[pyo3(signature = (a, op="sum", algorithm="auto"))]
-    fn allreduce<'py>(&self, py: Python<'py>, a: Bound<'py, PyAny>, op: &str, algorithm: &str) -> PyResult<Bound<'py, PyAny>> {
+    /// one_shot, direct, ring, hierarchical. `wire`: "bf16" or "fp16" rounds what crosses
+    /// between hosts to 16 bits (float32 sums only; see docs/algorithms.md).
+    #[pyo3(signature = (a, op="sum", algorithm="auto", wire=None))]
+    fn allreduce<'py>(&self, py: Python<'py>, a: Bound<'py, PyAny>, op: &str, algorithm: &str, wire: Option<&str>) -> PyResult<Bound<'py, PyAny>> {
         let op = ReduceOp::parse(op).py_err(py)?;
         let algo = parse_algo(py, algorithm)?;
+        let wire = match wire {
+            None => Wire::Exact,
+            Some(w) => Wire::parse(w).py_err(py)?,
+        };
         let buf = Buf::get(&a, true, "allreduce: the array")?;
         let dtype = buf.reducible(py, "allreduce")?;
         let (p, count) = (SendPtr(buf.ptr()), buf.count());
-        self.with_comm(py, move |c| unsafe { c.allreduce(p.get(), count, dtype, op, algo) })?;
+        let used = self.with_comm(py, move |c| unsafe { c.allreduce_wire(p.get(), count, dtype, op, algo, wire) })?;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = used.name();
         drop(buf);
         Ok(a)
+    }
+
+    /// The algorithm the last `allreduce` of this group used ("" before the first): one_shot,
+    /// direct (over the network: the all-to-all, or halving and doubling), ring, or hierarchical.
+    #[getter]
+    fn last_algorithm(&self) -> &'static str {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Reduce-scatter into `out`, which must hold this rank's share

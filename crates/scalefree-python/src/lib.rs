@@ -61,6 +61,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_order, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::local_ids, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::hll_register_max, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::hadi_union_changed, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(graph::hadi_merge_rows, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrgemv, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_csrmm, m)?)?;

@@ -55,7 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     def runtime_args(s):
         s.add_argument("--memory", default=None,
-                       help="memory budget of the flash kernels, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G)")
+                       help="memory budget, e.g. 1G (default SCALEFREE_FLASH_MEMORY or 1G): the flash kernels'; "
+                            "for svd and topics the whole command's state too (peak RSS about the budget plus the "
+                            "interpreter's fixed overhead, docs/flash.md)")
         s.add_argument("--threads", type=count(1), default=None,
                        help="compute threads (default SCALEFREE_FLASH_THREADS or cores)")
         s.add_argument("--dir", default=None, help="scratch directory (default SCALEFREE_FLASH_DIR or temp)")
@@ -143,12 +145,15 @@ def _topics(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
+    from .._rss import peak_rss_bytes, return_freed_memory
     from ..errors import DataError, FlashIOError, InvalidArgumentError
+
+    return_freed_memory()  # --memory bounds the whole process: freed row blocks go back
     from ..flash.topics import check_k
 
     truth = None
     if args.truth:
-        truth = np.load(args.truth, allow_pickle=False)
+        truth = np.load(args.truth, allow_pickle=False, mmap_mode="r")  # read when scored, after the fit
     vocab = None
     if args.vocab:
         with open(args.vocab, encoding="utf-8") as f:
@@ -162,14 +167,21 @@ def _topics(args) -> int:
     if not isinstance(a, flash.Csr):
         raise InvalidArgumentError(f"{args.data}: topics takes a sparse matrix of counts (docword, .npz, .mtx)")
     load_s = time.perf_counter() - t_start
+    loaded = repr(a)
+    # Ids past 32 bits (documents or words): the model runs on the stored rows and columns,
+    # and the words it reports are mapped back to their ids.
+    doc_ids, word_ids = a.row_ids, a.col_ids
+    if doc_ids is not None or word_ids is not None:
+        a = a.compact()
     check_k(args.k, a.shape)
-    print(f"flash topics: {args.data}: {a!r}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
+    print(f"flash topics: {args.data}: {loaded}, loaded in {load_s:.2f} s; budget {rt.memory_budget_bytes} bytes",
           file=sys.stderr)
     if truth is not None and truth.shape != (a.shape[1], args.k):
         raise InvalidArgumentError(f"{args.truth}: the topic matrix has shape {truth.shape}, expected "
                                    f"({a.shape[1]}, {args.k}) (words x K)")
-    if vocab is not None and len(vocab) < a.shape[1]:
-        raise InvalidArgumentError(f"{args.vocab}: {len(vocab)} words, but {args.data} has {a.shape[1]}")
+    words = a.shape[1] if word_ids is None else int(word_ids[-1]) + 1 if len(word_ids) else 0
+    if vocab is not None and len(vocab) < words:
+        raise InvalidArgumentError(f"{args.vocab}: {len(vocab)} words, but {args.data} has {words}")
 
     def say(line):
         if not args.quiet:
@@ -190,15 +202,19 @@ def _topics(args) -> int:
         print(f"stopped after step {args.stop_after}; checkpoint {args.checkpoint} (continue with --resume)")
         return 0
     seconds = time.perf_counter() - t_start
+    peak_rss = peak_rss_bytes()  # load and fit (before the scoring against --truth)
     top = model.top_words(args.top)
     for l in range(args.k):
         ids = top[l]
         weights = model.topic_word[ids, l]
+        ids = ids if word_ids is None else word_ids[ids]  # 0-based word ids
         names = [vocab[i] if vocab else str(i + 1) for i in ids]
         print(f"{l + 1}: " + " ".join(f"{n}:{w:.4f}" for n, w in zip(names, weights)))
+    if word_ids is not None:
+        top = word_ids[top]
     record = {"top_words": [[int(i) + 1 for i in row] for row in top], "seconds": seconds,
               "load_seconds": load_s, "steps": model.seconds, "docs": a.shape[0], "words": a.shape[1], "k": args.k,
-              "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes,
+              "sample": args.sample, "memory_budget_bytes": rt.memory_budget_bytes, "peak_rss_bytes": peak_rss,
               "topic_sizes": np.bincount(model.labels, minlength=args.k).tolist(),
               **{key: v for key, v in model.stats.items()}}
     if truth is not None:
@@ -216,7 +232,8 @@ def _topics(args) -> int:
     if args.out:
         with atomic_path(args.out) as tmp:
             with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
-                np.savez(f, topic_word=model.topic_word, labels=model.labels)
+                ids = {k: v for k, v in (("doc_ids", doc_ids), ("word_ids", word_ids)) if v is not None}
+                np.savez(f, topic_word=model.topic_word, labels=model.labels, **ids)
     return 0
 
 
@@ -308,8 +325,10 @@ def _svd(args) -> int:
 
     from .. import flash
     from .._atomic import atomic_path, write_json
+    from .._rss import peak_rss_bytes, return_freed_memory
     from ..errors import ScalefreeError
 
+    return_freed_memory()  # --memory bounds the whole process: freed row blocks go back
     try:
         rt = flash.Runtime(memory_budget=args.memory, threads=args.threads, dir=args.dir)
         t0 = time.perf_counter()
@@ -321,7 +340,8 @@ def _svd(args) -> int:
         t0 = time.perf_counter()
         progress = _Progress(rt, "flash svd", show=not args.quiet)
         if args.out:
-            u, s, vt = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats))
+            u, s, vt = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats,
+                                                       u_on_flash=True))
         else:
             s = progress.run(lambda: flash.svds(a, k=args.k, tol=args.tol, runtime=rt, stats=stats,
                                                 return_singular_vectors=False))
@@ -336,13 +356,38 @@ def _svd(args) -> int:
     if args.out:
         with atomic_path(args.out) as tmp:
             with open(tmp, "wb") as f:  # a file object: savez adds no ".npz" to the name
-                np.savez(f, u=u[:, order], s=s[order], vt=vt[order])
+                if isinstance(u, flash.Matrix):  # u did not fit the budget: copied a row block at a time
+                    _savez_flash(f, u, order, s=s[order], vt=vt[order], block_bytes=rt.memory_budget_bytes // 4)
+                else:
+                    np.savez(f, u=u[:, order], s=s[order], vt=vt[order])
     if args.json:
         doc = {"data": args.data, "k": args.k, "singular_values": [float(v) for v in np.asarray(s)[order]],
                "load_seconds": load_s, "seconds": solve_s, "memory_budget_bytes": rt.memory_budget_bytes,
+               "peak_rss_bytes": peak_rss_bytes(),
                **{key: v for key, v in stats.items() if isinstance(v, (int, float, str))}}
         write_json(args.json, doc)
     return 0
+
+
+def _savez_flash(f, u, order, *, block_bytes, **arrays) -> None:
+    """``np.savez(f, u=u[:, order], **arrays)`` for a flash matrix ``u``, read a row block of at
+    most ``block_bytes`` at a time (the same uncompressed ``.npz``: ``np.load`` reads it)."""
+    import zipfile
+
+    import numpy as np
+
+    rows, cols = u.shape
+    step = max(1, block_bytes // max(1, cols * u.dtype.itemsize))
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        with zf.open("u.npy", "w", force_zip64=True) as out:
+            np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(u.dtype),
+                                                       "fortran_order": False, "shape": (rows, cols)})
+            for lo in range(0, rows, step):
+                blk = u.read_block(lo, 0, min(step, rows - lo), cols)
+                out.write(np.ascontiguousarray(blk[:, order]).tobytes())
+        for name, a in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asarray(a), allow_pickle=False)
 
 
 def _gemm(args) -> int:

@@ -256,11 +256,15 @@ def _diameter(args) -> int:
         edges *= 2
     load_s = time.perf_counter() - t0
     ck = checkpoints(g, args, {"input": _input_fingerprint(args.edges), "method": args.method, "k": args.k,
-                               "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected}, "HADI")
+                               "precision": args.precision, "fm_seed": args.fm_seed, "undirected": args.undirected,
+                               "sample": args.sample}, "HADI")
     flash_stats: dict = {}
-    nf, enc, per_hop = hadi(g, s, d, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
+    pair = [s, d]  # hadi empties it: the edges' memory goes back once the hop's set-up has sent them
+    del s, d
+    nf, enc, per_hop = hadi(g, pair, None, n_ids, args.method, args.k, args.fm_seed, args.max_hops,
                             progress=progress, isolated=False, checkpoints=ck, precision=args.precision,
-                            memory_budget=args.memory_budget, flash_dir=args.flash_dir, stats=flash_stats)
+                            memory_budget=args.memory_budget, flash_dir=args.flash_dir, stats=flash_stats,
+                            sample=args.sample)
     if ck is not None and ck.stopped:
         if g.rank == 0:
             stopped_line(ck, "hop")
@@ -271,7 +275,8 @@ def _diameter(args) -> int:
     if g.rank == 0:
         h, hi = effective_diameter(nf, args.fraction)
         what = {"exact": "exact", "fm": f"Flajolet-Martin, {enc.k} bitstrings",
-                "hll": f"HyperLogLog, {enc.width} registers"}[enc.method]
+                "hll": f"HyperLogLog, {enc.width} registers"
+                       + (f" and {flash_stats['sample']} sampled targets" if flash_stats.get("sample") else "")}[enc.method]
         print(f"{int(round(nf[0]))} vertices, {edges} edges{' (both directions)' if args.undirected else ''}, "
               f"{g.size} ranks, {what}; {per_hop * 1e3:.2f} ms/hop (load {load_s:.2f} s)")
         print(f"effective diameter ({args.fraction:g}): {h} (interpolated {hi:.3f}); "
@@ -283,7 +288,10 @@ def _diameter(args) -> int:
             rec = {"vertices": int(round(nf[0])), "edges": int(edges), "ranks": g.size, "method": enc.method,
                    "effective_diameter": h, "effective_diameter_interpolated": hi, "neighbourhood": list(nf),
                    "load_s": load_s, "per_hop_s": per_hop, "peak_rss_bytes": [int(x) for x in rss]}
-            if flash_stats:
+            if "sd_bound" in flash_stats:
+                rec.update(precision=args.precision, sample=flash_stats["sample"], sd_bound=flash_stats["sd_bound"],
+                           sample_only=flash_stats["sample_only"], rounds=flash_stats["rounds"])
+            elif flash_stats:
                 rec["flash"] = {"memory_budget": args.memory_budget, **flash_stats}
             write_json(args.json, rec)
     return 0
@@ -422,7 +430,7 @@ def add_parser(sub) -> None:
     add_quiet(q)
     q.set_defaults(func=_launch(_pagerank, _check_pagerank))
 
-    from ..graph.hadi import EXACT_AUTO_MAX, HLL_PRECISION, HLL_PRECISION_MAX
+    from ..graph.hadi import EXACT_AUTO_MAX, HLL_PRECISION, HLL_PRECISION_MAX, HLL_SAMPLE
 
     q = s.add_parser("diameter", help="HADI effective diameter and neighbourhood function",
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -436,6 +444,9 @@ def add_parser(sub) -> None:
                    help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids, else hll)")
     q.add_argument("--precision", type=int, choices=range(4, HLL_PRECISION_MAX + 1), metavar="P", default=HLL_PRECISION,
                    help=f"HyperLogLog registers a vertex: 2^P, one byte each (P in 4..{HLL_PRECISION_MAX})")
+    q.add_argument("--sample", type=count(0), default=HLL_SAMPLE, metavar="S",
+                   help="--method hll: vertices sampled as targets, one bit each a vertex beside the registers; N(h) "
+                        "combines the two estimates (exact when S >= the vertex count; 0: registers alone)")
     q.add_argument("-k", type=count(1), default=32, help="Flajolet-Martin bitstrings per vertex")
     q.add_argument("--fraction", type=number(0, 1, low_open=True), default=0.9,
                    help="share of reachable pairs for the effective diameter")

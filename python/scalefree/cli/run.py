@@ -69,6 +69,13 @@ def _integer_at_least(minimum: int, text: str) -> int:
 _at_least_one = functools.partial(_integer_at_least, 1)
 
 
+def _ranks_per_host(text: str) -> int | tuple[int, ...]:
+    """``N`` (ranks on this host), or ``N0,N1,...`` (ranks of every host, in host order)."""
+    if "," not in text:
+        return _at_least_one(text)
+    return tuple(_at_least_one(t) for t in text.split(","))
+
+
 def _seconds(text: str, *, allow_zero: bool) -> float:
     try:
         s = float(text)
@@ -80,8 +87,9 @@ def _seconds(text: str, *, allow_zero: bool) -> float:
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("-n", "--nprocs", "--nproc-per-node", type=_at_least_one, default=None, metavar="N",
-                   help="number of ranks to start on this host (at least 1)")
+    p.add_argument("-n", "--nprocs", "--nproc-per-node", type=_ranks_per_host, default=None, metavar="N",
+                   help="number of ranks to start on this host (at least 1); across hosts of different sizes, "
+                        "every host's count in host order (N0,N1,...; the same list on every host)")
     hosts = p.add_argument_group("several hosts (run the same command on every host)")
     hosts.add_argument("--nnodes", type=_at_least_one, default=1, metavar="H", help="number of hosts (default: 1)")
     hosts.add_argument("--node-rank", type=count(0), default=0, metavar="I", help="this host's index, 0..H-1 (default: 0)")
@@ -130,8 +138,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--nnodes > 1 needs --master-addr (the address of node rank 0)")
     if not 0 <= args.node_rank < args.nnodes:
         parser.error(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    layout = args.nprocs if isinstance(args.nprocs, tuple) else None
+    if layout is not None:
+        if len(layout) != args.nnodes:
+            parser.error(f"--nproc-per-node lists {len(layout)} hosts' ranks, but --nnodes is {args.nnodes}")
+        if not args.master_addr:
+            parser.error("--nproc-per-node N0,N1,... needs --master-addr (a job across hosts)")
+        args.nprocs = layout[args.node_rank]
     port = args.master_port or int(os.environ.get("SCALEFREE_MASTER_PORT") or DEFAULT_MASTER_PORT)
-    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port) if args.master_addr else None
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, port, layout) if args.master_addr else None
     token = None
     if nodes is not None and nodes.nnodes > 1:
         token = _secret_for(args, nodes, cmd)
@@ -155,7 +170,8 @@ def _secret_for(args: argparse.Namespace, nodes: Nodes, cmd: list[str]) -> str:
     if nodes.node_rank != 0:
         raise InvalidArgumentError(NO_SECRET)
     secret = secrets.token_hex(16)
-    argv = ["scalefree", "run", "--nnodes", str(nodes.nnodes), "--node-rank", "I", "--nproc-per-node", str(args.nprocs),
+    per_node = ",".join(map(str, nodes.layout)) if nodes.layout else str(args.nprocs)
+    argv = ["scalefree", "run", "--nnodes", str(nodes.nnodes), "--node-rank", "I", "--nproc-per-node", per_node,
             "--master-addr", nodes.master_addr, "--master-port", str(nodes.master_port)]
     if args.timeout is not None:
         argv += ["--timeout", f"{args.timeout:g}"]

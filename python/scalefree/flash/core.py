@@ -77,6 +77,18 @@ class Runtime:
         over the runtime's life (read them from another thread while a kernel runs)."""
         return self._rt.progress
 
+    def with_budget(self, memory_budget) -> "Runtime":
+        """A runtime with this one's threads, scratch directory and BLAS but a budget of
+        ``memory_budget`` bytes (at least 64 KiB, at most this one's): the kernels' share when an
+        algorithm keeps part of its own budget for state in memory. Made once per size, then reused."""
+        nbytes = min(self.memory_budget_bytes, max(1 << 16, int(memory_budget)))
+        if nbytes == self.memory_budget_bytes:
+            return self
+        subs = self.__dict__.setdefault("_subs", {})
+        if nbytes not in subs:
+            subs[nbytes] = Runtime(nbytes, self.threads, self.dir, self.blas or "faer")
+        return subs[nbytes]
+
     def __repr__(self) -> str:
         return (f"flash.Runtime(memory_budget={self.memory_budget_bytes}, threads={self.threads}, dir={str(self.dir)!r}, "
                 f"blas={self.blas or 'faer'!r})")
@@ -153,6 +165,21 @@ class Matrix:
         out = np.empty(self.shape, dtype=self.dtype, order=self._m.order)
         self._m._read_into(out)
         return out
+
+    def read_block(self, row0: int, col0: int, rows: int, cols: int, out=None) -> np.ndarray:
+        """The ``rows x cols`` block at ``(row0, col0)`` as a numpy array in the matrix's order
+        (into ``out`` when given: contiguous in that order, the matrix's dtype), read straight
+        from flash."""
+        if out is None:
+            out = np.empty((rows, cols), dtype=self.dtype, order=self._m.order)
+        self._m._read_block(int(row0), int(col0), int(rows), int(cols), out)
+        return out
+
+    def write_block(self, row0: int, col0: int, block) -> None:
+        """Writes the 2-D ``block`` at ``(row0, col0)`` (converted to the matrix's dtype and order)."""
+        block = np.asarray(block, dtype=self.dtype, order=self._m.order)
+        rows, cols = block.shape
+        self._m._write_block(int(row0), int(col0), rows, cols, block)
 
     def __repr__(self) -> str:
         return f"flash.Matrix(shape={self.shape}, dtype={self.dtype}, order={self._m.order!r})"
@@ -252,7 +279,9 @@ class Csr:
         of counts, streamed to flash with bounded memory (one document and a 64 Ki-entry
         chunk at a time, plus 8 bytes per document) when its documents come in ascending
         order, as UCI files do; other files are read in memory first. A vocabulary of 2**32
-        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based).
+        words or more gives a matrix with ``col_ids`` (the words that occur, 0-based), a
+        document count of 2**32 or more one with ``row_ids`` (the documents that occur): nothing
+        is allocated per id of the space.
 
         Also the counts as pipelines export them, read in memory (16 bytes per entry):
         ``doc word count`` lines (1-based ids) without the UCI lines D, W, NNZ — D and W are
@@ -260,11 +289,12 @@ class Csr:
         ``delimiter``: tab, space, comma, semicolon), after an optional header line (``header``:
         auto, yes, no), in one file or a directory of parts (``part-*`` in name order,
         ``_SUCCESS``, ``.crc`` and hidden files skipped, the same header in every part)."""
-        m, word_ids, words = _native.FlashCsr.from_docword_file((runtime or default_runtime())._rt, os.fspath(path),
-                                                                _float_name(dtype), delimiter, header)
-        if word_ids is None:
+        m, doc_ids, word_ids, shape = _native.FlashCsr.from_docword_file(
+            (runtime or default_runtime())._rt, os.fspath(path), _float_name(dtype), delimiter, header)
+        if doc_ids is None and word_ids is None:
             return cls(m)
-        return cls(m, col_ids=np.array(word_ids, dtype=np.uint64), shape=(m.shape[0], words))
+        return cls(m, col_ids=None if word_ids is None else np.array(word_ids, dtype=np.uint64),
+                   row_ids=None if doc_ids is None else np.array(doc_ids, dtype=np.uint64), shape=tuple(shape))
 
     @property
     def nnz(self) -> int:
@@ -511,9 +541,19 @@ def csr_product(a, x, *, product: str = "gram", runtime: Runtime | None = None) 
 
 def csr_arrays(a):
     """``(shape, indptr int64, indices int32, data)`` of a float32/float64 scipy sparse
-    matrix, as ``csr_product`` passes them to the native kernel (convert once, reuse)."""
+    matrix (or a :class:`Csr` read from flash), as ``csr_product`` passes them to the native
+    kernel (convert once, reuse)."""
     import scipy.sparse as sp
 
+    if isinstance(a, Csr):  # read from flash as the kernel takes it: no int64 or scipy copy
+        if a.col_ids is not None or a.row_ids is not None or a.shape[1] > np.iinfo(np.int32).max:
+            raise InvalidArgumentError(f"csr_product: A has id maps or too many columns (shape {a.shape})")
+        rows = a.shape[0]
+        indptr = np.empty(rows + 1, dtype=np.uint64)
+        indices = np.empty(a.nnz, dtype=np.uint32)
+        data = np.empty(a.nnz, dtype=a.dtype)
+        a._m._read_rows(0, indptr, indices, data)  # straight into these arrays
+        return tuple(a.shape), indptr.view(np.int64), indices.view(np.int32), data
     if not sp.issparse(a):
         raise InvalidArgumentError("csr_product: A must be a scipy sparse matrix")
     a = a.tocsr()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgumentError, NoConvergenceError
+from .state import DenseState
 
 WHICH = ("LA", "SA", "LM")
 
@@ -111,13 +112,17 @@ def _standard_normal(rng, shape, dtype=np.float64):
     return rng.standard_normal(shape)
 
 
-def _orthonormal_complement(rng, basis: np.ndarray, columns: int, n: int) -> np.ndarray:
-    """``columns`` random orthonormal vectors orthogonal to ``basis`` (``n x j``, orthonormal)."""
-    out = np.empty((n, 0), dtype=basis.dtype)
+def _orthonormal_complement(rng, basis, columns: int, n: int, dtype=None) -> np.ndarray:
+    """``columns`` random orthonormal vectors orthogonal to ``basis`` (``n x j``, orthonormal;
+    or a function ``z -> z - B B^H z`` projecting out a basis ``B`` kept elsewhere)."""
+    dtype = basis.dtype if dtype is None else dtype
+    out = np.empty((n, 0), dtype=dtype)
     for _ in range(10):
-        z = _standard_normal(rng, (n, columns - out.shape[1]), basis.dtype)
+        z = _standard_normal(rng, (n, columns - out.shape[1]), dtype)
         for _ in range(2):
-            if basis.shape[1]:
+            if callable(basis):
+                z = basis(z)
+            elif basis.shape[1]:
                 z -= basis @ (basis.conj().T @ z)
             if out.shape[1]:
                 z -= out @ (out.conj().T @ z)
@@ -159,7 +164,7 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
                        block_size: int | None = None, basis_size: int | None = None,
                        maxiter: int | None = None, v0=None, random_state=None,
                        operator_eps: float = np.finfo(np.float64).eps, dtype=np.float64,
-                       strict: bool = True):
+                       strict: bool = True, flash_basis=None):
     """The ``k`` wanted eigenpairs of a symmetric ``n x n`` operator given by ``apply``.
 
     ``which``: ``"LA"`` largest algebraic, ``"SA"`` smallest algebraic, ``"LM"`` largest
@@ -176,6 +181,13 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     Raises :class:`NoConvergenceError` after ``maxiter`` restarts without ``k`` converged pairs
     (``strict=False``: returns the current Ritz pairs instead, ``info.converged`` of them
     converged).
+
+    ``flash_basis``: ``(runtime, block_bytes)`` keeps the Krylov basis on flash (a scratch
+    matrix of that runtime, column-major so a new block is one write) and works on it in row
+    blocks of ``block_bytes``: the orthogonalization reads it three times per block (the
+    projection; the subtraction fused with the second projection; the second subtraction),
+    a restart rewrites its kept columns a row block at a time. The same method, summed in
+    another order: the results agree with the in-memory basis's to the tolerance.
     """
     n, k = int(n), int(k)
     if n < 1:
@@ -217,7 +229,7 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     with _one_blas_thread():
         q, _ = np.linalg.qr(q)
     # Columns [0, j) of V are the basis; H[:j, :j] = V^T op V; q is the block being added.
-    V = np.empty((n, m + b), dtype=dtype)
+    V = np.empty((n, m + b), dtype=dtype) if flash_basis is None else _FlashBasis(n, m + b, dtype, *flash_basis)
     H = np.zeros((m + b, m + b), dtype=dtype)
     j = 0
     filled = False  # the basis has been full once: convergence is checked from then on
@@ -226,12 +238,15 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
     keep = min(m - b, max(k, (k + m - b) // 2 + 1))
     while True:
         # --- expand by one block ---
-        V[:, j:j + b] = q
+        if isinstance(V, _FlashBasis):
+            V.write(0, j, q)
+        else:
+            V[:, j:j + b] = q
         w = _check_block(apply(q), n, b, dtype)
         info.operator_blocks += 1
         info.operator_columns += b
         with _one_blas_thread():
-            q, r = _orthogonalize(V, H, j, b, w, rng)
+            q, r = (V.orthogonalize if isinstance(V, _FlashBasis) else _orthogonalize)(V, H, j, b, w, rng)
         j += b
         full = j >= m
         filled = filled or full
@@ -247,7 +262,7 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
             floor = 64.0 * eps * np.abs(theta).max(initial=0.0)
             ok = res[:k] <= np.maximum(tol * np.abs(theta[:k]), floor)
             if ok.all() or (full and restarts >= maxiter):
-                x = V[:, :j] @ y[:, :k]
+                x = V.combine(j, y[:, :k]) if isinstance(V, _FlashBasis) else V[:, :j] @ y[:, :k]
                 info.restarts = restarts
                 info.residuals = res[:k]
                 info.converged = int(ok.sum())
@@ -262,7 +277,10 @@ def block_krylov_schur(apply, n: int, k: int, *, which: str = "LA", tol: float =
                 continue
             # --- Krylov-Schur restart: keep the wanted Ritz vectors, truncate the rest ---
             restarts += 1
-            V[:, :keep] = V[:, :j] @ y[:, :keep]
+            if isinstance(V, _FlashBasis):
+                V.restart(j, y[:, :keep])
+            else:
+                V[:, :keep] = V[:, :j] @ y[:, :keep]
             H[:] = 0.0
             H[np.arange(keep), np.arange(keep)] = theta[:keep]
             j = keep
@@ -296,3 +314,69 @@ def _orthogonalize(V, H, j, b, w, rng):
         u = np.hstack([u, fresh])
         r = np.vstack([r[~small], r[small]])
     return u, r
+
+
+class _FlashBasis(DenseState):
+    """The Krylov basis on flash (see ``flash_basis`` of :func:`block_krylov_schur`): the
+    operations the solver does on ``V[:, :j]``, a row block of ``block_bytes`` at a time."""
+
+    def __init__(self, n, cols, dtype, rt, block_bytes):
+        super().__init__(n, cols, dtype, rt, on_flash=True, order="F")
+        self.block_bytes = int(block_bytes)
+
+    def _blocks(self, cols):
+        for lo, hi in self.row_ranges(self.block_bytes, cols):
+            yield lo, hi, self.read(lo, hi, 0, cols)
+
+    def project(self, cols, z):
+        """``z - V V^H z`` for ``V = self[:, :cols]`` (two passes)."""
+        c = np.zeros((cols, z.shape[1]), dtype=z.dtype)
+        for lo, hi, vr in self._blocks(cols):
+            c += vr.conj().T @ z[lo:hi]
+        for lo, hi, vr in self._blocks(cols):
+            z[lo:hi] -= vr @ c
+        return z
+
+    def orthogonalize(self, _V, H, j, b, w, rng):
+        """:func:`_orthogonalize` with the basis ``self[:, :j + b]`` on flash, in three passes."""
+        n, cols = self.shape[0], j + b
+        c = np.zeros((cols, b), dtype=w.dtype)
+        c2 = np.zeros_like(c)
+        for lo, hi, vr in self._blocks(cols):
+            c += vr.conj().T @ w[lo:hi]
+        for lo, hi, vr in self._blocks(cols):  # the subtraction and the second projection
+            w[lo:hi] -= vr @ c
+            c2 += vr.conj().T @ w[lo:hi]
+        for lo, hi, vr in self._blocks(cols):
+            w[lo:hi] -= vr @ c2
+        c += c2
+        H[:cols, j:cols] = c
+        H[j:cols, :cols] = c.conj().T
+        u, s, zt = np.linalg.svd(w, full_matrices=False)
+        scale = max(np.abs(H[:cols, :cols]).max(initial=0.0), 1e-300)
+        small = s <= 1e-12 * scale
+        r = s[:, None] * zt
+        if small.any():
+            r[small] = 0.0
+            u = u[:, ~small]
+
+            def project(z):
+                z = self.project(cols, z)
+                return z - u @ (u.conj().T @ z) if u.shape[1] else z
+
+            fresh = _orthonormal_complement(rng, project, int(small.sum()), n, w.dtype)
+            u = np.hstack([u, fresh])
+            r = np.vstack([r[~small], r[small]])
+        return u, r
+
+    def combine(self, j, y):
+        """``V[:, :j] @ y`` (in memory: ``n x y.shape[1]``)."""
+        out = np.empty((self.shape[0], y.shape[1]), dtype=np.result_type(self.dtype, y.dtype))
+        for lo, hi, vr in self._blocks(j):
+            out[lo:hi] = vr @ y
+        return out
+
+    def restart(self, j, y):
+        """``V[:, :y.shape[1]] = V[:, :j] @ y``, a row block at a time (in place)."""
+        for lo, hi, vr in self._blocks(j):
+            self.write(lo, 0, vr @ y)

@@ -38,6 +38,7 @@ import numpy as np
 from . import core as flash
 from ..errors import InvalidArgumentError, NoConvergenceError
 from .eigen import blas_threads, block_krylov_schur
+from .state import CsrRows
 
 _SCIPY_SOLVERS = ("arpack", "lobpcg", "propack")
 
@@ -96,8 +97,11 @@ class _Loaded(_MemoryCsr):
     (a DAG run and a read of A per call), and the budget allows holding A."""
 
     def __init__(self, a: flash.Csr, dtype, rt):
-        super().__init__(a.to_scipy(), dtype, rt)
-        self.bytes_read = csr_flash_bytes(self.a)
+        # The kernel's arrays read straight from flash (no scipy matrix: its int64 indices
+        # would hold A twice over while loading).
+        self.shape, self.dtype, self.rt = tuple(a.shape), dtype, rt
+        self.arrays = flash.csr_arrays(a)
+        self.bytes_read = csr_flash_bytes(a)
         self.peak_resident_bytes = self.bytes_read
 
 
@@ -213,9 +217,10 @@ def csr_flash_bytes(s) -> int:
     return int(s.nnz) * (np.dtype(s.dtype).itemsize + 4) + (s.shape[0] + 1) * 8
 
 
-def flash_operator(a, rt):
-    """The operator of ``a``. In-memory inputs larger than the
-    runtime's budget are copied to flash first."""
+def flash_operator(a, rt, reserve: int = 0):
+    """The operator of ``a``. In-memory inputs larger than the runtime's budget are copied to
+    flash first; a flash CSR matrix is read into memory when it fits the budget beside
+    ``reserve`` bytes (the caller's state)."""
     import scipy.sparse as sp
     from scipy.sparse.linalg import LinearOperator
 
@@ -223,7 +228,7 @@ def flash_operator(a, rt):
         if a.col_ids is not None or a.row_ids is not None:
             raise InvalidArgumentError(f"svds: A has id maps (shape {a.shape}); pass A.compact() "
                                        f"({a.compact_shape}) and map the vectors back by A.row_ids / A.col_ids")
-        if csr_flash_bytes(a) <= rt.memory_budget_bytes:
+        if csr_flash_bytes(a) + reserve <= rt.memory_budget_bytes:
             return _Loaded(a, np.dtype(a.dtype), rt)
         return _FlashCsr(a, rt)
     if isinstance(a, flash.Matrix):
@@ -302,7 +307,138 @@ def _no_convergence_class():
     return SvdsNoConvergence
 
 
-def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats, vectors=True, threads=1):
+@dataclass
+class _Plan:
+    """Where a solve keeps its state (see :func:`_plan`)."""
+
+    flash_basis: tuple | None  # (runtime, row block bytes) when the Krylov basis is on flash
+    other_in_memory: bool  # A V (and u) in memory; else u goes to flash a row block at a time
+    block_bytes: int  # row blocks of the out-of-core steps
+    state_bytes: int  # the solver's state in memory, as planned
+    kernel_bytes: int  # the flash kernels' budget (0: A is applied in memory)
+
+
+def _held_bytes(op) -> int:
+    """Bytes of A the operator holds in memory on our account (a loaded flash matrix)."""
+    inner = getattr(op, "op", op)
+    return int(getattr(inner, "bytes_read", 0)) if isinstance(inner, _Loaded) else 0
+
+
+def solver_state_bytes(n, k, ncv, block_size, item=8, threads=1) -> tuple[int, int]:
+    """(Krylov basis, other work) bytes of a solve on an ``n``-row basis: the basis ``n x (ncv
+    + b)``; the blocks in flight (``W``, ``Q``, the SVD of ``W``, the operator's input and
+    output, one accumulator per compute thread) and the ``n x k`` Ritz vectors."""
+    b = block_size or max(min(k, 16), min(2, k))
+    m = ncv or max(2 * k + 2 * b, 20)
+    return n * (m + b) * item, n * (b * (5 + threads) + k) * item
+
+
+def _plan(op, flash_op, n, other_rows, k, ncv, block_size, work, vectors, rt, threads) -> _Plan:
+    """Splits the runtime's memory budget M between the state of the solve and the flash
+    kernels. A loaded A counts against M. Then, with ``free`` what is left: the Krylov basis
+    stays in memory when it fits (beside the blocks in flight and the Ritz vectors, and half of
+    ``free`` when the kernels stream A from flash), else it goes to flash (``flash_basis``),
+    worked on in row blocks; the final ``A V`` (``other_rows x k``, and ``u`` beside it) stays
+    in memory when it fits what is left, else ``u`` is written to flash a row block at a
+    time (:func:`_triplets_out_of_core`). A streamed A gets the rest as its kernels' budget
+    (at least a quarter of ``free``). Complex problems keep everything in memory (flash
+    matrices are real)."""
+    item = work.itemsize
+    budget = rt.memory_budget_bytes if rt is not None else 1 << 62
+    free = max(0, budget - _held_bytes(op))
+    basis, other_work = solver_state_bytes(n, k, ncv, block_size, item, threads)
+    streamed = isinstance(flash_op, OnFlash) and not isinstance(flash_op, _Loaded)
+    share = free // 2 if streamed else free
+    real = work.kind != "c" and rt is not None
+    basis_on_flash = real and basis + other_work > share
+    state = other_work + (0 if basis_on_flash else basis)
+    left = max(0, share - state)
+    block_bytes = max(1 << 16, left // 4)
+    if basis_on_flash:
+        state += 2 * block_bytes
+    out = other_rows * k * item * (2 if vectors else 1)
+    other_in_memory = not real or out + state <= share
+    if other_in_memory:
+        state += out
+    else:
+        state += 2 * block_bytes
+    kernel = max(free - state, free // 4) if streamed else 0
+    if streamed and rt is not None:
+        flash_op.rt = rt.with_budget(kernel)
+        kernel = flash_op.rt.memory_budget_bytes  # at least 64 KiB
+    return _Plan(flash_basis=(rt, block_bytes) if basis_on_flash else None, other_in_memory=other_in_memory,
+                 block_bytes=block_bytes, state_bytes=state, kernel_bytes=kernel)
+
+
+def _rows_times(op, x, block_bytes, rt):
+    """``(lo, hi, A[lo:hi] @ x)`` over row blocks of A, each of about ``block_bytes`` of
+    output (a flash CSR matrix read a row block at a time; an in-memory one sliced)."""
+    rows = op.shape[0]
+    step = max(1, block_bytes // max(1, x.shape[1] * x.itemsize))
+    if isinstance(op, _FlashCsr):
+        for lo, hi, blk in CsrRows(op.a, max(1 << 16, block_bytes // 2), dtype=None):
+            yield lo, hi, np.asarray(blk @ x.astype(op.dtype, copy=False))
+        return
+    if isinstance(op, _MemoryCsr):
+        (_, cols), indptr, indices, data = op.arrays
+        for lo in range(0, rows, step):
+            hi = min(rows, lo + step)
+            s0, s1 = int(indptr[lo]), int(indptr[hi])
+            part = ((hi - lo, cols), indptr[lo:hi + 1] - s0, indices[s0:s1], data[s0:s1])
+            yield lo, hi, flash.csr_arrays_product(part, x, "times", rt)
+        return
+    if isinstance(op, _InMemory) and not isinstance(op, _LinearOperator):
+        for lo in range(0, rows, step):
+            hi = min(rows, lo + step)
+            yield lo, hi, np.asarray(op.a[lo:hi] @ x.astype(op.dtype, copy=False))
+        return
+    yield 0, rows, op.matmat(x)  # dense flash matrices and LinearOperators: whole
+
+
+def _triplets_out_of_core(op, apply, x, right, vectors, plan, rt, threads, u_on_flash=False):
+    """The singular triplets from the converged eigenvectors ``x`` without ``A V`` in memory:
+    ``s^2`` and ``z`` are the eigenpairs of the ``k x k`` Gram matrix ``x^H (A^H A x)``
+    (``A^H A x`` formed a block of columns at a time), ``v = x z``, and ``u = (A x) z / s``
+    formed a row block at a time: in memory (descending s, as the in-memory path), or with
+    ``u_on_flash`` written to a flash matrix with its columns in ascending order of s (what
+    :func:`svds` returns). Returns ``(u, s, z, x z)`` (``u``, ``x z``: None without
+    vectors). Wide matrices (``A A^H``) form ``A^H x`` whole (columns of A are not streamed)."""
+    k = x.shape[1]
+    b = max(1, min(k, 16))
+    g = np.empty((k, k), dtype=x.dtype)
+    for i in range(0, k, b):
+        g[:, i:i + b] = x.conj().T @ apply(np.ascontiguousarray(x[:, i:i + b]))
+    with blas_threads(threads):
+        lam, z = np.linalg.eigh(0.5 * (g + g.conj().T))
+    lam, z = lam[::-1], z[:, ::-1]
+    s = np.sqrt(np.maximum(lam, 0.0))
+    if not vectors:
+        return None, s, z, None
+    xz = x @ z
+    safe = np.where(s > 0, s, 1.0)
+    if not right:  # A A^H: x are left vectors, u = x z, v = A^H x z / s
+        v = np.asarray(op.rmatmat(x), dtype=x.dtype) @ z
+        v /= safe
+        return v, s, z, xz
+    rows = op.shape[0]
+    if not u_on_flash:
+        u = np.empty((rows, k), dtype=x.dtype)
+        for lo, hi, ax in _rows_times(op, x, plan.block_bytes, rt):
+            u[lo:hi] = np.asarray(ax, dtype=x.dtype) @ z
+            u[lo:hi] /= safe
+        return u, s, z, xz
+    out = np.float32 if np.dtype(op.dtype) == np.float32 else np.float64
+    u = flash.Matrix.zeros((rows, k), out, runtime=rt)
+    zr, sr = z[:, ::-1], safe[::-1]  # ascending, as svds returns u
+    for lo, hi, ax in _rows_times(op, x, plan.block_bytes, rt):
+        blk = np.asarray(ax, dtype=np.float64) @ zr
+        blk /= sr
+        u.write_block(lo, 0, blk.astype(out, copy=False))
+    return u, s, z, xz
+
+
+def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, stats, vectors=True, threads=1,
+           runtime=None, u_on_flash=False):
     """The top (``which='LM'``) or bottom (``'SM'``) ``k`` singular triplets of ``op``, in
     descending order of s: ``(u, s, vh)`` in float64 or complex128 (``vectors=False``:
     ``(None, s, None)``). ``tol`` is scipy's, a tolerance of the singular values: the
@@ -332,6 +468,7 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         block_size = min(block_size or max(min(k, 16), min(2, k)), ncv - k)
     n = cols if right else rows
     work = np.dtype(np.complex128 if np.dtype(op.dtype).kind == "c" else np.float64)
+    plan = _plan(op, flash_op, n, rows if right else cols, k, ncv, block_size, work, vectors, runtime, threads)
     if right:
         def apply(x):
             if hasattr(op, "gram"):  # A^T A X in one pass over A
@@ -344,25 +481,30 @@ def _solve(op, k, *, ncv, tol, which, v0, maxiter, random_state, block_size, sta
         theta, x, info = block_krylov_schur(
             apply, n, k, which="LA" if which == "LM" else "SA", tol=tol ** 2, block_size=block_size,
             basis_size=ncv, maxiter=maxiter, v0=v0, random_state=random_state,
-            operator_eps=np.finfo(op.dtype).eps, dtype=work)
+            operator_eps=np.finfo(op.dtype).eps, dtype=work, flash_basis=plan.flash_basis)
     except NoConvergenceError as e:
         raise _no_convergence_class()(
             f"No convergence: k={k} singular triplets did not converge within maxiter={maxiter} restarts "
             f"(block Krylov-Schur; {len(e.eigenvalues)} converged); raise maxiter or tol",
             e.eigenvalues, e.eigenvectors) from None
-    other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=work)
-    # No operator runs now: the products with the tall ``other`` (n x k, the largest dense
-    # work of a solve) use the runtime's threads.
-    with blas_threads(threads):
-        w, s, z = _small_svd(other, vectors)
-        del other
-        x = x @ z if vectors else None
+    if plan.other_in_memory:
+        other = np.asarray(op.matmat(x) if right else op.rmatmat(x), dtype=work)
+        # No operator runs now: the products with the tall ``other`` (n x k, the largest dense
+        # work of a solve) use the runtime's threads.
+        with blas_threads(threads):
+            w, s, z = _small_svd(other, vectors)
+            del other
+            x = x @ z if vectors else None
+    else:
+        w, s, z, x = _triplets_out_of_core(op, apply, x, right, vectors, plan, runtime, threads, u_on_flash)
     s = np.asarray(s, dtype=np.float64)
     if stats is not None:
         stats.update(restarts=info.restarts, operator_blocks=info.operator_blocks,
                      operator_columns=info.operator_columns, block_size=info.block_size,
                      basis_size=info.basis_size, dense=info.dense,
                      max_relative_residual=float(np.max(info.residuals / np.maximum(np.abs(theta), 1e-300))),
+                     basis_on_flash=plan.flash_basis is not None, vectors_on_flash=not plan.other_in_memory,
+                     state_bytes=plan.state_bytes, kernel_budget_bytes=plan.kernel_bytes,
                      on_flash=isinstance(op, OnFlash) or isinstance(getattr(op, "op", None), OnFlash),
                      loaded=isinstance(op, _Loaded) or isinstance(getattr(op, "op", None), _Loaded),
                      peak_resident_bytes=getattr(op, "peak_resident_bytes", 0),
@@ -439,7 +581,8 @@ def _as_matrix(A):
 
 
 def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_singular_vectors=True,
-         solver="arpack", rng=None, options=None, *, random_state=None, runtime=None, block_size=None, stats=None):
+         solver="arpack", rng=None, options=None, *, random_state=None, runtime=None, block_size=None, stats=None,
+         u_on_flash=False):
     """Partial SVD with the contract of ``scipy.sparse.linalg.svds`` (``solver="arpack"``):
     ``(u, s, vh)`` with ``s`` ascending (the ``k`` largest singular values for ``which='LM'``,
     the smallest for ``'SM'``), ``u`` ``M x k`` and ``vh`` ``k x N``;
@@ -470,7 +613,19 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     operator applications, the final residual, ``on_flash`` (whether A was applied from
     flash), ``loaded`` (a flash A read once into memory), ``peak_resident_bytes`` (the flash
     kernels' largest peak), ``bytes_read``/``bytes_written`` and ``kernel_seconds`` (summed
-    over the kernel calls).
+    over the kernel calls), ``basis_on_flash``, ``vectors_on_flash``, ``state_bytes`` and
+    ``kernel_budget_bytes`` (the memory plan, below).
+
+    Memory: the runtime's budget covers the solve's state, not only the flash kernels. A
+    loaded A counts against it; the Krylov basis (``min(A.shape) x (ncv + b)``) stays in
+    memory when it fits what is left, else it is a scratch flash matrix worked on in row
+    blocks; the final ``A V`` (``max(A.shape) x k``) is formed in memory when it fits, else
+    the triplets come from the ``k x k`` Gram matrix ``V^T A^T A V`` and ``u`` is formed a
+    row block at a time — into a numpy array (the default: scipy's contract), or, with
+    ``u_on_flash=True``, into a :class:`flash.Matrix` (``u`` returned on flash, columns in
+    ascending order like the numpy one) so that the whole solve stays within the budget. A
+    streamed A's kernels get the rest of the budget (a runtime of that budget,
+    :meth:`Runtime.with_budget`).
 
     Invalid arguments raise what scipy's svds raises, with its wording (``ValueError``s are
     :class:`~scalefree.errors.InvalidArgumentError`). When ``maxiter`` restarts do not
@@ -492,12 +647,16 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
             raise InvalidArgumentError(f"svds: unknown options {sorted(unknown)} (known: block_size)")
         block_size = options.get("block_size", block_size)
     rt = runtime or flash.default_runtime()
-    op = flash_operator(A, rt)
+    # A flash CSR matrix is read into memory when it fits the budget beside the solver's state
+    # (then applied in memory, with the in-memory block size).
+    reserve = sum(solver_state_bytes(min(A.shape), k, ncv, block_size or max(min(k, 16), min(2, k)), 8, rt.threads))
+    op = flash_operator(A, rt, reserve)
     if v0 is not None and v0.dtype.kind == "c" and np.dtype(op.dtype).kind != "c":
         raise InvalidArgumentError(f"`v0` is complex ({v0.dtype}) for a real matrix ({np.dtype(op.dtype)})")
     st = stats if stats is not None else {}
     u, s, vh = _solve(op, k, ncv=ncv, tol=tol, which=which, v0=v0, maxiter=maxiter, random_state=rng,
-                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads)
+                      block_size=block_size, stats=st, vectors=rsv is not False, threads=rt.threads, runtime=rt,
+                      u_on_flash=u_on_flash)
     if st["dense"] and str(solver).lower() == "lobpcg":
         # scipy's LOBPCG path warns when it falls back to a dense eigensolver; so do we,
         # under that name, for the same small problems (code may filter or expect it).
@@ -509,9 +668,11 @@ def svds(A, k=6, ncv=None, tol=0, which="LM", v0=None, maxiter=None, return_sing
     if rsv is False:
         return s[::-1].astype(real)
     # Ascending order, as scipy: u's columns reversed in place (u is max(A.shape) x k: a
-    # reversed copy, and a contiguous one, would each hold another u).
-    u = _reverse_columns(np.ascontiguousarray(u))
-    u, s, vh = u.astype(dtype, copy=False), s[::-1].astype(real), vh[::-1].astype(dtype)
+    # reversed copy, and a contiguous one, would each hold another u). A u that did not fit
+    # the budget is a flash.Matrix, written in ascending order already.
+    if not isinstance(u, flash.Matrix):
+        u = _reverse_columns(np.ascontiguousarray(u)).astype(dtype, copy=False)
+    s, vh = s[::-1].astype(real), vh[::-1].astype(dtype)
     if rsv == "u":
         return u, s, None
     if rsv == "vh":
@@ -562,7 +723,9 @@ def pca(X, k, *, tol=0, maxiter=None, random_state=None, runtime=None, block_siz
     samples = shape[0]
     mu = np.asarray(op.rmatmat(np.ones((samples, 1))), dtype=np.float64)[:, 0] / samples
     u, s, vt = _solve(_Centered(op, mu), k, ncv=None, tol=float(tol), which="LM", v0=None, maxiter=maxiter,
-                      random_state=random_state, block_size=block_size, stats=stats, threads=rt.threads)
+                      random_state=random_state, block_size=block_size, stats=stats, threads=rt.threads, runtime=rt)
+    if isinstance(u, flash.Matrix):
+        u = u.to_numpy()[:, ::-1]  # pca returns its scores in memory
     flip = np.sign(vt[np.arange(k), np.argmax(np.abs(vt), axis=1)])
     flip[flip == 0] = 1.0
     vt, u = vt * flip[:, None], u * flip[None, :]

@@ -46,6 +46,7 @@ import numpy as np
 from .. import _native
 from . import core as flash
 from ..errors import InvalidArgumentError
+from .state import CsrRows
 from .svd import OnFlash, csr_flash_bytes, flash_operator, svds
 
 _BINS_PER_OCTAVE = 8
@@ -53,6 +54,10 @@ _OCTAVES = 24  # frequencies down to 2^-24
 _NBINS = _BINS_PER_OCTAVE * _OCTAVES
 _RHO = 1.1
 _EPS0 = 1.0 / 3.0
+# A row-block pass over A holds up to about this many times a block's flash bytes at once
+# (measured ~15x: the block as float64 CSR, each entry's row, frequency, bin and sort key,
+# the thresholded block, the distances to the centers; with a margin).
+_ROW_TEMP = 32
 
 
 @dataclass
@@ -79,60 +84,6 @@ class Topics:
 
 
 # ---------------------------------------------------------------------------------------
-# Reading A in row blocks
-
-
-class _Rows:
-    """Row blocks of a documents x words matrix (a flash Csr, read with
-    ``FlashCsr._read_rows``, or a scipy CSR matrix in memory) of at most ``block_bytes`` of
-    entries each (one row may exceed it), as scipy CSR blocks of float64."""
-
-    def __init__(self, a, block_bytes: int):
-        self.a, self.shape = a, tuple(a.shape)
-        self.on_flash = isinstance(a, flash.Csr)
-        self.bytes_read = 0
-        self.passes = 0
-        if self.on_flash:
-            self.indptr = np.empty(self.shape[0] + 1, dtype=np.uint64)
-            a._m._read_indptr(0, self.indptr)
-            self.bytes_read += self.indptr.nbytes
-            entry = np.dtype(a.dtype).itemsize + 4
-        else:
-            self.indptr = np.asarray(a.indptr, dtype=np.uint64)
-            entry = a.dtype.itemsize + a.indices.dtype.itemsize
-        per = max(1, int(block_bytes) // entry)
-        # Block boundaries: the largest row range whose entries fit ``per`` (at least one row).
-        bounds = [0]
-        rows = self.shape[0]
-        while bounds[-1] < rows:
-            lo = bounds[-1]
-            hi = int(np.searchsorted(self.indptr, self.indptr[lo] + np.uint64(per), side="right")) - 1
-            bounds.append(min(rows, max(hi, lo + 1)))
-        self.bounds = bounds
-
-    def __iter__(self):
-        import scipy.sparse as sp
-
-        self.passes += 1
-        cols = self.shape[1]
-        for lo, hi in zip(self.bounds[:-1], self.bounds[1:]):
-            if self.on_flash:
-                ip = np.empty(hi - lo + 1, dtype=np.uint64)
-                n = int(self.indptr[hi] - self.indptr[lo])
-                ix = np.empty(n, dtype=np.uint32)
-                dv = np.empty(n, dtype=self.a.dtype)
-                self.a._m._read_rows(lo, ip, ix, dv)
-                self.bytes_read += ip.nbytes + ix.nbytes + dv.nbytes
-                block = sp.csr_matrix((dv.astype(np.float64, copy=False), ix.astype(np.int32),
-                                       (ip - ip[0]).astype(np.int64)), shape=(hi - lo, cols))
-            else:
-                block = self.a[lo:hi]
-                if block.dtype != np.float64:
-                    block = block.astype(np.float64)
-            yield lo, hi, block
-
-
-# ---------------------------------------------------------------------------------------
 # Step 1: thresholds and the thresholded matrix
 
 
@@ -146,7 +97,7 @@ def _freq_bins(block, lengths):
     return rows, freq, bins
 
 
-def _thresholds(rows_a: _Rows, q: int):
+def _thresholds(rows_a: CsrRows, q: int):
     """(document lengths, each word's last kept bin (-1: dropped), ``zeta`` per word)."""
     docs, words = rows_a.shape
     lengths = np.zeros(docs)
@@ -329,6 +280,56 @@ def _lloyd_sparse(op, row_sq, labels, k, iterations, tol):
     return labels, centers, it
 
 
+def _add_sparse(dense, s):
+    """``dense += s`` for a scipy sparse ``s``, touching only its entries (no dense copy of s)."""
+    c = s.tocoo()
+    c.sum_duplicates()
+    dense[c.row, c.col] += c.data
+
+
+def _cluster_sums(block, labels, k, out):
+    """``out[l] += `` the sum of the rows of ``block`` (scipy CSR) labelled ``l``."""
+    import scipy.sparse as sp
+
+    n = block.shape[0]
+    onehot = sp.csr_matrix((np.ones(n), (labels, np.arange(n))), shape=(k, n))
+    _add_sparse(out, onehot @ block)
+
+
+def _lloyd_rows(rows_b, row_sq, labels, k, iterations, tol):
+    """:func:`_lloyd_sparse` a row block of ``B`` at a time (``rows_b``: a :class:`CsrRows`
+    over B, on flash or in memory), one pass per iteration: each block's labels from the
+    current centers, and the sums of the next centers from those labels — the same iterates,
+    with no ``docs x k`` array (the centers and their sums, ``k x words``, stay in memory)."""
+    words = rows_b.shape[1]
+    sums = np.zeros((k, words))
+    for lo, hi, block in rows_b:
+        _cluster_sums(block, labels[lo:hi], k, sums)
+    sizes = np.bincount(labels, minlength=k).astype(np.float64)
+    centers = sums / np.maximum(sizes, 1.0)[:, None]  # an empty cluster: the origin, as _lloyd_sparse
+    it = 0
+    for it in range(1, iterations + 1):
+        c_sq = np.einsum("ij,ij->i", centers, centers)
+        new = np.empty_like(labels)
+        sums[:] = 0.0
+        for lo, hi, block in rows_b:
+            d = np.asarray(block @ centers.T, dtype=np.float64)
+            d *= -2.0
+            d += row_sq[lo:hi, None]
+            d += c_sq[None, :]
+            new[lo:hi] = lab = np.argmin(d, axis=1)
+            del d
+            _cluster_sums(block, lab, k, sums)
+        changed = np.count_nonzero(new != labels)
+        labels = new
+        if changed <= tol * len(labels):
+            break
+        sizes = np.bincount(labels, minlength=k).astype(np.float64)
+        nonempty = sizes > 0  # an emptied cluster keeps its center
+        centers[nonempty] = sums[nonempty] / sizes[nonempty, None]
+    return labels, centers, it
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -389,10 +390,16 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         raise InvalidArgumentError(f"topics: sample must be in (0, 1], got {sample!r}")
     docs, words = shape
     budget = rt.memory_budget_bytes
-    on_flash = isinstance(A, flash.Csr) and _csr_flash_bytes_of(A) > budget
+    kk = k + (max(1, math.ceil(k / 10)) if extra_clusters is None else int(extra_clusters))
+    # The state that stays in memory whatever the budget: per document its length and label
+    # (and the sample), per word the histogram (step 1) or the clusters' mean frequencies and
+    # centers (step 5). The row-block passes get the rest.
+    fixed = docs * (16 + (8 if sample < 1 else 0)) + max(words * _NBINS * 4, 2 * words * kk * 8)
+    on_flash = isinstance(A, flash.Csr) and _csr_flash_bytes_of(A) + fixed > budget
     if isinstance(A, flash.Csr) and not on_flash:  # the budget holds A: read it once
         A = A.to_scipy()
-    rows_a = _Rows(A, max(1 << 16, budget // 4))
+    block_bytes = max(1 << 16, max(budget - fixed, budget // 4) // _ROW_TEMP)
+    rows_a = CsrRows(A, block_bytes)
     rng = np.random.default_rng(seed)
     seconds: dict = {}
     t_all = time.perf_counter()
@@ -400,7 +407,6 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # 1. Thresholds and B (only the sampled rows when sampling).
     t = time.perf_counter()
     w0 = 1.0 / k
-    kk = k + (max(1, math.ceil(k / 10)) if extra_clusters is None else int(extra_clusters))
     q = max(1, math.ceil(w0 * docs / 2))
     lengths, last, zeta = _thresholds(rows_a, q)
     if np.any(lengths < 0) or np.any(~np.isfinite(lengths)):
@@ -452,12 +458,17 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     t = time.perf_counter()
     if done < 2:
         svd_stats: dict = {}
-        u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt, rng=seed, stats=svd_stats)
+        # The SVD's budget: what the per-document vectors leave. Its u may come back on flash.
+        held = lengths.nbytes + row_sq.nbytes + (picked.nbytes if picked is not None else 0)
+        u, s, vt = svds(B, k=k, tol=math.sqrt(tol), runtime=rt.with_budget(max(budget - held, budget // 4)), rng=seed,
+                        stats=svd_stats, u_on_flash=True)
+        del vt
         seconds["svd"] = time.perf_counter() - t
         say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
             f"{svd_stats.get('restarts', 0)} restarts, B {'on flash' if svd_stats.get('on_flash') else 'in memory'}), "
             f"{seconds['svd']:.2f} s")
-        if checkpoints is not None and checkpoints.after(2, lambda: state(u=u)):
+        if checkpoints is not None and checkpoints.after(
+                2, lambda: state(u=u.to_numpy() if isinstance(u, flash.Matrix) else u)):
             return None
     elif done == 2:
         u = saved["u"]
@@ -465,10 +476,18 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     # 3. k-means++ and Lloyd in the projected space.
     t = time.perf_counter()
     if done < 3:
-        if not u.flags.writeable:
-            u = u.copy()
-        u *= s[None, :]  # B v, the documents in the top-k right singular space (in place: no docs x k copy)
-        proj = u.astype(np.float32)
+        if isinstance(u, flash.Matrix):  # u on flash: B v a row block at a time
+            proj = np.empty(u.shape, dtype=np.float32)
+            step = max(1, block_bytes // (8 * k))
+            for lo in range(0, u.shape[0], step):
+                blk = u.read_block(lo, 0, min(step, u.shape[0] - lo), k)
+                blk *= s[None, :]
+                proj[lo:lo + len(blk)] = blk
+        else:
+            if not u.flags.writeable:
+                u = u.copy()
+            u *= s[None, :]  # B v, the documents in the top-k right singular space (in place: no docs x k copy)
+            proj = u.astype(np.float32)
         del u
         best = None
         for _ in range(kmeans_inits):
@@ -488,13 +507,23 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
 
     # 4. Lloyd in the original space, seeded by step 3.
     t = time.perf_counter()
-    op = flash_operator(B, rt)
-    labels, centers, iters = _lloyd_sparse(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
+    # Lloyd's docs x k one-hot and distance matrices when they fit beside the per-document
+    # vectors and the centers; else one pass over B's row blocks per iteration.
+    dense_lloyd = 2 * B.shape[0] * kk * 8 + 2 * words * kk * 8 + lengths.nbytes + row_sq.nbytes \
+        + csr_flash_bytes(B) <= budget
+    if dense_lloyd:
+        op = flash_operator(B, rt)
+        labels, centers, iters = _lloyd_sparse(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
+    else:
+        op = CsrRows(B, block_bytes)
+        labels, centers, iters = _lloyd_rows(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
     seconds["kmeans_original"] = time.perf_counter() - t
     say(f"4/5 k-means on B seeded by step 3: {iters} iterations, {seconds['kmeans_original']:.2f} s")
     lloyd = {key: getattr(op, key, 0) for key in ("bytes_read", "bytes_written", "peak_resident_bytes", "cache_hits",
                                                    "cache_misses", "compute_idle_seconds", "kernel_seconds")}
-    lloyd_on_flash = isinstance(op, OnFlash)
+    lloyd_on_flash = isinstance(op, OnFlash) or (isinstance(op, CsrRows) and op.on_flash)
+    if isinstance(op, CsrRows):
+        lloyd["bytes_read"] = op.bytes_read
     del B, op
 
     # 5. All documents' clusters (when sampled) and cluster means, then catchwords, dominant
@@ -507,8 +536,12 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     for lo, hi, block in rows_a:
         b = _threshold_block(block, lengths[lo:hi], last, root_zeta, unit_rows)
         bsq = np.asarray(b.multiply(b).sum(axis=1)).ravel()
-        d = bsq[:, None] - 2.0 * np.asarray(b @ centers.T) + c_sq[None, :]
+        d = np.asarray(b @ centers.T)  # bsq - 2 b c + |c|^2 in place (the same bits)
+        d *= -2.0
+        d += bsq[:, None]
+        d += c_sq[None, :]
         lab = np.argmin(d, axis=1)
+        del d
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
         empty = np.flatnonzero(bsq == 0)
         if len(empty):  # no thresholded word: the center its frequencies align with best
@@ -517,7 +550,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         full = np.flatnonzero(bsq > 0)
         lab_full = lab[full]
         onehot = sp.csr_matrix((np.ones(len(full)), lab_full, np.arange(len(full) + 1)), shape=(len(full), kk))
-        g += np.asarray((freq[full].T @ onehot).todense())
+        _add_sparse(g, freq[full].T @ onehot)
         clustered += np.bincount(lab_full, minlength=kk)
     g /= np.maximum(clustered, 1.0)[None, :]
     thresholded = np.isfinite(zeta)[:, None]
@@ -534,7 +567,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     r = max(1, math.ceil(_EPS0 * w0 * docs / 2))
     best_score = np.full((r, k), -np.inf)
     best_doc = np.full((r, k), -1, dtype=np.int64)
-    catch_f = catch.astype(np.float64)
+    catch_f = sp.csr_matrix(catch.astype(np.float64))  # catchwords are few: sparse
     for lo, hi, block in rows_a:
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
         lost = np.flatnonzero(all_labels[lo:hi] < 0)
@@ -546,12 +579,17 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
             if len(empty):
                 lab[empty] = np.argmax(np.asarray(freq[lost[empty]] @ centers.T), axis=1)
             all_labels[lo + lost] = lab
-        score = np.asarray(freq @ catch_f)  # rows x k
-        allscore = np.vstack([best_score, score])
-        alldoc = np.vstack([best_doc, np.broadcast_to(np.arange(lo, hi)[:, None], score.shape)])
-        keep = np.argpartition(-allscore, r - 1, axis=0)[:r] if allscore.shape[0] > r else np.arange(allscore.shape[0])[:, None].repeat(k, 1)
-        best_score = np.take_along_axis(allscore, keep, axis=0)
-        best_doc = np.take_along_axis(alldoc, keep, axis=0)
+        score = (freq @ catch_f).toarray()  # rows x k
+        # Each topic's r best documents, kept in order of score, then document: ties go to the
+        # earlier document whatever the row blocks (a document enters only by beating the r-th).
+        enter = np.flatnonzero((score > best_score[-1][None, :]).any(axis=1))
+        if len(enter):
+            allscore = np.vstack([best_score, score[enter]])
+            alldoc = np.vstack([best_doc, np.broadcast_to((lo + enter)[:, None], (len(enter), k))])
+            keep = np.argsort(-allscore.T, axis=1, kind="stable")[:, :r].T
+            best_score = np.take_along_axis(allscore, keep, axis=0)
+            best_doc = np.take_along_axis(alldoc, keep, axis=0)
+    del centers, c_sq, catch_f
     # Topics: the mean frequencies of each topic's dominant documents (score > 0).
     chosen = [np.unique(best_doc[(best_score[:, l] > 0) & (best_doc[:, l] >= 0), l]) for l in range(k)]
     topic = np.zeros((words, k))
@@ -584,7 +622,10 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         "on_flash": bool(on_flash),
         "svd_on_flash": bool(svd_stats.get("on_flash")),
         "lloyd_on_flash": lloyd_on_flash,
-        "row_block_bytes": max(1 << 16, budget // 4),
+        "row_block_bytes": block_bytes,
+        "lloyd_row_blocks": not dense_lloyd,
+        "svd_basis_on_flash": bool(svd_stats.get("basis_on_flash")),
+        "svd_vectors_on_flash": bool(svd_stats.get("vectors_on_flash")),
         "row_passes": rows_a.passes,
         "row_bytes_read": rows_a.bytes_read,
         "bytes_read": sum(int(x.get("bytes_read", 0)) for x in both) + rows_a.bytes_read,

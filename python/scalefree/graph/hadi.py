@@ -55,6 +55,9 @@ FM_CORRECTION = 0.77351
 HLL_PRECISION = 8  # 256 registers a vertex: one counter within 1.04/sqrt(256) = 6.5 %
 HLL_PRECISION_MAX = 16
 HLL_COUNT_ROWS = 1 << 15  # rows counted at a time (a float64 temporary of rows x m)
+HLL_SAMPLE = 4096  # sampled target vertices: bits a vertex beside the registers (0: none)
+HOP_ROUND_BYTES = 32 << 20  # partial rows a rank sends in one round of a hop
+SAMPLE_SALT = 0x5851F42D4C957F2D  # the sample's hash differs from the registers'
 EXACT_AUTO_MAX = 16384
 EXACT_MAX = 1 << 24  # 2 MiB of bits per vertex
 
@@ -170,6 +173,62 @@ def _hll_estimate(rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _bottom_sample(group, vertices: np.ndarray, s: int, seed: int) -> tuple[np.ndarray, int]:
+    """Collective. The ``s`` vertices of smallest seeded hash over all ranks (every vertex of
+    a graph of at most ``s``): a uniform sample without replacement that every rank agrees
+    on from one allgather. Returns (each of ``vertices``' index in the sample, -1 if not
+    sampled; the sample size)."""
+    h = _splitmix64(_splitmix64(vertices.astype(np.uint64) + np.uint64(SAMPLE_SALT))
+                    ^ np.uint64(seed & 0xFFFFFFFFFFFFFFFF))
+    top = np.uint64(0xFFFFFFFFFFFFFFFF)  # padding (a vertex hashing there is never sampled)
+    mine = np.full(s, top, np.uint64)
+    low = np.sort(np.partition(h, s - 1)[:s]) if len(h) > s else np.sort(h)
+    mine[: len(low)] = low
+    every = np.sort(group.allgather(mine).reshape(-1))[:s]
+    every = every[every != top]
+    at = np.searchsorted(every, h)
+    hit = at < len(every)
+    hit[hit] = every[at[hit]] == h[hit]
+    return np.where(hit, at, -1), len(every)
+
+
+def _combine(est: np.ndarray, hits: np.ndarray, m: int, n: float, sample: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per vertex, the size of its set from its two estimates, and that estimate's standard
+    deviation.
+
+    * HyperLogLog, ``est`` (``m`` registers): standard deviation ``sqrt(m (e^t - t - 1))``
+      with ``t = size / m`` in linear counting's range (``t <= 2.5``), else ``1.04 size /
+      sqrt(m)``.
+    * The target sample: ``hits`` of the ``sample`` sampled vertices (of ``n``) lie in the
+      set, so ``hits n / sample`` estimates its size without bias; hypergeometric variance
+      ``size (n - size) (n - sample) / (sample (n - 1))``: zero when every vertex is
+      sampled, small for sets holding a large share of the vertices (which is where the
+      counters' errors do not average out: the late hops, where most vertices hold nearly
+      the same set).
+
+    The two are independent (separate hashes); the result is their inverse-variance
+    weighted mean, the variances taken at the HyperLogLog size (clipped to ``[1, n]``), then
+    once more at that mean."""
+    def variances(size):
+        size = np.clip(size, 1.0, max(n, 1.0) if sample else None)
+        t = size / m
+        lc = np.minimum(t, 2.5)  # linear counting's range (no overflow in the branch not taken)
+        var_h = np.where(t <= 2.5, m * (np.expm1(lc) - lc), (1.04 ** 2 / m) * size * size)
+        return var_h, size * (n - size) * max(n - sample, 0.0) / (sample * max(n - 1.0, 1.0)) if sample else None
+
+    var_h, var_s = variances(est)
+    if sample == 0:
+        return est, np.sqrt(var_h)
+    by_sample = hits * (n / sample)
+    for second in (False, True):
+        if second:  # the variances again at the combined size (a counter past n says nothing of var_s)
+            var_h, var_s = variances(mean)
+        total = var_h + var_s
+        w = np.divide(var_h, total, out=np.ones_like(total), where=total > 0)
+        mean = (1 - w) * est + w * by_sample
+    return mean, np.sqrt(np.divide(var_h * var_s, total, out=np.zeros_like(total), where=total > 0))
+
+
 def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
     """(smallest h with ``N(h) >= fraction * N(last)``, the same interpolated linearly
     between hops). ``nf[h]`` is the neighbourhood function."""
@@ -183,15 +242,171 @@ def effective_diameter(nf, fraction: float = 0.9) -> tuple[int, float]:
     return h, float(h - 1 + (goal - nf[h - 1]) / (nf[h] - nf[h - 1]))
 
 
+def _estimates(rows: np.ndarray, m: int, sample: int) -> tuple[np.ndarray, np.ndarray]:
+    """(HyperLogLog estimate, sampled targets reached) of every row, a piece at a time."""
+    est, hits = np.empty(len(rows)), np.zeros(len(rows), np.int64)
+    for lo in range(0, len(rows), HLL_COUNT_ROWS):
+        est[lo: lo + HLL_COUNT_ROWS] = _hll_estimate(rows[lo: lo + HLL_COUNT_ROWS, :m])
+        if sample:
+            hits[lo: lo + HLL_COUNT_ROWS] = _popcount(rows[lo: lo + HLL_COUNT_ROWS, m:])
+    return est, hits
+
+
+def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, isolated: bool, max_hops: int,
+                      progress: bool, checkpoints, stats: dict | None):
+    """HADI on HyperLogLog registers plus a sampled-target bitset, the rows partitioned by
+    owner (``v % size``): memory O(vertices / ranks + edges / ranks) per rank.
+
+    Every edge goes to the owner of its target, so a rank reads only rows it owns. A hop
+    computes, for each source of its edges, the union of its targets' rows over the targets
+    that changed in the last hop (``_native.hadi_union_changed``), and sends those partial
+    rows, in rounds of at most ``HOP_ROUND_BYTES``, to the sources' owners, which merge them
+    into the next hop's rows (``_native.hadi_merge_rows``: byte max for the registers, OR
+    for the bits, and the sample's column counts kept current). Rows whose targets did not
+    change are not recomputed nor sent (HyperBall's modified-counter tracking)."""
+    me, size = group.rank, group.size
+    m = enc.width
+    src, dst = edges  # ``[src, dst]``, emptied: the arrays go once they are sent
+    edges.clear()
+    dest = (dst % size).astype(np.int32)
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=size)
+    del dest
+    pairs = np.empty((len(src), 2), np.uint32 if n <= 1 << 32 else np.int64)  # every rank decides alike
+    pairs[:, 0], pairs[:, 1] = src[order], dst[order]
+    del order, src, dst
+    pairs = group.alltoallv(pairs, counts)
+    e_src, e_dst = pairs[:, 0].astype(np.int64), pairs[:, 1].copy()
+    del pairs
+    us, ls = compact_ids(e_src, n)
+    del e_src
+    if isolated:
+        owned = np.arange(me, n, size, dtype=np.int64)
+    else:
+        # my vertices: the targets of my edges, and the sources other ranks hold
+        so = us % size
+        sorder = np.argsort(so, kind="stable")
+        got = group.alltoallv(us[sorder], np.bincount(so, minlength=size))
+        owned = np.union1d(np.unique(e_dst).astype(np.int64), got)
+        del so, sorder, got
+    lt = np.searchsorted(owned, e_dst).astype(np.uint32)
+    del e_dst
+    sampled, s_size = _bottom_sample(group, owned, sample, enc.seed) if sample > 0 else (None, 0)
+    words = (s_size + 63) // 64
+    width = m + 8 * words
+    rows = np.zeros((len(owned), width), np.uint8)
+    rows[:, :m] = enc.initial(owned)
+    columns = np.zeros(64 * words, np.int64)
+    if s_size:
+        own_s = np.flatnonzero(sampled >= 0)
+        k = sampled[own_s]
+        rows[own_s, m + k // 8] = np.left_shift(1, k % 8).astype(np.uint8)
+        columns[k] = 1
+        del own_s, k
+    # Sources in sending order: by round, then by owner. A round holds at most
+    # HOP_ROUND_BYTES of rows on every rank (every rank takes part in every round).
+    n_src = len(us)
+    rounds = int(group.allreduce(np.array([max(1, -(-n_src * (width + 8) // HOP_ROUND_BYTES))], np.int64),
+                                 op="max")[0])
+    owner = us % size
+    key = (np.arange(n_src, dtype=np.int64) * rounds // max(n_src, 1)) * size + owner
+    sorder = np.argsort(key, kind="stable")
+    bounds = np.searchsorted(key[sorder], np.arange(rounds + 1, dtype=np.int64) * size)
+    del key
+    us, owner = us[sorder], owner[sorder]
+    rank_of = np.empty(n_src, np.int64)
+    rank_of[sorder] = np.arange(n_src)
+    new_src = rank_of[ls]
+    del sorder, rank_of, ls
+    eorder = np.argsort(new_src, kind="stable")
+    targets = np.ascontiguousarray(lt[eorder])
+    indptr = np.zeros(n_src + 1, np.int64)
+    np.cumsum(np.bincount(new_src, minlength=n_src), out=indptr[1:])
+    del eorder, new_src, lt
+    est, hits = _estimates(rows, m, s_size)
+    changed = np.ones(len(owned), np.uint8)  # hop 1 reads every row: all are new
+    start, state = (0, None) if checkpoints is None else checkpoints.restore()
+    if state is not None:
+        if state["rows"].shape != rows.shape:
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
+        rows, changed, columns = state["rows"], state["changed"].astype(np.uint8), state["columns"]
+        nf, se = [float(x) for x in state["nf"]], [float(x) for x in state["se"]]
+        est, hits = _estimates(rows, m, s_size)
+    nxt = rows.copy()
+    n_vertices = float(group.allreduce(np.array([float(len(owned))]))[0])
+    if state is None:
+        nf, se = [n_vertices], [0.0]  # every vertex reaches itself: N(0) is the vertex count
+    by_sample = [n_vertices] if s_size else []
+    widest = int(np.max(np.diff(bounds))) if n_src else 0
+    out = np.empty((widest, width), np.uint8)
+    hit = np.empty(widest, np.uint8)
+    times = []
+    for hop in range(start + 1, max_hops + 1):
+        t0 = time.perf_counter()
+        grew = np.zeros(len(owned), np.uint8)
+        for r in range(rounds):
+            a, b = int(bounds[r]), int(bounds[r + 1])
+            _native.hadi_union_changed(rows, width, m, changed, targets, indptr[a: b + 1], out[: b - a], hit[: b - a])
+            sel = np.flatnonzero(hit[: b - a])
+            send = np.empty((len(sel), width + 8), np.uint8)
+            send[:, :8] = us[a + sel].view(np.uint8).reshape(-1, 8)
+            send[:, 8:] = out[sel]
+            got = group.alltoallv(send, np.bincount(owner[a + sel], minlength=size))
+            del send
+            ids = got[:, :8].copy().view(np.int64).reshape(-1)
+            pos = ids // size if isolated else np.searchsorted(owned, ids)
+            _native.hadi_merge_rows(nxt, width, m, pos, np.ascontiguousarray(got[:, 8:]), grew, columns)
+            del got, ids, pos
+        rows, nxt = nxt, rows
+        changed = grew
+        idx = np.flatnonzero(changed)
+        for lo in range(0, len(idx), HLL_COUNT_ROWS):  # in pieces: no temporary of every changed row
+            part = idx[lo: lo + HLL_COUNT_ROWS]
+            nxt[part] = rows[part]  # the two buffers agree again
+            est[part] = _hll_estimate(rows[part, :m])
+            if s_size:
+                hits[part] = _popcount(rows[part, m:])
+        sizes, sd = _combine(est, hits, m, n_vertices, s_size)
+        total = np.concatenate([[sizes.sum(), sd.sum(), float(len(idx))], columns[:s_size].astype(np.float64)])
+        group.allreduce(total)
+        times.append(time.perf_counter() - t0)
+        if total[2] == 0:
+            break
+        count, err = float(total[0]), float(total[1])
+        nf.append(count)
+        se.append(err)
+        if s_size:
+            by_sample.append(n_vertices * float(np.mean(total[3:])))
+        if progress and me == 0:
+            print(f"hop {hop:3d}  N(h) {count:.6g} (sd <= {err:.3g})  vertices changed {int(total[2])}", file=sys.stderr,
+                  flush=True)
+        if checkpoints is not None and checkpoints.after(
+                hop, lambda: {"rows": rows, "changed": changed, "columns": columns, "nf": np.array(nf),
+                              "se": np.array(se)}):
+            break
+    if stats is not None:
+        stats["sd_bound"] = se
+        stats["sample"] = s_size
+        stats["sample_only"] = by_sample
+        stats["rounds"] = rounds
+    return nf, float(np.median(times)) if times else 0.0
+
+
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
          degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None,
          precision: int = HLL_PRECISION, *, memory_budget=None, flash_dir=None, flash_threads: int | None = None,
-         stats: dict | None = None):
+         stats: dict | None = None, sample: int = HLL_SAMPLE):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
     the exact vertex count whatever the method. ``precision``: HyperLogLog registers a
-    vertex, ``2^precision``.
+    vertex, ``2^precision``. ``src`` may be the list ``[src, dst]`` (``dst=None``): it is
+    emptied, so the caller's arrays go once the set-up has sent them. ``sample``: target vertices sampled for the second estimate of
+    N(h) (``hll``; 0 for registers alone; see :func:`_combine`). ``stats["sd_bound"]``
+    receives a bound on N(h)'s standard deviation per hop (the sum of the vertices'; ``hll``
+    in memory), ``stats["sample_only"]`` the sample's estimate alone.
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
     one alltoallv finds them), and memory is O(this rank's edges) whatever ``n`` is, so ids
     may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
@@ -214,12 +429,22 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
             raise ValueError(f"memory_budget streams HADI's HyperLogLog hop; method {method!r} holds its edges in "
                              f"memory (use method 'hll')")
     enc = Encoding(method, n, k, seed, precision)
-    src = np.asarray(src, np.int64)
-    dst = np.asarray(dst, np.int64)
+    edges = src if isinstance(src, list) and dst is None else [src, dst]
+    src, dst = (np.asarray(a) for a in edges)  # no int64 copy held here: the hll hop needs none
+    edges.clear()
     if len(src) != len(dst):
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
-    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+    if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
+    if sample < 0:
+        raise ValueError(f"the target sample must be >= 0 vertices, got {sample}")
+    if enc.method == "hll" and memory_budget is None:
+        edges = [src, dst]
+        del src, dst
+        nf, per_hop = _hadi_partitioned(group, edges, n, enc, int(sample), isolated, max_hops, progress,
+                                        checkpoints, stats)
+        return nf, enc, per_hop
+    src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
     if isolated:

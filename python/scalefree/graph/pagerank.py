@@ -133,31 +133,30 @@ def _sparse_degrees(group, ids, s_loc, d_loc, n, size, me, replication, isolated
     return deg[: len(ids), 0], owned, owned_deg[:, 0], owned_deg[:, 0] + owned_deg[:, 1]
 
 
-# A rank's slots are uint32 (4 bytes per edge in its CSR): bounded by the vertices one rank
-# touches, which more ranks make smaller; the global ids and keys are 64-bit.
-_TOO_MANY_SLOTS = "SparsePageRank: a rank touches 2**32 or more vertices (slots are uint32); use more ranks"
+# Slots a rank numbers in uint32 (4 bytes per edge in its CSR); a rank with more out or in
+# slots (it touches 2**32 vertices or more: its vectors alone hold that many values) numbers
+# them in uint64, 8 bytes per edge. The global ids and keys are 64-bit.
+NARROW_SLOTS = 2**32
 
 
 def _local_slots(vk, key, t_in, own_lo_key: int, n_own: int, flow_key: int):
     """(out keys, in keys, CSR rows, CSR columns) of the rank's edges by sorting the keys it
     touches (memory O(its edges and touched vertices)); the native ``from_edges`` does the
-    same with bitmaps over the key space."""
+    same with bitmaps over the key space. Rows and columns are uint32 slots, or uint64 ones
+    when the rank has more than :data:`NARROW_SLOTS` out or in slots."""
     used = np.zeros(len(key), np.bool_)
     used[vk["dst"]] = True
     t_out = np.flatnonzero(used)
     del used
-    if len(t_out) + 1 >= 2**32:  # checked before a uint32 slot could wrap
-        raise ValueError(_TOO_MANY_SLOTS)
     o = np.argsort(key[t_out], kind="stable")
     out_keys = np.append(key[t_out][o].astype(np.int64), flow_key)
-    slot = np.empty(len(key), np.uint32)
-    slot[t_out[o]] = np.arange(len(t_out), dtype=np.uint32)
-    rows = slot[vk["dst"]]
     own_keys = np.arange(own_lo_key, own_lo_key + n_own, dtype=np.int64)
     in_keys = np.append(sorted_unique(np.concatenate([key[t_in].astype(np.int64), own_keys])), flow_key)
-    if len(in_keys) >= 2**32:
-        raise ValueError(_TOO_MANY_SLOTS)
-    slot[t_in] = np.searchsorted(in_keys, key[t_in]).astype(np.uint32)
+    st = np.uint32 if max(len(out_keys), len(in_keys)) <= NARROW_SLOTS else np.uint64
+    slot = np.empty(len(key), st)
+    slot[t_out[o]] = np.arange(len(t_out), dtype=st)
+    rows = slot[vk["dst"]]
+    slot[t_in] = np.searchsorted(in_keys, key[t_in]).astype(st)
     cols = slot[vk["src"]]
     return out_keys, in_keys, rows, cols
 
@@ -232,7 +231,8 @@ class SparsePageRank:
         used[vk["src"]] = True
         t_in = np.flatnonzero(used)
         del used
-        if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
+        native = key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1) and nkeys + 1 <= NARROW_SLOTS
+        if native:
             # Native: two bitmaps over the key space (no larger than the rank's edges here).
             self.csr, out_keys, in_keys = _native.PageRankCsr.from_edges(
                 vk["src"], vk["dst"], key, flow_key, own_lo_key, n_own, dtype.name)
@@ -240,15 +240,13 @@ class SparsePageRank:
             out_keys, in_keys, rows, cols = _local_slots(vk, key, t_in, own_lo_key, n_own, flow_key)
             self.csr = _native.PageRankCsr(rows, cols, len(out_keys) - 1, len(in_keys), dtype.name)
             del rows, cols
-        if max(len(out_keys), len(in_keys)) >= 2**32:
-            raise ValueError(_TOO_MANY_SLOTS)
         self.flash_runtime = None
         if memory_budget is not None:
             threads = flash_threads or max(1, usable_cores() // max(1, group.size))
             self.flash_runtime = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
                                                       None if flash_dir is None else str(flash_dir), "")
             self.csr.move_to_flash(self.flash_runtime)
-        if key.dtype == np.uint32 and nkeys // 4 <= 8 * max(len(vk["src"]), 1):
+        if native:
             at = np.empty(nkeys + 1, np.uint32)  # slot of every key (the key space is small here)
             at[in_keys] = np.arange(len(in_keys), dtype=np.uint32)
             src_slots = at[key[t_in]]

@@ -58,9 +58,17 @@ class Nodes:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    #: Ranks of every host when hosts hold different numbers (``--nproc-per-node 1,2,3``);
+    #: None when each holds ``nproc_per_node``.
+    layout: tuple[int, ...] | None = None
 
     def global_rank(self, local: int, per_node: int) -> int:
+        if self.layout is not None:
+            return sum(self.layout[:self.node_rank]) + local
         return self.node_rank * per_node + local
+
+    def world_size(self, per_node: int) -> int:
+        return sum(self.layout) if self.layout is not None else self.nnodes * per_node
 
 
 #: Why a job across hosts cannot start without a secret (the transport says the same).
@@ -284,7 +292,7 @@ class _Ranks:
             for local in range(nprocs):
                 self.procs.append(subprocess.Popen(
                     cmd,
-                    env=rank_environment(nodes.global_rank(local, nprocs), nodes.nnodes * nprocs, job_id, token, env,
+                    env=rank_environment(nodes.global_rank(local, nprocs), nodes.world_size(nprocs), job_id, token, env,
                                          local_rank=local, local_size=nprocs, nodes=nodes),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

@@ -28,6 +28,9 @@ import subprocess
 import time
 
 _PREFIX = "sfsim"
+# The first port :meth:`SimHosts.port` hands out: below the ephemeral range, above the
+# well-known and registered ports most services use.
+_FIRST_PORT = 20000
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -80,6 +83,8 @@ class SimHosts:
         self.hub = f"{self.tag}hub"
         self._procs: list[subprocess.Popen] = []
         self._made: list[str] = []
+        self._next_port: int | None = None
+        self._port_end = 0
 
     def name(self, i: int) -> str:
         return f"{self.tag}h{i}"
@@ -131,6 +136,26 @@ class SimHosts:
             secret = f'[ -n "$SCALEFREE_JOB_TOKEN$SCALEFREE_JOB_TOKEN_FILE" ] || export SCALEFREE_JOB_TOKEN_FILE={self.token_file}; '
         return ["ip", "netns", "exec", self.name(i), "unshare", "--ipc", "--uts", "--",
                 "sh", "-c", f'{secret}hostname {self.name(i)} && exec "$@"', "sh", *argv]
+
+    def port(self) -> int:
+        """A TCP port for a server on these hosts (a job's ``--master-port``, a peer's store)
+        that nothing else takes, a new one per call. A port found free on this machine
+        (bind port 0, close, pass the number on) is no such port here: the hosts have network
+        stacks of their own, and every socket a job opens with port 0 (its lanes' and UCX's
+        listeners, its connections) draws from the same ephemeral range, so one of them can hold
+        the number before the server binds it. These ports lie below that range (read in host
+        0's namespace), where the kernel hands out nothing by itself, and the hosts are private
+        to this object: only a server given the number binds it."""
+        if self._next_port is None:
+            low = int(_run("ip", "netns", "exec", self.name(0), "cat",
+                           "/proc/sys/net/ipv4/ip_local_port_range").stdout.split()[0])
+            if low <= _FIRST_PORT:
+                raise RuntimeError(f"host 0's ephemeral ports start at {low}: no port below them to hand out")
+            self._next_port, self._port_end = _FIRST_PORT, low
+        if self._next_port >= self._port_end:
+            raise RuntimeError(f"simulated hosts {self.tag}: every port in [{_FIRST_PORT}, {self._port_end}) handed out")
+        self._next_port += 1
+        return self._next_port - 1
 
     def popen(self, i: int, argv: list[str], **kw) -> subprocess.Popen:
         """Starts ``argv`` on host ``i`` in a process group of its own (killed on close)."""

@@ -102,11 +102,10 @@ class SparseAllreduce:
                                                self.slack is not None)
         # "auto": the degrees come from the cost model of `sparse_plan` with the transport's
         # probed costs, at the first config: on one host over shared memory; across hosts
-        # (unreplicated) over UCX and the TCP lanes, with costs of their own for the layers
-        # within a host. The native fallback (replicated across hosts) keeps the first
-        # layer within each host.
-        self._auto = degrees is None and group.size // replication > 1 and (
-            group.transport == "shm" or replication == 1)
+        # over UCX and the TCP lanes, with costs of their own for the layers within a host
+        # (hosts of equal or of different sizes); replicated jobs probe the replicated
+        # collective itself.
+        self._auto = degrees is None and group.size // replication > 1
         self.plan = None
 
     def _choose(self, n_out: int, n_in: int) -> None:
@@ -117,12 +116,18 @@ class SparseAllreduce:
         self._auto = False
         nnz = int(self.group.allreduce(np.array([max(n_out, n_in)], np.int64), op="max")[0])
         ranks = self.group.size // self.replication
-        p = sparse_plan.host_block(self.group._hosts) if self.group.transport != "shm" else None
+        hosts = list(self.group._hosts)
+        several = self.group.transport != "shm" and self.replication == 1 and 1 < len(set(hosts)) < len(hosts)
+        p = sparse_plan.host_block(hosts) if several else None
+        uneven = sparse_plan.probe_uneven(self.group) if several and p is None else None
         if p is not None and p > 1:
             local, net = sparse_plan.probe_hosts(self.group, p)
             self.plan = sparse_plan.choose_hosts(p, ranks // p, nnz, self.dim, 8, local, net)
-        else:  # one kind of link between every pair of ranks (or hosts of uneven sizes)
-            self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8, sparse_plan.probe(self.group))
+        elif uneven is not None:
+            self.plan = sparse_plan.choose_uneven(hosts, nnz, self.dim, 8, *uneven)
+        else:  # one kind of link between every pair of (logical) ranks
+            self.plan = sparse_plan.choose(ranks, nnz, self.dim, 8,
+                                           sparse_plan.probe(self.group, replication=self.replication))
         self._native = _native.SparseAllreduce(self.group, self.dim, self.op, list(self.plan["degrees"]), self._seed,
                                                self.replication, self.slack is not None)
 

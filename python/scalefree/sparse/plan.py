@@ -89,12 +89,12 @@ def choose(ranks: int, nnz: int, dim: int, vb: int, costs: Costs) -> dict:
 _PROBED: dict = {}
 
 
-def _configured(group, dim: int, degrees, indices):
+def _configured(group, dim: int, degrees, indices, replication: int = 1):
     """The collective itself with fixed ``degrees`` and the probes' seeded hash, configured for
     ``indices`` out and in: the native object, since the Python one's "auto" calls the probes."""
     from .. import _native
 
-    sa = _native.SparseAllreduce(group, dim, "sum", [int(d) for d in degrees], 0, 1)
+    sa = _native.SparseAllreduce(group, dim, "sum", [int(d) for d in degrees], 0, replication)
     sa.config(indices, indices)
     return sa
 
@@ -107,9 +107,11 @@ def _reduce(sa, values):
     return out
 
 
-def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
+def probe(group, keys: int = 65536, reps: int = 9, replication: int = 1) -> Costs:
     """Measures :class:`Costs` of the sparse allreduce on ``group`` (collective; cached per
-    process and group size): the agreement allreduce alone (``fixed_s``), a reduce of one
+    process, group size and replication; with ``replication`` r > 1 the replicated collective
+    itself, over its ``size / r`` logical ranks, every message pushed to each replica of its
+    target): the agreement allreduce alone (``fixed_s``), a reduce of one
     key per rank over one layer of degree ``size`` and over two layers ``p x size/p``
     (``round_s`` and ``msg_s`` from the difference), and one of ``keys`` float64 values per
     rank (``s_per_byte``). Every rank gets the slowest rank's figures, so all choose alike.
@@ -121,7 +123,7 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
 
     import numpy as np
 
-    n = group.size
+    n = group.size // replication
     env = os.environ.get("SCALEFREE_SPARSE_COSTS")
     if env:
         try:
@@ -131,8 +133,10 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
         except ValueError:
             raise ValueError(f"SCALEFREE_SPARSE_COSTS={env!r}: expected fixed_us,round_us,msg_us,gbps[,ns_per_key]") from None
         return Costs(v[0] * 1e-6, v[1] * 1e-6, v[2] * 1e-6, 1 / (v[3] * 1e9), (v[4] if len(v) > 4 else 0.0) * 1e-9)
-    if n in _PROBED:
-        return _PROBED[n]
+    key = n if replication == 1 else (n, "replicated", replication)
+    if key in _PROBED:
+        return _PROBED[key]
+    me = group.rank % n  # the logical rank (replicas of node j: ranks j, j + n, ...)
 
     def med(f, local=None):
         for _ in range(2):
@@ -149,13 +153,13 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
 
     def reduce_time(degrees, k):
         # Distinct per rank and hashed as callers' indices are; 1/16 dense (stays sparse).
-        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = _configured(group, max(1, k * n * 16), degrees, idx)
+        idx = (np.arange(k, dtype=np.int64) * n + me) * 16
+        sa = _configured(group, max(1, k * n * 16), degrees, idx, replication)
         vals = np.ones(k, np.float64)
         # The time outside the layers (merge and wait+read) is the caller-order work.
         return med(lambda: _reduce(sa, vals), lambda: sum(s["merge_s"] + s["wait_s"] for s in sa.stats()))
 
-    agree = np.zeros(6 * n, np.int64)
+    agree = np.zeros(6 * group.size, np.int64)
     p = factorize(n)[-1] if n > 1 else 1
     big, local = reduce_time([n], keys)
     t = np.array([med(lambda: group.allreduce(agree))[0], reduce_time([n], 1)[0],
@@ -174,7 +178,7 @@ def probe(group, keys: int = 65536, reps: int = 9) -> Costs:
     nbytes = 2 * (n - 1) * keys / n * 8
     local = min(max(local - fixed, 0.0), max(t3 - t1, 0.0))
     costs = Costs(fixed, rnd, msg, max(t3 - t1 - local, 1e-9) / nbytes if n > 1 else 0.0, local / keys)
-    _PROBED[n] = costs
+    _PROBED[key] = costs
     return costs
 
 
@@ -195,6 +199,47 @@ def _split(h1: float, h2: float, a1: int, a2: int) -> tuple[float, float]:
     return rnd, (h1 - rnd) / a1
 
 
+def _layer_times(group, degrees, k: int, reps: int) -> list[float]:
+    """Median seconds of a reduce of ``k`` keys per rank with layer ``degrees`` (after 2
+    untimed calls): the whole call, then each layer's ``wait_s + merge_s``."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    n = group.size
+    idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
+    sa = _configured(group, max(1, k * n * 16), degrees, idx)
+    vals = np.ones(k, np.float64)
+    rows = []
+    for i in range(2 + reps):
+        group.barrier()
+        t0 = time.perf_counter()
+        _reduce(sa, vals)
+        total = time.perf_counter() - t0
+        if i >= 2:
+            rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
+    return [statistics.median(c) for c in zip(*rows)]
+
+
+def _agreement_time(group, reps: int) -> float:
+    """Median seconds of the sparse allreduce's agreement (an allreduce of ``6 size``
+    int64s), after 2 untimed calls."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    agree = np.zeros(6 * group.size, np.int64)
+    ts = []
+    for _ in range(2 + reps):
+        group.barrier()
+        t0 = time.perf_counter()
+        group.allreduce(agree)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[2:])
+
+
 def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs]:
     """:func:`probe` for a group of ``size / p`` hosts of ``p`` ranks each: (local, net)
     costs, every layer timed by itself (the per-layer ``wait_s + merge_s`` of
@@ -204,8 +249,6 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     round's cost into a fixed part and one per message, as :func:`probe` does. Across hosts
     that is UCX or the TCP lanes, as the reduce itself goes. Collective; cached per process
     and group size."""
-    import statistics
-    import time
 
     import numpy as np
 
@@ -217,27 +260,9 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     hosts = n // p
 
     def layers(degrees, k):
-        idx = (np.arange(k, dtype=np.int64) * n + group.rank) * 16
-        sa = _configured(group, max(1, k * n * 16), degrees, idx)
-        vals = np.ones(k, np.float64)
-        rows = []
-        for i in range(2 + reps):
-            group.barrier()
-            t0 = time.perf_counter()
-            _reduce(sa, vals)
-            total = time.perf_counter() - t0
-            if i >= 2:
-                rows.append([total] + [s["merge_s"] + s["wait_s"] for s in sa.stats()])
-        return [statistics.median(c) for c in zip(*rows)]
+        return _layer_times(group, degrees, k, reps)
 
-    agree = np.zeros(6 * n, np.int64)
-    ts = []
-    for _ in range(2 + reps):
-        group.barrier()
-        t0 = time.perf_counter()
-        group.allreduce(agree)
-        ts.append(time.perf_counter() - t0)
-    fixed = statistics.median(ts[2:])
+    fixed = _agreement_time(group, reps)
     one = layers([p, hosts], 1)
     big = layers([p, hosts], keys)
     qp = factorize(p)[0] if len(factorize(p)) > 1 else None
@@ -265,6 +290,87 @@ def probe_hosts(group, p: int, keys: int = 65536, reps: int = 9) -> tuple[Costs,
     return local, net
 
 
+def crossing_layers(degrees, hosts) -> list[bool]:
+    """Per layer of ``degrees`` over ranks on ``hosts`` (host of each rank, in rank order):
+    whether some group of the layer holds ranks of different hosts (the butterfly's groups:
+    layer ``l`` joins the ranks that differ only in digit ``l``)."""
+    n = len(hosts)
+    out, stride = [], 1
+    for k in degrees:
+        out.append(any(len({hosts[me - ((me // stride) % k) * stride + j * stride] for j in range(k)}) > 1
+                       for me in range(n)))
+        stride *= k
+    return out
+
+
+def probe_uneven(group, keys: int = 65536, reps: int = 9) -> tuple[Costs, Costs] | None:
+    """:func:`probe_hosts` for hosts of different sizes (collective; cached per process and
+    host layout): (local, net) costs, or None when no degree list has a layer group within
+    one host. A layer round's time is taken from the ranks whose group of that layer is on
+    one host (local costs: the first factorization whose first layer has such a group, e.g.
+    ``2x3`` on hosts of 1, 2 and 3 ranks, where ranks 4 and 5 share one) and from the
+    single layer of every rank (net costs: it crosses hosts), at one key and at ``keys``
+    keys per rank; each kind's round cost is all fixed (no split per message)."""
+
+    import numpy as np
+
+    hosts = [int(h) for h in group._hosts]
+    n = group.size
+    key = ("uneven", tuple(hosts))
+    if key in _PROBED:
+        return _PROBED[key]
+    cands = [d for d in factorizations(n) if len(d) > 1]
+    split = next((d for d in cands
+                  if any(len({hosts[me - (me % d[0]) + j] for j in range(d[0])}) == 1 for me in range(n))), None)
+    if split is None:
+        _PROBED[key] = None
+        return None
+    mine_local = len({hosts[group.rank - (group.rank % split[0]) + j] for j in range(split[0])}) == 1
+
+    def layers(degrees, k):
+        return _layer_times(group, degrees, k, reps)
+
+    fixed = _agreement_time(group, reps)
+    one_n, big_n = layers([n], 1), layers([n], keys)
+    one_l, big_l = layers(list(split), 1), layers(list(split), keys)
+    # The local figures from the ranks whose first-layer group is on their host only.
+    loc = [one_l[1], big_l[1]] if mine_local else [0.0, 0.0]
+    flat = [float(x) for x in group.allreduce(np.array([fixed, one_n[1], big_n[1]] + loc),
+                                              op="max")]
+    fixed, h_n, b_n, h_l, b_l = flat
+    k = split[0]
+    bytes_l = 2 * (k - 1) * keys / k * 8
+    bytes_n = 2 * (n - 1) * keys / n * 8
+    local = Costs(0.0, h_l / 2, 0.0, max(b_l - h_l, 1e-12) / bytes_l, 0.0)
+    net = Costs(fixed, h_n / 2, 0.0, max(b_n - h_n, 1e-12) / bytes_n, 0.0)
+    _PROBED[key] = (local, net)
+    return local, net
+
+
+def _two_kinds_pick(cands, local: Costs, net: Costs) -> dict:
+    """The plan of :func:`choose_hosts` and :func:`choose_uneven` from their ``(predicted
+    seconds, degrees)`` candidates: the cheapest (fewer layers on a tie within 2 %)."""
+    best_t = min(t for t, _ in cands)
+    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
+    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
+            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
+
+
+def choose_uneven(hosts, nnz: int, dim: int, vb: int, local: Costs, net: Costs) -> dict:
+    """:func:`choose` for ranks on ``hosts`` of different sizes: each layer of a degree list
+    costs the ``net`` figures when one of its groups crosses hosts (:func:`crossing_layers`),
+    else the ``local`` ones."""
+    cands = []
+    for d in factorizations(len(hosts)):
+        layers, _ = predict(d, 0, nnz, dim, vb, 0.0, float("inf"))
+        t = net.fixed_s
+        for (k, _, packet, _), crosses in zip(layers, crossing_layers(d, hosts)):
+            c = net if crosses else local
+            t += 2 * (c.round_s + (k - 1) * (c.msg_s + packet * c.s_per_byte))
+        cands.append((t, d))
+    return _two_kinds_pick(cands, local, net)
+
+
 def choose_hosts(p: int, hosts: int, nnz: int, dim: int, vb: int, local: Costs, net: Costs) -> dict:
     """:func:`choose` for ``hosts`` hosts of ``p`` ranks: the layers first combine each host
     (a factorization of ``p``, with the ``local`` costs), then cross the hosts (one of
@@ -279,10 +385,7 @@ def choose_hosts(p: int, hosts: int, nnz: int, dim: int, vb: int, local: Costs, 
                 c = local if i < len(lf) else net
                 t += 2 * (c.round_s + (k - 1) * (c.msg_s + packet * c.s_per_byte))
             cands.append((t, d))
-    best_t = min(t for t, _ in cands)
-    pick = min((d for t, d in cands if t <= best_t * 1.02), key=lambda d: (len(d), -d[0] if d else 0))
-    return {"degrees": list(pick), "predicted_s": dict(("x".join(map(str, d)), t) for t, d in cands),
-            "costs": net, "local_costs": local, "floor_bytes": net.floor_bytes}
+    return _two_kinds_pick(cands, local, net)
 
 
 def factorize(n: int) -> list[int]:

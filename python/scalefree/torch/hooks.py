@@ -43,13 +43,14 @@ def _pg(process_group) -> ProcessGroupScalefree:
 # --- bfloat16 on the wire ---------------------------------------------------------------------
 
 def bf16(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: averages the bucket with bfloat16 on the wire and float32 arithmetic,
-    the counterpart of DDP's ``bf16_compress_hook`` / ``fp16_compress_hook``.
+    """DDP comm hook: averages the bucket with bfloat16 on the wire between hosts and float32
+    arithmetic, the counterpart of DDP's ``bf16_compress_hook`` / ``fp16_compress_hook``.
 
-    Each rank rounds its gradients to bfloat16 once, sends share ``j`` to rank ``j``
-    (all-to-all), sums the shares it receives in float32, rounds the average to bfloat16,
-    and everyone gathers the averaged shares: half the bytes of a float32 allreduce, and
-    only two roundings (no bfloat16 accumulation)."""
+    The bucket (as float32) goes through ``g.allreduce(x, wire="bf16")``: within a host the
+    ranks reduce in float32 over shared memory; between hosts each host's partial sum is
+    rounded to bfloat16 once, the partials are summed in float32 and the sum is rounded once
+    more (docs/algorithms.md, "Compressed allreduce", for the error bound): half the bytes of
+    a float32 allreduce across hosts. On one host nothing is rounded."""
     pg = _pg(process_group)
     buf = bucket.buffer()
     n, g = pg.size(), pg.group
@@ -57,14 +58,12 @@ def bf16(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
     def run():
         if n == 1 or buf.numel() == 0:
             return
-        share = -(-buf.numel() // n)
-        wire = torch.zeros(share * n, dtype=torch.bfloat16)
-        wire[:buf.numel()] = buf
-        got = g.alltoallv(wire.view(torch.int16).numpy(), np.full(n, share, np.int64))
-        mine = torch.from_numpy(got).view(torch.bfloat16).view(n, share).float().sum(0).div_(n)
-        out = torch.empty(share * n, dtype=torch.bfloat16)
-        g._allgather_into(mine.to(torch.bfloat16).view(torch.int16).numpy(), out.view(torch.int16).numpy())
-        buf.copy_(out[:buf.numel()])
+        exact = buf.dtype == torch.float32 and buf.is_contiguous()
+        work = buf.detach() if exact else buf.detach().float().contiguous()
+        g.allreduce(work.view(-1).numpy(), wire="bf16")
+        work.div_(n)
+        if not exact:
+            buf.copy_(work)
 
     return pg.run_async(run, buf)
 

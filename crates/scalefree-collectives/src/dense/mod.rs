@@ -9,11 +9,14 @@ pub mod hierarchical;
 pub mod landing;
 pub mod one_shot;
 pub mod ring;
+pub mod wire;
 
 use scalefree_transport::{Error, Result};
 
 use crate::comm::{Communicator, Header, Kind};
 use crate::dense::doubling::Combine;
+use crate::dense::hierarchical::Plan;
+use crate::dense::wire::Wire;
 use crate::reduce::{DType, ReduceOp};
 use crate::Algorithm;
 
@@ -46,20 +49,21 @@ pub(crate) fn chunk_bounds(count: usize, n: u32, i: u32, align: usize) -> (usize
 
 impl Communicator {
     fn pick(&self, requested: Algorithm, nbytes: usize) -> Result<Algorithm> {
+        let hierarchy = || if self.net { Plan::of(self).filter(Plan::has_hierarchy) } else { None };
         Ok(match requested {
             // Nothing to move: only the header exchange (agreement, sequence) remains.
             _ if nbytes == 0 => Algorithm::OneShot,
             Algorithm::Auto => {
                 if nbytes <= self.opts.one_shot_max_bytes.min(self.opts.inline_bytes) {
                     Algorithm::OneShot
-                } else if self.net && hierarchical::host_groups(self).is_some() {
+                } else if hierarchy().is_some_and(|p| hierarchical::pays(&p, self.size, &hierarchical::host_counts(self))) {
                     Algorithm::Hierarchical
                 } else {
                     Algorithm::Direct
                 }
             }
-            // Only jobs on several hosts with several ranks on each have a hierarchy.
-            Algorithm::Hierarchical if !(self.net && hierarchical::host_groups(self).is_some()) => Algorithm::Direct,
+            // Only jobs on several hosts with several ranks on one of them have a hierarchy.
+            Algorithm::Hierarchical if hierarchy().is_none() => Algorithm::Direct,
             Algorithm::OneShot if nbytes > self.opts.inline_bytes => {
                 return Err(Error::InvalidArgument(format!(
                     "one_shot carries at most {} bytes (SCALEFREE_INLINE_BYTES); this call has {nbytes}",
@@ -76,12 +80,33 @@ impl Communicator {
     /// `buf` must be valid for reads and writes of `count` elements of `dtype`, aligned to
     /// the element size, and not touched by anyone else during the call.
     pub unsafe fn allreduce(&mut self, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, algo: Algorithm) -> Result<Algorithm> {
+        unsafe { self.allreduce_wire(buf, count, dtype, op, algo, Wire::Exact) }
+    }
+
+    /// [`Self::allreduce`] with `wire` values on the network between hosts (`dense::wire`):
+    /// float32 sums only. A large call across hosts then goes by the hierarchical plan
+    /// whatever `algo` says (reported as `Direct` when every host has one rank); small calls
+    /// (one-shot) and calls on one host are exact.
+    ///
+    /// # Safety
+    /// As [`Self::allreduce`].
+    pub unsafe fn allreduce_wire(&mut self, buf: *mut u8, count: usize, dtype: DType, op: ReduceOp, algo: Algorithm, wire: Wire) -> Result<Algorithm> {
+        if wire != Wire::Exact && (dtype != DType::F32 || op != ReduceOp::Sum) {
+            return Err(Error::InvalidArgument(format!(
+                "wire={} compresses float32 sums only, not {} {}", wire.name(), dtype.name(), op.name()
+            )));
+        }
         let nbytes = count * dtype.size_bytes();
-        let used = self.pick(algo, nbytes)?;
+        let mut used = self.pick(algo, nbytes)?;
         if self.size == 1 {
             return Ok(used);
         }
+        let compressed = if wire != Wire::Exact && self.net && used != Algorithm::OneShot { Plan::of(self) } else { None };
+        if let Some(p) = &compressed {
+            used = if p.has_hierarchy() { Algorithm::Hierarchical } else { Algorithm::Direct };
+        }
         let mut hdr = Header::new(Kind::Allreduce, dtype, Some(op), count, 0, used);
+        hdr.wire = wire as u32;
         if used == Algorithm::OneShot && self.doubling() {
             // Between hosts: log2 N rounds of one message each, the header travelling along.
             unsafe { doubling::allreduce(self, hdr, buf, nbytes, Combine::Reduce(dtype, op))? };
@@ -99,11 +124,15 @@ impl Communicator {
                     one_shot::allreduce(self, buf, count, dtype, op);
                 }
                 _ if self.net => {
-                    let groups = if used == Algorithm::Hierarchical { hierarchical::host_groups(self) } else { None };
-                    hdr.halving = (groups.is_none() && halving::suits(self.size, nbytes)) as u32;
+                    let plan = match compressed {
+                        Some(p) => Some((p, wire)),
+                        None if used == Algorithm::Hierarchical => Plan::of(self).map(|p| (p, Wire::Exact)),
+                        None => None,
+                    };
+                    hdr.halving = (plan.is_none() && halving::suits(self.size, nbytes)) as u32;
                     self.post(hdr, &|_| (std::ptr::null(), 0))?;
-                    match groups {
-                        Some(g) => hierarchical::hierarchical(self, &g, buf, count, dtype, op)?,
+                    match plan {
+                        Some((p, w)) => hierarchical::hierarchical(self, &p, buf, count, dtype, op, w)?,
                         None if hdr.halving != 0 => halving::allreduce(self, buf, count, dtype, op)?,
                         None => all_to_all::allreduce(self, buf, count, dtype, op)?,
                     }

@@ -147,19 +147,35 @@ impl<T: Element> FlashMatrix<T> {
 
     /// Reads a block into a packed vector in this matrix's layout.
     pub fn read_block(&self, row0: usize, col0: usize, rows: usize, cols: usize) -> Result<Vec<T>> {
-        self.check_block(row0, col0, rows, cols)?;
         let mut out = vec![T::default(); rows * cols];
+        self.read_block_into(row0, col0, rows, cols, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads a block into `dst`, packed in this matrix's layout (`rows * cols` elements): one
+    /// read when the block's runs are contiguous on flash, else one per run.
+    pub fn read_block_into(&self, row0: usize, col0: usize, rows: usize, cols: usize, dst: &mut [T]) -> Result<()> {
+        self.check_block(row0, col0, rows, cols)?;
+        if dst.len() != rows * cols {
+            return Err(FlashError::shape(format!("{} elements for a {rows}x{cols} block", dst.len())));
+        }
         let block = DenseShape::packed(rows, cols, self.shape.layout);
         let (runs, run_len) = (block.major_count(), block.minor_len());
+        if run_len == 0 {
+            return Ok(());
+        }
+        if runs > 0 && self.shape.leading_dim == run_len {
+            return self.data.read(self.shape.index(row0, col0) as u64, dst);
+        }
         for run in 0..runs {
             let (r, c) = match self.shape.layout {
                 Layout::RowMajor => (row0 + run, col0),
                 Layout::ColMajor => (row0, col0 + run),
             };
             let at = self.shape.index(r, c) as u64;
-            self.data.read(at, &mut out[run * run_len..(run + 1) * run_len])?;
+            self.data.read(at, &mut dst[run * run_len..(run + 1) * run_len])?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes a packed block (in this matrix's layout) at `(row0, col0)`.

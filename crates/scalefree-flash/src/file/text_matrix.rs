@@ -116,17 +116,11 @@ fn triplets_to_csr<T: Real>(rows: usize, cols: usize, mut t: Vec<(u32, u32, f64)
     CsrMatrix { rows, cols, indptr, indices, values }
 }
 
-/// The docword readers' bounds: dense document ids (the row starts are held in memory, 8 bytes
-/// per document, and the in-memory reader's triplets are 32-bit), and a vocabulary the
-/// in-memory reader holds as 32-bit column indices (the streamed reader maps wider ones).
-fn check_dims(lines: &Lines, rows: usize, cols: usize) -> Result<()> {
-    if rows > u32::MAX as usize {
-        return Err(lines.error(format!("D = {rows} documents: docword files are read with at most 2^32 - 1 documents")));
-    }
-    if cols > u32::MAX as usize {
-        return Err(lines.error(format!("W = {cols} words: the in-memory docword reader takes at most 2^32 - 1 (a file whose documents come in ascending order streams with any W)")));
-    }
-    Ok(())
+/// The in-memory docword reader's bounds: ids past 2^32 − 1 (documents or words) are read
+/// as 64-bit triplets and mapped ([`wide_triplets_to_text`]); the streamed reader maps a
+/// wide vocabulary itself (two passes) and wide documents as they come.
+fn is_wide(n: usize) -> bool {
+    n > u32::MAX as usize
 }
 
 /// A matrix read from a text file whose row or column ids may need more than 32 bits: where
@@ -146,11 +140,11 @@ pub struct TextMatrix<T> {
 }
 
 /// The sorted distinct values of `ids`, refused past 2^32 of them (positions are 32-bit).
-fn used_ids(lines: &Lines, mut ids: Vec<u64>, what: &str) -> Result<Vec<u64>> {
+fn used_ids(mut ids: Vec<u64>, what: &str) -> std::result::Result<Vec<u64>, String> {
     ids.sort_unstable();
     ids.dedup();
     if ids.len() > u32::MAX as usize + 1 {
-        return Err(lines.end_error(format!("{} distinct {what}s: more than 2^32 used {what}s (positions among them are 32-bit)", ids.len())));
+        return Err(format!("{} distinct {what}s: more than 2^32 used {what}s (positions among them are 32-bit)", ids.len()));
     }
     Ok(ids)
 }
@@ -200,7 +194,7 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<TextMatrix<T>> {
         }
         break (rows, cols, nnz);
     };
-    let (map_rows, map_cols) = (rows > u32::MAX as usize, cols > u32::MAX as usize);
+    let (map_rows, map_cols) = (is_wide(rows), is_wide(cols));
     let per_entry = if mirror.is_some() { 2 } else { 1 };
     let mut narrow: Vec<(u32, u32, f64)> = Vec::new();
     let mut wide: Vec<(u64, u64, f64)> = Vec::new();
@@ -248,8 +242,17 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<TextMatrix<T>> {
     if !(map_rows || map_cols) {
         return Ok(TextMatrix { matrix: triplets_to_csr(rows, cols, narrow), rows, cols, row_ids: None, col_ids: None });
     }
-    let row_ids = if map_rows { Some(used_ids(&lines, wide.iter().map(|t| t.0).collect(), "row")?) } else { None };
-    let col_ids = if map_cols { Some(used_ids(&lines, wide.iter().map(|t| t.1).collect(), "column")?) } else { None };
+    wide_triplets_to_text(rows, cols, wide, ["row", "column"]).map_err(|e| lines.end_error(e))
+}
+
+/// A [`TextMatrix`] of `rows` x `cols` from 64-bit triplets: a side past 2^32 − 1 ids gets
+/// a row (column) per id that occurs and its id map, the other side stays dense. Errors
+/// (without the file) when more than 2^32 distinct ids of a side occur (`what`: the nouns of
+/// the two sides).
+fn wide_triplets_to_text<T: Real>(rows: usize, cols: usize, wide: Vec<(u64, u64, f64)>, what: [&str; 2]) -> std::result::Result<TextMatrix<T>, String> {
+    let (map_rows, map_cols) = (is_wide(rows), is_wide(cols));
+    let row_ids = if map_rows { Some(used_ids(wide.iter().map(|t| t.0).collect(), what[0])?) } else { None };
+    let col_ids = if map_cols { Some(used_ids(wide.iter().map(|t| t.1).collect(), what[1])?) } else { None };
     let at = |ids: &Option<Vec<u64>>, x: u64| match ids {
         Some(ids) => ids.binary_search(&x).expect("every id is in its map") as u32,
         None => x as u32, // not mapped: below 2^32 − 1
@@ -262,24 +265,42 @@ pub fn read_matrix_market<T: Real>(path: &Path) -> Result<TextMatrix<T>> {
 
 /// Reads a UCI bag-of-words `docword` file — three header lines D (documents), W (words),
 /// NNZ, then `docID wordID count` lines, 1-based — into a D x W CSR matrix of counts.
-pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
+/// D or W past 2^32 − 1 (any u64) is a sparse id space: that side gets a row (column) per id
+/// that occurs and its id map ([`TextMatrix::row_ids`], [`TextMatrix::col_ids`]); the
+/// triplets are then held as 64-bit ids (24 bytes per entry), else 16.
+pub fn read_docword<T: Real>(path: &Path) -> Result<TextMatrix<T>> {
     let mut lines = Lines::open(path)?;
-    let (rows, cols, nnz) = docword_header(&mut lines, false)?;
-    let mut triplets = Vec::with_capacity(nnz.min(1 << 28));
+    let (rows, cols, nnz) = docword_header(&mut lines)?;
+    let wide = is_wide(rows) || is_wide(cols);
+    let (mut narrow, mut triplets) = (Vec::new(), Vec::new());
+    if wide {
+        triplets.reserve(nnz.min(1 << 28));
+    } else {
+        narrow.reserve(nnz.min(1 << 28));
+    }
+    let mut seen = 0usize;
     while let Some(line) = lines.next_line()? {
         if line.is_empty() {
             continue;
         }
-        if triplets.len() == nnz {
+        if seen == nnz {
             return Err(lines.error(format!("more entries than the NNZ = {nnz} of line 3")));
         }
         let (r, c, v) = docword_entry(&lines, &line, rows, cols)?;
-        triplets.push((r as u32, c as u32, v));
+        if wide {
+            triplets.push((r as u64, c as u64, v));
+        } else {
+            narrow.push((r as u32, c as u32, v)); // both below 2^32 − 1
+        }
+        seen += 1;
     }
-    if triplets.len() != nnz {
-        return Err(lines.end_error(format!("{} entries but line 3 announced NNZ = {nnz}", triplets.len())));
+    if seen != nnz {
+        return Err(lines.end_error(format!("{seen} entries but line 3 announced NNZ = {nnz}")));
     }
-    Ok(triplets_to_csr(rows, cols, triplets))
+    if !wide {
+        return Ok(TextMatrix { matrix: triplets_to_csr(rows, cols, narrow), rows, cols, row_ids: None, col_ids: None });
+    }
+    wide_triplets_to_text(rows, cols, triplets, ["document", "word"]).map_err(|e| lines.end_error(e))
 }
 
 /// Entries per write of [`docword_to_flash`] (a multiple of 1024, so that every write but
@@ -287,7 +308,7 @@ pub fn read_docword<T: Real>(path: &Path) -> Result<CsrMatrix<T>> {
 pub const DOCWORD_CHUNK_ENTRIES: usize = 1 << 16;
 
 /// Reads the three header lines of a docword file: (D, W, NNZ).
-fn docword_header(lines: &mut Lines, wide_ok: bool) -> Result<(usize, usize, usize)> {
+fn docword_header(lines: &mut Lines) -> Result<(usize, usize, usize)> {
     let mut header = [0usize; 3];
     for (h, what) in header.iter_mut().zip(["the document count D", "the vocabulary size W", "the entry count NNZ"]) {
         let Some(line) = lines.next_line()? else { return Err(lines.end_error(format!("missing {what}"))) };
@@ -298,7 +319,6 @@ fn docword_header(lines: &mut Lines, wide_ok: bool) -> Result<(usize, usize, usi
         }
     }
     let [rows, cols, nnz] = header;
-    check_dims(lines, rows, if wide_ok { 0 } else { cols })?;
     Ok((rows, cols, nnz))
 }
 
@@ -314,15 +334,27 @@ fn docword_entry(lines: &Lines, line: &str, rows: usize, cols: usize) -> Result<
     Ok((r, c, v))
 }
 
-/// A docword file on flash: the matrix and, for a vocabulary of 2^32 words or more, the
-/// sorted ids of the words that occur (the matrix's columns are positions in it).
+/// A docword file on flash: the matrix and, for a vocabulary (a document count) of 2^32 or
+/// more, the sorted ids of the words (documents) that occur: the matrix's columns (rows) are
+/// positions in them.
 pub struct FlashDocword<T> {
-    /// Documents x used words (or x W when `word_ids` is None).
+    /// Used documents (or D when `doc_ids` is None) x used words (or W when `word_ids` is None).
     pub matrix: FlashCsrMatrix<T>,
+    /// The 0-based id of each row, when the document count needs more than 32 bits.
+    pub doc_ids: Option<Vec<u64>>,
     /// The 0-based id of each column, when the vocabulary needs more than 32 bits.
     pub word_ids: Option<Vec<u64>>,
+    /// The document count D of the header.
+    pub documents: usize,
     /// The vocabulary size W of the header.
     pub words: usize,
+}
+
+impl<T: Real> FlashDocword<T> {
+    fn from_text(dir: &Path, t: TextMatrix<T>, options: &FileOptions) -> Result<Self> {
+        let matrix = FlashCsrMatrix::from_csr(dir, t.matrix.view(), options)?;
+        Ok(FlashDocword { matrix, doc_ids: t.row_ids, word_ids: t.col_ids, documents: t.rows, words: t.cols })
+    }
 }
 
 /// Streams a UCI docword file straight to a flash CSR matrix in `dir`, with bounded memory:
@@ -331,17 +363,15 @@ pub struct FlashDocword<T> {
 /// The result equals [`read_docword`]'s (each document's words sorted, duplicates summed).
 ///
 /// Needs the entries grouped by document in ascending docID order, as UCI files are; a file
-/// whose docIDs go back is read again by [`read_docword`] (in memory, 16 bytes per entry).
-/// A vocabulary W of 2^32 words or more is read twice: first the ids of the words that
-/// occur (memory per used word, not per id), then the entries as positions among them.
+/// whose docIDs go back is read again by [`read_docword`] (in memory, 16 bytes per entry,
+/// 24 with ids past 32 bits). A vocabulary W of 2^32 words or more is read twice: first the
+/// ids of the words that occur (memory per used word, not per id), then the entries as
+/// positions among them. A document count D of 2^32 or more keeps a row per document that
+/// occurs (8 bytes for its start, 8 for its id), none per id of the space.
 pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<FlashDocword<T>> {
     match stream_docword(path, dir, options, chunk_entries)? {
         Some(d) => Ok(d),
-        None => {
-            let m = read_docword::<T>(path)?;
-            let words = m.cols;
-            Ok(FlashDocword { matrix: FlashCsrMatrix::from_csr(dir, m.view(), options)?, word_ids: None, words })
-        }
+        None => FlashDocword::from_text(dir, read_docword::<T>(path)?, options),
     }
 }
 
@@ -349,8 +379,9 @@ pub fn docword_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOptions,
 /// count` triples without the UCI lines (delimiter detected or `delimiter`, an optional
 /// header line, `header`), one file or a part directory, plain or gzip. Read in memory (16
 /// bytes per entry) into a D x W CSR matrix of counts (duplicates summed); without UCI lines
-/// D and W are the largest ids. Errors name the file and line.
-pub fn read_docword_input<T: Real>(path: &Path, delimiter: Option<Delimiter>, header: Header) -> Result<CsrMatrix<T>> {
+/// D and W are the largest ids. D or W past 2^32 − 1 maps that side as [`read_docword`]
+/// does. Errors name the file and line.
+pub fn read_docword_input<T: Real>(path: &Path, delimiter: Option<Delimiter>, header: Header) -> Result<TextMatrix<T>> {
     let options = ReadOptions { delimiter, header, ..ReadOptions::default() };
     let s = scalefree_io::read_docword_share(path, Part::whole(), &options).map_err(read_error)?;
     let n = s.docs.len();
@@ -363,11 +394,13 @@ pub fn read_docword_input<T: Real>(path: &Path, delimiter: Option<Delimiter>, he
         }
         None => (s.docs.iter().max().map_or(0, |&d| d + 1), s.words.iter().max().map_or(0, |&w| w + 1)),
     };
-    if rows > u32::MAX as u64 || cols > u32::MAX as u64 {
-        return Err(FlashError::Corrupt { path: path.to_path_buf(), reason: format!("{rows} documents x {cols} words: this reader takes at most 2^32 - 1 of each") });
+    let (rows, cols) = (usize::try_from(rows).unwrap_or(usize::MAX), usize::try_from(cols).unwrap_or(usize::MAX));
+    if !(is_wide(rows) || is_wide(cols)) {
+        let triplets = s.docs.iter().zip(&s.words).zip(&s.counts).map(|((&d, &w), &c)| (d as u32, w as u32, c)).collect();
+        return Ok(TextMatrix { matrix: triplets_to_csr(rows, cols, triplets), rows, cols, row_ids: None, col_ids: None });
     }
-    let triplets = s.docs.iter().zip(&s.words).zip(&s.counts).map(|((&d, &w), &c)| (d as u32, w as u32, c)).collect();
-    Ok(triplets_to_csr(rows as usize, cols as usize, triplets))
+    let triplets = s.docs.iter().zip(&s.words).zip(&s.counts).map(|((&d, &w), &c)| (d, w, c)).collect();
+    wide_triplets_to_text(rows, cols, triplets, ["document", "word"]).map_err(|reason| FlashError::Corrupt { path: path.to_path_buf(), reason })
 }
 
 /// The flash error of a reader error (the same one line).
@@ -402,16 +435,14 @@ pub fn docword_input_to_flash<T: Real>(path: &Path, dir: &Path, options: &FileOp
     if delimiter.is_none() && header == Header::Auto && is_uci_file(path)? {
         return docword_to_flash(path, dir, options, chunk_entries);
     }
-    let m = read_docword_input::<T>(path, delimiter, header)?;
-    let words = m.cols;
-    Ok(FlashDocword { matrix: FlashCsrMatrix::from_csr(dir, m.view(), options)?, word_ids: None, words })
+    FlashDocword::from_text(dir, read_docword_input::<T>(path, delimiter, header)?, options)
 }
 
 /// The sorted 0-based ids of the words that occur in a docword file (its first pass when
 /// W needs more than 32 bits).
 fn docword_word_ids(path: &Path) -> Result<Vec<u64>> {
     let mut lines = Lines::open(path)?;
-    let (rows, cols, _) = docword_header(&mut lines, true)?;
+    let (rows, cols, _) = docword_header(&mut lines)?;
     let mut ids = std::collections::BTreeSet::new();
     while let Some(line) = lines.next_line()? {
         if !line.is_empty() {
@@ -428,20 +459,23 @@ fn docword_word_ids(path: &Path) -> Result<Vec<u64>> {
 fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk_entries: usize) -> Result<Option<FlashDocword<T>>> {
     let chunk = chunk_entries.max(1).div_ceil(1024) * 1024;
     let mut lines = Lines::open(path)?;
-    let (rows, cols, nnz) = docword_header(&mut lines, true)?;
-    let word_ids = if cols > u32::MAX as usize { Some(docword_word_ids(path)?) } else { None };
+    let (rows, cols, nnz) = docword_header(&mut lines)?;
+    let word_ids = if is_wide(cols) { Some(docword_word_ids(path)?) } else { None };
+    // D past 32 bits: a row per document that occurs (its id in doc_ids), none per id.
+    let mut doc_ids: Option<Vec<u64>> = if is_wide(rows) { Some(Vec::new()) } else { None };
     // NNZ is an upper bound of the stored entries (duplicates merge); checked as lines come.
     let indices = FlashPtr::<u32>::scratch(dir, nnz as u64, options)?;
     let values = FlashPtr::<T>::scratch(dir, nnz as u64, options)?;
-    let mut indptr = vec![0u64; rows + 1];
+    // Entries per stored row, then (in place) the row starts.
+    let mut indptr = if doc_ids.is_some() { vec![0u64] } else { vec![0u64; rows + 1] };
     let (mut buf_i, mut buf_v): (Vec<u32>, Vec<T>) = (Vec::with_capacity(chunk), Vec::with_capacity(chunk));
     let mut written = 0u64; // entries already on flash
     let mut row: Vec<(u32, f64)> = Vec::new(); // the current document's (word, count)
-    let mut current = 0usize; // the current document
+    let mut current: Option<usize> = None; // the current document
     let mut seen = 0usize; // entry lines read
     // Sorts the current document, sums duplicates, appends it to the chunk and writes every
-    // full chunk out.
-    let finish_row = |row: &mut Vec<(u32, f64)>, r: usize, buf_i: &mut Vec<u32>, buf_v: &mut Vec<T>, written: &mut u64, indptr: &mut [u64]| -> Result<()> {
+    // full chunk out; returns the document's entry count.
+    let finish_row = |row: &mut Vec<(u32, f64)>, buf_i: &mut Vec<u32>, buf_v: &mut Vec<T>, written: &mut u64| -> Result<u64> {
         row.sort_by_key(|&(c, _)| c);
         row.dedup_by(|next, kept| {
             let same = next.0 == kept.0;
@@ -462,9 +496,15 @@ fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk
             }
         }
         let count = row.len() as u64;
-        indptr[r + 1] = count;
         row.clear();
-        Ok(())
+        Ok(count)
+    };
+    let mut store = |doc: usize, count: u64, indptr: &mut Vec<u64>| match doc_ids.as_mut() {
+        Some(ids) => {
+            ids.push(doc as u64);
+            indptr.push(count);
+        }
+        None => indptr[doc + 1] = count,
     };
     while let Some(line) = lines.next_line()? {
         if line.is_empty() {
@@ -475,15 +515,15 @@ fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk
         }
         let (r, c, v) = docword_entry(&lines, &line, rows, cols)?;
         seen += 1;
-        if r != current {
-            if r < current {
-                if word_ids.is_some() {
-                    return Err(lines.error(format!("docID {} after {}: a file with 2^32 or more words must list its documents in ascending order", r + 1, current + 1)));
+        if current != Some(r) {
+            if let Some(doc) = current {
+                if r < doc {
+                    return Ok(None); // read in memory instead
                 }
-                return Ok(None);
+                let count = finish_row(&mut row, &mut buf_i, &mut buf_v, &mut written)?;
+                store(doc, count, &mut indptr);
             }
-            finish_row(&mut row, current, &mut buf_i, &mut buf_v, &mut written, &mut indptr)?;
-            current = r;
+            current = Some(r);
         }
         let c = match &word_ids {
             Some(ids) => ids.binary_search(&(c as u64)).expect("every word was seen by the first pass"),
@@ -494,20 +534,23 @@ fn stream_docword<T: Real>(path: &Path, dir: &Path, options: &FileOptions, chunk
     if seen != nnz {
         return Err(lines.end_error(format!("{seen} entries but line 3 announced NNZ = {nnz}")));
     }
-    if rows > 0 {
-        finish_row(&mut row, current, &mut buf_i, &mut buf_v, &mut written, &mut indptr)?;
+    if let Some(doc) = current {
+        let count = finish_row(&mut row, &mut buf_i, &mut buf_v, &mut written)?;
+        store(doc, count, &mut indptr);
     }
+    drop(store);
     indices.write(written, &buf_i)?;
     values.write(written, &buf_v)?;
     let stored = written + buf_i.len() as u64;
-    for r in 0..rows {
+    let stored_rows = indptr.len() - 1;
+    for r in 0..stored_rows {
         indptr[r + 1] += indptr[r];
     }
-    debug_assert_eq!(indptr[rows], stored);
+    debug_assert_eq!(indptr[stored_rows], stored);
     let indptr = FlashPtr::from_slice(dir, &indptr, options)?;
     let stored_cols = word_ids.as_ref().map_or(cols, Vec::len);
-    let matrix = FlashCsrMatrix::from_parts(rows, stored_cols, indptr, indices.slice(0..stored)?, values.slice(0..stored)?)?;
-    Ok(Some(FlashDocword { matrix, word_ids, words: cols }))
+    let matrix = FlashCsrMatrix::from_parts(stored_rows, stored_cols, indptr, indices.slice(0..stored)?, values.slice(0..stored)?)?;
+    Ok(Some(FlashDocword { matrix, doc_ids, word_ids, documents: rows, words: cols }))
 }
 
 #[cfg(test)]
@@ -624,7 +667,7 @@ mod tests {
         let d = tmp("dw");
         let text = "3\n4\n4\n1 2 3\n1 4 1\n3 1 2\n3 2 5\n";
         let p = write(&d, "docword.t.txt", text);
-        let m = read_docword::<f32>(&p).unwrap();
+        let m = read_docword::<f32>(&p).unwrap().matrix;
         assert_eq!(m.indptr, vec![0, 2, 2, 4]);
         assert_eq!(m.indices, vec![1, 3, 0, 1]);
         assert_eq!(m.values, vec![3.0, 1.0, 2.0, 5.0]);
@@ -632,7 +675,7 @@ mod tests {
         let mut enc = flate2::write::GzEncoder::new(File::create(&gz).unwrap(), flate2::Compression::fast());
         enc.write_all(text.as_bytes()).unwrap();
         enc.finish().unwrap();
-        assert_eq!(read_docword::<f32>(&gz).unwrap(), m);
+        assert_eq!(read_docword::<f32>(&gz).unwrap().matrix, m);
         std::fs::remove_dir_all(d).unwrap();
     }
 
@@ -661,7 +704,7 @@ mod tests {
             text.push('\n');
         }
         let p = write(&d, "docword.s.txt", &text);
-        let want = read_docword::<f32>(&p).unwrap();
+        let want = read_docword::<f32>(&p).unwrap().matrix;
         assert!(want.values.len() > 3 * 1024);
         let o = FileOptions::default();
         for chunk in [1, 1024, 4096, 1 << 20] {
@@ -673,7 +716,7 @@ mod tests {
         // docIDs going back: not streamable, read in memory instead, same result
         let p = write(&d, "docword.u.txt", "3\n4\n4\n3 1 2\n1 2 3\n1 4 1\n3 2 5\n");
         assert!(stream_docword::<f64>(&p, &d, &o, 1024).unwrap().is_none());
-        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.to_csr().unwrap(), read_docword::<f64>(&p).unwrap());
+        assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.to_csr().unwrap(), read_docword::<f64>(&p).unwrap().matrix);
         // empty corpus, and the errors of the in-memory reader
         let p = write(&d, "docword.e.txt", "0\n0\n0\n");
         assert_eq!(docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap().matrix.nnz(), 0);
@@ -694,10 +737,10 @@ mod tests {
         let d = tmp("exported");
         let o = FileOptions::default();
         let uci = write(&d, "docword.x.txt", "3\n4\n5\n1 2 3\n1 4 1\n3 1 2\n3 2 5\n1 2 1\n");
-        let want = read_docword::<f64>(&uci).unwrap();
+        let want = read_docword::<f64>(&uci).unwrap().matrix;
         let csv = write(&d, "bow.csv", "doc,word,count\n1,2,3\n1,4,1\n3,1,2\n3,2,5\n1,2,1\n");
-        assert_eq!(read_docword_input::<f64>(&csv, None, Header::Auto).unwrap(), want);
-        assert_eq!(read_docword_input::<f64>(&uci, None, Header::Auto).unwrap(), want);
+        assert_eq!(read_docword_input::<f64>(&csv, None, Header::Auto).unwrap().matrix, want);
+        assert_eq!(read_docword_input::<f64>(&uci, None, Header::Auto).unwrap().matrix, want);
         let parts = d.join("parts");
         std::fs::create_dir_all(&parts).unwrap();
         write(&parts, "part-00000.tsv", "1\t2\t3\n1\t4\t1\n");
@@ -733,11 +776,52 @@ mod tests {
         assert_eq!(m.indptr, vec![0, 2, 2, 4]);
         assert_eq!(m.indices, vec![0, 1, 0, 2]);
         assert_eq!(m.values, vec![1.0, 5.0, 1.0, 5.0]);
-        let p = write(&d, "docword.wu.txt", &format!("3\n{w}\n2\n3 1 1\n1 1 1\n"));
+        // docIDs going back: read in memory (64-bit triplets), the same matrix as streamed
+        let back = format!("3\n{w}\n5\n3 {w} 5\n1 4 1\n1 {} 2\n3 4 1\n1 {} 3\n", (1u64 << 32) + 2, (1u64 << 32) + 2);
+        let p = write(&d, "docword.wu.txt", &back);
+        let got = docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap();
+        assert_eq!(got.word_ids, Some(vec![3, 1 << 32 | 1, w - 1]));
+        assert_eq!(got.matrix.to_csr().unwrap(), m);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn docword_with_document_ids_past_32_bits() {
+        // D = 2^34 documents, a handful used (ids like 2^33 + k): a row per used document and
+        // its id, nothing per id of the space; streamed, in memory (docIDs going back) and as
+        // exported triples without the UCI lines, all alike.
+        let d = tmp("widedocs");
+        let o = FileOptions::default();
+        let (big, b) = (1u64 << 34, 1u64 << 33);
+        let lines = [(5, 2, 1.0), (b + 1, 3, 2.0), (b + 1, 1, 4.0), (b + 1, 3, 1.0), (b + 7, 2, 5.0), (big, 1, 6.0)];
+        let body: String = lines.iter().map(|(doc, word, c)| format!("{doc} {word} {c}\n")).collect();
+        let p = write(&d, "docword.d.txt", &format!("{big}\n3\n{}\n{body}", lines.len()));
+        let want_ids = vec![4, b, b + 6, big - 1];
+        let want = CsrMatrix::<f64> { rows: 4, cols: 3, indptr: vec![0, 1, 3, 4, 5], indices: vec![1, 0, 2, 1, 0], values: vec![1.0, 4.0, 3.0, 5.0, 6.0] };
+        let streamed = stream_docword::<f64>(&p, &d, &o, 1024).unwrap().expect("ascending: streamed");
+        assert_eq!((streamed.doc_ids.as_ref(), streamed.word_ids.as_ref(), streamed.documents, streamed.words), (Some(&want_ids), None, big as usize, 3));
+        assert_eq!(streamed.matrix.to_csr().unwrap(), want);
+        streamed.matrix.validate().unwrap();
+        let t = read_docword::<f64>(&p).unwrap();
+        assert_eq!((t.row_ids.as_ref(), t.col_ids.as_ref(), t.rows), (Some(&want_ids), None, big as usize));
+        assert_eq!(t.matrix, want);
+        let mut back = lines;
+        back.swap(0, 5);
+        let body: String = back.iter().map(|(doc, word, c)| format!("{doc} {word} {c}\n")).collect();
+        let p = write(&d, "docword.db.txt", &format!("{big}\n3\n{}\n{body}", lines.len()));
+        assert!(stream_docword::<f64>(&p, &d, &o, 1024).unwrap().is_none());
+        let got = docword_to_flash::<f64>(&p, &d, &o, 1024).unwrap();
+        assert_eq!(got.doc_ids.as_ref(), Some(&want_ids));
+        assert_eq!(got.matrix.to_csr().unwrap(), want);
+        let csv: String = back.iter().map(|(doc, word, c)| format!("{doc},{word},{c}\n")).collect();
+        let p = write(&d, "bow.csv", &format!("doc,word,count\n{csv}"));
+        let got = docword_input_to_flash::<f64>(&p, &d, &o, 1024, None, Header::Auto).unwrap();
+        assert_eq!((got.doc_ids.as_ref(), got.documents), (Some(&want_ids), big as usize));
+        assert_eq!(got.matrix.to_csr().unwrap(), want);
+        // Ids past the header's D are still an error naming the line.
+        let p = write(&d, "docword.dx.txt", &format!("{big}\n3\n1\n{} 1 1\n", big + 1));
         let msg = docword_to_flash::<f64>(&p, &d, &o, 1024).err().unwrap().to_string();
-        assert!(msg.contains("line 5") && msg.contains("ascending"), "{msg}");
-        // the in-memory reader still names its limit
-        assert!(read_docword::<f64>(&p).unwrap_err().to_string().contains("2^32 - 1"));
+        assert!(msg.contains("line 4: docID") && msg.contains("outside"), "{msg}");
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -120,21 +120,31 @@ impl Choice {
 
 /// Host index of every rank. `Transport::Ucx` treats every rank as its own host (all
 /// traffic over UCX, for tests and comparison); `SCALEFREE_SIMULATE_HOSTS=k` (tests only)
-/// pretends ranks `k*h .. k*h+k-1` share host `h`; otherwise the rendezvous knows.
+/// pretends ranks `k*h .. k*h+k-1` share host `h`, `SCALEFREE_SIMULATE_HOSTS=a,b,c` that the
+/// first `a` ranks share host 0, the next `b` host 1, and so on; otherwise the rendezvous knows.
 fn host_map(job: &JobInfo, rv: &Rendezvous, transport: Transport) -> Vec<u32> {
     let n = job.size;
     if transport == Transport::Ucx {
         return (0..n).collect();
     }
-    if let Some(k) = simulated_hosts(n) {
-        return (0..n).map(|r| r / k).collect();
+    if let Some(map) = simulated_hosts(n) {
+        return map;
     }
     rv.hosts().to_vec()
 }
 
-/// `SCALEFREE_SIMULATE_HOSTS=k` with fewer than `size` ranks per simulated host.
-fn simulated_hosts(size: u32) -> Option<u32> {
-    std::env::var("SCALEFREE_SIMULATE_HOSTS").ok().and_then(|v| v.trim().parse::<u32>().ok()).filter(|k| *k > 0 && *k < size)
+/// `SCALEFREE_SIMULATE_HOSTS`: the host of every rank when it makes more than one host (a
+/// list must account for every rank, else it is ignored).
+fn simulated_hosts(size: u32) -> Option<Vec<u32>> {
+    let v = std::env::var("SCALEFREE_SIMULATE_HOSTS").ok()?;
+    let counts: Vec<u32> = v.split(',').map(|x| x.trim().parse::<u32>().ok().filter(|k| *k > 0)).collect::<Option<_>>()?;
+    let map: Vec<u32> = match counts[..] {
+        [k] if k < size => (0..size).map(|r| r / k).collect(),
+        [_] => return None,
+        _ if counts.iter().sum::<u32>() == size => counts.iter().enumerate().flat_map(|(h, &k)| std::iter::repeat_n(h as u32, k as usize)).collect(),
+        _ => return None,
+    };
+    Some(map)
 }
 
 /// Completion state of one operation in flight, shared by its [`Request`] and whoever

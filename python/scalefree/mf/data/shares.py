@@ -114,6 +114,12 @@ def _owner(ids: np.ndarray, size: int) -> np.ndarray:
         return (_mix64(ids.astype(np.uint64) ^ np.uint64(0x4F574E)) % np.uint64(size)).astype(np.int64)
 
 
+def compact_id_dtype(count: int):
+    """The dtype of compact ids (positions among ``count`` distinct ids) held per test
+    rating: uint32 (half the memory) up to 2**32 distinct ids, int64 past that."""
+    return np.uint32 if count <= 1 << 32 else np.int64
+
+
 def global_ids(group, distinct: np.ndarray) -> np.ndarray:
     """Collective: the sorted union of every rank's ``distinct`` (sorted, int64) ids, on every
     rank, by way of owner ranks (O(ids) per rank, never O(ratings))."""
@@ -300,6 +306,7 @@ class ShareRatings:
         self.user_ids, self.item_ids = uids, iids
         m, n = len(uids), len(iids)
         self.n_users, self.n_items = m, n
+        cid = compact_id_dtype(max(m, n))
         t_ids = time.perf_counter() - t0
         state = dict(sent=0, received=0, test=0, train=0, sum=0.0, sumsq=0.0, rounds=0)
         seen_u, seen_i = np.zeros(m, np.int64), np.zeros(n, np.int64)
@@ -310,6 +317,11 @@ class ShareRatings:
             if part.nb != nb:
                 raise AssertionError("partition size")
             nblocks = nb * nb
+            tall = max(int(np.diff(part.ustart).max(initial=0)), int(np.diff(part.istart).max(initial=0)))
+            if tall > 1 << 32:
+                # Rows within a block are the 32-bit rows of the SGD kernels' 12-byte entries.
+                raise InvalidArgumentError(f"a block of R spans {tall} users or items, more than 2**32 (rows within a "
+                                           f"block are 32-bit): use more blocks than {nb} per side")
             ublk = np.searchsorted(part.ustart, part.upos, side="right") - 1
             urow = (part.upos - part.ustart[ublk]).astype(np.uint32)
             iblk = np.searchsorted(part.istart, part.ipos, side="right") - 1
@@ -332,12 +344,12 @@ class ShareRatings:
                     cu, ci = np.searchsorted(uids, u), np.searchsorted(iids, i)
                     cu_raw_u, cu_raw_i = u, i
                     del u, i
-                    tests.append((cu[tm].astype(np.uint32), ci[tm].astype(np.uint32), r[tm]))
+                    tests.append((cu[tm].astype(cid), ci[tm].astype(cid), r[tm]))
                     state["test"] += int(tm.sum())
                     keep_ = ~tm
                     if self.valid_fraction:
                         vm = keep_ & in_test_set(cu_raw_u, cu_raw_i, self.valid_fraction, self.seed + 1)
-                        valids.append((cu[vm].astype(np.uint32), ci[vm].astype(np.uint32), r[vm]))
+                        valids.append((cu[vm].astype(cid), ci[vm].astype(cid), r[vm]))
                         keep_ &= ~vm
                         del vm
                     cu, ci, r = cu[keep_], ci[keep_], r[keep_]
@@ -518,7 +530,7 @@ class ShareRatings:
             hit[hit] = ids[c[hit]] == raw[hit]
             seen &= hit
             unseen.append(len(global_ids(group, _distinct(np.asarray(raw[~hit], np.int64)))))
-            compact.append(np.where(hit, c, 0).astype(np.uint32))
+            compact.append(np.where(hit, c, 0).astype(compact_id_dtype(len(ids))))
         self._test = (compact[0], compact[1], np.asarray(r, np.float32), seen)
         tot = np.array([len(r), int((~seen).sum())], np.int64)
         group.allreduce(tot)
