@@ -48,7 +48,7 @@ def test_pagerank_on_flash_equals_in_memory_bit_for_bit(rmat, tmp_path, ranks, d
 
 
 def test_diameter_on_flash_equals_in_memory(rmat, tmp_path):
-    common = ("diameter", rmat, "-n", 2, "--method", "hll", "--precision", 5)
+    common = ("diameter", rmat, "-n", 2, "--method", "hll", "--precision", 5, "--sample", 0)
     mem = _cli(*common, "--json", tmp_path / "mem.json")
     assert mem.returncode == 0, mem.stderr
     ooc = _cli(*common, "--memory-budget", "8K", "--flash-dir", tmp_path, "--json", tmp_path / "ooc.json")
@@ -82,6 +82,11 @@ def test_bad_budgets_are_one_line(rmat, args, code, says):
 def test_diameter_budget_needs_hll(rmat):
     p = _cli("diameter", rmat, "--method", "exact", "--memory-budget", "1M")
     assert p.returncode == 2 and "--method hll" in p.stderr
+
+
+def test_diameter_budget_refuses_a_target_sample(rmat):
+    p = _cli("diameter", rmat, "--method", "hll", "--memory-budget", "1M", "--sample", "64")
+    assert p.returncode == 2 and "--sample 64 needs the in-memory hop" in p.stderr
 
 
 def test_flash_rows_in_python_match_the_in_memory_hop(tmp_path):

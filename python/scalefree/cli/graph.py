@@ -365,6 +365,9 @@ def _check_diameter(prog, args) -> None:
     _check_memory_budget(prog, args)
     if args.memory_budget is not None and args.method not in ("auto", "hll"):
         fail(prog, "--memory-budget streams the HyperLogLog hop: use --method hll (or auto)")
+    if args.memory_budget is not None and args.sample:
+        fail(prog, f"--sample {args.sample} needs the in-memory hop: the --memory-budget hop keeps the registers "
+                   f"alone (drop --sample or pass --sample 0)")
 
 
 def _check_pagerank(prog, args) -> None:
@@ -444,9 +447,10 @@ def add_parser(sub) -> None:
                    help=f"set encoding (auto: exact up to {EXACT_AUTO_MAX} vertex ids, else hll)")
     q.add_argument("--precision", type=int, choices=range(4, HLL_PRECISION_MAX + 1), metavar="P", default=HLL_PRECISION,
                    help=f"HyperLogLog registers a vertex: 2^P, one byte each (P in 4..{HLL_PRECISION_MAX})")
-    q.add_argument("--sample", type=count(0), default=HLL_SAMPLE, metavar="S",
-                   help="--method hll: vertices sampled as targets, one bit each a vertex beside the registers; N(h) "
-                        "combines the two estimates (exact when S >= the vertex count; 0: registers alone)")
+    q.add_argument("--sample", type=count(0), default=None, metavar="S",
+                   help=f"--method hll: vertices sampled as targets, one bit each a vertex beside the registers; N(h) "
+                        f"combines the two estimates (exact when S >= the vertex count; 0: registers alone; default "
+                        f"{HLL_SAMPLE}, or 0 with --memory-budget, whose hop keeps the registers alone)")
     q.add_argument("-k", type=count(1), default=32, help="Flajolet-Martin bitstrings per vertex")
     q.add_argument("--fraction", type=number(0, 1, low_open=True), default=0.9,
                    help="share of reachable pairs for the effective diameter")

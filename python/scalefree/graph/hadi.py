@@ -397,14 +397,15 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
 def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int = 0, max_hops: int = 256,
          degrees="auto", progress: bool = False, isolated: bool = True, checkpoints=None,
          precision: int = HLL_PRECISION, *, memory_budget=None, flash_dir=None, flash_threads: int | None = None,
-         stats: dict | None = None, sample: int = HLL_SAMPLE):
+         stats: dict | None = None, sample: int | None = None):
     """Collective. ``src``/``dst``: this rank's edges (ids in ``[0, n)``). Returns
     ``(nf, encoding, seconds per hop)`` with ``nf[h]`` the neighbourhood function (the same
     list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
     the exact vertex count whatever the method. ``precision``: HyperLogLog registers a
     vertex, ``2^precision``. ``src`` may be the list ``[src, dst]`` (``dst=None``): it is
     emptied, so the caller's arrays go once the set-up has sent them. ``sample``: target vertices sampled for the second estimate of
-    N(h) (``hll``; 0 for registers alone; see :func:`_combine`). ``stats["sd_bound"]``
+    N(h) (``hll``; 0 for registers alone; see :func:`_combine`; default 4096 in memory, 0 with
+    ``memory_budget``, whose hop keeps the registers alone). ``stats["sd_bound"]``
     receives a bound on N(h)'s standard deviation per hop (the sum of the vertices'; ``hll``
     in memory), ``stats["sample_only"]`` the sample's estimate alone.
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
@@ -436,8 +437,13 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         raise ValueError(f"src and dst differ in length ({len(src)} vs {len(dst)})")
     if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
+    if sample is None:
+        sample = 0 if memory_budget is not None else HLL_SAMPLE
     if sample < 0:
         raise ValueError(f"the target sample must be >= 0 vertices, got {sample}")
+    if memory_budget is not None and sample > 0:
+        raise ValueError(f"a target sample ({sample}) needs the in-memory hop: the out-of-core hop keeps the "
+                         f"registers alone (sample 0)")
     if enc.method == "hll" and memory_budget is None:
         edges = [src, dst]
         del src, dst
