@@ -71,21 +71,15 @@ impl Wire {
     }
 }
 
-/// float32 to bfloat16, rounding to nearest even (NaN stays NaN).
+/// float32 to bfloat16, rounding to nearest even (NaN stays NaN): the `half` crate's.
 #[inline(always)]
 fn to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    if b & 0x7fff_ffff > 0x7f80_0000 {
-        ((b >> 16) as u16) | 0x40
-    } else {
-        rounded
-    }
+    half::bf16::from_f32(x).to_bits()
 }
 
 #[inline(always)]
 fn from_bf16(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
+    half::bf16::from_bits(h).to_f32()
 }
 
 /// Rounds `src` into `dst` (same length).
