@@ -769,7 +769,7 @@ def test_bench_pagerank_replicated_across_hosts(can_simulate, tmp_path):
                         "--rmat-scale", "10", "--rmat-edges", "8K", "--dtype", "float64", "--variants",
                         "unreplicated,replicated-kill", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     recs = {r["variant"]: r for r in json.loads(out.read_text())}
     assert set(recs) == {"unreplicated", "r=2"}
     assert recs["r=2"]["killed_ranks"] == [2, 3] and recs["r=2"]["survivors"] == 2

@@ -157,7 +157,7 @@ def run(args) -> int:
     else:
         killed = [args.kill_rank] if args.kill_rank >= 0 else []
     where = f", across {args.hosts} simulated hosts" if args.hosts else ""
-    records = []
+    records, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         progress(f"pagerank-replicated: R-MAT scale {args.rmat_scale}, {args.rmat_edges} edges")
         src, dst, ids = rmat_edges(args.rmat_scale, args.rmat_edges)
@@ -180,6 +180,7 @@ def run(args) -> int:
             progress(f"pagerank-replicated: {variant} on {ranks} ranks{where}{said}")
             res = _job(args, edges, Path(tmp) / job, ranks, rr, kill)
             if res is None:
+                failed.append(variant)
                 continue
             med = max(float(np.median(v["times"])) for v in res.values())
             after = max(float(np.median(v["times"][args.kill_at:])) for v in res.values()) if kill else med
@@ -215,6 +216,10 @@ def run(args) -> int:
     if args.json:
         common.write_json(args.json, records)
     tol = 1e-5 * ref_max if args.dtype == "float32" else 1e-9
+    if failed:
+        print(f"scalefree bench pagerank-replicated: no result from {', '.join(failed)} (its job failed; above)",
+              file=sys.stderr)
+        return 1
     return 0 if records and all(x["max_abs_err"] <= tol for x in records) else 1
 
 
