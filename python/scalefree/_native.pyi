@@ -63,6 +63,7 @@ class FlashCsr:
     def from_docword_file(rt: Any, path: Any, dtype: Any, delimiter: Any = None, header: Any = "auto") -> Any: ...
     @staticmethod
     def from_text_file(rt: Any, path: Any, kind: Any, dtype: Any) -> Any: ...
+    index_bytes: int
     nnz: Any
     shape: Any
 

@@ -1,12 +1,14 @@
 """Column ids past 32 bits in flash CSR matrices and docword files (issue 28): a small matrix
 in a huge id space keeps its used columns' ids once (``Csr.col_ids``) and 32-bit positions per
-entry; nothing is allocated per id of the space."""
+entry; nothing is allocated per id of the space. A matrix of more than 2**32 stored columns
+holds 64-bit indices (issue 41)."""
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from scalefree import flash
+from scalefree import _native, flash
+from scalefree.flash.state import CsrRows
 from scalefree.errors import InvalidArgumentError
 
 
@@ -208,3 +210,42 @@ def test_cli_topics_on_ids_past_32_bits_equals_small_ids(tmp_path):
     np.testing.assert_array_equal(mw["labels"], ms["labels"])
     assert mw["doc_ids"].tolist() == list(range(off, off + docs)) and mw["word_ids"].tolist() == list(range(off, off + words))
     assert str(rs["top_words"][0][0] + off) in out_w.splitlines()[0]
+
+
+def test_more_than_2_to_the_32_stored_columns(rt, tmp_path):
+    """A matrix of 2**32 + 10 stored columns (no id map, a handful of entries): 64-bit column
+    indices on flash (8 bytes each; 4 for every matrix up to 2**32 columns), read back whole
+    and by rows, and multiplied by x and B of 2**32 + 10 rows held in sparse memory-mapped
+    files (only the pages at the used columns are ever touched): the result of the small
+    equivalent with numpy."""
+
+    cols = 2**32 + 10
+    rows = np.array([0, 0, 1, 3, 3, 3, 4])
+    ids = np.array([3, 2**32, 2**32 + 9, 0, 3, 2**32 + 9, 2**32 - 1], dtype=np.int64)
+    a = sp.csr_matrix((np.arange(1.0, 8.0), (rows, ids)), shape=(5, cols))
+    m = _native.FlashCsr.from_arrays(rt._rt, 5, cols, a.indptr.astype(np.uint64), a.indices.astype(np.uint64), a.data)
+    A = flash.Csr(m)
+    assert A.index_bytes == 8 and A.shape == (5, cols) and A.col_ids is None
+    assert flash.Csr.from_scipy(a[:, :2**32], rt).index_bytes == 4  # 2**32 columns: 32-bit
+    back = A.to_scipy()
+    assert back.shape == a.shape and (back != a).nnz == 0 and np.array_equal(back.indices, a.indices)
+    blocks = list(CsrRows(A, block_bytes=20))  # a row or two per block
+    assert sum(b.nnz for _, _, b in blocks) == a.nnz and (sp.vstack([b for _, _, b in blocks]) != a).nnz == 0
+    used = np.unique(ids)
+    small = _compact(a, used.astype(np.uint64)).toarray()
+    n = 2
+
+    def sparse_file(name, shape):
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.truncate(int(np.prod(shape)) * 8)
+        return np.memmap(path, dtype=np.float64, mode="r+", shape=shape)
+
+    x = sparse_file("x", (cols,))
+    x[used] = xs = np.arange(1.0, len(used) + 1)
+    np.testing.assert_allclose(flash.csrgemv(A, x, runtime=rt), small @ xs)
+    b = sparse_file("b", (cols, n))
+    b[used] = bs = np.arange(len(used) * n, dtype=np.float64).reshape(-1, n) - 3
+    np.testing.assert_allclose(flash.csrmm(A, b, runtime=rt), small @ bs)
+    with pytest.raises(InvalidArgumentError, match="64-bit column indices"):
+        flash.csrcsc(A, runtime=rt)

@@ -26,7 +26,7 @@ pub use element::{Element, Real};
 pub use error::{FlashError, Result};
 pub use file::{default_scratch_dir, FileOptions, FlashCsrMatrix, FlashFile, FlashMatrix, FlashPtr, IoMode, OpenMode, docword_input_to_flash, docword_to_flash, read_docword, read_docword_input, FlashDocword, read_matrix_market, TextMatrix, DOCWORD_CHUNK_ENTRIES};
 pub use io::{Access, AccessMode, AccessSpec, IoExecutor, IoOptions};
-pub use sparse::{CsrMatrix, CsrRef};
+pub use sparse::{needs_wide_indices, ColIndex, CsrMatrix, CsrRef};
 pub use cache::{CacheReader, CacheStats, CachedBlock, EntryTag, ReaderStats};
 pub use runtime::{parse_bytes, Progress, ProgressSnapshot, Runtime, RuntimeOptions};
 pub use sched::{Dag, FnTask, Injector, Priority, RunStats, Task, TaskBuffers, TaskContext, TaskId};

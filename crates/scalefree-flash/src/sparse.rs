@@ -3,10 +3,50 @@
 use crate::element::Element;
 use crate::error::{FlashError, Result};
 
+/// A column index type: `u32` (the default: half the bytes) or `u64` (matrices of more than
+/// 2^32 columns).
+pub trait ColIndex: Element + Ord {
+    /// Whether this is the 64-bit type.
+    const WIDE: bool;
+    /// The column number.
+    fn col(self) -> usize;
+    /// From a column number that fits (checked by the caller).
+    fn from_col(col: usize) -> Self;
+}
+
+impl ColIndex for u32 {
+    const WIDE: bool = false;
+    #[inline(always)]
+    fn col(self) -> usize {
+        self as usize
+    }
+    #[inline(always)]
+    fn from_col(col: usize) -> Self {
+        col as u32
+    }
+}
+
+impl ColIndex for u64 {
+    const WIDE: bool = true;
+    #[inline(always)]
+    fn col(self) -> usize {
+        self as usize
+    }
+    #[inline(always)]
+    fn from_col(col: usize) -> Self {
+        col as u64
+    }
+}
+
+/// Whether a matrix of `cols` columns needs 64-bit column indices (more than 2^32 columns).
+pub fn needs_wide_indices(cols: usize) -> bool {
+    cols as u64 > u32::MAX as u64 + 1
+}
+
 /// A borrowed CSR matrix: row `r` holds entries `indptr[r] .. indptr[r + 1]` of `indices`
-/// (column numbers) and `values`.
+/// (column numbers, `u32` unless `I = u64`) and `values`.
 #[derive(Clone, Copy, Debug)]
-pub struct CsrRef<'a, T> {
+pub struct CsrRef<'a, T, I = u32> {
     /// Number of rows.
     pub rows: usize,
     /// Number of columns.
@@ -14,14 +54,14 @@ pub struct CsrRef<'a, T> {
     /// Row starts, `rows + 1` entries, non-decreasing, from 0 to `nnz`.
     pub indptr: &'a [u64],
     /// Column of each stored entry.
-    pub indices: &'a [u32],
+    pub indices: &'a [I],
     /// Value of each stored entry.
     pub values: &'a [T],
 }
 
 /// An owned CSR matrix.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CsrMatrix<T> {
+pub struct CsrMatrix<T, I = u32> {
     /// Number of rows.
     pub rows: usize,
     /// Number of columns.
@@ -29,14 +69,14 @@ pub struct CsrMatrix<T> {
     /// Row starts (`rows + 1` entries).
     pub indptr: Vec<u64>,
     /// Column of each entry.
-    pub indices: Vec<u32>,
+    pub indices: Vec<I>,
     /// Value of each entry.
     pub values: Vec<T>,
 }
 
-impl<'a, T: Element> CsrRef<'a, T> {
+impl<'a, T: Element, I: ColIndex> CsrRef<'a, T, I> {
     /// Checks the structure: lengths, monotone `indptr` from 0 to nnz, columns in range.
-    pub fn new(rows: usize, cols: usize, indptr: &'a [u64], indices: &'a [u32], values: &'a [T]) -> Result<Self> {
+    pub fn new(rows: usize, cols: usize, indptr: &'a [u64], indices: &'a [I], values: &'a [T]) -> Result<Self> {
         let csr = CsrRef { rows, cols, indptr, indices, values };
         csr.validate()?;
         Ok(csr)
@@ -49,7 +89,7 @@ impl<'a, T: Element> CsrRef<'a, T> {
 
     /// Checks the structure (see [`CsrRef::new`]).
     pub fn validate(&self) -> Result<()> {
-        if self.cols > u32::MAX as usize + 1 {
+        if !I::WIDE && needs_wide_indices(self.cols) {
             return Err(FlashError::invalid(format!("{} columns do not fit 32-bit column indices", self.cols)));
         }
         if self.indptr.len() != self.rows + 1 {
@@ -64,23 +104,26 @@ impl<'a, T: Element> CsrRef<'a, T> {
         if let Some(r) = self.indptr.windows(2).position(|w| w[0] > w[1]) {
             return Err(FlashError::invalid(format!("indptr decreases at row {r}")));
         }
-        if let Some(at) = self.indices.iter().position(|&c| c as usize >= self.cols) {
-            return Err(FlashError::invalid(format!("entry {at} has column {} but the matrix has {} columns", self.indices[at], self.cols)));
+        if let Some(at) = self.indices.iter().position(|&c| c.col() >= self.cols) {
+            return Err(FlashError::invalid(format!("entry {at} has column {} but the matrix has {} columns", self.indices[at].col(), self.cols)));
         }
         Ok(())
     }
 
     /// Copies into an owned matrix.
-    pub fn to_owned(&self) -> CsrMatrix<T> {
+    pub fn to_owned(&self) -> CsrMatrix<T, I> {
         CsrMatrix { rows: self.rows, cols: self.cols, indptr: self.indptr.to_vec(), indices: self.indices.to_vec(), values: self.values.to_vec() }
     }
 }
 
-impl<T: Element> CsrMatrix<T> {
+impl<T: Element, I: ColIndex> CsrMatrix<T, I> {
     /// A borrowed view.
-    pub fn view(&self) -> CsrRef<'_, T> {
+    pub fn view(&self) -> CsrRef<'_, T, I> {
         CsrRef { rows: self.rows, cols: self.cols, indptr: &self.indptr, indices: &self.indices, values: &self.values }
     }
+}
+
+impl<T: Element> CsrMatrix<T> {
 
     /// Builds from `(row, col, value)` triplets (kept in the given order within each row).
     pub fn from_triplets(rows: usize, cols: usize, triplets: &[(usize, usize, T)]) -> Result<Self> {

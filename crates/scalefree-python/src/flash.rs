@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use scalefree_collectives::DType;
 use scalefree_flash::{
-    csr_gram_in_memory, csrmm_in_memory, docword_input_to_flash, read_docword, read_matrix_market, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
+    csr_gram_in_memory, csrmm_in_memory, docword_input_to_flash, read_docword, read_matrix_market, DOCWORD_CHUNK_ENTRIES, FlashFile, FlashPtr, OpenMode, CsrRef, DenseInput, DenseMut, DenseOutput, DenseRef, ColIndex, FlashCsrMatrix, FlashError, FlashMatrix, Layout, Runtime,
     RuntimeOptions, RunStats, Transpose, TransposedProduct,
 };
 
@@ -302,29 +302,29 @@ pub struct PyFlashCsr {
 
 #[pymethods]
 impl PyFlashCsr {
-    /// From CSR arrays: `indptr` (uint64), `indices` (uint32), `data` (float32/64).
+    /// From CSR arrays: `indptr` (uint64), `indices` (uint32, or uint64 for any column
+    /// count), `data` (float32/64). Stored with 64-bit column indices only past 2^32 columns.
     #[staticmethod]
     fn from_arrays(py: Python<'_>, rt: &PyFlashRuntime, rows: usize, cols: usize, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<Self> {
         let ip = Buf::get(&indptr, false, "indptr")?;
         let ix = Buf::get(&indices, false, "indices")?;
         let dv = Buf::get(&data, false, "data")?;
-        if ip.itemsize() != 8 || ix.itemsize() != 4 {
-            return Err(invalid(py, "indptr must be uint64 and indices uint32"));
+        if ip.itemsize() != 8 || (ix.itemsize() != 4 && ix.itemsize() != 8) {
+            return Err(invalid(py, "indptr must be uint64 and indices uint32 or uint64"));
         }
         let ip_s = unsafe { std::slice::from_raw_parts(ip.ptr() as *const u64, ip.count()) };
-        let ix_s = unsafe { std::slice::from_raw_parts(ix.ptr() as *const u32, ix.count()) };
         let (dir, opts) = (rt.rt.dir().to_path_buf(), rt.rt.file_options());
-        let m = match dv.dtype {
-            Some(DType::F32) => {
-                let v = unsafe { std::slice::from_raw_parts(dv.ptr() as *const f32, dv.count()) };
-                let r = CsrRef::new(rows, cols, ip_s, ix_s, v).map_err(|e| flash_err(py, e))?;
-                AnyCsr::F32(FlashCsrMatrix::from_csr(&dir, r, &opts).map_err(|e| flash_err(py, e))?)
-            }
-            Some(DType::F64) => {
-                let v = unsafe { std::slice::from_raw_parts(dv.ptr() as *const f64, dv.count()) };
-                let r = CsrRef::new(rows, cols, ip_s, ix_s, v).map_err(|e| flash_err(py, e))?;
-                AnyCsr::F64(FlashCsrMatrix::from_csr(&dir, r, &opts).map_err(|e| flash_err(py, e))?)
-            }
+        fn store<T: scalefree_flash::Real, I: ColIndex>(dir: &std::path::Path, opts: &scalefree_flash::FileOptions, rows: usize, cols: usize, ip: &[u64], ix: &Buf, dv: &Buf) -> Result<FlashCsrMatrix<T>, FlashError> {
+            let ix_s = unsafe { std::slice::from_raw_parts(ix.ptr() as *const I, ix.count()) };
+            let v = unsafe { std::slice::from_raw_parts(dv.ptr() as *const T, dv.count()) };
+            FlashCsrMatrix::from_csr(dir, CsrRef::new(rows, cols, ip, ix_s, v)?, opts)
+        }
+        let wide = ix.itemsize() == 8;
+        let m = match (dv.dtype, wide) {
+            (Some(DType::F32), false) => AnyCsr::F32(store::<f32, u32>(&dir, &opts, rows, cols, ip_s, &ix, &dv).map_err(|e| flash_err(py, e))?),
+            (Some(DType::F32), true) => AnyCsr::F32(store::<f32, u64>(&dir, &opts, rows, cols, ip_s, &ix, &dv).map_err(|e| flash_err(py, e))?),
+            (Some(DType::F64), false) => AnyCsr::F64(store::<f64, u32>(&dir, &opts, rows, cols, ip_s, &ix, &dv).map_err(|e| flash_err(py, e))?),
+            (Some(DType::F64), true) => AnyCsr::F64(store::<f64, u64>(&dir, &opts, rows, cols, ip_s, &ix, &dv).map_err(|e| flash_err(py, e))?),
             _ => return Err(invalid(py, "CSR data must be float32 or float64")),
         };
         Ok(PyFlashCsr { m })
@@ -388,8 +388,8 @@ impl PyFlashCsr {
         })
     }
 
-    /// Reads the whole matrix into `indptr` (uint64, rows+1), `indices` (uint32, nnz) and
-    /// `data` (dtype, nnz).
+    /// Reads the whole matrix into `indptr` (uint64, rows+1), `indices` (uint32 or uint64,
+    /// nnz; uint64 for a matrix of 64-bit indices, see `index_bytes`) and `data` (dtype, nnz).
     fn _read_into(&self, py: Python<'_>, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<()> {
         let ip = Buf::get(&indptr, true, "indptr")?;
         let ix = Buf::get(&indices, true, "indices")?;
@@ -401,9 +401,18 @@ impl PyFlashCsr {
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr() as *const u8, dst.ptr(), dst.len_bytes()) };
             true
         }
+        let wide = ix.itemsize() == 8;
         let ok = match &self.m {
+            AnyCsr::F32(m) if wide => {
+                let c = py.detach(|| m.to_csr_wide()).map_err(|e| flash_err(py, e))?;
+                copy(&c.indptr, &ip) && copy(&c.indices, &ix) && copy(&c.values, &dv)
+            }
             AnyCsr::F32(m) => {
                 let c = py.detach(|| m.to_csr()).map_err(|e| flash_err(py, e))?;
+                copy(&c.indptr, &ip) && copy(&c.indices, &ix) && copy(&c.values, &dv)
+            }
+            AnyCsr::F64(m) if wide => {
+                let c = py.detach(|| m.to_csr_wide()).map_err(|e| flash_err(py, e))?;
                 copy(&c.indptr, &ip) && copy(&c.indices, &ix) && copy(&c.values, &dv)
             }
             AnyCsr::F64(m) => {
@@ -419,28 +428,43 @@ impl PyFlashCsr {
 
     /// Reads rows `start .. start + indptr.len() - 1`: `indptr` (uint64, absolute offsets into
     /// the matrix's entries) first, then entries `indptr[0] .. indptr[-1]` into `indices`
-    /// (uint32) and `data` (dtype), whose lengths must be that many entries.
+    /// (uint32, or uint64: any matrix) and `data` (dtype), whose lengths must be that many entries.
     fn _read_rows(&self, py: Python<'_>, start: u64, indptr: Bound<'_, PyAny>, indices: Bound<'_, PyAny>, data: Bound<'_, PyAny>) -> PyResult<()> {
         let ip = Buf::get(&indptr, true, "indptr")?;
         let ix = Buf::get(&indices, true, "indices")?;
         let dv = Buf::get(&data, true, "data")?;
-        if ip.itemsize() != 8 || ix.itemsize() != 4 || ip.count() == 0 {
-            return Err(invalid(py, "FlashCsr._read_rows: indptr must be a non-empty uint64 array and indices uint32"));
+        if ip.itemsize() != 8 || (ix.itemsize() != 4 && ix.itemsize() != 8) || ip.count() == 0 {
+            return Err(invalid(py, "FlashCsr._read_rows: indptr must be a non-empty uint64 array and indices uint32 or uint64"));
         }
         let ip_s = unsafe { std::slice::from_raw_parts_mut(ip.ptr() as *mut u64, ip.count()) };
-        let ix_s = unsafe { std::slice::from_raw_parts_mut(ix.ptr() as *mut u32, ix.count()) };
+        let ix_s = if ix.itemsize() == 8 {
+            Indices::U64(unsafe { std::slice::from_raw_parts_mut(ix.ptr() as *mut u64, ix.count()) })
+        } else {
+            Indices::U32(unsafe { std::slice::from_raw_parts_mut(ix.ptr() as *mut u32, ix.count()) })
+        };
         let (dv_ptr, dv_bytes) = (dv.ptr() as usize, dv.len_bytes());
-        fn go<T: scalefree_flash::Real>(m: &FlashCsrMatrix<T>, start: u64, ip: &mut [u64], ix: &mut [u32], dv_ptr: usize, dv_bytes: usize) -> Result<(), FlashError> {
+        enum Indices<'a> {
+            U32(&'a mut [u32]),
+            U64(&'a mut [u64]),
+        }
+        fn go<T: scalefree_flash::Real>(m: &FlashCsrMatrix<T>, start: u64, ip: &mut [u64], ix: Indices<'_>, dv_ptr: usize, dv_bytes: usize) -> Result<(), FlashError> {
             if start + ip.len() as u64 > m.rows() as u64 + 1 {
                 return Err(FlashError::invalid(format!("rows {start}..{} of a {}-row matrix", start + ip.len() as u64 - 1, m.rows())));
             }
             m.indptr().read(start, ip)?;
             let (lo, hi) = (ip[0], ip[ip.len() - 1]);
             let n = (hi - lo) as usize;
-            if ix.len() != n || dv_bytes != n * std::mem::size_of::<T>() {
+            let ix_len = match &ix {
+                Indices::U32(s) => s.len(),
+                Indices::U64(s) => s.len(),
+            };
+            if ix_len != n || dv_bytes != n * std::mem::size_of::<T>() {
                 return Err(FlashError::invalid(format!("FlashCsr._read_rows: the rows hold {n} entries, the output arrays do not")));
             }
-            m.indices().read(lo, ix)?;
+            match ix {
+                Indices::U32(s) => m.indices().read_u32(lo, s)?,
+                Indices::U64(s) => m.indices().read_u64(lo, s)?,
+            }
             let v = unsafe { std::slice::from_raw_parts_mut(dv_ptr as *mut T, n) };
             m.values().read(lo, v)
         }
@@ -484,6 +508,14 @@ impl PyFlashCsr {
         match self.m {
             AnyCsr::F32(_) => "float32",
             AnyCsr::F64(_) => "float64",
+        }
+    }
+    /// Bytes per stored column index: 4, or 8 for a matrix of more than 2^32 columns.
+    #[getter]
+    fn index_bytes(&self) -> u64 {
+        match &self.m {
+            AnyCsr::F32(m) => m.indices().width_bytes(),
+            AnyCsr::F64(m) => m.indices().width_bytes(),
         }
     }
 }

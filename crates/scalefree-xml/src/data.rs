@@ -311,7 +311,7 @@ pub struct FlashCsrBatches<'a, T: Element + Into<f64>> {
     batch_points: usize,
     next_row: usize,
     indptr: Vec<u64>,
-    indices: Vec<u32>,
+    indices: Vec<u64>,
     values: Vec<T>,
     wide: Vec<i64>,
     row: Vec<(u32, f32)>,
@@ -338,7 +338,7 @@ impl<'a, T: Element + Into<f64>> FlashCsrBatches<'a, T> {
         let nnz = (b - a) as usize;
         self.indices.resize(nnz, 0);
         self.values.resize(nnz, T::default());
-        m.indices().read(a, &mut self.indices)?;
+        m.indices().read_u64(a, &mut self.indices)?;
         m.values().read(a, &mut self.values)?;
         self.wide.clear();
         self.wide.extend(self.indices.iter().map(|&f| f as i64));

@@ -197,8 +197,10 @@ class Csr:
     Matrix Market file) and the transpose of a matrix with ``col_ids`` (:func:`csrcsc`) hold
     a row per used row id. The kernels work on the compact matrix: dense operands have a row
     per stored column (``col_ids`` order), results a row per stored row (``row_ids`` order);
-    ``to_scipy`` / ``to_coo`` map the ids back (int64 indices). The transpose of a matrix of
-    more than 2**32 stored rows is refused (its column indices are 32-bit positions)."""
+    ``to_scipy`` / ``to_coo`` map the ids back (int64 indices). Column indices on flash are
+    32-bit, or 64-bit in a matrix of more than 2**32 stored columns (``index_bytes``). The
+    transpose of a matrix of more than 2**32 stored rows or columns is refused (it would hold
+    a start per stored column)."""
 
     def __init__(self, native: _native.FlashCsr, col_ids=None, row_ids=None, shape=None):
         self._m = native
@@ -222,10 +224,11 @@ class Csr:
         col_ids = None
         if cols > 1 << 32:
             # a sparse id space: store the used columns' ids once, positions in the indices
-            col_ids, indices = _used_ids(indices, "column")
+            col_ids, indices = _used_ids(indices)
+        stored = cols if col_ids is None else len(col_ids)
         m = _native.FlashCsr.from_arrays(
-            rt, rows, cols if col_ids is None else len(col_ids),
-            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(indices, dtype=np.uint32),
+            rt, rows, stored,
+            np.ascontiguousarray(s.indptr, dtype=np.uint64), np.ascontiguousarray(indices, dtype=index_dtype(stored)),
             np.ascontiguousarray(data))
         return cls(m, col_ids=col_ids, shape=(rows, cols))
 
@@ -235,14 +238,15 @@ class Csr:
         column per used column id past 2**32 columns; duplicates summed, as scipy does."""
         import scipy.sparse as sp
 
-        row_ids, r = _used_ids(c.row, "row")
-        col_ids, k = _used_ids(c.col, "column") if cols > 1 << 32 else (None, c.col)
+        row_ids, r = _used_ids(c.row)
+        col_ids, k = _used_ids(c.col) if cols > 1 << 32 else (None, c.col)
         data = c.data if c.data.dtype in (np.float32, np.float64) else c.data.astype(np.float64)
         s = sp.csr_matrix((data, (r.astype(np.int64), np.asarray(k, dtype=np.int64))),
                           shape=(len(row_ids), cols if col_ids is None else len(col_ids)))
         s.sum_duplicates()
         m = _native.FlashCsr.from_arrays(rt, s.shape[0], s.shape[1], np.ascontiguousarray(s.indptr, dtype=np.uint64),
-                                         np.ascontiguousarray(s.indices, dtype=np.uint32), np.ascontiguousarray(s.data))
+                                         np.ascontiguousarray(s.indices, dtype=index_dtype(s.shape[1])),
+                                         np.ascontiguousarray(s.data))
         return cls(m, col_ids=col_ids, row_ids=row_ids, shape=(rows, cols))
 
     @property
@@ -300,13 +304,18 @@ class Csr:
     def nnz(self) -> int:
         return self._m.nnz
 
+    @property
+    def index_bytes(self) -> int:
+        """Bytes per stored column index: 4, or 8 past 2**32 stored columns."""
+        return self._m.index_bytes
+
     def _arrays(self):
         if max(self.shape) > np.iinfo(np.int64).max:
             raise InvalidArgumentError(f"a {self.shape[0]}x{self.shape[1]} matrix has ids past scipy's int64 indices: "
                                        "read .compact() and its row_ids / col_ids instead")
         rows, _ = self._m.shape
         indptr = np.empty(rows + 1, dtype=np.uint64)
-        indices = np.empty(self.nnz, dtype=np.uint32)
+        indices = np.empty(self.nnz, dtype=np.uint64 if self.index_bytes == 8 else np.uint32)
         data = np.empty(self.nnz, dtype=self.dtype)
         self._m._read_into(indptr, indices, data)
         indices = indices.astype(np.int64) if self.col_ids is None else self.col_ids[indices].astype(np.int64)
@@ -377,12 +386,16 @@ def npy_header_bytes(shape, dtype, fortran: bool = False, align: int = 4096) -> 
     return b"\x93NUMPY\x01\x00" + (total - 10).to_bytes(2, "little") + text.encode("latin1")
 
 
-def _used_ids(ids, what: str):
-    """The sorted distinct ``ids`` (uint64) and each id's position among them (32-bit
-    positions: at most 2**32 distinct ids)."""
+def index_dtype(cols: int):
+    """The dtype of flash CSR column indices for ``cols`` stored columns: uint32 up to 2**32
+    (half the bytes), uint64 past it (what the native side picks too)."""
+    return np.uint32 if cols <= 1 << 32 else np.uint64
+
+
+def _used_ids(ids):
+    """The sorted distinct ``ids`` (uint64) and each id's position among them (any number of
+    distinct ids: past 2**32 the matrix stores 64-bit positions)."""
     used, at = np.unique(np.asarray(ids).astype(np.uint64), return_inverse=True)
-    if len(used) > 1 << 32:
-        raise InvalidArgumentError(f"{len(used)} distinct {what}s: more than 2**32 used {what}s")
     return used, at.reshape(-1)
 
 

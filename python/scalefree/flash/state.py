@@ -83,7 +83,7 @@ class CsrRows:
             self.indptr = np.empty(self.shape[0] + 1, dtype=np.uint64)
             a._m._read_indptr(0, self.indptr)
             self.bytes_read += self.indptr.nbytes
-            entry = np.dtype(a.dtype).itemsize + 4
+            entry = np.dtype(a.dtype).itemsize + a.index_bytes
         else:
             self.indptr = np.asarray(a.indptr, dtype=np.uint64)
             entry = a.dtype.itemsize + a.indices.dtype.itemsize
@@ -106,11 +106,12 @@ class CsrRows:
             if self.on_flash:
                 ip = np.empty(hi - lo + 1, dtype=np.uint64)
                 n = int(self.indptr[hi] - self.indptr[lo])
-                ix = np.empty(n, dtype=np.uint32)
+                wide = self.a.index_bytes == 8
+                ix = np.empty(n, dtype=np.uint64 if wide else np.uint32)
                 dv = np.empty(n, dtype=self.a.dtype)
                 self.a._m._read_rows(lo, ip, ix, dv)
                 self.bytes_read += ip.nbytes + ix.nbytes + dv.nbytes
-                block = sp.csr_matrix((dv.astype(self.dtype, copy=False), ix.view(np.int32),
+                block = sp.csr_matrix((dv.astype(self.dtype, copy=False), ix.view(np.int64 if wide else np.int32),
                                        (ip - ip[0]).astype(np.int64)), shape=(hi - lo, cols))
             else:
                 block = self.a[lo:hi]

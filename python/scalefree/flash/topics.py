@@ -150,7 +150,7 @@ class _CsrWriter:
         self.counts.append(np.diff(block.indptr))
         self.nnz += block.nnz
         if self.on_flash:
-            self.ix.write(np.ascontiguousarray(block.indices, dtype=np.uint32).tobytes())
+            self.ix.write(np.ascontiguousarray(block.indices, dtype=flash.index_dtype(self.cols)).tobytes())
             self.dv.write(np.ascontiguousarray(block.data, dtype=self.dtype).tobytes())
         else:
             self.parts.append(block.astype(self.dtype))
@@ -170,10 +170,10 @@ class _CsrWriter:
         np.cumsum(counts, out=indptr[1:])
         try:
             if self.nnz:
-                ix = np.memmap(self.ix.name, dtype=np.uint32, mode="r", shape=(self.nnz,))
+                ix = np.memmap(self.ix.name, dtype=flash.index_dtype(self.cols), mode="r", shape=(self.nnz,))
                 dv = np.memmap(self.dv.name, dtype=self.dtype, mode="r", shape=(self.nnz,))
             else:
-                ix, dv = np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=self.dtype)
+                ix, dv = np.zeros(0, dtype=flash.index_dtype(self.cols)), np.zeros(0, dtype=self.dtype)
             out = flash.Csr(_native.FlashCsr.from_arrays(rt._rt, rows, self.cols, indptr, ix, dv))
             del ix, dv
         finally:

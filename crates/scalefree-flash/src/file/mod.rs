@@ -6,7 +6,7 @@ pub mod flash_file;
 pub mod flash_ptr;
 pub mod text_matrix;
 
-pub use csr_matrix::FlashCsrMatrix;
+pub use csr_matrix::{FlashCsrMatrix, FlashIndices};
 pub use dense_matrix::FlashMatrix;
 pub use flash_file::{default_scratch_dir, FileId, FileOptions, FlashFile, IoMode, OpenMode};
 pub use flash_ptr::FlashPtr;

@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 
 use crate::element::Real;
+use crate::sparse::ColIndex;
 
 /// Rows `[start, end)` blocks with at most `max_nnz` entries and `max_rows` rows each (a row
 /// with more entries than `max_nnz` gets a block of its own).
@@ -55,10 +56,10 @@ unsafe impl<T: Send> Sync for RowsOut<T> {}
 
 /// `acc += sum_e values[e] * op(B)[indices[e], ..]` for a row-major op(B).
 #[inline(always)]
-fn accumulate_contiguous<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], data: &[T], row_stride: usize) {
+fn accumulate_contiguous<T: Real, I: ColIndex>(acc: &mut [T], indices: &[I], values: &[T], data: &[T], row_stride: usize) {
     let n = acc.len();
     for (&col, &v) in indices.iter().zip(values) {
-        let start = col as usize * row_stride;
+        let start = col.col() * row_stride;
         for (a, &x) in acc.iter_mut().zip(&data[start..start + n]) {
             *a += v * x;
         }
@@ -71,11 +72,11 @@ fn accumulate_contiguous<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], 
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn accumulate_contiguous_avx2<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], data: &[T], row_stride: usize) {
+unsafe fn accumulate_contiguous_avx2<T: Real, I: ColIndex>(acc: &mut [T], indices: &[I], values: &[T], data: &[T], row_stride: usize) {
     accumulate_contiguous(acc, indices, values, data, row_stride)
 }
 
-fn accumulate<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], b: &OpDense<'_, T>) {
+fn accumulate<T: Real, I: ColIndex>(acc: &mut [T], indices: &[I], values: &[T], b: &OpDense<'_, T>) {
     if b.col_stride == 1 {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -86,7 +87,7 @@ fn accumulate<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], b: &OpDense
         accumulate_contiguous(acc, indices, values, b.data, b.row_stride);
     } else {
         for (&col, &v) in indices.iter().zip(values) {
-            let start = col as usize * b.row_stride;
+            let start = col.col() * b.row_stride;
             for (j, a) in acc.iter_mut().enumerate() {
                 *a += v * b.data[start + j * b.col_stride];
             }
@@ -103,7 +104,7 @@ fn accumulate<T: Real>(acc: &mut [T], indices: &[u32], values: &[T], b: &OpDense
 /// # Safety
 /// `out` must address `indptr.len() - 1` rows of `b.cols` valid elements that nobody else
 /// accesses meanwhile.
-pub(crate) unsafe fn csr_rows_times_dense<T: Real>(alpha: T, indptr: &[u64], indices: &[u32], values: &[T], b: OpDense<'_, T>, beta: T, out: RowsOut<T>) {
+pub(crate) unsafe fn csr_rows_times_dense<T: Real, I: ColIndex>(alpha: T, indptr: &[u64], indices: &[I], values: &[T], b: OpDense<'_, T>, beta: T, out: RowsOut<T>) {
     let rows = indptr.len().saturating_sub(1);
     let base = indptr.first().copied().unwrap_or(0);
     let n = b.cols;
@@ -143,13 +144,13 @@ fn store_row<'a, T: Real>(dst: impl Iterator<Item = &'a mut T>, acc: &[T], alpha
 }
 
 /// `y(r) := A(r) · x` for the local rows of a CSR block, parallel over rows.
-pub(crate) fn csr_rows_dot<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], x: &[T], y: &mut [T]) {
+pub(crate) fn csr_rows_dot<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], x: &[T], y: &mut [T]) {
     let base = indptr.first().copied().unwrap_or(0);
     y.par_iter_mut().with_min_len(64).enumerate().for_each(|(r, out)| {
         let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
         let mut sum = T::ZERO;
         for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
-            sum += v * x[col as usize];
+            sum += v * x[col.col()];
         }
         *out = sum;
     });
@@ -157,12 +158,12 @@ pub(crate) fn csr_rows_dot<T: Real>(indptr: &[u64], indices: &[u32], values: &[T
 
 /// `y += A_blockᵀ · x_block` for the local rows of a CSR block (sequential; callers
 /// parallelise over blocks).
-pub(crate) fn csr_rows_transpose_accumulate<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], x: &[T], y: &mut [T]) {
+pub(crate) fn csr_rows_transpose_accumulate<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], x: &[T], y: &mut [T]) {
     let base = indptr.first().copied().unwrap_or(0);
     for (r, &xr) in x.iter().enumerate().take(indptr.len().saturating_sub(1)) {
         let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
         for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
-            y[col as usize] += v * xr;
+            y[col.col()] += v * xr;
         }
     }
 }

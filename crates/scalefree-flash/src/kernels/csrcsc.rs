@@ -233,6 +233,10 @@ fn csrcsc_direct<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>, indptr: Vec<
 pub fn csrcsc<T: Real>(runtime: &Runtime, a: &FlashCsrMatrix<T>) -> Result<(FlashCsrMatrix<T>, RunStats)> {
     let (rows, cols) = (a.rows(), a.cols());
     transpose_fits(rows)?;
+    if a.indices().is_wide() {
+        // Its transpose would have a row per column: more than 2^32 row starts (32 GiB+).
+        return Err(FlashError::invalid(format!("csrcsc: a matrix with 64-bit column indices ({cols} columns) has no transpose here (it would hold {cols} row starts)")));
+    }
     let nnz = a.nnz();
     let indptr = a.indptr().to_vec()?;
     let size = std::mem::size_of::<T>() as u64;

@@ -14,6 +14,7 @@ use crate::sched::{FnTask, RunStats};
 use crate::sparse::CsrRef;
 
 use super::csr_rows::{csr_rows_dot, csr_rows_transpose_accumulate, row_blocks};
+use super::with_indices;
 
 fn check_dims(rows: usize, cols: usize, transpose: Transpose, x_len: usize, y_len: usize) -> Result<()> {
     let (in_len, out_len) = match transpose {
@@ -47,8 +48,10 @@ pub fn csrgemv<T: Real>(runtime: &Runtime, transpose: Transpose, a: &FlashCsrMat
     let size = std::mem::size_of::<T>() as u64;
     let options = runtime.options();
     let share = options.memory_budget_bytes / (2 * options.max_tasks_in_flight.max(1) as u64);
-    let max_nnz = (share / (4 + size)).clamp(1, (64 << 20) / (4 + size));
+    let entry = a.indices().width_bytes() + size;
+    let max_nnz = (share / entry).clamp(1, (64 << 20) / entry);
     let blocks = row_blocks(&indptr, max_nnz, usize::MAX);
+    let wide = a.indices().is_wide();
     let block_accesses = |r0: usize, r1: usize| -> Result<(AccessSpec, AccessSpec)> {
         let (lo, hi) = (indptr[r0], indptr[r1]);
         Ok((a.indices().access(lo, hi - lo)?, a.values().access(lo, hi - lo)?))
@@ -64,7 +67,7 @@ pub fn csrgemv<T: Real>(runtime: &Runtime, transpose: Transpose, a: &FlashCsrMat
                 let local_indptr = &indptr[r0..=r1];
                 dag.add(
                     FnTask::new("csrgemv", vec![Access::read(indices), Access::read(values)], move |buffers, _| {
-                        csr_rows_dot(local_indptr, buffers.read::<u32>(0), buffers.read::<T>(1), x, mine);
+                        with_indices!(wide, buffers, 0, |ix| csr_rows_dot(local_indptr, ix, buffers.read::<T>(1), x, mine));
                         Ok(())
                     }),
                     &[],
@@ -85,7 +88,7 @@ pub fn csrgemv<T: Real>(runtime: &Runtime, transpose: Transpose, a: &FlashCsrMat
                 dag.add(
                     FnTask::new("csrgemv-t", vec![Access::read(indices), Access::read(values)], move |buffers, _| {
                         let mut partial = vec![T::ZERO; cols];
-                        csr_rows_transpose_accumulate(local_indptr, buffers.read::<u32>(0), buffers.read::<T>(1), x_block, &mut partial);
+                        with_indices!(wide, buffers, 0, |ix| csr_rows_transpose_accumulate(local_indptr, ix, buffers.read::<T>(1), x_block, &mut partial));
                         let mut out = total.lock().expect("csrgemv output lock poisoned");
                         for (o, p) in out.iter_mut().zip(&partial) {
                             *o += *p;

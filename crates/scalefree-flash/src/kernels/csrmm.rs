@@ -14,6 +14,7 @@ use crate::sparse::CsrRef;
 
 use super::csr_rows::{csr_rows_times_dense, row_blocks, OpDense, RowsOut};
 use super::tiling::tile_ranges;
+use super::with_indices;
 
 /// A dense input: in memory or on flash.
 pub enum DenseInput<'a, T> {
@@ -83,6 +84,7 @@ struct CsrmmTask<'a, T> {
     beta: T,
     indptr: &'a [u64],
     a_indices: AccessSpec,
+    wide: bool,
     a_values: AccessSpec,
     b: BSource<'a, T>,
     c: CTarget<T>,
@@ -102,7 +104,6 @@ impl<'s, T: Real> Task<'s> for CsrmmTask<'_, T> {
     }
 
     fn execute(&mut self, buffers: &mut TaskBuffers<'_>, _context: &TaskContext<'s>) -> Result<()> {
-        let indices = buffers.read::<u32>(0);
         let values = buffers.read::<T>(1);
         let op_b = match &self.b {
             BSource::Memory(op) => *op,
@@ -118,7 +119,7 @@ impl<'s, T: Real> Task<'s> for CsrmmTask<'_, T> {
         };
         // SAFETY: `out` addresses this task's own C block: a cache buffer it holds alone, or
         // rows/columns of the caller's C that no other task writes.
-        unsafe { csr_rows_times_dense(self.alpha, self.indptr, indices, values, op_b, self.beta, out) };
+        unsafe { with_indices!(self.wide, buffers, 0, |indices| csr_rows_times_dense(self.alpha, self.indptr, indices, values, op_b, self.beta, out)) };
         Ok(())
     }
 
@@ -158,7 +159,7 @@ pub fn csrmm<T: Real>(runtime: &Runtime, alpha: T, a: &FlashCsrMatrix<T>, trans_
     };
     let col_tiles = tile_ranges(n, super::tiling::balanced_tile(n, col_tile));
     let indptr = a.indptr().to_vec()?;
-    let max_nnz = (share / (4 + size)).max(1);
+    let max_nnz = (share / (a.indices().width_bytes() + size)).max(1);
     let max_rows = match &c {
         DenseOutput::Flash(_) => ((share / (col_tile as u64 * size).max(1)) as usize).max(1),
         DenseOutput::Memory(_) => usize::MAX,
@@ -211,6 +212,7 @@ pub fn csrmm<T: Real>(runtime: &Runtime, alpha: T, a: &FlashCsrMatrix<T>, trans_
                 beta,
                 indptr: &indptr[r0..=r1],
                 a_indices: a.indices().access(lo, hi - lo)?,
+                wide: a.indices().is_wide(),
                 a_values: a.values().access(lo, hi - lo)?,
                 b: match &b_source {
                     BSource::Memory(op) => BSource::Memory(*op),

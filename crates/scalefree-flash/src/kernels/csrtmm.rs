@@ -20,9 +20,10 @@ use crate::file::FlashCsrMatrix;
 use crate::io::Access;
 use crate::runtime::Runtime;
 use crate::sched::{FnTask, RunStats};
-use crate::sparse::CsrRef;
+use crate::sparse::{ColIndex, CsrRef};
 
 use super::csr_rows::{csr_rows_times_dense, row_blocks, OpDense, RowsOut};
+use super::with_indices;
 
 /// Which product [`csrtmm`] computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +48,7 @@ fn check_dims(rows: usize, cols: usize, product: TransposedProduct, x_len: usize
 }
 
 /// `Y := A_block X` for the local rows of a block (X row-major `cols x n`).
-fn block_times<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], x: &[T], n: usize) -> Vec<T> {
+fn block_times<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], x: &[T], n: usize) -> Vec<T> {
     let rows = indptr.len().saturating_sub(1);
     let mut y = vec![T::ZERO; rows * n];
     if rows > 0 && n > 0 {
@@ -90,7 +91,8 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
     let size = std::mem::size_of::<T>() as u64;
     let options = runtime.options();
     let share = options.memory_budget_bytes / (2 * options.max_tasks_in_flight.max(1) as u64);
-    let max_nnz = (share / (4 + size)).clamp(1, (64 << 20) / (4 + size));
+    let entry = a.indices().width_bytes() + size;
+    let max_nnz = (share / entry).clamp(1, (64 << 20) / entry);
     // The block's `Y` (Gram only) stays within a share of the budget too.
     let max_rows = match product {
         TransposedProduct::Gram => ((share / (n as u64 * size).max(1)) as usize).max(1),
@@ -100,6 +102,7 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
     let threads = options.compute_threads.max(1);
     let accumulators: Vec<Mutex<Vec<T>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
     let accumulators = &accumulators;
+    let wide = a.indices().is_wide();
     let dag = runtime.dag();
     for &(r0, r1) in &blocks {
         let (lo, hi) = (indptr[r0], indptr[r1]);
@@ -108,22 +111,9 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
         let local_indptr = &indptr[r0..=r1];
         dag.add(
             FnTask::new("csrtmm", vec![Access::read(indices), Access::read(values)], move |buffers, _| {
-                let (idx, val) = (buffers.read::<u32>(0), buffers.read::<T>(1));
-                let y_block;
-                let y: &[T] = match product {
-                    TransposedProduct::Transpose => &x[r0 * n..r1 * n],
-                    TransposedProduct::Gram => {
-                        y_block = block_times(local_indptr, idx, val, x, n);
-                        &y_block
-                    }
-                };
-                // Tasks run on the compute pool; a thread outside it (none today) shares slot 0.
-                let slot = rayon::current_thread_index().unwrap_or(0) % accumulators.len();
-                let mut acc = accumulators[slot].lock().expect("csrtmm accumulator poisoned");
-                if acc.is_empty() {
-                    acc.resize(cols * n, T::ZERO);
-                }
-                scatter_rows(local_indptr, idx, val, y, n, &mut acc);
+                let val = buffers.read::<T>(1);
+                let block = TmmBlock { product, indptr: local_indptr, x, rows: r0..r1, n, cols, accumulators };
+                with_indices!(wide, buffers, 0, |idx| block.run(idx, val));
                 Ok(())
             }),
             &[],
@@ -146,9 +136,42 @@ pub fn csrtmm<T: Real>(runtime: &Runtime, product: TransposedProduct, a: &FlashC
     Ok(stats)
 }
 
+/// One row block's share of [`csrtmm`]: forms `Y` (Gram only) and scatters `A_blockᵀ Y` into
+/// the calling thread's accumulator.
+struct TmmBlock<'a, T> {
+    product: TransposedProduct,
+    indptr: &'a [u64],
+    x: &'a [T],
+    rows: std::ops::Range<usize>,
+    n: usize,
+    cols: usize,
+    accumulators: &'a [Mutex<Vec<T>>],
+}
+
+impl<T: Real> TmmBlock<'_, T> {
+    fn run<I: ColIndex>(&self, idx: &[I], val: &[T]) {
+        let n = self.n;
+        let y_block;
+        let y: &[T] = match self.product {
+            TransposedProduct::Transpose => &self.x[self.rows.start * n..self.rows.end * n],
+            TransposedProduct::Gram => {
+                y_block = block_times(self.indptr, idx, val, self.x, n);
+                &y_block
+            }
+        };
+        // Tasks run on the compute pool; a thread outside it (none today) shares slot 0.
+        let slot = rayon::current_thread_index().unwrap_or(0) % self.accumulators.len();
+        let mut acc = self.accumulators[slot].lock().expect("csrtmm accumulator poisoned");
+        if acc.is_empty() {
+            acc.resize(self.cols * n, T::ZERO);
+        }
+        scatter_rows(self.indptr, idx, val, y, n, &mut acc);
+    }
+}
+
 /// `z += A_blockᵀ Y` for the local rows of a CSR block (`Y` row-major with `n` columns, `z`
 /// `cols x n`), sequentially; AVX2 when the CPU has it.
-fn scatter_rows<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+fn scatter_rows<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], y: &[T], n: usize, z: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked above).
@@ -164,19 +187,19 @@ fn scatter_rows<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T],
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn scatter_rows_avx2<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+unsafe fn scatter_rows_avx2<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], y: &[T], n: usize, z: &mut [T]) {
     scatter_rows_generic(indptr, indices, values, y, n, z)
 }
 
 #[inline(always)]
-fn scatter_rows_generic<T: Real>(indptr: &[u64], indices: &[u32], values: &[T], y: &[T], n: usize, z: &mut [T]) {
+fn scatter_rows_generic<T: Real, I: ColIndex>(indptr: &[u64], indices: &[I], values: &[T], y: &[T], n: usize, z: &mut [T]) {
     let base = indptr.first().copied().unwrap_or(0);
     for r in 0..indptr.len().saturating_sub(1) {
         let yr = &y[r * n..(r + 1) * n];
         let (lo, hi) = ((indptr[r] - base) as usize, (indptr[r + 1] - base) as usize);
         for (&col, &v) in indices[lo..hi].iter().zip(&values[lo..hi]) {
             // Out-of-range columns panic here (the task fails with the message).
-            let dst = &mut z[col as usize * n..(col as usize + 1) * n];
+            let dst = &mut z[col.col() * n..(col.col() + 1) * n];
             for (d, &yv) in dst.iter_mut().zip(yr) {
                 *d += v * yv;
             }

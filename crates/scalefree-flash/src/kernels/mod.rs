@@ -27,6 +27,24 @@ pub use tiling::GemmStream;
 
 #[cfg(test)]
 pub(crate) mod test_support;
+#[cfg(test)]
+mod wide_indices_tests;
+
+/// Runs `$body` with `$ix` bound to the column indices in task buffer `$slot`, as `&[u64]` if
+/// `$wide` (the matrix's indices are 64-bit) and `&[u32]` otherwise; the body is compiled for
+/// each width, so the 32-bit path is the code it was before 64-bit indices existed.
+macro_rules! with_indices {
+    ($wide:expr, $buffers:expr, $slot:expr, |$ix:ident| $body:expr) => {
+        if $wide {
+            let $ix = $buffers.read::<u64>($slot);
+            $body
+        } else {
+            let $ix = $buffers.read::<u32>($slot);
+            $body
+        }
+    };
+}
+pub(crate) use with_indices;
 
 use crate::dense::Transpose;
 use crate::element::Real;
