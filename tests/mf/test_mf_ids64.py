@@ -1,7 +1,8 @@
 """User and item ids past 2**32 through scalefree.mf and the SSP rating reader: every rating
 format keeps them as written (a plain-Python parse is the reference), training on them equals
-training on the same ratings with small ids (local and rima over 2 ranks), and the streamed
-split's positions match the in-memory split, with 64-bit positions past 2**32 ratings."""
+training on the same ratings with small ids (local, rima over 2 ranks, dsgd-ps over 3, fold-in
+of users and of items), and the streamed split's positions match the in-memory split, with
+64-bit positions past 2**32 ratings."""
 
 import gzip
 import json
@@ -130,6 +131,47 @@ def test_rima_on_ids_past_2_to_the_32_equals_small_ids(tmp_path):
         assert p.returncode == 0, p.stderr
         runs.append(json.loads(out.read_text().splitlines()[-1]))
     assert runs[0]["train_mse"] == runs[1]["train_mse"], runs
+
+
+def test_dsgd_ps_on_ids_past_2_to_the_32_equals_small_ids(tmp_path):
+    """dsgd-ps (a server and 2 workers) on the same ratings with small ids and with ids past
+    2**32 (items past 2**62): the same training error."""
+    u, i, r = ratings(seed=6)
+    runs = []
+    for name, wu, wi in (("small", u.tolist(), i.tolist()), ("big", widen(u), widen(i, off=2**62, step=2**33))):
+        train = tmp_path / f"{name}.txt"
+        write(train, wu, wi, r.tolist(), "r.txt")
+        out = tmp_path / f"{name}.jsonl"
+        p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(train), "--test-fraction", "0",
+                            "--mode", "dsgd-ps", "-n", "3", "-k", "8", "-i", "3", "--json", str(out), "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        runs.append(json.loads(out.read_text().splitlines()[-1]))
+    assert runs[0]["train_mse"] == runs[1]["train_mse"], runs
+
+
+@pytest.mark.parametrize("side", ["user", "item"])
+def test_fold_in_on_ids_past_2_to_the_32_equals_small_ids(tmp_path, side):
+    """Fold-in of new users (items) whose ids, like the model's, sit past 2**32 (items past
+    2**63): the folded rows predict what they do with small ids."""
+    u, i, r = ratings(seed=7)
+    rng = np.random.default_rng(8)
+    if side == "user":  # new users 40..49 rating known items
+        nu, ni = rng.integers(40, 50, 80), rng.integers(0, 30, 80)
+    else:  # new items 30..35 rated by known users
+        nu, ni = rng.integers(0, 40, 80), rng.integers(30, 36, 80)
+    nr = rng.integers(1, 11, 80) / 2
+    preds = []
+    for name, fu, fi in (("small", lambda x: [int(a) for a in x], lambda x: [int(a) for a in x]),
+                         ("big", widen, lambda x: widen(x, off=2**63 + 11, step=2**40))):
+        train, new = tmp_path / f"{name}.txt", tmp_path / f"{name}-new.txt"
+        write(train, fu(u), fi(i), r.tolist(), "r.txt")
+        write(new, fu(nu), fi(ni), nr.tolist(), "r.txt")
+        m = mf.MatrixFactorization(k=8, iterations=3, threads=1, seed=2).fit(train)
+        stats = m.fold_in(new, side=side)
+        assert stats["new_rows"] == len(np.unique(nu if side == "user" else ni)) and stats["ratings_ignored"] == 0
+        preds.append(m.predict(np.array(fu(nu), np.uint64), np.array(fi(ni), np.uint64)))
+    np.testing.assert_array_equal(preds[0], preds[1])
 
 
 def test_streamed_split_on_ids_past_2_to_the_32_is_the_in_memory_split(tmp_path):
