@@ -10,33 +10,20 @@ pub trait ColIndex: Element + Ord {
     const WIDE: bool;
     /// The column number.
     fn col(self) -> usize;
-    /// From a column number that fits (checked by the caller).
-    fn from_col(col: usize) -> Self;
 }
 
-impl ColIndex for u32 {
-    const WIDE: bool = false;
-    #[inline(always)]
-    fn col(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn from_col(col: usize) -> Self {
-        col as u32
-    }
+macro_rules! col_index {
+    ($($t:ty => $wide:expr),*) => {$(
+        impl ColIndex for $t {
+            const WIDE: bool = $wide;
+            #[inline(always)]
+            fn col(self) -> usize {
+                self as usize
+            }
+        }
+    )*};
 }
-
-impl ColIndex for u64 {
-    const WIDE: bool = true;
-    #[inline(always)]
-    fn col(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn from_col(col: usize) -> Self {
-        col as u64
-    }
-}
+col_index!(u32 => false, u64 => true);
 
 /// Whether a matrix of `cols` columns needs 64-bit column indices (more than 2^32 columns).
 pub fn needs_wide_indices(cols: usize) -> bool {
