@@ -337,14 +337,21 @@ def _lloyd_rows(rows_b, row_sq, labels, k, iterations, tol):
 
 def _catchwords(g, thresholded):
     """Catchwords (words x clusters, bool) from the clusters' mean word frequencies ``g``:
-    thresholded words at least ``rho`` times more frequent in their cluster than in any other."""
-    c = g.shape[1]
-    if c > 1:
-        top2 = np.partition(g, c - 2, axis=1)[:, c - 2:]
-        runner_up = np.where(g >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
-    else:
-        runner_up = np.zeros_like(g)
-    return (g >= _RHO * runner_up) & (g > 0) & thresholded
+    thresholded words at least ``rho`` times more frequent in their cluster than in any other.
+    A block of words at a time: the temporaries (the partition, the runner-up) are a few MiB,
+    not three more words x clusters arrays beside ``g`` (the peak of step 5 at 1M documents)."""
+    words, c = g.shape
+    out = np.empty((words, c), dtype=bool)
+    step = max(1, (1 << 20) // max(1, c))
+    for lo in range(0, words, step):
+        gb = g[lo:lo + step]
+        if c > 1:
+            top2 = np.partition(gb, c - 2, axis=1)[:, c - 2:]
+            runner_up = np.where(gb >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
+        else:
+            runner_up = np.zeros_like(gb)
+        out[lo:lo + step] = (gb >= _RHO * runner_up) & (gb > 0) & thresholded[lo:lo + step]
+    return out
 
 
 def check_k(k, shape):
@@ -567,14 +574,16 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         keep = np.sort(np.lexsort((-clustered, -_catchwords(g, thresholded).sum(axis=0)))[:k])
         new_index = np.full(kk, -1, dtype=np.int64)
         new_index[keep] = np.arange(k)
-        g, centers, c_sq = g[:, keep], centers[keep], c_sq[keep]
+        g = g[:, keep]  # one at a time: the old and new copies of one array at once, not of both
+        centers = centers[keep]
+        c_sq = c_sq[keep]
         all_labels = new_index[all_labels]
     catch = _catchwords(g, thresholded)
     n_catch = catch.sum(axis=0)
     r = max(1, math.ceil(_EPS0 * w0 * docs / 2))
     best_score = np.full((r, k), -np.inf)
     best_doc = np.full((r, k), -1, dtype=np.int64)
-    catch_f = sp.csr_matrix(catch.astype(np.float64))  # catchwords are few: sparse
+    catch_f = sp.csr_matrix(catch, dtype=np.float64)  # catchwords are few: sparse (no dense float copy)
     for lo, hi, block in rows_a:
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
         lost = np.flatnonzero(all_labels[lo:hi] < 0)
