@@ -26,8 +26,10 @@
 //! file on flash (each at a 4 KiB boundary, so O_DIRECT reads them whole) and the in-memory
 //! copy is dropped; a thread that takes a block reads it through the flash runtime's program
 //! cache ([`scalefree_flash::CacheReader`], at most the budget resident), which prefetches the
-//! blocks of the pass's order ahead of the threads as far as the budget allows. The blocks,
-//! their order inside and the schedule are those of the in-memory run.
+//! blocks of the pass's order ahead of the threads as far as the budget allows; the next pass's
+//! order is announced while the current one runs (across calls too), so the reads do not stop
+//! at a pass's tail. The blocks, their order inside and the schedule are those of the
+//! in-memory run.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
