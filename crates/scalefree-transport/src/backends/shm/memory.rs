@@ -36,8 +36,8 @@ impl Mapping {
     /// (its origin had not flushed before the step that let this rank drop it) would write
     /// into unmapped memory (SIGSEGV) or into whatever is mapped there next. The range is
     /// replaced by private zero pages at once (the region's memory is freed; a late put
-    /// lands in pages nobody reads) and unmapped [`HOLD_PEER_TIMEOUTS`] peer timeouts later
-    /// (see [`retire`]).
+    /// lands in pages nobody reads), and unmapped by the first such drop at least
+    /// [`HOLD_PEER_TIMEOUTS`] peer timeouts later (see [`retire`]).
     pub fn hold_address(&mut self) {
         self.hold = true;
     }
