@@ -164,6 +164,7 @@ def _cli_svd(path, k, args, size, tmp, cache) -> dict:
     ARPACK peer, :mod:`._worker_svds`): its ``--json`` record (``load_seconds``, solve
     ``seconds``, ``peak_rss_bytes``: the command's own VmHWM, a fresh process's)."""
     import json
+    import resource
     import subprocess
     import sys
 
@@ -175,10 +176,15 @@ def _cli_svd(path, k, args, size, tmp, cache) -> dict:
         cmd = [sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", str(k), "--tol", str(args.tol),
                "--memory", size, "--threads", str(args.threads), "--dir", str(tmp), "--quiet", "--json", str(out)]
     cache.drop()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"svd: {' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
-    return json.loads(out.read_text())
+    # CPU seconds of the whole child (all its threads; start-up included): on a shared
+    # machine a steadier figure than the wall clock, which others' load stretches.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dict(json.loads(out.read_text()), cpu_seconds=cpu)
 
 
 def run(args) -> int:
@@ -287,7 +293,8 @@ def run(args) -> int:
                                  command_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs),
                                  command_peak_rss_runs=[r["peak_rss_bytes"] for r in runs],
                                  load_seconds=[r["load_seconds"] for r in runs],
-                                 solve_seconds=[r["seconds"] for r in runs])
+                                 solve_seconds=[r["seconds"] for r in runs],
+                                 cpu_seconds=[r["cpu_seconds"] for r in runs])
             if size is None:
                 records.append(common.make_record(impl="scipy", variant=variant, operand="memory", **common_fields))
                 who = "scipy command (ARPACK)"
@@ -302,7 +309,8 @@ def run(args) -> int:
                     operand="flash" if last.get("on_flash") else "loaded" if last.get("loaded") else "memory",
                     basis_on_flash=last.get("basis_on_flash"), vectors_on_flash=last.get("vectors_on_flash")))
                 who = f"scalefree {variant} (command)"
-            common.progress(f"  {who}: median load + solve {common.human_time(st.median_s)}, peak RSS "
+            common.progress(f"  {who}: median load + solve {common.human_time(st.median_s)}, CPU "
+                            f"{common.human_time(float(np.median(records[-1]['cpu_seconds'])))}, peak RSS "
                             f"{common.human_bytes(records[-1]['command_peak_rss_bytes'])}, max rel err {e:.1e}")
         del keep
 
@@ -329,6 +337,10 @@ def run(args) -> int:
     print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
           + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))
+    cpu = [f"{r['impl']}/{r['variant']} {common.human_time(float(np.median(r['cpu_seconds'])))}"
+           for r in records if "cpu_seconds" in r]
+    if cpu:
+        print("# commands' CPU time (all threads, median): " + ", ".join(cpu))
     for r in records:
         if "max_rel_diff_vs_scipy" in r:
             print(f"# {r['variant']}: largest relative difference from ARPACK's values {r['max_rel_diff_vs_scipy']:.1e} "
