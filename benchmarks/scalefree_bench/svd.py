@@ -19,7 +19,12 @@ every pass (``flash``). Rows:
 in memory), ``scalefree/flash-<budget>`` (``flash.svds`` on a ``flash.Csr``: one pass of
 ``flash.csrtmm`` over A per block of ``A^T A X``). Accuracy: the largest relative
 error of the k singular values against ``svds(A, k, tol=0)`` computed once, untimed.
-Copying the matrix to flash is set-up, outside the timed calls. The rows are timed
+Copying the matrix to flash is set-up, outside the timed calls. ``--cli-budget SIZE`` adds
+rows run as commands from the matrix's file, each in a fresh process: ``scipy/command`` (load
+with ``scipy.sparse.load_npz``, then ``svds``: :mod:`._worker_svds`) and ``scalefree/cli-SIZE``
+(``scalefree flash svd FILE --memory SIZE``), timed load + solve, with each command's peak RSS
+and CPU seconds; ``--commands-only`` runs only those (``--data random --distinct`` writes the
+file a row block at a time, :func:`scalefree.flash.power_law.write_power_law`). The rows are timed
 interleaved (one call of each per round, after one warm-up call each), so that load from
 others on a shared machine falls on all of them alike.
 """
