@@ -47,7 +47,7 @@ pub(crate) fn check_union(rows: &[u8], width: usize, width_max: usize, changed: 
     if width == 0 || width_max > width || out.len() != n_out * (ID_BYTES + width) || hit.len() != n_out || ids.len() != n_out {
         return Err(format!("union_changed: out holds {} bytes, hit {} and ids {}, expected {n_out} rows of {ID_BYTES} + {width} > 0 (max part {width_max})", out.len(), hit.len(), ids.len()));
     }
-    if rows.len() % width != 0 || changed.len() != rows.len() / width {
+    if !rows.len().is_multiple_of(width) || changed.len() != rows.len() / width {
         return Err(format!("union_changed: {} row bytes and {} changed flags do not make rows of {width}", rows.len(), changed.len()));
     }
     Ok(())
