@@ -18,7 +18,8 @@ the first rank count) or ``--reference GRAPH=RECORD.json`` (an earlier ``graph d
 code (``PYTHONPATH`` set to it: ``main=/work/main/python:/work/main/benchmarks`` is the main
 branch's), and ``--repeats R`` runs each row ``R`` times, the two codes alternating, so both
 see the same machine; a last table gives per code the median ms/hop and the largest peak
-RSS over the runs, and the ratios of this code to the baseline.
+RSS over the runs, and this code's over the baseline's (below 1: this code is faster or
+smaller).
 
     scalefree graph rmat r15.npz --scale 15 --edges 1M --seed 1
     flock /tmp/bench.lock scalefree bench hadi wiki-Vote.txt r15.npz -n 2 --methods exact,hll,hll:s=0,fm --seeds 0,1,2
@@ -185,8 +186,8 @@ def print_table(records: list[dict]) -> None:
                 r.get("code", "this"), []).append(r)
     compared = [(k, v) for k, v in codes.items() if len(v) > 1 or any(len(runs) > 1 for runs in v.values())]
     if compared:
-        head = ["graph", "method", "ranks", "seed", "code", "runs", "ms/hop (median)", "peak RSS (max)", "time ratio",
-                "RSS ratio"]
+        head = ["graph", "method", "ranks", "seed", "code", "runs", "ms/hop (median)", "peak RSS (max)",
+                "ms/hop this/code", "RSS this/code"]
         rows = []
         for (g, label, nr, seed), by in compared:
             this = by.get("this")

@@ -62,7 +62,7 @@ def test_bench_hadi_against_a_baseline_tree(tmp_path):
     recs = json.loads(out.read_text())
     assert [(r["code"], r["run"]) for r in recs] == [("this", 1), ("same", 1)]
     assert recs[0]["neighbourhood"] == recs[1]["neighbourhood"]
-    assert "time ratio" in p.stdout and "same" in p.stdout
+    assert "ms/hop this/code" in p.stdout and "same" in p.stdout
     bad = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "hadi", str(g), "--baseline", "x=/no/such"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such directory /no/such" in bad.stderr
