@@ -489,10 +489,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
 
-        # With tracing, torch's allocation sites are traced in the thread that made the group
-        # (scalefree.tensors.torch_sites: a dispatch mode, a few microseconds per operator).
+        # With tracing, torch's allocation sites are traced (scalefree.tensors.torch_sites: a
+        # dispatch mode, microseconds per operator) in a thread that calls the group once a
+        # tensor of at least SITE_MIN bytes had to be staged outside a backward pass (DDP's
+        # buckets are registered instead): a DDP-only job never runs under the mode.
+        self._sites_wanted = False
         self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d],
-                                     trace_torch=self._trace)
+                                     trace_torch=False)
         self._p2p_workers: dict = {}
         self._p2p_lock = threading.Lock()
         self._mailbox = Mailbox(self._p2p, rank, _translate)
@@ -572,10 +575,18 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             self._copies.add(bytes_staged=n)
             if self._trace and traced is not None:
                 torch_sites.note_staged(traced)
+                self._sites_wanted |= n >= torch_sites.SITE_MIN
         else:
             self._copies.add(bytes_zero_copy=n)
 
+    def _sites(self) -> None:
+        """On the caller's thread: traces torch's allocation sites here from now on, once a
+        staged tensor asked for it."""
+        if self._sites_wanted:
+            torch_sites.activate()
+
     def _submit(self, fn, result, what: str = "collective", opts=None) -> Work:
+        self._sites()
         timeout_s = _seconds(getattr(opts, "timeout", None)) if opts is not None else None
         return self._worker.submit(fn, result, what, timeout_s)
 
@@ -600,13 +611,14 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         self.shutdown()
 
     # -- collectives ---------------------------------------------------------------------------
-    def _reduce_into(self, t: torch.Tensor, op: str) -> None:
-        """Allreduce of one contiguous tensor, in place."""
+    def _reduce_into(self, t: torch.Tensor, op: str, trace: bool = True) -> None:
+        """Allreduce of one contiguous tensor, in place (``trace``: a staged tensor traces
+        its allocation site)."""
         if t.numel() == 0:
             return
         native_op = "sum" if op == "avg" else op
         if t.dtype in _NATIVE_REDUCE:
-            self._note(t, t)
+            self._note(t, t if trace else None)
             self._g.allreduce(as_numpy(t), native_op)
         else:
             wide = _WIDEN.get(t.dtype)
@@ -664,7 +676,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # Only during a backward pass (DDP's bucket allreduces): a storage moved to shared
         # memory changes address, which a caller holding its raw pointer (a numpy view)
         # would not see.
-        if self._shared is not None and torch._C._current_graph_task_id() != -1:
+        backward = torch._C._current_graph_task_id() != -1
+        if self._shared is not None and backward:
             for st in staged:
                 if st.t is st.orig and st.t.dtype in _NATIVE_REDUCE:
                     self._shared.prepare(st.t, self._quiet_for)
@@ -678,7 +691,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             try:
                 for s in staged:
-                    self._reduce_into(s.t, op)
+                    self._reduce_into(s.t, op, not backward)
                     s.finish()
             finally:
                 if keys:
@@ -1001,6 +1014,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         ch = self._p2p[(self.rank(), dst)]
+        self._sites()
         # Each tensor goes from its own memory (a contiguous copy only when it is not
         # contiguous); the channel stages it unless it is in registered memory.
         msgs = []
@@ -1017,6 +1031,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
                 a = as_numpy(c)
                 staged = send_message(ch, a, tag, traced)
                 self._copies.add(bytes_staged=staged, bytes_zero_copy=a.nbytes - staged)
+                if traced is not None and staged >= torch_sites.SITE_MIN:
+                    self._sites_wanted = True
 
         return self._p2p_worker(("send", dst)).submit(run, list(tensors), "send", self._timeout_s)
 
