@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import arena
-from .._units import parse_bytes
+from .._units import env_bytes
 from ..errors import ScalefreeError, ScalefreeTimeoutError
 from ..tensors import torch_sites
 from .p2p import Mailbox, send_message, unpack_into
@@ -191,11 +191,6 @@ class _Copies:
         return out
 
 
-def _env_bytes(name: str, default: int) -> int:
-    v = os.environ.get(name, "").strip()
-    return parse_bytes(v, name) if v else default
-
-
 def _arena_for(store, g, rank: int, size: int) -> None:
     """With tracing: the registered arena in this process (numpy's allocator for arrays of
     ``SCALEFREE_ARENA_MIN`` bytes or more, where traced torch sites allocate), when the
@@ -206,7 +201,7 @@ def _arena_for(store, g, rank: int, size: int) -> None:
     store.set(f"scalefree/arena/{rank}", "1" if want else "0")
     if not all(store.get(f"scalefree/arena/{r}") == b"1" for r in range(size)):
         return
-    min_bytes = _env_bytes("SCALEFREE_ARENA_MIN", 64 << 10)
+    min_bytes = env_bytes("SCALEFREE_ARENA_MIN", 64 << 10)
     try:
         g._enable_arena(min_bytes)
     except ScalefreeError:
@@ -467,9 +462,9 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # there. Off: tensors go where they are, staged by the transport every time.
         self._trace = arena.tracing(trace)
         self._copies = _Copies()
-        self._stage_max = _env_bytes("SCALEFREE_STAGE_MAX", 4 << 20)
+        self._stage_max = env_bytes("SCALEFREE_STAGE_MAX", 4 << 20)
         # Calls up to this size travel inline with the header (a copy, registered or not).
-        self._inline_max = min(_env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10), _env_bytes("SCALEFREE_INLINE_BYTES",
+        self._inline_max = min(env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10), env_bytes("SCALEFREE_INLINE_BYTES",
                                                                                           256 << 10))
         if self._trace:
             _arena_for(store, self._g, rank, size)
