@@ -559,16 +559,16 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         with its header (copied); otherwise it moves in place when it is in registered
         memory or, on one host, read by cross-memory attach (above ``SCALEFREE_STAGE_MAX``)
         or, across hosts, written from where it is; else it is staged (copied). A staged
-        buffer traces the allocation site of ``traced`` (the caller's tensor)."""
+        buffer traces the allocation site of ``traced`` (the caller's tensor): registered
+        memory would spare that copy, not the inline one."""
         n = t.numel() * t.element_size()
         if n == 0:
             return
-        staged = n <= self._inline_max or (
-            self._g.transport == "shm" and not self._g.device._is_registered(t.data_ptr(), n)
-            and (n <= self._stage_max or not self._g.cross_memory_attach))
-        if staged:
+        staged = (self._g.transport == "shm" and not self._g.device._is_registered(t.data_ptr(), n)
+                  and (n <= self._stage_max or not self._g.cross_memory_attach))
+        if staged or n <= self._inline_max:
             self._copies.add(bytes_staged=n)
-            if self._trace and traced is not None:
+            if staged and n > self._inline_max and self._trace and traced is not None:
                 torch_sites.note_staged(traced)
                 self._sites_wanted |= n >= torch_sites.SITE_MIN
         else:
@@ -716,7 +716,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             for s in staged:
                 if s.t.numel():
                     if self.rank() == root:
-                        self._note(s.t, s.orig)
+                        self._note(s.t)  # parameters and buffers (DDP's): persistent, nothing to trace
                     self._g.broadcast(as_numpy(s.t), root)
                 s.finish()
 
