@@ -13,7 +13,7 @@ from . import compare
 
 # Module names under scalefree_bench, in the order `scalefree bench --help` lists them.
 BENCH_MODULES = ("allreduce", "ucx", "onesided", "sites", "ssp", "ssp_mf", "ssp_sparse", "tensors", "ps", "flash_gemm", "flash_kernels", "svd", "sparse",
-                 "pagerank", "pagerank_flash", "pagerank_replicated", "pagerank_resume", "hadi", "mf", "rendezvous", "ddp", "topics", "load", "xml")
+                 "pagerank", "pagerank_flash", "pagerank_replicated", "pagerank_resume", "hadi", "mf", "rendezvous", "ddp", "torch_trace", "topics", "load", "xml")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -14,14 +14,23 @@ the first rank count) or ``--reference GRAPH=RECORD.json`` (an earlier ``graph d
 ``sd bound`` the largest bound on N(h)'s standard deviation over N(h) the job reported
 (``hll``), ``ms/hop`` the median hop, ``peak RSS`` the largest rank's ``VmHWM``.
 
+``--baseline NAME=PYTHONPATH`` runs every estimator row a second time with another tree's
+code (``PYTHONPATH`` set to it: ``main=/work/main/python:/work/main/benchmarks`` is the main
+branch's), and ``--repeats R`` runs each row ``R`` times, the two codes alternating, so both
+see the same machine; a last table gives per code the median ms/hop and the largest peak
+RSS over the runs, and this code's over the baseline's (below 1: this code is faster or
+smaller).
+
     scalefree graph rmat r15.npz --scale 15 --edges 1M --seed 1
     flock /tmp/bench.lock scalefree bench hadi wiki-Vote.txt r15.npz -n 2 --methods exact,hll,hll:s=0,fm --seeds 0,1,2
-    flock /tmp/bench.lock scalefree bench hadi rmat22_64m.npz -n 4 --methods hll,fm
+    flock /tmp/bench.lock scalefree bench hadi rmat22_64m.npz -n 4 --methods hll --repeats 3 \
+        --baseline main=/work/main/python:/work/main/benchmarks
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -61,10 +70,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--reference", action="append", default=[], metavar="GRAPH=RECORD.json",
                    help="the exact N(h) of GRAPH from an earlier `graph diameter --method exact --json` record")
     p.add_argument("--undirected", action="store_true", help="follow edges both ways")
+    p.add_argument("--repeats", type=arg(common.positive_int), default=1,
+                   help="runs of every estimator row (interleaved with --baseline's)")
+    p.add_argument("--baseline", type=arg(parse_baseline), metavar="NAME=PYTHONPATH",
+                   help="also run every estimator row with this PYTHONPATH (another tree's code), alternating")
     p.add_argument("--timeout", type=arg(common.positive_float), default=3600.0, help="seconds per run")
     p.add_argument("--json", type=Path, metavar="OUT", help="write the records as a JSON array")
     p.set_defaults(func=run)
     return p
+
+
+def parse_baseline(text: str) -> tuple[str, str]:
+    """``NAME=PYTHONPATH`` -> (name, pythonpath); every directory of the path must exist."""
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise ValueError(f"--baseline: expected NAME=PYTHONPATH, got {text!r}")
+    missing = [d for d in path.split(":") if d and not Path(d).is_dir()]
+    if missing:
+        raise ValueError(f"--baseline {text}: no such directory {missing[0]}")
+    return name, path
 
 
 def max_relative_error(nf: list[float], exact: list[float]) -> tuple[float, int]:
@@ -98,33 +122,36 @@ def run(args) -> int:
         # exact first: the reference of the rows after it
         for g in args.graphs:
             for spec in sorted(args.methods, key=lambda s: s["method"] != "exact"):
-                seeds = [0] if spec["method"] == "exact" else args.seeds
-                ranks = args.ranks[:1] if spec["method"] == "exact" else args.ranks
-                for nr in ranks:
-                    for seed in seeds:
-                        progress(f"hadi: {g.name}: {spec['label']}, {nr} ranks, seed {seed}")
-                        cmd = [sys.executable, "-m", "scalefree.cli", "graph", "diameter", str(g), "-n", str(nr),
-                               "--method", spec["method"], "--fm-seed", str(seed), "--json", str(out), "-q"]
-                        if "precision" in spec:
-                            cmd += ["--precision", str(spec["precision"])]
-                        if "sample" in spec:
-                            cmd += ["--sample", str(spec["sample"])]
-                        if args.undirected:
-                            cmd.append("--undirected")
-                        rec = _run(cmd, out, args.timeout)
-                        if rec is None:
-                            continue
-                        rec.update(bench="hadi", graph=str(g), label=spec["label"], seed=seed)
-                        if spec["method"] == "exact":
-                            refs.setdefault(str(g), rec["neighbourhood"])
-                        ref = refs.get(str(g))
-                        if ref is not None:
-                            rec["max_rel_error"], rec["max_rel_error_hop"] = max_relative_error(rec["neighbourhood"],
-                                                                                                ref)
-                        if rec.get("sd_bound"):
-                            rec["max_sd_bound"] = max(sd / v for sd, v in zip(rec["sd_bound"], rec["neighbourhood"])
-                                                      if v)
-                        records.append(rec)
+                exact = spec["method"] == "exact"
+                seeds = [0] if exact else args.seeds
+                ranks = args.ranks[:1] if exact else args.ranks
+                codes = [("this", None)] + ([args.baseline] if args.baseline and not exact else [])
+                for nr, seed, rep, (code, pythonpath) in itertools.product(
+                        ranks, seeds, range(1 if exact else args.repeats), codes):
+                    progress(f"hadi: {g.name}: {spec['label']}, {nr} ranks, seed {seed}, code {code}"
+                             + (f", run {rep + 1}/{args.repeats}" if args.repeats > 1 else ""))
+                    cmd = [sys.executable, "-m", "scalefree.cli", "graph", "diameter", str(g), "-n", str(nr),
+                           "--method", spec["method"], "--fm-seed", str(seed), "--json", str(out), "-q"]
+                    if "precision" in spec:
+                        cmd += ["--precision", str(spec["precision"])]
+                    if "sample" in spec:
+                        cmd += ["--sample", str(spec["sample"])]
+                    if args.undirected:
+                        cmd.append("--undirected")
+                    rec = _run(cmd, out, args.timeout, None if pythonpath is None else {"PYTHONPATH": pythonpath})
+                    if rec is None:
+                        continue
+                    rec.update(bench="hadi", graph=str(g), label=spec["label"], seed=seed, code=code, run=rep + 1)
+                    if spec["method"] == "exact":
+                        refs.setdefault(str(g), rec["neighbourhood"])
+                    ref = refs.get(str(g))
+                    if ref is not None:
+                        rec["max_rel_error"], rec["max_rel_error_hop"] = max_relative_error(rec["neighbourhood"],
+                                                                                            ref)
+                    if rec.get("sd_bound"):
+                        rec["max_sd_bound"] = max(sd / v for sd, v in zip(rec["sd_bound"], rec["neighbourhood"])
+                                                  if v)
+                    records.append(rec)
     print_table(records)
     if args.json:
         common.write_json(args.json, records)
@@ -132,17 +159,18 @@ def run(args) -> int:
 
 
 def print_table(records: list[dict]) -> None:
-    head = ["graph", "method", "ranks", "seed", "hops", "eff. diam.", "max err", "at hop", "sd bound", "ms/hop",
-            "peak RSS (max rank)"]
+    head = ["graph", "method", "code", "ranks", "seed", "run", "hops", "eff. diam.", "max err", "at hop", "sd bound",
+            "ms/hop", "peak RSS (max rank)"]
     rows = []
     for r in records:
-        rows.append([Path(r["graph"]).name, r["label"], str(r["ranks"]), str(r["seed"]),
+        rows.append([Path(r["graph"]).name, r["label"], r.get("code", "this"), str(r["ranks"]), str(r["seed"]),
+                     str(r.get("run", 1)),
                      str(len(r["neighbourhood"]) - 1), f"{r['effective_diameter_interpolated']:.3f}",
                      f"{100 * r['max_rel_error']:.2f} %" if "max_rel_error" in r else "",
                      str(r.get("max_rel_error_hop", "")),
                      f"{100 * r['max_sd_bound']:.2f} %" if "max_sd_bound" in r else "",
                      f"{1e3 * r['per_hop_s']:.0f}", human_bytes(max(r["peak_rss_bytes"]))])
-    print(common.format_table(head, rows, left_columns=2))
+    print(common.format_table(head, rows, left_columns=3))
     by = {}
     for r in records:
         if "max_rel_error" in r and r["method"] != "exact":
@@ -151,3 +179,25 @@ def print_table(records: list[dict]) -> None:
         if len(errs) > 1:
             print(f"{g} {label} {nr} ranks: max err over {len(errs)} seeds {100 * max(errs):.2f} %, "
                   f"median {100 * statistics.median(errs):.2f} %")
+    codes: dict[tuple, dict[str, list[dict]]] = {}
+    for r in records:
+        if r["method"] != "exact":
+            codes.setdefault((Path(r["graph"]).name, r["label"], r["ranks"], r["seed"]), {}).setdefault(
+                r.get("code", "this"), []).append(r)
+    compared = [(k, v) for k, v in codes.items() if len(v) > 1 or any(len(runs) > 1 for runs in v.values())]
+    if compared:
+        head = ["graph", "method", "ranks", "seed", "code", "runs", "ms/hop (median)", "peak RSS (max)",
+                "ms/hop this/code", "RSS this/code"]
+        rows = []
+        for (g, label, nr, seed), by in compared:
+            this = by.get("this")
+            for code, runs in by.items():
+                hop = statistics.median(r["per_hop_s"] for r in runs)
+                rss = max(max(r["peak_rss_bytes"]) for r in runs)
+                ratio_t = ratio_m = ""
+                if this and code != "this":
+                    ratio_t = f"{statistics.median(r['per_hop_s'] for r in this) / hop:.2f}x"
+                    ratio_m = f"{max(max(r['peak_rss_bytes']) for r in this) / rss:.2f}x"
+                rows.append([g, label, str(nr), str(seed), code, str(len(runs)), f"{1e3 * hop:.0f}", human_bytes(rss),
+                             ratio_t, ratio_m])
+        print(common.format_table(head, rows, left_columns=2))

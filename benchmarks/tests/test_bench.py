@@ -520,3 +520,30 @@ def test_bench_ps_trace_settings_are_checked(capsys):
         _bench_parser().parse_args(["bench", "ps", "--hosts", "2", "--trace", "on,maybe"])
     assert e.value.code == 2
     assert "maybe" in capsys.readouterr().err
+
+
+# --- bench torch-trace ----------------------------------------------------------------------
+
+
+def test_bench_torch_trace_table_compares_with_tracing_off():
+    from scalefree_bench import torch_trace
+
+    def rec(workload, trace, sps, copied):
+        return {"variant": f"{workload}, tracing {trace}", "workload": workload, "trace": trace,
+                "samples_per_s": sps, "samples_per_s_rounds": [sps], "bytes_copied_per_step": copied,
+                "bytes_staged_per_step": copied, "bytes_copied_recv_per_step": 0,
+                "peak_rss_bytes": [100 << 20, 120 << 20]}
+
+    table = torch_trace.render([rec("pipeline", "on", 110.0, 0), rec("pipeline", "off", 100.0, 1 << 19),
+                                rec("ddp", "on", 50.0, 0), rec("ddp", "off", 50.0, 0)]).splitlines()
+    on = [line for line in table if line.startswith("pipeline, tracing on")][0]
+    assert "0.000x copied, 1.10x samples/s" in on and "100 MiB, 120 MiB" in on
+    assert "512 KiB" in [line for line in table if line.startswith("pipeline, tracing off")][0]
+    assert "nothing copied either way, 1.00x samples/s" in [line for line in table if line.startswith("ddp, tracing on")][0]
+
+
+def test_bench_torch_trace_workloads_are_checked(capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench_parser().parse_args(["bench", "torch-trace", "--workload", "pipeline,fsdp"])
+    assert e.value.code == 2
+    assert "fsdp" in capsys.readouterr().err

@@ -41,3 +41,28 @@ def test_bench_hadi_rows_and_errors(tmp_path):
     assert 0 < registers["max_rel_error"] < 0.5 and registers["sample"] == 0
     assert all(len(r["peak_rss_bytes"]) == 2 for r in recs)
     assert "max err" in p.stdout
+
+
+def test_bench_hadi_against_a_baseline_tree(tmp_path):
+    """``--baseline NAME=PYTHONPATH --repeats R``: every estimator row runs R times per code,
+    alternating, and the last table compares the codes (here the same tree under two
+    names: the harness, not the speed)."""
+    from pathlib import Path
+
+    import scalefree
+    from scalefree.graph.rmat import write_rmat
+
+    g = tmp_path / "g.txt"
+    write_rmat(g, 7, 600, seed=2, progress=False)
+    out = tmp_path / "hadi.json"
+    tree = str(Path(scalefree.__file__).resolve().parents[1])
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "hadi", str(g), "-n", "2", "--methods", "hll",
+                        "--baseline", f"same={tree}", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    recs = json.loads(out.read_text())
+    assert [(r["code"], r["run"]) for r in recs] == [("this", 1), ("same", 1)]
+    assert recs[0]["neighbourhood"] == recs[1]["neighbourhood"]
+    assert "ms/hop this/code" in p.stdout and "same" in p.stdout
+    bad = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "hadi", str(g), "--baseline", "x=/no/such"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no such directory /no/such" in bad.stderr

@@ -42,15 +42,18 @@ def test_bench_topics_planted_end_to_end(tmp_path):
 
 def test_bench_topics_command_rows_report_the_commands_peak_rss(tmp_path):
     """--as-command: the flash row is the command in a child process, with its own peak RSS, and
-    a row for the commands' fixed overhead; the memory row stays."""
+    a row for the fixed overhead (a warmed process holding no data), which the command's row
+    adds to its budget; the memory row stays."""
     out = tmp_path / "t.json"
     p = subprocess.run([sys.executable, "-m", "scalefree.cli", "bench", "topics", "--skip-kos", "--planted",
                         "1500,300,4", "--budget", "256K", "--as-command", "--dir", str(tmp_path), "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     recs = json.loads(out.read_text())
-    assert [r["variant"] for r in recs] == ["command-overhead", "command-flash-256K", "memory"]
+    assert [r["variant"] for r in recs] == ["overhead (warmed, no data)", "command-flash-256K", "memory"]
     for r in recs[:2]:
-        assert r["command_peak_rss_bytes"] > 10 << 20 and r["budget_bytes"] in (1 << 20, 256 << 10)
+        assert r["command_peak_rss_bytes"] > 10 << 20 and r["budget_bytes"] in (0, 256 << 10)
+    assert recs[1]["allowed_rss_bytes"] == (256 << 10) + recs[0]["command_peak_rss_bytes"]
+    assert recs[1]["within_budget"] == (recs[1]["command_peak_rss_bytes"] <= recs[1]["allowed_rss_bytes"])
     assert recs[1]["recovery_l1_mean"] < 0.5 and "time_vs_memory" in recs[1] and "(cmd)" in p.stdout
 

@@ -106,7 +106,6 @@ def init(timeout: float | None = None, bootstrap_timeout: float | None = None, a
 
 
 def _env_bytes(name: str, default: int) -> int:
-    from ._units import parse_bytes
+    from ._units import env_bytes
 
-    v = os.environ.get(name, "").strip()
-    return parse_bytes(v, name) if v else default
+    return env_bytes(name, default)

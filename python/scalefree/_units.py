@@ -3,6 +3,8 @@ parser and the one formatter."""
 
 from __future__ import annotations
 
+import os
+
 from .errors import InvalidArgumentError
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -21,6 +23,13 @@ def parse_bytes(value, what: str = "size") -> int:
     if n < 0:
         raise InvalidArgumentError(f"{what} {value!r} is negative")
     return n
+
+
+def env_bytes(name: str, default: int) -> int:
+    """The size in environment variable ``name`` (as :func:`parse_bytes` reads it), or
+    ``default`` when it is unset or blank."""
+    v = os.environ.get(name, "").strip()
+    return parse_bytes(v, name) if v else default
 
 
 def parse_positive_bytes(value, what: str = "size") -> int:

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from . import _native
 from .errors import InvalidArgumentError
 
 _group = None  # the group of scalefree.init(), whose device allocates regions
@@ -40,6 +41,16 @@ def registered_empty(shape, dtype) -> np.ndarray:
     if _group is None or _group.closed:
         raise InvalidArgumentError("registered memory needs a group: call scalefree.init() first")
     return _group.device.alloc_region(max(n, 1)).array(np.uint8)[:n].view(dtype).reshape(shape)
+
+
+def release_cached() -> int:
+    """Returns the pages of the arena's freed blocks to the kernel: a phase's temporaries,
+    once dropped for good, stop counting in this process's resident memory (the arena keeps
+    freed memory resident for reuse, up to ``SCALEFREE_ARENA_CACHE`` or the largest block
+    handed out). The bytes released; 0 with the arena off."""
+    if _threshold is None:
+        return 0
+    return int(_native.arena_release_cached())
 
 
 def tracing(trace: bool | None = None) -> bool:

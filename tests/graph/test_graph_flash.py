@@ -48,16 +48,21 @@ def test_pagerank_on_flash_equals_in_memory_bit_for_bit(rmat, tmp_path, ranks, d
 
 
 def test_diameter_on_flash_equals_in_memory(rmat, tmp_path):
-    common = ("diameter", rmat, "-n", 2, "--method", "hll", "--precision", 5, "--sample", 0)
+    """One hop for both: the budget path (edges streamed from flash) with a target sample
+    gives the in-memory N(h), bounds and sample estimates bit for bit."""
+    common = ("diameter", rmat, "-n", 2, "--method", "hll", "--precision", 5, "--sample", 256)
     mem = _cli(*common, "--json", tmp_path / "mem.json")
     assert mem.returncode == 0, mem.stderr
     ooc = _cli(*common, "--memory-budget", "8K", "--flash-dir", tmp_path, "--json", tmp_path / "ooc.json")
     assert ooc.returncode == 0, ooc.stderr
     a, b = json.loads((tmp_path / "mem.json").read_text()), json.loads((tmp_path / "ooc.json").read_text())
-    assert a["neighbourhood"] == b["neighbourhood"] and a["neighbourhood"][0] > 1000
+    assert a["neighbourhood"][0] > 1000 and a["sample"] == b["sample"] == 256
+    for key in ("neighbourhood", "sd_bound", "sample_only", "rounds"):
+        assert a[key] == b[key], key
     assert mem.stdout.splitlines()[1:] == ooc.stdout.splitlines()[1:]
     assert b["flash"]["edge_bytes_on_flash"] > 0
     assert 0 < b["flash"]["last_hop"]["peak_resident_bytes"] <= 8 << 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mem.json", "ooc.json"]  # unnamed scratch files
 
 
 def test_a_killed_rank_leaves_no_scratch_file(rmat, tmp_path):
@@ -84,26 +89,39 @@ def test_diameter_budget_needs_hll(rmat):
     assert p.returncode == 2 and "--method hll" in p.stderr
 
 
-def test_diameter_budget_refuses_a_target_sample(rmat):
-    p = _cli("diameter", rmat, "--method", "hll", "--memory-budget", "1M", "--sample", "64")
-    assert p.returncode == 2 and "--sample 64 needs the in-memory hop" in p.stderr
-
-
 def test_flash_rows_in_python_match_the_in_memory_hop(tmp_path):
+    """FlashRows.union_changed over any range of rows equals hadi_union_changed on it:
+    packed messages (id, then the union of the changed targets' rows) and hit flags."""
     from scalefree import _native
 
     rng = np.random.default_rng(0)
     rt = _native.FlashRuntime(4096, 1, str(tmp_path), "")
-    for rows, cols, edges, width in [(1, 1, 0, 4), (40, 30, 500, 16)]:
+    for rows, cols, edges, width, wm in [(1, 1, 0, 4, 4), (40, 30, 500, 24, 8), (300, 50, 3000, 12, 4)]:
         indptr = np.concatenate([[0], np.sort(rng.integers(0, edges + 1, rows - 1)), [edges]]).astype(np.int64)
-        targets = rng.integers(0, cols, edges).astype(np.int64)
-        regs = rng.integers(0, 30, (cols, width)).astype(np.uint8)
-        want = np.full((rows, width), 7, np.uint8)
-        _native.hll_register_max(regs, width, targets, indptr, want)
+        targets = rng.integers(0, cols, edges).astype(np.uint32)
+        regs = rng.integers(0, 255, (cols, width)).astype(np.uint8)
+        changed = (rng.random(cols) < 0.7).astype(np.uint8)
+        ids = rng.integers(-2**40, 2**40, rows).astype(np.int64)
         fr = _native.FlashRows(rt, indptr, targets, cols)
-        got = np.full((rows, width), 9, np.uint8)
-        fr.register_max(regs, width, got)
-        np.testing.assert_array_equal(got, want)
-        assert fr.size_bytes == 8 * rows + 4 * edges and fr.last_stats["peak_resident_bytes"] <= 4096
+        assert fr.size_bytes == 8 * rows + 4 * edges
+        for lo, hi in [(0, rows), (rows // 3, rows - rows // 4), (rows - 1, rows), (0, 0)]:
+            want, want_hit = np.full((hi - lo, 8 + width), 7, np.uint8), np.zeros(hi - lo, np.uint8)
+            k = _native.hadi_union_changed(regs, width, wm, changed, targets, indptr[lo: hi + 1], ids[lo:hi], want,
+                                           want_hit)
+            got, hit = np.full((hi - lo, 8 + width), 9, np.uint8), np.ones(hi - lo, np.uint8)
+            assert fr.union_changed(regs, width, wm, changed, lo, hi, ids[lo:hi], got, hit) == k
+            np.testing.assert_array_equal(hit, want_hit)
+            np.testing.assert_array_equal(got[:k], want[:k])
+            # the reference: ids first, then max over the register part and OR over the rest
+            sel = np.flatnonzero(hit)
+            np.testing.assert_array_equal(got[:k, :8].copy().view(np.int64).reshape(-1), ids[lo:hi][sel])
+            for j, r in enumerate(lo + sel):
+                t = targets[indptr[r]: indptr[r + 1]]
+                t = t[changed[t] != 0]
+                np.testing.assert_array_equal(got[j, 8: 8 + wm], regs[t, :wm].max(axis=0))
+                np.testing.assert_array_equal(got[j, 8 + wm:], np.bitwise_or.reduce(regs[t, wm:], axis=0))
+        assert fr.last_stats["peak_resident_bytes"] <= 4096
     with pytest.raises(ValueError):
         _native.FlashRows(rt, np.array([0, 1], np.int64), np.array([5], np.int64), 5)
+    with pytest.raises(ValueError):
+        fr.union_changed(regs, width, wm, changed, 0, rows + 1, ids, got, hit)

@@ -178,6 +178,16 @@ def test_hll_sample_of_every_vertex_is_exact(tmp_path, ranks):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def test_hll_on_flash_with_a_sample_of_every_vertex_is_exact(tmp_path):
+    """The --memory-budget hop is the same hop, its rows' edges streamed from flash a round
+    at a time (rounds of 1 KiB cut the flash row blocks anywhere): with a sample of every
+    vertex its N(h) is the BFS one."""
+    src, dst = skewed_graph(301, 1500, seed=3)
+    want = bfs_neighbourhood(src, dst, 301)
+    got = run_hadi(tmp_path, 3, src, dst, 301, method="hll", sample=512, round_bytes=1024, memory_budget="8K")
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("ranks", [2, 5])
 def test_hll_with_a_sample_within_its_bound(tmp_path, ranks):
     """Registers plus a sample of 512 of 1201 vertices, one big component (where the registers

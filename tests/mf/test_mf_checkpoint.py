@@ -28,9 +28,13 @@ def _factors(m):
     return np.frombuffer(p, np.float32), np.frombuffer(q, np.float32)
 
 
-def test_local_resume_equals_an_uninterrupted_run(data, tmp_path):
+@pytest.mark.parametrize("out_of_core", [False, True])
+def test_local_resume_equals_an_uninterrupted_run(data, tmp_path, out_of_core):
+    """Also out of core (the blocks on flash, the next pass read ahead across calls): the
+    resumed trainer's read-ahead starts at the restored pass."""
     tr, te = data
-    make = lambda: mf.MatrixFactorization(k=8, iterations=6, threads=1, seed=5)  # noqa: E731
+    budget = {"memory_budget": len(tr) * 12 // 4} if out_of_core else {}
+    make = lambda: mf.MatrixFactorization(k=8, iterations=6, threads=1, seed=5, **budget)  # noqa: E731
     full = make().fit(tr, te)
     ck = tmp_path / "ck"
     part = make().fit(tr, te, checkpoint=ck, checkpoint_every=2, stop_after=3)
@@ -42,7 +46,8 @@ def test_local_resume_equals_an_uninterrupted_run(data, tmp_path):
     assert [h["train_mse"] for h in back.history] == [h["train_mse"] for h in full.history]
     assert back.history[-1]["test_rmse"] == full.history[-1]["test_rmse"]
     # More iterations than the checkpoint's run: continues.
-    longer = mf.MatrixFactorization(k=8, iterations=8, threads=1, seed=5).fit(tr, te, checkpoint=ck, resume=True)
+    longer = mf.MatrixFactorization(k=8, iterations=8, threads=1, seed=5, **budget).fit(tr, te, checkpoint=ck,
+                                                                                        resume=True)
     assert len(longer.history) == 8
 
 

@@ -1,8 +1,8 @@
 //! A rank's edges on flash, grouped by row, streamed once per hop or iteration through the
 //! flash runtime while the vertex state stays in memory: the matrix of
 //! `graph pagerank --memory-budget` ([`FlashRows::pagerank_step`], the SpMV of
-//! [`crate::pagerank`]) and of `graph diameter --memory-budget` ([`FlashRows::register_max`],
-//! HADI's hop of [`crate::hadi`]).
+//! [`crate::pagerank`]) and of `graph diameter --memory-budget` ([`FlashRows::union_changed`],
+//! HADI's hop of [`crate::hadi`], a range of rows (one round of a hop) at a time).
 //!
 //! File layout: the row starts (`nrows` u64, the first edge is 0), then, from the next 4 KiB
 //! boundary, the columns (`nnz` slots, u32 or u64 as in memory): the bytes the in-memory
@@ -20,7 +20,7 @@
 //! whatever the prioritizer prefers among them.
 //!
 //! Equal bits: every row is computed by the in-memory kernel's own row loop
-//! ([`spmv_rows`], [`register_max_rows`]) and PageRank's flow total afterwards in row order
+//! ([`spmv_rows`], [`union_changed_rows`]) and PageRank's flow total afterwards in row order
 //! by [`flow_total`], so the results match the in-memory runs bit for bit.
 //!
 //! Cost per pass: one sequential read of the file (`8 × rows + 4 × edges` bytes) and the
@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use scalefree_flash::{Access, Element, FlashError, FlashFile, FlashPtr, FnTask, RunStats, Runtime, TaskId};
 
-use crate::hadi::register_max_rows;
+use crate::hadi::{check_union, pack_rows, union_changed_rows, ID_BYTES};
 use crate::pagerank::{flow_total, scale_sources, spmv_rows, Real};
 use crate::Id;
 
@@ -149,23 +149,53 @@ impl<S: Id + Element> FlashRows<S> {
         if out.len() != self.nrows() * per_row {
             return Err(FlashError::shape(format!("FlashRows: {} rows of {per_row} outputs, but {} outputs given", self.nrows(), out.len())));
         }
+        self.pass_range(runtime, 0, self.nrows(), out, per_row, &mut [] as &mut [u8], 0, |_, starts, end, cols, out, _| rows(starts, end, cols, out))
+    }
+
+    /// [`FlashRows::pass`] over rows `lo..hi` only, with a second output (`aux`,
+    /// `per_aux` values per row): `rows(at, starts, end, cols, out, aux)` for the part of
+    /// every row block that lies in the range, `at` its first row counted from `lo`, `out`
+    /// and `aux` its rows' outputs (the whole `out` holds `(hi - lo) × per_row` values). A
+    /// block cut by the range is read whole.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pass_range<O: Send, P: Send, F>(&self, runtime: &Runtime, lo: usize, hi: usize, out: &mut [O], per_row: usize, aux: &mut [P], per_aux: usize, rows: F) -> scalefree_flash::Result<RunStats>
+    where
+        F: Fn(usize, &[u64], u64, &[S], &mut [O], &mut [P]) + Sync,
+    {
+        if lo > hi || hi > self.nrows() || out.len() != (hi - lo) * per_row || aux.len() != (hi - lo) * per_aux {
+            return Err(FlashError::shape(format!(
+                "FlashRows: rows {lo}..{hi} of {} with {per_row} + {per_aux} outputs each, but {} + {} outputs given",
+                self.nrows(),
+                out.len(),
+                aux.len()
+            )));
+        }
         let window = runtime.options().max_tasks_in_flight.max(1);
         let dag = runtime.dag();
-        let mut ids: Vec<TaskId> = Vec::with_capacity(self.blocks.len());
-        let mut rest: &mut [O] = out;
+        let mut ids: Vec<TaskId> = Vec::new();
+        let (mut rest, mut rest_aux): (&mut [O], &mut [P]) = (out, aux);
         let rows = &rows;
-        for (i, b) in self.blocks.iter().enumerate() {
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut((b.rows.1 - b.rows.0) * per_row);
+        // The blocks that meet lo..hi, and the rows of each within it.
+        let first = self.blocks.partition_point(|b| b.rows.1 <= lo);
+        for (i, b) in self.blocks[first..].iter().take_while(|b| b.rows.0 < hi).enumerate() {
+            let (r0, r1) = (b.rows.0.max(lo), b.rows.1.min(hi));
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut((r1 - r0) * per_row);
             rest = tail;
+            let (mine_aux, tail_aux) = std::mem::take(&mut rest_aux).split_at_mut((r1 - r0) * per_aux);
+            rest_aux = tail_aux;
             let reads = vec![
                 Access::read(self.starts.access(b.rows.0 as u64, (b.rows.1 - b.rows.0) as u64)?),
                 Access::read(self.cols.access(b.edges.0, b.edges.1 - b.edges.0)?),
             ];
-            let end = b.edges.1;
+            let (b0, e0, e1) = (b.rows.0, b.edges.0, b.edges.1);
             let parents: &[TaskId] = if i >= window { &ids[i - window..i - window + 1] } else { &[] };
             let id = dag.add(
                 FnTask::new("graph-rows", reads, move |buffers, _| {
-                    rows(buffers.read::<u64>(0), end, buffers.read::<S>(1), mine);
+                    let starts = buffers.read::<u64>(0);
+                    let cols = buffers.read::<S>(1);
+                    let end = if r1 - b0 < starts.len() { starts[r1 - b0] } else { e1 };
+                    let (a, z) = ((starts[r0 - b0] - e0) as usize, (end - e0) as usize);
+                    rows(r0 - lo, &starts[r0 - b0..r1 - b0], end, &cols[a..z], mine, mine_aux);
                     Ok(())
                 }),
                 parents,
@@ -199,13 +229,20 @@ impl<S: Id + Element> FlashRows<S> {
 }
 
 impl FlashRows<u32> {
-    /// [`crate::hadi::register_max`] with the edges read from flash: `out[r]` = the
-    /// register-wise max of the rows `regs[c]` (`width` bytes each) of row `r`'s columns.
-    pub fn register_max(&self, runtime: &Runtime, regs: &[u8], width: usize, out: &mut [u8]) -> scalefree_flash::Result<RunStats> {
-        if width == 0 || regs.len() != self.ncols * width {
-            return Err(FlashError::shape(format!("FlashRows: registers must be {} rows of {width} > 0 bytes, got {} bytes", self.ncols, regs.len())));
+    /// [`crate::hadi::union_changed`] over rows `lo..hi` with the edges read from flash:
+    /// `ids`, `hit` and `out` (rows of `ID_BYTES + width` bytes) are the range's; the rows
+    /// with a changed target are packed at the front of `out`, in order. Returns their
+    /// number and the pass's statistics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn union_changed(&self, runtime: &Runtime, rows: &[u8], width: usize, width_max: usize, changed: &[u8], lo: usize, hi: usize, ids: &[i64], out: &mut [u8], hit: &mut [u8]) -> scalefree_flash::Result<(usize, RunStats)> {
+        check_union(rows, width, width_max, changed, hi.saturating_sub(lo), ids, out, hit).map_err(FlashError::shape)?;
+        if rows.len() != self.ncols * width {
+            return Err(FlashError::shape(format!("FlashRows: rows must be {} rows of {width} bytes, got {} bytes", self.ncols, rows.len())));
         }
-        self.pass(runtime, out, width, |starts, end, cols, out| register_max_rows(regs, width, starts, end, cols, out))
+        let stats = self.pass_range(runtime, lo, hi, out, ID_BYTES + width, hit, 1, |at, starts, end, cols, out, hit| {
+            union_changed_rows(rows, width, width_max, changed, starts, end, cols, &ids[at..at + hit.len()], out, hit)
+        })?;
+        Ok((pack_rows(out, ID_BYTES + width, hit), stats))
     }
 }
 
@@ -300,24 +337,34 @@ mod tests {
     }
 
     #[test]
-    fn flash_register_max_equals_the_in_memory_kernel() {
+    fn flash_union_equals_the_in_memory_kernel_on_every_range() {
         let rt = Runtime::new(RuntimeOptions { memory_budget_bytes: 8192, compute_threads: 2, io_threads: 2, max_tasks_in_flight: 3, ..RuntimeOptions::default() }).unwrap();
         let mut seed = 5u64;
-        for &(nr, nc, ne, width) in &[(1usize, 1usize, 0usize, 1usize), (3, 4, 9, 3), (500, 300, 6000, 8)] {
+        for &(nr, nc, ne, width, wm) in &[(1usize, 1usize, 0usize, 1usize, 1usize), (3, 4, 9, 3, 2), (500, 300, 6000, 12, 4)] {
             let rows: Vec<u32> = (0..ne).map(|_| rng(&mut seed, nr as u32)).collect();
             let cols: Vec<u32> = (0..ne).map(|_| rng(&mut seed, nc as u32)).collect();
             let (ip, cs) = csr_pattern(&rows, &cols, nr, nc).unwrap();
-            let regs: Vec<u8> = (0..nc * width).map(|_| rng(&mut seed, 40) as u8).collect();
-            let mut want = vec![0u8; nr * width];
+            let regs: Vec<u8> = (0..nc * width).map(|_| rng(&mut seed, 250) as u8).collect();
+            let changed: Vec<u8> = (0..nc).map(|_| (rng(&mut seed, 3) != 0) as u8).collect();
+            let ids: Vec<i64> = (0..nr as i64).map(|i| i * 7 - 3).collect();
             let ip64: Vec<i64> = ip.iter().map(|&v| v as i64).collect();
-            let cs64: Vec<i64> = cs.iter().map(|&v| v as i64).collect();
-            crate::hadi::register_max(&regs, width, &cs64, &ip64, &mut want).unwrap();
             let flash = FlashRows::write(&rt, &ip, &cs, nc).unwrap();
-            let mut got = vec![99u8; nr * width];
-            let stats = flash.register_max(&rt, &regs, width, &mut got).unwrap();
-            assert_eq!(got, want, "{nr} {nc} {ne} {width}");
-            assert!(stats.cache.peak_resident_bytes <= 8192);
-            assert!(flash.register_max(&rt, &regs[1..], width, &mut got).is_err());
+            assert!(nr < 100 || flash.blocks() > 3, "{}", flash.blocks());
+            let rb = ID_BYTES + width;
+            for (lo, hi) in [(0, nr), (0, 0), (nr / 3, nr / 3 + 1), (nr / 5, nr - nr / 7), (nr - 1, nr)] {
+                let mut want = vec![0u8; (hi - lo) * rb];
+                let mut want_hit = vec![0u8; hi - lo];
+                let k = crate::hadi::union_changed(&regs, width, wm, &changed, &cs, &ip64[lo..hi + 1], &ids[lo..hi], &mut want, &mut want_hit).unwrap();
+                let mut got = vec![99u8; (hi - lo) * rb];
+                let mut hit = vec![7u8; hi - lo];
+                let (k2, stats) = flash.union_changed(&rt, &regs, width, wm, &changed, lo, hi, &ids[lo..hi], &mut got, &mut hit).unwrap();
+                assert_eq!((k2, &got[..k * rb], &hit), (k, &want[..k * rb], &want_hit), "{nr} {nc} {ne} {width} {lo}..{hi}");
+                assert!(stats.cache.peak_resident_bytes <= 8192);
+            }
+            let mut got = vec![0u8; nr * rb];
+            let mut hit = vec![0u8; nr];
+            assert!(flash.union_changed(&rt, &regs[1..], width, wm, &changed, 0, nr, &ids, &mut got, &mut hit).is_err());
+            assert!(flash.union_changed(&rt, &regs, width, wm, &changed, 0, nr + 1, &ids, &mut got, &mut hit).is_err());
         }
         assert!(FlashRows::write(&rt, &[0, 1], &[7u32], 7).is_err());
     }

@@ -26,8 +26,10 @@
 //! file on flash (each at a 4 KiB boundary, so O_DIRECT reads them whole) and the in-memory
 //! copy is dropped; a thread that takes a block reads it through the flash runtime's program
 //! cache ([`scalefree_flash::CacheReader`], at most the budget resident), which prefetches the
-//! blocks of the pass's order ahead of the threads as far as the budget allows. The blocks,
-//! their order inside and the schedule are those of the in-memory run.
+//! blocks of the pass's order ahead of the threads as far as the budget allows; the next pass's
+//! order is announced while the current one runs (across calls too), so the reads do not stop
+//! at a pass's tail. The blocks, their order inside and the schedule are those of the
+//! in-memory run.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -96,6 +98,9 @@ struct FlashBlocks {
     reader: CacheReader,
     /// Block b's pages in the scratch file.
     specs: Vec<AccessSpec>,
+    /// The first pass (counted from the first pass ever) whose order the reader has not been
+    /// told yet; None before the first call.
+    next_announced: Mutex<Option<u64>>,
 }
 
 impl FlashBlocks {
@@ -132,13 +137,30 @@ impl FlashBlocks {
         }
         // Prefetch depth: as far as the budget goes (the budget, not this, is the limit).
         let reader = CacheReader::new(rt, budget, 1 << 16).map_err(flash)?;
-        Ok(FlashBlocks { reader, specs })
+        Ok(FlashBlocks { reader, specs, next_announced: Mutex::new(None) })
     }
 
-    /// Tells the reader the order in which a pass hands out its blocks (`pending` is handed
-    /// out from the end).
-    fn announce(&self, pending: &[u32]) {
-        self.reader.push_ahead(pending.iter().rev().map(|&b| self.specs[b as usize].clone()));
+    /// Tells the reader the hand-out order of every pass up to `last` (inclusive) not told
+    /// yet (`order(e)` is pass e's pending list, handed out from the end). Announcing the next
+    /// pass while the current one runs keeps the reads going across the pass boundary — at a
+    /// pass's tail the threads still work on its last blocks while the next pass's first are
+    /// read — and across calls (a call of one pass announces the next call's). `first`: the
+    /// pass the caller starts now; an announcement that does not continue at it (state restored
+    /// from a checkpoint) is dropped first.
+    fn announce_through(&self, first: u64, last: u64, order: impl Fn(u64) -> Vec<u32>) {
+        let mut next = self.next_announced.lock().unwrap();
+        let from = match *next {
+            Some(e) if e >= first && e <= first + 1 => e,
+            Some(_) => {
+                self.reader.clear_ahead();
+                first
+            }
+            None => first,
+        };
+        for e in from..=last {
+            self.reader.push_ahead(order(e).iter().rev().map(|&b| self.specs[b as usize].clone()));
+        }
+        *next = Some(from.max(last + 1));
     }
 }
 
@@ -408,7 +430,7 @@ impl LocalTrainer {
         });
         let flash = self.flash.as_ref();
         if let Some(fb) = flash {
-            fb.announce(&sched.lock().unwrap().pending);
+            fb.announce_through(first, first + 1, |e| self.pass_order(e));
         }
         let freed = Condvar::new();
         let f = Factors { p: self.p.as_mut_slice().as_mut_ptr(), q: self.q.as_mut_slice().as_mut_ptr(), pg: self.pg.as_mut_ptr(), qg: self.qg.as_mut_ptr() };
@@ -438,7 +460,8 @@ impl LocalTrainer {
                             s.pass += 1;
                             s.pending = this.pass_order(first + s.pass as u64);
                             if let Some(fb) = flash {
-                                fb.announce(&s.pending);
+                                let now = first + s.pass as u64;
+                                fb.announce_through(now, now + 1, |e| this.pass_order(e));
                             }
                         }
                         // The next block of the order whose row and column blocks are free.
@@ -569,6 +592,11 @@ impl LocalTrainer {
         self.qg = s.qg;
         self.counts = s.counts;
         self.epochs = s.epochs;
+        if let Some(fb) = &self.flash {
+            // The passes announced ahead belong to the state being replaced.
+            fb.reader.clear_ahead();
+            *fb.next_announced.lock().unwrap() = None;
+        }
         Ok(())
     }
 

@@ -298,3 +298,28 @@ fn out_of_core_local_training_is_the_in_memory_run() {
     let o = LocalOptions { k: 8, threads: 2, memory_budget: Some(4096), ..Default::default() };
     assert!(matches!(LocalTrainer::new(&r, &o), Err(MfError::OutOfBudget(_))));
 }
+
+/// Out of core, one pass per call (as `mf train` calls it) with the next pass's blocks read
+/// ahead across calls, and a state restored from an earlier pass (which drops what was read
+/// ahead): one thread still gives the in-memory run bit for bit.
+#[test]
+fn out_of_core_passes_read_ahead_across_calls_and_restores() {
+    let r = synthetic(300, 200, 30_000, 5);
+    let budget = (r.len() * 12 / 4) as u64;
+    let o = LocalOptions { k: 8, threads: 1, lambda: 0.01, ..Default::default() };
+    let mut mem = LocalTrainer::new(&r, &o).unwrap();
+    let mut disk = LocalTrainer::new(&r, &LocalOptions { memory_budget: Some(budget), ..o.clone() }).unwrap();
+    let saved = (mem.run_epochs(2), disk.try_run_epochs(1).unwrap(), disk.try_run_epochs(1).unwrap());
+    assert_eq!(saved.0, [saved.1[0], saved.2[0]]);
+    let at2 = disk.state();
+    for _ in 0..2 {
+        assert_eq!(mem.run_epochs(1), disk.try_run_epochs(1).unwrap());
+    }
+    assert_eq!(mem.model(), disk.model());
+    disk.set_state(at2).unwrap(); // back to pass 2: the passes read ahead for pass 4 are dropped
+    let mut again = LocalTrainer::new(&r, &o).unwrap();
+    again.run_epochs(2);
+    assert_eq!(again.run_epochs(2), disk.try_run_epochs(2).unwrap());
+    assert_eq!(again.model(), disk.model());
+    assert!(disk.flash_stats().unwrap().cache.peak_resident_bytes <= budget);
+}

@@ -305,6 +305,19 @@ pub fn install(py: Python<'_>, arena: Arc<Arena>, min_bytes: usize) -> PyResult<
     Ok(())
 }
 
+/// Returns the pages of the arena's freed blocks to the kernel (`Arena::release_cached`):
+/// the bytes released, 0 without an arena.
+#[pyfunction]
+pub fn arena_release_cached(py: Python<'_>) -> usize {
+    let a = FORK_ARENA.load(Ordering::SeqCst);
+    if a.is_null() {
+        return 0;
+    }
+    // SAFETY: the installed arena is leaked (never dropped) once installed.
+    let a: &'static Arena = unsafe { &*a };
+    py.detach(|| a.release_cached())
+}
+
 /// Traces the allocation site of the array whose data starts at `ptr` (see [`mark_site`]).
 #[pyfunction]
 pub fn _trace_site(ptr: usize) -> bool {

@@ -8,7 +8,7 @@
 
 use pyo3::prelude::*;
 use scalefree_graph::edges;
-use scalefree_graph::hadi::{merge_rows, register_max, union_changed};
+use scalefree_graph::hadi::{merge_rows, union_changed};
 use scalefree_graph::keys;
 use scalefree_graph::local::{local_csr, LocalCsr};
 use scalefree_graph::pagerank::{csr_pattern, owned_update, spmv_step, Real};
@@ -595,20 +595,6 @@ fn i64s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [i64]> {
     Ok(if b.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(b.ptr() as *const i64, b.count()) } })
 }
 
-/// HADI's hop on HyperLogLog registers: `out[r] = max over e in indptr[r]..indptr[r+1] of
-/// regs[targets[e]]` (uint8 rows of `width`; see `scalefree_graph::hadi`).
-#[pyfunction]
-pub fn hll_register_max(py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, out: Bound<'_, PyAny>) -> PyResult<()> {
-    let (rb, tb, ib, ob) = (Buf::get(&regs, false, "regs")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?, Buf::get(&out, true, "out")?);
-    if rb.itemsize() != 1 || ob.itemsize() != 1 {
-        return Err(invalid(py, "hll_register_max: regs and out must be uint8".to_string()));
-    }
-    let (t, i) = (i64s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?);
-    let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
-    let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
-    py.detach(|| register_max(r, width, t, i, o)).map_err(|e| invalid(py, e))
-}
-
 /// A contiguous uint8 buffer as a slice (`what` names it in the error).
 fn u8s<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a [u8]> {
     if b.itemsize() != 1 {
@@ -625,21 +611,24 @@ fn u8s_mut<'a>(py: Python<'_>, b: &'a Buf, what: &str) -> PyResult<&'a mut [u8]>
     Ok(if b.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(b.ptr(), b.len_bytes()) } })
 }
 
-/// HADI's partitioned hop: `out[r]` = the union (max on the first `width_max` bytes, OR on
-/// the rest) of `rows[targets[e]]` over row `r`'s edges whose target changed, `hit[r]` = 1
-/// when there was one (`scalefree_graph::hadi::union_changed`; targets uint32, indptr int64).
+/// HADI's hop: for each row `r` (edges `indptr[r]..indptr[r+1]`), the union (max on the
+/// first `width_max` bytes, OR on the rest) of `rows[targets[e]]` over its edges whose
+/// target changed, preceded by `ids[r]` (8 bytes): rows of `8 + width` bytes, those with
+/// such an edge (`hit[r] = 1`) packed at the front of `out`; returns how many
+/// (`scalefree_graph::hadi::union_changed`; targets uint32, indptr and ids int64).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-pub fn hadi_union_changed(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, changed: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, out: Bound<'_, PyAny>, hit: Bound<'_, PyAny>) -> PyResult<()> {
-    let (rb, cb, tb, ib) = (Buf::get(&rows, false, "rows")?, Buf::get(&changed, false, "changed")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?);
+pub fn hadi_union_changed(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, changed: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, indptr: Bound<'_, PyAny>, ids: Bound<'_, PyAny>, out: Bound<'_, PyAny>, hit: Bound<'_, PyAny>) -> PyResult<usize> {
+    let (rb, cb, tb, ib, db) = (Buf::get(&rows, false, "rows")?, Buf::get(&changed, false, "changed")?, Buf::get(&targets, false, "targets")?, Buf::get(&indptr, false, "indptr")?, Buf::get(&ids, false, "ids")?);
     let (ob, hb) = (Buf::get(&out, true, "out")?, Buf::get(&hit, true, "hit")?);
-    let (r, c, t, i) = (u8s(py, &rb, "rows")?, u8s(py, &cb, "changed")?, u32s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?);
+    let (r, c, t, i, d) = (u8s(py, &rb, "rows")?, u8s(py, &cb, "changed")?, u32s(py, &tb, "targets")?, i64s(py, &ib, "indptr")?, i64s(py, &db, "ids")?);
     let (o, h) = (u8s_mut(py, &ob, "out")?, u8s_mut(py, &hb, "hit")?);
-    py.detach(|| union_changed(r, width, width_max, c, t, i, o, h)).map_err(|e| invalid(py, e))
+    py.detach(|| union_changed(r, width, width_max, c, t, i, d, o, h)).map_err(|e| invalid(py, e))
 }
 
-/// Merges received partial rows into the owner's: `rows[pos[i]]` takes the union with
-/// `incoming[i]`, `changed[pos[i]] = 1` when it grew, `columns` (int64, 8 per bitset byte)
+/// Merges received partial rows into the owner's: `incoming` holds `hadi_union_changed`'s
+/// rows (`8 + width` bytes, the id first), `rows[pos[i]]` takes the union with row `i`,
+/// `changed[pos[i]] = 1` when it grew, `columns` (int64, 8 per bitset byte)
 /// counts the bits gained (`scalefree_graph::hadi::merge_rows`).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
@@ -655,7 +644,8 @@ pub fn hadi_merge_rows(py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, wid
 }
 
 /// HADI's edges grouped by source on flash (`scalefree_graph::flash_rows`): built from the
-/// int64 `indptr` (rows + 1) and `targets` of the in-memory hop, streamed once per hop.
+/// int64 `indptr` (rows + 1) and the uint32 or int64 `targets` of the in-memory hop, a
+/// range of rows streamed once per round of a hop.
 #[pyclass(name = "FlashRows", module = "scalefree._native")]
 pub struct PyFlashRows {
     rows: FlashRows,
@@ -666,41 +656,48 @@ pub struct PyFlashRows {
 #[pymethods]
 impl PyFlashRows {
     /// Writes the rows to a scratch file of `runtime` (unnamed: nothing is left behind);
-    /// targets must lie in `[0, ncols)`, `ncols < 2**32`.
+    /// targets (uint32 or int64) must lie in `[0, ncols)`, `ncols < 2**32`.
     #[new]
     fn new(py: Python<'_>, runtime: PyRef<'_, PyFlashRuntime>, indptr: Bound<'_, PyAny>, targets: Bound<'_, PyAny>, ncols: usize) -> PyResult<Self> {
         let (ib, tb) = (Buf::get(&indptr, false, "indptr")?, Buf::get(&targets, false, "targets")?);
-        let (ip, t) = (i64s(py, &ib, "indptr")?, i64s(py, &tb, "targets")?);
+        let ip = i64s(py, &ib, "indptr")?;
         if ncols > u32::MAX as usize {
             return Err(invalid(py, format!("FlashRows: {ncols} columns do not fit 32-bit column ids")));
         }
-        if let Some(&bad) = ip.iter().find(|&&v| v < 0).or_else(|| t.iter().find(|&&v| v < 0 || v as usize >= ncols)) {
+        let wide = tb.itemsize() == 8;
+        let t64 = if wide { i64s(py, &tb, "targets")? } else { &[] };
+        let t32 = if wide { &[] } else { u32s(py, &tb, "targets")? };
+        if let Some(&bad) = ip.iter().find(|&&v| v < 0).or_else(|| t64.iter().find(|&&v| v < 0 || v as usize >= ncols)) {
             return Err(invalid(py, format!("FlashRows: {bad} is not a valid row start or a target below {ncols}")));
         }
         let rt = runtime.rt.clone();
         let rows = py
             .detach(|| {
                 let ip: Vec<u64> = ip.iter().map(|&v| v as u64).collect();
-                let t: Vec<u32> = t.iter().map(|&v| v as u32).collect();
-                FlashRows::write(&rt, &ip, &t, ncols)
+                if wide {
+                    let t: Vec<u32> = t64.iter().map(|&v| v as u32).collect();
+                    FlashRows::write(&rt, &ip, &t, ncols)
+                } else {
+                    FlashRows::write(&rt, &ip, t32, ncols)
+                }
             })
             .map_err(|e| flash_err(py, e))?;
         Ok(PyFlashRows { rows, rt, last: None })
     }
 
-    /// HADI's hop: `out[r]` = the register-wise max of `regs[t]` (uint8 rows of `width`)
-    /// over row `r`'s targets (see `hll_register_max`).
-    fn register_max(&mut self, py: Python<'_>, regs: Bound<'_, PyAny>, width: usize, out: Bound<'_, PyAny>) -> PyResult<()> {
-        let (rb, ob) = (Buf::get(&regs, false, "regs")?, Buf::get(&out, true, "out")?);
-        if rb.itemsize() != 1 || ob.itemsize() != 1 {
-            return Err(invalid(py, "FlashRows.register_max: regs and out must be uint8".to_string()));
-        }
-        let r: &[u8] = if rb.len_bytes() == 0 { &[] } else { unsafe { std::slice::from_raw_parts(rb.ptr() as *const u8, rb.len_bytes()) } };
-        let o: &mut [u8] = if ob.len_bytes() == 0 { &mut [] } else { unsafe { std::slice::from_raw_parts_mut(ob.ptr(), ob.len_bytes()) } };
-        let (rows, rt) = (&self.rows, &self.rt);
-        let stats = py.detach(|| rows.register_max(rt, r, width, o)).map_err(|e| flash_err(py, e))?;
+    /// HADI's hop over rows `lo..hi` with the edges read from flash: as
+    /// `hadi_union_changed` on those rows (`ids`, `out`, `hit` are the range's); returns
+    /// the rows packed at the front of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn union_changed(&mut self, py: Python<'_>, rows: Bound<'_, PyAny>, width: usize, width_max: usize, changed: Bound<'_, PyAny>, lo: usize, hi: usize, ids: Bound<'_, PyAny>, out: Bound<'_, PyAny>, hit: Bound<'_, PyAny>) -> PyResult<usize> {
+        let (rb, cb, db) = (Buf::get(&rows, false, "rows")?, Buf::get(&changed, false, "changed")?, Buf::get(&ids, false, "ids")?);
+        let (ob, hb) = (Buf::get(&out, true, "out")?, Buf::get(&hit, true, "hit")?);
+        let (r, c, d) = (u8s(py, &rb, "rows")?, u8s(py, &cb, "changed")?, i64s(py, &db, "ids")?);
+        let (o, h) = (u8s_mut(py, &ob, "out")?, u8s_mut(py, &hb, "hit")?);
+        let (fr, rt) = (&self.rows, &self.rt);
+        let (k, stats) = py.detach(|| fr.union_changed(rt, r, width, width_max, c, lo, hi, d, o, h)).map_err(|e| flash_err(py, e))?;
         self.last = Some(stats);
-        Ok(())
+        Ok(k)
     }
 
     /// Bytes on flash (row starts and targets): what a hop reads.
@@ -709,7 +706,7 @@ impl PyFlashRows {
         self.rows.size_bytes()
     }
 
-    /// The runtime's statistics of the last hop (None before one).
+    /// The runtime's statistics of the last pass, one round of a hop (None before one).
     #[getter]
     fn last_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
         match &self.last {

@@ -43,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(device::helper_thread_count, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arena::_trace_site, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(arena::arena_release_cached, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arena::_traced_site_count, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tensors::sgd_apply_to, m)?)?;
     m.add_class::<sparse::PySparseAllreduce>()?;
@@ -60,7 +61,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_counts, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::degree_order, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::local_ids, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(graph::hll_register_max, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::hadi_union_changed, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(graph::hadi_merge_rows, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(flash::flash_gemm, m)?)?;

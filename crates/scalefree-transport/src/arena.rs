@@ -184,8 +184,22 @@ impl Arena {
         st.cached_bytes += len;
         st.insert_free(off, Free { len, resident: len });
         if st.cached_bytes > self.cache_limit(&st) {
-            self.release(&mut st);
+            let keep = self.cache_limit(&st) / 2;
+            self.release(&mut st, keep);
         }
+    }
+
+    /// Returns the pages of every freed block to the kernel (the cache kept for reuse), for
+    /// a caller that has dropped a phase's temporaries for good: the process's resident
+    /// memory is then its live blocks. Returns the bytes released.
+    pub fn release_cached(&self) -> usize {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.disabled || self.forked.load(std::sync::atomic::Ordering::Relaxed) {
+            return 0;
+        }
+        let before = st.cached_bytes;
+        self.release(&mut st, 0);
+        before - st.cached_bytes
     }
 
     /// Freed bytes that may stay resident: `cache_bytes`, or the largest block handed out
@@ -194,8 +208,9 @@ impl Arena {
         self.cache_bytes.max(st.largest_block)
     }
 
-    /// Returns the pages of resident free ranges to the kernel until under the cache limit.
-    fn release(&self, st: &mut State) {
+    /// Returns the pages of resident free ranges to the kernel until at most `keep` bytes
+    /// stay cached.
+    fn release(&self, st: &mut State, keep: usize) {
         let fd = match self.region.fd() {
             Some(fd) => fd,
             None => return,
@@ -203,7 +218,7 @@ impl Arena {
         // Largest ranges first: fewest system calls for the most memory.
         let ranges: Vec<(usize, usize)> = st.free_by_len.iter().rev().map(|&(l, o)| (o, l)).collect();
         for (off, len) in ranges {
-            if st.cached_bytes <= self.cache_limit(st) / 2 {
+            if st.cached_bytes <= keep {
                 break;
             }
             let f = st.free_by_off[&off];
@@ -322,6 +337,28 @@ mod tests {
         assert!(c.zeroed, "released top range should be fresh");
         let s = unsafe { std::slice::from_raw_parts(c.ptr, c.len) };
         assert!(s.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn release_cached_returns_every_freed_page() {
+        let a = arena(1 << 30, 1 << 30);
+        let keep = a.alloc(1 << 20).unwrap();
+        let (b, b2) = (a.alloc(4 << 20).unwrap(), a.alloc(3 << 20).unwrap());
+        let top = a.alloc(1 << 20).unwrap(); // the freed blocks are not at the top
+        for x in [b, b2, keep] {
+            unsafe { std::ptr::write_bytes(x.ptr, 7, x.len) };
+        }
+        a.free(b.ptr);
+        a.free(b2.ptr);
+        assert_eq!(a.release_cached(), 7 << 20);
+        assert_eq!(a.release_cached(), 0);
+        // The released range is reused, reading zero (its pages were returned); live blocks
+        // are untouched.
+        let c = a.alloc(7 << 20).unwrap();
+        assert_eq!(c.ptr, b.ptr);
+        assert!(unsafe { std::slice::from_raw_parts(c.ptr, c.len) }.iter().all(|&x| x == 0));
+        assert!(unsafe { std::slice::from_raw_parts(keep.ptr, keep.len) }.iter().all(|&x| x == 7));
+        a.free(top.ptr);
     }
 
     #[test]

@@ -291,8 +291,9 @@ def _diameter(args) -> int:
             if "sd_bound" in flash_stats:
                 rec.update(precision=args.precision, sample=flash_stats["sample"], sd_bound=flash_stats["sd_bound"],
                            sample_only=flash_stats["sample_only"], rounds=flash_stats["rounds"])
-            elif flash_stats:
-                rec["flash"] = {"memory_budget": args.memory_budget, **flash_stats}
+            if args.memory_budget is not None:
+                rec["flash"] = {"memory_budget": args.memory_budget,
+                                **{k: flash_stats[k] for k in ("edge_bytes_on_flash", "last_hop") if k in flash_stats}}
             write_json(args.json, rec)
     return 0
 
@@ -365,9 +366,6 @@ def _check_diameter(prog, args) -> None:
     _check_memory_budget(prog, args)
     if args.memory_budget is not None and args.method not in ("auto", "hll"):
         fail(prog, "--memory-budget streams the HyperLogLog hop: use --method hll (or auto)")
-    if args.memory_budget is not None and args.sample:
-        fail(prog, f"--sample {args.sample} needs the in-memory hop: the --memory-budget hop keeps the registers "
-                   f"alone (drop --sample or pass --sample 0)")
 
 
 def _check_pagerank(prog, args) -> None:
@@ -450,7 +448,7 @@ def add_parser(sub) -> None:
     q.add_argument("--sample", type=count(0), default=None, metavar="S",
                    help=f"--method hll: vertices sampled as targets, one bit each a vertex beside the registers; N(h) "
                         f"combines the two estimates (exact when S >= the vertex count; 0: registers alone; default "
-                        f"{HLL_SAMPLE}, or 0 with --memory-budget, whose hop keeps the registers alone)")
+                        f"{HLL_SAMPLE})")
     q.add_argument("-k", type=count(1), default=32, help="Flajolet-Martin bitstrings per vertex")
     q.add_argument("--fraction", type=number(0, 1, low_open=True), default=0.9,
                    help="share of reachable pairs for the effective diameter")

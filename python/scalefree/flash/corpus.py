@@ -108,15 +108,20 @@ def recovery_error(learned: np.ndarray, true: np.ndarray):
     ``matching[j]`` is the learned topic matched to true topic ``j``."""
     from scipy.optimize import linear_sum_assignment
 
-    learned, true = np.asarray(learned, dtype=np.float64), np.asarray(true, dtype=np.float64)
+    learned, true = np.asarray(learned), np.asarray(true)
     if learned.shape != true.shape:
         raise InvalidArgumentError(f"recovery_error: shapes differ, {learned.shape} and {true.shape}")
-    a = learned / np.maximum(learned.sum(axis=0, keepdims=True), 1e-300)
-    b = true / np.maximum(true.sum(axis=0, keepdims=True), 1e-300)
-    k = a.shape[1]
-    cost = np.empty((k, k))
-    for j in range(k):
-        cost[:, j] = np.abs(a - b[:, [j]]).sum(axis=0)
+    sa = np.maximum(learned.sum(axis=0, dtype=np.float64), 1e-300)
+    sb = np.maximum(true.sum(axis=0, dtype=np.float64), 1e-300)
+    words, k = learned.shape
+    # A block of words at a time (a few MiB), not float64 copies of both words x k matrices:
+    # `flash topics --truth` scores within the command's memory budget.
+    cost = np.zeros((k, k))
+    step = max(1, (1 << 20) // max(1, k * k))
+    for lo in range(0, words, step):
+        a = np.asarray(learned[lo:lo + step], dtype=np.float64) / sa
+        b = np.asarray(true[lo:lo + step], dtype=np.float64) / sb
+        cost += np.abs(a[:, :, None] - b[:, None, :]).sum(axis=0)
     rows, cols = linear_sum_assignment(cost)
     matched = cost[rows, cols]
     matching = np.empty(k, dtype=np.int64)

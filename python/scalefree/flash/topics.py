@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _native
+from .._rss import trim_heap
 from . import core as flash
 from ..errors import InvalidArgumentError
 from .state import CsrRows
@@ -55,9 +56,10 @@ _NBINS = _BINS_PER_OCTAVE * _OCTAVES
 _RHO = 1.1
 _EPS0 = 1.0 / 3.0
 # A row-block pass over A holds up to about this many times a block's flash bytes at once
-# (measured ~15x: the block as float64 CSR, each entry's row, frequency, bin and sort key,
-# the thresholded block, the distances to the centers; with a margin).
-_ROW_TEMP = 32
+# (the block as float64 CSR, each entry's row, frequency, bin and sort key, the thresholded
+# block, the distances to the centers; step 5 also the frequencies, their transpose and the
+# per-cluster sums: measured ~35x on 1M documents, 2026-11-29; with a margin).
+_ROW_TEMP = 40
 
 
 @dataclass
@@ -335,14 +337,21 @@ def _lloyd_rows(rows_b, row_sq, labels, k, iterations, tol):
 
 def _catchwords(g, thresholded):
     """Catchwords (words x clusters, bool) from the clusters' mean word frequencies ``g``:
-    thresholded words at least ``rho`` times more frequent in their cluster than in any other."""
-    c = g.shape[1]
-    if c > 1:
-        top2 = np.partition(g, c - 2, axis=1)[:, c - 2:]
-        runner_up = np.where(g >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
-    else:
-        runner_up = np.zeros_like(g)
-    return (g >= _RHO * runner_up) & (g > 0) & thresholded
+    thresholded words at least ``rho`` times more frequent in their cluster than in any other.
+    A block of words at a time: the temporaries (the partition, the runner-up) are a few MiB,
+    not three more words x clusters arrays beside ``g`` (the peak of step 5 at 1M documents)."""
+    words, c = g.shape
+    out = np.empty((words, c), dtype=bool)
+    step = max(1, (1 << 20) // max(1, c))
+    for lo in range(0, words, step):
+        gb = g[lo:lo + step]
+        if c > 1:
+            top2 = np.partition(gb, c - 2, axis=1)[:, c - 2:]
+            runner_up = np.where(gb >= top2[:, [1]], top2[:, [0]], top2[:, [1]])
+        else:
+            runner_up = np.zeros_like(gb)
+        out[lo:lo + step] = (gb >= _RHO * runner_up) & (gb > 0) & thresholded[lo:lo + step]
+    return out
 
 
 def check_k(k, shape):
@@ -391,10 +400,11 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     docs, words = shape
     budget = rt.memory_budget_bytes
     kk = k + (max(1, math.ceil(k / 10)) if extra_clusters is None else int(extra_clusters))
-    # The state that stays in memory whatever the budget: per document its length and label
-    # (and the sample), per word the histogram (step 1) or the clusters' mean frequencies and
-    # centers (step 5). The row-block passes get the rest.
-    fixed = docs * (16 + (8 if sample < 1 else 0)) + max(words * _NBINS * 4, 2 * words * kk * 8)
+    # The state that stays in memory whatever the budget: per document its length, label and
+    # row start (the row blocks' index), the sample's ids, per word the histogram (step 1) or
+    # the clusters' mean frequencies and centers (step 5). The row-block passes get the rest.
+    fixed = docs * 24 + (8 * math.ceil(sample * docs) if sample < 1 else 0) \
+        + max(words * _NBINS * 4, 2 * words * kk * 8)
     on_flash = isinstance(A, flash.Csr) and _csr_flash_bytes_of(A) + fixed > budget
     if isinstance(A, flash.Csr) and not on_flash:  # the budget holds A: read it once
         A = A.to_scipy()
@@ -431,6 +441,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
     row_sq = np.concatenate(row_sq)
     kept = int(np.isfinite(zeta).sum())
     seconds["threshold"] = time.perf_counter() - t
+    trim_heap()  # what the step freed in the C heaps goes back (the budget bounds the process)
     say(f"1/5 threshold: {kept} of {words} words kept (in >= {q} documents' top frequencies), B has {B.shape[0]} "
         f"documents" + (f" (of {len(picked)} sampled)" if picked is not None else f" (of {docs})")
         + f", {B.nnz} entries{' on flash' if isinstance(B, flash.Csr) else ' in memory'}, {seconds['threshold']:.2f} s")
@@ -464,6 +475,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
                         stats=svd_stats, u_on_flash=True)
         del vt
         seconds["svd"] = time.perf_counter() - t
+        trim_heap()
         say(f"2/5 svd: top {k} singular values of B ({svd_stats.get('operator_columns', 0)} operator columns, "
             f"{svd_stats.get('restarts', 0)} restarts, B {'on flash' if svd_stats.get('on_flash') else 'in memory'}), "
             f"{seconds['svd']:.2f} s")
@@ -497,6 +509,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         labels = best[0]
         del proj
         seconds["kmeans_projected"] = time.perf_counter() - t
+        trim_heap()
         say(f"3/5 k-means++ and k-means ({kk} clusters) on the {k}-dim projection (best of {kmeans_inits} seedings), "
             f"{seconds['kmeans_projected']:.2f} s")
         if checkpoints is not None and checkpoints.after(3, lambda: state(labels=labels)):
@@ -518,6 +531,7 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         op = CsrRows(B, block_bytes)
         labels, centers, iters = _lloyd_rows(op, row_sq, labels, kk, lloyd_iterations, 1e-3)
     seconds["kmeans_original"] = time.perf_counter() - t
+    trim_heap()
     say(f"4/5 k-means on B seeded by step 3: {iters} iterations, {seconds['kmeans_original']:.2f} s")
     lloyd = {key: getattr(op, key, 0) for key in ("bytes_read", "bytes_written", "peak_resident_bytes", "cache_hits",
                                                    "cache_misses", "compute_idle_seconds", "kernel_seconds")}
@@ -560,14 +574,16 @@ def topics(A, k: int, *, sample: float = 1.0, seed: int = 0, tol: float = 1e-4, 
         keep = np.sort(np.lexsort((-clustered, -_catchwords(g, thresholded).sum(axis=0)))[:k])
         new_index = np.full(kk, -1, dtype=np.int64)
         new_index[keep] = np.arange(k)
-        g, centers, c_sq = g[:, keep], centers[keep], c_sq[keep]
+        g = g[:, keep]  # one at a time: the old and new copies of one array at once, not of both
+        centers = centers[keep]
+        c_sq = c_sq[keep]
         all_labels = new_index[all_labels]
     catch = _catchwords(g, thresholded)
     n_catch = catch.sum(axis=0)
     r = max(1, math.ceil(_EPS0 * w0 * docs / 2))
     best_score = np.full((r, k), -np.inf)
     best_doc = np.full((r, k), -1, dtype=np.int64)
-    catch_f = sp.csr_matrix(catch.astype(np.float64))  # catchwords are few: sparse
+    catch_f = sp.csr_matrix(catch, dtype=np.float64)  # catchwords are few: sparse (no dense float copy)
     for lo, hi, block in rows_a:
         freq = sp.diags(1.0 / np.maximum(lengths[lo:hi], 1e-300)) @ block
         lost = np.flatnonzero(all_labels[lo:hi] < 0)

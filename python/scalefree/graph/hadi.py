@@ -17,8 +17,8 @@ Three encodings of a set:
   register ``j`` (the top ``precision`` bits of a seeded 64-bit hash, so every rank agrees
   without a message) and writes there the position of the first one bit of the rest. The
   union of two sets is the register-wise max, so the hop is a max over edges (the Rust
-  kernel ``scalefree_graph::hadi::register_max``) and the combine a ``max`` sparse
-  allreduce of uint8 rows. The size of a set is the HyperLogLog estimate
+  kernel ``scalefree_graph::hadi::union_changed``), the rows partitioned by owner
+  (:func:`_hadi_partitioned`), beside a bitset of sampled targets. The size of a set is the HyperLogLog estimate
   ``alpha_m m^2 / sum_j 2^-M[j]`` with its bias constant ``alpha_m``, and linear counting
   ``m ln(m / zeros)`` in the small range (estimate <= 2.5 m with an empty register); 64-bit
   hashes need no large-range correction. Relative standard error of one counter
@@ -46,9 +46,10 @@ import time
 
 import numpy as np
 
-from .. import _native
+from .. import _native, arena
 from .._cores import usable_cores
 from .._units import parse_positive_bytes
+from ..errors import InvalidArgumentError
 from .io import compact_ids
 
 FM_CORRECTION = 0.77351
@@ -57,6 +58,7 @@ HLL_PRECISION_MAX = 16
 HLL_COUNT_ROWS = 1 << 15  # rows counted at a time (a float64 temporary of rows x m)
 HLL_SAMPLE = 4096  # sampled target vertices: bits a vertex beside the registers (0: none)
 HOP_ROUND_BYTES = 32 << 20  # partial rows a rank sends in one round of a hop
+ID_BYTES = 8  # a message is a vertex id (int64) and its partial row (scalefree_graph::hadi::ID_BYTES)
 SAMPLE_SALT = 0x5851F42D4C957F2D  # the sample's hash differs from the registers'
 EXACT_AUTO_MAX = 16384
 EXACT_MAX = 1 << 24  # 2 MiB of bits per vertex
@@ -253,17 +255,28 @@ def _estimates(rows: np.ndarray, m: int, sample: int) -> tuple[np.ndarray, np.nd
 
 
 def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, isolated: bool, max_hops: int,
-                      progress: bool, checkpoints, stats: dict | None):
+                      progress: bool, checkpoints, stats: dict | None, memory_budget=None, flash_dir=None,
+                      flash_threads: int | None = None):
     """HADI on HyperLogLog registers plus a sampled-target bitset, the rows partitioned by
-    owner (``v % size``): memory O(vertices / ranks + edges / ranks) per rank.
+    owner (``v % size``): memory O(vertices / ranks + edges / ranks) per rank, or
+    O(vertices / ranks) with ``memory_budget`` (the edges on flash).
 
     Every edge goes to the owner of its target, so a rank reads only rows it owns. A hop
     computes, for each source of its edges, the union of its targets' rows over the targets
-    that changed in the last hop (``_native.hadi_union_changed``), and sends those partial
-    rows, in rounds of at most ``HOP_ROUND_BYTES``, to the sources' owners, which merge them
+    that changed in the last hop (``_native.hadi_union_changed``, or ``FlashRows.union_changed``
+    with the edges streamed from flash: the same row loop), and sends those partial rows,
+    in rounds of at most ``HOP_ROUND_BYTES``, to the sources' owners, which merge them
     into the next hop's rows (``_native.hadi_merge_rows``: byte max for the registers, OR
     for the bits, and the sample's column counts kept current). Rows whose targets did not
-    change are not recomputed nor sent (HyperBall's modified-counter tracking)."""
+    change are not recomputed nor sent (HyperBall's modified-counter tracking). The
+    kernel writes each partial row after its source's id, packed: its output is the
+    message, and the received messages are merged as they are (no copy per round).
+
+    Memory per rank: two copies of the owned rows (this hop's and the next), the edges
+    (4 bytes each, 8 per source; none with ``memory_budget``), one round's message buffers
+    (``HOP_ROUND_BYTES`` out, as much in). The set-up's temporaries go before the rows are
+    allocated, and the registered arena's cache of them goes back to the kernel
+    (:func:`scalefree.arena.release_cached`)."""
     me, size = group.rank, group.size
     m = enc.width
     src, dst = edges  # ``[src, dst]``, emptied: the arrays go once they are sent
@@ -294,17 +307,8 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
     sampled, s_size = _bottom_sample(group, owned, sample, enc.seed) if sample > 0 else (None, 0)
     words = (s_size + 63) // 64
     width = m + 8 * words
-    rows = np.zeros((len(owned), width), np.uint8)
-    rows[:, :m] = enc.initial(owned)
-    columns = np.zeros(64 * words, np.int64)
-    if s_size:
-        own_s = np.flatnonzero(sampled >= 0)
-        k = sampled[own_s]
-        rows[own_s, m + k // 8] = np.left_shift(1, k % 8).astype(np.uint8)
-        columns[k] = 1
-        del own_s, k
     # Sources in sending order: by round, then by owner. A round holds at most
-    # HOP_ROUND_BYTES of rows on every rank (every rank takes part in every round).
+    # HOP_ROUND_BYTES of messages on every rank (every rank takes part in every round).
     n_src = len(us)
     rounds = int(group.allreduce(np.array([max(1, -(-n_src * (width + 8) // HOP_ROUND_BYTES))], np.int64),
                                  op="max")[0])
@@ -323,13 +327,32 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
     indptr = np.zeros(n_src + 1, np.int64)
     np.cumsum(np.bincount(new_src, minlength=n_src), out=indptr[1:])
     del eorder, new_src, lt
+    flash_rows = None
+    if memory_budget is not None:
+        threads = flash_threads or max(1, usable_cores() // max(1, size))
+        rt = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
+                                  None if flash_dir is None else str(flash_dir), "")
+        flash_rows = _native.FlashRows(rt, indptr, targets, len(owned))
+        del targets, indptr
+        if stats is not None:
+            stats["edge_bytes_on_flash"] = flash_rows.size_bytes
+    arena.release_cached()  # the set-up's temporaries, kept resident by the arena for reuse
+    rows = np.zeros((len(owned), width), np.uint8)
+    for lo in range(0, len(owned), HLL_COUNT_ROWS):  # in pieces: no temporary of every row
+        rows[lo: lo + HLL_COUNT_ROWS, :m] = enc.initial(owned[lo: lo + HLL_COUNT_ROWS])
+    columns = np.zeros(64 * words, np.int64)
+    if s_size:
+        own_s = np.flatnonzero(sampled >= 0)
+        k = sampled[own_s]
+        rows[own_s, m + k // 8] = np.left_shift(1, k % 8).astype(np.uint8)
+        columns[k] = 1
+        del own_s, k
+    del sampled
     est, hits = _estimates(rows, m, s_size)
     changed = np.ones(len(owned), np.uint8)  # hop 1 reads every row: all are new
     start, state = (0, None) if checkpoints is None else checkpoints.restore()
     if state is not None:
         if state["rows"].shape != rows.shape:
-            from ..errors import InvalidArgumentError
-
             raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
         rows, changed, columns = state["rows"], state["changed"].astype(np.uint8), state["columns"]
         nf, se = [float(x) for x in state["nf"]], [float(x) for x in state["se"]]
@@ -340,7 +363,7 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
         nf, se = [n_vertices], [0.0]  # every vertex reaches itself: N(0) is the vertex count
     by_sample = [n_vertices] if s_size else []
     widest = int(np.max(np.diff(bounds))) if n_src else 0
-    out = np.empty((widest, width), np.uint8)
+    out = np.empty((widest, ID_BYTES + width), np.uint8)  # the messages of a round, packed
     hit = np.empty(widest, np.uint8)
     times = []
     for hop in range(start + 1, max_hops + 1):
@@ -348,16 +371,15 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
         grew = np.zeros(len(owned), np.uint8)
         for r in range(rounds):
             a, b = int(bounds[r]), int(bounds[r + 1])
-            _native.hadi_union_changed(rows, width, m, changed, targets, indptr[a: b + 1], out[: b - a], hit[: b - a])
-            sel = np.flatnonzero(hit[: b - a])
-            send = np.empty((len(sel), width + 8), np.uint8)
-            send[:, :8] = us[a + sel].view(np.uint8).reshape(-1, 8)
-            send[:, 8:] = out[sel]
-            got = group.alltoallv(send, np.bincount(owner[a + sel], minlength=size))
-            del send
-            ids = got[:, :8].copy().view(np.int64).reshape(-1)
+            if flash_rows is not None:
+                k = flash_rows.union_changed(rows, width, m, changed, a, b, us[a:b], out[: b - a], hit[: b - a])
+            else:
+                k = _native.hadi_union_changed(rows, width, m, changed, targets, indptr[a: b + 1], us[a:b],
+                                               out[: b - a], hit[: b - a])
+            got = group.alltoallv(out[:k], np.bincount(owner[a: b][hit[: b - a] != 0], minlength=size))
+            ids = got[:, :ID_BYTES].copy().view(np.int64).reshape(-1)
             pos = ids // size if isolated else np.searchsorted(owned, ids)
-            _native.hadi_merge_rows(nxt, width, m, pos, np.ascontiguousarray(got[:, 8:]), grew, columns)
+            _native.hadi_merge_rows(nxt, width, m, pos, got, grew, columns)
             del got, ids, pos
         rows, nxt = nxt, rows
         changed = grew
@@ -391,6 +413,8 @@ def _hadi_partitioned(group, edges: list, n: int, enc: Encoding, sample: int, is
         stats["sample"] = s_size
         stats["sample_only"] = by_sample
         stats["rounds"] = rounds
+        if flash_rows is not None:
+            stats["last_hop"] = flash_rows.last_stats
     return nf, float(np.median(times)) if times else 0.0
 
 
@@ -403,11 +427,11 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     list on every rank), up to the hop after which no set grew (or ``max_hops``); ``N(0)`` is
     the exact vertex count whatever the method. ``precision``: HyperLogLog registers a
     vertex, ``2^precision``. ``src`` may be the list ``[src, dst]`` (``dst=None``): it is
-    emptied, so the caller's arrays go once the set-up has sent them. ``sample``: target vertices sampled for the second estimate of
-    N(h) (``hll``; 0 for registers alone; see :func:`_combine`; default 4096 in memory, 0 with
-    ``memory_budget``, whose hop keeps the registers alone). ``stats["sd_bound"]``
-    receives a bound on N(h)'s standard deviation per hop (the sum of the vertices'; ``hll``
-    in memory), ``stats["sample_only"]`` the sample's estimate alone.
+    emptied, so the caller's arrays go once the set-up has sent them. ``sample``: target
+    vertices sampled for the second estimate of N(h) (``hll``; default 4096, 0 for registers
+    alone; see :func:`_combine`). ``stats["sd_bound"]`` receives a bound on N(h)'s standard
+    deviation per hop (the sum of the vertices'; ``hll``), ``stats["sample_only"]`` the
+    sample's estimate alone.
     ``isolated=False``: ids on no edge are not vertices (``N(0)`` counts those on an edge;
     one alltoallv finds them), and memory is O(this rank's edges) whatever ``n`` is, so ids
     may be spread over a sparse space past 2**32 (with ``isolated=True`` every id in
@@ -418,10 +442,10 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     ``memory_budget`` (bytes or a size such as ``"64M"``; HyperLogLog only, which ``"auto"``
     then picks): this rank's edges grouped by source go to a scratch file of a flash runtime
     with that budget (in ``flash_dir``; unnamed, nothing is left behind even after a crash)
-    and every hop streams them once in row blocks prefetched under the budget; the register
-    rows stay in memory (256 bytes a vertex at the default precision: usually more than the
-    edges' 4 bytes each). The same neighbourhood function bit for bit. ``stats`` (a dict)
-    receives ``edge_bytes_on_flash`` and the last hop's runtime statistics."""
+    and every round of a hop streams its rows' edges once, in blocks prefetched under the
+    budget, through the in-memory hop's row loop; the rows (registers and sample bits) stay
+    in memory. The same neighbourhood function bit for bit. ``stats`` (a dict) receives
+    ``edge_bytes_on_flash`` and the last round's runtime statistics (``last_hop``)."""
     me, size = group.rank, group.size
     if memory_budget is not None:
         if method == "auto":
@@ -438,18 +462,16 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
     if len(src) and (min(int(src.min()), int(dst.min())) < 0 or max(int(src.max()), int(dst.max())) >= n):
         raise ValueError(f"edge endpoints must lie in [0, {n})")
     if sample is None:
-        sample = 0 if memory_budget is not None else HLL_SAMPLE
+        sample = HLL_SAMPLE
     if sample < 0:
         raise ValueError(f"the target sample must be >= 0 vertices, got {sample}")
-    if memory_budget is not None and sample > 0:
-        raise ValueError(f"a target sample ({sample}) needs the in-memory hop: the out-of-core hop keeps the "
-                         f"registers alone (sample 0)")
-    if enc.method == "hll" and memory_budget is None:
+    if enc.method == "hll":
         edges = [src, dst]
         del src, dst
         nf, per_hop = _hadi_partitioned(group, edges, n, enc, int(sample), isolated, max_hops, progress,
-                                        checkpoints, stats)
+                                        checkpoints, stats, memory_budget, flash_dir, flash_threads)
         return nf, enc, per_hop
+    # exact bitsets and Flajolet-Martin strings: an OR sparse allreduce per hop
     src, dst = src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
     usrc, ls = compact_ids(src, n)
     udst, ld = compact_ids(dst, n)
@@ -464,7 +486,7 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         got = group.alltoallv(touched[order], np.bincount(dest, minlength=size))
         owned = np.unique(got)
         del touched, dest, order, got
-    sa = group.sparse_allreduce(n, op="max" if enc.method == "hll" else "or", degrees=degrees)
+    sa = group.sparse_allreduce(n, op="or", degrees=degrees)
     # Out: partial ORs at this rank's edge sources, and the owned vertices' own strings.
     # In: the strings of this rank's edge targets (next hop) and of the owned vertices.
     sa.config(np.concatenate([usrc, owned]), np.concatenate([udst, owned]))
@@ -483,44 +505,21 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         nf = [measure(b_own, -1)[0]]  # every vertex reaches itself: N(0) is the vertex count
     else:
         if state["b_dst"].shape != b_dst.shape or state["b_own"].shape != b_own.shape:
-            from ..errors import InvalidArgumentError
-
             raise InvalidArgumentError("checkpoint does not fit this rank's share of the graph")
         b_dst, b_own, nf = state["b_dst"], state["b_own"], [float(x) for x in state["nf"]]
     times = []
-    # Edges grouped by source: one reduceat per hop ORs each source's targets (hll: the
-    # native register max, which needs no row per edge).
+    # Edges grouped by source: one reduceat per hop ORs each source's targets.
     order = np.argsort(ls, kind="stable")
     ld_by_src = np.ascontiguousarray(ld[order], np.int64)
     starts = np.flatnonzero(np.r_[True, np.diff(ls[order]) != 0]) if len(ls) else np.zeros(0, np.int64)
     del order
-    flash_rows = None
-    if enc.method == "hll":
-        indptr = np.append(starts, len(ls)).astype(np.int64)
-        out_rows = np.empty((len(starts) + len(owned), enc.width), np.uint8)
-        if memory_budget is not None:
-            threads = flash_threads or max(1, usable_cores() // max(1, size))
-            rt = _native.FlashRuntime(parse_positive_bytes(memory_budget, "memory_budget"), threads,
-                                      None if flash_dir is None else str(flash_dir), "")
-            flash_rows = _native.FlashRows(rt, indptr, ld_by_src, len(udst))
-            del ld_by_src, indptr
-            if stats is not None:
-                stats["edge_bytes_on_flash"] = flash_rows.size_bytes
     for hop in range(start + 1, max_hops + 1):
         t0 = time.perf_counter()
-        if flash_rows is not None:
-            flash_rows.register_max(b_dst, enc.width, out_rows[: len(starts)])
-            out_rows[len(starts):] = b_own
-            partial = None
-        elif enc.method == "hll":
-            _native.hll_register_max(b_dst, enc.width, ld_by_src, indptr, out_rows[: len(starts)])
-            out_rows[len(starts):] = b_own
-            partial = None
-        elif len(ls):
+        if len(ls):
             partial = np.bitwise_or.reduceat(b_dst[ld_by_src], starts, axis=0)
         else:
             partial = np.zeros((0, enc.width), enc.dtype)
-        got = sa.reduce(out_rows if partial is None else np.concatenate([partial, b_own]))
+        got = sa.reduce(np.concatenate([partial, b_own]))
         b_dst, new_own = got[: len(udst)], got[len(udst):]
         changed = int(np.count_nonzero((new_own != b_own).any(axis=1))) if len(owned) else 0
         b_own = new_own
@@ -534,6 +533,4 @@ def hadi(group, src, dst, n: int, method: str = "auto", k: int = 32, seed: int =
         if checkpoints is not None and checkpoints.after(
                 hop, lambda: {"b_dst": b_dst, "b_own": b_own, "nf": np.array(nf)}):
             break
-    if flash_rows is not None and stats is not None:
-        stats["last_hop"] = flash_rows.last_stats
     return nf, enc, float(np.median(times)) if times else 0.0

@@ -86,14 +86,61 @@ def _arena_tensor(shape, dtype):
 _FACTORY_KW = ("dtype", "layout", "device", "pin_memory")
 
 
+_out_forms: dict = {}
+# What an operator returns for given argument shapes, dtypes and values (found on meta
+# tensors): (shape, dtype), or False when it cannot go to the arena. The same operator at
+# the same site sees the same arguments every step, so the meta run happens once.
+_meta_results: dict = {}
+_META_MAX = 4096
+
+
+def _meta_key(func, args, kwargs):
+    """A hashable key of an operator call by its tensors' shapes, dtypes and contiguity and
+    its other arguments' values; None when an argument has no such key."""
+    import torch
+
+    def k(x):
+        if isinstance(x, torch.Tensor):
+            return ("T", tuple(x.shape), x.dtype, x.device.type, x.is_contiguous())
+        if isinstance(x, (list, tuple)):
+            return tuple(k(v) for v in x)
+        hash(x)
+        return x
+
+    try:
+        return (func, k(args), tuple(sorted((n, k(v)) for n, v in kwargs.items())))
+    except TypeError:
+        return None
+
+
+def _out_form(func):
+    """The operator's out= overload and the name of its one output argument (``out``, or
+    ``grad_input`` for backward kernels such as ``tanh_backward``), or None."""
+    if func in _out_forms:
+        return _out_forms[func]
+    packet = func.overloadpacket
+    found = (packet.out, "out") if "out" in packet.overloads() else None
+    base = [a.name for a in func._schema.arguments]
+    for name in packet.overloads() if found is None else ():
+        op = getattr(packet, name)
+        args = op._schema.arguments
+        outs = [a.name for a in args if a.is_out]
+        if len(outs) == 1 and [a.name for a in args if not a.is_out] == base:
+            found = (op, outs[0])
+            break
+    _out_forms[func] = found
+    return found
+
+
 def _into_arena(func, args, kwargs):
     """Runs ``func`` in its out= form into an arena tensor; None if it cannot."""
     import torch
     from torch.utils._pytree import tree_map
 
-    out_op = getattr(func.overloadpacket, "out", None)
-    if out_op is None:
+    found = _out_form(func)
+    if found is None:
         return None
+    out_op, out_name = found
     allowed = {a.name for a in out_op._schema.arguments}
     if any(k not in allowed for k in kwargs if k not in _FACTORY_KW):
         return None
@@ -105,21 +152,31 @@ def _into_arena(func, args, kwargs):
             return torch.device("meta")
         return x
 
+    key = _meta_key(func, args, kwargs)
+    result = _meta_results.get(key) if key is not None else None
+    if result is None:
+        try:
+            mkw = {k: meta(v) for k, v in kwargs.items()}
+            if "device" in {a.name for a in func._schema.arguments}:  # factories: made on meta
+                mkw["device"] = torch.device("meta")
+            shape_of = func(*tree_map(meta, args), **mkw)
+        except Exception:  # noqa: BLE001 - no meta kernel, or it needs real data
+            shape_of = None
+        if (not isinstance(shape_of, torch.Tensor) or not shape_of.is_contiguous() or shape_of.is_sparse
+                or shape_of.numel() * shape_of.element_size() < SITE_MIN):
+            result = False
+        else:
+            result = (tuple(shape_of.shape), shape_of.dtype)
+        if key is not None:
+            if len(_meta_results) >= _META_MAX:
+                _meta_results.clear()
+            _meta_results[key] = result
+    if result is False:
+        return None
+    kw = {k: v for k, v in kwargs.items() if k in allowed and k != out_name}
+    out = _arena_tensor(*result)
     try:
-        mkw = {k: meta(v) for k, v in kwargs.items()}
-        if "device" in {a.name for a in func._schema.arguments}:  # factories: made on meta
-            mkw["device"] = torch.device("meta")
-        shape_of = func(*tree_map(meta, args), **mkw)
-    except Exception:  # noqa: BLE001 - no meta kernel, or it needs real data
-        return None
-    if not isinstance(shape_of, torch.Tensor) or not shape_of.is_contiguous() or shape_of.is_sparse:
-        return None
-    if shape_of.numel() * shape_of.element_size() < SITE_MIN:
-        return None
-    kw = {k: v for k, v in kwargs.items() if k in allowed and k != "out"}
-    out = _arena_tensor(shape_of.shape, shape_of.dtype)
-    try:
-        res = out_op(*args, **kw, out=out)
+        res = out_op(*args, **kw, **{out_name: out})
     except Exception:  # noqa: BLE001 - the out form takes other arguments: run it as before
         return None
     if res is not out and not (isinstance(res, torch.Tensor) and res.data_ptr() == out.data_ptr()):

@@ -36,8 +36,11 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .. import arena
+from .._units import env_bytes
 from ..errors import ScalefreeError, ScalefreeTimeoutError
-from .p2p import Mailbox, pack, unpack_into
+from ..tensors import torch_sites
+from .p2p import Mailbox, send_message, unpack_into
 
 BACKEND_NAME = "scalefree"
 
@@ -106,13 +109,16 @@ class _SharedStorages:
     through their own mapping instead of cross-memory-attach copies. A storage is moved on
     its second allreduce (one-off tensors are never copied), only while no queued allreduce
     holds it, and let go when only this cache holds it.
-    ``SCALEFREE_TORCH_SHARE_BUCKETS=0`` turns this off."""
+    With allocation-site tracing on (the default) every storage of 64 KiB or more is moved
+    (the bytes peers would otherwise get through a staging copy each step); without it,
+    from 1 MiB. ``SCALEFREE_TORCH_SHARE_BUCKETS=0`` turns this off."""
 
     MIN_BYTES = 1 << 20
     SHM_DIR = "/dev/shm"
 
-    def __init__(self, device):
+    def __init__(self, device, min_bytes: int = MIN_BYTES):
         self._dev = device
+        self._min = min_bytes
         self._seen: dict = {}    # storage identity -> (weak ref, data pointer), first sighting
         self._held: dict = {}    # data pointer -> (storage, region), moved and registered
         self._lock = threading.Lock()
@@ -123,7 +129,7 @@ class _SharedStorages:
         says no queued allreduce holds the storage at ``ptr`` (it would keep the old address)."""
         st = t.untyped_storage()
         n = st.nbytes()
-        if n < self.MIN_BYTES:
+        if n < self._min:
             return
         from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -161,6 +167,46 @@ class _SharedStorages:
         with self._lock:
             self._seen.clear()
             self._held.clear()
+
+
+class _Copies:
+    """What the group's transfers copied (see :meth:`ProcessGroupScalefree.stats`)."""
+
+    KEYS = ("bytes_staged", "bytes_copied_recv", "bytes_zero_copy", "transfers")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._n = dict.fromkeys(self.KEYS, 0)
+
+    def add(self, **counts) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                self._n[k] += int(v)
+            self._n["transfers"] += 1
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            out = dict(self._n)
+        out["bytes_copied"] = out["bytes_staged"] + out["bytes_copied_recv"]
+        return out
+
+
+def _arena_for(store, g, rank: int, size: int) -> None:
+    """With tracing: the registered arena in this process (numpy's allocator for arrays of
+    ``SCALEFREE_ARENA_MIN`` bytes or more, where traced torch sites allocate), when the
+    process has none yet; every rank of the group agrees through the store first, since
+    setting it up is collective."""
+    want = arena.threshold() is None and os.environ.get("SCALEFREE_ARENA", "1").strip().lower() not in (
+        "0", "false", "no", "off")
+    store.set(f"scalefree/arena/{rank}", "1" if want else "0")
+    if not all(store.get(f"scalefree/arena/{r}") == b"1" for r in range(size)):
+        return
+    min_bytes = env_bytes("SCALEFREE_ARENA_MIN", 64 << 10)
+    try:
+        g._enable_arena(min_bytes)
+    except ScalefreeError:
+        return  # the same outcome on every rank (the set-up agrees first): no arena
+    arena.attach(g, min_bytes)
 
 
 def _seconds(timeout) -> float | None:
@@ -407,9 +453,21 @@ def _join(store, rank: int, size: int, timeout: timedelta):
 class ProcessGroupScalefree(dist.ProcessGroup):
     """torch's ProcessGroup interface over a scalefree group (CPU tensors)."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta | None = None):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta | None = None, trace: bool | None = None):
         super().__init__(rank, size)
         self._g = _join(store, rank, size, timeout)
+        # Allocation-site tracing (the RDMA tensor paper, 3.4; default SCALEFREE_TRACE, on):
+        # tensors the transport has to stage trace their allocation site, so the next tensor
+        # made there is born in registered memory; persistent ones (DDP's buckets) are moved
+        # there. Off: tensors go where they are, staged by the transport every time.
+        self._trace = arena.tracing(trace)
+        self._copies = _Copies()
+        self._stage_max = env_bytes("SCALEFREE_STAGE_MAX", 4 << 20)
+        # Calls up to this size travel inline with the header (a copy, registered or not).
+        self._inline_max = min(env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10), env_bytes("SCALEFREE_INLINE_BYTES",
+                                                                                          256 << 10))
+        if self._trace:
+            _arena_for(store, self._g, rank, size)
         # SCALEFREE_TORCH_INLINE=1 runs collectives on the calling thread (no overlap with
         # compute; for comparison).
         inline = os.environ.get("SCALEFREE_TORCH_INLINE", "0").strip() not in ("", "0")
@@ -418,7 +476,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         share = os.environ.get("SCALEFREE_TORCH_SHARE_BUCKETS", "1").strip() not in ("", "0")
         # Peers map a shared storage through /proc (as cross-memory attach needs); over UCX
         # buffers are sent from where they are.
-        self._shared = (_SharedStorages(self._g.device)
+        self._shared = (_SharedStorages(self._g.device, self._inline_max + 1 if self._trace else _SharedStorages.MIN_BYTES)
                         if share and self._g.transport == "shm" and self._g.cross_memory_attach else None)
         self._ar_lock = threading.Lock()
         self._ar_inflight: dict = {}  # storage address -> allreduces queued on it
@@ -426,8 +484,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # made here, where every rank is).
         from ..tensors.slots import dynamic_channels
 
+        # With tracing, torch's allocation sites are traced (scalefree.tensors.torch_sites: a
+        # dispatch mode, microseconds per operator) in a thread that calls the group once a
+        # tensor of at least SITE_MIN bytes had to be staged outside a backward pass (DDP's
+        # buckets are registered instead): a DDP-only job never runs under the mode.
+        self._sites_wanted = False
         self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d],
-                                     trace_torch=False)  # no dispatch mode under the training loop
+                                     trace_torch=False)
         self._p2p_workers: dict = {}
         self._p2p_lock = threading.Lock()
         self._mailbox = Mailbox(self._p2p, rank, _translate)
@@ -475,7 +538,50 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         """The underlying :class:`scalefree.Group`."""
         return self._g
 
+    @property
+    def trace(self) -> bool:
+        """Whether allocation-site tracing is on for this group."""
+        return self._trace
+
+    def stats(self) -> dict:
+        """Bytes this rank's transfers copied since the group started: ``bytes_staged``
+        (tensors copied into the transport's registered buffers: a send's staging, a
+        collective's buffer the transport stages, a non-contiguous tensor's contiguous
+        copy), ``bytes_copied_recv`` (a message that arrived before its ``recv`` was posted,
+        copied out of the mailbox), ``bytes_copied`` (their sum), ``bytes_zero_copy`` (moved
+        from or into the tensor's own memory) and ``transfers``. Take two readings and
+        subtract for one step."""
+        return self._copies.snapshot()
+
+    def _note(self, t: torch.Tensor, traced: torch.Tensor | None = None) -> None:
+        """Counts a collective's contiguous buffer ``t`` as the transport will move it (the
+        rules of ``Communicator::pick`` and ``expose_with``): a small call travels inline
+        with its header (copied); otherwise it moves in place when it is in registered
+        memory or, on one host, read by cross-memory attach (above ``SCALEFREE_STAGE_MAX``)
+        or, across hosts, written from where it is; else it is staged (copied). A staged
+        buffer traces the allocation site of ``traced`` (the caller's tensor): registered
+        memory would spare that copy, not the inline one."""
+        n = t.numel() * t.element_size()
+        if n == 0:
+            return
+        staged = (self._g.transport == "shm" and not self._g.device._is_registered(t.data_ptr(), n)
+                  and (n <= self._stage_max or not self._g.cross_memory_attach))
+        if staged or n <= self._inline_max:
+            self._copies.add(bytes_staged=n)
+            if staged and n > self._inline_max and self._trace and traced is not None:
+                torch_sites.note_staged(traced)
+                self._sites_wanted |= n >= torch_sites.SITE_MIN
+        else:
+            self._copies.add(bytes_zero_copy=n)
+
+    def _sites(self) -> None:
+        """On the caller's thread: traces torch's allocation sites here from now on, once a
+        staged tensor asked for it."""
+        if self._sites_wanted:
+            torch_sites.activate()
+
     def _submit(self, fn, result, what: str = "collective", opts=None) -> Work:
+        self._sites()
         timeout_s = _seconds(getattr(opts, "timeout", None)) if opts is not None else None
         return self._worker.submit(fn, result, what, timeout_s)
 
@@ -500,18 +606,21 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         self.shutdown()
 
     # -- collectives ---------------------------------------------------------------------------
-    def _reduce_into(self, t: torch.Tensor, op: str) -> None:
-        """Allreduce of one contiguous tensor, in place."""
+    def _reduce_into(self, t: torch.Tensor, op: str, trace: bool = True) -> None:
+        """Allreduce of one contiguous tensor, in place (``trace``: a staged tensor traces
+        its allocation site)."""
         if t.numel() == 0:
             return
         native_op = "sum" if op == "avg" else op
         if t.dtype in _NATIVE_REDUCE:
+            self._note(t, t if trace else None)
             self._g.allreduce(as_numpy(t), native_op)
         else:
             wide = _WIDEN.get(t.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {t.dtype}")
             w = t.to(wide)
+            self._note(w)
             self._g.allreduce(as_numpy(w), native_op)
             t.copy_(w)
         if op == "avg":
@@ -562,7 +671,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # Only during a backward pass (DDP's bucket allreduces): a storage moved to shared
         # memory changes address, which a caller holding its raw pointer (a numpy view)
         # would not see.
-        if self._shared is not None and torch._C._current_graph_task_id() != -1:
+        backward = torch._C._current_graph_task_id() != -1
+        if self._shared is not None and backward:
             for st in staged:
                 if st.t is st.orig and st.t.dtype in _NATIVE_REDUCE:
                     self._shared.prepare(st.t, self._quiet_for)
@@ -576,7 +686,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             try:
                 for s in staged:
-                    self._reduce_into(s.t, op)
+                    self._reduce_into(s.t, op, not backward)
                     s.finish()
             finally:
                 if keys:
@@ -605,6 +715,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             for s in staged:
                 if s.t.numel():
+                    if self.rank() == root:
+                        self._note(s.t)  # parameters and buffers (DDP's): persistent, nothing to trace
                     self._g.broadcast(as_numpy(s.t), root)
                 s.finish()
 
@@ -614,6 +726,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         """Every rank's ``inp`` into contiguous ``out`` (size * inp.numel() elements, rank order)."""
         if inp.numel() == 0:
             return
+        self._note(inp, inp)
         self._g._allgather_into(as_numpy(inp), as_numpy(out))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -697,6 +810,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if inp.dtype in _NATIVE_REDUCE:
+            self._note(inp, inp)
             self._g._reduce_scatter_into(as_numpy(inp), as_numpy(out), native_op)
             res = out
         else:
@@ -895,11 +1009,25 @@ class ProcessGroupScalefree(dist.ProcessGroup):
 
     def send(self, tensors, dst: int, tag: int = 0):
         ch = self._p2p[(self.rank(), dst)]
-        msgs = [pack(as_numpy(t.detach().contiguous()), tag) for t in tensors]
+        self._sites()
+        # Each tensor goes from its own memory (a contiguous copy only when it is not
+        # contiguous); the channel stages it unless it is in registered memory.
+        msgs = []
+        for t in tensors:
+            _check_cpu(t, "send tensor")
+            c = t.detach().contiguous()
+            own = c.data_ptr() == t.data_ptr() or c.numel() == 0
+            if not own:
+                self._copies.add(bytes_staged=c.numel() * c.element_size())
+            msgs.append((c, t if own and self._trace else None))
 
         def run():
-            for m in msgs:
-                ch.send(m)
+            for c, traced in msgs:
+                a = as_numpy(c)
+                staged = send_message(ch, a, tag, traced)
+                self._copies.add(bytes_staged=staged, bytes_zero_copy=a.nbytes - staged)
+                if traced is not None and staged >= torch_sites.SITE_MIN:
+                    self._sites_wanted = True
 
         return self._p2p_worker(("send", dst)).submit(run, list(tensors), "send", self._timeout_s)
 
@@ -911,8 +1039,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             got = src
             for s in staged:
-                got, payload = self._mailbox.recv(src if got is None else got, tag, timeout_s)
-                unpack_into(payload, as_numpy(s.t), "recv")
+                out = as_numpy(s.t).view(np.uint8)
+                got, payload = self._mailbox.recv(src if got is None else got, tag, timeout_s, out)
+                if payload is None:  # landed in the tensor itself
+                    self._copies.add(bytes_zero_copy=out.size)
+                else:
+                    unpack_into(payload, out, "recv")
+                    self._copies.add(bytes_copied_recv=out.size)
                 s.finish()
             return _Source(got)
 
@@ -938,7 +1071,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         token = np.zeros(1, np.uint8)
         if rank != 0:
             try:
-                self._p2p[(rank, 0)].send(pack(token, self._MB_ARRIVE), timeout=limit)
+                send_message(self._p2p[(rank, 0)], token, self._MB_ARRIVE, timeout=limit)
                 self._mailbox.recv(0, self._MB_RELEASE, limit)
             except BaseException as e:  # noqa: BLE001 - reworded as gloo's
                 raise RuntimeError(f"Rank {rank} successfully reached monitoredBarrier, but received errors while "
@@ -963,7 +1096,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             ms = int(round((limit or 0) * 1000))
             raise RuntimeError(f"Ranks {', '.join(map(str, failed))} failed to pass monitoredBarrier in {ms} ms")
         for r in range(1, n):
-            self._p2p[(0, r)].send(pack(token, self._MB_RELEASE))
+            send_message(self._p2p[(0, r)], token, self._MB_RELEASE)
 
 
 # Groups still open at interpreter exit are shut down first (their threads stopped, the

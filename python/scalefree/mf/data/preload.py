@@ -33,6 +33,7 @@ import threading
 import numpy as np
 
 from ... import _native
+from ..._rss import trim_heap
 from ..._units import human_bytes, parse_positive_bytes
 from ...errors import InvalidArgumentError, OutOfBudgetError
 from .blocks import ENTRY_BYTES
@@ -66,16 +67,6 @@ def outside_arena(fn):
         raise box["error"]
     trim_heap()
     return box["value"]
-
-
-def trim_heap() -> None:
-    """Give free C-heap memory back to the system (glibc ``malloc_trim``; no-op elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 ALIGN = 4096  # blocks start on page boundaries and are read as whole pages
