@@ -214,11 +214,18 @@ impl SspState {
             let mut partners_done = true;
             for i in self.ins.iter_mut().flat_map(|x| x.iter_mut().flatten().flatten()) {
                 let Some(p) = i.posted_from() else { continue };
-                if gone(p) {
+                // A partner that is done keeps nothing that waits for an acknowledgement (and,
+                // replicated, may be gone already: it need not wait for every replica).
+                if gone(p) || i.partner_done(&self.mesh, &self.layout, f) {
                     continue;
                 }
-                i.take(&self.mesh, &self.layout)?;
-                partners_done &= i.partner_done(&self.mesh, &self.layout, f);
+                partners_done = false;
+                match i.take(&self.mesh, &self.layout) {
+                    Err(Error::PeerLost { .. }) if r > 1 => {}
+                    x => {
+                        x?;
+                    }
+                }
             }
             let senders = || self.outs.iter().flat_map(|o| o.iter().flatten().flatten()).filter(|s| !s.mapped() && !gone(s.peer()));
             if !said && !senders().any(|s| s.pending()) {
