@@ -240,7 +240,11 @@ impl SspState {
             if said && partners_done {
                 return Ok(());
             }
-            self.mesh.wait_bell(seen, None, &what, &|| Ok(()), r == 1)?;
+            if r == 1 {
+                self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
+            } else {
+                self.mesh.wait_bell_surviving(seen, &what, &|| Ok(()))?;
+            }
         }
     }
 
@@ -276,7 +280,11 @@ impl SspState {
             let t = Instant::now();
             // Unreplicated: any peer's death raises (and Ctrl-C); replicated: only the loss
             // of every replica of this member.
-            self.mesh.wait_bell(seen, None, &what, &alive, r == 1)?;
+            if r == 1 {
+                self.mesh.wait_bell(seen, None, &what, &alive, true)?;
+            } else {
+                self.mesh.wait_bell_surviving(seen, &what, &alive)?;
+            }
             *waited += t.elapsed();
         }
     }
