@@ -902,6 +902,38 @@ def test_sparse_slack_killed_rank_on_another_host_is_peer_lost(can_simulate):
         assert float(line.split("after ")[1].split("s:")[0]) < 30.0 and "rank 1" in line, line
 
 
+REPLICATED_SLACK = r"""
+import os, signal, sys, numpy as np, scalefree
+g = scalefree.init(timeout=60)
+m = g.size // 2  # logical nodes; replicas 2, one on each host
+me = g.rank % m
+dim = 400
+outs = [np.arange(r, dim, m) for r in range(m)]
+sa = g.sparse_allreduce(dim, slack=2, replication=2, hash=False)
+sa.config(outs[me], np.arange(dim))
+for t in range(1, 26):
+    if g.rank >= m and t == 6:  # host 1 (replica 1 of every node) goes at once
+        os.kill(os.getpid(), signal.SIGKILL)
+    got = sa.reduce(np.full(len(outs[me]), float(t)))
+    assert sa.last.age_diff <= 2, sa.last
+    assert (got[outs[me]] == t).all(), "own contribution not current"
+exact = sa.flush()
+assert (exact == 25).all(), exact
+print("ok", g.rank, flush=True)
+"""
+
+
+def test_replicated_sparse_slack_survives_a_killed_host(can_simulate):
+    """r = 2 on 2 hosts x 2 ranks, every logical node with a replica on each host: host 1's
+    ranks are SIGKILLed at call 6 of 25; the survivors finish every reduce with slack and the
+    flush is exact."""
+    with simhosts.SimHosts(2) as h:
+        res = launch_all(h, 2, REPLICATED_SLACK, timeout=180, port=29559, run_args=["--allow-rank-failure"])
+    rc, out = res[0]
+    assert rc == 0 and out.count("ok ") == 2, out[-3000:]
+    assert res[1][0] != 0
+
+
 def test_pagerank_with_slack_across_hosts(can_simulate, tmp_path):
     """`graph pagerank --slack 3` with a seeded straggler on 2 hosts x 2 ranks (a small R-MAT
     graph): the fixed point of the synchronous iteration (a one-process reference), top-10

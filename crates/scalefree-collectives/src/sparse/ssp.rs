@@ -169,10 +169,18 @@ impl SspState {
         })
     }
 
-    /// Sends the publishes kept for members on other hosts whose buffers have been freed.
+    /// Sends the publishes kept for members on other hosts whose buffers have been freed
+    /// (replicated: not to a replica that is gone).
     fn service(&mut self) -> Result<()> {
+        let replicated = self.replicas > 1;
         for s in self.outs.iter_mut().flat_map(|o| o.iter_mut().flatten().flatten()) {
-            s.service(&self.mesh, &self.layout)?;
+            if replicated && s.pending() && !self.mesh.dev.rank_alive(s.peer() as u32) {
+                continue;
+            }
+            match s.service(&self.mesh, &self.layout) {
+                Err(Error::PeerLost { .. }) if replicated => {}
+                r => r?,
+            }
         }
         Ok(())
     }
@@ -211,7 +219,7 @@ impl SspState {
             self.service()?;
             let dev = self.mesh.dev.clone();
             let gone = |p: usize| r > 1 && !dev.rank_alive(p as u32);
-            let mut partners_done = true;
+            let mut waiting = Vec::new();
             for i in self.ins.iter_mut().flat_map(|x| x.iter_mut().flatten().flatten()) {
                 let Some(p) = i.posted_from() else { continue };
                 // A partner that is done keeps nothing that waits for an acknowledgement (and,
@@ -219,7 +227,7 @@ impl SspState {
                 if gone(p) || i.partner_done(&self.mesh, &self.layout, f) {
                     continue;
                 }
-                partners_done = false;
+                waiting.push(p);
                 match i.take(&self.mesh, &self.layout) {
                     Err(Error::PeerLost { .. }) if r > 1 => {}
                     x => {
@@ -237,13 +245,21 @@ impl SspState {
                 }
                 said = true;
             }
-            if said && partners_done {
+            if said && waiting.is_empty() {
                 return Ok(());
             }
             if r == 1 {
                 self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
-            } else {
-                self.mesh.wait_bell_surviving(seen, &what, &|| Ok(()))?;
+                continue;
+            }
+            // Replicated: a partner that goes meanwhile ends the wait (it is skipped next time).
+            let lost = || match waiting.iter().find(|&&p| gone(p)) {
+                Some(&p) => Err(Error::PeerLost { rank: p as u32, pid: dev.pid_of(p as u32), detail: "gone".into() }),
+                None => Ok(()),
+            };
+            match self.mesh.wait_bell_surviving(seen, &what, &lost) {
+                Err(Error::PeerLost { .. }) => {}
+                x => x?,
             }
         }
     }
@@ -257,7 +273,12 @@ impl SspState {
             self.service()?;
             let mut best = (0u64, 0usize);
             for q in 0..r {
-                let a = self.ins[l][ph][j][q].take(&self.mesh, &self.layout)?;
+                let a = match self.ins[l][ph][j][q].take(&self.mesh, &self.layout) {
+                    // Its acknowledgement could not go to a replica that is gone; what it
+                    // posted before is still good (a second take posts nothing).
+                    Err(Error::PeerLost { .. }) if r > 1 => self.ins[l][ph][j][q].take(&self.mesh, &self.layout)?,
+                    x => x?,
+                };
                 if a > best.0 {
                     best = (a, q);
                 }
