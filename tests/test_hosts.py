@@ -254,6 +254,80 @@ def test_host_cut_off_is_peer_lost_within_the_timeout(can_simulate):
             assert procs[1].returncode != 0, (elems, out1[-2000:])
 
 
+SETUP_CUT = r"""
+import os, sys, time
+import scalefree
+t0 = time.monotonic()
+try:
+    g = scalefree.init(timeout=120)
+    print("joined", flush=True)
+    if g.rank == 1:  # held out of the next set-up step until its host is cut off
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.02)
+    t0 = time.monotonic()
+    g.ssp_reduction(64)  # collective set-up: its regions are exchanged through the rendezvous
+except scalefree.PeerLostError as e:
+    print(f"PeerLostError after {time.monotonic() - t0:.3f}s: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+def _rendezvous_bytes_in(hosts, port: int) -> int:
+    """Bytes host 0's rendezvous (on `port`) has received from its peers."""
+    out = subprocess.run(hosts.command(0, ["ss", "-tniH", "state", "established", f"( sport = :{port} )"]),
+                         capture_output=True, text=True, timeout=30).stdout
+    return sum(int(w.split(":")[1]) for w in out.split() if w.startswith("bytes_received:"))
+
+
+def test_host_cut_off_during_set_up_is_peer_lost_within_the_peer_timeout(can_simulate, tmp_path):
+    """A host cut off while its rank is in the job's set-up (its link down: no reset, no close)
+    is a named `PeerLostError` on rank 0 within SCALEFREE_PEER_TIMEOUT (not the set-up timeout,
+    and never "Resource temporarily unavailable"), and nothing is left behind. Two jobs on the
+    same two hosts, cut off together: one inside `scalefree.init`, cut once rank 0's rendezvous
+    has rank 1's hello and proof (104 bytes: past them nothing of rank 1 is needed to admit
+    it), and one in a set-up exchange after init (rank 1 held out of it until the cut)."""
+    import glob
+    import os
+
+    peer_timeout = 4
+    env = dict(os.environ, SCALEFREE_PEER_TIMEOUT=str(peer_timeout))
+    go = tmp_path / "go"
+    shm_before = set(glob.glob("/dev/shm/*"))
+    with simhosts.SimHosts(2) as h:
+        def job(port, code, *args):
+            return [h.popen(i, [sys.executable, "-m", "scalefree.cli", "run", "--nnodes", "2", "--node-rank", str(i),
+                                "--nproc-per-node", "1", "--master-addr", h.ip(0), "--master-port", str(port), "--",
+                                sys.executable, "-c", code, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
+
+        after = job(h.port(), SETUP_CUT, str(go))
+        for p in after:  # both ranks through init
+            assert any("joined" in line for line in p.stdout), "a rank ended before it joined"
+        port = h.port()
+        inside = job(port, CUT)
+        deadline = time.monotonic() + 120
+        hello_and_proof = 8 + 8 + 4 + 4 + 2 + len("0.1.0") + 1 + 32 + 8 + 32
+        while _rendezvous_bytes_in(h, port) < hello_and_proof:
+            assert time.monotonic() < deadline and inside[0].poll() is None, "rank 1 never reached the rendezvous"
+            time.sleep(0.005)
+        h.link(1, up=False)
+        cut = time.monotonic()
+        go.touch()
+        for name, procs in (("in init", inside), ("after init", after)):
+            try:
+                out0, _ = procs[0].communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{name}: rank 0 still waits {time.monotonic() - cut:.0f} s after the cut")
+            took = time.monotonic() - cut
+            assert procs[0].returncode != 0, (name, out0[-2000:])
+            assert took < peer_timeout + 16, (name, took, out0[-2000:])
+            assert "PeerLostError" in out0 and "rank 1" in out0, (name, out0[-2000:])
+            assert "temporarily unavailable" not in out0 and "os error 11" not in out0, (name, out0[-2000:])
+            out1, _ = procs[1].communicate(timeout=60)  # the cut host's rank fails too
+            assert procs[1].returncode != 0, (name, out1[-2000:])
+    assert not [f for f in set(glob.glob("/dev/shm/*")) - shm_before if "scalefree" in f]
+
+
 def test_rank_of_another_job_is_refused(can_simulate):
     code = "import scalefree; scalefree.init(bootstrap_timeout=8)"
     with simhosts.SimHosts(2) as h:

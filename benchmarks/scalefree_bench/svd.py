@@ -19,7 +19,12 @@ every pass (``flash``). Rows:
 in memory), ``scalefree/flash-<budget>`` (``flash.svds`` on a ``flash.Csr``: one pass of
 ``flash.csrtmm`` over A per block of ``A^T A X``). Accuracy: the largest relative
 error of the k singular values against ``svds(A, k, tol=0)`` computed once, untimed.
-Copying the matrix to flash is set-up, outside the timed calls. The rows are timed
+Copying the matrix to flash is set-up, outside the timed calls. ``--cli-budget SIZE`` adds
+rows run as commands from the matrix's file, each in a fresh process: ``scipy/command`` (load
+with ``scipy.sparse.load_npz``, then ``svds``: :mod:`._worker_svds`) and ``scalefree/cli-SIZE``
+(``scalefree flash svd FILE --memory SIZE``), timed load + solve, with each command's peak RSS
+and CPU seconds; ``--commands-only`` runs only those (``--data random --distinct`` writes the
+file a row block at a time, :func:`scalefree.flash.power_law.write_power_law`). The rows are timed
 interleaved (one call of each per round, after one warm-up call each), so that load from
 others on a shared machine falls on all of them alike.
 """
@@ -32,6 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scalefree.flash.power_law import power_law_csr, write_power_law
 
 from . import common
 
@@ -59,7 +66,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--cli-budget", default=None, metavar="SIZE[,SIZE...]",
                    help="also run the command `scalefree flash svd DATA -k K --tol T --memory SIZE` in a child "
                         "process per size and round (the matrix from the file; --data random/kos/wiki-vote are "
-                        "written to an uncompressed .npz first): solve time and the command's whole peak RSS")
+                        "written to an uncompressed .npz first), beside the same for ARPACK (row scipy/command: a "
+                        "child that loads the file with scipy.sparse.load_npz and calls svds): time from the file "
+                        "(load + solve) and each command's whole peak RSS")
+    p.add_argument("--commands-only", action="store_true",
+                   help="with --cli-budget: only the rows run as commands from the file (ARPACK's and ours), "
+                        "not the in-process rows")
+    p.add_argument("--no-reference", action="store_true",
+                   help="skip the untimed reference svds(tol=0): max rel err is then against the values of the "
+                        "ARPACK command (with --cli-budget) or the scipy row, at --tol")
     p.add_argument("--warmup", type=common.argparse_type(_non_negative_int), default=1,
                    help="untimed calls of each row before the timed ones (default 1)")
     p.add_argument("--threads", type=common.argparse_type(common.positive_int), default=common.usable_cores())
@@ -97,55 +112,39 @@ def _shared(*parts) -> Path | None:
 def _power_law(rows, cols, nnz, seed=0, distinct=False):
     """A seeded power-law CSR matrix (row weights ``1/r^0.9``, column weights ``1/c^1.1``).
     ``distinct=False``: ``nnz`` entries drawn, duplicates merged (fewer stored entries).
-    ``distinct=True``: draws in rounds until ``nnz`` distinct positions exist, then keeps a
-    random ``nnz`` of them, each with a fresh value in [0.5, 1.5)."""
+    ``distinct=True``: exactly ``nnz`` distinct entries, :func:`scalefree.flash.power_law.power_law_csr`
+    (the distinct positions of enough draws, a uniform ``nnz`` of them; values in [0.5, 1.5))."""
     import scipy.sparse as sp
 
-    rng = np.random.default_rng(seed)
-    pr = 1.0 / np.arange(1, rows + 1) ** 0.9
-    pc = 1.0 / np.arange(1, cols + 1) ** 1.1
-    prow, pcol = rng.permutation(rows), rng.permutation(cols)
     if not distinct:
+        rng = np.random.default_rng(seed)
+        pr = 1.0 / np.arange(1, rows + 1) ** 0.9
+        pc = 1.0 / np.arange(1, cols + 1) ** 1.1
+        prow, pcol = rng.permutation(rows), rng.permutation(cols)
         r = prow[rng.choice(rows, nnz, p=pr / pr.sum())]
         c = pcol[rng.choice(cols, nnz, p=pc / pc.sum())]
         a = sp.coo_matrix((rng.random(nnz) + 0.5, (r, c)), shape=(rows, cols)).tocsr()
         a.sum_duplicates()
         return a
-    if nnz > rows * cols:
-        raise ValueError(f"power law: {nnz} distinct entries do not fit in {rows}x{cols}")
-    keys = np.empty(0, dtype=np.int64)
-    draw = nnz
-    for _ in range(64):
-        r = prow[rng.choice(rows, draw, p=pr / pr.sum())].astype(np.int64)
-        c = pcol[rng.choice(cols, draw, p=pc / pc.sum())]
-        before = len(keys)
-        keys = np.unique(np.concatenate([keys, r * cols + c]))
-        del r, c
-        if len(keys) >= nnz:
-            break
-        gained = max(len(keys) - before, 1)
-        # Draw the deficit scaled by this round's yield (the yield only falls), plus 10 %.
-        draw = int(min((nnz - len(keys)) * draw / gained * 1.1 + 1024, 4 * nnz))
-    else:
-        raise ValueError(f"power law: only {len(keys)} of {nnz} distinct entries after 64 rounds")
-    if len(keys) > nnz:
-        keys = np.sort(keys[rng.permutation(len(keys))[:nnz]])
-    r, c = np.divmod(keys, cols)
-    indptr = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
-    return sp.csr_matrix((rng.random(nnz) + 0.5, c.astype(np.int32), indptr), shape=(rows, cols))
+    return power_law_csr(rows, cols, nnz, seed)
 
 
 def _load(args, tmp):
-    """(name, scipy csr float64)."""
+    """(name, scipy csr float64, the matrix's file or None)."""
     import scipy.sparse as sp
 
     from scalefree import flash
 
     if args.data == "random":
-        kind = "distinct" if args.distinct else "drawn"
-        return (f"random {args.rows}x{args.cols} ({args.nnz} {kind})",
-                _power_law(args.rows, args.cols, args.nnz, distinct=args.distinct))
+        name = f"random {args.rows}x{args.cols} ({args.nnz} {'distinct' if args.distinct else 'drawn'})"
+        if args.distinct:  # written to disk a row block at a time, then read as every row reads it
+            path = Path(tmp) / "matrix.npz"
+            t = time.perf_counter()
+            write_power_law(path, args.rows, args.cols, args.nnz)
+            common.progress(f"svd: generated {path} ({path.stat().st_size} bytes) in "
+                            f"{common.human_time(time.perf_counter() - t)}")
+            return name, sp.load_npz(path), path
+        return name, _power_law(args.rows, args.cols, args.nnz), None
     if args.data == "wiki-vote":
         path = _shared("wiki-vote", "wiki-Vote.txt")
         if path is None:
@@ -156,30 +155,41 @@ def _load(args, tmp):
         n = len(ids)
         a = sp.coo_matrix((np.ones(len(idx)), (idx[:, 0], idx[:, 1])), shape=(n, n)).tocsr()
         a.sum_duplicates()
-        return f"wiki-Vote {n}x{n}", a
+        return f"wiki-Vote {n}x{n}", a, None
     path = _shared("kos", "docword.kos.txt.gz") if args.data == "kos" else Path(args.data)
     if path is None or not path.exists():
         raise SystemExit(f"svd: {args.data if args.data != 'kos' else '../shared/data/kos/docword.kos.txt.gz'} not found")
     m = flash.load(path, flash.Runtime(dir=tmp), dtype=np.float64)
     a = m.to_scipy() if isinstance(m, flash.Csr) else sp.csr_matrix(m.to_numpy())
-    return path.name, a
+    return path.name, a, path
 
 
 def _cli_svd(path, k, args, size, tmp, cache) -> dict:
-    """One run of the command ``scalefree flash svd`` in a child process: its ``--json``
-    record (solve ``seconds``, ``peak_rss_bytes``: the command's own VmHWM, a fresh process's)."""
+    """One run of the command ``scalefree flash svd`` in a child process (``size`` None: the
+    ARPACK peer, :mod:`._worker_svds`): its ``--json`` record (``load_seconds``, solve
+    ``seconds``, ``peak_rss_bytes``: the command's own VmHWM, a fresh process's)."""
     import json
+    import resource
     import subprocess
     import sys
 
     out = Path(tmp) / "cli-svd.json"
-    cmd = [sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", str(k), "--tol", str(args.tol),
-           "--memory", size, "--threads", str(args.threads), "--dir", str(tmp), "--quiet", "--json", str(out)]
+    if size is None:
+        cmd = [sys.executable, "-m", "scalefree_bench._worker_svds", str(path), "-k", str(k), "--tol", str(args.tol),
+               "--json", str(out)]
+    else:
+        cmd = [sys.executable, "-m", "scalefree.cli", "flash", "svd", str(path), "-k", str(k), "--tol", str(args.tol),
+               "--memory", size, "--threads", str(args.threads), "--dir", str(tmp), "--quiet", "--json", str(out)]
     cache.drop()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"svd: {' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
-    return json.loads(out.read_text())
+    # CPU seconds of the whole child (all its threads; start-up included): on a shared
+    # machine a steadier figure than the wall clock, which others' load stretches.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dict(json.loads(out.read_text()), cpu_seconds=cpu)
 
 
 def run(args) -> int:
@@ -187,21 +197,25 @@ def run(args) -> int:
 
     from scalefree import flash
 
+    if args.commands_only and not args.cli_budget:
+        raise SystemExit("svd: --commands-only needs --cli-budget")
     blas = common.numpy_blas("svd")
     common.progress(f"svd: numpy BLAS: {blas}")
     records = []
     cache = common.PageCache(args.cold, BENCH)
     with tempfile.TemporaryDirectory(prefix="scalefree-svd-bench-", dir=args.dir) as tmp:
-        name, a = _load(args, tmp)
+        name, a, path = _load(args, tmp)
         k = args.k
         if not 0 < k < min(a.shape):
             raise SystemExit(f"svd: --k must be below min(A.shape) = {min(a.shape)}")
         csr_bytes = a.nnz * 12 + (a.shape[0] + 1) * 8
         common.progress(f"svd: {name}, {a.nnz} non-zeros, {common.human_bytes(csr_bytes)} as flash CSR; "
                         f"k={k}, tol={args.tol:g}")
-        t = time.perf_counter()
-        exact = np.sort(sla.svds(a, k=k, tol=0, return_singular_vectors=False, random_state=0))
-        common.progress(f"  reference svds(tol=0): {common.human_time(time.perf_counter() - t)}")
+        exact = None
+        if not args.no_reference:
+            t = time.perf_counter()
+            exact = np.sort(sla.svds(a, k=k, tol=0, return_singular_vectors=False, random_state=0))
+            common.progress(f"  reference svds(tol=0): {common.human_time(time.perf_counter() - t)}")
 
         def err(s):
             return float(np.max(np.abs(np.sort(s) - exact) / np.maximum(exact, 1e-300 + 1e-12 * exact.max())))
@@ -221,6 +235,8 @@ def run(args) -> int:
             from scalefree._units import parse_bytes
             budgets += [(f"flash-{b.strip()}", parse_bytes(b.strip(), "--budget"))
                         for b in args.budget.split(",") if b.strip()]
+        if args.commands_only:
+            rows, budgets = [], []
         for variant, budget in budgets:
             rt = flash.Runtime(memory_budget=budget, threads=args.threads, dir=tmp)
             A = flash.Csr.from_scipy(a, rt)
@@ -232,12 +248,16 @@ def run(args) -> int:
                          info, {"budget_bytes": budget}))
         cli = []
         if args.cli_budget:
-            path = Path(args.data) if Path(args.data).exists() else Path(tmp) / "matrix.npz"
-            if not Path(args.data).exists():
+            if path is None or path.suffix != ".npz":
                 import scipy.sparse as sp
 
+                path = Path(tmp) / "matrix.npz"
                 sp.save_npz(path, a, compressed=False)
-            cli = [(f"cli-{size.strip()}", size.strip(), path) for size in args.cli_budget.split(",") if size.strip()]
+            # ARPACK's command first in each round, then ours (size None: the ARPACK peer).
+            cli = [("command", None, path)] + [(f"cli-{size.strip()}", size.strip(), path)
+                                               for size in args.cli_budget.split(",") if size.strip()]
+        if exact is None and not cli:  # no reference: the scipy row's values at --tol
+            exact = np.sort(rows[0][2]())
         outs = [None for _ in rows]
         for _ in range(args.warmup):
             outs = [fn() for _, _, fn, _, _ in rows]
@@ -253,6 +273,9 @@ def run(args) -> int:
                     peaks[i] = max(peaks[i], info.get("peak_resident_bytes", 0))
             for i, (_, size, path) in enumerate(cli):
                 cli_runs[i].append(_cli_svd(path, k, args, size, tmp, cache))
+        peer_values = (np.sort(np.asarray(cli_runs[0][-1]["singular_values"])) if cli else None)
+        if exact is None:  # no reference: the ARPACK command's values at --tol
+            exact = peer_values
         for i, (impl, variant, _, info, extra) in enumerate(rows):
             st, e = common.Stats.of(times[i]), err(outs[i])
             if info:
@@ -265,19 +288,34 @@ def run(args) -> int:
                                               max_rel_err=e, blas=blas, page_cache=cache.state, **extra, **rss[i]))
             common.progress(f"  {impl} {variant}: median {common.human_time(st.median_s)}, max rel err {e:.1e}")
         for (variant, size, _), runs in zip(cli, cli_runs):
-            st = common.Stats.of([r["seconds"] for r in runs])
+            # A command's time is from its file: load + solve (the interpreter's start-up excluded).
+            st = common.Stats.of([r["load_seconds"] + r["seconds"] for r in runs])
             last = runs[-1]
-            e = err(np.asarray(last["singular_values"]))
-            records.append(common.make_record(
-                bench=BENCH, impl="scalefree", variant=variant, ranks=1, nbytes=csr_bytes, dtype="float64", stats=st,
-                gbps=0.0, data=name, k=k, tol=args.tol, max_rel_err=e, blas=blas, page_cache=cache.state,
-                budget_bytes=last["memory_budget_bytes"], peak_resident_bytes=max(r["peak_resident_bytes"] for r in runs),
-                operator_columns=last["operator_columns"], restarts=last["restarts"],
-                operand="flash" if last.get("on_flash") else "loaded" if last.get("loaded") else "memory",
-                command_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs),
-                command_peak_rss_runs=[r["peak_rss_bytes"] for r in runs], load_seconds=[r["load_seconds"] for r in runs],
-                basis_on_flash=last.get("basis_on_flash"), vectors_on_flash=last.get("vectors_on_flash")))
-            common.progress(f"  scalefree {variant} (command): median solve {common.human_time(st.median_s)}, peak RSS "
+            values = np.sort(np.asarray(last["singular_values"]))
+            e = err(values)
+            common_fields = dict(bench=BENCH, ranks=1, nbytes=csr_bytes, dtype="float64", stats=st, gbps=0.0, data=name,
+                                 k=k, tol=args.tol, max_rel_err=e, blas=blas, page_cache=cache.state,
+                                 command_peak_rss_bytes=max(r["peak_rss_bytes"] for r in runs),
+                                 command_peak_rss_runs=[r["peak_rss_bytes"] for r in runs],
+                                 load_seconds=[r["load_seconds"] for r in runs],
+                                 solve_seconds=[r["seconds"] for r in runs],
+                                 cpu_seconds=[r["cpu_seconds"] for r in runs])
+            if size is None:
+                records.append(common.make_record(impl="scipy", variant=variant, operand="memory", **common_fields))
+                who = "scipy command (ARPACK)"
+            else:
+                records.append(common.make_record(
+                    impl="scalefree", variant=variant, **common_fields,
+                    budget_bytes=last["memory_budget_bytes"],
+                    peak_resident_bytes=max(r["peak_resident_bytes"] for r in runs),
+                    operator_columns=last["operator_columns"], restarts=last["restarts"],
+                    max_relative_residual=last.get("max_relative_residual"),
+                    max_rel_diff_vs_scipy=float(np.max(np.abs(values - peer_values) / peer_values)),
+                    operand="flash" if last.get("on_flash") else "loaded" if last.get("loaded") else "memory",
+                    basis_on_flash=last.get("basis_on_flash"), vectors_on_flash=last.get("vectors_on_flash")))
+                who = f"scalefree {variant} (command)"
+            common.progress(f"  {who}: median load + solve {common.human_time(st.median_s)}, CPU "
+                            f"{common.human_time(float(np.median(records[-1]['cpu_seconds'])))}, peak RSS "
                             f"{common.human_bytes(records[-1]['command_peak_rss_bytes'])}, max rel err {e:.1e}")
         del keep
 
@@ -285,22 +323,34 @@ def run(args) -> int:
     # flash matrix that fits the budget, read once and applied in memory), "memory".
     # peak: the flash kernels' resident bytes; peak RSS: the whole process's (the in-memory
     # matrix of the scipy rows included), +call: what the call added to the RSS it started from.
+    # Rows run as commands ("(cmd)"): time = load from the file + solve, against scipy/command.
     headers = ["impl", "variant", "A", "median", "min", "max", "max rel err", "budget", "peak", "peak RSS", "+call",
                "vs scipy"]
-    scipy_s = next(r["median_s"] for r in records if r["impl"] == "scipy")
+    scipy_mem = next((r["median_s"] for r in records if r["impl"] == "scipy" and r["variant"] == "memory"), None)
+    scipy_cmd = next((r["median_s"] for r in records if r["impl"] == "scipy" and r["variant"] == "command"), None)
     rows = []
     for r in records:
         ours = r["impl"] == "scalefree"
+        peer = scipy_cmd if "command_peak_rss_bytes" in r else scipy_mem
         rows.append([r["impl"], r["variant"], r.get("operand", "memory"), common.human_time(r["median_s"]),
                      common.human_time(r["min_s"]), common.human_time(r["max_s"]), f"{r['max_rel_err']:.1e}",
                      common.human_bytes(r["budget_bytes"]) if "budget_bytes" in r else "",
                      common.human_bytes(r["peak_resident_bytes"]) if "peak_resident_bytes" in r else "",
                      *(common.rss_cells(r) if "command_peak_rss_bytes" not in r
                        else [common.human_bytes(r["command_peak_rss_bytes"]) + " (cmd)", ""]),
-                     f"{common.ratio(scipy_s, r['median_s']):.2f}x" if ours else ""])
+                     f"{common.ratio(peer, r['median_s']):.2f}x" if ours and peer else ""])
     print(f"# {records[0]['data']}: k={args.k}, tol={args.tol:g}; BLAS {blas}; page cache: {cache.state}"
           + (f" ({cache.drops} drops)" if cache.enabled else ""))
     print(common.format_table(headers, rows, left_columns=3))
+    cpu = [f"{r['impl']}/{r['variant']} {common.human_time(float(np.median(r['cpu_seconds'])))}"
+           for r in records if "cpu_seconds" in r]
+    if cpu:
+        print("# commands' CPU time (all threads, median): " + ", ".join(cpu))
+    for r in records:
+        if "max_rel_diff_vs_scipy" in r:
+            print(f"# {r['variant']}: largest relative difference from ARPACK's values {r['max_rel_diff_vs_scipy']:.1e} "
+                  f"(tol {args.tol:g}); largest relative residual of its eigenpairs of AᵀA "
+                  f"{r['max_relative_residual'] if r['max_relative_residual'] is not None else float('nan'):.1e}")
     if args.json:
         common.write_json(Path(args.json), records)
     return 0

@@ -20,6 +20,12 @@ pub(super) trait Conn: Read + Write + AsRawFd + Send {
     fn local_ip(&self) -> Option<std::net::IpAddr> {
         None
     }
+    /// The other end's IP address (TCP only).
+    fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+    /// Has the kernel watch the other end (TCP only, see [`watch_liveness`]).
+    fn watch(&self, _peer_timeout: Duration) {}
 }
 impl Conn for UnixStream {
     fn set_timeout(&self, t: Option<Duration>) {
@@ -44,6 +50,61 @@ impl Conn for TcpStream {
     }
     fn local_ip(&self) -> Option<std::net::IpAddr> {
         self.local_addr().ok().map(|a| a.ip())
+    }
+    fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        self.peer_addr().ok().map(|a| a.ip())
+    }
+    fn watch(&self, peer_timeout: Duration) {
+        watch_liveness(self.as_raw_fd(), peer_timeout);
+    }
+}
+
+/// Has the kernel watch a set-up connection between hosts, so that a host cut off (no reset,
+/// no close: nothing arrives at all) fails it within `peer_timeout` (`SCALEFREE_PEER_TIMEOUT`)
+/// instead of the set-up timeout: keepalive probes after `peer_timeout / 2` of silence, one a
+/// second, and the connection dropped (reads and writes fail with `ETIMEDOUT`) once nothing
+/// has been acknowledged for `peer_timeout` (`TCP_USER_TIMEOUT`, which also bounds data left
+/// unacknowledged). The probes are answered by the other host's kernel, so a rank that is
+/// busy, or slow to reach the next set-up step, still counts as alive.
+pub(crate) fn watch_liveness(fd: RawFd, peer_timeout: Duration) {
+    let secs = peer_timeout.as_secs_f64();
+    let set = |level: libc::c_int, name: libc::c_int, v: libc::c_int| unsafe {
+        libc::setsockopt(fd, level, name, &v as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, ((secs / 2.0).ceil() as libc::c_int).clamp(1, 32767));
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
+    // Without TCP_USER_TIMEOUT (older kernels) the probes alone end it.
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, (secs.ceil() as libc::c_int).clamp(1, 127));
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, (peer_timeout.as_millis().min(i32::MAX as u128) as libc::c_int).max(1));
+}
+
+/// Why a connection of the set-up is broken, if it is: the other end closed it or the
+/// kernel dropped it (`SO_ERROR`, e.g. `ETIMEDOUT` from [`watch_liveness`]). Does not block
+/// and reads nothing.
+pub(crate) fn broken(fd: RawFd) -> Option<String> {
+    let mut p = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+    if unsafe { libc::poll(&mut p, 1, 0) } <= 0 {
+        return None;
+    }
+    if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP | libc::POLLNVAL) == 0 {
+        return None;
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut libc::c_int as *mut libc::c_void, &mut len) };
+    Some(if err != 0 { describe_io(&std::io::Error::from_raw_os_error(err)) } else { "connection closed: the process ended".into() })
+}
+
+/// A connection error of the set-up in words (never a bare `EAGAIN`).
+pub(crate) fn describe_io(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ETIMEDOUT) => format!(
+            "connection timed out: nothing acknowledged for {:.0} s (SCALEFREE_PEER_TIMEOUT), its host is unreachable",
+            crate::wait::peer_timeout_from_env().as_secs_f64()
+        ),
+        Some(libc::ECONNRESET) | Some(libc::EPIPE) => "connection reset: the process or its host ended".into(),
+        _ => format!("connection failed: {e}"),
     }
 }
 
@@ -177,7 +238,7 @@ pub(super) fn recv_frame_max(s: &mut dyn Conn, max: usize) -> Result<(Vec<u8>, O
         break n as usize;
     };
     if n == 0 {
-        return Err(bs("peer closed the connection"));
+        return Err(bs(super::rendezvous::CLOSED));
     }
     let mut fd = None;
     unsafe {
@@ -191,13 +252,18 @@ pub(super) fn recv_frame_max(s: &mut dyn Conn, max: usize) -> Result<(Vec<u8>, O
         }
     }
     if n < hdr.len() {
-        s.read_exact(&mut hdr[n..]).map_err(|e| Error::io("recv", e))?;
+        s.read_exact(&mut hdr[n..]).map_err(|e| closed_or(e, "recv"))?;
     }
     let len = u32::from_le_bytes(hdr[..4].try_into().unwrap()) as usize;
     if len > max {
         return Err(bs(format!("a message of {len} bytes where at most {max} were expected")));
     }
     let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload).map_err(|e| Error::io("recv", e))?;
+    s.read_exact(&mut payload).map_err(|e| closed_or(e, "recv"))?;
     Ok((payload, fd))
+}
+
+/// A read that ended early: the peer closed the connection mid-message, or `e` as it is.
+fn closed_or(e: std::io::Error, what: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof { bs(super::rendezvous::CLOSED) } else { Error::io(what, e) }
 }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use super::frames::{read_frame_by, recv_frame, recv_frame_max, same_user, send_frame, set_blocking, Conn};
+use super::frames::{broken, describe_io, read_frame_by, recv_frame, recv_frame_max, same_user, send_frame, set_blocking, Conn};
 use super::JobInfo;
 use crate::auth::{self, nonce, Key};
 use crate::seal::Cipher;
@@ -53,6 +53,32 @@ pub struct Rendezvous {
     seals: Vec<Option<(Cipher, Cipher)>>,
 }
 
+/// The connections of a [`Rendezvous`], watched (duplicates of their descriptors) by set-up
+/// waits outside it (the UCX backend's lanes): rank 0 holds one to every rank, the others
+/// one to rank 0. A host cut off fails its connection within `SCALEFREE_PEER_TIMEOUT` (TCP
+/// keepalive, see [`super::frames::watch_liveness`]); rank 0 then fails and closes every
+/// connection, which the other ranks see at once.
+pub struct SetupWatch {
+    conns: Vec<(u32, String, OwnedFd)>,
+}
+
+impl SetupWatch {
+    /// `PeerLost` for the first watched rank whose connection is broken.
+    pub fn check(&self) -> Result<()> {
+        for (rank, host, fd) in &self.conns {
+            if let Some(why) = broken(fd.as_raw_fd()) {
+                return Err(lost_in_setup(*rank, host, &why));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A peer lost during set-up, in the words of every lost peer (`PeerLostError` in Python).
+fn lost_in_setup(rank: u32, host: &str, why: &str) -> Error {
+    Error::PeerLost { rank, pid: 0, detail: format!("lost during set-up, on host {host} ({why})") }
+}
+
 /// The sealing of a connection: (what this end sends with, what it opens with).
 type Seal = (Cipher, Cipher);
 
@@ -68,6 +94,9 @@ pub const HELLO_DEADLINE: Duration = Duration::from_secs(1);
 const MAX_PENDING: usize = 1024;
 const WELCOME: &[u8] = b"WELCOME";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What a receive says when the other end closed the connection.
+pub(super) const CLOSED: &str = "peer closed the connection";
 
 pub(super) fn bs(msg: impl Into<String>) -> Error {
     Error::Bootstrap(msg.into())
@@ -109,15 +138,20 @@ impl Rendezvous {
                     }, &|l| { listener.set_nonblocking(l).ok(); })?
                 } else {
                     Self::guest(job, &what, timeout, &mut || {
-                        let addrs: Vec<_> = (host.as_str(), *port).to_socket_addrs().map_err(|e| e.to_string())?.collect();
-                        let mut last = String::from("no address");
+                        let addrs: Vec<_> = (host.as_str(), *port).to_socket_addrs().map_err(|e| (e.to_string(), false))?.collect();
+                        let mut last = (String::from("no address"), false);
                         for a in addrs {
                             match TcpStream::connect_timeout(&a, Duration::from_secs(2)) {
                                 Ok(s) => {
                                     s.set_nodelay(true).ok();
+                                    s.watch(crate::wait::peer_timeout_from_env());
                                     return Ok(Box::new(s) as Box<dyn Conn>);
                                 }
-                                Err(e) => last = e.to_string(),
+                                // No route, or no answer at all (not even a refusal): rank 0's
+                                // host is not reachable from here (a rank not listening yet is
+                                // refused, and tried again until the set-up timeout).
+                                Err(e) => last = (e.to_string(), matches!(e.raw_os_error(),
+                                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ETIMEDOUT | libc::ENETDOWN | libc::EHOSTDOWN))),
                             }
                         }
                         Err(last)
@@ -152,7 +186,7 @@ impl Rendezvous {
                     }, &|l| { listener.set_nonblocking(l).ok(); })?
                 } else {
                     Self::guest(job, &what, timeout, &mut || {
-                        UnixStream::connect_addr(&addr).map(|s| Box::new(s) as Box<dyn Conn>).map_err(|e| e.to_string())
+                        UnixStream::connect_addr(&addr).map(|s| Box::new(s) as Box<dyn Conn>).map_err(|e| (e.to_string(), false))
                     })?
                 }
             }
@@ -183,6 +217,7 @@ impl Rendezvous {
     ) -> Result<Self> {
         nonblocking(true);
         let deadline = Instant::now() + timeout;
+        let peer_timeout = crate::wait::peer_timeout_from_env();
         let key = Arc::new(Key::derive(&job.token, "scalefree rendezvous", &job.job_id));
         let mut conns: Vec<Option<Box<dyn Conn>>> = (0..job.size).map(|_| None).collect();
         let mut joined = 1u32;
@@ -217,12 +252,19 @@ impl Rendezvous {
                         continue;
                     }
                     s.set_timeout(Some(timeout));
+                    s.watch(peer_timeout);
                     conns[rank as usize] = Some(s);
                     seals[rank as usize] = seal;
                     joined += 1;
                 }
                 Err(_) => {
                     crate::wait::check_interrupt_every(Duration::from_millis(50), &|| format!("ranks to join rendezvous {what}"))?;
+                    // A rank that joined and was lost while others are still coming.
+                    for (r, s) in conns.iter().enumerate() {
+                        if let Some(why) = s.as_ref().and_then(|s| broken(s.as_raw_fd())) {
+                            return Err(lost_in_setup(r as u32, &address_of(s.as_deref()), &why));
+                        }
+                    }
                     if Instant::now() >= deadline {
                         let missing: Vec<u32> =
                             (1..job.size).filter(|r| conns[*r as usize].is_none()).collect();
@@ -242,7 +284,9 @@ impl Rendezvous {
         Ok(Rendezvous { rank: 0, size: job.size, conns, timeout, hosts: Vec::new(), host_names: Vec::new(), seals })
     }
 
-    fn guest(job: &JobInfo, what: &str, timeout: Duration, connect: &mut dyn FnMut() -> std::result::Result<Box<dyn Conn>, String>) -> Result<Self> {
+    /// `connect` fails with why, and whether rank 0's host is unreachable (no route, no answer):
+    /// unreachable for `SCALEFREE_PEER_TIMEOUT` on end, rank 0 is lost.
+    fn guest(job: &JobInfo, what: &str, timeout: Duration, connect: &mut dyn FnMut() -> std::result::Result<Box<dyn Conn>, (String, bool)>) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         let key = Key::derive(&job.token, "scalefree rendezvous", &job.job_id);
         let mut delay = Duration::from_millis(1);
@@ -251,6 +295,8 @@ impl Rendezvous {
         // a rank that was too slow to answer, e.g. descheduled for a second), unless rank 0
         // is gone (then this is the error, at once).
         let mut dropped: Option<String> = None;
+        let peer_timeout = crate::wait::peer_timeout_from_env();
+        let mut unreachable_since: Option<Instant> = None;
         loop {
             if !last.is_empty() {
                 if Instant::now() >= deadline {
@@ -262,9 +308,15 @@ impl Rendezvous {
             }
             let mut s = match connect() {
                 Ok(s) => s,
-                Err(e) => {
+                Err((e, unreachable)) => {
                     if let Some(why) = dropped {
                         return Err(bs(why));
+                    }
+                    if !unreachable {
+                        unreachable_since = None;
+                    } else if unreachable_since.get_or_insert_with(Instant::now).elapsed() >= peer_timeout {
+                        return Err(lost_in_setup(0, what, &format!(
+                            "unreachable from this host for {:.0} s (SCALEFREE_PEER_TIMEOUT): {e}", peer_timeout.as_secs_f64())));
                     }
                     last = e;
                     continue;
@@ -273,6 +325,11 @@ impl Rendezvous {
             let seal = match Self::handshake(&mut *s, job, &key, what, deadline)? {
                 Ok(seal) => seal,
                 Err(e) => {
+                    if let Error::Io { source, .. } = &e {
+                        if source.raw_os_error() == Some(libc::ETIMEDOUT) {
+                            return Err(lost_in_setup(0, what, &describe_io(source)));
+                        }
+                    }
                     let closed = format!("rank 0 closed the rendezvous {what} before welcoming rank {}: {e}", job.rank);
                     (last, dropped) = ("rank 0 closed the connection".into(), Some(closed));
                     continue;
@@ -375,37 +432,73 @@ impl Rendezvous {
             return Ok(vec![Item { bytes: bytes.to_vec(), fd: fd.map(dup).transpose()? }]);
         }
         let fd = if self.is_tcp() { None } else { fd };
+        let timeout = self.timeout;
         if self.rank == 0 {
             let mut items: Vec<Item> = Vec::with_capacity(self.size as usize);
             items.push(Item { bytes: bytes.to_vec(), fd: fd.map(dup).transpose()? });
             for r in 1..self.size as usize {
+                let host = self.host_label(r);
                 let s = self.conns[r].as_mut().expect("connected");
-                let (b, f) = recv_sealed(&mut **s, &mut self.seals[r]).map_err(|e| lost(r as u32, e))?;
+                let (b, f) = recv_sealed(&mut **s, &mut self.seals[r]).map_err(|e| lost(r as u32, &host, timeout, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             for r in 1..self.size as usize {
+                let host = self.host_label(r);
                 let s = self.conns[r].as_mut().expect("connected");
                 for it in &items {
                     send_sealed(&mut **s, &mut self.seals[r], &it.bytes, it.fd.as_ref().map(|f| f.as_raw_fd()))
-                        .map_err(|e| lost(r as u32, e))?;
+                        .map_err(|e| lost(r as u32, &host, timeout, e))?;
                 }
             }
             Ok(items)
         } else {
+            let host = self.host_label(0);
             let s = self.conns[0].as_mut().expect("connected");
             let seal = &mut self.seals[0];
-            send_sealed(&mut **s, seal, bytes, fd).map_err(|e| lost(0, e))?;
+            send_sealed(&mut **s, seal, bytes, fd).map_err(|e| lost(0, &host, timeout, e))?;
             let mut items = Vec::with_capacity(self.size as usize);
             for _ in 0..self.size {
-                let (b, f) = recv_sealed(&mut **s, seal).map_err(|e| lost(0, e))?;
+                let (b, f) = recv_sealed(&mut **s, seal).map_err(|e| lost(0, &host, timeout, e))?;
                 items.push(Item { bytes: b, fd: f });
             }
             Ok(items)
         }
     }
 
+    /// How messages name `rank`'s host: its name once the hosts are known, else the address
+    /// its connection comes from.
+    fn host_label(&self, rank: usize) -> String {
+        match self.host_names.get(rank).filter(|n| !n.is_empty()) {
+            Some(name) => name.clone(),
+            None => address_of(self.conns.get(rank).and_then(|c| c.as_deref()).or_else(|| self.conns.iter().flatten().next().map(|c| &**c))),
+        }
+    }
+
+    /// The connections to watch from set-up waits outside the rendezvous ([`SetupWatch`]).
+    pub fn watcher(&self) -> Result<SetupWatch> {
+        let mut conns = Vec::new();
+        for (r, c) in self.conns.iter().enumerate() {
+            if let Some(c) = c {
+                let d = unsafe { libc::fcntl(c.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+                if d < 0 {
+                    return Err(Error::last_os("dup a rendezvous connection"));
+                }
+                conns.push((r as u32, self.host_label(r), unsafe { OwnedFd::from_raw_fd(d) }));
+            }
+        }
+        Ok(SetupWatch { conns })
+    }
+
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long a set-up exchange waits for a live but silent peer from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+        for c in self.conns.iter().flatten() {
+            c.set_timeout(Some(timeout));
+        }
     }
 }
 
@@ -440,8 +533,25 @@ fn bind_tcp(host: &str, port: u16) -> Result<TcpListener> {
     })
 }
 
-fn lost(rank: u32, e: Error) -> Error {
-    Error::Bootstrap(format!("lost rank {rank} during set-up: {e}"))
+/// The address a connection comes from, for messages (`this host` over a Unix socket).
+fn address_of(c: Option<&dyn Conn>) -> String {
+    c.and_then(|c| c.peer_ip()).map_or_else(|| "this host".to_string(), |ip| ip.to_string())
+}
+
+/// What a failed set-up message to or from `rank` (on `host`) means: a peer lost (its
+/// connection closed, reset, or dropped by the kernel when the host went silent), a peer
+/// alive but silent past the set-up `timeout` (a socket read timeout, never shown as `EAGAIN`),
+/// or the message itself was bad.
+fn lost(rank: u32, host: &str, timeout: Duration, e: Error) -> Error {
+    match &e {
+        Error::Io { source, .. } if matches!(source.kind(), std::io::ErrorKind::WouldBlock) => Error::Timeout {
+            timeout,
+            waiting_for: format!("rank {rank} on host {host} in a set-up exchange (SCALEFREE_BOOTSTRAP_TIMEOUT)"),
+        },
+        Error::Io { source, .. } => lost_in_setup(rank, host, &describe_io(source)),
+        Error::Bootstrap(m) if m == CLOSED => lost_in_setup(rank, host, "connection closed: the process ended"),
+        _ => Error::Bootstrap(format!("lost rank {rank} during set-up: {e}")),
+    }
 }
 
 /// Sends one set-up message, sealed when the connection is.

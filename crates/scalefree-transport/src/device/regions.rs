@@ -26,8 +26,12 @@ impl Device {
     fn make_region(&self, nbytes: usize, sparse: bool) -> Result<Region> {
         let key = self.inner.next_key.fetch_add(2, Ordering::Relaxed) ^ random_u64().rotate_left(17);
         let fd = shm::create_memfd(&format!("r{}-{key:016x}", self.rank()), nbytes)?;
-        let map = if sparse { shm::map_sparse(fd.as_raw_fd(), nbytes)? } else { shm::map_shared(fd.as_raw_fd(), nbytes, true)? };
+        let mut map = if sparse { shm::map_sparse(fd.as_raw_fd(), nbytes)? } else { shm::map_shared(fd.as_raw_fd(), nbytes, true)? };
         let reg = self.inner.backend.register(map.as_ptr(), nbytes, key)?;
+        if reg.is_some() {
+            // Peers on other hosts may write it with UCX: see `Mapping::hold_address`.
+            map.hold_address();
+        }
         let handle = RegionHandle {
             owner: self.rank(),
             pid: std::process::id(),

@@ -131,20 +131,24 @@ pub(crate) fn lane_key(token: &str, job_id: &str) -> Key {
 /// [`super::Lanes::open`]), as many streams per pair as the smaller of the two offers;
 /// returns each peer's streams, in stream order (all `None` for a rank without a lane), each
 /// with its sealing when `sealed`.
-#[allow(clippy::type_complexity)]
-pub(super) fn connect(me: usize, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration)
-    -> Result<Vec<Vec<Option<(TcpStream, Option<Seal>)>>>> {
+/// Every wait checks `alive`; a dial that gets no answer for the peer timeout (its host is
+/// unreachable: every rank listens before the offers are exchanged) fails as a peer lost.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+pub(super) fn connect(me: usize, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration,
+                      alive: super::Alive) -> Result<Vec<Vec<Option<(TcpStream, Option<Seal>)>>>> {
     // Streams per peer, the same number at both ends.
     let counts: Vec<usize> = offers.iter().map(|o| o.map_or(1, |o| Offer::agree(listener.offer.streams, o.streams))).collect();
     let mut streams: Vec<Vec<Option<(TcpStream, Option<Seal>)>>> = counts.iter().map(|&k| (0..k).map(|_| None).collect()).collect();
     // Accept (and admit, each on a thread of its own) while this rank dials its own.
     let want: usize = connect.iter().enumerate().filter(|&(r, &c)| c && r > me).map(|(r, _)| counts[r]).sum();
     let deadline = std::time::Instant::now() + timeout;
+    let peer_timeout = crate::wait::peer_timeout_from_env();
     let acceptor = {
         let key = key.clone();
         let connect = connect.to_vec();
         let counts = counts.clone();
         let l = listener.listener;
+        let alive = alive.clone();
         std::thread::Builder::new().name(format!("sf-lane-accept-{me}")).spawn(move || -> Result<Vec<(u32, usize, TcpStream, Nonces)>> {
             l.set_nonblocking(true).ok();
             let (tx, rx) = std::sync::mpsc::channel::<(u32, usize, TcpStream, Nonces)>();
@@ -191,6 +195,7 @@ pub(super) fn connect(me: usize, listener: Listener, offers: &[Option<Offer>], c
                         got.push((r, i, s, nonces));
                     }
                     Err(_) => {
+                        alive()?;
                         if std::time::Instant::now() >= deadline {
                             return Err(Error::Timeout { timeout, waiting_for: format!("{} peers to open their TCP lanes to rank {me}", want - got.len()) });
                         }
@@ -203,8 +208,16 @@ pub(super) fn connect(me: usize, listener: Listener, offers: &[Option<Offer>], c
     for r in (0..me).filter(|&r| connect[r]) {
         let a = offers[r].ok_or_else(|| Error::Bootstrap(format!("rank {r} offered no TCP lane")))?.addr;
         for i in 0..counts[r] {
+            alive()?;
             let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
-            let mut s = TcpStream::connect_timeout(&a, left).map_err(|e| Error::io(format!("TCP lane: connect to rank {r} at {a}"), e))?;
+            let mut s = TcpStream::connect_timeout(&a, left.min(peer_timeout)).map_err(|e| match e.raw_os_error() {
+                Some(libc::ETIMEDOUT | libc::ENETUNREACH | libc::EHOSTUNREACH) if left > peer_timeout => Error::PeerLost {
+                    rank: r as u32,
+                    pid: 0,
+                    detail: format!("lost during set-up, on host {} (its TCP lane: no answer for {:.0} s (SCALEFREE_PEER_TIMEOUT): {e})", a.ip(), peer_timeout.as_secs_f64()),
+                },
+                _ => Error::io(format!("TCP lane: connect to rank {r} at {a}"), e),
+            })?;
             s.set_read_timeout(Some(left)).ok();
             let nonces = dial_handshake(&mut s, key, me as u32, r as u32, sealed).map_err(|e| Error::Bootstrap(format!("TCP lane to rank {r} at {a}: {e}")))?;
             s.write_all(&(i as u32).to_le_bytes()).map_err(|e| Error::io(format!("TCP lane to rank {r} at {a}"), e))?;

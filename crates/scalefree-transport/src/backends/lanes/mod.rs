@@ -162,15 +162,21 @@ pub(crate) fn setting() -> Option<bool> {
     }
 }
 
+/// A check of the peers' liveness for the waits of the set-up (`Err`: a peer is lost).
+pub type Alive = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
 impl Lanes {
     /// Collective between the ranks in `connect` (true: open a lane to that rank; both sides
     /// must agree): lower ranks are dialled by higher ones. `offers[r]` is rank `r`'s
     /// listening address and stream count; a pair opens as many streams as the smaller of
     /// its two offers. Every lane proves both ends know the job's key (`lane_key`); with
     /// `sealed`, every frame is sealed too, with keys of each stream's own (see [`sealing`]).
-    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration) -> Result<Lanes> {
+    /// `alive` fails when a peer is lost meanwhile: the waits of the set-up check it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open(to: Arc<dyn Arrivals>, listener: Listener, offers: &[Option<Offer>], connect: &[bool], key: &Key, sealed: bool, timeout: Duration,
+                alive: Alive) -> Result<Lanes> {
         let me = to.rank() as usize;
-        let streams = handshake::connect(me, listener, offers, connect, key, sealed, timeout)?;
+        let streams = handshake::connect(me, listener, offers, connect, key, sealed, timeout, alive)?;
         let sh = Arc::new(Link { to, landing: Landing::default(), reads: Mutex::default(), next_read: AtomicU64::new(0) });
         let gate = Arc::new(Gate { spinning: AtomicU32::new(0), lease_until: AtomicU64::new(0), epoch: std::time::Instant::now(),
                                    closed: Mutex::new(false), cv: Condvar::new() });

@@ -8,11 +8,12 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
-/// A shared mapping of a memfd. Unmapped on drop.
+/// A shared mapping of a memfd. Unmapped on drop (see [`Mapping::hold_address`]).
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    hold: bool,
 }
 
 unsafe impl Send for Mapping {}
@@ -28,14 +29,60 @@ impl Mapping {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// On drop, keeps the address range for a while instead of unmapping it: for a region
+    /// peers on other hosts write with UCX. UCX's software RMA (the tcp transport, and any
+    /// transport without hardware RMA) lands a put in the target's progress thread at the raw
+    /// address, checking no registration; a put still on its way when the region is dropped
+    /// (its origin had not flushed before the step that let this rank drop it) would write
+    /// into unmapped memory (SIGSEGV) or into whatever is mapped there next. The range is
+    /// replaced by private zero pages at once (the region's memory is freed; a late put
+    /// lands in pages nobody reads), and unmapped by the first such drop at least
+    /// [`HOLD_PEER_TIMEOUTS`] peer timeouts later (see [`retire`]).
+    pub fn hold_address(&mut self) {
+        self.hold = true;
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len > 0 && !(self.hold && retire(self.ptr.as_ptr(), self.len)) {
             unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
         }
     }
+}
+
+/// How many peer timeouts a dropped region's address range stays reserved
+/// ([`Mapping::hold_address`]). A software put is delivered within a round trip unless the
+/// network between the hosts stalls, and a stall of a peer timeout has the peer declared lost
+/// (its heartbeats, at least one a second, stop arriving) and its endpoint closed; twice the
+/// peer timeout leaves every put in flight at the drop time a margin to land or be dropped.
+/// (An argument, not a test: a late put cannot be made to arrive on demand.)
+pub const HOLD_PEER_TIMEOUTS: u32 = 2;
+
+/// Ranges of dropped regions still held, with when they were dropped.
+static HELD: std::sync::Mutex<Vec<(usize, usize, std::time::Instant)>> = std::sync::Mutex::new(Vec::new());
+
+/// Replaces `len` bytes at `ptr` (a whole mapping) with private zero pages that reserve no
+/// swap, held until [`HOLD_PEER_TIMEOUTS`] peer timeouts have passed (ranges held longer
+/// are unmapped now). False (nothing done) when the kernel refuses: the caller unmaps.
+fn retire(ptr: *mut u8, len: usize) -> bool {
+    let hold = crate::wait::peer_timeout_from_env() * HOLD_PEER_TIMEOUTS;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+    let p = unsafe { libc::mmap(ptr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    let now = std::time::Instant::now();
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|&(a, n, t)| {
+        let keep = now.duration_since(t) < hold;
+        if !keep {
+            unsafe { libc::munmap(a as *mut libc::c_void, n) };
+        }
+        keep
+    });
+    held.push((ptr as usize, len, now));
+    true
 }
 
 /// Creates a memfd of `len` bytes named `scalefree-<tag>` (the name is only a label).
@@ -70,6 +117,7 @@ fn map_shared_flags(fd: RawFd, len: usize, extra: libc::c_int) -> Result<Mapping
         return Ok(Mapping {
             ptr: NonNull::dangling(),
             len: 0,
+            hold: false,
         });
     }
     let flags = libc::MAP_SHARED | extra;
@@ -89,6 +137,7 @@ fn map_shared_flags(fd: RawFd, len: usize, extra: libc::c_int) -> Result<Mapping
     Ok(Mapping {
         ptr: NonNull::new(p as *mut u8).expect("mmap returned null"),
         len,
+        hold: false,
     })
 }
 

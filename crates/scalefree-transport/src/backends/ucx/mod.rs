@@ -55,6 +55,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backends::lanes;
 use crate::backends::shm::Shm;
 use crate::backends::{Backend, DirectLanding, Note, Registration, RemoteKey, Request, Setup, Window};
 use crate::device::Device;
@@ -88,12 +89,19 @@ pub(crate) unsafe fn open(setup: Setup<'_>) -> Result<Box<dyn Backend>> {
     let remote: Vec<bool> = (0..job.size as usize).map(|r| hosts[r] != hosts[me as usize]).collect();
     // Sealed (SCALEFREE_ENCRYPT=1): peers on other hosts over their sealed lane only, no UCX.
     let reach: Vec<bool> = remote.iter().map(|&far| !(far && job.sealed)).collect();
+    // Peers on other hosts reached over UCX are watched with heartbeats from the wire-up on:
+    // a host cut off during set-up is lost after SCALEFREE_PEER_TIMEOUT, like later.
+    let beat: Vec<bool> = (0..job.size as usize).map(|r| remote[r] && reach[r]).collect();
     let mut net = unsafe {
-        Net::new(me, job.size, slots, nslots, waiters, &reach, &mut |b| {
+        Net::new(me, job.size, slots, nslots, waiters, &reach, &beat, &mut |b| {
             Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
         })?
     };
-    net.open_lanes(ip, &remote, &job.token, &job.job_id, job.sealed, connect_timeout, &mut |b| {
+    // Set-up waits for the lanes watch the rendezvous' connections: a host cut off fails its
+    // own within SCALEFREE_PEER_TIMEOUT at rank 0, whose end closes every rank's.
+    let watch = rv.watcher()?;
+    let alive: lanes::Alive = Arc::new(move || watch.check());
+    net.open_lanes(ip, &remote, &job.token, &job.job_id, job.sealed, connect_timeout, alive, &mut |b| {
         Ok(rv.exchange(b, None)?.into_iter().map(|i| i.bytes).collect())
     })?;
     // Peers on other hosts are watched with heartbeats; this host's by their process ids.

@@ -172,6 +172,7 @@ impl Net {
         nslots: usize,
         waiters: *const AtomicU32,
         reach: &[bool],
+        beat: &[bool],
         exchange: &mut Exchange,
     ) -> Result<Net> {
         let u = ffi::ucp()?;
@@ -283,6 +284,9 @@ impl Net {
             .spawn(move || progress_loop(&th, efd))
             .map_err(|e| Error::io("spawn UCX progress thread", e))?;
         let net = Net { shared, thread: Some(thread), lanes: None, unflushed: (0..size).map(|r| AtomicBool::new(reach[r as usize])).collect() };
+        // Peers in `beat` are watched from here on: a flush to a host cut off ends within the
+        // peer timeout (UCX's own transport would not fail it for minutes).
+        net.watch(beat.to_vec());
         // Wire up every endpoint before anyone relies on it (connection set-up is lazy).
         for r in 0..size {
             if r != me && reach[r as usize] {
@@ -348,8 +352,10 @@ impl Net {
     /// reached over its lane, whatever UCX offers (lanes cannot be turned off then), and
     /// every rank must have the same setting.
     #[allow(clippy::too_many_arguments)]
+    /// `alive` fails when a peer is lost meanwhile (the set-up's waits check it).
+    #[allow(clippy::too_many_arguments)]
     pub fn open_lanes(&mut self, ip: std::net::IpAddr, remote: &[bool], token: &str, job_id: &str, sealed: bool, timeout: std::time::Duration,
-                      exchange: &mut Exchange) -> Result<()> {
+                      alive: lanes::Alive, exchange: &mut Exchange) -> Result<()> {
         let setting = match lanes::setting() {
             None if sealed && remote.iter().any(|&r| r) => {
                 return Err(Error::InvalidArgument("SCALEFREE_ENCRYPT=1 sends traffic between hosts over sealed TCP lanes: SCALEFREE_TCP_LANES=0 turns them off; unset one of them".into()));
@@ -375,7 +381,7 @@ impl Net {
         }
         let Some(listener) = listener else { return Ok(()) };
         let connect: Vec<bool> = (0..remote.len()).map(|r| remote[r] && offers[r].is_some()).collect();
-        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), sealed, timeout)?;
+        let mut l = lanes::Lanes::open(self.shared.clone(), listener, &offers, &connect, &lanes::lane_key(token, job_id), sealed, timeout, alive)?;
         for (r, &wanted) in connect.iter().enumerate() {
             if wanted {
                 let tcp_only = self.transports(r as u32).map(|t| !t.is_empty() && t.iter().all(|x| x.starts_with("tcp/"))).unwrap_or(false);

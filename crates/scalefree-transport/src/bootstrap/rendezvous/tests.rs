@@ -333,3 +333,59 @@ fn a_sealed_rendezvous_hides_its_messages_and_refuses_changed_ones() {
     let e = host.join().unwrap().expect("refused");
     assert!(e.to_string().contains("sealed rendezvous message was refused") && e.to_string().contains("failed authentication"), "{e}");
 }
+
+/// Rank 0 and rank 1 of a job over TCP with set-up timeout `timeout`; rank 1 runs `then`
+/// on its joined rendezvous.
+fn two_over_tcp(timeout: Duration, then: impl FnOnce(Rendezvous) + Send + 'static) -> (Rendezvous, std::thread::JoinHandle<()>) {
+    let port = free_port();
+    let one = std::thread::spawn(move || then(Rendezvous::join(&tcp_job(1, 2, port, "s"), Duration::from_secs(20)).unwrap()));
+    (Rendezvous::join(&tcp_job(0, 2, port, "s"), timeout).unwrap(), one)
+}
+
+#[test]
+fn a_live_rank_silent_in_a_set_up_exchange_is_a_named_timeout_not_eagain() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (mut rv, one) = two_over_tcp(Duration::from_secs(20), move |rv| {
+        rx.recv().unwrap(); // stays connected, and silent, until rank 0 has given up
+        drop(rv);
+    });
+    rv.set_timeout(Duration::from_millis(300));
+    let host = rv.host_names()[1].clone(); // this machine's name: its ranks are threads here
+    let Err(e) = rv.exchange(b"x", None) else { panic!("the exchange went through") };
+    let text = e.to_string();
+    assert!(matches!(e, Error::Timeout { .. }), "{text}");
+    assert!(text.contains(&format!("rank 1 on host {host} in a set-up exchange")), "{text}");
+    assert!(!text.contains("os error 11") && !text.contains("temporarily unavailable"), "{text}");
+    tx.send(()).unwrap();
+    one.join().unwrap();
+}
+
+#[test]
+fn a_rank_gone_during_set_up_is_peer_lost_in_the_exchange_and_in_the_watch() {
+    let (mut rv, one) = two_over_tcp(Duration::from_secs(20), drop);
+    one.join().unwrap();
+    let host = rv.host_names()[1].clone();
+    let watch = rv.watcher().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let e = loop {
+        match watch.check() {
+            Err(e) => break e.to_string(),
+            Ok(()) => assert!(std::time::Instant::now() < deadline, "rank 1's end never reached rank 0"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(e.contains(&format!("rank 1 is gone: lost during set-up, on host {host} (connection")), "{e}");
+    let Err(e) = rv.exchange(b"x", None) else { panic!("the exchange went through") };
+    assert!(matches!(e, Error::PeerLost { rank: 1, .. }), "{e}");
+    assert!(e.to_string().contains("lost during set-up"), "{e}");
+}
+
+#[test]
+fn a_connection_the_kernel_dropped_is_a_peer_lost_naming_the_peer_timeout() {
+    let e = lost(3, "node7", Duration::from_secs(120), Error::io("recvmsg", std::io::Error::from_raw_os_error(libc::ETIMEDOUT)));
+    let text = e.to_string();
+    assert!(matches!(e, Error::PeerLost { rank: 3, .. }), "{text}");
+    assert!(text.contains("on host node7 (connection timed out") && text.contains("SCALEFREE_PEER_TIMEOUT"), "{text}");
+    let e = lost(3, "node7", Duration::from_secs(120), Error::io("recvmsg", std::io::Error::from_raw_os_error(libc::EAGAIN)));
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}
