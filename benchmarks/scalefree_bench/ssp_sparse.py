@@ -20,11 +20,17 @@ and schedule, once without and once with ``--slack``:
 ``speed-up`` is the synchronous row's time over each row's. The ``sync, no straggler`` row
 (the same synchronous command without the straggler) is the floor: no slack can make the
 run faster than that (the straggler's sleeps only add), so its speed-up bounds the slack's.
+
+``--hosts H``: every job runs across H simulated hosts (:mod:`scalefree.launch.simhosts`,
+needs root; ``-n / H`` ranks on each, shared memory within a host, UCX and TCP between), the
+same hosts for every row: the reduce with slack reaches members on the other hosts through
+posted mailboxes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -59,15 +65,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lr-dim", type=arg(common.positive_int), default=20_000, help="logreg: synthetic features")
     p.add_argument("--lr-epochs", type=arg(common.positive_int), default=3)
     p.add_argument("--lr-slack", type=arg(common.non_negative_int), default=4, help="logreg --slack")
+    p.add_argument("--hosts", type=arg(common.non_negative_int), default=0,
+                   help="run every job across this many simulated hosts (network namespaces, UCX and TCP between; "
+                        "needs root), -n / H ranks on each; 0: one host")
     p.add_argument("--timeout", type=arg(common.positive_float), default=1800.0)
     common.add_output_args(p)
     p.set_defaults(func=run)
     return p
 
 
-def _job(cmd: list[str], out: Path, label: str, timeout: float) -> tuple[common.JobOutcome, dict | None]:
+def _job(args, cmd: list[str], out: Path, label: str) -> tuple[common.JobOutcome, dict | None]:
+    """Runs the command on ``-n`` ranks: relaunched by itself on one host, or as the ranks of a
+    ``scalefree run`` on every simulated host (``args.sim``)."""
     progress(f"{BENCH}: {label}")
-    res = common.run_job([sys.executable, "-m", "scalefree.cli", *cmd, "--json", str(out)], timeout_s=timeout)
+    argv = [sys.executable, "-m", "scalefree.cli", *cmd, "--json", str(out)]
+    if args.sim is None:
+        res = common.run_job([*argv, "-n", str(args.ranks)], timeout_s=args.timeout)
+    else:
+        from . import hosts
+
+        res = hosts.run_all(hosts.scalefree_cmds(args.sim, args.ranks // args.sim.n, args.sim.port(), argv),
+                            timeout_s=args.timeout)
     rec = json.loads(out.read_text()) if res.ok and out.exists() else None
     if rec is None:
         progress(f"{BENCH}: {label} failed (exit {res.returncode}):\n" + "\n".join(res.output_tail))
@@ -84,7 +102,7 @@ def _scores(d: Path, ranks: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _pagerank(args, tmp: Path) -> list[dict]:
     edges, graph = common.edges_or_rmat(args.edges, args.rmat_scale, args.rmat_edges, tmp, BENCH)
-    base = ["graph", "pagerank", str(edges), "-n", str(args.ranks), "--tol", repr(args.tol), "--max-iter", "1000",
+    base = ["graph", "pagerank", str(edges), "--tol", repr(args.tol), "--max-iter", "1000",
             "--top", "10", "-q", "--straggler-seed", str(args.seed)]
     delay = ["--straggler", repr(args.delay)]
     runs = {}
@@ -92,8 +110,8 @@ def _pagerank(args, tmp: Path) -> list[dict]:
                                                                       "--check-every", str(args.check_every)]),
                         ("sync, no straggler", [])):
         d = tmp / name.replace(" ", "")
-        res, rec = _job([*base, *extra, "--save-scores", str(d)], tmp / f"{name.replace(' ', '')}.json",
-                        f"pagerank {name}", args.timeout)
+        res, rec = _job(args, [*base, *extra, "--save-scores", str(d)], tmp / f"{name.replace(' ', '')}.json",
+                        f"pagerank {name}")
         if rec is not None:
             runs[name] = (res, rec, d)
     if "sync" not in runs:
@@ -105,7 +123,8 @@ def _pagerank(args, tmp: Path) -> list[dict]:
         ids, s = _scores(d, args.ranks)
         same_ids = np.array_equal(ids, ids0)
         out.append(common.make_record(
-            bench=BENCH, impl="scalefree", variant=f"pagerank {name}", ranks=args.ranks, nbytes=8 * rec["vertices"],
+            bench=BENCH, impl="scalefree", variant=f"pagerank {name}", ranks=args.ranks, hosts=args.hosts or 1,
+            nbytes=8 * rec["vertices"],
             dtype="float64", stats=common.Stats.of([rec["iterate_s"]]), gbps=0.0, app="pagerank", graph=graph,
             vertices=rec["vertices"], edges=rec["edges"], delay_ms=rec.get("straggler_ms"), seed=args.seed, tol=args.tol,
             slack=rec.get("slack"), iterations=rec["iterations"], time_s=rec["iterate_s"], wall_s=res.elapsed_s,
@@ -117,21 +136,22 @@ def _pagerank(args, tmp: Path) -> list[dict]:
 
 
 def _logreg(args, tmp: Path) -> list[dict]:
-    base = ["sgd", "logreg", "synthetic", "--rows", str(args.lr_rows), "--dim", str(args.lr_dim), "-n", str(args.ranks),
+    base = ["sgd", "logreg", "synthetic", "--rows", str(args.lr_rows), "--dim", str(args.lr_dim),
             "--epochs", str(args.lr_epochs), "-q", "--seed", str(args.seed)]
     delay = ["--straggler", repr(args.delay)]
     runs = {}
     for name, extra in (("sync", [*delay, "--fixed-features"]), (f"slack {args.lr_slack}", [*delay, "--slack",
                                                                                              str(args.lr_slack)]),
                         ("sync, no straggler", ["--fixed-features"])):
-        res, rec = _job([*base, *extra], tmp / f"lr{name.replace(' ', '')}.json", f"logreg {name}", args.timeout)
+        res, rec = _job(args, [*base, *extra], tmp / f"lr{name.replace(' ', '')}.json", f"logreg {name}")
         if rec is not None:
             runs[name] = (res, rec)
     if "sync" not in runs:
         return []
     sync = runs["sync"][1]
     return [common.make_record(
-        bench=BENCH, impl="scalefree", variant=f"logreg {name}", ranks=args.ranks, nbytes=8 * rec["features"],
+        bench=BENCH, impl="scalefree", variant=f"logreg {name}", ranks=args.ranks, hosts=args.hosts or 1,
+        nbytes=8 * rec["features"],
         dtype="float64", stats=common.Stats.of([rec["fit_s"]]), gbps=0.0, app="logreg", rows=rec["rows"],
         features=rec["features"], epochs=rec["epochs"], steps=rec["steps"], delay_ms=rec.get("straggler_ms"), seed=args.seed,
         slack=rec.get("slack"), time_s=rec["fit_s"], wall_s=res.elapsed_s, speedup=sync["fit_s"] / rec["fit_s"],
@@ -140,9 +160,22 @@ def _logreg(args, tmp: Path) -> list[dict]:
 
 
 def run(args) -> int:
+    if args.hosts and args.ranks % args.hosts:
+        print(f"scalefree bench {BENCH}: --hosts {args.hosts} does not divide {args.ranks} ranks", file=sys.stderr)
+        return 2
     records = []
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
-        tmp = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        args.sim = None
+        if args.hosts:
+            from scalefree.launch import simhosts
+
+            why = simhosts.available()
+            if why:
+                print(f"scalefree bench {BENCH} --hosts: simulated hosts are not possible here: {why}", file=sys.stderr)
+                return 2
+            args.sim = stack.enter_context(simhosts.SimHosts(args.hosts))
+        # Absolute: the ranks on simulated hosts write their records and scores here too.
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir="."))).resolve()
         if "pagerank" in args.apps:
             records += _pagerank(args, tmp)
         if "logreg" in args.apps:
@@ -158,7 +191,8 @@ def run(args) -> int:
             what = f"{x['rows']} rows x {x['features']} features, {x['steps']} steps"
         rows.append([x["variant"], what, human_time(x["time_s"]), f"{x['speedup']:.2f}x", quality,
                      f"{max(x['peak_rss_bytes']) / 2**30:.2f} GiB"])
-    print(f"{BENCH}: {args.ranks} ranks, straggler up to {args.delay:g} ms per iteration (seed {args.seed})")
+    where = f" on {args.hosts} simulated hosts" if args.hosts else ""
+    print(f"{BENCH}: {args.ranks} ranks{where}, straggler up to {args.delay:g} ms per iteration (seed {args.seed})")
     print(common.format_table(["run", "workload", "time", "speed-up", "result", "peak RSS/rank"], rows, left_columns=2))
     if args.json:
         common.write_json(args.json, records)

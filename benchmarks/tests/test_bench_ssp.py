@@ -89,3 +89,12 @@ def test_records_of_workers_that_did_not_time_their_sleeps_have_no_slept_ideal()
     rec = ssp._record("scalefree", 2, 1 << 20, argparse.Namespace(calls=10, seed=0), rows)
     assert "ideal_slept_s" not in rec
     assert "wall vs slept" in ssp.render_table([rec])
+
+
+def test_ssp_sparse_hosts_must_divide_the_ranks(capsys):
+    from scalefree_bench import ssp_sparse
+
+    args = _parser().parse_args(["bench", "ssp-sparse", "--hosts", "3", "-n", "4"])
+    assert args.hosts == 3 and args.func is ssp_sparse.run
+    assert ssp_sparse.run(args) == 2
+    assert "--hosts 3 does not divide 4 ranks" in capsys.readouterr().err

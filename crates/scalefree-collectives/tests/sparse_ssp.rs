@@ -200,8 +200,14 @@ const SUM_DTYPES: [SDType; 6] = [SDType::F64, SDType::F32, SDType::I64, SDType::
 
 #[test]
 fn sum_every_world_size_and_dtype() {
+    // SPARSE_SSP_DTYPES=k: k dtypes per world size, rotating (fewer runs where ranks are slower
+    // to start, as across simulated hosts); all six by default.
+    let k: usize = std::env::var("SPARSE_SSP_DTYPES").ok().and_then(|v| v.parse().ok()).unwrap_or(SUM_DTYPES.len());
     for n in 1..=5u32 {
         for (i, dt) in SUM_DTYPES.into_iter().enumerate() {
+            if (i + n as usize) % SUM_DTYPES.len() >= k {
+                continue;
+            }
             let slack = if (i + n as usize) % 3 == 0 { 0 } else { 3 };
             let seed = 3 + n as u64 * 10 + i as u64;
             check(Case { n, replication: 1, degrees: None, dt, op: SOp::Sum, slack, calls: 16, nnz: 100, hash: i % 2 == 0, seed });

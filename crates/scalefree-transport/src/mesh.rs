@@ -8,6 +8,15 @@ use std::time::Duration;
 
 use crate::{wait, Channel, Device, Error, Region, RemoteRegion, Result};
 
+/// What a wait checks besides its own `extra` liveness test.
+#[derive(Clone, Copy)]
+enum Check {
+    /// That every peer of the job is alive.
+    AllPeers,
+    /// Nothing more (Ctrl-C still ends an interruptible wait).
+    ExtraOnly,
+}
+
 /// Every rank's region of one protocol, attached, with channels to every peer.
 pub struct Mesh {
     pub dev: Device,
@@ -169,6 +178,20 @@ impl Mesh {
         interruptible: bool,
         eager: bool,
     ) -> Result<()> {
+        self.wait_bell_checked(seen, timeout, what, extra, interruptible, eager, Check::AllPeers)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn wait_bell_checked(
+        &self,
+        seen: u32,
+        timeout: Option<Duration>,
+        what: &dyn Fn() -> String,
+        extra: &dyn Fn() -> Result<()>,
+        interruptible: bool,
+        eager: bool,
+        check: Check,
+    ) -> Result<()> {
         let mut policy = *self.dev.policy();
         if !eager {
             policy.spin = Duration::ZERO;
@@ -193,12 +216,20 @@ impl Mesh {
         let hook = if eager { self.dev.backend().spin_hook() } else { None };
         wait::wait_until_hooked(bell, self.u32_at(self.me, OFF_WAITERS), ready, &policy, what, &|| {
             extra()?;
-            if interruptible {
-                self.dev.check_peers()
-            } else {
-                self.dev.check_alive()
+            match (interruptible, check) {
+                (true, Check::AllPeers) => self.dev.check_peers(),
+                (false, Check::AllPeers) => self.dev.check_alive(),
+                (true, Check::ExtraOnly) => wait::check_interrupt(what),
+                (false, Check::ExtraOnly) => Ok(()),
             }
         }, hook)?;
         Ok(())
+    }
+
+    /// [`Mesh::wait_bell`] (eager, interruptible) for protocols that survive losses: only
+    /// `liveness` decides whether a lost peer ends the wait (a replicated protocol waiting
+    /// for any replica of a member), not the loss of any peer of the job.
+    pub fn wait_bell_surviving(&self, seen: u32, what: &dyn Fn() -> String, liveness: &dyn Fn() -> Result<()>) -> Result<()> {
+        self.wait_bell_checked(seen, None, what, liveness, true, true, Check::ExtraOnly)
     }
 }

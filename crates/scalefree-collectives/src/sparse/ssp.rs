@@ -22,7 +22,16 @@
 //! contributions only grow, as HADI's registers do).
 //!
 //! `flush` is the synchronous reduce of every rank's latest contribution: the exact result.
-//! The mailboxes are mapped shared memory: every rank on one host.
+//!
+//! A member on this host is reached through mapped shared memory (a triple buffer); one on
+//! another host through posted mailboxes (the dense SSP's: the writer posts into one of
+//! three buffers the reader has acknowledged, and keeps a publish when none is free, sending
+//! it once an acknowledgement comes). A kept publish needs its writer to come back: every
+//! wait here sends the kept ones, and `flush` first drains them — each rank sends what it
+//! kept and acknowledges what it receives until every partner across hosts says it has
+//! nothing left — so no rank waits on a partial that sits at a rank already in the
+//! synchronous reduce. Across hosts, call `flush` after the last reduce with slack (before
+//! any other collective): a publish still kept then would never be sent.
 
 use std::time::{Duration, Instant};
 
@@ -62,6 +71,10 @@ pub(crate) struct SspState {
     upv: Vec<Vec<u64>>,
     send: Vec<Vec<u64>>,
     stats: Vec<CallStats>,
+    /// Flushes so far (the count partners across hosts say when they have drained).
+    flushes: u64,
+    /// Whether any member is on another host (posted mailboxes: `flush` drains them).
+    posted: bool,
 }
 
 // Raw pointers into mapped regions owned by `mesh`, which moves with the struct.
@@ -95,7 +108,9 @@ impl SspState {
         let kmax = sa.layers.iter().map(|l| l.members.len()).max().unwrap_or(1);
         let nslots = sa.layers.len() * 2 * kmax * replicas;
         let slot = |l: usize, ph: usize, digit: usize, q: usize| ((l * 2 + ph) * kmax + digit) * replicas + q;
-        let mesh = Mesh::new(c.device(), layout.slot(nslots))?;
+        // Members on this host swap slot words in each other's memory; members on other
+        // hosts post into each other's region (see `ssp::mailbox`).
+        let mesh = Mesh::new_posting(c.device(), layout.slot(nslots))?;
         for i in 0..nslots {
             layout.init_slot(&mesh, i);
         }
@@ -133,6 +148,7 @@ impl SspState {
             send.push(vec![0u64; words(total * rb + pad)]);
         }
         upv.push(vec![0u64; words(sa.bottom.len() * rb)]);
+        let posted = outs.iter().flat_map(|o| o.iter().flatten().flatten()).any(|s| !s.mapped());
         Ok(SspState {
             mesh,
             layout,
@@ -148,7 +164,104 @@ impl SspState {
             upv,
             send,
             stats: Vec::new(),
+            flushes: 0,
+            posted,
         })
+    }
+
+    /// Sends the publishes kept for members on other hosts whose buffers have been freed
+    /// (replicated: not to a replica that is gone).
+    fn service(&mut self) -> Result<()> {
+        let replicated = self.replicas > 1;
+        for s in self.outs.iter_mut().flat_map(|o| o.iter_mut().flatten().flatten()) {
+            if replicated && s.pending() && !self.mesh.dev.rank_alive(s.peer() as u32) {
+                continue;
+            }
+            match s.service(&self.mesh, &self.layout) {
+                Err(Error::PeerLost { .. }) if replicated => {}
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the first `n` bytes at `src` with `age` to every replica of member `j` of
+    /// layer `l`, phase `ph`. Replicated, a replica on another host that is gone is skipped.
+    fn publish(&mut self, l: usize, ph: usize, j: usize, src: *const u8, n: usize, age: u64) -> Result<()> {
+        let replicated = self.replicas > 1;
+        for s in self.outs[l][ph][j].iter_mut() {
+            if replicated && !s.mapped() && !self.mesh.dev.rank_alive(s.peer() as u32) {
+                continue;
+            }
+            match s.publish_len(&self.mesh, &self.layout, src, n, age) {
+                Err(Error::PeerLost { .. }) if replicated => {}
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a flush: sends every publish kept for a member on another host and
+    /// acknowledges what such members post, until each of them says it has done the same
+    /// (replicated: each one still alive). Afterwards no member waits for a partial this
+    /// rank still keeps.
+    fn drain(&mut self) -> Result<()> {
+        if !self.posted {
+            return Ok(());
+        }
+        self.flushes += 1;
+        let f = self.flushes;
+        let r = self.replicas;
+        let mut said = false;
+        let what = || "every rank across hosts to send what it kept of the sparse_allreduce with slack (flush)".to_string();
+        loop {
+            let seen = self.mesh.my_bell();
+            self.service()?;
+            let dev = self.mesh.dev.clone();
+            let gone = |p: usize| r > 1 && !dev.rank_alive(p as u32);
+            let mut waiting = Vec::new();
+            for i in self.ins.iter_mut().flat_map(|x| x.iter_mut().flatten().flatten()) {
+                let Some(p) = i.posted_from() else { continue };
+                // A partner that is done keeps nothing that waits for an acknowledgement (and,
+                // replicated, may be gone already: it need not wait for every replica).
+                if gone(p) || i.partner_done(&self.mesh, &self.layout, f) {
+                    continue;
+                }
+                waiting.push(p);
+                match i.take(&self.mesh, &self.layout) {
+                    Err(Error::PeerLost { .. }) if r > 1 => {}
+                    x => {
+                        x?;
+                    }
+                }
+            }
+            let senders = || self.outs.iter().flat_map(|o| o.iter().flatten().flatten()).filter(|s| !s.mapped() && !gone(s.peer()));
+            if !said && !senders().any(|s| s.pending()) {
+                for s in senders() {
+                    match s.say_done(&self.mesh, &self.layout, f) {
+                        Err(Error::PeerLost { .. }) if r > 1 => {}
+                        x => x?,
+                    }
+                }
+                said = true;
+            }
+            if said && waiting.is_empty() {
+                return Ok(());
+            }
+            if r == 1 {
+                self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
+                continue;
+            }
+            // Replicated: a partner that goes meanwhile ends the wait (it is skipped next time).
+            let lost = || match waiting.iter().find(|&&p| gone(p)) {
+                Some(&p) => Err(Error::PeerLost { rank: p as u32, pid: dev.pid_of(p as u32), detail: "gone".into() }),
+                None => Ok(()),
+            };
+            match self.mesh.wait_bell_surviving(seen, &what, &lost) {
+                Err(Error::PeerLost { .. }) => {}
+                x => x?,
+            }
+        }
     }
 
     /// Takes member `j`'s freshest message of layer `l`, phase `ph` (from whichever replica
@@ -157,9 +270,15 @@ impl SspState {
         let (m, r) = (self.logical, self.replicas);
         loop {
             let seen = self.mesh.my_bell();
+            self.service()?;
             let mut best = (0u64, 0usize);
             for q in 0..r {
-                let a = self.ins[l][ph][j][q].take(&self.mesh, &self.layout)?;
+                let a = match self.ins[l][ph][j][q].take(&self.mesh, &self.layout) {
+                    // Its acknowledgement could not go to a replica that is gone; what it
+                    // posted before is still good (a second take posts nothing).
+                    Err(Error::PeerLost { .. }) if r > 1 => self.ins[l][ph][j][q].take(&self.mesh, &self.layout)?,
+                    x => x?,
+                };
                 if a > best.0 {
                     best = (a, q);
                 }
@@ -182,7 +301,11 @@ impl SspState {
             let t = Instant::now();
             // Unreplicated: any peer's death raises (and Ctrl-C); replicated: only the loss
             // of every replica of this member.
-            self.mesh.wait_bell(seen, None, &what, &alive, r == 1)?;
+            if r == 1 {
+                self.mesh.wait_bell(seen, None, &what, &alive, true)?;
+            } else {
+                self.mesh.wait_bell_surviving(seen, &what, &alive)?;
+            }
             *waited += t.elapsed();
         }
     }
@@ -239,6 +362,7 @@ impl SparseAllreduce {
         let clock = st.clock;
         let need = clock.saturating_sub(slack).max(1);
         let mut waited = Duration::ZERO;
+        st.service()?;
         unsafe { std::ptr::copy_nonoverlapping(out_vals.as_ptr(), st.latest.as_mut_ptr() as *mut u8, out_vals.len()) };
         // This rank's values in key order.
         {
@@ -267,9 +391,8 @@ impl SparseAllreduce {
             let (lo, hi) = st.cur.split_at_mut(l + 1);
             let (src, acc) = (lo[l].as_ptr() as *const u8, hi[0].as_mut_ptr() as *mut u8);
             for j in (0..k).filter(|&j| j != layer.digit) {
-                for s in st.outs[l][DOWN][j].iter_mut() {
-                    s.publish(&st.mesh, &st.layout, unsafe { src.add(layer.out_split[j] * rb) }, ages[l])?;
-                }
+                let n = (layer.out_split[j + 1] - layer.out_split[j]) * rb;
+                st.publish(l, DOWN, j, unsafe { src.add(layer.out_split[j] * rb) }, n, ages[l])?;
             }
             let mut age = ages[l];
             let mut got = vec![std::ptr::null(); k];
@@ -315,9 +438,7 @@ impl SparseAllreduce {
                 off += layer.in_maps[j].len() * rb;
             }
             for j in (0..k).filter(|&j| j != layer.digit) {
-                for s in st.outs[l][UP][j].iter_mut() {
-                    s.publish(&st.mesh, &st.layout, unsafe { sendp.add(offs[j]) }, age_up)?;
-                }
+                st.publish(l, UP, j, unsafe { sendp.add(offs[j]) }, layer.in_maps[j].len() * rb, age_up)?;
             }
             let prev = st.upv[l].as_mut_ptr() as *mut u8;
             let own = st.cur[l].as_ptr() as *const u8;
@@ -357,6 +478,7 @@ impl SparseAllreduce {
         let Some(st) = self.ssp.as_mut() else {
             return Err(Error::InvalidArgument("sparse_allreduce.flush: no reduce with slack since config".into()));
         };
+        st.drain()?;
         let (dt, w) = (st.dt, st.w);
         let n = self.n_out * w * dt.size_bytes();
         let latest = std::mem::take(&mut st.latest);

@@ -16,13 +16,16 @@
 //!
 //! A rank that has flushed waits, before it returns, until each partner says it has flushed
 //! too ([`Sender::say_done`]): a partner may still acknowledge a partial, and must not post
-//! to a rank that has gone.
+//! to a rank that has gone. (The "done" word holds a count, so a protocol that goes on after
+//! a flush can say it once per flush.)
 //!
 //! Slot `i` of a rank's mesh region: a 64-byte header (the triple buffer's word at 0; the
 //! acknowledgement word for this rank's own outgoing slot `i` at [`ACK`]; the partner's
 //! "done" at [`DONE`]) and three buffers,
-//! each a [`BUF_HDR`]-byte header (version at 0, age at 8) and the data. A rank's outgoing
-//! and incoming slot `i` face the same partner, so both kinds share one layout.
+//! each a [`BUF_HDR`]-byte header (version at 0, age at 8, length of a posted partial at
+//! [`LEN`]) and the data. A rank's outgoing and incoming slot `i` face the same partner, so
+//! both kinds share one layout. A partial may be shorter than the slot
+//! ([`Sender::publish_len`]): a posted one then sends and copies only its own bytes.
 
 use std::sync::atomic::Ordering;
 
@@ -39,6 +42,8 @@ const ACK: usize = 8;
 const DONE: usize = 16;
 /// Offset, in a buffer header, of the age (the version is at 0).
 const AGE: usize = 8;
+/// Offset, in a buffer header, of the length of a posted partial.
+const LEN: usize = 16;
 
 /// Byte layout of the slots, after the mesh header.
 pub(crate) struct Layout {
@@ -117,12 +122,19 @@ impl Sender {
         self.ends().0
     }
 
-    /// Publishes `nbytes` at `src` with its `age`.
+    /// Publishes `layout.nbytes` at `src` with its `age`.
     pub fn publish(&mut self, mesh: &Mesh, layout: &Layout, src: *const u8, age: u64) -> Result<()> {
+        self.publish_len(mesh, layout, src, layout.nbytes, age)
+    }
+
+    /// Publishes the first `n` bytes (at most `layout.nbytes`) at `src` with its `age`; the
+    /// reader sees the slot's other bytes undefined.
+    pub fn publish_len(&mut self, mesh: &Mesh, layout: &Layout, src: *const u8, n: usize, age: u64) -> Result<()> {
+        debug_assert!(n <= layout.nbytes);
         match self {
             Sender::Mapped { peer, slot, back } => {
                 let b = layout.buf(*slot, *back);
-                unsafe { mesh.put(*peer, b + BUF_HDR, src, layout.nbytes) }?;
+                unsafe { mesh.put(*peer, b + BUF_HDR, src, n) }?;
                 self.commit(mesh, layout, age);
                 Ok(())
             }
@@ -133,7 +145,8 @@ impl Sender {
                 let stage = p.stage.mut_ptr();
                 unsafe {
                     (stage as *mut u64).write(age);
-                    std::ptr::copy_nonoverlapping(src, stage.add(BUF_HDR - AGE), layout.nbytes);
+                    (stage.add(LEN - AGE) as *mut u64).write(n as u64);
+                    std::ptr::copy_nonoverlapping(src, stage.add(BUF_HDR - AGE), n);
                 }
                 p.pending = true;
                 self.service(mesh, layout)
@@ -174,17 +187,24 @@ impl Sender {
         };
         let v = p.versions.iter().max().unwrap() + 1;
         let at = layout.buf(p.slot, b as u32);
-        unsafe { mesh.post(p.peer, at + AGE, p.stage.ptr(), BUF_HDR - AGE + layout.nbytes, at, v)? };
+        let n = unsafe { (p.stage.ptr().add(LEN - AGE) as *const u64).read() } as usize;
+        unsafe { mesh.post(p.peer, at + AGE, p.stage.ptr(), BUF_HDR - AGE + n, at, v)? };
         p.versions[b] = v;
         p.pending = false;
         p.sent_age = unsafe { (p.stage.ptr() as *const u64).read() };
         Ok(())
     }
 
-    /// Tells the partner that this rank has flushed: nothing more will come from it.
-    pub fn say_done(&self, mesh: &Mesh, layout: &Layout) -> Result<()> {
+    /// Tells the partner that this rank has made its `flushes`-th flush: nothing more will
+    /// come from it until its next publish.
+    pub fn say_done(&self, mesh: &Mesh, layout: &Layout, flushes: u64) -> Result<()> {
         let (peer, slot) = self.ends();
-        unsafe { mesh.post(peer, 0, std::ptr::null(), 0, layout.slot(slot) + DONE, 1) }
+        unsafe { mesh.post(peer, 0, std::ptr::null(), 0, layout.slot(slot) + DONE, flushes) }
+    }
+
+    /// Whether the partner's slot is in its mapped region (no acknowledgements, never pending).
+    pub fn mapped(&self) -> bool {
+        matches!(self, Sender::Mapped { .. })
     }
 
     /// Whether a publish is kept, waiting for the reader to free a buffer.
@@ -228,8 +248,9 @@ impl Receiver {
                 if let Some((v, b)) = newest {
                     let at = layout.buf(*slot, b);
                     let base = mesh.base(mesh.me);
+                    let n = (mesh.u64_at(mesh.me, at + LEN).load(Ordering::Relaxed) as usize).min(layout.nbytes);
                     // The writer leaves this buffer alone until we acknowledge `v`.
-                    unsafe { std::ptr::copy_nonoverlapping(base.add(at + BUF_HDR), front.mut_ptr(), layout.nbytes) };
+                    unsafe { std::ptr::copy_nonoverlapping(base.add(at + BUF_HDR), front.mut_ptr(), n) };
                     *age = mesh.u64_at(mesh.me, at + AGE).load(Ordering::Relaxed);
                     *taken = v;
                     unsafe { mesh.post(*peer, 0, std::ptr::null(), 0, layout.slot(*slot) + ACK, v)? };
@@ -239,12 +260,20 @@ impl Receiver {
         }
     }
 
-    /// Whether the partner has flushed ([`Sender::say_done`]).
-    pub fn partner_done(&self, mesh: &Mesh, layout: &Layout) -> bool {
+    /// Whether the partner has made its `flushes`-th flush ([`Sender::say_done`]).
+    pub fn partner_done(&self, mesh: &Mesh, layout: &Layout, flushes: u64) -> bool {
         let slot = match self {
             Receiver::Mapped { slot, .. } | Receiver::Posted { slot, .. } => *slot,
         };
-        mesh.u64_at(mesh.me, layout.slot(slot) + DONE).load(Ordering::Acquire) != 0
+        mesh.u64_at(mesh.me, layout.slot(slot) + DONE).load(Ordering::Acquire) >= flushes
+    }
+
+    /// The partner that writes this slot, when it posts from another host.
+    pub fn posted_from(&self) -> Option<usize> {
+        match self {
+            Receiver::Posted { peer, .. } => Some(*peer),
+            Receiver::Mapped { .. } => None,
+        }
     }
 
     /// The data of the partial held (valid after [`Receiver::take`] returned an age > 0).

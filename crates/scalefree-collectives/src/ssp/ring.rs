@@ -266,11 +266,11 @@ impl Ring {
             self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
         }
         for o in self.outs.iter().flatten() {
-            o.say_done(&self.mesh, &self.layout)?;
+            o.say_done(&self.mesh, &self.layout, 1)?;
         }
         loop {
             let seen = self.mesh.my_bell();
-            if self.ins.iter().flatten().all(|i| i.partner_done(&self.mesh, &self.layout)) {
+            if self.ins.iter().flatten().all(|i| i.partner_done(&self.mesh, &self.layout, 1)) {
                 return Ok(());
             }
             self.mesh.wait_bell(seen, None, &what, &|| Ok(()), true)?;
