@@ -54,7 +54,7 @@ class Group(_native.Group):
 
         Each rank exposes a registered region holding everything it receives; senders write
         their pieces into it with one-sided writes at offsets agreed through one allgather of
-        the counts, then a barrier tells the receivers the data landed. Every rank must pass
+        the counts, then a notification from each sender tells its receivers the data landed. Every rank must pass
         the same dtype and row width."""
         send = _require_array(send, "alltoallv")
         if send.ndim not in (1, 2):
@@ -130,8 +130,33 @@ class Group(_native.Group):
                 for d, p, remote, at, size in sorted(sends, key=lambda x: (x[0] - self.rank) % self.size)]
         for c in done:
             c.wait()
-        self.barrier()
+        self._landed(table)
         return out[:nbytes]
+
+    def _landed(self, table) -> None:
+        """End of :meth:`_exchange`: returns once every piece sent to this rank has landed.
+        A write's completion is local (its source may be reused) and a barrier does not
+        order it either (its messages take other paths: across hosts, recursive doubling
+        hears of a sender through a third rank, on another socket), so every sender
+        notifies each rank it wrote to — seen there after its writes (docs/transport.md,
+        "Ordering") — and every receiver waits for the senders that wrote to it. Sender
+        ``s`` uses slot ``NOTIFY_SLOTS - 1 - s % k`` (the top ``k`` slots, ``k`` at most
+        half of them); with more ranks than ``k``, senders take turns in waves of ``k``, a
+        barrier between waves."""
+        top = _native.NOTIFY_SLOTS - 1
+        k = min(self.size, _native.NOTIFY_SLOTS // 2)
+        me, dev = self.rank, self.device
+        for wave in range(0, self.size, k):
+            if wave:
+                self.barrier()  # every notification of the wave before was consumed
+            if wave <= me < wave + k:
+                for i in range(1, self.size):
+                    d = (me + i) % self.size
+                    if table[me, d]:
+                        dev.channel(d).notify(top - me % k, 1)
+            for s in range(wave, min(wave + k, self.size)):
+                if s != me and table[s, me]:
+                    dev.wait(top - s % k)
 
     def ssp_reduction(self, count: int, dtype="float32", op: str = "sum",
                       variant: str = "sharded_async_thread", push_order: str = "cyclic"):
