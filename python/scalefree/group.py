@@ -54,8 +54,8 @@ class Group(_native.Group):
 
         Each rank exposes a registered region holding everything it receives; senders write
         their pieces into it with one-sided writes at offsets agreed through one allgather of
-        the counts, then a notification from each sender tells its receivers the data landed. Every rank must pass
-        the same dtype and row width."""
+        the counts, then a notification from each sender tells its receivers the data landed
+        (:meth:`_landed`). Every rank must pass the same dtype and row width."""
         send = _require_array(send, "alltoallv")
         if send.ndim not in (1, 2):
             raise InvalidArgumentError(f"alltoallv: send must be 1-D or 2-D, got shape {send.shape}")
