@@ -387,9 +387,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "LIBMF's mf-train in memory and --disk when --libmf-bin is given)")
     common.add_cold_arg(p)
     p.add_argument("--ranks", type=common.argparse_type(common.positive_int), default=4, help="--vs dsgd-ps / memory-budget: ranks per run (default 4)")
-    p.add_argument("--users", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic users")
-    p.add_argument("--items", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps: synthetic items")
-    p.add_argument("--ratings", type=common.argparse_type(common.positive_int), default=2_000_000, help="--vs dsgd-ps: synthetic ratings")
+    p.add_argument("--users", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps / memory-budget --mode local: synthetic users")
+    p.add_argument("--items", type=common.argparse_type(common.positive_int), default=100_000, help="--vs dsgd-ps / memory-budget --mode local: synthetic items")
+    p.add_argument("--ratings", type=common.argparse_type(common.positive_int), default=2_000_000, help="--vs dsgd-ps / memory-budget --mode local: synthetic ratings (e.g. 20M: a data set whose blocks are ~0.5 MiB)")
     p.add_argument("--data", nargs="*", default=None,
                    help="rating files (default: MovieLens-100K and ml-latest-small from ../shared/data)")
     p.add_argument("-k", type=common.argparse_type(common.positive_int), default=40)

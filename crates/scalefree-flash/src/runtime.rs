@@ -35,6 +35,9 @@ pub struct RuntimeOptions {
     pub io_chunk_bytes: usize,
     /// Strides separated by at most this many bytes are read as one span (default 16 KiB).
     pub read_merge_gap_bytes: u64,
+    /// A request is split across the IO threads into jobs of at least this many bytes
+    /// (default one sector; see [`IoOptions::min_job_bytes`]).
+    pub io_min_job_bytes: usize,
     /// Niceness added to the compute threads (default 5; 0 leaves them as they are). When the
     /// compute threads use every core, IO threads and the scheduler — which only wake up to
     /// start the next read or task — otherwise wait milliseconds for a core, and prefetches
@@ -60,6 +63,7 @@ impl Default for RuntimeOptions {
             prioritizer_window: 4096,
             io_chunk_bytes: io.chunk_bytes,
             read_merge_gap_bytes: io.read_merge_gap_bytes,
+            io_min_job_bytes: io.min_job_bytes,
             compute_niceness: 5,
             blas_library: None,
         }
@@ -165,7 +169,7 @@ impl Runtime {
         if !options.dir.is_dir() {
             return Err(FlashError::Io { path: options.dir.clone(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "scratch directory does not exist") });
         }
-        let io = IoExecutor::new(IoOptions { threads: options.io_threads, chunk_bytes: options.io_chunk_bytes, read_merge_gap_bytes: options.read_merge_gap_bytes });
+        let io = IoExecutor::new(IoOptions { threads: options.io_threads, chunk_bytes: options.io_chunk_bytes, read_merge_gap_bytes: options.read_merge_gap_bytes, min_job_bytes: options.io_min_job_bytes });
         let niceness = options.compute_niceness;
         let compute_pool = rayon::ThreadPoolBuilder::new()
             .num_threads(options.compute_threads)

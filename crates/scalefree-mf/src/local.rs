@@ -119,6 +119,15 @@ impl FlashBlocks {
         o.memory_budget_bytes = budget;
         o.compute_threads = 1;
         o.max_tasks_in_flight = 3;
+        // Blocks are small (tens to hundreds of KiB) and the reader keeps many in flight: each
+        // is one read (the runtime's default splits a request across its IO threads, which
+        // turns a 56 KiB block into four 14 KiB reads), and more reads at once than its
+        // default 4 threads (a virtio disk's throughput grows with the queue depth;
+        // `SCALEFREE_FLASH_IO_THREADS` still decides when set).
+        o.io_min_job_bytes = o.io_chunk_bytes;
+        if std::env::var_os("SCALEFREE_FLASH_IO_THREADS").is_none() {
+            o.io_threads = o.io_threads.max(8);
+        }
         if let Some(d) = dir {
             o.dir = d.to_path_buf();
         }

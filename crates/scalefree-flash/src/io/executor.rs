@@ -25,11 +25,17 @@ pub struct IoOptions {
     /// Reads of strides separated by gaps up to this many bytes are merged into one read of
     /// the whole span (default 16 KiB; at most doubles the bytes read for short strides).
     pub read_merge_gap_bytes: u64,
+    /// A request is split across the IO threads into jobs of at least this many bytes
+    /// (default one sector: a request of a few pages still keeps every thread busy). A consumer
+    /// that keeps many requests in flight (the program cache's prefetch of small blocks) sets
+    /// it to `chunk_bytes`: each request is then one system call, and the queue of requests,
+    /// not the split of one, keeps the threads busy.
+    pub min_job_bytes: usize,
 }
 
 impl Default for IoOptions {
     fn default() -> Self {
-        IoOptions { threads: 4, chunk_bytes: 4 << 20, read_merge_gap_bytes: 16 << 10 }
+        IoOptions { threads: 4, chunk_bytes: 4 << 20, read_merge_gap_bytes: 16 << 10, min_job_bytes: SECTOR_BYTES }
     }
 }
 
@@ -185,10 +191,17 @@ impl IoExecutor {
             first_error: Mutex::new(None),
             on_done: Mutex::new(Some(Box::new(on_done))),
         });
+        let n_jobs = jobs.len();
         let mut queue = self.shared.queue.lock().expect("IO queue poisoned");
         queue.jobs.extend(jobs.into_iter().map(|job| QueuedJob { request: request.clone(), job }));
         drop(queue);
-        self.shared.job_ready.notify_all();
+        // One job wakes one thread: waking them all for it (a prefetch of small blocks submits
+        // one job per block) costs every idle IO thread a context switch per read.
+        if n_jobs == 1 {
+            self.shared.job_ready.notify_one();
+        } else {
+            self.shared.job_ready.notify_all();
+        }
     }
 
     /// Like [`IoExecutor::submit_with`], returning a ticket to wait on.
@@ -227,7 +240,8 @@ impl Drop for IoExecutor {
 fn plan(direction: IoDirection, spec: &AccessSpec, options: &IoOptions) -> Vec<Job> {
     let (n, len, stride) = (spec.n_strides(), spec.stride_len_bytes(), spec.stride_bytes());
     // Jobs of at most `chunk_bytes`, and small enough that every IO thread gets one.
-    let chunk = (spec.size_bytes() / options.threads.max(1) as u64).clamp(SECTOR_BYTES as u64, options.chunk_bytes as u64);
+    let floor = (options.min_job_bytes as u64).clamp(SECTOR_BYTES as u64, options.chunk_bytes as u64);
+    let chunk = (spec.size_bytes() / options.threads.max(1) as u64).clamp(floor, options.chunk_bytes as u64);
     let mut jobs = Vec::new();
     if n == 0 || len == 0 {
         return jobs;
@@ -419,13 +433,26 @@ mod tests {
 
     #[test]
     fn strided_unaligned_round_trips_direct() {
-        check_strided_round_trip(&FileOptions::default(), &IoOptions { threads: 3, chunk_bytes: 16 << 10, read_merge_gap_bytes: 16 << 10 });
+        check_strided_round_trip(&FileOptions::default(), &IoOptions { threads: 3, chunk_bytes: 16 << 10, read_merge_gap_bytes: 16 << 10, min_job_bytes: SECTOR_BYTES });
     }
 
     #[test]
     fn strided_unaligned_round_trips_buffered_and_unmerged() {
-        check_strided_round_trip(&FileOptions { direct_io: false }, &IoOptions { threads: 2, chunk_bytes: 8 << 10, read_merge_gap_bytes: 0 });
-        check_strided_round_trip(&FileOptions::default(), &IoOptions { threads: 2, chunk_bytes: 1 << 20, read_merge_gap_bytes: 0 });
+        check_strided_round_trip(&FileOptions { direct_io: false }, &IoOptions { threads: 2, chunk_bytes: 8 << 10, read_merge_gap_bytes: 0, min_job_bytes: SECTOR_BYTES });
+        check_strided_round_trip(&FileOptions::default(), &IoOptions { threads: 2, chunk_bytes: 1 << 20, read_merge_gap_bytes: 0, min_job_bytes: 1 << 20 });
+    }
+
+    #[test]
+    fn min_job_bytes_keeps_a_small_request_in_one_read() {
+        let file = FlashFile::scratch(&std::env::temp_dir(), 1 << 20, &FileOptions::default()).unwrap();
+        let spec = AccessSpec::contiguous(file, 4096, 56 << 10).unwrap();
+        let split = IoOptions::default();
+        assert_eq!(plan(IoDirection::Read, &spec, &split).len(), split.threads, "by default a request is split across the threads");
+        let whole = IoOptions { min_job_bytes: split.chunk_bytes, ..IoOptions::default() };
+        assert_eq!(plan(IoDirection::Read, &spec, &whole).len(), 1);
+        let big = AccessSpec::contiguous(spec.file().clone(), 0, 1 << 20).unwrap();
+        let small_chunks = IoOptions { chunk_bytes: 256 << 10, min_job_bytes: 4 << 20, ..IoOptions::default() };
+        assert_eq!(plan(IoDirection::Read, &big, &small_chunks).len(), 4, "jobs stay at most chunk_bytes");
     }
 
     #[test]
@@ -437,7 +464,7 @@ mod tests {
         assert_eq!(widths.iter().sum::<u64>(), row_bytes);
         for round in 0..3 {
             let file = FlashFile::scratch(&std::env::temp_dir(), rows * row_bytes, &FileOptions::default()).unwrap();
-            let executor = IoExecutor::new(IoOptions { threads: 4, chunk_bytes: 4096, read_merge_gap_bytes: 0 });
+            let executor = IoExecutor::new(IoOptions { threads: 4, chunk_bytes: 4096, read_merge_gap_bytes: 0, min_job_bytes: SECTOR_BYTES });
             let mut expected = vec![0u8; (rows * row_bytes) as usize];
             let mut tickets = Vec::new();
             let mut col = 0;
