@@ -151,6 +151,19 @@ def test_out_of_core_two_threads_reach_the_same_rmse(low_rank, tmp_path):
     assert m.history[-1]["rating_bytes_resident"] <= len(train) * 12 // 4
 
 
+def test_out_of_core_reads_each_block_once_per_pass(low_rank, tmp_path):
+    """At a quarter of the records each pass reads its blocks from flash, and no block twice
+    (whole pages: at most one page of padding per block), whatever the two threads' race. (With
+    a budget of a few blocks — 4 x 4 blocks here — the threads' out-of-order takes can evict a
+    prefetched block before its turn: the budget then forces a second read.)"""
+    train, test = low_rank
+    records = len(train) * 12
+    m = mf.MatrixFactorization(k=8, mode="local", iterations=3, seed=4, threads=2, blocks=8,
+                               memory_budget=records // 4, block_dir=tmp_path).fit(train, test)
+    read = m.history[-1]["bytes_read"]
+    assert 3 * records <= read <= 3 * (records + 64 * 4096), read
+
+
 def test_out_of_core_budget_below_the_blocks_threads_hold_is_one_line(low_rank, tmp_path):
     from scalefree.errors import OutOfBudgetError
 

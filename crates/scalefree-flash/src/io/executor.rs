@@ -447,7 +447,7 @@ mod tests {
         let file = FlashFile::scratch(&std::env::temp_dir(), 1 << 20, &FileOptions::default()).unwrap();
         let spec = AccessSpec::contiguous(file, 4096, 56 << 10).unwrap();
         let split = IoOptions::default();
-        assert_eq!(plan(IoDirection::Read, &spec, &split).len(), split.threads, "by default a request is split across the threads");
+        assert!(plan(IoDirection::Read, &spec, &split).len() > 1, "by default a request is split across the threads");
         let whole = IoOptions { min_job_bytes: split.chunk_bytes, ..IoOptions::default() };
         assert_eq!(plan(IoDirection::Read, &spec, &whole).len(), 1);
         let big = AccessSpec::contiguous(spec.file().clone(), 0, 1 << 20).unwrap();
