@@ -96,6 +96,19 @@ def test_cli_slack_trains_and_reports(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [1, 2, 3, 4]
     assert all(0.8 < r["test_rmse"] < 1.3 for r in recs), [r["test_rmse"] for r in recs]
+    assert recs[-1]["blocks_per_side"] == 3  # a positive slack: w x w blocks unless --blocks says otherwise
+
+
+@pytest.mark.parametrize("argv,blocks", [(["--slack", "0"], 6), (["--slack", "2", "--blocks", "6"], 6)])
+def test_cli_slack_blocks(argv, blocks, tmp_path):
+    """Slack 0 keeps rima's default 2w x 2w blocks (the same run as without --slack); --blocks
+    overrides the w x w default of a positive slack."""
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
+                        "-n", "3", "-i", "1", "-k", "4", *argv, "--json", str(out), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text().splitlines()[-1])["blocks_per_side"] == blocks
 
 
 @pytest.mark.parametrize("argv,msg", [
