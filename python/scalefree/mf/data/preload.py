@@ -220,7 +220,7 @@ class Preloader:
         self._held: dict[int, object] = {}  # visit → FlashBlock
         self._kept: dict[int, object] = {}  # block → FlashBlock kept for its next visit
         self._next_free = 0
-        self.wait_seconds = 0.0
+        self._wait_at_close = 0.0
         self.bytes_read = self.bytes_reused = 0
         self._empty = np.zeros((0, 3), np.uint32)
         spans = {b: blocks.span(b) for b in used}
@@ -242,6 +242,12 @@ class Preloader:
     def direct(self) -> bool:
         """Whether the blocks are read with O_DIRECT (else through the page cache)."""
         return self._direct
+
+    @property
+    def wait_seconds(self) -> float:
+        """Time ``get`` has waited for reads (or memory) so far (the reader's count: no
+        per-block bookkeeping here)."""
+        return self._wait_at_close if self._reader is None else float(self._reader.stats()["wait_seconds"])
 
     @property
     def resident(self) -> int:
@@ -274,9 +280,7 @@ class Preloader:
             block = self._kept.pop(b)
             self.bytes_reused += count * ENTRY_BYTES
         else:
-            st0 = self._reader.stats()["wait_seconds"]
             block = self._reader.get(off, self.blocks.span(b))
-            self.wait_seconds += self._reader.stats()["wait_seconds"] - st0
             self.bytes_read += count * ENTRY_BYTES
         self._held[n] = block
         return np.frombuffer(block, np.uint32, count=count * 3).reshape(-1, 3)
@@ -299,6 +303,7 @@ class Preloader:
         """Stops prefetching and frees the cache (idempotent)."""
         if self._reader is None:
             return
+        self._wait_at_close = float(self._reader.stats()["wait_seconds"])
         self._reader.clear_ahead()
         for block in [*self._held.values(), *self._kept.values()]:
             block.release()
