@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import scalefree.mf.model as mf
 from ranks import collect, spawn_ranks
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -99,16 +100,11 @@ def test_cli_slack_trains_and_reports(tmp_path):
     assert recs[-1]["blocks_per_side"] == 3  # a positive slack: w x w blocks unless --blocks says otherwise
 
 
-@pytest.mark.parametrize("argv,blocks", [(["--slack", "0"], 6), (["--slack", "2", "--blocks", "6"], 6)])
-def test_cli_slack_blocks(argv, blocks, tmp_path):
-    """Slack 0 keeps rima's default 2w x 2w blocks (the same run as without --slack); --blocks
-    overrides the w x w default of a positive slack."""
-    out = tmp_path / "r.jsonl"
-    p = subprocess.run([sys.executable, "-m", "scalefree.cli", "mf", "train", str(ML100K), "--mode", "rima",
-                        "-n", "3", "-i", "1", "-k", "4", *argv, "--json", str(out), "-q"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(out.read_text().splitlines()[-1])["blocks_per_side"] == blocks
+def test_default_blocks():
+    """Slack 0 keeps rima's 2w x 2w blocks (the same run as without --slack); a positive slack
+    cuts w x w unless --blocks says otherwise (the CLI run above); dsgd-ps w x w."""
+    assert [mf.default_blocks("rima", 4, s) for s in (None, 0, 1, 8)] == [8, 8, 4, 4]
+    assert mf.default_blocks("dsgd-ps", 3) == 3 and mf.default_blocks("rima", 1, 2) == 1
 
 
 @pytest.mark.parametrize("argv,msg", [
