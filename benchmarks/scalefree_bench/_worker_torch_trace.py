@@ -22,6 +22,7 @@ import torch.nn as nn
 
 import scalefree.torch  # noqa: F401  (registers the backend, fills torch's env://)
 from scalefree._rss import peak_rss_bytes
+from scalefree.tensors import torch_sites
 
 
 def main() -> int:
@@ -70,7 +71,7 @@ def main() -> int:
                 out = nn.functional.cross_entropy(rest(h), y)
                 out.backward()
                 dist.send(h.grad, 0)
-                loss = float(out)
+                loss = float(out.detach())
             opt.step()
             return loss
         samples = batch
@@ -89,7 +90,12 @@ def main() -> int:
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({"rank": rank, "seconds": secs, "samples_per_s": samples * steps / secs, "loss": losses[-1],
                    "trace": pg.trace, "transport": pg.group.transport, "per_step": per,
-                   "peak_rss_bytes": peak_rss_bytes()}, f)
+                   "peak_rss_bytes": peak_rss_bytes(),
+                   # after the timed steps: dispatch modes left in this thread, tensors torch's
+                   # operators made in the arena, whether torch._dynamo was imported
+                   "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+                   "arena_allocations": torch_sites.arena_allocations(),
+                   "dynamo_imported": "torch._dynamo" in sys.modules}, f)
     dist.destroy_process_group()
     return 0
 
