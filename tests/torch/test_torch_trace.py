@@ -46,9 +46,10 @@ def test_trace_on_one_host(tmp_path):
     _check_p2p(res, True)
     for r in res:
         # Steps 4-6: the bucket (51,620 bytes) is registered with tracing (DDP rebuilds its
-        # buckets after the first step; a storage moves on its second allreduce), staged without.
+        # buckets after the first step; a storage moves on its second allreduce), staged without
+        # (the part peers read: the transport copies about half of it, the other rank's share).
         on, off = sum(r["ddp_on"][3:]), sum(r["ddp_off"][3:])
-        assert off >= 3 * 51_620 and on <= off / 2, (r["ddp_on"], r["ddp_off"])
+        assert off >= 3 * 25_000 and on <= off / 2, (r["ddp_on"], r["ddp_off"])
 
 
 def test_trace_across_simulated_hosts(tmp_path):

@@ -57,7 +57,9 @@ _NUMBER_OPS = frozenset((
 ))
 
 _traced: set = set()
-# data address -> (site, operator) of the large results made under the learning mode
+# data address -> (site, operator, weak reference to the storage) of the large results made
+# under the learning mode or by a traced operator's kernel (an entry whose storage is gone
+# is stale: the address may hold a tensor made since without either)
 _live: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
 # operator -> the traced sites it allocates at (what the settled kernels send to the arena)
 _hot: dict = {}
@@ -243,13 +245,16 @@ def _mode_class():
 
 def _record(site, func, args, kwargs, res) -> None:
     """Remembers where the large tensor ``res`` was made (and the call's result shape)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
     try:
-        ptr = res.untyped_storage().data_ptr()
+        st = res.untyped_storage()
+        ptr = st.data_ptr()
     except Exception:  # noqa: BLE001 - tensors without storage
         return
     _remember(_meta_key(func, args, kwargs), res)
     with _lock:
-        _live[ptr] = (site, func)
+        _live[ptr] = (site, func, StorageWeakRef(st))
         _live.move_to_end(ptr)
         if len(_live) > _LIVE_MAX:
             _live.popitem(last=False)
@@ -362,9 +367,9 @@ def note_staged(tensor) -> bool:
         return False
     with _lock:
         made = _live.get(ptr)
-        if made is None:
+        if made is None or made[2].expired():
             return False
-        site, func = made
+        site, func, _ = made
         _traced.add(site)
         _hot.setdefault(func, set()).add(site)
         _pending = True
