@@ -81,7 +81,10 @@ def _skip(filename: str) -> bool:
 
 def _site():
     """The calling site: the innermost two frames outside torch and scalefree."""
-    f = sys._getframe(2)
+    try:
+        f = sys._getframe(2)
+    except ValueError:  # called from a thread with no Python frames above (torch's own)
+        return None
     key = []
     depth = 0
     while f is not None and len(key) < 2 and depth < 40:
