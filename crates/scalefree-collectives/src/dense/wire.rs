@@ -12,7 +12,8 @@
 //! `|result - exact| <= u·|exact| + (u + H·u_32)·(1 + u)·Σ|partial_h|`
 //! (`docs/algorithms.md`, "Compressed allreduce"). fp16 overflows past 65504.
 //! Over TCP lanes the first peer's pieces are summed in as they arrive and the rounded parts
-//! land straight in the caller's buffer (see [`group_allreduce`]).
+//! are widened into the caller's buffer as they arrive (see [`group_allreduce`]); nothing is
+//! allocated per call, and the bf16 loops are vectorised ([`kernels`]).
 
 use scalefree_transport::{Error, Result};
 
