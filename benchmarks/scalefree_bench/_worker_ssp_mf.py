@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", default=None)
     p.add_argument("--straggler", type=float, default=0.0, metavar="MS")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--blocks", type=int, default=None, help="rima: blocks per side (2w by default, or w)")
+    p.add_argument("--blocks", type=int, default=None, help="rima: blocks per side (mf train's default: 2w at slack 0, w at slack > 0; or w, 2w)")
     p.add_argument("--lam", type=float, default=0.1, help="sgd and rima")
     p.add_argument("--eta", type=float, default=None, help="sgd (default 0.5) and rima (default 0.1)")
     p.add_argument("--out", type=Path, help="write each rank's history to OUT.rank<r>.json")
@@ -143,7 +143,8 @@ def _rima(g, args, k: int, iters: int) -> int:
     h = m.history
     res = {"history": [(r["seconds"], r["iteration"], r["test_rmse"], 0) for r in h],
            "loop_s": h[-1]["seconds"], "final_rmse": h[-1]["test_rmse"],
-           "stale_steps": h[-1].get("stale_steps"), "wait_seconds": h[-1].get("wait_seconds")}
+           "stale_steps": h[-1].get("stale_steps"), "wait_seconds": h[-1].get("wait_seconds"),
+           "blocks_per_side": h[-1].get("blocks_per_side")}
     write_rank_result(args.out, 0, res)
     print(f"rima slack {args.slack}: {len(h)} iterations in {res['loop_s']:.2f} s, test RMSE {res['final_rmse']:.4f}, "
           f"stale steps per worker {res['stale_steps']}", flush=True)

@@ -44,7 +44,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-k", type=arg(common.positive_int), default=None, help="rank of the factorization (sgd 32, bpmf 10, rima 32)")
     p.add_argument("--seed", type=common.argparse_type(common.non_negative_int), default=0)
     p.add_argument("--blocks", type=arg(common.positive_int), default=None,
-                   help="rima: blocks per side (default 2 x ranks; or ranks)")
+                   help="rima: blocks per side (default: mf train's, 2 x ranks at slack 0 and ranks at slack > 0; "
+                        "or give ranks or 2 x ranks for every slack)")
     p.add_argument("--timeout", type=arg(common.positive_float), default=600.0)
     common.add_output_args(p)
     p.set_defaults(func=run)
@@ -67,7 +68,7 @@ def _train(args, slack: int, iters: int, tmp: Path) -> dict:
     if args.model in ("sgd", "rima"):
         h = docs[0]["history"]
         return {"history": [(t, it, e) for t, it, e, _ in h], "loop_s": docs[0]["loop_s"],
-                "final_rmse": docs[0]["final_rmse"]}
+                "final_rmse": docs[0]["final_rmse"], "blocks_per_side": docs[0].get("blocks_per_side")}
     hist = []
     for rows in zip(*(d["history"] for d in docs)):
         sse = sum(row[2] for row in rows)
@@ -111,13 +112,15 @@ def run(args) -> int:
             dtype="float32", stats=stats, gbps=0.0, slack=s, target_rmse=target,
             time_to_target_s=t_hit, iters_to_target=it_hit, speedup_vs_slack0=t_base / t_hit if hit else 0.0,
             final_rmse=res["final_rmse"], rmse_at_iters=at_iters, straggler_ms=args.straggler, model=args.model,
+            blocks_per_side=res.get("blocks_per_side"),
         ))
         curves[s] = res["history"]
     headers = ["slack", "target RMSE", "time to target", "iterations", "vs slack 0", "s/iteration",
-               f"RMSE at {args.iters}", "final RMSE"]
+               f"RMSE at {args.iters}", "final RMSE"] + (["blocks"] if args.model == "rima" else [])
     rows = [[str(r["slack"]), f"{r['target_rmse']:.4f}", f"{r['time_to_target_s']:.3f} s",
              str(r["iters_to_target"]), f"{r['speedup_vs_slack0']:.2f}x", f"{r['median_s'] * 1e3:.2f} ms",
-             f"{r['rmse_at_iters']:.4f}", f"{r['final_rmse']:.4f}"] for r in records]
+             f"{r['rmse_at_iters']:.4f}", f"{r['final_rmse']:.4f}"]
+            + ([f"{r['blocks_per_side']} x {r['blocks_per_side']}"] if args.model == "rima" else []) for r in records]
     print(common.format_table(headers, rows, left_columns=1))
     if args.json:
         common.write_json(args.json, records)

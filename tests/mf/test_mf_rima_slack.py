@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import scalefree.mf.model as mf
 from ranks import collect, spawn_ranks
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +97,14 @@ def test_cli_slack_trains_and_reports(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["iteration"] for r in recs] == [1, 2, 3, 4]
     assert all(0.8 < r["test_rmse"] < 1.3 for r in recs), [r["test_rmse"] for r in recs]
+    assert recs[-1]["blocks_per_side"] == 3  # a positive slack: w x w blocks unless --blocks says otherwise
+
+
+def test_default_blocks():
+    """Slack 0 keeps rima's 2w x 2w blocks (the same run as without --slack); a positive slack
+    cuts w x w unless --blocks says otherwise (the CLI run above); dsgd-ps w x w."""
+    assert [mf.default_blocks("rima", 4, s) for s in (None, 0, 1, 8)] == [8, 8, 4, 4]
+    assert mf.default_blocks("dsgd-ps", 3) == 3 and mf.default_blocks("rima", 1, 2) == 1
 
 
 @pytest.mark.parametrize("argv,msg", [

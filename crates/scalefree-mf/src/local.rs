@@ -262,16 +262,21 @@ impl LocalTrainer {
             return Err(MfError::InvalidArgument(format!("blocks per side ({nb}) must exceed threads ({})", o.threads)));
         }
         let (m, n, k) = (train.n_users(), train.n_items(), o.k);
+        if m.max(n) as u64 > 1 << 32 {
+            // The rows of this process's P and Q (and the 12-byte entries) are 32-bit: 2^32 rows
+            // of P are 2^32 · k · 4 bytes in one process. The multi-rank modes hold a block each.
+            return Err(MfError::InvalidArgument(format!("local mode trains at most 2^32 users and 2^32 items in one process, got {m} and {n}: use --mode rima or dsgd-ps")));
+        }
         let mut rng = Rng::new(o.seed);
-        let mut up: Vec<u32> = (0..m as u32).collect();
-        let mut ip: Vec<u32> = (0..n as u32).collect();
+        let mut up: Vec<u32> = (0..m).map(|x| x as u32).collect();
+        let mut ip: Vec<u32> = (0..n).map(|x| x as u32).collect();
         rng.shuffle(&mut up);
         rng.shuffle(&mut ip);
         // Counting sort of the ratings by block, then a seeded shuffle inside each block.
         let block_of = |u: u32, i: u32| (u as usize * nb / m) * nb + i as usize * nb / n;
         let mut starts = vec![0usize; nb * nb + 1];
-        for (&u, &i) in train.users.iter().zip(&train.items) {
-            starts[block_of(up[u as usize], ip[i as usize]) + 1] += 1;
+        for (u, i, _) in train.rows() {
+            starts[block_of(up[u], ip[i]) + 1] += 1;
         }
         for b in 0..nb * nb {
             starts[b + 1] += starts[b];
@@ -286,8 +291,8 @@ impl LocalTrainer {
         let mut fill = starts.clone();
         let mut entries = vec![Entry { u: 0, i: 0, r: 0.0 }; train.len()];
         let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
-        for ((&u, &i), &r) in train.users.iter().zip(&train.items).zip(&train.values) {
-            let (u, i) = (up[u as usize], ip[i as usize]);
+        for (u, i, r) in train.rows() {
+            let (u, i) = (up[u], ip[i]);
             let b = block_of(u, i);
             entries[fill[b]] = Entry { u, i, r: r / scale };
             fill[b] += 1;
@@ -555,8 +560,8 @@ impl LocalTrainer {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
                         // Ids past the training maps (unseen in training) map past the rows: the mean.
-                        let row = |map: &[u32], d: u32| map.get(d as usize).map_or(usize::MAX, |&x| x as usize);
-                        let it = (lo..hi).map(|n| (row(ur, r.users[n]), row(ir, r.items[n]), r.values[n] / scale));
+                        let row = |map: &[u32], d: usize| map.get(d).map_or(usize::MAX, |&x| x as usize);
+                        let it = (lo..hi).map(|n| (row(ur, r.user_row(n)), row(ir, r.item_row(n)), r.values[n] / scale));
                         sq_error_ld(it, p, q, k, ld, ku, ki, mean)
                     })
                 })

@@ -70,7 +70,7 @@ impl Model {
         if r.is_empty() {
             return Ok(f64::NAN);
         }
-        let it = r.users.iter().zip(&r.items).zip(&r.values).map(|((&u, &i), &v)| (u as usize, i as usize, v));
+        let it = r.rows();
         Ok((sq_error(it, &self.p, &self.q, self.k, &self.known_u, &self.known_i, self.mean) / r.len() as f64).sqrt())
     }
 

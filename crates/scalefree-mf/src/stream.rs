@@ -23,10 +23,10 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-use crate::data::{parse_ratings, CACHE_MAGIC};
+use crate::data::{dense_base, parse_ratings, DenseIds, CACHE_MAGIC, CACHE_MAGIC_WIDE};
 use crate::error::{MfError, Result};
 use crate::rng::Rng;
 
@@ -151,32 +151,37 @@ pub fn read_cache_subset<P: Position>(path: &Path, indices: &[P]) -> Result<crat
         f.read_exact(&mut b).map_err(|e| MfError::io(path, e))?;
         Ok(b.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
     };
-    read_u64s(4)?; // the header, checked above
+    read_u64s(info.header_bytes as usize / 8)?; // the header, checked above
     let user_ids = read_u64s(nu)?;
     let item_ids = read_u64s(ni)?;
-    // Three columns of n 4-byte words: pick `indices` from each, a chunk at a time.
-    let mut cols: [Vec<u32>; 3] = Default::default();
+    // Three columns of n words (dense ids of `id_bytes`, ratings of 4): pick `indices` from
+    // each, a chunk at a time.
+    let w = info.id_bytes as usize;
+    let mut cols: [Vec<u64>; 3] = Default::default();
     const CHUNK: usize = 1 << 18;
-    let mut buf = vec![0u8; CHUNK * 4];
-    for col in cols.iter_mut() {
+    let mut buf = vec![0u8; CHUNK * 8];
+    for (c_no, col) in cols.iter_mut().enumerate() {
+        let w = if c_no == 2 { 4 } else { w };
         col.reserve_exact(indices.len());
         let mut at = 0usize; // next index to pick
         for s in (0..n).step_by(CHUNK) {
             let c = CHUNK.min(n - s);
-            f.read_exact(&mut buf[..c * 4]).map_err(|e| MfError::io(path, e))?;
+            f.read_exact(&mut buf[..c * w]).map_err(|e| MfError::io(path, e))?;
             while at < indices.len() && indices[at].at() < s + c {
-                let o = (indices[at].at() - s) * 4;
-                col.push(u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()));
+                let o = (indices[at].at() - s) * w;
+                col.push(if w == 4 { u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) as u64 } else { u64::from_le_bytes(buf[o..o + 8].try_into().unwrap()) });
                 at += 1;
             }
         }
     }
     let [users, items, values] = cols;
-    if users.iter().any(|&u| u as usize >= nu) || items.iter().any(|&i| i as usize >= ni) {
+    let base = info.base;
+    let out = |d: u64, count: usize| d < base || d - base >= count as u64;
+    if users.iter().any(|&u| out(u, nu)) || items.iter().any(|&i| out(i, ni)) {
         return Err(MfError::Format { path: path.into(), msg: "corrupt rating cache: id out of range".into() });
     }
-    let values = values.into_iter().map(f32::from_bits).collect();
-    Ok(crate::Ratings { users, items, values, user_ids, item_ids })
+    let values = values.into_iter().map(|x| f32::from_bits(x as u32)).collect();
+    Ok(crate::Ratings { users: DenseIds::from_u64s(users), items: DenseIds::from_u64s(items), values, user_ids, item_ids, base })
 }
 
 /// A multiplicative hash for the positions of [`split_test_indices`] (they are random
@@ -218,6 +223,65 @@ pub struct CacheInfo {
     pub ratings: u64,
     pub users: u64,
     pub items: u64,
+    /// Bytes of the header: 32 (version 1) or 40 (version 2, with the dense base).
+    pub header_bytes: u64,
+    /// Bytes per dense id of the user and item columns: 4 (version 1) or 8 (version 2).
+    pub id_bytes: u64,
+    /// The dense id of the first user and item (0 but under the test knob).
+    pub base: u64,
+}
+
+/// One column of dense ids on its way to a temporary file: 4 bytes per id while every id fits,
+/// rewritten once at 8 bytes per id when one does not (or when [`IdColumn::widen`] is called).
+struct IdColumn {
+    w: BufWriter<File>,
+    path: PathBuf,
+    wide: bool,
+}
+
+impl IdColumn {
+    fn create(path: &Path) -> Result<IdColumn> {
+        let f = File::create(path).map_err(|e| MfError::io(path, e))?;
+        Ok(IdColumn { w: BufWriter::with_capacity(1 << 20, f), path: path.into(), wide: false })
+    }
+    fn push(&mut self, d: u64) -> Result<()> {
+        if !self.wide && d > u32::MAX as u64 {
+            self.widen()?;
+        }
+        let r = if self.wide { self.w.write_all(&d.to_le_bytes()) } else { self.w.write_all(&(d as u32).to_le_bytes()) };
+        r.map_err(|e| MfError::io(&self.path, e))
+    }
+    /// From here on 8 bytes per id; what was written at 4 is rewritten at 8 (once).
+    fn widen(&mut self) -> Result<()> {
+        if self.wide {
+            return Ok(());
+        }
+        let io = |e| MfError::io(&self.path, e);
+        self.w.flush().map_err(io)?;
+        let wide_path = self.path.with_extension("wide");
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&wide_path).map_err(io)?);
+        let mut src = std::io::BufReader::with_capacity(1 << 20, File::open(&self.path).map_err(io)?);
+        let mut word = [0u8; 4];
+        loop {
+            match src.read_exact(&mut word) {
+                Ok(()) => out.write_all(&(u32::from_le_bytes(word) as u64).to_le_bytes()).map_err(io)?,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => return Err(io(e)),
+            }
+        }
+        out.flush().map_err(io)?;
+        drop((out, src));
+        std::fs::rename(&wide_path, &self.path).map_err(io)?;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&self.path).map_err(io)?;
+        f.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        self.w = BufWriter::with_capacity(1 << 20, f);
+        self.wide = true;
+        Ok(())
+    }
+    fn finish(self) -> Result<()> {
+        self.w.into_inner().map_err(|e| MfError::io(&self.path, e.into_error()))?;
+        Ok(())
+    }
 }
 
 /// Parse `path` (any supported text format, gzip ok) into the binary rating cache `out`, in
@@ -232,24 +296,33 @@ pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
     let (cu, ci, cv, tmp) = (col("users"), col("items"), col("values"), dir.join(format!(".{name}.tmp.{pid}")));
     let _cleanup = Cleanup(vec![cu.clone(), ci.clone(), cv.clone(), tmp.clone()]);
     let create = |p: &Path| -> Result<BufWriter<File>> { Ok(BufWriter::with_capacity(1 << 20, File::create(p).map_err(|e| MfError::io(p, e))?)) };
-    let (mut wu, mut wi, mut wv) = (create(&cu)?, create(&ci)?, create(&cv)?);
-    let (mut umap, mut imap) = (HashMap::<u64, u32>::new(), HashMap::<u64, u32>::new());
+    let (mut wu, mut wi, mut wv) = (IdColumn::create(&cu)?, IdColumn::create(&ci)?, create(&cv)?);
+    let (mut umap, mut imap) = (HashMap::<u64, u64>::new(), HashMap::<u64, u64>::new());
     let (mut user_ids, mut item_ids) = (Vec::<u64>::new(), Vec::<u64>::new());
+    let base = dense_base();
     let n = parse_ratings(path, |u, i, r| {
-        let du = crate::data::dense_id(&mut umap, &mut user_ids, u, "user")?;
-        let di = crate::data::dense_id(&mut imap, &mut item_ids, i, "item")?;
-        wu.write_all(&du.to_le_bytes()).map_err(|e| MfError::io(&cu, e))?;
-        wi.write_all(&di.to_le_bytes()).map_err(|e| MfError::io(&ci, e))?;
+        let du = crate::data::dense_id(&mut umap, &mut user_ids, u, base, "user")?;
+        let di = crate::data::dense_id(&mut imap, &mut item_ids, i, base, "item")?;
+        wu.push(du)?;
+        wi.push(di)?;
         wv.write_all(&r.to_le_bytes()).map_err(|e| MfError::io(&cv, e))
     })?;
     drop((umap, imap));
-    for (w, p) in [(wu, &cu), (wi, &ci), (wv, &cv)] {
-        w.into_inner().map_err(|e| MfError::io(p, e.into_error()))?;
+    // Version 1 unless an id did not fit 4 bytes (or the base is not 0): then both columns
+    // at 8 bytes, version 2.
+    let wide = base != 0 || wu.wide || wi.wide;
+    if wide {
+        wu.widen()?;
+        wi.widen()?;
     }
+    wu.finish()?;
+    wi.finish()?;
+    wv.into_inner().map_err(|e| MfError::io(&cv, e.into_error()))?;
     let io = |e| MfError::io(&tmp, e);
     let mut f = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
-    f.write_all(CACHE_MAGIC).map_err(io)?;
-    for x in [n as u64, user_ids.len() as u64, item_ids.len() as u64].iter().chain(&user_ids).chain(&item_ids) {
+    f.write_all(if wide { CACHE_MAGIC_WIDE } else { CACHE_MAGIC }).map_err(io)?;
+    let head: &[u64] = if wide { &[n as u64, user_ids.len() as u64, item_ids.len() as u64, base] } else { &[n as u64, user_ids.len() as u64, item_ids.len() as u64] };
+    for x in head.iter().chain(&user_ids).chain(&item_ids) {
         f.write_all(&x.to_le_bytes()).map_err(io)?;
     }
     for p in [&cu, &ci, &cv] {
@@ -269,7 +342,8 @@ pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
     f.sync_all().map_err(io)?;
     drop(f);
     std::fs::rename(&tmp, out).map_err(|e| MfError::io(out, e))?;
-    Ok(CacheInfo { ratings: n as u64, users: user_ids.len() as u64, items: item_ids.len() as u64 })
+    let (header_bytes, id_bytes) = if wide { (40, 8) } else { (32, 4) };
+    Ok(CacheInfo { ratings: n as u64, users: user_ids.len() as u64, items: item_ids.len() as u64, header_bytes, id_bytes, base })
 }
 
 /// The header of a rating cache: (ratings, users, items), checked against the file's size so
@@ -277,14 +351,19 @@ pub fn write_cache(path: &Path, out: &Path) -> Result<CacheInfo> {
 pub fn cache_header(path: &Path) -> Result<CacheInfo> {
     let bad = |msg: String| MfError::Format { path: path.into(), msg: format!("not a complete rating cache: {msg}") };
     let mut f = File::open(path).map_err(|e| MfError::io(path, e))?;
-    let mut h = [0u8; 32];
-    f.read_exact(&mut h).map_err(|_| bad("shorter than its header".into()))?;
-    if &h[..8] != CACHE_MAGIC {
+    let mut h = [0u8; 40];
+    f.read_exact(&mut h[..32]).map_err(|_| bad("shorter than its header".into()))?;
+    let wide = &h[..8] == CACHE_MAGIC_WIDE;
+    if !wide && &h[..8] != CACHE_MAGIC {
         return Err(bad("bad magic".into()));
     }
+    if wide {
+        f.read_exact(&mut h[32..]).map_err(|_| bad("shorter than its header".into()))?;
+    }
     let rd = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
-    let info = CacheInfo { ratings: rd(8), users: rd(16), items: rd(24) };
-    let need = (info.users as u128 + info.items as u128) * 8 + info.ratings as u128 * 12 + 32;
+    let (header_bytes, id_bytes, base) = if wide { (40, 8, rd(32)) } else { (32, 4, 0) };
+    let info = CacheInfo { ratings: rd(8), users: rd(16), items: rd(24), header_bytes, id_bytes, base };
+    let need = (info.users as u128 + info.items as u128) * 8 + info.ratings as u128 * (2 * id_bytes as u128 + 4) + header_bytes as u128;
     let len = f.metadata().map_err(|e| MfError::io(path, e))?.len() as u128;
     if need != len {
         return Err(bad(format!("{} ratings, {} users and {} items need {need} bytes, the file has {len}", info.ratings, info.users, info.items)));
@@ -383,15 +462,16 @@ mod tests {
         let out = dir.join("r.sfr");
         let info = write_cache(&src, &out).unwrap();
         let want = read_ratings(&src).unwrap();
-        assert_eq!(info, CacheInfo { ratings: 5000, users: want.n_users() as u64, items: want.n_items() as u64 });
+        assert_eq!(info, CacheInfo { ratings: 5000, users: want.n_users() as u64, items: want.n_items() as u64, header_bytes: 32, id_bytes: 4, base: 0 });
         assert_eq!(std::fs::read(&out).unwrap(), crate::data::encode(&want));
         assert_eq!(cache_header(&out).unwrap(), info);
         // Any subset of it, read a chunk at a time, is the in-memory subset.
         let idx: Vec<u32> = (0..5000).filter(|x| x % 7 == 3 || *x == 0 || *x == 4999).collect();
         let sub = read_cache_subset(&out, &idx).unwrap();
         assert_eq!(sub.user_ids, want.user_ids);
-        assert_eq!(sub.users, idx.iter().map(|&x| want.users[x as usize]).collect::<Vec<_>>());
-        assert_eq!(sub.items, idx.iter().map(|&x| want.items[x as usize]).collect::<Vec<_>>());
+        assert_eq!(sub.users.iter().collect::<Vec<_>>(), idx.iter().map(|&x| want.users.get(x as usize)).collect::<Vec<_>>());
+        assert_eq!(sub.items.iter().collect::<Vec<_>>(), idx.iter().map(|&x| want.items.get(x as usize)).collect::<Vec<_>>());
+        assert_eq!(sub.users.width(), 4);
         assert_eq!(sub.values, idx.iter().map(|&x| want.values[x as usize]).collect::<Vec<_>>());
         assert!(read_cache_subset(&out, &[3u32, 2]).is_err());
         assert!(read_cache_subset(&out, &[5000u32]).is_err());
@@ -423,5 +503,64 @@ mod tests {
         std::fs::write(dir.join("t.sfr"), &b[..b.len() - 1]).unwrap();
         assert!(cache_header(&dir.join("t.sfr")).unwrap_err().to_string().contains("t.sfr"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn id_column_widens_once_past_u32_and_keeps_what_it_had() {
+        let dir = std::env::temp_dir().join(format!("sf-mf-idcol-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("col");
+        let want: Vec<u64> = vec![0, 7, u32::MAX as u64, (1 << 32) + 3, 5, u64::MAX];
+        let mut c = IdColumn::create(&p).unwrap();
+        for &d in &want[..3] {
+            c.push(d).unwrap();
+        }
+        assert!(!c.wide);
+        for &d in &want[3..] {
+            c.push(d).unwrap();
+        }
+        assert!(c.wide);
+        c.widen().unwrap(); // a second widen is nothing
+        c.finish().unwrap();
+        let got: Vec<u64> = std::fs::read(&p).unwrap().chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got, want);
+        // Narrow all along: 4 bytes each.
+        let mut c = IdColumn::create(&p).unwrap();
+        (0..5u64).for_each(|d| c.push(d).unwrap());
+        c.finish().unwrap();
+        assert_eq!(std::fs::read(&p).unwrap().len(), 20);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn wide_cache_round_trips_and_its_subsets_read_past_2_pow_32() {
+        use crate::data::{decode, encode, DenseIds};
+        let dir = std::env::temp_dir().join(format!("sf-mf-wide-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = (1u64 << 33) + 11;
+        let narrow = Ratings::from_triples(&[5, 9, 5, 2], &[1, 1, 3, 4], &[1.0, 2.0, 3.0, 4.5]).unwrap();
+        let shift = |d: &DenseIds| DenseIds::Wide(d.iter().map(|x| x + base).collect());
+        let wide = Ratings { users: shift(&narrow.users), items: shift(&narrow.items), base, ..narrow.clone() };
+        assert_eq!(wide.rows().collect::<Vec<_>>(), narrow.rows().collect::<Vec<_>>());
+        let bytes = encode(&wide);
+        assert_eq!(&bytes[..8], CACHE_MAGIC_WIDE);
+        assert_eq!(decode(&bytes, Path::new("x")).unwrap(), wide);
+        let out = dir.join("w.sfr");
+        std::fs::write(&out, &bytes).unwrap();
+        let info = cache_header(&out).unwrap();
+        assert_eq!((info.header_bytes, info.id_bytes, info.base, info.users), (40, 8, base, 3));
+        let sub = read_cache_subset(&out, &[1u32, 3]).unwrap();
+        assert_eq!(sub.users.iter().collect::<Vec<_>>(), vec![base + 1, base + 2]);
+        assert_eq!((sub.base, sub.user_row(1), sub.item_row(1)), (base, 2, 2));
+        // An id below the base or past the maps is a corrupt cache, not a wrap.
+        let mut bad = bytes.clone();
+        let col = 40 + 8 * (3 + 3);
+        bad[col..col + 8].copy_from_slice(&(base - 1).to_le_bytes());
+        assert!(decode(&bad, Path::new("x")).unwrap_err().to_string().contains("id out of range"));
+        // Aligning onto the wide set keeps its base; the narrow set's ids are rows there.
+        let (al, unseen) = narrow.align_to(&wide);
+        assert_eq!((al.base, unseen.ratings), (base, 0));
+        assert_eq!(al.users, wide.users);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -201,8 +201,8 @@ fn local_training_learns_low_rank_and_model_round_trips() {
         m.save(&path).unwrap();
         let m2 = Model::load(&path).unwrap();
         assert_eq!(m, m2);
-        let ids_u: Vec<u64> = te.users.iter().map(|&u| te.user_ids[u as usize]).collect();
-        let ids_i: Vec<u64> = te.items.iter().map(|&i| te.item_ids[i as usize]).collect();
+        let ids_u: Vec<u64> = te.users.iter().map(|u| te.user_ids[u as usize]).collect();
+        let ids_i: Vec<u64> = te.items.iter().map(|i| te.item_ids[i as usize]).collect();
         let pr = m2.predict(&ids_u, &ids_i).unwrap();
         let rm = (pr.iter().zip(&te.values).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / te.len() as f64).sqrt();
         assert!((rm - after).abs() < 1e-4);

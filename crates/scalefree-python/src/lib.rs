@@ -80,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_sgd_entries, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_write_cache, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_header, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_layout, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_split_test_indices, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_cache_path, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(mf::mf_is_cache, m)?)?;

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use scalefree_collectives::DType;
 use scalefree_mf::kernel::{sgd_block, Entry, Factors, SgdParams};
+use scalefree_mf::data::DenseIds;
 use scalefree_mf::{data, Isa, LocalOptions, LocalTrainer, MfError, Model, Ratings, Schedule, TrainerState};
 
 use crate::buffer::Buf;
@@ -69,7 +70,8 @@ impl PyMfRatings {
         if users.iter().any(|&u| u as usize >= user_ids.len()) || items.iter().any(|&i| i as usize >= item_ids.len()) {
             return Err(bad(format!("dense ids must be below {} users and {} items", user_ids.len(), item_ids.len())));
         }
-        Ok(PyMfRatings { r: Ratings { users, items, values, user_ids, item_ids } })
+        let (users, items) = (DenseIds::Narrow(users), DenseIds::Narrow(items));
+        Ok(PyMfRatings { r: Ratings { users, items, values, user_ids, item_ids, base: 0 } })
     }
     /// The ratings at `indices` (ascending positions, little-endian words of `itemsize` 4 or
     /// 8 bytes: what `mf_split_test_indices` returns) of the rating cache `path`, with its id
@@ -116,18 +118,30 @@ impl PyMfRatings {
     fn n_items(&self) -> usize {
         self.r.n_items()
     }
-    /// (users, items as uint32 dense ids, ratings float32) as bytes — the ids the model uses
-    /// (below 2^32, checked when the ratings are built: read them as uint32, not int32).
+    /// (users, items as dense ids, ratings float32) as bytes — the ids the model uses, from
+    /// `dense_base`: little-endian words of `dense_widths` bytes (4 while every id fits, else 8;
+    /// read them as unsigned).
     fn dense<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
-        let u: Vec<u8> = self.r.users.iter().flat_map(|u| u.to_le_bytes()).collect();
-        let i: Vec<u8> = self.r.items.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let (u, i) = (self.r.users.to_le_bytes(self.r.users.width()), self.r.items.to_le_bytes(self.r.items.width()));
         let v: Vec<u8> = self.r.values.iter().flat_map(|v| v.to_le_bytes()).collect();
         (PyBytes::new(py, &u), PyBytes::new(py, &i), PyBytes::new(py, &v))
     }
+    /// Bytes per dense user id and per dense item id in `dense()`: 4 or 8.
+    #[getter]
+    fn dense_widths(&self) -> (usize, usize) {
+        (self.r.users.width(), self.r.items.width())
+    }
+    /// The dense id of the first user and item (0 but under `SCALEFREE_TEST_MF_DENSE_BASE`):
+    /// a dense id minus it is the row of P / Q.
+    #[getter]
+    fn dense_base(&self) -> u64 {
+        self.r.base
+    }
     /// (users as int64 original ids, items as int64 original ids, ratings float32) as bytes.
     fn triples<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
-        let u: Vec<u8> = self.r.users.iter().flat_map(|&u| self.r.user_ids[u as usize].to_le_bytes()).collect();
-        let i: Vec<u8> = self.r.items.iter().flat_map(|&i| self.r.item_ids[i as usize].to_le_bytes()).collect();
+        let r = &self.r;
+        let u: Vec<u8> = (0..r.len()).flat_map(|n| r.user_ids[r.user_row(n)].to_le_bytes()).collect();
+        let i: Vec<u8> = (0..r.len()).flat_map(|n| r.item_ids[r.item_row(n)].to_le_bytes()).collect();
         let v: Vec<u8> = self.r.values.iter().flat_map(|v| v.to_le_bytes()).collect();
         (PyBytes::new(py, &u), PyBytes::new(py, &i), PyBytes::new(py, &v))
     }
@@ -276,8 +290,10 @@ impl PyMfModel {
         }
         let f = |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
         let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
-        r.users.iter().for_each(|&u| known_u[u as usize] = true);
-        r.items.iter().for_each(|&i| known_i[i as usize] = true);
+        r.rows().for_each(|(u, i, _)| {
+            known_u[u] = true;
+            known_i[i] = true;
+        });
         let m = Model { k, p: f(p), q: f(q), user_ids: r.user_ids.clone(), item_ids: r.item_ids.clone(), mean: r.mean() as f32, known_u, known_i };
         Ok(PyMfModel { m })
     }
@@ -538,6 +554,14 @@ pub fn mf_write_cache(py: Python<'_>, path: PathBuf, out: PathBuf) -> PyResult<(
 pub fn mf_cache_header(py: Python<'_>, path: PathBuf) -> PyResult<(u64, u64, u64)> {
     let i = scalefree_mf::stream::cache_header(&path).map_err(|e| mf_err(py, e))?;
     Ok((i.ratings, i.users, i.items))
+}
+
+/// (header bytes, bytes per dense id, dense base) of a rating cache: (32, 4, 0) for version
+/// 1, (40, 8, base) for version 2 (dense ids that do not fit 4 bytes).
+#[pyfunction]
+pub fn mf_cache_layout(py: Python<'_>, path: PathBuf) -> PyResult<(u64, u64, u64)> {
+    let i = scalefree_mf::stream::cache_header(&path).map_err(|e| mf_err(py, e))?;
+    Ok((i.header_bytes, i.id_bytes, i.base))
 }
 
 /// The test-set indices (ascending) of `MfRatings.split(test_fraction, seed)` on `n`

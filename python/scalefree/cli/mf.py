@@ -296,7 +296,8 @@ def add_parser(sub) -> None:
     t.add_argument("--iterations", "-i", type=count(1), default=20)
     t.add_argument("--schedule", default="adagrad", choices=("adagrad", "constant"))
     t.add_argument("--threads", "-t", type=count(1), default=None, help="local: threads (default: all cores this process may use)")
-    t.add_argument("--blocks", type=count(1), default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w; dsgd-ps: w)")
+    t.add_argument("--blocks", type=count(1), default=None, help="blocks per side (local: default max(20, 2×threads + 1); rima: 2w (default) or w, w by default with "
+                        "--slack S > 0; dsgd-ps: w)")
     t.add_argument("--memory-budget", default=None, metavar="BYTES",
                    help="rating bytes a rank (local: the process) may hold (e.g. 64M); the blocks stay on flash "
                         "and the flash runtime's program cache reads them ahead in schedule order "
@@ -306,7 +307,7 @@ def add_parser(sub) -> None:
     t.add_argument("--slack", type=count(0), default=None, metavar="S",
                    help="rima: bounded staleness — a worker may train up to S ring steps ahead on its copy of a "
                         "block its predecessor still owes, merged by delta when it arrives (0: synchronous, "
-                        "the same result as without --slack)")
+                        "the same result as without --slack); S > 0 cuts w x w blocks unless --blocks says otherwise")
     t.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="train on ratings divided by their standard deviation with λ divided by it, as "
                         "LIBMF does (default on, every mode)")

@@ -84,6 +84,15 @@ def load_ratings(data, cache: bool = True, delimiter: str | None = None, header:
     return _native.MfRatings.from_bytes(u.tobytes(), i.tobytes(), r.tobytes())
 
 
+def default_blocks(mode: str, workers: int, slack: int | None = None) -> int:
+    """Blocks per side of ``rima`` and ``dsgd-ps`` when ``blocks`` is not given: rima 2w
+    (its second block pair per step trains while the first one's moving block is sent), but w
+    with a positive slack — a stale step trains on the copy of a block from its last lap through
+    the rank, and a lap of 2w steps leaves that copy twice as far behind (``rima_ssp``;
+    ``docs/benchmarks/ssp.md``); dsgd-ps w."""
+    return 2 * workers if mode == "rima" and not slack else workers
+
+
 def default_threads() -> int:
     """The cores this process may run on (its CPU affinity), at least 1."""
     return usable_cores()
@@ -116,7 +125,8 @@ class MatrixFactorization:
     init_max: factors start uniform in [0, init_max] (default 1/√k); seed;
     slack (``rima`` only): bounded staleness — a worker may train up to ``slack`` steps ahead
     of its predecessor on its copy of the block still owed, merged by delta when the block comes
-    (``mf/modes/rima_ssp.py``; 0 is synchronous, the same result as None); straggler_ms
+    (``mf/modes/rima_ssp.py``; 0 is synchronous, the same result as None); a positive slack
+    cuts R into w × w blocks unless ``blocks`` says otherwise (2w × 2w without); straggler_ms
     (with ``slack``, for benchmarks): before each ring step one seeded-random rank sleeps up to
     this many ms (``scalefree.ssp.straggler``).
     memory_budget (``rima``, ``dsgd-ps``, ``local``): bytes (or ``"64M"``) of rating blocks a
@@ -284,7 +294,7 @@ class MatrixFactorization:
         run = mf_rima.train if self.mode == "rima" else mf_dsgd_ps.train
         w = group.size if self.mode == "rima" else group.size - 1
         allowed = (2 * w, w) if self.mode == "rima" else (w,)
-        nb = allowed[0] if self.blocks is None else int(self.blocks)
+        nb = default_blocks(self.mode, w, self.slack) if self.blocks is None else int(self.blocks)
         if w >= 1 and nb not in allowed:
             raise InvalidArgumentError(f"{self.mode} with {w} workers cuts R into "
                                        f"{' or '.join(f'{b} x {b}' for b in allowed)} blocks, not {nb} x {nb}")

@@ -35,13 +35,13 @@ class Partition:
         """``spill(b, entries)``, if given, receives every block ``b = ru·nb + ri`` as it is
         built instead of the partition keeping it (``blocks[b]`` is then None); the blocks and
         the initial factors are the same either way."""
-        # Dense ids are below 2^32 (checked in Rust): uint32, not int32.
-        u, i, r = (np.frombuffer(b, dtype=d) for b, d in zip(train.dense(), ("uint32", "uint32", "float32")))
+        u, i, r = dense_rows(train)
         rng = self._begin(train.n_users, train.n_items, nb, k, seed)
         r64 = r.astype(np.float64)
         self.scale = rating_scale(len(r), float(r64.sum()), float(r64 @ r64))
         del r64
         up, ip = self.upos[u], self.ipos[i]
+        del u, i
         bu = np.searchsorted(self.ustart, up, side="right") - 1
         bi = np.searchsorted(self.istart, ip, side="right") - 1
         key = bu * nb + bi
@@ -188,6 +188,17 @@ class Partition:
             p *= c
             q *= c
         return p, q
+
+
+def dense_rows(train) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user rows, item rows, ratings) of native ratings: their dense ids (unsigned, 4 or 8
+    bytes each: ``train.dense_widths``) minus the dense base (0 but under the test knob
+    ``SCALEFREE_TEST_MF_DENSE_BASE``), which index P and Q."""
+    (u, i, r), (wu, wi), base = train.dense(), train.dense_widths, train.dense_base
+    u, i = np.frombuffer(u, f"<u{wu}"), np.frombuffer(i, f"<u{wi}")
+    if base:
+        u, i = u - np.uint64(base), i - np.uint64(base)
+    return u, i, np.frombuffer(r, np.float32)
 
 
 def rating_scale(n: int, total: float, total_sq: float) -> float:

@@ -22,6 +22,15 @@ block (the kernel's shuffle-and-copy pass, as for an in-memory block), so the ca
 stays intact for a later hit. ``rating bytes resident`` are the cache's buffers (padded to
 whole 4 KiB pages) plus that scratch buffer: the budget covers both, so it must hold two of
 the largest blocks.
+
+Since the whole sequence is known, the preloader also decides which blocks to keep between
+their visits (:func:`retention_plan`: Belady's rule, evict the block used farthest ahead, with
+bypass — a block used later than everything kept is not kept). A rima rank's 2w visits of an
+iteration cycle through 2w distinct blocks; a cache of fewer than that, refilled in visit order
+and evicting the least recently used, would read every visit from flash. Kept blocks stay in
+the cache's buffers (held by the preloader, so the same budget counts them) and are handed
+out again without a read; the rest of the cache streams the other visits ahead. Only the
+visits that are not kept go through the reader's read-ahead.
 """
 
 from __future__ import annotations
@@ -137,17 +146,59 @@ class BlockFile:
         self._f.close()
 
 
+def retention_plan(seq: list[int], spans: dict[int, int], room: int) -> tuple[list[bool], list[bool], list[list[int]]]:
+    """Which visits of ``seq`` (block ids, in order) keep their block for its next visit, with
+    at most ``room`` bytes (``spans[b]`` each) kept at any time: Belady's rule with bypass.
+    Returns ``(hit, keep, drop)``: visit n is served from a kept block (no read); after visit
+    n its block is kept until its next visit; ``drop[n]``: kept blocks to give back after
+    visit n (ahead of their next visit: something used sooner took their room)."""
+    n_visits = len(seq)
+    nxt = [n_visits] * n_visits
+    last: dict[int, int] = {}
+    for n in range(n_visits - 1, -1, -1):
+        nxt[n] = last.get(seq[n], n_visits)
+        last[seq[n]] = n
+    hit, keep = [False] * n_visits, [False] * n_visits
+    drop: list[list[int]] = [[] for _ in range(n_visits)]
+    kept: dict[int, int] = {}  # block -> its next visit
+    used = 0
+    for n, b in enumerate(seq):
+        if b in kept:
+            hit[n] = True
+            del kept[b]
+            used -= spans[b]
+        if nxt[n] == n_visits or spans[b] == 0 or spans[b] > room:
+            continue
+        kept[b] = nxt[n]
+        used += spans[b]
+        keep[n] = True
+        while used > room:
+            far = max(kept, key=kept.__getitem__)
+            del kept[far]
+            used -= spans[far]
+            if far == b:
+                keep[n] = False  # used later than everything kept: not kept
+            else:
+                drop[n].append(far)
+    return hit, keep, drop
+
+
 class Preloader:
     """Reads ``sequence`` (block ids, in the order they will be trained) from ``blocks``
     through the flash runtime's program cache, at most ``budget`` bytes resident with the
     trainer's scratch copy. ``get(n)`` waits for the n-th and returns its records (an
     ``(m, 3)`` read-only uint32 view, valid until ``release(n)``; train it through
     :func:`~scalefree.mf.data.blocks.train_block`, which copies it); blocks are released in
-    order. ``dir``: the runtime's scratch directory (default ``SCALEFREE_FLASH_DIR`` or the
+    order. Blocks are kept between visits by :func:`retention_plan` in what the cache can spare
+    beyond ``STREAM_BLOCKS`` of the largest block for the read-ahead (``keep=False``: none).
+    ``bytes_read``: ratings read from flash; ``bytes_reused``: handed out again from a kept
+    block. ``dir``: the runtime's scratch directory (default ``SCALEFREE_FLASH_DIR`` or the
     temp directory)."""
 
+    STREAM_BLOCKS = 3  # cache room left to the read-ahead: the visit being trained and two ahead
+
     def __init__(self, blocks: BlockFile, sequence: list[int], budget: int, *, scratch_bytes: int | None = None,
-                 dir=None):
+                 dir=None, keep: bool = True):
         self.blocks, self.seq, self.budget = blocks, [int(b) for b in sequence], int(budget)
         used = set(self.seq)
         largest = max((blocks.index[b][1] * ENTRY_BYTES for b in used), default=0)
@@ -167,14 +218,20 @@ class Preloader:
         self._reader = _native.FlashBlockReader(self._rt, blocks.path, max(cache, 1))
         self._at = 0  # next visit to hand out
         self._held: dict[int, object] = {}  # visit → FlashBlock
+        self._kept: dict[int, object] = {}  # block → FlashBlock kept for its next visit
         self._next_free = 0
-        self.wait_seconds = 0.0
-        self.bytes_read = 0
+        self._wait_at_close = 0.0
+        self.bytes_read = self.bytes_reused = 0
         self._empty = np.zeros((0, 3), np.uint32)
+        spans = {b: blocks.span(b) for b in used}
+        largest_span = max(spans.values(), default=0)
+        room = max(cache - self.STREAM_BLOCKS * largest_span, 0) if keep else 0
+        self._hit, self._keep, self._drop = retention_plan(self.seq, spans, room)
         offs = [blocks.index[b][0] for b in self.seq]
-        lens = [blocks.span(b) for b in self.seq]
-        nonempty = [i for i, b in enumerate(self.seq) if blocks.index[b][1]]
-        self._reader.push_ahead([offs[i] for i in nonempty], [lens[i] for i in nonempty])
+        lens = [spans[b] for b in self.seq]
+        # The visits read from flash, in order: not the empty blocks, not those kept.
+        reads = [i for i, b in enumerate(self.seq) if blocks.index[b][1] and not self._hit[i]]
+        self._reader.push_ahead([offs[i] for i in reads], [lens[i] for i in reads])
         self._reader.reset_peak()
         self._direct = bool(self._reader.direct)
         # The runtime's IO threads need a core now and then while the trainer waits for its
@@ -185,6 +242,12 @@ class Preloader:
     def direct(self) -> bool:
         """Whether the blocks are read with O_DIRECT (else through the page cache)."""
         return self._direct
+
+    @property
+    def wait_seconds(self) -> float:
+        """Time ``get`` has waited for reads (or memory) so far (the reader's count: no
+        per-block bookkeeping here)."""
+        return self._wait_at_close if self._reader is None else float(self._reader.stats()["wait_seconds"])
 
     @property
     def resident(self) -> int:
@@ -211,11 +274,15 @@ class Preloader:
         off, count = self.blocks.index[b]
         if count == 0:
             return self._empty
-        st0 = self._reader.stats()["wait_seconds"]
-        block = self._reader.get(off, self.blocks.span(b))
-        self.wait_seconds += self._reader.stats()["wait_seconds"] - st0
+        if self._hit[n]:
+            if b not in self._kept:
+                raise InvalidArgumentError(f"visit {n} reuses block {b} kept at an earlier visit: release that visit first")
+            block = self._kept.pop(b)
+            self.bytes_reused += count * ENTRY_BYTES
+        else:
+            block = self._reader.get(off, self.blocks.span(b))
+            self.bytes_read += count * ENTRY_BYTES
         self._held[n] = block
-        self.bytes_read += count * ENTRY_BYTES
         return np.frombuffer(block, np.uint32, count=count * 3).reshape(-1, 3)
 
     def release(self, n: int) -> None:
@@ -225,16 +292,23 @@ class Preloader:
         self._next_free += 1
         block = self._held.pop(n, None)
         if block is not None:
-            block.release()
+            if self._keep[n]:
+                self._kept[self.seq[n]] = block  # for its next visit
+            else:
+                block.release()
+        for b in self._drop[n]:
+            self._kept.pop(b).release()
 
     def close(self) -> None:
         """Stops prefetching and frees the cache (idempotent)."""
         if self._reader is None:
             return
+        self._wait_at_close = float(self._reader.stats()["wait_seconds"])
         self._reader.clear_ahead()
-        for block in self._held.values():
+        for block in [*self._held.values(), *self._kept.values()]:
             block.release()
         self._held.clear()
+        self._kept.clear()
         self._helper.close()
         self._reader = None
         self._rt = None

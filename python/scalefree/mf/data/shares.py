@@ -56,9 +56,8 @@ from ..._rss import peak_rss_bytes
 from ...errors import DataError, InvalidArgumentError
 from ..._agree import ShareFailedElsewhere, agree  # noqa: F401  (ShareFailedElsewhere: what the CLI catches)
 from .blocks import ENTRY_BYTES, Partition, rating_scale
-from .stream import pread_into
+from .stream import CacheLayout, pread_into
 
-_HEADER = 32  # rating cache: magic, ratings, users, items
 _EVAL_ROWS = 1 << 16  # test ratings scored at a time
 _PIECE = 1 << 16  # records per write when laying a block out
 
@@ -157,7 +156,8 @@ class _Source:
             self.pieces = 1 if piece_bytes is None else max(1, -(-total // size // piece_bytes))
             self.pieces_all = self.pieces
         elif self.cache:
-            self.n, self.nu, self.ni = (int(x) for x in _native.mf_cache_header(str(path)))
+            self.layout = CacheLayout(path)
+            self.n, self.nu, self.ni = self.layout.n, self.layout.nu, self.layout.ni
             lo, hi = self.n * rank // size, self.n * (rank + 1) // size
             self.lo = lo
             per = max(1, (piece_bytes or 1 << 62) // 12)
@@ -195,25 +195,15 @@ class _Source:
             return _native.read_ratings_share(self.parts, self.rank * S + j, self.size * S, delimiter=self.delimiter,
                                               header=self.header)
         lo, hi = self.bounds[j], self.bounds[j + 1]
-        c, n = hi - lo, self.n
-        col = _HEADER + 8 * (self.nu + self.ni)
-        cu, ci, cv = np.empty(c, np.uint32), np.empty(c, np.uint32), np.empty(c, np.float32)
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            pread_into(fd, cu, col + 4 * lo, str(self.path))
-            pread_into(fd, ci, col + 4 * (n + lo), str(self.path))
-            pread_into(fd, cv, col + 4 * (2 * n + lo), str(self.path))
+            cu, ci, cv = self.layout.read(fd, lo, hi - lo)
             if self._ids is None:
-                u = np.empty(self.nu, "<u8")
-                i = np.empty(self.ni, "<u8")
-                pread_into(fd, u, _HEADER, str(self.path))
-                pread_into(fd, i, _HEADER + 8 * self.nu, str(self.path))
+                u, i = self.layout.ids(fd)
                 self._ids = u.astype(np.int64), i.astype(np.int64)
         finally:
             os.close(fd)
-        if c and (cu.max() >= self.nu or ci.max() >= self.ni):
-            raise DataError(f"{self.path}: corrupt rating cache: id out of range in ratings {lo}..{hi}")
-        return self._ids[0][cu], self._ids[1][ci], cv
+        return self._ids[0][cu], self._ids[1][ci], cv.view(np.float32)
 
 
 class ShareTest:

@@ -37,7 +37,6 @@ from ... import _native
 from ...errors import DataError, InvalidArgumentError
 from .blocks import ENTRY_BYTES, Partition, rating_scale
 
-_HEADER = 32  # magic, ratings, users, items
 _PIECE = 1 << 16  # records per write when laying a block out
 
 
@@ -57,6 +56,45 @@ def pread_into(fd: int, arr: np.ndarray, off: int, what: str) -> None:
         if k <= 0:
             raise DataError(f"{what}: short read ({got} of {len(view)} bytes at offset {off})")
         got += k
+
+
+class CacheLayout:
+    """Where a rating cache keeps what: a header of ``header`` bytes (32, or 40 in version 2),
+    the user and item id maps (``nu`` and ``ni`` uint64), then the user and item columns of ``n``
+    dense ids of ``width`` bytes (4, or 8 in version 2: ids past 2**32), counted from ``base`` (0
+    but under the test knob ``SCALEFREE_TEST_MF_DENSE_BASE``), then the ``n`` ratings."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.n, self.nu, self.ni = (int(x) for x in _native.mf_cache_header(self.path))
+        self.header, self.width, self.base = (int(x) for x in _native.mf_cache_layout(self.path))
+
+    def ids(self, fd: int) -> tuple[np.ndarray, np.ndarray]:
+        """The user and item id maps (``<u8``)."""
+        u = np.empty(self.nu, "<u8")
+        i = np.empty(self.ni, "<u8")
+        pread_into(fd, u, self.header, self.path)
+        pread_into(fd, i, self.header + 8 * self.nu, self.path)
+        return u, i
+
+    def read(self, fd: int, lo: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ratings ``lo`` to ``lo + c``: user rows, item rows (dense id − base: unsigned, 4 or 8
+        bytes) and the ratings' float32 bits as uint32; an id outside the maps is a DataError."""
+        col, w, n = self.header + 8 * (self.nu + self.ni), self.width, self.n
+        cu, ci = np.empty(c, f"<u{w}"), np.empty(c, f"<u{w}")
+        cv = np.empty(c, np.uint32)
+        pread_into(fd, cu, col + w * lo, self.path)
+        pread_into(fd, ci, col + w * (n + lo), self.path)
+        pread_into(fd, cv, col + w * 2 * n + 4 * lo, self.path)
+        if self.base and c:
+            b = np.uint64(self.base)
+            if cu.min() < b or ci.min() < b:
+                raise DataError(f"{self.path}: corrupt rating cache: id out of range in ratings {lo}..{lo + c}")
+            cu -= b
+            ci -= b
+        if cu.max(initial=0) >= self.nu or ci.max(initial=0) >= self.ni:
+            raise DataError(f"{self.path}: corrupt rating cache: id out of range in ratings {lo}..{lo + c}")
+        return cu, ci, cv
 
 
 def fix_mmap_threshold(nbytes: int = 256 << 10) -> bool:
@@ -154,13 +192,6 @@ class StreamedRatings:
         dt = np.uint32 if self._n <= 1 << 32 else np.uint64
         return np.frombuffer(_native.mf_split_test_indices(self._n, self.test_fraction, self.seed), dt)
 
-    def _ids(self, fd: int) -> tuple[np.ndarray, np.ndarray]:
-        u = np.empty(self.n_users, "<u8")
-        i = np.empty(self.n_items, "<u8")
-        pread_into(fd, u, _HEADER, str(self.cache))
-        pread_into(fd, i, _HEADER + 8 * self.n_users, str(self.cache))
-        return u, i
-
     def partition(self, nb: int, k: int, seed: int, init_max, *, needed, spill_to, budget_check=None,
                   collect_test: bool = False, chunk: int = 1 << 20, keep=None) -> Partition:
         """The ``nb × nb`` :class:`Partition` with the blocks in ``needed`` appended to
@@ -196,23 +227,15 @@ class StreamedRatings:
         total = np.zeros(1, np.float64)  # Σ training ratings, summed in order (as MfRatings.mean does)
         total_sq = 0.0  # Σ r², for σ (the same on every rank: every rank reads every chunk)
         test = self.test_idx
-        col = _HEADER + 8 * (nu + ni)
-        where = str(self.cache)
+        layout = CacheLayout(self.cache)
         spill = tempfile.TemporaryFile(prefix="scalefree-mf-spill-", dir=bfile.directory)
         try:
             sfd, ssize = spill.fileno(), 0
             fd = os.open(self.cache, os.O_RDONLY)
             try:
-                u = np.empty(min(chunk, n), np.uint32)
-                i, v = np.empty_like(u), np.empty_like(u)
                 for s in range(0, n, chunk):
                     c = min(chunk, n - s)
-                    cu, ci, cv = u[:c], i[:c], v[:c]
-                    pread_into(fd, cu, col + 4 * s, where)
-                    pread_into(fd, ci, col + 4 * (n + s), where)
-                    pread_into(fd, cv, col + 4 * (2 * n + s), where)
-                    if cu.max(initial=0) >= nu or ci.max(initial=0) >= ni:
-                        raise DataError(f"{where}: corrupt rating cache: id out of range in ratings {s}..{s + c}")
+                    cu, ci, cv = layout.read(fd, s, c)
                     lo, hi = np.searchsorted(test, [s, s + c])
                     if hi > lo:
                         keep = np.ones(c, bool)
@@ -244,9 +267,9 @@ class StreamedRatings:
                         runs[b].append((ssize + int(bounds[b]) * ENTRY_BYTES, int(bounds[b + 1] - bounds[b])))
                     ssize += len(data)
                     del rec, order, key, sel, data
-                del u, i, v, cu, ci, cv
+                cu = ci = cv = None
                 if collect_test:
-                    self._user_ids, self._item_ids = self._ids(fd)
+                    self._user_ids, self._item_ids = layout.ids(fd)
             finally:
                 os.close(fd)
             part.counts = counts
