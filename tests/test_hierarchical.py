@@ -88,14 +88,19 @@ def test_uneven_hosts_exact(layout, auto):
     assert all("checked" in r.stdout for r in res), [r.stderr[-2000:] for r in res]
 
 
-@pytest.mark.parametrize("layout,large", [("1", "direct"), ("1,2", "hierarchical")])
+@pytest.mark.parametrize("layout,large", [("1", "direct"), ("1,2", "hierarchical"), ("1,1,1", "direct")])
 def test_compressed_allreduce_within_bound(layout, large):
-    """wire=bf16/fp16 between 2 hosts of one rank each, and of 1 and 2 ranks."""
+    """wire=bf16/fp16 between 2 hosts of one rank each, of 1 and 2 ranks, and between 3 hosts
+    (two peers: one summed in as it arrives, the other by the owner) in small pieces (many
+    per part: the ring of rounded pieces wraps)."""
     _ucx_or_skip()
     n = sum(int(k) for k in layout.split(","))
     if n == 1:
         n, layout = 2, "1"  # one rank per host
-    res = run_ranks(n, COMPRESSED.format(large=large), timeout=300, extra_env={"SCALEFREE_SIMULATE_HOSTS": layout})
+    env = {"SCALEFREE_SIMULATE_HOSTS": layout}
+    if n == 3:
+        env["SCALEFREE_PIECE_BYTES"] = "4096"
+    res = run_ranks(n, COMPRESSED.format(large=large), timeout=300, extra_env=env)
     assert all("compressed ok" in r.stdout for r in res), [r.stderr[-2000:] for r in res]
 
 

@@ -8,7 +8,8 @@ variables come from ``import scalefree.torch``). Tracing on or off by ``SCALEFRE
 activations (BATCH x WIDTH float32) to rank 1, which runs the rest, the loss and the backward
 pass and sends the activations' gradient back; rank 0 finishes the backward pass. Both
 take an SGD step. Writes OUT.rank{R}.json: the timed steps' seconds, this rank's bytes copied per step
-(``pg.stats()``) and peak RSS."""
+(``pg.stats()``), peak RSS, and after the timed steps the dispatch modes left in this thread
+and whether ``torch._dynamo`` was imported (SGD's ``step`` imports it, tracing or not)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch.nn as nn
 
 import scalefree.torch  # noqa: F401  (registers the backend, fills torch's env://)
 from scalefree._rss import peak_rss_bytes
+from scalefree.tensors import torch_sites
 
 
 def main() -> int:
@@ -70,17 +72,20 @@ def main() -> int:
                 out = nn.functional.cross_entropy(rest(h), y)
                 out.backward()
                 dist.send(h.grad, 0)
-                loss = float(out)
+                loss = float(out.detach())
             opt.step()
             return loss
         samples = batch
 
-    for _ in range(warmup):
-        step()
-    dist.barrier()
-    before = pg.stats()
-    t = time.perf_counter()
-    losses = [step() for _ in range(steps)]
+    # Untimed and timed steps are called from one line: allocation sites are keyed by the
+    # caller's frames, so what tracing learned in the untimed steps holds in the timed ones.
+    losses = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            dist.barrier()
+            before = pg.stats()
+            t = time.perf_counter()
+        losses.append(step())
     dist.barrier()
     secs = time.perf_counter() - t
     after = pg.stats()
@@ -89,7 +94,12 @@ def main() -> int:
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({"rank": rank, "seconds": secs, "samples_per_s": samples * steps / secs, "loss": losses[-1],
                    "trace": pg.trace, "transport": pg.group.transport, "per_step": per,
-                   "peak_rss_bytes": peak_rss_bytes()}, f)
+                   "peak_rss_bytes": peak_rss_bytes(),
+                   # after the timed steps: dispatch modes left in this thread, tensors torch's
+                   # operators made in the arena, whether torch._dynamo was imported
+                   "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+                   "arena_allocations": torch_sites.arena_allocations(),
+                   "dynamo_imported": "torch._dynamo" in sys.modules}, f)
     dist.destroy_process_group()
     return 0
 

@@ -97,6 +97,8 @@ def run(args) -> int:
                     bytes_staged_per_step=max(r["per_step"]["bytes_staged"] for r in mid),
                     bytes_copied_recv_per_step=max(r["per_step"]["bytes_copied_recv"] for r in mid),
                     transport=mid[0]["transport"], loss=mid[-1]["loss"],
+                    dispatch_modes=[r.get("dispatch_modes") for r in mid],
+                    dynamo_imported=[r.get("dynamo_imported") for r in mid],
                     peak_rss_bytes=[r["peak_rss_bytes"] for r in mid]))
     print(render(records))
     if args.json:

@@ -79,6 +79,47 @@ for name, pg in (("on", on), ("off", off)):
         copied.append(pg.stats()["bytes_staged"] - before)
     res[f"p2p_{name}"] = copied
 
+# A gradient made in a backward pass and sent (a pipeline's stage): its operator
+# (tanh_backward, called at the backward() line) is learned under the dispatch mode, which is
+# then left; from then on that operator's own kernel puts it in registered memory.
+torch.manual_seed(7)
+lin = nn.Linear(64, 64)  # the same on both ranks
+
+
+def grad_of(it):
+    x = (w[:256 * 64].view(256, 64) * (0.01 * (it + 1))).requires_grad_(True)
+    lin(torch.tanh(x)).square().sum().backward()
+    return x.grad
+
+
+copied = []
+for it in range(6):
+    before = on.stats()["bytes_staged"]
+    if rank == 1:
+        dist.send(grad_of(it), 0, group=on)
+    else:
+        got = torch.empty(256, 64)
+        dist.recv(got, 1, group=on)
+        assert torch.equal(got, grad_of(it)), it
+    copied.append(on.stats()["bytes_staged"] - before)
+res["backward_on"] = copied
+res["dispatch_modes"] = torch._C._len_torch_dispatch_stack()
+res["dynamo"] = "torch._dynamo" in sys.modules
+
+# The collectives' staging is the transport's own count: a broadcast from rank 0 of a buffer
+# outside registered memory is staged on one host (at any size: broadcasts never read by
+# cross-memory attach), written from where it is across hosts; a small allreduce travels
+# with the call's header (copied once per peer).
+big = torch.arange((5 << 20) // 4, dtype=torch.float32)  # 5 MiB, past SCALEFREE_STAGE_MAX
+before = off.stats()["bytes_staged"]
+dist.broadcast(big, 0, group=off)
+res["bcast_staged"] = off.stats()["bytes_staged"] - before
+small = torch.ones(3)
+before = off.stats()["bytes_staged"]
+dist.all_reduce(small, group=off)
+res["small_staged"] = off.stats()["bytes_staged"] - before
+assert torch.equal(small, torch.full((3,), 2.0))
+
 
 def train(pg, steps=6):
     """DDP on ``pg``: the per-step bytes the group copied and the final parameters."""

@@ -24,7 +24,8 @@
 //! ready and done signals are pushed instead, each into the sender's line of every peer's
 //! flags (one empty write with a raised word per peer).
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering as AtomicOrdering};
+use std::sync::Arc;
 
 use scalefree_transport::config::env_bytes;
 use scalefree_transport::wait::{publish, seq_reached};
@@ -242,6 +243,10 @@ pub struct Communicator {
     /// rank per host, or each host's first rank for the others on it), when they go so
     /// (`CommOptions::small_net`); `None` on one host, or hosts of unequal rank counts.
     pub(crate) small: Option<std::sync::Arc<crate::dense::doubling::Layout>>,
+    /// Bytes of this rank's data copied into the transport's buffers to be sent: into the
+    /// staging region (`stage_in`) and into header messages (inline payloads, recursive
+    /// doubling). Shared with whoever reads it (`staged_counter`).
+    staged: Arc<AtomicU64>,
 }
 
 impl Communicator {
@@ -280,6 +285,7 @@ impl Communicator {
             peer_staging: (0..size).map(|_| None).collect(),
             landing: None,
             post_bufs: (0..size).map(|_| Vec::new()).collect(),
+            staged: Arc::new(AtomicU64::new(0)),
         };
         if size > 1 && c.opts.small_net == SmallNet::Doubling {
             c.small = if all_remote {
@@ -292,6 +298,19 @@ impl Communicator {
             .map(std::sync::Arc::new);
         }
         Ok(c)
+    }
+
+    /// The running count of bytes this rank copied into the transport's buffers to send
+    /// them (see the field `staged`); readable while a call is in progress.
+    pub fn staged_counter(&self) -> Arc<AtomicU64> {
+        self.staged.clone()
+    }
+
+    /// Adds `n` bytes to the count of staged bytes.
+    pub(crate) fn count_staged(&self, n: usize) {
+        if n > 0 {
+            self.staged.fetch_add(n as u64, AtomicOrdering::Relaxed);
+        }
     }
 
     /// Small allreduces go by recursive doubling (`dense::doubling`) rather than the
@@ -370,12 +389,14 @@ impl Communicator {
             for &p in &peers {
                 let (ptr, n) = payload(p);
                 let data = if n > 0 { unsafe { std::slice::from_raw_parts(ptr, n) } } else { &[][..] };
+                self.count_staged(n);
                 sends.push(unsafe { self.send_inbox(p, seq, &[hdr.as_bytes(), data])? });
             }
         }
         for &p in peers.iter().filter(|_| !self.net) {
             let (ptr, n) = payload(p);
             debug_assert!(n <= self.opts.inline_bytes);
+            self.count_staged(n);
             let off = self.inbox_off(me, seq);
             let ch = &self.chans[p as usize];
             let dst = &self.ctrls[p as usize];
@@ -574,6 +595,7 @@ impl Communicator {
         for &(a, b) in ranges {
             if b > a {
                 unsafe { std::ptr::copy_nonoverlapping(ptr.add(a), st.add(a), b - a) };
+                self.count_staged(b - a);
             }
         }
         self.publish_ready()?;

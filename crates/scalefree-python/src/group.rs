@@ -1,5 +1,6 @@
 //! `scalefree._native.Group`: rank, size and the dense collectives.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ pub struct Group {
     launcher: String,
     /// The algorithm the last allreduce used (`last_algorithm`).
     last: Arc<Mutex<&'static str>>,
+    /// The communicator's count of bytes staged (`_bytes_staged`), read without its lock.
+    staged: Arc<AtomicU64>,
 }
 
 impl Group {
@@ -112,7 +115,9 @@ impl Group {
                 Ok((dev, comm))
             })
             .py_err(py)?;
+        let staged = comm.staged_counter();
         Ok(Group {
+            staged,
             comm: Arc::new(Mutex::new(Some(comm))),
             peer_arenas: Mutex::new(Vec::new()),
             device,
@@ -124,6 +129,14 @@ impl Group {
             launcher: job.launcher.name().to_string(),
             last: Arc::new(Mutex::new("")),
         })
+    }
+
+    /// Bytes this rank's collectives copied into the transport's buffers to send them
+    /// since the group started (the staging copy of a buffer peers cannot reach where it
+    /// is, and payloads small enough to travel with the call's header); counted by the
+    /// transport where it copies, readable while a call runs.
+    fn _bytes_staged(&self) -> u64 {
+        self.staged.load(Ordering::Relaxed)
     }
 
     /// Allreduce in place; returns `a`. `op`: sum, prod, min, max. `algorithm`: auto,

@@ -170,13 +170,17 @@ class _SharedStorages:
 
 
 class _Copies:
-    """What the group's transfers copied (see :meth:`ProcessGroupScalefree.stats`)."""
+    """What the group's transfers copied (see :meth:`ProcessGroupScalefree.stats`): the
+    collectives' staging as the transport counts it (``collective_staged()``, a running
+    total), the rest as the channels and the mailbox report it."""
 
     KEYS = ("bytes_staged", "bytes_copied_recv", "bytes_zero_copy", "transfers")
 
-    def __init__(self):
+    def __init__(self, collective_staged):
         self._lock = threading.Lock()
         self._n = dict.fromkeys(self.KEYS, 0)
+        self._collective_staged = collective_staged
+        self._base = collective_staged()
 
     def add(self, **counts) -> None:
         with self._lock:
@@ -187,6 +191,7 @@ class _Copies:
     def snapshot(self) -> dict:
         with self._lock:
             out = dict(self._n)
+        out["bytes_staged"] += self._collective_staged() - self._base
         out["bytes_copied"] = out["bytes_staged"] + out["bytes_copied_recv"]
         return out
 
@@ -461,8 +466,6 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         # made there is born in registered memory; persistent ones (DDP's buckets) are moved
         # there. Off: tensors go where they are, staged by the transport every time.
         self._trace = arena.tracing(trace)
-        self._copies = _Copies()
-        self._stage_max = env_bytes("SCALEFREE_STAGE_MAX", 4 << 20)
         # Calls up to this size travel inline with the header (a copy, registered or not).
         self._inline_max = min(env_bytes("SCALEFREE_ONE_SHOT_MAX", 32 << 10), env_bytes("SCALEFREE_INLINE_BYTES",
                                                                                           256 << 10))
@@ -485,9 +488,11 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         from ..tensors.slots import dynamic_channels
 
         # With tracing, torch's allocation sites are traced (scalefree.tensors.torch_sites: a
-        # dispatch mode, microseconds per operator) in a thread that calls the group once a
-        # tensor of at least SITE_MIN bytes had to be staged outside a backward pass (DDP's
-        # buckets are registered instead): a DDP-only job never runs under the mode.
+        # dispatch mode, microseconds per operator, until the staged tensors' operators are
+        # known; then kernels of their own for those operators only) in a thread that calls
+        # the group once a tensor of at least SITE_MIN bytes had to be staged outside a
+        # backward pass (DDP's buckets are registered instead): a DDP-only job never runs
+        # under the mode.
         self._sites_wanted = False
         self._p2p = dynamic_channels(self._g, [(s, d) for s in range(size) for d in range(size) if s != d],
                                      trace_torch=False)
@@ -495,6 +500,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         self._p2p_lock = threading.Lock()
         self._mailbox = Mailbox(self._p2p, rank, _translate)
         self._closed = False
+        self._copies = _Copies(self._g._bytes_staged)  # from here on (the set-up above is not counted)
         _live.add(self)
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -549,36 +555,44 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         collective's buffer the transport stages, a non-contiguous tensor's contiguous
         copy), ``bytes_copied_recv`` (a message that arrived before its ``recv`` was posted,
         copied out of the mailbox), ``bytes_copied`` (their sum), ``bytes_zero_copy`` (moved
-        from or into the tensor's own memory) and ``transfers``. Take two readings and
-        subtract for one step."""
+        from or into the tensor's own memory) and ``transfers``. The collectives' staging is
+        the transport's own count (``Group._bytes_staged``: the bytes it copied into its
+        staging region or into a call's header message, once per peer it went to), the
+        sends' is what the channel reports it staged. Take two readings and subtract for one
+        step."""
         return self._copies.snapshot()
 
-    def _note(self, t: torch.Tensor, traced: torch.Tensor | None = None) -> None:
-        """Counts a collective's contiguous buffer ``t`` as the transport will move it (the
-        rules of ``Communicator::pick`` and ``expose_with``): a small call travels inline
-        with its header (copied); otherwise it moves in place when it is in registered
-        memory or, on one host, read by cross-memory attach (above ``SCALEFREE_STAGE_MAX``)
-        or, across hosts, written from where it is; else it is staged (copied). A staged
-        buffer traces the allocation site of ``traced`` (the caller's tensor): registered
-        memory would spare that copy, not the inline one."""
-        n = t.numel() * t.element_size()
-        if n == 0:
-            return
-        staged = (self._g.transport == "shm" and not self._g.device._is_registered(t.data_ptr(), n)
-                  and (n <= self._stage_max or not self._g.cross_memory_attach))
-        if staged or n <= self._inline_max:
-            self._copies.add(bytes_staged=n)
-            if staged and n > self._inline_max and self._trace and traced is not None:
-                torch_sites.note_staged(traced)
-                self._sites_wanted |= n >= torch_sites.SITE_MIN
-        else:
-            self._copies.add(bytes_zero_copy=n)
+    def _moved(self, call, t: torch.Tensor, traced: torch.Tensor | None = None, sent: bool = True):
+        """Runs the collective ``call`` (on the worker thread, the only one calling this
+        group's collectives) on the contiguous buffer ``t`` and sees what the transport
+        staged for it (its own count: ``Group._bytes_staged``); the rest of ``t`` moved from
+        where it is (``sent``: this rank's data goes out at all). A buffer that was staged
+        although too large to travel with the call's header traces the allocation site of
+        ``traced`` (the caller's tensor): registered memory would spare that copy."""
+        before = self._g._bytes_staged()
+        out = call()
+        staged = self._g._bytes_staged() - before
+        n = t.numel() * t.element_size() if sent else 0
+        self._copies.add(bytes_zero_copy=max(n - staged, 0))
+        if staged and n > self._inline_max and self._trace and traced is not None and n >= torch_sites.SITE_MIN:
+            self._traced_staged(traced)
+        return out
+
+    def _traced_staged(self, t: torch.Tensor) -> None:
+        """A tensor of at least SITE_MIN bytes had to be staged: traces its site, or, when
+        its site is not known (no dispatch mode recorded it), has the caller's thread learn
+        sites from its next call on."""
+        if not torch_sites.note_staged(t):
+            self._sites_wanted = True
 
     def _sites(self) -> None:
-        """On the caller's thread: traces torch's allocation sites here from now on, once a
-        staged tensor asked for it."""
+        """On the caller's thread: traces torch's allocation sites here once a staged
+        tensor asked for it, and settles once they are known (torch_sites.settle: the
+        dispatch mode is left, the traced operators' own kernels allocate in the arena)."""
         if self._sites_wanted:
+            self._sites_wanted = False
             torch_sites.activate()
+        torch_sites.settle()
 
     def _submit(self, fn, result, what: str = "collective", opts=None) -> Work:
         self._sites()
@@ -613,15 +627,13 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if t.dtype in _NATIVE_REDUCE:
-            self._note(t, t if trace else None)
-            self._g.allreduce(as_numpy(t), native_op)
+            self._moved(lambda: self._g.allreduce(as_numpy(t), native_op), t, t if trace else None)
         else:
             wide = _WIDEN.get(t.dtype)
             if wide is None:
                 raise ValueError(f"scalefree backend: cannot reduce dtype {t.dtype}")
             w = t.to(wide)
-            self._note(w)
-            self._g.allreduce(as_numpy(w), native_op)
+            self._moved(lambda: self._g.allreduce(as_numpy(w), native_op), w)
             t.copy_(w)
         if op == "avg":
             if t.is_floating_point():
@@ -715,9 +727,8 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             for s in staged:
                 if s.t.numel():
-                    if self.rank() == root:
-                        self._note(s.t)  # parameters and buffers (DDP's): persistent, nothing to trace
-                    self._g.broadcast(as_numpy(s.t), root)
+                    # parameters and buffers (DDP's): persistent, nothing to trace
+                    self._moved(lambda: self._g.broadcast(as_numpy(s.t), root), s.t, sent=self.rank() == root)
                 s.finish()
 
         return self._submit(run, list(tensors), "broadcast", opts)
@@ -726,8 +737,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         """Every rank's ``inp`` into contiguous ``out`` (size * inp.numel() elements, rank order)."""
         if inp.numel() == 0:
             return
-        self._note(inp, inp)
-        self._g._allgather_into(as_numpy(inp), as_numpy(out))
+        self._moved(lambda: self._g._allgather_into(as_numpy(inp), as_numpy(out)), inp, inp)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for t in input_tensors:
@@ -810,8 +820,7 @@ class ProcessGroupScalefree(dist.ProcessGroup):
             return
         native_op = "sum" if op == "avg" else op
         if inp.dtype in _NATIVE_REDUCE:
-            self._note(inp, inp)
-            self._g._reduce_scatter_into(as_numpy(inp), as_numpy(out), native_op)
+            self._moved(lambda: self._g._reduce_scatter_into(as_numpy(inp), as_numpy(out), native_op), inp, inp)
             res = out
         else:
             wide = _WIDEN.get(inp.dtype)
@@ -1024,10 +1033,10 @@ class ProcessGroupScalefree(dist.ProcessGroup):
         def run():
             for c, traced in msgs:
                 a = as_numpy(c)
-                staged = send_message(ch, a, tag, traced)
+                staged = send_message(ch, a, tag)
                 self._copies.add(bytes_staged=staged, bytes_zero_copy=a.nbytes - staged)
                 if traced is not None and staged >= torch_sites.SITE_MIN:
-                    self._sites_wanted = True
+                    self._traced_staged(traced)
 
         return self._p2p_worker(("send", dst)).submit(run, list(tensors), "send", self._timeout_s)
 

@@ -225,6 +225,7 @@ impl Call<'_> {
         let mut s = [0u8; SUMMARY_BYTES];
         unsafe { std::ptr::copy_nonoverlapping(summary as *const Summary as *const u8, s.as_mut_ptr(), std::mem::size_of::<Summary>()) };
         let data = if n > 0 { unsafe { std::slice::from_raw_parts(data, n) } } else { &[][..] };
+        self.c.count_staged(n);
         let r = unsafe { self.c.send_inbox(peer, seq, &[self.hdr.as_bytes(), &s, data]) };
         self.sends.push(r?);
         self.written[peer as usize] = true;

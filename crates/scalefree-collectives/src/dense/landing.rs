@@ -148,6 +148,17 @@ impl Communicator {
         unsafe { self.send_at(q, src, n, area, self.slot(self.rank) + off, piece) }
     }
 
+    /// This rank's own slot of `area` in its own landing region: nobody else writes there,
+    /// so a call may use it as scratch (`dense::wire` does).
+    pub(super) fn own_slot(&self, area: usize) -> *mut u8 {
+        self.landed_at(area, self.slot(self.rank)) as *mut u8
+    }
+
+    /// Bytes of each sender's slot in a landing area.
+    pub(super) fn chunk_cap(&self) -> usize {
+        self.landing.as_ref().unwrap().chunk_cap
+    }
+
     /// Where sender `s`'s slot starts in a landing area.
     pub(super) fn slot(&self, s: u32) -> usize {
         s as usize * self.landing.as_ref().unwrap().chunk_cap

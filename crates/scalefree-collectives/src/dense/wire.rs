@@ -12,7 +12,8 @@
 //! `|result - exact| <= u·|exact| + (u + H·u_32)·(1 + u)·Σ|partial_h|`
 //! (`docs/algorithms.md`, "Compressed allreduce"). fp16 overflows past 65504.
 //! Over TCP lanes the first peer's pieces are summed in as they arrive and the rounded parts
-//! land straight in the caller's buffer (see [`group_allreduce`]).
+//! are widened into the caller's buffer as they arrive (see [`group_allreduce`]); nothing is
+//! allocated per call, and the bf16 loops are vectorised ([`kernels`]).
 
 use scalefree_transport::{Error, Result};
 
@@ -71,25 +72,201 @@ impl Wire {
     }
 }
 
-/// float32 to bfloat16, rounding to nearest even (NaN stays NaN): the `half` crate's.
+/// float32 to bfloat16 bits, rounding to nearest even; a NaN stays a (quiet) NaN. The same
+/// bits as the `half` crate's `bf16::from_f32`, without its branches, so that loops of it
+/// vectorise (see [`kernels`]).
 #[inline(always)]
 fn to_bf16(x: f32) -> u16 {
-    half::bf16::from_f32(x).to_bits()
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    (if nan { (b >> 16) | 0x40 } else { rounded }) as u16
 }
 
+/// bfloat16 bits to float32 (exact: a shift); a NaN is made quiet, as `half`'s `to_f32`.
 #[inline(always)]
 fn from_bf16(h: u16) -> f32 {
-    half::bf16::from_bits(h).to_f32()
+    let nan = (h & 0x7FFF) > 0x7F80;
+    f32::from_bits(((h | if nan { 0x40 } else { 0 }) as u32) << 16)
+}
+
+/// The bf16 loops, written once over slices of equal length and compiled for each ISA
+/// ([`Isa`]): conversion is a shift and an add, memory-bound when vectorised; as
+/// per-element calls of `half` it did not vectorise (`examples/wire_convert.rs` times both).
+pub mod kernels {
+    use super::{from_bf16, to_bf16};
+
+    #[inline(always)]
+    fn narrow(src: &[f32], dst: &mut [u16]) {
+        let n = dst.len().min(src.len());
+        let (src, dst) = (&src[..n], &mut dst[..n]);
+        for i in 0..n {
+            dst[i] = to_bf16(src[i]);
+        }
+    }
+
+    #[inline(always)]
+    fn widen(src: &[u16], dst: &mut [f32]) {
+        let n = dst.len().min(src.len());
+        let (src, dst) = (&src[..n], &mut dst[..n]);
+        for i in 0..n {
+            dst[i] = from_bf16(src[i]);
+        }
+    }
+
+    #[inline(always)]
+    fn add_widened(src: &[u16], dst: &mut [f32]) {
+        let n = dst.len().min(src.len());
+        let (src, dst) = (&src[..n], &mut dst[..n]);
+        for i in 0..n {
+            dst[i] += from_bf16(src[i]);
+        }
+    }
+
+    #[inline(always)]
+    fn add_round(src: &[u16], dst: &mut [f32], out: &mut [u16]) {
+        let n = dst.len().min(src.len()).min(out.len());
+        let (src, dst, out) = (&src[..n], &mut dst[..n], &mut out[..n]);
+        for i in 0..n {
+            let h = to_bf16(dst[i] + from_bf16(src[i]));
+            out[i] = h;
+            dst[i] = from_bf16(h);
+        }
+    }
+
+    #[inline(always)]
+    fn round_in_place(dst: &mut [f32], out: &mut [u16]) {
+        let n = dst.len().min(out.len());
+        let (dst, out) = (&mut dst[..n], &mut out[..n]);
+        for i in 0..n {
+            let h = to_bf16(dst[i]);
+            out[i] = h;
+            dst[i] = from_bf16(h);
+        }
+    }
+
+    /// One set of the loops compiled with `$feat` (none: the baseline ISA).
+    macro_rules! isa {
+        ($m:ident $(, $feat:literal)?) => {
+            pub mod $m {
+                /// # Safety
+                /// The CPU has the module's target features.
+                $(#[target_feature(enable = $feat)])?
+                pub unsafe fn narrow(src: &[f32], dst: &mut [u16]) { super::narrow(src, dst) }
+                /// # Safety
+                /// As [`narrow`].
+                $(#[target_feature(enable = $feat)])?
+                pub unsafe fn widen(src: &[u16], dst: &mut [f32]) { super::widen(src, dst) }
+                /// # Safety
+                /// As [`narrow`].
+                $(#[target_feature(enable = $feat)])?
+                pub unsafe fn add_widened(src: &[u16], dst: &mut [f32]) { super::add_widened(src, dst) }
+                /// # Safety
+                /// As [`narrow`].
+                $(#[target_feature(enable = $feat)])?
+                pub unsafe fn add_round(src: &[u16], dst: &mut [f32], out: &mut [u16]) { super::add_round(src, dst, out) }
+                /// # Safety
+                /// As [`narrow`].
+                $(#[target_feature(enable = $feat)])?
+                pub unsafe fn round_in_place(dst: &mut [f32], out: &mut [u16]) { super::round_in_place(dst, out) }
+            }
+        };
+    }
+    isa!(portable);
+    #[cfg(target_arch = "x86_64")]
+    isa!(avx2, "avx2");
+    #[cfg(target_arch = "x86_64")]
+    isa!(avx512, "avx512f,avx512bw,avx2");
+
+    /// Which compiled set runs.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Isa {
+        Avx512,
+        Avx2,
+        Portable,
+    }
+
+    impl Isa {
+        /// AVX-512 (F and BW) where the CPU has it, else AVX2: in cache, AVX-512 measured
+        /// 2x AVX2 on AMD Zen 4 (BW's 32-to-16-bit narrowing is one instruction); from
+        /// memory they are even (`examples/wire_convert.rs`).
+        /// `SCALEFREE_WIRE_ISA=avx512|avx2|portable` overrides (an unavailable choice is
+        /// ignored).
+        pub fn best() -> Isa {
+            static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+            *BEST.get_or_init(|| {
+                let want = match std::env::var("SCALEFREE_WIRE_ISA").as_deref().map(str::trim) {
+                    Ok("avx512") => Some(Isa::Avx512),
+                    Ok("avx2") => Some(Isa::Avx2),
+                    Ok("portable") => Some(Isa::Portable),
+                    _ => None,
+                };
+                match want {
+                    Some(isa) if isa.available() => isa,
+                    _ => [Isa::Avx512, Isa::Avx2, Isa::Portable].into_iter().find(|i| i.available()).unwrap_or(Isa::Portable),
+                }
+            })
+        }
+
+        pub fn available(self) -> bool {
+            match self {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw") && Isa::Avx2.available(),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+                Isa::Portable => true,
+                #[allow(unreachable_patterns)]
+                _ => false,
+            }
+        }
+    }
+
+    macro_rules! dispatch {
+        ($isa:expr, $f:ident($($a:expr),*)) => {
+            // SAFETY: `Isa::best` and callers of the `_on` forms pick only available sets.
+            unsafe {
+                match $isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => avx512::$f($($a),*),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => avx2::$f($($a),*),
+                    _ => portable::$f($($a),*),
+                }
+            }
+        };
+    }
+
+    /// `dst[i] = bf16(src[i])` (the shorter length of the two).
+    pub fn narrow_on(isa: Isa, src: &[f32], dst: &mut [u16]) {
+        assert!(isa.available());
+        dispatch!(isa, narrow(src, dst))
+    }
+    /// `dst[i] = f32(src[i])`.
+    pub fn widen_on(isa: Isa, src: &[u16], dst: &mut [f32]) {
+        assert!(isa.available());
+        dispatch!(isa, widen(src, dst))
+    }
+    /// `dst[i] += f32(src[i])`.
+    pub fn add_widened_on(isa: Isa, src: &[u16], dst: &mut [f32]) {
+        assert!(isa.available());
+        dispatch!(isa, add_widened(src, dst))
+    }
+    /// `out[i] = bf16(dst[i] + f32(src[i]))`, `dst[i] = f32(out[i])`.
+    pub fn add_round_on(isa: Isa, src: &[u16], dst: &mut [f32], out: &mut [u16]) {
+        assert!(isa.available());
+        dispatch!(isa, add_round(src, dst, out))
+    }
+    /// `out[i] = bf16(dst[i])`, `dst[i] = f32(out[i])`.
+    pub fn round_in_place_on(isa: Isa, dst: &mut [f32], out: &mut [u16]) {
+        assert!(isa.available());
+        dispatch!(isa, round_in_place(dst, out))
+    }
 }
 
 /// Rounds `src` into `dst` (same length).
 pub(crate) fn narrow(wire: Wire, src: &[f32], dst: &mut [u16]) {
     match wire {
-        Wire::Bf16 => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = to_bf16(s);
-            }
-        }
+        Wire::Bf16 => kernels::narrow_on(kernels::Isa::best(), src, dst),
         Wire::Fp16 => {
             use half::slice::HalfFloatSliceExt;
             let d: &mut [half::f16] = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::f16, dst.len()) };
@@ -102,11 +279,7 @@ pub(crate) fn narrow(wire: Wire, src: &[f32], dst: &mut [u16]) {
 /// `dst[i] = widen(src[i])`.
 pub(crate) fn widen(wire: Wire, src: &[u16], dst: &mut [f32]) {
     match wire {
-        Wire::Bf16 => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = from_bf16(s);
-            }
-        }
+        Wire::Bf16 => kernels::widen_on(kernels::Isa::best(), src, dst),
         Wire::Fp16 => {
             use half::slice::HalfFloatSliceExt;
             let s: &[half::f16] = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len()) };
@@ -119,11 +292,7 @@ pub(crate) fn widen(wire: Wire, src: &[u16], dst: &mut [f32]) {
 /// `dst[i] += widen(src[i])`, in float32.
 pub(crate) fn add_widened(wire: Wire, src: &[u16], dst: &mut [f32]) {
     match wire {
-        Wire::Bf16 => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d += from_bf16(s);
-            }
-        }
+        Wire::Bf16 => kernels::add_widened_on(kernels::Isa::best(), src, dst),
         Wire::Fp16 => {
             for (d, &s) in dst.iter_mut().zip(src) {
                 *d += half::f16::from_bits(s).to_f32();
@@ -137,13 +306,7 @@ pub(crate) fn add_widened(wire: Wire, src: &[u16], dst: &mut [f32]) {
 /// one pass (the last peer's piece of an owner's part, rounded as it is summed).
 pub(crate) fn add_round(wire: Wire, src: &[u16], dst: &mut [f32], out: &mut [u16]) {
     match wire {
-        Wire::Bf16 => {
-            for ((d, &s), o) in dst.iter_mut().zip(src).zip(out.iter_mut()) {
-                let h = to_bf16(*d + from_bf16(s));
-                *o = h;
-                *d = from_bf16(h);
-            }
-        }
+        Wire::Bf16 => kernels::add_round_on(kernels::Isa::best(), src, dst, out),
         _ => {
             add_widened(wire, src, dst);
             round_in_place(wire, dst, out);
@@ -154,13 +317,7 @@ pub(crate) fn add_round(wire: Wire, src: &[u16], dst: &mut [f32], out: &mut [u16
 /// `out[i] = narrow(dst[i])`, `dst[i] = widen(out[i])`.
 pub(crate) fn round_in_place(wire: Wire, dst: &mut [f32], out: &mut [u16]) {
     match wire {
-        Wire::Bf16 => {
-            for (d, o) in dst.iter_mut().zip(out.iter_mut()) {
-                let h = to_bf16(*d);
-                *o = h;
-                *d = from_bf16(h);
-            }
-        }
+        Wire::Bf16 => kernels::round_in_place_on(kernels::Isa::best(), dst, out),
         _ => {
             narrow(wire, dst, out);
             widen(wire, out, dst);
@@ -168,36 +325,63 @@ pub(crate) fn round_in_place(wire: Wire, dst: &mut [f32], out: &mut [u16]) {
     }
 }
 
-/// The reducer of a window over this rank's part at `base` whose bytes arrive as 16-bit
-/// values: byte `j` of the window is element `j/2`, at `base + 2j` as float32. With
-/// `rounded` (the only peer's pieces: nothing else is summed in) it also rounds the sum, as
-/// [`add_round`], into `rounded + j`.
-fn widening_reducer(wire: Wire, base: *mut u8, rounded: Option<*mut u16>) -> scalefree_transport::Reducer {
+/// What a window over a float32 range at `base` whose bytes arrive as 16-bit values does
+/// with each part read off the lane: byte `j` of the window is element `j/2`, at `base + 2j`
+/// as float32.
+#[derive(Clone, Copy)]
+enum OnArrival {
+    /// `base[i] += widen(part[i])`.
+    Add,
+    /// As [`add_round`], the rounded sum also to `rounded + j` (the only peer's pieces:
+    /// nothing else is summed in).
+    AddRound(*mut u16),
+    /// `base[i] = widen(part[i])` (the other owners' rounded parts).
+    Widen,
+}
+
+fn widening_reducer(wire: Wire, base: *mut u8, what: OnArrival) -> scalefree_transport::Reducer {
     let base = base as usize;
-    let rounded = rounded.map(|r| r as usize);
+    let rounded = match what {
+        OnArrival::AddRound(r) => r as usize,
+        _ => 0,
+    };
+    let what = match what {
+        OnArrival::AddRound(_) => 1,
+        OnArrival::Add => 0,
+        OnArrival::Widen => 2,
+    };
     std::sync::Arc::new(move |d: *mut u8, src: *const u8, bytes: usize| {
         let j = d as usize - base;
         let n = bytes / 2;
         let (src, dst) = unsafe { (std::slice::from_raw_parts(src as *const u16, n), std::slice::from_raw_parts_mut((base + 2 * j) as *mut f32, n)) };
-        match rounded {
-            Some(r) => add_round(wire, src, dst, unsafe { std::slice::from_raw_parts_mut((r + j) as *mut u16, n) }),
-            None => add_widened(wire, src, dst),
+        match what {
+            1 => add_round(wire, src, dst, unsafe { std::slice::from_raw_parts_mut((rounded + j) as *mut u16, n) }),
+            0 => add_widened(wire, src, dst),
+            _ => widen(wire, src, dst),
         }
     })
 }
+
+/// Sends (or queues) at most this many pieces at a time from the ring of rounded pieces in
+/// this rank's own slot of the scatter area (see [`group_allreduce`]).
+const RING: usize = 4;
 
 /// Sum allreduce of float32 elements `a..b` of `buf` among `group` (this rank in it) with
 /// `wire` values on the network, through landing areas `areas` (scatter, gather); see the
 /// module comment. The landing region must hold the largest float32 part already.
 ///
+/// Nothing is allocated per call: the parts other owners reduce are rounded piece by piece
+/// into a ring of [`RING`] pieces in this rank's own slot of the scatter area (no peer writes
+/// there), each sent as soon as it is rounded, so the socket reads it from cache; a slot is
+/// reused once its send is done. This rank's part, rounded, goes to its own slot of the
+/// gather area, from where it is sent on.
+///
 /// Over TCP lanes, as the float32 all-to-all does ([`super::landing`]): the first peer's
 /// pieces of this rank's part are widened and summed into it as they are read off the lane
-/// (`SCALEFREE_REDUCE_ON_ARRIVAL`), and, once this rank has rounded everything it sends,
-/// the other owners' rounded parts land straight in the upper half of their float32 range
-/// in the caller's buffer (`SCALEFREE_DIRECT_LANDING`) and are widened in place, piece by
-/// piece, through a cache-sized copy (a piece widened never reaches a later piece's bytes:
-/// piece `k` of a part of `n` elements lands at bytes `2n + off` and widens into `2 off ..
-/// 2 (off + len)`, below `2n + off + len`).
+/// in cache-sized parts (`SCALEFREE_REDUCE_ON_ARRIVAL`; with one peer also rounded there),
+/// and, once this rank has rounded everything it sends, the other owners' rounded parts are
+/// widened straight into the caller's buffer as they are read (`SCALEFREE_DIRECT_LANDING`):
+/// no 16-bit copy of them passes through memory.
 ///
 /// # Safety
 /// `buf` valid for `b` float32 elements.
@@ -219,39 +403,54 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     let me = c.rank;
     let (x, y) = part(me_idx);
     let mine = unsafe { buf.add(x) } as *mut u8;
-    // Our part rounded, as it is sent on (rounded on arrival when there is one peer).
-    let mut reduced = vec![0u16; y - x];
-    let only = (peers.len() == 1).then_some(reduced.as_mut_ptr());
+    // Our part rounded, as it is sent on (rounded on arrival when there is one peer): in our
+    // own slot of the gather area, which holds a float32 part.
+    let reduced = c.own_slot(areas.1) as *mut u16;
+    let only = (peers.len() == 1).then_some(reduced);
     let reducing = || {
         let q = peers[0].1;
-        Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine, only)) }
+        let what = only.map_or(OnArrival::Add, OnArrival::AddRound);
+        Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine, what)) }
     };
     let mut direct: Option<DirectLanding> = None;
     if reduce_on_arrival_on() {
         unsafe { c.set_windows(&[reducing()], Some(areas.0), &mut direct) };
     }
-    // Every part but ours, rounded once; sent piece by piece as it is rounded.
-    let mut narrow_out = vec![0u16; b - a];
-    let mut sent = Vec::new();
+    // Every part but ours, rounded once, piece by piece into the ring, each piece sent as it
+    // is rounded. Pieces are at most 1/256 of a part or `piece` bytes, and the slot holds a
+    // float32 part and at least 1 MiB: RING pieces fit.
+    let ring = c.own_slot(areas.0);
+    let largest = peers.iter().map(|&(i, _)| pieces((part(i).1 - part(i).0) * WES, piece, WES).0).max().unwrap_or(0);
+    let cap = c.chunk_cap();
+    debug_assert!(largest <= cap, "a piece fits the ring");
+    let slots = (cap / largest.max(1)).clamp(1, RING);
+    let mut in_ring: Vec<Option<scalefree_transport::Completion>> = (0..slots).map(|_| None).collect();
+    let mut t = 0;
     for &(i, q) in &peers {
         let (px, py) = part(i);
         let bytes = (py - px) * WES;
         let (p, np) = pieces(bytes, piece, WES);
         for k in 0..np {
             let (e0, e1) = (px + k * p / WES, px + (k * p + p.min(bytes - k * p)) / WES);
-            narrow(wire, elems(e0, e1), &mut narrow_out[e0 - a..e1 - a]);
-            let src = narrow_out[e0 - a..].as_ptr() as *const u8;
-            sent.push(unsafe { c.send_at(q, src, (e1 - e0) * WES, areas.0, c.slot(me) + k * p, k)? });
+            let s = t % slots;
+            if let Some(done) = in_ring[s].take() {
+                done.wait()?;
+            }
+            let at = unsafe { ring.add(s * largest) };
+            narrow(wire, elems(e0, e1), unsafe { std::slice::from_raw_parts_mut(at as *mut u16, e1 - e0) });
+            in_ring[s] = Some(unsafe { c.send_at(q, at, (e1 - e0) * WES, areas.0, c.slot(me) + k * p, k)? });
+            t += 1;
         }
     }
-    // Nothing of the other parts is read any more: their rounded sums may land in place.
+    // Nothing of the other parts is read any more: their rounded sums may be widened into
+    // place as they arrive.
     if direct_landing_on() {
         let mut windows: Vec<Window> = peers
             .iter()
             .map(|&(i, q)| {
                 let (px, py) = part(i);
-                let n = py - px;
-                Window { offset: c.area_base(areas.1) + c.slot(q), len: n * WES, dst: unsafe { buf.add(px) as *mut u8 }.wrapping_add(n * WES), reduce: None }
+                let at = unsafe { buf.add(px) } as *mut u8;
+                Window { offset: c.area_base(areas.1) + c.slot(q), len: (py - px) * WES, dst: at, reduce: Some(widening_reducer(wire, at, OnArrival::Widen)) }
             })
             .collect();
         let reduces = direct.is_some() && reduce_on_arrival_on();
@@ -268,7 +467,7 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
         let off = k * p;
         let len = p.min(bytes - off);
         let (e0, e1) = (x + off / WES, x + (off + len) / WES);
-        let r = &mut reduced[off / WES..(off + len) / WES];
+        let r = unsafe { std::slice::from_raw_parts_mut(reduced.add(off / WES), len / WES) };
         for (j, &(_, q)) in peers.iter().enumerate() {
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s {} piece {k} of allreduce call #{seq}", wire.name()))?;
@@ -290,31 +489,19 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
             forwarded.push(unsafe { c.send_at(q, r.as_ptr() as *const u8, len, areas.1, c.slot(me) + off, k)? });
         }
     }
-    wait_all(sent)?;
-    drop(narrow_out);
-    // The other parts, rounded by their owners.
-    let mut hop = vec![0u16; piece / WES];
+    wait_all(in_ring.into_iter().flatten().collect())?;
+    // The other parts, rounded by their owners: widened as they arrived, or from the region.
     for &(i, q) in &peers {
         let (qx, qy) = part(i);
         let qbytes = (qy - qx) * WES;
         let (qp, qnp) = pieces(qbytes, piece, WES);
-        hop.resize(hop.len().max(qp / WES), 0);
         for k in 0..qnp {
             let off = k * qp;
             let len = qp.min(qbytes - off);
             let seq = c.seq;
             c.wait_landed(c.landed_word(areas.1, q, k), &|| format!("rank {q}'s reduced {} piece {k} of allreduce call #{seq}", wire.name()))?;
-            let e0 = qx + off / WES;
-            if direct.is_some() && c.landed_direct(areas.1, q, k) {
-                // In the upper half of the part: through a copy where it overlaps its output.
-                let at = unsafe { (buf.add(qx) as *const u8).add(qbytes + off) };
-                if off + 2 * len <= qbytes {
-                    widen(wire, unsafe { std::slice::from_raw_parts(at as *const u16, len / WES) }, elems(e0, e0 + len / WES));
-                } else {
-                    unsafe { std::ptr::copy_nonoverlapping(at, hop.as_mut_ptr() as *mut u8, len) };
-                    widen(wire, &hop[..len / WES], elems(e0, e0 + len / WES));
-                }
-            } else {
+            if !(direct.is_some() && c.landed_direct(areas.1, q, k)) {
+                let e0 = qx + off / WES;
                 let got = unsafe { std::slice::from_raw_parts(c.landed(areas.1, q, off) as *const u16, len / WES) };
                 widen(wire, got, elems(e0, e0 + len / WES));
             }
@@ -322,7 +509,6 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
     }
     drop(direct);
     wait_all(forwarded)?;
-    drop(reduced);
     Ok(())
 }
 
@@ -342,6 +528,63 @@ mod tests {
         // Ties go to even.
         assert_eq!(from_bf16(to_bf16(1.0 + 1.0 / 256.0)), 1.0);
         assert_eq!(from_bf16(to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+    }
+
+    /// Every compiled set of the bf16 loops gives `half`'s bits, for every kind of float32
+    /// (zeros, subnormals, ties either way, the largest finite values rounding to infinity,
+    /// infinities, quiet and signalling NaNs with payloads, random bit patterns) and lengths
+    /// that leave every tail of a vector.
+    #[test]
+    fn bf16_loops_match_half_on_every_isa() {
+        let mut bits: Vec<u32> = vec![
+            0, 0x8000_0000, 1, 0x8000_0001, 0x007F_FFFF, 0x0080_0000, 0x3F80_8000, 0x3F81_8000, 0x3F80_8001, 0xBF80_8000,
+            0x7F7F_FFFF, 0xFF7F_FFFF, 0x7F7F_7FFF, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFF80_0001, 0x7FFF_FFFF,
+            0xFFFF_FFFF, 0x7FBF_FFFF,
+        ];
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..5000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            bits.push(s as u32);
+        }
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let halves: Vec<u16> = bits.iter().map(|&b| (b >> 16) as u16).collect();
+        let want_narrow: Vec<u16> = src.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+        let want_widen: Vec<u32> = halves.iter().map(|&h| half::bf16::from_bits(h).to_f32().to_bits()).collect();
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for isa in [kernels::Isa::Portable, kernels::Isa::Avx2, kernels::Isa::Avx512] {
+            if !isa.available() {
+                continue;
+            }
+            for n in [0usize, 1, 7, 31, 33, 100, src.len()] {
+                let mut h = vec![0u16; n];
+                kernels::narrow_on(isa, &src[..n], &mut h);
+                assert_eq!(h, want_narrow[..n], "{isa:?} narrow, {n}");
+                let mut f = vec![0f32; n];
+                kernels::widen_on(isa, &halves[..n], &mut f);
+                assert_eq!(f.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_widen[..n], "{isa:?} widen, {n}");
+                // Sums: a float32 accumulator of finite values plus every 16-bit value.
+                let acc: Vec<f32> = (0..n).map(|i| (i as f32 - 50.0) * 0.731).collect();
+                let mut added = acc.clone();
+                kernels::add_widened_on(isa, &halves[..n], &mut added);
+                let mut fused = acc.clone();
+                let mut out = vec![0u16; n];
+                kernels::add_round_on(isa, &halves[..n], &mut fused, &mut out);
+                let mut in_place = src[..n].to_vec();
+                let mut out2 = vec![0u16; n];
+                kernels::round_in_place_on(isa, &mut in_place, &mut out2);
+                for i in 0..n {
+                    let sum = acc[i] + half::bf16::from_bits(halves[i]).to_f32();
+                    assert!(same(added[i], sum), "{isa:?} add_widened {i}");
+                    let r = half::bf16::from_f32(sum);
+                    assert!(out[i] == r.to_bits() || (sum.is_nan() && half::bf16::from_bits(out[i]).is_nan()), "{isa:?} add_round {i}");
+                    assert!(same(fused[i], r.to_f32()), "{isa:?} add_round {i}");
+                    assert_eq!(out2[i], want_narrow[i], "{isa:?} round_in_place {i}");
+                    assert!(same(in_place[i], half::bf16::from_bits(want_narrow[i]).to_f32()), "{isa:?} round_in_place {i}");
+                }
+            }
+        }
     }
 
     #[test]
