@@ -51,8 +51,18 @@ def run(args, timeout=30, env=None):
     return subprocess.run(RUN + args, capture_output=True, timeout=timeout, env=env or ENV)
 
 
+def _as_from_a_terminal():
+    """The signals a launcher typed at a terminal gets: the launcher keeps a signal its parent
+    ignored ignored (``nohup``, a script's background job), so tests that send it Ctrl-C must
+    not inherit the test runner's own ignores (pytest started as a background job of a script
+    ignores SIGINT and SIGQUIT; under ``nohup``, SIGHUP)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start(args):
-    return subprocess.Popen(RUN + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    return subprocess.Popen(RUN + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                            preexec_fn=_as_from_a_terminal)
 
 
 def pids(tmp_path) -> list[int]:
