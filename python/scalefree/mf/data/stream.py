@@ -77,12 +77,16 @@ class CacheLayout:
         pread_into(fd, i, self.header + 8 * self.nu, self.path)
         return u, i
 
-    def read(self, fd: int, lo: int, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def buffers(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Arrays for :meth:`read` of up to ``c`` ratings, to reuse from chunk to chunk."""
+        return np.empty(c, f"<u{self.width}"), np.empty(c, f"<u{self.width}"), np.empty(c, np.uint32)
+
+    def read(self, fd: int, lo: int, c: int, out=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Ratings ``lo`` to ``lo + c``: user rows, item rows (dense id − base: unsigned, 4 or 8
-        bytes) and the ratings' float32 bits as uint32; an id outside the maps is a DataError."""
+        bytes) and the ratings' float32 bits as uint32; an id outside the maps is a DataError.
+        ``out``: arrays from :meth:`buffers` to read into (views of their first ``c``)."""
         col, w, n = self.header + 8 * (self.nu + self.ni), self.width, self.n
-        cu, ci = np.empty(c, f"<u{w}"), np.empty(c, f"<u{w}")
-        cv = np.empty(c, np.uint32)
+        cu, ci, cv = (a[:c] for a in (out if out is not None else self.buffers(c)))
         pread_into(fd, cu, col + w * lo, self.path)
         pread_into(fd, ci, col + w * (n + lo), self.path)
         pread_into(fd, cv, col + w * 2 * n + 4 * lo, self.path)
@@ -233,9 +237,10 @@ class StreamedRatings:
             sfd, ssize = spill.fileno(), 0
             fd = os.open(self.cache, os.O_RDONLY)
             try:
+                bufs = layout.buffers(min(chunk, n))
                 for s in range(0, n, chunk):
                     c = min(chunk, n - s)
-                    cu, ci, cv = layout.read(fd, s, c)
+                    cu, ci, cv = layout.read(fd, s, c, bufs)
                     lo, hi = np.searchsorted(test, [s, s + c])
                     if hi > lo:
                         keep = np.ones(c, bool)
@@ -267,7 +272,7 @@ class StreamedRatings:
                         runs[b].append((ssize + int(bounds[b]) * ENTRY_BYTES, int(bounds[b + 1] - bounds[b])))
                     ssize += len(data)
                     del rec, order, key, sel, data
-                cu = ci = cv = None
+                cu = ci = cv = bufs = None
                 if collect_test:
                     self._user_ids, self._item_ids = layout.ids(fd)
             finally:
