@@ -10,8 +10,8 @@ a training and a test file in LIBMF's text format. Runs are interleaved, ``--rep
 dropped before every run (our budgeted blocks are read with O_DIRECT either way). Ours: the
 training seconds ``mf train`` reports (set-up excluded), the test RMSE after the last
 iteration, the process's peak RSS (GNU time), the cache's peak bytes, bytes read (and their
-rate over the training time) and seconds waited for reads (summed over the threads; the
-last round's). ``--users``/``--items``/``--ratings`` size the synthetic matrix: the default
+rate over the training time), seconds waited for reads (summed over the threads) and the
+blocks each pass takes over from the one before ("carried", not read again; the last round's). ``--users``/``--items``/``--ratings`` size the synthetic matrix: the default
 2M ratings (20.6 MiB of training records, 20 × 20 blocks of ~56 KiB: a pass takes ~14 ms in
 memory, so the budgeted run measures per-read latency) or e.g. 20M over 200,000 × 200,000
 (~205 MiB, blocks of ~0.5 MiB: streaming), written by the bench into its temporary directory. LIBMF: training seconds = (wall of ``-t N`` − wall of ``-t 1``)·N/(N − 1),
@@ -58,7 +58,7 @@ def _ours(h: Helpers, args, tr: Path, te: Path, d: Path, budget: int | None) -> 
     last = [json.loads(line) for line in out.read_text().splitlines()][-1]
     return {"train_s": last["seconds"], "wall_s": wall, "test_rmse": last["test_rmse"], "peak_rss_bytes": rss,
             "rating_bytes_resident": last.get("rating_bytes_resident"), "bytes_read": last.get("bytes_read"),
-            "preload_wait_seconds": last.get("preload_wait_seconds")}
+            "preload_wait_seconds": last.get("preload_wait_seconds"), "carried_blocks": last.get("carried_blocks")}
 
 
 def _libmf(h: Helpers, args, tr: Path, te: Path, d: Path, disk: bool) -> dict:
@@ -126,11 +126,12 @@ def run(args, h: Helpers) -> int:
                              " ".join(f"{t:.3f}" for t in r["times"]), f"{r['median_s']:.3f}",
                              f"{r.get('ratio_vs_memory', float('nan')):.2f}",
                              "-" if last.get("preload_wait_seconds") is None else f"{last['preload_wait_seconds']:.3f}",
+                             "-" if last.get("carried_blocks") is None else str(last["carried_blocks"]),
                              "-" if last.get("bytes_read") is None else f"{last['bytes_read'] / 1e6:.0f}",
                              "-" if last.get("bytes_read") is None else f"{last['bytes_read'] / 1e6 / last['train_s']:.0f}",
                              f"{r['peak_rss_bytes'] / 2**20:.0f}", f"{r['test_rmse']:.5f}"])
     print(common.format_table(["data", "impl", "variant", "budget MiB", "held MiB (max)", "train s (runs)",
-                               "train s (median)", "x memory", "IO wait s", "read MB", "read MB/s", "peak RSS MiB", "test RMSE"],
+                               "train s (median)", "x memory", "IO wait s", "carried", "read MB", "read MB/s", "peak RSS MiB", "test RMSE"],
                               rows, left_columns=3))
     print(f"page cache: {cache.state}")
     for f in sorted({r["data"] for r in records}):

@@ -28,8 +28,11 @@
 //! cache ([`scalefree_flash::CacheReader`], at most the budget resident), which prefetches the
 //! blocks of the pass's order ahead of the threads as far as the budget allows; the next pass's
 //! order is announced while the current one runs (across calls too), so the reads do not stop
-//! at a pass's tail. The blocks, their order inside and the schedule are those of the
-//! in-memory run.
+//! at a pass's tail. Each pass starts with the blocks the previous one ended with (the
+//! budget's worth that are still cached, [`LocalOptions::carry`]), so about that many fewer
+//! blocks are read per pass; otherwise the blocks, their order inside and the schedule are
+//! those of the in-memory run (which given the same carry is the same run: one thread is bit
+//! for bit the same).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
@@ -66,11 +69,18 @@ pub struct LocalOptions {
     /// Directory of the blocks' scratch file (default: the flash runtime's, see
     /// [`scalefree_flash::default_scratch_dir`]).
     pub flash_dir: Option<PathBuf>,
+    /// Blocks each pass takes over from the end of the previous one: pass e + 1 hands out the
+    /// last `carry` blocks of pass e first, most recent first, then the others in its random
+    /// order (see [`LocalTrainer::carry`]). None: 0 in memory (every pass a fresh random
+    /// order); out of core, the blocks the budget holds beyond the threads' blocks and the
+    /// reads in flight — they are still in the cache when the pass ends, so they are not read
+    /// again (at most half the blocks). Some(c) in memory reproduces an out-of-core run's order.
+    pub carry: Option<usize>,
 }
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: true, memory_budget: None, flash_dir: None }
+        LocalOptions { k: 40, eta: 0.1, lambda: 0.05, schedule: Schedule::Adagrad, threads: 2, blocks: None, seed: 0, init_max: None, isa: None, normalize: true, memory_budget: None, flash_dir: None, carry: None }
     }
 }
 
@@ -101,6 +111,9 @@ struct FlashBlocks {
     /// The first pass (counted from the first pass ever) whose order the reader has not been
     /// told yet; None before the first call.
     next_announced: Mutex<Option<u64>>,
+    /// The default carry (see [`LocalOptions::carry`]): the blocks of the mean size the budget
+    /// holds, less one per thread and two per IO thread (the reads in flight beside them).
+    carry: usize,
 }
 
 impl FlashBlocks {
@@ -131,6 +144,7 @@ impl FlashBlocks {
         if let Some(d) = dir {
             o.dir = d.to_path_buf();
         }
+        let io_threads = o.io_threads;
         let rt = Arc::new(Runtime::new(o).map_err(flash)?);
         let total: u64 = sizes.iter().sum();
         let file = FlashFile::scratch(rt.dir(), total.max(4096), &rt.file_options()).map_err(flash)?;
@@ -146,7 +160,9 @@ impl FlashBlocks {
         }
         // Prefetch depth: as far as the budget goes (the budget, not this, is the limit).
         let reader = CacheReader::new(rt, budget, 1 << 16).map_err(flash)?;
-        Ok(FlashBlocks { reader, specs, next_announced: Mutex::new(None) })
+        let held = (budget / (total / sizes.len().max(1) as u64).max(1)) as usize;
+        let carry = held.saturating_sub(threads + 2 * io_threads).min(sizes.len() / 2);
+        Ok(FlashBlocks { reader, specs, next_announced: Mutex::new(None), carry })
     }
 
     /// Tells the reader the hand-out order of every pass up to `last` (inclusive) not told
@@ -171,6 +187,20 @@ impl FlashBlocks {
         }
         *next = Some(from.max(last + 1));
     }
+}
+
+/// Pass e + 1's hand-out sequence from pass e's `prev`: the last `carry` blocks of `prev`, last
+/// first, then the blocks of `fresh` (a permutation of the same blocks) not among them, in
+/// `fresh`'s order.
+fn carried_order(prev: &[u32], fresh: Vec<u32>, carry: usize) -> Vec<u32> {
+    let tail = &prev[prev.len() - carry.min(prev.len())..];
+    let mut taken = vec![false; prev.len()];
+    let mut seq: Vec<u32> = tail.iter().rev().copied().collect();
+    for &b in tail {
+        taken[b as usize] = true;
+    }
+    seq.extend(fresh.into_iter().filter(|&b| !taken[b as usize]));
+    seq
 }
 
 /// Reorders a block sorted by item (or user) so that its first and second halves alternate:
@@ -253,6 +283,10 @@ pub struct LocalTrainer {
     n: usize,
     seed: u64,
     epochs: u64,
+    /// See [`LocalOptions::carry`].
+    carry: usize,
+    /// With a carry, the last pass orders made (each is made from the one before).
+    orders: Mutex<Vec<(u64, Vec<u32>)>>,
 }
 
 impl LocalTrainer {
@@ -327,6 +361,7 @@ impl LocalTrainer {
         if flash.is_some() {
             entries = Vec::new();
         }
+        let carry = o.carry.unwrap_or(flash.as_ref().map_or(0, |f| f.carry)).min(nb * nb);
         let mean = train.mean() as f32;
         // `adagrad` in local mode is LIBMF's split rule (see `Schedule::AdagradSplit`).
         let schedule = match o.schedule {
@@ -372,6 +407,8 @@ impl LocalTrainer {
             n: train.len(),
             seed: o.seed,
             epochs: 0,
+            carry,
+            orders: Mutex::new(Vec::new()),
         })
     }
 
@@ -402,13 +439,42 @@ impl LocalTrainer {
         self.flash.as_ref().map(|f| f.reader.stats())
     }
 
-    /// The order in which pass `epoch` (counted from the first pass ever) hands out its
-    /// blocks: a random permutation of the nb² blocks from the seed and the pass number.
-    fn pass_order(&self, epoch: u64) -> Vec<u32> {
+    /// Blocks each pass takes over from the end of the one before ([`LocalOptions::carry`]).
+    pub fn carry(&self) -> usize {
+        self.carry
+    }
+
+    /// A random permutation of the nb² blocks from the seed and the pass number.
+    fn shuffled(&self, epoch: u64) -> Vec<u32> {
         let mut v: Vec<u32> = (0..(self.nb * self.nb) as u32).collect();
         Rng::new(self.seed.wrapping_mul(0x100_0000).wrapping_add(epoch.wrapping_mul(1000))).shuffle(&mut v);
-        v.reverse(); // handed out from the end
         v
+    }
+
+    /// The order in which pass `epoch` (counted from the first pass ever) hands out its
+    /// blocks, as a list handed out from the end. Without a carry, [`Self::shuffled`]; with
+    /// one, pass 0's is that and pass e's (e > 0) is pass e − 1's last `carry` blocks, last
+    /// first, then the others in [`Self::shuffled`]`(e)`'s order — made from the previous
+    /// pass's, so it depends on the seed and the pass number alone (the last few are kept).
+    fn pass_order(&self, epoch: u64) -> Vec<u32> {
+        let mut order = if self.carry == 0 {
+            self.shuffled(epoch)
+        } else {
+            let mut memo = self.orders.lock().unwrap();
+            let (mut at, mut seq) = memo.iter().filter(|(e, _)| *e <= epoch).max_by_key(|(e, _)| *e).cloned().unwrap_or_else(|| (0, self.shuffled(0)));
+            while at < epoch {
+                at += 1;
+                seq = carried_order(&seq, self.shuffled(at), self.carry);
+            }
+            memo.retain(|(e, _)| *e != epoch);
+            memo.push((epoch, seq.clone()));
+            if memo.len() > 3 {
+                memo.remove(0);
+            }
+            seq
+        };
+        order.reverse(); // handed out from the end
+        order
     }
 
     /// `n` passes on one set of threads; returns each pass's mean squared error seen during
@@ -636,6 +702,15 @@ impl LocalTrainer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_carried_order_starts_with_the_previous_tail_reversed() {
+        let prev = vec![4u32, 0, 3, 1, 2, 5];
+        assert_eq!(carried_order(&prev, vec![0, 1, 2, 3, 4, 5], 0), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(carried_order(&prev, vec![0, 1, 2, 3, 4, 5], 2), [5, 2, 0, 1, 3, 4]);
+        assert_eq!(carried_order(&prev, vec![3, 1, 0, 5, 2, 4], 6), [5, 2, 1, 3, 0, 4]);
+        assert_eq!(carried_order(&prev, vec![3, 1, 0, 5, 2, 4], 9), [5, 2, 1, 3, 0, 4]);
+    }
 
     #[test]
     fn interleave_halves_alternates_and_keeps_each_half_in_order() {

@@ -159,7 +159,7 @@ pub struct PyMfTrainer {
 #[pymethods]
 impl PyMfTrainer {
     #[new]
-    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true, memory_budget=None, flash_dir=None))]
+    #[pyo3(signature = (train, k=40, eta=0.1, lam=0.05, schedule="adagrad", threads=2, blocks=None, seed=0, init_max=None, isa=None, normalize=true, memory_budget=None, flash_dir=None, carry=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -176,6 +176,7 @@ impl PyMfTrainer {
         normalize: bool,
         memory_budget: Option<u64>,
         flash_dir: Option<PathBuf>,
+        carry: Option<usize>,
     ) -> PyResult<Self> {
         let isa = match isa.map(|s| (s, Isa::parse(s))) {
             None => None,
@@ -187,7 +188,7 @@ impl PyMfTrainer {
             "constant" => Schedule::Constant,
             s => return Err(mf_err(py, MfError::InvalidArgument(format!("schedule must be 'adagrad' or 'constant', got {s:?}")))),
         };
-        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize, memory_budget, flash_dir };
+        let o = LocalOptions { k, eta, lambda: lam, schedule, threads, blocks, seed, init_max, isa, normalize, memory_budget, flash_dir, carry };
         let t = py.detach(|| LocalTrainer::new(&train.r, &o)).map_err(|e| mf_err(py, e))?;
         Ok(PyMfTrainer { t })
     }
@@ -199,9 +200,17 @@ impl PyMfTrainer {
         Ok(losses.last().copied().unwrap_or(f64::NAN))
     }
     /// Out of core (`memory_budget`): the block reader's counters (as
-    /// `FlashBlockReader.stats()`); None in memory.
+    /// `FlashBlockReader.stats()`) and `carry` (blocks each pass takes over from the one
+    /// before); None in memory.
     fn flash_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        self.t.flash_stats().map(|s| crate::flash_reader::reader_stats_dict(py, &s)).transpose()
+        let Some(d) = self.t.flash_stats().map(|s| crate::flash_reader::reader_stats_dict(py, &s)).transpose()? else { return Ok(None) };
+        d.set_item("carry", self.t.carry())?;
+        Ok(Some(d))
+    }
+    /// Blocks each pass takes over from the end of the one before.
+    #[getter]
+    fn carry(&self) -> usize {
+        self.t.carry()
     }
     fn rmse(&self, py: Python<'_>, r: &PyMfRatings) -> PyResult<f64> {
         py.detach(|| self.t.rmse(&r.r)).map_err(|e| mf_err(py, e))

@@ -141,8 +141,9 @@ pub(crate) struct ProgramCache {
     spare_bytes: u64,
 }
 
-/// Buffers smaller than this are not kept for reuse.
-const MIN_SPARE_BYTES: usize = 64 << 10;
+/// Buffers smaller than this are not kept for reuse (the local trainer's blocks of tens of
+/// KiB are: a fresh one is zeroed under the reader's lock on the training thread).
+const MIN_SPARE_BYTES: usize = 16 << 10;
 
 impl ProgramCache {
     pub(crate) fn new(budget_bytes: u64) -> ProgramCache {

@@ -6,7 +6,8 @@ estimator (:class:`scalefree.mf.MatrixFactorization`) prepares the data and call
 With ``memory_budget`` the grid's blocks stay on flash (a scratch file of the flash runtime) and
 the threads read them through its program cache, which prefetches each pass's blocks in the
 order the scheduler hands them out (``scalefree-mf``'s ``local.rs``; LIBMF's ``--disk``): the
-same blocks, order and schedule as in memory."""
+same blocks and schedule as in memory; each pass starts with the blocks the previous one ended
+with (those the budget still holds), so they are not read again."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def train(train, valid, test_r, *, k: int, eta: float, lam: float, schedule: str
     checkpoint must match); ``on_iteration(record)`` after each epoch; ``bar.update(n, msg)``
     shows progress. ``memory_budget``: bytes of rating blocks in memory at most (the rest on flash,
     in ``block_dir``); the last record then has ``rating_bytes_resident`` (the cache's peak),
-    ``memory_budget``, ``bytes_read`` and ``preload_wait_seconds``."""
+    ``memory_budget``, ``bytes_read``, ``preload_wait_seconds`` and ``carried_blocks`` (blocks
+    each pass takes over from the end of the one before, which are not read again)."""
     tr = _native.MfTrainer(train, k=k, eta=eta, lam=lam, schedule=schedule, threads=threads, blocks=blocks, seed=seed,
                            init_max=init_max, normalize=normalize, memory_budget=memory_budget,
                            flash_dir=None if block_dir is None else os.fspath(block_dir))
@@ -85,7 +87,7 @@ def train(train, valid, test_r, *, k: int, eta: float, lam: float, schedule: str
         fs = tr.flash_stats()
         if fs is not None:
             rec.update(memory_budget=fs["budget_bytes"], rating_bytes_resident=fs["peak_resident_bytes"],
-                       bytes_read=fs["bytes_read"], preload_wait_seconds=fs["wait_seconds"])
+                       bytes_read=fs["bytes_read"], preload_wait_seconds=fs["wait_seconds"], carried_blocks=fs["carry"])
         history.append(rec)
         if on_iteration is not None:
             on_iteration(rec)
