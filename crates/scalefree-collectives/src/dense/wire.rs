@@ -621,12 +621,17 @@ const RING: usize = 4;
 /// reused once its send is done. This rank's part, rounded, goes to its own slot of the
 /// gather area, from where it is sent on.
 ///
+/// Each rounded piece of this rank's part is sent on as soon as every peer's copy of it
+/// was summed in, between the pieces of the ring (so it is sent from cache and both steps
+/// share the wire), the rest after them.
+///
 /// Over TCP lanes, as the float32 all-to-all does ([`super::landing`]): the first peer's
 /// pieces of this rank's part are widened and summed into it as they are read off the lane
 /// in cache-sized parts (`SCALEFREE_REDUCE_ON_ARRIVAL`; with one peer also rounded there),
-/// and, once this rank has rounded everything it sends, the other owners' rounded parts are
-/// widened straight into the caller's buffer as they are read (`SCALEFREE_DIRECT_LANDING`):
-/// no 16-bit copy of them passes through memory.
+/// and the other owners' rounded parts are widened straight into the caller's buffer as
+/// they are read (`SCALEFREE_DIRECT_LANDING`; bf16 with non-temporal stores,
+/// `SCALEFREE_WIRE_STREAM`), both from the start: no 16-bit copy of them passes through
+/// memory.
 ///
 /// # Safety
 /// `buf` valid for `b` float32 elements.
