@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use scalefree_collectives::dense::wire::fp16;
-use scalefree_collectives::dense::wire::kernels::{add_round_on, add_widened_on, narrow_on, widen_on, widen_stream_on, Isa};
+use scalefree_collectives::dense::wire::kernels::{add_round_on, add_widened_on, narrow_on, widen_on, Isa};
 
 /// Best of `reps` timings of `f`, in ns per element.
 fn time(n: usize, reps: usize, mut f: impl FnMut()) -> f64 {
@@ -62,7 +62,6 @@ fn main() {
             println!("  {:<28} {:.3}", format!("add_round, {name}"), time(n, reps, || { add_round_on(isa, black_box(&h), &mut f, &mut out); black_box(&f); }));
             println!("  {:<28} {:.3}", format!("add_widened, {name}"), time(n, reps, || { add_widened_on(isa, black_box(&h), &mut f); black_box(&f); }));
             println!("  {:<28} {:.3}", format!("widen, {name}"), time(n, reps, || { widen_on(isa, black_box(&h), &mut g); black_box(&g); }));
-            println!("  {:<28} {:.3}", format!("widen streamed, {name}"), time(n, reps, || { widen_stream_on(isa, black_box(&h), &mut g); black_box(&g); }));
         }
         let t = time(n, reps, || {
             for (d, &s) in f.iter_mut().zip(black_box(&h)) {

@@ -142,15 +142,6 @@ impl Communicator {
         Ok(())
     }
 
-    /// Whether word `off` of this rank's landing region reached this call's sequence (as
-    /// [`Self::wait_landed`] waits for, without waiting).
-    pub(super) fn has_landed(&self, off: usize) -> bool {
-        let l = self.landing.as_ref().unwrap();
-        let w = unsafe { &*(l.region.as_ptr().add(off) as *const std::sync::atomic::AtomicU32) };
-        let v = w.load(std::sync::atomic::Ordering::Acquire);
-        v != 0 && scalefree_transport::wait::seq_reached(v, self.seq)
-    }
-
     /// Sends `n` bytes at `src` into this rank's slot of rank `q`'s landing area `area` at
     /// `off`, raising word (area, this rank, `piece`).
     pub(super) unsafe fn send_piece(&self, q: u32, src: *const u8, n: usize, area: usize, off: usize, piece: usize) -> Result<Completion> {

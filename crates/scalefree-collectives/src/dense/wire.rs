@@ -13,7 +13,8 @@
 //! (`docs/algorithms.md`, "Compressed allreduce"). fp16 overflows past 65504.
 //! Over TCP lanes the first peer's pieces are summed in as they arrive and the rounded parts
 //! are widened into the caller's buffer as they arrive (see [`group_allreduce`]); nothing is
-//! allocated per call, and the bf16 loops are vectorised ([`kernels`]).
+//! allocated per call, and the bf16 loops are vectorised ([`kernels`]), the fp16 ones on F16C
+//! ([`fp16`]).
 
 use scalefree_transport::{Error, Result};
 
@@ -114,41 +115,6 @@ pub mod kernels {
         }
     }
 
-    /// As [`widen`], but the lines of `dst` are written with non-temporal stores (not read
-    /// first, not kept in cache): for the caller's buffer, which nothing reads during the call.
-    #[inline(always)]
-    fn widen_stream(src: &[u16], dst: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_loadu_ps, _mm_sfence, _mm_stream_ps};
-            let n = dst.len().min(src.len());
-            let (src, dst) = (&src[..n], &mut dst[..n]);
-            // Plain stores up to the first 64-byte line, whole lines streamed, plain stores after.
-            let head = ((64 - dst.as_ptr() as usize % 64) % 64 / 4).min(n);
-            widen(&src[..head], &mut dst[..head]);
-            let end = head + (n - head) / 16 * 16;
-            let mut i = head;
-            while i < end {
-                let mut t = [0f32; 16];
-                for k in 0..16 {
-                    t[k] = from_bf16(src[i + k]);
-                }
-                for q in 0..4 {
-                    // SAFETY: `i + 4q .. + 4` is within `dst`, 16-byte aligned (the line is).
-                    unsafe { _mm_stream_ps(dst.as_mut_ptr().add(i + 4 * q), _mm_loadu_ps(t.as_ptr().add(4 * q))) };
-                }
-                i += 16;
-            }
-            widen(&src[end..], &mut dst[end..]);
-            // The streamed stores are weakly ordered: visible before whatever this thread
-            // publishes next (the piece's landed word).
-            // SAFETY: SSE, in every x86-64 CPU.
-            unsafe { _mm_sfence() };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        widen(src, dst)
-    }
-
     #[inline(always)]
     fn add_widened(src: &[u16], dst: &mut [f32]) {
         let n = dst.len().min(src.len());
@@ -192,10 +158,6 @@ pub mod kernels {
                 /// As [`narrow`].
                 $(#[target_feature(enable = $feat)])?
                 pub unsafe fn widen(src: &[u16], dst: &mut [f32]) { super::widen(src, dst) }
-                /// # Safety
-                /// As [`narrow`].
-                $(#[target_feature(enable = $feat)])?
-                pub unsafe fn widen_stream(src: &[u16], dst: &mut [f32]) { super::widen_stream(src, dst) }
                 /// # Safety
                 /// As [`narrow`].
                 $(#[target_feature(enable = $feat)])?
@@ -284,11 +246,6 @@ pub mod kernels {
     pub fn widen_on(isa: Isa, src: &[u16], dst: &mut [f32]) {
         assert!(isa.available());
         dispatch!(isa, widen(src, dst))
-    }
-    /// As [`widen_on`], with non-temporal stores to `dst` (x86-64).
-    pub fn widen_stream_on(isa: Isa, src: &[u16], dst: &mut [f32]) {
-        assert!(isa.available());
-        dispatch!(isa, widen_stream(src, dst))
     }
     /// `dst[i] += f32(src[i])`.
     pub fn add_widened_on(isa: Isa, src: &[u16], dst: &mut [f32]) {
@@ -575,14 +532,6 @@ enum OnArrival {
     Widen,
 }
 
-/// Whether the other owners' rounded bf16 parts are widened into the caller's buffer with
-/// non-temporal stores as they arrive (`SCALEFREE_WIRE_STREAM`, on unless `0`): a normal
-/// store reads each line of the buffer first, 32 MiB per rank per 64 MiB call at 2 ranks.
-fn stream_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| scalefree_transport::config::env_switch("SCALEFREE_WIRE_STREAM"))
-}
-
 fn widening_reducer(wire: Wire, base: *mut u8, what: OnArrival) -> scalefree_transport::Reducer {
     let base = base as usize;
     let rounded = match what {
@@ -601,7 +550,6 @@ fn widening_reducer(wire: Wire, base: *mut u8, what: OnArrival) -> scalefree_tra
         match what {
             1 => add_round(wire, src, dst, unsafe { std::slice::from_raw_parts_mut((rounded + j) as *mut u16, n) }),
             0 => add_widened(wire, src, dst),
-            _ if wire == Wire::Bf16 && stream_on() => kernels::widen_stream_on(kernels::Isa::best(), src, dst),
             _ => widen(wire, src, dst),
         }
     })
@@ -621,17 +569,12 @@ const RING: usize = 4;
 /// reused once its send is done. This rank's part, rounded, goes to its own slot of the
 /// gather area, from where it is sent on.
 ///
-/// Each rounded piece of this rank's part is sent on as soon as every peer's copy of it
-/// was summed in, between the pieces of the ring (so it is sent from cache and both steps
-/// share the wire), the rest after them.
-///
 /// Over TCP lanes, as the float32 all-to-all does ([`super::landing`]): the first peer's
 /// pieces of this rank's part are widened and summed into it as they are read off the lane
 /// in cache-sized parts (`SCALEFREE_REDUCE_ON_ARRIVAL`; with one peer also rounded there),
-/// and the other owners' rounded parts are widened straight into the caller's buffer as
-/// they are read (`SCALEFREE_DIRECT_LANDING`; bf16 with non-temporal stores,
-/// `SCALEFREE_WIRE_STREAM`), both from the start: no 16-bit copy of them passes through
-/// memory.
+/// and, once this rank has rounded everything it sends, the other owners' rounded parts are
+/// widened straight into the caller's buffer as they are read (`SCALEFREE_DIRECT_LANDING`):
+/// no 16-bit copy of them passes through memory.
 ///
 /// # Safety
 /// `buf` valid for `b` float32 elements.
@@ -662,63 +605,10 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
         let what = only.map_or(OnArrival::Add, OnArrival::AddRound);
         Window { offset: c.area_base(areas.0) + c.slot(q), len: (y - x) * WES, dst: mine, reduce: Some(widening_reducer(wire, mine, what)) }
     };
-    // Every window from the start: besides the first peer's pieces of our part (summed in
-    // as they arrive), the other owners' rounded parts are widened into the buffer as they
-    // arrive. Safe before our own pieces of those parts are rounded and sent: owner q's
-    // rounded piece k of its part exists only after q received our piece k of it, which we
-    // had read (rounded) before sending it.
     let mut direct: Option<DirectLanding> = None;
-    let mut windows: Vec<Window> = Vec::new();
-    if direct_landing_on() {
-        windows.extend(peers.iter().map(|&(i, q)| {
-            let (px, py) = part(i);
-            let at = unsafe { buf.add(px) } as *mut u8;
-            Window { offset: c.area_base(areas.1) + c.slot(q), len: (py - px) * WES, dst: at, reduce: Some(widening_reducer(wire, at, OnArrival::Widen)) }
-        }));
+    if reduce_on_arrival_on() {
+        unsafe { c.set_windows(&[reducing()], Some(areas.0), &mut direct) };
     }
-    let reduces = reduce_on_arrival_on();
-    if reduces {
-        windows.push(reducing());
-    }
-    if !windows.is_empty() {
-        unsafe { c.set_windows(&windows, reduces.then_some(areas.0), &mut direct) };
-    }
-    // Our part: sum the others' rounded copies of piece k in, round the sum once, keep and
-    // send it. Each piece goes on as soon as every peer's copy of it landed, between the
-    // pieces of the other parts below (so its rounded bytes are sent while in cache, and the
-    // other owners widen them while this rank still sends), the rest after them.
-    let bytes = (y - x) * WES;
-    let (p, np) = pieces(bytes, piece, WES);
-    let mut forwarded = Vec::new();
-    let mut next = 0;
-    let forward = |k: usize, forwarded: &mut Vec<scalefree_transport::Completion>| -> Result<()> {
-        let off = k * p;
-        let len = p.min(bytes - off);
-        let (e0, e1) = (x + off / WES, x + (off + len) / WES);
-        let r = unsafe { std::slice::from_raw_parts_mut(reduced.add(off / WES), len / WES) };
-        for (j, &(_, q)) in peers.iter().enumerate() {
-            let seq = c.seq;
-            c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s {} piece {k} of allreduce call #{seq}", wire.name()))?;
-            let last = j + 1 == peers.len();
-            if c.reduced_on_arrival(&direct, q, k) {
-                if last && only.is_none() {
-                    round_in_place(wire, elems(e0, e1), r);
-                }
-                continue;
-            }
-            let got = unsafe { std::slice::from_raw_parts(c.landed(areas.0, q, off) as *const u16, len / WES) };
-            if last {
-                add_round(wire, got, elems(e0, e1), r);
-            } else {
-                add_widened(wire, got, elems(e0, e1));
-            }
-        }
-        for &(_, q) in &peers {
-            forwarded.push(unsafe { c.send_at(q, r.as_ptr() as *const u8, len, areas.1, c.slot(me) + off, k)? });
-        }
-        Ok(())
-    };
-    let ready = |k: usize| peers.iter().all(|&(_, q)| c.has_landed(c.landed_word(areas.0, q, k)));
     // Every part but ours, rounded once, piece by piece into the ring, each piece sent as it
     // is rounded. Pieces are at most 1/256 of a part or `piece` bytes, and the slot holds a
     // float32 part and at least 1 MiB: RING pieces fit.
@@ -743,15 +633,54 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
             narrow(wire, elems(e0, e1), unsafe { std::slice::from_raw_parts_mut(at as *mut u16, e1 - e0) });
             in_ring[s] = Some(unsafe { c.send_at(q, at, (e1 - e0) * WES, areas.0, c.slot(me) + k * p, k)? });
             t += 1;
-            while next < np && ready(next) {
-                forward(next, &mut forwarded)?;
-                next += 1;
-            }
         }
     }
-    while next < np {
-        forward(next, &mut forwarded)?;
-        next += 1;
+    // Nothing of the other parts is read any more: their rounded sums may be widened into
+    // place as they arrive.
+    if direct_landing_on() {
+        let mut windows: Vec<Window> = peers
+            .iter()
+            .map(|&(i, q)| {
+                let (px, py) = part(i);
+                let at = unsafe { buf.add(px) } as *mut u8;
+                Window { offset: c.area_base(areas.1) + c.slot(q), len: (py - px) * WES, dst: at, reduce: Some(widening_reducer(wire, at, OnArrival::Widen)) }
+            })
+            .collect();
+        let reduces = direct.is_some() && reduce_on_arrival_on();
+        if reduces {
+            windows.push(reducing());
+        }
+        unsafe { c.set_windows(&windows, reduces.then_some(areas.0), &mut direct) };
+    }
+    // Our part: sum the others' rounded copies in, round the sum once, keep and send it.
+    let bytes = (y - x) * WES;
+    let (p, np) = pieces(bytes, piece, WES);
+    let mut forwarded = Vec::new();
+    for k in 0..np {
+        let off = k * p;
+        let len = p.min(bytes - off);
+        let (e0, e1) = (x + off / WES, x + (off + len) / WES);
+        let r = unsafe { std::slice::from_raw_parts_mut(reduced.add(off / WES), len / WES) };
+        for (j, &(_, q)) in peers.iter().enumerate() {
+            let seq = c.seq;
+            c.wait_landed(c.landed_word(areas.0, q, k), &|| format!("rank {q}'s {} piece {k} of allreduce call #{seq}", wire.name()))?;
+            let last = j + 1 == peers.len();
+            if c.reduced_on_arrival(&direct, q, k) {
+                if last && only.is_none() {
+                    round_in_place(wire, elems(e0, e1), r);
+                }
+                continue;
+            }
+            let got = unsafe { std::slice::from_raw_parts(c.landed(areas.0, q, off) as *const u16, len / WES) };
+            if last {
+                add_round(wire, got, elems(e0, e1), r);
+            } else {
+                add_widened(wire, got, elems(e0, e1));
+            }
+        }
+        for &(_, q) in &peers {
+            forwarded.push(unsafe { c.send_at(q, r.as_ptr() as *const u8, len, areas.1, c.slot(me) + off, k)? });
+        }
     }
     wait_all(in_ring.into_iter().flatten().collect())?;
     // The other parts, rounded by their owners: widened as they arrived, or from the region.
@@ -828,12 +757,6 @@ mod tests {
                 let mut f = vec![0f32; n];
                 kernels::widen_on(isa, &halves[..n], &mut f);
                 assert_eq!(f.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_widen[..n], "{isa:?} widen, {n}");
-                // Streamed, from every alignment of the destination within a line.
-                for skew in [0usize, 1, 5, 15] {
-                    let mut g = vec![0f32; n + skew];
-                    kernels::widen_stream_on(isa, &halves[..n], &mut g[skew..]);
-                    assert_eq!(g[skew..].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want_widen[..n], "{isa:?} widen_stream, {n}+{skew}");
-                }
                 // Sums: a float32 accumulator of finite values plus every 16-bit value.
                 let acc: Vec<f32> = (0..n).map(|i| (i as f32 - 50.0) * 0.731).collect();
                 let mut added = acc.clone();
