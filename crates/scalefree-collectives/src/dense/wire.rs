@@ -709,6 +709,17 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
 mod tests {
     use super::*;
 
+    /// `n` states of a xorshift generator from `seed`: random bit patterns.
+    fn xorshift(seed: u64, n: usize) -> impl Iterator<Item = u64> {
+        std::iter::successors(Some(seed), |&s| {
+            let s = s ^ (s << 13);
+            let s = s ^ (s >> 7);
+            Some(s ^ (s << 17))
+        })
+        .skip(1)
+        .take(n)
+    }
+
     #[test]
     fn bf16_rounds_to_nearest_even() {
         for &x in &[0.0f32, -0.0, 1.0, -2.5, 3.140625, 1e-40, f32::MAX, f32::MIN_POSITIVE, f32::INFINITY, 65504.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 512.0] {
@@ -734,13 +745,7 @@ mod tests {
             0x7F7F_FFFF, 0xFF7F_FFFF, 0x7F7F_7FFF, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFF80_0001, 0x7FFF_FFFF,
             0xFFFF_FFFF, 0x7FBF_FFFF,
         ];
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..5000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            bits.push(s as u32);
-        }
+        bits.extend(xorshift(0x9E37_79B9_7F4A_7C15, 5000).map(|s| s as u32));
         let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
         let halves: Vec<u16> = bits.iter().map(|&b| (b >> 16) as u16).collect();
         let want_narrow: Vec<u16> = src.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
@@ -790,11 +795,7 @@ mod tests {
             0x3F80_1000, 0x3F80_3000, 0x3F80_1001, 0x477F_E000, 0x477F_F000, 0x477F_EFFF, 0x4780_0000, 0x7F7F_FFFF, 0xFF7F_FFFF,
             0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFFFF_FFFF,
         ];
-        let mut s = 0x2545_F491_4F6C_DD1Du64;
-        for _ in 0..5000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
+        for s in xorshift(0x2545_F491_4F6C_DD1D, 5000) {
             bits.push(s as u32);
             // Values in fp16's range too, not only random exponents.
             bits.push(((s >> 32) as u32 & 0x8FFF_FFFF) | 0x3000_0000);
