@@ -15,9 +15,14 @@
 //!
 //! Layout: users and items are renumbered by the seeded permutation, so a block row is a
 //! contiguous range of rows of P (and of the AdaGrad accumulators), a block column one of Q:
-//! two threads never write to the same cache line except at a range's ends. The ratings of all blocks sit in one array of 12-byte entries (u32 user, u32 item,
-//! f32 rating), block after block, each block sorted by user when there are more users than
-//! items and by item otherwise (LIBMF's order), then its two halves interleaved (see
+//! two threads never write to the same cache line except at a range's ends. Rows are numbered
+//! in 64 bits from the ratings' dense base ([`Ratings::base`], 0 but under the test knob
+//! `SCALEFREE_TEST_MF_DENSE_BASE`), and each block row and column has a 64-bit first row
+//! ([`block_starts`]). The ratings of all blocks sit in one array of 12-byte entries (u32 user,
+//! u32 item, f32 rating), block after block; an entry's user and item are offsets from its
+//! block's first row and column (the kernel gets P and Q from there on), so the id space may
+//! pass 2^32 while no block spans more than 2^32 rows or columns. Each block is sorted by user
+//! when there are more users than items and by item otherwise (LIBMF's order), then its two halves interleaved (see
 //! [`interleave_halves`]: consecutive updates rarely share a row, so they overlap). P and Q rows are
 //! padded to k rounded up to 8 floats (zeros in the padding) and the arrays start on a
 //! 64-byte boundary, so the SIMD kernels load whole rows without a scalar tail.
@@ -36,6 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use scalefree_flash::{AccessSpec, CacheReader, FlashFile, ReaderStats, Runtime, RuntimeOptions};
 
+use crate::data::DenseIds;
 use crate::error::{MfError, Result};
 use crate::kernel::{padded_k, sgd_block_ld, sq_error_ld, Entry, Factors, Isa, Schedule, SgdParams};
 use crate::model::Model;
@@ -189,6 +195,42 @@ fn interleave_halves(blk: &mut [Entry]) {
     }
 }
 
+/// The first row of each of the `nb` block rows (columns) of `rows` rows numbered from `base`,
+/// then `base + rows`: block row `b` holds the rows `base + r` with `r · nb / rows == b` (the
+/// rule [`LocalTrainer::new`] sorts ratings into blocks by), i.e. from `base + ⌈b · rows / nb⌉`.
+/// An entry holds its row as a 32-bit offset from its block's first row, so a block of more
+/// than 2^32 rows is an error naming `side` and the blocks per side it would take.
+pub fn block_starts(rows: u64, nb: usize, base: u64, side: &str) -> Result<Vec<u64>> {
+    let nb128 = nb.max(1) as u128;
+    if base.checked_add(rows).is_none() || (rows as u128) * nb128 > u64::MAX as u128 {
+        return Err(MfError::InvalidArgument(format!("local mode: {rows} {side} from dense id {base} with {nb} blocks per side overflow 64 bits")));
+    }
+    let starts: Vec<u64> = (0..=nb as u128).map(|b| base + (b * rows as u128).div_ceil(nb128) as u64).collect();
+    let tallest = starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    if tallest > 1 << 32 {
+        let need = rows.div_ceil(1 << 32);
+        return Err(MfError::InvalidArgument(format!(
+            "local mode: a block of the {nb} x {nb} grid spans {tallest} {side}, past 2^32 (rows within a block are 32-bit): use at least {need} blocks per side (--blocks)"
+        )));
+    }
+    Ok(starts)
+}
+
+/// The seeded permutation of `rows` rows numbered from `base` (`rows[d]`: the row of dense id
+/// `d`), 4 bytes each while every row fits. The shuffle's draws depend on the count alone, so
+/// the permutation is the same at either width and at any base.
+fn permuted_rows(rows: usize, base: u64, rng: &mut Rng) -> DenseIds {
+    if rows as u64 <= 1 << 32 && base + rows as u64 <= 1 << 32 {
+        let mut v: Vec<u32> = (0..rows).map(|x| base as u32 + x as u32).collect();
+        rng.shuffle(&mut v);
+        DenseIds::Narrow(v)
+    } else {
+        let mut v: Vec<u64> = (0..rows as u64).map(|x| base + x).collect();
+        rng.shuffle(&mut v);
+        DenseIds::Wide(v)
+    }
+}
+
 /// `rows × ld` floats starting on a 64-byte boundary.
 struct Rows {
     buf: Vec<Align64>,
@@ -229,7 +271,8 @@ pub struct LocalTrainer {
     ld: usize,
     threads: usize,
     nb: usize,
-    /// Block b's ratings are `entries[starts[b]..starts[b + 1]]` (empty when on flash).
+    /// Block b's ratings are `entries[starts[b]..starts[b + 1]]` (empty when on flash), rows
+    /// as offsets from the block's first row and column (`ustart`, `istart`).
     entries: Vec<Entry>,
     /// Out of core: the blocks on flash.
     flash: Option<FlashBlocks>,
@@ -247,9 +290,15 @@ pub struct LocalTrainer {
     /// Whether each internal user / item had ratings (indexed like the rows of P / Q).
     known_u: Vec<bool>,
     known_i: Vec<bool>,
-    /// Row of P (Q) that holds dense user (item) id `u`: the seeded permutation.
-    user_row: Vec<u32>,
-    item_row: Vec<u32>,
+    /// Row of dense user (item) id `u − base`: the seeded permutation of the rows `base..base
+    /// + m`; P (Q) holds row `r` at `r − base`.
+    user_row: DenseIds,
+    item_row: DenseIds,
+    /// The first row (column) of each block row (column), and the end: [`block_starts`].
+    ustart: Vec<u64>,
+    istart: Vec<u64>,
+    /// The ratings' dense base: the first row.
+    base: u64,
     n: usize,
     seed: u64,
     epochs: u64,
@@ -271,21 +320,19 @@ impl LocalTrainer {
             return Err(MfError::InvalidArgument(format!("blocks per side ({nb}) must exceed threads ({})", o.threads)));
         }
         let (m, n, k) = (train.n_users(), train.n_items(), o.k);
-        if m.max(n) as u64 > 1 << 32 {
-            // The rows of this process's P and Q (and the 12-byte entries) are 32-bit: 2^32 rows
-            // of P are 2^32 · k · 4 bytes in one process. The multi-rank modes hold a block each.
-            return Err(MfError::InvalidArgument(format!("local mode trains at most 2^32 users and 2^32 items in one process, got {m} and {n}: use --mode rima or dsgd-ps")));
-        }
+        let base = train.base;
+        // Rows are 64-bit; only a block's rows (its entries' offsets) are 32-bit.
+        let ustart = block_starts(m as u64, nb, base, "users")?;
+        let istart = block_starts(n as u64, nb, base, "items")?;
         let mut rng = Rng::new(o.seed);
-        let mut up: Vec<u32> = (0..m).map(|x| x as u32).collect();
-        let mut ip: Vec<u32> = (0..n).map(|x| x as u32).collect();
-        rng.shuffle(&mut up);
-        rng.shuffle(&mut ip);
-        // Counting sort of the ratings by block, then a seeded shuffle inside each block.
-        let block_of = |u: u32, i: u32| (u as usize * nb / m) * nb + i as usize * nb / n;
+        let up = permuted_rows(m, base, &mut rng);
+        let ip = permuted_rows(n, base, &mut rng);
+        // Counting sort of the ratings by block, then a seeded shuffle inside each block. `u`,
+        // `i`: rows counted from the base (below m, n; m · nb fits 64 bits: `block_starts`).
+        let block_of = |u: u64, i: u64| (u as usize * nb / m) * nb + i as usize * nb / n;
         let mut starts = vec![0usize; nb * nb + 1];
         for (u, i, _) in train.rows() {
-            starts[block_of(up[u], ip[i]) + 1] += 1;
+            starts[block_of(up.get(u) - base, ip.get(i) - base) + 1] += 1;
         }
         for b in 0..nb * nb {
             starts[b + 1] += starts[b];
@@ -301,12 +348,13 @@ impl LocalTrainer {
         let mut entries = vec![Entry { u: 0, i: 0, r: 0.0 }; train.len()];
         let (mut known_u, mut known_i) = (vec![false; m], vec![false; n]);
         for (u, i, r) in train.rows() {
-            let (u, i) = (up[u], ip[i]);
-            let b = block_of(u, i);
-            entries[fill[b]] = Entry { u, i, r: r / scale };
+            let (u, i) = (up.get(u), ip.get(i));
+            let b = block_of(u - base, i - base);
+            // Offsets within the block's rows and columns: below 2^32 (`block_starts`).
+            entries[fill[b]] = Entry { u: (u - ustart[b / nb]) as u32, i: (i - istart[b % nb]) as u32, r: r / scale };
             fill[b] += 1;
-            known_u[u as usize] = true;
-            known_i[i as usize] = true;
+            known_u[(u - base) as usize] = true;
+            known_i[(i - base) as usize] = true;
         }
         // LIBMF's order inside a block: by user when users outnumber items, else by item
         // (after the seeded shuffle, so ties keep a seeded order); then the halves interleaved.
@@ -369,6 +417,9 @@ impl LocalTrainer {
             known_i,
             user_row: up,
             item_row: ip,
+            ustart,
+            istart,
+            base,
             n: train.len(),
             seed: o.seed,
             epochs: 0,
@@ -409,6 +460,21 @@ impl LocalTrainer {
         Rng::new(self.seed.wrapping_mul(0x100_0000).wrapping_add(epoch.wrapping_mul(1000))).shuffle(&mut v);
         v.reverse(); // handed out from the end
         v
+    }
+
+    /// The factors of block `b`: `f` moved to the block's first row of P (and of P's
+    /// accumulators) and first column of Q, which its entries' offsets count from.
+    #[inline]
+    fn block_factors(&self, f: Factors, b: usize) -> Factors {
+        let (ur, ir) = ((self.ustart[b / self.nb] - self.base) as usize, (self.istart[b % self.nb] - self.base) as usize);
+        let (ld, acc) = (self.ld, self.prm.schedule.acc_per_row());
+        Factors { p: f.p.wrapping_add(ur * ld), q: f.q.wrapping_add(ir * ld), pg: f.pg.wrapping_add(ur * acc), qg: f.qg.wrapping_add(ir * acc) }
+    }
+
+    /// The first row of each block row and the first column of each block column (then the
+    /// ends), counted from the ratings' dense base: what the entries' 32-bit offsets add to.
+    pub fn block_starts(&self) -> (&[u64], &[u64]) {
+        (&self.ustart, &self.istart)
     }
 
     /// `n` passes on one set of threads; returns each pass's mean squared error seen during
@@ -502,9 +568,12 @@ impl LocalTrainer {
                     Schedule::AdagradSplit { .. } => SgdParams { schedule: Schedule::AdagradSplit { slow_only: first + pass as u64 == 0 }, ..*prm },
                     _ => *prm,
                 };
+                // Block b's entries index P and Q from its first row and column on.
+                let f = this.block_factors(f, b);
                 // SAFETY: block b's rows and columns are marked busy, so no other thread
-                // touches the rows of P/Q (and their accumulators) it indexes; ids are dense;
-                // rows are ld = padded_k(k) floats with zero padding.
+                // touches the rows of P/Q (and their accumulators) it indexes; its offsets are
+                // below its height and width (`new`); rows are ld = padded_k(k) floats with
+                // zero padding.
                 let l = match flash {
                     None => unsafe { sgd_block_ld(&entries[starts[b]..starts[b + 1]], f, &prm_b, ld, isa) },
                     Some(_) if starts[b] == starts[b + 1] => 0.0,
@@ -561,7 +630,7 @@ impl LocalTrainer {
         // The factors predict ratings divided by `scale`; compare in those units.
         let (p, q, ku, ki, scale) = (self.p.as_slice(), self.q.as_slice(), &self.known_u, &self.known_i, self.scale);
         let mean = self.mean / scale;
-        let (ur, ir) = (&self.user_row, &self.item_row);
+        let (ur, ir, base) = (&self.user_row, &self.item_row, self.base);
         let total: f64 = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..t)
                 .map(|c| {
@@ -569,7 +638,7 @@ impl LocalTrainer {
                         let lo = (c * chunk).min(r.len());
                         let hi = ((c + 1) * chunk).min(r.len());
                         // Ids past the training maps (unseen in training) map past the rows: the mean.
-                        let row = |map: &[u32], d: usize| map.get(d).map_or(usize::MAX, |&x| x as usize);
+                        let row = |map: &DenseIds, d: usize| if d < map.len() { (map.get(d) - base) as usize } else { usize::MAX };
                         let it = (lo..hi).map(|n| (row(ur, r.user_row(n)), row(ir, r.item_row(n)), r.values[n] / scale));
                         sq_error_ld(it, p, q, k, ld, ku, ki, mean)
                     })
@@ -618,8 +687,9 @@ impl LocalTrainer {
         let (k, ld) = (self.prm.k, self.ld);
         // Back to dense-id order, without the padding.
         let c = self.scale.sqrt();
-        let unpad = |a: &Rows, rows: &[u32]| -> Vec<f32> { rows.iter().flat_map(|&r| a.as_slice()[r as usize * ld..r as usize * ld + k].iter().map(|&x| x * c)).collect() };
-        let known = |k: &[bool], rows: &[u32]| -> Vec<bool> { rows.iter().map(|&r| k[r as usize]).collect() };
+        let base = self.base;
+        let unpad = |a: &Rows, rows: &DenseIds| -> Vec<f32> { rows.iter().map(|r| (r - base) as usize).flat_map(|r| a.as_slice()[r * ld..r * ld + k].iter().map(|&x| x * c)).collect() };
+        let known = |k: &[bool], rows: &DenseIds| -> Vec<bool> { rows.iter().map(|r| k[(r - base) as usize]).collect() };
         Model {
             k,
             p: unpad(&self.p, &self.user_row),
@@ -636,6 +706,119 @@ impl LocalTrainer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BASE: u64 = (1 << 32) + 12_345;
+
+    /// `r` with its dense ids numbered from `base` (8 bytes wide past 2^32).
+    fn rebased(r: &Ratings, base: u64) -> Ratings {
+        let shift = |d: &DenseIds| DenseIds::from_u64s(d.iter().map(|x| x - r.base + base).collect());
+        Ratings { users: shift(&r.users), items: shift(&r.items), base, ..r.clone() }
+    }
+
+    fn ratings(m: u64, n: u64, nnz: usize, seed: u64) -> Ratings {
+        let mut rng = Rng::new(seed);
+        let (mut us, mut is, mut vs) = (vec![], vec![], vec![]);
+        for _ in 0..nnz {
+            us.push(rng.below(m as usize) as u64 * 3 + 1);
+            is.push(rng.below(n as usize) as u64 * 5 + 2);
+            vs.push(1.0 + 4.0 * rng.unit_f32());
+        }
+        Ratings::from_triples(&us, &is, &vs).unwrap()
+    }
+
+    #[test]
+    fn block_starts_are_64_bit_and_only_a_block_past_2_to_the_32_rows_is_refused() {
+        // The rule ratings are sorted by: row r (from the base) in block r · nb / rows.
+        for (rows, nb) in [(1u64, 1usize), (1, 20), (7, 3), (37, 5), (1000, 20), (19, 20)] {
+            let s = block_starts(rows, nb, BASE, "users").unwrap();
+            assert_eq!((s.len(), s[0], s[nb]), (nb + 1, BASE, BASE + rows));
+            for r in 0..rows {
+                let b = (r * nb as u64 / rows) as usize;
+                assert!(s[b] <= BASE + r && BASE + r < s[b + 1], "rows {rows} nb {nb} row {r}");
+            }
+        }
+        // 2^34 + 7 users fit 5 or more blocks per side (each at most 2^32 rows), not 4; the
+        // starts pass 2^32 from block 2 on.
+        let rows = (1u64 << 34) + 7;
+        let s = block_starts(rows, 5, 0, "users").unwrap();
+        assert!(s.windows(2).all(|w| w[1] - w[0] <= 1 << 32) && s[1] < 1 << 32 && s[2] > 1 << 32 && s[5] == rows, "{s:?}");
+        let e = block_starts(rows, 4, 0, "users").unwrap_err().to_string();
+        assert!(e.contains("past 2^32") && e.contains("at least 5 blocks per side") && !e.contains('\n'), "{e}");
+        assert!(block_starts(1 << 32, 1, 0, "items").is_ok());
+        assert!(block_starts((1 << 32) + 1, 1, 0, "items").unwrap_err().to_string().contains("items"));
+        assert!(block_starts(u64::MAX, 2, 2, "users").unwrap_err().to_string().contains("overflow"));
+    }
+
+    #[test]
+    fn permuted_rows_are_the_same_permutation_at_any_base_and_width() {
+        for rows in [1usize, 2, 7, 100] {
+            let narrow = permuted_rows(rows, 0, &mut Rng::new(9));
+            let wide = permuted_rows(rows, BASE, &mut Rng::new(9));
+            assert_eq!((narrow.width(), wide.width()), (4, 8));
+            assert!(narrow.iter().zip(wide.iter()).all(|(a, b)| a + BASE == b));
+            let mut v: Vec<u64> = narrow.iter().collect();
+            v.sort_unstable();
+            assert_eq!(v, (0..rows as u64).collect::<Vec<_>>());
+        }
+    }
+
+    /// Dense ids numbered from 2^32 + 12345: every row and block start is past 2^32, the entries
+    /// hold offsets below their block's height and width, and training (in memory and from
+    /// flash, one thread) gives the factors, losses, RMSE and model of ids from 0, bit for bit.
+    /// Sizes: one rating, fewer users than blocks, odd counts.
+    #[test]
+    fn dense_ids_past_2_to_the_32_train_as_ids_from_0() {
+        let dir = std::env::temp_dir().join(format!("sfmf-local64-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (m, n, nnz, nb) in [(1u64, 1u64, 1usize, 20usize), (3, 40, 31, 20), (37, 23, 555, 5), (101, 67, 2_001, 7)] {
+            let plain = ratings(m, n, nnz, m + n);
+            let wide = rebased(&plain, BASE);
+            assert_eq!((plain.users.width(), wide.users.width()), (4, 8));
+            for budget in [None, Some(1 << 20)] {
+                let o = LocalOptions { k: 5, threads: 1, blocks: Some(nb), memory_budget: budget, flash_dir: Some(dir.clone()), ..Default::default() };
+                let (mut a, mut b) = (LocalTrainer::new(&plain, &o).unwrap(), LocalTrainer::new(&wide, &o).unwrap());
+                let (su, si) = b.block_starts();
+                assert!(su[0] == BASE && si[0] == BASE && su[nb] == BASE + plain.n_users() as u64 && si[nb] == BASE + plain.n_items() as u64);
+                assert_eq!(b.user_row.width(), 8);
+                assert!(a.user_row.iter().zip(b.user_row.iter()).all(|(x, y)| x + BASE == y));
+                for (x, y) in a.block_starts().0.iter().zip(su) {
+                    assert_eq!(x + BASE, *y);
+                }
+                if budget.is_none() {
+                    assert_eq!(a.entries, b.entries);
+                    for blk in 0..nb * nb {
+                        let (h, w) = (su[blk / nb + 1] - su[blk / nb], si[blk % nb + 1] - si[blk % nb]);
+                        assert!(b.entries[b.starts[blk]..b.starts[blk + 1]].iter().all(|e| (e.u as u64) < h && (e.i as u64) < w), "block {blk}");
+                    }
+                }
+                assert_eq!(a.run_epochs(3), b.run_epochs(3), "m {m} n {n} budget {budget:?}");
+                let (sa, sb) = (a.state(), b.state());
+                assert_eq!((sa.p, sa.q, sa.pg, sa.qg, sa.counts), (sb.p, sb.q, sb.pg, sb.qg, sb.counts));
+                assert_eq!(a.rmse(&plain).unwrap().to_bits(), b.rmse(&wide).unwrap().to_bits());
+                assert_eq!(a.model(), b.model());
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// More threads (not repeatable run to run): with ids past 2^32 every block still runs once
+    /// per epoch and the fit matches the run of ids from 0 closely.
+    #[test]
+    fn dense_ids_past_2_to_the_32_on_several_threads() {
+        let plain = ratings(150, 110, 9_000, 4);
+        let wide = rebased(&plain, BASE);
+        for threads in [2, 3] {
+            let o = LocalOptions { k: 8, threads, lambda: 0.01, ..Default::default() };
+            let mut rmse = vec![];
+            for r in [&plain, &wide] {
+                let mut t = LocalTrainer::new(r, &o).unwrap();
+                t.run_epochs(10);
+                assert!(t.state().counts.iter().all(|&c| c == 10));
+                rmse.push(t.rmse(r).unwrap());
+            }
+            assert!(rmse[1] <= rmse[0] * 1.1 && rmse[0] <= rmse[1] * 1.1, "threads {threads}: {rmse:?}");
+        }
+    }
 
     #[test]
     fn interleave_halves_alternates_and_keeps_each_half_in_order() {

@@ -226,6 +226,12 @@ impl PyMfTrainer {
         let s = TrainerState { p: f(p), q: f(q), pg: f(pg), qg: f(qg), counts, epochs };
         self.t.set_state(s).map_err(|e| mf_err(py, e))
     }
+    /// The first row of each block row and the first column of each block column, then the
+    /// ends (64-bit, from the ratings' dense base): what the entries' 32-bit offsets count from.
+    fn block_starts(&self) -> (Vec<u64>, Vec<u64>) {
+        let (u, i) = self.t.block_starts();
+        (u.to_vec(), i.to_vec())
+    }
     #[getter]
     fn n_ratings(&self) -> usize {
         self.t.n_ratings()

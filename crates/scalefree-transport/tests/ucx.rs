@@ -128,3 +128,32 @@ fn bad_writes_are_errors() {
         dev.exchange_bytes(&[]).unwrap();
     });
 }
+
+/// A rank that leaves as soon as it has its data: the sender's write still completes
+/// (its completion may need the receiver's acknowledgement, which the receiver's departure
+/// must not drop), at sizes sent eagerly and by rendezvous.
+#[test]
+fn a_receiver_that_leaves_at_once_does_not_fail_the_sender() {
+    if !ucx_or_skip() {
+        return;
+    }
+    let rounds: usize = std::env::var("LEAVE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    for round in 0..rounds {
+        for len in [100usize, 300_000, 4 << 20] {
+            run(2, "leave", move |dev| {
+                let region = dev.alloc_region(len).unwrap();
+                let all = dev.exchange_regions(&region).unwrap();
+                if dev.rank() == 1 {
+                    let src = dev.alloc_region(len).unwrap();
+                    unsafe { std::ptr::write_bytes(src.as_ptr(), 0x5a, len) };
+                    let ch = dev.channel(0).unwrap();
+                    ch.write_notify(&src, 0, &all[0], 0, len, 3, 1).unwrap().wait()
+                        .unwrap_or_else(|e| panic!("round {round}, {len} bytes: the sender failed after the receiver left: {e}"));
+                } else {
+                    assert_eq!(dev.wait(3, Some(Duration::from_secs(30))).unwrap(), 1);
+                    assert!(unsafe { region.as_slice() }.iter().all(|&b| b == 0x5a));
+                }
+            });
+        }
+    }
+}

@@ -102,9 +102,14 @@ class Mailbox:
         return None
 
     def _claim(self, src: int, tag: int, nbytes: int):
-        """The oldest waiting recv this message can land in (called holding the lock)."""
+        """The oldest waiting recv this message can land in (called holding the lock). Not
+        one an older message in the mailbox also matches: that recv takes the older message
+        (messages from one source with one tag are received in send order), and this one
+        waits in the mailbox for the next."""
         for w in self._waiting:
             if w.tag == tag and (w.src is None or w.src == src) and w.out.size == nbytes and not w.claimed:
+                if any(t == w.tag and (w.src is None or s == w.src) for s, t, _ in self._msgs):
+                    continue
                 w.claimed = True
                 self._waiting.remove(w)
                 return w
