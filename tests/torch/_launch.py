@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def torch_env(rank: int, size: int, port: int, extra: dict | None = None) -> dic
         if k.startswith(("SCALEFREE_", "OMPI_", "PMI_", "SLURM_")):
             del env[k]
     env.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")  # a rank stopped with SIGABRT prints every thread's stack
     env.update(extra or {})
     return env
 
@@ -46,10 +48,16 @@ def run_torch_ranks(n: int, argv: list[str], timeout: float = 120.0, extra: dict
         try:
             o, e = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            o, e = p.communicate()
-            raise AssertionError(f"rank {r} hung past {timeout}s; stderr:\n{e[-4000:]}")
+            stacks = []
+            for k, q in enumerate(procs):
+                if q.poll() is None:
+                    q.send_signal(signal.SIGABRT)  # faulthandler: where every thread is
+                    try:
+                        stacks.append(f"rank {k}:\n{q.communicate(timeout=20)[1][-6000:]}")
+                    except subprocess.TimeoutExpired:
+                        q.kill()
+                        q.communicate()
+            raise AssertionError(f"rank {r} hung past {timeout}s; the ranks still running:\n" + "\n".join(stacks))
         out.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
     if check and any(c.returncode != 0 for c in out):
         # Every rank's story: the first to fail is often not rank 0, whose error only says a

@@ -1,10 +1,12 @@
 //! Times the bf16 loops of the compressed allreduce (`dense::wire::kernels`) against the
 //! per-element conversions of the `half` crate they replaced, in cache (32k elements: the
 //! lane reader's 64 KiB parts) and from memory (8M elements: a 32 MiB float32 part), with a
-//! float32 memcpy of the same elements for scale: `cargo run --release --example wire_convert`.
+//! float32 memcpy of the same elements for scale; then the fp16 loops (F16C) against `half`'s
+//! slice conversions and per-element sums: `cargo run --release --example wire_convert`.
 use std::hint::black_box;
 use std::time::Instant;
 
+use scalefree_collectives::dense::wire::fp16;
 use scalefree_collectives::dense::wire::kernels::{add_round_on, add_widened_on, narrow_on, widen_on, Isa};
 
 /// Best of `reps` timings of `f`, in ns per element.
@@ -61,5 +63,32 @@ fn main() {
             println!("  {:<28} {:.3}", format!("add_widened, {name}"), time(n, reps, || { add_widened_on(isa, black_box(&h), &mut f); black_box(&f); }));
             println!("  {:<28} {:.3}", format!("widen, {name}"), time(n, reps, || { widen_on(isa, black_box(&h), &mut g); black_box(&g); }));
         }
+        let t = time(n, reps, || {
+            for (d, &s) in f.iter_mut().zip(black_box(&h)) {
+                *d += half::f16::from_bits(s).to_f32();
+            }
+            black_box(&f);
+        });
+        println!("  {:<28} {t:.3}", "fp16 add_widened, half");
+        let t = time(n, reps, || {
+            for ((d, &s), o) in f.iter_mut().zip(black_box(&h)).zip(out.iter_mut()) {
+                let x = half::f16::from_f32(*d + half::f16::from_bits(s).to_f32());
+                *o = x.to_bits();
+                *d = x.to_f32();
+            }
+            black_box(&f);
+        });
+        println!("  {:<28} {t:.3}", "fp16 add_round, half");
+        let t = time(n, reps, || {
+            use half::slice::HalfFloatSliceExt;
+            let d: &mut [half::f16] = unsafe { std::slice::from_raw_parts_mut(h.as_mut_ptr() as *mut half::f16, h.len()) };
+            d.convert_from_f32_slice(black_box(&src));
+            black_box(&h);
+        });
+        println!("  {:<28} {t:.3}", "fp16 narrow, half slice");
+        println!("  {:<28} {:.3}", "fp16 narrow, f16c", time(n, reps, || { fp16::narrow(black_box(&src), &mut h); black_box(&h); }));
+        println!("  {:<28} {:.3}", "fp16 add_widened, f16c", time(n, reps, || { fp16::add_widened(black_box(&h), &mut f); black_box(&f); }));
+        println!("  {:<28} {:.3}", "fp16 add_round, f16c", time(n, reps, || { fp16::add_round(black_box(&h), &mut f, &mut out); black_box(&f); }));
+        println!("  {:<28} {:.3}", "fp16 widen, f16c", time(n, reps, || { fp16::widen(black_box(&h), &mut g); black_box(&g); }));
     }
 }

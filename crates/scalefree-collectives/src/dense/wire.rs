@@ -13,7 +13,8 @@
 //! (`docs/algorithms.md`, "Compressed allreduce"). fp16 overflows past 65504.
 //! Over TCP lanes the first peer's pieces are summed in as they arrive and the rounded parts
 //! are widened into the caller's buffer as they arrive (see [`group_allreduce`]); nothing is
-//! allocated per call, and the bf16 loops are vectorised ([`kernels`]).
+//! allocated per call, and the bf16 loops are vectorised ([`kernels`]), the fp16 ones on F16C
+//! ([`fp16`]).
 
 use scalefree_transport::{Error, Result};
 
@@ -263,15 +264,219 @@ pub mod kernels {
     }
 }
 
+/// The fp16 loops: F16C's conversions (round to nearest even, a NaN made quiet: the bits of
+/// `half`, which converts with the same instructions where the CPU has them), 8 elements at a
+/// time with AVX2 adds; without F16C (or with `SCALEFREE_WIRE_ISA=portable`), `half`'s slice
+/// conversions and per-element sums. The sums were per-element calls of `half` before, each
+/// checking the CPU's features: they did not vectorise (`examples/wire_convert.rs` times both).
+pub mod fp16 {
+    /// Whether the F16C loops run.
+    pub fn vectorised() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && super::kernels::Isa::best() != super::kernels::Isa::Portable
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        const RNE: i32 = _MM_FROUND_TO_NEAREST_INT;
+
+        /// The 8 elements at `i` (fewer at a slice's end: through a zero-padded copy).
+        #[inline(always)]
+        unsafe fn load_h(src: &[u16], i: usize) -> __m256 {
+            unsafe {
+                if i + 8 <= src.len() {
+                    _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i))
+                } else {
+                    let mut t = [0u16; 8];
+                    t[..src.len() - i].copy_from_slice(&src[i..]);
+                    _mm256_cvtph_ps(_mm_loadu_si128(t.as_ptr() as *const __m128i))
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f(src: &[f32], i: usize) -> __m256 {
+            unsafe {
+                if i + 8 <= src.len() {
+                    _mm256_loadu_ps(src.as_ptr().add(i))
+                } else {
+                    let mut t = [0f32; 8];
+                    t[..src.len() - i].copy_from_slice(&src[i..]);
+                    _mm256_loadu_ps(t.as_ptr())
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn store_h(dst: &mut [u16], i: usize, h: __m128i) {
+            unsafe {
+                if i + 8 <= dst.len() {
+                    _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+                } else {
+                    let mut t = [0u16; 8];
+                    _mm_storeu_si128(t.as_mut_ptr() as *mut __m128i, h);
+                    let k = dst.len() - i;
+                    dst[i..].copy_from_slice(&t[..k]);
+                }
+            }
+        }
+        #[inline(always)]
+        unsafe fn store_f(dst: &mut [f32], i: usize, v: __m256) {
+            unsafe {
+                if i + 8 <= dst.len() {
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+                } else {
+                    let mut t = [0f32; 8];
+                    _mm256_storeu_ps(t.as_mut_ptr(), v);
+                    let k = dst.len() - i;
+                    dst[i..].copy_from_slice(&t[..k]);
+                }
+            }
+        }
+
+        /// # Safety
+        /// The CPU has AVX2 and F16C.
+        #[target_feature(enable = "avx2,f16c")]
+        pub unsafe fn narrow(src: &[f32], dst: &mut [u16]) {
+            let n = src.len().min(dst.len());
+            let (src, dst) = (&src[..n], &mut dst[..n]);
+            for i in (0..n).step_by(8) {
+                unsafe { store_h(dst, i, _mm256_cvtps_ph::<RNE>(load_f(src, i))) };
+            }
+        }
+        /// # Safety
+        /// As [`narrow`].
+        #[target_feature(enable = "avx2,f16c")]
+        pub unsafe fn widen(src: &[u16], dst: &mut [f32]) {
+            let n = src.len().min(dst.len());
+            let (src, dst) = (&src[..n], &mut dst[..n]);
+            for i in (0..n).step_by(8) {
+                unsafe { store_f(dst, i, load_h(src, i)) };
+            }
+        }
+        /// # Safety
+        /// As [`narrow`].
+        #[target_feature(enable = "avx2,f16c")]
+        pub unsafe fn add_widened(src: &[u16], dst: &mut [f32]) {
+            let n = src.len().min(dst.len());
+            let (src, dst) = (&src[..n], &mut dst[..n]);
+            for i in (0..n).step_by(8) {
+                unsafe { store_f(dst, i, _mm256_add_ps(load_f(dst, i), load_h(src, i))) };
+            }
+        }
+        /// # Safety
+        /// As [`narrow`].
+        #[target_feature(enable = "avx2,f16c")]
+        pub unsafe fn add_round(src: &[u16], dst: &mut [f32], out: &mut [u16]) {
+            let n = src.len().min(dst.len()).min(out.len());
+            let (src, dst, out) = (&src[..n], &mut dst[..n], &mut out[..n]);
+            for i in (0..n).step_by(8) {
+                unsafe {
+                    let h = _mm256_cvtps_ph::<RNE>(_mm256_add_ps(load_f(dst, i), load_h(src, i)));
+                    store_h(out, i, h);
+                    store_f(dst, i, _mm256_cvtph_ps(h));
+                }
+            }
+        }
+        /// # Safety
+        /// As [`narrow`].
+        #[target_feature(enable = "avx2,f16c")]
+        pub unsafe fn round_in_place(dst: &mut [f32], out: &mut [u16]) {
+            let n = dst.len().min(out.len());
+            let (dst, out) = (&mut dst[..n], &mut out[..n]);
+            for i in (0..n).step_by(8) {
+                unsafe {
+                    let h = _mm256_cvtps_ph::<RNE>(load_f(dst, i));
+                    store_h(out, i, h);
+                    store_f(dst, i, _mm256_cvtph_ps(h));
+                }
+            }
+        }
+    }
+
+    fn halves(s: &[u16]) -> &[half::f16] {
+        // SAFETY: f16 is a transparent u16.
+        unsafe { std::slice::from_raw_parts(s.as_ptr() as *const half::f16, s.len()) }
+    }
+    fn halves_mut(s: &mut [u16]) -> &mut [half::f16] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut half::f16, s.len()) }
+    }
+
+    /// Picks the F16C loop (`$v`) when [`vectorised`], else `$fallback`.
+    macro_rules! pick {
+        ($v:ident($($a:expr),*), $fallback:block) => {{
+            #[cfg(target_arch = "x86_64")]
+            if vectorised() {
+                // SAFETY: `vectorised` checked AVX2 and F16C.
+                return unsafe { x86::$v($($a),*) };
+            }
+            $fallback
+        }};
+    }
+
+    /// `dst[i] = fp16(src[i])` (the shorter length of the two).
+    pub fn narrow(src: &[f32], dst: &mut [u16]) {
+        pick!(narrow(src, dst), {
+            use half::slice::HalfFloatSliceExt;
+            let n = src.len().min(dst.len());
+            halves_mut(&mut dst[..n]).convert_from_f32_slice(&src[..n]);
+        })
+    }
+    /// `dst[i] = f32(src[i])`.
+    pub fn widen(src: &[u16], dst: &mut [f32]) {
+        pick!(widen(src, dst), {
+            use half::slice::HalfFloatSliceExt;
+            let n = src.len().min(dst.len());
+            halves(&src[..n]).convert_to_f32_slice(&mut dst[..n]);
+        })
+    }
+    /// `dst[i] += f32(src[i])`.
+    pub fn add_widened(src: &[u16], dst: &mut [f32]) {
+        pick!(add_widened(src, dst), {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d += half::f16::from_bits(s).to_f32();
+            }
+        })
+    }
+    /// `out[i] = fp16(dst[i] + f32(src[i]))`, `dst[i] = f32(out[i])`.
+    pub fn add_round(src: &[u16], dst: &mut [f32], out: &mut [u16]) {
+        pick!(add_round(src, dst, out), {
+            for ((d, &s), o) in dst.iter_mut().zip(src).zip(out.iter_mut()) {
+                let h = half::f16::from_f32(*d + half::f16::from_bits(s).to_f32());
+                *o = h.to_bits();
+                *d = h.to_f32();
+            }
+        })
+    }
+    /// `out[i] = fp16(dst[i])`, `dst[i] = f32(out[i])`.
+    pub fn round_in_place(dst: &mut [f32], out: &mut [u16]) {
+        pick!(round_in_place(dst, out), {
+            for (d, o) in dst.iter_mut().zip(out.iter_mut()) {
+                let h = half::f16::from_f32(*d);
+                *o = h.to_bits();
+                *d = h.to_f32();
+            }
+        })
+    }
+}
+
 /// Rounds `src` into `dst` (same length).
 pub(crate) fn narrow(wire: Wire, src: &[f32], dst: &mut [u16]) {
     match wire {
         Wire::Bf16 => kernels::narrow_on(kernels::Isa::best(), src, dst),
-        Wire::Fp16 => {
-            use half::slice::HalfFloatSliceExt;
-            let d: &mut [half::f16] = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut half::f16, dst.len()) };
-            d.convert_from_f32_slice(src);
-        }
+        Wire::Fp16 => fp16::narrow(src, dst),
         Wire::Exact => unreachable!("nothing to narrow"),
     }
 }
@@ -280,11 +485,7 @@ pub(crate) fn narrow(wire: Wire, src: &[f32], dst: &mut [u16]) {
 pub(crate) fn widen(wire: Wire, src: &[u16], dst: &mut [f32]) {
     match wire {
         Wire::Bf16 => kernels::widen_on(kernels::Isa::best(), src, dst),
-        Wire::Fp16 => {
-            use half::slice::HalfFloatSliceExt;
-            let s: &[half::f16] = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len()) };
-            s.convert_to_f32_slice(dst);
-        }
+        Wire::Fp16 => fp16::widen(src, dst),
         Wire::Exact => unreachable!("nothing to widen"),
     }
 }
@@ -293,11 +494,7 @@ pub(crate) fn widen(wire: Wire, src: &[u16], dst: &mut [f32]) {
 pub(crate) fn add_widened(wire: Wire, src: &[u16], dst: &mut [f32]) {
     match wire {
         Wire::Bf16 => kernels::add_widened_on(kernels::Isa::best(), src, dst),
-        Wire::Fp16 => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d += half::f16::from_bits(s).to_f32();
-            }
-        }
+        Wire::Fp16 => fp16::add_widened(src, dst),
         Wire::Exact => unreachable!("nothing to widen"),
     }
 }
@@ -307,10 +504,8 @@ pub(crate) fn add_widened(wire: Wire, src: &[u16], dst: &mut [f32]) {
 pub(crate) fn add_round(wire: Wire, src: &[u16], dst: &mut [f32], out: &mut [u16]) {
     match wire {
         Wire::Bf16 => kernels::add_round_on(kernels::Isa::best(), src, dst, out),
-        _ => {
-            add_widened(wire, src, dst);
-            round_in_place(wire, dst, out);
-        }
+        Wire::Fp16 => fp16::add_round(src, dst, out),
+        Wire::Exact => unreachable!("nothing to round"),
     }
 }
 
@@ -318,10 +513,8 @@ pub(crate) fn add_round(wire: Wire, src: &[u16], dst: &mut [f32], out: &mut [u16
 pub(crate) fn round_in_place(wire: Wire, dst: &mut [f32], out: &mut [u16]) {
     match wire {
         Wire::Bf16 => kernels::round_in_place_on(kernels::Isa::best(), dst, out),
-        _ => {
-            narrow(wire, dst, out);
-            widen(wire, out, dst);
-        }
+        Wire::Fp16 => fp16::round_in_place(dst, out),
+        Wire::Exact => unreachable!("nothing to round"),
     }
 }
 
@@ -516,6 +709,17 @@ pub(super) unsafe fn group_allreduce(c: &mut Communicator, group: &[u32], buf: *
 mod tests {
     use super::*;
 
+    /// `n` states of a xorshift generator from `seed`: random bit patterns.
+    fn xorshift(seed: u64, n: usize) -> impl Iterator<Item = u64> {
+        std::iter::successors(Some(seed), |&s| {
+            let s = s ^ (s << 13);
+            let s = s ^ (s >> 7);
+            Some(s ^ (s << 17))
+        })
+        .skip(1)
+        .take(n)
+    }
+
     #[test]
     fn bf16_rounds_to_nearest_even() {
         for &x in &[0.0f32, -0.0, 1.0, -2.5, 3.140625, 1e-40, f32::MAX, f32::MIN_POSITIVE, f32::INFINITY, 65504.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 512.0] {
@@ -541,13 +745,7 @@ mod tests {
             0x7F7F_FFFF, 0xFF7F_FFFF, 0x7F7F_7FFF, 0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFF80_0001, 0x7FFF_FFFF,
             0xFFFF_FFFF, 0x7FBF_FFFF,
         ];
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..5000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            bits.push(s as u32);
-        }
+        bits.extend(xorshift(0x9E37_79B9_7F4A_7C15, 5000).map(|s| s as u32));
         let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
         let halves: Vec<u16> = bits.iter().map(|&b| (b >> 16) as u16).collect();
         let want_narrow: Vec<u16> = src.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
@@ -583,6 +781,54 @@ mod tests {
                     assert_eq!(out2[i], want_narrow[i], "{isa:?} round_in_place {i}");
                     assert!(same(in_place[i], half::bf16::from_bits(want_narrow[i]).to_f32()), "{isa:?} round_in_place {i}");
                 }
+            }
+        }
+    }
+
+    /// The fp16 loops (F16C where the CPU has it) give `half`'s bits for every kind of
+    /// float32 (zeros, subnormals of both formats, ties, values past 65504, infinities, NaNs,
+    /// random bit patterns) and every tail length; a NaN only needs to stay a NaN.
+    #[test]
+    fn fp16_loops_match_half() {
+        let mut bits: Vec<u32> = vec![
+            0, 0x8000_0000, 1, 0x8000_0001, 0x007F_FFFF, 0x0080_0000, 0x3380_0000, 0x3300_0000, 0x3380_0001, 0x387F_C000,
+            0x3F80_1000, 0x3F80_3000, 0x3F80_1001, 0x477F_E000, 0x477F_F000, 0x477F_EFFF, 0x4780_0000, 0x7F7F_FFFF, 0xFF7F_FFFF,
+            0x7F80_0000, 0xFF80_0000, 0x7FC0_0000, 0x7F80_0001, 0xFFFF_FFFF,
+        ];
+        for s in xorshift(0x2545_F491_4F6C_DD1D, 5000) {
+            bits.push(s as u32);
+            // Values in fp16's range too, not only random exponents.
+            bits.push(((s >> 32) as u32 & 0x8FFF_FFFF) | 0x3000_0000);
+        }
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let halves: Vec<u16> = bits.iter().map(|&b| b as u16).collect();
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        let same_h = |a: u16, b: u16| a == b || (half::f16::from_bits(a).is_nan() && half::f16::from_bits(b).is_nan());
+        for n in [0usize, 1, 7, 8, 9, 31, 100, src.len()] {
+            let mut h = vec![0u16; n];
+            fp16::narrow(&src[..n], &mut h);
+            let mut f = vec![0f32; n];
+            fp16::widen(&halves[..n], &mut f);
+            let acc: Vec<f32> = (0..n).map(|i| (i as f32 - 50.0) * 0.731).collect();
+            let mut added = acc.clone();
+            fp16::add_widened(&halves[..n], &mut added);
+            let mut fused = acc.clone();
+            let mut out = vec![0u16; n];
+            fp16::add_round(&halves[..n], &mut fused, &mut out);
+            let mut in_place = src[..n].to_vec();
+            let mut out2 = vec![0u16; n];
+            fp16::round_in_place(&mut in_place, &mut out2);
+            for i in 0..n {
+                let want = half::f16::from_f32(src[i]);
+                assert!(same_h(h[i], want.to_bits()), "narrow {:#x}: {:#x} vs {:#x}", bits[i], h[i], want.to_bits());
+                assert!(same(f[i], half::f16::from_bits(halves[i]).to_f32()), "widen {:#x}", halves[i]);
+                let sum = acc[i] + half::f16::from_bits(halves[i]).to_f32();
+                assert!(same(added[i], sum), "add_widened {i}");
+                let r = half::f16::from_f32(sum);
+                assert!(same_h(out[i], r.to_bits()), "add_round {i}");
+                assert!(same(fused[i], r.to_f32()), "add_round {i}");
+                assert!(same_h(out2[i], want.to_bits()), "round_in_place {i}");
+                assert!(same(in_place[i], want.to_f32()), "round_in_place {i}");
             }
         }
     }
