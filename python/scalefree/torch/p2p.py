@@ -24,7 +24,6 @@ from collections import deque
 import numpy as np
 
 from ..errors import ScalefreeTimeoutError
-from ..tensors.slots import trace_staged
 
 # A record's dtype word that says "this 8-byte message is the tag of the next one" (tags
 # outside the 32-bit range, and this one).
@@ -34,11 +33,10 @@ _TAG_MIN, _TAG_MAX = -(1 << 31), TAG_FOLLOWS - 1
 _PUMP_POLL_S = 0.5
 
 
-def send_message(channel, payload: np.ndarray, tag: int, tensor=None, timeout: float | None = None) -> int:
+def send_message(channel, payload: np.ndarray, tag: int, timeout: float | None = None) -> int:
     """Sends ``payload`` (a contiguous array, sent as its bytes) with ``tag`` and returns once
     the receiver has it; returns the bytes the channel had to stage (copy into registered
-    memory: 0 when the payload is there already). ``tensor``: the torch tensor the payload
-    views, whose allocation site a staged send traces."""
+    memory: 0 when the payload is there already)."""
     native = channel._native
     raw = payload.reshape(-1).view(np.uint8)
     if _TAG_MIN <= tag <= _TAG_MAX:
@@ -48,8 +46,6 @@ def send_message(channel, payload: np.ndarray, tag: int, tensor=None, timeout: f
         code = TAG_FOLLOWS
     if not native.send(raw, [raw.size], code, 1, True, timeout):
         return 0
-    if tensor is not None:
-        trace_staged(tensor, raw)
     return int(raw.size)
 
 

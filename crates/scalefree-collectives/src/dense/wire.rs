@@ -264,13 +264,14 @@ pub mod kernels {
     }
 }
 
-/// The fp16 loops: F16C's conversions (round to nearest even, a NaN made quiet: the bits of
-/// `half`, which converts with the same instructions where the CPU has them), 8 elements at a
-/// time with AVX2 adds; without F16C (or with `SCALEFREE_WIRE_ISA=portable`), `half`'s slice
-/// conversions and per-element sums. The sums were per-element calls of `half` before, each
-/// checking the CPU's features: they did not vectorise (`examples/wire_convert.rs` times both).
+/// The fp16 loops: plain conversions are `half`'s slice conversions (F16C where the CPU has
+/// it); the sums fused with a conversion are F16C's conversions (round to nearest even, a NaN
+/// made quiet: `half`'s bits) with AVX2 adds, 8 elements at a time, and without F16C (or with
+/// `SCALEFREE_WIRE_ISA=portable`) per-element sums through `half`. Those sums were per-element
+/// calls of `half` before, each checking the CPU's features: they did not vectorise
+/// (`examples/wire_convert.rs` times them).
 pub mod fp16 {
-    /// Whether the F16C loops run.
+    /// Whether the F16C sums run.
     pub fn vectorised() -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| {
@@ -348,26 +349,6 @@ pub mod fp16 {
         /// # Safety
         /// The CPU has AVX2 and F16C.
         #[target_feature(enable = "avx2,f16c")]
-        pub unsafe fn narrow(src: &[f32], dst: &mut [u16]) {
-            let n = src.len().min(dst.len());
-            let (src, dst) = (&src[..n], &mut dst[..n]);
-            for i in (0..n).step_by(8) {
-                unsafe { store_h(dst, i, _mm256_cvtps_ph::<RNE>(load_f(src, i))) };
-            }
-        }
-        /// # Safety
-        /// As [`narrow`].
-        #[target_feature(enable = "avx2,f16c")]
-        pub unsafe fn widen(src: &[u16], dst: &mut [f32]) {
-            let n = src.len().min(dst.len());
-            let (src, dst) = (&src[..n], &mut dst[..n]);
-            for i in (0..n).step_by(8) {
-                unsafe { store_f(dst, i, load_h(src, i)) };
-            }
-        }
-        /// # Safety
-        /// As [`narrow`].
-        #[target_feature(enable = "avx2,f16c")]
         pub unsafe fn add_widened(src: &[u16], dst: &mut [f32]) {
             let n = src.len().min(dst.len());
             let (src, dst) = (&src[..n], &mut dst[..n]);
@@ -376,7 +357,7 @@ pub mod fp16 {
             }
         }
         /// # Safety
-        /// As [`narrow`].
+        /// As [`add_widened`].
         #[target_feature(enable = "avx2,f16c")]
         pub unsafe fn add_round(src: &[u16], dst: &mut [f32], out: &mut [u16]) {
             let n = src.len().min(dst.len()).min(out.len());
@@ -390,7 +371,7 @@ pub mod fp16 {
             }
         }
         /// # Safety
-        /// As [`narrow`].
+        /// As [`add_widened`].
         #[target_feature(enable = "avx2,f16c")]
         pub unsafe fn round_in_place(dst: &mut [f32], out: &mut [u16]) {
             let n = dst.len().min(out.len());
@@ -426,21 +407,18 @@ pub mod fp16 {
         }};
     }
 
-    /// `dst[i] = fp16(src[i])` (the shorter length of the two).
+    /// `dst[i] = fp16(src[i])` (the shorter length of the two): `half`'s slice conversion,
+    /// on F16C where the CPU has it.
     pub fn narrow(src: &[f32], dst: &mut [u16]) {
-        pick!(narrow(src, dst), {
-            use half::slice::HalfFloatSliceExt;
-            let n = src.len().min(dst.len());
-            halves_mut(&mut dst[..n]).convert_from_f32_slice(&src[..n]);
-        })
+        use half::slice::HalfFloatSliceExt;
+        let n = src.len().min(dst.len());
+        halves_mut(&mut dst[..n]).convert_from_f32_slice(&src[..n]);
     }
-    /// `dst[i] = f32(src[i])`.
+    /// `dst[i] = f32(src[i])`: `half`'s slice conversion, as [`narrow`].
     pub fn widen(src: &[u16], dst: &mut [f32]) {
-        pick!(widen(src, dst), {
-            use half::slice::HalfFloatSliceExt;
-            let n = src.len().min(dst.len());
-            halves(&src[..n]).convert_to_f32_slice(&mut dst[..n]);
-        })
+        use half::slice::HalfFloatSliceExt;
+        let n = src.len().min(dst.len());
+        halves(&src[..n]).convert_to_f32_slice(&mut dst[..n]);
     }
     /// `dst[i] += f32(src[i])`.
     pub fn add_widened(src: &[u16], dst: &mut [f32]) {
